@@ -1,0 +1,1 @@
+"""inturn operator: kopf handlers over pure manifest builders for the Destination resource."""

@@ -1,0 +1,72 @@
+"""Shared fixtures: a real Postgres for every test session.
+
+``INTURN_TEST_DSN`` names a server to use (CI sets it to the system Postgres); otherwise an
+embedded server is started with ``pgserver``. Either way each test session gets its own fresh
+database, migrated with the real migrations, and drops it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from inturn.worker.store.migrate import migrate
+
+SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "hl7"
+
+
+@pytest.fixture(scope="session")
+def pg_server_dsn() -> Iterator[str]:
+    """DSN of a Postgres server (not a database of our own yet)."""
+    dsn = os.environ.get("INTURN_TEST_DSN")
+    if dsn:
+        yield dsn
+        return
+    import pgserver
+
+    data = tempfile.mkdtemp(prefix="inturn-pg-")
+    server = pgserver.get_server(data, cleanup_mode="stop")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def dsn(pg_server_dsn: str) -> Iterator[str]:
+    """DSN of a fresh, migrated database that lives for the whole test session."""
+    name = f"inturn_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    db_dsn = make_conninfo(pg_server_dsn, dbname=name)
+    migrate(db_dsn)
+    try:
+        yield db_dsn
+    finally:
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def fresh_db(dsn: str) -> str:
+    """The session database with every queue table emptied before the test."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "TRUNCATE inturn_delivery, inturn_audit, inturn_destination RESTART IDENTITY"
+        )
+    return dsn
+
+
+@pytest.fixture(scope="session")
+def samples() -> list[Path]:
+    """The 110 sample HL7 messages in ../shared/samples/hl7, read in place, sorted by name."""
+    files = sorted(SAMPLES.glob("*.hl7"))
+    assert files, f"no samples under {SAMPLES}"
+    return files

@@ -1,0 +1,1 @@
+"""Ingest: MLLP and HTTP listeners that store a message for every destination, then acknowledge."""

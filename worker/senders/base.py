@@ -1,0 +1,67 @@
+"""The one contract every sender implements, and the failure it raises.
+
+A worker drains a destination through exactly this interface, with the destination's real
+sender: there is no second implementation for retries (see the delivery-queue seed, "Sender").
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+#: Outcome classes a sender reports. The first six are the keys of a destination's ``ackPolicy``
+#: (each mapped to ``retry`` or ``fail``); the rest are transport failures and are always retried.
+Outcome = Literal[
+    "AE",  # application error (HL7 v2.x chapter 2, table 0008)
+    "AR",  # application reject
+    "CE",  # commit error (enhanced mode)
+    "CR",  # commit reject (enhanced mode)
+    "invalidAck",  # a reply that is not a usable ACK (no MSA, unknown code, unparseable)
+    "controlIdMismatch",  # MSA-2 differs from the message's MSH-10
+    "timeout",  # the attempt did not finish within timeoutSeconds
+    "connection",  # refused, reset, closed, TLS failure, DNS failure
+    "http",  # an HTTP receiver answered with a non-2xx status
+]
+
+#: Outcomes whose handling a destination chooses with ``ackPolicy``.
+POLICY_OUTCOMES: tuple[Outcome, ...] = ("AE", "AR", "CE", "CR", "invalidAck", "controlIdMismatch")
+
+
+class DeliveryError(Exception):
+    """One attempt failed.
+
+    Attributes:
+        outcome: a bounded class (one of :data:`Outcome`) usable as a metrics label.
+        detail: a short human-readable cause (MSA-3 / ERR text, socket error, HTTP status line).
+            It never contains the payload.
+    """
+
+    def __init__(self, outcome: Outcome, detail: str) -> None:
+        super().__init__(f"{outcome}: {detail}")
+        self.outcome: Outcome = outcome
+        self.detail = detail
+
+
+class Sender(Protocol):
+    """Delivers one message to a receiver.
+
+    ``send`` returns ``None`` when the receiver accepted the message and raises
+    :class:`DeliveryError` otherwise. The caller bounds each call with the attempt timeout and
+    may cancel it; after a cancellation or an error the sender must not reuse a connection that
+    could still carry a late reply.
+    """
+
+    async def send(self, payload: bytes) -> None:
+        """Send ``payload`` (the stored bytes) and wait for the receiver's acceptance.
+
+        Raises:
+            DeliveryError: the receiver refused it, or the transport failed.
+        """
+        ...
+
+    def describe(self) -> str:
+        """A short description for logs, e.g. ``mllp://lab.example:2575``; no secrets."""
+        ...
+
+    async def close(self) -> None:
+        """Release any connection held between messages."""
+        ...

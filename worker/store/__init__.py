@@ -1,0 +1,1 @@
+"""The Postgres store: migrations, the delivery queue, the destination registry, the audit trail."""

@@ -1,0 +1,84 @@
+"""Versioned schema migrations kept as ``.sql`` files in ``inturn.worker.store.migrations``.
+
+Each file is named ``NNNN_description.sql`` and is applied once, in version order, inside its own
+transaction, and recorded in ``inturn_schema_migrations``. The whole run holds a session advisory
+lock, so two pods starting together apply each migration exactly once: the second waits, then finds
+nothing left to do. Running it again changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import psycopg
+
+#: Advisory lock key (bigint) taken for the duration of a migration run.
+MIGRATION_LOCK_KEY = "inturn:migrate"
+
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One migration file: its version number, name and SQL text."""
+
+    version: int
+    name: str
+    sql: str
+
+
+def available() -> list[Migration]:
+    """Return every migration shipped in the package, sorted by version.
+
+    Raises:
+        ValueError: a file in the migrations folder is misnamed, or two share a version.
+    """
+    found: dict[int, Migration] = {}
+    for entry in resources.files("inturn.worker.store").joinpath("migrations").iterdir():
+        if not entry.name.endswith(".sql"):
+            continue
+        match = _NAME.match(entry.name)
+        if match is None:
+            raise ValueError(f"migration file {entry.name!r} is not named NNNN_description.sql")
+        version = int(match.group(1))
+        if version in found:
+            raise ValueError(f"two migrations share version {version}")
+        found[version] = Migration(version, match.group(2), entry.read_text(encoding="utf-8"))
+    return [found[v] for v in sorted(found)]
+
+
+def migrate(dsn: str) -> list[Migration]:
+    """Apply every migration not yet applied to the database at ``dsn``.
+
+    Returns:
+        The migrations applied by this call (empty when the schema was already current).
+
+    Raises:
+        psycopg.OperationalError: the database cannot be reached.
+        psycopg.Error: a migration failed; its transaction is rolled back and nothing after it runs.
+    """
+    applied_now: list[Migration] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (MIGRATION_LOCK_KEY,))
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS inturn_schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {row[0] for row in conn.execute("SELECT version FROM inturn_schema_migrations")}
+            for migration in available():
+                if migration.version in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(migration.sql.encode())
+                    conn.execute(
+                        "INSERT INTO inturn_schema_migrations (version, name) VALUES (%s, %s)",
+                        (migration.version, migration.name),
+                    )
+                applied_now.append(migration)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (MIGRATION_LOCK_KEY,))
+    return applied_now
