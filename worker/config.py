@@ -47,8 +47,8 @@ class AckPolicy:
     AR: AckAction = "retry"
     CE: AckAction = "retry"
     CR: AckAction = "retry"
-    invalidAck: AckAction = "retry"  # noqa: N815 - the manifest's field name
-    controlIdMismatch: AckAction = "retry"  # noqa: N815 - the manifest's field name
+    invalidAck: AckAction = "retry"
+    controlIdMismatch: AckAction = "retry"
 
     def action(self, outcome: str) -> AckAction:
         """Return ``retry`` or ``fail`` for a sender outcome; transport outcomes always retry."""

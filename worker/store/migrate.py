@@ -80,5 +80,7 @@ def migrate(dsn: str) -> list[Migration]:
                     )
                 applied_now.append(migration)
         finally:
-            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (MIGRATION_LOCK_KEY,))
+            conn.execute(
+                "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (MIGRATION_LOCK_KEY,)
+            )
     return applied_now
