@@ -30,6 +30,8 @@ CREATE INDEX inturn_delivery_head ON inturn_delivery (destination, id) WHERE sta
 CREATE INDEX inturn_delivery_finished ON inturn_delivery (finished_at) WHERE state <> 'pending';
 -- Listing one destination's items newest first, whatever their state.
 CREATE INDEX inturn_delivery_destination ON inturn_delivery (destination, id DESC);
+-- Failed items stay until someone removes them: counted per destination by depth().
+CREATE INDEX inturn_delivery_failed ON inturn_delivery (destination) WHERE state = 'failed';
 
 -- Every decision a person (or the purge) took: who, when, what, which items and why. Never a payload.
 CREATE TABLE inturn_audit (

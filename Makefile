@@ -1,0 +1,44 @@
+# inturn: the README's commands. `make demo` runs the main job, `make test` runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+
+.PHONY: demo test test-store lint typecheck bench crd clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+# The store tests alone, e.g. against the system Postgres:
+#   INTURN_TEST_DSN=postgresql://postgres@127.0.0.1:5432/postgres make test-store
+test-store: $(STAMP)
+	$(BIN)/pytest -q -m store
+
+# mypy cannot see the directory mapping (worker/ -> inturn.worker), so it reads the package
+# through a tree of symlinks under build/.
+typecheck: $(STAMP)
+	@mkdir -p build/typecheck/inturn
+	@ln -sfn ../../../worker build/typecheck/inturn/worker
+	@ln -sfn ../../../operator build/typecheck/inturn/operator
+	MYPYPATH=build/typecheck $(BIN)/mypy -p inturn.worker -p inturn.operator
+
+lint: $(STAMP) typecheck
+	$(BIN)/ruff check worker operator tests bench examples
+	$(BIN)/ruff format --check worker operator tests bench examples
+
+bench: $(STAMP)
+	$(BIN)/python bench/delivery.py
+	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/operator.py
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,121 @@
+"""Migrations produce the schema the code expects, once, even when two pods race."""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from importlib import resources
+
+import psycopg
+import pytest
+from inturn.worker.store.migrate import available, migrate
+from inturn.worker.store.queries import parse
+from psycopg.conninfo import make_conninfo
+
+pytestmark = pytest.mark.store
+
+
+@pytest.fixture
+def empty_db(pg_server_dsn: str) -> Iterator[str]:
+    name = f"inturn_mig_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(pg_server_dsn, dbname=name)
+    finally:
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_second_run_changes_nothing(empty_db: str) -> None:
+    first = migrate(empty_db)
+    assert [m.version for m in first] == [m.version for m in available()]
+    assert migrate(empty_db) == []
+
+
+def test_two_pods_starting_together_apply_each_migration_once(empty_db: str) -> None:
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(len(migrate(empty_db)))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(results) == [0, len(available())]
+    with psycopg.connect(empty_db) as conn:
+        rows = conn.execute("SELECT version FROM inturn_schema_migrations ORDER BY 1").fetchall()
+    assert [r[0] for r in rows] == [m.version for m in available()]
+
+
+def test_delivery_table_has_the_expected_columns(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        cols = dict(
+            conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns"
+                " WHERE table_name = 'inturn_delivery'"
+            ).fetchall()
+        )
+        head = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'inturn_delivery_head'"
+        ).fetchone()
+    assert cols == {
+        "id": "bigint",
+        "destination": "text",
+        "channel": "text",
+        "control_id": "text",
+        "message_type": "text",
+        "payload": "bytea",
+        "size": "integer",
+        "state": "text",
+        "attempts": "integer",
+        "enqueued_at": "timestamp with time zone",
+        "next_attempt": "timestamp with time zone",
+        "last_attempt": "timestamp with time zone",
+        "last_error": "text",
+        "reason": "text",
+        "decided_by": "text",
+        "finished_at": "timestamp with time zone",
+    }
+    assert head is not None
+    assert "(destination, id)" in head[0] and "WHERE (state = 'pending'::text)" in head[0]
+
+
+def test_retry_bookkeeping_columns_are_not_indexed(dsn: str) -> None:
+    """So that a failed attempt's UPDATE can stay heap-only (HOT)."""
+    with psycopg.connect(dsn) as conn:
+        defs = [
+            r[0]
+            for r in conn.execute(
+                "SELECT indexdef FROM pg_indexes WHERE tablename = 'inturn_delivery'"
+            ).fetchall()
+        ]
+    for column in ("attempts", "next_attempt", "last_attempt", "last_error", "reason"):
+        assert not any(re.search(rf"\b{column}\b", d) for d in defs), column
+
+
+def test_every_named_query_plans_against_the_schema(dsn: str) -> None:
+    """EXPLAIN each query of every .sql file with NULL parameters: names and columns resolve."""
+    sql_dir = resources.files("inturn.worker.store").joinpath("sql")
+    checked = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for entry in sql_dir.iterdir():
+            if not entry.name.endswith(".sql"):
+                continue
+            for name, query in parse(entry.read_text("utf-8")).items():
+                params = {p: None for p in re.findall(r"%\((\w+)\)s", query)}
+                try:
+                    conn.execute(f"EXPLAIN {query}", params)  # type: ignore[arg-type]
+                except psycopg.Error as exc:
+                    pytest.fail(f"{entry.name}:{name}: {exc}")
+                checked += 1
+    assert checked >= 20

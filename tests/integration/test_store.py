@@ -1,0 +1,271 @@
+"""The delivery queue store against a real Postgres: every operation of the seed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+from inturn.worker.store.store import Store
+from psycopg import AsyncConnection
+
+pytestmark = pytest.mark.store
+
+DEST = "hospital/lab"
+
+
+def item(n: int, destination: str = DEST, payload: bytes | None = None) -> NewItem:
+    return NewItem(
+        destination=destination,
+        channel="adt",
+        control_id=f"CTRL{n}",
+        message_type="ADT^A01",
+        payload=payload
+        if payload is not None
+        else f"MSH|^~\\&|A|B|C|D|||ADT^A01|CTRL{n}|P|2.5\r".encode(),
+    )
+
+
+@pytest.fixture
+async def conn(fresh_db: str) -> AsyncIterator[AsyncConnection[Any]]:
+    c = await AsyncConnection.connect(fresh_db, autocommit=True)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_enqueue_returns_ids_in_order_and_keeps_bytes(conn: AsyncConnection[Any]) -> None:
+    raw = "MSH|^~\\&|É|x\nPID|1\r\n".encode()
+    ids = await queue.enqueue(conn, [item(1, payload=raw), item(2)])
+    assert ids == sorted(ids) and len(ids) == 2
+    assert await queue.payload(conn, ids[0]) == raw
+    got = await queue.get_item(conn, ids[0])
+    assert got is not None
+    assert (got.state, got.attempts, got.size, got.control_id) == ("pending", 0, len(raw), "CTRL1")
+
+
+async def test_head_that_backs_off_blocks_later_items(conn: AsyncConnection[Any]) -> None:
+    """The seed's ordering pitfall: a later message must never overtake a failed head."""
+    [first] = await queue.enqueue(conn, [item(1)])
+    head, wait = await queue.next_head(conn, DEST)
+    assert head is not None and head.item.id == first
+    await queue.retry(conn, first, 1, 30.0, "connection: refused")
+    [second] = await queue.enqueue(conn, [item(2)])
+    head, wait = await queue.next_head(conn, DEST)
+    assert head is None
+    assert wait is not None and 25 < wait <= 30
+    assert await queue.blocked(conn, DEST) is True
+    # Once due, the first one (not the second) is the head.
+    await queue.retry_now(conn, who="ops", item_id=first)
+    head, wait = await queue.next_head(conn, DEST)
+    assert head is not None and head.item.id == first and head.item.attempts == 0
+    assert second > first
+
+
+async def test_empty_queue_has_no_head_and_no_wait(conn: AsyncConnection[Any]) -> None:
+    assert await queue.next_head(conn, DEST) == (None, None)
+    assert await queue.blocked(conn, DEST) is False
+
+
+async def test_retry_keeps_first_reason(conn: AsyncConnection[Any]) -> None:
+    [i] = await queue.enqueue(conn, [item(1)])
+    await queue.retry(conn, i, 1, 0, "connection: refused")
+    await queue.retry(conn, i, 2, 0, "AE: database locked")
+    got = await queue.get_item(conn, i)
+    assert got is not None
+    assert (got.attempts, got.reason, got.last_error) == (
+        2,
+        "connection: refused",
+        "AE: database locked",
+    )
+
+
+async def test_succeeded_and_gave_up_let_the_next_head_go(conn: AsyncConnection[Any]) -> None:
+    a, b, c = await queue.enqueue(conn, [item(1), item(2), item(3)])
+    waited = await queue.succeeded(conn, a, 1)
+    assert waited is not None and waited >= 0
+    assert await queue.gave_up(conn, b, 5, "AR: unknown patient")
+    head, _ = await queue.next_head(conn, DEST)
+    assert head is not None and head.item.id == c
+    failed = await queue.get_item(conn, b)
+    assert failed is not None
+    assert (failed.state, failed.attempts, failed.reason) == ("failed", 5, "AR: unknown patient")
+    assert failed.finished_at is not None
+    # A mark on an item that is no longer pending changes nothing.
+    assert await queue.succeeded(conn, b, 6) is None
+
+
+async def test_retry_now_for_a_destination_resets_every_pending_item(
+    conn: AsyncConnection[Any],
+) -> None:
+    ids = await queue.enqueue(conn, [item(1), item(2)])
+    for i in ids:
+        await queue.retry(conn, i, 7, 3600, "timeout")
+    changed = await queue.retry_now(conn, who="nurse.it", destination=DEST, why="receiver fixed")
+    assert changed == ids
+    items, _ = await queue.list_items(conn, destination=DEST)
+    assert {(x.attempts, x.state) for x in items} == {(0, "pending")}
+    with pytest.raises(ValueError):
+        await queue.retry_now(conn, who="x")
+
+
+async def test_skip_and_drain_are_audited_with_who(conn: AsyncConnection[Any]) -> None:
+    a, b, c = await queue.enqueue(conn, [item(1), item(2), item(3)])
+    assert await queue.skip(conn, a, who="alice", why="duplicate") is True
+    assert await queue.skip(conn, a, who="alice") is False  # no longer pending
+    assert await queue.drain(conn, DEST, who="bob", why="stale backlog") == [b, c]
+    skipped = await queue.get_item(conn, a)
+    assert skipped is not None and (skipped.state, skipped.decided_by) == ("skipped", "alice")
+    cur = await conn.execute(
+        "SELECT who, action, destination, item_ids, why FROM inturn_audit ORDER BY id"
+    )
+    assert await cur.fetchall() == [
+        ("alice", "skip", DEST, [a], "duplicate"),
+        ("bob", "drain", DEST, [b, c], "stale backlog"),
+    ]
+
+
+async def test_remove_touches_finished_items_only(conn: AsyncConnection[Any]) -> None:
+    a, b = await queue.enqueue(conn, [item(1), item(2)])
+    await queue.succeeded(conn, a, 1)
+    assert await queue.remove(conn, [a, b], who="ops") == [a]
+    assert await queue.get_item(conn, b) is not None
+
+
+async def test_purge_never_touches_pending_and_batches(conn: AsyncConnection[Any]) -> None:
+    ids = await queue.enqueue(conn, [item(n) for n in range(12)])
+    for i in ids[:10]:
+        await queue.succeeded(conn, i, 1)
+    await queue.gave_up(conn, ids[10], 3, "AR")
+    future = datetime.now(UTC) + timedelta(seconds=5)
+    counts = await queue.purge(conn, {"delivered": future, "failed": future}, batch=3)
+    assert counts == {"delivered": 10, "failed": 1}
+    remaining, total = await queue.list_items(conn, destination=DEST)
+    assert total == 1 and remaining[0].id == ids[11] and remaining[0].state == "pending"
+    with pytest.raises(ValueError):
+        await queue.purge(conn, {"pending": future})
+    with pytest.raises(ValueError):
+        await queue.purge(conn, {"delivered": future}, batch=5001)
+
+
+async def test_purge_keeps_recent_finished_items(conn: AsyncConnection[Any]) -> None:
+    [a] = await queue.enqueue(conn, [item(1)])
+    await queue.succeeded(conn, a, 1)
+    past = datetime.now(UTC) - timedelta(days=7)
+    assert await queue.purge(conn, {"delivered": past}) == {"delivered": 0}
+
+
+async def test_purge_is_a_singleton(conn: AsyncConnection[Any], fresh_db: str) -> None:
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as other:
+        await other.execute("SELECT pg_advisory_lock(hashtextextended('inturn:purge', 0))")
+        assert await queue.purge(conn, {"delivered": datetime.now(UTC)}) is None
+
+
+async def test_list_is_newest_first_capped_and_has_no_payload(conn: AsyncConnection[Any]) -> None:
+    ids = await queue.enqueue(conn, [item(n) for n in range(5)])
+    items, total = await queue.list_items(conn, destination=DEST, limit=2)
+    assert total == 5 and [x.id for x in items] == ids[::-1][:2]
+    assert "payload" not in items[0].to_json() and not hasattr(items[0], "payload")
+    items, total = await queue.list_items(conn, limit=5000)
+    assert total == 5 and len(items) == 5
+    assert queue.LIST_LIMIT_MAX == 1000
+    with pytest.raises(ValueError):
+        await queue.list_items(conn, state="stuck")
+
+
+async def test_depth_reports_pending_failed_oldest_and_attempts(conn: AsyncConnection[Any]) -> None:
+    a, b, _ = await queue.enqueue(conn, [item(1), item(2), item(3)])
+    await queue.enqueue(conn, [item(9, destination="hospital/pharmacy")])
+    await queue.gave_up(conn, a, 2, "AR")
+    await queue.retry(conn, b, 4, 60, "timeout")
+    rows = {r.destination: r for r in await queue.depth(conn)}
+    lab = rows[DEST]
+    assert (lab.pending, lab.failed, lab.max_attempts, lab.channel) == (2, 1, 4, "adt")
+    assert lab.oldest is not None and lab.oldest_seconds >= 0
+    assert rows["hospital/pharmacy"].pending == 1
+    assert [r.destination for r in await queue.depth(conn, DEST)] == [DEST]
+    assert await queue.pending_destinations(conn) == ["hospital/lab", "hospital/pharmacy"]
+
+
+async def test_erase_removes_any_state_and_is_audited(conn: AsyncConnection[Any]) -> None:
+    a, b = await queue.enqueue(conn, [item(1), item(2)])
+    await queue.succeeded(conn, a, 1)
+    assert sorted(await queue.erase(conn, [a, b], who="dpo", why="GDPR art. 17")) == [a, b]
+    cur = await conn.execute("SELECT action, item_ids, who FROM inturn_audit")
+    assert await cur.fetchall() == [("erase", [a, b], "dpo")]
+
+
+async def test_resend_puts_a_copy_at_the_tail(conn: AsyncConnection[Any]) -> None:
+    a, b = await queue.enqueue(conn, [item(1), item(2)])
+    await queue.gave_up(conn, a, 3, "AR")
+    new = await queue.resend(conn, a, who="ops")
+    assert new is not None and new > b
+    copy = await queue.get_item(conn, new)
+    original = await queue.get_item(conn, a)
+    assert copy is not None and original is not None
+    assert (copy.state, copy.control_id, original.state) == ("pending", "CTRL1", "failed")
+    assert await queue.payload(conn, new) == await queue.payload(conn, a)
+    with pytest.raises(ValueError):
+        await queue.resend(conn, b, who="ops")
+    assert await queue.resend(conn, 999_999, who="ops") is None
+
+
+async def test_scan_payloads_reads_every_held_item(conn: AsyncConnection[Any]) -> None:
+    ids = await queue.enqueue(conn, [item(n) for n in range(7)])
+    seen = [s.id async for s in queue.scan_payloads(conn, batch=3)]
+    assert seen == ids
+
+
+async def test_fan_out_is_one_transaction_with_one_notify_per_destination(
+    conn: AsyncConnection[Any], fresh_db: str
+) -> None:
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as listener:
+        await listener.execute(f"LISTEN {queue.notify_channel('a/x')}")
+        await listener.execute(f"LISTEN {queue.notify_channel('b/y')}")
+        await queue.enqueue(conn, [item(1, "b/y"), item(1, "a/x"), item(2, "a/x")])
+        got = [n.payload async for n in listener.notifies(timeout=2, stop_after=2)]
+    assert sorted(got) == ["a/x", "b/y"]
+
+
+async def test_concurrent_enqueues_commit_in_id_order(fresh_db: str) -> None:
+    """Ids are allocated at INSERT: the enqueue lock makes id order equal commit order."""
+    async with (
+        await AsyncConnection.connect(fresh_db, autocommit=True) as t1,
+        await AsyncConnection.connect(fresh_db, autocommit=True) as t2,
+        await AsyncConnection.connect(fresh_db, autocommit=True) as watcher,
+    ):
+        tx = t1.transaction()
+        await tx.__aenter__()
+        [first] = await queue.enqueue_in_transaction(t1, [item(1)])
+        second_task = asyncio.create_task(queue.enqueue(t2, [item(2)]))
+        pid = t2.info.backend_pid
+        for _ in range(200):  # until t2 is seen waiting on the advisory lock
+            cur = await watcher.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+            )
+            row = await cur.fetchone()
+            if row and row[0] == "Lock":
+                break
+            await asyncio.sleep(0.02)
+        assert row is not None and row[0] == "Lock"
+        assert not second_task.done()
+        await tx.__aexit__(None, None, None)
+        [second] = await second_task
+        assert second > first
+
+
+async def test_store_pools_read_only_and_write(fresh_db: str) -> None:
+    async with await Store.open(fresh_db) as store:
+        [i] = await store.enqueue([item(1)])
+        items, total = await store.list_items(destination=DEST)
+        assert total == 1 and items[0].id == i
+        assert [r.pending for r in await store.depth()] == [1]
+        async with store.read.connection() as conn:
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                await conn.execute("DELETE FROM inturn_delivery")

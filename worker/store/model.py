@@ -1,0 +1,135 @@
+"""Plain data the store returns: queue items, depth rows, new items to enqueue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+State = Literal["pending", "delivered", "failed", "skipped"]
+STATES: tuple[State, ...] = ("pending", "delivered", "failed", "skipped")
+FINISHED_STATES: tuple[State, ...] = ("delivered", "failed", "skipped")
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """One message for one destination, to enqueue.
+
+    Attributes:
+        destination: ``namespace/name``.
+        channel: the ingest channel it arrived on.
+        control_id: MSH-10.
+        message_type: MSH-9 as ``CODE^TRIGGER`` (e.g. ``ADT^A01``).
+        payload: the bytes exactly as received.
+    """
+
+    destination: str
+    channel: str
+    control_id: str
+    message_type: str
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Item:
+    """One queued delivery, without its payload (listings never carry payloads).
+
+    Times are timezone-aware UTC datetimes; ``size`` is in bytes.
+    """
+
+    id: int
+    channel: str
+    destination: str
+    control_id: str
+    message_type: str
+    size: int
+    state: State
+    attempts: int
+    enqueued_at: datetime
+    next_attempt: datetime
+    last_attempt: datetime | None
+    last_error: str | None
+    reason: str | None
+    decided_by: str | None
+    finished_at: datetime | None
+
+    def age_seconds(self, now: datetime) -> float:
+        """Seconds the item has been (or was, until finished) waiting, as of ``now``."""
+        end = self.finished_at or now
+        return max(0.0, (end - self.enqueued_at).total_seconds())
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (camelCase keys, ISO 8601 times); never a payload."""
+
+        def iso(value: datetime | None) -> str | None:
+            return value.isoformat() if value else None
+
+        return {
+            "id": self.id,
+            "channel": self.channel,
+            "destination": self.destination,
+            "controlId": self.control_id,
+            "messageType": self.message_type,
+            "size": self.size,
+            "state": self.state,
+            "attempts": self.attempts,
+            "enqueuedAt": iso(self.enqueued_at),
+            "nextAttempt": iso(self.next_attempt),
+            "lastAttempt": iso(self.last_attempt),
+            "lastError": self.last_error,
+            "reason": self.reason,
+            "decidedBy": self.decided_by,
+            "finishedAt": iso(self.finished_at),
+        }
+
+
+@dataclass(frozen=True)
+class Head:
+    """The head of a destination's queue, ready to send now: the item and its payload."""
+
+    item: Item
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class DepthRow:
+    """Per-destination summary: what is stuck, and since when.
+
+    Attributes:
+        pending: items waiting; failed: items given up and not yet removed.
+        oldest: enqueue time of the oldest pending item (None when nothing is pending).
+        oldest_seconds: its age in seconds, the number to alert on.
+        max_attempts: the highest attempt count among pending items ("retried, not progressing").
+    """
+
+    destination: str
+    channel: str
+    pending: int
+    failed: int
+    oldest: datetime | None
+    oldest_seconds: float
+    max_attempts: int
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict with camelCase keys."""
+        return {
+            "destination": self.destination,
+            "channel": self.channel,
+            "pending": self.pending,
+            "failed": self.failed,
+            "oldest": self.oldest.isoformat() if self.oldest else None,
+            "oldestSeconds": round(self.oldest_seconds, 3),
+            "maxAttempts": self.max_attempts,
+        }
+
+
+@dataclass(frozen=True)
+class ScannedPayload:
+    """A held item's identity and payload, for a data-subject search (never listed or logged)."""
+
+    id: int
+    destination: str
+    channel: str
+    state: State
+    message_type: str
+    payload: bytes

@@ -1,0 +1,473 @@
+"""The delivery queue's operations, one async function per operation of the seed.
+
+Every function takes an open ``psycopg.AsyncConnection`` in autocommit mode and runs its own
+short transaction(s), so the same code serves the worker (one dedicated connection that also
+holds the destination's advisory lock) and the pooled callers (ingest, CLI, operator) through
+:class:`inturn.worker.store.store.Store`. Destinations are identified as ``namespace/name``.
+
+Ordering rests on three rules, each enforced here:
+
+* the head is the oldest pending item whether or not it is due (:func:`next_head`);
+* enqueues for one destination are serialised until COMMIT by a transaction-level advisory lock
+  (taken in sorted order for fan-out), so identity order equals commit order (:func:`enqueue`);
+* there is no in-flight state: the head stays pending while being sent, so a crash leaves it to
+  be sent again by the next lock holder (at most one duplicate, never a reorder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from inturn.worker.store.model import (
+    FINISHED_STATES,
+    STATES,
+    DepthRow,
+    Head,
+    Item,
+    NewItem,
+    ScannedPayload,
+)
+from inturn.worker.store.queries import load
+from psycopg import AsyncConnection
+
+Q = load("queue.sql")
+
+#: Largest page :func:`list_items` returns, whatever the caller asks for.
+LIST_LIMIT_MAX = 1000
+#: Page size when the caller does not say.
+LIST_LIMIT_DEFAULT = 100
+#: Rows deleted per purge transaction, at most.
+PURGE_BATCH_MAX = 5000
+
+_ITEM_COLUMNS = 15
+
+
+def notify_channel(destination: str) -> str:
+    """Return the LISTEN/NOTIFY channel name of a destination (a valid identifier, 30 bytes).
+
+    Each destination has its own channel so that a thousand idle workers are not all woken by
+    every enqueue.
+    """
+    return "inturn_q_" + hashlib.sha1(destination.encode()).hexdigest()[:21]
+
+
+def _item(row: Sequence[Any]) -> Item:
+    return Item(*row[:_ITEM_COLUMNS])
+
+
+async def _audit(
+    conn: AsyncConnection[Any],
+    who: str,
+    action: str,
+    destination: str | None,
+    ids: list[int],
+    why: str | None,
+) -> None:
+    await conn.execute(
+        Q["audit"],
+        {"who": who, "action": action, "destination": destination, "ids": ids, "why": why},
+    )
+
+
+async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[NewItem]) -> list[int]:
+    """Insert ``items`` inside the caller's open transaction; return their ids in input order.
+
+    Takes each touched destination's enqueue lock in sorted order (no deadlock between two
+    fan-outs), inserts, and queues one NOTIFY per destination, delivered at COMMIT. The caller
+    commits, and must only acknowledge the sender after its COMMIT has returned.
+    """
+    destinations = sorted({item.destination for item in items})
+    for destination in destinations:
+        await conn.execute(Q["enqueue_lock"], {"destination": destination})
+    ids: list[int] = []
+    async with conn.cursor() as cur:
+        for item in items:
+            await cur.execute(
+                Q["enqueue_insert"],
+                {
+                    "destination": item.destination,
+                    "channel": item.channel,
+                    "control_id": item.control_id,
+                    "message_type": item.message_type,
+                    "payload": item.payload,
+                    "size": len(item.payload),
+                },
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            ids.append(int(row[0]))
+    for destination in destinations:
+        await conn.execute(
+            Q["notify"], {"channel": notify_channel(destination), "destination": destination}
+        )
+    return ids
+
+
+async def enqueue(conn: AsyncConnection[Any], items: Sequence[NewItem]) -> list[int]:
+    """Store ``items`` durably in one transaction and return their ids, after COMMIT.
+
+    ``synchronous_commit`` is forced on for the transaction: when this returns, the rows survive
+    a database crash, so the caller may answer AA.
+
+    Raises:
+        psycopg.Error: nothing was stored.
+    """
+    if not items:
+        return []
+    async with conn.transaction():
+        await conn.execute("SET LOCAL synchronous_commit = on")
+        return await enqueue_in_transaction(conn, items)
+
+
+async def blocked(conn: AsyncConnection[Any], destination: str) -> bool:
+    """Whether anything is pending for ``destination``, due or not (an item backing off counts)."""
+    cur = await conn.execute(Q["blocked"], {"destination": destination})
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def next_head(
+    conn: AsyncConnection[Any], destination: str
+) -> tuple[Head | None, float | None]:
+    """Return the head of ``destination`` if it is due, else how long to wait.
+
+    Returns:
+        ``(head, None)`` when the oldest pending item is due now; ``(None, seconds)`` when it is
+        backing off (nothing behind it may go first); ``(None, None)`` when nothing is pending.
+    """
+    cur = await conn.execute(Q["head"], {"destination": destination})
+    row = await cur.fetchone()
+    if row is None:
+        return None, None
+    wait = float(row[_ITEM_COLUMNS + 1])
+    if wait > 0:
+        return None, wait
+    return Head(item=_item(row), payload=bytes(row[_ITEM_COLUMNS])), None
+
+
+async def retry(
+    conn: AsyncConnection[Any], item_id: int, attempts: int, delay_seconds: float, cause: str
+) -> bool:
+    """Record a failed attempt: ``attempts`` so far, next attempt in ``delay_seconds``.
+
+    ``cause`` becomes ``last_error``, and ``reason`` if it was still empty. Returns False when
+    the item is no longer pending (skipped or erased meanwhile).
+    """
+    cur = await conn.execute(
+        Q["retry"],
+        {"id": item_id, "attempts": attempts, "delay_seconds": delay_seconds, "cause": cause},
+    )
+    return cur.rowcount == 1
+
+
+async def succeeded(conn: AsyncConnection[Any], item_id: int, attempts: int) -> float | None:
+    """Mark an item delivered, committed synchronously; return seconds from enqueue to delivery.
+
+    Returns None when the item was no longer pending (skipped or erased during the attempt).
+    """
+    async with conn.transaction():
+        await conn.execute("SET LOCAL synchronous_commit = on")
+        cur = await conn.execute(Q["succeeded"], {"id": item_id, "attempts": attempts})
+        row = await cur.fetchone()
+    return float(row[0]) if row else None
+
+
+async def gave_up(conn: AsyncConnection[Any], item_id: int, attempts: int, cause: str) -> bool:
+    """Mark an item failed (attempts exhausted or a ``fail`` ACK policy); the next head goes."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL synchronous_commit = on")
+        cur = await conn.execute(
+            Q["gave_up"], {"id": item_id, "attempts": attempts, "cause": cause}
+        )
+    return cur.rowcount == 1
+
+
+async def _wake(conn: AsyncConnection[Any], destinations: Iterable[str]) -> None:
+    for destination in sorted(set(destinations)):
+        await conn.execute(
+            Q["notify"], {"channel": notify_channel(destination), "destination": destination}
+        )
+
+
+async def retry_now(
+    conn: AsyncConnection[Any],
+    *,
+    who: str,
+    item_id: int | None = None,
+    destination: str | None = None,
+    why: str | None = None,
+) -> list[int]:
+    """Make one pending item (``item_id``) or every pending item of ``destination`` due now.
+
+    Resets attempts to 0: whoever retries by hand has usually just fixed the cause, and the
+    failures before the fix should not eat the new attempt budget. Audited; wakes the worker.
+    Returns the ids changed.
+
+    Raises:
+        ValueError: neither or both of ``item_id`` and ``destination`` given.
+    """
+    if (item_id is None) == (destination is None):
+        raise ValueError("give exactly one of item_id or destination")
+    async with conn.transaction():
+        if item_id is not None:
+            cur = await conn.execute(Q["retry_now_one"], {"id": item_id})
+        else:
+            cur = await conn.execute(Q["retry_now_all"], {"destination": destination})
+        rows = await cur.fetchall()
+        ids = sorted(int(r[0]) for r in rows)
+        touched = {str(r[1]) for r in rows}
+        if ids:
+            await _audit(conn, who, "retry-now", destination or min(touched), ids, why)
+            await _wake(conn, touched)
+    return ids
+
+
+async def skip(
+    conn: AsyncConnection[Any], item_id: int, *, who: str, why: str | None = None
+) -> bool:
+    """Abandon one pending item on purpose: state ``skipped``, ``decided_by`` = ``who``; audited.
+
+    Returns False when the item is not pending (nothing changed, nothing audited).
+    """
+    async with conn.transaction():
+        cur = await conn.execute(Q["skip"], {"id": item_id, "who": who})
+        row = await cur.fetchone()
+        if row is None:
+            return False
+        await _audit(conn, who, "skip", str(row[1]), [item_id], why)
+        await _wake(conn, [str(row[1])])
+    return True
+
+
+async def drain(
+    conn: AsyncConnection[Any], destination: str, *, who: str, why: str | None = None
+) -> list[int]:
+    """Skip every pending item of ``destination`` (a backlog too stale to be useful); audited."""
+    async with conn.transaction():
+        cur = await conn.execute(Q["drain"], {"destination": destination, "who": who})
+        ids = sorted(int(r[0]) for r in await cur.fetchall())
+        if ids:
+            await _audit(conn, who, "drain", destination, ids, why)
+    return ids
+
+
+async def remove(
+    conn: AsyncConnection[Any], item_ids: Sequence[int], *, who: str, why: str | None = None
+) -> list[int]:
+    """Delete finished items (delivered, failed, skipped); pending ones are never touched.
+
+    Returns the ids actually deleted. Audited when anything was deleted.
+    """
+    async with conn.transaction():
+        cur = await conn.execute(Q["remove"], {"ids": list(item_ids)})
+        rows = await cur.fetchall()
+        ids = sorted(int(r[0]) for r in rows)
+        if ids:
+            dest = str(rows[0][1]) if len({r[1] for r in rows}) == 1 else None
+            await _audit(conn, who, "remove", dest, ids, why)
+    return ids
+
+
+async def erase(
+    conn: AsyncConnection[Any], item_ids: Sequence[int], *, who: str, why: str | None = None
+) -> list[int]:
+    """Delete items whatever their state (data-subject erasure); audited with ids, no payload.
+
+    A pending item erased while its worker is sending it is simply gone when the worker reports
+    back (its update matches no row). Returns the ids deleted.
+    """
+    async with conn.transaction():
+        cur = await conn.execute(Q["erase"], {"ids": list(item_ids)})
+        rows = await cur.fetchall()
+        ids = sorted(int(r[0]) for r in rows)
+        if ids:
+            dest = str(rows[0][1]) if len({r[1] for r in rows}) == 1 else None
+            await _audit(conn, who, "erase", dest, ids, why)
+    return ids
+
+
+async def resend(
+    conn: AsyncConnection[Any], item_id: int, *, who: str, why: str | None = None
+) -> int | None:
+    """Put a copy of a finished item at the tail of its destination's queue; return the new id.
+
+    The original keeps its state and history; the copy is a new pending item behind everything
+    already queued, so nothing goes out of order. Audited. Returns None when the item does not
+    exist.
+
+    Raises:
+        ValueError: the item is still pending (it will be sent anyway).
+    """
+    async with conn.transaction():
+        await conn.execute("SET LOCAL synchronous_commit = on")
+        cur = await conn.execute(Q["get_for_resend"], {"id": item_id})
+        row = await cur.fetchone()
+        if row is None:
+            return None
+        if row[6] == "pending":
+            raise ValueError(f"item {item_id} is still pending; only finished items can be resent")
+        new = NewItem(
+            destination=row[2],
+            channel=row[1],
+            control_id=row[3],
+            message_type=row[4],
+            payload=bytes(row[5]),
+        )
+        [new_id] = await enqueue_in_transaction(conn, [new])
+        await _audit(conn, who, "resend", new.destination, [item_id, new_id], why)
+    return new_id
+
+
+async def purge(
+    conn: AsyncConnection[Any],
+    cutoffs: dict[str, datetime],
+    *,
+    batch: int = PURGE_BATCH_MAX,
+) -> dict[str, int] | None:
+    """Delete finished items older than a cutoff per state, in batches of at most 5,000 rows.
+
+    Args:
+        cutoffs: ``{"delivered": t1, "failed": t2, "skipped": t3}``; states left out are kept.
+            ``pending`` is refused: purge never touches pending items.
+        batch: rows per transaction (1..5000).
+
+    Returns:
+        Rows deleted per state, or None when another purge holds the purge lock (singleton).
+
+    Raises:
+        ValueError: a cutoff for ``pending`` or an unknown state, or a batch out of range.
+    """
+    for state in cutoffs:
+        if state not in FINISHED_STATES:
+            raise ValueError(f"purge only removes finished states {FINISHED_STATES}, not {state!r}")
+    if not 1 <= batch <= PURGE_BATCH_MAX:
+        raise ValueError(f"batch must be 1..{PURGE_BATCH_MAX}, got {batch}")
+    cur = await conn.execute(Q["purge_try_lock"])
+    row = await cur.fetchone()
+    if not (row and row[0]):
+        return None
+    counts = {state: 0 for state in cutoffs}
+    try:
+        for state, cutoff in cutoffs.items():
+            while True:
+                cur = await conn.execute(
+                    Q["purge_batch"], {"state": state, "cutoff": cutoff, "batch": batch}
+                )
+                counts[state] += cur.rowcount
+                if cur.rowcount < batch:
+                    break
+    finally:
+        await conn.execute(Q["purge_unlock"])
+    return counts
+
+
+async def scan_payloads(
+    conn: AsyncConnection[Any], *, batch: int = 500
+) -> AsyncIterator[ScannedPayload]:
+    """Yield every held item with its payload, in id order, reading ``batch`` rows at a time.
+
+    For finding a data subject's messages, which have no index: the queue is short-lived, so
+    reading it whole is acceptable. Uses keyset pagination, so no transaction stays open.
+    """
+    last = 0
+    while True:
+        cur = await conn.execute(
+            "SELECT id, destination, channel, state, message_type, payload FROM inturn_delivery"
+            " WHERE id > %(last)s ORDER BY id LIMIT %(batch)s",
+            {"last": last, "batch": batch},
+        )
+        rows = await cur.fetchall()
+        for r in rows:
+            yield ScannedPayload(int(r[0]), r[1], r[2], r[3], r[4], bytes(r[5]))
+        if len(rows) < batch:
+            return
+        last = int(rows[-1][0])
+
+
+async def list_items(
+    conn: AsyncConnection[Any],
+    *,
+    destination: str | None = None,
+    channel: str | None = None,
+    state: str | None = None,
+    limit: int = LIST_LIMIT_DEFAULT,
+    offset: int = 0,
+) -> tuple[list[Item], int]:
+    """Return matching items newest first (never payloads) and the total count of matches.
+
+    ``limit`` defaults to 100 and is capped at 1,000: this feeds a page, and an unbounded query
+    over a large backlog would be a denial of service on ourselves.
+
+    Raises:
+        ValueError: unknown ``state``, negative ``limit`` or ``offset``.
+    """
+    if state is not None and state not in STATES:
+        raise ValueError(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
+    if limit < 0 or offset < 0:
+        raise ValueError("limit and offset must be >= 0")
+    limit = min(limit, LIST_LIMIT_MAX)
+    where = ["TRUE"]
+    params: dict[str, Any] = {"limit": limit, "offset": offset}
+    if destination is not None:
+        where.append("destination = %(destination)s")
+        params["destination"] = destination
+    if channel is not None:
+        where.append("channel = %(channel)s")
+        params["channel"] = channel
+    if state is not None:
+        where.append("state = %(state)s")
+        params["state"] = state
+    clause = " AND ".join(where)
+    cur = await conn.execute(
+        "SELECT id, channel, destination, control_id, message_type, size, state, attempts,"
+        " enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at"
+        f" FROM inturn_delivery WHERE {clause} ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s",
+        params,
+    )
+    items = [_item(r) for r in await cur.fetchall()]
+    cur = await conn.execute(f"SELECT count(*) FROM inturn_delivery WHERE {clause}", params)
+    row = await cur.fetchone()
+    return items, int(row[0]) if row else 0
+
+
+async def get_item(conn: AsyncConnection[Any], item_id: int) -> Item | None:
+    """One item without its payload, or None."""
+    cur = await conn.execute(Q["get_item"], {"id": item_id})
+    row = await cur.fetchone()
+    return _item(row) if row else None
+
+
+async def payload(conn: AsyncConnection[Any], item_id: int) -> bytes | None:
+    """The stored bytes of one item, for the inspector; None when it does not exist."""
+    cur = await conn.execute(Q["payload"], {"id": item_id})
+    row = await cur.fetchone()
+    return bytes(row[0]) if row else None
+
+
+async def depth(conn: AsyncConnection[Any], destination: str | None = None) -> list[DepthRow]:
+    """Per-destination summary (pending, failed, oldest, oldest seconds, max attempts).
+
+    Only destinations with something pending or failed appear. One grouped query for all.
+    """
+    cur = await conn.execute(Q["depth"], {"destination": destination})
+    return [
+        DepthRow(
+            destination=r[0],
+            channel=r[1],
+            pending=int(r[2]),
+            failed=int(r[3]),
+            oldest=r[4],
+            oldest_seconds=float(r[5]),
+            max_attempts=int(r[6]),
+        )
+        for r in await cur.fetchall()
+    ]
+
+
+async def pending_destinations(conn: AsyncConnection[Any]) -> list[str]:
+    """Every destination with work waiting, so a process starting up knows what to drain."""
+    cur = await conn.execute(Q["pending_destinations"])
+    return [str(r[0]) for r in await cur.fetchall()]

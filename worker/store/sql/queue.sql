@@ -1,0 +1,143 @@
+-- Named queries of the delivery queue. Each block starts with "-- name: <query_name>".
+-- Parameters use psycopg's %(name)s style. Loaded by inturn.worker.store.queries.
+
+-- name: enqueue_lock
+-- Serialises enqueues per destination until COMMIT, so that id order is commit order.
+SELECT pg_advisory_xact_lock(hashtextextended('inturn:enqueue:' || %(destination)s, 0));
+
+-- name: enqueue_insert
+INSERT INTO inturn_delivery (destination, channel, control_id, message_type, payload, size)
+VALUES (%(destination)s, %(channel)s, %(control_id)s, %(message_type)s, %(payload)s, %(size)s)
+RETURNING id;
+
+-- name: notify
+SELECT pg_notify(%(channel)s, %(destination)s);
+
+-- name: blocked
+SELECT EXISTS (
+    SELECT 1 FROM inturn_delivery WHERE destination = %(destination)s AND state = 'pending'
+);
+
+-- name: head
+-- The head is the oldest pending item, due or not: nothing overtakes an item backing off.
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+       payload,
+       greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
+  FROM inturn_delivery
+ WHERE destination = %(destination)s AND state = 'pending'
+ ORDER BY id
+ LIMIT 1;
+
+-- name: retry
+-- Touches no indexed column, so the update can stay heap-only.
+UPDATE inturn_delivery
+   SET attempts = %(attempts)s,
+       next_attempt = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
+       last_attempt = clock_timestamp(),
+       last_error = %(cause)s,
+       reason = coalesce(reason, %(cause)s)
+ WHERE id = %(id)s AND state = 'pending';
+
+-- name: succeeded
+UPDATE inturn_delivery
+   SET state = 'delivered', attempts = %(attempts)s,
+       last_attempt = clock_timestamp(), finished_at = clock_timestamp()
+ WHERE id = %(id)s AND state = 'pending'
+RETURNING extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds;
+
+-- name: gave_up
+UPDATE inturn_delivery
+   SET state = 'failed', attempts = %(attempts)s,
+       last_attempt = clock_timestamp(), finished_at = clock_timestamp(),
+       last_error = %(cause)s, reason = coalesce(reason, %(cause)s)
+ WHERE id = %(id)s AND state = 'pending';
+
+-- name: retry_now_one
+UPDATE inturn_delivery
+   SET attempts = 0, next_attempt = clock_timestamp()
+ WHERE id = %(id)s AND state = 'pending'
+RETURNING id, destination;
+
+-- name: retry_now_all
+UPDATE inturn_delivery
+   SET attempts = 0, next_attempt = clock_timestamp()
+ WHERE destination = %(destination)s AND state = 'pending'
+RETURNING id, destination;
+
+-- name: skip
+UPDATE inturn_delivery
+   SET state = 'skipped', decided_by = %(who)s, finished_at = clock_timestamp()
+ WHERE id = %(id)s AND state = 'pending'
+RETURNING id, destination;
+
+-- name: drain
+UPDATE inturn_delivery
+   SET state = 'skipped', decided_by = %(who)s, finished_at = clock_timestamp()
+ WHERE destination = %(destination)s AND state = 'pending'
+RETURNING id;
+
+-- name: remove
+DELETE FROM inturn_delivery
+ WHERE id = ANY(%(ids)s) AND state <> 'pending'
+RETURNING id, destination;
+
+-- name: erase
+DELETE FROM inturn_delivery
+ WHERE id = ANY(%(ids)s)
+RETURNING id, destination, state;
+
+-- name: purge_batch
+-- One batch of finished items older than the cutoff, in one short transaction.
+DELETE FROM inturn_delivery
+ WHERE id IN (
+       SELECT id FROM inturn_delivery
+        WHERE state = %(state)s AND state <> 'pending' AND finished_at < %(cutoff)s
+        ORDER BY finished_at
+        LIMIT %(batch)s)
+RETURNING id;
+
+-- name: purge_try_lock
+SELECT pg_try_advisory_lock(hashtextextended('inturn:purge', 0));
+
+-- name: purge_unlock
+SELECT pg_advisory_unlock(hashtextextended('inturn:purge', 0));
+
+-- name: audit
+INSERT INTO inturn_audit (who, action, destination, item_ids, why)
+VALUES (%(who)s, %(action)s, %(destination)s, %(ids)s, %(why)s);
+
+-- name: get_item
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+  FROM inturn_delivery WHERE id = %(id)s;
+
+-- name: get_for_resend
+SELECT id, channel, destination, control_id, message_type, payload, state
+  FROM inturn_delivery WHERE id = %(id)s;
+
+-- name: payload
+SELECT payload FROM inturn_delivery WHERE id = %(id)s;
+
+-- name: depth
+-- Per destination with anything pending or failed: the numbers to alert on.
+SELECT destination,
+       max(channel) AS channel,
+       count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'failed') AS failed,
+       min(enqueued_at) FILTER (WHERE state = 'pending') AS oldest,
+       coalesce(extract(epoch FROM clock_timestamp()
+                - min(enqueued_at) FILTER (WHERE state = 'pending')), 0)::float8 AS oldest_seconds,
+       coalesce(max(attempts) FILTER (WHERE state = 'pending'), 0) AS max_attempts
+  FROM inturn_delivery
+ WHERE state IN ('pending', 'failed')
+   AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+ GROUP BY destination
+ ORDER BY destination;
+
+-- name: pending_destinations
+SELECT DISTINCT destination FROM inturn_delivery WHERE state = 'pending' ORDER BY destination;
+
+-- name: audit_list
+SELECT id, at, who, action, destination, item_ids, why
+  FROM inturn_audit ORDER BY id DESC LIMIT %(limit)s;
