@@ -1,0 +1,164 @@
+"""MLLP framing: wrap messages in blocks and recover them from a byte stream, without I/O.
+
+Source: HL7 v2 Appendix C / "HL7 MLLP release 2" (the Minimal Lower Layer Protocol). A block is
+
+    <SB 0x0B> payload <EB 0x1C> <CR 0x0D>
+
+:class:`FrameReader` is a sans-I/O parser in the style of h11: the caller feeds it whatever
+bytes arrived and gets events back. It is deliberately tolerant of what real peers send:
+
+* several blocks in one read (pipelining) and one block split over many reads;
+* a missing CR after EB: the block ends at EB, and a CR that follows is swallowed;
+* NUL, whitespace, CR, LF and form feeds between blocks are ignored silently;
+* any other byte between blocks is dropped and reported as :class:`Garbage`;
+* an SB inside a block is payload data (only EB ends a block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SB = 0x0B  #: start block (vertical tab)
+EB = 0x1C  #: end block (file separator)
+CR = 0x0D  #: carriage return: ends the block, and each HL7 segment
+
+_SB = bytes([SB])
+_EB = bytes([EB])
+_TRAILER = bytes([EB, CR])
+#: Bytes ignored without comment between blocks.
+_FILLER = frozenset(b"\x00\t\n\x0c\r ")
+
+
+def frame(payload: bytes) -> bytes:
+    """Wrap ``payload`` in one MLLP block: ``SB + payload + EB + CR``.
+
+    Raises:
+        ValueError: ``payload`` contains the end-block byte 0x1C, which no receiver could
+            tell apart from the end of the block (MLLP has no escaping).
+    """
+    if _EB in payload:
+        raise ValueError("the payload contains the MLLP end-block byte 0x1C")
+    return _SB + payload + _TRAILER
+
+
+def normalise_segments(payload: bytes) -> bytes:
+    """Turn CRLF and LF segment separators into CR, the only terminator HL7 allows.
+
+    Everything else is left byte for byte, including a missing final terminator. Note that an
+    LF inside a field (invalid HL7; the standard asks for ``\\X0A\\`` or ``\\.br\\``) is
+    turned into a segment break as well.
+    """
+    return payload.replace(b"\r\n", b"\r").replace(b"\n", b"\r")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A complete block. ``payload`` is its content without SB, EB and the trailing CR."""
+
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class FrameTooLarge:
+    """A block grew past ``limit`` bytes of payload.
+
+    The reader is then in an error state and ignores further input: the caller should answer
+    with a reject (AR) if it can and close the connection.
+    """
+
+    limit: int
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """``count`` bytes outside any block that were neither SB nor filler; they were dropped."""
+
+    count: int
+
+
+Event = Frame | FrameTooLarge | Garbage
+
+
+class FrameReader:
+    """Recover MLLP blocks from a byte stream.
+
+    Args:
+        max_frame_bytes: the largest payload accepted, in bytes; a longer block produces
+            :class:`FrameTooLarge` as soon as the limit is passed (before EB arrives).
+
+    Raises:
+        ValueError: ``max_frame_bytes`` is not positive.
+    """
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        if max_frame_bytes <= 0:
+            raise ValueError("max_frame_bytes must be positive")
+        self.max_frame_bytes = max_frame_bytes
+        self._buffer = bytearray()
+        self._in_frame = False
+        self._failed = False
+
+    @property
+    def mid_frame(self) -> bool:
+        """True between an SB and its EB: the peer owes the rest of a block.
+
+        A caller can apply a read timeout while this is true, so a peer that stops in the
+        middle of a block does not hold the connection forever.
+        """
+        return self._in_frame and not self._failed
+
+    @property
+    def failed(self) -> bool:
+        """True after :class:`FrameTooLarge`; the reader ignores everything from then on."""
+        return self._failed
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Payload bytes of the unfinished block held so far."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[Event]:
+        """Consume ``data`` (any length, possibly empty) and return the events it completes.
+
+        Events come in stream order. After a :class:`FrameTooLarge` every later call returns
+        an empty list.
+        """
+        events: list[Event] = []
+        if self._failed:
+            return events
+        view = memoryview(data)
+        pos = 0
+        end = len(data)
+        while pos < end:
+            if self._in_frame:
+                stop = data.find(_EB, pos)
+                chunk_end = end if stop < 0 else stop
+                room = self.max_frame_bytes - len(self._buffer)
+                if chunk_end - pos > room:
+                    self._fail(events)
+                    return events
+                self._buffer += view[pos:chunk_end]
+                if stop < 0:
+                    return events
+                events.append(Frame(bytes(self._buffer)))
+                self._buffer.clear()
+                self._in_frame = False
+                pos = stop + 1
+            else:
+                stray = 0
+                while pos < end and data[pos] != SB:
+                    if data[pos] not in _FILLER:
+                        stray += 1
+                    pos += 1
+                if stray:
+                    events.append(Garbage(stray))
+                if pos < end:
+                    self._in_frame = True
+                    pos += 1
+        return events
+
+    def _fail(self, events: list[Event]) -> None:
+        self._failed = True
+        self._in_frame = False
+        self._buffer = bytearray()
+        events.append(FrameTooLarge(self.max_frame_bytes))
