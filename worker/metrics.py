@@ -1,0 +1,64 @@
+"""Prometheus metrics of the worker, as an :class:`~inturn.worker.observer.Observer`.
+
+All metrics live in prometheus-client's default registry, so several workers in one process
+(``inturn local``) share them, told apart by the ``destination`` label.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+DELIVERED = Counter("inturn_delivered", "Messages accepted by their receiver.", ["destination"])
+RETRIES = Counter(
+    "inturn_retries",
+    "Failed attempts that will be retried, by cause class.",
+    ["destination", "cause"],
+)
+GAVE_UP = Counter(
+    "inturn_gave_up", "Messages marked failed, by cause class.", ["destination", "cause"]
+)
+DELIVERY_WAIT = Histogram(
+    "inturn_delivery_wait_seconds",
+    "Seconds from enqueue to delivery.",
+    ["destination"],
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400, 86400),
+)
+PENDING = Gauge("inturn_queue_pending", "Messages waiting.", ["destination"])
+OLDEST = Gauge(
+    "inturn_queue_oldest_age_seconds", "Age of the oldest waiting message.", ["destination"]
+)
+MAX_ATTEMPTS = Gauge(
+    "inturn_queue_max_attempts", "Highest attempt count among waiting messages.", ["destination"]
+)
+LOCK_HELD = Gauge(
+    "inturn_lock_held", "1 while this process holds the destination's lock.", ["destination"]
+)
+
+
+class PrometheusObserver:
+    """Drives the metrics above from the worker's events."""
+
+    def delivered(self, destination: str, attempts: int, waited_seconds: float) -> None:
+        """Count a delivery and observe its wait."""
+        DELIVERED.labels(destination).inc()
+        DELIVERY_WAIT.labels(destination).observe(waited_seconds)
+
+    def retried(self, destination: str, attempts: int, cause: str) -> None:
+        """Count a retried failure by cause class."""
+        RETRIES.labels(destination, cause).inc()
+
+    def gave_up(self, destination: str, attempts: int, cause: str) -> None:
+        """Count a give-up by cause class."""
+        GAVE_UP.labels(destination, cause).inc()
+
+    def depth(
+        self, destination: str, pending: int, oldest_seconds: float, max_attempts: int
+    ) -> None:
+        """Set the queue gauges."""
+        PENDING.labels(destination).set(pending)
+        OLDEST.labels(destination).set(oldest_seconds)
+        MAX_ATTEMPTS.labels(destination).set(max_attempts)
+
+    def lock(self, destination: str, held: bool) -> None:
+        """Set the lock gauge."""
+        LOCK_HELD.labels(destination).set(1 if held else 0)

@@ -1,0 +1,305 @@
+"""The per-destination worker: holds the destination's lock and drains its head, in order.
+
+One worker drains exactly one destination, one message at a time, through the destination's
+real sender. Its single Postgres connection carries everything: the session advisory lock
+(only the holder sends), LISTEN for enqueue notifications, the head query, the marks and the
+depth gauge. Without the lock it sends nothing; when the connection is lost it stops sending,
+reconnects with backoff and takes the lock again before the next send.
+
+There is no in-flight state: a crash between the receiver's ACK and the delivered mark leaves
+the head pending, so the next lock holder sends it again (at most one duplicate, never a
+reorder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from inturn.worker.backoff import backoff_seconds
+from inturn.worker.config import WorkerConfig
+from inturn.worker.observer import NullObserver, Observer
+from inturn.worker.senders.base import DeliveryError, Outcome, Sender
+from inturn.worker.store import queue
+from inturn.worker.store.connect import connect_worker
+from inturn.worker.store.model import Head
+from psycopg import AsyncConnection
+
+log = logging.getLogger("inturn.worker")
+
+#: Most characters of a failure cause stored in ``last_error``.
+CAUSE_MAX_CHARS = 500
+#: Seconds between two refreshes of the depth gauge.
+DEPTH_EVERY_SECONDS = 5.0
+#: Reconnect backoff after a lost database connection: first delay and ceiling, seconds.
+RECONNECT_BASE_SECONDS = 1.0
+RECONNECT_MAX_SECONDS = 30.0
+
+
+def lock_sql_key(destination: str) -> str:
+    """The text hashed into the destination's worker advisory lock key."""
+    return f"inturn:worker:{destination}"
+
+
+@dataclass
+class WorkerState:
+    """What the health endpoints read.
+
+    Attributes:
+        lock_held: this worker holds the destination's lock.
+        db_ok: the last database round trip succeeded.
+        last_tick: ``time.monotonic()`` of the last loop turn.
+        sending_since: monotonic start of the attempt in flight, or None.
+    """
+
+    lock_held: bool = False
+    db_ok: bool = False
+    last_tick: float = field(default_factory=time.monotonic)
+    sending_since: float | None = None
+
+    def alive(self, stale_after: float) -> bool:
+        """Whether the loop turned within ``stale_after`` seconds (the attempt in flight counts)."""
+        now = time.monotonic()
+        if self.sending_since is not None:
+            return True
+        return now - self.last_tick <= stale_after
+
+    def ready(self) -> bool:
+        """Holds the lock and the database answered."""
+        return self.lock_held and self.db_ok
+
+
+class DestinationWorker:
+    """Drains one destination. Create one per destination and ``await run(stop)``.
+
+    Args:
+        config: the destination's worker configuration.
+        dsn: the database (libpq DSN or URI).
+        sender: the destination's real sender; closed when ``run`` returns.
+        observer: receives delivery events (metrics).
+    """
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        dsn: str,
+        sender: Sender,
+        observer: Observer | None = None,
+    ) -> None:
+        self.config = config
+        self.dsn = dsn
+        self.sender = sender
+        self.observer: Observer = observer or NullObserver()
+        self.state = WorkerState()
+        self._wake = asyncio.Event()
+        self._next_depth = 0.0
+
+    @property
+    def destination(self) -> str:
+        """The queue key, ``namespace/name``."""
+        return self.config.destination
+
+    def health_window(self) -> float:
+        """Seconds without a loop turn after which the worker is considered wedged."""
+        return float(self.config.idle_seconds + self.config.retry.timeout_seconds + 30)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Drain until ``stop`` is set; then finish (or time out) the attempt in flight,
+        release the lock and return. Database outages are retried forever with backoff."""
+        failures = 0
+        try:
+            while not stop.is_set():
+                try:
+                    await self._session(stop)
+                    failures = 0
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                    failures += 1
+                    self._set_lock(False)
+                    self.state.db_ok = False
+                    delay = backoff_seconds(failures, RECONNECT_BASE_SECONDS, RECONNECT_MAX_SECONDS)
+                    log.warning(
+                        "destination %s: database connection lost (%s); retrying in %.0fs",
+                        self.destination,
+                        _first_line(exc),
+                        delay,
+                    )
+                    await _sleep_or_stop(stop, delay)
+        finally:
+            self._set_lock(False)
+            await self.sender.close()
+
+    def _set_lock(self, held: bool) -> None:
+        if self.state.lock_held != held:
+            self.state.lock_held = held
+            self.observer.lock(self.destination, held)
+
+    def _tick(self) -> None:
+        self.state.last_tick = time.monotonic()
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        conn = await connect_worker(self.dsn, application_name=f"inturn-worker {self.destination}")
+        self.state.db_ok = True
+        try:
+            if not await self._acquire(conn, stop):
+                return
+            await conn.execute(
+                psycopg.sql.SQL("LISTEN {}").format(
+                    psycopg.sql.Identifier(queue.notify_channel(self.destination))
+                )
+            )
+            log.info(
+                "destination %s: lock held, draining via %s",
+                self.destination,
+                self.sender.describe(),
+            )
+            await self._drain(conn, stop)
+        finally:
+            self._set_lock(False)
+            # Closing the session releases the advisory lock on the server.
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _acquire(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> bool:
+        """Wait for the destination's session lock; False when stopped first."""
+        announced = False
+        while not stop.is_set():
+            self._tick()
+            cur = await conn.execute(
+                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                (lock_sql_key(self.destination),),
+            )
+            row = await cur.fetchone()
+            if row and row[0]:
+                self._set_lock(True)
+                return True
+            if not announced:
+                log.info("destination %s: another worker holds the lock; waiting", self.destination)
+                announced = True
+            await _sleep_or_stop(stop, self.config.idle_seconds)
+        return False
+
+    async def _drain(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> None:
+        idle = float(self.config.idle_seconds)
+        while not stop.is_set():
+            self._tick()
+            await self._report_depth(conn)
+            if self.config.suspend:
+                await self._wait(conn, stop, idle)
+                continue
+            head, wait = await queue.next_head(conn, self.destination)
+            self.state.db_ok = True
+            if head is None:
+                await self._wait(conn, stop, idle if wait is None else min(wait, idle))
+                continue
+            await self._attempt(conn, head)
+
+    async def _report_depth(self, conn: AsyncConnection[Any], force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_depth:
+            return
+        self._next_depth = now + DEPTH_EVERY_SECONDS
+        rows = await queue.depth(conn, self.destination)
+        if rows:
+            r = rows[0]
+            self.observer.depth(self.destination, r.pending, r.oldest_seconds, r.max_attempts)
+        else:
+            self.observer.depth(self.destination, 0, 0.0, 0)
+
+    async def _wait(self, conn: AsyncConnection[Any], stop: asyncio.Event, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a NOTIFY, or until stopped."""
+        if timeout <= 0:
+            return
+        gen = conn.notifies(timeout=timeout, stop_after=1)
+        notified = asyncio.ensure_future(_drain_gen(gen))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({notified, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not notified.done():
+                # Stopping: the connection is closed right after, releasing the lock.
+                notified.cancel()
+                with contextlib.suppress(BaseException):
+                    await notified
+        if notified.done() and not notified.cancelled():
+            exc = notified.exception()
+            if exc is not None:
+                raise exc
+
+    async def _attempt(self, conn: AsyncConnection[Any], head: Head) -> None:
+        item = head.item
+        attempts = item.attempts + 1
+        outcome: Outcome
+        self.state.sending_since = time.monotonic()
+        try:
+            async with asyncio.timeout(self.config.retry.timeout_seconds):
+                await self.sender.send(head.payload)
+        except DeliveryError as exc:
+            outcome, detail = exc.outcome, exc.detail
+        except TimeoutError:
+            outcome = "timeout"
+            detail = f"no answer within {self.config.retry.timeout_seconds}s"
+        except OSError as exc:
+            outcome, detail = "connection", str(exc) or type(exc).__name__
+        else:
+            waited = await queue.succeeded(conn, item.id, attempts)
+            log.debug(
+                "destination %s: delivered id=%d attempts=%d", self.destination, item.id, attempts
+            )
+            if waited is not None:
+                self.observer.delivered(self.destination, attempts, waited)
+            return
+        finally:
+            self.state.sending_since = None
+        await self._failed(conn, head, attempts, outcome, detail)
+
+    async def _failed(
+        self, conn: AsyncConnection[Any], head: Head, attempts: int, outcome: Outcome, detail: str
+    ) -> None:
+        item = head.item
+        retry = self.config.retry
+        cause = f"{outcome}: {detail}"[:CAUSE_MAX_CHARS]
+        exhausted = retry.max_attempts > 0 and attempts >= retry.max_attempts
+        if self.config.ack_policy.action(outcome) == "fail" or exhausted:
+            await queue.gave_up(conn, item.id, attempts, cause)
+            self.observer.gave_up(self.destination, attempts, outcome)
+            log.warning(
+                "destination %s: gave up on id=%d (%s) after %d attempt(s): %s",
+                self.destination,
+                item.id,
+                item.control_id,
+                attempts,
+                cause,
+            )
+            return
+        delay = backoff_seconds(attempts, retry.backoff_seconds, retry.max_backoff_seconds)
+        await queue.retry(conn, item.id, attempts, delay, cause)
+        self.observer.retried(self.destination, attempts, outcome)
+        log.info(
+            "destination %s: attempt %d of id=%d failed (%s); next in %.0fs",
+            self.destination,
+            attempts,
+            item.id,
+            cause,
+            delay,
+        )
+
+
+async def _drain_gen(gen: Any) -> None:
+    async for _ in gen:
+        pass
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
