@@ -8,8 +8,9 @@ seconds, as the Kubernetes API conventions ask.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 AckAction = Literal["retry", "fail"]
 
@@ -124,3 +125,131 @@ class WorkerConfig:
     idle_seconds: int = DEFAULT_IDLE_SECONDS
     suspend: bool = False
     message_types: tuple[str, ...] = ()
+
+
+# --- the rendered form (JSON) -----------------------------------------------------------------
+#
+# ``to_dict``/``from_dict`` convert between the model and the camelCase JSON the operator writes
+# into the worker's ConfigMap. They do not validate: ``inturn.worker.destination`` validates the
+# JSON against its schema before calling ``from_dict``.
+
+
+def _tls_to_dict(tls: TlsConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"insecureSkipVerify": tls.insecure_skip_verify}
+    for key, value in (
+        ("caFile", tls.ca_file),
+        ("certFile", tls.cert_file),
+        ("keyFile", tls.key_file),
+        ("serverName", tls.server_name),
+    ):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _tls_from_dict(doc: Mapping[str, Any] | None) -> TlsConfig | None:
+    if doc is None:
+        return None
+    return TlsConfig(
+        ca_file=doc.get("caFile"),
+        cert_file=doc.get("certFile"),
+        key_file=doc.get("keyFile"),
+        server_name=doc.get("serverName"),
+        insecure_skip_verify=bool(doc.get("insecureSkipVerify", False)),
+    )
+
+
+def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
+    """Return ``cfg`` as the camelCase JSON object of a rendered worker configuration.
+
+    The inverse of :func:`from_dict`: ``from_dict(to_dict(cfg)) == cfg``.
+    """
+    sender: dict[str, Any]
+    if isinstance(cfg.sender, MllpSenderConfig):
+        mllp: dict[str, Any] = {
+            "host": cfg.sender.host,
+            "port": cfg.sender.port,
+            "maxAckBytes": cfg.sender.max_ack_bytes,
+        }
+        if cfg.sender.tls is not None:
+            mllp["tls"] = _tls_to_dict(cfg.sender.tls)
+        sender = {"mllp": mllp}
+    else:
+        http: dict[str, Any] = {"url": cfg.sender.url, "headers": dict(cfg.sender.headers)}
+        if cfg.sender.headers_file is not None:
+            http["headersFile"] = cfg.sender.headers_file
+        if cfg.sender.tls is not None:
+            http["tls"] = _tls_to_dict(cfg.sender.tls)
+        sender = {"http": http}
+    ack = cfg.ack_policy
+    return {
+        "destination": cfg.destination,
+        "channel": cfg.channel,
+        "messageTypes": list(cfg.message_types),
+        "sender": sender,
+        "retry": {
+            "maxAttempts": cfg.retry.max_attempts,
+            "backoffSeconds": cfg.retry.backoff_seconds,
+            "maxBackoffSeconds": cfg.retry.max_backoff_seconds,
+            "timeoutSeconds": cfg.retry.timeout_seconds,
+        },
+        "ackPolicy": {
+            "AE": ack.AE,
+            "AR": ack.AR,
+            "CE": ack.CE,
+            "CR": ack.CR,
+            "invalidAck": ack.invalidAck,
+            "controlIdMismatch": ack.controlIdMismatch,
+        },
+        "idleSeconds": cfg.idle_seconds,
+        "suspend": cfg.suspend,
+    }
+
+
+def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
+    """Build a :class:`WorkerConfig` from the camelCase JSON written by :func:`to_dict`.
+
+    Absent optional keys take the model's defaults. The document is trusted to be valid (see
+    ``inturn.worker.destination.load_worker_config`` for the validating entry point).
+
+    Raises:
+        KeyError, TypeError: a required key is missing or has the wrong shape.
+    """
+    sender_doc = doc["sender"]
+    sender: SenderConfig
+    if "mllp" in sender_doc:
+        m = sender_doc["mllp"]
+        sender = MllpSenderConfig(
+            host=m["host"],
+            port=int(m["port"]),
+            tls=_tls_from_dict(m.get("tls")),
+            max_ack_bytes=int(m.get("maxAckBytes", 1024 * 1024)),
+        )
+    else:
+        h = sender_doc["http"]
+        sender = HttpSenderConfig(
+            url=h["url"],
+            headers=dict(h.get("headers", {})),
+            headers_file=h.get("headersFile"),
+            tls=_tls_from_dict(h.get("tls")),
+        )
+    r = doc["retry"]
+    ack = doc.get("ackPolicy", {})
+    return WorkerConfig(
+        destination=doc["destination"],
+        channel=doc["channel"],
+        sender=sender,
+        retry=RetryPolicy(
+            max_attempts=int(r["maxAttempts"]),
+            backoff_seconds=int(r.get("backoffSeconds", DEFAULT_BACKOFF_SECONDS)),
+            max_backoff_seconds=int(r.get("maxBackoffSeconds", DEFAULT_MAX_BACKOFF_SECONDS)),
+            timeout_seconds=int(r.get("timeoutSeconds", DEFAULT_TIMEOUT_SECONDS)),
+        ),
+        ack_policy=AckPolicy(**{k: ack[k] for k in _ACK_KEYS if k in ack}),
+        idle_seconds=int(doc.get("idleSeconds", DEFAULT_IDLE_SECONDS)),
+        suspend=bool(doc.get("suspend", False)),
+        message_types=tuple(doc.get("messageTypes", ())),
+    )
+
+
+_ACK_KEYS = ("AE", "AR", "CE", "CR", "invalidAck", "controlIdMismatch")

@@ -1,0 +1,261 @@
+"""Destination manifests and rendered worker configurations → WorkerConfig, and their errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inturn.worker.config import (
+    HttpSenderConfig,
+    MllpSenderConfig,
+    WorkerConfig,
+    from_dict,
+    to_dict,
+)
+from inturn.worker.destination import (
+    DEFAULT_SECRETS_DIR,
+    ManifestError,
+    load_file,
+    load_manifest,
+    load_worker_config,
+    render_worker_config,
+    validate_manifest,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+BASE: dict[str, Any] = {
+    "apiVersion": "inturn.dev/v1alpha1",
+    "kind": "Destination",
+    "metadata": {"name": "lis", "namespace": "ward"},
+    "spec": {
+        "channel": "adt",
+        "sender": {"mllp": {"host": "10.0.0.5", "port": 2575}},
+        "retry": {"maxAttempts": 3},
+    },
+}
+
+
+def manifest(**spec_changes: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    for key, value in spec_changes.items():
+        if value is None:
+            doc["spec"].pop(key, None)
+        else:
+            doc["spec"][key] = value
+    return doc
+
+
+def errors_of(doc: Any) -> tuple[str, ...]:
+    with pytest.raises(ManifestError) as info:
+        load_manifest(doc)
+    return info.value.errors
+
+
+def test_minimal_manifest_gets_the_schema_defaults() -> None:
+    cfg = load_manifest(BASE)
+    assert cfg.destination == "ward/lis"
+    assert cfg.channel == "adt"
+    assert cfg.sender == MllpSenderConfig(host="10.0.0.5", port=2575)
+    assert (cfg.retry.max_attempts, cfg.retry.backoff_seconds) == (3, 5)
+    assert (cfg.retry.max_backoff_seconds, cfg.retry.timeout_seconds) == (60, 30)
+    assert cfg.ack_policy.AE == "retry" and cfg.ack_policy.controlIdMismatch == "retry"
+    assert (cfg.idle_seconds, cfg.suspend, cfg.message_types) == (2, False, ())
+
+
+def test_namespace_defaults_to_default() -> None:
+    doc = copy.deepcopy(BASE)
+    del doc["metadata"]["namespace"]
+    assert load_manifest(doc).destination == "default/lis"
+
+
+def test_input_is_not_modified() -> None:
+    doc = copy.deepcopy(BASE)
+    load_manifest(doc)
+    assert doc == BASE
+
+
+def test_max_attempts_is_required() -> None:
+    assert errors_of(manifest(retry={"backoffSeconds": 5})) == ("spec.retry.maxAttempts: required",)
+
+
+def test_message_names_the_source_and_field() -> None:
+    with pytest.raises(ManifestError, match=r"^ward/lis: spec\.retry\.maxAttempts: required$"):
+        load_manifest(manifest(retry={}))
+
+
+@pytest.mark.parametrize(
+    "sender",
+    [
+        {"mllp": {"host": "a", "port": 1}, "http": {"url": "http://b/x"}},
+        {},
+    ],
+)
+def test_exactly_one_sender(sender: dict[str, Any]) -> None:
+    assert errors_of(manifest(sender=sender)) == (
+        "spec.sender: exactly one of mllp and http must be set",
+    )
+
+
+def test_max_backoff_not_below_backoff() -> None:
+    assert errors_of(manifest(retry={"maxAttempts": 1, "backoffSeconds": 90})) == (
+        "spec.retry: maxBackoffSeconds must be greater than or equal to backoffSeconds",
+    )
+
+
+def test_unknown_field_is_reported_like_kubectl_strict() -> None:
+    assert errors_of(manifest(retry={"maxAttempts": 1, "maxAtempts": 2})) == (
+        "spec.retry.maxAtempts: unknown field",
+    )
+
+
+@pytest.mark.parametrize(
+    ("sender", "expected"),
+    [
+        ({"mllp": {"host": "a", "port": "2575"}}, "spec.sender.mllp.port: must be an integer"),
+        ({"mllp": {"host": "a", "port": 70000}}, "spec.sender.mllp.port: must be <= 65535"),
+        ({"mllp": {"host": "", "port": 1}}, "spec.sender.mllp.host: must not be empty"),
+        ({"http": {"url": "ftp://x/y"}}, "spec.sender.http.url: 'ftp://x/y' does not match"),
+        (
+            {"mllp": {"host": "a", "port": 1, "tls": {"secretRef": {"name": "s", "certKey": "c"}}}},
+            "spec.sender.mllp.tls.secretRef: certKey and keyKey must be set together",
+        ),
+    ],
+)
+def test_field_errors(sender: dict[str, Any], expected: str) -> None:
+    (error,) = errors_of(manifest(sender=sender))
+    assert error.startswith(expected)
+
+
+def test_enum_and_list_bounds() -> None:
+    errors = errors_of(
+        manifest(ackPolicy={"AE": "drop"}, filter={"messageTypes": ["ADT"] * 65}),
+    )
+    assert errors == (
+        "spec.ackPolicy.AE: must be one of retry, fail",
+        "spec.filter.messageTypes: must have at most 64 items",
+    )
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    doc = manifest(channel=None, retry={})
+    doc["apiVersion"] = "v1"
+    assert errors_of(doc) == (
+        "apiVersion: must be inturn.dev/v1alpha1, not 'v1'",
+        "spec.channel: required",
+        "spec.retry.maxAttempts: required",
+    )
+
+
+def test_name_length_leaves_room_for_the_worker_suffix() -> None:
+    doc = copy.deepcopy(BASE)
+    doc["metadata"]["name"] = "x" * 57
+    assert errors_of(doc) == (
+        "metadata.name: must be at most 56 characters, so that the worker's name"
+        " '<name>-worker' stays a valid label value",
+    )
+
+
+@pytest.mark.parametrize("bad", [None, [], "text", {"kind": "Destination"}])
+def test_garbage_gives_a_message_not_a_traceback(bad: Any) -> None:
+    with pytest.raises(ManifestError) as info:
+        load_manifest(bad)
+    assert str(info.value)
+
+
+def test_secret_references_become_files_under_the_mount() -> None:
+    tls = {"serverName": "lis.example", "secretRef": {"name": "p", "certKey": "c", "keyKey": "k"}}
+    cfg = load_manifest(manifest(sender={"mllp": {"host": "h", "port": 1, "tls": tls}}))
+    assert isinstance(cfg.sender, MllpSenderConfig) and cfg.sender.tls is not None
+    assert cfg.sender.tls.ca_file == f"{DEFAULT_SECRETS_DIR}/p/ca.crt"
+    assert cfg.sender.tls.cert_file == f"{DEFAULT_SECRETS_DIR}/p/c"
+    assert cfg.sender.tls.key_file == f"{DEFAULT_SECRETS_DIR}/p/k"
+    assert cfg.sender.tls.server_name == "lis.example"
+
+    http = {"url": "https://x/y", "secretRef": {"name": "creds"}}
+    cfg = load_manifest(manifest(sender={"http": http}), secrets_dir="/tmp/s")
+    assert isinstance(cfg.sender, HttpSenderConfig)
+    assert cfg.sender.headers_file == "/tmp/s/creds/headers"
+
+
+def test_validate_manifest_returns_the_defaulted_copy() -> None:
+    valid = validate_manifest(BASE)
+    assert valid["spec"]["ackPolicy"]["AR"] == "retry"
+    assert valid["spec"]["suspend"] is False
+    assert "ackPolicy" not in BASE["spec"]
+
+
+# --- rendered worker configurations ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_render_and_load_are_inverse(path: Path) -> None:
+    for cfg in load_file(path):
+        rendered = render_worker_config(cfg)
+        assert rendered["kind"] == "WorkerConfig"
+        assert load_worker_config(json.loads(json.dumps(rendered))) == cfg
+        assert from_dict(to_dict(cfg)) == cfg
+
+
+def test_worker_config_defaults_and_errors() -> None:
+    minimal = {
+        "destination": "ns/d",
+        "channel": "adt",
+        "sender": {"http": {"url": "http://h/p"}},
+        "retry": {"maxAttempts": 0},
+    }
+    cfg = load_worker_config(minimal)
+    assert isinstance(cfg, WorkerConfig) and cfg.retry.backoff_seconds == 5
+    with pytest.raises(ManifestError, match=r"sender\.http\.secretRef: unknown field"):
+        load_worker_config(
+            {**minimal, "sender": {"http": {"url": "http://h/p", "secretRef": {"name": "x"}}}}
+        )
+    with pytest.raises(ManifestError, match=r"^ns/d: retry\.maxAttempts: required$"):
+        load_worker_config({**minimal, "retry": {}})
+    with pytest.raises(ManifestError, match=r"kind: must be one of WorkerConfig"):
+        load_worker_config({**minimal, "kind": "Destination"})
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+def test_load_file_reads_every_document(tmp_path: Path) -> None:
+    path = tmp_path / "all.yaml"
+    path.write_text(
+        "\n---\n".join((EXAMPLES / n).read_text() for n in ("local-mllp.yaml", "local-http.yaml"))
+        + "\n---\n"
+    )
+    keys = [cfg.destination for cfg in load_file(path)]
+    assert keys == ["default/local-mllp", "default/local-http"]
+
+
+def test_load_file_names_the_document(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text((EXAMPLES / "local-mllp.yaml").read_text() + "\n---\n" + "kind: Pod\n")
+    with pytest.raises(ManifestError, match=r"bad\.yaml#2: kind: must be Destination or"):
+        load_file(path)
+
+
+def test_load_file_reports_yaml_errors_by_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("kind: Destination\nspec: [\n")
+    with pytest.raises(ManifestError, match=r"broken\.yaml: line \d+: not valid YAML"):
+        load_file(path)
+
+
+def test_local_secrets_dir_is_relative_to_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "tls.yaml"
+    path.write_text((EXAMPLES / "lab-mllp-tls.yaml").read_text())
+    (cfg,) = load_file(path, secrets_dir="secrets")
+    assert isinstance(cfg.sender, MllpSenderConfig) and cfg.sender.tls is not None
+    assert cfg.sender.tls.ca_file == str(tmp_path / "secrets" / "lab-partner-tls" / "ca.crt")
+
+
+def test_list_documents_are_expanded(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [BASE, BASE]}))
+    assert [c.destination for c in load_file(path)] == ["ward/lis", "ward/lis"]

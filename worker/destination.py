@@ -1,0 +1,460 @@
+"""Destination manifests and rendered worker configurations in, :class:`WorkerConfig` out.
+
+Two documents describe a worker:
+
+* a **Destination manifest** (``apiVersion: inturn.dev/v1alpha1``, ``kind: Destination``), as a
+  user writes it for ``kubectl apply``, ``inturn local`` or ``inturn worker -f``;
+* a **rendered worker configuration** (``kind: WorkerConfig``), the JSON the operator writes into
+  the worker's ConfigMap and ``inturn worker --config`` reads.
+
+Both are checked here exactly as the API server would check the manifest: the schema defaults
+are applied, the document is validated against the schema of :mod:`inturn.worker.schema`
+(unknown fields are rejected, as ``kubectl apply --validate=strict`` does) and the CEL rules are
+evaluated by their Python twins. Every problem is reported in one :class:`ManifestError` whose
+message names the field path, e.g. ``spec.retry.maxAttempts: required``.
+
+Secrets. A manifest refers to Secrets by name (``tls.secretRef``, ``http.secretRef``); the worker
+needs files. Key ``k`` of Secret ``s`` is found at ``<secrets_dir>/<s>/<k>``: in a cluster the
+operator mounts each Secret at ``/etc/inturn/secrets/<s>`` (:data:`DEFAULT_SECRETS_DIR`); with
+``inturn local`` the same manifest works if the files are laid out the same way under a local
+directory passed as ``secrets_dir`` (e.g. ``./secrets/partner-tls/ca.crt``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import jsonschema
+import yaml
+
+from inturn.worker import schema
+from inturn.worker.config import (
+    WorkerConfig,
+    from_dict,
+    to_dict,
+)
+
+#: Where the operator mounts referenced Secrets inside the worker container.
+DEFAULT_SECRETS_DIR = "/etc/inturn/secrets"
+
+#: Namespace of a manifest without ``metadata.namespace``.
+DEFAULT_NAMESPACE = "default"
+
+
+class ManifestError(ValueError):
+    """A manifest or worker configuration is not valid.
+
+    Attributes:
+        errors: one line per problem, each ``<field path>: <what is wrong>``, sorted by path.
+        source: where the document came from (``file.yaml#2``, ``ns/name``), or None.
+    """
+
+    def __init__(self, errors: list[str] | tuple[str, ...], source: str | None = None) -> None:
+        self.errors = tuple(errors)
+        self.source = source
+        text = "; ".join(self.errors)
+        super().__init__(f"{source}: {text}" if source else text)
+
+
+# --- defaults and validation (generic over a structural schema) ------------------------------
+
+
+def apply_defaults(node_schema: Mapping[str, Any], value: Any) -> Any:
+    """Return a copy of ``value`` with the schema's ``default:`` values filled in.
+
+    As the API server does: a property's default is used when the property is absent, nested
+    objects are defaulted recursively, and values of the wrong type are left alone (validation
+    reports them). ``value`` is not modified.
+    """
+    value = copy.deepcopy(value)
+    _default_in_place(node_schema, value)
+    return value
+
+
+def _default_in_place(node_schema: Mapping[str, Any], value: Any) -> None:
+    if isinstance(value, dict):
+        props = node_schema.get("properties")
+        if isinstance(props, Mapping):
+            for key, sub in props.items():
+                if key not in value and "default" in sub:
+                    value[key] = copy.deepcopy(sub["default"])
+                if key in value:
+                    _default_in_place(sub, value[key])
+        extra = node_schema.get("additionalProperties")
+        if isinstance(extra, Mapping):
+            for sub_value in value.values():
+                _default_in_place(extra, sub_value)
+    elif isinstance(value, list):
+        items = node_schema.get("items")
+        if isinstance(items, Mapping):
+            for item in value:
+                _default_in_place(items, item)
+
+
+def _closed(node_schema: Any) -> Any:
+    """Return a copy of a schema where every object with ``properties`` rejects unknown keys."""
+    if isinstance(node_schema, dict):
+        out = {k: _closed(v) for k, v in node_schema.items()}
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(node_schema, list):
+        return [_closed(v) for v in node_schema]
+    return node_schema
+
+
+def _path(prefix: str, parts: Any) -> str:
+    out = prefix
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out = f"{out}.{part}" if out else str(part)
+    return out or "<root>"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 64 else text[:61] + "..."
+
+
+def _describe(error: jsonschema.ValidationError, prefix: str) -> list[str]:
+    """Turn one jsonschema error into ``path: problem`` lines."""
+    where = _path(prefix, error.absolute_path)
+    v = error.validator
+    value = error.validator_value
+    if v == "required":
+        instance = error.instance if isinstance(error.instance, Mapping) else {}
+        return [f"{_path(where, [k])}: required" for k in value if k not in instance]
+    if v == "additionalProperties":
+        instance = error.instance if isinstance(error.instance, Mapping) else {}
+        known = set(error.schema.get("properties", {}))
+        return [f"{_path(where, [k])}: unknown field" for k in instance if k not in known]
+    messages: dict[str, Callable[[], str]] = {
+        "type": lambda: f"must be {'an' if str(value)[0] in 'aeiou' else 'a'} {value}",
+        "minimum": lambda: f"must be >= {value}",
+        "maximum": lambda: f"must be <= {value}",
+        "minLength": lambda: (
+            "must not be empty" if value == 1 else f"must be at least {value} characters"
+        ),
+        "maxLength": lambda: f"must be at most {value} characters",
+        "pattern": lambda: f"{_short(error.instance)} does not match {value}",
+        "enum": lambda: "must be one of " + ", ".join(str(x) for x in value),
+        "maxItems": lambda: f"must have at most {value} items",
+        "maxProperties": lambda: f"must have at most {value} entries",
+        "anyOf": lambda: "must be an integer or a string",
+    }
+    make = messages.get(str(v))
+    return [f"{where}: {make() if make else error.message}"]
+
+
+def _rule_errors(node_schema: Mapping[str, Any], value: Any, where: str) -> Iterator[str]:
+    """Evaluate the schema's CEL rules on ``value`` with their Python twins."""
+    if isinstance(value, dict):
+        for item in node_schema.get("x-kubernetes-validations", ()):
+            rule = schema.RULES.get(item["rule"])
+            if rule is None:  # pragma: no cover - every rule in the schema has a twin (tested)
+                raise RuntimeError(f"no Python twin for CEL rule {item['rule']!r}")
+            try:
+                ok = rule.check(value)
+            except (KeyError, TypeError):
+                ok = True  # the structural validation reports the missing or mistyped field
+            if not ok:
+                at = where + (rule.field_path or "") if where else (rule.field_path or "")
+                yield f"{at.lstrip('.') or '<root>'}: {rule.message}"
+        for key, sub in node_schema.get("properties", {}).items():
+            if key in value:
+                yield from _rule_errors(sub, value[key], f"{where}.{key}" if where else key)
+    elif isinstance(value, list) and isinstance(node_schema.get("items"), Mapping):
+        for i, item in enumerate(value):
+            yield from _rule_errors(node_schema["items"], item, f"{where}[{i}]")
+
+
+def validate(node_schema: Mapping[str, Any], value: Any, *, prefix: str = "") -> list[str]:
+    """Validate an already-defaulted ``value`` against ``node_schema`` and its CEL rules.
+
+    Returns:
+        ``path: problem`` lines sorted by path; empty when valid. ``prefix`` is prepended to
+        every path (e.g. ``spec``).
+    """
+    validator = jsonschema.Draft7Validator(_closed(dict(node_schema)))
+    problems: list[str] = []
+    for error in validator.iter_errors(value):
+        problems.extend(_describe(error, prefix))
+    if not problems:  # rules assume a structurally valid, defaulted document (as CEL does)
+        problems.extend(_rule_errors(node_schema, value, prefix))
+    return sorted(set(problems))
+
+
+# --- manifests -------------------------------------------------------------------------------
+
+
+def destination_key(doc: Mapping[str, Any]) -> str:
+    """Return ``namespace/name`` of a Destination manifest (namespace defaults to ``default``)."""
+    meta = doc.get("metadata") or {}
+    return f"{meta.get('namespace') or DEFAULT_NAMESPACE}/{meta.get('name')}"
+
+
+def validate_manifest(doc: Mapping[str, Any], *, source: str | None = None) -> dict[str, Any]:
+    """Check a Destination manifest and return a copy with the schema defaults applied.
+
+    The operator uses this on the objects it watches (the API server already checked them, but
+    an object stored before a schema change may not pass); the worker uses it through
+    :func:`load_manifest`.
+
+    Raises:
+        ManifestError: wrong apiVersion/kind, a bad ``metadata.name``/``namespace``, or a spec
+            that the CRD would reject; the message lists every problem with its field path.
+    """
+    if not isinstance(doc, Mapping):
+        raise ManifestError(["<root>: must be a mapping"], source)
+    problems: list[str] = []
+    if doc.get("apiVersion") != schema.API_VERSION:
+        problems.append(
+            f"apiVersion: must be {schema.API_VERSION}, not {_short(doc.get('apiVersion'))}"
+        )
+    if doc.get("kind") != schema.KIND:
+        problems.append(f"kind: must be {schema.KIND}, not {_short(doc.get('kind'))}")
+    meta = doc.get("metadata")
+    if not isinstance(meta, Mapping):
+        problems.append("metadata.name: required")
+        meta = {}
+    name = meta.get("name")
+    namespace = meta.get("namespace", DEFAULT_NAMESPACE)
+    label = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    if not name:
+        problems.append("metadata.name: required")
+    else:
+        problems.extend(
+            validate(
+                {"type": "string", "maxLength": 253, "pattern": label}, name, prefix="metadata.name"
+            )
+        )
+    if namespace is not None:
+        problems.extend(
+            validate(
+                {"type": "string", "maxLength": 63, "pattern": label},
+                namespace,
+                prefix="metadata.namespace",
+            )
+        )
+    root = schema.openapi_schema()
+    if "spec" not in doc:
+        problems.append("spec: required")
+        spec: Any = None
+    else:
+        spec = apply_defaults(root["properties"]["spec"], doc["spec"])
+        problems.extend(validate(root["properties"]["spec"], spec, prefix="spec"))
+    if not problems:
+        problems.extend(
+            _rule_errors(
+                {"x-kubernetes-validations": root["x-kubernetes-validations"]}, dict(doc), ""
+            )
+        )
+    if problems:
+        raise ManifestError(
+            sorted(set(problems)), source or (destination_key(doc) if name else None)
+        )
+    out = dict(copy.deepcopy(doc))
+    out["spec"] = spec
+    return out
+
+
+def _secret_file(secrets_dir: str | Path, secret: str, key: str) -> str:
+    base = secrets_dir if isinstance(secrets_dir, Path) else PurePosixPath(secrets_dir)
+    return str(base / secret / key)
+
+
+def _tls_files(tls: Mapping[str, Any] | None, secrets_dir: str | Path) -> dict[str, Any] | None:
+    if tls is None:
+        return None
+    out: dict[str, Any] = {"insecureSkipVerify": tls.get("insecureSkipVerify", False)}
+    if tls.get("serverName"):
+        out["serverName"] = tls["serverName"]
+    ref = tls.get("secretRef")
+    if ref:
+        out["caFile"] = _secret_file(
+            secrets_dir, ref["name"], ref.get("caKey", schema.DEFAULT_CA_KEY)
+        )
+        if "certKey" in ref:
+            out["certFile"] = _secret_file(secrets_dir, ref["name"], ref["certKey"])
+            out["keyFile"] = _secret_file(secrets_dir, ref["name"], ref["keyKey"])
+    return out
+
+
+def render_from_manifest(
+    doc: Mapping[str, Any], *, secrets_dir: str | Path = DEFAULT_SECRETS_DIR
+) -> dict[str, Any]:
+    """Return the rendered worker configuration (JSON object) of a *validated* manifest.
+
+    ``doc`` must come from :func:`validate_manifest` (defaults applied). Secret references become
+    paths under ``secrets_dir``. The operator writes the result into the worker's ConfigMap.
+    """
+    spec = doc["spec"]
+    sender_spec = spec["sender"]
+    sender: dict[str, Any]
+    if "mllp" in sender_spec:
+        m = sender_spec["mllp"]
+        mllp: dict[str, Any] = {
+            "host": m["host"],
+            "port": m["port"],
+            "maxAckBytes": m["maxAckBytes"],
+        }
+        tls = _tls_files(m.get("tls"), secrets_dir)
+        if tls is not None:
+            mllp["tls"] = tls
+        sender = {"mllp": mllp}
+    else:
+        h = sender_spec["http"]
+        http: dict[str, Any] = {"url": h["url"], "headers": dict(h.get("headers", {}))}
+        if h.get("secretRef"):
+            ref = h["secretRef"]
+            http["headersFile"] = _secret_file(
+                secrets_dir, ref["name"], ref.get("key", schema.DEFAULT_HTTP_HEADERS_KEY)
+            )
+        tls = _tls_files(h.get("tls"), secrets_dir)
+        if tls is not None:
+            http["tls"] = tls
+        sender = {"http": http}
+    rendered = {
+        "destination": destination_key(doc),
+        "channel": spec["channel"],
+        "messageTypes": list((spec.get("filter") or {}).get("messageTypes", [])),
+        "sender": sender,
+        "retry": dict(spec["retry"]),
+        "ackPolicy": dict(spec["ackPolicy"]),
+        "idleSeconds": spec["idleSeconds"],
+        "suspend": spec["suspend"],
+    }
+    return render_worker_config(from_dict(rendered))
+
+
+def load_manifest(
+    doc: Mapping[str, Any],
+    *,
+    secrets_dir: str | Path = DEFAULT_SECRETS_DIR,
+    source: str | None = None,
+) -> WorkerConfig:
+    """Validate a Destination manifest and return the worker configuration it describes.
+
+    Args:
+        doc: the parsed manifest (``apiVersion``, ``kind``, ``metadata``, ``spec``).
+        secrets_dir: the directory holding ``<secret name>/<key>`` files; in a worker pod the
+            operator's mount point, with ``inturn local`` a local directory.
+        source: a label for error messages (file and document number).
+
+    Raises:
+        ManifestError: the manifest is not a valid Destination (every problem, by field path).
+    """
+    valid = validate_manifest(doc, source=source)
+    return from_dict(render_from_manifest(valid, secrets_dir=secrets_dir))
+
+
+# --- rendered worker configurations -----------------------------------------------------------
+
+
+def render_worker_config(cfg: WorkerConfig) -> dict[str, Any]:
+    """Return the rendered JSON object of ``cfg`` (``kind: WorkerConfig``).
+
+    The inverse of :func:`load_worker_config`; the operator writes it as ``worker.json``.
+    """
+    return {"apiVersion": schema.API_VERSION, "kind": schema.WORKER_CONFIG_KIND, **to_dict(cfg)}
+
+
+def load_worker_config(doc: Mapping[str, Any], *, source: str | None = None) -> WorkerConfig:
+    """Validate a rendered worker configuration (parsed JSON or YAML) and return the model.
+
+    ``apiVersion``/``kind`` may be omitted; when present they must be ``inturn.dev/v1alpha1`` and
+    ``WorkerConfig``. Defaults of the schema apply to omitted optional fields.
+
+    Raises:
+        ManifestError: a field is missing, unknown, mistyped or out of bounds (by field path).
+    """
+    if not isinstance(doc, Mapping):
+        raise ManifestError(["<root>: must be a mapping"], source)
+    node = schema.worker_config_schema()
+    value = apply_defaults(node, dict(doc))
+    problems = validate(node, value)
+    if problems:
+        raise ManifestError(
+            problems, source or (str(doc.get("destination")) if doc.get("destination") else None)
+        )
+    return from_dict(value)
+
+
+def load_document(
+    doc: Mapping[str, Any],
+    *,
+    secrets_dir: str | Path = DEFAULT_SECRETS_DIR,
+    source: str | None = None,
+) -> list[WorkerConfig]:
+    """Load one parsed document: a Destination, a WorkerConfig, or a ``List`` of them.
+
+    Raises:
+        ManifestError: the document is invalid or of another kind.
+    """
+    if not isinstance(doc, Mapping):
+        raise ManifestError(["<root>: must be a mapping"], source)
+    kind = doc.get("kind")
+    if kind == schema.KIND:
+        return [load_manifest(doc, secrets_dir=secrets_dir, source=source)]
+    if kind == schema.WORKER_CONFIG_KIND:
+        return [load_worker_config(doc, source=source)]
+    if kind in ("List", f"{schema.KIND}List") and isinstance(doc.get("items"), list):
+        out: list[WorkerConfig] = []
+        for i, item in enumerate(doc["items"]):
+            out.extend(
+                load_document(item, secrets_dir=secrets_dir, source=f"{source or ''}items[{i}]")
+            )
+        return out
+    raise ManifestError(
+        [f"kind: must be {schema.KIND} or {schema.WORKER_CONFIG_KIND}, not {_short(kind)}"], source
+    )
+
+
+def load_file(path: str | Path, *, secrets_dir: str | Path | None = None) -> list[WorkerConfig]:
+    """Load every Destination or WorkerConfig in a YAML (multi-document) or JSON file.
+
+    Args:
+        path: the file.
+        secrets_dir: where ``<secret>/<key>`` files are; a relative path is taken relative to the
+            file's directory; None means :data:`DEFAULT_SECRETS_DIR` (the pod mount).
+
+    Returns:
+        One configuration per document, in file order (empty documents are skipped).
+
+    Raises:
+        ManifestError: the file is not YAML, or a document is invalid (message names the file,
+            the document number and the field path).
+        OSError: the file cannot be read.
+    """
+    path = Path(path)
+    if secrets_dir is None:
+        resolved: str | Path = DEFAULT_SECRETS_DIR
+    else:
+        resolved = Path(secrets_dir)
+        if not resolved.is_absolute():
+            resolved = (path.parent / resolved).resolve()
+    text = path.read_text(encoding="utf-8")
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "?"
+        raise ManifestError(
+            [f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})"], str(path)
+        ) from None
+    out: list[WorkerConfig] = []
+    for i, doc in enumerate(docs, start=1):
+        if doc is None:
+            continue
+        out.extend(load_document(doc, secrets_dir=resolved, source=f"{path}#{i}"))
+    return out

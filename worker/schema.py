@@ -1,0 +1,808 @@
+"""The Destination API, defined once: its OpenAPI v3 schema, its CEL rules and its CRD.
+
+Everything that describes ``destinations.inturn.dev`` lives here, as plain Python data:
+
+* :func:`spec_schema` and :func:`status_schema` are the structural schemas of ``spec`` and
+  ``status`` (every node typed, defaults, bounds, string lengths, list sizes);
+* :data:`RULES` are the CEL ``x-kubernetes-validations`` the schema alone cannot say, each with a
+  readable message and an equivalent Python predicate so that a manifest is judged the same way
+  with or without an API server (``inturn local``, ``inturn worker -f``);
+* :func:`crd` assembles the ``CustomResourceDefinition``; ``crds/destination.yaml`` and the Helm
+  chart's copy are generated from it (``python -m inturn.worker.schema --write``), and a unit test
+  fails when either file is stale.
+
+The module is pure data and never imports the operator. Field conventions follow the Kubernetes
+API conventions (kubernetes/community, contributors/devel/sig-architecture/api-conventions.md):
+integer durations with a ``Seconds`` suffix, camelCase names, references to Secrets as
+``secretRef`` in the same namespace, unions as optional members plus a validation rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+GROUP = "inturn.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "Destination"
+PLURAL = "destinations"
+SINGULAR = "destination"
+SHORT_NAMES = ("dest",)
+CATEGORIES = ("inturn",)
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+#: ``metadata.name`` limit: ``<name>-worker`` must stay a valid label value (63 characters).
+MAX_NAME_LENGTH = 56
+
+#: Default Secret keys: the names cert-manager and ``kubernetes.io/tls`` Secrets use.
+DEFAULT_CA_KEY = "ca.crt"
+DEFAULT_HTTP_HEADERS_KEY = "headers"
+
+Schema = dict[str, Any]
+
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
+
+
+# --- small builders -------------------------------------------------------------------------
+
+
+def _obj(
+    properties: Mapping[str, Schema],
+    *,
+    required: tuple[str, ...] = (),
+    description: str = "",
+    default: Any = None,
+    rules: tuple[Rule, ...] = (),
+) -> Schema:
+    node: Schema = {"type": "object"}
+    if description:
+        node["description"] = description
+    node["properties"] = dict(properties)
+    if required:
+        node["required"] = list(required)
+    if default is not None:
+        node["default"] = default
+    if rules:
+        node["x-kubernetes-validations"] = [r.as_cel() for r in rules]
+    return node
+
+
+def _str(
+    description: str,
+    *,
+    max_length: int,
+    min_length: int | None = None,
+    pattern: str | None = None,
+    enum: tuple[str, ...] = (),
+    default: str | None = None,
+    fmt: str | None = None,
+) -> Schema:
+    node: Schema = {"type": "string", "description": description}
+    if enum:
+        node["enum"] = list(enum)
+    else:
+        node["maxLength"] = max_length
+        if min_length is not None:
+            node["minLength"] = min_length
+        if pattern is not None:
+            node["pattern"] = pattern
+    if fmt is not None:
+        node["format"] = fmt
+    if default is not None:
+        node["default"] = default
+    return node
+
+
+def _int(
+    description: str,
+    *,
+    minimum: int,
+    maximum: int,
+    default: int | None = None,
+    fmt: str = "int32",
+) -> Schema:
+    node: Schema = {
+        "type": "integer",
+        "format": fmt,
+        "description": description,
+        "minimum": minimum,
+        "maximum": maximum,
+    }
+    if default is not None:
+        node["default"] = default
+    return node
+
+
+def _bool(description: str, *, default: bool | None = None) -> Schema:
+    node: Schema = {"type": "boolean", "description": description}
+    if default is not None:
+        node["default"] = default
+    return node
+
+
+def _str_map(description: str, *, max_properties: int, max_value: int) -> Schema:
+    return {
+        "type": "object",
+        "description": description,
+        "maxProperties": max_properties,
+        "additionalProperties": {"type": "string", "maxLength": max_value},
+    }
+
+
+# --- CEL rules ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One CEL validation rule with its Python twin.
+
+    Attributes:
+        cel: the CEL expression evaluated by the API server with ``self`` bound to the node
+            that carries the rule.
+        message: what is wrong, as the API server reports it after the field path.
+        check: the same predicate in Python, given the (defaulted) node; True means valid.
+        field_path: optional CEL ``fieldPath`` (relative to the node) the error is reported at.
+    """
+
+    cel: str
+    message: str
+    check: Callable[[Mapping[str, Any]], bool]
+    field_path: str | None = None
+
+    def as_cel(self) -> dict[str, str]:
+        """Return the ``x-kubernetes-validations`` item (``rule``, ``message``, ``fieldPath``)."""
+        out = {"rule": self.cel, "message": self.message}
+        if self.field_path is not None:
+            out["fieldPath"] = self.field_path
+        return out
+
+
+RULE_NAME_LENGTH = Rule(
+    cel=f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+    message=(
+        f"must be at most {MAX_NAME_LENGTH} characters, so that the worker's name"
+        " '<name>-worker' stays a valid label value"
+    ),
+    check=lambda node: len(str(node.get("metadata", {}).get("name", ""))) <= MAX_NAME_LENGTH,
+    field_path=".metadata.name",
+)
+RULE_ONE_SENDER = Rule(
+    cel="has(self.mllp) != has(self.http)",
+    message="exactly one of mllp and http must be set",
+    check=lambda node: ("mllp" in node) != ("http" in node),
+)
+RULE_BACKOFF = Rule(
+    cel="self.maxBackoffSeconds >= self.backoffSeconds",
+    message="maxBackoffSeconds must be greater than or equal to backoffSeconds",
+    check=lambda node: node["maxBackoffSeconds"] >= node["backoffSeconds"],
+)
+RULE_CLIENT_CERT = Rule(
+    cel="has(self.certKey) == has(self.keyKey)",
+    message="certKey and keyKey must be set together",
+    check=lambda node: ("certKey" in node) == ("keyKey" in node),
+)
+
+#: Every rule, keyed by its CEL text: how a schema node's ``x-kubernetes-validations`` item is
+#: mapped back to its Python predicate.
+RULES: dict[str, Rule] = {
+    r.cel: r for r in (RULE_NAME_LENGTH, RULE_ONE_SENDER, RULE_BACKOFF, RULE_CLIENT_CERT)
+}
+
+
+# --- the spec -------------------------------------------------------------------------------
+
+
+def _secret_ref_tls() -> Schema:
+    return _obj(
+        {
+            "name": _str(
+                "Name of a Secret in the Destination's namespace; mounted into the worker.",
+                max_length=253,
+                min_length=1,
+                pattern=_DNS_SUBDOMAIN,
+            ),
+            "caKey": _str(
+                "Key of the PEM bundle of trusted CAs.",
+                max_length=253,
+                min_length=1,
+                pattern=_SECRET_KEY,
+                default=DEFAULT_CA_KEY,
+            ),
+            "certKey": _str(
+                "Key of the client certificate (PEM); set together with keyKey.",
+                max_length=253,
+                min_length=1,
+                pattern=_SECRET_KEY,
+            ),
+            "keyKey": _str(
+                "Key of the client private key (PEM); set together with certKey.",
+                max_length=253,
+                min_length=1,
+                pattern=_SECRET_KEY,
+            ),
+        },
+        required=("name",),
+        description=(
+            "The Secret holding the CA bundle and, optionally, a client certificate and key."
+            " The operator mounts it by reference and never reads it."
+        ),
+        rules=(RULE_CLIENT_CERT,),
+    )
+
+
+def _tls() -> Schema:
+    return _obj(
+        {
+            "secretRef": _secret_ref_tls(),
+            "serverName": _str(
+                "Name to verify in the receiver's certificate and to send as SNI;"
+                " defaults to the host.",
+                max_length=253,
+            ),
+            "insecureSkipVerify": _bool(
+                "Do not verify the receiver's certificate. For tests only.", default=False
+            ),
+        },
+        description=(
+            "Client TLS. Without secretRef the system trust store is used and no client"
+            " certificate is sent."
+        ),
+    )
+
+
+def _mllp() -> Schema:
+    return _obj(
+        {
+            "host": _str("Host name or IP address of the receiver.", max_length=253, min_length=1),
+            "port": _int("TCP port of the receiver.", minimum=1, maximum=65535),
+            "tls": _tls(),
+            "maxAckBytes": _int(
+                "Largest acknowledgement accepted, in bytes.",
+                minimum=256,
+                maximum=16 * 1024 * 1024,
+                default=1024 * 1024,
+            ),
+        },
+        required=("host", "port"),
+        description="Deliver over MLLP (HL7 v2 Minimal Lower Layer Protocol), optionally in TLS.",
+    )
+
+
+def _http() -> Schema:
+    return _obj(
+        {
+            "url": _str(
+                "URL the message is POSTed to; a 2xx answer means accepted.",
+                max_length=2048,
+                min_length=8,
+                pattern=r"^https?://[^\s]+$",
+            ),
+            "headers": _str_map(
+                "Extra request headers (not secret; put credentials in secretRef).",
+                max_properties=32,
+                max_value=4096,
+            ),
+            "secretRef": _obj(
+                {
+                    "name": _str(
+                        "Name of a Secret in the Destination's namespace.",
+                        max_length=253,
+                        min_length=1,
+                        pattern=_DNS_SUBDOMAIN,
+                    ),
+                    "key": _str(
+                        "Key holding 'Name: value' header lines, e.g. an Authorization header.",
+                        max_length=253,
+                        min_length=1,
+                        pattern=_SECRET_KEY,
+                        default=DEFAULT_HTTP_HEADERS_KEY,
+                    ),
+                },
+                required=("name",),
+                description="Credentials: a Secret key of header lines added to every request.",
+            ),
+            "tls": _tls(),
+        },
+        required=("url",),
+        description="Deliver by HTTP POST.",
+    )
+
+
+_ACK_OUTCOMES = (
+    ("AE", "Application error (MSA-1 AE)."),
+    ("AR", "Application reject (MSA-1 AR)."),
+    ("CE", "Commit error (MSA-1 CE, enhanced mode)."),
+    ("CR", "Commit reject (MSA-1 CR, enhanced mode)."),
+    ("invalidAck", "A reply that is not a usable acknowledgement."),
+    ("controlIdMismatch", "An acknowledgement whose MSA-2 is not the message's MSH-10."),
+)
+
+
+def _toleration() -> Schema:
+    return _obj(
+        {
+            "key": _str("Taint key.", max_length=317),
+            "operator": _str("Exists or Equal.", max_length=16, enum=("Exists", "Equal")),
+            "value": _str("Taint value.", max_length=63),
+            "effect": _str(
+                "Taint effect.",
+                max_length=16,
+                enum=("NoSchedule", "PreferNoSchedule", "NoExecute"),
+            ),
+            "tolerationSeconds": _int(
+                "How long a NoExecute taint is tolerated.",
+                minimum=0,
+                maximum=2**31,
+                fmt="int64",
+            ),
+        },
+        description="A core/v1 Toleration.",
+    )
+
+
+def _quantities(description: str) -> Schema:
+    return {
+        "type": "object",
+        "description": description,
+        "maxProperties": 16,
+        "additionalProperties": {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": (
+                r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]"
+                r"|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+            ),
+        },
+    }
+
+
+def _worker() -> Schema:
+    return _obj(
+        {
+            "resources": _obj(
+                {
+                    "requests": _quantities("Minimum resources, e.g. cpu: 10m, memory: 64Mi."),
+                    "limits": _quantities("Maximum resources, e.g. memory: 256Mi."),
+                },
+                description="Compute resources of the worker container (core/v1).",
+            ),
+            "nodeSelector": _str_map(
+                "Node labels the worker pod must be scheduled on.",
+                max_properties=32,
+                max_value=63,
+            ),
+            "tolerations": {
+                "type": "array",
+                "description": "Taints the worker pod tolerates.",
+                "maxItems": 32,
+                "items": _toleration(),
+            },
+            "affinity": {
+                "type": "object",
+                "description": "A core/v1 Affinity, passed to the pod as it is.",
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+            "priorityClassName": _str(
+                "PriorityClass of the worker pod.", max_length=253, pattern=_DNS_SUBDOMAIN
+            ),
+        },
+        description="Scheduling and resources of the worker pod.",
+    )
+
+
+def spec_schema() -> Schema:
+    """Return the structural OpenAPI v3 schema of ``Destination.spec`` (a fresh dict).
+
+    Defaults are declared on the nodes (``default:``); nested objects that carry defaults are
+    themselves defaulted to ``{}`` so that the defaults apply when the object is omitted.
+    ``retry.maxAttempts`` is required and has no default: 0 means "forever" and must be chosen.
+    """
+    return _obj(
+        {
+            "channel": _str(
+                "The ingest channel that feeds this destination.",
+                max_length=63,
+                min_length=1,
+                pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+            ),
+            "filter": _obj(
+                {
+                    "messageTypes": {
+                        "type": "array",
+                        "description": (
+                            "MSH-9 patterns accepted, as TYPE or TYPE^EVENT with * and ?"
+                            " wildcards, e.g. ADT^A0*; empty or absent accepts every message."
+                        ),
+                        "maxItems": 64,
+                        "items": _str(
+                            "An MSH-9 pattern.",
+                            max_length=32,
+                            min_length=1,
+                            pattern=r"^[A-Za-z0-9*?]+(\^[A-Za-z0-9_*?]+)?$",
+                        ),
+                    },
+                },
+                description="Which of the channel's messages this destination receives.",
+            ),
+            "sender": _obj(
+                {"mllp": _mllp(), "http": _http()},
+                description="Where and how messages are delivered: exactly one of mllp, http.",
+                rules=(RULE_ONE_SENDER,),
+            ),
+            "retry": _obj(
+                {
+                    "maxAttempts": _int(
+                        "Attempts before a message is marked failed and the next one goes;"
+                        " 0 retries forever (the queue waits).",
+                        minimum=0,
+                        maximum=1_000_000,
+                    ),
+                    "backoffSeconds": _int(
+                        "Delay after the first failure, doubled per attempt.",
+                        minimum=1,
+                        maximum=3600,
+                        default=5,
+                    ),
+                    "maxBackoffSeconds": _int(
+                        "Ceiling of the delay between attempts.",
+                        minimum=1,
+                        maximum=86400,
+                        default=60,
+                    ),
+                    "timeoutSeconds": _int(
+                        "Bound of one attempt: connect, send, and wait for the acknowledgement.",
+                        minimum=1,
+                        maximum=600,
+                        default=30,
+                    ),
+                },
+                required=("maxAttempts",),
+                description="How hard the head of the queue is retried.",
+                rules=(RULE_BACKOFF,),
+            ),
+            "ackPolicy": _obj(
+                {
+                    key: _str(
+                        f"{text} retry keeps the order; fail gives up on the message.",
+                        max_length=5,
+                        enum=("retry", "fail"),
+                        default="retry",
+                    )
+                    for key, text in _ACK_OUTCOMES
+                },
+                description="Per negative outcome, retry the head or give up on it.",
+                default={},
+            ),
+            "idleSeconds": _int(
+                "Poll interval of an idle worker when nothing wakes it.",
+                minimum=1,
+                maximum=300,
+                default=2,
+            ),
+            "suspend": _bool(
+                "Hold the queue: the worker keeps its lock and sends nothing.", default=False
+            ),
+            "worker": _worker(),
+        },
+        required=("channel", "sender", "retry"),
+        description="The desired state of a delivery destination.",
+    )
+
+
+# --- the status -----------------------------------------------------------------------------
+
+
+def _condition() -> Schema:
+    """metav1.Condition (k8s.io/apimachinery/pkg/apis/meta/v1/types.go)."""
+    return _obj(
+        {
+            "type": _str(
+                "Type of the condition, e.g. Ready.",
+                max_length=316,
+                pattern=(
+                    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+                ),
+            ),
+            "status": _str(
+                "True, False or Unknown.", max_length=7, enum=("True", "False", "Unknown")
+            ),
+            "observedGeneration": _int(
+                "metadata.generation the condition was set for.",
+                minimum=0,
+                maximum=2**53,
+                fmt="int64",
+            ),
+            "lastTransitionTime": _str(
+                "When the status last changed.", max_length=64, fmt="date-time"
+            ),
+            "reason": _str(
+                "One CamelCase word for the cause.",
+                max_length=1024,
+                min_length=1,
+                pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+            ),
+            "message": _str("A sentence for people.", max_length=32768),
+        },
+        required=("type", "status", "lastTransitionTime", "reason", "message"),
+    )
+
+
+def status_schema() -> Schema:
+    """Return the structural OpenAPI v3 schema of ``Destination.status`` (a fresh dict).
+
+    Written only by the operator. ``oldestPendingTime`` is a timestamp, so that the age column is
+    computed by the client and the status is not rewritten every second.
+    """
+    return _obj(
+        {
+            "observedGeneration": _int(
+                "metadata.generation last reconciled.", minimum=0, maximum=2**53, fmt="int64"
+            ),
+            "conditions": {
+                "type": "array",
+                "description": "Ready (worker available) and Delivering (head not blocked).",
+                "maxItems": 8,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+                "items": _condition(),
+            },
+            "pending": _int("Messages waiting.", minimum=0, maximum=2**53, fmt="int64"),
+            "failed": _int(
+                "Messages given up on and not yet purged.", minimum=0, maximum=2**53, fmt="int64"
+            ),
+            "oldestPendingTime": _str(
+                "When the oldest waiting message was enqueued; absent when none waits.",
+                max_length=64,
+                fmt="date-time",
+            ),
+            "maxAttempts": _int(
+                "Most attempts made on any waiting message (normally the head).",
+                minimum=0,
+                maximum=2**31,
+                fmt="int64",
+            ),
+            "sender": _str(
+                "Summary of the sender, e.g. mllp://host:2575 (no credentials).", max_length=2100
+            ),
+            "worker": _obj(
+                {
+                    "deployment": _str("Name of the worker Deployment.", max_length=253),
+                    "available": _bool("Whether the worker Deployment has an available pod."),
+                },
+                description="The worker Deployment.",
+            ),
+        },
+        description="The observed state, written by the operator only.",
+    )
+
+
+# --- the worker configuration ---------------------------------------------------------------
+
+WORKER_CONFIG_KIND = "WorkerConfig"
+
+
+def _tls_files() -> Schema:
+    path = "Absolute path of a PEM file (a mounted Secret key in a cluster)."
+    return _obj(
+        {
+            "caFile": _str(path, max_length=4096, min_length=1),
+            "certFile": _str(path, max_length=4096, min_length=1),
+            "keyFile": _str(path, max_length=4096, min_length=1),
+            "serverName": _str("Name to verify and send as SNI.", max_length=253),
+            "insecureSkipVerify": _bool("Do not verify the certificate.", default=False),
+        },
+        description="Client TLS with the Secret keys resolved to file paths.",
+    )
+
+
+def worker_config_schema() -> Schema:
+    """Return the schema of the rendered worker configuration (``worker.json``).
+
+    It is the Destination spec with Secret references resolved to file paths, plus the queue key
+    (``destination`` = ``namespace/name``). The shared parts (retry, ackPolicy, channel, message
+    types, bounds and defaults) are taken from :func:`spec_schema`, so the two cannot drift.
+    """
+    spec = spec_schema()["properties"]
+    mllp = spec["sender"]["properties"]["mllp"]
+    mllp["properties"]["tls"] = _tls_files()
+    http = spec["sender"]["properties"]["http"]
+    http["properties"].pop("secretRef")
+    http["properties"]["headersFile"] = _str(
+        "Path of a file of 'Name: value' header lines (a mounted Secret key).",
+        max_length=4096,
+        min_length=1,
+    )
+    http["properties"]["tls"] = _tls_files()
+    return _obj(
+        {
+            "apiVersion": _str("Always inturn.dev/v1alpha1.", max_length=64, enum=(API_VERSION,)),
+            "kind": _str("Always WorkerConfig.", max_length=32, enum=(WORKER_CONFIG_KIND,)),
+            "destination": _str(
+                "The queue key: namespace/name of the Destination.",
+                max_length=317,
+                pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+            ),
+            "channel": spec["channel"],
+            "messageTypes": spec["filter"]["properties"]["messageTypes"],
+            "sender": spec["sender"],
+            "retry": spec["retry"],
+            "ackPolicy": spec["ackPolicy"],
+            "idleSeconds": spec["idleSeconds"],
+            "suspend": spec["suspend"],
+        },
+        required=("destination", "channel", "sender", "retry"),
+        description="Everything one worker needs to drain one destination.",
+    )
+
+
+# --- the CRD --------------------------------------------------------------------------------
+
+PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
+    {"name": "Channel", "type": "string", "jsonPath": ".spec.channel"},
+    {"name": "Sender", "type": "string", "jsonPath": ".status.sender"},
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+    },
+    {"name": "Pending", "type": "integer", "jsonPath": ".status.pending"},
+    {"name": "Oldest", "type": "date", "jsonPath": ".status.oldestPendingTime"},
+    {
+        "name": "Delivering",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": '.status.conditions[?(@.type=="Delivering")].reason',
+    },
+    {"name": "Failed", "type": "integer", "priority": 1, "jsonPath": ".status.failed"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+)
+
+
+def openapi_schema() -> Schema:
+    """Return the whole ``openAPIV3Schema`` of the version (root, spec, status)."""
+    return _obj(
+        {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema(),
+            "status": status_schema(),
+        },
+        required=("spec",),
+        description=(
+            "A Destination: one receiver of one channel's HL7 v2 messages, drained in order by"
+            " exactly one worker."
+        ),
+        rules=(RULE_NAME_LENGTH,),
+    )
+
+
+def crd() -> dict[str, Any]:
+    """Return the ``apiextensions.k8s.io/v1`` CustomResourceDefinition of Destination.
+
+    Namespaced, one served and stored version, a ``status`` subresource and no ``scale``
+    subresource (replicas are pinned to 1; pause with ``spec.suspend``).
+    """
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": CRD_NAME,
+            "labels": {"app.kubernetes.io/name": "inturn", "app.kubernetes.io/part-of": "inturn"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": list(CATEGORIES),
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [dict(c) for c in PRINTER_COLUMNS],
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
+_HEADER = (
+    "# Generated by `python -m inturn.worker.schema --write` from worker/schema.py.\n"
+    "# Do not edit: change the schema in Python and regenerate (a unit test checks it).\n"
+)
+
+
+def render_crd_yaml() -> str:
+    """Return ``crds/destination.yaml``: the CRD as YAML with a generated-file header."""
+    return _HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100)
+
+
+def render_chart_crd_template() -> str:
+    """Return the Helm template of the CRD: gated by ``crds.enabled``, kept on uninstall.
+
+    The body is the same document as :func:`render_crd_yaml`, plus the
+    ``helm.sh/resource-policy: keep`` annotation when ``crds.keep`` is true.
+    """
+    doc = crd()
+    body = yaml.safe_dump(doc, sort_keys=False, width=100)
+    marker = f"  name: {CRD_NAME}\n"
+    assert marker in body
+    annotations = (
+        "  {{- if .Values.crds.keep }}\n"
+        "  annotations:\n"
+        "    helm.sh/resource-policy: keep\n"
+        "  {{- end }}\n"
+    )
+    body = body.replace(marker, marker + annotations, 1)
+    return _HEADER + "{{- if .Values.crds.enabled }}\n" + body + "{{- end }}\n"
+
+
+#: Where the generated files live, relative to the repository root.
+CRD_PATH = Path("crds/destination.yaml")
+CHART_CRD_PATH = Path("charts/inturn/templates/crds/destination.yaml")
+
+
+def generated_files() -> dict[Path, str]:
+    """Return every generated file (path relative to the repository root → text)."""
+    return {CRD_PATH: render_crd_yaml(), CHART_CRD_PATH: render_chart_crd_template()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m inturn.worker.schema``: print the CRD, or write/check the generated files.
+
+    Returns the process exit code: 1 when ``--check`` finds a stale file, else 0.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m inturn.worker.schema", description=main.__doc__
+    )
+    parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", action="store_true", help="write crds/ and the chart's copy")
+    group.add_argument("--check", action="store_true", help="fail when a generated file is stale")
+    group.add_argument("--json", action="store_true", help="print the spec schema as JSON")
+    args = parser.parse_args(argv)
+    if args.json:
+        print(json.dumps(spec_schema(), indent=2))
+        return 0
+    if not (args.write or args.check):
+        sys.stdout.write(render_crd_yaml())
+        return 0
+    stale = []
+    for rel, text in generated_files().items():
+        path = args.root / rel
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        if args.check:
+            stale.append(str(rel))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {rel}")
+    if stale:
+        print("stale: " + ", ".join(stale) + " (run python -m inturn.worker.schema --write)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
