@@ -1,0 +1,240 @@
+"""Real receiver peers for tests, the demo and benchmarks: an MLLP listener and an HTTP one.
+
+They behave like a downstream system: every message that arrives is recorded in order and
+answered. What they answer is settable while they run, so failure paths (AE, AR, a wrong
+MSA-2, a slow or absent ACK, an outage) can be exercised against real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from dataclasses import replace
+
+from aiohttp import web
+
+from .hl7.ack import AckErrorDetail, build_ack, build_reject
+from .hl7.errors import ErrorCode, HeaderError
+from .hl7.header import parse_header
+from .hl7.mllp import Frame, FrameReader, FrameTooLarge, frame
+
+#: The largest message the test receiver takes, in bytes.
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+
+class MllpReceiver:
+    """An MLLP listener that records each message and answers it with an ACK.
+
+    Args:
+        host: address to bind.
+        port: port to bind; 0 picks a free one (see :attr:`port` after :meth:`start`).
+        ack_code: MSA-1 of every ACK (AA, AE, AR, CA, CE, CR); settable at any time.
+        ssl_context: a server TLS context, or None for plain TCP.
+
+    Attributes:
+        received: payloads in arrival order (exactly the bytes inside each block).
+        ack_code: as above.
+        ack_text: MSA-3 of every ACK, or None.
+        delay_seconds: wait this long before each ACK.
+        ack_control_id_override: MSA-2 to write instead of the message's MSH-10.
+        reply: False to read messages and never answer them.
+        close_after_receive: close the connection right after a message, without answering.
+        connections: connections accepted so far.
+
+    A message whose MSH cannot be read is answered with an AR built by ``build_reject``.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ack_code: str = "AA",
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        self.host = host
+        self._port = port
+        self.ack_code = ack_code
+        self.ack_text: str | None = None
+        self.delay_seconds = 0.0
+        self.ack_control_id_override: str | None = None
+        self.reply = True
+        self.close_after_receive = False
+        self.received: list[bytes] = []
+        self.connections = 0
+        self.ssl_context = ssl_context
+        self.max_frame_bytes = max_frame_bytes
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._arrived = asyncio.Condition()
+
+    @property
+    def port(self) -> int:
+        """The bound port (the requested one before the first :meth:`start`)."""
+        return self._port
+
+    @property
+    def running(self) -> bool:
+        """Whether the listener is accepting connections."""
+        return self._server is not None
+
+    async def start(self) -> None:
+        """Listen. After a :meth:`stop`, listens again on the same port ("comes back")."""
+        if self._server is not None:
+            return
+        self._server = await asyncio.start_server(
+            self._handle, self.host, self._port, ssl=self.ssl_context, reuse_address=True
+        )
+        self._port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop listening and close every open connection ("goes down"); the port is kept."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        handlers = list(self._handlers)
+        for task in handlers:
+            task.cancel()
+        for task in handlers:
+            with contextlib.suppress(BaseException):
+                await task
+        if server is not None:
+            await server.wait_closed()
+
+    async def __aenter__(self) -> MllpReceiver:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def wait_for(self, count: int, timeout: float = 10.0) -> list[bytes]:
+        """Wait until at least ``count`` messages arrived; returns :attr:`received`.
+
+        Raises:
+            TimeoutError: fewer arrived within ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout), self._arrived:
+            await self._arrived.wait_for(lambda: len(self.received) >= count)
+        return self.received
+
+    def answer(self, payload: bytes) -> bytes:
+        """The ACK this receiver gives to ``payload`` with its current settings (unframed)."""
+        try:
+            header = parse_header(payload)
+        except HeaderError as exc:
+            return build_reject(payload, "AR", AckErrorDetail(exc.code, user_message=exc.text))
+        error = None
+        if self.ack_code not in ("AA", "CA"):
+            error = AckErrorDetail(ErrorCode.APPLICATION_INTERNAL_ERROR, user_message=self.ack_text)
+        if self.ack_control_id_override is not None:
+            header = replace(header, control_id=self.ack_control_id_override)
+        return build_ack(header, self.ack_code, text=self.ack_text, error=error)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        self._writers.add(writer)
+        self.connections += 1
+        frames = FrameReader(self.max_frame_bytes)
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    return
+                for event in frames.feed(data):
+                    if isinstance(event, FrameTooLarge):
+                        return
+                    if not isinstance(event, Frame):
+                        continue
+                    async with self._arrived:
+                        self.received.append(event.payload)
+                        self._arrived.notify_all()
+                    if self.close_after_receive:
+                        return
+                    if not self.reply:
+                        continue
+                    if self.delay_seconds:
+                        await asyncio.sleep(self.delay_seconds)
+                    writer.write(frame(self.answer(event.payload)))
+                    await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            return
+        except asyncio.CancelledError:
+            # Cancelled by stop(). Ending normally keeps asyncio's stream callback, which
+            # inspects the finished task, from reporting the cancellation as an error.
+            return
+        finally:
+            self._writers.discard(writer)
+            self._handlers.discard(task)
+            writer.transport.abort()
+
+
+class HttpReceiver:
+    """An HTTP listener that records every POST body and answers a settable status.
+
+    Args:
+        host: address to bind.
+        port: port to bind; 0 picks a free one.
+        status: the HTTP status of every answer; settable at any time.
+
+    Attributes:
+        received: request bodies in arrival order.
+        headers: the request headers, one dict per request, in the same order.
+        status: as above.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, status: int = 200) -> None:
+        self.host = host
+        self._port = port
+        self.status = status
+        self.received: list[bytes] = []
+        self.headers: list[dict[str, str]] = []
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the requested one before the first :meth:`start`)."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://host:port/`` of the listener."""
+        return f"http://{self.host}:{self._port}/"
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.received.append(await request.read())
+        self.headers.append(dict(request.headers))
+        return web.Response(status=self.status)
+
+    async def start(self) -> None:
+        """Listen (again on the same port after a :meth:`stop`)."""
+        if self._runner is not None:
+            return
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self._port, reuse_address=True)
+        await site.start()
+        self._runner = runner
+        self._port = runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Stop listening and drop open connections; the port is kept for :meth:`start`."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> HttpReceiver:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
