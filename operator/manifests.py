@@ -1,0 +1,396 @@
+"""Pure rendering: one Destination in, its worker's ConfigMap and Deployment out.
+
+No I/O and no kopf: the handlers call :func:`render` and apply what it returns. Everything here is
+deterministic (same Destination, same settings → byte-identical objects), which is what makes
+create, update, resume and the periodic reconcile converge on the same state, and what lets the
+operator detect drift by comparing hashes instead of reading whole objects back.
+
+Conventions followed (sources):
+
+* labels ``app.kubernetes.io/*`` (kubernetes.io/docs/concepts/overview/working-with-objects/
+  common-labels); the selector uses only the immutable name + instance labels;
+* an owner reference with ``controller: true`` to the Destination, so that the garbage collector
+  removes the children when the Destination goes (no finalizer needed);
+* the ``restricted`` Pod Security Standard (non-root, no privilege escalation, all capabilities
+  dropped, ``RuntimeDefault`` seccomp) plus a read-only root filesystem with ``/tmp`` in an
+  ``emptyDir``;
+* ``replicas: 1`` and ``strategy: Recreate``: a rollout stops the old worker before the new one
+  starts (the worker's advisory lock makes a rare overlap harmless, not this).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from inturn.worker import schema
+from inturn.worker.destination import (
+    DEFAULT_SECRETS_DIR,
+    destination_key,
+    render_from_manifest,
+    validate_manifest,
+)
+
+#: Annotation/label prefix owned by the operator.
+PREFIX = schema.GROUP
+#: Value of ``app.kubernetes.io/managed-by`` on every child; the drift watch filters on it.
+MANAGED_BY = "inturn-operator"
+#: Label naming the owning Destination on every child (value: its name).
+DESTINATION_LABEL = f"{PREFIX}/destination"
+#: Pod template annotation: hash of the rendered worker configuration (a change rolls the pod).
+CONFIG_HASH_ANNOTATION = f"{PREFIX}/config-hash"
+#: Child annotation: hash of the whole desired child object (drift detection without reads).
+SPEC_HASH_ANNOTATION = f"{PREFIX}/spec-hash"
+
+CONFIG_KEY = "worker.json"
+CONFIG_PATH = f"/etc/inturn/{CONFIG_KEY}"
+CONTAINER_NAME = "worker"
+
+DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "10m", "memory": "64Mi"},
+    "limits": {"memory": "256Mi"},
+}
+
+
+@dataclass(frozen=True)
+class WorkerPodSettings:
+    """Operator-wide settings of every worker pod (from the operator's command line / chart).
+
+    Attributes:
+        image: the inturn container image (the same image runs operator and workers).
+        image_pull_policy: ``IfNotPresent``, ``Always`` or ``Never``.
+        dsn_secret_name, dsn_secret_key: the Secret (in each Destination's namespace) and key
+            holding the Postgres DSN, given to the worker as ``INTURN_DSN`` by ``secretKeyRef``.
+        service_account_name: service account of worker pods (None: the namespace default);
+            worker pods never mount an API token.
+        image_pull_secrets: names of image pull Secrets.
+        http_port: the worker's HTTP port (``/healthz``, ``/readyz``, ``/metrics``).
+        log_json: start workers with ``--log-json``.
+        run_as_user: the non-root UID (and GID, fsGroup) of the worker container.
+        secrets_dir: where referenced Secrets are mounted (``<dir>/<secret>/<key>``).
+    """
+
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    dsn_secret_name: str = "inturn-db"
+    dsn_secret_key: str = "dsn"
+    service_account_name: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    http_port: int = 8080
+    log_json: bool = True
+    run_as_user: int = 10001
+    secrets_dir: str = DEFAULT_SECRETS_DIR
+
+
+@dataclass(frozen=True)
+class Children:
+    """What one Destination renders to.
+
+    Attributes:
+        key: ``namespace/name`` (the queue key).
+        config_map, deployment: complete objects, ready to create or apply.
+        config_hash: hash of the rendered worker configuration.
+        worker_config: the rendered worker configuration (JSON object).
+        spec: the Destination's spec with schema defaults applied.
+    """
+
+    key: str
+    config_map: dict[str, Any]
+    deployment: dict[str, Any]
+    config_hash: str
+    worker_config: dict[str, Any] = field(repr=False)
+    spec: dict[str, Any] = field(repr=False)
+
+
+def child_name(name: str) -> str:
+    """Return the fixed name of a Destination's ConfigMap and Deployment: ``<name>-worker``."""
+    return f"{name}-worker"
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """Return the immutable selector labels of a Destination's worker pods."""
+    return {"app.kubernetes.io/name": "inturn-worker", "app.kubernetes.io/instance": name}
+
+
+def labels(name: str) -> dict[str, str]:
+    """Return the labels of every child object (and the worker pods) of Destination ``name``."""
+    return {
+        **selector_labels(name),
+        "app.kubernetes.io/component": "worker",
+        "app.kubernetes.io/part-of": "inturn",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        DESTINATION_LABEL: name,
+    }
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the controller owner reference to a Destination (``metadata.uid`` required).
+
+    ``blockOwnerDeletion`` lets foreground deletion wait for the children; it needs the operator
+    to be allowed to update ``destinations/finalizers`` (the chart grants it).
+    """
+    meta = body["metadata"]
+    return {
+        "apiVersion": schema.API_VERSION,
+        "kind": schema.KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def digest(value: Any, length: int = 16) -> str:
+    """Return the first ``length`` hex digits of SHA-256 over canonical JSON of ``value``."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def _with_spec_hash(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = digest(obj)
+    return obj
+
+
+def config_map(
+    body: Mapping[str, Any], worker_config: Mapping[str, Any], config_text: str
+) -> dict[str, Any]:
+    """Return the worker's ConfigMap: ``data["worker.json"]`` = the rendered configuration."""
+    meta = body["metadata"]
+    obj: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": child_name(meta["name"]),
+            "namespace": meta["namespace"],
+            "labels": labels(meta["name"]),
+            "annotations": {f"{PREFIX}/destination": str(worker_config["destination"])},
+            "ownerReferences": [owner_reference(body)],
+        },
+        "data": {CONFIG_KEY: config_text},
+    }
+    return _with_spec_hash(obj)
+
+
+def _secret_mounts(spec: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Secret name → keys the worker reads (TLS files, HTTP header file)."""
+    out: dict[str, set[str]] = {}
+    sender = spec["sender"]
+    for kind in ("mllp", "http"):
+        ref = ((sender.get(kind) or {}).get("tls") or {}).get("secretRef")
+        if ref:
+            keys = out.setdefault(ref["name"], set())
+            keys.add(ref.get("caKey", schema.DEFAULT_CA_KEY))
+            keys.update(k for k in (ref.get("certKey"), ref.get("keyKey")) if k)
+    http_ref = (sender.get("http") or {}).get("secretRef")
+    if http_ref:
+        keys = out.setdefault(http_ref["name"], set())
+        keys.add(http_ref.get("key", schema.DEFAULT_HTTP_HEADERS_KEY))
+    return out
+
+
+def _resources(spec: Mapping[str, Any]) -> dict[str, Any]:
+    wanted = (spec.get("worker") or {}).get("resources") or {}
+    return {
+        part: dict(wanted[part]) if wanted.get(part) else dict(DEFAULT_RESOURCES[part])
+        for part in ("requests", "limits")
+    }
+
+
+def termination_grace_seconds(timeout_seconds: int) -> int:
+    """Grace period of a worker pod: longer than one attempt, so a rollout never cuts a send."""
+    return max(30, int(timeout_seconds) + 15)
+
+
+def deployment(
+    body: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    config_hash: str,
+    settings: WorkerPodSettings,
+) -> dict[str, Any]:
+    """Return the worker Deployment of a Destination (``spec`` with defaults applied)."""
+    meta = body["metadata"]
+    name = meta["name"]
+    secrets = _secret_mounts(spec)
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "config",
+            "configMap": {
+                "name": child_name(name),
+                "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}],
+                "defaultMode": 0o444,
+            },
+        },
+        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_PATH, "subPath": CONFIG_KEY, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    for i, secret in enumerate(sorted(secrets)):
+        volume = f"secret-{i}"
+        volumes.append(
+            {
+                "name": volume,
+                "secret": {
+                    "secretName": secret,
+                    "items": [{"key": k, "path": k} for k in sorted(secrets[secret])],
+                    "defaultMode": 0o440,
+                },
+            }
+        )
+        mounts.append(
+            {"name": volume, "mountPath": f"{settings.secrets_dir}/{secret}", "readOnly": True}
+        )
+    command = ["inturn", "worker", "--config", CONFIG_PATH, "--http-port", str(settings.http_port)]
+    if settings.log_json:
+        command.append("--log-json")
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": command,
+        "env": [
+            {
+                "name": "INTURN_DSN",
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": settings.dsn_secret_name,
+                        "key": settings.dsn_secret_key,
+                    }
+                },
+            }
+        ],
+        "ports": [{"name": "http", "containerPort": settings.http_port, "protocol": "TCP"}],
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 2,
+            "failureThreshold": 30,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "http"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "failureThreshold": 2,
+        },
+        "resources": _resources(spec),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": mounts,
+    }
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec["retry"]["timeoutSeconds"]),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": settings.run_as_user,
+            "runAsGroup": settings.run_as_user,
+            "fsGroup": settings.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if settings.service_account_name:
+        pod["serviceAccountName"] = settings.service_account_name
+    if settings.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
+    worker = spec.get("worker") or {}
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
+        if worker.get(key):
+            pod[key] = worker[key]
+    obj: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": child_name(name),
+            "namespace": meta["namespace"],
+            "labels": labels(name),
+            "annotations": {f"{PREFIX}/destination": destination_key(body)},
+            "ownerReferences": [owner_reference(body)],
+        },
+        "spec": {
+            "replicas": 1,
+            "revisionHistoryLimit": 3,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector_labels(name)},
+            "template": {
+                "metadata": {
+                    "labels": labels(name),
+                    "annotations": {
+                        CONFIG_HASH_ANNOTATION: config_hash,
+                        "kubectl.kubernetes.io/default-container": CONTAINER_NAME,
+                    },
+                },
+                "spec": pod,
+            },
+        },
+    }
+    return _with_spec_hash(obj)
+
+
+def render(body: Mapping[str, Any], settings: WorkerPodSettings) -> Children:
+    """Render a Destination (as stored by the API server) into its worker's children.
+
+    ``body`` needs ``metadata.name``, ``metadata.namespace``, ``metadata.uid`` and ``spec``; the
+    schema defaults are applied here too, so an object stored before a default was added renders
+    the same as a fresh one.
+
+    Raises:
+        inturn.worker.destination.ManifestError: the spec is not valid (reason ``InvalidSpec``).
+    """
+    doc = {
+        "apiVersion": schema.API_VERSION,
+        "kind": schema.KIND,
+        "metadata": {k: body["metadata"][k] for k in ("name", "namespace")},
+        "spec": body.get("spec"),
+    }
+    valid = validate_manifest(doc)
+    worker_config = render_from_manifest(valid, secrets_dir=settings.secrets_dir)
+    text = json.dumps(worker_config, indent=2, sort_keys=True) + "\n"
+    config_hash = digest(text)
+    return Children(
+        key=destination_key(doc),
+        config_map=config_map(body, worker_config, text),
+        deployment=deployment(body, valid["spec"], config_hash, settings),
+        config_hash=config_hash,
+        worker_config=worker_config,
+        spec=valid["spec"],
+    )
+
+
+def sender_summary(spec: Mapping[str, Any]) -> str:
+    """Return a one-line, credential-free description of the sender, for ``status.sender``.
+
+    ``mllp://host:port`` (``mllps://`` with TLS) or the HTTP URL without user info, query or
+    fragment.
+    """
+    sender = spec.get("sender") or {}
+    if "mllp" in sender:
+        m = sender["mllp"]
+        scheme = "mllps" if m.get("tls") is not None else "mllp"
+        return f"{scheme}://{m.get('host')}:{m.get('port')}"
+    if "http" in sender:
+        url = str(sender["http"].get("url", ""))
+        scheme, sep, rest = url.partition("://")
+        if not sep:
+            return url[:256]
+        authority, slash, path = rest.partition("/")
+        authority = authority.rpartition("@")[2]
+        path = path.split("?", 1)[0].split("#", 1)[0]
+        return f"{scheme}://{authority}{slash}{path}"[:2048]
+    return "none"
