@@ -94,8 +94,11 @@ class MllpSender:
 
     @property
     def connected(self) -> bool:
-        """Whether a connection is held for the next message."""
-        return self._writer is not None
+        """Whether a connection is held for the next message and the peer has not closed it."""
+        reader, writer = self._reader, self._writer
+        if reader is None or writer is None:
+            return False
+        return not (reader.at_eof() or reader.exception() is not None or writer.is_closing())
 
     async def send(self, payload: bytes) -> None:
         """Send one message and wait for its ACK; see the class docstring for outcomes.
@@ -107,28 +110,12 @@ class MllpSender:
             DeliveryError: the receiver did not accept it, or the transport failed.
         """
         try:
-            control_id = parse_header(payload).control_id.strip()
-        except HeaderError as exc:
-            raise DeliveryError(
-                "invalidAck", f"the stored message has no usable MSH: {exc}"
-            ) from None
-        try:
-            data = frame(normalise_segments(payload))
-        except ValueError as exc:
-            raise DeliveryError(
-                "invalidAck", f"the stored message cannot be framed: {exc}"
-            ) from None
-        try:
-            if self.timeout_seconds is None:
-                ack = await self._exchange(data)
-            else:
-                try:
-                    async with asyncio.timeout(self.timeout_seconds):
-                        ack = await self._exchange(data)
-                except TimeoutError:
-                    raise DeliveryError(
-                        "timeout", f"no ACK within {self.timeout_seconds:g}s"
-                    ) from None
+            control_id, data = self._prepare(payload)
+            try:
+                async with asyncio.timeout(self.timeout_seconds):  # None: no bound of our own
+                    ack = await self._exchange(data)
+            except TimeoutError:
+                raise DeliveryError("timeout", f"no ACK within {self.timeout_seconds}s") from None
             self._check(ack, control_id)
             if self._out_of_step:
                 self._abort()
@@ -137,6 +124,22 @@ class MllpSender:
             # reply meant for this message: never reuse it.
             self._abort()
             raise
+
+    @staticmethod
+    def _prepare(payload: bytes) -> tuple[str, bytes]:
+        """The message's MSH-10 and its framed bytes."""
+        try:
+            control_id = parse_header(payload).control_id.strip()
+        except HeaderError as exc:
+            raise DeliveryError(
+                "invalidAck", f"the stored message has no usable MSH: {exc}"
+            ) from None
+        try:
+            return control_id, frame(normalise_segments(payload))
+        except ValueError as exc:
+            raise DeliveryError(
+                "invalidAck", f"the stored message cannot be framed: {exc}"
+            ) from None
 
     def _check(self, ack: Ack, control_id: str) -> None:
         acked = ack.control_id.strip()
@@ -170,10 +173,10 @@ class MllpSender:
     async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         reader, writer = self._reader, self._writer
         if reader is not None and writer is not None:
-            # A peer that closed (or reset) the idle connection: start afresh rather than
-            # lose an attempt to it.
-            if not (reader.at_eof() or reader.exception() is not None or writer.is_closing()):
+            if self.connected:
                 return reader, writer
+            # The peer closed (or reset) the idle connection: start afresh rather than lose
+            # an attempt to it.
             self._abort()
         host, port = self.config.host, self.config.port
         server_hostname = None
