@@ -42,7 +42,8 @@ class MllpReceiver:
         close_after_receive: close the connection right after a message, without answering.
         connections: connections accepted so far.
 
-    A message whose MSH cannot be read is answered with an AR built by ``build_reject``.
+    A message whose MSH cannot be read is answered with an AR built by ``build_reject``; a
+    message over ``max_frame_bytes`` with an AR (error 104) after which the connection closes.
     """
 
     def __init__(
@@ -150,6 +151,12 @@ class MllpReceiver:
                     return
                 for event in frames.feed(data):
                     if isinstance(event, FrameTooLarge):
+                        too_large = AckErrorDetail(
+                            ErrorCode.VALUE_TOO_LONG,
+                            user_message=f"message larger than {event.limit} bytes",
+                        )
+                        writer.write(frame(build_reject(b"", "AR", too_large)))
+                        await writer.drain()
                         return
                     if not isinstance(event, Frame):
                         continue

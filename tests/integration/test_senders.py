@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from inturn.worker.config import HttpSenderConfig, MllpSenderConfig, TlsConfig
+from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame, normalise_segments
 from inturn.worker.receiver import HttpReceiver, MllpReceiver
@@ -423,6 +424,46 @@ async def test_every_sample_arrives_intact(samples: list[Path]) -> None:
         normalise_segments(p) for p in sent
     ]
     assert max(len(p) for p in receiver.received) > 70_000
+
+
+async def exchange_raw(port: int, data: bytes) -> bytes:
+    """Send raw bytes to a receiver and return the payload of its first reply frame."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        frames = FrameReader(1 << 20)
+        while True:
+            chunk = await reader.read(4096)
+            assert chunk, "closed without a reply"
+            for event in frames.feed(chunk):
+                if isinstance(event, Frame):
+                    return event.payload
+    finally:
+        writer.close()
+
+
+async def test_receiver_rejects_what_it_cannot_read() -> None:
+    async with MllpReceiver(max_frame_bytes=1000) as receiver:
+        reply = parse_ack(await exchange_raw(receiver.port, frame(b"PID|1||2\r")))
+        assert (reply.code, reply.control_id, reply.error_code) == ("AR", "", "100")
+        reply = parse_ack(await exchange_raw(receiver.port, frame(b"MSH|^~\\&|A\r" * 200)))
+        assert (reply.code, reply.error_code) == ("AR", "104")
+    assert receiver.received == [b"PID|1||2\r"]
+
+
+async def test_receiver_delay_and_late_ack() -> None:
+    async with MllpReceiver() as receiver:
+        receiver.delay_seconds = 1.0
+        sender = mllp(receiver.port)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await sender.send(MSG1)
+        receiver.delay_seconds = 0
+        await sender.send(MSG2)
+        await sender.close()
+    assert receiver.received == [MSG1, MSG2]
+    assert receiver.connections == 2
 
 
 # --------------------------------------------------------------------------- TLS
