@@ -72,9 +72,13 @@ class MllpSender:
     * ``controlIdMismatch``: MSA-2 names another message (an AE/AR with an empty MSA-2 is
       reported as its code instead);
     * ``invalidAck``: an unframed, oversized or unparseable reply, or an MSA-1 outside table
-      0008; also a stored message with no readable MSH-10 (nothing to match an ACK to);
+      0008; also, without sending, a stored message with no readable MSH-10 (nothing to
+      match an ACK to) or containing the end-block byte 0x1C (it cannot be framed);
     * ``connection``: refused, reset, DNS or TLS failure, or closed before a whole reply;
       detail is the socket error text.
+
+    Every failure, and a cancellation, drops the connection; so does a reply followed by
+    further bytes. Only a clean AA/CA exchange leaves it open for the next message.
     """
 
     def __init__(self, config: MllpSenderConfig, *, timeout_seconds: float | None = None) -> None:
