@@ -1,8 +1,90 @@
-"""The ``inturn`` command line (click)."""
+"""The ``inturn`` command line (click).
+
+Subcommands live in their own modules and are imported only when used, so ``inturn worker``
+never imports the operator. Bad arguments print one line and exit 2; so does an unreachable
+database or a missing DSN. Nothing prints a traceback except ``--debug``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
 
 import click
+import psycopg
+
+from inturn.worker.store.connect import DsnMissing
+
+#: name -> "module:attribute" of each subcommand.
+COMMANDS: dict[str, str] = {
+    "migrate": "inturn.worker.queue_cli:migrate_command",
+    "queue": "inturn.worker.queue_cli:queue_group",
+    "purge": "inturn.worker.queue_cli:purge_command",
+    "worker": "inturn.worker.worker_cli:worker_command",
+    "ingest": "inturn.worker.ingest.cli:ingest_command",
+    "local": "inturn.worker.local:local_command",
+    "operator": "inturn.operator.cli:operator_command",
+    "crd": "inturn.operator.cli:crd_command",
+}
 
 
-@click.group()
-def main() -> None:
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                return None  # not built yet
+            raise
+        command = getattr(module, attr, None)
+        return command if isinstance(command, click.Command) else None
+
+
+@click.group(cls=LazyGroup)
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
     """inturn: durable, in-order, per-destination HL7 v2 delivery queues."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def fail(message: str) -> None:
+    """Print ``inturn: error: <message>`` on stderr and exit 2."""
+    click.echo(f"inturn: error: {message}", err=True)
+    sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console-script entry point: run the command line, one-line errors, exit codes 0/1/2."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        return cli.main(args=argv, prog_name="inturn", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("inturn: aborted", err=True)
+        sys.exit(1)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "inturn"
+        fail(f"{exc.format_message()} (see '{where} --help')")
+    except click.ClickException as exc:
+        fail(exc.format_message())
+    except DsnMissing as exc:
+        fail(str(exc))
+    except psycopg.OperationalError as exc:
+        if debug:
+            raise
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        fail(f"cannot reach the database: {text}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+    return None

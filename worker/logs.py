@@ -1,0 +1,41 @@
+"""Logging setup for every long-running command: compact text lines, or JSON for log shippers.
+
+Per-message events are logged at DEBUG only, and never with payloads (ARCHITECTURE.md,
+invariant 5).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from pythonjsonlogger.json import JsonFormatter
+
+TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def configure(level: str = "INFO", json_logs: bool = False) -> None:
+    """Send log records at ``level`` and above to stderr, as text or one JSON object per line.
+
+    Raises:
+        ValueError: ``level`` is not a logging level name.
+    """
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    if json_logs:
+        handler.setFormatter(
+            JsonFormatter(
+                "%(asctime)s %(levelname)s %(name)s %(message)s",
+                rename_fields={"levelname": "level", "asctime": "time"},
+            )
+        )
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT, datefmt="%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(numeric)
+    # The pools' own reconnect chatter repeats what our lifecycle lines already say.
+    logging.getLogger("psycopg.pool").setLevel(max(numeric, logging.WARNING))
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -1,0 +1,390 @@
+"""``inturn migrate``, ``inturn queue ...`` and ``inturn purge``: the operators' command line.
+
+Each command opens the store with the DSN from ``--dsn`` or ``INTURN_DSN``, runs one operation
+and exits. Listings never show payloads; ``payload`` writes one item's bytes on purpose.
+Decisions that abandon or delete messages (skip, drain, erase) require ``--who``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import click
+import psycopg
+
+from inturn.worker.durations import parse_duration
+from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.store.migrate import migrate
+from inturn.worker.store.model import STATES, DepthRow, Item
+from inturn.worker.store.store import Store
+
+T = TypeVar("T")
+
+dsn_option = click.option(
+    "--dsn", envvar="INTURN_DSN", help="Postgres DSN or URI (default: $INTURN_DSN)."
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+who_option = click.option("--who", required=True, help="Who decides (recorded in the audit).")
+why_option = click.option("--why", default=None, help="Why (recorded in the audit).")
+
+
+class DurationType(click.ParamType[int]):
+    """A click parameter for ``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w`` (seconds)."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = DurationType()
+
+
+def run_store(dsn: str | None, action: Callable[[Store], Awaitable[T]]) -> T:
+    """Open the store on ``dsn`` (or ``$INTURN_DSN``), run ``action``, close it."""
+    target = resolve_dsn(dsn)
+    # The probe fails fast with the server's own words; the pool would retry for 10 s.
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+
+    async def go() -> T:
+        probe = await psycopg.AsyncConnection.connect(target, connect_timeout=5)
+        await probe.close()
+        store = await Store.open(target, write_size=1, read_size=1)
+        async with store:
+            return await action(store)
+
+    return asyncio.run(go())
+
+
+@click.command("migrate")
+@dsn_option
+def migrate_command(dsn: str | None) -> None:
+    """Apply the schema migrations (safe to run twice, or from two pods at once)."""
+    applied = migrate(resolve_dsn(dsn))
+    if applied:
+        for m in applied:
+            click.echo(f"applied {m.version:04d}_{m.name}")
+    else:
+        click.echo("schema is up to date")
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def format_depth(rows: list[DepthRow]) -> str:
+    """The depth table: one line per destination with anything pending or failed."""
+    if not rows:
+        return "nothing pending or failed"
+    return _table(
+        ["DESTINATION", "CHANNEL", "PENDING", "FAILED", "OLDEST", "MAX-ATTEMPTS"],
+        [
+            [
+                r.destination,
+                r.channel,
+                str(r.pending),
+                str(r.failed),
+                _age(r.oldest_seconds) if r.pending else "-",
+                str(r.max_attempts),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def _item_rows(items: list[Item]) -> list[list[str]]:
+    now = datetime.now(UTC)
+    return [
+        [
+            str(i.id),
+            i.destination,
+            i.state,
+            i.message_type,
+            i.control_id,
+            str(i.attempts),
+            _age(i.age_seconds(now)),
+            (i.last_error or "")[:60],
+        ]
+        for i in items
+    ]
+
+
+@click.group("queue")
+def queue_group() -> None:
+    """Inspect and act on delivery queues."""
+
+
+@queue_group.command("depth")
+@dsn_option
+@json_option
+def depth_command(dsn: str | None, as_json: bool) -> None:
+    """Per destination: pending, failed, age of the oldest, highest attempt count."""
+    rows = run_store(dsn, lambda s: s.depth())
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
+    else:
+        click.echo(format_depth(rows))
+
+
+@queue_group.command("list")
+@dsn_option
+@json_option
+@click.option("--destination", "-d", help="namespace/name")
+@click.option("--channel", "-c")
+@click.option("--state", "-s", type=click.Choice(STATES))
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@click.option("--offset", type=click.IntRange(0), default=0)
+def list_command(
+    dsn: str | None,
+    as_json: bool,
+    destination: str | None,
+    channel: str | None,
+    state: str | None,
+    limit: int,
+    offset: int,
+) -> None:
+    """Items newest first (never payloads), with the total count."""
+    items, total = run_store(
+        dsn,
+        lambda s: s.list_items(
+            destination=destination, channel=channel, state=state, limit=limit, offset=offset
+        ),
+    )
+    if as_json:
+        click.echo(json.dumps({"total": total, "items": [i.to_json() for i in items]}, indent=2))
+        return
+    click.echo(
+        _table(
+            ["ID", "DESTINATION", "STATE", "TYPE", "CONTROL-ID", "ATTEMPTS", "AGE", "LAST-ERROR"],
+            _item_rows(items),
+        )
+    )
+    click.echo(f"{len(items)} of {total}")
+
+
+@queue_group.command("show")
+@dsn_option
+@json_option
+@click.argument("item_id", type=int)
+def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
+    """One item's fields (not its payload)."""
+    item = run_store(dsn, lambda s: s.get_item(item_id))
+    if item is None:
+        raise click.ClickException(f"no item {item_id}")
+    data = item.to_json()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        for key, value in data.items():
+            click.echo(f"{key + ':':14} {'' if value is None else value}")
+
+
+@queue_group.command("payload")
+@dsn_option
+@click.argument("item_id", type=int)
+def payload_command(dsn: str | None, item_id: int) -> None:
+    """Write one item's stored bytes to standard output, unchanged."""
+    data = run_store(dsn, lambda s: s.payload(item_id))
+    if data is None:
+        raise click.ClickException(f"no item {item_id}")
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+@queue_group.command("retry")
+@dsn_option
+@click.argument("item_id", type=int, required=False)
+@click.option("--destination", "-d", help="Retry every pending item of this destination.")
+@click.option("--who", default="cli", show_default=True, help="Recorded in the audit.")
+@why_option
+def retry_command(
+    dsn: str | None, item_id: int | None, destination: str | None, who: str, why: str | None
+) -> None:
+    """Make an item (or a whole destination) due now, with its attempts reset to 0."""
+    if (item_id is None) == (destination is None):
+        raise click.UsageError("give an ITEM_ID or --destination, not both")
+    ids = run_store(
+        dsn, lambda s: s.retry_now(who=who, item_id=item_id, destination=destination, why=why)
+    )
+    if not ids:
+        raise click.ClickException("nothing pending matched")
+    click.echo(f"retrying now: {len(ids)} item(s)")
+
+
+@queue_group.command("skip")
+@dsn_option
+@click.argument("item_id", type=int)
+@who_option
+@why_option
+def skip_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
+    """Abandon one pending item on purpose (state skipped; audited)."""
+    if not run_store(dsn, lambda s: s.skip(item_id, who=who, why=why)):
+        raise click.ClickException(f"item {item_id} is not pending")
+    click.echo(f"skipped {item_id}")
+
+
+@queue_group.command("drain")
+@dsn_option
+@click.argument("destination")
+@who_option
+@why_option
+def drain_command(dsn: str | None, destination: str, who: str, why: str | None) -> None:
+    """Skip every pending item of DESTINATION (namespace/name); audited."""
+    ids = run_store(dsn, lambda s: s.drain(destination, who=who, why=why))
+    click.echo(f"drained {len(ids)} item(s) from {destination}")
+
+
+@queue_group.command("remove")
+@dsn_option
+@click.argument("item_ids", type=int, nargs=-1, required=True)
+@click.option("--who", default="cli", show_default=True)
+@why_option
+def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: str | None) -> None:
+    """Delete finished items (delivered, failed, skipped); pending ones are refused."""
+    ids = run_store(dsn, lambda s: s.remove(list(item_ids), who=who, why=why))
+    kept = sorted(set(item_ids) - set(ids))
+    click.echo(f"removed {len(ids)} item(s)")
+    if kept:
+        raise click.ClickException(f"not removed (pending or missing): {', '.join(map(str, kept))}")
+
+
+@queue_group.command("resend")
+@dsn_option
+@click.argument("item_id", type=int)
+@who_option
+@why_option
+def resend_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
+    """Queue a copy of a finished item at the tail of its destination's queue; audited."""
+    try:
+        new = run_store(dsn, lambda s: s.resend(item_id, who=who, why=why))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if new is None:
+        raise click.ClickException(f"no item {item_id}")
+    click.echo(f"queued copy of {item_id} as {new}")
+
+
+@queue_group.command("erase")
+@dsn_option
+@click.argument("item_ids", type=int, nargs=-1)
+@click.option("--patient-id", help="Erase every held message whose PID-3 carries this ID.")
+@who_option
+@why_option
+@click.option("--dry-run", is_flag=True, help="Show what would be erased; erase nothing.")
+@json_option
+def erase_command(
+    dsn: str | None,
+    item_ids: tuple[int, ...],
+    patient_id: str | None,
+    who: str,
+    why: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Erase items in any state (data-subject erasure), by id or by patient identifier."""
+    if bool(item_ids) == bool(patient_id):
+        raise click.UsageError("give ITEM_IDS or --patient-id, not both")
+
+    async def go(store: Store) -> tuple[list[dict[str, Any]], list[int]]:
+        matched: list[dict[str, Any]] = []
+        if patient_id:
+            from inturn.worker.hl7.pid import has_patient_id
+
+            async for held in store.scan_payloads():
+                if has_patient_id(held.payload, patient_id):
+                    matched.append(
+                        {
+                            "id": held.id,
+                            "destination": held.destination,
+                            "state": held.state,
+                            "messageType": held.message_type,
+                        }
+                    )
+        else:
+            for item_id in item_ids:
+                item = await store.get_item(item_id)
+                if item is not None:
+                    matched.append(
+                        {
+                            "id": item.id,
+                            "destination": item.destination,
+                            "state": item.state,
+                            "messageType": item.message_type,
+                        }
+                    )
+        if dry_run or not matched:
+            return matched, []
+        erased = await store.erase([m["id"] for m in matched], who=who, why=why)
+        return matched, erased
+
+    matched, erased = run_store(dsn, go)
+    if as_json:
+        click.echo(json.dumps({"matched": matched, "erased": erased, "dryRun": dry_run}, indent=2))
+        return
+    for m in matched:
+        click.echo(f"{m['id']}  {m['destination']}  {m['state']}  {m['messageType']}")
+    verb = "would erase" if dry_run else "erased"
+    click.echo(f"{verb} {len(matched) if dry_run else len(erased)} item(s)")
+
+
+@click.command("purge")
+@dsn_option
+@click.option(
+    "--older-than",
+    type=DURATION,
+    default="7d",
+    show_default=True,
+    help="Age of finished items to delete, for every finished state.",
+)
+@click.option("--delivered", type=DURATION, help="Override the age for delivered items.")
+@click.option("--failed", type=DURATION, help="Override the age for failed items.")
+@click.option("--skipped", type=DURATION, help="Override the age for skipped items.")
+@click.option("--batch", type=click.IntRange(1, 5000), default=5000, show_default=True)
+def purge_command(
+    dsn: str | None,
+    older_than: int,
+    delivered: int | None,
+    failed: int | None,
+    skipped: int | None,
+    batch: int,
+) -> None:
+    """Delete finished items older than their retention, in batches. Pending items are never
+    touched. Exits 0 without doing anything when another purge is running."""
+    now = datetime.now(UTC)
+    ages = {"delivered": delivered, "failed": failed, "skipped": skipped}
+    cutoffs = {
+        state: now - timedelta(seconds=older_than if age is None else age)
+        for state, age in ages.items()
+    }
+    counts = run_store(dsn, lambda s: s.purge(cutoffs, batch=batch))
+    if counts is None:
+        click.echo("another purge is running; nothing done")
+        return
+    click.echo("purged " + ", ".join(f"{state} {n}" for state, n in counts.items()))
