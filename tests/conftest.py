@@ -59,7 +59,8 @@ def fresh_db(dsn: str) -> str:
     """The session database with every queue table emptied before the test."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "TRUNCATE inturn_delivery, inturn_audit, inturn_destination RESTART IDENTITY"
+            "TRUNCATE inturn_delivery, inturn_audit, inturn_destination, inturn_received"
+            " RESTART IDENTITY"
         )
     return dsn
 

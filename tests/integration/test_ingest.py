@@ -1,0 +1,745 @@
+"""Ingest against a real Postgres and real sockets: AA only after COMMIT, AE on storage failure,
+AR for what cannot be taken, framing edge cases, the duplicate window, fan-out, filters and the
+routing refresh, MSH-15, timeouts, many idle connections, HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import aiohttp
+import psycopg
+import pytest
+from prometheus_client import REGISTRY
+from psycopg import AsyncConnection
+from psycopg.conninfo import make_conninfo
+
+from inturn.worker.hl7.ack import Ack, parse_ack
+from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.ingest import metrics
+from inturn.worker.ingest.accept import forget_old
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.store.queue import notify_channel
+
+pytestmark = pytest.mark.store
+
+HOST = "127.0.0.1"
+
+
+def msg(
+    control_id: str,
+    message_type: str = "ADT^A01^ADT_A01",
+    *,
+    msh15: str = "",
+    msh16: str = "",
+    body: str = "PID|1||12345^^^HOSP^MR||DOE^JANE\r",
+) -> bytes:
+    """A small valid message (default delimiters, CR separators)."""
+    msh = (
+        f"MSH|^~\\&|SENDAPP|SENDFAC|RECVAPP|RECVFAC|20240101120000||{message_type}|{control_id}"
+        f"|P|2.5.1|||{msh15}|{msh16}\r"
+    )
+    return (msh + body).encode()
+
+
+def register(
+    dsn: str,
+    destination: str,
+    channel: str,
+    message_types: Sequence[str] = (),
+    *,
+    suspended: bool = False,
+    deleted: bool = False,
+) -> None:
+    """Write (or overwrite) one destination of the registry, as the operator would."""
+    namespace, name = destination.split("/")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO inturn_destination"
+            " (destination, namespace, name, channel, message_types, suspended, deleted_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, CASE WHEN %s THEN now() END)"
+            " ON CONFLICT (destination) DO UPDATE SET channel = excluded.channel,"
+            " message_types = excluded.message_types, suspended = excluded.suspended,"
+            " deleted_at = excluded.deleted_at, updated_at = now()",
+            (destination, namespace, name, channel, list(message_types), suspended, deleted),
+        )
+
+
+def rows(dsn: str, where: str = "true") -> list[tuple[Any, ...]]:
+    """(id, destination, channel, control_id, message_type, payload) of every delivery row."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT id, destination, channel, control_id, message_type, payload"
+            f" FROM inturn_delivery WHERE {where} ORDER BY id"
+        ).fetchall()
+
+
+def counter(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class Client:
+    """A minimal MLLP client for the tests: write raw bytes, read framed replies."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.framer = FrameReader(1 << 20)
+        self.pending: list[bytes] = []
+
+    @classmethod
+    async def connect(cls, port: int, **kwargs: Any) -> Client:
+        reader, writer = await asyncio.open_connection(HOST, port, **kwargs)
+        return cls(reader, writer)
+
+    async def write(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def reply(self, timeout: float = 10.0) -> bytes:
+        """The next framed reply; raises EOFError when the server closed the connection."""
+        async with asyncio.timeout(timeout):
+            while not self.pending:
+                data = await self.reader.read(65536)
+                if not data:
+                    raise EOFError("connection closed")
+                self.pending.extend(
+                    e.payload for e in self.framer.feed(data) if isinstance(e, Frame)
+                )
+        return self.pending.pop(0)
+
+    async def ack(self, timeout: float = 10.0) -> Ack:
+        return parse_ack(await self.reply(timeout))
+
+    async def send(self, payload: bytes) -> Ack:
+        await self.write(frame(payload))
+        return await self.ack()
+
+    async def closed_by_server(self, timeout: float = 5.0) -> bool:
+        async with asyncio.timeout(timeout):
+            return await self.reader.read(65536) == b""
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.writer.wait_closed()
+
+
+def config(**overrides: Any) -> IngestConfig:
+    base: dict[str, Any] = {
+        "listeners": [ListenerConfig("adt", HOST, 0), ListenerConfig("lab", HOST, 0)],
+        "http": (HOST, 0),
+        "refresh_seconds": 0.2,
+        "store_timeout": 3.0,
+        "shutdown_grace": 2.0,
+    }
+    base.update(overrides)
+    return IngestConfig(**base)
+
+
+@pytest.fixture
+async def ingest(fresh_db: str) -> AsyncIterator[Ingest]:
+    register(fresh_db, "hospital/adt-out", "adt")
+    async with Ingest(config(), dsn=fresh_db) as running:
+        yield running
+
+
+async def client(ingest: Ingest, channel: str = "adt") -> Client:
+    return await Client.connect(ingest.mllp_ports[channel])
+
+
+# --- AA means committed --------------------------------------------------------------------------
+
+
+async def test_accepts_and_stores_exact_bytes(ingest: Ingest, fresh_db: str) -> None:
+    raw = msg("C1", body="PID|1||1^^^H^MR||MÜLLER^JÖRG\nOBX|1|TX|||a\r\n")  # LF, CRLF, UTF-8
+    c = await client(ingest)
+    ack = await c.send(raw)
+    await c.close()
+    assert (ack.code, ack.control_id) == ("AA", "C1")
+    [(_, destination, channel, control_id, message_type, payload)] = rows(fresh_db)
+    assert (destination, channel, control_id, message_type) == (
+        "hospital/adt-out",
+        "adt",
+        "C1",
+        "ADT^A01",
+    )
+    assert bytes(payload) == raw
+
+
+async def test_aa_is_sent_only_after_commit(ingest: Ingest, fresh_db: str) -> None:
+    """While another transaction holds the destination's enqueue lock, no ACK may leave; once it
+    lets go, the ACK arrives and the row is visible to everyone."""
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as blocker:
+        await blocker.execute("BEGIN")
+        await blocker.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('inturn:enqueue:' || %s, 0))",
+            ("hospital/adt-out",),
+        )
+        c = await client(ingest)
+        await c.write(frame(msg("LOCKED")))
+        with pytest.raises(TimeoutError):
+            await c.reply(timeout=0.5)
+        assert rows(fresh_db) == []
+        await blocker.execute("ROLLBACK")
+        ack = await c.ack()
+        await c.close()
+    assert ack.code == "AA"
+    assert [r[3] for r in rows(fresh_db)] == ["LOCKED"]
+
+
+async def test_ack_echoes_delimiters_and_swaps_applications(ingest: Ingest) -> None:
+    # field separator '#', component '$', five encoding characters
+    raw = b"MSH#$%@!*#SAPP#SFAC#RAPP#RFAC#20240101##ORU$R01$ORU_R01#X-9#T#2.7\rPID#1\r"
+    c = await client(ingest)
+    await c.write(frame(raw))
+    reply = await c.reply()
+    await c.close()
+    text = reply.decode()
+    assert text.startswith("MSH#$%@!*#RAPP#RFAC#SAPP#SFAC#")
+    msh = text.split("\r")[0].split("#")
+    assert msh[8] == "ACK$R01$ACK" and msh[10:12] == ["T", "2.7"] and msh[9] != "X-9"
+    assert text.split("\r")[1] == "MSA#AA#X-9"
+
+
+# --- AE: storage failure stores nothing ----------------------------------------------------------
+
+
+@pytest.fixture
+def limited_role(fresh_db: str) -> Iterator[str]:
+    """A DSN for a non-superuser role with the privileges ingest needs (privileges can be revoked
+    from it, unlike from the superuser the tests otherwise use)."""
+    role = f"inturn_ingest_{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role}")
+        conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    try:
+        yield make_conninfo(fresh_db, user=role, password=password)
+    finally:
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,),
+            )
+            conn.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
+            conn.execute(f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {role}")
+            conn.execute(f"GRANT CONNECT ON DATABASE {conn.info.dbname} TO PUBLIC")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def admin(dsn: str, sql: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+@pytest.mark.parametrize(
+    "revoke",
+    [
+        "REVOKE INSERT ON inturn_delivery FROM {role}",  # fails before any delivery row exists
+        "REVOKE UPDATE ON inturn_received FROM {role}",  # fails after the delivery rows
+    ],
+)
+async def test_storage_failure_answers_ae_and_stores_nothing(
+    fresh_db: str, limited_role: str, revoke: str
+) -> None:
+    for name in ("a", "b", "c"):
+        register(fresh_db, f"hospital/{name}", "adt")
+    role = psycopg.conninfo.conninfo_to_dict(limited_role)["user"]
+    before = counter("inturn_ingest_messages_total", channel="adt", code="AE")
+    async with Ingest(config(), dsn=limited_role) as ingest:
+        c = await client(ingest)
+        assert (await c.send(msg("OK1"))).code == "AA"
+        admin(fresh_db, revoke.format(role=role))
+        await c.write(frame(msg("FAIL1")))
+        reply = await c.reply()
+        ack = parse_ack(reply)
+        assert (ack.code, ack.control_id, ack.error_code) == ("AE", "FAIL1", "207")
+        assert b"ERR|" in reply and b"permission" not in reply.lower()
+        assert sorted(r[3] for r in rows(fresh_db)) == ["OK1"] * 3
+        with psycopg.connect(fresh_db) as conn:
+            received = conn.execute("SELECT control_id FROM inturn_received").fetchall()
+        assert received == [("OK1",)]  # no window row left behind either
+        # once storage works again, the same message goes through (it was not remembered)
+        admin(fresh_db, f"GRANT INSERT, UPDATE ON inturn_delivery, inturn_received TO {role}")
+        assert (await c.send(msg("FAIL1"))).code == "AA"
+        await c.close()
+    assert sorted(r[3] for r in rows(fresh_db)) == ["FAIL1"] * 3 + ["OK1"] * 3
+    assert counter("inturn_ingest_messages_total", channel="adt", code="AE") == before + 1
+
+
+async def test_database_unreachable_answers_ae(fresh_db: str, limited_role: str) -> None:
+    """Cut the database away (connections killed, new ones refused): AE, never AA."""
+    register(fresh_db, "hospital/adt-out", "adt")
+    role = psycopg.conninfo.conninfo_to_dict(limited_role)["user"]
+    async with Ingest(config(store_timeout=1.5), dsn=limited_role) as ingest:
+        c = await client(ingest)
+        assert (await c.send(msg("UP"))).code == "AA"
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute(f"REVOKE CONNECT ON DATABASE {conn.info.dbname} FROM PUBLIC, {role}")
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,),
+            )
+        started = time.monotonic()
+        ack = await c.send(msg("DOWN"))
+        assert ack.code == "AE" and ack.control_id == "DOWN"
+        assert time.monotonic() - started < 10
+        await c.close()
+        async with aiohttp.ClientSession() as http:
+            url = f"http://{HOST}:{ingest.http_port}/channels/adt/messages"
+            async with http.post(url, data=msg("DOWN-HTTP")) as response:
+                assert response.status == 503
+                assert parse_ack(await response.read()).code == "AE"
+    assert [r[3] for r in rows(fresh_db)] == ["UP"]
+
+
+# --- AR: what cannot be taken is not stored ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "error_code"),
+    [
+        (b"PID|1||42\rMSH|^~\\&|A|B|C|D|||ADT^A01|X|P|2.5\r", "100"),  # MSH not first
+        (b"", "100"),  # empty frame
+        (b"MSH|\r", "101"),  # no MSH-2
+        (b"MSH|^~|A|B|C|D|||ADT^A01|X|P|2.5\r", "102"),  # two encoding characters
+        (b"MSHA^~\\&A|B|C|D|||ADT^A01|X|P|2.5\r", "102"),  # a letter as field separator
+        (b"MSH|^~\\&|A|B|C|D|||ADT^A01||P|2.5\r", "101"),  # no MSH-10
+        (b"MSH|^~\\&|A|B|C|D|||||P|2.5\r", "101"),  # no MSH-9
+        (b"FHS|^~\\&|A\rBHS|^~\\&\rMSH|^~\\&|A|B|C|D|||ADT^A01|X|P|2.5\r", "100"),  # batch
+    ],
+)
+async def test_unparseable_message_gets_ar_and_is_not_stored(
+    ingest: Ingest, fresh_db: str, payload: bytes, error_code: str
+) -> None:
+    c = await client(ingest)
+    await c.write(frame(payload))
+    ack = parse_ack(await c.reply())
+    assert ack.code == "AR" and ack.error_code == error_code
+    # the connection stays usable for the next message
+    assert (await c.send(msg("AFTER"))).code == "AA"
+    await c.close()
+    assert [r[3] for r in rows(fresh_db)] == ["AFTER"]
+
+
+async def test_channel_without_destinations_gets_ar(ingest: Ingest, fresh_db: str) -> None:
+    c = await client(ingest, "lab")
+    ack = await c.send(msg("L1", "ORU^R01"))
+    await c.close()
+    assert (ack.code, ack.control_id, ack.error_code) == ("AR", "L1", "207")
+    assert ack.error_text is not None and "no destinations" in ack.error_text
+    assert rows(fresh_db) == []
+
+
+async def test_oversized_frame_gets_ar_and_the_connection_is_closed(fresh_db: str) -> None:
+    register(fresh_db, "hospital/adt-out", "adt")
+    async with Ingest(config(max_frame_bytes=1000), dsn=fresh_db) as ingest:
+        c = await client(ingest)
+        assert (await c.send(msg("SMALL", body="OBX|1|TX|||" + "x" * 800 + "\r"))).code == "AA"
+        await c.write(frame(msg("BIG", body="OBX|1|TX|||" + "x" * 2000 + "\r")))
+        ack = await c.ack()
+        assert (ack.code, ack.error_code) == ("AR", "104")
+        assert await c.closed_by_server()
+        await c.close()
+        # the limit applies to HTTP bodies as well
+        async with aiohttp.ClientSession() as http:
+            url = f"http://{HOST}:{ingest.http_port}/channels/adt/messages"
+            big = msg("BIG-HTTP", body="OBX|1|TX|||" + "x" * 2000 + "\r")
+            async with http.post(url, data=big) as response:
+                assert response.status == 400
+                assert parse_ack(await response.read()).code == "AR"
+    assert [r[3] for r in rows(fresh_db)] == ["SMALL"]
+
+
+# --- framing -------------------------------------------------------------------------------------
+
+
+async def test_pipelined_frames_in_one_write_are_answered_in_order(
+    ingest: Ingest, fresh_db: str
+) -> None:
+    ids = [f"P{n:03d}" for n in range(50)]
+    # NUL, whitespace and a missing CR after EB between some frames
+    stream = b"".join(
+        (b"\x00\r\n " if n % 3 == 0 else b"")
+        + (frame(msg(cid))[:-1] if n % 5 == 0 else frame(msg(cid)))
+        for n, cid in enumerate(ids)
+    )
+    c = await client(ingest)
+    await c.write(stream)
+    acks = [await c.ack() for _ in ids]
+    await c.close()
+    assert [a.control_id for a in acks] == ids
+    assert {a.code for a in acks} == {"AA"}
+    assert [r[3] for r in rows(fresh_db)] == ids  # stored in the order sent
+
+
+async def test_frames_split_across_reads(ingest: Ingest, fresh_db: str) -> None:
+    data = frame(msg("S1")) + frame(msg("S2"))
+    c = await client(ingest)
+    for i in range(0, len(data), 7):
+        await c.write(data[i : i + 7])
+        await asyncio.sleep(0.002)
+    acks = [await c.ack(), await c.ack()]
+    await c.close()
+    assert [(a.code, a.control_id) for a in acks] == [("AA", "S1"), ("AA", "S2")]
+    assert [bytes(r[5]) for r in rows(fresh_db)] == [msg("S1"), msg("S2")]
+
+
+async def test_garbage_between_frames_is_dropped(ingest: Ingest, fresh_db: str) -> None:
+    before = counter("inturn_ingest_garbage_bytes_total", channel="adt")
+    c = await client(ingest)
+    await c.write(b"HELLO" + frame(msg("G1")))
+    ack = await c.ack()
+    await c.close()
+    assert ack.code == "AA"
+    assert counter("inturn_ingest_garbage_bytes_total", channel="adt") == before + 5
+    assert [r[3] for r in rows(fresh_db)] == ["G1"]
+
+
+async def test_idle_and_stalled_connections_are_closed(fresh_db: str) -> None:
+    register(fresh_db, "hospital/adt-out", "adt")
+    async with Ingest(config(idle_timeout=0.4, frame_timeout=0.3), dsn=fresh_db) as ingest:
+        idle = await client(ingest)
+        assert (await idle.send(msg("I1"))).code == "AA"
+        started = time.monotonic()
+        assert await idle.closed_by_server()
+        assert 0.3 < time.monotonic() - started < 3
+        await idle.close()
+
+        stalled = await client(ingest)
+        half = frame(msg("HALF"))
+        await stalled.write(half[: len(half) // 2])
+        started = time.monotonic()
+        assert await stalled.closed_by_server()
+        assert time.monotonic() - started < 0.39  # the frame timeout, not the idle timeout
+        await stalled.close()
+    assert [r[3] for r in rows(fresh_db)] == ["I1"]
+
+
+async def test_many_idle_connections_are_cheap(ingest: Ingest) -> None:
+    gauge_before = counter("inturn_ingest_connections", channel="adt")
+    idle = await asyncio.gather(*(client(ingest) for _ in range(1000)))
+    await asyncio.sleep(0.2)
+    assert counter("inturn_ingest_connections", channel="adt") == gauge_before + 1000
+    started = time.monotonic()
+    c = await client(ingest)
+    assert (await c.send(msg("BUSY"))).code == "AA"
+    assert time.monotonic() - started < 2
+    await c.close()
+    await asyncio.gather(*(i.close() for i in idle))
+
+
+# --- MSH-15 ---------------------------------------------------------------------------------------
+
+
+async def test_enhanced_mode_and_msh15(ingest: Ingest, fresh_db: str) -> None:
+    c = await client(ingest)
+    ack = await c.send(msg("E-AL", msh15="AL", msh16="NE"))
+    assert (ack.code, ack.control_id) == ("CA", "E-AL")
+    # NE: no accept ACK at all; ER: only on error. The next ACK on the connection is the next
+    # message's, so the silent ones were handled (and stored) in between.
+    await c.write(frame(msg("E-NE", msh15="NE", msh16="AL")))
+    await c.write(frame(msg("E-ER", msh15="ER", msh16="AL")))
+    ack = await c.send(msg("E-SU", msh15="SU", msh16="AL"))
+    assert (ack.code, ack.control_id) == ("CA", "E-SU")
+    await c.write(frame(msg("E-ER-2", "ORU^R01", msh15="ER", msh16="AL")))  # stored, silent
+    # ER on a failure does answer: a message no filter takes, in enhanced mode, gets CR
+    register(fresh_db, "hospital/adt-out", "adt", ["ADT^*"])
+    await ingest.router.refresh()  # type: ignore[union-attr]
+    await c.write(frame(msg("E-ER-BAD2", "ORU^R01", msh15="ER", msh16="AL")))
+    ack = await c.ack()
+    assert (ack.code, ack.control_id, ack.error_code) == ("CR", "E-ER-BAD2", "200")
+    await c.close()
+    assert [r[3] for r in rows(fresh_db)] == ["E-AL", "E-NE", "E-ER", "E-SU", "E-ER-2"]
+
+
+# --- duplicates ----------------------------------------------------------------------------------
+
+
+async def test_duplicate_window(ingest: Ingest, fresh_db: str) -> None:
+    identical = counter("inturn_ingest_duplicates_total", channel="adt", kind="identical")
+    reused = counter("inturn_ingest_duplicates_total", channel="adt", kind="control_id_reused")
+    c = await client(ingest)
+    first = await c.send(msg("D1"))
+    again = await c.send(msg("D1"))  # the sender lost our ACK and sends the same bytes
+    other = await c.send(msg("D1", body="PID|1||99999^^^HOSP^MR||ROE^RICHARD\r"))
+    await c.close()
+    c2 = await client(ingest)  # a duplicate on another connection is recognised as well
+    assert (await c2.send(msg("D1"))).code == "AA"
+    await c2.close()
+    assert (first.code, again.code, other.code) == ("AA", "AA", "AA")
+    assert again.control_id == "D1" and again.text is not None and "duplicate" in again.text
+    stored = rows(fresh_db)
+    assert [r[3] for r in stored] == ["D1", "D1"]
+    assert bytes(stored[1][5]) != bytes(stored[0][5])
+    assert counter("inturn_ingest_duplicates_total", channel="adt", kind="identical") == (
+        identical + 2
+    )
+    assert counter("inturn_ingest_duplicates_total", channel="adt", kind="control_id_reused") == (
+        reused + 1
+    )
+    with psycopg.connect(fresh_db) as conn:
+        linked = conn.execute("SELECT delivery_ids FROM inturn_received ORDER BY id").fetchall()
+    assert [ids for (ids,) in linked] == [[stored[0][0]], [stored[1][0]]]
+
+
+async def test_duplicate_window_per_channel_and_expiry(fresh_db: str) -> None:
+    register(fresh_db, "hospital/adt-out", "adt")
+    register(fresh_db, "hospital/lab-out", "lab")
+    async with Ingest(config(duplicate_window=0.5), dsn=fresh_db) as ingest:
+        adt, lab = await client(ingest, "adt"), await client(ingest, "lab")
+        assert (await adt.send(msg("W1"))).code == "AA"
+        assert (await lab.send(msg("W1"))).code == "AA"  # another channel: not a duplicate
+        assert (await adt.send(msg("W1"))).code == "AA"  # duplicate
+        assert len(rows(fresh_db)) == 2
+        await asyncio.sleep(0.7)  # the window has passed: the same bytes are a new message
+        assert (await adt.send(msg("W1"))).code == "AA"
+        await adt.close()
+        await lab.close()
+    assert [r[1] for r in rows(fresh_db)] == [
+        "hospital/adt-out",
+        "hospital/lab-out",
+        "hospital/adt-out",
+    ]
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await asyncio.sleep(0.6)
+        assert await forget_old(conn, 0.5, batch=1) == 2  # the adt row was recycled
+        cur = await conn.execute("SELECT count(*) FROM inturn_received")
+        assert await cur.fetchone() == (0,)
+
+
+async def test_duplicate_window_off_stores_every_copy(fresh_db: str) -> None:
+    register(fresh_db, "hospital/adt-out", "adt")
+    async with Ingest(config(duplicate_window=0), dsn=fresh_db) as ingest:
+        c = await client(ingest)
+        assert [(await c.send(msg("OFF"))).code for _ in range(2)] == ["AA", "AA"]
+        await c.close()
+    assert len(rows(fresh_db)) == 2
+
+
+async def test_concurrent_copies_are_stored_once(ingest: Ingest, fresh_db: str) -> None:
+    """Two replicas (here: connections) receiving the same message at once: one copy."""
+    clients = await asyncio.gather(*(client(ingest) for _ in range(8)))
+    acks = await asyncio.gather(*(c.send(msg("RACE")) for c in clients))
+    await asyncio.gather(*(c.close() for c in clients))
+    assert {a.code for a in acks} == {"AA"}
+    assert len(rows(fresh_db)) == 1
+
+
+# --- routing -------------------------------------------------------------------------------------
+
+
+async def test_fan_out_in_one_transaction_with_one_notify_each(
+    ingest: Ingest, fresh_db: str
+) -> None:
+    names = ["hospital/a", "hospital/b", "radiology/c"]
+    for name in names:
+        register(fresh_db, name, "lab")
+    await ingest.router.refresh()  # type: ignore[union-attr]
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as listener:
+        for name in names:
+            await listener.execute(f"LISTEN {notify_channel(name)}")
+        c = await client(ingest, "lab")
+        ack = await c.send(msg("F1", "ORU^R01"))
+        await c.close()
+        notified = []
+        async with asyncio.timeout(5):
+            async for note in listener.notifies():
+                notified.append(note.payload)
+                if len(notified) == len(names):
+                    break
+    assert ack.code == "AA"
+    stored = rows(fresh_db)
+    assert sorted(notified) == names
+    assert [r[1] for r in stored] == names
+    assert {bytes(r[5]) for r in stored} == {msg("F1", "ORU^R01")}
+    with psycopg.connect(fresh_db) as conn:
+        xmins = conn.execute("SELECT DISTINCT xmin::text FROM inturn_delivery").fetchall()
+    assert len(xmins) == 1  # written by one transaction
+
+
+async def test_filters_suspension_and_deletion(ingest: Ingest, fresh_db: str) -> None:
+    register(fresh_db, "hospital/admissions", "lab", ["ADT^A0?", "ADT^A1*"])
+    register(fresh_db, "hospital/results", "lab", ["ORU^*"], suspended=True)
+    register(fresh_db, "hospital/acks", "lab", ["ACK^*"])
+    register(fresh_db, "hospital/everything", "lab")
+    register(fresh_db, "hospital/gone", "lab", deleted=True)
+    await ingest.router.refresh()  # type: ignore[union-attr]
+    c = await client(ingest, "lab")
+    for cid, mtype in [
+        ("A01", "ADT^A01^ADT_A01"),
+        ("A10", "ADT^A10"),
+        ("A20", "ADT^A20"),
+        ("R01", "ORU^R01^ORU_R01"),
+        ("ACK", "ACK"),
+        ("adt", "adt^a01"),
+    ]:
+        assert (await c.send(msg(cid, mtype))).code == "AA"
+    await c.close()
+    got: dict[str, list[str]] = {}
+    for row in rows(fresh_db):
+        got.setdefault(row[3], []).append(row[1].split("/")[1])
+    assert got == {
+        "A01": ["admissions", "everything"],
+        "A10": ["admissions", "everything"],
+        "A20": ["everything"],
+        "R01": ["everything", "results"],  # suspended still receives
+        "ACK": ["acks", "everything"],
+        "adt": ["everything"],  # patterns are case-sensitive
+    }
+
+
+async def test_no_filter_matches_gets_ar(ingest: Ingest, fresh_db: str) -> None:
+    register(fresh_db, "hospital/adt-out", "adt", ["ADT^A0*"])
+    await ingest.router.refresh()  # type: ignore[union-attr]
+    c = await client(ingest)
+    ack = await c.send(msg("NOPE", "ORU^R01"))
+    await c.close()
+    assert (ack.code, ack.error_code) == ("AR", "200")
+    assert rows(fresh_db) == []
+
+
+async def test_routing_follows_registry_changes_without_restart(
+    ingest: Ingest, fresh_db: str
+) -> None:
+    """The background refresh (0.2 s here) picks up additions, filter changes, channel moves and
+    deletions; nothing calls refresh() by hand."""
+
+    async def settle() -> None:
+        await asyncio.sleep(0.6)
+
+    c = await client(ingest, "lab")
+    assert (await c.send(msg("R1", "ORU^R01"))).code == "AR"
+    register(fresh_db, "hospital/lab-out", "lab", ["ORU^R01"])
+    await settle()
+    assert (await c.send(msg("R2", "ORU^R01"))).code == "AA"
+    register(fresh_db, "hospital/lab-out", "lab", ["ORU^R30"])
+    await settle()
+    assert (await c.send(msg("R3", "ORU^R01"))).code == "AR"
+    assert (await c.send(msg("R4", "ORU^R30"))).code == "AA"
+    register(fresh_db, "hospital/lab-out", "adt", [])  # moved to another channel
+    register(fresh_db, "hospital/adt-out", "adt", deleted=True)
+    await settle()
+    assert (await c.send(msg("R5", "ORU^R30"))).code == "AR"
+    a = await client(ingest, "adt")
+    assert (await a.send(msg("R6", "ORU^R30"))).code == "AA"
+    await a.close()
+    await c.close()
+    assert [(r[3], r[1]) for r in rows(fresh_db)] == [
+        ("R2", "hospital/lab-out"),
+        ("R4", "hospital/lab-out"),
+        ("R6", "hospital/lab-out"),
+    ]
+
+
+async def test_held_channel_accepts_unrouted_messages(fresh_db: str) -> None:
+    register(fresh_db, "hospital/adt-out", "adt", ["ADT^*"])
+    async with Ingest(config(hold_unrouted=frozenset({"adt", "lab"})), dsn=fresh_db) as ingest:
+        adt, lab = await client(ingest, "adt"), await client(ingest, "lab")
+        assert (await adt.send(msg("H1", "ORU^R01"))).code == "AA"  # filtered out: held
+        assert (await adt.send(msg("H2", "ADT^A01"))).code == "AA"  # routed normally
+        assert (await lab.send(msg("H3", "ORU^R01"))).code == "AA"  # no destinations: held
+        await adt.close()
+        await lab.close()
+    assert [(r[3], r[1]) for r in rows(fresh_db)] == [
+        ("H1", "_unrouted/adt"),
+        ("H2", "hospital/adt-out"),
+        ("H3", "_unrouted/lab"),
+    ]
+
+
+# --- HTTP ----------------------------------------------------------------------------------------
+
+
+async def test_http_messages_health_and_metrics(ingest: Ingest, fresh_db: str) -> None:
+    base = f"http://{HOST}:{ingest.http_port}"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/channels/adt/messages", data=msg("H-OK")) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("application/hl7-v2")
+            ack = parse_ack(await response.read())
+            assert (ack.code, ack.control_id) == ("AA", "H-OK")
+        async with http.post(f"{base}/channels/adt/messages", data=b"not hl7") as response:
+            assert response.status == 400
+            assert parse_ack(await response.read()).code == "AR"
+        async with http.post(f"{base}/channels/nowhere/messages", data=msg("H-NO")) as response:
+            assert response.status == 400
+        # MSH-15 NE: HTTP answers anyway
+        async with http.post(
+            f"{base}/channels/adt/messages", data=msg("H-NE", msh15="NE", msh16="NE")
+        ) as response:
+            assert response.status == 200
+            assert parse_ack(await response.read()).code == "CA"
+        async with http.get(f"{base}/healthz") as response:
+            assert response.status == 200
+        async with http.get(f"{base}/readyz") as response:
+            assert response.status == 200
+        async with http.get(f"{base}/metrics") as response:
+            text = await response.text()
+    for name in (
+        "inturn_ingest_messages_total",
+        "inturn_ingest_duplicates_total",
+        "inturn_ingest_store_seconds_bucket",
+        "inturn_ingest_connections",
+    ):
+        assert name in text
+    assert 'inturn_ingest_messages_total{channel="adt",code="AA"}' in text
+    assert "DOE" not in text and "H-OK" not in text  # no payload, no control id in labels
+    assert [r[3] for r in rows(fresh_db)] == ["H-OK", "H-NE"]
+
+
+async def test_readyz_reports_a_stale_routing_table(ingest: Ingest) -> None:
+    assert ingest.readiness() is None
+    assert ingest.router is not None
+    ingest.router.refreshed_at = time.monotonic() - 3600
+    assert ingest.readiness() is not None and "unreadable" in str(ingest.readiness())
+    await ingest.router.refresh()
+    assert ingest.readiness() is None
+
+
+async def test_store_seconds_histogram_and_payload_free_logs(
+    ingest: Ingest, caplog: pytest.LogCaptureFixture
+) -> None:
+    count = counter("inturn_ingest_store_seconds_count", channel="adt")
+    caplog.set_level("DEBUG", logger="inturn")
+    c = await client(ingest)
+    secret = "PID|1||SECRET-MRN-777^^^HOSP^MR||SECRETNAME^X\r"
+    assert (await c.send(msg("LOG1", body=secret))).code == "AA"
+    await c.write(frame(b"NOT-MSH|SECRET-MRN-777\r"))
+    assert (await c.ack()).code == "AR"
+    await c.close()
+    assert counter("inturn_ingest_store_seconds_count", channel="adt") == count + 1
+    assert "SECRET" not in caplog.text
+    assert metrics.MESSAGES is not None
+
+
+async def test_stop_waits_for_a_message_being_stored(fresh_db: str) -> None:
+    """Shutdown lets the message in flight commit and be acknowledged."""
+    register(fresh_db, "hospital/adt-out", "adt")
+    ingest = Ingest(config(shutdown_grace=5.0), dsn=fresh_db)
+    await ingest.start()
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as blocker:
+        await blocker.execute("BEGIN")
+        await blocker.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('inturn:enqueue:' || %s, 0))",
+            ("hospital/adt-out",),
+        )
+        c = await client(ingest)
+        await c.write(frame(msg("INFLIGHT")))
+        await asyncio.sleep(0.3)
+        stopping = asyncio.create_task(ingest.stop())
+        await asyncio.sleep(0.3)
+        assert not stopping.done()
+        await blocker.execute("ROLLBACK")
+        ack = await c.ack()
+        await stopping
+        await c.close()
+    assert ack.code == "AA"
+    assert [r[3] for r in rows(fresh_db)] == ["INFLIGHT"]

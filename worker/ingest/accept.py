@@ -1,0 +1,424 @@
+"""Accepting one message: parse its MSH, route it, store it in one transaction, build the answer.
+
+This is the part that MLLP and HTTP share. It never sees a socket: it takes the bytes of one
+message and returns an :class:`Outcome` holding the acknowledgement to send.
+
+Acknowledgement rules (HL7 v2.x chapter 2, "Acknowledgment messages" and "Original and enhanced
+acknowledgment modes"; codes from table 0008, error codes from table 0357):
+
+* The mode is enhanced when MSH-15 or MSH-16 is filled, else original. Accept / error / reject
+  are AA / AE / AR in original mode and CA / CE / CR in enhanced mode (the "commit"
+  acknowledgement of enhanced mode means exactly what inturn does: safely stored).
+* AA (CA) is built only after the COMMIT of every row has returned: the duplicate-window row and
+  one ``inturn_delivery`` row per destination are written in a single transaction, with
+  ``synchronous_commit`` on.
+* Storage failure (database down, revoked privilege, timeout...) answers AE (CE) with an ERR
+  segment (207, application internal error); the transaction is rolled back, so nothing is kept.
+  The sender is expected to send the message again.
+* A message whose MSH cannot be read (no MSH first, unusable MSH-1/MSH-2, no MSH-9 or MSH-10)
+  answers AR with an ERR segment carrying the table 0357 code from the parser (100, 101, 102)
+  and is not stored. Its mode cannot be trusted, so the code is always AR.
+* A message for a channel without destinations answers AR (CR) with ERR 207; one whose type no
+  destination's filter takes answers AR (CR) with ERR 200 (unsupported message type). When the
+  channel is configured to hold unrouted messages, both are instead stored for the destination
+  ``_unrouted/<channel>`` (see :func:`inturn.worker.ingest.routing.hold_destination`) and
+  accepted.
+* MSH-15 (accept acknowledgment type, table 0155: AL, NE, ER, SU) decides whether the answer is
+  sent at all: :attr:`Outcome.send`. The MLLP listener honours it; HTTP always answers.
+* The ACK echoes MSH-1/MSH-2, swaps MSH-3/4 with MSH-5/6, copies MSH-11 and MSH-12, carries the
+  message's MSH-10 in MSA-2 and a new MSH-10 of its own (see :mod:`inturn.worker.hl7.ack`).
+
+Duplicates: within the window (default 24 h), a message with the same channel, MSH-10 and
+identical bytes as one already stored is acknowledged again (AA, MSA-3 says so) without a second
+copy. The same MSH-10 with different bytes is a different message: it is stored and counted.
+
+No payload byte ever reaches a log line, a metric label or an ERR text: only the channel, MSH-9,
+MSH-10, sizes and fixed texts do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from inturn.worker.hl7.ack import (
+    AckErrorDetail,
+    ack_code,
+    build_ack,
+    build_reject,
+    should_send_accept_ack,
+)
+from inturn.worker.hl7.errors import ErrorCode, HeaderError
+from inturn.worker.hl7.header import Header, parse_header
+from inturn.worker.ingest import metrics
+from inturn.worker.ingest.routing import Router, hold_destination
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+from inturn.worker.store.queries import load
+
+log = logging.getLogger("inturn.ingest")
+
+Q = load("ingest.sql")
+
+#: Default duplicate window: 24 hours, in seconds.
+DEFAULT_DUPLICATE_WINDOW_SECONDS = 24 * 3600.0
+#: Default bound, in seconds, on storing one message (pool wait + transaction).
+DEFAULT_STORE_TIMEOUT_SECONDS = 10.0
+
+_CODE_STATUS = {"AA": 200, "CA": 200, "AR": 400, "CR": 400, "AE": 503, "CE": 503}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The answer to one message.
+
+    Attributes:
+        code: MSA-1 of the answer: AA, AE, AR (original mode) or CA, CE, CR (enhanced mode).
+        ack: the acknowledgement message, unframed (segments end with CR).
+        send: whether MSH-15 asks for this answer to be sent (False for NE, for ER on success
+            and for SU on failure). HTTP ignores it and always answers.
+        ids: the ``inturn_delivery`` ids stored, in destination order (empty unless stored).
+        duplicate: the message was already stored inside the duplicate window.
+        held: the message was stored for ``_unrouted/<channel>``.
+        reason: a short, payload-free description for logs.
+    """
+
+    code: str
+    ack: bytes
+    send: bool
+    ids: tuple[int, ...] = ()
+    duplicate: bool = False
+    held: bool = False
+    reason: str = ""
+
+    @property
+    def accepted(self) -> bool:
+        """True for AA and CA: the message is durably stored (now or earlier)."""
+        return self.code in ("AA", "CA")
+
+    @property
+    def http_status(self) -> int:
+        """200 for AA/CA, 400 for AR/CR, 503 for AE/CE."""
+        return _CODE_STATUS[self.code]
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    """What :func:`store_message` did.
+
+    Attributes:
+        ids: the delivery ids inserted (empty for a duplicate).
+        duplicate: the same channel, MSH-10 and bytes were already received inside the window.
+        control_id_reused: another message with this MSH-10 and different bytes was received on
+            the channel inside the window.
+    """
+
+    ids: tuple[int, ...]
+    duplicate: bool = False
+    control_id_reused: bool = False
+
+
+class _Duplicate(Exception):
+    """Raised inside the transaction to roll it back when the message is a duplicate."""
+
+    def __init__(self, control_id_reused: bool) -> None:
+        super().__init__("duplicate")
+        self.control_id_reused = control_id_reused
+
+
+async def store_message(
+    conn: AsyncConnection[Any],
+    items: Sequence[NewItem],
+    *,
+    digest: bytes,
+    window_seconds: float,
+) -> StoreResult:
+    """Store one message for its destinations in a single transaction, duplicate check included.
+
+    Runs in pipeline mode on an autocommit connection: the duplicate-window row, the
+    per-destination enqueue locks and inserts (:func:`inturn.worker.store.queue.
+    enqueue_in_transaction`) and one NOTIFY per destination go out together, then COMMIT with
+    ``synchronous_commit`` on. When this returns without raising and ``duplicate`` is False,
+    every row is durable.
+
+    Args:
+        conn: an autocommit connection, not in a transaction.
+        items: one :class:`NewItem` per destination, all for the same channel and MSH-10.
+        digest: SHA-256 of the payload (32 bytes).
+        window_seconds: the duplicate window; 0 or less turns the check off.
+
+    Returns:
+        A :class:`StoreResult`. For a duplicate the transaction was rolled back (nothing new
+        stored).
+
+    Raises:
+        psycopg.Error: nothing was stored.
+        ValueError: ``items`` is empty.
+    """
+    if not items:
+        raise ValueError("nothing to store")
+    first = items[0]
+    try:
+        async with conn.pipeline(), conn.transaction():
+            await conn.execute("SET LOCAL synchronous_commit = on")
+            remembered = None
+            if window_seconds > 0:
+                remembered = await conn.execute(
+                    Q["remember"],
+                    {
+                        "channel": first.channel,
+                        "control_id": first.control_id,
+                        "digest": digest,
+                        "size": len(first.payload),
+                        "window_seconds": float(window_seconds),
+                    },
+                )
+            ids = await queue.enqueue_in_transaction(conn, items)
+            reused = False
+            if remembered is not None:
+                row = await remembered.fetchone()
+                assert row is not None
+                reused = bool(row[1])
+                if row[0] is None:
+                    raise _Duplicate(reused)
+                await conn.execute(Q["remember_ids"], {"ids": ids, "id": row[0]})
+    except _Duplicate as dup:
+        return StoreResult((), duplicate=True, control_id_reused=dup.control_id_reused)
+    return StoreResult(tuple(ids), control_id_reused=reused)
+
+
+async def forget_old(
+    conn: AsyncConnection[Any], window_seconds: float, *, batch: int = 5000
+) -> int:
+    """Delete duplicate-window rows older than ``window_seconds``, in batches; return the count.
+
+    Safe to run from several replicas at once (rows locked by another purge are skipped).
+    """
+    total = 0
+    while True:
+        cur = await conn.execute(
+            Q["forget_old"], {"window_seconds": float(window_seconds), "batch": batch}
+        )
+        total += max(cur.rowcount, 0)
+        if cur.rowcount < batch:
+            return total
+
+
+def _error(code: int, user_message: str) -> AckErrorDetail:
+    return AckErrorDetail(code=code, user_message=user_message)
+
+
+class Acceptor:
+    """Turns one message's bytes into stored rows and an acknowledgement.
+
+    Args:
+        pool: the write pool (autocommit connections, ``synchronous_commit`` on).
+        router: the routing table to consult.
+        hold_unrouted: channels whose unrouted messages are held in ``_unrouted/<channel>``
+            instead of rejected.
+        duplicate_window_seconds: the duplicate window; 0 turns duplicate detection off.
+        store_timeout_seconds: bound on waiting for a connection plus the transaction; past it
+            the answer is AE (the sender sends again, and the duplicate window absorbs the
+            copy if the COMMIT did happen after all).
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        router: Router,
+        *,
+        hold_unrouted: Collection[str] = (),
+        duplicate_window_seconds: float = DEFAULT_DUPLICATE_WINDOW_SECONDS,
+        store_timeout_seconds: float = DEFAULT_STORE_TIMEOUT_SECONDS,
+    ) -> None:
+        self.pool = pool
+        self.router = router
+        self.hold_unrouted = frozenset(hold_unrouted)
+        self.duplicate_window_seconds = duplicate_window_seconds
+        self.store_timeout_seconds = store_timeout_seconds
+
+    async def handle(
+        self, channel: str, payload: bytes, received_at: float | None = None
+    ) -> Outcome:
+        """Accept (or refuse) one message that arrived on ``channel``.
+
+        Args:
+            channel: the channel name (from the listener or the HTTP path).
+            payload: the message bytes exactly as received (unframed); stored unchanged.
+            received_at: ``time.perf_counter()`` when the message was complete; defaults to
+                now. Used for ``inturn_ingest_store_seconds``.
+
+        Returns:
+            The :class:`Outcome`. Never raises for bad input or storage trouble: those become
+            AR and AE answers.
+        """
+        started = time.perf_counter() if received_at is None else received_at
+        try:
+            header = parse_header(payload)
+        except HeaderError as exc:
+            outcome = Outcome(
+                code="AR",
+                ack=build_reject(payload, "AR", _error(exc.code, exc.text)),
+                send=True,
+                reason=f"unreadable header: {exc.text}",
+            )
+            return self._done(channel, None, outcome, len(payload))
+
+        message_type = header.message_type
+        decision = self.router.table.route(channel, message_type.code, message_type.trigger)
+        destinations = decision.destinations
+        held = False
+        if not destinations:
+            if channel not in self.hold_unrouted:
+                return self._done(channel, header, self._unrouted(channel, header, decision.reason))
+            destinations = (hold_destination(channel),)
+            held = True
+
+        items = [
+            NewItem(
+                destination=destination,
+                channel=channel,
+                control_id=header.control_id,
+                message_type=message_type.type_key,
+                payload=payload,
+            )
+            for destination in destinations
+        ]
+        digest = hashlib.sha256(payload).digest()
+        try:
+            async with asyncio.timeout(self.store_timeout_seconds):
+                async with self.pool.connection() as conn:
+                    result = await store_message(
+                        conn, items, digest=digest, window_seconds=self.duplicate_window_seconds
+                    )
+        except Exception as exc:  # any failure to store: AE, nothing kept
+            return self._done(channel, header, self._storage_failed(header, exc))
+        metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
+
+        if result.control_id_reused and not result.duplicate:
+            metrics.DUPLICATES.labels(channel, "control_id_reused").inc()
+            log.warning(
+                "channel %s: MSH-10 %r reused with different bytes inside the duplicate window;"
+                " stored as a new message",
+                channel,
+                header.control_id,
+            )
+        if result.duplicate:
+            metrics.DUPLICATES.labels(channel, "identical").inc()
+            code = ack_code(header, "accept")
+            outcome = Outcome(
+                code=code,
+                ack=build_ack(header, code, text="duplicate of a message already accepted"),
+                send=should_send_accept_ack(header, True),
+                duplicate=True,
+                reason="duplicate: already stored, not stored again",
+            )
+            return self._done(channel, header, outcome)
+
+        code = ack_code(header, "accept")
+        outcome = Outcome(
+            code=code,
+            ack=build_ack(header, code),
+            send=should_send_accept_ack(header, True),
+            ids=result.ids,
+            held=held,
+            reason="held for " + destinations[0] if held else "stored",
+        )
+        return self._done(channel, header, outcome)
+
+    def reject_too_large(self, channel: str, limit: int) -> Outcome:
+        """The AR for a frame (or body) over ``limit`` bytes; nothing of it is stored.
+
+        The message's header is not available (its bytes were dropped as they came), so the
+        ACK uses the default delimiters and an empty MSA-2.
+        """
+        outcome = Outcome(
+            code="AR",
+            ack=build_reject(
+                b"",
+                "AR",
+                _error(ErrorCode.VALUE_TOO_LONG, f"message larger than the limit of {limit} bytes"),
+            ),
+            send=True,
+            reason=f"message over {limit} bytes",
+        )
+        return self._done(channel, None, outcome)
+
+    def _unrouted(self, channel: str, header: Header, reason: str) -> Outcome:
+        code = ack_code(header, "reject")
+        if reason == "filtered":
+            error = _error(
+                ErrorCode.UNSUPPORTED_MESSAGE_TYPE,
+                f"no destination of channel {channel} takes message type "
+                f"{header.message_type.type_key}",
+            )
+            why = "no destination filter matches"
+        else:
+            error = _error(
+                ErrorCode.APPLICATION_INTERNAL_ERROR, f"channel {channel} has no destinations"
+            )
+            why = "channel has no destinations"
+        return Outcome(
+            code=code,
+            ack=build_ack(header, code, error=error),
+            send=should_send_accept_ack(header, False),
+            reason=why,
+        )
+
+    def _storage_failed(self, header: Header, exc: BaseException) -> Outcome:
+        detail = type(exc).__name__
+        if isinstance(exc, psycopg.Error) and exc.sqlstate:
+            detail += f" (SQLSTATE {exc.sqlstate})"
+        code = ack_code(header, "error")
+        error = _error(
+            ErrorCode.APPLICATION_INTERNAL_ERROR,
+            "the message could not be stored and nothing of it was kept; send it again",
+        )
+        return Outcome(
+            code=code,
+            ack=build_ack(header, code, error=error),
+            send=should_send_accept_ack(header, False),
+            reason=f"storage failed: {detail}",
+        )
+
+    def _done(
+        self, channel: str, header: Header | None, outcome: Outcome, size: int | None = None
+    ) -> Outcome:
+        metrics.MESSAGES.labels(channel, outcome.code).inc()
+        control_id = header.control_id if header is not None else None
+        if outcome.code in ("AE", "CE"):
+            log.warning(
+                "channel %s: %s for MSH-10 %r: %s",
+                channel,
+                outcome.code,
+                control_id,
+                outcome.reason,
+            )
+        elif outcome.code in ("AR", "CR"):
+            log.info(
+                "channel %s: %s for MSH-10 %r (%s bytes): %s",
+                channel,
+                outcome.code,
+                control_id,
+                size if size is not None else "?",
+                outcome.reason,
+            )
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "channel %s: %s for MSH-10 %r: %s ids=%s",
+                channel,
+                outcome.code,
+                control_id,
+                outcome.reason,
+                list(outcome.ids),
+            )
+        return outcome

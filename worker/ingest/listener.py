@@ -1,0 +1,244 @@
+"""The MLLP listener of one channel: asyncio streams, one task per connection, no threads.
+
+Per connection, messages are handled strictly one after another: read until a frame is
+complete, store it, write its acknowledgement, and only then look at the next frame (frames
+that arrived in the same read wait in a queue). Framing is :class:`inturn.worker.hl7.mllp.
+FrameReader`'s (pipelined and split frames, a missing CR after EB, NUL / whitespace between
+frames).
+
+Timeouts, in seconds:
+
+* ``idle_timeout`` (default 600): no byte at all between frames for this long closes the
+  connection;
+* ``frame_timeout`` (default 30): inside a frame, no new byte for this long closes the
+  connection (a peer that stopped mid-frame); whatever it had sent is dropped, unanswered.
+
+A frame over ``max_frame_bytes`` is answered with AR (ERR 104) and the connection is closed,
+since the rest of the stream can no longer be trusted to be in step. An idle connection costs a
+suspended coroutine, a 64 KiB read at most and one timer: thousands are cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from inturn.worker.hl7.mllp import Event, Frame, FrameReader, FrameTooLarge, Garbage, frame
+from inturn.worker.ingest import metrics
+from inturn.worker.ingest.accept import Acceptor
+
+log = logging.getLogger("inturn.ingest.mllp")
+
+#: Default largest message accepted, in bytes (16 MiB).
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: Default seconds without a byte between frames before a connection is closed.
+DEFAULT_IDLE_TIMEOUT = 600.0
+#: Default seconds without a byte inside a frame before a connection is closed.
+DEFAULT_FRAME_TIMEOUT = 30.0
+
+_READ_SIZE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    """One MLLP listener.
+
+    Attributes:
+        channel: the channel its messages arrive on.
+        host: address to bind ('' or ``0.0.0.0`` for every IPv4 address, ``::`` for IPv6).
+        port: TCP port; 0 picks a free one (see ``Ingest.mllp_ports``).
+        ssl: a server TLS context, or None for plain TCP.
+    """
+
+    channel: str
+    host: str = "0.0.0.0"
+    port: int = 2575
+    ssl: ssl.SSLContext | None = None
+
+
+class MllpListener:
+    """Serves one channel's MLLP connections.
+
+    Args:
+        config: where to listen and for which channel.
+        acceptor: stores messages and builds their answers.
+        max_frame_bytes, idle_timeout, frame_timeout: see the module docstring.
+    """
+
+    def __init__(
+        self,
+        config: ListenerConfig,
+        acceptor: Acceptor,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+    ) -> None:
+        self.config = config
+        self.acceptor = acceptor
+        self.max_frame_bytes = max_frame_bytes
+        self.idle_timeout = idle_timeout
+        self.frame_timeout = frame_timeout
+        self._server: asyncio.Server | None = None
+        self._idle: set[asyncio.Task[None]] = set()
+        self._busy: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    @property
+    def channel(self) -> str:
+        """The channel this listener serves."""
+        return self.config.channel
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port (after :meth:`start`)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("the listener is not started")
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def connections(self) -> int:
+        """Connections currently open."""
+        return len(self._idle) + len(self._busy)
+
+    async def start(self) -> None:
+        """Bind and start accepting connections.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        self._server = await asyncio.start_server(
+            self._serve,
+            host=self.config.host or None,
+            port=self.config.port,
+            ssl=self.config.ssl,
+            backlog=1024,
+            limit=_READ_SIZE,
+        )
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop accepting, close idle connections, let busy ones finish their message.
+
+        A connection in the middle of storing a message gets up to ``grace`` seconds to commit
+        and answer; after that it is cancelled (its sender sends again, and the duplicate
+        window absorbs the copy if the COMMIT had happened).
+        """
+        self._stopping = True
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._idle):
+            task.cancel()
+        if self._busy:
+            _, late = await asyncio.wait(set(self._busy), timeout=grace)
+            for task in late:
+                task.cancel()
+        pending = self._idle | self._busy
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), timeout=1.0)
+            self._server = None
+
+    def _mark(self, task: asyncio.Task[None], busy: bool) -> None:
+        if busy:
+            self._idle.discard(task)
+            self._busy.add(task)
+        else:
+            self._busy.discard(task)
+            self._idle.add(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        channel = self.channel
+        if self._stopping:
+            writer.close()
+            return
+        self._mark(task, busy=False)
+        gauge = metrics.CONNECTIONS.labels(channel)
+        gauge.inc()
+        peer = writer.get_extra_info("peername")
+        reason = "eof"
+        try:
+            reason = await self._converse(task, reader, writer)
+        except asyncio.CancelledError:
+            reason = "shutdown"
+            if not self._stopping:
+                raise
+        except (ConnectionError, ssl.SSLError, OSError) as exc:
+            reason = "error"
+            log.info("channel %s: connection from %s ended: %s", channel, peer, type(exc).__name__)
+        finally:
+            self._idle.discard(task)
+            self._busy.discard(task)
+            gauge.dec()
+            if reason not in ("eof", "error"):
+                metrics.CLOSED.labels(channel, reason).inc()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), timeout=1.0)
+
+    async def _converse(
+        self, task: asyncio.Task[None], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> str:
+        """Run the read-store-answer loop; return why it ended."""
+        channel = self.channel
+        framer = FrameReader(self.max_frame_bytes)
+        events: deque[Event] = deque()
+        while True:
+            if not events:
+                if self._stopping:
+                    return "shutdown"
+                mid_frame = framer.mid_frame
+                timeout = self.frame_timeout if mid_frame else self.idle_timeout
+                try:
+                    async with asyncio.timeout(timeout):
+                        data = await reader.read(_READ_SIZE)
+                except TimeoutError:
+                    why = "stalled" if mid_frame else "idle"
+                    log.info(
+                        "channel %s: closing a connection %s for %.0f s%s",
+                        channel,
+                        "stalled mid-frame" if mid_frame else "idle",
+                        timeout,
+                        f" ({framer.buffered_bytes} bytes of a frame dropped)" if mid_frame else "",
+                    )
+                    return why
+                if not data:
+                    if framer.mid_frame:
+                        log.info(
+                            "channel %s: peer closed mid-frame; %d bytes dropped unanswered",
+                            channel,
+                            framer.buffered_bytes,
+                        )
+                    return "eof"
+                events.extend(framer.feed(data))
+                continue
+            event = events.popleft()
+            if isinstance(event, Garbage):
+                metrics.GARBAGE_BYTES.labels(channel).inc(event.count)
+                log.info(
+                    "channel %s: dropped %d bytes outside any MLLP block", channel, event.count
+                )
+                continue
+            if isinstance(event, FrameTooLarge):
+                outcome = self.acceptor.reject_too_large(channel, event.limit)
+                writer.write(frame(outcome.ack))
+                await writer.drain()
+                return "too_large"
+            assert isinstance(event, Frame)
+            received = time.perf_counter()
+            self._mark(task, busy=True)
+            try:
+                outcome = await self.acceptor.handle(channel, event.payload, received)
+                if outcome.send:
+                    writer.write(frame(outcome.ack))
+                    await writer.drain()
+            finally:
+                self._mark(task, busy=False)

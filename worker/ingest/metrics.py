@@ -1,0 +1,40 @@
+"""Prometheus metrics of ingest, in prometheus-client's default registry.
+
+They share the registry with the worker's metrics, so ``inturn local`` serves both from one
+``/metrics``. Labels never carry payload content: only the channel name, ACK codes and fixed
+words.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+MESSAGES = Counter(
+    "inturn_ingest_messages",
+    "Messages answered by ingest, by channel and acknowledgement code (AA, AE, AR, CA, CE, CR).",
+    ["channel", "code"],
+)
+DUPLICATES = Counter(
+    "inturn_ingest_duplicates",
+    "Messages seen again inside the duplicate window, by kind: 'identical' (same MSH-10 and"
+    " bytes: acknowledged, not stored again) or 'control_id_reused' (same MSH-10, other bytes:"
+    " stored, since it is a different message).",
+    ["channel", "kind"],
+)
+STORE_SECONDS = Histogram(
+    "inturn_ingest_store_seconds",
+    "Seconds from a complete frame (or HTTP body) received to the COMMIT of its rows.",
+    ["channel"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+CONNECTIONS = Gauge("inturn_ingest_connections", "Open MLLP connections, by channel.", ["channel"])
+GARBAGE_BYTES = Counter(
+    "inturn_ingest_garbage_bytes",
+    "Bytes received outside any MLLP block (neither start-block nor filler) and dropped.",
+    ["channel"],
+)
+CLOSED = Counter(
+    "inturn_ingest_connections_closed",
+    "MLLP connections closed by ingest, by reason (idle, stalled, too_large, shutdown).",
+    ["channel", "reason"],
+)

@@ -1,0 +1,237 @@
+"""Routing: which destinations of a channel take a message, from a cached copy of the registry.
+
+The registry is the ``inturn_destination`` table (written by the operator, or by ``inturn
+local``). :class:`Router` keeps an immutable :class:`RouteTable` snapshot in memory and
+replaces it every few seconds, so a message never waits on a registry query and a change in the
+registry (a destination added, deleted, re-filtered or moved to another channel) is picked up
+within one refresh interval without a restart.
+
+Filters (``spec.filter.messageTypes``) are patterns on ``MSH-9.1^MSH-9.2`` such as ``ADT^A0*``:
+
+* ``*`` matches any run of characters (including none), ``?`` exactly one character; every
+  other character, ``[`` and ``]`` included, stands for itself; matching is case-sensitive and
+  covers the whole key;
+* the key is ``CODE^TRIGGER`` (``^`` whatever the message's component separator is), or just
+  ``CODE`` when MSH-9.2 is empty; for such a message a pattern also matches if it matches
+  ``CODE^`` so that ``ACK^*`` takes every ACK, with or without a trigger;
+* an empty list of patterns takes every message type.
+
+A suspended destination still receives: suspension only stops its worker from sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+from psycopg_pool import AsyncConnectionPool
+
+from inturn.worker.store.queries import load
+
+log = logging.getLogger("inturn.ingest.routing")
+
+Q = load("ingest.sql")
+
+#: Seconds between two reads of the registry, by default.
+DEFAULT_REFRESH_SECONDS = 2.0
+
+#: Namespace of the destinations that hold unrouted messages (``_unrouted/<channel>``). The
+#: underscore makes it an invalid Kubernetes namespace, so no real Destination can collide.
+HOLD_NAMESPACE = "_unrouted"
+
+
+def hold_destination(channel: str) -> str:
+    """The destination that holds ``channel``'s unrouted messages: ``_unrouted/<channel>``.
+
+    No worker drains it. Its items stay pending (visible in listings, depth and the sweeper's
+    orphaned-queue check) until someone resends, moves or erases them.
+    """
+    return f"{HOLD_NAMESPACE}/{channel}"
+
+
+@lru_cache(maxsize=4096)
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """Compile a message-type pattern (``*`` any run, ``?`` one character, rest literal).
+
+    Returns a regular expression that must match the whole key (use ``fullmatch``).
+    """
+    parts = []
+    for ch in pattern:
+        if ch == "*":
+            parts.append(".*")
+        elif ch == "?":
+            parts.append(".")
+        else:
+            parts.append(re.escape(ch))
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def type_matches(patterns: Sequence[str], code: str, trigger: str) -> bool:
+    """Whether a message of type ``code^trigger`` passes a destination's filter.
+
+    Args:
+        patterns: the destination's ``messageTypes``; empty means every type.
+        code: MSH-9.1, e.g. ``ADT``.
+        trigger: MSH-9.2, e.g. ``A01``, or ``''``.
+    """
+    if not patterns:
+        return True
+    keys = (f"{code}^{trigger}",) if trigger else (code, f"{code}^")
+    return any(compile_pattern(p).fullmatch(key) for p in patterns for key in keys)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One destination as the registry lists it.
+
+    Attributes:
+        destination: ``namespace/name``.
+        channel: the ingest channel it takes messages from.
+        message_types: its filter patterns; empty takes every type.
+        suspended: its worker does not send; it still receives.
+    """
+
+    destination: str
+    channel: str
+    message_types: tuple[str, ...] = ()
+    suspended: bool = False
+
+
+RouteReason = Literal["routed", "no_destinations", "filtered"]
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """Where one message goes.
+
+    Attributes:
+        destinations: sorted ``namespace/name`` values; empty when nothing takes it.
+        reason: ``routed``; ``no_destinations`` (the channel has none at all); ``filtered``
+            (it has some, but no filter matches this message type).
+    """
+
+    destinations: tuple[str, ...]
+    reason: RouteReason
+
+
+class RouteTable:
+    """An immutable snapshot of the registry, indexed by channel."""
+
+    def __init__(self, routes: Iterable[Route] = ()) -> None:
+        by_channel: dict[str, list[Route]] = {}
+        for route in routes:
+            by_channel.setdefault(route.channel, []).append(route)
+        self._by_channel = {
+            channel: tuple(sorted(found, key=lambda r: r.destination))
+            for channel, found in by_channel.items()
+        }
+
+    def __len__(self) -> int:
+        return sum(len(routes) for routes in self._by_channel.values())
+
+    def channels(self) -> list[str]:
+        """The channels that have at least one destination, sorted."""
+        return sorted(self._by_channel)
+
+    def routes(self, channel: str) -> tuple[Route, ...]:
+        """The destinations of ``channel`` (sorted by name; empty for an unknown channel)."""
+        return self._by_channel.get(channel, ())
+
+    def route(self, channel: str, code: str, trigger: str) -> RouteDecision:
+        """Decide the destinations of a message of type ``code^trigger`` on ``channel``."""
+        routes = self._by_channel.get(channel)
+        if not routes:
+            return RouteDecision((), "no_destinations")
+        chosen = tuple(
+            r.destination for r in routes if type_matches(r.message_types, code, trigger)
+        )
+        return RouteDecision(chosen, "routed" if chosen else "filtered")
+
+
+def _row_route(row: Sequence[Any]) -> Route:
+    destination, channel, message_types, suspended = row
+    return Route(
+        destination=str(destination),
+        channel=str(channel),
+        message_types=tuple(str(p) for p in (message_types or ())),
+        suspended=bool(suspended),
+    )
+
+
+class Router:
+    """The routing table of a running ingest, refreshed from the registry in the background.
+
+    Args:
+        pool: a connection pool (autocommit connections) to read the registry from.
+        refresh_seconds: seconds between reads (> 0).
+
+    :meth:`refresh` must succeed once before :attr:`table` is meaningful (``Ingest.start``
+    does this). A failed refresh keeps the previous table and is retried at the next interval.
+    """
+
+    def __init__(
+        self, pool: AsyncConnectionPool, refresh_seconds: float = DEFAULT_REFRESH_SECONDS
+    ) -> None:
+        if refresh_seconds <= 0:
+            raise ValueError("refresh_seconds must be positive")
+        self._pool = pool
+        self.refresh_seconds = refresh_seconds
+        self.table = RouteTable()
+        #: ``time.monotonic()`` of the last successful refresh, or None before the first.
+        self.refreshed_at: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def refresh(self, timeout: float = 10.0) -> RouteTable:
+        """Read the registry now and replace the table.
+
+        Raises:
+            psycopg.Error, psycopg_pool.PoolTimeout: the registry could not be read; the
+                previous table stays in place.
+        """
+        async with self._pool.connection(timeout=timeout) as conn:
+            cur = await conn.execute(Q["routes"])
+            rows = await cur.fetchall()
+        table = RouteTable(_row_route(row) for row in rows)
+        self.table = table
+        self.refreshed_at = time.monotonic()
+        return table
+
+    def age(self) -> float | None:
+        """Seconds since the last successful refresh (None before the first)."""
+        return None if self.refreshed_at is None else time.monotonic() - self.refreshed_at
+
+    def start(self) -> None:
+        """Start refreshing every :attr:`refresh_seconds` in a background task."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="inturn-ingest-routes")
+
+    async def stop(self) -> None:
+        """Stop the background refresh."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(self.refresh_seconds)
+            try:
+                await self.refresh(timeout=max(self.refresh_seconds, 5.0))
+            except Exception as exc:  # keep the last table; try again next time
+                if not failing:
+                    log.warning(
+                        "routing: cannot read the destination registry (%s); keeping the last one",
+                        type(exc).__name__,
+                    )
+                failing = True
+            else:
+                if failing:
+                    log.info("routing: destination registry readable again")
+                failing = False

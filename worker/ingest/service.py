@@ -1,0 +1,345 @@
+"""``Ingest``: the MLLP listeners, the HTTP server, the routing refresh and the window purge.
+
+One object runs a whole ingest process, so that ``inturn ingest`` and ``inturn local`` (which
+runs it next to its workers) share it::
+
+    config = IngestConfig(listeners=[ListenerConfig("adt", port=2575)], http=("0.0.0.0", 8080))
+    async with Ingest(config, dsn=dsn) as ingest:      # start() ... stop()
+        print(ingest.mllp_ports["adt"], ingest.http_port)
+        await ingest.wait_closed()                     # or run alongside other tasks
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from aiohttp import web
+
+from inturn.worker.ingest.accept import (
+    DEFAULT_DUPLICATE_WINDOW_SECONDS,
+    DEFAULT_STORE_TIMEOUT_SECONDS,
+    Acceptor,
+    forget_old,
+)
+from inturn.worker.ingest.http import make_app
+from inturn.worker.ingest.listener import (
+    DEFAULT_FRAME_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_FRAME_BYTES,
+    ListenerConfig,
+    MllpListener,
+)
+from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, Router
+from inturn.worker.store.connect import open_pools
+from inturn.worker.store.store import Store
+
+log = logging.getLogger("inturn.ingest")
+
+#: Seconds between two purges of the duplicate window.
+PURGE_INTERVAL_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """Everything an ingest process needs besides its database.
+
+    Attributes:
+        listeners: one MLLP listener per channel (channels must be distinct).
+        http: ``(host, port)`` of the HTTP server (messages, health, metrics), or None.
+        max_frame_bytes: largest message accepted over MLLP or HTTP, in bytes.
+        idle_timeout: seconds without a byte between frames before a connection is closed.
+        frame_timeout: seconds without a byte inside a frame before a connection is closed.
+        duplicate_window: seconds a received message is remembered for duplicate detection;
+            0 turns it off. All replicas of one deployment should use the same value (each
+            purges rows older than its own window).
+        hold_unrouted: channels whose messages without a destination are held in
+            ``_unrouted/<channel>`` instead of answered AR.
+        refresh_seconds: seconds between reads of the destination registry.
+        store_timeout: seconds one message may take to store (pool wait + transaction)
+            before it is answered AE.
+        pool_size: connections in the write pool (concurrent stores; more connections
+            than this wait for a free one).
+        shutdown_grace: seconds a message being stored at shutdown gets to finish.
+    """
+
+    listeners: Sequence[ListenerConfig] = ()
+    http: tuple[str, int] | None = None
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    frame_timeout: float = DEFAULT_FRAME_TIMEOUT
+    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_SECONDS
+    hold_unrouted: frozenset[str] = field(default_factory=frozenset)
+    refresh_seconds: float = DEFAULT_REFRESH_SECONDS
+    store_timeout: float = DEFAULT_STORE_TIMEOUT_SECONDS
+    pool_size: int = 16
+    shutdown_grace: float = 10.0
+
+    def __post_init__(self) -> None:
+        channels = [listener.channel for listener in self.listeners]
+        if len(set(channels)) != len(channels):
+            raise ValueError("each channel may have only one MLLP listener")
+        for channel in channels:
+            check_channel(channel)
+        if self.max_frame_bytes <= 0:
+            raise ValueError("max_frame_bytes must be positive")
+        if self.idle_timeout <= 0 or self.frame_timeout <= 0:
+            raise ValueError("timeouts must be positive")
+        if self.duplicate_window < 0:
+            raise ValueError("duplicate_window must not be negative")
+        if self.pool_size < 1:
+            raise ValueError("pool_size must be at least 1")
+
+
+def check_channel(channel: str) -> str:
+    """Return ``channel`` if it is usable as a channel name (also in a URL path).
+
+    Raises:
+        ValueError: empty, or contains ``/``, whitespace or control characters.
+    """
+    if not channel or any(ch == "/" or ch.isspace() or ord(ch) < 0x20 for ch in channel):
+        raise ValueError(f"invalid channel name {channel!r}")
+    return channel
+
+
+def server_tls_context(
+    cert_file: str, key_file: str, client_ca_file: str | None = None
+) -> ssl.SSLContext:
+    """A TLS server context (TLS 1.2 or later) for an MLLP listener.
+
+    Args:
+        cert_file: PEM certificate chain of the listener.
+        key_file: PEM private key.
+        client_ca_file: PEM bundle of CAs; when given, clients must present a certificate
+            signed by one of them (mutual TLS).
+
+    Raises:
+        OSError, ssl.SSLError: a file is missing or unusable.
+    """
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    if client_ca_file:
+        context.load_verify_locations(client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+class Ingest:
+    """A running ingest: MLLP listeners, HTTP server, routing refresh, duplicate-window purge.
+
+    Args:
+        config: listeners and limits.
+        dsn: the database to open pools on (``application_name`` ``inturn-ingest``); or
+        store: an open :class:`Store` to use instead (not closed by :meth:`stop`).
+
+    Use :meth:`start` / :meth:`stop`, or ``async with``. After :meth:`start`, ``mllp_ports``
+    maps each channel to its bound port and ``http_port`` is the HTTP port (None without HTTP).
+    """
+
+    def __init__(
+        self, config: IngestConfig, *, dsn: str | None = None, store: Store | None = None
+    ) -> None:
+        if (dsn is None) == (store is None):
+            raise ValueError("pass exactly one of dsn and store")
+        self.config = config
+        self._dsn = dsn
+        self._store = store
+        self._own_store = store is None
+        self.router: Router | None = None
+        self.acceptor: Acceptor | None = None
+        self.listeners: list[MllpListener] = []
+        self._runner: web.AppRunner | None = None
+        self._http_port: int | None = None
+        self._purge_task: asyncio.Task[None] | None = None
+        self._started = False
+        self._stopping = False
+        self._closed = asyncio.Event()
+
+    @property
+    def store(self) -> Store:
+        """The store in use (after :meth:`start`)."""
+        if self._store is None:
+            raise RuntimeError("ingest is not started")
+        return self._store
+
+    @property
+    def mllp_ports(self) -> dict[str, int]:
+        """``{channel: bound port}`` of the MLLP listeners."""
+        return {listener.channel: listener.port for listener in self.listeners}
+
+    @property
+    def http_port(self) -> int | None:
+        """The bound HTTP port, or None when there is no HTTP server."""
+        return self._http_port
+
+    def readiness(self) -> str | None:
+        """None when ready to take messages, else a short reason."""
+        if not self._started:
+            return "starting"
+        if self._stopping:
+            return "shutting down"
+        assert self.router is not None
+        age = self.router.age()
+        limit = max(15.0, 5 * self.config.refresh_seconds)
+        if age is None:
+            return "routing table not loaded"
+        if age > limit:
+            return f"destination registry unreadable for {age:.0f} s"
+        return None
+
+    async def start(self) -> None:
+        """Open the pools, load the routing table, then bind every listener and the HTTP server.
+
+        Listeners bind only after the first routing table is loaded, so the first message is
+        routed like every later one.
+
+        Raises:
+            psycopg_pool.PoolTimeout, psycopg.Error: the database cannot be used.
+            OSError: an address cannot be bound.
+        """
+        if self._started:
+            raise RuntimeError("already started")
+        config = self.config
+        try:
+            if self._store is None:
+                assert self._dsn is not None
+                write, read = await open_pools(
+                    self._dsn,
+                    write_size=config.pool_size,
+                    read_size=1,
+                    application_name="inturn-ingest",
+                )
+                self._store = Store(write, read)
+            store = self._store
+            self.router = Router(store.read, config.refresh_seconds)
+            await self.router.refresh()
+            self.acceptor = Acceptor(
+                store.write,
+                self.router,
+                hold_unrouted=config.hold_unrouted,
+                duplicate_window_seconds=config.duplicate_window,
+                store_timeout_seconds=config.store_timeout,
+            )
+            for listener_config in config.listeners:
+                listener = MllpListener(
+                    listener_config,
+                    self.acceptor,
+                    max_frame_bytes=config.max_frame_bytes,
+                    idle_timeout=config.idle_timeout,
+                    frame_timeout=config.frame_timeout,
+                )
+                await listener.start()
+                self.listeners.append(listener)
+                log.info(
+                    "channel %s: MLLP%s listening on %s:%d",
+                    listener.channel,
+                    " over TLS" if listener_config.ssl else "",
+                    listener_config.host or "*",
+                    listener.port,
+                )
+            if config.http is not None:
+                app = make_app(self.acceptor, config.max_frame_bytes, self.readiness)
+                self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+                await self._runner.setup()
+                host, port = config.http
+                site = web.TCPSite(self._runner, host or None, port)
+                await site.start()
+                self._http_port = _bound_port(self._runner, port)
+                log.info("HTTP listening on %s:%d", host or "*", self._http_port)
+            self.router.start()
+            if config.duplicate_window > 0:
+                self._purge_task = asyncio.create_task(
+                    self._purge_loop(), name="inturn-ingest-purge"
+                )
+        except BaseException:
+            await self._shutdown()
+            raise
+        self._started = True
+
+    async def stop(self) -> None:
+        """Stop taking messages, let those being stored finish (within the grace), close all."""
+        if self._stopping:
+            await self._closed.wait()
+            return
+        self._stopping = True
+        await self._shutdown()
+
+    async def wait_closed(self) -> None:
+        """Wait until :meth:`stop` has completed."""
+        await self._closed.wait()
+
+    async def __aenter__(self) -> Ingest:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _shutdown(self) -> None:
+        self._stopping = True
+        try:
+            if self.router is not None:
+                await self.router.stop()
+            if self._purge_task is not None:
+                self._purge_task.cancel()
+                await asyncio.gather(self._purge_task, return_exceptions=True)
+                self._purge_task = None
+            await asyncio.gather(
+                *(listener.stop(self.config.shutdown_grace) for listener in self.listeners),
+                return_exceptions=True,
+            )
+            if self._runner is not None:
+                await self._runner.cleanup()
+                self._runner = None
+            if self._own_store and self._store is not None:
+                await self._store.close()
+        finally:
+            self._closed.set()
+
+    async def _purge_loop(self) -> None:
+        interval = min(PURGE_INTERVAL_SECONDS, max(1.0, self.config.duplicate_window / 4))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                async with self.store.write.connection(timeout=30) as conn:
+                    removed = await forget_old(conn, self.config.duplicate_window)
+            except Exception as exc:
+                log.warning("duplicate window purge failed: %s", type(exc).__name__)
+            else:
+                if removed:
+                    log.info("duplicate window: forgot %d messages older than the window", removed)
+
+
+def _bound_port(runner: web.AppRunner, requested: int) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return requested
+
+
+async def run_until_signal(ingest: Ingest) -> None:
+    """Start ``ingest``, run until SIGTERM or SIGINT, then stop it gracefully."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await ingest.start()
+    try:
+        await stop.wait()
+        log.info("signal received: stopping")
+    finally:
+        await ingest.stop()
