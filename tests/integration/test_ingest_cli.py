@@ -1,0 +1,136 @@
+"""``inturn ingest`` as a process: TLS with client certificates, HTTP readiness, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import psycopg
+import pytest
+
+from inturn.worker.hl7.ack import parse_ack
+from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+
+pytestmark = pytest.mark.store
+
+HOST = "127.0.0.1"
+MESSAGE = b"MSH|^~\\&|S|SF|R|RF|20240101||ADT^A01|TLS-1|P|2.5.1\rPID|1||1\r"
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))  # fmt: skip
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))  # fmt: skip
+        openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
+                "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "2",
+                "-extfile", str(d / "san.ext"), "-out", str(d / f"{name}.pem"))  # fmt: skip
+    return d
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+async def send_tls(port: int, context: ssl.SSLContext, payload: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(HOST, port, ssl=context)
+    try:
+        writer.write(frame(payload))
+        await writer.drain()
+        framer = FrameReader(1 << 20)
+        async with asyncio.timeout(10):
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    raise EOFError("closed")
+                done = [e.payload for e in framer.feed(data) if isinstance(e, Frame)]
+                if done:
+                    return done[0]
+    finally:
+        writer.close()
+
+
+async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO inturn_destination (destination, namespace, name, channel)"
+            " VALUES ('hospital/adt-out', 'hospital', 'adt-out', 'adt')"
+        )
+    mllp_port, http_port = free_port(), free_port()
+    command = [
+        sys.executable, "-c",
+        "from inturn.worker.ingest.cli import ingest_command; ingest_command()",
+        "--listen", f"adt={HOST}:{mllp_port}", "--http", f"{HOST}:{http_port}",
+        "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
+        "--tls-client-ca", str(pki / "ca.pem"),
+        "--max-frame-bytes", "1M", "--refresh", "0.5",
+    ]  # fmt: skip
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        env={"INTURN_DSN": fresh_db, "PATH": "/usr/bin:/bin"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):
+                try:
+                    async with http.get(f"http://{HOST}:{http_port}/readyz") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("ingest did not become ready")
+
+        client = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        client.load_cert_chain(str(pki / "client.pem"), str(pki / "client.key"))
+        ack = parse_ack(await send_tls(mllp_port, client, MESSAGE))
+        assert (ack.code, ack.control_id) == ("AA", "TLS-1")
+
+        anonymous = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        with pytest.raises((ssl.SSLError, ConnectionError, EOFError)):
+            await send_tls(mllp_port, anonymous, MESSAGE.replace(b"TLS-1", b"TLS-2"))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=20)
+    assert process.returncode == 0, output.decode(errors="replace")
+    assert b"over TLS" in output
+    with psycopg.connect(fresh_db) as conn:
+        stored = conn.execute("SELECT control_id, payload FROM inturn_delivery").fetchall()
+    assert [(cid, bytes(p)) for cid, p in stored] == [("TLS-1", MESSAGE)]
+
+
+def test_ingest_command_usage_errors() -> None:
+    from click.testing import CliRunner
+
+    from inturn.worker.ingest.cli import ingest_command
+
+    runner = CliRunner()
+    result = runner.invoke(ingest_command, ["--dsn", "x", "--listen", "adt"])
+    assert result.exit_code != 0 and "CHANNEL=[HOST:]PORT" in result.output
+    result = runner.invoke(ingest_command, ["--dsn", "x"])
+    assert result.exit_code != 0 and "nothing to serve" in result.output
+    result = runner.invoke(ingest_command, ["--listen", "adt=1"], env={"INTURN_DSN": ""})
+    assert result.exit_code != 0 and "INTURN_DSN" in result.output

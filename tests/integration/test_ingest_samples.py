@@ -1,0 +1,148 @@
+"""Every sample message, sent by a client none of us wrote (python-hl7's ``mllp_send``), through a
+real listener: each gets its answer and the stored rows hold exactly the bytes on the wire.
+
+``mllp_send -f FILE`` reads MLLP-framed messages from FILE, strips leading and trailing SB and CR
+bytes from each (so a message's final CR does not go out) and re-frames it; it sends one message,
+waits for one reply, then sends the next, over one connection. To compare against what really went
+over the wire rather than against a guess of that normalisation, a small proxy between the client
+and ingest records the client's bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from inturn.worker.hl7.ack import ack_mode, parse_ack
+from inturn.worker.hl7.header import parse_header
+from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.ingest.service import Ingest, IngestConfig
+
+pytestmark = pytest.mark.store
+
+HOST = "127.0.0.1"
+MLLP_SEND = Path(sys.executable).with_name("mllp_send")
+
+#: Samples that are not acceptable messages, and why (they must get AR and not be stored).
+NOT_MESSAGES = {
+    "Test__Message__msh_present_but_missing_all_fields.hl7": "101",  # MSH| and nothing else
+    "Test__Message__msh_present_but_missing_msh-2.hl7": "101",  # empty MSH-2
+    "Test__Message__msh_present_but_missing_msh-10.hl7": "101",  # no control ID
+    "Test__Results__005_AL_ORU_R01_NBS_Simplified_0_initial_message.hl7": "100",  # FHS batch
+}
+
+
+class RecordingProxy:
+    """Forwards TCP connections to ``port`` and keeps what the clients sent."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sent = bytearray()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, HOST, 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(HOST, self.port)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, record: bool) -> None:
+            while data := await src.read(65536):
+                if record:
+                    self.sent += data
+                dst.write(data)
+                await dst.drain()
+            with contextlib.suppress(OSError):
+                dst.write_eof()
+
+        await asyncio.gather(
+            pump(reader, up_writer, True), pump(up_reader, writer, False), return_exceptions=True
+        )
+        writer.close()
+        up_writer.close()
+
+
+@pytest.fixture
+async def sample_ingest(fresh_db: str) -> AsyncIterator[Ingest]:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO inturn_destination (destination, namespace, name, channel)"
+            " VALUES ('hospital/samples', 'hospital', 'samples', 'samples')"
+        )
+    config = IngestConfig(listeners=[ListenerConfig("samples", HOST, 0)], refresh_seconds=0.5)
+    async with Ingest(config, dsn=fresh_db) as ingest:
+        yield ingest
+
+
+def frames(data: bytes) -> list[bytes]:
+    return [e.payload for e in FrameReader(1 << 24).feed(data) if isinstance(e, Frame)]
+
+
+async def test_every_sample_through_mllp_send(
+    sample_ingest: Ingest, fresh_db: str, samples: list[Path], tmp_path: Path
+) -> None:
+    assert MLLP_SEND.exists(), "python-hl7's mllp_send is not installed"
+    proxy = RecordingProxy(sample_ingest.mllp_ports["samples"])
+    port = await proxy.start()
+    # the samples, read in place, framed into one input file outside the repository
+    batch = tmp_path / "samples.mllp"
+    batch.write_bytes(b"".join(frame(path.read_bytes()) for path in samples))
+    process = await asyncio.create_subprocess_exec(
+        str(MLLP_SEND),
+        "-p",
+        str(port),
+        "-f",
+        str(batch),
+        HOST,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=300)
+    await proxy.close()
+    assert process.returncode == 0, stderr.decode(errors="replace")
+
+    wire = frames(bytes(proxy.sent))
+    acks = [parse_ack(reply) for reply in frames(stdout)]
+    assert len(wire) == len(samples) == len(acks)
+
+    accepted: list[bytes] = []
+    repeats: list[str] = []
+    rejected: dict[str, str | None] = {}
+    for path, sent, ack in zip(samples, wire, acks, strict=True):
+        # what mllp_send did to the file's bytes: only SB/CR stripped at both ends
+        assert sent == path.read_bytes().strip(b"\x0b\r"), path.name
+        if ack.code == "AR":
+            rejected[path.name] = ack.error_code
+            continue
+        header = parse_header(sent)
+        expected = "CA" if ack_mode(header) == "enhanced" else "AA"
+        assert (ack.code, ack.control_id) == (expected, header.control_id), path.name
+        if sent in accepted:
+            # two samples are byte-identical copies of others: the duplicate window answers
+            # them AA/CA again without storing a second copy
+            assert ack.text is not None and "duplicate" in ack.text, path.name
+            repeats.append(path.name)
+        else:
+            accepted.append(sent)
+    assert rejected == NOT_MESSAGES
+    assert len(repeats) == 2
+
+    with psycopg.connect(fresh_db) as conn:
+        stored = conn.execute(
+            "SELECT destination, channel, size, payload FROM inturn_delivery ORDER BY id"
+        ).fetchall()
+    assert [bytes(row[3]) for row in stored] == accepted  # exact bytes, in the order sent
+    assert {(row[0], row[1]) for row in stored} == {("hospital/samples", "samples")}
+    assert [row[2] for row in stored] == [len(sent) for sent in accepted]
