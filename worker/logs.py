@@ -39,3 +39,4 @@ def configure(level: str = "INFO", json_logs: bool = False) -> None:
     # The pools' own reconnect chatter repeats what our lifecycle lines already say.
     logging.getLogger("psycopg.pool").setLevel(max(numeric, logging.WARNING))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("pgserver").setLevel(max(numeric, logging.WARNING))

@@ -1,0 +1,318 @@
+"""``inturn local``: ingest and one worker per Destination manifest, in one process.
+
+The way to try inturn without a cluster. Manifests are the same YAML files ``kubectl apply``
+takes, validated the same way. Without ``--dsn``/``INTURN_DSN`` an embedded Postgres is started
+under ``--data-dir`` and kept between runs, so a restarted ``inturn local`` resumes its
+backlog. Manifest files are polled: a changed one restarts its worker with the new
+configuration, a removed one stops its worker and keeps its messages (they resume when it comes
+back). Ctrl-C stops the listeners first, then each worker (finishing or abandoning its attempt),
+then the embedded Postgres.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+from psycopg import AsyncConnection
+
+from inturn.worker.config import WorkerConfig
+from inturn.worker.destination import ManifestError, load_file
+from inturn.worker.embedded import start_embedded
+from inturn.worker.ingest.cli import parse_address, parse_listen
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.logs import configure
+from inturn.worker.metrics import PrometheusObserver
+from inturn.worker.runner import DestinationWorker
+from inturn.worker.senders.factory import make_sender
+from inturn.worker.store import queue, registry
+from inturn.worker.store.migrate import migrate
+
+log = logging.getLogger("inturn.local")
+
+#: Seconds between two looks at the manifest files.
+POLL_SECONDS = 2.0
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def manifest_files(paths: list[Path]) -> list[Path]:
+    """The manifest files under ``paths`` (files as given; directories searched recursively
+    for ``*.yaml``, ``*.yml`` and ``*.json``), sorted."""
+    found: set[Path] = set()
+    for path in paths:
+        if path.is_dir():
+            found.update(p for p in path.rglob("*") if p.suffix in MANIFEST_SUFFIXES)
+        elif path.exists():
+            found.add(path)
+    return sorted(found)
+
+
+def fingerprint(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
+    """What changes when a file is added, removed or edited (path, mtime ns, size)."""
+    out = []
+    for f in files:
+        with contextlib.suppress(OSError):
+            st = f.stat()
+            out.append((str(f), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+def load_all(paths: list[Path], secrets_dir: Path | None) -> dict[str, WorkerConfig]:
+    """Load every Destination found under ``paths``, keyed by ``namespace/name``.
+
+    Raises:
+        ManifestError: a file is invalid (the message names the file and the field).
+        click.ClickException: two files declare the same destination, or none is found.
+    """
+    configs: dict[str, WorkerConfig] = {}
+    files = manifest_files(paths)
+    for f in files:
+        for cfg in load_file(f, secrets_dir=secrets_dir):
+            if cfg.destination in configs:
+                raise click.ClickException(f"{f}: destination {cfg.destination} is declared twice")
+            configs[cfg.destination] = cfg
+    return configs
+
+
+@dataclass
+class _Running:
+    config: WorkerConfig
+    worker: DestinationWorker
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+
+class LocalRunner:
+    """Workers for the destinations of a set of manifests, kept in line with the files.
+
+    Args:
+        dsn: the database.
+        paths: manifest files or directories.
+        secrets_dir: where ``<secret>/<key>`` files of secretRefs are (relative: to each file).
+    """
+
+    def __init__(self, dsn: str, paths: list[Path], secrets_dir: Path | None = None) -> None:
+        self.dsn = dsn
+        self.paths = paths
+        self.secrets_dir = secrets_dir
+        self.running: dict[str, _Running] = {}
+        self._seen: tuple[tuple[str, int, int], ...] = ()
+        self.observer = PrometheusObserver()
+
+    async def apply(self, desired: dict[str, WorkerConfig]) -> None:
+        """Start, restart and stop workers (and register destinations) to match ``desired``."""
+        async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            for dest in sorted(set(self.running) - set(desired)):
+                await self._stop(dest)
+                await registry.mark_deleted(conn, dest)
+                rows = await queue.depth(conn, dest)
+                kept = rows[0].pending if rows else 0
+                log.info("destination %s removed: worker stopped, %d pending kept", dest, kept)
+            for dest, cfg in sorted(desired.items()):
+                current = self.running.get(dest)
+                if current is not None and current.config == cfg:
+                    continue
+                namespace, _, name = dest.partition("/")
+                await registry.register(
+                    conn,
+                    destination=dest,
+                    namespace=namespace,
+                    name=name,
+                    channel=cfg.channel,
+                    message_types=list(cfg.message_types),
+                    generation=0,
+                    suspended=cfg.suspend,
+                )
+                if current is not None:
+                    await self._stop(dest)
+                    log.info("destination %s changed: worker restarted", dest)
+                self._start(cfg)
+
+    def _start(self, cfg: WorkerConfig) -> None:
+        stop = asyncio.Event()
+        worker = DestinationWorker(cfg, self.dsn, make_sender(cfg.sender), self.observer)
+        task = asyncio.create_task(worker.run(stop), name=f"worker {cfg.destination}")
+        self.running[cfg.destination] = _Running(cfg, worker, stop, task)
+        log.info(
+            "destination %s: channel %s -> %s%s",
+            cfg.destination,
+            cfg.channel,
+            worker.sender.describe(),
+            " (suspended)" if cfg.suspend else "",
+        )
+
+    async def _stop(self, dest: str) -> None:
+        running = self.running.pop(dest)
+        running.stop.set()
+        await running.task
+
+    async def poll(self) -> None:
+        """Reload the manifests if any file changed; an invalid file keeps the last good state."""
+        seen = fingerprint(manifest_files(self.paths))
+        if seen == self._seen:
+            return
+        self._seen = seen
+        try:
+            desired = load_all(self.paths, self.secrets_dir)
+        except (ManifestError, click.ClickException) as exc:
+            message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+            log.error("manifests not applied: %s", message)
+            return
+        await self.apply(desired)
+
+    async def start(self) -> None:
+        """Load the manifests (failing on an invalid one) and start their workers."""
+        self._seen = fingerprint(manifest_files(self.paths))
+        await self.apply(load_all(self.paths, self.secrets_dir))
+
+    async def stop(self) -> None:
+        """Stop every worker (each finishes or abandons its attempt in flight)."""
+        for dest in list(self.running):
+            running = self.running[dest]
+            running.stop.set()
+        await asyncio.gather(*(r.task for r in self.running.values()), return_exceptions=True)
+        self.running.clear()
+
+
+async def run_local(
+    dsn: str,
+    paths: list[Path],
+    listeners: list[ListenerConfig],
+    http: tuple[str, int] | None,
+    secrets_dir: Path | None,
+    hold_unrouted: frozenset[str],
+    stop: asyncio.Event,
+) -> None:
+    """Run ingest and the workers until ``stop`` is set, then shut both down in order."""
+    runner = LocalRunner(dsn, paths, secrets_dir)
+    await runner.start()
+    ingest = Ingest(
+        IngestConfig(listeners=listeners, http=http, hold_unrouted=hold_unrouted, pool_size=4),
+        dsn=dsn,
+    )
+    try:
+        await ingest.start()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), POLL_SECONDS)
+            if not stop.is_set():
+                await runner.poll()
+        log.info("stopping: listeners first, then workers")
+    finally:
+        await ingest.stop()
+        await runner.stop()
+
+
+@click.command("local")
+@click.option(
+    "-f",
+    "--filename",
+    "paths",
+    multiple=True,
+    required=True,
+    type=click.Path(path_type=Path, exists=True),
+    help="Destination manifest file or directory (repeatable).",
+)
+@click.option(
+    "--listen",
+    "listen",
+    multiple=True,
+    required=True,
+    metavar="CHANNEL=[HOST:]PORT",
+    help="An MLLP listener for a channel (repeatable).",
+)
+@click.option("--http", "http", metavar="[HOST:]PORT", help="HTTP ingest, /metrics, /healthz.")
+@click.option(
+    "--dsn",
+    envvar="INTURN_DSN",
+    help="Postgres DSN; default: an embedded Postgres under --data-dir.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path(".inturn"),
+    show_default=True,
+    help="Where the embedded Postgres keeps its data between runs.",
+)
+@click.option(
+    "--secrets-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where <secret>/<key> files for secretRefs are (relative: to each manifest).",
+)
+@click.option(
+    "--hold-unrouted",
+    multiple=True,
+    metavar="CHANNEL",
+    help="Hold messages of CHANNEL that match no destination instead of answering AR.",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-json", is_flag=True)
+def local_command(
+    paths: tuple[Path, ...],
+    listen: tuple[str, ...],
+    http: str | None,
+    dsn: str | None,
+    data_dir: Path,
+    secrets_dir: Path | None,
+    hold_unrouted: tuple[str, ...],
+    log_level: str,
+    log_json: bool,
+) -> None:
+    """Run ingest and one worker per Destination manifest in one process, without a cluster."""
+    listeners = []
+    for spec in listen:
+        try:
+            channel, host, port = parse_listen(spec)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--listen") from None
+        listeners.append(ListenerConfig(channel=channel, host=host, port=port))
+    http_address = None
+    if http:
+        try:
+            http_address = parse_address(http)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--http") from None
+    try:
+        load_all(list(paths), secrets_dir)  # fail before starting anything
+    except ManifestError as exc:
+        raise click.ClickException(str(exc)) from None
+    configure(log_level, log_json)
+    embedded = None
+    if not dsn:
+        log.info("starting embedded Postgres in %s", (data_dir / "pg").resolve())
+        try:
+            embedded = start_embedded(data_dir)
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+        dsn = embedded.dsn
+    try:
+        applied = migrate(dsn)
+        if applied:
+            log.info("schema migrated (%d migration(s))", len(applied))
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await run_local(
+                dsn,
+                list(paths),
+                listeners,
+                http_address,
+                secrets_dir,
+                frozenset(hold_unrouted),
+                stop,
+            )
+
+        asyncio.run(main())
+    finally:
+        if embedded is not None:
+            embedded.stop()
+            log.info("embedded Postgres stopped")
