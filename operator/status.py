@@ -185,6 +185,10 @@ def desired_status(
     old_conditions = previous.get("conditions") or []
     r_status, r_reason, r_message = ready_condition(worker, invalid)
     d_status, d_reason, d_message = delivering_condition(depth, suspended)
+    kept = next((c for c in old_conditions if c.get("type") == DELIVERING), None)
+    if depth is None and not suspended and kept is not None:
+        # the queue could not be read: keep what was last known rather than flapping to Unknown
+        d_status, d_reason, d_message = kept["status"], kept["reason"], kept["message"]
     out: dict[str, Any] = {
         "observedGeneration": generation,
         "conditions": [

@@ -298,7 +298,8 @@ def test_unknown_depth_keeps_the_last_figures() -> None:
     first = desired(depth=status.QueueDepth(pending=9, oldest=T0))
     st = desired(previous=first, depth=None)
     assert st["pending"] == 9 and st["oldestPendingTime"] == first["oldestPendingTime"]
-    assert cond(st, "Delivering")["reason"] == "QueueUnknown"
+    assert cond(st, "Delivering") == cond(first, "Delivering")
+    assert cond(desired(depth=None), "Delivering")["reason"] == "QueueUnknown"
 
 
 def test_invalid_spec_and_suspend() -> None:

@@ -1,0 +1,159 @@
+"""``inturn operator`` (run the Destination operator) and ``inturn crd`` (print the CRD).
+
+Registered lazily by :mod:`inturn.worker.cli`, so the worker never imports kopf.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+import click
+
+from inturn.worker import schema
+
+
+@click.command("operator")
+@click.option(
+    "-n",
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    envvar="INTURN_WATCH_NAMESPACES",
+    help="Watch only this namespace (repeatable). Default: the whole cluster.",
+)
+@click.option("--image", envvar="INTURN_WORKER_IMAGE", required=True, help="Worker image.")
+@click.option(
+    "--image-pull-policy",
+    type=click.Choice(["IfNotPresent", "Always", "Never"]),
+    default="IfNotPresent",
+    show_default=True,
+)
+@click.option("--image-pull-secret", multiple=True, help="Image pull Secret of workers.")
+@click.option("--dsn", envvar="INTURN_DSN", help="The operator's own Postgres DSN ($INTURN_DSN).")
+@click.option(
+    "--dsn-secret",
+    envvar="INTURN_DSN_SECRET",
+    default="inturn-db",
+    show_default=True,
+    help="Secret (in each Destination's namespace) holding the workers' DSN.",
+)
+@click.option("--dsn-secret-key", envvar="INTURN_DSN_SECRET_KEY", default="dsn", show_default=True)
+@click.option(
+    "--worker-service-account",
+    envvar="INTURN_WORKER_SERVICE_ACCOUNT",
+    default=None,
+    help="Service account of worker pods (no API token is mounted).",
+)
+@click.option(
+    "--status-interval",
+    type=click.FloatRange(1, 3600),
+    default=15,
+    show_default=True,
+    help="Seconds between periodic passes (depth query, status, drift, registry).",
+)
+@click.option(
+    "--liveness",
+    default="http://0.0.0.0:8080/healthz",
+    show_default=True,
+    help="Liveness endpoint URL ('' to disable).",
+)
+@click.option(
+    "--peering",
+    envvar="INTURN_OPERATOR_PEERING",
+    default=None,
+    help="kopf peering object name: a second replica waits instead of acting. Default: standalone.",
+)
+@click.option("--priority", type=int, default=None, help="Peering priority (default: random).")
+@click.option(
+    "--log-format",
+    type=click.Choice(["plain", "full", "json"]),
+    default="full",
+    show_default=True,
+)
+@click.option("--verbose", is_flag=True, help="Debug logging.")
+def operator_command(
+    namespaces: tuple[str, ...],
+    image: str,
+    image_pull_policy: str,
+    image_pull_secret: tuple[str, ...],
+    dsn: str | None,
+    dsn_secret: str,
+    dsn_secret_key: str,
+    worker_service_account: str | None,
+    status_interval: float,
+    liveness: str,
+    peering: str | None,
+    priority: int | None,
+    log_format: str,
+    verbose: bool,
+) -> None:
+    """Run the Destination operator (kopf): one worker Deployment per Destination."""
+    import os
+
+    import kopf
+
+    from inturn.operator import handlers
+    from inturn.operator.manifests import WorkerPodSettings
+    from inturn.operator.reconcile import OperatorConfig
+
+    names = tuple(n for item in namespaces for n in item.replace(",", " ").split())
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    if priority is None:
+        priority = random.randint(1, 2**30)  # equal priorities would freeze every peer
+    config = OperatorConfig(
+        pod=WorkerPodSettings(
+            image=image,
+            image_pull_policy=image_pull_policy,
+            dsn_secret_name=dsn_secret,
+            dsn_secret_key=dsn_secret_key,
+            service_account_name=worker_service_account,
+            image_pull_secrets=image_pull_secret,
+            log_json=log_format == "json",
+        ),
+        dsn=dsn,
+        namespaces=names,
+        status_interval=status_interval,
+        peering=peering,
+        priority=priority,
+        identity=identity,
+        operator_namespace=os.environ.get("POD_NAMESPACE") or None,
+    )
+    handlers.configure(config)
+    kopf.configure(
+        verbose=verbose,
+        log_format={
+            "plain": kopf.LogFormat.PLAIN,
+            "full": kopf.LogFormat.FULL,
+            "json": kopf.LogFormat.JSON,
+        }[log_format],
+    )
+    kopf.run(
+        clusterwide=not names,
+        namespaces=names,
+        standalone=peering is None,
+        peering_name=peering,
+        priority=priority,
+        identity=identity,  # type: ignore[arg-type]  # a NewType of str
+        liveness_endpoint=liveness or None,
+    )
+
+
+@click.command("crd")
+@click.option("--chart", is_flag=True, help="Print the Helm chart's template instead.")
+@click.option(
+    "--check",
+    "check_root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Fail if the generated files under this repository root are stale.",
+)
+def crd_command(chart: bool, check_root: Path | None) -> None:
+    """Print the Destination CustomResourceDefinition (generated from the schema)."""
+    if check_root is not None:
+        code = schema.main(["--root", str(check_root), "--check"])
+        if code:
+            raise click.exceptions.Exit(code)
+        return
+    click.echo(schema.render_chart_crd_template() if chart else schema.render_crd_yaml(), nl=False)

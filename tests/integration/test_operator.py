@@ -1,0 +1,427 @@
+"""The operator run by kopf's KopfRunner against the kmock Kubernetes emulator and a real Postgres.
+
+kmock stores objects as plain JSON and merges patches; it has no garbage collector, no
+generation bump and no status split, so the tests set ``metadata.generation`` themselves and
+play the Deployment controller by patching a worker Deployment's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import kmock
+import psycopg
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+
+from inturn.operator import manifests
+from inturn.worker import schema
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ApiServerLikeEmulator(kmock.KubernetesEmulator):
+    """kmock plus the metadata a real API server maintains, which kopf relies on.
+
+    On create: ``uid`` (kopf's indices tell objects apart by it), ``resourceVersion``,
+    ``generation`` and ``creationTimestamp``. On a merge patch: a new ``resourceVersion``, and
+    ``generation`` + 1 when ``spec`` changes outside the ``status`` subresource.
+    """
+
+    _versions = itertools.count(1000)
+
+    async def _handle(self, request: Any) -> Any:
+        data = request.data
+        if request.resource is not None and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            if request.action == kmock.action.CREATE:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("generation", 1)
+                meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+                meta["resourceVersion"] = str(next(self._versions))
+            elif request.action == kmock.action.UPDATE and request.name is not None:
+                meta["resourceVersion"] = str(next(self._versions))
+                key = (request.resource, request.namespace, request.name)
+                if "spec" in data and request.subresource is None and key in self.objects:
+                    current = self.objects[key]
+                    if not current.deleted:
+                        old = current.raw.get("metadata", {}).get("generation", 1)
+                        meta["generation"] = int(old) + 1
+        return await super()._handle(request)
+
+
+pytestmark = pytest.mark.kmock(cls=ApiServerLikeEmulator)
+DEST = "inturn.dev/v1alpha1/destinations"
+DEPLOY = "apps/v1/deployments"
+CM = "v1/configmaps"
+EVENTS = "v1/events"
+NS = "ward"
+IMAGE = "ghcr.io/example/inturn:test"
+
+
+def destination(name: str, example: str = "local-mllp.yaml", generation: int = 1) -> dict[str, Any]:
+    doc = yaml.safe_load((ROOT / "examples" / example).read_text())
+    doc["metadata"] = {
+        "name": name,
+        "namespace": NS,
+        "uid": f"uid-{name}",
+        "generation": generation,
+        "resourceVersion": "1",
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+    }
+    return doc
+
+
+def prepare(emulator: kmock.KubernetesEmulator) -> None:
+    """Declare the resources kopf needs to start watching, and the namespace."""
+    emulator.resources.load_bundled()
+    emulator.resources[DEST] = {
+        "kind": "Destination",
+        "singular": "destination",
+        "namespaced": True,
+        "verbs": {"get", "list", "watch", "patch", "create", "delete", "update"},
+        "shortnames": {"dest"},
+        "subresources": {"status"},
+    }
+    emulator.objects["apiextensions.k8s.io/v1/customresourcedefinitions", None, schema.CRD_NAME] = (
+        schema.crd()
+    )
+    emulator.objects["v1/namespaces", None, NS] = {"metadata": {"name": NS}}
+
+
+@pytest.fixture
+def env(
+    kmock: kmock.KubernetesEmulator, fresh_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> kmock.KubernetesEmulator:
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
+                "users": [{"name": "kmock", "user": {"token": "t"}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    monkeypatch.setenv("INTURN_WORKER_IMAGE", IMAGE)
+    monkeypatch.setenv("INTURN_DSN", fresh_db)
+    monkeypatch.setenv("INTURN_STATUS_INTERVAL", "1")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    from inturn.operator import handlers
+
+    handlers.configure(None)
+    prepare(kmock)
+    return kmock
+
+
+@contextlib.asynccontextmanager
+async def operator() -> AsyncIterator[KopfRunner]:
+    """Run the operator in a thread; stop it without blocking the emulator's event loop."""
+    runner = KopfRunner(
+        ["run", "--standalone", "--all-namespaces", "--verbose", "-m", "inturn.operator.handlers"],
+        timeout=60,
+    )
+    runner.__enter__()
+    try:
+        yield runner
+    finally:
+        await asyncio.to_thread(runner.__exit__, None, None, None)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """Poll ``check`` until it returns a truthy value (or its assertion passes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except (AssertionError, KeyError, ValueError, TypeError):
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout}s: {check}")
+        await asyncio.sleep(0.1)
+
+
+def obj(emulator: kmock.KubernetesEmulator, resource: str, name: str) -> dict[str, Any]:
+    found = emulator.objects[resource, NS, name]
+    assert not found.deleted
+    return dict(found.raw)
+
+
+def condition(body: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in body["status"]["conditions"] if c["type"] == type_)
+
+
+def registry_row(dsn: str, key: str) -> tuple[Any, ...] | None:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT channel, message_types, generation, suspended, deleted_at IS NOT NULL"
+            " FROM inturn_destination WHERE destination = %s",
+            (key,),
+        ).fetchone()
+
+
+def writes(emulator: kmock.KubernetesEmulator, resource: str | None = None) -> list[Any]:
+    out = []
+    for request in list(emulator):
+        if str(request.method).upper().rsplit(".", 1)[-1] not in {"POST", "PATCH", "PUT", "DELETE"}:
+            continue
+        if resource is None or (request.resource is not None and request.resource == resource):
+            out.append(request)
+    return out
+
+
+async def available(emulator: kmock.KubernetesEmulator, name: str) -> None:
+    """Play the Deployment controller: the worker pod became ready."""
+    path = f"/apis/apps/v1/namespaces/{NS}/deployments/{name}/status"
+    generation = emulator.objects[DEPLOY, NS, name].raw["metadata"].get("generation", 1)
+    await emulator.patch(
+        path,
+        json={
+            "status": {
+                "observedGeneration": generation,
+                "availableReplicas": 1,
+                "readyReplicas": 1,
+            }
+        },
+    )
+
+
+async def test_create_update_rollout_and_ready(
+    env: kmock.KubernetesEmulator, fresh_db: str
+) -> None:
+    env.objects[DEST, NS, "lis"] = destination("lis")
+    async with operator() as runner:
+        dep = await eventually(lambda: obj(env, DEPLOY, "lis-worker"))
+        cm = obj(env, CM, "lis-worker")
+        assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+        assert dep["metadata"]["ownerReferences"][0]["uid"] == "uid-lis"
+        assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
+        first_hash = dep["spec"]["template"]["metadata"]["annotations"][
+            manifests.CONFIG_HASH_ANNOTATION
+        ]
+        assert '"destination": "ward/lis"' in cm["data"]["worker.json"]
+        await eventually(lambda: registry_row(fresh_db, "ward/lis") == ("adt", [], 1, False, False))
+
+        # not available yet → Ready False; the "controller" makes it available → Ready True
+        await eventually(
+            lambda: (
+                condition(obj(env, DEST, "lis"), "Ready")["reason"] == "WorkerMissing"
+                or condition(obj(env, DEST, "lis"), "Ready")["reason"] == "WorkerUnavailable"
+            )
+        )
+        await available(env, "lis-worker")
+        await eventually(lambda: condition(obj(env, DEST, "lis"), "Ready")["status"] == "True")
+        body = obj(env, DEST, "lis")
+        assert body["status"]["observedGeneration"] == 1
+        assert body["status"]["sender"] == "mllp://127.0.0.1:2576"
+        assert body["status"]["worker"] == {"deployment": "lis-worker", "available": True}
+        assert "kopf.zalando.org" not in str(body["metadata"])
+
+        # update: a spec change rolls the worker through the pod template's hash
+        await env.patch(
+            f"/apis/inturn.dev/v1alpha1/namespaces/{NS}/destinations/lis",
+            json={"spec": {"retry": {"maxAttempts": 9}, "filter": {"messageTypes": ["ADT^A0*"]}}},
+        )
+
+        def rolled() -> bool:
+            d = obj(env, DEPLOY, "lis-worker")
+            h = d["spec"]["template"]["metadata"]["annotations"][manifests.CONFIG_HASH_ANNOTATION]
+            return h != first_hash
+
+        await eventually(rolled)
+        assert '"maxAttempts": 9' in obj(env, CM, "lis-worker")["data"]["worker.json"]
+        await eventually(
+            lambda: registry_row(fresh_db, "ward/lis") == ("adt", ["ADT^A0*"], 2, False, False)
+        )
+        await eventually(lambda: obj(env, DEST, "lis")["status"]["observedGeneration"] == 2)
+    assert runner.exception is None
+
+
+async def test_scale_and_strategy_drift_is_reverted(env: kmock.KubernetesEmulator) -> None:
+    env.objects[DEST, NS, "lis"] = destination("lis")
+    async with operator():
+        await eventually(lambda: obj(env, DEPLOY, "lis-worker"))
+        await env.patch(
+            f"/apis/apps/v1/namespaces/{NS}/deployments/lis-worker",
+            json={"spec": {"replicas": 3}},
+        )
+        await eventually(lambda: obj(env, DEPLOY, "lis-worker")["spec"]["replicas"] == 1, 5)
+        await env.patch(
+            f"/apis/apps/v1/namespaces/{NS}/deployments/lis-worker",
+            json={
+                "spec": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}}}
+            },
+        )
+        await eventually(
+            lambda: obj(env, DEPLOY, "lis-worker")["spec"]["strategy"] == {"type": "Recreate"}, 5
+        )
+
+        def warnings() -> list[dict[str, Any]]:
+            return [
+                dict(o.raw)
+                for (res, ns, _), o in env.objects.items()
+                if res == EVENTS
+                and ns == NS
+                and not o.deleted
+                and o.raw.get("reason") == "WorkerDriftReverted"
+            ]
+
+        found = await eventually(lambda: len(warnings()) >= 4 and warnings())
+        kinds = {e["involvedObject"]["kind"] for e in found}
+        assert kinds == {"Deployment", "Destination"}
+        assert all(e["type"] == "Warning" for e in found)
+        assert any("replicas 3" in e["message"] for e in found)
+
+
+async def test_delete_keeps_messages_and_marks_registry(
+    env: kmock.KubernetesEmulator, fresh_db: str
+) -> None:
+    env.objects[DEST, NS, "lis"] = destination("lis")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        for i in range(3):
+            conn.execute(
+                "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+                " payload, size) VALUES ('ward/lis', 'adt', %s, 'ADT^A01', 'x', 1)",
+                (f"c{i}",),
+            )
+    async with operator():
+        await eventually(lambda: registry_row(fresh_db, "ward/lis") is not None)
+        assert not env.objects[DEST, NS, "lis"].raw["metadata"].get("finalizers")
+        await env.delete(f"/apis/inturn.dev/v1alpha1/namespaces/{NS}/destinations/lis")
+        await eventually(lambda: registry_row(fresh_db, "ward/lis")[4] is True)
+    with psycopg.connect(fresh_db) as conn:
+        (count,) = conn.execute(
+            "SELECT count(*) FROM inturn_delivery WHERE destination = 'ward/lis'"
+            " AND state = 'pending'"
+        ).fetchone() or (0,)
+    assert count == 3
+
+
+async def test_deletion_missed_while_down_is_caught_by_the_periodic_pass(
+    env: kmock.KubernetesEmulator, fresh_db: str
+) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO inturn_destination (destination, namespace, name, channel)"
+            " VALUES ('ward/gone', 'ward', 'gone', 'adt')"
+        )
+    env.objects[DEST, NS, "lis"] = destination("lis")
+    async with operator():
+        await eventually(lambda: registry_row(fresh_db, "ward/gone")[4] is True)
+        assert registry_row(fresh_db, "ward/lis") is not None
+
+
+async def test_status_from_the_real_queue(env: kmock.KubernetesEmulator, fresh_db: str) -> None:
+    env.objects[DEST, NS, "lis"] = destination("lis")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO inturn_delivery (destination, channel, control_id, message_type, payload,"
+            " size, attempts, last_error, enqueued_at) VALUES"
+            " ('ward/lis', 'adt', 'c1', 'ADT^A01', 'MSH|secret', 10, 4,"
+            "  'connection: refused by 10.1.2.3', '2026-01-01T10:00:00Z'),"
+            " ('ward/lis', 'adt', 'c2', 'ADT^A01', 'MSH|secret', 10, 0, NULL, now())"
+        )
+        conn.execute(
+            "INSERT INTO inturn_delivery (destination, channel, control_id, message_type, payload,"
+            " size, state, attempts, finished_at) VALUES"
+            " ('ward/lis', 'adt', 'c0', 'ADT^A01', 'x', 1, 'failed', 3, now())"
+        )
+    async with operator():
+        await eventually(lambda: obj(env, DEST, "lis")["status"].get("pending") == 2)
+        st = obj(env, DEST, "lis")["status"]
+        assert st["failed"] == 1 and st["maxAttempts"] == 4
+        assert st["oldestPendingTime"] == "2026-01-01T10:00:00Z"
+        delivering = condition(obj(env, DEST, "lis"), "Delivering")
+        assert (delivering["status"], delivering["reason"]) == ("False", "Blocked")
+        assert "connection" in delivering["message"]
+        assert "refused" not in delivering["message"] and "MSH" not in str(st)
+
+        # unchanged status → no more status writes over several periodic passes
+        await asyncio.sleep(1.5)
+        before = len(writes(env, DEST))
+        await asyncio.sleep(3.5)
+        for r in writes(env, DEST)[before - 3 :]:
+            print("WRITE", r.method, r.url.path, r.data)
+        assert len(writes(env, DEST)) == before
+
+        # the queue drains → Idle, figures updated, oldestPendingTime removed
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE inturn_delivery SET state = 'delivered', finished_at = now()"
+                " WHERE state = 'pending'"
+            )
+        await eventually(lambda: condition(obj(env, DEST, "lis"), "Delivering")["reason"] == "Idle")
+        st = obj(env, DEST, "lis")["status"]
+        assert st["pending"] == 0 and "oldestPendingTime" not in st
+
+
+async def test_invalid_spec_is_reported_without_a_retry_storm(
+    env: kmock.KubernetesEmulator,
+) -> None:
+    bad = destination("bad")
+    del bad["spec"]["retry"]["maxAttempts"]
+    env.objects[DEST, NS, "bad"] = bad
+    async with operator():
+        await eventually(
+            lambda: condition(obj(env, DEST, "bad"), "Ready")["reason"] == "InvalidSpec"
+        )
+        ready = condition(obj(env, DEST, "bad"), "Ready")
+        assert "spec.retry.maxAttempts: required" in ready["message"]
+        await asyncio.sleep(1)
+        before = len(writes(env))
+        await asyncio.sleep(3)
+        assert len(writes(env)) == before  # no retries, no repeated events or patches
+    assert not any(k[0] == DEPLOY for k in env.objects if not env.objects[k].deleted)
+
+
+async def test_operator_restart_changes_nothing(
+    env: kmock.KubernetesEmulator, fresh_db: str
+) -> None:
+    env.objects[DEST, NS, "lis"] = destination("lis")
+    env.objects[DEST, NS, "web"] = destination("web", "local-http.yaml")
+    async with operator():
+        await eventually(lambda: obj(env, DEPLOY, "web-worker") and obj(env, DEPLOY, "lis-worker"))
+        await available(env, "lis-worker")
+        await available(env, "web-worker")
+        await eventually(
+            lambda: all(
+                condition(obj(env, DEST, n), "Ready")["status"] == "True" for n in ("lis", "web")
+            )
+        )
+        await asyncio.sleep(2)  # let the periodic pass settle
+    snapshot = {
+        k: copy.deepcopy(dict(env.objects[k].raw))
+        for k in env.objects
+        if not env.objects[k].deleted
+    }
+    rows_before = registry_row(fresh_db, "ward/lis"), registry_row(fresh_db, "ward/web")
+    seen = len(list(env))
+    async with operator():
+        await asyncio.sleep(5)  # startup, resume handlers, several periodic passes
+    new_writes = [
+        r
+        for r in list(env)[seen:]
+        if str(r.method).upper().endswith(("POST", "PATCH", "PUT", "DELETE"))
+    ]
+    for r in new_writes:
+        print("WRITE", r.method, r.url.path, r.data)
+    assert new_writes == []
+    after = {k: dict(env.objects[k].raw) for k in env.objects if not env.objects[k].deleted}
+    assert after == snapshot
+    assert (registry_row(fresh_db, "ward/lis"), registry_row(fresh_db, "ward/web")) == rows_before

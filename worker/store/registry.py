@@ -1,0 +1,160 @@
+"""The destination registry (``inturn_destination``) and the operator's grouped status query.
+
+Written by the operator (and ``inturn local``) for every Destination, read by ingest to route a
+channel's messages. A deleted Destination is only *marked* deleted: its queued messages stay in
+``inturn_delivery`` (they resume if it is applied again; the sweeper reports them meanwhile).
+All functions take an open async connection and run in its current transaction (autocommit
+connections commit each call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from inturn.worker.store.queries import load
+
+Q = load("registry.sql")
+
+
+@dataclass(frozen=True)
+class RegisteredDestination:
+    """One row of the registry.
+
+    Attributes:
+        destination: ``namespace/name`` (the queue key).
+        namespace, name: the Destination's.
+        channel: the ingest channel feeding it.
+        message_types: MSH-9 patterns it accepts (empty: all).
+        generation: ``metadata.generation`` of the Destination when registered.
+        suspended: ``spec.suspend``.
+        deleted: the Destination is gone (the row is kept for the record).
+    """
+
+    destination: str
+    namespace: str
+    name: str
+    channel: str
+    message_types: tuple[str, ...]
+    generation: int
+    suspended: bool
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class DestinationDepth:
+    """Queue figures of one destination, for the Destination's status.
+
+    Attributes:
+        destination: ``namespace/name``.
+        pending, failed: message counts.
+        oldest: enqueue time of the oldest pending message, or None.
+        max_attempts: most attempts on a pending message.
+        head_attempts: attempts on the head (the oldest pending message by id).
+        head_error: the head's ``last_error`` (``"<class>: <detail>"``), or None.
+    """
+
+    destination: str
+    pending: int
+    failed: int
+    oldest: datetime | None
+    max_attempts: int
+    head_attempts: int
+    head_error: str | None
+
+
+def _row(r: Sequence[Any]) -> RegisteredDestination:
+    return RegisteredDestination(
+        destination=r[0],
+        namespace=r[1],
+        name=r[2],
+        channel=r[3],
+        message_types=tuple(r[4] or ()),
+        generation=int(r[5]),
+        suspended=bool(r[6]),
+        deleted=bool(r[7]),
+    )
+
+
+async def register(
+    conn: AsyncConnection[Any],
+    *,
+    destination: str,
+    namespace: str,
+    name: str,
+    channel: str,
+    message_types: Sequence[str],
+    generation: int,
+    suspended: bool,
+) -> bool:
+    """Insert or update a destination (and un-delete it). Idempotent.
+
+    Returns:
+        True when a row was written, False when it was already exactly so.
+
+    Raises:
+        psycopg.Error: the database failed.
+    """
+    cur = await conn.execute(
+        Q["register"],
+        {
+            "destination": destination,
+            "namespace": namespace,
+            "name": name,
+            "channel": channel,
+            "message_types": list(message_types),
+            "generation": generation,
+            "suspended": suspended,
+        },
+    )
+    return await cur.fetchone() is not None
+
+
+async def mark_deleted(conn: AsyncConnection[Any], destination: str) -> bool:
+    """Mark a destination deleted so that ingest stops routing to it. Its messages are kept.
+
+    Returns:
+        True when the row was active and is now marked, False otherwise (idempotent).
+    """
+    cur = await conn.execute(Q["mark_deleted"], {"destination": destination})
+    return await cur.fetchone() is not None
+
+
+async def active_for_channel(
+    conn: AsyncConnection[Any], channel: str
+) -> list[RegisteredDestination]:
+    """Return the channel's destinations not marked deleted, ordered by key (for routing)."""
+    cur = await conn.execute(Q["active_for_channel"], {"channel": channel})
+    return [_row(r) for r in await cur.fetchall()]
+
+
+async def list_all(conn: AsyncConnection[Any]) -> list[RegisteredDestination]:
+    """Return every row, deleted ones included, ordered by key."""
+    cur = await conn.execute(Q["list_all"])
+    return [_row(r) for r in await cur.fetchall()]
+
+
+async def status_depth(conn: AsyncConnection[Any]) -> dict[str, DestinationDepth]:
+    """Return the queue figures of every destination with something pending or failed.
+
+    One grouped query for all destinations (a destination absent from the result has nothing
+    pending or failed). Its cost grows with the pending and failed rows, not with the delivered
+    ones only if the planner can skip those; see the module docstring of the queue for indexes.
+    """
+    cur = await conn.execute(Q["status_depth"])
+    return {
+        r[0]: DestinationDepth(
+            destination=r[0],
+            pending=int(r[1]),
+            failed=int(r[2]),
+            oldest=r[3],
+            max_attempts=int(r[4]),
+            head_attempts=int(r[5]),
+            head_error=r[6],
+        )
+        for r in await cur.fetchall()
+    }

@@ -1,0 +1,65 @@
+-- The destination registry (table inturn_destination): written by the operator (or `inturn
+-- local`), read by ingest for routing. Also the operator's one grouped status query.
+
+-- name: register
+-- Upsert one destination; a row marked deleted comes back to life. Only a real change writes.
+INSERT INTO inturn_destination
+       (destination, namespace, name, channel, message_types, generation, suspended)
+VALUES (%(destination)s, %(namespace)s, %(name)s, %(channel)s, %(message_types)s,
+        %(generation)s, %(suspended)s)
+ON CONFLICT (destination) DO UPDATE
+   SET namespace = EXCLUDED.namespace,
+       name = EXCLUDED.name,
+       channel = EXCLUDED.channel,
+       message_types = EXCLUDED.message_types,
+       generation = EXCLUDED.generation,
+       suspended = EXCLUDED.suspended,
+       updated_at = now(),
+       deleted_at = NULL
+ WHERE inturn_destination.deleted_at IS NOT NULL
+    OR (inturn_destination.namespace, inturn_destination.name, inturn_destination.channel,
+        inturn_destination.message_types, inturn_destination.generation,
+        inturn_destination.suspended)
+       IS DISTINCT FROM
+       (EXCLUDED.namespace, EXCLUDED.name, EXCLUDED.channel, EXCLUDED.message_types,
+        EXCLUDED.generation, EXCLUDED.suspended)
+RETURNING destination;
+
+-- name: mark_deleted
+-- The Destination is gone: stop routing to it. Its queued messages stay where they are.
+UPDATE inturn_destination
+   SET deleted_at = now(), updated_at = now()
+ WHERE destination = %(destination)s AND deleted_at IS NULL
+RETURNING destination;
+
+-- name: active_for_channel
+SELECT destination, namespace, name, channel, message_types, generation, suspended,
+       deleted_at IS NOT NULL
+  FROM inturn_destination
+ WHERE channel = %(channel)s AND deleted_at IS NULL
+ ORDER BY destination;
+
+-- name: list_all
+SELECT destination, namespace, name, channel, message_types, generation, suspended,
+       deleted_at IS NOT NULL
+  FROM inturn_destination
+ ORDER BY destination;
+
+-- name: status_depth
+-- One grouped query for every destination with something pending or failed, plus its head's
+-- attempts and last error (the head is the pending row with the smallest id).
+WITH d AS (
+    SELECT destination,
+           count(*) FILTER (WHERE state = 'pending') AS pending,
+           count(*) FILTER (WHERE state = 'failed') AS failed,
+           min(enqueued_at) FILTER (WHERE state = 'pending') AS oldest,
+           coalesce(max(attempts) FILTER (WHERE state = 'pending'), 0) AS max_attempts,
+           min(id) FILTER (WHERE state = 'pending') AS head_id
+      FROM inturn_delivery
+     WHERE state IN ('pending', 'failed')
+     GROUP BY destination
+)
+SELECT d.destination, d.pending, d.failed, d.oldest, d.max_attempts,
+       coalesce(h.attempts, 0) AS head_attempts, h.last_error AS head_error
+  FROM d
+  LEFT JOIN inturn_delivery h ON h.id = d.head_id;
