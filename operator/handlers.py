@@ -131,6 +131,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
         deployments=kwargs["deployments_idx"],
         configmaps=kwargs["configmaps_idx"],
     )
+    await rt.ensure_peering()
     await rt.start()
     memo.runtime = rt
     log.info(

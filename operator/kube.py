@@ -231,6 +231,34 @@ class KubeApi:
                 return None
             raise
 
+    async def ensure_custom(
+        self, group: str, version: str, plural: str, body: Mapping[str, Any], namespace: str | None
+    ) -> bool:
+        """Create a custom object unless it exists; return True when it was created.
+
+        Raises:
+            ApiError: any error but 409 (already exists).
+        """
+        obj: Any = dict(body)
+        try:
+            if namespace:
+                await self._run(
+                    lambda: self._custom.create_namespaced_custom_object(
+                        group, version, namespace, plural, obj, _preload_content=False
+                    )
+                )
+            else:
+                await self._run(
+                    lambda: self._custom.create_cluster_custom_object(
+                        group, version, plural, obj, _preload_content=False
+                    )
+                )
+        except ApiError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
     async def post_event(
         self,
         involved: Mapping[str, Any],

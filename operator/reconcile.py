@@ -263,6 +263,34 @@ class Runtime:
             await self.read_depth()  # so that the first statuses written are complete
         self._task = asyncio.create_task(self._periodic(), name="inturn periodic pass")
 
+    async def ensure_peering(self) -> None:
+        """Create the kopf peering object(s) this operator uses, if missing (idempotent).
+
+        Cluster-wide: a ClusterKopfPeering; namespaced: a KopfPeering in each served namespace.
+        Creating it here (not in the Helm chart) avoids installing a custom object in the same
+        release as its CRD. Failures are logged: kopf then reports the missing peering itself.
+        """
+        if self.config.peering is None:
+            return
+        kind, plural = (
+            ("KopfPeering", "kopfpeerings")
+            if self.config.namespaces
+            else ("ClusterKopfPeering", "clusterkopfpeerings")
+        )
+        body = {
+            "apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}",
+            "kind": kind,
+            "metadata": {"name": self.config.peering},
+        }
+        for namespace in self.config.namespaces or (None,):
+            try:
+                if await self.api.ensure_custom(
+                    PEERING_GROUP, PEERING_VERSION, plural, body, namespace
+                ):
+                    log.info("created %s %s", kind, self.config.peering)
+            except ApiError as exc:
+                log.warning("could not create %s %s: %s", kind, self.config.peering, exc)
+
     async def stop(self) -> None:
         """Stop the periodic pass and close the pool and the API client."""
         if self._task is not None:
@@ -554,7 +582,8 @@ class Runtime:
         """Whether kopf peering gives precedence to another operator right now."""
         if self.config.peering is None:
             return False
-        namespace = None if not self.config.namespaces else self.config.operator_namespace
+        # kopf uses a ClusterKopfPeering cluster-wide, a KopfPeering per served namespace else
+        namespace = self.config.namespaces[0] if self.config.namespaces else None
         plural = "kopfpeerings" if namespace else "clusterkopfpeerings"
         try:
             obj = await self.api.get_custom(

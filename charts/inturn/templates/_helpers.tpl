@@ -1,0 +1,47 @@
+{{- define "inturn.fullname" -}}
+{{ .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "inturn.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "inturn.labels" -}}
+app.kubernetes.io/name: inturn
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: inturn
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end }}
+
+{{- define "inturn.operatorServiceAccount" -}}
+{{ .Values.operator.serviceAccount.name | default (printf "%s-operator" (include "inturn.fullname" .)) }}
+{{- end }}
+
+{{- define "inturn.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.podSecurity.runAsUser }}
+runAsGroup: {{ .Values.podSecurity.runAsUser }}
+fsGroup: {{ .Values.podSecurity.runAsUser }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "inturn.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "inturn.dsnEnv" -}}
+- name: INTURN_DSN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.database.existingSecret }}
+      key: {{ .Values.database.key }}
+{{- end }}
