@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import AsyncConnection
+
 from inturn.worker.backoff import backoff_seconds
 from inturn.worker.config import WorkerConfig
 from inturn.worker.observer import NullObserver, Observer
@@ -28,7 +30,6 @@ from inturn.worker.senders.base import DeliveryError, Outcome, Sender
 from inturn.worker.store import queue
 from inturn.worker.store.connect import connect_worker
 from inturn.worker.store.model import Head
-from psycopg import AsyncConnection
 
 log = logging.getLogger("inturn.worker")
 

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from psycopg import AsyncConnection
+
 from inturn.worker.store.model import (
     FINISHED_STATES,
     STATES,
@@ -31,7 +33,6 @@ from inturn.worker.store.model import (
     ScannedPayload,
 )
 from inturn.worker.store.queries import load
-from psycopg import AsyncConnection
 
 Q = load("queue.sql")
 

@@ -11,10 +11,11 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from types import TracebackType
 
+from psycopg_pool import AsyncConnectionPool
+
 from inturn.worker.store import queue
 from inturn.worker.store.connect import open_pools
 from inturn.worker.store.model import DepthRow, Item, NewItem, ScannedPayload
-from psycopg_pool import AsyncConnectionPool
 
 
 class Store:
