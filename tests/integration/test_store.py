@@ -269,3 +269,23 @@ async def test_store_pools_read_only_and_write(fresh_db: str) -> None:
         async with store.read.connection() as conn:
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                 await conn.execute("DELETE FROM inturn_delivery")
+
+
+async def test_every_connection_we_open_commits_synchronously(fresh_db: str) -> None:
+    """Delivered marks rely on it: an asynchronous one lost in a crash would reorder."""
+    from inturn.worker.store.connect import connect_worker
+
+    async with await connect_worker(fresh_db) as conn:
+        await conn.execute("ALTER DATABASE CURRENT SET synchronous_commit = off")
+    try:
+        async with await connect_worker(fresh_db) as conn:
+            cur = await conn.execute("SHOW synchronous_commit")
+            assert await cur.fetchone() == ("on",)
+        async with await Store.open(fresh_db) as store:
+            for pool in (store.write, store.read):
+                async with pool.connection() as c:
+                    cur = await c.execute("SHOW synchronous_commit")
+                    assert await cur.fetchone() == ("on",)
+    finally:
+        async with await connect_worker(fresh_db) as conn:
+            await conn.execute("ALTER DATABASE CURRENT RESET synchronous_commit")

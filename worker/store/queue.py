@@ -165,24 +165,26 @@ async def retry(
 
 
 async def succeeded(conn: AsyncConnection[Any], item_id: int, attempts: int) -> float | None:
-    """Mark an item delivered, committed synchronously; return seconds from enqueue to delivery.
+    """Mark an item delivered; return seconds from enqueue to delivery.
+
+    One autocommit statement. It must commit synchronously: a delivered mark lost in a database
+    crash would resend earlier messages after later ones. The connections this package opens
+    (:func:`~inturn.worker.store.connect.connect_worker`, the pools) force
+    ``synchronous_commit=on`` for their whole session, which saves a round trip per message.
 
     Returns None when the item was no longer pending (skipped or erased during the attempt).
     """
-    async with conn.transaction():
-        await conn.execute("SET LOCAL synchronous_commit = on")
-        cur = await conn.execute(Q["succeeded"], {"id": item_id, "attempts": attempts})
-        row = await cur.fetchone()
+    cur = await conn.execute(Q["succeeded"], {"id": item_id, "attempts": attempts})
+    row = await cur.fetchone()
     return float(row[0]) if row else None
 
 
 async def gave_up(conn: AsyncConnection[Any], item_id: int, attempts: int, cause: str) -> bool:
-    """Mark an item failed (attempts exhausted or a ``fail`` ACK policy); the next head goes."""
-    async with conn.transaction():
-        await conn.execute("SET LOCAL synchronous_commit = on")
-        cur = await conn.execute(
-            Q["gave_up"], {"id": item_id, "attempts": attempts, "cause": cause}
-        )
+    """Mark an item failed (attempts exhausted or a ``fail`` ACK policy); the next head goes.
+
+    One autocommit statement, synchronous like :func:`succeeded`.
+    """
+    cur = await conn.execute(Q["gave_up"], {"id": item_id, "attempts": attempts, "cause": cause})
     return cur.rowcount == 1
 
 
