@@ -276,7 +276,8 @@ async def test_every_connection_we_open_commits_synchronously(fresh_db: str) -> 
     from inturn.worker.store.connect import connect_worker
 
     async with await connect_worker(fresh_db) as conn:
-        await conn.execute("ALTER DATABASE CURRENT SET synchronous_commit = off")
+        name = conn.info.dbname
+        await conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
     try:
         async with await connect_worker(fresh_db) as conn:
             cur = await conn.execute("SHOW synchronous_commit")
@@ -288,4 +289,4 @@ async def test_every_connection_we_open_commits_synchronously(fresh_db: str) -> 
                     assert await cur.fetchone() == ("on",)
     finally:
         async with await connect_worker(fresh_db) as conn:
-            await conn.execute("ALTER DATABASE CURRENT RESET synchronous_commit")
+            await conn.execute(f'ALTER DATABASE "{name}" RESET synchronous_commit')
