@@ -24,11 +24,13 @@ from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import forget_old
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.store.queries import load
 from inturn.worker.store.queue import notify_channel
 
 pytestmark = pytest.mark.store
 
 HOST = "127.0.0.1"
+QUEUE_SQL = load("queue.sql")
 
 
 def msg(
@@ -173,14 +175,13 @@ async def test_accepts_and_stores_exact_bytes(ingest: Ingest, fresh_db: str) -> 
 
 
 async def test_aa_is_sent_only_after_commit(ingest: Ingest, fresh_db: str) -> None:
-    """While another transaction holds the destination's enqueue lock, no ACK may leave; once it
-    lets go, the ACK arrives and the row is visible to everyone."""
+    """While another transaction holds the destination's enqueue lock (as the store's enqueue
+    takes it), ingest waits and no ACK leaves; once it lets go, the ACK arrives and the row is
+    visible to everyone. This also pins ingest's lock key to the store's."""
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
-        await blocker.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('inturn:enqueue:' || %s, 0))",
-            ("hospital/adt-out",),
-        )
+        # the delivery queue's own enqueue lock: ingest must take the very same one
+        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
         c = await client(ingest)
         await c.write(frame(msg("LOCKED")))
         with pytest.raises(TimeoutError):
@@ -218,7 +219,9 @@ def limited_role(fresh_db: str) -> Iterator[str]:
     password = uuid.uuid4().hex
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
-        conn.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role}")
+        conn.execute(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
+        )
         conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
     try:
         yield make_conninfo(fresh_db, user=role, password=password)
@@ -240,14 +243,28 @@ def admin(dsn: str, sql: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "revoke",
+    ("break_it", "repair"),
     [
-        "REVOKE INSERT ON inturn_delivery FROM {role}",  # fails before any delivery row exists
-        "REVOKE UPDATE ON inturn_received FROM {role}",  # fails after the delivery rows
+        # the duplicate-window row, the first statement, fails
+        (
+            "REVOKE INSERT ON inturn_received FROM {role}",
+            "GRANT INSERT ON inturn_received TO {role}",
+        ),
+        # the window row is written, then the delivery rows fail
+        (
+            "REVOKE INSERT ON inturn_delivery FROM {role}",
+            "GRANT INSERT ON inturn_delivery TO {role}",
+        ),
+        # fan-out: the first destination's row is written, the second one's fails
+        (
+            "ALTER TABLE inturn_delivery ADD CONSTRAINT test_no_b"
+            " CHECK (destination <> 'hospital/b') NOT VALID",
+            "ALTER TABLE inturn_delivery DROP CONSTRAINT test_no_b",
+        ),
     ],
 )
 async def test_storage_failure_answers_ae_and_stores_nothing(
-    fresh_db: str, limited_role: str, revoke: str
+    fresh_db: str, limited_role: str, break_it: str, repair: str
 ) -> None:
     for name in ("a", "b", "c"):
         register(fresh_db, f"hospital/{name}", "adt")
@@ -256,18 +273,21 @@ async def test_storage_failure_answers_ae_and_stores_nothing(
     async with Ingest(config(), dsn=limited_role) as ingest:
         c = await client(ingest)
         assert (await c.send(msg("OK1"))).code == "AA"
-        admin(fresh_db, revoke.format(role=role))
-        await c.write(frame(msg("FAIL1")))
-        reply = await c.reply()
-        ack = parse_ack(reply)
-        assert (ack.code, ack.control_id, ack.error_code) == ("AE", "FAIL1", "207")
-        assert b"ERR|" in reply and b"permission" not in reply.lower()
-        assert sorted(r[3] for r in rows(fresh_db)) == ["OK1"] * 3
-        with psycopg.connect(fresh_db) as conn:
-            received = conn.execute("SELECT control_id FROM inturn_received").fetchall()
-        assert received == [("OK1",)]  # no window row left behind either
+        admin(fresh_db, break_it.format(role=role))
+        try:
+            await c.write(frame(msg("FAIL1")))
+            reply = await c.reply()
+            ack = parse_ack(reply)
+            assert (ack.code, ack.control_id, ack.error_code) == ("AE", "FAIL1", "207")
+            assert b"ERR|" in reply
+            assert b"permission" not in reply.lower() and b"test_no_b" not in reply
+            assert sorted(r[3] for r in rows(fresh_db)) == ["OK1"] * 3
+            with psycopg.connect(fresh_db) as conn:
+                received = conn.execute("SELECT control_id FROM inturn_received").fetchall()
+            assert received == [("OK1",)]  # no window row left behind either
+        finally:
+            admin(fresh_db, repair.format(role=role))
         # once storage works again, the same message goes through (it was not remembered)
-        admin(fresh_db, f"GRANT INSERT, UPDATE ON inturn_delivery, inturn_received TO {role}")
         assert (await c.send(msg("FAIL1"))).code == "AA"
         await c.close()
     assert sorted(r[3] for r in rows(fresh_db)) == ["FAIL1"] * 3 + ["OK1"] * 3
@@ -486,8 +506,8 @@ async def test_duplicate_window(ingest: Ingest, fresh_db: str) -> None:
         reused + 1
     )
     with psycopg.connect(fresh_db) as conn:
-        linked = conn.execute("SELECT delivery_ids FROM inturn_received ORDER BY id").fetchall()
-    assert [ids for (ids,) in linked] == [[stored[0][0]], [stored[1][0]]]
+        window = conn.execute("SELECT control_id, size FROM inturn_received ORDER BY id").fetchall()
+    assert window == [("D1", len(stored[0][5])), ("D1", len(stored[1][5]))]
 
 
 async def test_duplicate_window_per_channel_and_expiry(fresh_db: str) -> None:
@@ -510,7 +530,7 @@ async def test_duplicate_window_per_channel_and_expiry(fresh_db: str) -> None:
     ]
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         await asyncio.sleep(0.6)
-        assert await forget_old(conn, 0.5, batch=1) == 2  # the adt row was recycled
+        assert await forget_old(conn, 0.5, batch=1) == 2  # the expired adt row was replaced
         cur = await conn.execute("SELECT count(*) FROM inturn_received")
         assert await cur.fetchone() == (0,)
 
@@ -727,10 +747,8 @@ async def test_stop_waits_for_a_message_being_stored(fresh_db: str) -> None:
     await ingest.start()
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
-        await blocker.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('inturn:enqueue:' || %s, 0))",
-            ("hospital/adt-out",),
-        )
+        # the delivery queue's own enqueue lock: ingest must take the very same one
+        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
         c = await client(ingest)
         await c.write(frame(msg("INFLIGHT")))
         await asyncio.sleep(0.3)

@@ -11,7 +11,8 @@ acknowledgment modes"; codes from table 0008, error codes from table 0357):
   acknowledgement of enhanced mode means exactly what inturn does: safely stored).
 * AA (CA) is built only after the COMMIT of every row has returned: the duplicate-window row and
   one ``inturn_delivery`` row per destination are written in a single transaction, with
-  ``synchronous_commit`` on.
+  ``synchronous_commit`` on (possibly together with messages from other connections for the
+  same destinations: group commit, see :mod:`inturn.worker.ingest.batch`).
 * Storage failure (database down, revoked privilege, timeout...) answers AE (CE) with an ERR
   segment (207, application internal error); the transaction is rolled back, so nothing is kept.
   The sender is expected to send the message again.
@@ -42,7 +43,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +61,8 @@ from inturn.worker.hl7.ack import (
 from inturn.worker.hl7.errors import ErrorCode, HeaderError
 from inturn.worker.hl7.header import Header, parse_header
 from inturn.worker.ingest import metrics
+from inturn.worker.ingest.batch import Committer, Message
 from inturn.worker.ingest.routing import Router, hold_destination
-from inturn.worker.store import queue
-from inturn.worker.store.model import NewItem
 from inturn.worker.store.queries import load
 
 log = logging.getLogger("inturn.ingest")
@@ -109,91 +109,6 @@ class Outcome:
     def http_status(self) -> int:
         """200 for AA/CA, 400 for AR/CR, 503 for AE/CE."""
         return _CODE_STATUS[self.code]
-
-
-@dataclass(frozen=True)
-class StoreResult:
-    """What :func:`store_message` did.
-
-    Attributes:
-        ids: the delivery ids inserted (empty for a duplicate).
-        duplicate: the same channel, MSH-10 and bytes were already received inside the window.
-        control_id_reused: another message with this MSH-10 and different bytes was received on
-            the channel inside the window.
-    """
-
-    ids: tuple[int, ...]
-    duplicate: bool = False
-    control_id_reused: bool = False
-
-
-class _Duplicate(Exception):
-    """Raised inside the transaction to roll it back when the message is a duplicate."""
-
-    def __init__(self, control_id_reused: bool) -> None:
-        super().__init__("duplicate")
-        self.control_id_reused = control_id_reused
-
-
-async def store_message(
-    conn: AsyncConnection[Any],
-    items: Sequence[NewItem],
-    *,
-    digest: bytes,
-    window_seconds: float,
-) -> StoreResult:
-    """Store one message for its destinations in a single transaction, duplicate check included.
-
-    Runs in pipeline mode on an autocommit connection: the duplicate-window row, the
-    per-destination enqueue locks and inserts (:func:`inturn.worker.store.queue.
-    enqueue_in_transaction`) and one NOTIFY per destination go out together, then COMMIT with
-    ``synchronous_commit`` on. When this returns without raising and ``duplicate`` is False,
-    every row is durable.
-
-    Args:
-        conn: an autocommit connection, not in a transaction.
-        items: one :class:`NewItem` per destination, all for the same channel and MSH-10.
-        digest: SHA-256 of the payload (32 bytes).
-        window_seconds: the duplicate window; 0 or less turns the check off.
-
-    Returns:
-        A :class:`StoreResult`. For a duplicate the transaction was rolled back (nothing new
-        stored).
-
-    Raises:
-        psycopg.Error: nothing was stored.
-        ValueError: ``items`` is empty.
-    """
-    if not items:
-        raise ValueError("nothing to store")
-    first = items[0]
-    try:
-        async with conn.pipeline(), conn.transaction():
-            await conn.execute("SET LOCAL synchronous_commit = on")
-            remembered = None
-            if window_seconds > 0:
-                remembered = await conn.execute(
-                    Q["remember"],
-                    {
-                        "channel": first.channel,
-                        "control_id": first.control_id,
-                        "digest": digest,
-                        "size": len(first.payload),
-                        "window_seconds": float(window_seconds),
-                    },
-                )
-            ids = await queue.enqueue_in_transaction(conn, items)
-            reused = False
-            if remembered is not None:
-                row = await remembered.fetchone()
-                assert row is not None
-                reused = bool(row[1])
-                if row[0] is None:
-                    raise _Duplicate(reused)
-                await conn.execute(Q["remember_ids"], {"ids": ids, "id": row[0]})
-    except _Duplicate as dup:
-        return StoreResult((), duplicate=True, control_id_reused=dup.control_id_reused)
-    return StoreResult(tuple(ids), control_id_reused=reused)
 
 
 async def forget_old(
@@ -245,6 +160,9 @@ class Acceptor:
         self.hold_unrouted = frozenset(hold_unrouted)
         self.duplicate_window_seconds = duplicate_window_seconds
         self.store_timeout_seconds = store_timeout_seconds
+        self.committer = Committer(
+            pool, window_seconds=duplicate_window_seconds, acquire_timeout=store_timeout_seconds
+        )
 
     async def handle(
         self, channel: str, payload: bytes, received_at: float | None = None
@@ -283,23 +201,15 @@ class Acceptor:
             destinations = (hold_destination(channel),)
             held = True
 
-        items = [
-            NewItem(
-                destination=destination,
-                channel=channel,
-                control_id=header.control_id,
-                message_type=message_type.type_key,
-                payload=payload,
-            )
-            for destination in destinations
-        ]
-        digest = hashlib.sha256(payload).digest()
+        message = Message(
+            control_id=header.control_id,
+            message_type=message_type.type_key,
+            payload=payload,
+            digest=hashlib.sha256(payload).digest(),
+        )
         try:
             async with asyncio.timeout(self.store_timeout_seconds):
-                async with self.pool.connection() as conn:
-                    result = await store_message(
-                        conn, items, digest=digest, window_seconds=self.duplicate_window_seconds
-                    )
+                result = await self.committer.store(channel, destinations, message)
         except Exception as exc:  # any failure to store: AE, nothing kept
             return self._done(channel, header, self._storage_failed(header, exc))
         metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)

@@ -302,6 +302,8 @@ class Ingest:
             if self._runner is not None:
                 await self._runner.cleanup()
                 self._runner = None
+            if self.acceptor is not None:
+                await self.acceptor.committer.close(self.config.shutdown_grace)
             if self._own_store and self._store is not None:
                 await self._store.close()
         finally:

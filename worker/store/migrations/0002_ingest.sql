@@ -8,11 +8,11 @@ CREATE TABLE inturn_received (
     control_id    text        NOT NULL,             -- MSH-10
     digest        bytea       NOT NULL,             -- SHA-256 of the payload (32 bytes)
     size          integer     NOT NULL,             -- bytes
-    received_at   timestamptz NOT NULL DEFAULT now(),
-    delivery_ids  bigint[]    NOT NULL DEFAULT '{}' -- the inturn_delivery rows it became
+    received_at   timestamptz NOT NULL DEFAULT now()
 );
 
--- The duplicate check, and (by its prefix) "the same MSH-10 with other bytes".
+-- The duplicate check (a second copy inside the window conflicts on it and is not stored),
+-- and by its prefix "the same MSH-10 with other bytes".
 CREATE UNIQUE INDEX inturn_received_key ON inturn_received (channel, control_id, digest);
 -- The purge: oldest first.
 CREATE INDEX inturn_received_at ON inturn_received (received_at);

@@ -9,35 +9,73 @@ SELECT destination, channel, message_types, suspended
  WHERE deleted_at IS NULL
  ORDER BY channel, destination;
 
--- name: remember
--- Record a received message in the duplicate window. Returns one row:
---   id:     the new (or recycled) row, or NULL when the same channel, MSH-10 and bytes were
---           already received inside the window (a duplicate: the caller rolls back);
---   reused: whether another message with this MSH-10 but different bytes was received on the
---           channel inside the window (it is still stored: it is a different message).
--- A row for the same key that is older than the window is recycled, not treated as a duplicate.
--- Runs first in the ingest transaction; a concurrent copy of the same message waits here on the
--- unique index until the first one commits or rolls back.
-WITH ins AS (
+-- name: store
+-- A batch of messages for one channel and one set of destinations, stored by ONE statement in
+-- autocommit mode (its implicit COMMIT returns with the result). The steps are ordered by data
+-- dependencies: window rows, then the enqueue locks (same key as queue.sql's enqueue_lock, in
+-- sorted order), then the delivery rows, then one NOTIFY per destination. A message whose window
+-- row conflicts is a duplicate: nothing is done for it. Explained in full in
+-- inturn.worker.ingest.batch.store_batch; keep this text short (psycopg caches only queries
+-- under 4 KiB).
+WITH msg AS (
+    SELECT m.control_id, m.message_type, m.payload, m.digest, m.n
+      FROM unnest(%(control_ids)b::text[], %(message_types)b::text[], %(payloads)b::bytea[],
+                  %(digests)b::bytea[]) WITH ORDINALITY AS m(control_id, message_type, payload,
+                                                             digest, n)
+),
+remembered AS (
     INSERT INTO inturn_received AS r (channel, control_id, digest, size)
-    VALUES (%(channel)s, %(control_id)s, %(digest)s, %(size)s)
+    SELECT %(channel)s, control_id, digest, length(payload)
+      FROM msg
+     WHERE %(remember)s
+     ORDER BY n
     ON CONFLICT (channel, control_id, digest) DO UPDATE
-       SET received_at = now(), size = excluded.size, delivery_ids = '{}'
+       SET received_at = now(), size = excluded.size
      WHERE r.received_at < now() - make_interval(secs => %(window_seconds)s)
-    RETURNING r.id
+    RETURNING r.control_id, r.digest
+),
+fresh AS MATERIALIZED (
+    SELECT m.*
+      FROM msg m
+     WHERE NOT %(remember)s
+        OR EXISTS (SELECT 1 FROM remembered x
+                    WHERE x.control_id = m.control_id AND x.digest = m.digest)
+),
+locked AS MATERIALIZED (
+    SELECT count(pg_advisory_xact_lock(hashtextextended('inturn:enqueue:' || s.d, 0))) AS n
+      FROM (SELECT d FROM unnest(%(destinations)s::text[]) AS d ORDER BY d) AS s
+     WHERE EXISTS (SELECT 1 FROM fresh)
+),
+inserted AS (
+    INSERT INTO inturn_delivery (destination, channel, control_id, message_type, payload, size)
+    SELECT t.d, %(channel)s, f.control_id, f.message_type, f.payload, length(f.payload)
+      FROM fresh f
+     CROSS JOIN unnest(%(destinations)s::text[]) WITH ORDINALITY AS t(d, k)
+     WHERE (SELECT n FROM locked) > 0
+     ORDER BY f.n, t.k
+    RETURNING id
+),
+notified AS (
+    SELECT count(pg_notify(u.c, u.d)) AS n
+      FROM unnest(%(channels)s::text[], %(destinations)s::text[]) AS u(c, d)
+     WHERE EXISTS (SELECT 1 FROM inserted)
 )
-SELECT (SELECT id FROM ins) AS id,
-       EXISTS (SELECT 1
+SELECT (SELECT array_agg(n ORDER BY n) FROM fresh) AS fresh,
+       (SELECT array_agg(id ORDER BY id) FROM inserted) AS ids,
+       (SELECT n FROM notified) AS notified,
+       (SELECT array_agg(m.n ORDER BY m.n)
+          FROM msg m
+         CROSS JOIN LATERAL (
+               -- LIMIT: an index probe per message
+               SELECT 1
                  FROM inturn_received o
                 WHERE o.channel = %(channel)s
-                  AND o.control_id = %(control_id)s
-                  AND o.digest <> %(digest)s
-                  AND o.received_at >= now() - make_interval(secs => %(window_seconds)s))
-         AS reused;
-
--- name: remember_ids
--- Link the window row to the delivery rows it produced (same transaction as the inserts).
-UPDATE inturn_received SET delivery_ids = %(ids)s WHERE id = %(id)s;
+                  AND o.control_id = m.control_id
+                  AND o.digest <> m.digest
+                  AND o.received_at >= now() - make_interval(secs => %(window_seconds)s)
+                LIMIT 1) AS other
+         WHERE %(remember)s
+       ) AS reused;
 
 -- name: forget_old
 -- Purge one batch of window rows older than the window. Returns the number deleted.

@@ -1,0 +1,268 @@
+"""Benchmark ingest: messages acknowledged per second over MLLP, next to pgbench's INSERT rate.
+
+Runs ``inturn ingest`` as its own process (as in production) against a fresh database, then
+drives it from this process with 1, 8 and 32 concurrent MLLP connections, each sending the
+sample messages one after another (send, wait for the ACK, send the next), for one destination
+and for a fan-out to five. Every message gets a unique MSH-10 so that the duplicate window does
+not swallow repeats. Beside it, ``pgbench`` measures the commit rate of a plain single-row INSERT
+(synchronous commit, like ingest) on the same database at the same concurrency: the ceiling
+ingest is compared with.
+
+    python bench/ingest.py [--dsn DSN] [--seconds 5]
+
+Without ``--dsn`` (or ``INTURN_DSN``) an embedded Postgres is started (pgserver). Prints figures
+and asserts nothing; the last line is
+``ingest: N msg/s at 8 connections; pgbench: M tps at 8 clients; ratio R``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from inturn.worker.hl7.errors import HeaderError
+from inturn.worker.hl7.header import parse_header
+from inturn.worker.store.migrate import migrate
+
+SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "hl7"
+HOST = "127.0.0.1"
+SB, TRAILER = b"\x0b", b"\x1c\r"
+CONNECTIONS = (1, 8, 32)
+FANOUTS = {"one": 1, "fan5": 5}
+
+
+def templates() -> list[tuple[bytes, bytes]]:
+    """Each usable sample split around its MSH-10: (before, after)."""
+    out = []
+    for path in sorted(SAMPLES.glob("*.hl7")):
+        raw = path.read_bytes()
+        try:
+            header = parse_header(raw)
+        except HeaderError:
+            continue
+        sep = header.delimiters.field.encode("latin-1")
+        first_end = min(i for i in (raw.find(b"\r"), raw.find(b"\n"), len(raw)) if i >= 0)
+        fields = raw[:first_end].split(sep)
+        before = sep.join(fields[:9]) + sep
+        after = sep + sep.join(fields[10:]) + raw[first_end:]
+        out.append((before, after))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def pgbench_path() -> str:
+    for candidate in (shutil.which("pgbench"), "/usr/lib/postgresql/15/bin/pgbench"):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise SystemExit("pgbench not found (install postgresql-client)")
+
+
+@contextlib.contextmanager
+def database(dsn: str | None) -> Iterator[str]:
+    """A fresh, migrated database on the given server (or an embedded one); dropped after."""
+    server = None
+    if dsn is None:
+        import pgserver
+
+        server = pgserver.get_server(tempfile.mkdtemp(prefix="inturn-bench-"), cleanup_mode="stop")
+        dsn = server.get_uri()
+    name = f"inturn_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    db = make_conninfo(dsn, dbname=name)
+    try:
+        migrate(db)
+        yield db
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if server is not None:
+            server.cleanup()
+
+
+def register(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        for channel, count in FANOUTS.items():
+            for n in range(count):
+                conn.execute(
+                    "INSERT INTO inturn_destination (destination, namespace, name, channel)"
+                    " VALUES (%s, 'bench', %s, %s)",
+                    (f"bench/{channel}-{n}", f"{channel}-{n}", channel),
+                )
+
+
+def reset(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("TRUNCATE inturn_delivery, inturn_received")
+        conn.execute("VACUUM ANALYZE inturn_delivery")
+        conn.execute("VACUUM ANALYZE inturn_received")
+
+
+async def connection_loop(
+    port: int,
+    index: int,
+    msgs: list[tuple[bytes, bytes]],
+    stop_at: float,
+    measure_from: float,
+    latencies: list[float],
+    counts: list[int],
+) -> None:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    n = 0
+    try:
+        while time.perf_counter() < stop_at:
+            before, after = msgs[(index * 7 + n) % len(msgs)]
+            control_id = f"B{index}-{n}-{uuid.uuid4().hex[:8]}".encode()
+            started = time.perf_counter()
+            writer.write(SB + before + control_id + after + TRAILER)
+            reply = await reader.readuntil(TRAILER)
+            done = time.perf_counter()
+            if started >= measure_from:
+                code = reply[reply.find(b"MSA") + 4 : reply.find(b"MSA") + 6]
+                if code in (b"AA", b"CA"):
+                    counts[0] += 1
+                    latencies.append(done - started)
+                else:
+                    counts[1] += 1
+            n += 1
+    finally:
+        writer.close()
+
+
+async def drive(
+    port: int, connections: int, seconds: float, msgs: list[tuple[bytes, bytes]]
+) -> tuple[float, float, float, int]:
+    """Return (acknowledged msg/s, p50 ms, p99 ms, non-AA answers)."""
+    warmup = 1.0
+    start = time.perf_counter()
+    measure_from = start + warmup
+    stop_at = measure_from + seconds
+    latencies: list[float] = []
+    counts = [0, 0]
+    await asyncio.gather(
+        *(
+            connection_loop(port, i, msgs, stop_at, measure_from, latencies, counts)
+            for i in range(connections)
+        )
+    )
+    elapsed = time.perf_counter() - measure_from
+    latencies.sort()
+    p50 = statistics.median(latencies) * 1000 if latencies else float("nan")
+    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000 if latencies else float("nan")
+    return counts[0] / elapsed, p50, p99, counts[1]
+
+
+def pgbench(db: str, clients: int, seconds: float, script: Path) -> float:
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_insert")
+        conn.execute(
+            "CREATE TABLE bench_insert (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+            " payload bytea NOT NULL, at timestamptz NOT NULL DEFAULT now())"
+        )
+    result = subprocess.run(
+        [pgbench_path(), "-n", "-f", str(script), "-c", str(clients),
+         "-j", str(min(clients, os.cpu_count() or 1)), "-T", str(int(seconds)), db],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    match = re.search(r"tps = ([\d.]+)", result.stdout)
+    if match is None:
+        raise SystemExit("pgbench printed no tps:\n" + result.stdout + result.stderr)
+    return float(match.group(1))
+
+
+async def wait_ready(http_port: int, process: subprocess.Popen[bytes]) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):
+            if process.poll() is not None:
+                raise SystemExit("ingest exited early")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"http://{HOST}:{http_port}/readyz") as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+    raise SystemExit("ingest did not become ready")
+
+
+async def main_async(args: argparse.Namespace, db: str) -> None:
+    msgs = templates()
+    register(db)
+    ports = {channel: free_port() for channel in FANOUTS}
+    http_port = free_port()
+    command = [
+        sys.executable, "-c",
+        "from inturn.worker.ingest.cli import ingest_command; ingest_command()",
+        "--http", f"{HOST}:{http_port}", "--log-level", "WARNING",
+        "--pool-size", str(args.pool_size),
+    ]  # fmt: skip
+    for channel, port in ports.items():
+        command += ["--listen", f"{channel}={HOST}:{port}"]
+    process = subprocess.Popen(command, env={**os.environ, "INTURN_DSN": db})
+    rates: dict[tuple[str, int], float] = {}
+    try:
+        await wait_ready(http_port, process)
+        print(f"{len(msgs)} sample messages; {os.cpu_count()} CPUs; {args.seconds:.0f} s per run")
+        print(f"{'destinations':>12} {'connections':>11} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+        for channel, fanout in FANOUTS.items():
+            for connections in CONNECTIONS:
+                reset(db)
+                rate, p50, p99, bad = await drive(ports[channel], connections, args.seconds, msgs)
+                rates[(channel, connections)] = rate
+                note = f"  ({bad} not accepted)" if bad else ""
+                print(f"{fanout:>12} {connections:>11} {rate:>9.0f} {p50:>8.2f} {p99:>8.2f}{note}")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "insert.sql"
+        script.write_text(
+            "INSERT INTO bench_insert (payload) VALUES (convert_to(repeat('x', 2048), 'UTF8'));\n"
+        )
+        print(f"{'pgbench':>12} {'clients':>11} {'tps':>9}")
+        tps: dict[int, float] = {}
+        for clients in CONNECTIONS:
+            tps[clients] = pgbench(db, clients, args.seconds, script)
+            print(f"{'INSERT':>12} {clients:>11} {tps[clients]:>9.0f}")
+    ingest8 = rates[("one", 8)]
+    ratio = ingest8 / tps[8] if tps[8] else float("nan")
+    print(
+        f"ingest: {ingest8:.0f} msg/s at 8 connections; pgbench: {tps[8]:.0f} tps at 8 clients;"
+        f" ratio {ratio:.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dsn", default=os.environ.get("INTURN_DSN"), help="Postgres server")
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
+    parser.add_argument("--pool-size", type=int, default=16, help="ingest's write pool size")
+    args = parser.parse_args()
+    with database(args.dsn) as db:
+        asyncio.run(main_async(args, db))
+
+
+if __name__ == "__main__":
+    main()
