@@ -236,16 +236,27 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
         process.terminate()
         process.wait(timeout=30)
 
+    average = sum(len(b) + len(a) + 16 for b, a in msgs) // len(msgs)
+    typical = min(msgs, key=lambda m: abs(len(m[0]) + len(m[1]) + 16 - average))
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "insert.sql"
         script.write_text(
             "INSERT INTO bench_insert (payload) VALUES (convert_to(repeat('x', 2048), 'UTF8'));\n"
         )
+        # for context only: rows holding a real sample of about the average size
+        sized = Path(tmp) / "insert-sized.sql"
+        literal = (typical[0] + b"BENCH-0000000000" + typical[1]).hex()
+        sized.write_text(f"INSERT INTO bench_insert (payload) VALUES ('\\x{literal}');\n")
         print(f"{'pgbench':>12} {'clients':>11} {'tps':>9}")
         tps: dict[int, float] = {}
         for clients in CONNECTIONS:
             tps[clients] = pgbench(db, clients, args.seconds, script)
             print(f"{'INSERT':>12} {clients:>11} {tps[clients]:>9.0f}")
+        context = pgbench(db, 8, args.seconds, sized)
+        print(
+            f"{'INSERT':>12} {8:>11} {context:>9.0f}"
+            f"  (a {average // 1024} KiB sample per row, for context)"
+        )
     ingest8 = rates[("one", 8)]
     ratio = ingest8 / tps[8] if tps[8] else float("nan")
     print(

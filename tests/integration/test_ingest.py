@@ -334,6 +334,7 @@ async def test_database_unreachable_answers_ae(fresh_db: str, limited_role: str)
         (b"MSH|^~\\&|A|B|C|D|||ADT^A01||P|2.5\r", "101"),  # no MSH-10
         (b"MSH|^~\\&|A|B|C|D|||||P|2.5\r", "101"),  # no MSH-9
         (b"FHS|^~\\&|A\rBHS|^~\\&\rMSH|^~\\&|A|B|C|D|||ADT^A01|X|P|2.5\r", "100"),  # batch
+        (b"MSH|^~\\&|A|B|C|D|||ADT^A01|X\x00Y|P|2.5\r", "102"),  # NUL: no database takes it
     ],
 )
 async def test_unparseable_message_gets_ar_and_is_not_stored(
@@ -761,3 +762,76 @@ async def test_stop_waits_for_a_message_being_stored(fresh_db: str) -> None:
         await c.close()
     assert ack.code == "AA"
     assert [r[3] for r in rows(fresh_db)] == ["INFLIGHT"]
+
+
+# --- group commit ------------------------------------------------------------------------------
+
+
+async def _hold_then_release(
+    ingest: Ingest, dsn: str, first: bytes, others: Sequence[bytes]
+) -> tuple[Ack, list[Ack]]:
+    """Send ``first`` while the destination's enqueue lock is held elsewhere, so that its
+    transaction is in flight; send ``others`` on their own connections meanwhile (they queue
+    behind it); then release the lock."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as blocker:
+        await blocker.execute("BEGIN")
+        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
+        lead = await client(ingest)
+        await lead.write(frame(first))
+        await asyncio.sleep(0.2)
+        followers = [await client(ingest) for _ in others]
+        for c, payload in zip(followers, others, strict=True):
+            await c.write(frame(payload))
+        await asyncio.sleep(0.2)
+        await blocker.execute("ROLLBACK")
+        lead_ack = await lead.ack()
+        acks = [await c.ack() for c in followers]
+    for c in [lead, *followers]:
+        await c.close()
+    return lead_ack, acks
+
+
+async def test_messages_waiting_on_one_destination_share_a_commit(
+    ingest: Ingest, fresh_db: str
+) -> None:
+    others = [msg(f"G{n}") for n in range(5)] + [msg("G0")]  # a copy inside the batch, too
+    lead, acks = await _hold_then_release(ingest, fresh_db, msg("LEAD"), others)
+    assert lead.code == "AA"
+    assert [(a.code, a.control_id) for a in acks] == [("AA", f"G{n}") for n in range(5)] + [
+        ("AA", "G0")
+    ]
+    assert acks[-1].text is not None and "duplicate" in acks[-1].text
+    with psycopg.connect(fresh_db) as conn:
+        stored = conn.execute(
+            "SELECT control_id, xmin::text FROM inturn_delivery ORDER BY id"
+        ).fetchall()
+    assert [cid for cid, _ in stored] == ["LEAD", "G0", "G1", "G2", "G3", "G4"]
+    assert len({xmin for cid, xmin in stored if cid != "LEAD"}) == 1  # one transaction
+
+
+async def test_a_message_the_database_refuses_does_not_sink_its_batch(
+    ingest: Ingest, fresh_db: str
+) -> None:
+    admin(
+        fresh_db,
+        "ALTER TABLE inturn_delivery ADD CONSTRAINT test_no_poison"
+        " CHECK (control_id <> 'POISON') NOT VALID",
+    )
+    try:
+        others = [msg("B1"), msg("POISON"), msg("B2")]
+        lead, acks = await _hold_then_release(ingest, fresh_db, msg("LEAD"), others)
+    finally:
+        admin(fresh_db, "ALTER TABLE inturn_delivery DROP CONSTRAINT test_no_poison")
+    assert lead.code == "AA"
+    assert [(a.code, a.control_id) for a in acks] == [("AA", "B1"), ("AE", "POISON"), ("AA", "B2")]
+    assert [r[3] for r in rows(fresh_db)] == ["LEAD", "B1", "B2"]
+    with psycopg.connect(fresh_db) as conn:
+        window = conn.execute("SELECT control_id FROM inturn_received ORDER BY id").fetchall()
+    assert window == [("LEAD",), ("B1",), ("B2",)]
+
+
+async def test_http_rejects_an_invalid_channel_name(ingest: Ingest) -> None:
+    async with aiohttp.ClientSession() as http:
+        url = f"http://{HOST}:{ingest.http_port}/channels/bad%20name/messages"
+        async with http.post(url, data=msg("X")) as response:
+            assert response.status == 400

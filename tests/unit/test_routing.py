@@ -6,8 +6,14 @@ import pytest
 
 from inturn.worker.ingest.cli import parse_address, parse_listen
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.routing import Route, RouteTable, hold_destination, type_matches
-from inturn.worker.ingest.service import IngestConfig, check_channel
+from inturn.worker.ingest.routing import (
+    Route,
+    RouteTable,
+    check_channel,
+    hold_destination,
+    type_matches,
+)
+from inturn.worker.ingest.service import IngestConfig
 
 
 @pytest.mark.parametrize(

@@ -1,1 +1,11 @@
-"""Ingest: MLLP and HTTP listeners that store a message for every destination, then acknowledge."""
+"""Ingest: MLLP and HTTP listeners that store a message for every destination, then acknowledge.
+
+The entry points: :class:`Ingest` (run it in-process, as ``inturn local`` does), configured by
+:class:`IngestConfig` and one :class:`ListenerConfig` per MLLP channel; and the click command
+``inturn.worker.ingest.cli:ingest_command`` (``inturn ingest``).
+"""
+
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.ingest.service import Ingest, IngestConfig, server_tls_context
+
+__all__ = ["Ingest", "IngestConfig", "ListenerConfig", "server_tls_context"]

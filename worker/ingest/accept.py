@@ -192,6 +192,19 @@ class Acceptor:
             return self._done(channel, None, outcome, len(payload))
 
         message_type = header.message_type
+        if "\x00" in header.control_id or "\x00" in message_type.type_key:
+            # Postgres text cannot hold NUL; resending would never help, so this is a reject.
+            outcome = Outcome(
+                code="AR",
+                ack=build_reject(
+                    payload,
+                    "AR",
+                    _error(ErrorCode.DATA_TYPE_ERROR, "MSH-9 or MSH-10 contains a NUL byte"),
+                ),
+                send=True,
+                reason="NUL byte in MSH-9 or MSH-10",
+            )
+            return self._done(channel, None, outcome, len(payload))
         decision = self.router.table.route(channel, message_type.code, message_type.trigger)
         destinations = decision.destinations
         held = False

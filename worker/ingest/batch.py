@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
 from inturn.worker.store import queue
@@ -145,21 +146,22 @@ async def store_batch(
         slot.append(len(unique))
         copy.append(False)
         unique.append(message)
-    cur = await conn.execute(
-        Q["store"],
-        {
-            "channel": channel,
-            "control_ids": [m.control_id for m in unique],
-            "message_types": [m.message_type for m in unique],
-            "payloads": [m.payload for m in unique],
-            "digests": [m.digest for m in unique],
-            "window_seconds": float(max(window_seconds, 0.0)),
-            "remember": remember,
-            "destinations": ordered,
-            "channels": [queue.notify_channel(d) for d in ordered],
-        },
-    )
-    row = await cur.fetchone()
+    params = {
+        "channel": channel,
+        "control_ids": [m.control_id for m in unique],
+        "message_types": [m.message_type for m in unique],
+        "payloads": [m.payload for m in unique],
+        "digests": [m.digest for m in unique],
+        "window_seconds": float(max(window_seconds, 0.0)),
+        "remember": remember,
+        "destinations": ordered,
+        "channels": [queue.notify_channel(d) for d in ordered],
+    }
+    async with conn.cursor() as cur:
+        # Arrays in binary: the text form would hex-escape every payload in Python.
+        cur.adapters.register_dumper(list, ListBinaryDumper)
+        await cur.execute(Q["store"], params)
+        row = await cur.fetchone()
     assert row is not None
     fresh_positions, ids, _notified, reused_positions = row
     fresh = [int(n) - 1 for n in fresh_positions or ()]

@@ -17,11 +17,10 @@ from inturn.worker.ingest.listener import (
     DEFAULT_MAX_FRAME_BYTES,
     ListenerConfig,
 )
-from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS
+from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, check_channel
 from inturn.worker.ingest.service import (
     Ingest,
     IngestConfig,
-    check_channel,
     run_until_signal,
     server_tls_context,
 )

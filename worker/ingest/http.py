@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from inturn.worker.ingest.accept import Acceptor
+from inturn.worker.ingest.routing import check_channel
 
 #: The media type of the ACK body.
 HL7_CONTENT_TYPE = "application/hl7-v2"
@@ -44,6 +45,10 @@ def make_app(
     async def post_message(request: web.Request) -> web.Response:
         channel = request.match_info["channel"]
         received = time.perf_counter()
+        try:
+            check_channel(channel)
+        except ValueError:
+            return web.Response(status=400, text="invalid channel name\n")
         if request.content_length is not None and request.content_length > max_body_bytes:
             outcome = acceptor.reject_too_large(channel, max_body_bytes)
         else:

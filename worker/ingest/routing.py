@@ -55,6 +55,17 @@ def hold_destination(channel: str) -> str:
     return f"{HOLD_NAMESPACE}/{channel}"
 
 
+def check_channel(channel: str) -> str:
+    """Return ``channel`` if it is usable as a channel name (also in a URL path).
+
+    Raises:
+        ValueError: empty, or contains ``/``, whitespace or control characters.
+    """
+    if not channel or any(ch == "/" or ch.isspace() or ord(ch) < 0x20 for ch in channel):
+        raise ValueError(f"invalid channel name {channel!r}")
+    return channel
+
+
 @lru_cache(maxsize=4096)
 def compile_pattern(pattern: str) -> re.Pattern[str]:
     """Compile a message-type pattern (``*`` any run, ``?`` one character, rest literal).

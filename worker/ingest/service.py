@@ -35,7 +35,7 @@ from inturn.worker.ingest.listener import (
     ListenerConfig,
     MllpListener,
 )
-from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, Router
+from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, Router, check_channel
 from inturn.worker.store.connect import open_pools
 from inturn.worker.store.store import Store
 
@@ -94,17 +94,6 @@ class IngestConfig:
             raise ValueError("duplicate_window must not be negative")
         if self.pool_size < 1:
             raise ValueError("pool_size must be at least 1")
-
-
-def check_channel(channel: str) -> str:
-    """Return ``channel`` if it is usable as a channel name (also in a URL path).
-
-    Raises:
-        ValueError: empty, or contains ``/``, whitespace or control characters.
-    """
-    if not channel or any(ch == "/" or ch.isspace() or ord(ch) < 0x20 for ch in channel):
-        raise ValueError(f"invalid channel name {channel!r}")
-    return channel
 
 
 def server_tls_context(

@@ -19,8 +19,8 @@ SELECT destination, channel, message_types, suspended
 -- under 4 KiB).
 WITH msg AS (
     SELECT m.control_id, m.message_type, m.payload, m.digest, m.n
-      FROM unnest(%(control_ids)b::text[], %(message_types)b::text[], %(payloads)b::bytea[],
-                  %(digests)b::bytea[]) WITH ORDINALITY AS m(control_id, message_type, payload,
+      FROM unnest(%(control_ids)s::text[], %(message_types)s::text[], %(payloads)s::bytea[],
+                  %(digests)s::bytea[]) WITH ORDINALITY AS m(control_id, message_type, payload,
                                                              digest, n)
 ),
 remembered AS (
