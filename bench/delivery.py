@@ -1,0 +1,750 @@
+"""Delivery benchmark: one destination, one worker, a receiver that ACKs at once.
+
+    .venv/bin/python bench/delivery.py [--dsn DSN] [--messages 20000]
+
+Prints figures and asserts nothing about time. Three runs on the same Postgres server, each in
+a fresh database of its own:
+
+* ``delivery``: N messages (the sizes of the samples in ``../shared/samples/hl7``, each with a
+  unique MSH-10) are enqueued first with ``queue.enqueue`` (not timed as delivery); then one
+  ``inturn worker -f <manifest>`` process drains them through the real ``MllpSender`` into a
+  local ``MllpReceiver``. The rate is N over the time from the first message's arrival at the
+  receiver to the queue being empty (so the worker's process start-up is left out).
+* ``large-table``: the same after 1,000,000 finished rows (state ``delivered``) were put in the
+  table, half for the same destination and half for 99 others, then ``VACUUM ANALYZE``.
+* ``procrastinate``: the same messages as Procrastinate jobs of one task, deferred with
+  ``lock=<destination>`` (one at a time, in id order), drained by one worker process
+  (``run_worker_async(concurrency=1, wait=False)``) whose task sends each payload with the same
+  ``MllpSender``, one connection kept across jobs.
+
+Per-message latency is the time between consecutive message arrivals at the receiver, which
+answers each one at once: one full delivery cycle (head query, send, ACK, delivered mark).
+Peak RSS is the worker process's own ``VmHWM``. The receiver counts lost, duplicated and
+out-of-order messages by MSH-10. Each drain is capped (``--cap``, 75 s) so that the whole run
+stays within about five minutes; a capped run says so and its rate counts what arrived.
+
+The database is ``--dsn`` / ``INTURN_DSN`` (a server; the benchmark creates and drops its own
+databases there), else an embedded Postgres started with ``pgserver`` in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from inturn.worker.config import MllpSenderConfig
+from inturn.worker.hl7.errors import HeaderError
+from inturn.worker.hl7.header import parse_header
+from inturn.worker.receiver import MllpReceiver
+from inturn.worker.senders.mllp import MllpSender
+from inturn.worker.store import queue
+from inturn.worker.store.migrate import migrate
+from inturn.worker.store.model import NewItem
+
+BENCH_DIR = Path(__file__).resolve().parent
+SAMPLES = BENCH_DIR.parents[1] / "shared" / "samples" / "hl7"
+INTURN = Path(sys.executable).with_name("inturn")
+NAMESPACE, NAME = "bench", "delivery"
+DESTINATION = f"{NAMESPACE}/{NAME}"
+CHANNEL = "bench"
+#: Rows per enqueue transaction (and per Procrastinate batch defer).
+ENQUEUE_BATCH = 500
+#: Finished rows put in the table before the large-table run.
+LARGE_TABLE_ROWS = 1_000_000
+#: Longest drain of one run, seconds: the whole benchmark stays within about 5 minutes.
+CAP_SECONDS = 75.0
+#: Wait after the worker exits before reading the server's WAL counters.
+STATS_SETTLE_SECONDS = 1.0
+#: Seconds between two "is the queue empty yet" polls.
+POLL_SECONDS = 0.01
+
+
+# --- messages ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Template:
+    """A sample split around its MSH-10, so that a message is ``head + control_id + tail``."""
+
+    name: str
+    head: bytes
+    tail: bytes
+    message_type: str
+    size: int  # the sample's own size, bytes
+
+
+def load_templates(directory: Path) -> tuple[list[Template], list[str]]:
+    """The usable samples, sorted by name, and the names of those skipped (with why)."""
+    templates: list[Template] = []
+    skipped: list[str] = []
+    for path in sorted(directory.glob("*.hl7")):
+        data = path.read_bytes()
+        try:
+            header = parse_header(data)
+        except HeaderError as exc:
+            skipped.append(f"{path.name} ({exc})")
+            continue
+        if b"\x1c" in data or b"\x00" in data:
+            skipped.append(f"{path.name} (contains 0x1C or NUL)")
+            continue
+        text = data.decode("latin-1")
+        start = text.find("MSH")
+        end = min(
+            (i for i in (text.find("\r", start), text.find("\n", start)) if i >= 0), default=-1
+        )
+        segment = text[start:] if end < 0 else text[start:end]
+        sep = segment[3]
+        fields = segment.split(sep)
+        if len(fields) < 10:
+            skipped.append(f"{path.name} (no MSH-10)")
+            continue
+        offset = start + len(sep.join(fields[:9])) + 1
+        old = fields[9]
+        head, tail = data[:offset], data[offset + len(old) :]
+        templates.append(Template(path.name, head, tail, header.message_type.type_key, len(data)))
+    return templates, skipped
+
+
+def control_id(run: str, n: int) -> str:
+    """A unique MSH-10 whose order is the enqueue order."""
+    return f"{run}{n:08d}"
+
+
+def build_messages(templates: Sequence[Template], run: str, count: int) -> list[NewItem]:
+    """``count`` messages cycling through the templates, each with its own MSH-10."""
+    items = []
+    for n in range(count):
+        t = templates[n % len(templates)]
+        cid = control_id(run, n)
+        items.append(
+            NewItem(DESTINATION, CHANNEL, cid, t.message_type, t.head + cid.encode() + t.tail)
+        )
+    return items
+
+
+# --- the receiver side ---------------------------------------------------------------------
+
+
+class TimedList(list[bytes]):
+    """The receiver's ``received`` list, stamping each arrival with ``time.perf_counter()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def append(self, item: bytes) -> None:
+        self.times.append(time.perf_counter())
+        super().append(item)
+
+
+@dataclass
+class Check:
+    """What the receiver saw against what was enqueued."""
+
+    lost: int = 0
+    duplicated: int = 0
+    out_of_order: int = 0
+    foreign: int = 0
+    delivered: int = 0  # distinct enqueued messages received
+    undelivered: int = 0  # still queued when a capped run was stopped (not lost)
+
+
+def check_order(received: Sequence[bytes], expected: Sequence[str], *, complete: bool) -> Check:
+    """Count lost, duplicated and out-of-order messages by MSH-10.
+
+    A message is out of order when it arrives (for the first time) after one enqueued later.
+    ``complete`` says the queue was seen empty: every message missing is lost. Otherwise (a
+    capped run) only those enqueued before the last one received count as lost.
+    """
+    rank = {cid: i for i, cid in enumerate(expected)}
+    seen: set[str] = set()
+    result = Check()
+    highest = -1
+    for payload in received:
+        cid = parse_header(payload).control_id.strip()
+        if cid not in rank:
+            result.foreign += 1
+            continue
+        if cid in seen:
+            result.duplicated += 1
+            continue
+        seen.add(cid)
+        if rank[cid] < highest:
+            result.out_of_order += 1
+        highest = max(highest, rank[cid])
+    result.delivered = len(seen)
+    span = len(expected) if complete else highest + 1
+    result.lost = span - sum(1 for cid in seen if rank[cid] < span)
+    result.undelivered = len(expected) - span
+    return result
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile (0..1) by nearest rank; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass
+class Result:
+    """One run's figures."""
+
+    label: str
+    messages: int
+    seconds: float = 0.0  # first arrival at the receiver -> queue empty (or the cap)
+    startup_seconds: float = 0.0  # worker process start -> first arrival
+    enqueue_seconds: float = 0.0
+    times: list[float] = field(default_factory=list)  # arrival times at the receiver
+    check: Check = field(default_factory=Check)
+    peak_rss_kib: int = 0
+    capped: bool = False
+    wal: dict[str, float] = field(default_factory=dict)
+    plan: str = ""
+
+    @property
+    def rate(self) -> float:
+        """Distinct messages delivered per second."""
+        return self.check.delivered / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def gaps(self) -> list[float]:
+        """Seconds between consecutive arrivals at the receiver."""
+        return [b - a for a, b in itertools.pairwise(self.times)]
+
+    def _rate_between(self, lo: float, hi: float) -> float:
+        """Arrival rate over the slice ``lo``..``hi`` (fractions) of the arrivals."""
+        n = len(self.times)
+        i, j = int(lo * (n - 1)), int(hi * (n - 1))
+        span = self.times[j] - self.times[i]
+        return (j - i) / span if span > 0 else 0.0
+
+    def lines(self) -> Iterator[str]:
+        gaps = self.gaps
+        p50, p99 = percentile(gaps, 0.50), percentile(gaps, 0.99)
+        c = self.check
+        note = f"  (CAPPED: stopped with {c.undelivered} still queued)" if self.capped else ""
+        yield (
+            f"{self.label}: {c.delivered} of {self.messages} messages in {self.seconds:.2f}s"
+            f" = {self.rate:,.0f} msg/s{note}"
+        )
+        if len(self.times) > 10:
+            yield (
+                f"  arrival rate over the first 10% {self._rate_between(0, 0.1):,.0f} msg/s,"
+                f" middle {self._rate_between(0.45, 0.55):,.0f}, last 10%"
+                f" {self._rate_between(0.9, 1):,.0f}"
+            )
+        yield (
+            f"  per message (gap between consecutive arrivals at the receiver):"
+            f" p50 {p50 * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms,"
+            f" max {max(gaps, default=0) * 1e3:.1f} ms"
+        )
+        yield (
+            f"  worker peak RSS (VmHWM) {self.peak_rss_kib / 1024:.1f} MiB;"
+            f" start-up to first arrival {self.startup_seconds:.2f}s;"
+            f" enqueue {self.messages / max(self.enqueue_seconds, 1e-9):,.0f} msg/s (not timed)"
+        )
+        yield (
+            f"  receiver: lost {c.lost}, duplicated {c.duplicated}, out-of-order {c.out_of_order}"
+            + (f", foreign {c.foreign}" if c.foreign else "")
+        )
+        if self.wal and c.delivered:
+            per = {k: v / c.delivered for k, v in self.wal.items()}
+            yield "  WAL per message: " + ", ".join(f"{k} {v:,.2f}" for k, v in per.items())
+        if self.plan:
+            yield f"  head query plan at start: {self.plan}"
+
+
+def vm_hwm_kib(pid: int) -> int:
+    """The peak resident set of process ``pid`` in KiB (0 when unreadable)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+# --- the database --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def postgres_server(dsn: str | None) -> Iterator[tuple[str, Path | None]]:
+    """The server DSN to use, and the data directory when it is an embedded server."""
+    if dsn:
+        yield dsn, None
+        return
+    import pgserver
+
+    data = Path(tempfile.mkdtemp(prefix="inturn-bench-pg-"))
+    server = pgserver.get_server(data, cleanup_mode="delete")  # type: ignore[attr-defined]
+    try:
+        yield server.get_uri(), data
+    finally:
+        server.cleanup()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def fresh_database(server_dsn: str, label: str) -> Iterator[str]:
+    """A database of our own on the server, dropped afterwards."""
+    name = f"inturn_bench_{label}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(server_dsn, dbname=name)
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def server_settings(server_dsn: str) -> list[str]:
+    names = [
+        "server_version",
+        "synchronous_commit",
+        "fsync",
+        "wal_sync_method",
+        "commit_delay",
+        "shared_buffers",
+        "max_wal_size",
+        "full_page_writes",
+    ]
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        cur = conn.execute(
+            "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s) ORDER BY name",
+            (names,),
+        )
+        return [f"{n}={s}{u or ''}" for n, s, u in cur.fetchall()]
+
+
+async def checkpoint(conn: AsyncConnection[Any]) -> None:
+    """Flush dirty buffers before timing, so a checkpoint of the load does not land in it."""
+    with contextlib.suppress(psycopg.Error):
+        await conn.execute("CHECKPOINT")
+
+
+async def wal_counters(conn: AsyncConnection[Any]) -> dict[str, float]:
+    """Server-wide WAL counters from ``pg_stat_wal`` (empty when unavailable)."""
+    with contextlib.suppress(psycopg.Error):
+        cur = await conn.execute(
+            "SELECT wal_records, wal_fpi, wal_bytes, wal_sync FROM pg_stat_wal"
+        )
+        row = await cur.fetchone()
+        if row:
+            names = ("wal_records", "wal_fpi", "wal_bytes", "wal_sync")
+            return dict(zip(names, map(float, row), strict=True))
+    return {}
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+async def fill_finished(dsn: str, rows: int) -> float:
+    """Put ``rows`` finished rows in the table (half for our destination), VACUUM ANALYZE."""
+    t0 = time.perf_counter()
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            """
+            INSERT INTO inturn_delivery
+                (destination, channel, control_id, message_type, payload, size, state, attempts,
+                 enqueued_at, next_attempt, last_attempt, finished_at)
+            SELECT CASE WHEN g %% 2 = 0 THEN %(dest)s ELSE %(other)s || (g %% 99) END,
+                   %(channel)s, 'OLD' || g, 'ADT^A01', %(payload)s, 256, 'delivered', 1,
+                   now() - interval '2 hours', now() - interval '2 hours',
+                   now() - interval '1 hour', now() - interval '1 hour'
+              FROM generate_series(1, %(rows)s) AS g
+            """,
+            {
+                "dest": DESTINATION,
+                "other": f"{NAMESPACE}/other-",
+                "channel": CHANNEL,
+                "payload": b"x" * 256,
+                "rows": rows,
+            },
+        )
+        await conn.execute("VACUUM ANALYZE inturn_delivery")
+    return time.perf_counter() - t0
+
+
+async def enqueue_all(dsn: str, items: Sequence[NewItem]) -> float:
+    """Enqueue ``items`` in batches; return the seconds it took. Then analyse and checkpoint."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        t0 = time.perf_counter()
+        for i in range(0, len(items), ENQUEUE_BATCH):
+            await queue.enqueue(conn, items[i : i + ENQUEUE_BATCH])
+        took = time.perf_counter() - t0
+        await conn.execute("VACUUM ANALYZE inturn_delivery")
+        await checkpoint(conn)
+    return took
+
+
+async def head_plan(conn: AsyncConnection[Any]) -> str:
+    """The access path the planner picks for the head query now (its scan node)."""
+    cur = await conn.execute("EXPLAIN " + queue.Q["head"], {"destination": DESTINATION})
+    lines = [str(r[0]).strip() for r in await cur.fetchall()]
+    scans = [line.removeprefix("->  ") for line in lines if "Scan" in line]
+    return (scans[0] if scans else lines[0]).split("  (cost")[0]
+
+
+# --- draining, measured --------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def receiver() -> AsyncIterator[tuple[MllpReceiver, TimedList]]:
+    async with MllpReceiver() as rx:
+        timed = TimedList()
+        rx.received = timed
+        yield rx, timed
+
+
+async def drain(
+    result: Result,
+    command: Callable[[int], list[str]],
+    env: dict[str, str],
+    dsn: str,
+    pending: Callable[[AsyncConnection[Any]], Awaitable[bool]],
+    expected: Sequence[str],
+    cap: float,
+) -> None:
+    """Start the worker process ``command(receiver_port)`` against a fresh receiver and time it
+    until the queue is empty (``pending`` turns False) or ``cap`` seconds have passed."""
+    async with (
+        receiver() as (rx, timed),
+        await AsyncConnection.connect(dsn, autocommit=True) as conn,
+    ):
+        env = {**env, "BENCH_MLLP_HOST": "127.0.0.1", "BENCH_MLLP_PORT": str(rx.port)}
+        cmd = command(rx.port)
+        before = await wal_counters(conn)
+        t_start = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        deadline = t_start + cap
+        complete = False
+        try:
+            while time.perf_counter() < deadline:
+                if len(timed) >= len(expected) and not await pending(conn):
+                    complete = True
+                    break
+                if proc.returncode is not None and not await pending(conn):
+                    complete = True
+                    break
+                with contextlib.suppress(TimeoutError):
+                    if len(timed) < len(expected):
+                        await rx.wait_for(len(expected), timeout=min(0.5, cap))
+                    else:
+                        await asyncio.sleep(POLL_SECONDS)
+            t_end = time.perf_counter()
+            result.peak_rss_kib = vm_hwm_kib(proc.pid)
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+            except TimeoutError:
+                proc.kill()
+                out, err = await proc.communicate()
+        # Backends report their WAL statistics at exit (at most once a second before that).
+        await asyncio.sleep(STATS_SETTLE_SECONDS)
+        result.wal = delta(await wal_counters(conn), before)
+        for line in out.decode(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                result.peak_rss_kib = max(result.peak_rss_kib, int(json.loads(line)["vm_hwm_kib"]))
+        result.capped = not complete
+        tail = err.decode(errors="replace").strip()[-1500:]
+        if tail and (result.capped or proc.returncode not in (0, -signal.SIGTERM)):
+            print(f"  ({result.label}: worker exit {proc.returncode}:)\n{tail}", file=sys.stderr)
+        result.times = list(timed.times)
+        if timed.times:
+            result.startup_seconds = timed.times[0] - t_start
+            result.seconds = t_end - timed.times[0]
+        result.check = check_order(list(timed), expected, complete=complete)
+
+
+# --- the inturn runs -----------------------------------------------------------------------
+
+
+def write_manifest(directory: Path, port: int) -> Path:
+    path = directory / "destination.yaml"
+    path.write_text(
+        "apiVersion: inturn.dev/v1alpha1\n"
+        "kind: Destination\n"
+        f"metadata: {{name: {NAME}, namespace: {NAMESPACE}}}\n"
+        "spec:\n"
+        f"  channel: {CHANNEL}\n"
+        f"  sender: {{mllp: {{host: 127.0.0.1, port: {port}}}}}\n"
+        "  retry: {maxAttempts: 0}\n"
+        "  idleSeconds: 1\n"
+    )
+    return path
+
+
+async def inturn_pending(conn: AsyncConnection[Any]) -> bool:
+    return await queue.blocked(conn, DESTINATION)
+
+
+async def run_inturn(
+    server_dsn: str,
+    label: str,
+    templates: Sequence[Template],
+    count: int,
+    cap: float,
+    prefill: int = 0,
+) -> Result:
+    result = Result(label, count)
+    items = build_messages(templates, "L" if prefill else "D", count)
+    with (
+        fresh_database(server_dsn, label.replace("-", "_")) as dsn,
+        tempfile.TemporaryDirectory(prefix="inturn-bench-") as tmp,
+    ):
+        migrate(dsn)
+        if prefill:
+            took = await fill_finished(dsn, prefill)
+            print(f"  ({label}: {prefill:,} finished rows inserted and vacuumed in {took:.1f}s)")
+        result.enqueue_seconds = await enqueue_all(dsn, items)
+        async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+            result.plan = await head_plan(conn)
+
+        def command(port: int) -> list[str]:
+            manifest = write_manifest(Path(tmp), port)
+            return [
+                *(str(INTURN), "worker", "-f", str(manifest)),
+                *("--http-host", "127.0.0.1", "--http-port", "0", "--log-level", "WARNING"),
+            ]
+
+        env = {**os.environ, "INTURN_DSN": dsn}
+        await drain(result, command, env, dsn, inturn_pending, [i.control_id for i in items], cap)
+    return result
+
+
+# --- the Procrastinate run -----------------------------------------------------------------
+
+
+def make_procrastinate_app(conninfo: str) -> tuple[Any, Any]:
+    """A Procrastinate app with one task, ``deliver(payload)``, sending over MLLP.
+
+    The task keeps one ``MllpSender`` (one connection) across jobs, like inturn's worker.
+    """
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo))
+    sender: list[MllpSender] = []
+
+    @app.task(name="deliver")
+    async def deliver(payload: str) -> None:
+        if not sender:
+            host = os.environ["BENCH_MLLP_HOST"]
+            port = int(os.environ["BENCH_MLLP_PORT"])
+            sender.append(MllpSender(MllpSenderConfig(host, port)))
+        await sender[0].send(payload.encode("latin-1"))
+
+    return app, deliver
+
+
+async def procrastinate_worker_main(conninfo: str) -> None:
+    """The child process: one worker, concurrency 1, until it has caught up with the queue."""
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)
+    app, _ = make_procrastinate_app(conninfo)
+    async with app.open_async():
+        await app.run_worker_async(
+            concurrency=1, wait=False, install_signal_handlers=False, name="bench"
+        )
+    print(json.dumps({"vm_hwm_kib": vm_hwm_kib(os.getpid())}), flush=True)
+
+
+async def procrastinate_pending(conn: AsyncConnection[Any]) -> bool:
+    cur = await conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))"
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def run_procrastinate(
+    server_dsn: str, templates: Sequence[Template], count: int, cap: float
+) -> Result:
+    result = Result("procrastinate", count)
+    items = build_messages(templates, "P", count)
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)
+    with fresh_database(server_dsn, "procrastinate") as dsn:
+        app, deliver = make_procrastinate_app(dsn)
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+            deferrer = deliver.configure(lock=DESTINATION)
+            t0 = time.perf_counter()
+            for i in range(0, count, ENQUEUE_BATCH):
+                batch = items[i : i + ENQUEUE_BATCH]
+                await deferrer.batch_defer_async(
+                    *({"payload": item.payload.decode("latin-1")} for item in batch)
+                )
+            result.enqueue_seconds = time.perf_counter() - t0
+        async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("VACUUM ANALYZE procrastinate_jobs")
+            await checkpoint(conn)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--procrastinate-worker", dsn]
+        await drain(
+            result,
+            lambda _port: cmd,
+            dict(os.environ),
+            dsn,
+            procrastinate_pending,
+            [i.control_id for i in items],
+            cap,
+        )
+    return result
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def fsync_probe(data_dir: Path | None) -> str | None:
+    """``pg_test_fsync``'s one-8kB-write fdatasync figure on the data volume, if available."""
+    tool = shutil.which("pg_test_fsync")
+    with contextlib.suppress(ImportError):
+        import pgserver
+
+        candidate = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pg_test_fsync"
+        if candidate.exists():
+            tool = str(candidate)
+    if tool is None:
+        return None
+    target = (data_dir or Path(tempfile.gettempdir())) / "fsync.test"
+    try:
+        out = subprocess.run(
+            [tool, "-s", "1", "-f", str(target)], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            target.unlink()
+    for line in out.splitlines():
+        if "fdatasync" in line and "ops/sec" in line:
+            return " ".join(line.split())
+    return None
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    templates, skipped = load_templates(args.samples)
+    if not templates:
+        print(f"no usable samples under {args.samples}", file=sys.stderr)
+        return 2
+    sizes = [t.size for t in templates]
+    print(
+        f"samples: {len(templates)} used from {args.samples} (sizes {min(sizes)}..{max(sizes)} B,"
+        f" mean {statistics.mean(sizes):,.0f} B); skipped {len(skipped)}"
+        + (f": {', '.join(skipped)}" if skipped else "")
+    )
+    from importlib.metadata import version
+
+    print(
+        f"machine: {os.cpu_count()} CPUs; python {sys.version.split()[0]};"
+        f" psycopg {psycopg.__version__}; procrastinate {version('procrastinate')}"
+    )
+    with postgres_server(args.dsn) as (server_dsn, data_dir):
+        where = "embedded pgserver" if data_dir else "given server"
+        params = conninfo_to_dict(server_dsn)
+        print(
+            f"postgres ({where}, host {params.get('host', 'default')}):",
+            *server_settings(server_dsn),
+        )
+        if args.fsync_test:
+            print(f"pg_test_fsync (data volume): {fsync_probe(data_dir) or 'not available'}")
+        runs: dict[str, Callable[[], Awaitable[Result]]] = {
+            "delivery": lambda: run_inturn(
+                server_dsn, "delivery", templates, args.messages, args.cap
+            ),
+            "procrastinate": lambda: run_procrastinate(
+                server_dsn, templates, args.messages, args.cap
+            ),
+            "large-table": lambda: run_inturn(
+                server_dsn, "large-table", templates, args.messages, args.cap, args.large_rows
+            ),
+        }
+        results: dict[str, Result] = {}
+        for label, run in runs.items():
+            if label in args.skip:
+                continue
+            results[label] = await run()
+            for line in results[label].lines():
+                print(line, flush=True)
+
+    def rate(label: str) -> str:
+        return f"{results[label].rate:.0f}" if label in results else "skipped"
+
+    inturn_runs = [r for k, r in results.items() if k != "procrastinate"]
+    lost = sum(r.check.lost for r in inturn_runs)
+    dup = sum(r.check.duplicated for r in inturn_runs)
+    ooo = sum(r.check.out_of_order for r in inturn_runs)
+    if "delivery" in results and "large-table" in results and results["delivery"].rate:
+        loss = 1 - results["large-table"].rate / results["delivery"].rate
+        print(f"large-table rate vs delivery: {-loss:+.1%}")
+    if "delivery" in results and "procrastinate" in results and results["procrastinate"].rate:
+        ratio = results["delivery"].rate / results["procrastinate"].rate
+        print(f"delivery vs procrastinate: {ratio:.2f}x")
+    print(
+        f"delivery: {rate('delivery')} msg/s; procrastinate: {rate('procrastinate')} msg/s;"
+        f" large-table: {rate('large-table')} msg/s; lost {lost}, duplicated {dup},"
+        f" out-of-order {ooo}"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=os.environ.get("INTURN_DSN"), help="Postgres server DSN")
+    parser.add_argument("--messages", type=int, default=20000, help="messages per run")
+    parser.add_argument("--samples", type=Path, default=SAMPLES, help="directory of *.hl7")
+    parser.add_argument(
+        "--large-rows", type=int, default=LARGE_TABLE_ROWS, help="finished rows for large-table"
+    )
+    parser.add_argument(
+        "--cap", type=float, default=CAP_SECONDS, help="longest drain per run, seconds"
+    )
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=["delivery", "procrastinate", "large-table"],
+        help="leave a run out (repeatable)",
+    )
+    parser.add_argument(
+        "--fsync-test", action="store_true", help="also run pg_test_fsync on the data volume"
+    )
+    parser.add_argument("--procrastinate-worker", metavar="CONNINFO", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.procrastinate_worker:
+        asyncio.run(procrastinate_worker_main(args.procrastinate_worker))
+        return 0
+    if args.messages < 1:
+        parser.error("--messages must be at least 1")
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
