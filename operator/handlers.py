@@ -52,6 +52,12 @@ CHILD_SELECTOR = f"app.kubernetes.io/managed-by={manifests.MANAGED_BY}"
 MAX_HANDLER_RETRIES = 8
 
 _configured: OperatorConfig | None = None
+_runtime: Runtime | None = None
+
+
+def current_runtime() -> Runtime | None:
+    """The runtime of the operator running in this process, if any (diagnostics, benchmark)."""
+    return _runtime
 
 
 def configure(config: OperatorConfig | None) -> None:
@@ -134,6 +140,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     await rt.ensure_peering()
     await rt.start()
     memo.runtime = rt
+    global _runtime
+    _runtime = rt
     log.info(
         "inturn operator started (%s, status every %ss)",
         ", ".join(config.namespaces) or "cluster-wide",
@@ -144,9 +152,11 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
     """Stop the periodic pass and close connections."""
+    global _runtime
     rt = getattr(memo, "runtime", None)
     if isinstance(rt, Runtime):
         await rt.stop()
+    _runtime = None
 
 
 @kopf.on.probe(id="periodicPassAgeSeconds")

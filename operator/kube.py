@@ -109,8 +109,12 @@ class KubeApi:
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
-    async def apply(self, obj: Mapping[str, Any]) -> str:
-        """Server-side apply a ConfigMap or Deployment; create it if the server says 404.
+    async def apply(self, obj: Mapping[str, Any], *, exists: bool = True) -> str:
+        """Make a ConfigMap or Deployment exactly ``obj``: server-side apply, or create.
+
+        Args:
+            exists: whether the object is believed to exist. If so, apply first (and create on
+                404); if not, create first (and apply on 409) — one request in the usual case.
 
         Returns:
             ``"applied"`` or ``"created"``.
@@ -150,12 +154,13 @@ class KubeApi:
             )
         else:  # pragma: no cover - programming error
             raise ValueError(f"cannot apply a {kind}")
-        try:
-            await self._run(patch)
-            return "applied"
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
+        if exists:
+            try:
+                await self._run(patch)
+                return "applied"
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
         try:
             await self._run(create)
             return "created"

@@ -238,6 +238,7 @@ class Runtime:
         self._written: dict[Key, dict[str, Any]] = {}
         self._registered: dict[str, tuple[Any, ...]] = {}
         self._invalid_reported: dict[Key, tuple[int, str]] = {}
+        self._rendered: dict[Key, tuple[str, manifests.Children]] = {}
         self.depth: dict[str, registry.DestinationDepth] | None = None
         self.depth_seconds: float | None = None  #: duration of the last grouped depth query
         self.pass_seconds: float | None = None  #: duration of the last periodic pass
@@ -337,6 +338,22 @@ class Runtime:
 
     # --- reconcile ------------------------------------------------------------------------------
 
+    def render(self, snap: Mapping[str, Any]) -> manifests.Children:
+        """Render a Destination's children, reusing the last result while its input is the same.
+
+        Raises:
+            ManifestError: the spec is invalid.
+        """
+        meta = snap["metadata"]
+        key: Key = (meta["namespace"], meta["name"])
+        fingerprint = manifests.digest([meta.get("uid"), snap.get("spec")], 32)
+        cached = self._rendered.get(key)
+        if cached is not None and cached[0] == fingerprint:
+            return cached[1]
+        children = manifests.render(snap, self.config.pod)
+        self._rendered[key] = (fingerprint, children)
+        return children
+
     async def reconcile(
         self,
         snap: Mapping[str, Any],
@@ -362,7 +379,7 @@ class Runtime:
             return
         async with self.lock(key):
             try:
-                children = manifests.render(snap, self.config.pod)
+                children = self.render(snap)
             except ManifestError as exc:
                 await self._report_invalid(snap, "; ".join(exc.errors))
                 return
@@ -385,14 +402,14 @@ class Runtime:
             or cm.spec_hash != want_cm
             or cm.data_hash != manifests.digest(children.config_map["data"])
         ):
-            how = await self.api.apply(children.config_map)
+            how = await self.api.apply(children.config_map, exists=cm is not None)
             log.info("ConfigMap %s/%s %s", key[0], children.config_map["metadata"]["name"], how)
         want_dep = children.deployment["metadata"]["annotations"][manifests.SPEC_HASH_ANNOTATION]
         dep = self.deployment(key)
         if dep is not None and drift_of(dep):
             await self.api.merge_patch_deployment(key[0], dep.name, REVERT_PATCH)
         if force or dep is None or dep.spec_hash != want_dep:
-            how = await self.api.apply(children.deployment)
+            how = await self.api.apply(children.deployment, exists=dep is not None)
             log.info("Deployment %s/%s %s", key[0], children.deployment["metadata"]["name"], how)
 
     async def _register(
@@ -514,7 +531,7 @@ class Runtime:
             return
         async with self.lock(key):
             try:
-                children = manifests.render(snap, self.config.pod)
+                children = self.render(snap)
             except ManifestError as exc:
                 await self._write_status(snap, invalid="; ".join(exc.errors))
                 return
@@ -559,6 +576,7 @@ class Runtime:
         """The Destination is gone: mark it deleted in the registry (messages are kept)."""
         self._written.pop(key, None)
         self._invalid_reported.pop(key, None)
+        self._rendered.pop(key, None)
         destination = f"{key[0]}/{key[1]}"
         self._registered.pop(destination, None)
         if self.pool is None:

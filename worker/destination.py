@@ -23,6 +23,7 @@ directory passed as ``secrets_dir`` (e.g. ``./secrets/partner-tls/ca.crt``).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
@@ -178,14 +179,38 @@ def _rule_errors(node_schema: Mapping[str, Any], value: Any, where: str) -> Iter
             yield from _rule_errors(node_schema["items"], item, f"{where}[{i}]")
 
 
-def validate(node_schema: Mapping[str, Any], value: Any, *, prefix: str = "") -> list[str]:
+@functools.cache
+def _schemas() -> dict[str, Any]:
+    """The schemas used on every call, built once (never mutate them)."""
+    root = schema.openapi_schema()
+    worker = schema.worker_config_schema()
+    return {
+        "root": root,
+        "spec": root["properties"]["spec"],
+        "worker": worker,
+        "spec_validator": jsonschema.Draft7Validator(_closed(root["properties"]["spec"])),
+        "worker_validator": jsonschema.Draft7Validator(_closed(worker)),
+    }
+
+
+def validate(
+    node_schema: Mapping[str, Any],
+    value: Any,
+    *,
+    prefix: str = "",
+    validator: jsonschema.Draft7Validator | None = None,
+) -> list[str]:
     """Validate an already-defaulted ``value`` against ``node_schema`` and its CEL rules.
+
+    Args:
+        validator: a compiled validator of ``node_schema`` (closed), to skip compiling it.
 
     Returns:
         ``path: problem`` lines sorted by path; empty when valid. ``prefix`` is prepended to
         every path (e.g. ``spec``).
     """
-    validator = jsonschema.Draft7Validator(_closed(dict(node_schema)))
+    if validator is None:
+        validator = jsonschema.Draft7Validator(_closed(dict(node_schema)))
     problems: list[str] = []
     for error in validator.iter_errors(value):
         problems.extend(_describe(error, prefix))
@@ -246,13 +271,16 @@ def validate_manifest(doc: Mapping[str, Any], *, source: str | None = None) -> d
                 prefix="metadata.namespace",
             )
         )
-    root = schema.openapi_schema()
+    compiled = _schemas()
+    root = compiled["root"]
     if "spec" not in doc:
         problems.append("spec: required")
         spec: Any = None
     else:
-        spec = apply_defaults(root["properties"]["spec"], doc["spec"])
-        problems.extend(validate(root["properties"]["spec"], spec, prefix="spec"))
+        spec = apply_defaults(compiled["spec"], doc["spec"])
+        problems.extend(
+            validate(compiled["spec"], spec, prefix="spec", validator=compiled["spec_validator"])
+        )
     if not problems:
         problems.extend(
             _rule_errors(
@@ -380,9 +408,9 @@ def load_worker_config(doc: Mapping[str, Any], *, source: str | None = None) -> 
     """
     if not isinstance(doc, Mapping):
         raise ManifestError(["<root>: must be a mapping"], source)
-    node = schema.worker_config_schema()
-    value = apply_defaults(node, dict(doc))
-    problems = validate(node, value)
+    compiled = _schemas()
+    value = apply_defaults(compiled["worker"], dict(doc))
+    problems = validate(compiled["worker"], value, validator=compiled["worker_validator"])
     if problems:
         raise ManifestError(
             problems, source or (str(doc.get("destination")) if doc.get("destination") else None)
