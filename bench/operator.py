@@ -178,8 +178,14 @@ async def run(count: int, interval: float, dsn: str) -> None:
                 f"all ConfigMaps + Deployments:      {created + took:.2f} s after the first create"
             )
 
-            # status refresh: one pending message per destination
-            await asyncio.sleep(interval * 1.5)
+            # status refresh: first let the statuses of the creation settle, then queue one
+            # message per destination and time until every status shows it
+            quiet = time.monotonic()
+            while True:
+                await asyncio.sleep(0.5)
+                last = emulator.status_times[-1] if emulator.status_times else quiet
+                if time.monotonic() - last > interval * 1.5:
+                    break
             with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
                 cur.executemany(
                     "INSERT INTO inturn_delivery (destination, channel, control_id,"

@@ -389,7 +389,7 @@ class Runtime:
             except ApiError as exc:
                 raise TransientError(str(exc)) from exc
             db_error = await self._register(snap, children, registered) if register else None
-            await self._write_status(snap, children=children)
+            await self._write_status(snap, children=children, applied=True)
             if db_error is not None:
                 raise TransientError(db_error)
 
@@ -474,7 +474,9 @@ class Runtime:
         *,
         children: manifests.Children | None = None,
         invalid: str | None = None,
+        applied: bool = False,
     ) -> None:
+        """Patch the status if it changed; ``applied``: the children were just made to exist."""
         meta = snap["metadata"]
         key: Key = (meta["namespace"], meta["name"])
         generation = int(meta.get("generation") or 0)
@@ -482,7 +484,7 @@ class Runtime:
         dep = self.deployment(key)
         worker = status.WorkerState(
             name=manifests.child_name(key[1]),
-            exists=dep is not None,
+            exists=dep is not None or applied,  # the watch may not have shown it yet
             available=dep is not None and dep.available,
         )
         depth: status.QueueDepth | None = None
