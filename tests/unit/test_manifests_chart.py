@@ -375,7 +375,10 @@ def test_every_pod_is_restricted() -> None:
 
 
 def test_cronjobs_and_migrate_hook() -> None:
-    docs = kinds(render(default_values()))
+    values = copy.deepcopy(default_values())
+    values["sweeper"]["enabled"] = True  # off by default until `inturn sweep` exists
+    docs = kinds(render(values))
+    assert ("CronJob", "inturn-sweeper@inturn") not in kinds(render(default_values()))
     for name in ("inturn-purge@inturn", "inturn-sweeper@inturn"):
         cron = docs[("CronJob", name)]["spec"]
         assert cron["concurrencyPolicy"] == "Forbid"
