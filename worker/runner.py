@@ -185,19 +185,36 @@ class DestinationWorker:
         return False
 
     async def _drain(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> None:
+        """Send heads until stopped.
+
+        ``after`` is the id this lock holder finished last: the head query starts above it, so
+        its cost stays flat however many rows were delivered since the statistics were taken.
+        When the queue looks empty it is looked at once more from the start, so that nothing
+        can stay hidden below the bound.
+        """
         idle = float(self.config.idle_seconds)
+        after = 0
+        prefetched: queue.HeadResult | None = None
         while not stop.is_set():
             self._tick()
             await self._report_depth(conn)
             if self.config.suspend:
                 await self._wait(conn, stop, idle)
                 continue
-            head, wait = await queue.next_head(conn, self.destination)
+            if prefetched is not None:
+                (head, wait), prefetched = prefetched, None
+            else:
+                head, wait = await queue.next_head(conn, self.destination, after=after)
+                if head is None and wait is None and after:
+                    after = 0
+                    head, wait = await queue.next_head(conn, self.destination)
             self.state.db_ok = True
             if head is None:
                 await self._wait(conn, stop, idle if wait is None else min(wait, idle))
                 continue
-            await self._attempt(conn, head)
+            finished, prefetched = await self._attempt(conn, head)
+            if finished:
+                after = head.item.id
 
     async def _report_depth(self, conn: AsyncConnection[Any], force: bool = False) -> None:
         now = time.monotonic()
@@ -232,7 +249,14 @@ class DestinationWorker:
             if exc is not None:
                 raise exc
 
-    async def _attempt(self, conn: AsyncConnection[Any], head: Head) -> None:
+    async def _attempt(
+        self, conn: AsyncConnection[Any], head: Head
+    ) -> tuple[bool, queue.HeadResult | None]:
+        """Send ``head`` once and record the outcome.
+
+        Returns whether the head is finished (delivered or given up) and, after a delivery,
+        the next head read in the same round trip as the delivered mark.
+        """
         item = head.item
         attempts = item.attempts + 1
         outcome: Outcome
@@ -248,20 +272,21 @@ class DestinationWorker:
         except OSError as exc:
             outcome, detail = "connection", str(exc) or type(exc).__name__
         else:
-            waited = await queue.succeeded(conn, item.id, attempts)
+            waited, following = await queue.succeeded_next(conn, item, attempts)
             log.debug(
                 "destination %s: delivered id=%d attempts=%d", self.destination, item.id, attempts
             )
             if waited is not None:
                 self.observer.delivered(self.destination, attempts, waited)
-            return
+            return True, following
         finally:
             self.state.sending_since = None
-        await self._failed(conn, head, attempts, outcome, detail)
+        return await self._failed(conn, head, attempts, outcome, detail), None
 
     async def _failed(
         self, conn: AsyncConnection[Any], head: Head, attempts: int, outcome: Outcome, detail: str
-    ) -> None:
+    ) -> bool:
+        """Record a failed attempt: give up (returns True) or schedule a retry (False)."""
         item = head.item
         retry = self.config.retry
         cause = f"{outcome}: {detail}"[:CAUSE_MAX_CHARS]
@@ -277,7 +302,7 @@ class DestinationWorker:
                 attempts,
                 cause,
             )
-            return
+            return True
         delay = backoff_seconds(attempts, retry.backoff_seconds, retry.max_backoff_seconds)
         await queue.retry(conn, item.id, attempts, delay, cause)
         self.observer.retried(self.destination, attempts, outcome)
@@ -289,6 +314,7 @@ class DestinationWorker:
             cause,
             delay,
         )
+        return False
 
 
 async def _drain_gen(gen: Any) -> None:

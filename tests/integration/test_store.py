@@ -290,3 +290,31 @@ async def test_every_connection_we_open_commits_synchronously(fresh_db: str) -> 
     finally:
         async with await connect_worker(fresh_db) as conn:
             await conn.execute(f'ALTER DATABASE "{name}" RESET synchronous_commit')
+
+
+async def test_succeeded_next_marks_and_reads_the_next_head_at_once(
+    conn: AsyncConnection[Any],
+) -> None:
+    a, b, c = await queue.enqueue(conn, [item(1), item(2), item(3)])
+    head, _ = await queue.next_head(conn, DEST)
+    assert head is not None and head.item.id == a
+    waited, (following, wait) = await queue.succeeded_next(conn, head.item, 1)
+    assert waited is not None and following is not None and following.item.id == b
+    assert wait is None and following.payload == await queue.payload(conn, b)
+    await queue.retry(conn, c, 1, 60, "timeout")
+    waited, (following, wait) = await queue.succeeded_next(conn, following.item, 1)
+    assert following is None and wait is not None and wait > 50  # c is backing off
+    # A head that was skipped meanwhile is not marked; the next head is still read.
+    assert await queue.skip(conn, c, who="ops")
+    missing = await queue.get_item(conn, c)
+    assert missing is not None
+    waited, (following, wait) = await queue.succeeded_next(conn, missing, 2)
+    assert (waited, following, wait) == (None, None, None)
+
+
+async def test_next_head_keyset_bound(conn: AsyncConnection[Any]) -> None:
+    a, b = await queue.enqueue(conn, [item(1), item(2)])
+    head, _ = await queue.next_head(conn, DEST, after=a)
+    assert head is not None and head.item.id == b
+    head, _ = await queue.next_head(conn, DEST, after=0)
+    assert head is not None and head.item.id == a

@@ -130,23 +130,51 @@ async def blocked(conn: AsyncConnection[Any], destination: str) -> bool:
     return bool(row and row[0])
 
 
-async def next_head(
-    conn: AsyncConnection[Any], destination: str
-) -> tuple[Head | None, float | None]:
-    """Return the head of ``destination`` if it is due, else how long to wait.
+HeadResult = tuple[Head | None, float | None]
 
-    Returns:
-        ``(head, None)`` when the oldest pending item is due now; ``(None, seconds)`` when it is
-        backing off (nothing behind it may go first); ``(None, None)`` when nothing is pending.
-    """
-    cur = await conn.execute(Q["head"], {"destination": destination})
-    row = await cur.fetchone()
-    if row is None:
+
+def _head_result(row: Sequence[Any] | None) -> HeadResult:
+    if row is None or row[0] is None:
         return None, None
     wait = float(row[_ITEM_COLUMNS + 1])
     if wait > 0:
         return None, wait
     return Head(item=_item(row), payload=bytes(row[_ITEM_COLUMNS])), None
+
+
+async def next_head(conn: AsyncConnection[Any], destination: str, *, after: int = 0) -> HeadResult:
+    """Return the head of ``destination`` if it is due, else how long to wait.
+
+    Args:
+        after: a keyset bound: only items with a larger id are considered. A worker passes the
+            id it finished last (everything at or below it is finished, because enqueues commit
+            in id order); 0 considers every item.
+
+    Returns:
+        ``(head, None)`` when the oldest pending item is due now; ``(None, seconds)`` when it is
+        backing off (nothing behind it may go first); ``(None, None)`` when nothing is pending.
+    """
+    cur = await conn.execute(Q["head"], {"destination": destination, "after": after})
+    return _head_result(await cur.fetchone())
+
+
+async def succeeded_next(
+    conn: AsyncConnection[Any], head: Item, attempts: int
+) -> tuple[float | None, HeadResult]:
+    """Mark ``head`` delivered and return the next head, in one statement (one round trip).
+
+    Committed synchronously like :func:`succeeded`. Returns ``(waited_seconds, next)`` where
+    ``waited_seconds`` is None when ``head`` was no longer pending, and ``next`` is as from
+    :func:`next_head` with ``after=head.id``.
+    """
+    cur = await conn.execute(
+        Q["succeeded_next"],
+        {"id": head.id, "attempts": attempts, "destination": head.destination},
+    )
+    row = await cur.fetchone()
+    assert row is not None  # the statement always returns one row
+    waited = None if row[0] is None else float(row[0])
+    return waited, _head_result(row[1:])
 
 
 async def retry(

@@ -20,14 +20,40 @@ SELECT EXISTS (
 
 -- name: head
 -- The head is the oldest pending item, due or not: nothing overtakes an item backing off.
+-- "after" is a keyset bound (0 for none): the worker passes the id it finished last, so the
+-- scan starts there instead of stepping over every row delivered since the statistics were
+-- taken (the planner may walk the primary key when it believes every row is pending).
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
        payload,
        greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
   FROM inturn_delivery
- WHERE destination = %(destination)s AND state = 'pending'
+ WHERE destination = %(destination)s AND state = 'pending' AND id > %(after)s
  ORDER BY id
  LIMIT 1;
+
+-- name: succeeded_next
+-- Mark the head delivered and read the next head, in one round trip and one commit. The SELECT
+-- sees the snapshot from before the UPDATE, in which the head is still pending: "id > head"
+-- skips it. The first column is NULL when the head was no longer pending (skipped or erased).
+WITH done AS (
+    UPDATE inturn_delivery
+       SET state = 'delivered', attempts = %(attempts)s,
+           last_attempt = clock_timestamp(), finished_at = clock_timestamp()
+     WHERE id = %(id)s AND state = 'pending'
+    RETURNING extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
+)
+SELECT (SELECT waited_seconds FROM done), h.*
+  FROM (SELECT 1) AS one
+  LEFT JOIN LATERAL (
+       SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+              enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by,
+              finished_at, payload,
+              greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
+         FROM inturn_delivery
+        WHERE destination = %(destination)s AND state = 'pending' AND id > %(id)s
+        ORDER BY id
+        LIMIT 1) AS h ON TRUE;
 
 -- name: retry
 -- Touches no indexed column, so the update can stay heap-only.
