@@ -403,7 +403,7 @@ async def enqueue_all(dsn: str, items: Sequence[NewItem]) -> float:
 
 async def head_plan(conn: AsyncConnection[Any]) -> str:
     """The access path the planner picks for the head query now (its scan node)."""
-    cur = await conn.execute("EXPLAIN " + queue.Q["head"], {"destination": DESTINATION})
+    cur = await conn.execute("EXPLAIN " + queue.Q["head"], {"destination": DESTINATION, "after": 0})
     lines = [str(r[0]).strip() for r in await cur.fetchall()]
     scans = [line.removeprefix("->  ") for line in lines if "Scan" in line]
     return (scans[0] if scans else lines[0]).split("  (cost")[0]
