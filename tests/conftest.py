@@ -19,7 +19,12 @@ from psycopg.conninfo import make_conninfo
 
 from inturn.worker.store.migrate import migrate
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "hl7"
+#: The shared sample messages, read in place: ../shared/samples/hl7 beside the repository, or
+#: wherever INTURN_SAMPLES points.
+SAMPLES = Path(
+    os.environ.get("INTURN_SAMPLES")
+    or Path(__file__).resolve().parents[2] / "shared" / "samples" / "hl7"
+)
 
 
 @pytest.fixture(scope="session")
@@ -69,5 +74,6 @@ def fresh_db(dsn: str) -> str:
 def samples() -> list[Path]:
     """The 110 sample HL7 messages in ../shared/samples/hl7, read in place, sorted by name."""
     files = sorted(SAMPLES.glob("*.hl7"))
-    assert files, f"no samples under {SAMPLES}"
+    if not files:
+        pytest.skip(f"no samples under {SAMPLES} (set INTURN_SAMPLES to their folder)")
     return files
