@@ -1,0 +1,365 @@
+"""``inturn local`` as a user runs it: a subprocess, real sockets, messages sent by python-hl7's
+``mllp_send`` (an MLLP client none of us wrote), real receivers that go down and come back.
+
+Each test starts its own ``inturn local`` on the session database (``--dsn``), except the last,
+which lets it start its embedded Postgres. Manifests are written into ``tmp_path``; every port is
+a free one. Every run ends with Ctrl-C (SIGINT) and must exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from inturn.worker.hl7.ack import parse_ack
+from inturn.worker.hl7.header import parse_header
+from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.receiver import HttpReceiver, MllpReceiver
+
+BIN = Path(sys.executable).parent
+INTURN = BIN / "inturn"
+MLLP_SEND = BIN / "mllp_send"
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def manifest(
+    path: Path,
+    name: str,
+    *,
+    mllp_port: int | None = None,
+    http_url: str | None = None,
+    suspend: bool = False,
+) -> Path:
+    """Write a Destination of channel ``adt`` that retries every second or two."""
+    sender = f"{{mllp: {{host: {HOST}, port: {mllp_port}}}}}" if mllp_port else ""
+    sender = sender or f"{{http: {{url: '{http_url}'}}}}"
+    path.write_text(
+        "apiVersion: inturn.dev/v1alpha1\n"
+        "kind: Destination\n"
+        f"metadata: {{name: {name}}}\n"
+        "spec:\n"
+        "  channel: adt\n"
+        f"  sender: {sender}\n"
+        "  retry: {maxAttempts: 0, backoffSeconds: 1, maxBackoffSeconds: 2, timeoutSeconds: 5}\n"
+        "  idleSeconds: 1\n"
+        f"  suspend: {'true' if suspend else 'false'}\n"
+    )
+    return path
+
+
+def message(n: int) -> bytes:
+    """A small ADT^A01 whose MSH-10 is ``L<n>``."""
+    return (
+        f"MSH|^~\\&|TEST|LOCAL|INTURN|LOCAL|20260302120000||ADT^A01^ADT_A01|L{n:05d}|P|2.5\r"
+        f"PID|1||P{n:05d}^^^LOCAL^MR||Testperson^Number{n}\r"
+    ).encode()
+
+
+def ids(received: list[bytes]) -> list[str]:
+    return [parse_header(p).control_id for p in received]
+
+
+def expected(numbers: range) -> list[str]:
+    return [f"L{n:05d}" for n in numbers]
+
+
+def without_repeats(values: list[str]) -> list[str]:
+    """``values`` with each run of one repeated value kept once."""
+    return [v for i, v in enumerate(values) if i == 0 or values[i - 1] != v]
+
+
+async def mllp_send(port: int, numbers: range, tmp_path: Path) -> list[str]:
+    """Send ``message(n)`` for each n with ``mllp_send``; return the ACK codes (MSA-1)."""
+    batch = tmp_path / f"batch-{numbers.start}.mllp"
+    batch.write_bytes(b"".join(frame(message(n)) for n in numbers))
+    proc = await asyncio.create_subprocess_exec(
+        str(MLLP_SEND),
+        "-p",
+        str(port),
+        "-f",
+        str(batch),
+        HOST,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    replies = [e.payload for e in FrameReader(1 << 20).feed(out) if isinstance(e, Frame)]
+    return [parse_ack(r).code for r in replies]
+
+
+class Local:
+    """An ``inturn local`` subprocess whose log goes to a file."""
+
+    def __init__(self, tmp_path: Path, args: list[str]) -> None:
+        self.args = args
+        self.log_path = tmp_path / "local.log"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, listen_port: int) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "INTURN_DSN"}
+        with self.log_path.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                str(INTURN), "local", *self.args, env=env, stdout=log, stderr=log
+            )
+        async with asyncio.timeout(60):
+            while True:
+                assert self.proc.returncode is None, f"inturn local exited:\n{self.log()}"
+                try:
+                    _, writer = await asyncio.open_connection(HOST, listen_port)
+                except OSError:
+                    await asyncio.sleep(0.1)
+                    continue
+                writer.close()
+                return
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def wait_log(self, text: str, timeout: float = 15) -> None:
+        """Wait until the log contains ``text`` (a manifest poll takes up to 2 s)."""
+        async with asyncio.timeout(timeout):
+            while text not in self.log():
+                await asyncio.sleep(0.2)
+
+    async def interrupt(self) -> int:
+        """Ctrl-C: SIGINT, then the exit status."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):
+            return await self.proc.wait()
+
+
+@pytest.fixture
+async def local_runs() -> AsyncIterator[list[Local]]:
+    """Every ``inturn local`` a test starts is interrupted at the end if it still runs."""
+    runs: list[Local] = []
+    yield runs
+    for run in runs:
+        if run.proc is not None and run.proc.returncode is None:
+            run.proc.kill()
+            await run.proc.wait()
+
+
+async def wait_until(check: Callable[[], Any], timeout: float = 30) -> None:
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.2)
+
+
+async def count(dsn: str, sql: str, *params: Any) -> int:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(sql, params)
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+async def pending(dsn: str) -> int:
+    return await count(dsn, "SELECT count(*) FROM inturn_delivery WHERE state = 'pending'")
+
+
+def assert_clean(log: str) -> None:
+    assert "Traceback" not in log, log
+
+
+async def test_outage_every_message_once_and_in_order(
+    fresh_db: str, tmp_path: Path, local_runs: list[Local]
+) -> None:
+    """Two destinations on one channel; the MLLP receiver is down for the middle third."""
+    async with MllpReceiver() as mllp, HttpReceiver() as http:
+        port = free_port()
+        manifests = [
+            manifest(tmp_path / "mllp.yaml", "to-mllp", mllp_port=mllp.port),
+            manifest(tmp_path / "http.yaml", "to-http", http_url=f"{http.url}hl7"),
+        ]
+        args = [a for m in manifests for a in ("-f", str(m))]
+        local = Local(tmp_path, [*args, "--listen", f"adt={port}", "--dsn", fresh_db])
+        local_runs.append(local)
+        await local.start(port)
+
+        acks = await mllp_send(port, range(0, 100), tmp_path)
+        await mllp.wait_for(100, timeout=30)
+        await mllp.stop()  # down
+        acks += await mllp_send(port, range(100, 200), tmp_path)
+        await wait_until(lambda: pending_is(fresh_db, 100))  # HTTP has them all; MLLP waits
+        assert len(http.received) == 200
+        assert len(mllp.received) in (100, 101)  # perhaps the one in flight when it went down
+        await mllp.start()  # back
+        acks += await mllp_send(port, range(200, 300), tmp_path)
+        await wait_until(lambda: pending_is(fresh_db, 0), timeout=60)
+        code = await local.interrupt()
+
+    assert acks == ["AA"] * 300
+    assert ids(http.received) == expected(range(300))  # exactly once, in order
+    got = ids(mllp.received)
+    assert without_repeats(got) == expected(range(300))  # every one, in order
+    assert len(got) <= 301  # at most one sent twice: the one in flight at the outage
+    assert code == 0
+    assert_clean(local.log())
+
+
+async def pending_is(dsn: str, n: int) -> bool:
+    return await pending(dsn) == n
+
+
+async def test_manifest_changes_apply_without_restart(
+    fresh_db: str, tmp_path: Path, local_runs: list[Local]
+) -> None:
+    """Suspend, remove (messages kept, worker gone), restore on another port, bad edit ignored."""
+    watched = tmp_path / "manifests"
+    watched.mkdir()
+    path = watched / "dest.yaml"
+    # the worker's own database connection (it holds the destination's lock)
+    worker_connections = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+    app = "inturn-worker default/moving"
+    async with MllpReceiver() as first, MllpReceiver() as second:
+        port = free_port()
+        manifest(path, "moving", mllp_port=first.port)
+        local = Local(tmp_path, ["-f", str(watched), "--listen", f"adt={port}", "--dsn", fresh_db])
+        local_runs.append(local)
+        await local.start(port)
+        assert await mllp_send(port, range(0, 5), tmp_path) == ["AA"] * 5
+        await first.wait_for(5)
+        assert await count(fresh_db, worker_connections, app) == 1
+
+        # suspend: true -> messages are accepted and kept, nothing is sent
+        manifest(path, "moving", mllp_port=first.port, suspend=True)
+        await local.wait_log("default/moving changed: worker restarted")
+        assert await mllp_send(port, range(5, 10), tmp_path) == ["AA"] * 5
+        await asyncio.sleep(3)
+        assert len(first.received) == 5
+        assert await pending(fresh_db) == 5
+
+        # file removed -> worker stopped, its messages kept
+        path.unlink()
+        await local.wait_log("default/moving removed: worker stopped, 5 pending kept")
+        await wait_until(lambda: count_is(fresh_db, 0, worker_connections, app))
+        assert await pending(fresh_db) == 5
+
+        # file back, unsuspended, pointing at another receiver -> the kept messages go there
+        manifest(path, "moving", mllp_port=second.port)
+        await second.wait_for(5, timeout=30)
+        assert ids(second.received) == expected(range(5, 10))
+        assert len(first.received) == 5
+
+        # an invalid edit is reported and the last good configuration keeps running
+        path.write_text(path.read_text().replace("maxAttempts: 0", "maxAttempts: -1"))
+        await local.wait_log("manifests not applied")
+        assert await mllp_send(port, range(10, 15), tmp_path) == ["AA"] * 5
+        await second.wait_for(10, timeout=30)
+        assert ids(second.received) == expected(range(5, 15))
+        code = await local.interrupt()
+    assert code == 0
+    assert_clean(local.log())
+
+
+async def count_is(dsn: str, n: int, sql: str, *params: Any) -> bool:
+    return await count(dsn, sql, *params) == n
+
+
+async def test_ctrl_c_mid_delivery_exits_zero_and_loses_nothing(
+    fresh_db: str, tmp_path: Path, local_runs: list[Local]
+) -> None:
+    async with MllpReceiver() as rx:
+        rx.delay_seconds = 1.0  # an attempt is in flight when Ctrl-C comes
+        port = free_port()
+        path = manifest(tmp_path / "slow.yaml", "slow", mllp_port=rx.port)
+        local = Local(tmp_path, ["-f", str(path), "--listen", f"adt={port}", "--dsn", fresh_db])
+        local_runs.append(local)
+        await local.start(port)
+        assert await mllp_send(port, range(0, 10), tmp_path) == ["AA"] * 10
+        await rx.wait_for(2, timeout=30)
+        code = await local.interrupt()
+        with pytest.raises(OSError):  # the listener is gone
+            await asyncio.open_connection(HOST, port)
+    log = local.log()
+    assert code == 0, log
+    assert "stopping: listeners first, then workers" in log
+    assert_clean(log)
+    delivered = await count(
+        fresh_db, "SELECT count(*) FROM inturn_delivery WHERE state = 'delivered'"
+    )
+    assert delivered + await pending(fresh_db) == 10
+    assert 1 <= delivered <= len(rx.received)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (("port: 2576", "port: 99999"), "spec.sender.mllp.port"),
+        (("  channel: adt\n", ""), "spec.channel"),
+        (("maxAttempts: 0", "maxAttempts: -1"), "spec.retry.maxAttempts"),
+        (("suspend: false", "suspend: false\n  colour: blue"), "spec.colour"),
+    ],
+)
+async def test_bad_manifest_one_line_naming_the_field_exit_2(
+    tmp_path: Path, edit: tuple[str, str], field: str
+) -> None:
+    path = manifest(tmp_path / "bad.yaml", "bad", mllp_port=2576)
+    path.write_text(path.read_text().replace(*edit))
+    proc = await asyncio.create_subprocess_exec(
+        str(INTURN),
+        "local",
+        "-f",
+        str(path),
+        "--listen",
+        f"adt={free_port()}",
+        "--data-dir",
+        str(tmp_path / "never-created"),
+        env={k: v for k, v in os.environ.items() if k != "INTURN_DSN"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 2
+    assert out == b""
+    assert len(lines) == 1 and "bad.yaml" in lines[0] and field in lines[0], lines
+    assert not (tmp_path / "never-created").exists()  # nothing was started
+
+
+async def test_embedded_postgres_keeps_the_backlog_across_restarts(
+    tmp_path: Path, local_runs: list[Local]
+) -> None:
+    """No --dsn: the embedded Postgres under --data-dir holds what was accepted while the
+    receiver was down, and a restarted ``inturn local`` delivers it."""
+    data = tmp_path / "d"  # short: the server's Unix socket lives under it
+    rx = MllpReceiver(port=free_port())  # down for now
+    port = free_port()
+    path = manifest(tmp_path / "dest.yaml", "later", mllp_port=rx.port)
+    args = ["-f", str(path), "--listen", f"adt={port}", "--data-dir", str(data)]
+
+    first = Local(tmp_path, args)
+    local_runs.append(first)
+    await first.start(port)
+    assert await mllp_send(port, range(0, 20), tmp_path) == ["AA"] * 20
+    assert await first.interrupt() == 0
+    assert "embedded Postgres stopped" in first.log()
+    assert not (data / "pg" / "postmaster.pid").exists()
+
+    second = Local(tmp_path, args)
+    local_runs.append(second)
+    async with rx:
+        await second.start(port)
+        await rx.wait_for(20, timeout=60)
+        assert await mllp_send(port, range(20, 25), tmp_path) == ["AA"] * 5
+        await rx.wait_for(25, timeout=30)
+        assert await second.interrupt() == 0
+    assert without_repeats(ids(rx.received)) == expected(range(25))
+    assert len(rx.received) == 25
+    assert_clean(second.log())
