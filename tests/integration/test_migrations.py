@@ -10,9 +10,10 @@ from importlib import resources
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
+
 from inturn.worker.store.migrate import available, migrate
 from inturn.worker.store.queries import parse
-from psycopg.conninfo import make_conninfo
 
 pytestmark = pytest.mark.store
 

@@ -9,10 +9,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import AsyncConnection
+
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.store.store import Store
-from psycopg import AsyncConnection
 
 pytestmark = pytest.mark.store
 

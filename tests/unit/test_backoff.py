@@ -1,6 +1,7 @@
 """Backoff schedule: doubling from the base to the ceiling (pure)."""
 
 import pytest
+
 from inturn.worker.backoff import backoff_seconds, schedule
 
 
