@@ -1,0 +1,180 @@
+"""The operators' command line as a user runs it: a subprocess, its output and exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from inturn.worker.store.queue import notify_channel
+
+INTURN = str(Path(sys.executable).with_name("inturn"))
+DEST = "ward/lab"
+
+
+def run(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [INTURN, *args]
+    if dsn is not None:
+        cmd += ["--dsn", dsn]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+
+
+def message(n: int, patient: str, sep: str = "|", enc: str = "^~\\&") -> bytes:
+    c, r = enc[0], enc[1]
+    return (
+        f"MSH{sep}{enc}{sep}A{sep}B{sep}C{sep}D{sep}{sep}{sep}ADT{c}A01{sep}M{n}{sep}P{sep}2.5\r"
+        f"PID{sep}1{sep}{sep}OTHER{c}{c}{c}X{r}{patient}{c}{c}{c}HOSP{c}MR{sep}{sep}DOE\r"
+    ).encode()
+
+
+def insert(dsn: str, payloads: list[bytes], state: str = "pending") -> list[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ids = []
+        for i, p in enumerate(payloads):
+            finished = "now()" if state != "pending" else "NULL"
+            row = conn.execute(
+                "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+                f" payload, size, state, finished_at) VALUES (%s, 'adt', %s, 'ADT^A01', %s, %s,"
+                f" %s, {finished}) RETURNING id",
+                (DEST, f"M{i}", p, len(p), state),
+            ).fetchone()
+            assert row is not None
+            ids.append(row[0])
+        return ids
+
+
+def audit(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT who, action, item_ids FROM inturn_audit ORDER BY id").fetchall()
+
+
+def test_depth_list_show_and_payload(fresh_db: str) -> None:
+    raw = message(1, "P1")
+    [a, b] = insert(fresh_db, [raw, message(2, "P2")])
+    depth = json.loads(run("queue", "depth", "--json", dsn=fresh_db).stdout)
+    assert [(d["destination"], d["pending"], d["failed"]) for d in depth] == [(DEST, 2, 0)]
+    listed = json.loads(run("queue", "list", "--json", "--limit", "1", dsn=fresh_db).stdout)
+    assert listed["total"] == 2 and [i["id"] for i in listed["items"]] == [b]
+    assert "payload" not in listed["items"][0]
+    shown = json.loads(run("queue", "show", str(a), "--json", dsn=fresh_db).stdout)
+    assert shown["controlId"] == "M0" and shown["state"] == "pending"
+    out = subprocess.run(
+        [INTURN, "queue", "payload", str(a), "--dsn", fresh_db], capture_output=True, check=True
+    )
+    assert out.stdout == raw
+    table = run("queue", "depth", dsn=fresh_db).stdout
+    assert table.splitlines()[0].split() == [
+        "DESTINATION",
+        "CHANNEL",
+        "PENDING",
+        "FAILED",
+        "OLDEST",
+        "MAX-ATTEMPTS",
+    ]
+
+
+def test_skip_drain_retry_resend_and_remove(fresh_db: str) -> None:
+    a, b, c = insert(fresh_db, [message(n, "P") for n in range(3)])
+    assert run("queue", "skip", str(a), dsn=fresh_db).returncode == 2  # --who is required
+    assert run("queue", "skip", str(a), "--who", "alice", dsn=fresh_db).returncode == 0
+    retried = run("queue", "retry", "--destination", DEST, dsn=fresh_db)
+    assert retried.returncode == 0 and "2 item(s)" in retried.stdout
+    assert run("queue", "drain", DEST, "--who", "bob", dsn=fresh_db).returncode == 0
+    resent = run("queue", "resend", str(a), "--who", "carol", dsn=fresh_db)
+    assert resent.returncode == 0, resent.stderr
+    removed = run("queue", "remove", str(a), str(b), dsn=fresh_db)
+    assert removed.returncode == 0 and "removed 2" in removed.stdout
+    assert [(w, act) for w, act, _ in audit(fresh_db)] == [
+        ("alice", "skip"),
+        ("cli", "retry-now"),
+        ("bob", "drain"),
+        ("carol", "resend"),
+        ("cli", "remove"),
+    ]
+    with psycopg.connect(fresh_db) as conn:
+        states = conn.execute("SELECT id, state FROM inturn_delivery ORDER BY id").fetchall()
+    assert [s for _, s in states] == ["skipped", "pending"]  # c drained; a's copy pending
+    assert states[0][0] == c
+
+
+def test_erase_by_patient_id_whatever_the_encoding_characters(fresh_db: str) -> None:
+    ids = insert(
+        fresh_db,
+        [
+            message(1, "MRN-42"),
+            message(2, "MRN-7"),
+            message(3, "MRN-42", sep="#", enc="$*!@"),  # other separators, same patient
+        ],
+    )
+    insert(fresh_db, [message(4, "MRN-42")], state="delivered")
+    dry = json.loads(
+        run(
+            "queue",
+            "erase",
+            "--patient-id",
+            "MRN-42",
+            "--who",
+            "dpo",
+            "--dry-run",
+            "--json",
+            dsn=fresh_db,
+        ).stdout
+    )
+    matched = [m["id"] for m in dry["matched"]]
+    assert matched == [ids[0], ids[2], ids[2] + 1] and dry["erased"] == []
+    done = run("queue", "erase", "--patient-id", "MRN-42", "--who", "dpo", dsn=fresh_db)
+    assert done.returncode == 0 and "erased 3" in done.stdout
+    assert "MRN-42" not in done.stdout.replace("--patient-id", "")  # no payload echoed
+    with psycopg.connect(fresh_db) as conn:
+        left = conn.execute("SELECT id FROM inturn_delivery").fetchall()
+    assert left == [(ids[1],)]
+    assert audit(fresh_db) == [("dpo", "erase", matched)]
+
+
+def test_purge_keeps_pending(fresh_db: str) -> None:
+    insert(fresh_db, [message(1, "P")])
+    insert(fresh_db, [message(2, "P")], state="delivered")
+    out = run("purge", "--older-than", "0s", dsn=fresh_db)
+    assert out.returncode == 0 and "delivered 1" in out.stdout
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT state FROM inturn_delivery").fetchall() == [("pending",)]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("queue", "skip", "notanumber", "--who", "x"),
+        ("queue", "list", "--state", "stuck"),
+        ("queue", "list", "--limit", "5000"),
+        ("purge", "--older-than", "soon"),
+        ("worker",),
+        ("nosuchcommand",),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(args: tuple[str, ...], fresh_db: str) -> None:
+    out = run(*args, dsn=fresh_db)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("inturn: error:"), out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_unreachable_database_is_one_line(tmp_path: Path) -> None:
+    out = run("queue", "depth", dsn="postgresql://nobody@127.0.0.1:1/x?connect_timeout=2")
+    assert out.returncode == 2
+    assert out.stderr.startswith("inturn: error: cannot reach the database:")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_retry_now_wakes_the_worker_channel(fresh_db: str) -> None:
+    [a] = insert(fresh_db, [message(1, "P")])
+    with psycopg.connect(fresh_db, autocommit=True) as listener:
+        listener.execute(f"LISTEN {notify_channel(DEST)}")
+        assert run("queue", "retry", str(a), dsn=fresh_db).returncode == 0
+        got = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert got == [DEST]
