@@ -65,6 +65,10 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point: run the command line, one-line errors, exit codes 0/1/2."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
@@ -83,8 +87,20 @@ def main(argv: list[str] | None = None) -> Any:
     except psycopg.OperationalError as exc:
         if debug:
             raise
-        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        fail(f"cannot reach the database: {text}")
+        fail(f"cannot reach the database: {_first_line(exc)}")
+    except psycopg.ProgrammingError as exc:
+        if debug:
+            raise
+        fail(f"invalid database connection string: {_first_line(exc)}")
+    except psycopg.Error as exc:
+        if debug:
+            raise
+        fail(f"database error: {_first_line(exc)}")
+    except OSError as exc:
+        # Ports already taken, unresolvable hosts, unreadable files: the system's own words.
+        if debug:
+            raise
+        fail(_first_line(exc))
     except KeyboardInterrupt:
         sys.exit(130)
     return None

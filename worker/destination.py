@@ -471,7 +471,10 @@ def load_file(path: str | Path, *, secrets_dir: str | Path | None = None) -> lis
         resolved = Path(secrets_dir)
         if not resolved.is_absolute():
             resolved = (path.parent / resolved).resolve()
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError([f"byte {exc.start}: not UTF-8 text"], str(path)) from None
     try:
         docs = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:

@@ -41,6 +41,27 @@ POLL_SECONDS = 2.0
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 
+def check_sender(cfg: WorkerConfig) -> None:
+    """Build (and drop) the destination's sender, so a missing TLS file is reported up front.
+
+    Raises:
+        click.ClickException: the sender cannot be built (the message names the destination).
+    """
+    tls = cfg.sender.tls
+    if tls is not None:
+        for path in (tls.ca_file, tls.cert_file, tls.key_file):
+            if path is not None and not Path(path).is_file():
+                raise click.ClickException(
+                    f"destination {cfg.destination}: no TLS file {path} (see --secrets-dir)"
+                )
+    try:
+        make_sender(cfg.sender)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(
+            f"destination {cfg.destination}: its sender cannot be built: {exc}"
+        ) from None
+
+
 def manifest_files(paths: list[Path]) -> list[Path]:
     """The manifest files under ``paths`` (files as given; directories searched recursively
     for ``*.yaml``, ``*.yml`` and ``*.json``), sorted."""
@@ -102,22 +123,23 @@ class LocalRunner:
         self.paths = paths
         self.secrets_dir = secrets_dir
         self.running: dict[str, _Running] = {}
+        self.applied: dict[str, WorkerConfig] = {}
         self._seen: tuple[tuple[str, int, int], ...] = ()
         self.observer = PrometheusObserver()
 
     async def apply(self, desired: dict[str, WorkerConfig]) -> None:
         """Start, restart and stop workers (and register destinations) to match ``desired``."""
         async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            for dest in sorted(set(self.running) - set(desired)):
+            for dest in sorted(set(self.applied) - set(desired)):
                 await self._stop(dest)
                 await registry.mark_deleted(conn, dest)
                 rows = await queue.depth(conn, dest)
                 kept = rows[0].pending if rows else 0
                 log.info("destination %s removed: worker stopped, %d pending kept", dest, kept)
             for dest, cfg in sorted(desired.items()):
-                current = self.running.get(dest)
-                if current is not None and current.config == cfg:
+                if self.applied.get(dest) == cfg:
                     continue
+                current = self.running.get(dest)
                 namespace, _, name = dest.partition("/")
                 await registry.register(
                     conn,
@@ -133,10 +155,18 @@ class LocalRunner:
                     await self._stop(dest)
                     log.info("destination %s changed: worker restarted", dest)
                 self._start(cfg)
+        self.applied = dict(desired)
 
     def _start(self, cfg: WorkerConfig) -> None:
+        try:
+            sender = make_sender(cfg.sender)
+        except (OSError, ValueError) as exc:  # e.g. a TLS file named by a secretRef is missing
+            log.error(
+                "destination %s: not started, its sender cannot be built: %s", cfg.destination, exc
+            )
+            return
         stop = asyncio.Event()
-        worker = DestinationWorker(cfg, self.dsn, make_sender(cfg.sender), self.observer)
+        worker = DestinationWorker(cfg, self.dsn, sender, self.observer)
         task = asyncio.create_task(worker.run(stop), name=f"worker {cfg.destination}")
         self.running[cfg.destination] = _Running(cfg, worker, stop, task)
         log.info(
@@ -148,7 +178,9 @@ class LocalRunner:
         )
 
     async def _stop(self, dest: str) -> None:
-        running = self.running.pop(dest)
+        running = self.running.pop(dest, None)
+        if running is None:
+            return
         running.stop.set()
         await running.task
 
@@ -160,16 +192,30 @@ class LocalRunner:
         self._seen = seen
         try:
             desired = load_all(self.paths, self.secrets_dir)
-        except (ManifestError, click.ClickException) as exc:
+        except (ManifestError, click.ClickException, OSError) as exc:
             message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
             log.error("manifests not applied: %s", message)
             return
         await self.apply(desired)
 
     async def start(self) -> None:
-        """Load the manifests (failing on an invalid one) and start their workers."""
+        """Load the manifests (failing on an invalid one) and start their workers.
+
+        ``inturn local`` owns the destination registry of its database: destinations registered
+        by an earlier run whose manifests are gone are marked deleted, so ingest stops queueing
+        for them (their messages are kept and resume if the manifest comes back).
+        """
         self._seen = fingerprint(manifest_files(self.paths))
-        await self.apply(load_all(self.paths, self.secrets_dir))
+        desired = load_all(self.paths, self.secrets_dir)
+        async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            for row in await registry.list_all(conn):
+                if not row.deleted and row.destination not in desired:
+                    await registry.mark_deleted(conn, row.destination)
+                    log.info(
+                        "destination %s: no manifest any more, not routed (messages kept)",
+                        row.destination,
+                    )
+        await self.apply(desired)
 
     async def stop(self) -> None:
         """Stop every worker (each finishes or abandons its attempt in flight)."""
@@ -183,19 +229,14 @@ class LocalRunner:
 async def run_local(
     dsn: str,
     paths: list[Path],
-    listeners: list[ListenerConfig],
-    http: tuple[str, int] | None,
+    ingest_config: IngestConfig,
     secrets_dir: Path | None,
-    hold_unrouted: frozenset[str],
     stop: asyncio.Event,
 ) -> None:
     """Run ingest and the workers until ``stop`` is set, then shut both down in order."""
     runner = LocalRunner(dsn, paths, secrets_dir)
     await runner.start()
-    ingest = Ingest(
-        IngestConfig(listeners=listeners, http=http, hold_unrouted=hold_unrouted, pool_size=4),
-        dsn=dsn,
-    )
+    ingest = Ingest(ingest_config, dsn=dsn)
     try:
         await ingest.start()
         while not stop.is_set():
@@ -243,6 +284,8 @@ async def run_local(
 @click.option(
     "--secrets-dir",
     type=click.Path(path_type=Path, file_okay=False),
+    default=Path("secrets"),
+    show_default=True,
     help="Where <secret>/<key> files for secretRefs are (relative: to each manifest).",
 )
 @click.option(
@@ -279,7 +322,17 @@ def local_command(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--http") from None
     try:
-        load_all(list(paths), secrets_dir)  # fail before starting anything
+        ingest_config = IngestConfig(
+            listeners=listeners,
+            http=http_address,
+            hold_unrouted=frozenset(hold_unrouted),
+            pool_size=4,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:  # fail before starting anything
+        for cfg in load_all(list(paths), secrets_dir).values():
+            check_sender(cfg)
     except ManifestError as exc:
         raise click.ClickException(str(exc)) from None
     configure(log_level, log_json)
@@ -291,6 +344,7 @@ def local_command(
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from None
         dsn = embedded.dsn
+        log.info("embedded Postgres ready; for `inturn queue ...` use --dsn '%s'", dsn)
     try:
         applied = migrate(dsn)
         if applied:
@@ -301,15 +355,7 @@ def local_command(
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            await run_local(
-                dsn,
-                list(paths),
-                listeners,
-                http_address,
-                secrets_dir,
-                frozenset(hold_unrouted),
-                stop,
-            )
+            await run_local(dsn, list(paths), ingest_config, secrets_dir, stop)
 
         asyncio.run(main())
     finally:

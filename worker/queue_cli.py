@@ -354,6 +354,39 @@ def erase_command(
     click.echo(f"{verb} {len(matched) if dry_run else len(erased)} item(s)")
 
 
+@queue_group.command("audit")
+@dsn_option
+@json_option
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+def audit_command(dsn: str | None, as_json: bool, limit: int) -> None:
+    """Who decided what (skip, drain, erase, retry-now, resend, remove), when, and why."""
+    entries = run_store(dsn, lambda s: s.audit_log(limit))
+    if as_json:
+        click.echo(json.dumps(entries, indent=2))
+        return
+    click.echo(
+        _table(
+            ["AT", "WHO", "ACTION", "DESTINATION", "ITEMS", "WHY"],
+            [
+                [
+                    e["at"][:19],
+                    e["who"],
+                    e["action"],
+                    e["destination"] or "-",
+                    _ids(e["itemIds"]),
+                    e["why"] or "",
+                ]
+                for e in entries
+            ],
+        )
+    )
+
+
+def _ids(ids: list[int]) -> str:
+    text = ",".join(map(str, ids[:5]))
+    return text + (f",... ({len(ids)})" if len(ids) > 5 else "")
+
+
 @click.command("purge")
 @dsn_option
 @click.option(

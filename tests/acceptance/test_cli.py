@@ -178,3 +178,16 @@ def test_retry_now_wakes_the_worker_channel(fresh_db: str) -> None:
         assert run("queue", "retry", str(a), dsn=fresh_db).returncode == 0
         got = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
     assert got == [DEST]
+
+
+def test_audit_shows_who_and_why(fresh_db: str) -> None:
+    [a] = insert(fresh_db, [message(1, "P")])
+    run("queue", "skip", str(a), "--who", "alice", "--why", "sent twice upstream", dsn=fresh_db)
+    [entry] = json.loads(run("queue", "audit", "--json", dsn=fresh_db).stdout)
+    assert (entry["who"], entry["action"], entry["itemIds"], entry["why"]) == (
+        "alice",
+        "skip",
+        [a],
+        "sent twice upstream",
+    )
+    assert "sent twice upstream" in run("queue", "audit", dsn=fresh_db).stdout

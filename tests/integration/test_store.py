@@ -98,7 +98,7 @@ async def test_succeeded_and_gave_up_let_the_next_head_go(conn: AsyncConnection[
     assert failed is not None
     assert (failed.state, failed.attempts, failed.reason) == ("failed", 5, "AR: unknown patient")
     assert failed.finished_at is not None
-    # A mark on an item that is no longer pending changes nothing.
+    # A mark on an item that failed meanwhile changes nothing.
     assert await queue.succeeded(conn, b, 6) is None
 
 
@@ -305,11 +305,17 @@ async def test_succeeded_next_marks_and_reads_the_next_head_at_once(
     await queue.retry(conn, c, 1, 60, "timeout")
     waited, (following, wait) = await queue.succeeded_next(conn, following.item, 1)
     assert following is None and wait is not None and wait > 50  # c is backing off
-    # A head that was skipped meanwhile is not marked; the next head is still read.
+    # A skip that raced with the send loses: the receiver has the message.
     assert await queue.skip(conn, c, who="ops")
-    missing = await queue.get_item(conn, c)
-    assert missing is not None
-    waited, (following, wait) = await queue.succeeded_next(conn, missing, 2)
+    raced = await queue.get_item(conn, c)
+    assert raced is not None
+    waited, (following, wait) = await queue.succeeded_next(conn, raced, 2)
+    assert waited is not None and (following, wait) == (None, None)
+    delivered = await queue.get_item(conn, c)
+    assert delivered is not None and (delivered.state, delivered.decided_by) == ("delivered", "ops")
+    # An erased head is simply gone.
+    assert await queue.erase(conn, [c], who="dpo")
+    waited, (following, wait) = await queue.succeeded_next(conn, raced, 3)
     assert (waited, following, wait) == (None, None, None)
 
 

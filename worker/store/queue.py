@@ -502,3 +502,23 @@ async def pending_destinations(conn: AsyncConnection[Any]) -> list[str]:
     """Every destination with work waiting, so a process starting up knows what to drain."""
     cur = await conn.execute(Q["pending_destinations"])
     return [str(r[0]) for r in await cur.fetchall()]
+
+
+async def audit_log(conn: AsyncConnection[Any], limit: int = 100) -> list[dict[str, Any]]:
+    """The newest ``limit`` audit entries (who, when, what, which items, why), newest first.
+
+    Entries never carry payloads. ``at`` is an ISO 8601 string.
+    """
+    cur = await conn.execute(Q["audit_list"], {"limit": min(max(limit, 1), LIST_LIMIT_MAX)})
+    return [
+        {
+            "id": r[0],
+            "at": r[1].isoformat(),
+            "who": r[2],
+            "action": r[3],
+            "destination": r[4],
+            "itemIds": list(r[5]),
+            "why": r[6],
+        }
+        for r in await cur.fetchall()
+    ]

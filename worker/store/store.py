@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from types import TracebackType
+from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -155,6 +156,11 @@ class Store:
         """Per-destination summary (read pool)."""
         async with self.read.connection() as conn:
             return await queue.depth(conn, destination)
+
+    async def audit_log(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest audit entries (read pool)."""
+        async with self.read.connection() as conn:
+            return await queue.audit_log(conn, limit)
 
     async def pending_destinations(self) -> list[str]:
         """Destinations with work waiting (read pool)."""

@@ -35,12 +35,14 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
 -- name: succeeded_next
 -- Mark the head delivered and read the next head, in one round trip and one commit. The SELECT
 -- sees the snapshot from before the UPDATE, in which the head is still pending: "id > head"
--- skips it. The first column is NULL when the head was no longer pending (skipped or erased).
+-- skips it. A skip or drain that landed while the head was being sent lost the race: the
+-- receiver has it, so it is marked delivered (decided_by keeps who tried). The first column is
+-- NULL when the head is gone (erased).
 WITH done AS (
     UPDATE inturn_delivery
        SET state = 'delivered', attempts = %(attempts)s,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp()
-     WHERE id = %(id)s AND state = 'pending'
+     WHERE id = %(id)s AND state IN ('pending', 'skipped')
     RETURNING extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
 )
 SELECT (SELECT waited_seconds FROM done), h.*
@@ -66,10 +68,11 @@ UPDATE inturn_delivery
  WHERE id = %(id)s AND state = 'pending';
 
 -- name: succeeded
+-- As succeeded_next: a skip that raced with the send loses, the item was delivered.
 UPDATE inturn_delivery
    SET state = 'delivered', attempts = %(attempts)s,
        last_attempt = clock_timestamp(), finished_at = clock_timestamp()
- WHERE id = %(id)s AND state = 'pending'
+ WHERE id = %(id)s AND state IN ('pending', 'skipped')
 RETURNING extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds;
 
 -- name: gave_up

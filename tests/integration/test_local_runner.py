@@ -1,0 +1,59 @@
+"""``inturn local``'s runner: the registry follows the manifests, also across runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import psycopg
+import pytest
+
+from inturn.worker.local import LocalRunner, check_sender, load_all
+from inturn.worker.store import registry
+
+
+def write(tmp_path: Path, name: str, channel: str = "adt", tls: bool = False) -> Path:
+    extra = "\n      tls: {secretRef: {name: partner}}" if tls else ""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        "apiVersion: inturn.dev/v1alpha1\nkind: Destination\n"
+        f"metadata: {{name: {name}}}\n"
+        f"spec:\n  channel: {channel}\n"
+        f"  sender:\n    mllp:\n      host: 127.0.0.1\n      port: 9{extra}\n"
+        "  retry: {maxAttempts: 0}\n"
+    )
+    return path
+
+
+async def active(dsn: str) -> list[str]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return sorted(r.destination for r in await registry.list_all(conn) if not r.deleted)
+
+
+async def test_destinations_of_an_earlier_run_are_no_longer_routed(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    first = tmp_path / "first"
+    first.mkdir()
+    write(first, "old")
+    write(first, "kept")
+    runner = LocalRunner(fresh_db, [first])
+    await runner.start()
+    await runner.stop()
+    assert await active(fresh_db) == ["default/kept", "default/old"]
+    (first / "old.yaml").unlink()
+    runner = LocalRunner(fresh_db, [first])
+    await runner.start()
+    try:
+        assert await active(fresh_db) == ["default/kept"]
+        assert sorted(runner.running) == ["default/kept"]
+    finally:
+        await runner.stop()
+
+
+def test_a_missing_tls_file_is_named_before_anything_starts(tmp_path: Path) -> None:
+    write(tmp_path, "secure", tls=True)
+    [cfg] = load_all([tmp_path], Path("secrets")).values()
+    with pytest.raises(click.ClickException) as info:
+        check_sender(cfg)
+    assert "secrets/partner/ca.crt" in info.value.message
