@@ -713,6 +713,9 @@ async def test_http_messages_health_and_metrics(ingest: Ingest, fresh_db: str) -
         assert name in text
     assert 'inturn_ingest_messages_total{channel="adt",code="AA"}' in text
     assert "DOE" not in text and "H-OK" not in text  # no payload, no control id in labels
+    # A channel nobody configured does not become a label of its own.
+    assert 'channel="nowhere"' not in text
+    assert 'inturn_ingest_messages_total{channel="_other",code="AR"}' in text
     assert [r[3] for r in rows(fresh_db)] == ["H-OK", "H-NE"]
 
 

@@ -313,10 +313,17 @@ class Acceptor:
             reason=f"storage failed: {detail}",
         )
 
+    def _label(self, channel: str) -> str:
+        """``channel`` as a metrics label: names nobody configured (an HTTP client can post to
+        any path) are counted together as ``_other`` so the label set stays bounded."""
+        if channel in self.hold_unrouted or self.router.table.routes(channel):
+            return channel
+        return "_other"
+
     def _done(
         self, channel: str, header: Header | None, outcome: Outcome, size: int | None = None
     ) -> Outcome:
-        metrics.MESSAGES.labels(channel, outcome.code).inc()
+        metrics.MESSAGES.labels(self._label(channel), outcome.code).inc()
         control_id = header.control_id if header is not None else None
         if outcome.code in ("AE", "CE"):
             log.warning(
