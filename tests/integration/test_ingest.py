@@ -379,6 +379,19 @@ async def test_oversized_frame_gets_ar_and_the_connection_is_closed(fresh_db: st
     assert [r[3] for r in rows(fresh_db)] == ["SMALL"]
 
 
+async def test_a_sender_still_writing_a_huge_frame_reads_the_ar(fresh_db: str) -> None:
+    """The rest of a refused frame is read and dropped before closing, so no reset eats the AR."""
+    register(fresh_db, "hospital/adt-out", "adt")
+    async with Ingest(config(max_frame_bytes=1000), dsn=fresh_db) as ingest:
+        reader, writer = await asyncio.open_connection(HOST, ingest.mllp_ports["adt"])
+        writer.write(frame(msg("HUGE", body="OBX|1|TX|||" + "x" * 4_000_000 + "\r")))
+        await writer.drain()  # all 4 MB accepted: the server keeps reading
+        reply = await asyncio.wait_for(reader.readuntil(b"\x1c\r"), 10)
+        writer.close()
+    assert parse_ack(reply.strip(b"\x0b\x1c\r")).code == "AR"
+    assert rows(fresh_db) == []
+
+
 # --- framing -------------------------------------------------------------------------------------
 
 

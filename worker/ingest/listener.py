@@ -28,7 +28,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from inturn.worker.hl7.mllp import Event, Frame, FrameReader, FrameTooLarge, Garbage, frame
+from inturn.worker.hl7.mllp import EB, Event, Frame, FrameReader, FrameTooLarge, Garbage, frame
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import Acceptor
 
@@ -42,6 +42,8 @@ DEFAULT_IDLE_TIMEOUT = 600.0
 DEFAULT_FRAME_TIMEOUT = 30.0
 
 _READ_SIZE = 64 * 1024
+#: Seconds of silence after which the rest of a refused frame is taken to have been sent.
+QUIET_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,19 @@ class MllpListener:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), timeout=1.0)
 
+    async def _discard_rest(self, reader: asyncio.StreamReader) -> None:
+        """Read and drop what the peer still sends of a refused frame, until its end byte, its
+        EOF, a pause of :data:`QUIET_SECONDS` or the frame timeout, so that closing does not
+        reset the connection before the peer has read the AR (closing with unread input makes
+        the kernel send RST, which can discard it)."""
+        with contextlib.suppress(TimeoutError, OSError):
+            async with asyncio.timeout(self.frame_timeout):
+                while True:
+                    async with asyncio.timeout(QUIET_SECONDS):
+                        chunk = await reader.read(_READ_SIZE)
+                    if not chunk or EB in chunk:
+                        return
+
     async def _converse(
         self, task: asyncio.Task[None], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> str:
@@ -231,6 +246,7 @@ class MllpListener:
                 outcome = self.acceptor.reject_too_large(channel, event.limit)
                 writer.write(frame(outcome.ack))
                 await writer.drain()
+                await self._discard_rest(reader)
                 return "too_large"
             assert isinstance(event, Frame)
             received = time.perf_counter()
