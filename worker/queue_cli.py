@@ -119,6 +119,10 @@ def format_depth(rows: list[DepthRow]) -> str:
     )
 
 
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _item_rows(items: list[Item]) -> list[list[str]]:
     now = datetime.now(UTC)
     return [
@@ -126,8 +130,8 @@ def _item_rows(items: list[Item]) -> list[list[str]]:
             str(i.id),
             i.destination,
             i.state,
-            i.message_type,
-            i.control_id,
+            _clip(i.message_type, 20),
+            _clip(i.control_id, 30),
             str(i.attempts),
             _age(i.age_seconds(now)),
             (i.last_error or "")[:60],
@@ -229,7 +233,7 @@ def retry_command(
 ) -> None:
     """Make an item (or a whole destination) due now, with its attempts reset to 0."""
     if (item_id is None) == (destination is None):
-        raise click.UsageError("give an ITEM_ID or --destination, not both")
+        raise click.UsageError("give exactly one of ITEM_ID or --destination")
     ids = run_store(
         dsn, lambda s: s.retry_now(who=who, item_id=item_id, destination=destination, why=why)
     )
@@ -310,7 +314,7 @@ def erase_command(
 ) -> None:
     """Erase items in any state (data-subject erasure), by id or by patient identifier."""
     if bool(item_ids) == bool(patient_id):
-        raise click.UsageError("give ITEM_IDS or --patient-id, not both")
+        raise click.UsageError("give exactly one of ITEM_IDS or a non-empty --patient-id")
 
     async def go(store: Store) -> tuple[list[dict[str, Any]], list[int]]:
         matched: list[dict[str, Any]] = []

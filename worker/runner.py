@@ -154,8 +154,9 @@ class DestinationWorker:
                 )
             )
             log.info(
-                "destination %s: lock held, draining via %s",
+                "destination %s: lock held, %s %s",
                 self.destination,
+                "suspended, sending nothing to" if self.config.suspend else "draining via",
                 self.sender.describe(),
             )
             await self._drain(conn, stop)
