@@ -85,7 +85,9 @@ def database(dsn: str | None) -> Iterator[str]:
     if dsn is None:
         import pgserver
 
-        server = pgserver.get_server(tempfile.mkdtemp(prefix="inturn-bench-"), cleanup_mode="stop")
+        server = pgserver.get_server(
+            tempfile.mkdtemp(prefix="inturn-bench-"), cleanup_mode="delete"
+        )
         dsn = server.get_uri()
     name = f"inturn_bench_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -249,7 +249,7 @@ def main() -> None:
         import pgserver
 
         server = pgserver.get_server(
-            tempfile.mkdtemp(prefix="inturn-bench-pg-"), cleanup_mode="stop"
+            tempfile.mkdtemp(prefix="inturn-bench-pg-"), cleanup_mode="delete"
         )
         server_dsn = server.get_uri()
     name = f"inturn_bench_{uuid.uuid4().hex[:8]}"

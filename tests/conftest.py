@@ -37,7 +37,7 @@ def pg_server_dsn() -> Iterator[str]:
     import pgserver
 
     data = tempfile.mkdtemp(prefix="inturn-pg-")
-    server = pgserver.get_server(data, cleanup_mode="stop")
+    server = pgserver.get_server(data, cleanup_mode="delete")
     try:
         yield server.get_uri()
     finally:
