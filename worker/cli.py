@@ -33,9 +33,11 @@ class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
+        """Every subcommand name, sorted (nothing is imported)."""
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """Import and return the subcommand ``cmd_name``; None for an unknown name."""
         target = COMMANDS.get(cmd_name)
         if target is None:
             return None
