@@ -40,6 +40,7 @@ class DurationType(click.ParamType[int]):
     name = "duration"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """Return the duration in seconds; a bad value is a one-line usage error."""
         if isinstance(value, int):
             return value
         try:
