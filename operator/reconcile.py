@@ -383,12 +383,20 @@ class Runtime:
             except ManifestError as exc:
                 await self._report_invalid(snap, "; ".join(exc.errors))
                 return
+            taken = await self._carriers_taken(children) if register else None
+            if taken is not None:
+                await self._report_invalid(snap, str(taken))
+                return
             self._invalid_reported.pop(key, None)
             try:
                 await self._apply_children(key, children, force=force)
             except ApiError as exc:
                 raise TransientError(str(exc)) from exc
-            db_error = await self._register(snap, children, registered) if register else None
+            try:
+                db_error = await self._register(snap, children, registered) if register else None
+            except registry.CarrierTaken as exc:  # claimed by another one meanwhile
+                await self._report_invalid(snap, str(exc))
+                return
             await self._write_status(snap, children=children, applied=True)
             if db_error is not None:
                 raise TransientError(db_error)
@@ -412,6 +420,24 @@ class Runtime:
             how = await self.api.apply(children.deployment, exists=dep is not None)
             log.info("Deployment %s/%s %s", key[0], children.deployment["metadata"]["name"], how)
 
+    async def _carriers_taken(self, children: manifests.Children) -> registry.CarrierTaken | None:
+        """Whether another live Destination already serves one of this one's carriers.
+
+        At most one live Destination may serve a carrier; the API server cannot check that
+        across objects, so the operator does before it creates anything, and reports the
+        second one as an invalid spec. The registry enforces it again when registering.
+        """
+        carriers = children.spec.get("carriers") or []
+        if self.pool is None or not carriers:
+            return None
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                holders = await registry.carrier_holders(conn, children.key, carriers)
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            log.warning("carrier check for %s failed: %s", children.key, exc)
+            return None  # the registration checks again
+        return registry.CarrierTaken(children.key, holders) if holders else None
+
     async def _register(
         self,
         snap: Mapping[str, Any],
@@ -431,6 +457,7 @@ class Runtime:
             message_types=tuple((spec.get("filter") or {}).get("messageTypes", [])),
             generation=int(meta.get("generation") or 0),
             suspended=bool(spec["suspend"]),
+            carriers=tuple(sorted(spec.get("carriers") or ())),
         )
         if registered is not None and registered.get(children.key) == row:
             return None
@@ -447,6 +474,7 @@ class Runtime:
                     message_types=row.message_types,
                     generation=row.generation,
                     suspended=row.suspended,
+                    carriers=row.carriers,
                 )
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning("registry update for %s failed: %s", children.key, exc)
@@ -696,4 +724,5 @@ def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
         row.message_types,
         row.generation,
         row.suspended,
+        row.carriers,
     )

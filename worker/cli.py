@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "migrate": "inturn.worker.queue_cli:migrate_command",
     "queue": "inturn.worker.queue_cli:queue_group",
     "purge": "inturn.worker.queue_cli:purge_command",
+    "bookings": "inturn.worker.reservations.cli:bookings_group",
     "worker": "inturn.worker.worker_cli:worker_command",
     "ingest": "inturn.worker.ingest.cli:ingest_command",
     "local": "inturn.worker.local:local_command",

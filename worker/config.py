@@ -115,6 +115,7 @@ class WorkerConfig:
         idle_seconds: poll interval when nothing wakes the worker.
         suspend: hold the lock and send nothing.
         message_types: MSH-9 patterns the destination accepts (routing, used by ingest).
+        carriers: IATA airline designators this destination serves (reservation notices).
     """
 
     destination: str
@@ -125,6 +126,7 @@ class WorkerConfig:
     idle_seconds: int = DEFAULT_IDLE_SECONDS
     suspend: bool = False
     message_types: tuple[str, ...] = ()
+    carriers: tuple[str, ...] = ()
 
 
 # --- the rendered form (JSON) -----------------------------------------------------------------
@@ -186,6 +188,7 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
         "destination": cfg.destination,
         "channel": cfg.channel,
         "messageTypes": list(cfg.message_types),
+        "carriers": list(cfg.carriers),
         "sender": sender,
         "retry": {
             "maxAttempts": cfg.retry.max_attempts,
@@ -249,6 +252,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
         idle_seconds=int(doc.get("idleSeconds", DEFAULT_IDLE_SECONDS)),
         suspend=bool(doc.get("suspend", False)),
         message_types=tuple(doc.get("messageTypes", ())),
+        carriers=tuple(doc.get("carriers", ())),
     )
 
 

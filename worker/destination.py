@@ -356,6 +356,7 @@ def render_from_manifest(
         "destination": destination_key(doc),
         "channel": spec["channel"],
         "messageTypes": list((spec.get("filter") or {}).get("messageTypes", [])),
+        "carriers": list(spec.get("carriers", [])),
         "sender": sender,
         "retry": dict(spec["retry"]),
         "ackPolicy": dict(spec["ackPolicy"]),

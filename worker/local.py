@@ -92,11 +92,19 @@ def load_all(paths: list[Path], secrets_dir: Path | None) -> dict[str, WorkerCon
         click.ClickException: two files declare the same destination, or none is found.
     """
     configs: dict[str, WorkerConfig] = {}
+    served: dict[str, str] = {}
     files = manifest_files(paths)
     for f in files:
         for cfg in load_file(f, secrets_dir=secrets_dir):
             if cfg.destination in configs:
                 raise click.ClickException(f"{f}: destination {cfg.destination} is declared twice")
+            for carrier in cfg.carriers:
+                if carrier in served:
+                    raise click.ClickException(
+                        f"{f}: {cfg.destination}: spec.carriers: {carrier} is already served"
+                        f" by {served[carrier]}"
+                    )
+                served[carrier] = cfg.destination
             configs[cfg.destination] = cfg
     return configs
 
@@ -128,7 +136,12 @@ class LocalRunner:
         self.observer = PrometheusObserver()
 
     async def apply(self, desired: dict[str, WorkerConfig]) -> None:
-        """Start, restart and stop workers (and register destinations) to match ``desired``."""
+        """Start, restart and stop workers (and register destinations) to match ``desired``.
+
+        A destination whose carrier another registered destination still serves is not
+        applied (logged); the next change of the files tries again.
+        """
+        desired = dict(desired)
         async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
             for dest in sorted(set(self.applied) - set(desired)):
                 await self._stop(dest)
@@ -136,21 +149,28 @@ class LocalRunner:
                 rows = await queue.depth(conn, dest)
                 kept = rows[0].pending if rows else 0
                 log.info("destination %s removed: worker stopped, %d pending kept", dest, kept)
-            for dest, cfg in sorted(desired.items()):
-                if self.applied.get(dest) == cfg:
-                    continue
+            changed = {d: c for d, c in sorted(desired.items()) if self.applied.get(d) != c}
+            for dest, cfg in changed.items():  # first let go, so that carriers can move
+                await registry.release_carriers(conn, dest, keep=cfg.carriers)
+            for dest, cfg in changed.items():
                 current = self.running.get(dest)
                 namespace, _, name = dest.partition("/")
-                await registry.register(
-                    conn,
-                    destination=dest,
-                    namespace=namespace,
-                    name=name,
-                    channel=cfg.channel,
-                    message_types=list(cfg.message_types),
-                    generation=0,
-                    suspended=cfg.suspend,
-                )
+                try:
+                    await registry.register(
+                        conn,
+                        destination=dest,
+                        namespace=namespace,
+                        name=name,
+                        channel=cfg.channel,
+                        message_types=list(cfg.message_types),
+                        generation=0,
+                        suspended=cfg.suspend,
+                        carriers=cfg.carriers,
+                    )
+                except registry.CarrierTaken as exc:
+                    log.error("destination %s: not applied: %s", dest, exc)
+                    desired.pop(dest)
+                    continue
                 if current is not None:
                     await self._stop(dest)
                     log.info("destination %s changed: worker restarted", dest)

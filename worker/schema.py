@@ -50,6 +50,8 @@ Schema = dict[str, Any]
 
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
+#: An IATA airline designator: two letters or digits, optionally a third letter.
+CARRIER_PATTERN = r"^[A-Z0-9]{2}[A-Z]?$"
 
 
 # --- small builders -------------------------------------------------------------------------
@@ -191,10 +193,24 @@ RULE_CLIENT_CERT = Rule(
     check=lambda node: ("certKey" in node) == ("keyKey" in node),
 )
 
+RULE_CARRIERS_DISTINCT = Rule(
+    cel="!has(self.carriers) || self.carriers.all(c, self.carriers.filter(d, d == c).size() == 1)",
+    message="each carrier may be listed once",
+    check=lambda node: len(set(node.get("carriers", ()))) == len(node.get("carriers", ())),
+    field_path=".carriers",
+)
+
 #: Every rule, keyed by its CEL text: how a schema node's ``x-kubernetes-validations`` item is
 #: mapped back to its Python predicate.
 RULES: dict[str, Rule] = {
-    r.cel: r for r in (RULE_NAME_LENGTH, RULE_ONE_SENDER, RULE_BACKOFF, RULE_CLIENT_CERT)
+    r.cel: r
+    for r in (
+        RULE_NAME_LENGTH,
+        RULE_ONE_SENDER,
+        RULE_BACKOFF,
+        RULE_CLIENT_CERT,
+        RULE_CARRIERS_DISTINCT,
+    )
 }
 
 
@@ -492,10 +508,25 @@ def spec_schema() -> Schema:
                 "Hold the queue: the worker keeps its lock and sends nothing.", default=False
             ),
             "worker": _worker(),
+            "carriers": _carriers(),
         },
         required=("channel", "sender", "retry"),
         description="The desired state of a delivery destination.",
+        rules=(RULE_CARRIERS_DISTINCT,),
     )
+
+
+def _carriers() -> Schema:
+    return {
+        "type": "array",
+        "description": (
+            "IATA airline designators (e.g. LH) whose reservation messages, such as"
+            " cancellation notices, go to this destination. At most one live Destination may"
+            " serve a carrier: the operator and inturn local refuse a second one."
+        ),
+        "maxItems": 64,
+        "items": _str("An IATA airline designator.", max_length=3, pattern=CARRIER_PATTERN),
+    }
 
 
 # --- the status -----------------------------------------------------------------------------
@@ -634,6 +665,7 @@ def worker_config_schema() -> Schema:
             ),
             "channel": spec["channel"],
             "messageTypes": spec["filter"]["properties"]["messageTypes"],
+            "carriers": spec["carriers"],
             "sender": spec["sender"],
             "retry": spec["retry"],
             "ackPolicy": spec["ackPolicy"],

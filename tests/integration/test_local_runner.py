@@ -12,13 +12,20 @@ from inturn.worker.local import LocalRunner, check_sender, load_all
 from inturn.worker.store import registry
 
 
-def write(tmp_path: Path, name: str, channel: str = "adt", tls: bool = False) -> Path:
+def write(
+    tmp_path: Path,
+    name: str,
+    channel: str = "adt",
+    tls: bool = False,
+    carriers: tuple[str, ...] = (),
+) -> Path:
     extra = "\n      tls: {secretRef: {name: partner}}" if tls else ""
     path = tmp_path / f"{name}.yaml"
     path.write_text(
         "apiVersion: inturn.dev/v1alpha1\nkind: Destination\n"
         f"metadata: {{name: {name}}}\n"
         f"spec:\n  channel: {channel}\n"
+        f"  carriers: [{', '.join(carriers)}]\n"
         f"  sender:\n    mllp:\n      host: 127.0.0.1\n      port: 9{extra}\n"
         "  retry: {maxAttempts: 0}\n"
     )
@@ -57,3 +64,29 @@ def test_a_missing_tls_file_is_named_before_anything_starts(tmp_path: Path) -> N
     with pytest.raises(click.ClickException) as info:
         check_sender(cfg)
     assert "secrets/partner/ca.crt" in info.value.message
+
+
+def test_two_manifests_serving_one_carrier_are_refused(tmp_path: Path) -> None:
+    write(tmp_path, "a", carriers=("LH", "OS"))
+    write(tmp_path, "b", carriers=("UA", "LH"))
+    with pytest.raises(click.ClickException) as info:
+        load_all([tmp_path], None)
+    assert info.value.message.endswith(
+        "b.yaml: default/b: spec.carriers: LH is already served by default/a"
+    )
+
+
+async def test_carriers_follow_the_manifests_and_may_move(fresh_db: str, tmp_path: Path) -> None:
+    write(tmp_path, "a", carriers=("LH",))
+    write(tmp_path, "b", carriers=("UA",))
+    runner = LocalRunner(fresh_db, [tmp_path])
+    await runner.start()
+    try:
+        write(tmp_path, "a", carriers=("UA",))
+        write(tmp_path, "b", carriers=("LH", "OS"))
+        await runner.apply(load_all([tmp_path], None))
+        async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            rows = {r.destination: r.carriers for r in await registry.list_all(conn)}
+        assert rows == {"default/a": ("UA",), "default/b": ("LH", "OS")}
+    finally:
+        await runner.stop()

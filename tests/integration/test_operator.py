@@ -425,3 +425,33 @@ async def test_operator_restart_changes_nothing(
     after = {k: dict(env.objects[k].raw) for k in env.objects if not env.objects[k].deleted}
     assert after == snapshot
     assert (registry_row(fresh_db, "ward/lis"), registry_row(fresh_db, "ward/web")) == rows_before
+
+
+async def test_a_second_destination_for_a_carrier_is_refused(
+    env: kmock.KubernetesEmulator, fresh_db: str
+) -> None:
+    first = destination("partner-a")
+    first["spec"]["carriers"] = ["LH", "OS"]
+    env.objects[DEST, NS, "partner-a"] = first
+    async with operator() as runner:
+        await eventually(lambda: registry_row(fresh_db, "ward/partner-a") is not None)
+        second = destination("partner-b")
+        second["spec"]["carriers"] = ["UA", "LH"]
+        await env.post(f"/apis/inturn.dev/v1alpha1/namespaces/{NS}/destinations", json=second)
+        await eventually(
+            lambda: condition(obj(env, DEST, "partner-b"), "Ready")["reason"] == "InvalidSpec"
+        )
+        message = condition(obj(env, DEST, "partner-b"), "Ready")["message"]
+        assert "spec.carriers: LH is already served by ward/partner-a" in message
+        assert registry_row(fresh_db, "ward/partner-b") is None
+        assert (DEPLOY, NS, "partner-b-worker") not in env.objects
+
+        # the first one goes: the periodic pass lets the second one serve LH
+        await env.delete(f"/apis/inturn.dev/v1alpha1/namespaces/{NS}/destinations/partner-a")
+        await eventually(lambda: registry_row(fresh_db, "ward/partner-b") is not None)
+        with psycopg.connect(fresh_db) as conn:
+            held = conn.execute(
+                "SELECT carrier, destination FROM inturn_destination_carrier ORDER BY 1"
+            ).fetchall()
+        assert held == [("LH", "ward/partner-b"), ("UA", "ward/partner-b")]
+    assert runner.exception is None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import psycopg
+import pytest
 
 from inturn.worker.store import registry
 
@@ -57,3 +59,64 @@ async def test_status_depth_is_one_grouped_query(fresh_db: str) -> None:
     assert a.head_error == "timeout: 30s"
     assert a.oldest == datetime(2026, 1, 1, tzinfo=UTC)
     assert depth["ns/b"].head_attempts == 0 and depth["ns/b"].head_error is None
+
+
+async def test_at_most_one_live_destination_serves_a_carrier(fresh_db: str) -> None:
+    args = {
+        "namespace": "ward",
+        "channel": "res",
+        "message_types": [],
+        "generation": 1,
+        "suspended": False,
+    }
+    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        assert await registry.register(
+            conn, destination="ward/a", name="a", carriers=["LH", "OS"], **args
+        )
+        assert not await registry.register(
+            conn, destination="ward/a", name="a", carriers=["OS", "LH"], **args
+        )
+        with pytest.raises(registry.CarrierTaken) as taken:
+            await registry.register(
+                conn, destination="ward/b", name="b", carriers=["UA", "LH"], **args
+            )
+        assert str(taken.value) == "spec.carriers: LH is already served by ward/a"
+        rows = {r.destination: r for r in await registry.list_all(conn)}
+        assert set(rows) == {"ward/a"}  # nothing of b was written
+        assert rows["ward/a"].carriers == ("LH", "OS")
+
+        # a drops LH: b may take it; a deleted Destination releases what it served
+        assert await registry.register(
+            conn, destination="ward/a", name="a", carriers=["OS"], **args
+        )
+        assert await registry.register(
+            conn, destination="ward/b", name="b", carriers=["UA", "LH"], **args
+        )
+        assert await registry.mark_deleted(conn, "ward/a")
+        assert await registry.register(
+            conn, destination="ward/c", name="c", carriers=["OS"], **args
+        )
+        rows = {r.destination: r for r in await registry.list_all(conn)}
+        assert rows["ward/a"].carriers == () and rows["ward/b"].carriers == ("LH", "UA")
+
+
+async def test_two_registrations_racing_for_a_carrier_one_wins(fresh_db: str) -> None:
+    args = {"namespace": "ward", "channel": "res", "message_types": [], "generation": 1}
+
+    async def claim(name: str) -> bool:
+        async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            try:
+                await registry.register(
+                    conn,
+                    destination=f"ward/{name}",
+                    name=name,
+                    suspended=False,
+                    carriers=["LH"],
+                    **args,
+                )
+            except registry.CarrierTaken:
+                return False
+            return True
+
+    results = await asyncio.gather(*(claim(f"d{i}") for i in range(8)))
+    assert sorted(results) == [False] * 7 + [True]

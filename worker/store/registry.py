@@ -33,6 +33,7 @@ class RegisteredDestination:
         generation: ``metadata.generation`` of the Destination when registered.
         suspended: ``spec.suspend``.
         deleted: the Destination is gone (the row is kept for the record).
+        carriers: IATA airline designators it serves (``spec.carriers``), sorted.
     """
 
     destination: str
@@ -43,6 +44,21 @@ class RegisteredDestination:
     generation: int
     suspended: bool
     deleted: bool = False
+    carriers: tuple[str, ...] = ()
+
+
+class CarrierTaken(ValueError):
+    """A carrier is already served by another live Destination (at most one may serve it).
+
+    Attributes:
+        holders: ``{carrier: destination}`` of every carrier claimed by another destination.
+    """
+
+    def __init__(self, destination: str, holders: dict[str, str]) -> None:
+        self.destination = destination
+        self.holders = dict(holders)
+        taken = ", ".join(f"{c} is already served by {d}" for c, d in sorted(holders.items()))
+        super().__init__(f"spec.carriers: {taken}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,7 @@ def _row(r: Sequence[Any]) -> RegisteredDestination:
         generation=int(r[5]),
         suspended=bool(r[6]),
         deleted=bool(r[7]),
+        carriers=tuple(r[8] or ()),
     )
 
 
@@ -90,32 +107,69 @@ async def register(
     message_types: Sequence[str],
     generation: int,
     suspended: bool,
+    carriers: Sequence[str] = (),
 ) -> bool:
-    """Insert or update a destination (and un-delete it). Idempotent.
+    """Insert or update a destination (and un-delete it) and its carriers, in one transaction.
+
+    At most one live destination serves a carrier: claiming a carrier that another live
+    destination holds fails and changes nothing (the claim is enforced by the carrier table's
+    primary key, so two registrations racing for one carrier cannot both win). Idempotent.
 
     Returns:
-        True when a row was written, False when it was already exactly so.
+        True when anything was written, False when it was already exactly so.
 
     Raises:
+        CarrierTaken: another live destination serves one of ``carriers``; nothing changed.
         psycopg.Error: the database failed.
     """
+    async with conn.transaction():
+        cur = await conn.execute(
+            Q["register"],
+            {
+                "destination": destination,
+                "namespace": namespace,
+                "name": name,
+                "channel": channel,
+                "message_types": list(message_types),
+                "generation": generation,
+                "suspended": suspended,
+            },
+        )
+        written = await cur.fetchone() is not None
+        released = await release_carriers(conn, destination, keep=carriers)
+        cur = await conn.execute(
+            Q["claim_carriers"], {"destination": destination, "carriers": sorted(set(carriers))}
+        )
+        claimed = await cur.fetchall()
+        holders = await carrier_holders(conn, destination, carriers)
+        if holders:
+            raise CarrierTaken(destination, holders)
+    return written or bool(released) or bool(claimed)
+
+
+async def release_carriers(
+    conn: AsyncConnection[Any], destination: str, *, keep: Sequence[str]
+) -> list[str]:
+    """Release the carriers ``destination`` serves that are not in ``keep``; return them."""
     cur = await conn.execute(
-        Q["register"],
-        {
-            "destination": destination,
-            "namespace": namespace,
-            "name": name,
-            "channel": channel,
-            "message_types": list(message_types),
-            "generation": generation,
-            "suspended": suspended,
-        },
+        Q["release_carriers"], {"destination": destination, "carriers": sorted(set(keep))}
     )
-    return await cur.fetchone() is not None
+    return sorted(r[0] for r in await cur.fetchall())
+
+
+async def carrier_holders(
+    conn: AsyncConnection[Any], destination: str, carriers: Sequence[str]
+) -> dict[str, str]:
+    """Return ``{carrier: destination}`` for the carriers another destination serves."""
+    cur = await conn.execute(
+        Q["carrier_holders"], {"destination": destination, "carriers": sorted(set(carriers))}
+    )
+    return {r[0]: r[1] for r in await cur.fetchall()}
 
 
 async def mark_deleted(conn: AsyncConnection[Any], destination: str) -> bool:
-    """Mark a destination deleted so that ingest stops routing to it. Its messages are kept.
+    """Mark a destination deleted so that ingest stops routing to it. Its messages are kept;
+    the carriers it served are released.
 
     Returns:
         True when the row was active and is now marked, False otherwise (idempotent).

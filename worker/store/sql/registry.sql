@@ -26,22 +26,51 @@ ON CONFLICT (destination) DO UPDATE
 RETURNING destination;
 
 -- name: mark_deleted
--- The Destination is gone: stop routing to it. Its queued messages stay where they are.
+-- The Destination is gone: stop routing to it. Its queued messages stay where they are; the
+-- carriers it served are released.
+WITH released AS (
+    DELETE FROM inturn_destination_carrier WHERE destination = %(destination)s
+)
 UPDATE inturn_destination
    SET deleted_at = now(), updated_at = now()
  WHERE destination = %(destination)s AND deleted_at IS NULL
 RETURNING destination;
 
+-- name: release_carriers
+-- Release the carriers a destination holds that are not in the given list.
+DELETE FROM inturn_destination_carrier
+ WHERE destination = %(destination)s AND NOT (carrier = ANY (%(carriers)s::text[]))
+RETURNING carrier;
+
+-- name: claim_carriers
+-- Claim the given carriers that nobody holds. A carrier held by another destination is left
+-- alone (see carrier_holders).
+INSERT INTO inturn_destination_carrier (carrier, destination)
+SELECT c, %(destination)s FROM unnest(%(carriers)s::text[]) AS c
+ON CONFLICT (carrier) DO NOTHING
+RETURNING carrier;
+
+-- name: carrier_holders
+-- Which other destinations hold any of the given carriers.
+SELECT carrier, destination
+  FROM inturn_destination_carrier
+ WHERE carrier = ANY (%(carriers)s::text[]) AND destination <> %(destination)s
+ ORDER BY carrier;
+
 -- name: active_for_channel
 SELECT destination, namespace, name, channel, message_types, generation, suspended,
-       deleted_at IS NOT NULL
+       deleted_at IS NOT NULL,
+       ARRAY(SELECT carrier FROM inturn_destination_carrier c
+              WHERE c.destination = inturn_destination.destination ORDER BY carrier)
   FROM inturn_destination
  WHERE channel = %(channel)s AND deleted_at IS NULL
  ORDER BY destination;
 
 -- name: list_all
 SELECT destination, namespace, name, channel, message_types, generation, suspended,
-       deleted_at IS NOT NULL
+       deleted_at IS NOT NULL,
+       ARRAY(SELECT carrier FROM inturn_destination_carrier c
+              WHERE c.destination = inturn_destination.destination ORDER BY carrier)
   FROM inturn_destination
  ORDER BY destination;
 

@@ -1,0 +1,2 @@
+"""Reservation records (bookings and their segments) and the work a partner's answer, or its
+silence, or a passing deadline, puts on a worklist."""

@@ -1,0 +1,293 @@
+"""Reservation records in Postgres: bookings, segments and the history of their statuses.
+
+Every function takes an open async connection and runs in its current transaction (the
+caller decides where a transaction begins and ends; an autocommit connection commits each
+statement). Rows are read by column name. The queries are in ``sql/bookings.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any, Literal
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from inturn.worker.reservations.codes import DEAD_STATES, WITHDRAWN
+from inturn.worker.reservations.records import Booking, Segment
+from inturn.worker.store.queries import load
+
+Q = load("bookings.sql")
+
+Written = Literal["created", "updated", "unchanged"]
+Outcome = Literal["applied", "late", "withdrawn"]
+
+
+@dataclass(frozen=True)
+class SegmentEvent:
+    """One status a partner sent for a segment (or a withdrawal of ours), as recorded.
+
+    Attributes:
+        number: the segment; code: the code as received.
+        previous, result: the segment's status before and after (equal when ``late``).
+        outcome: ``applied``; ``late`` (the segment was already cancelled: recorded, not
+            applied); ``withdrawn`` (our cancellation).
+        received_at: when the partner's message arrived; recorded_at: when it was stored.
+    """
+
+    id: int
+    number: int
+    code: str
+    previous: str
+    result: str
+    outcome: Outcome
+    received_at: datetime
+    recorded_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (camelCase keys, ISO 8601 times)."""
+        return {
+            "segment": self.number,
+            "code": self.code,
+            "previous": self.previous,
+            "result": self.result,
+            "outcome": self.outcome,
+            "receivedAt": self.received_at.isoformat(),
+            "recordedAt": self.recorded_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
+class LockedSegment:
+    """A segment locked for an update, with its booking's owner and cancellation."""
+
+    owner: str
+    cancelled_at: datetime | None
+    status: str
+    carrier: str
+
+
+@dataclass(frozen=True)
+class LockedBooking:
+    """A booking locked for cancellation, with what the cancellation re-checks.
+
+    ``expired`` is whether its ticketing deadline has passed (database time).
+    """
+
+    locator: str
+    owner: str
+    ticketed: bool
+    cancelled_at: datetime | None
+    ticketing_deadline: datetime | None
+    expired: bool
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """A segment just withdrawn by a cancellation, with the status it held."""
+
+    number: int
+    carrier: str
+    flight: str
+    date: date
+    origin: str
+    destination: str
+    previous: str
+
+
+@dataclass(frozen=True)
+class CarrierDestination:
+    """The live Destination that serves a carrier, and the channel it is registered on."""
+
+    carrier: str
+    destination: str
+    channel: str
+
+
+async def upsert(conn: AsyncConnection[Any], booking: Booking) -> Written:
+    """Write one imported booking and its segments; segments it does not list are deleted.
+
+    Idempotent: writing the same booking again changes nothing and returns ``unchanged``.
+    The cancellation of a cancelled booking is kept. Run it inside a transaction, so that a
+    booking is never half written.
+
+    Returns:
+        ``created``, ``updated`` (the booking or any segment changed) or ``unchanged``.
+    """
+    cur = await conn.execute(
+        Q["upsert_booking"],
+        {
+            "locator": booking.locator,
+            "owner": booking.owner,
+            "created_at": booking.created_at,
+            "ticketing_deadline": booking.ticketing_deadline,
+            "ticketing_deadline_text": booking.ticketing_deadline_text,
+            "ticketed": booking.ticketed,
+            "ticket_numbers": list(booking.ticket_numbers),
+        },
+    )
+    row = await cur.fetchone()
+    changed = row is not None
+    async with conn.cursor() as seg_cur:
+        for seg in booking.segments:
+            await seg_cur.execute(
+                Q["upsert_segment"],
+                {
+                    "locator": booking.locator,
+                    "number": seg.number,
+                    "carrier": seg.carrier,
+                    "flight": seg.flight,
+                    "date": seg.date,
+                    "origin": seg.origin,
+                    "destination": seg.destination,
+                    "status": seg.status,
+                    "requested_at": seg.requested_at,
+                },
+            )
+            changed = changed or await seg_cur.fetchone() is not None
+        await seg_cur.execute(
+            Q["delete_other_segments"],
+            {"locator": booking.locator, "numbers": [s.number for s in booking.segments]},
+        )
+        changed = changed or bool(await seg_cur.fetchall())
+    if row is not None and row[0]:
+        return "created"
+    return "updated" if changed else "unchanged"
+
+
+async def get(conn: AsyncConnection[Any], locator: str) -> Booking | None:
+    """Return one booking with its segments, or None if there is no such locator."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q["get_booking"], {"locator": locator})
+        b = await cur.fetchone()
+        if b is None:
+            return None
+        await cur.execute(Q["get_segments"], {"locator": locator})
+        segments = tuple(Segment(**s) for s in await cur.fetchall())
+    return Booking(
+        locator=b["locator"],
+        owner=b["owner"],
+        created_at=b["created_at"],
+        segments=segments,
+        ticketing_deadline=b["ticketing_deadline"],
+        ticketing_deadline_text=b["ticketing_deadline_text"],
+        ticketed=b["ticketed"],
+        ticket_numbers=tuple(b["ticket_numbers"]),
+        cancelled_at=b["cancelled_at"],
+        cancel_reason=b["cancel_reason"],
+    )
+
+
+async def events(conn: AsyncConnection[Any], locator: str) -> list[SegmentEvent]:
+    """Return a booking's status history, oldest first."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q["segment_events"], {"locator": locator})
+        return [SegmentEvent(**r) for r in await cur.fetchall()]
+
+
+async def lock_segment(
+    conn: AsyncConnection[Any], locator: str, number: int
+) -> LockedSegment | None:
+    """Lock a booking and one of its segments until the transaction ends; None if absent."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q["lock_segment"], {"locator": locator, "number": number})
+        row = await cur.fetchone()
+    return LockedSegment(**row) if row is not None else None
+
+
+async def set_status(
+    conn: AsyncConnection[Any],
+    locator: str,
+    number: int,
+    status: str,
+    received_at: datetime | None,
+) -> None:
+    """Set a segment's status; its change time is ``received_at`` (None: database now)."""
+    await conn.execute(
+        Q["set_segment_status"],
+        {"locator": locator, "number": number, "status": status, "received_at": received_at},
+    )
+
+
+async def record_event(
+    conn: AsyncConnection[Any],
+    *,
+    locator: str,
+    number: int,
+    code: str,
+    previous: str,
+    result: str,
+    outcome: Outcome,
+    received_at: datetime | None,
+) -> None:
+    """Add one entry to a segment's status history (``received_at`` None: database now)."""
+    await conn.execute(
+        Q["record_event"],
+        {
+            "locator": locator,
+            "number": number,
+            "code": code,
+            "previous": previous,
+            "result": result,
+            "outcome": outcome,
+            "received_at": received_at,
+        },
+    )
+
+
+async def lock_booking(
+    conn: AsyncConnection[Any], locator: str, *, at: datetime | None = None
+) -> LockedBooking | None:
+    """Lock one booking until the transaction ends and return what a cancellation re-checks.
+
+    Args:
+        at: the instant "expired" is judged at; None (production) is database now.
+    """
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q["lock_booking"], {"locator": locator, "at": at})
+        row = await cur.fetchone()
+    return LockedBooking(**row) if row is not None else None
+
+
+async def withdraw(conn: AsyncConnection[Any], locator: str) -> list[Withdrawn]:
+    """Set every live segment of a (locked) booking to XX and record each in its history.
+
+    Live: any status but cancelled, refused or superseded (see ``codes.DEAD_STATES``).
+
+    Returns:
+        The segments withdrawn, by number, with the status each held.
+    """
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            Q["withdraw_segments"],
+            {"locator": locator, "withdrawn": WITHDRAWN, "dead": sorted(DEAD_STATES)},
+        )
+        out = sorted((Withdrawn(**r) for r in await cur.fetchall()), key=lambda w: w.number)
+    if out:
+        await conn.execute(
+            Q["record_withdrawals"],
+            {
+                "locator": locator,
+                "withdrawn": WITHDRAWN,
+                "numbers": [w.number for w in out],
+                "previous": [w.previous for w in out],
+            },
+        )
+    return out
+
+
+async def mark_cancelled(conn: AsyncConnection[Any], locator: str, reason: str) -> bool:
+    """Mark a booking cancelled (now, database time); False if it already was."""
+    cur = await conn.execute(Q["mark_cancelled"], {"locator": locator, "reason": reason})
+    return await cur.fetchone() is not None
+
+
+async def carrier_destinations(
+    conn: AsyncConnection[Any], carriers: Sequence[str]
+) -> dict[str, CarrierDestination]:
+    """Return the live Destination of each carrier that has one (absent carriers: none)."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q["carrier_destinations"], {"carriers": list(carriers)})
+        return {r["carrier"]: CarrierDestination(**r) for r in await cur.fetchall()}
