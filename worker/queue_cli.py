@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ import click
 import psycopg
 
 from inturn.worker.durations import parse_duration
+from inturn.worker.store import identifiers
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import STATES, DepthRow, Item
@@ -32,6 +34,18 @@ dsn_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 who_option = click.option("--who", required=True, help="Who decides (recorded in the audit).")
 why_option = click.option("--why", default=None, help="Why (recorded in the audit).")
+patient_id_option = click.option(
+    "--patient-id",
+    help="Only the items naming this patient ID in PID-2, PID-3, PID-4 or MRG-1 (indexed).",
+)
+authority_option = click.option(
+    "--authority",
+    help="With --patient-id: only identifiers assigned by this authority (CX-4 namespace or"
+    " universal ID).",
+)
+
+#: Items read by ``erase --scan`` before it tells how long the rest will take.
+SCAN_RATE_SAMPLE = 2000
 
 
 class DurationType(click.ParamType[int]):
@@ -164,6 +178,9 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
 @click.option("--destination", "-d", help="namespace/name")
 @click.option("--channel", "-c")
 @click.option("--state", "-s", type=click.Choice(STATES))
+@click.option("--control-id", help="Only the items of this MSH-10 (exact match; indexed).")
+@patient_id_option
+@authority_option
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
 @click.option("--offset", type=click.IntRange(0), default=0)
 def list_command(
@@ -172,16 +189,38 @@ def list_command(
     destination: str | None,
     channel: str | None,
     state: str | None,
+    control_id: str | None,
+    patient_id: str | None,
+    authority: str | None,
     limit: int,
     offset: int,
 ) -> None:
     """Items newest first (never payloads), with the total count."""
-    items, total = run_store(
-        dsn,
-        lambda s: s.list_items(
-            destination=destination, channel=channel, state=state, limit=limit, offset=offset
-        ),
-    )
+    patient_key = _patient_key(patient_id, authority)
+
+    async def go(store: Store) -> tuple[list[Item], int, int]:
+        items, total = await store.list_items(
+            destination=destination,
+            channel=channel,
+            state=state,
+            control_id=control_id,
+            patient_key=patient_key,
+            limit=limit,
+            offset=offset,
+        )
+        unindexed = 0
+        if patient_key is not None:
+            async with store.read.connection() as conn:
+                unindexed = await identifiers.unindexed_count(conn)
+        return items, total, unindexed
+
+    items, total, unindexed = run_store(dsn, go)
+    if unindexed:
+        click.echo(
+            f"warning: {unindexed} item(s) are not indexed yet and were not searched; run"
+            " `inturn migrate` to index them (`queue erase --patient-id` reads them anyway)",
+            err=True,
+        )
     if as_json:
         click.echo(json.dumps({"total": total, "items": [i.to_json() for i in items]}, indent=2))
         return
@@ -299,7 +338,16 @@ def resend_command(dsn: str | None, item_id: int, who: str, why: str | None) -> 
 @queue_group.command("erase")
 @dsn_option
 @click.argument("item_ids", type=int, nargs=-1)
-@click.option("--patient-id", help="Erase every held message whose PID-3 carries this ID.")
+@click.option(
+    "--patient-id",
+    help="Erase every held message naming this ID in PID-2, PID-3, PID-4 or MRG-1.",
+)
+@authority_option
+@click.option(
+    "--scan",
+    is_flag=True,
+    help="Find the patient by reading every payload instead of the index (slow: says how long).",
+)
 @who_option
 @why_option
 @click.option("--dry-run", is_flag=True, help="Show what would be erased; erase nothing.")
@@ -308,41 +356,34 @@ def erase_command(
     dsn: str | None,
     item_ids: tuple[int, ...],
     patient_id: str | None,
+    authority: str | None,
+    scan: bool,
     who: str,
     why: str | None,
     dry_run: bool,
     as_json: bool,
 ) -> None:
     """Erase items in any state (data-subject erasure), by id or by patient identifier."""
-    if bool(item_ids) == bool(patient_id):
+    if bool(item_ids) == bool(patient_id and patient_id.strip()):
         raise click.UsageError("give exactly one of ITEM_IDS or a non-empty --patient-id")
+    if (authority is not None or scan) and not patient_id:
+        raise click.UsageError("--authority and --scan go with --patient-id")
+    _patient_key(patient_id, authority)  # a blank --authority is a usage error
 
     async def go(store: Store) -> tuple[list[dict[str, Any]], list[int]]:
         matched: list[dict[str, Any]] = []
-        if patient_id:
-            from inturn.worker.hl7.pid import has_patient_id
-
-            async for held in store.scan_payloads():
-                if has_patient_id(held.payload, patient_id):
-                    matched.append(
-                        {
-                            "id": held.id,
-                            "destination": held.destination,
-                            "state": held.state,
-                            "messageType": held.message_type,
-                        }
-                    )
+        if patient_id and scan:
+            matched = await _scan_for_patient(store, patient_id, authority)
+        elif patient_id:
+            async with store.read.connection() as conn:
+                found = await identifiers.find_patient(conn, patient_id, authority)
+            matched = [_erase_row(i.id, i.destination, i.state, i.message_type) for i in found]
         else:
             for item_id in item_ids:
                 item = await store.get_item(item_id)
                 if item is not None:
                     matched.append(
-                        {
-                            "id": item.id,
-                            "destination": item.destination,
-                            "state": item.state,
-                            "messageType": item.message_type,
-                        }
+                        _erase_row(item.id, item.destination, item.state, item.message_type)
                     )
         if dry_run or not matched:
             return matched, []
@@ -357,6 +398,54 @@ def erase_command(
         click.echo(f"{m['id']}  {m['destination']}  {m['state']}  {m['messageType']}")
     verb = "would erase" if dry_run else "erased"
     click.echo(f"{verb} {len(matched) if dry_run else len(erased)} item(s)")
+
+
+def _erase_row(item_id: int, destination: str, state: str, message_type: str) -> dict[str, Any]:
+    return {"id": item_id, "destination": destination, "state": state, "messageType": message_type}
+
+
+async def _scan_for_patient(
+    store: Store, patient_id: str, authority: str | None
+) -> list[dict[str, Any]]:
+    """Read every held payload (the fallback of ``erase --scan``), saying first how much."""
+    from inturn.worker.hl7.pid import has_patient_id
+
+    async with store.read.connection() as conn:
+        rows, size = await identifiers.scan_estimate(conn)
+    click.echo(
+        f"scanning every payload: about {rows} item(s), {size / 1e6:.0f} MB; the index answers"
+        " the same question without --scan",
+        err=True,
+    )
+    matched: list[dict[str, Any]] = []
+    started = time.monotonic()
+    seen = 0
+    told = False
+    async for held in store.scan_payloads():
+        seen += 1
+        if not told and seen == SCAN_RATE_SAMPLE:
+            told = True
+            elapsed = time.monotonic() - started
+            left = max(rows - seen, 0) * elapsed / seen
+            click.echo(f"at the rate of the first {seen} items: about {left:.0f}s more", err=True)
+        if has_patient_id(held.payload, patient_id, authority):
+            matched.append(_erase_row(held.id, held.destination, held.state, held.message_type))
+    return matched
+
+
+def _patient_key(patient_id: str | None, authority: str | None) -> str | None:
+    """The identifier index key of ``--patient-id`` (and ``--authority``), or None."""
+    if patient_id is None:
+        if authority is not None:
+            raise click.UsageError("--authority goes with --patient-id")
+        return None
+    if not patient_id.strip():
+        raise click.UsageError("--patient-id is empty")
+    if authority is not None and not authority.strip():
+        raise click.UsageError("--authority is empty")
+    from inturn.worker.hl7.pid import lookup_key
+
+    return lookup_key(patient_id, authority)
 
 
 @queue_group.command("audit")

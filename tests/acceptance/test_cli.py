@@ -136,6 +136,52 @@ def test_erase_by_patient_id_whatever_the_encoding_characters(fresh_db: str) -> 
     assert audit(fresh_db) == [("dpo", "erase", matched)]
 
 
+def test_list_by_control_id_and_patient_id(fresh_db: str) -> None:
+    ids = insert(fresh_db, [message(1, "MRN-42"), message(2, "MRN-7"), message(3, "MRN-42")])
+    migrate = run("migrate", dsn=fresh_db)  # indexes the rows stored without keys
+    assert migrate.returncode == 0, migrate.stderr
+    listed = json.loads(run("queue", "list", "--control-id", "M1", "--json", dsn=fresh_db).stdout)
+    assert [i["id"] for i in listed["items"]] == [ids[1]] and listed["total"] == 1
+    by_patient = run(
+        "queue", "list", "--patient-id", "MRN-42", "--authority", "HOSP", "--json", dsn=fresh_db
+    )
+    assert by_patient.stderr == ""
+    assert [i["id"] for i in json.loads(by_patient.stdout)["items"]] == [ids[2], ids[0]]
+    other = run("queue", "list", "--patient-id", "MRN-42", "--authority", "LAB", dsn=fresh_db)
+    assert other.returncode == 0 and other.stdout.strip().endswith("0 of 0")
+    insert(fresh_db, [message(4, "MRN-42")])  # as an ingest older than the index would
+    late = run("queue", "list", "--patient-id", "MRN-42", dsn=fresh_db)
+    assert "1 item(s) are not indexed yet" in late.stderr and "2 of 2" in late.stdout
+    blank = run("queue", "list", "--patient-id", " ", dsn=fresh_db)
+    assert blank.returncode == 2 and "--patient-id is empty" in blank.stderr
+    lone = run("queue", "list", "--authority", "HOSP", dsn=fresh_db)
+    assert lone.returncode == 2 and "--authority goes with --patient-id" in lone.stderr
+
+
+def test_erase_scan_says_how_much_it_reads(fresh_db: str) -> None:
+    ids = insert(fresh_db, [message(1, "MRN-42"), message(2, "MRN-7")])
+    run("migrate", dsn=fresh_db)
+    scanned = run(
+        "queue",
+        "erase",
+        "--patient-id",
+        "MRN-42",
+        "--scan",
+        "--who",
+        "dpo",
+        "--dry-run",
+        dsn=fresh_db,
+    )
+    assert scanned.returncode == 0, scanned.stderr
+    assert "scanning every payload: about" in scanned.stderr
+    assert scanned.stdout.splitlines() == [
+        f"{ids[0]}  {DEST}  pending  ADT^A01",
+        "would erase 1 item(s)",
+    ]
+    bad = run("queue", "erase", "7", "--scan", "--who", "dpo", dsn=fresh_db)
+    assert bad.returncode == 2 and "go with --patient-id" in bad.stderr
+
+
 def test_purge_keeps_pending(fresh_db: str) -> None:
     insert(fresh_db, [message(1, "P")])
     insert(fresh_db, [message(2, "P")], state="delivered")

@@ -1,46 +1,131 @@
-"""Find the patient identifiers in a message (PID-3), for data-subject erasure.
+"""Find the patient identifiers a message carries, for data-subject erasure and lookups.
 
-Source: HL7 v2.x chapter 3, "PID - patient identification segment": PID-3 (patient identifier
-list) is a repeating CX field whose first component is the ID itself. The message's own
-delimiters (MSH-1/MSH-2) are used to split it.
+Source: HL7 v2.x chapter 3. A patient is named by four repeating fields of the CX data type
+(v2.2's CK for PID-2 has the same first and fourth components):
 
-Only PID-3 is read. Older identifiers that also name a person (PID-2 external ID, PID-4
-alternate ID, MRG-1 prior identifiers in merges) are not.
+* PID-2, patient ID (external ID; older feeds put the main identifier here);
+* PID-3, patient identifier list (the identifiers of today);
+* PID-4, alternate patient ID (older feeds);
+* MRG-1, prior patient identifier list, in merges and moves (ADT^A34, A36, A40, A47 and others).
+
+In each repetition, component 1 is the ID and component 4 the assigning authority (HD data type:
+subcomponent 1 the namespace ID, subcomponent 2 the universal ID). The message's own delimiters
+(MSH-1/MSH-2) are used to split it.
+
+Everything here is pure: bytes in, values out, and nothing raises on any input.
 """
 
 from __future__ import annotations
 
-from .delimiters import delimiters_of, split_segments, strip_preamble
+import hashlib
+from dataclasses import dataclass
+
+from .delimiters import Delimiters, delimiters_of, split_segments, strip_preamble
+
+#: The fields read, as (segment, field number).
+PATIENT_FIELDS: tuple[tuple[str, int], ...] = (("PID", 2), ("PID", 3), ("PID", 4), ("MRG", 1))
 
 
-def patient_identifiers(payload: bytes) -> set[str]:
-    """Every ID (component 1) of every PID-3 repetition in every PID segment of ``payload``.
+@dataclass(frozen=True)
+class PatientId:
+    """One patient identifier found in a message.
 
-    IDs are unescaped, decoded as UTF-8 (invalid bytes replaced) and stripped of surrounding
-    whitespace; empty ones are left out. The delimiters come from MSH-1/MSH-2 when readable,
-    otherwise the defaults ``|^~\\&`` are used. Never raises.
+    Attributes:
+        field: where it was found: ``PID-2``, ``PID-3``, ``PID-4`` or ``MRG-1``.
+        id: component 1, unescaped, decoded as UTF-8 (invalid bytes replaced), stripped.
+        authorities: the non-empty subcomponents 1 and 2 of component 4 (namespace ID and
+            universal ID of the assigning authority), unescaped and stripped; may be empty.
+    """
+
+    field: str
+    id: str
+    authorities: tuple[str, ...] = ()
+
+    def matches(self, ident: str, authority: str | None = None) -> bool:
+        """Whether this is ``ident`` (and, when ``authority`` is given, assigned by it).
+
+        Both are compared after stripping surrounding whitespace, case-sensitively. An
+        identifier that names no authority does not match a request that names one.
+        """
+        if self.id != ident.strip():
+            return False
+        return authority is None or authority.strip() in self.authorities
+
+
+def _text(delimiters: Delimiters, raw: str) -> str:
+    unescaped = delimiters.unescape_text(raw).encode("latin-1")
+    return unescaped.decode("utf-8", "replace").strip()
+
+
+def _repetition(delimiters: Delimiters, field: str, value: str) -> PatientId | None:
+    components = value.split(delimiters.component)
+    ident = _text(delimiters, components[0].split(delimiters.subcomponent, 1)[0])
+    if not ident:
+        return None
+    authorities: list[str] = []
+    if len(components) > 3:
+        for sub in components[3].split(delimiters.subcomponent)[:2]:
+            name = _text(delimiters, sub)
+            if name and name not in authorities:
+                authorities.append(name)
+    return PatientId(field, ident, tuple(authorities))
+
+
+def patient_identifiers(payload: bytes) -> list[PatientId]:
+    """Every identifier in PID-2, PID-3, PID-4 and MRG-1, every repetition, every segment.
+
+    The delimiters come from MSH-1/MSH-2 when readable, otherwise the defaults ``|^~\\&`` are
+    used. Repetitions without an ID are left out; exact repeats are reported once. Never raises.
 
     Returns:
-        A set of IDs, empty when the message has no PID segment or no PID-3.
+        The identifiers in message order (segment, then field, then repetition).
     """
     delimiters = delimiters_of(payload)
     text = strip_preamble(payload).decode("latin-1")
-    found: set[str] = set()
+    found: list[PatientId] = []
     for segment in split_segments(text):
-        if not segment.startswith("PID") or segment[3:4] != delimiters.field:
+        name = segment[:3]
+        if segment[3:4] != delimiters.field or name not in ("PID", "MRG"):
             continue
         fields = segment.split(delimiters.field)
-        if len(fields) < 4:
-            continue
-        for repetition in fields[3].split(delimiters.repetition):
-            raw = repetition.split(delimiters.component, 1)[0]
-            ident = delimiters.unescape_text(raw).encode("latin-1").decode("utf-8", "replace")
-            if ident.strip():
-                found.add(ident.strip())
+        for seg, number in PATIENT_FIELDS:
+            if seg != name or number >= len(fields):
+                continue
+            for value in fields[number].split(delimiters.repetition):
+                patient = _repetition(delimiters, f"{seg}-{number}", value)
+                if patient is not None and patient not in found:
+                    found.append(patient)
     return found
 
 
-def has_patient_id(payload: bytes, ident: str) -> bool:
-    """Whether ``ident`` (compared after stripping whitespace) is one of the PID-3 IDs."""
-    wanted = ident.strip()
-    return bool(wanted) and wanted in patient_identifiers(payload)
+def has_patient_id(payload: bytes, ident: str, authority: str | None = None) -> bool:
+    """Whether ``payload`` names ``ident`` (assigned by ``authority``, when given) in any of
+    PID-2, PID-3, PID-4 or MRG-1. An empty ``ident`` matches nothing."""
+    if not ident.strip():
+        return False
+    return any(p.matches(ident, authority) for p in patient_identifiers(payload))
+
+
+def lookup_key(ident: str, authority: str | None = None) -> str:
+    """The index key of an identifier, alone or qualified by one assigning authority.
+
+    A key is the first 32 hex digits (128 bits) of the SHA-256 of the stripped ID, or of the
+    ID, a NUL and the stripped authority: bounded in size whatever a message holds, free of
+    separators, and not the identifier in clear.
+    """
+    text = ident.strip() if authority is None else f"{ident.strip()}\x00{authority.strip()}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def index_keys(payload: bytes) -> list[str]:
+    """The keys under which a message is found by :func:`lookup_key`, sorted, no repeats.
+
+    For each identifier: the key of its ID alone and one per assigning authority, so that a
+    lookup by ID finds it whatever its authority and a lookup by ID and authority finds it only
+    when that authority assigned it (:meth:`PatientId.matches`).
+    """
+    keys: set[str] = set()
+    for patient in patient_identifiers(payload):
+        keys.add(lookup_key(patient.id))
+        keys.update(lookup_key(patient.id, a) for a in patient.authorities)
+    return sorted(keys)

@@ -29,6 +29,7 @@ from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
 from inturn.worker.store import queue
+from inturn.worker.store.identifiers import keys_text
 from inturn.worker.store.queries import load
 
 log = logging.getLogger("inturn.ingest")
@@ -102,7 +103,9 @@ async def store_batch(
        commit order per destination. The aggregate returns only once every lock is held, and
        only when at least one message is fresh.
     3. ``inserted``: one ``inturn_delivery`` row per fresh message and destination, in message
-       order then destination order (so ids ascend in that order).
+       order then destination order (so ids ascend in that order), each with its message's
+       identifier index keys (:mod:`inturn.worker.store.identifiers`): the index is written in
+       the same transaction as the message.
     4. ``notified``: one NOTIFY per destination, delivered at COMMIT.
 
     The statement also reports, per message, whether its MSH-10 was used on the channel inside
@@ -152,6 +155,7 @@ async def store_batch(
         "message_types": [m.message_type for m in unique],
         "payloads": [m.payload for m in unique],
         "digests": [m.digest for m in unique],
+        "patient_keys": [keys_text(m.payload) for m in unique],
         "window_seconds": float(max(window_seconds, 0.0)),
         "remember": remember,
         "destinations": ordered,

@@ -3,7 +3,8 @@
 Each file is named ``NNNN_description.sql`` and is applied once, in version order, inside its own
 transaction, and recorded in ``inturn_schema_migrations``. The whole run holds a session advisory
 lock, so two pods starting together apply each migration exactly once: the second waits, then finds
-nothing left to do. Running it again changes nothing.
+nothing left to do. Running it again changes nothing. Every run then indexes the rows whose
+identifier index keys are still missing (:func:`inturn.worker.store.identifiers.backfill`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
+
+from inturn.worker.store.identifiers import backfill
 
 #: Advisory lock key (bigint) taken for the duration of a migration run.
 MIGRATION_LOCK_KEY = "inturn:migrate"
@@ -79,6 +82,8 @@ def migrate(dsn: str) -> list[Migration]:
                         (migration.version, migration.name),
                     )
                 applied_now.append(migration)
+            # Rows stored before the identifier index, or by an older ingest since.
+            backfill(conn)
         finally:
             conn.execute(
                 "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (MIGRATION_LOCK_KEY,)

@@ -23,6 +23,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from inturn.worker.hl7.pid import index_keys
 from inturn.worker.store.model import (
     FINISHED_STATES,
     STATES,
@@ -77,7 +78,9 @@ async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[New
     """Insert ``items`` inside the caller's open transaction; return their ids in input order.
 
     Takes each touched destination's enqueue lock in sorted order (no deadlock between two
-    fan-outs), inserts, and queues one NOTIFY per destination, delivered at COMMIT. The caller
+    fan-outs), inserts (each row with its identifier index keys, see
+    :mod:`inturn.worker.store.identifiers`), and queues one NOTIFY per destination, delivered at
+    COMMIT. The caller
     commits, and must only acknowledge the sender after its COMMIT has returned.
     """
     destinations = sorted({item.destination for item in items})
@@ -95,6 +98,7 @@ async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[New
                     "message_type": item.message_type,
                     "payload": item.payload,
                     "size": len(item.payload),
+                    "patient_keys": index_keys(item.payload),
                 },
             )
             row = await cur.fetchone()
@@ -424,10 +428,17 @@ async def list_items(
     destination: str | None = None,
     channel: str | None = None,
     state: str | None = None,
+    control_id: str | None = None,
+    patient_key: str | None = None,
     limit: int = LIST_LIMIT_DEFAULT,
     offset: int = 0,
 ) -> tuple[list[Item], int]:
     """Return matching items newest first (never payloads) and the total count of matches.
+
+    ``control_id`` (MSH-10, exact) and ``patient_key`` (an identifier index key, from
+    :func:`inturn.worker.hl7.pid.lookup_key`) are answered by their indexes, so such a listing
+    costs what it finds whatever the table holds. Rows not indexed yet (see
+    :mod:`inturn.worker.store.identifiers`) are not found by ``patient_key``.
 
     ``limit`` defaults to 100 and is capped at 1,000: this feeds a page, and an unbounded query
     over a large backlog would be a denial of service on ourselves.
@@ -451,6 +462,12 @@ async def list_items(
     if state is not None:
         where.append("state = %(state)s")
         params["state"] = state
+    if control_id is not None:
+        where.append("control_id = %(control_id)s")
+        params["control_id"] = control_id
+    if patient_key is not None:
+        where.append("patient_keys @> ARRAY[%(patient_key)s::text]")
+        params["patient_key"] = patient_key
     clause = " AND ".join(where)
     cur = await conn.execute(
         "SELECT id, channel, destination, control_id, message_type, size, state, attempts,"

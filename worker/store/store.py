@@ -128,6 +128,8 @@ class Store:
         destination: str | None = None,
         channel: str | None = None,
         state: str | None = None,
+        control_id: str | None = None,
+        patient_key: str | None = None,
         limit: int = queue.LIST_LIMIT_DEFAULT,
         offset: int = 0,
     ) -> tuple[list[Item], int]:
@@ -138,6 +140,8 @@ class Store:
                 destination=destination,
                 channel=channel,
                 state=state,
+                control_id=control_id,
+                patient_key=patient_key,
                 limit=limit,
                 offset=offset,
             )

@@ -13,15 +13,16 @@ SELECT destination, channel, message_types, suspended
 -- A batch of messages for one channel and one set of destinations, stored by ONE statement in
 -- autocommit mode (its implicit COMMIT returns with the result). The steps are ordered by data
 -- dependencies: window rows, then the enqueue locks (same key as queue.sql's enqueue_lock, in
--- sorted order), then the delivery rows, then one NOTIFY per destination. A message whose window
+-- sorted order), then the delivery rows with their identifier index keys (patient_keys: one
+-- comma-separated string per message), then one NOTIFY per destination. A message whose window
 -- row conflicts is a duplicate: nothing is done for it. Explained in full in
 -- inturn.worker.ingest.batch.store_batch; keep this text short (psycopg caches only queries
 -- under 4 KiB).
 WITH msg AS (
-    SELECT m.control_id, m.message_type, m.payload, m.digest, m.n
+    SELECT m.control_id, m.message_type, m.payload, m.digest, m.keys, m.n
       FROM unnest(%(control_ids)s::text[], %(message_types)s::text[], %(payloads)s::bytea[],
-                  %(digests)s::bytea[]) WITH ORDINALITY AS m(control_id, message_type, payload,
-                                                             digest, n)
+                  %(digests)s::bytea[], %(patient_keys)s::text[])
+           WITH ORDINALITY AS m(control_id, message_type, payload, digest, keys, n)
 ),
 remembered AS (
     INSERT INTO inturn_received AS r (channel, control_id, digest, size)
@@ -47,8 +48,10 @@ locked AS MATERIALIZED (
      WHERE EXISTS (SELECT 1 FROM fresh)
 ),
 inserted AS (
-    INSERT INTO inturn_delivery (destination, channel, control_id, message_type, payload, size)
-    SELECT t.d, %(channel)s, f.control_id, f.message_type, f.payload, length(f.payload)
+    INSERT INTO inturn_delivery
+           (destination, channel, control_id, message_type, payload, size, patient_keys)
+    SELECT t.d, %(channel)s, f.control_id, f.message_type, f.payload, length(f.payload),
+           string_to_array(f.keys, ',')
       FROM fresh f
      CROSS JOIN unnest(%(destinations)s::text[]) WITH ORDINALITY AS t(d, k)
      WHERE (SELECT n FROM locked) > 0

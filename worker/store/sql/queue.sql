@@ -6,8 +6,11 @@
 SELECT pg_advisory_xact_lock(hashtextextended('inturn:enqueue:' || %(destination)s, 0));
 
 -- name: enqueue_insert
-INSERT INTO inturn_delivery (destination, channel, control_id, message_type, payload, size)
-VALUES (%(destination)s, %(channel)s, %(control_id)s, %(message_type)s, %(payload)s, %(size)s)
+-- patient_keys: the identifier index keys (inturn.worker.hl7.pid.index_keys), in the same row.
+INSERT INTO inturn_delivery
+       (destination, channel, control_id, message_type, payload, size, patient_keys)
+VALUES (%(destination)s, %(channel)s, %(control_id)s, %(message_type)s, %(payload)s, %(size)s,
+        %(patient_keys)s::text[])
 RETURNING id;
 
 -- name: notify
@@ -170,3 +173,40 @@ SELECT DISTINCT destination FROM inturn_delivery WHERE state = 'pending' ORDER B
 -- name: audit_list
 SELECT id, at, who, action, destination, item_ids, why
   FROM inturn_audit ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: find_patient
+-- Every held item whose identifier index holds the key (GIN), oldest first. Never a payload.
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+  FROM inturn_delivery
+ WHERE patient_keys @> ARRAY[%(key)s::text]
+ ORDER BY id;
+
+-- name: unindexed_batch
+-- Rows not indexed yet (stored before migration 0004 or by an older ingest), oldest first,
+-- found by the partial index inturn_delivery_unindexed. Keyset pages: "after" is the last id.
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+       payload
+  FROM inturn_delivery
+ WHERE patient_keys IS NULL AND id > %(after)s
+ ORDER BY id
+ LIMIT %(batch)s;
+
+-- name: unindexed_count
+SELECT count(*) FROM inturn_delivery WHERE patient_keys IS NULL;
+
+-- name: set_patient_keys
+-- Fill in the index keys of rows read by unindexed_batch (keys: one comma-separated string per
+-- id). Touches no row already indexed.
+UPDATE inturn_delivery d
+   SET patient_keys = string_to_array(u.keys, ',')
+  FROM unnest(%(ids)s::bigint[], %(keys)s::text[]) AS u(id, keys)
+ WHERE d.id = u.id AND d.patient_keys IS NULL;
+
+-- name: scan_estimate
+-- What a payload scan would read, from the planner's statistics (no table read): rows and bytes
+-- of the table with its TOAST (the payloads).
+SELECT greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid)
+  FROM pg_class c
+ WHERE c.oid = 'inturn_delivery'::regclass;
