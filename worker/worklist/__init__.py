@@ -1,0 +1,57 @@
+"""Worklists: failures and missed deadlines turned into work that people list, work and clear.
+
+The store (:mod:`.store`) holds the items; publishers (:mod:`.publish`) announce created items
+after their COMMIT; the sweeper's rules (:mod:`.rules`) place what happens because time passed.
+
+The API in one place::
+
+    placement = await place(conn, queue=..., record_kind=..., record_key=..., reason=...,
+                            details={...}, placed_by=...)   # in the caller's transaction
+    await announce([placement], publishers)                 # after COMMIT
+    await clear(conn, item_id, who=..., note=...)
+    await clear_where(conn, record_kind=..., record_keys=[...], note=...)   # system clears
+    page = await list_items(conn, queue=..., cursor=page.next_cursor)
+    rows = await count(conn)
+    shown = await show(conn, item_id)
+"""
+
+from inturn.worker.worklist.model import CountRow, Page, Placement, Shown, WorklistItem
+from inturn.worker.worklist.publish import Publisher, announce
+from inturn.worker.worklist.rules import Rule, RuleOutcome, rule
+from inturn.worker.worklist.store import (
+    SYSTEM,
+    AlreadyCleared,
+    ItemNotFound,
+    clear,
+    clear_where,
+    count,
+    get,
+    list_items,
+    place,
+    purge,
+    show,
+)
+
+__all__ = [
+    "SYSTEM",
+    "AlreadyCleared",
+    "CountRow",
+    "ItemNotFound",
+    "Page",
+    "Placement",
+    "Publisher",
+    "Rule",
+    "RuleOutcome",
+    "Shown",
+    "WorklistItem",
+    "announce",
+    "clear",
+    "clear_where",
+    "count",
+    "get",
+    "list_items",
+    "place",
+    "purge",
+    "rule",
+    "show",
+]
