@@ -216,7 +216,7 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
     command = [
         sys.executable, "-c",
         "from inturn.worker.ingest.cli import ingest_command; ingest_command()",
-        "--http", f"{HOST}:{http_port}", "--log-level", "WARNING",
+        "--ops", f"{HOST}:{http_port}", "--log-level", "WARNING",
         "--pool-size", str(args.pool_size),
     ]  # fmt: skip
     for channel, port in ports.items():

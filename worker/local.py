@@ -288,7 +288,13 @@ async def run_local(
     metavar="CHANNEL=[HOST:]PORT",
     help="An MLLP listener for a channel (repeatable).",
 )
-@click.option("--http", "http", metavar="[HOST:]PORT", help="HTTP ingest, /metrics, /healthz.")
+@click.option(
+    "--http",
+    "http",
+    metavar="[HOST:]PORT",
+    help="HTTP ingest, OPEN: no TLS, no authentication (local use).",
+)
+@click.option("--ops", "ops", metavar="[HOST:]PORT", help="/healthz, /readyz and /metrics.")
 @click.option(
     "--dsn",
     envvar="INTURN_DSN",
@@ -320,6 +326,7 @@ def local_command(
     paths: tuple[Path, ...],
     listen: tuple[str, ...],
     http: str | None,
+    ops: str | None,
     dsn: str | None,
     data_dir: Path,
     secrets_dir: Path | None,
@@ -335,16 +342,19 @@ def local_command(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--listen") from None
         listeners.append(ListenerConfig(channel=channel, host=host, port=port))
-    http_address = None
-    if http:
+    addresses: dict[str, tuple[str, int] | None] = {"--http": None, "--ops": None}
+    for hint, value in (("--http", http), ("--ops", ops)):
         try:
-            http_address = parse_address(http)
+            addresses[hint] = parse_address(value) if value else None
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--http") from None
+            raise click.BadParameter(str(exc), param_hint=hint) from None
     try:
+        # Local use: HTTP ingest is open (the log says so when it starts).
         ingest_config = IngestConfig(
             listeners=listeners,
-            http=http_address,
+            http=addresses["--http"],
+            http_insecure=True,
+            ops=addresses["--ops"],
             hold_unrouted=frozenset(hold_unrouted),
             pool_size=4,
         )

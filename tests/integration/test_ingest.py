@@ -136,6 +136,8 @@ def config(**overrides: Any) -> IngestConfig:
     base: dict[str, Any] = {
         "listeners": [ListenerConfig("adt", HOST, 0), ListenerConfig("lab", HOST, 0)],
         "http": (HOST, 0),
+        "http_insecure": True,
+        "ops": (HOST, 0),
         "refresh_seconds": 0.2,
         "store_timeout": 3.0,
         "shutdown_grace": 2.0,
@@ -711,11 +713,15 @@ async def test_http_messages_health_and_metrics(ingest: Ingest, fresh_db: str) -
         ) as response:
             assert response.status == 200
             assert parse_ack(await response.read()).code == "CA"
-        async with http.get(f"{base}/healthz") as response:
+        ops = f"http://{HOST}:{ingest.ops_port}"
+        async with http.get(f"{ops}/healthz") as response:
             assert response.status == 200
-        async with http.get(f"{base}/readyz") as response:
+        async with http.get(f"{ops}/readyz") as response:
             assert response.status == 200
-        async with http.get(f"{base}/metrics") as response:
+        for path in ("/healthz", "/readyz", "/metrics"):  # not on the message port
+            async with http.get(f"{base}{path}") as response:
+                assert response.status in (404, 405)
+        async with http.get(f"{ops}/metrics") as response:
             text = await response.text()
     for name in (
         "inturn_ingest_messages_total",

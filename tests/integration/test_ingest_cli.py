@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
 import socket
 import ssl
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,28 +20,6 @@ pytestmark = pytest.mark.store
 
 HOST = "127.0.0.1"
 MESSAGE = b"MSH|^~\\&|S|SF|R|RF|20240101||ADT^A01|TLS-1|P|2.5.1\rPID|1||1\r"
-
-
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    d = tmp_path_factory.mktemp("pki")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-            "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))  # fmt: skip
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))  # fmt: skip
-        openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
-                "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "2",
-                "-extfile", str(d / "san.ext"), "-out", str(d / f"{name}.pem"))  # fmt: skip
-    return d
 
 
 def free_port() -> int:
@@ -76,11 +52,11 @@ async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path) -> None:
             "INSERT INTO inturn_destination (destination, namespace, name, channel)"
             " VALUES ('hospital/adt-out', 'hospital', 'adt-out', 'adt')"
         )
-    mllp_port, http_port = free_port(), free_port()
+    mllp_port, ops_port = free_port(), free_port()
     command = [
         sys.executable, "-c",
         "from inturn.worker.ingest.cli import ingest_command; ingest_command()",
-        "--listen", f"adt={HOST}:{mllp_port}", "--http", f"{HOST}:{http_port}",
+        "--listen", f"adt={HOST}:{mllp_port}", "--ops", f"{HOST}:{ops_port}",
         "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
         "--tls-client-ca", str(pki / "ca.pem"),
         "--max-frame-bytes", "1M", "--refresh", "0.5",
@@ -95,7 +71,7 @@ async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path) -> None:
         async with aiohttp.ClientSession() as http:
             for _ in range(100):
                 try:
-                    async with http.get(f"http://{HOST}:{http_port}/readyz") as response:
+                    async with http.get(f"http://{HOST}:{ops_port}/readyz") as response:
                         if response.status == 200:
                             break
                 except aiohttp.ClientError:
@@ -134,3 +110,31 @@ def test_ingest_command_usage_errors() -> None:
     assert result.exit_code != 0 and "nothing to serve" in result.output
     result = runner.invoke(ingest_command, ["--listen", "adt=1"], env={"INTURN_DSN": ""})
     assert result.exit_code != 0 and "INTURN_DSN" in result.output
+
+
+def test_ingest_security_usage_errors(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from inturn.worker.ingest.cli import ingest_command
+
+    creds = tmp_path / "credentials.yaml"
+    creds.write_text("credentials:\n  - {name: a, channels: [adt], clientCertificate: x}\n")
+    runner = CliRunner()
+    cases = [
+        (["--http", "8080"], "--http needs --http-credentials"),
+        (["--http", "8080", "--http-insecure", "--http-credentials", str(creds)], "exclude"),
+        (["--http", "8080", "--http-credentials", str(creds)], "need --tls-client-ca"),
+        (["--listen", "adt=1", "--allow-network", "adt=10.0.0.1/8"], "CIDR"),
+        (["--listen", "adt=1", "--allow-network", "lab=10.0.0.0/8"], "no --listen"),
+        (["--listen", "adt=1", "--allow-subject", "adt"], "CHANNEL=VALUE"),
+        (["--listen", "adt=1", "--allow-subject", "adt=ris"], "client certificates"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(ingest_command, ["--dsn", "x", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+    creds.write_text("credentials: []\nextra: [")
+    result = runner.invoke(
+        ingest_command, ["--dsn", "x", "--http", "1", "--http-credentials", str(creds)]
+    )
+    assert result.exit_code == 2 and "credentials.yaml" in result.output

@@ -225,7 +225,46 @@ def test_ingest_listens_on_every_channel() -> None:
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:3] == ["ingest", "--listen=adt=0.0.0.0:2575", "--listen=lab=0.0.0.0:2576"]
     svc = find(objs, "Service", "inturn-ingest")
-    assert [p["port"] for p in svc["spec"]["ports"]] == [8080, 2575, 2576]
+    assert [p["port"] for p in svc["spec"]["ports"]] == [2575, 2576]  # HTTP is off by default
+    assert "--ops=0.0.0.0:9090" in args and not [a for a in args if a.startswith("--http")]
+
+
+def test_secured_ingest_mounts_tls_and_credentials_and_keeps_ops_apart() -> None:
+    objs = render(files=["ingest-secure"])
+    pod = find(objs, "Deployment", "inturn-ingest")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"] == [
+        "ingest",
+        "--listen=adt=0.0.0.0:2575",
+        "--allow-network=adt=10.20.0.0/16",
+        "--allow-network=adt=192.0.2.7/32",
+        "--allow-subject=adt=ris.hospital.example",
+        "--listen=lab=0.0.0.0:2576",
+        "--ops=0.0.0.0:9090",
+        "--tls-cert=/etc/inturn/tls/tls.crt",
+        "--tls-key=/etc/inturn/tls/tls.key",
+        "--tls-client-ca=/etc/inturn/tls/ca.crt",
+        "--http=0.0.0.0:8443",
+        "--http-credentials=/etc/inturn/credentials/credentials.yaml",
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "inturn-ingest-tls"
+    assert volumes["credentials"]["secret"]["secretName"] == "inturn-ingest-credentials"
+    assert volumes["credentials"]["secret"]["items"] == [
+        {"key": "credentials.yaml", "path": "credentials.yaml"}
+    ]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["tls"]["readOnly"] and mounts["credentials"]["readOnly"]
+    assert c["livenessProbe"]["httpGet"]["port"] == "ops"
+    assert c["readinessProbe"]["httpGet"]["port"] == "ops"
+    senders = find(objs, "Service", "inturn-ingest")
+    assert [p["port"] for p in senders["spec"]["ports"]] == [8443, 2575, 2576]
+    ops = find(objs, "Service", "inturn-ingest-ops")
+    assert [(p["name"], p["port"]) for p in ops["spec"]["ports"]] == [("ops", 9090)]
+    insecure = render({"ingest": {"http": {"enabled": True, "insecure": True}}})
+    (c,) = find(insecure, "Deployment", "inturn-ingest")["spec"]["template"]["spec"]["containers"]
+    assert "--http-insecure" in c["args"]
+    assert "credentials" not in {m["name"] for m in c["volumeMounts"]}
 
 
 def test_components_can_be_turned_off() -> None:

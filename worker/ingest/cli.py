@@ -11,6 +11,8 @@ from inturn.worker.ingest.accept import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
     DEFAULT_STORE_TIMEOUT_SECONDS,
 )
+from inturn.worker.ingest.access import AllowList
+from inturn.worker.ingest.credentials import Credentials, CredentialsError
 from inturn.worker.ingest.listener import (
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
@@ -59,6 +61,40 @@ def parse_listen(value: str) -> tuple[str, str, int]:
     return check_channel(channel.strip()), host, port
 
 
+def parse_allow(values: tuple[str, ...], option: str) -> dict[str, list[str]]:
+    """Parse repeated ``CHANNEL=VALUE`` options into ``{channel: [value, ...]}``.
+
+    Raises:
+        ValueError: no ``=``, an invalid channel name or an empty value.
+    """
+    found: dict[str, list[str]] = {}
+    for value in values:
+        channel, sep, item = value.partition("=")
+        if not sep or not item.strip():
+            raise ValueError(f"{option} {value!r}: expected CHANNEL=VALUE")
+        found.setdefault(check_channel(channel.strip()), []).append(item.strip())
+    return found
+
+
+def allow_lists(
+    channels: list[str], networks: tuple[str, ...], subjects: tuple[str, ...]
+) -> dict[str, AllowList]:
+    """Each listened channel's allow-list from ``--allow-network`` / ``--allow-subject``.
+
+    Raises:
+        ValueError: a malformed option, an invalid CIDR, or a channel without a listener.
+    """
+    by_network = parse_allow(networks, "--allow-network")
+    by_subject = parse_allow(subjects, "--allow-subject")
+    for channel in sorted(set(by_network) | set(by_subject)):
+        if channel not in channels:
+            raise ValueError(f"channel {channel!r} has an allow-list but no --listen")
+    return {
+        channel: AllowList.build(by_network.get(channel, ()), by_subject.get(channel, ()))
+        for channel in channels
+    }
+
+
 def _size(value: str) -> int:
     units = {"k": 1024, "ki": 1024, "m": 1024**2, "mi": 1024**2, "g": 1024**3, "gi": 1024**3}
     text = value.strip().lower().removesuffix("b")
@@ -77,13 +113,43 @@ def _size(value: str) -> int:
     help="An MLLP listener for CHANNEL (repeatable; one per channel).",
 )
 @click.option(
-    "--http", "http", metavar="[HOST:]PORT", help="HTTP: messages, /healthz, /readyz, /metrics."
+    "--allow-network",
+    multiple=True,
+    metavar="CHANNEL=CIDR",
+    help="Accept MLLP connections to CHANNEL only from this network (repeatable).",
+)
+@click.option(
+    "--allow-subject",
+    multiple=True,
+    metavar="CHANNEL=NAME",
+    help="Accept MLLP connections to CHANNEL only with a client certificate whose CN or a"
+    " SAN is NAME (repeatable; needs --tls-client-ca).",
+)
+@click.option(
+    "--http",
+    "http",
+    metavar="[HOST:]PORT",
+    help="HTTP messages (POST /channels/CHANNEL/messages), authenticated.",
+)
+@click.option(
+    "--http-credentials",
+    envvar="INTURN_HTTP_CREDENTIALS",
+    type=click.Path(exists=True, dir_okay=False),
+    help="YAML file of bearer tokens / client certificates and their channels.",
+)
+@click.option(
+    "--http-insecure",
+    is_flag=True,
+    help="Accept HTTP messages without authentication (local use only).",
+)
+@click.option(
+    "--ops", "ops", metavar="[HOST:]PORT", help="/healthz, /readyz and /metrics (own port)."
 )
 @click.option("--dsn", envvar="INTURN_DSN", help="Postgres connection string (or INTURN_DSN).")
 @click.option(
     "--tls-cert",
     type=click.Path(exists=True, dir_okay=False),
-    help="PEM certificate chain: every MLLP listener uses TLS.",
+    help="PEM certificate chain: every MLLP listener and the HTTP message port use TLS.",
 )
 @click.option(
     "--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key of --tls-cert."
@@ -91,7 +157,8 @@ def _size(value: str) -> int:
 @click.option(
     "--tls-client-ca",
     type=click.Path(exists=True, dir_okay=False),
-    help="PEM CA bundle: require client certificates signed by it.",
+    help="PEM CA bundle: MLLP requires client certificates signed by it (HTTP accepts them"
+    " as credentials).",
 )
 @click.option(
     "--max-frame-bytes",
@@ -153,7 +220,12 @@ def _size(value: str) -> int:
 )
 def ingest_command(
     listen: tuple[str, ...],
+    allow_network: tuple[str, ...],
+    allow_subject: tuple[str, ...],
     http: str | None,
+    http_credentials: str | None,
+    http_insecure: bool,
+    ops: str | None,
     dsn: str | None,
     tls_cert: str | None,
     tls_key: str | None,
@@ -178,23 +250,48 @@ def ingest_command(
         raise click.UsageError(str(exc)) from None
     if not listen and not http:
         raise click.UsageError("nothing to serve: give --listen and/or --http")
+    if http and not http_credentials and not http_insecure:
+        raise click.UsageError(
+            "--http needs --http-credentials (or --http-insecure to accept anyone)"
+        )
+    if http_credentials and http_insecure:
+        raise click.UsageError("--http-credentials and --http-insecure exclude each other")
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
     if tls_client_ca and not tls_cert:
         raise click.UsageError("--tls-client-ca needs --tls-cert and --tls-key")
     try:
         listeners = [parse_listen(value) for value in listen]
+        allows = allow_lists([ch for ch, _, _ in listeners], allow_network, allow_subject)
         http_address = parse_address(http) if http else None
+        ops_address = parse_address(ops) if ops else None
         frame_limit = _size(max_frame_bytes)
         for channel in hold_unrouted:
             check_channel(channel)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    context = server_tls_context(tls_cert, tls_key, tls_client_ca) if tls_cert and tls_key else None
+    context = http_context = None
+    if tls_cert and tls_key:
+        context = server_tls_context(tls_cert, tls_key, tls_client_ca)
+        http_context = server_tls_context(
+            tls_cert, tls_key, tls_client_ca, client_cert_required=False
+        )
+    try:
+        credentials = Credentials.load(http_credentials) if http_credentials else None
+    except CredentialsError as exc:
+        raise click.BadParameter(str(exc), param_hint="--http-credentials") from None
+    if credentials and credentials.wants_certificates and not tls_client_ca:
+        raise click.UsageError("client-certificate credentials need --tls-client-ca")
     try:
         config = IngestConfig(
-            listeners=[ListenerConfig(ch, host, port, context) for ch, host, port in listeners],
+            listeners=[
+                ListenerConfig(ch, host, port, context, allows[ch]) for ch, host, port in listeners
+            ],
             http=http_address,
+            http_ssl=http_context,
+            credentials=credentials,
+            http_insecure=http_insecure,
+            ops=ops_address,
             max_frame_bytes=frame_limit,
             idle_timeout=idle_timeout,
             frame_timeout=frame_timeout,

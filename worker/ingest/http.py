@@ -1,12 +1,21 @@
-"""Ingest's HTTP side (aiohttp): messages over HTTP, health, readiness and metrics.
+"""Ingest's HTTP side (aiohttp): the message port and the operations port.
 
-Routes:
+The message port (``--http``) serves only:
 
 * ``POST /channels/{channel}/messages``: the body is one raw HL7 v2 message, stored unchanged.
   The response body is the acknowledgement (``Content-Type: application/hl7-v2``) and the
   status tells the outcome: 200 for AA/CA, 400 for AR/CR, 503 for AE/CE. HTTP always answers,
   whatever MSH-15 says, since a request needs a response. A body over the maximum message size
   is answered 400 with an AR.
+
+  Every request is authenticated first (see :mod:`inturn.worker.ingest.credentials`), before
+  its body is read or its channel looked at: no valid credential answers 401 with
+  ``WWW-Authenticate: Bearer`` (RFC 6750 section 3), a credential that does not name the
+  channel answers 403. Both bodies are one fixed word, nothing is stored and nothing is parsed.
+  Only a process started with ``--http-insecure`` (no credentials) skips this.
+
+The operations port (``--ops``) serves, to probes and Prometheus only:
+
 * ``GET /healthz``: 200 while the process serves requests (liveness).
 * ``GET /readyz``: 200 when the routing table is loaded and fresh and the listeners are up,
   else 503 with a one-line reason (readiness; a draining ingest is not ready).
@@ -15,28 +24,50 @@ Routes:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import Acceptor
+from inturn.worker.ingest.access import certificate_names
+from inturn.worker.ingest.credentials import Credentials
 from inturn.worker.ingest.routing import check_channel
+
+log = logging.getLogger("inturn.ingest.http")
 
 #: The media type of the ACK body.
 HL7_CONTENT_TYPE = "application/hl7-v2"
 
 
-def make_app(
-    acceptor: Acceptor, max_body_bytes: int, readiness: Callable[[], str | None]
+def _peercert(request: web.Request) -> Any:
+    transport = request.transport
+    return transport.get_extra_info("peercert") if transport is not None else None
+
+
+def _refuse(request: web.Request, status: int, reason: str, detail: str) -> web.Response:
+    """Count and log a refused request; answer with one fixed word and no detail."""
+    metrics.HTTP_REFUSED.labels(reason).inc()
+    log.warning("HTTP %d from %s: %s", status, request.remote, detail)
+    headers = {"WWW-Authenticate": 'Bearer realm="inturn"'} if status == 401 else None
+    text = "unauthorized\n" if status == 401 else "forbidden\n"
+    return web.Response(status=status, text=text, headers=headers)
+
+
+def make_message_app(
+    acceptor: Acceptor, max_body_bytes: int, credentials: Credentials | None
 ) -> web.Application:
-    """Build the aiohttp application.
+    """Build the message application.
 
     Args:
         acceptor: stores messages and builds their answers.
         max_body_bytes: the largest message body accepted, in bytes.
-        readiness: returns None when ready, else a short reason (shown by ``/readyz``).
+        credentials: who may post to which channel; None accepts every request (the explicit
+            ``--http-insecure`` mode).
     """
     # aiohttp refuses bodies over client_max_size itself; leave room so that we can answer
     # with an AR instead of its plain-text 413.
@@ -45,6 +76,15 @@ def make_app(
     async def post_message(request: web.Request) -> web.Response:
         channel = request.match_info["channel"]
         received = time.perf_counter()
+        if credentials is not None:
+            proven = credentials.authenticate(
+                request.headers.get("Authorization"), certificate_names(_peercert(request))
+            )
+            if not proven:
+                return _refuse(request, 401, "unauthenticated", "no valid credential")
+            if not any(c.allows(channel) for c in proven):
+                who = ", ".join(c.name for c in proven)
+                return _refuse(request, 403, "forbidden", f"{who} may not post to {channel!r:.80}")
         try:
             check_channel(channel)
         except ValueError:
@@ -66,6 +106,18 @@ def make_app(
             headers={"Content-Type": HL7_CONTENT_TYPE, "X-HL7-Ack-Code": outcome.code},
         )
 
+    app.router.add_post("/channels/{channel}/messages", post_message)
+    return app
+
+
+def make_ops_app(readiness: Callable[[], str | None]) -> web.Application:
+    """Build the operations application (health, readiness, metrics).
+
+    Args:
+        readiness: returns None when ready, else a short reason (shown by ``/readyz``).
+    """
+    app = web.Application()
+
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -75,13 +127,12 @@ def make_app(
             return web.Response(text="ready\n")
         return web.Response(status=503, text=f"not ready: {reason}\n")
 
-    async def metrics(request: web.Request) -> web.Response:
+    async def metrics_page(request: web.Request) -> web.Response:
         return web.Response(
             body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
-    app.router.add_post("/channels/{channel}/messages", post_message)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", metrics_page)
     return app

@@ -13,6 +13,12 @@ Timeouts, in seconds:
 * ``frame_timeout`` (default 30): inside a frame, no new byte for this long closes the
   connection (a peer that stopped mid-frame); whatever it had sent is dropped, unanswered.
 
+Who may connect: a channel's :class:`inturn.worker.ingest.access.AllowList` is checked as soon as
+a connection is accepted: the source network before the TLS handshake, the client certificate's
+subject right after it. A refused connection is closed before a single message byte is read,
+counted in ``inturn_ingest_connections_refused_total`` and logged with the peer address (one
+line per address and reason per minute at most, so a scanner cannot flood the log).
+
 A frame over ``max_frame_bytes`` is answered with AR (ERR 104) and the connection is closed,
 since the rest of the stream can no longer be trusted to be in step. An idle connection costs a
 suspended coroutine, a 64 KiB read at most and one timer: thousands are cheap.
@@ -26,11 +32,12 @@ import logging
 import ssl
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inturn.worker.hl7.mllp import EB, Event, Frame, FrameReader, FrameTooLarge, Garbage, frame
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import Acceptor
+from inturn.worker.ingest.access import AllowList, certificate_names
 
 log = logging.getLogger("inturn.ingest.mllp")
 
@@ -44,6 +51,8 @@ DEFAULT_FRAME_TIMEOUT = 30.0
 _READ_SIZE = 64 * 1024
 #: Seconds of silence after which the rest of a refused frame is taken to have been sent.
 QUIET_SECONDS = 0.5
+#: Seconds during which further refusals of one address (and reason) are counted, not logged.
+REFUSAL_LOG_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -55,12 +64,21 @@ class ListenerConfig:
         host: address to bind ('' or ``0.0.0.0`` for every IPv4 address, ``::`` for IPv6).
         port: TCP port; 0 picks a free one (see ``Ingest.mllp_ports``).
         ssl: a server TLS context, or None for plain TCP.
+        allow: who may connect (default: anyone the TLS settings let in).
     """
 
     channel: str
     host: str = "0.0.0.0"
     port: int = 2575
     ssl: ssl.SSLContext | None = None
+    allow: AllowList = field(default_factory=AllowList)
+
+    def __post_init__(self) -> None:
+        if self.allow.subjects and (self.ssl is None or self.ssl.verify_mode != ssl.CERT_REQUIRED):
+            raise ValueError(
+                f"channel {self.channel}: allowed subjects need TLS with client certificates"
+                " (--tls-client-ca)"
+            )
 
 
 class MllpListener:
@@ -90,6 +108,7 @@ class MllpListener:
         self._idle: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._refusals_logged: dict[tuple[str, str], float] = {}
 
     @property
     def channel(self) -> str:
@@ -118,7 +137,6 @@ class MllpListener:
             self._serve,
             host=self.config.host or None,
             port=self.config.port,
-            ssl=self.config.ssl,
             backlog=1024,
             limit=_READ_SIZE,
         )
@@ -168,6 +186,9 @@ class MllpListener:
         peer = writer.get_extra_info("peername")
         reason = "eof"
         try:
+            if not await self._admit(writer, peer):
+                reason = "refused"
+                return
             reason = await self._converse(task, reader, writer)
         except asyncio.CancelledError:
             reason = "shutdown"
@@ -180,11 +201,40 @@ class MllpListener:
             self._idle.discard(task)
             self._busy.discard(task)
             gauge.dec()
-            if reason not in ("eof", "error"):
+            if reason not in ("eof", "error", "refused"):
                 metrics.CLOSED.labels(channel, reason).inc()
             writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), timeout=1.0)
+
+    async def _admit(self, writer: asyncio.StreamWriter, peer: object) -> bool:
+        """Check the source network, do the TLS handshake, check the certificate's subject.
+
+        Returns False (after counting and logging) when the allow-list refuses the peer.
+        Raises ssl.SSLError / OSError / TimeoutError when the handshake fails.
+        """
+        allow = self.config.allow
+        refusal = allow.network_refusal(peer)
+        if refusal is None and self.config.ssl is not None:
+            await writer.start_tls(self.config.ssl, ssl_handshake_timeout=self.frame_timeout)
+            refusal = allow.subject_refusal(certificate_names(writer.get_extra_info("peercert")))
+        if refusal is None:
+            return True
+        metrics.REFUSED_CONNECTIONS.labels(self.channel, refusal).inc()
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+        now = time.monotonic()
+        key = (host, refusal)
+        if now - self._refusals_logged.get(key, -REFUSAL_LOG_SECONDS) >= REFUSAL_LOG_SECONDS:
+            if len(self._refusals_logged) > 4096:
+                self._refusals_logged.clear()
+            self._refusals_logged[key] = now
+            log.warning(
+                "channel %s: refused a connection from %s (%s not allowed)",
+                self.channel,
+                host,
+                "source address" if refusal == "network" else "client certificate",
+            )
+        return False
 
     async def _discard_rest(self, reader: asyncio.StreamReader) -> None:
         """Read and drop what the peer still sends of a refused frame, until its end byte, its

@@ -38,3 +38,16 @@ CLOSED = Counter(
     "MLLP connections closed by ingest, by reason (idle, stalled, too_large, shutdown).",
     ["channel", "reason"],
 )
+HTTP_REFUSED = Counter(
+    "inturn_ingest_http_refused",
+    "HTTP message requests refused before anything was read, by reason: 'unauthenticated'"
+    " (401: no valid credential) or 'forbidden' (403: the credential does not name the channel).",
+    ["reason"],
+)
+REFUSED_CONNECTIONS = Counter(
+    "inturn_ingest_connections_refused",
+    "MLLP connections refused by a channel's allow-list before any message was read, by channel"
+    " and reason: 'network' (source address outside the allowed networks) or 'subject' (no"
+    " client certificate with an allowed CN or SAN).",
+    ["channel", "reason"],
+)

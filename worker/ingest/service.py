@@ -3,9 +3,11 @@
 One object runs a whole ingest process, so that ``inturn ingest`` and ``inturn local`` (which
 runs it next to its workers) share it::
 
-    config = IngestConfig(listeners=[ListenerConfig("adt", port=2575)], http=("0.0.0.0", 8080))
+    config = IngestConfig(listeners=[ListenerConfig("adt", port=2575)],
+                          http=("0.0.0.0", 8080), credentials=Credentials.load(path),
+                          ops=("0.0.0.0", 9090))
     async with Ingest(config, dsn=dsn) as ingest:      # start() ... stop()
-        print(ingest.mllp_ports["adt"], ingest.http_port)
+        print(ingest.mllp_ports["adt"], ingest.http_port, ingest.ops_port)
         await ingest.wait_closed()                     # or run alongside other tasks
 """
 
@@ -27,7 +29,8 @@ from inturn.worker.ingest.accept import (
     Acceptor,
     forget_old,
 )
-from inturn.worker.ingest.http import make_app
+from inturn.worker.ingest.credentials import Credentials
+from inturn.worker.ingest.http import make_message_app, make_ops_app
 from inturn.worker.ingest.listener import (
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
@@ -51,7 +54,13 @@ class IngestConfig:
 
     Attributes:
         listeners: one MLLP listener per channel (channels must be distinct).
-        http: ``(host, port)`` of the HTTP server (messages, health, metrics), or None.
+        http: ``(host, port)`` of the HTTP message server, or None.
+        http_ssl: a server TLS context for the HTTP message server, or None (plain HTTP).
+        credentials: who may post to which channel over HTTP; required with ``http`` unless
+            ``http_insecure``.
+        http_insecure: accept unauthenticated HTTP message requests (local use only).
+        ops: ``(host, port)`` of the operations server (``/healthz``, ``/readyz``,
+            ``/metrics``), or None.
         max_frame_bytes: largest message accepted over MLLP or HTTP, in bytes.
         idle_timeout: seconds without a byte between frames before a connection is closed.
         frame_timeout: seconds without a byte inside a frame before a connection is closed.
@@ -70,6 +79,10 @@ class IngestConfig:
 
     listeners: Sequence[ListenerConfig] = ()
     http: tuple[str, int] | None = None
+    http_ssl: ssl.SSLContext | None = None
+    credentials: Credentials | None = None
+    http_insecure: bool = False
+    ops: tuple[str, int] | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     frame_timeout: float = DEFAULT_FRAME_TIMEOUT
@@ -86,6 +99,13 @@ class IngestConfig:
             raise ValueError("each channel may have only one MLLP listener")
         for channel in channels:
             check_channel(channel)
+        if self.http is not None and self.credentials is None and not self.http_insecure:
+            raise ValueError(
+                "HTTP ingest needs credentials (--http-credentials), or --http-insecure to"
+                " accept unauthenticated messages"
+            )
+        if self.http_insecure and self.credentials is not None:
+            raise ValueError("--http-insecure and --http-credentials exclude each other")
         if self.max_frame_bytes <= 0:
             raise ValueError("max_frame_bytes must be positive")
         if self.idle_timeout <= 0 or self.frame_timeout <= 0:
@@ -97,15 +117,22 @@ class IngestConfig:
 
 
 def server_tls_context(
-    cert_file: str, key_file: str, client_ca_file: str | None = None
+    cert_file: str,
+    key_file: str,
+    client_ca_file: str | None = None,
+    *,
+    client_cert_required: bool = True,
 ) -> ssl.SSLContext:
-    """A TLS server context (TLS 1.2 or later) for an MLLP listener.
+    """A TLS server context (TLS 1.2 or later) for an MLLP listener or the HTTP server.
 
     Args:
         cert_file: PEM certificate chain of the listener.
         key_file: PEM private key.
-        client_ca_file: PEM bundle of CAs; when given, clients must present a certificate
-            signed by one of them (mutual TLS).
+        client_ca_file: PEM bundle of CAs; when given, a client certificate must be signed by
+            one of them (mutual TLS).
+        client_cert_required: with ``client_ca_file``, refuse clients without a certificate
+            (MLLP); False asks for one but lets the request authenticate by token instead
+            (HTTP).
 
     Raises:
         OSError, ssl.SSLError: a file is missing or unusable.
@@ -115,7 +142,7 @@ def server_tls_context(
     context.load_cert_chain(cert_file, key_file)
     if client_ca_file:
         context.load_verify_locations(client_ca_file)
-        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_mode = ssl.CERT_REQUIRED if client_cert_required else ssl.CERT_OPTIONAL
     return context
 
 
@@ -143,8 +170,9 @@ class Ingest:
         self.router: Router | None = None
         self.acceptor: Acceptor | None = None
         self.listeners: list[MllpListener] = []
-        self._runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []
         self._http_port: int | None = None
+        self._ops_port: int | None = None
         self._purge_task: asyncio.Task[None] | None = None
         self._started = False
         self._stopping = False
@@ -166,6 +194,21 @@ class Ingest:
     def http_port(self) -> int | None:
         """The bound HTTP port, or None when there is no HTTP server."""
         return self._http_port
+
+    @property
+    def ops_port(self) -> int | None:
+        """The bound operations port, or None when there is no operations server."""
+        return self._ops_port
+
+    async def _serve_http(
+        self, app: web.Application, address: tuple[str, int], context: ssl.SSLContext | None
+    ) -> int:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runners.append(runner)
+        host, port = address
+        await web.TCPSite(runner, host or None, port, ssl_context=context).start()
+        return _bound_port(runner, port)
 
     def readiness(self) -> str | None:
         """None when ready to take messages, else a short reason."""
@@ -233,14 +276,22 @@ class Ingest:
                     listener.port,
                 )
             if config.http is not None:
-                app = make_app(self.acceptor, config.max_frame_bytes, self.readiness)
-                self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-                await self._runner.setup()
-                host, port = config.http
-                site = web.TCPSite(self._runner, host or None, port)
-                await site.start()
-                self._http_port = _bound_port(self._runner, port)
-                log.info("HTTP listening on %s:%d", host or "*", self._http_port)
+                app = make_message_app(self.acceptor, config.max_frame_bytes, config.credentials)
+                self._http_port = await self._serve_http(app, config.http, config.http_ssl)
+                log.log(
+                    logging.INFO if config.credentials and config.http_ssl else logging.WARNING,
+                    "HTTP messages on %s:%d%s",
+                    config.http[0] or "*",
+                    self._http_port,
+                    _http_mode(config),
+                )
+            if config.ops is not None:
+                self._ops_port = await self._serve_http(
+                    make_ops_app(self.readiness), config.ops, None
+                )
+                log.info(
+                    "/healthz, /readyz and /metrics on %s:%d", config.ops[0] or "*", self._ops_port
+                )
             self.router.start()
             if config.duplicate_window > 0:
                 self._purge_task = asyncio.create_task(
@@ -288,9 +339,9 @@ class Ingest:
                 *(listener.stop(self.config.shutdown_grace) for listener in self.listeners),
                 return_exceptions=True,
             )
-            if self._runner is not None:
-                await self._runner.cleanup()
-                self._runner = None
+            for runner in self._runners:
+                await runner.cleanup()
+            self._runners.clear()
             if self.acceptor is not None:
                 await self.acceptor.committer.close(self.config.shutdown_grace)
             if self._own_store and self._store is not None:
@@ -310,6 +361,17 @@ class Ingest:
             else:
                 if removed:
                     log.info("duplicate window: forgot %d messages older than the window", removed)
+
+
+def _http_mode(config: IngestConfig) -> str:
+    if config.http_insecure:
+        return (
+            " OPEN: no authentication, anyone who reaches this port can post to every channel"
+            + ("" if config.http_ssl else ", over plain HTTP")
+        )
+    assert config.credentials is not None
+    transport = "over TLS" if config.http_ssl else "over plain HTTP (tokens travel in clear)"
+    return f" {transport}, {len(config.credentials.entries)} credential(s)"
 
 
 def _bound_port(runner: web.AppRunner, requested: int) -> int:

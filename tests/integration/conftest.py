@@ -1,0 +1,40 @@
+"""Fixtures shared by the integration tests: a small PKI made with the real openssl."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+#: Certificates of the test PKI: file stem -> (subject CN, subjectAltName).
+CERTIFICATES = {
+    "server": ("server", "IP:127.0.0.1,DNS:localhost"),
+    "client": ("client", "DNS:client.example"),
+    "other": ("other", "DNS:other.example,URI:urn:inturn:other"),
+}
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA (``ca.pem``) and, signed by it, ``server`` (for 127.0.0.1), ``client`` and
+    ``other`` certificates (``NAME.pem`` / ``NAME.key``); see :data:`CERTIFICATES`."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))  # fmt: skip
+    for name, (cn, san) in CERTIFICATES.items():
+        (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}",
+                "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))  # fmt: skip
+        openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
+                "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "2",
+                "-extfile", str(d / f"{name}.ext"), "-out", str(d / f"{name}.pem"))  # fmt: skip
+    return d
