@@ -17,7 +17,7 @@ AckAction = Literal["retry", "fail"]
 DEFAULT_BACKOFF_SECONDS = 5
 DEFAULT_MAX_BACKOFF_SECONDS = 60
 DEFAULT_TIMEOUT_SECONDS = 30
-DEFAULT_IDLE_SECONDS = 2
+DEFAULT_IDLE_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,8 @@ class WorkerConfig:
         sender: where and how to deliver.
         retry: the retry policy.
         ack_policy: per negative outcome, retry or fail.
-        idle_seconds: poll interval when nothing wakes the worker.
+        idle_seconds: the safety poll: how often an idle worker looks at its queue when no
+            notification wakes it (seconds).
         suspend: hold the lock and send nothing.
         message_types: MSH-9 patterns the destination accepts (routing, used by ingest).
         carriers: IATA airline designators this destination serves (reservation notices).

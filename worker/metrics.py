@@ -6,6 +6,8 @@ All metrics live in prometheus-client's default registry, so several workers in 
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import Counter, Gauge, Histogram
 
 DELIVERED = Counter("inturn_delivered", "Messages accepted by their receiver.", ["destination"])
@@ -27,12 +29,21 @@ PENDING = Gauge("inturn_queue_pending", "Messages waiting.", ["destination"])
 OLDEST = Gauge(
     "inturn_queue_oldest_age_seconds", "Age of the oldest waiting message.", ["destination"]
 )
+#: Wall-clock time (seconds since the epoch) the oldest waiting message of each destination was
+#: enqueued, as last measured; None when nothing waits. The age gauge is computed from it when
+#: scraped, so it keeps growing between two depth queries without a query of its own.
+_OLDEST_SINCE: dict[str, float | None] = {}
 MAX_ATTEMPTS = Gauge(
     "inturn_queue_max_attempts", "Highest attempt count among waiting messages.", ["destination"]
 )
 LOCK_HELD = Gauge(
     "inturn_lock_held", "1 while this process holds the destination's lock.", ["destination"]
 )
+
+
+def _oldest_age(destination: str) -> float:
+    since = _OLDEST_SINCE.get(destination)
+    return 0.0 if since is None else max(0.0, time.time() - since)
 
 
 class PrometheusObserver:
@@ -56,7 +67,9 @@ class PrometheusObserver:
     ) -> None:
         """Set the queue gauges."""
         PENDING.labels(destination).set(pending)
-        OLDEST.labels(destination).set(oldest_seconds)
+        if destination not in _OLDEST_SINCE:
+            OLDEST.labels(destination).set_function(lambda: _oldest_age(destination))
+        _OLDEST_SINCE[destination] = time.time() - oldest_seconds if pending else None
         MAX_ATTEMPTS.labels(destination).set(max_attempts)
 
     def lock(self, destination: str, held: bool) -> None:

@@ -35,8 +35,11 @@ log = logging.getLogger("inturn.worker")
 
 #: Most characters of a failure cause stored in ``last_error``.
 CAUSE_MAX_CHARS = 500
-#: Seconds between two refreshes of the depth gauge.
+#: Seconds between two depth queries while the queue holds something (an empty queue is known
+#: from the head query alone and costs none).
 DEPTH_EVERY_SECONDS = 5.0
+#: Most seconds between two tries of a standby worker (another holds the lock) to take it.
+STANDBY_POLL_SECONDS = 5.0
 #: Reconnect backoff after a lost database connection: first delay and ceiling, seconds.
 RECONNECT_BASE_SECONDS = 1.0
 RECONNECT_MAX_SECONDS = 30.0
@@ -182,7 +185,7 @@ class DestinationWorker:
             if not announced:
                 log.info("destination %s: another worker holds the lock; waiting", self.destination)
                 announced = True
-            await _sleep_or_stop(stop, self.config.idle_seconds)
+            await _sleep_or_stop(stop, min(float(self.config.idle_seconds), STANDBY_POLL_SECONDS))
         return False
 
     async def _drain(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> None:
@@ -192,14 +195,19 @@ class DestinationWorker:
         its cost stays flat however many rows were delivered since the statistics were taken.
         When the queue looks empty it is looked at once more from the start, so that nothing
         can stay hidden below the bound.
+
+        Idle cost. An enqueue's NOTIFY (sent in its transaction, delivered at COMMIT to this
+        session, which LISTENs before its first head query) wakes the worker at once; without
+        one, an idle worker looks at its queue every ``idle_seconds`` (60 by default): one head
+        query, and no depth query, since "nothing pending" is what the head query said.
         """
         idle = float(self.config.idle_seconds)
         after = 0
         prefetched: queue.HeadResult | None = None
         while not stop.is_set():
             self._tick()
-            await self._report_depth(conn)
             if self.config.suspend:
+                await self._report_depth(conn)
                 await self._wait(conn, stop, idle)
                 continue
             if prefetched is not None:
@@ -210,6 +218,11 @@ class DestinationWorker:
                     after = 0
                     head, wait = await queue.next_head(conn, self.destination)
             self.state.db_ok = True
+            if head is None and wait is None:
+                self._report_empty()
+                await self._wait(conn, stop, idle)
+                continue
+            await self._report_depth(conn)
             if head is None:
                 await self._wait(conn, stop, idle if wait is None else min(wait, idle))
                 continue
@@ -217,7 +230,16 @@ class DestinationWorker:
             if finished:
                 after = head.item.id
 
+    def _report_empty(self) -> None:
+        """Nothing is pending: the gauges say so without a query (failed items are not in them).
+
+        The next depth query then runs as soon as anything is pending again.
+        """
+        self.observer.depth(self.destination, 0, 0.0, 0)
+        self._next_depth = 0.0
+
     async def _report_depth(self, conn: AsyncConnection[Any], force: bool = False) -> None:
+        """Query the destination's depth, at most every :data:`DEPTH_EVERY_SECONDS`."""
         now = time.monotonic()
         if not force and now < self._next_depth:
             return

@@ -499,10 +499,11 @@ def spec_schema() -> Schema:
                 default={},
             ),
             "idleSeconds": _int(
-                "Poll interval of an idle worker when nothing wakes it.",
+                "Safety poll of an idle worker: an enqueue wakes it at once (LISTEN/NOTIFY);"
+                " this is only how often it looks anyway.",
                 minimum=1,
-                maximum=300,
-                default=2,
+                maximum=3600,
+                default=60,
             ),
             "suspend": _bool(
                 "Hold the queue: the worker keeps its lock and sends nothing.", default=False

@@ -43,7 +43,7 @@ def config(port: int, **changes: Any) -> WorkerConfig:
         channel="adt",
         sender=MllpSenderConfig("127.0.0.1", port),
         retry=retry,
-        idle_seconds=1,
+        idle_seconds=changes.pop("idle_seconds", 1),
         **changes,
     )
 
@@ -239,3 +239,59 @@ async def test_every_sample_arrives_identical_apart_from_separators(
     async with MllpReceiver() as rx, running(config(rx.port), fresh_db):
         await until(lambda: _all_delivered(fresh_db, len(raw)), timeout=60)
     assert rx.received == [normalise_segments(p) for p in raw]
+
+
+class Recording(PrometheusObserver):
+    """The Prometheus observer, also keeping every depth it was told."""
+
+    def __init__(self) -> None:
+        self.depths: list[tuple[int, int]] = []
+
+    def depth(
+        self, destination: str, pending: int, oldest_seconds: float, max_attempts: int
+    ) -> None:
+        super().depth(destination, pending, oldest_seconds, max_attempts)
+        self.depths.append((pending, max_attempts))
+
+
+async def test_an_idle_worker_is_woken_by_the_enqueue_not_by_polling(fresh_db: str) -> None:
+    """With a safety poll of an hour, only the enqueue's NOTIFY can start the delivery."""
+    seen = Recording()
+    async with MllpReceiver() as rx:
+        cfg = config(rx.port, idle_seconds=3600)
+        worker = DestinationWorker(cfg, fresh_db, MllpSender(cfg.sender), seen)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await until(lambda: _true(seen.depths == [(0, 0)]))  # looked, found nothing: waits
+            await enqueue(fresh_db, [1, 2])
+            await until(lambda: _all_delivered(fresh_db, 2))
+            await until(lambda: _true(seen.depths[-1] == (0, 0)))
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+    assert control_ids(rx.received) == ["MSG00001", "MSG00002"]
+
+
+async def test_a_drain_wakes_a_worker_waiting_out_a_backoff(fresh_db: str) -> None:
+    """The worker's gauges follow a drain at once, though its head backs off for an hour."""
+    seen = Recording()
+    slow = RetryPolicy(max_attempts=0, backoff_seconds=3600, max_backoff_seconds=3600)
+    async with MllpReceiver(ack_code="AE") as rx:
+        cfg = config(rx.port, idle_seconds=3600, retry=slow)
+        worker = DestinationWorker(cfg, fresh_db, MllpSender(cfg.sender), seen)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await enqueue(fresh_db, [1, 2])
+            await rx.wait_for(1)
+            async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+                assert len(await queue.drain(conn, DEST, who="t")) == 2
+            await until(lambda: _true(seen.depths[-1] == (0, 0)))
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -64,7 +64,7 @@ def test_minimal_manifest_gets_the_schema_defaults() -> None:
     assert (cfg.retry.max_attempts, cfg.retry.backoff_seconds) == (3, 5)
     assert (cfg.retry.max_backoff_seconds, cfg.retry.timeout_seconds) == (60, 30)
     assert cfg.ack_policy.AE == "retry" and cfg.ack_policy.controlIdMismatch == "retry"
-    assert (cfg.idle_seconds, cfg.suspend, cfg.message_types) == (2, False, ())
+    assert (cfg.idle_seconds, cfg.suspend, cfg.message_types) == (60, False, ())
 
 
 def test_namespace_defaults_to_default() -> None:

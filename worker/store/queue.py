@@ -286,6 +286,7 @@ async def drain(
         ids = sorted(int(r[0]) for r in await cur.fetchall())
         if ids:
             await _audit(conn, who, "drain", destination, ids, why)
+            await _wake(conn, [destination])  # its gauges change
     return ids
 
 
@@ -321,6 +322,7 @@ async def erase(
         if ids:
             dest = str(rows[0][1]) if len({r[1] for r in rows}) == 1 else None
             await _audit(conn, who, "erase", dest, ids, why)
+            await _wake(conn, {str(r[1]) for r in rows if r[2] == "pending"})
     return ids
 
 
