@@ -53,13 +53,16 @@ class LazyGroup(click.Group):
         return command if isinstance(command, click.Command) else None
 
 
-@click.group(cls=LazyGroup)
+@click.group(cls=LazyGroup, invoke_without_command=True)
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.version_option(package_name="inturn", prog_name="inturn")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """inturn: durable, in-order, per-destination HL7 v2 delivery queues."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())  # `inturn` alone: the help, not an error
 
 
 def fail(message: str) -> None:

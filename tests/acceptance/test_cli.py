@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from importlib import metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -237,3 +238,15 @@ def test_audit_shows_who_and_why(fresh_db: str) -> None:
         "sent twice upstream",
     )
     assert "sent twice upstream" in run("queue", "audit", dsn=fresh_db).stdout
+
+
+def test_bare_inturn_prints_help_and_version_is_there() -> None:
+    bare = run()
+    assert bare.returncode == 0 and bare.stderr == ""
+    assert bare.stdout.startswith("Usage: inturn [OPTIONS] [COMMAND]")
+    assert "worker" in bare.stdout and "queue" in bare.stdout
+    version = run("--version")
+    assert (version.returncode, version.stdout) == (
+        0,
+        f"inturn, version {metadata.version('inturn')}\n",
+    )

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# `make image`: the base (image/base.sh), the image from the Containerfile, then its checks
+# (image/check.py). Uses `podman build --isolation=chroot`, which works where `podman run` does not.
+#   image/build.sh [IMAGE]       (default localhost/inturn:<version in pyproject.toml>)
+# Env: BASE_IMAGE (localhost/inturn-base:bookworm; any Python 3.11+ image with venv will do),
+#      EXTRAS (extras installed with inturn), CA_BUNDLE (trusted for the build's downloads,
+#      default /etc/ssl/certs/ca-certificates.crt when it exists).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+IMAGE=${1:-localhost/inturn:$VERSION}
+BASE_IMAGE=${BASE_IMAGE:-localhost/inturn-base:bookworm}
+CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+
+if [[ $BASE_IMAGE == localhost/inturn-base:* ]]; then
+    image/base.sh "$BASE_IMAGE"
+fi
+secret=()
+[[ -s $CA_BUNDLE ]] && secret=(--secret "id=ca,src=$CA_BUNDLE")
+echo "image $IMAGE: podman build (base $BASE_IMAGE)"
+podman build --quiet --isolation=chroot "${secret[@]}" \
+    --build-arg "BASE=$BASE_IMAGE" --build-arg "VERSION=$VERSION" \
+    --build-arg "EXTRAS=${EXTRAS:-}" -t "$IMAGE" . >/dev/null
+python3 image/check.py "$IMAGE" "$VERSION"

@@ -1,0 +1,65 @@
+"""The container image: built with podman (`make image`'s script) and checked from inside.
+
+Skipped, with the reason, where podman or debootstrap is missing or we are not root (image
+mounts, chroot and debootstrap need root). The base is made here by debootstrap, so no registry
+is needed; the first run takes about a minute more for it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = f"localhost/inturn:test-{os.getpid()}"
+
+missing = [tool for tool in ("podman", "debootstrap", "chroot") if shutil.which(tool) is None]
+pytestmark = [
+    pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (apt-get install)"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="podman image mount and debootstrap need root"),
+]
+
+
+def _checker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("image_check", ROOT / "image" / "check.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_image_builds_and_holds_what_every_component_needs() -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    built = subprocess.run(
+        [str(ROOT / "image" / "build.sh"), IMAGE], capture_output=True, text=True, timeout=1500
+    )
+    try:
+        assert built.returncode == 0, built.stdout + built.stderr
+        assert "compilers: none" in built.stdout
+        facts = _checker().inspect(IMAGE)
+    finally:
+        subprocess.run(["podman", "untag", IMAGE, IMAGE], capture_output=True)
+    assert facts["entrypoint"] == ["inturn"]
+    assert facts["version"] == f"inturn, version {version}"
+    assert facts["help"]["worker"] == "Usage: inturn worker [OPTIONS]"
+    assert set(facts["help"]) == {
+        "worker",
+        "operator",
+        "ingest",
+        "migrate",
+        "purge",
+        "queue",
+        "local",
+    }
+    for command, line in facts["help"].items():
+        assert line.startswith(f"Usage: inturn {command}"), line
+    assert (facts["user"], facts["uid"], facts["gid"]) == ("inturn", 10001, 10001)
+    assert facts["compilers"] == []
+    assert 50e6 < facts["size_bytes"] < 600e6
