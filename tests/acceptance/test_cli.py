@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from importlib import metadata
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
