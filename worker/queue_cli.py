@@ -20,8 +20,7 @@ import click
 import psycopg
 
 from inturn.worker.durations import parse_duration
-from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.store import identifiers
+from inturn.worker.store import identifiers, roles
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import STATES, DepthRow, Item
@@ -85,14 +84,40 @@ def run_store(dsn: str | None, action: Callable[[Store], Awaitable[T]]) -> T:
 
 @click.command("migrate")
 @dsn_option
-def migrate_command(dsn: str | None) -> None:
+@click.option(
+    "--create-roles",
+    is_flag=True,
+    help="Also create one least-privilege role per component and (re)set their grants.",
+)
+@click.option(
+    "--role-prefix",
+    default=roles.DEFAULT_PREFIX,
+    show_default=True,
+    help="Prefix of the role names (<prefix>ingest, <prefix>worker, ...).",
+)
+def migrate_command(dsn: str | None, create_roles: bool, role_prefix: str) -> None:
     """Apply the schema migrations (safe to run twice, or from two pods at once)."""
-    applied = migrate(resolve_dsn(dsn))
+    if create_roles:
+        try:
+            roles.role_name(roles.COMPONENTS[0], role_prefix)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--role-prefix") from None
+    target = resolve_dsn(dsn)
+    applied = migrate(target)
     if applied:
         for m in applied:
             click.echo(f"applied {m.version:04d}_{m.name}")
     else:
         click.echo("schema is up to date")
+    if create_roles:
+        try:
+            created = roles.apply_roles(target, role_prefix)
+        except roles.RolesError as exc:
+            raise click.ClickException(str(exc)) from None
+        for role in created:
+            click.echo(f"created role {role}")
+        names = ", ".join(roles.role_name(c, role_prefix) for c in roles.COMPONENTS)
+        click.echo(f"grants set for {names}")
 
 
 def _age(seconds: float) -> str:
@@ -255,16 +280,11 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
 @dsn_option
 @click.argument("item_id", type=int)
 def payload_command(dsn: str | None, item_id: int) -> None:
-    """Write one item's bytes to standard output exactly as its sender sends them.
-
-    These are the stored bytes: ingest stores a message with its segment terminators already
-    normalised (see :mod:`inturn.worker.hl7.terminators`); the rule is applied here too, and
-    changes nothing, so that rows stored before it print what is sent.
-    """
+    """Write one item's stored bytes to standard output, unchanged."""
     data = run_store(dsn, lambda s: s.payload(item_id))
     if data is None:
         raise click.ClickException(f"no item {item_id}")
-    sys.stdout.buffer.write(normalise_terminators(data))
+    sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
 
 

@@ -271,3 +271,221 @@ def test_components_can_be_turned_off() -> None:
     off = {"enabled": False}
     parts = ("operator", "ingest", "migrate", "purge", "sweeper", "crds")
     assert render(dict.fromkeys(parts, off)) == []
+
+
+def _dsn_refs(obj: dict[str, Any]) -> list[dict[str, str]]:
+    return [
+        e["valueFrom"]["secretKeyRef"]
+        for pod in pod_specs(obj)
+        for c in pod["containers"]
+        for e in c["env"]
+        if e["name"] == "INTURN_DSN"
+    ]
+
+
+def test_each_component_takes_its_own_dsn_secret_or_the_shared_one() -> None:
+    own = {
+        "ingest": {"existingSecret": "db-ingest"},
+        "operator": {"existingSecret": "db-operator", "key": "uri"},
+        "worker": {"existingSecret": "db-worker"},
+        "purge": {"existingSecret": "db-purge"},
+        "sweeper": {"existingSecret": "db-sweeper"},
+    }
+    objs = render({"database": {"components": own}, "sweeper": {"enabled": True}})
+    expected = {
+        ("Deployment", "inturn-ingest"): {"name": "db-ingest", "key": "dsn"},
+        ("Deployment", "inturn-operator"): {"name": "db-operator", "key": "uri"},
+        ("CronJob", "inturn-purge"): {"name": "db-purge", "key": "dsn"},
+        ("CronJob", "inturn-sweeper"): {"name": "db-sweeper", "key": "dsn"},
+        ("Job", "inturn-migrate"): {"name": "inturn-db", "key": "dsn"},  # falls back
+    }
+    for (kind, name), ref in expected.items():
+        assert _dsn_refs(find(objs, kind, name)) == [ref], name
+    # workers get the worker Secret by name (the operator never reads it)
+    args = find(objs, "Deployment", "inturn-operator")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert "--dsn-secret=db-worker" in args and "--dsn-secret-key=dsn" in args
+
+
+def test_migrate_hook_creates_roles_when_asked() -> None:
+    (c,) = find(render(), "Job", "inturn-migrate")["spec"]["template"]["spec"]["containers"]
+    assert "args" not in c
+    objs = render({"database": {"roles": {"create": True, "prefix": "pacs_"}}})
+    (c,) = find(objs, "Job", "inturn-migrate")["spec"]["template"]["spec"]["containers"]
+    assert c["command"] + c["args"] == [
+        "inturn",
+        "migrate",
+        "--create-roles",
+        "--role-prefix=pacs_",
+    ]
+    with pytest.raises(helm.HelmValuesError, match="prefix"):
+        render({"database": {"roles": {"prefix": "Bad-Prefix"}}})
+
+
+# --- network policies ---------------------------------------------------------------------------
+
+POSTGRES_ANYWHERE = {"ports": [{"protocol": "TCP", "port": 5432}]}
+DNS = {
+    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+    "to": [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }
+    ],
+}
+MONITORING_NS = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+}
+
+
+def _policies(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (o["metadata"]["namespace"], o["metadata"]["name"]): o["spec"]
+        for o in of_kind(objs, "NetworkPolicy")
+    }
+
+
+def test_network_policies_by_default_close_everything_but_what_is_served() -> None:
+    policies = _policies(render())
+    assert set(policies) == {
+        ("inturn", "inturn-ingest"),
+        ("inturn", "inturn-operator"),
+        ("inturn", "inturn-jobs"),
+    }  # cluster-wide operator, no namespaces named: no worker policy (README says so)
+    for spec in policies.values():
+        assert spec["policyTypes"] == ["Ingress", "Egress"]
+    ingest = policies[("inturn", "inturn-ingest")]
+    assert ingest["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "ingest"
+    # no senders configured: the MLLP ports are reachable from nowhere; ops from monitoring
+    assert ingest["ingress"] == [
+        {"from": [MONITORING_NS], "ports": [{"protocol": "TCP", "port": 9090}]}
+    ]
+    assert ingest["egress"] == [POSTGRES_ANYWHERE, DNS]
+    operator = policies[("inturn", "inturn-operator")]
+    assert operator["ingress"] == [
+        {"from": [MONITORING_NS], "ports": [{"protocol": "TCP", "port": 8080}]}
+    ]
+    assert operator["egress"] == [
+        POSTGRES_ANYWHERE,
+        DNS,
+        {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]},
+    ]
+    jobs = policies[("inturn", "inturn-jobs")]
+    assert jobs["ingress"] == [] and jobs["egress"] == [POSTGRES_ANYWHERE, DNS]
+    assert jobs["podSelector"]["matchExpressions"] == [
+        {
+            "key": "app.kubernetes.io/component",
+            "operator": "In",
+            "values": ["migrate", "purge", "sweeper"],
+        }
+    ]
+    assert not of_kind(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy")
+
+
+def test_worker_policies_in_each_destination_namespace_leave_receivers_open() -> None:
+    policies = _policies(render(files=["namespaced"]))
+    for ns in ("ward-a", "ward-b"):
+        spec = policies[(ns, "inturn-workers")]
+        assert spec["podSelector"] == {
+            "matchLabels": {
+                "app.kubernetes.io/name": "inturn-worker",
+                "app.kubernetes.io/managed-by": "inturn-operator",
+            }
+        }
+        assert spec["ingress"] == [
+            {"from": [MONITORING_NS], "ports": [{"protocol": "TCP", "port": 8080}]}
+        ]
+        assert spec["egress"] == [POSTGRES_ANYWHERE, DNS, {}]  # {}: receivers anywhere
+
+
+def test_network_policy_rules_follow_their_values() -> None:
+    policies = _policies(render(files=["ingest-secure"]))
+    postgres = {
+        "ports": [{"protocol": "TCP", "port": 5432}],
+        "to": [{"ipBlock": {"cidr": "10.40.0.5/32"}}],
+    }
+    prometheus = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    ingest = policies[("inturn", "inturn-ingest")]
+    assert ingest["ingress"] == [
+        {
+            "from": [
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "his"}}},
+                {"ipBlock": {"cidr": "10.20.0.0/16"}},
+            ],
+            "ports": [
+                {"protocol": "TCP", "port": 2575},
+                {"protocol": "TCP", "port": 2576},
+                {"protocol": "TCP", "port": 8443},
+            ],
+        },
+        {"from": [MONITORING_NS, prometheus], "ports": [{"protocol": "TCP", "port": 9090}]},
+    ]
+    assert ingest["egress"] == [postgres, DNS]
+    workers = policies[("ward-a", "inturn-workers")]
+    assert workers["egress"] == [
+        postgres,
+        DNS,
+        {
+            "to": [{"ipBlock": {"cidr": "10.30.0.0/16"}}],
+            "ports": [{"protocol": "TCP", "port": 2575}],
+        },
+    ]
+    # no monitoring at all: no ingress rule is rendered (an empty "from" would admit anyone)
+    closed = _policies(render({"networkPolicy": {"monitoring": {"namespaces": []}}}))
+    assert closed[("inturn", "inturn-ingest")]["ingress"] in (None, [])
+    assert closed[("inturn", "inturn-operator")]["ingress"] in (None, [])
+
+
+# --- secrets: each component only its own --------------------------------------------------------
+
+
+def _secrets_used(pod: dict[str, Any]) -> set[str]:
+    names = {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+    for c in pod["containers"] + pod.get("initContainers", []):
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                names.add(ref["name"])
+        names.update(e["secretRef"]["name"] for e in c.get("envFrom", []) if "secretRef" in e)
+    return names
+
+
+def test_each_component_references_only_the_secrets_it_needs() -> None:
+    own = {c: {"existingSecret": f"db-{c}"} for c in ("ingest", "operator", "purge", "sweeper")}
+    objs = render(
+        {"database": {"components": own}, "sweeper": {"enabled": True}},
+        files=["ingest-secure"],
+    )
+    expected = {
+        "inturn-ingest": {"db-ingest", "inturn-ingest-tls", "inturn-ingest-credentials"},
+        "inturn-operator": {"db-operator"},
+        "inturn-purge": {"db-purge"},
+        "inturn-sweeper": {"db-sweeper"},
+        "inturn-migrate": {"inturn-db"},
+    }
+    used = {o["metadata"]["name"]: _secrets_used(p) for o in objs for p in pod_specs(o)}
+    assert used == expected
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_the_operator_service_account_cannot_read_secrets(name: str) -> None:
+    """Follow every binding whose subject is the operator's service account to its role."""
+    objs = render(files=_files(name))
+    roles = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")): o for o in objs}
+    bound = 0
+    for binding in of_kind(objs, "ClusterRoleBinding", "RoleBinding"):
+        subjects = binding["subjects"]
+        if {"kind": "ServiceAccount", "name": "inturn-operator", "namespace": "inturn"} not in (
+            subjects
+        ):
+            continue
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
+        role = roles[(ref["kind"], ref["name"], namespace)]
+        assert "aggregationRule" not in role
+        for (group, resource), verbs in _grants(role).items():
+            assert group != "" or resource not in ("secrets", "*"), (resource, verbs)
+        bound += 1
+    assert bound >= 1

@@ -14,7 +14,6 @@ import aiohttp
 from yarl import URL
 
 from ..config import HttpSenderConfig
-from ..hl7.terminators import normalise_terminators
 from .base import DeliveryError
 from .tls import client_context
 
@@ -82,10 +81,7 @@ class HttpSender:
         return headers
 
     async def send(self, payload: bytes) -> None:
-        """POST ``payload``; return on 2xx.
-
-        The body is ``normalise_terminators(payload)``, the same bytes every sender sends: the
-        stored bytes themselves for every message stored by ingest (it stores them normalised).
+        """POST ``payload`` unchanged; return on 2xx.
 
         Raises:
             DeliveryError: ``http`` for a non-2xx status, ``connection`` for transport
@@ -100,7 +96,7 @@ class HttpSender:
             async with asyncio.timeout(self.timeout_seconds):
                 async with self._session.post(
                     self.config.url,
-                    data=normalise_terminators(payload),
+                    data=payload,
                     headers=headers,
                     ssl=self._ssl,
                     server_hostname=server_hostname,

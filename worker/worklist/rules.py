@@ -24,10 +24,7 @@ from psycopg import AsyncConnection
 from inturn.worker.worklist.model import Placement
 
 #: Modules whose import registers rules. Add a line to plug in another module's rules.
-RULE_MODULES: tuple[str, ...] = (
-    "inturn.worker.worklist.delivery_rules",
-    "inturn.worker.reservations.sweep",
-)
+RULE_MODULES: tuple[str, ...] = ("inturn.worker.worklist.delivery_rules",)
 
 
 @dataclass

@@ -38,10 +38,20 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
+{{/* The DSN Secret of one component: (list $ "ingest") -> {"name": ..., "key": ...}, its own
+     Secret and key when set, else the shared ones. */}}
+{{- define "inturn.dsnSecret" -}}
+{{- $root := index . 0 -}}
+{{- $db := $root.Values.database -}}
+{{- $own := index $db.components (index . 1) | default dict -}}
+name: {{ $own.existingSecret | default $db.existingSecret }}
+key: {{ $own.key | default $db.key }}
+{{- end }}
+
+{{/* INTURN_DSN from the component's Secret: include "inturn.dsnEnv" (list $ "ingest") */}}
 {{- define "inturn.dsnEnv" -}}
 - name: INTURN_DSN
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.database.existingSecret }}
-      key: {{ .Values.database.key }}
+      {{- include "inturn.dsnSecret" . | nindent 6 }}
 {{- end }}

@@ -1,0 +1,319 @@
+"""Least-privilege database roles: each component's role, made by ``inturn migrate
+--create-roles``, does its real job through our own code, and is refused the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from psycopg import AsyncConnection
+from psycopg.conninfo import make_conninfo
+
+from inturn.worker.cli import cli
+from inturn.worker.config import MllpSenderConfig, RetryPolicy, WorkerConfig
+from inturn.worker.hl7.ack import parse_ack
+from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.metrics import PrometheusObserver
+from inturn.worker.receiver import MllpReceiver
+from inturn.worker.runner import DestinationWorker
+from inturn.worker.senders.mllp import MllpSender
+from inturn.worker.store import queue, registry, roles
+from inturn.worker.store.model import NewItem
+from inturn.worker.worklist import store as worklist
+
+pytestmark = pytest.mark.store
+
+HOST = "127.0.0.1"
+DEST = "ward/lab"
+Denied = psycopg.errors.InsufficientPrivilege
+
+
+def message(control_id: str) -> bytes:
+    return (
+        f"MSH|^~\\&|ADT|HOSP|LAB|HOSP|20261129120000||ADT^A01|{control_id}|P|2.5\r"
+        "PID|1||P1^^^HOSP^MR||DOE^JOHN\r"
+    ).encode()
+
+
+@pytest.fixture(scope="module")
+def role_dsns(dsn: str, pg_server_dsn: str) -> Iterator[dict[str, str]]:
+    """Roles with a prefix of this test session's own (roles are shared by the whole server),
+    created by the real CLI; ``{component: DSN connecting as its role}``. Dropped at the end."""
+    prefix = f"t{uuid.uuid4().hex[:8]}_"
+    result = CliRunner().invoke(
+        cli, ["migrate", "--dsn", dsn, "--create-roles", "--role-prefix", prefix]
+    )
+    assert result.exit_code == 0, result.output
+    names = {c: roles.role_name(c, prefix) for c in roles.COMPONENTS}
+    for role in names.values():
+        assert f"created role {role}" in result.output
+    try:
+        yield {c: make_conninfo(dsn, user=role) for c, role in names.items()}
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for role in names.values():
+                conn.execute(f'DROP OWNED BY "{role}"')
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            for role in names.values():
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def refused(dsn: str, statement: str, params: Any = None) -> bool:
+    """True when ``statement`` fails for lack of privilege (and changes nothing)."""
+    with psycopg.connect(dsn) as conn:
+        try:
+            conn.execute(statement, params)
+        except Denied:
+            return True
+        finally:
+            conn.rollback()
+    return False
+
+
+async def aseed(dsn: str, *control_ids: str, destination: str = DEST) -> list[int]:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        items = [NewItem(destination, "adt", cid, "ADT^A01", message(cid)) for cid in control_ids]
+        return await queue.enqueue(conn, items)
+
+
+# --- every table has a decision ------------------------------------------------------------------
+
+
+def test_every_table_has_a_grant_decision(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        present = roles.tables(conn)
+    assert set(present) == set(roles.GRANTS), "add the new table to roles.GRANTS"
+    for table, decided in roles.GRANTS.items():
+        assert set(decided) <= set(roles.COMPONENTS), table
+
+
+def test_a_table_without_a_decision_stops_the_grants(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE inturn_zz_undecided (id int)")
+        try:
+            with pytest.raises(roles.RolesError, match="inturn_zz_undecided"):
+                roles.apply_roles(dsn, f"t{uuid.uuid4().hex[:8]}_")
+        finally:
+            conn.execute("DROP TABLE inturn_zz_undecided")
+
+
+def test_bad_prefix_is_a_usage_error(dsn: str) -> None:
+    result = CliRunner().invoke(
+        cli, ["migrate", "--dsn", dsn, "--create-roles", "--role-prefix", "Bad-Prefix"]
+    )
+    assert result.exit_code == 2 and "lower-case" in result.output
+
+
+def test_running_it_again_changes_nothing_and_a_plain_role_cannot(
+    dsn: str, role_dsns: dict[str, str]
+) -> None:
+    ingest_user = psycopg.conninfo.conninfo_to_dict(role_dsns["ingest"])["user"]
+    same_prefix = str(ingest_user).removesuffix("ingest")
+    assert roles.apply_roles(dsn, same_prefix) == []  # all exist: none created, grants reset
+    with pytest.raises(roles.RolesError, match="not allowed"):
+        roles.apply_roles(role_dsns["reader"], f"t{uuid.uuid4().hex[:8]}_")
+
+
+# --- each role does its job and nothing else ------------------------------------------------------
+
+
+async def test_ingest_stores_and_cannot_change_or_read_back(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await registry.register(
+            conn,
+            destination=DEST,
+            namespace="ward",
+            name="lab",
+            channel="adt",
+            message_types=[],
+            generation=1,
+            suspended=False,
+        )
+    config = IngestConfig(listeners=[ListenerConfig("adt", HOST, 0)], refresh_seconds=0.2)
+    async with Ingest(config, dsn=role_dsns["ingest"]) as ingest:
+        reader, writer = await asyncio.open_connection(HOST, ingest.mllp_ports["adt"])
+        writer.write(frame(message("ROLE-IN-1")))
+        framer = FrameReader(1 << 20)
+        async with asyncio.timeout(10):
+            replies: list[bytes] = []
+            while not replies:
+                replies = [
+                    e.payload for e in framer.feed(await reader.read(65536)) if isinstance(e, Frame)
+                ]
+        writer.close()
+    assert parse_ack(replies[0]).code == "AA"
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT control_id FROM inturn_delivery").fetchall() == [("ROLE-IN-1",)]
+    dsn = role_dsns["ingest"]
+    assert refused(dsn, "UPDATE inturn_delivery SET state = 'delivered'")
+    assert refused(dsn, "SELECT payload FROM inturn_delivery")
+    assert refused(dsn, "DELETE FROM inturn_delivery")
+    assert refused(dsn, "UPDATE inturn_destination SET suspended = true")
+    assert refused(dsn, "INSERT INTO inturn_destination (destination, namespace, name, channel)"
+                        " VALUES ('x/y', 'x', 'y', 'adt')")  # fmt: skip
+    assert refused(dsn, "SELECT * FROM inturn_worklist_item")
+
+
+async def test_worker_delivers_and_cannot_delete_or_touch_the_registry(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    await aseed(fresh_db, "ROLE-W-1", "ROLE-W-2")
+    retry = RetryPolicy(max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5)
+    async with MllpReceiver() as rx:
+        sender = MllpSenderConfig(HOST, rx.port)
+        cfg = WorkerConfig(
+            destination=DEST, channel="adt", sender=sender, retry=retry, idle_seconds=1
+        )
+        stop = asyncio.Event()
+        worker = DestinationWorker(
+            cfg, role_dsns["worker"], MllpSender(sender), PrometheusObserver()
+        )
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await rx.wait_for(2)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+    with psycopg.connect(fresh_db) as conn:
+        states = conn.execute("SELECT state FROM inturn_delivery ORDER BY id").fetchall()
+    assert states == [("delivered",), ("delivered",)]
+    dsn = role_dsns["worker"]
+    assert refused(dsn, "DELETE FROM inturn_delivery")
+    assert refused(dsn, "UPDATE inturn_destination SET suspended = true")
+    assert refused(dsn, "DELETE FROM inturn_destination")
+    assert refused(dsn, "INSERT INTO inturn_destination (destination, namespace, name, channel)"
+                        " VALUES ('x/y', 'x', 'y', 'adt')")  # fmt: skip
+    assert refused(dsn, "DELETE FROM inturn_worklist_item")
+    assert refused(dsn, "TRUNCATE inturn_delivery")
+
+
+async def test_operator_registers_and_reads_depth_but_never_payloads(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    await aseed(fresh_db, "ROLE-O-1")
+    async with await AsyncConnection.connect(role_dsns["operator"], autocommit=True) as conn:
+        assert await registry.register(
+            conn,
+            destination=DEST,
+            namespace="ward",
+            name="lab",
+            channel="adt",
+            message_types=["ADT^*"],
+            generation=2,
+            suspended=False,
+            carriers=["LH"],
+        )
+        depth = await registry.status_depth(conn)
+        assert depth[DEST].pending == 1
+        assert await registry.mark_deleted(conn, DEST)
+    dsn = role_dsns["operator"]
+    assert refused(dsn, "SELECT payload FROM inturn_delivery")
+    assert refused(dsn, "SELECT patient_keys FROM inturn_delivery")
+    assert refused(dsn, "UPDATE inturn_delivery SET state = 'skipped'")
+    assert refused(dsn, "DELETE FROM inturn_delivery")
+    insert = (
+        "INSERT INTO inturn_delivery (destination, channel, control_id, message_type, payload,"
+        " size) VALUES ('a/b', 'c', 'd', 'e', '', 0)"
+    )
+    assert refused(dsn, insert)
+    assert refused(dsn, "SELECT * FROM inturn_booking")
+
+
+async def test_purge_deletes_finished_items_only_by_their_age(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    [done, waiting] = await aseed(fresh_db, "ROLE-P-1", "ROLE-P-2")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE inturn_delivery SET state = 'delivered',"
+            " finished_at = now() - interval '9 days' WHERE id = %s",
+            (done,),
+        )
+    cutoff = datetime.now(UTC) - timedelta(days=7)
+    async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
+        counts = await queue.purge(conn, {"delivered": cutoff, "failed": cutoff, "skipped": cutoff})
+        assert await worklist.purge(conn, cutoff) == 0
+    assert counts == {"delivered": 1, "failed": 0, "skipped": 0}
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT id FROM inturn_delivery").fetchall() == [(waiting,)]
+    dsn = role_dsns["purge"]
+    assert refused(dsn, "SELECT payload FROM inturn_delivery")
+    assert refused(dsn, "UPDATE inturn_delivery SET state = 'skipped'")
+    assert refused(dsn, "DELETE FROM inturn_destination")
+    assert refused(dsn, "DELETE FROM inturn_audit")
+
+
+async def test_sweeper_places_work_and_reads_no_payload(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    await aseed(fresh_db, "ROLE-S-1")
+    async with await AsyncConnection.connect(role_dsns["sweeper"], autocommit=True) as conn:
+        placed = await worklist.place(
+            conn,
+            queue="destination-stuck",
+            record_kind="destination",
+            record_key=DEST,
+            reason="oldest-too-old",
+            placed_by="sweeper",
+        )
+        assert placed.created
+        cleared = await worklist.clear_where(
+            conn, record_kind="destination", record_keys=[DEST], who="sweeper", note="drained"
+        )
+        assert len(cleared) == 1
+        depth = await queue.depth(conn)
+        assert depth[0].pending == 1
+    dsn = role_dsns["sweeper"]
+    assert refused(dsn, "SELECT payload FROM inturn_delivery")
+    assert refused(dsn, "DELETE FROM inturn_delivery")
+    assert refused(dsn, "UPDATE inturn_delivery SET state = 'skipped'")
+    assert refused(dsn, "DELETE FROM inturn_worklist_item")
+
+
+async def test_admin_decides_and_cannot_change_the_schema(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    [a, b, c] = await aseed(fresh_db, "ROLE-A-1", "ROLE-A-2", "ROLE-A-3")
+    async with await AsyncConnection.connect(role_dsns["admin"], autocommit=True) as conn:
+        assert await queue.skip(conn, a, who="ops", why="test")
+        assert await queue.payload(conn, b) == message("ROLE-A-2")
+        assert await queue.erase(conn, [b], who="ops", why="test") == [b]
+        assert await queue.drain(conn, DEST, who="ops", why="test") == [c]
+        assert await queue.remove(conn, [a], who="ops") == [a]
+        actions = [row["action"] for row in await queue.audit_log(conn)]
+        assert actions == ["remove", "drain", "erase", "skip"]
+    dsn = role_dsns["admin"]
+    assert refused(dsn, "CREATE TABLE inturn_evil (id int)")
+    assert refused(dsn, "DROP TABLE inturn_delivery")
+    assert refused(dsn, "ALTER TABLE inturn_delivery ADD COLUMN x int")
+    assert refused(dsn, "TRUNCATE inturn_delivery")
+    assert refused(dsn, "CREATE ROLE inturn_evil")
+    assert refused(dsn, "DELETE FROM inturn_audit")
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT id, state FROM inturn_delivery").fetchall() == [(c, "skipped")]
+
+
+async def test_reader_lists_but_cannot_read_payloads_or_change_anything(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    [item] = await aseed(fresh_db, "ROLE-R-1")
+    async with await AsyncConnection.connect(role_dsns["reader"], autocommit=True) as conn:
+        shown = await queue.get_item(conn, item)
+        assert shown is not None and shown.control_id == "ROLE-R-1"
+        assert [d.destination for d in await queue.depth(conn)] == [DEST]
+        with pytest.raises(Denied):
+            await queue.payload(conn, item)
+    dsn = role_dsns["reader"]
+    assert refused(dsn, "UPDATE inturn_delivery SET state = 'skipped'")
+    assert refused(dsn, "DELETE FROM inturn_delivery")
+    assert refused(dsn, "INSERT INTO inturn_audit (who, action) VALUES ('x', 'y')")
