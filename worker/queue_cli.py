@@ -20,6 +20,7 @@ import click
 import psycopg
 
 from inturn.worker.durations import parse_duration
+from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.store import identifiers, roles
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.store.migrate import migrate
@@ -280,11 +281,16 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
 @dsn_option
 @click.argument("item_id", type=int)
 def payload_command(dsn: str | None, item_id: int) -> None:
-    """Write one item's stored bytes to standard output, unchanged."""
+    """Write one item's bytes to standard output exactly as its sender sends them.
+
+    These are the stored bytes: ingest stores a message with its segment terminators already
+    normalised (see :mod:`inturn.worker.hl7.terminators`); the rule is applied here too, and
+    changes nothing, so that rows stored before it print what is sent.
+    """
     data = run_store(dsn, lambda s: s.payload(item_id))
     if data is None:
         raise click.ClickException(f"no item {item_id}")
-    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.write(normalise_terminators(data))
     sys.stdout.buffer.flush()
 
 

@@ -125,3 +125,42 @@ def test_cli_import_show_and_errors(fresh_db: str, tmp_path: Path) -> None:
     assert refused.returncode == 2
     assert refused.stderr.strip().startswith("inturn: error: nothing imported:")
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_cli_apply_status(fresh_db: str, tmp_path: Path) -> None:
+    good = tmp_path / "bookings.json"
+    good.write_text(json.dumps([booking()]))
+    assert inturn("bookings", "import", str(good), dsn=fresh_db).returncode == 0
+    done = inturn("bookings", "apply-status", "abc123", "1", "kk", dsn=fresh_db)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "ABC123 segment 1: KK applied (HN -> HK)"
+    assert lines[1].startswith("placed worklist office-fra1a0: confirmed (item ")
+    again = inturn(
+        "bookings",
+        "apply-status",
+        "ABC123",
+        "1",
+        "KK",
+        "--json",
+        "--received-at",
+        "2026-11-30T10:00:00+01:00",
+        dsn=fresh_db,
+    )
+    doc = json.loads(again.stdout)
+    assert (doc["outcome"], doc["previous"], doc["status"]) == ("applied", "HK", "HK")
+    assert doc["placed"]["created"] is False and doc["placed"]["reason"] == "confirmed"
+    shown = json.loads(inturn("bookings", "show", "ABC123", "--json", dsn=fresh_db).stdout)
+    assert shown["history"][1]["receivedAt"].startswith("2026-11-30T09:00:00")
+    for args, message in [
+        (("ABC123", "1", "K"), "'K' is not a status code"),
+        (("ABC123", "0", "KK"), "0 is not in the range 1<=x<=99"),
+        (("ABC123", "7", "KK"), "inturn: error: no segment 7 in booking ABC123"),
+    ]:
+        bad = inturn("bookings", "apply-status", *args, dsn=fresh_db)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1
+    bad = inturn(
+        "bookings", "apply-status", "ABC123", "1", "KK", "--received-at", "noon", dsn=fresh_db
+    )
+    assert bad.returncode == 2 and "'noon' is not an RFC 3339 date-time" in bad.stderr

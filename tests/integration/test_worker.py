@@ -15,7 +15,7 @@ from inturn.worker.config import AckPolicy, MllpSenderConfig, RetryPolicy, Worke
 from inturn.worker.health import bound_port, make_app, serve
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
-from inturn.worker.hl7.mllp import normalise_segments
+from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.metrics import PrometheusObserver
 from inturn.worker.receiver import MllpReceiver
 from inturn.worker.runner import DestinationWorker
@@ -238,7 +238,7 @@ async def test_every_sample_arrives_identical_apart_from_separators(
         )
     async with MllpReceiver() as rx, running(config(rx.port), fresh_db):
         await until(lambda: _all_delivered(fresh_db, len(raw)), timeout=60)
-    assert rx.received == [normalise_segments(p) for p in raw]
+    assert rx.received == [normalise_terminators(p) for p in raw]
 
 
 class Recording(PrometheusObserver):

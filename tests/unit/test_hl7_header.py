@@ -9,7 +9,7 @@ import pytest
 
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
-from inturn.worker.hl7.mllp import normalise_segments
+from inturn.worker.hl7.terminators import normalise_terminators
 
 ADT = (
     b"MSH|^~\\&|SENDAPP|SENDFAC|RECVAPP|RECVFAC|20240102030405||ADT^A01^ADT_A01|CTRL-1|P|2.5.1"
@@ -171,7 +171,7 @@ def test_python_hl7_agrees_on_samples(samples: list[Path]) -> None:
         payload = path.read_bytes()
         ours = parse_header(payload)
         # python-hl7 splits on CR only and cannot take empty segments (one sample has some).
-        lines = normalise_segments(payload).decode("utf-8").split("\r")
+        lines = normalise_terminators(payload).decode("utf-8").split("\r")
         theirs = hl7.parse("\r".join(line for line in lines if line))
         msh = theirs.segment("MSH")
         assert str(msh[10]) == ours.control_id, path.name

@@ -1,4 +1,4 @@
-"""MLLP framing: frame(), normalise_segments() and the sans-I/O FrameReader."""
+"""MLLP framing: frame() and the sans-I/O FrameReader."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from inturn.worker.hl7.mllp import (
     FrameTooLarge,
     Garbage,
     frame,
-    normalise_segments,
 )
 
 MSG = b"MSH|^~\\&|A|B|C|D|20240101||ADT^A01|1|P|2.5\rPID|1||42\r"
@@ -34,21 +33,6 @@ def test_frame_wraps_payload() -> None:
 def test_frame_refuses_end_block_byte_in_payload() -> None:
     with pytest.raises(ValueError, match="0x1C"):
         frame(b"ab\x1ccd")
-
-
-@pytest.mark.parametrize(
-    ("given", "expected"),
-    [
-        (b"MSH|a\nPID|b\n", b"MSH|a\rPID|b\r"),
-        (b"MSH|a\r\nPID|b\r\n", b"MSH|a\rPID|b\r"),
-        (b"MSH|a\rPID|b\r", b"MSH|a\rPID|b\r"),
-        (b"MSH|a\rPID|b\n", b"MSH|a\rPID|b\r"),
-        (b"MSH|a\nPID|b", b"MSH|a\rPID|b"),
-        (b"\xc3\xa9\n", b"\xc3\xa9\r"),
-    ],
-)
-def test_normalise_segments(given: bytes, expected: bytes) -> None:
-    assert normalise_segments(given) == expected
 
 
 def test_one_frame() -> None:

@@ -79,7 +79,7 @@ def test_for_status(code: str, reason: str | None) -> None:
     if reason is None:
         assert got is None
     else:
-        assert got == Attention(queue="office/FRA1A0", reason=reason)  # type: ignore[arg-type]
+        assert got == Attention(queue="office-fra1a0", reason=reason)  # type: ignore[arg-type]
 
 
 def test_the_table_covers_exactly_the_listed_codes() -> None:

@@ -41,16 +41,6 @@ def frame(payload: bytes) -> bytes:
     return _SB + payload + _TRAILER
 
 
-def normalise_segments(payload: bytes) -> bytes:
-    """Turn CRLF and LF segment separators into CR, the only terminator HL7 allows.
-
-    Everything else is left byte for byte, including a missing final terminator. Note that an
-    LF inside a field (invalid HL7; the standard asks for ``\\X0A\\`` or ``\\.br\\``) is
-    turned into a segment break as well.
-    """
-    return payload.replace(b"\r\n", b"\r").replace(b"\n", b"\r")
-
-
 @dataclass(frozen=True)
 class Frame:
     """A complete block. ``payload`` is its content without SB, EB and the trailing CR."""

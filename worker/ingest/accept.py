@@ -29,6 +29,10 @@ acknowledgment modes"; codes from table 0008, error codes from table 0357):
 * The ACK echoes MSH-1/MSH-2, swaps MSH-3/4 with MSH-5/6, copies MSH-11 and MSH-12, carries the
   message's MSH-10 in MSA-2 and a new MSH-10 of its own (see :mod:`inturn.worker.hl7.ack`).
 
+Content: the stored bytes are the received bytes, except that a message whose segments end
+with LF or CRLF has them turned into CR (:mod:`inturn.worker.hl7.terminators`); a message whose
+segments end with CR is stored, sent and printed byte for byte.
+
 Duplicates: within the window (default 24 h), a message with the same channel, MSH-10 and
 identical bytes as one already stored is acknowledged again (AA, MSA-3 says so) without a second
 copy. The same MSH-10 with different bytes is a different message: it is stored and counted.
@@ -60,6 +64,7 @@ from inturn.worker.hl7.ack import (
 )
 from inturn.worker.hl7.errors import ErrorCode, HeaderError
 from inturn.worker.hl7.header import Header, parse_header
+from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.batch import Committer, Message
 from inturn.worker.ingest.routing import Router, hold_destination
@@ -171,7 +176,9 @@ class Acceptor:
 
         Args:
             channel: the channel name (from the listener or the HTTP path).
-            payload: the message bytes exactly as received (unframed); stored unchanged.
+            payload: the message bytes as received (unframed); stored with its segment
+                terminators normalised by :func:`normalise_terminators` (a message terminated
+                by CR is stored byte for byte).
             received_at: ``time.perf_counter()`` when the message was complete; defaults to
                 now. Used for ``inturn_ingest_store_seconds``.
 
@@ -214,11 +221,12 @@ class Acceptor:
             destinations = (hold_destination(channel),)
             held = True
 
+        stored = normalise_terminators(payload)
         message = Message(
             control_id=header.control_id,
             message_type=message_type.type_key,
-            payload=payload,
-            digest=hashlib.sha256(payload).digest(),
+            payload=stored,
+            digest=hashlib.sha256(stored).digest(),
         )
         try:
             async with asyncio.timeout(self.store_timeout_seconds):

@@ -8,15 +8,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from psycopg import AsyncConnection
 
+from inturn.worker.reservations.codes import (
+    CANCELLED_STATES,
+    SEGMENT_KIND,
+    fold,
+    for_status,
+    is_status_code,
+    office_queue,
+    segment_key,
+)
 from inturn.worker.reservations.records import Booking, BookingFileError, parse_bookings
 from inturn.worker.store import bookings as store
 from inturn.worker.store.bookings import SegmentEvent
+from inturn.worker.worklist import Placement, WorklistItem, clear_where, place
 
 
 @dataclass(frozen=True)
@@ -88,3 +99,110 @@ async def show(
     if booking is None:
         return None
     return booking, await store.events(conn, locator)
+
+
+class SegmentNotFound(LookupError):
+    """No such booking, or no segment of that number in it."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What :func:`apply_status` did.
+
+    Attributes:
+        outcome: ``applied``, or ``late`` when the segment (or its booking) was already
+            cancelled: the code is recorded in the history and raised, the segment unchanged.
+        previous, status: the segment's status before and after (equal when late).
+        placement: the worklist item the code caused (``late-reply`` when late), or None.
+        answered: the ``unanswered`` items this reply cleared.
+    """
+
+    locator: str
+    segment: int
+    code: str
+    outcome: Literal["applied", "late"]
+    previous: str
+    status: str
+    placement: Placement | None = None
+    answered: list[WorklistItem] = field(default_factory=list)
+
+
+async def apply_status(
+    conn: AsyncConnection[Any],
+    locator: str,
+    segment: int,
+    code: str,
+    received_at: datetime | None = None,
+    *,
+    placed_by: str = "bookings",
+) -> Applied:
+    """Apply a partner's reply (or schedule change) to a segment, in one transaction with the
+    worklist placement it causes.
+
+    The booking and segment rows are locked; the code is recorded in the segment's history;
+    the segment takes the holding code the reply folds into (:func:`~.codes.fold`: KK to HK,
+    US to HL...; refusals keep their code); :func:`~.codes.for_status` of the code as received
+    decides the item placed on the owner's queue (``confirmed``, ``refused``, ``waitlisted``,
+    ``schedule-change``, ``review``) for the record ``segment`` ``<locator>/<number>``. A
+    pending ``unanswered`` item of the segment is cleared by ``system`` with the note
+    "answered". A reply for a segment already cancelled (XX, XK, XL, or a cancelled booking)
+    is recorded and placed as ``late-reply``, and never resurrects the segment.
+
+    Announce ``placement`` (if created) after this returns: it has committed then.
+
+    Args:
+        code: the two-character AIRIMP code as received (upper case).
+        received_at: when the partner's message arrived (aware); None is database now.
+        placed_by: who applies it, recorded on the item.
+
+    Raises:
+        ValueError: ``code`` is not two upper-case letters or digits.
+        SegmentNotFound: no such booking or segment.
+        psycopg.Error: the database failed; nothing changed.
+    """
+    if not is_status_code(code):
+        raise ValueError(f"{code!r} is not a status code (two upper-case letters or digits)")
+    key = segment_key(locator, segment)
+    async with conn.transaction():
+        locked = await store.lock_segment(conn, locator, segment)
+        if locked is None:
+            raise SegmentNotFound(f"no segment {segment} in booking {locator}")
+        late = locked.cancelled_at is not None or locked.status in CANCELLED_STATES
+        status = locked.status if late else fold(code)
+        outcome: Literal["applied", "late"] = "late" if late else "applied"
+        if not late:
+            await store.set_status(conn, locator, segment, status, received_at)
+        await store.record_event(
+            conn,
+            locator=locator,
+            number=segment,
+            code=code,
+            previous=locked.status,
+            result=status,
+            outcome=outcome,
+            received_at=received_at,
+        )
+        reason = "late-reply" if late else None
+        if not late:
+            attention = for_status(code, locked.owner)
+            reason = attention.reason if attention is not None else None
+        placement = None
+        if reason is not None:
+            placement = await place(
+                conn,
+                queue=office_queue(locked.owner),
+                record_kind=SEGMENT_KIND,
+                record_key=key,
+                reason=reason,
+                details={
+                    "code": code,
+                    "previous": locked.status,
+                    "status": status,
+                    "carrier": locked.carrier,
+                },
+                placed_by=placed_by,
+            )
+        answered = await clear_where(
+            conn, record_kind=SEGMENT_KIND, record_keys=[key], reason="unanswered", note="answered"
+        )
+    return Applied(locator, segment, code, outcome, locked.status, status, placement, answered)

@@ -19,10 +19,12 @@ import psycopg
 
 from inturn.worker.queue_cli import dsn_option, json_option
 from inturn.worker.reservations import bookings as api
+from inturn.worker.reservations.bookings import Applied
 from inturn.worker.reservations.codes import is_status_code
 from inturn.worker.reservations.records import Booking, BookingFileError, parse_instant
 from inturn.worker.store.bookings import SegmentEvent
 from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.worklist import announce
 
 T = TypeVar("T")
 
@@ -151,3 +153,84 @@ class _Instant(click.ParamType[datetime]):
             return parse_instant(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+
+
+@bookings_group.command("apply-status")
+@dsn_option
+@json_option
+@click.argument("locator")
+@click.argument("segment", type=click.IntRange(1, 99))
+@click.argument("code", type=_StatusCode())
+@click.option(
+    "--received-at",
+    type=_Instant(),
+    default=None,
+    help="When the partner's message arrived (RFC 3339; default: database now).",
+)
+@click.option("--who", default="bookings", show_default=True, help="Recorded as placed_by.")
+def apply_status_command(
+    dsn: str | None,
+    as_json: bool,
+    locator: str,
+    segment: int,
+    code: str,
+    received_at: datetime | None,
+    who: str,
+) -> None:
+    """Apply a partner's CODE (reply or schedule change) to SEGMENT of LOCATOR.
+
+    The segment takes the holding code the reply folds into (KK to HK, US to HL...), and the
+    work it causes goes on the owner's worklist in the same transaction. A reply for a
+    cancelled segment is recorded and raised as late-reply, the segment unchanged.
+    """
+
+    async def go(conn: psycopg.AsyncConnection[Any]) -> Applied:
+        done = await api.apply_status(
+            conn, locator.upper(), segment, code, received_at, placed_by=who
+        )
+        if done.placement is not None:
+            await announce([done.placement])
+        return done
+
+    try:
+        done = run_conn(dsn, go)
+    except api.SegmentNotFound as exc:
+        raise click.ClickException(str(exc)) from None
+    placed = done.placement
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "locator": done.locator,
+                    "segment": done.segment,
+                    "code": done.code,
+                    "outcome": done.outcome,
+                    "previous": done.previous,
+                    "status": done.status,
+                    "placed": None
+                    if placed is None
+                    else {
+                        "id": placed.item.id,
+                        "queue": placed.item.queue,
+                        "reason": placed.item.reason,
+                        "created": placed.created,
+                    },
+                    "answered": [i.id for i in done.answered],
+                },
+                indent=2,
+            )
+        )
+        return
+    head = f"{done.locator} segment {done.segment}: {done.code}"
+    if done.outcome == "late":
+        head += f" arrived late (segment stays {done.status})"
+    else:
+        head += f" applied ({done.previous} -> {done.status})"
+    click.echo(head)
+    if placed is not None:
+        how = "placed" if placed.created else "already on"
+        click.echo(
+            f"{how} worklist {placed.item.queue}: {placed.item.reason} (item {placed.item.id})"
+        )
+    for item in done.answered:
+        click.echo(f"cleared item {item.id} ({item.reason}): answered")

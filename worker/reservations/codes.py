@@ -108,12 +108,24 @@ class Attention:
 
 
 def office_queue(owner: str) -> str:
-    """Return the worklist queue of an office (the booking's owner), e.g. ``office/FRA1A0``.
+    """Return the worklist queue of an office (the booking's owner), e.g. ``office-fra1a0``.
 
     Every reservation item goes to the queue of the office that owns the booking: it is the
     originator a confirmation is passed on to, and the one who rebooks after a refusal.
+    Worklist queue names are lower case, hence the office code in lower case.
     """
-    return f"office/{owner}"
+    return f"office-{owner.lower()}"
+
+
+#: Record kind of worklist items about one segment; the key is ``<locator>/<number>``.
+SEGMENT_KIND: Final = "segment"
+#: Record kind of worklist items about a whole booking; the key is the locator.
+BOOKING_KIND: Final = "booking"
+
+
+def segment_key(locator: str, number: int) -> str:
+    """The worklist record key of a segment: ``ABC123/1``."""
+    return f"{locator}/{number}"
 
 
 def is_status_code(code: str) -> bool:

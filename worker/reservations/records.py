@@ -133,6 +133,19 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class Withdrawn:
+    """A segment withdrawn by a cancellation (now XX), with the status it held before."""
+
+    number: int
+    carrier: str
+    flight: str
+    date: date
+    origin: str
+    destination: str
+    previous: str
+
+
+@dataclass(frozen=True)
 class Booking:
     """One booking (a PNR) and its segments, ordered by number.
 

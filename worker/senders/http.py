@@ -14,6 +14,7 @@ import aiohttp
 from yarl import URL
 
 from ..config import HttpSenderConfig
+from ..hl7.terminators import normalise_terminators
 from .base import DeliveryError
 from .tls import client_context
 
@@ -81,7 +82,10 @@ class HttpSender:
         return headers
 
     async def send(self, payload: bytes) -> None:
-        """POST ``payload`` unchanged; return on 2xx.
+        """POST ``payload``; return on 2xx.
+
+        The body is ``normalise_terminators(payload)``, the same bytes every sender sends: the
+        stored bytes themselves for every message stored by ingest (it stores them normalised).
 
         Raises:
             DeliveryError: ``http`` for a non-2xx status, ``connection`` for transport
@@ -96,7 +100,7 @@ class HttpSender:
             async with asyncio.timeout(self.timeout_seconds):
                 async with self._session.post(
                     self.config.url,
-                    data=payload,
+                    data=normalise_terminators(payload),
                     headers=headers,
                     ssl=self._ssl,
                     server_hostname=server_hostname,

@@ -16,7 +16,8 @@ from ..config import MllpSenderConfig
 from ..hl7.ack import ACK_CODES, Ack, parse_ack
 from ..hl7.errors import AckParseError, HeaderError
 from ..hl7.header import parse_header
-from ..hl7.mllp import Frame, FrameReader, FrameTooLarge, Garbage, frame, normalise_segments
+from ..hl7.mllp import Frame, FrameReader, FrameTooLarge, Garbage, frame
+from ..hl7.terminators import normalise_terminators
 from .base import DeliveryError, Outcome
 from .tls import client_context
 
@@ -107,8 +108,8 @@ class MllpSender:
     async def send(self, payload: bytes) -> None:
         """Send one message and wait for its ACK; see the class docstring for outcomes.
 
-        ``payload`` is sent with its segment separators normalised to CR; nothing else is
-        changed.
+        ``payload`` is sent as :func:`inturn.worker.hl7.terminators.normalise_terminators`
+        makes it: a message terminated by CR goes byte for byte.
 
         Raises:
             DeliveryError: the receiver did not accept it, or the transport failed.
@@ -139,7 +140,7 @@ class MllpSender:
                 "invalidAck", f"the stored message has no usable MSH: {exc}"
             ) from None
         try:
-            return control_id, frame(normalise_segments(payload))
+            return control_id, frame(normalise_terminators(payload))
         except ValueError as exc:
             raise DeliveryError(
                 "invalidAck", f"the stored message cannot be framed: {exc}"

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from inturn.worker.reservations.codes import DEAD_STATES, WITHDRAWN
-from inturn.worker.reservations.records import Booking, Segment
+from inturn.worker.reservations.records import Booking, Segment, Withdrawn
 from inturn.worker.store.queries import load
 
 Q = load("bookings.sql")
@@ -82,19 +82,6 @@ class LockedBooking:
     cancelled_at: datetime | None
     ticketing_deadline: datetime | None
     expired: bool
-
-
-@dataclass(frozen=True)
-class Withdrawn:
-    """A segment just withdrawn by a cancellation, with the status it held."""
-
-    number: int
-    carrier: str
-    flight: str
-    date: date
-    origin: str
-    destination: str
-    previous: str
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,10 @@ from psycopg import AsyncConnection
 from inturn.worker.worklist.model import Placement
 
 #: Modules whose import registers rules. Add a line to plug in another module's rules.
-RULE_MODULES: tuple[str, ...] = ("inturn.worker.worklist.delivery_rules",)
+RULE_MODULES: tuple[str, ...] = (
+    "inturn.worker.worklist.delivery_rules",
+    "inturn.worker.reservations.sweep",
+)
 
 
 @dataclass

@@ -1,0 +1,307 @@
+"""The sweeper's reservation rules: work that appears because time passed.
+
+A partner that answers puts work on a worklist by answering (:func:`~.bookings.apply_status`);
+a partner that never answers, or a ticketing deadline that passes, puts work on no worklist
+unless something notices. These rules do, run by ``inturn sweep`` (group ``reservations``):
+
+* ``unanswered``: a segment still in a request state (HN, NN, PN) longer than
+  ``pending_after`` (default 6 h) since it was requested; record ``segment`` ``ABC123/1``.
+* ``ticketing-due``: an open, unticketed booking whose ticketing deadline is within
+  ``ticketing_lead`` (default 24 h) and not yet passed; record ``booking`` ``ABC123``.
+* ``ticketing-expired``: the same past its deadline; with ``auto_cancel`` the booking is also
+  cancelled (:mod:`.cancel`).
+
+Each is level-triggered and idempotent: its due-date predicate is in its SQL (database time),
+most overdue first, at most ``limit`` records per run; a record that already has an item for
+the same trigger (pending, or cleared since that request or deadline) is not selected, so it
+neither uses up the limit nor comes back to whoever cleared it. Items whose condition no longer
+holds (answered, ticketed, cancelled, deadline moved) are cleared by ``system`` with a note.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from inturn.worker.reservations.cancel import cancel_expired
+from inturn.worker.reservations.codes import (
+    BOOKING_KIND,
+    REQUEST_STATES,
+    SEGMENT_KIND,
+    office_queue,
+    segment_key,
+)
+from inturn.worker.store import bookings as store
+from inturn.worker.store.queries import load
+from inturn.worker.worklist import RuleOutcome, clear_where, place, rule
+
+Q = load("reservation_rules.sql")
+log = logging.getLogger("inturn.sweep.reservations")
+
+#: How long a requested segment may go unanswered before it is work (seconds): 6 h.
+DEFAULT_PENDING_AFTER = 6 * 3600
+#: How far ahead of a ticketing deadline it is raised (seconds): 24 h.
+DEFAULT_TICKETING_LEAD = 24 * 3600
+#: Who places the sweeper's items.
+PLACED_BY = "sweeper"
+#: The group of these rules (``inturn sweep --only reservations``).
+GROUP = "reservations"
+
+
+@dataclass(frozen=True)
+class ReservationSettings:
+    """The reservation rules' settings (flags of ``inturn sweep``, values of the chart).
+
+    Attributes:
+        pending_after: seconds a request may go unanswered (``--pending-after``).
+        ticketing_lead: seconds before a deadline it is raised (``--ticketing-lead``).
+        auto_cancel: cancel bookings past their deadline (``--auto-cancel``); off by default.
+        host_carriers: carriers whose inventory is this system's own: withdrawn without a
+            notice (``--host-carrier``, repeatable).
+    """
+
+    pending_after: int = DEFAULT_PENDING_AFTER
+    ticketing_lead: int = DEFAULT_TICKETING_LEAD
+    auto_cancel: bool = False
+    host_carriers: tuple[str, ...] = ()
+
+
+async def _rows(conn: AsyncConnection[Any], name: str, params: dict[str, Any]) -> list[Any]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q[name], params)
+        return await cur.fetchall()
+
+
+async def _already(conn: AsyncConnection[Any], record_kind: str, reason: str) -> int:
+    [row] = await _rows(conn, "pending_count", {"record_kind": record_kind, "reason": reason})
+    return int(row["n"])
+
+
+async def unanswered(
+    conn: AsyncConnection[Any],
+    *,
+    limit: int,
+    dry_run: bool = False,
+    pending_after: int = DEFAULT_PENDING_AFTER,
+    at: datetime | None = None,
+) -> RuleOutcome:
+    """Place segments whose request has gone unanswered longer than ``pending_after`` seconds.
+
+    Each candidate is re-checked under the booking and segment locks that a reply takes too,
+    so a reply that commits first means no item, and a reply that commits after clears it.
+
+    Args:
+        at: the instant judged at; None (production) is database now.
+    """
+    out = RuleOutcome()
+    stale = [r["record_key"] for r in await _rows(conn, "unanswered_stale", {})]
+    if dry_run:
+        out.cleared = len(stale)
+    elif stale:
+        cleared = await clear_where(
+            conn,
+            record_kind=SEGMENT_KIND,
+            record_keys=stale,
+            reason="unanswered",
+            note="no longer waiting for a reply",
+        )
+        out.cleared = len(cleared)
+    out.already = await _already(conn, SEGMENT_KIND, "unanswered")
+    due = await _rows(
+        conn, "unanswered_due", {"pending_after": pending_after, "limit": limit, "at": at}
+    )
+    if dry_run:
+        out.placed = len(due)
+        return out
+    for row in due:
+        async with conn.transaction():
+            locked = await store.lock_segment(conn, row["locator"], row["number"])
+            if (
+                locked is None
+                or locked.cancelled_at is not None
+                or locked.status not in REQUEST_STATES
+            ):
+                continue  # answered or cancelled since the query
+            placement = await place(
+                conn,
+                queue=office_queue(locked.owner),
+                record_kind=SEGMENT_KIND,
+                record_key=segment_key(row["locator"], row["number"]),
+                reason="unanswered",
+                details={
+                    "carrier": row["carrier"],
+                    "flight": row["flight"],
+                    "status": locked.status,
+                    "requestedAt": row["requested"].isoformat(),
+                },
+                placed_by=PLACED_BY,
+            )
+        out.add(placement)
+    return out
+
+
+async def _clear_ticketing(
+    conn: AsyncConnection[Any],
+    reason: str,
+    *,
+    lead: int,
+    dry_run: bool,
+    at: datetime | None,
+) -> int:
+    rows = [
+        r
+        for r in await _rows(conn, "ticketing_stale", {"lead": lead, "at": at})
+        if r["reason"] == reason
+    ]
+    if dry_run:
+        return len(rows)
+    cleared = 0
+    for row in rows:
+        cleared += len(
+            await clear_where(
+                conn,
+                record_kind=BOOKING_KIND,
+                record_keys=[row["record_key"]],
+                reason=reason,
+                note=row["why"],
+            )
+        )
+    return cleared
+
+
+async def ticketing_due(
+    conn: AsyncConnection[Any],
+    *,
+    limit: int,
+    dry_run: bool = False,
+    ticketing_lead: int = DEFAULT_TICKETING_LEAD,
+    at: datetime | None = None,
+) -> RuleOutcome:
+    """Place open bookings whose ticketing deadline is within ``ticketing_lead`` seconds."""
+    out = RuleOutcome()
+    out.cleared = await _clear_ticketing(
+        conn, "ticketing-due", lead=ticketing_lead, dry_run=dry_run, at=at
+    )
+    out.already = await _already(conn, BOOKING_KIND, "ticketing-due")
+    due = await _rows(conn, "ticketing_due", {"lead": ticketing_lead, "limit": limit, "at": at})
+    if dry_run:
+        out.placed = len(due)
+        return out
+    for row in due:
+        out.add(
+            await place(
+                conn,
+                queue=office_queue(row["owner"]),
+                record_kind=BOOKING_KIND,
+                record_key=row["locator"],
+                reason="ticketing-due",
+                details={"deadline": row["ticketing_deadline"].isoformat()},
+                placed_by=PLACED_BY,
+            )
+        )
+    return out
+
+
+async def ticketing_expired(
+    conn: AsyncConnection[Any],
+    *,
+    limit: int,
+    dry_run: bool = False,
+    ticketing_lead: int = DEFAULT_TICKETING_LEAD,
+    auto_cancel: bool = False,
+    host_carriers: Collection[str] = (),
+    at: datetime | None = None,
+) -> RuleOutcome:
+    """Place open bookings past their ticketing deadline; with ``auto_cancel``, cancel them.
+
+    A cancellation re-checks the booking under its row lock (a ticket issued meanwhile wins)
+    and reports the carriers it could not tell on ``cancel-not-delivered``.
+    """
+    out = RuleOutcome()
+    out.cleared = await _clear_ticketing(
+        conn, "ticketing-expired", lead=ticketing_lead, dry_run=dry_run, at=at
+    )
+    out.already = await _already(conn, BOOKING_KIND, "ticketing-expired")
+    due = await _rows(conn, "ticketing_expired", {"limit": limit, "at": at})
+    if dry_run:
+        out.placed = len(due)
+        return out
+    for row in due:
+        if auto_cancel:
+            done = await cancel_expired(conn, row["locator"], host_carriers=host_carriers, at=at)
+            if done.cancelled:
+                log.info(
+                    "booking %s cancelled (ticketing deadline passed): segments %s withdrawn,"
+                    " carriers told %s, not told %s",
+                    row["locator"],
+                    done.withdrawn,
+                    sorted(done.told) or "-",
+                    sorted(done.not_told) or "-",
+                )
+            for placement in done.placements:
+                out.add(placement)
+            continue
+        out.add(
+            await place(
+                conn,
+                queue=office_queue(row["owner"]),
+                record_kind=BOOKING_KIND,
+                record_key=row["locator"],
+                reason="ticketing-expired",
+                details={"deadline": row["ticketing_deadline"].isoformat(), "cancelled": False},
+                placed_by=PLACED_BY,
+            )
+        )
+    return out
+
+
+# --- the rules as ``inturn sweep`` runs them ---------------------------------------------------
+
+_settings = ReservationSettings()
+
+
+def configure(settings: ReservationSettings) -> None:
+    """Set what the registered rules run with (``inturn sweep`` calls it with its flags)."""
+    global _settings
+    _settings = settings
+
+
+def current() -> ReservationSettings:
+    """The settings the registered rules run with."""
+    return _settings
+
+
+@rule("unanswered", GROUP)
+async def _unanswered_rule(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
+    return await unanswered(
+        conn, limit=limit, dry_run=dry_run, pending_after=_settings.pending_after
+    )
+
+
+@rule("ticketing-due", GROUP)
+async def _ticketing_due_rule(
+    conn: AsyncConnection[Any], *, limit: int, dry_run: bool
+) -> RuleOutcome:
+    return await ticketing_due(
+        conn, limit=limit, dry_run=dry_run, ticketing_lead=_settings.ticketing_lead
+    )
+
+
+@rule("ticketing-expired", GROUP)
+async def _ticketing_expired_rule(
+    conn: AsyncConnection[Any], *, limit: int, dry_run: bool
+) -> RuleOutcome:
+    return await ticketing_expired(
+        conn,
+        limit=limit,
+        dry_run=dry_run,
+        ticketing_lead=_settings.ticketing_lead,
+        auto_cancel=_settings.auto_cancel,
+        host_carriers=_settings.host_carriers,
+    )
