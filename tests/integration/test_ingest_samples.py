@@ -22,6 +22,7 @@ import pytest
 from inturn.worker.hl7.ack import ack_mode, parse_ack
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
 
@@ -143,6 +144,9 @@ async def test_every_sample_through_mllp_send(
         stored = conn.execute(
             "SELECT destination, channel, size, payload FROM inturn_delivery ORDER BY id"
         ).fetchall()
-    assert [bytes(row[3]) for row in stored] == accepted  # exact bytes, in the order sent
+    # the bytes sent, in the order sent, with only LF/CRLF terminators made CR (the one rule of
+    # inturn.worker.hl7.terminators; CR messages byte for byte)
+    expected_rows = [normalise_terminators(sent) for sent in accepted]
+    assert [bytes(row[3]) for row in stored] == expected_rows
     assert {(row[0], row[1]) for row in stored} == {("hospital/samples", "samples")}
-    assert [row[2] for row in stored] == [len(sent) for sent in accepted]
+    assert [row[2] for row in stored] == [len(row) for row in expected_rows]
