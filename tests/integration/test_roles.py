@@ -23,6 +23,8 @@ from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.metrics import PrometheusObserver
 from inturn.worker.receiver import MllpReceiver
+from inturn.worker.reservations import bookings, sweep
+from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders.mllp import MllpSender
 from inturn.worker.store import queue, registry, roles
@@ -78,6 +80,24 @@ def refused(dsn: str, statement: str, params: Any = None) -> bool:
     return False
 
 
+async def register(
+    conn: AsyncConnection[Any], destination: str, channel: str, carriers: list[str] | None = None
+) -> bool:
+    """Register ``destination`` (``namespace/name``) for ``channel`` as the operator does."""
+    namespace, name = destination.split("/")
+    return await registry.register(
+        conn,
+        destination=destination,
+        namespace=namespace,
+        name=name,
+        channel=channel,
+        message_types=[],
+        generation=1,
+        suspended=False,
+        carriers=carriers or [],
+    )
+
+
 async def aseed(dsn: str, *control_ids: str, destination: str = DEST) -> list[int]:
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
         items = [NewItem(destination, "adt", cid, "ADT^A01", message(cid)) for cid in control_ids]
@@ -129,16 +149,7 @@ async def test_ingest_stores_and_cannot_change_or_read_back(
     fresh_db: str, role_dsns: dict[str, str]
 ) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await registry.register(
-            conn,
-            destination=DEST,
-            namespace="ward",
-            name="lab",
-            channel="adt",
-            message_types=[],
-            generation=1,
-            suspended=False,
-        )
+        await register(conn, DEST, "adt")
     config = IngestConfig(listeners=[ListenerConfig("adt", HOST, 0)], refresh_seconds=0.2)
     async with Ingest(config, dsn=role_dsns["ingest"]) as ingest:
         reader, writer = await asyncio.open_connection(HOST, ingest.mllp_ports["adt"])
@@ -202,17 +213,7 @@ async def test_operator_registers_and_reads_depth_but_never_payloads(
 ) -> None:
     await aseed(fresh_db, "ROLE-O-1")
     async with await AsyncConnection.connect(role_dsns["operator"], autocommit=True) as conn:
-        assert await registry.register(
-            conn,
-            destination=DEST,
-            namespace="ward",
-            name="lab",
-            channel="adt",
-            message_types=["ADT^*"],
-            generation=2,
-            suspended=False,
-            carriers=["LH"],
-        )
+        assert await register(conn, DEST, "adt", carriers=["LH"])
         depth = await registry.status_depth(conn)
         assert depth[DEST].pending == 1
         assert await registry.mark_deleted(conn, DEST)
@@ -273,7 +274,42 @@ async def test_sweeper_places_work_and_reads_no_payload(
         assert len(cleared) == 1
         depth = await queue.depth(conn)
         assert depth[0].pending == 1
+    # the reservation rules, and an automatic cancellation that tells the carrier
+    booking = {
+        "locator": "ROLE01",
+        "owner": "FRA1A0",
+        "createdAt": "2026-11-30T07:00:00Z",
+        "ticketingDeadline": "2026-12-01T18:00:00Z",
+        "segments": [
+            {
+                "number": 1,
+                "carrier": "UA",
+                "flight": "960",
+                "date": "2026-12-20",
+                "origin": "JFK",
+                "destination": "FRA",
+                "status": "HN",
+                "requestedAt": "2026-11-30T08:00:00Z",
+            }
+        ],
+    }
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await register(conn, "air/united", "air", carriers=["UA"])
+    async with await AsyncConnection.connect(role_dsns["admin"], autocommit=True) as conn:
+        await bookings.import_document(conn, [booking])
+    later = datetime(2026, 12, 3, tzinfo=UTC)
+    async with await AsyncConnection.connect(role_dsns["sweeper"], autocommit=True) as conn:
+        assert (await sweep.unanswered(conn, limit=10, at=later)).placed == 1
+        assert (await sweep.ticketing_expired(conn, limit=10, at=later)).placed == 1
+        done = await cancel_expired(conn, "ROLE01", at=later)
+        assert done.cancelled and list(done.told) == ["UA"]
+    with psycopg.connect(fresh_db) as conn:
+        rows = conn.execute(
+            "SELECT destination FROM inturn_delivery WHERE destination = 'air/united'"
+        ).fetchall()
+    assert rows == [("air/united",)]
     dsn = role_dsns["sweeper"]
+    assert refused(dsn, "DELETE FROM inturn_booking")
     assert refused(dsn, "SELECT payload FROM inturn_delivery")
     assert refused(dsn, "DELETE FROM inturn_delivery")
     assert refused(dsn, "UPDATE inturn_delivery SET state = 'skipped'")

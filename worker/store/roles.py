@@ -17,8 +17,10 @@ worker     read and update delivery rows (it sends payloads, so it reads them); 
            worklists (``delivery-failed``). It cannot delete rows or touch the registry.
 operator   write the destination registry and its carrier claims; read queue depth (delivery
            metadata, never the payload or patient keys).
-sweeper    read delivery metadata, the registry and the reservation records; cancel bookings;
-           place and clear worklist items; write the audit trail. Never payloads.
+sweeper    read delivery metadata, the registry and the reservation records; cancel expired
+           bookings (withdraw their segments, record the events, enqueue the carriers'
+           cancellation notices); place and clear worklist items; write the audit trail.
+           It reads no payload and deletes nothing.
 purge      delete finished deliveries and cleared worklist items, reading only the columns
            that decide which.
 admin      the CLI's destructive commands (skip, drain, remove, resend, erase, imports): read
@@ -95,7 +97,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
                 ("id", "destination", "channel", "state", "attempts", "enqueued_at", "last_error"),
             ),
         ),
-        "sweeper": (NO_PATIENT_DATA,),
+        # cancellation notices of auto-cancelled bookings are enqueued by the sweeper
+        "sweeper": (NO_PATIENT_DATA, INSERT),
         "purge": (Grant("SELECT", ("id", "state", "finished_at")), DELETE),
         "admin": ALL_DML,
         "reader": (NO_PATIENT_DATA,),
@@ -135,8 +138,12 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "admin": ALL_DML,
         "reader": (SELECT,),
     },
-    "inturn_segment": {"sweeper": (SELECT,), "admin": ALL_DML, "reader": (SELECT,)},
-    "inturn_segment_event": {"sweeper": (SELECT,), "admin": ALL_DML, "reader": (SELECT,)},
+    "inturn_segment": {"sweeper": (SELECT, UPDATE), "admin": ALL_DML, "reader": (SELECT,)},
+    "inturn_segment_event": {
+        "sweeper": (SELECT, INSERT),
+        "admin": ALL_DML,
+        "reader": (SELECT,),
+    },
 }
 
 
