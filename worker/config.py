@@ -77,12 +77,17 @@ class TlsConfig:
 
 @dataclass(frozen=True)
 class MllpSenderConfig:
-    """An MLLP receiver: host, port (1-65535), optional TLS, maximum ACK size in bytes."""
+    """An MLLP receiver: host, port (1-65535), optional TLS, maximum ACK size in bytes.
+
+    ``always_wait_for_ack``: wait for one positive ACK even when the message's MSH-15/MSH-16
+    ask for none (for receivers that answer every message whatever it asks for).
+    """
 
     host: str
     port: int
     tls: TlsConfig | None = None
     max_ack_bytes: int = 1024 * 1024
+    always_wait_for_ack: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,7 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
             "host": cfg.sender.host,
             "port": cfg.sender.port,
             "maxAckBytes": cfg.sender.max_ack_bytes,
+            "alwaysWaitForAck": cfg.sender.always_wait_for_ack,
         }
         if cfg.sender.tls is not None:
             mllp["tls"] = _tls_to_dict(cfg.sender.tls)
@@ -228,6 +234,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
             port=int(m["port"]),
             tls=_tls_from_dict(m.get("tls")),
             max_ack_bytes=int(m.get("maxAckBytes", 1024 * 1024)),
+            always_wait_for_ack=bool(m.get("alwaysWaitForAck", False)),
         )
     else:
         h = sender_doc["http"]

@@ -335,6 +335,7 @@ def render_from_manifest(
             "host": m["host"],
             "port": m["port"],
             "maxAckBytes": m["maxAckBytes"],
+            "alwaysWaitForAck": m["alwaysWaitForAck"],
         }
         tls = _tls_files(m.get("tls"), secrets_dir)
         if tls is not None:

@@ -37,6 +37,10 @@ class MllpReceiver:
         ack_code: as above.
         ack_text: MSA-3 of every ACK, or None.
         delay_seconds: wait this long before each ACK.
+        followup_code: when set (e.g. ``AA`` after a ``CA``), a second ACK with this code is
+            written ``followup_delay_seconds`` after the first, like an enhanced-mode receiver
+            that sends its application ACK a moment after its commit ACK.
+        followup_delay_seconds: as above (default 0.02).
         ack_control_id_override: MSA-2 to write instead of the message's MSH-10.
         reply: False to read messages and never answer them.
         close_after_receive: close the connection right after a message, without answering.
@@ -60,6 +64,8 @@ class MllpReceiver:
         self.ack_code = ack_code
         self.ack_text: str | None = None
         self.delay_seconds = 0.0
+        self.followup_code: str | None = None
+        self.followup_delay_seconds = 0.02
         self.ack_control_id_override: str | None = None
         self.reply = True
         self.close_after_receive = False
@@ -137,6 +143,13 @@ class MllpReceiver:
             header = replace(header, control_id=self.ack_control_id_override)
         return build_ack(header, self.ack_code, text=self.ack_text, error=error)
 
+    @staticmethod
+    def _followup(payload: bytes, code: str) -> bytes:
+        try:
+            return build_ack(parse_header(payload), code)
+        except HeaderError:
+            return b""
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -171,6 +184,11 @@ class MllpReceiver:
                         await asyncio.sleep(self.delay_seconds)
                     writer.write(frame(self.answer(event.payload)))
                     await writer.drain()
+                    if self.followup_code is not None:
+                        later = frame(self._followup(event.payload, self.followup_code))
+                        asyncio.get_running_loop().call_later(
+                            self.followup_delay_seconds, _write_unless_closed, writer, later
+                        )
         except (OSError, asyncio.IncompleteReadError):
             return
         except asyncio.CancelledError:
@@ -181,6 +199,11 @@ class MllpReceiver:
             self._writers.discard(writer)
             self._handlers.discard(task)
             writer.transport.abort()
+
+
+def _write_unless_closed(writer: asyncio.StreamWriter, data: bytes) -> None:
+    if data and not writer.is_closing():
+        writer.write(data)
 
 
 class HttpReceiver:

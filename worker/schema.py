@@ -287,6 +287,11 @@ def _mllp() -> Schema:
                 maximum=16 * 1024 * 1024,
                 default=1024 * 1024,
             ),
+            "alwaysWaitForAck": _bool(
+                "Wait for an acknowledgement even when the message's MSH-15/MSH-16 ask for"
+                " none (NE, ER), for receivers that answer every message regardless.",
+                default=False,
+            ),
         },
         required=("host", "port"),
         description="Deliver over MLLP (HL7 v2 Minimal Lower Layer Protocol), optionally in TLS.",

@@ -475,25 +475,45 @@ async def test_many_idle_connections_are_cheap(ingest: Ingest) -> None:
 # --- MSH-15 ---------------------------------------------------------------------------------------
 
 
-async def test_enhanced_mode_and_msh15(ingest: Ingest, fresh_db: str) -> None:
+async def test_enhanced_mode_msh15_and_msh16(ingest: Ingest, fresh_db: str) -> None:
+    """Exactly the answers MSH-15 (accept level, CA) and MSH-16 (application level, AA) ask for,
+    in that order; a refusal is one answer, at the accept level when that one is due."""
     c = await client(ingest)
     ack = await c.send(msg("E-AL", msh15="AL", msh16="NE"))
     assert (ack.code, ack.control_id) == ("CA", "E-AL")
-    # NE: no accept ACK at all; ER: only on error. The next ACK on the connection is the next
-    # message's, so the silent ones were handled (and stored) in between.
-    await c.write(frame(msg("E-NE", msh15="NE", msh16="AL")))
-    await c.write(frame(msg("E-ER", msh15="ER", msh16="AL")))
+    ack = await c.send(msg("E-NE", msh15="NE", msh16="AL"))
+    assert (ack.code, ack.control_id) == ("AA", "E-NE")
+    ack = await c.send(msg("E-ER", msh15="ER", msh16="AL"))
+    assert (ack.code, ack.control_id) == ("AA", "E-ER")
     ack = await c.send(msg("E-SU", msh15="SU", msh16="AL"))
     assert (ack.code, ack.control_id) == ("CA", "E-SU")
-    await c.write(frame(msg("E-ER-2", "ORU^R01", msh15="ER", msh16="AL")))  # stored, silent
-    # ER on a failure does answer: a message no filter takes, in enhanced mode, gets CR
+    ack = await c.ack()
+    assert (ack.code, ack.control_id) == ("AA", "E-SU")
+    # Silent ones: the next answer on the connection is the next message's.
+    await c.write(frame(msg("E-NE-NE", msh15="NE", msh16="NE")))
+    await c.write(frame(msg("E-ER-2", "ORU^R01", msh15="ER", msh16="ER")))
+    ack = await c.send(msg("E-AL-2", msh15="AL"))  # an empty MSH-16 reads as NE
+    assert (ack.code, ack.control_id) == ("CA", "E-AL-2")
+    # ER on a failure does answer: a message no filter takes, in enhanced mode, gets CR ...
     register(fresh_db, "hospital/adt-out", "adt", ["ADT^*"])
     await ingest.router.refresh()  # type: ignore[union-attr]
     await c.write(frame(msg("E-ER-BAD2", "ORU^R01", msh15="ER", msh16="AL")))
     ack = await c.ack()
     assert (ack.code, ack.control_id, ack.error_code) == ("CR", "E-ER-BAD2", "200")
+    # ... and only AR when the accept level is not due but the application level is.
+    await c.write(frame(msg("E-NE-BAD", "ORU^R01", msh15="NE", msh16="ER")))
+    ack = await c.ack()
+    assert (ack.code, ack.control_id, ack.error_code) == ("AR", "E-NE-BAD", "200")
     await c.close()
-    assert [r[3] for r in rows(fresh_db)] == ["E-AL", "E-NE", "E-ER", "E-SU", "E-ER-2"]
+    assert [r[3] for r in rows(fresh_db)] == [
+        "E-AL",
+        "E-NE",
+        "E-ER",
+        "E-SU",
+        "E-NE-NE",
+        "E-ER-2",
+        "E-AL-2",
+    ]
 
 
 # --- duplicates ----------------------------------------------------------------------------------

@@ -253,11 +253,13 @@ async def test_oversized_reply() -> None:
         assert "1000" in error.detail
 
 
-async def test_two_replies_to_one_message_drop_the_connection() -> None:
-    async with replying_server(lambda p: frame(ack_for("MSG-1")) * 2) as server:
+async def test_two_replies_to_one_message_keep_the_connection() -> None:
+    """The second ACK names the first message: the next one is not confused by it."""
+    async with replying_server(lambda p: frame(ack_for(parse_header(p).control_id)) * 2) as server:
         sender = mllp(server.port)
         await sender.send(MSG1)
-        assert not sender.connected
+        await sender.send(MSG2)
+        assert sender.connected and sender.connections_opened == 1
 
 
 async def test_stored_message_without_control_id_is_not_sent() -> None:
@@ -663,3 +665,232 @@ def test_factory_builds_the_configured_sender() -> None:
     assert isinstance(make_sender(MllpSenderConfig("h", 2575)), MllpSender)
     assert isinstance(make_sender(HttpSenderConfig("https://h/x")), HttpSender)
     assert make_sender(MllpSenderConfig("h", 2575)).describe() == "mllp://h:2575"
+
+
+# ------------------------------------------- kind 2: a reply is matched to the message it answers
+
+
+def msg(control_id: str, msh15: str = "", msh16: str = "") -> bytes:
+    return (
+        f"MSH|^~\\&|SAPP|SFAC|RAPP|RFAC|20240101||ADT^A01^ADT_A01|{control_id}|P|2.5.1|||"
+        f"{msh15}|{msh16}\rPID|1||111\r"
+    ).encode()
+
+
+def scripted(script: Callable[[str, int], list[bytes]]) -> Handler:
+    """A handler that answers each message with ``script(control_id, index)`` (raw bytes,
+    written in one go, before the next message is read)."""
+
+    async def handler(
+        server: RawServer, n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        frames = FrameReader(1 << 20)  # one per connection: messages may share a read
+        index = 0
+        while data := await reader.read(4096):
+            for event in frames.feed(data):
+                if not isinstance(event, Frame):
+                    continue
+                server.messages.append((n, event.payload))
+                for chunk in script(parse_header(event.payload).control_id, index):
+                    writer.write(chunk)
+                    await writer.drain()
+                index += 1
+
+    return handler
+
+
+async def send_all(sender: MllpSender, payloads: list[bytes]) -> None:
+    for payload in payloads:
+        await sender.send(payload)
+    await sender.close()
+
+
+async def test_enhanced_ca_then_late_aa_is_never_the_next_answer() -> None:
+    """CA at once, and the AA for message N written only after message N+1 arrived, right
+    before N+1's CA: the sender awaits CA only (MSH-16 NE) and must throw the AA away."""
+    previous: list[str] = []
+
+    def script(control_id: str, index: int) -> list[bytes]:
+        late = [frame(ack_for(previous[-1], "AA"))] if previous else []
+        previous.append(control_id)
+        return [*late, frame(ack_for(control_id, "CA"))]
+
+    payloads = [msg(f"E{i}", "AL", "NE") for i in range(10)]
+    async with raw_server(scripted(script)) as server:
+        sender = mllp(server.port)
+        await send_all(sender, payloads)
+    assert [p for _, p in server.messages] == payloads  # each once: no resend
+    assert server.connections == 1
+
+
+async def test_enhanced_ca_and_aa_both_awaited_when_msh16_asks() -> None:
+    """MSH-15 AL and MSH-16 AL: the send ends only after both, whatever their order."""
+
+    def script(control_id: str, index: int) -> list[bytes]:
+        acks = [frame(ack_for(control_id, "CA")), frame(ack_for(control_id, "AA"))]
+        return acks if index % 2 == 0 else acks[::-1]
+
+    payloads = [msg(f"B{i}", "AL", "AL") for i in range(6)]
+    async with raw_server(scripted(script)) as server:
+        await send_all(mllp(server.port), payloads)
+    assert [p for _, p in server.messages] == payloads
+    assert server.connections == 1
+
+
+async def test_an_application_error_after_the_commit_ack_fails_the_message() -> None:
+    async with raw_server(
+        scripted(lambda cid, i: [frame(ack_for(cid, "CA")), frame(ack_for(cid, "AE"))])
+    ) as server:
+        await expect(mllp(server.port), msg("X1", "AL", "AL"), "AE")
+
+
+@pytest.mark.parametrize(
+    "leftover",
+    [
+        lambda cid: frame(ack_for(cid, "AA")),  # a second ACK
+        lambda cid: frame(ack_for(cid, "AE")),  # a late negative one
+        lambda cid: b"trailing bytes\r\n",  # bytes outside any block
+        lambda cid: b"\x0bMSH|^~\\&|partial",  # the start of a block never finished
+    ],
+    ids=["second-ack", "late-nack", "trailing", "partial"],
+)
+async def test_leftovers_of_an_earlier_exchange_neither_answer_nor_fail(
+    leftover: Callable[[str], bytes],
+) -> None:
+    """Whatever follows a message's answer, written separately (so it may arrive before or
+    after the next message is written), the next message is answered by its own ACK."""
+
+    def script(control_id: str, index: int) -> list[bytes]:
+        return [frame(ack_for(control_id)), leftover(control_id)]
+
+    payloads = [msg(f"L{i}") for i in range(8)]
+    async with raw_server(scripted(script)) as server:
+        await send_all(mllp(server.port), payloads)
+    assert [p for _, p in server.messages] == payloads  # nothing sent twice
+
+
+async def test_an_answer_naming_a_message_never_sent_here_is_still_a_mismatch() -> None:
+    async with raw_server(scripted(lambda cid, i: [frame(ack_for("OTHER-9"))])) as server:
+        await expect(mllp(server.port), msg("M1"), "controlIdMismatch")
+
+
+# ------------------------------------- kind 3: wait for exactly the ACKs MSH-15/MSH-16 ask for
+
+
+@pytest.mark.parametrize(
+    ("msh15", "msh16"), [("NE", "NE"), ("ER", "NE"), ("NE", "ER"), ("ER", "ER")]
+)
+async def test_no_ack_due_means_delivered_once_flushed(msh15: str, msh16: str) -> None:
+    """A receiver that (rightly) never answers: delivered once written, nothing waited for."""
+    async with raw_server(scripted(lambda cid, i: [])) as server:
+        sender = mllp(server.port)
+        payloads = [msg(f"N{i}", msh15, msh16) for i in range(3)]
+        await send_all(sender, payloads)
+        await until_count(server, 3)
+    assert [p for _, p in server.messages] == payloads
+
+
+async def until_count(server: RawServer, count: int) -> None:
+    async with asyncio.timeout(10):
+        while len(server.messages) < count:
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("msh15", "msh16", "answers"),
+    [
+        ("NE", "AL", ["AA"]),
+        ("SU", "NE", ["CA"]),
+        ("AL", "SU", ["CA", "AA"]),
+        ("", "", ["AA"]),
+    ],
+)
+async def test_the_due_answers_are_awaited(msh15: str, msh16: str, answers: list[str]) -> None:
+    async with raw_server(scripted(lambda cid, i: [frame(ack_for(cid, a)) for a in answers])) as s:
+        await send_all(mllp(s.port), [msg(f"D{i}", msh15, msh16) for i in range(3)])
+    assert len(s.messages) == 3 and s.connections == 1
+
+
+async def test_a_missing_due_answer_is_a_timeout() -> None:
+    """MSH-16 AL and a receiver that sends only the commit ACK: the application ACK is due."""
+    async with raw_server(scripted(lambda cid, i: [frame(ack_for(cid, "CA"))])) as server:
+        sender = MllpSender(MllpSenderConfig("127.0.0.1", server.port), timeout_seconds=0.5)
+        await expect(sender, msg("T1", "AL", "AL"), "timeout")
+
+
+async def test_always_wait_for_ack_forces_one_answer() -> None:
+    async with raw_server(scripted(lambda cid, i: [frame(ack_for(cid, "AA"))])) as server:
+        await send_all(mllp(server.port, always_wait_for_ack=True), [msg("F1", "NE", "NE")])
+    async with raw_server(scripted(lambda cid, i: [])) as server:
+        sender = MllpSender(
+            MllpSenderConfig("127.0.0.1", server.port, always_wait_for_ack=True),
+            timeout_seconds=0.5,
+        )
+        await expect(sender, msg("F2", "NE", "NE"), "timeout")
+    async with raw_server(scripted(lambda cid, i: [frame(ack_for(cid, "AR"))])) as server:
+        await expect(mllp(server.port, always_wait_for_ack=True), msg("F3", "ER", "NE"), "AR")
+
+
+# ------------------------- kind 6: a kept connection the receiver dropped costs no attempt
+
+
+async def test_a_receiver_that_closes_after_each_ack_costs_no_failure() -> None:
+    """Each ACK is followed by a close; every send still succeeds, each message arrives once."""
+
+    async def handler(
+        server: RawServer, n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        payload = await server.read_message(n, reader)
+        writer.write(frame(ack_for(parse_header(payload).control_id)))
+        await writer.drain()
+        await asyncio.sleep(0.01)  # then close (the handler's end aborts the connection)
+
+    payloads = [msg(f"C{i}") for i in range(10)]
+    async with raw_server(handler) as server:
+        sender = mllp(server.port)
+        for payload in payloads:
+            await sender.send(payload)  # never raises: no attempt is lost to the close
+        await sender.close()
+    assert [p for _, p in server.messages] == payloads
+    assert sender.connections_opened == 10
+
+
+async def test_the_fresh_retry_happens_once_and_only_on_a_reused_connection() -> None:
+    """A receiver that takes the message and closes without answering: on a reused connection
+    the message is written once more on a new one (one duplicate at most), then fails."""
+
+    async def handler(
+        server: RawServer, n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        payload = await server.read_message(n, reader)
+        if n == 1:  # the first connection answers its first message and then goes quiet
+            writer.write(frame(ack_for(parse_header(payload).control_id)))
+            await writer.drain()
+            await server.read_message(n, reader)
+
+    async with raw_server(handler) as server:
+        sender = mllp(server.port)
+        await sender.send(msg("R1"))
+        error = await expect(sender, msg("R2"), "connection")
+        assert "before replying" in error.detail
+        assert sender.fresh_retries == 1
+    assert [(n, parse_header(p).control_id) for n, p in server.messages] == [
+        (1, "R1"),
+        (1, "R2"),
+        (2, "R2"),
+    ]
+
+
+async def test_a_close_on_a_fresh_connection_is_an_ordinary_failure() -> None:
+    """On a connection's first message a close before the reply fails it: no second copy."""
+
+    async def handler(
+        server: RawServer, n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.read_message(n, reader)
+
+    async with raw_server(handler) as server:
+        sender = mllp(server.port)
+        await expect(sender, msg("Q1"), "connection")
+        assert sender.fresh_retries == 0
+    assert len(server.messages) == 1

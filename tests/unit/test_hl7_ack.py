@@ -16,7 +16,6 @@ from inturn.worker.hl7.ack import (
     build_reject,
     new_control_id,
     parse_ack,
-    should_send_accept_ack,
 )
 from inturn.worker.hl7.errors import AckParseError
 from inturn.worker.hl7.header import parse_header
@@ -150,24 +149,6 @@ def test_ack_mode_and_codes(msh15: str, msh16: str, mode: str, codes: tuple[str,
         ack_code(header, "error"),
         ack_code(header, "reject"),
     ) == codes
-
-
-@pytest.mark.parametrize(
-    ("msh15", "on_success", "on_error"),
-    [
-        ("", True, True),
-        ("AL", True, True),
-        ("NE", False, False),
-        ("ER", False, True),
-        ("SU", True, False),
-        ("al", True, True),
-        ("XX", True, True),
-    ],
-)
-def test_should_send_accept_ack(msh15: str, on_success: bool, on_error: bool) -> None:
-    header = parse_header(f"MSH|^~\\&|A|B|C|D|2024||ADT^A01|1|P|2.5|||{msh15}\r".encode())
-    assert should_send_accept_ack(header, True) is on_success
-    assert should_send_accept_ack(header, False) is on_error
 
 
 def test_build_reject_without_any_msh() -> None:

@@ -59,7 +59,6 @@ __all__ = [
     "build_reject",
     "new_control_id",
     "parse_ack",
-    "should_send_accept_ack",
 ]
 
 #: Every MSA-1 value of table 0008.
@@ -130,22 +129,6 @@ def ack_mode(header: Header) -> AckMode:
 def ack_code(header: Header, kind: AckKind) -> str:
     """The MSA-1 code for ``kind`` in the message's mode: AA/AE/AR or CA/CE/CR."""
     return _CODES[ack_mode(header)][kind]
-
-
-def should_send_accept_ack(header: Header, success: bool) -> bool:
-    """Whether an accept acknowledgement is due, per MSH-15 (table 0155).
-
-    ``AL`` always, ``NE`` never, ``ER`` only when ``success`` is false, ``SU`` only when it is
-    true; empty (original mode) or an unknown value: always.
-    """
-    condition = header.accept_ack_type
-    if condition == "NE":
-        return False
-    if condition == "ER":
-        return not success
-    if condition == "SU":
-        return success
-    return True
 
 
 def new_control_id() -> str:

@@ -24,8 +24,11 @@ acknowledgment modes"; codes from table 0008, error codes from table 0357):
   channel is configured to hold unrouted messages, both are instead stored for the destination
   ``_unrouted/<channel>`` (see :func:`inturn.worker.ingest.routing.hold_destination`) and
   accepted.
-* MSH-15 (accept acknowledgment type, table 0155: AL, NE, ER, SU) decides whether the answer is
-  sent at all: :attr:`Outcome.send`. The MLLP listener honours it; HTTP always answers.
+* MSH-15 and MSH-16 (table 0155: AL, NE, ER, SU) decide which answers are sent
+  (:mod:`inturn.worker.hl7.expect`, the same rule the MLLP sender waits by): in enhanced mode a
+  CA when the accept level is due, then an AA when the application level is due; a refusal is
+  one CE/CR (or AE/AR when only the application level is due). The MLLP listener honours it;
+  HTTP always answers with the first.
 * The ACK echoes MSH-1/MSH-2, swaps MSH-3/4 with MSH-5/6, copies MSH-11 and MSH-12, carries the
   message's MSH-10 in MSA-2 and a new MSH-10 of its own (see :mod:`inturn.worker.hl7.ack`).
 
@@ -60,9 +63,9 @@ from inturn.worker.hl7.ack import (
     ack_code,
     build_ack,
     build_reject,
-    should_send_accept_ack,
 )
 from inturn.worker.hl7.errors import ErrorCode, HeaderError
+from inturn.worker.hl7.expect import Kind, answer_codes
 from inturn.worker.hl7.header import Header, parse_header
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest import metrics
@@ -89,8 +92,11 @@ class Outcome:
     Attributes:
         code: MSA-1 of the answer: AA, AE, AR (original mode) or CA, CE, CR (enhanced mode).
         ack: the acknowledgement message, unframed (segments end with CR).
-        send: whether MSH-15 asks for this answer to be sent (False for NE, for ER on success
-            and for SU on failure). HTTP ignores it and always answers.
+        send: whether MSH-15/MSH-16 ask for this answer to be sent (see
+            :func:`inturn.worker.hl7.expect.answer_codes`). HTTP ignores it and always answers.
+        followup: a second acknowledgement sent right after ``ack`` over MLLP (the AA of an
+            enhanced-mode message whose MSH-16 asks for an application acknowledgement as well
+            as the CA), or empty.
         ids: the ``inturn_delivery`` ids stored, in destination order (empty unless stored).
         duplicate: the message was already stored inside the duplicate window.
         held: the message was stored for ``_unrouted/<channel>``.
@@ -100,6 +106,7 @@ class Outcome:
     code: str
     ack: bytes
     send: bool
+    followup: bytes = b""
     ids: tuple[int, ...] = ()
     duplicate: bool = False
     held: bool = False
@@ -135,6 +142,29 @@ async def forget_old(
 
 def _error(code: int, user_message: str) -> AckErrorDetail:
     return AckErrorDetail(code=code, user_message=user_message)
+
+
+def _answer(
+    header: Header,
+    kind: Kind,
+    *,
+    text: str | None = None,
+    error: AckErrorDetail | None = None,
+    **fields: Any,
+) -> Outcome:
+    """The outcome carrying the acknowledgement(s) MSH-15/MSH-16 ask for (see
+    :func:`inturn.worker.hl7.expect.answer_codes`); when none is due, the accept-level answer
+    is built all the same (HTTP answers with it) and not sent over MLLP."""
+    codes = answer_codes(header, kind)
+    code = codes[0] if codes else ack_code(header, kind)
+    followup = build_ack(header, codes[1], text=text) if len(codes) > 1 else b""
+    return Outcome(
+        code=code,
+        ack=build_ack(header, code, text=text, error=error),
+        send=bool(codes),
+        followup=followup,
+        **fields,
+    )
 
 
 class Acceptor:
@@ -245,21 +275,18 @@ class Acceptor:
             )
         if result.duplicate:
             metrics.DUPLICATES.labels(channel, "identical").inc()
-            code = ack_code(header, "accept")
-            outcome = Outcome(
-                code=code,
-                ack=build_ack(header, code, text="duplicate of a message already accepted"),
-                send=should_send_accept_ack(header, True),
+            outcome = _answer(
+                header,
+                "accept",
+                text="duplicate of a message already accepted",
                 duplicate=True,
                 reason="duplicate: already stored, not stored again",
             )
             return self._done(channel, header, outcome)
 
-        code = ack_code(header, "accept")
-        outcome = Outcome(
-            code=code,
-            ack=build_ack(header, code),
-            send=should_send_accept_ack(header, True),
+        outcome = _answer(
+            header,
+            "accept",
             ids=result.ids,
             held=held,
             reason="held for " + destinations[0] if held else "stored",
@@ -285,7 +312,6 @@ class Acceptor:
         return self._done(channel, None, outcome)
 
     def _unrouted(self, channel: str, header: Header, reason: str) -> Outcome:
-        code = ack_code(header, "reject")
         if reason == "filtered":
             error = _error(
                 ErrorCode.UNSUPPORTED_MESSAGE_TYPE,
@@ -298,28 +324,17 @@ class Acceptor:
                 ErrorCode.APPLICATION_INTERNAL_ERROR, f"channel {channel} has no destinations"
             )
             why = "channel has no destinations"
-        return Outcome(
-            code=code,
-            ack=build_ack(header, code, error=error),
-            send=should_send_accept_ack(header, False),
-            reason=why,
-        )
+        return _answer(header, "reject", error=error, reason=why)
 
     def _storage_failed(self, header: Header, exc: BaseException) -> Outcome:
         detail = type(exc).__name__
         if isinstance(exc, psycopg.Error) and exc.sqlstate:
             detail += f" (SQLSTATE {exc.sqlstate})"
-        code = ack_code(header, "error")
         error = _error(
             ErrorCode.APPLICATION_INTERNAL_ERROR,
             "the message could not be stored and nothing of it was kept; send it again",
         )
-        return Outcome(
-            code=code,
-            ack=build_ack(header, code, error=error),
-            send=should_send_accept_ack(header, False),
-            reason=f"storage failed: {detail}",
-        )
+        return _answer(header, "error", error=error, reason=f"storage failed: {detail}")
 
     def _label(self, channel: str) -> str:
         """``channel`` as a metrics label: names nobody configured (an HTTP client can post to

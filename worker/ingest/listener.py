@@ -304,7 +304,8 @@ class MllpListener:
             try:
                 outcome = await self.acceptor.handle(channel, event.payload, received)
                 if outcome.send:
-                    writer.write(frame(outcome.ack))
+                    followup = frame(outcome.followup) if outcome.followup else b""
+                    writer.write(frame(outcome.ack) + followup)
                     await writer.drain()
             finally:
                 self._mark(task, busy=False)

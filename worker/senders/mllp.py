@@ -1,28 +1,33 @@
 """MLLP sender: deliver one HL7 v2 message over TCP (optionally TLS) and check its ACK.
 
-Framing follows MLLP release 2 (HL7 v2 Appendix C); the ACK rules follow HL7 v2.x chapter 2.
-One connection is kept open between messages. It is closed after any failure and on
-cancellation (the worker bounds each attempt with ``asyncio.timeout``), so a reply that arrives
-late can never be read as the answer to the next message; the next ``send`` reconnects.
+Framing follows MLLP release 2 (HL7 v2 Appendix C); the ACK rules follow HL7 v2.5 chapter 2
+(:mod:`inturn.worker.hl7.expect`). One connection is kept open between messages
+(:class:`inturn.worker.senders.mllp_link.Link`); it is dropped after any failure and on
+cancellation (the worker bounds each attempt with ``asyncio.timeout``). A reply is matched to
+the message it answers by MSA-2, and nothing heard before a message was written is read as its
+answer, so a second ACK or a late one can neither answer nor fail the next message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 
 from ..config import MllpSenderConfig
 from ..hl7.ack import ACK_CODES, Ack, parse_ack
 from ..hl7.errors import AckParseError, HeaderError
-from ..hl7.header import parse_header
-from ..hl7.mllp import Frame, FrameReader, FrameTooLarge, Garbage, frame
+from ..hl7.expect import due, enhanced
+from ..hl7.header import Header, parse_header
+from ..hl7.mllp import Frame, FrameTooLarge, Garbage, frame
 from ..hl7.terminators import normalise_terminators
 from .base import DeliveryError, Outcome
+from .mllp_link import READ_CHUNK, Closed, Link
 from .tls import client_context
 
-#: Bytes asked for per read of the reply.
-READ_CHUNK = 64 * 1024
+log = logging.getLogger("inturn.worker.mllp")
+
 #: Longest detail kept from a receiver's MSA-3 / ERR text, in characters.
 DETAIL_MAX_CHARS = 500
 #: TCP keepalive: idle seconds before the first probe, seconds between probes, probe count.
@@ -57,40 +62,64 @@ def _nack_detail(ack: Ack) -> str:
     return detail[:DETAIL_MAX_CHARS]
 
 
+class _Answered(Exception):
+    """Internal: the exchange ended before any reply byte (a candidate for the fresh retry)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
 class MllpSender:
     """Implements :class:`inturn.worker.senders.base.Sender` over MLLP.
 
     Args:
-        config: host, port, optional TLS and ``max_ack_bytes`` (the largest reply accepted).
-        timeout_seconds: optional bound of one ``send`` (connect, write, read the ACK); when
+        config: host, port, optional TLS, ``max_ack_bytes`` (the largest reply accepted) and
+            ``always_wait_for_ack``.
+        timeout_seconds: optional bound of one ``send`` (connect, write, read the ACKs); when
             it passes, ``DeliveryError("timeout", ...)`` is raised. None (the default) leaves
             bounding to the caller, whose cancellation is handled the same way.
 
-    Success is an MSA-1 of AA or CA whose MSA-2 equals the message's MSH-10 (both compared
-    with surrounding whitespace stripped). Failures raise :class:`DeliveryError` with outcome
+    **Which answers are awaited** (:mod:`inturn.worker.hl7.expect`, HL7 v2.5 chapter 2): in
+    original mode one ACK (AA, or CA from receivers that answer so); in enhanced mode the
+    accept ACK when MSH-15 is AL or SU and the application ACK when MSH-16 is AL or SU, in any
+    order. When none is due (NE, ER) the message is delivered once written and flushed, unless
+    ``always_wait_for_ack`` is set: then one positive ACK of either level is awaited.
+
+    **Matching**: only a frame whose MSA-2 equals the message's MSH-10 answers it. Whatever
+    arrived before the message was written is thrown away unread; a frame that names a message
+    sent earlier on the same connection (a second ACK, a late answer) is thrown away too, with
+    a log line when it is negative. Neither counts against the message being sent.
+
+    **Failures** raise :class:`DeliveryError` with outcome
 
     * ``AE`` / ``AR`` / ``CE`` / ``CR``: the receiver's code; detail is MSA-3 and ERR text;
-    * ``controlIdMismatch``: MSA-2 names another message (an AE/AR with an empty MSA-2 is
-      reported as its code instead);
-    * ``invalidAck``: an unframed, oversized or unparseable reply, or an MSA-1 outside table
-      0008; also, without sending, a stored message with no readable MSH-10 (nothing to
-      match an ACK to) or containing the end-block byte 0x1C (it cannot be framed);
-    * ``connection``: refused, reset, DNS or TLS failure, or closed before a whole reply;
-      detail is the socket error text.
+    * ``controlIdMismatch``: MSA-2 names a message this connection never carried (an AE/AR
+      with an empty MSA-2 is reported as its code instead);
+    * ``invalidAck``: an oversized or unparseable reply, an MSA-1 outside table 0008, or bytes
+      outside any block on a connection's first exchange (on a reused connection they may be
+      the tail of an earlier exchange and are ignored); also, without sending, a stored
+      message with no readable MSH-10 or containing the end-block byte 0x1C;
+    * ``connection``: refused, reset, DNS or TLS failure, or closed before a whole reply.
 
-    Every failure, and a cancellation, drops the connection; so does a reply followed by
-    further bytes. Only a clean AA/CA exchange leaves it open for the next message.
+    **A reused connection that fails before any reply byte arrives** (the receiver closed it
+    after its last ACK, common in older engines) is replaced by a fresh one and the message is
+    written again at once, inside the same ``send``: no attempt is counted and no backoff paid.
+    This happens at most once per ``send``, so a receiver gets at most one duplicate.
+
+    Every failure, and a cancellation, drops the connection; otherwise it is kept for the next
+    message (extra answers on it are told apart by MSA-2, as above).
     """
 
     def __init__(self, config: MllpSenderConfig, *, timeout_seconds: float | None = None) -> None:
         self.config = config
         self.timeout_seconds = timeout_seconds
         self._ssl = client_context(config.tls) if config.tls is not None else None
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._out_of_step = False
+        self._link: Link | None = None
         #: Connections opened so far (for tests and diagnostics).
         self.connections_opened = 0
+        #: Sends repeated at once on a fresh connection after a reused one failed (diagnostics).
+        self.fresh_retries = 0
 
     def describe(self) -> str:
         """``mllp://host:port``, or ``mllps://host:port`` with TLS."""
@@ -100,13 +129,14 @@ class MllpSender:
     @property
     def connected(self) -> bool:
         """Whether a connection is held for the next message and the peer has not closed it."""
-        reader, writer = self._reader, self._writer
-        if reader is None or writer is None:
+        link = self._link
+        if link is None:
             return False
-        return not (reader.at_eof() or reader.exception() is not None or writer.is_closing())
+        link.leftovers()
+        return link.usable
 
     async def send(self, payload: bytes) -> None:
-        """Send one message and wait for its ACK; see the class docstring for outcomes.
+        """Send one message and wait for the ACKs it asks for; see the class docstring.
 
         ``payload`` is sent as :func:`inturn.worker.hl7.terminators.normalise_terminators`
         makes it: a message terminated by CR goes byte for byte.
@@ -115,45 +145,132 @@ class MllpSender:
             DeliveryError: the receiver did not accept it, or the transport failed.
         """
         try:
-            control_id, data = self._prepare(payload)
+            header, data = self._prepare(payload)
             try:
                 async with asyncio.timeout(self.timeout_seconds):  # None: no bound of our own
-                    ack = await self._exchange(data)
+                    await self._deliver(header, data)
             except TimeoutError:
                 raise DeliveryError("timeout", f"no ACK within {self.timeout_seconds}s") from None
-            self._check(ack, control_id)
-            if self._out_of_step:
-                self._abort()
         except BaseException:
             # Whatever went wrong (including cancellation), the stream may still carry a
             # reply meant for this message: never reuse it.
             self._abort()
             raise
 
-    @staticmethod
-    def _prepare(payload: bytes) -> tuple[str, bytes]:
-        """The message's MSH-10 and its framed bytes."""
+    async def _deliver(self, header: Header, data: bytes) -> None:
+        control_id = header.control_id.strip()
+        awaited: set[str] = set(due(header, True)) if enhanced(header) else {"any"}
+        if not awaited and self.config.always_wait_for_ack:
+            awaited = {"any"}
+        link = await self._connection()
+        reused = link.exchanges > 0
         try:
-            control_id = parse_header(payload).control_id.strip()
+            await self._exchange(link, control_id, data, awaited)
+        except _Answered as exc:
+            if not reused:
+                raise DeliveryError("connection", exc.detail) from None
+            # A kept connection the receiver had already given up: not this message's fault.
+            self._abort()
+            self.fresh_retries += 1
+            log.info(
+                "%s: kept connection failed before any reply (%s); sending again on a new one",
+                self.describe(),
+                exc.detail,
+            )
+            link = await self._connection()
+            try:
+                await self._exchange(link, control_id, data, awaited)
+            except _Answered as again:
+                raise DeliveryError("connection", again.detail) from None
+
+    @staticmethod
+    def _prepare(payload: bytes) -> tuple[Header, bytes]:
+        """The message's MSH and its framed bytes."""
+        try:
+            header = parse_header(payload)
         except HeaderError as exc:
             raise DeliveryError(
                 "invalidAck", f"the stored message has no usable MSH: {exc}"
             ) from None
         try:
-            return control_id, frame(normalise_terminators(payload))
+            return header, frame(normalise_terminators(payload))
         except ValueError as exc:
             raise DeliveryError(
                 "invalidAck", f"the stored message cannot be framed: {exc}"
             ) from None
 
-    def _check(self, ack: Ack, control_id: str) -> None:
+    async def _exchange(self, link: Link, control_id: str, data: bytes, awaited: set[str]) -> None:
+        """Write ``data`` on ``link`` and read until every awaited level has answered.
+
+        ``awaited`` holds ``accept``, ``application`` or ``any`` (either level); empty means
+        delivered once flushed.
+
+        Raises:
+            _Answered: the connection failed before any byte of a reply to this message.
+            DeliveryError: any other failure.
+        """
+        try:
+            await link.write(data, control_id)
+        except OSError as exc:
+            raise _Answered(_error_text(exc)) from None
+        seen: set[str] = set()
+        replied = False
+        while not awaited <= seen:
+            heard = await link.next()
+            if isinstance(heard, Closed):
+                if replied or heard.mid_frame:
+                    where = "in the middle of the reply" if heard.mid_frame else "before replying"
+                    raise DeliveryError(
+                        "connection",
+                        heard.error or f"the receiver closed the connection {where}",
+                    )
+                raise _Answered(heard.error or "the receiver closed the connection before replying")
+            event = heard.event
+            if isinstance(event, Garbage):
+                if link.exchanges > 1:
+                    # Possibly the tail of an earlier exchange: never an answer, never a fault.
+                    log.info("%s: ignored %d bytes outside any block", self.describe(), event.count)
+                    continue
+                raise DeliveryError(
+                    "invalidAck",
+                    f"the reply is not MLLP-framed ({event.count} bytes outside a block)",
+                )
+            if isinstance(event, FrameTooLarge):
+                raise DeliveryError("invalidAck", f"the reply is larger than {event.limit} bytes")
+            assert isinstance(event, Frame)
+            try:
+                ack = parse_ack(event.payload)
+            except AckParseError as exc:
+                raise DeliveryError("invalidAck", str(exc)) from None
+            level = self._level(link, ack, control_id)
+            if level is None:
+                continue  # an answer to an earlier message on this connection
+            replied = True
+            seen.add(level)
+            seen.add("any")
+            if level == "application":
+                seen.add("accept")  # an application ACK implies the message was accepted
+
+    def _level(self, link: Link, ack: Ack, control_id: str) -> str | None:
+        """The level a positive ``ack`` answers for this message, or None for an answer to an
+        earlier one. Raises DeliveryError for a negative or mismatched answer to this one."""
         acked = ack.control_id.strip()
         if ack.code not in ACK_CODES:
             raise DeliveryError("invalidAck", f"unknown acknowledgment code {ack.code[:10]!r}")
+        if acked != control_id and acked and acked in list(link.sent)[:-1]:
+            if not ack.accepted:
+                log.warning(
+                    "%s: late %s for MSH-10 %r, sent earlier on this connection: %s",
+                    self.describe(),
+                    ack.code,
+                    acked[:40],
+                    _nack_detail(ack),
+                )
+            return None
         if ack.accepted:
             if acked != control_id:
                 raise DeliveryError("controlIdMismatch", self._mismatch(acked, control_id))
-            return
+            return "accept" if ack.code == "CA" else "application"
         if acked and acked != control_id:
             raise DeliveryError("controlIdMismatch", self._mismatch(acked, control_id))
         raise DeliveryError(_NACK_OUTCOMES[ack.code], _nack_detail(ack))
@@ -162,24 +279,12 @@ class MllpSender:
     def _mismatch(acked: str, control_id: str) -> str:
         return f"MSA-2 {acked[:40]!r} does not match MSH-10 {control_id[:40]!r}"
 
-    async def _exchange(self, data: bytes) -> Ack:
-        reader, writer = await self._connection()
-        try:
-            writer.write(data)
-            await writer.drain()
-            reply = await self._read_reply(reader)
-        except (OSError, EOFError) as exc:
-            raise DeliveryError("connection", _error_text(exc)) from None
-        try:
-            return parse_ack(reply)
-        except AckParseError as exc:
-            raise DeliveryError("invalidAck", str(exc)) from None
-
-    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = self._reader, self._writer
-        if reader is not None and writer is not None:
-            if self.connected:
-                return reader, writer
+    async def _connection(self) -> Link:
+        link = self._link
+        if link is not None:
+            link.leftovers()  # nothing heard before the next write can answer it
+            if link.usable:
+                return link
             # The peer closed (or reset) the idle connection: start afresh rather than lose
             # an attempt to it.
             self._abort()
@@ -197,45 +302,16 @@ class MllpSender:
             ) from None
         self.connections_opened += 1
         _enable_keepalive(writer)
-        self._reader, self._writer = reader, writer
-        return reader, writer
-
-    async def _read_reply(self, reader: asyncio.StreamReader) -> bytes:
-        frames = FrameReader(self.config.max_ack_bytes)
-        self._out_of_step = False
-        while True:
-            chunk = await reader.read(READ_CHUNK)
-            if not chunk:
-                where = "in the middle of the reply" if frames.mid_frame else "before replying"
-                raise DeliveryError("connection", f"the receiver closed the connection {where}")
-            events = frames.feed(chunk)
-            for index, event in enumerate(events):
-                if isinstance(event, Frame):
-                    # Bytes after the reply mean more than one answer to one message: the
-                    # stream is out of step, so the connection is dropped after this send.
-                    self._out_of_step = frames.mid_frame or index + 1 < len(events)
-                    return event.payload
-                if isinstance(event, FrameTooLarge):
-                    raise DeliveryError(
-                        "invalidAck", f"the reply is larger than {event.limit} bytes"
-                    )
-                if isinstance(event, Garbage):
-                    raise DeliveryError(
-                        "invalidAck",
-                        f"the reply is not MLLP-framed ({event.count} bytes outside a block)",
-                    )
+        self._link = Link(reader, writer, self.config.max_ack_bytes)
+        return self._link
 
     def _abort(self) -> None:
-        writer = self._writer
-        self._reader = self._writer = None
-        if writer is not None:
-            writer.transport.abort()
+        link, self._link = self._link, None
+        if link is not None:
+            link.abort()
 
     async def close(self) -> None:
         """Close the held connection, if any. The sender stays usable: ``send`` reconnects."""
-        writer = self._writer
-        self._reader = self._writer = None
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+        link, self._link = self._link, None
+        if link is not None:
+            await link.close()
