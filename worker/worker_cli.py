@@ -1,29 +1,24 @@
 """``inturn worker``: drain exactly one destination until SIGTERM.
 
 The configuration is the operator-rendered worker file (``--config``, JSON or YAML) or a
-Destination manifest (``-f``). The database comes from ``INTURN_DSN`` (or ``--dsn``). On
-SIGTERM or SIGINT the attempt in flight is finished or times out, the lock is released, and the
-process exits 0.
+Destination manifest (``-f``). The database comes from ``INTURN_DSN`` (or ``--dsn``). Once the
+configuration is valid the process replaces itself by the worker runtime
+(:mod:`inturn.worker.worker_main`), which imports only what draining needs. On SIGTERM or
+SIGINT the attempt in flight is finished or times out, the lock is released, and the process
+exits 0.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import signal
+import contextlib
+import json
 from pathlib import Path
 
 import click
 
 from inturn.worker.config import WorkerConfig
-from inturn.worker.health import make_app, serve
-from inturn.worker.logs import configure
-from inturn.worker.metrics import PrometheusObserver
-from inturn.worker.runner import DestinationWorker
-from inturn.worker.senders.factory import make_sender
 from inturn.worker.store.connect import resolve_dsn
-
-log = logging.getLogger("inturn.worker")
+from inturn.worker.worker_main import exec_runtime, run, runtime_settings
 
 
 def load_one(path: Path, secrets_dir: Path | None) -> WorkerConfig:
@@ -45,22 +40,6 @@ def load_one(path: Path, secrets_dir: Path | None) -> WorkerConfig:
             f"{path}: holds {len(configs)} destinations; a worker drains exactly one"
         )
     return configs[0]
-
-
-async def run_worker(config: WorkerConfig, dsn: str, http_host: str, http_port: int) -> None:
-    """Run one worker and its HTTP endpoints until SIGTERM/SIGINT."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    worker = DestinationWorker(config, dsn, make_sender(config.sender), PrometheusObserver())
-    runner = await serve(make_app([worker]), http_host, http_port)
-    log.info("worker for %s started (http %s:%d)", config.destination, http_host, http_port)
-    try:
-        await worker.run(stop)
-    finally:
-        await runner.cleanup()
-        log.info("worker for %s stopped", config.destination)
 
 
 @click.command("worker")
@@ -110,5 +89,9 @@ def worker_command(
     assert path is not None
     config = load_one(path, secrets_dir)
     target = resolve_dsn(dsn)
-    configure(log_level, log_json)
-    asyncio.run(run_worker(config, target, http_host, http_port))
+    settings = runtime_settings(config, target, http_host, http_port, log_level, log_json)
+    # exec_runtime does not return; if the interpreter cannot be executed (an unusual setup),
+    # the worker runs here, with the validation's modules resident.
+    with contextlib.suppress(OSError):
+        exec_runtime(settings)
+    raise SystemExit(run(json.loads(settings)))

@@ -114,3 +114,33 @@ async def test_sigterm_finishes_the_attempt_and_exits_zero(fresh_db: str, tmp_pa
         states = [r[0] for r in await cur.fetchall()]
     # Nothing lost: the in-flight one is delivered or still pending; the rest are pending.
     assert states[1:] == ["pending", "pending"] and states[0] in ("delivered", "pending")
+
+
+async def test_the_running_worker_keeps_no_validation_modules(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """Once the manifest is valid the process becomes the runtime (same PID): neither the YAML
+    parser nor the JSON-schema validator (nor aiohttp, for an MLLP destination) stays loaded."""
+    await enqueue(fresh_db, 1)
+    async with MllpReceiver() as rx:
+        proc = await start_worker(manifest(tmp_path, rx.port), fresh_db)
+        try:
+            await rx.wait_for(1, timeout=60)
+            maps = Path(f"/proc/{proc.pid}/maps").read_text()
+            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert b"inturn.worker.worker_main" in cmdline
+    for library in ("_yaml", "rpds", "aiohttp", "yarl", "multidict"):
+        assert library not in maps, library
+    assert proc.returncode == 0, err.decode()
+
+
+async def test_the_runtime_refuses_to_start_alone() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-P", "-m", "inturn.worker.worker_main", stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert err.decode().strip() == "inturn: error: start workers with `inturn worker`"

@@ -1,0 +1,112 @@
+"""The runtime of one worker process: what ``inturn worker`` becomes once its configuration is
+validated.
+
+``inturn worker`` reads and validates its configuration file (YAML parser, JSON-schema
+validator, the command-line library), then replaces its own process image (``execv``, same PID,
+same signals) by ``python -m inturn.worker.worker_main``, handing over the validated
+configuration in the environment variable :data:`RUNTIME_ENV`. This module imports only what
+draining needs (psycopg, the sender, prometheus-client), so none of the validation's modules,
+about 6 MiB, stays resident in each of a thousand worker pods.
+
+On SIGTERM or SIGINT the attempt in flight is finished or times out, the lock is released, and
+the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from inturn.worker.config import WorkerConfig, from_dict, to_dict
+from inturn.worker.health import make_app, serve
+from inturn.worker.logs import configure
+from inturn.worker.metrics import PrometheusObserver
+from inturn.worker.runner import DestinationWorker
+from inturn.worker.senders.factory import make_sender
+
+log = logging.getLogger("inturn.worker")
+
+#: The environment variable that carries the validated runtime settings (JSON).
+RUNTIME_ENV = "INTURN_WORKER_RUNTIME"
+
+
+def runtime_settings(
+    config: WorkerConfig, dsn: str, http_host: str, http_port: int, log_level: str, log_json: bool
+) -> str:
+    """The JSON text :func:`main` reads back: the configuration and the process's options."""
+    return json.dumps(
+        {
+            "config": to_dict(config),
+            "dsn": dsn,
+            "httpHost": http_host,
+            "httpPort": http_port,
+            "logLevel": log_level,
+            "logJson": log_json,
+        }
+    )
+
+
+def exec_runtime(settings: str) -> None:
+    """Replace this process by the worker runtime with ``settings``; returns only on failure.
+
+    Raises:
+        OSError: the interpreter could not be executed (the caller may run in-process instead).
+    """
+    env = {**os.environ, RUNTIME_ENV: settings}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # -P: the working directory is not put on sys.path (a checkout's operator/ would shadow
+    # the standard library's operator module).
+    os.execve(sys.executable, [sys.executable, "-P", "-m", "inturn.worker.worker_main"], env)
+
+
+async def run_worker(config: WorkerConfig, dsn: str, http_host: str, http_port: int) -> None:
+    """Run one worker and its HTTP endpoints until SIGTERM/SIGINT.
+
+    Raises:
+        OSError: the HTTP port is taken.
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    worker = DestinationWorker(config, dsn, make_sender(config.sender), PrometheusObserver())
+    runner = await serve(make_app([worker]), http_host, http_port)
+    log.info("worker for %s started (http %s:%d)", config.destination, http_host, http_port)
+    try:
+        await worker.run(stop)
+    finally:
+        await runner.cleanup()
+        log.info("worker for %s stopped", config.destination)
+
+
+def run(settings: dict[str, Any]) -> int:
+    """Run the worker ``settings`` describe (as :func:`runtime_settings` wrote them); exit code."""
+    configure(str(settings["logLevel"]), bool(settings["logJson"]))
+    config = from_dict(settings["config"])
+    try:
+        asyncio.run(
+            run_worker(config, str(settings["dsn"]), settings["httpHost"], settings["httpPort"])
+        )
+    except OSError as exc:
+        print(f"inturn: error: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main() -> None:
+    """Entry point of ``python -m inturn.worker.worker_main`` (started by ``inturn worker``)."""
+    text = os.environ.pop(RUNTIME_ENV, None)
+    if not text:
+        print("inturn: error: start workers with `inturn worker`", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run(json.loads(text)))
+
+
+if __name__ == "__main__":
+    main()
