@@ -83,6 +83,15 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def private_mib(pid: int) -> float:
+    """Private anonymous memory of process ``pid`` (a Postgres backend), MiB."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def write_config(directory: Path, name: str, port: int, idle_seconds: int = 60) -> Path:
     """A rendered worker configuration, as the operator puts it in the worker's ConfigMap."""
     cfg = WorkerConfig(
@@ -176,17 +185,23 @@ async def idle(dsn: str, workers: int, window: float) -> tuple[float, float, flo
                 await asyncio.sleep(window)
                 tx1 = await transactions(conn)
                 cpu1, t1 = [cpu_seconds(p.pid) for p in procs], time.monotonic()
+                cur = await conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'inturn-worker%%'"
+                )
+                backends = [int(r[0]) for r in await cur.fetchall()]
             own = 2  # this script's two snapshot reads in the window
             elapsed = t1 - t0
             tx_rate = max(tx1 - tx0 - own, 0) / elapsed / workers
             cpu = sum(b - a for a, b in zip(cpu0, cpu1, strict=True)) / elapsed / workers * 100
             rss = sum(rss_mib(p.pid) for p in procs) / workers
+            backend = sum(private_mib(p) for p in backends) / max(len(backends), 1)
         finally:
             stop(procs)
     print(f"idle: {workers} workers over {elapsed:.0f} s (safety poll 60 s)")
     print(f"  transactions/s per worker      {tx_rate:.4f}  (target <= 0.05)")
     print(f"  CPU per worker                 {cpu:.4f}% of a core  (target <= 0.05%)")
     print(f"  RSS per worker                 {rss:.1f} MiB")
+    print(f"  Postgres backend per worker    {backend:.1f} MiB private (RssAnon)")
     return tx_rate, cpu, rss
 
 
@@ -289,27 +304,84 @@ def describe(label: str, r: dict[str, Any]) -> None:
 # --- 4. ingest --------------------------------------------------------------------------------
 
 
-async def fan_out(db: str, seconds: float) -> tuple[float, float, float]:
+#: Module prefixes of the ingest process, grouped for the profile.
+PROFILE_GROUPS = (
+    ("waiting for I/O (epoll)", ("'poll' of 'select.epoll'",)),
+    ("HL7 parsing and identifier keys", ("worker/hl7/", "openssl_sha256", "sha256")),
+    ("psycopg (statements, adaptation)", ("psycopg/", "psycopg_pool/", "psycopg_binary")),
+    ("ingest (MLLP framing, ACKs, batching)", ("worker/ingest/",)),
+    ("asyncio and sockets", ("asyncio/", "selectors", "socket")),
+    ("logging and metrics", ("logging/", "prometheus_client/")),
+)
+
+
+def profile_groups(path: Path) -> list[tuple[str, float]]:
+    """Own (tottime) seconds of the profiled ingest process per group of modules."""
+    import pstats
+
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    groups = {name: 0.0 for name, _ in PROFILE_GROUPS} | {"other": 0.0}
+    for (filename, _, function), (_, _, tottime, _, _) in stats.items():
+        where = filename if filename != "~" else function
+        if "cProfile" in where or "profile" in function:
+            continue
+        for name, prefixes in PROFILE_GROUPS:
+            if any(p in where for p in prefixes):
+                groups[name] += tottime
+                break
+        else:
+            groups["other"] += tottime
+    return sorted(groups.items(), key=lambda kv: -kv[1])
+
+
+async def ingest_run(
+    db: str, seconds: float, msgs: list[tuple[bytes, bytes]], profile: Path | None = None
+) -> dict[str, dict[str, float]]:
+    """Run ``inturn ingest`` and drive each channel with 8 connections; per channel: msg/s, and
+    per message the ingest process's CPU, the Postgres CPU, transactions and WAL bytes."""
+    ports = {channel: ingest_bench.free_port() for channel in ingest_bench.FANOUTS}
+    http_port = ingest_bench.free_port()
+    prefix = [sys.executable, "-P", "-m", "cProfile", "-o", str(profile)] if profile else []
+    command = [*prefix, str(INTURN), "ingest", "--ops", f"127.0.0.1:{http_port}"]
+    command += ["--log-level", "WARNING"]
+    for channel, port in ports.items():
+        command += ["--listen", f"{channel}=127.0.0.1:{port}"]
+    process = subprocess.Popen(command, env={**os.environ, "INTURN_DSN": db})
+    out: dict[str, dict[str, float]] = {}
+    try:
+        await ingest_bench.wait_ready(http_port, process)
+        async with await AsyncConnection.connect(db, autocommit=True) as conn:
+            for channel in ingest_bench.FANOUTS:
+                ingest_bench.reset(db)
+                pg = await backend_pids(conn)
+                cpu0 = cpu_seconds(process.pid), sum(cpu_seconds(p) for p in pg)
+                tx0, wal0 = await transactions(conn), await delivery.wal_counters(conn)
+                rate, _, _, _ = await ingest_bench.drive(ports[channel], 8, seconds, msgs)
+                await asyncio.sleep(1.1)  # the backends' statistics reach the server
+                n = rate * (seconds + 1.0)  # the warm-up second is sent too
+                tx = await transactions(conn) - tx0
+                wal = delivery.delta(await delivery.wal_counters(conn), wal0)
+                out[channel] = {
+                    "rate": rate,
+                    "ingest_cpu_ms": (cpu_seconds(process.pid) - cpu0[0]) / n * 1000,
+                    "pg_cpu_ms": (sum(cpu_seconds(p) for p in pg) - cpu0[1]) / n * 1000,
+                    "tx": tx / n,
+                    "wal_bytes": wal.get("wal_bytes", 0.0) / n,
+                }
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    return out
+
+
+async def fan_out(db: str, seconds: float, profile: bool) -> tuple[float, float, float]:
     """Return (one-destination msg/s, fan-out-5 msg/s, pgbench sample-sized INSERT tps), 8 each."""
     msgs = ingest_bench.templates()
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("TRUNCATE inturn_destination CASCADE")
     ingest_bench.register(db)
-    ports = {channel: ingest_bench.free_port() for channel in ingest_bench.FANOUTS}
-    http_port = ingest_bench.free_port()
-    command = [str(INTURN), "ingest", "--ops", f"127.0.0.1:{http_port}", "--log-level", "WARNING"]
-    for channel, port in ports.items():
-        command += ["--listen", f"{channel}=127.0.0.1:{port}"]
-    process = subprocess.Popen(command, env={**os.environ, "INTURN_DSN": db})
-    rates = {}
-    try:
-        await ingest_bench.wait_ready(http_port, process)
-        for channel in ingest_bench.FANOUTS:
-            ingest_bench.reset(db)
-            rates[channel], _, _, _ = await ingest_bench.drive(ports[channel], 8, seconds, msgs)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    runs = await ingest_run(db, seconds, msgs)
+    rates = {channel: r["rate"] for channel, r in runs.items()}
     average = sum(len(b) + len(a) + 16 for b, a in msgs) // len(msgs)
     typical = min(msgs, key=lambda m: abs(len(m[0]) + len(m[1]) + 16 - average))
     with tempfile.TemporaryDirectory() as tmp:
@@ -332,6 +404,21 @@ async def fan_out(db: str, seconds: float) -> tuple[float, float, float]:
         f"  pgbench INSERT, sample-sized   {tps:.0f} tps at 8 clients"
         f"  (ingest/pgbench {rates['one'] / tps:.2f}, target >= 0.40)"
     )
+    for channel, r in runs.items():
+        print(
+            f"  per message, {channel:<5}            ingest CPU {r['ingest_cpu_ms']:.2f} ms,"
+            f" Postgres CPU {r['pg_cpu_ms']:.2f} ms, {r['tx']:.2f} transactions,"
+            f" {r['wal_bytes']:.0f} WAL bytes"
+        )
+    if profile:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "ingest.prof"
+            await ingest_run(db, seconds, msgs, profile=path)
+            groups = profile_groups(path)
+        total = sum(t for _, t in groups) or 1.0
+        print("  ingest process profile (cProfile, own time over both channels):")
+        for name, t in groups:
+            print(f"    {name:<36} {t:6.2f} s  {t / total:5.1%}")
     return rates["one"], rates["fan5"], tps
 
 
@@ -442,7 +529,7 @@ async def main_async(args: argparse.Namespace, server: str) -> None:
             describe("10 destinations at once", many)
             print(f"  aggregate / alone              {many['aggregate'] / alone['aggregate']:.2f}")
         if "ingest" not in skip:
-            one_rate, fan5, _ = await fan_out(db, args.ingest_seconds)
+            one_rate, fan5, _ = await fan_out(db, args.ingest_seconds, args.profile)
             ratio = fan5 / one_rate
         if "lookup" not in skip:
             lookups(db, args.rows)
@@ -461,6 +548,7 @@ def main() -> None:
     parser.add_argument("--per-destination", type=int, default=2_000)
     parser.add_argument("--ingest-seconds", type=float, default=8.0)
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--profile", action="store_true", help="profile ingest (a third run)")
     parser.add_argument("--skip", nargs="*", default=[], choices=PARTS)
     args = parser.parse_args()
     with delivery.postgres_server(args.dsn) as (server, _):
