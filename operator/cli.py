@@ -60,6 +60,12 @@ from inturn.worker import schema
     help="Liveness endpoint URL ('' to disable).",
 )
 @click.option(
+    "--metrics",
+    metavar="[HOST:]PORT",
+    default="",
+    help="Serve Prometheus metrics (/metrics) here ('' to disable, the default).",
+)
+@click.option(
     "--peering",
     envvar="INTURN_OPERATOR_PEERING",
     default=None,
@@ -84,6 +90,7 @@ def operator_command(
     worker_service_account: str | None,
     status_interval: float,
     liveness: str,
+    metrics: str,
     peering: str | None,
     priority: int | None,
     log_format: str,
@@ -121,6 +128,13 @@ def operator_command(
         operator_namespace=os.environ.get("POD_NAMESPACE") or None,
     )
     handlers.configure(config)
+    if metrics:
+        from inturn.operator.metrics import serve
+
+        try:
+            serve(metrics)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--metrics") from exc
     kopf.configure(
         verbose=verbose,
         log_format={

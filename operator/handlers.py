@@ -30,6 +30,7 @@ import kopf
 
 from inturn.operator import manifests
 from inturn.operator.kube import KubeApi, load_configuration
+from inturn.operator.metrics import RECONCILE_ERRORS
 from inturn.operator.reconcile import (
     OperatorConfig,
     Runtime,
@@ -210,6 +211,7 @@ async def reconcile_destination(body: kopf.Body, memo: Any, retry: int, **_: Any
     try:
         await rt.reconcile(destination_snapshot(body), force=retry > 0)
     except TransientError as exc:
+        RECONCILE_ERRORS.labels("destination").inc()
         if retry >= MAX_HANDLER_RETRIES:
             log.warning("giving up retrying now; the periodic pass will converge: %s", exc)
             return
@@ -251,4 +253,5 @@ async def worker_event(
             await rt.revert_drift(key, body, problems)
         await rt.refresh_status(key)
     except TransientError as exc:
+        RECONCILE_ERRORS.labels("worker").inc()
         log.warning("worker %s/%s: %s (the periodic pass will retry)", namespace, owner, exc)

@@ -32,6 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 from inturn.operator import manifests, status
 from inturn.operator.kube import ApiError, KubeApi
 from inturn.operator.manifests import WorkerPodSettings
+from inturn.operator.metrics import RECONCILE_ERRORS
 from inturn.worker import schema
 from inturn.worker.destination import ManifestError
 from inturn.worker.store import registry
@@ -682,6 +683,7 @@ class Runtime:
                 try:
                     await self.reconcile(snap, registered=rows, register=rows is not None)
                 except TransientError as exc:
+                    RECONCILE_ERRORS.labels("pass").inc()
                     log.warning("reconcile of %s/%s deferred: %s", key[0], key[1], exc)
 
         await asyncio.gather(*(one(k) for k in keys))

@@ -43,7 +43,9 @@ def _cluster_versions() -> list[str]:
 
 
 def test_values_files_cover_the_promised_modes() -> None:
-    assert {"namespaced", "crds-off", "sweeper"} <= set(values_files())
+    assert {"namespaced", "crds-off", "sweeper", "monitoring", "ingest-secure"} <= set(
+        values_files()
+    )
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -51,9 +53,14 @@ def test_lint_strict_is_clean(name: str) -> None:
     assert lint(files=_files(name)) == []
 
 
+#: Kinds of the Prometheus Operator: kubernetes-validate has no schemas for them (they are
+#: CRDs), so test_monitoring_objects asserts their fields instead.
+PROMETHEUS_OPERATOR = "monitoring.coreos.com/v1"
+
+
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_rendered_objects_are_valid(name: str) -> None:
-    objs = render(files=_files(name))
+    objs = [o for o in render(files=_files(name)) if o["apiVersion"] != PROMETHEUS_OPERATOR]
     assert objs
     for version in _cluster_versions():
         for obj in objs:
@@ -365,7 +372,10 @@ def test_network_policies_by_default_close_everything_but_what_is_served() -> No
     assert ingest["egress"] == [POSTGRES_ANYWHERE, DNS]
     operator = policies[("inturn", "inturn-operator")]
     assert operator["ingress"] == [
-        {"from": [MONITORING_NS], "ports": [{"protocol": "TCP", "port": 8080}]}
+        {
+            "from": [MONITORING_NS],
+            "ports": [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 9090}],
+        }
     ]
     assert operator["egress"] == [
         POSTGRES_ANYWHERE,
@@ -489,3 +499,83 @@ def test_the_operator_service_account_cannot_read_secrets(name: str) -> None:
             assert group != "" or resource not in ("secrets", "*"), (resource, verbs)
         bound += 1
     assert bound >= 1
+
+
+def test_monitoring_is_off_by_default() -> None:
+    assert not [o for o in render() if o["apiVersion"] == PROMETHEUS_OPERATOR]
+
+
+def test_monitoring_objects() -> None:
+    objs = render(files=["monitoring"])
+    sm = find(objs, "ServiceMonitor", "inturn-ingest")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert sm["spec"]["endpoints"] == [{"port": "ops", "path": "/metrics", "interval": "30s"}]
+    ops = find(objs, "Service", "inturn-ingest-ops")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= ops["metadata"]["labels"].items()
+    assert "ops" in {p["name"] for p in ops["spec"]["ports"]}
+
+    op_pm = find(objs, "PodMonitor", "inturn-operator")
+    operator = find(objs, "Deployment", "inturn-operator")["spec"]["template"]
+    assert (
+        op_pm["spec"]["selector"]["matchLabels"].items() <= operator["metadata"]["labels"].items()
+    )
+    (c,) = operator["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
+    assert "--metrics=0.0.0.0:9090" in c["args"]
+    assert op_pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+    workers = find(objs, "PodMonitor", "inturn-workers")
+    assert workers["spec"]["namespaceSelector"] == {"any": True}
+    assert workers["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "inturn-worker",
+        "app.kubernetes.io/component": "worker",
+        "app.kubernetes.io/part-of": "inturn",
+    }
+    assert workers["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    namespaced = render(files=["namespaced", "monitoring"])
+    assert find(namespaced, "PodMonitor", "inturn-workers")["spec"]["namespaceSelector"] == {
+        "matchNames": ["ward-a", "ward-b"]
+    }
+
+    rule = find(objs, "PrometheusRule", "inturn")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for alert in alerts:
+        by_name.setdefault(alert["alert"], []).append(alert)
+    assert sorted(by_name) == [
+        "InturnCronJobNoRecentSuccess",
+        "InturnDeliveryFailures",
+        "InturnOldestPendingTooOld",
+        "InturnOperatorReconcileErrors",
+        "InturnWorkerNotReady",
+    ]
+    (oldest,) = by_name["InturnOldestPendingTooOld"]
+    assert oldest["expr"].startswith("max by (namespace, destination) (inturn_queue_oldest_age")
+    assert oldest["expr"].endswith("> 900")
+    (failures,) = by_name["InturnDeliveryFailures"]
+    assert "increase(inturn_gave_up_total[15m])" in failures["expr"]
+    (errors,) = by_name["InturnOperatorReconcileErrors"]
+    assert "inturn_operator_reconcile_errors_total" in errors["expr"]
+    assert errors["for"] == "15m"
+    (not_ready,) = by_name["InturnWorkerNotReady"]
+    assert "kube_deployment_status_replicas_available" in not_ready["expr"]
+    crons = {a["labels"]["cronjob"]: a["expr"] for a in by_name["InturnCronJobNoRecentSuccess"]}
+    assert crons == {
+        "inturn-purge": 'time() - kube_cronjob_status_last_successful_time{namespace="inturn",'
+        ' cronjob="inturn-purge"} > 93600',
+        "inturn-sweeper": 'time() - kube_cronjob_status_last_successful_time{namespace="inturn",'
+        ' cronjob="inturn-sweeper"} > 1800',
+    }
+    for alert in alerts:
+        assert alert["labels"]["severity"] in ("warning", "critical")
+        assert alert["annotations"]["summary"] and alert["annotations"]["description"]
+    # the sweeper's alert goes with the sweeper
+    only_rules = render({"monitoring": {"prometheusRule": {"enabled": True}}})
+    rule = find(only_rules, "PrometheusRule", "inturn")
+    crons_default = [
+        r["labels"]["cronjob"]
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if r["alert"] == "InturnCronJobNoRecentSuccess"
+    ]
+    assert crons_default == ["inturn-purge"]
