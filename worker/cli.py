@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "local": "inturn.worker.local:local_command",
     "operator": "inturn.operator.cli:operator_command",
     "crd": "inturn.operator.cli:crd_command",
+    "receiver": "inturn.worker.receiver_cli:receiver_command",
 }
 
 

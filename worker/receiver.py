@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Callable
 from dataclasses import replace
 
 from aiohttp import web
@@ -45,6 +46,8 @@ class MllpReceiver:
         reply: False to read messages and never answer them.
         close_after_receive: close the connection right after a message, without answering.
         connections: connections accepted so far.
+        on_message: called with each payload and the ACK sent (None when none is), after it is
+            answered (or not); for ``inturn receiver``'s one line per message.
 
     A message whose MSH cannot be read is answered with an AR built by ``build_reject``; a
     message over ``max_frame_bytes`` with an AR (error 104) after which the connection closes.
@@ -71,6 +74,7 @@ class MllpReceiver:
         self.close_after_receive = False
         self.received: list[bytes] = []
         self.connections = 0
+        self.on_message: Callable[[bytes, bytes | None], None] | None = None
         self.ssl_context = ssl_context
         self.max_frame_bytes = max_frame_bytes
         self._server: asyncio.Server | None = None
@@ -176,19 +180,24 @@ class MllpReceiver:
                     async with self._arrived:
                         self.received.append(event.payload)
                         self._arrived.notify_all()
-                    if self.close_after_receive:
-                        return
-                    if not self.reply:
+                    if self.close_after_receive or not self.reply:
+                        if self.on_message is not None:
+                            self.on_message(event.payload, None)
+                        if self.close_after_receive:
+                            return
                         continue
                     if self.delay_seconds:
                         await asyncio.sleep(self.delay_seconds)
-                    writer.write(frame(self.answer(event.payload)))
+                    ack = self.answer(event.payload)
+                    writer.write(frame(ack))
                     await writer.drain()
                     if self.followup_code is not None:
                         later = frame(self._followup(event.payload, self.followup_code))
                         asyncio.get_running_loop().call_later(
                             self.followup_delay_seconds, _write_unless_closed, writer, later
                         )
+                    if self.on_message is not None:
+                        self.on_message(event.payload, ack)
         except (OSError, asyncio.IncompleteReadError):
             return
         except asyncio.CancelledError:
@@ -218,6 +227,7 @@ class HttpReceiver:
         received: request bodies in arrival order.
         headers: the request headers, one dict per request, in the same order.
         status: as above.
+        on_message: called with each body and the status answered.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, status: int = 200) -> None:
@@ -226,6 +236,7 @@ class HttpReceiver:
         self.status = status
         self.received: list[bytes] = []
         self.headers: list[dict[str, str]] = []
+        self.on_message: Callable[[bytes, int], None] | None = None
         self._runner: web.AppRunner | None = None
 
     @property
@@ -239,9 +250,13 @@ class HttpReceiver:
         return f"http://{self.host}:{self._port}/"
 
     async def _handle(self, request: web.Request) -> web.Response:
-        self.received.append(await request.read())
+        body = await request.read()
+        self.received.append(body)
         self.headers.append(dict(request.headers))
-        return web.Response(status=self.status)
+        status = self.status
+        if self.on_message is not None:
+            self.on_message(body, status)
+        return web.Response(status=status)
 
     async def start(self) -> None:
         """Listen (again on the same port after a :meth:`stop`)."""

@@ -139,7 +139,7 @@ def test_condition_shape_matches_metav1() -> None:
     assert required == {"type", "status", "lastTransitionTime", "reason", "message"}
 
 
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
