@@ -19,7 +19,13 @@ from prometheus_client import REGISTRY
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.access import AllowList
-from inturn.worker.ingest.credentials import Credential, Credentials, new_token, token_digest
+from inturn.worker.ingest.credentials import (
+    Credential,
+    Credentials,
+    CredentialsFile,
+    new_token,
+    token_digest,
+)
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig, server_tls_context
 
@@ -348,3 +354,40 @@ def test_allowed_subjects_need_client_certificates(pki: Path) -> None:
     for context in (None, no_client_ca):
         with pytest.raises(ValueError, match="client certificates"):
             ListenerConfig("adt", HOST, 0, context, AllowList.build(subjects=["client"]))
+
+
+async def test_a_rotated_credentials_file_takes_effect_without_a_restart(
+    fresh_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    register(fresh_db, "adt")
+    caplog.set_level("INFO", logger="inturn")
+    old, new = "old-token-" + "a" * 20, "new-token-" + "b" * 20
+    path = tmp_path / "credentials.yaml"
+
+    def write(*tokens: str, extra: str = "") -> None:
+        entries = "".join(
+            f"  - {{name: s{i}, channels: [adt], tokenSha256: {token_digest(t).hex()}}}\n"
+            for i, t in enumerate(tokens)
+        )
+        staged = tmp_path / "staged.yaml"
+        staged.write_text("credentials:\n" + entries + extra)
+        staged.replace(path)  # a new inode, as a Secret update swaps a symlink
+
+    write(old)
+    source = CredentialsFile(path, interval=0)
+    async with running(fresh_db, credentials=source) as ingest, aiohttp.ClientSession() as http:
+        url = f"http://{HOST}:{ingest.http_port}/channels/adt/messages"
+
+        async def status(token: str, control_id: str) -> int:
+            async with http.post(url, data=msg(control_id), headers=bearer(token)) as response:
+                return response.status
+
+        assert (await status(old, "R1"), await status(new, "R2")) == (200, 401)
+        write(new)  # rotation: the old token is revoked, the new one works
+        assert (await status(old, "R3"), await status(new, "R4")) == (401, 200)
+        write(new, extra="  - {name: broken}\n")  # an invalid version keeps the last good one
+        assert (await status(old, "R5"), await status(new, "R6")) == (401, 200)
+    assert stored(fresh_db) == ["R1", "R4", "R6"]
+    assert "credentials reloaded" in caplog.text
+    assert "credentials not reloaded, the previous ones stay in force" in caplog.text
+    assert old not in caplog.text and new not in caplog.text

@@ -12,7 +12,7 @@ from inturn.worker.ingest.accept import (
     DEFAULT_STORE_TIMEOUT_SECONDS,
 )
 from inturn.worker.ingest.access import AllowList
-from inturn.worker.ingest.credentials import Credentials, CredentialsError
+from inturn.worker.ingest.credentials import CredentialsError, CredentialsFile
 from inturn.worker.ingest.listener import (
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
@@ -135,7 +135,8 @@ def _size(value: str) -> int:
     "--http-credentials",
     envvar="INTURN_HTTP_CREDENTIALS",
     type=click.Path(exists=True, dir_okay=False),
-    help="YAML file of bearer tokens / client certificates and their channels.",
+    help="YAML file of bearer tokens / client certificates and their channels (re-read when"
+    " it changes).",
 )
 @click.option(
     "--http-insecure",
@@ -277,7 +278,7 @@ def ingest_command(
             tls_cert, tls_key, tls_client_ca, client_cert_required=False
         )
     try:
-        credentials = Credentials.load(http_credentials) if http_credentials else None
+        credentials = CredentialsFile(http_credentials) if http_credentials else None
     except CredentialsError as exc:
         raise click.BadParameter(str(exc), param_hint="--http-credentials") from None
     if credentials and credentials.wants_certificates and not tls_client_ca:

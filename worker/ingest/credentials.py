@@ -19,13 +19,19 @@ digests of tokens are kept in memory; a presented token is hashed and compared w
 stored digest with :func:`hmac.compare_digest` (constant time, and no early exit), so neither
 the comparison nor the position of the matching credential shows in the response time. Tokens
 are random strings, so an unsalted digest is enough to make the file useless to a reader.
+
+:class:`CredentialsFile` re-reads the file when it changes (a rotated or revoked token in an
+updated Secret takes effect without a restart); an invalid new version is logged and the last
+good one stays in force.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +40,8 @@ from typing import Any
 import yaml
 
 from inturn.worker.ingest.routing import check_channel
+
+log = logging.getLogger("inturn.ingest.credentials")
 
 #: Shortest plain-text token accepted in the file, in characters.
 MIN_TOKEN_CHARS = 24
@@ -106,6 +114,10 @@ class Credentials:
         self._tokens = [c for c in self.entries if c.token_sha256 is not None]
         self._subjects = [c for c in self.entries if c.subject is not None]
 
+    def current(self) -> Credentials:
+        """These credentials (the same interface as :meth:`CredentialsFile.current`)."""
+        return self
+
     @property
     def wants_certificates(self) -> bool:
         """True when some credential is a client certificate."""
@@ -169,6 +181,66 @@ class Credentials:
         except (OSError, UnicodeDecodeError, yaml.YAMLError, CredentialsError) as exc:
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise CredentialsError(f"{path}: {detail}") from None
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()  # follows the symlinks of a mounted Secret
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class CredentialsFile:
+    """A credentials file that is read again when it changes.
+
+    Args:
+        path: the YAML or JSON file (usually a mounted Secret; Kubernetes replaces it by
+            swapping a symlink, which changes the file's inode and time).
+        interval: seconds between two looks at the file (a ``stat``; the file is read only
+            when it changed).
+
+    Raises:
+        CredentialsError: the file is unreadable or invalid at start.
+    """
+
+    def __init__(self, path: str | Path, interval: float = 10.0) -> None:
+        self.path = Path(path)
+        self.interval = interval
+        self._stamp = _stamp(self.path)
+        self._credentials = Credentials.load(self.path)
+        self._checked = time.monotonic()
+
+    def current(self) -> Credentials:
+        """The credentials in force: the file's latest valid version."""
+        now = time.monotonic()
+        if now - self._checked < self.interval:
+            return self._credentials
+        self._checked = now
+        stamp = _stamp(self.path)
+        if stamp is None or stamp == self._stamp:
+            return self._credentials
+        self._stamp = stamp
+        try:
+            self._credentials = Credentials.load(self.path)
+        except CredentialsError as exc:
+            log.error("credentials not reloaded, the previous ones stay in force: %s", exc)
+        else:
+            log.info(
+                "credentials reloaded from %s: %d credential(s)",
+                self.path,
+                len(self._credentials.entries),
+            )
+        return self._credentials
+
+    @property
+    def wants_certificates(self) -> bool:
+        """True when some credential of the current version is a client certificate."""
+        return self.current().wants_certificates
+
+
+#: What ingest checks requests against: fixed credentials, or a file that may change.
+CredentialSource = Credentials | CredentialsFile
 
 
 def _entry(index: int, raw: Any) -> Credential:

@@ -35,7 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import Acceptor
 from inturn.worker.ingest.access import certificate_names
-from inturn.worker.ingest.credentials import Credentials
+from inturn.worker.ingest.credentials import CredentialSource
 from inturn.worker.ingest.routing import check_channel
 
 log = logging.getLogger("inturn.ingest.http")
@@ -59,14 +59,15 @@ def _refuse(request: web.Request, status: int, reason: str, detail: str) -> web.
 
 
 def make_message_app(
-    acceptor: Acceptor, max_body_bytes: int, credentials: Credentials | None
+    acceptor: Acceptor, max_body_bytes: int, credentials: CredentialSource | None
 ) -> web.Application:
     """Build the message application.
 
     Args:
         acceptor: stores messages and builds their answers.
         max_body_bytes: the largest message body accepted, in bytes.
-        credentials: who may post to which channel; None accepts every request (the explicit
+        credentials: who may post to which channel (a :class:`CredentialsFile` is looked at
+            again as it changes); None accepts every request (the explicit
             ``--http-insecure`` mode).
     """
     # aiohttp refuses bodies over client_max_size itself; leave room so that we can answer
@@ -77,7 +78,7 @@ def make_message_app(
         channel = request.match_info["channel"]
         received = time.perf_counter()
         if credentials is not None:
-            proven = credentials.authenticate(
+            proven = credentials.current().authenticate(
                 request.headers.get("Authorization"), certificate_names(_peercert(request))
             )
             if not proven:

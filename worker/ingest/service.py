@@ -4,7 +4,7 @@ One object runs a whole ingest process, so that ``inturn ingest`` and ``inturn l
 runs it next to its workers) share it::
 
     config = IngestConfig(listeners=[ListenerConfig("adt", port=2575)],
-                          http=("0.0.0.0", 8080), credentials=Credentials.load(path),
+                          http=("0.0.0.0", 8080), credentials=CredentialsFile(path),
                           ops=("0.0.0.0", 9090))
     async with Ingest(config, dsn=dsn) as ingest:      # start() ... stop()
         print(ingest.mllp_ports["adt"], ingest.http_port, ingest.ops_port)
@@ -29,7 +29,7 @@ from inturn.worker.ingest.accept import (
     Acceptor,
     forget_old,
 )
-from inturn.worker.ingest.credentials import Credentials
+from inturn.worker.ingest.credentials import CredentialSource
 from inturn.worker.ingest.http import make_message_app, make_ops_app
 from inturn.worker.ingest.listener import (
     DEFAULT_FRAME_TIMEOUT,
@@ -56,8 +56,8 @@ class IngestConfig:
         listeners: one MLLP listener per channel (channels must be distinct).
         http: ``(host, port)`` of the HTTP message server, or None.
         http_ssl: a server TLS context for the HTTP message server, or None (plain HTTP).
-        credentials: who may post to which channel over HTTP; required with ``http`` unless
-            ``http_insecure``.
+        credentials: who may post to which channel over HTTP (fixed, or a file re-read as it
+            changes); required with ``http`` unless ``http_insecure``.
         http_insecure: accept unauthenticated HTTP message requests (local use only).
         ops: ``(host, port)`` of the operations server (``/healthz``, ``/readyz``,
             ``/metrics``), or None.
@@ -80,7 +80,7 @@ class IngestConfig:
     listeners: Sequence[ListenerConfig] = ()
     http: tuple[str, int] | None = None
     http_ssl: ssl.SSLContext | None = None
-    credentials: Credentials | None = None
+    credentials: CredentialSource | None = None
     http_insecure: bool = False
     ops: tuple[str, int] | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
@@ -371,7 +371,7 @@ def _http_mode(config: IngestConfig) -> str:
         )
     assert config.credentials is not None
     transport = "over TLS" if config.http_ssl else "over plain HTTP (tokens travel in clear)"
-    return f" {transport}, {len(config.credentials.entries)} credential(s)"
+    return f" {transport}, {len(config.credentials.current().entries)} credential(s)"
 
 
 def _bound_port(runner: web.AppRunner, requested: int) -> int:
