@@ -15,6 +15,7 @@ import pytest
 
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.ingest.credentials import new_token
 
 pytestmark = pytest.mark.store
 
@@ -46,19 +47,28 @@ async def send_tls(port: int, context: ssl.SSLContext, payload: bytes) -> bytes:
         writer.close()
 
 
-async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path) -> None:
+async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path, tmp_path: Path) -> None:
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO inturn_destination (destination, namespace, name, channel)"
             " VALUES ('hospital/adt-out', 'hospital', 'adt-out', 'adt')"
         )
-    mllp_port, ops_port = free_port(), free_port()
+    token, digest = new_token()
+    credentials = tmp_path / "credentials.yaml"
+    credentials.write_text(
+        "credentials:\n"
+        f"  - {{name: his, channels: [adt], tokenSha256: {digest}}}\n"
+        "  - {name: lab, channels: [lab], clientCertificate: client.example}\n"
+    )
+    mllp_port, ops_port, http_port = free_port(), free_port(), free_port()
     command = [
         sys.executable, "-c",
         "from inturn.worker.ingest.cli import ingest_command; ingest_command()",
         "--listen", f"adt={HOST}:{mllp_port}", "--ops", f"{HOST}:{ops_port}",
         "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
         "--tls-client-ca", str(pki / "ca.pem"),
+        "--http", f"{HOST}:{http_port}", "--http-credentials", str(credentials),
+        "--allow-subject", "adt=client.example",
         "--max-frame-bytes", "1M", "--refresh", "0.5",
     ]  # fmt: skip
     process = await asyncio.create_subprocess_exec(
@@ -88,6 +98,28 @@ async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path) -> None:
         anonymous = ssl.create_default_context(cafile=str(pki / "ca.pem"))
         with pytest.raises((ssl.SSLError, ConnectionError, EOFError)):
             await send_tls(mllp_port, anonymous, MESSAGE.replace(b"TLS-1", b"TLS-2"))
+        other = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        other.load_cert_chain(str(pki / "other.pem"), str(pki / "other.key"))
+        with pytest.raises((ssl.SSLError, ConnectionError, EOFError)):  # not an allowed subject
+            await send_tls(mllp_port, other, MESSAGE.replace(b"TLS-1", b"TLS-3"))
+
+        # HTTP over TLS: a token for adt; no client certificate needed, none refused
+        url = f"https://{HOST}:{http_port}/channels/%s/messages"
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=anonymous)) as http:
+            headers = {"Authorization": f"Bearer {token}"}
+            http_message = MESSAGE.replace(b"TLS-1", b"HTTPS-1")
+            async with http.post(url % "adt", data=http_message, headers=headers) as response:
+                assert response.status == 200
+            async with http.post(url % "lab", data=http_message, headers=headers) as response:
+                assert response.status == 403
+            async with http.post(url % "adt", data=http_message) as response:
+                assert response.status == 401
+        # the client certificate is a credential for lab only
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client)) as http,
+            http.post(url % "adt", data=b"x") as response,
+        ):
+            assert response.status == 403
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = await asyncio.wait_for(process.communicate(), timeout=20)
@@ -95,7 +127,10 @@ async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path) -> None:
     assert b"over TLS" in output
     with psycopg.connect(fresh_db) as conn:
         stored = conn.execute("SELECT control_id, payload FROM inturn_delivery").fetchall()
-    assert [(cid, bytes(p)) for cid, p in stored] == [("TLS-1", MESSAGE)]
+    assert [(cid, bytes(p)) for cid, p in stored] == [
+        ("TLS-1", MESSAGE),
+        ("HTTPS-1", MESSAGE.replace(b"TLS-1", b"HTTPS-1")),
+    ]
 
 
 def test_ingest_command_usage_errors() -> None:
