@@ -13,9 +13,13 @@ acknowledgment modes"; codes from table 0008, error codes from table 0357):
   one ``inturn_delivery`` row per destination are written in a single transaction, with
   ``synchronous_commit`` on (possibly together with messages from other connections for the
   same destinations: group commit, see :mod:`inturn.worker.ingest.batch`).
-* Storage failure (database down, revoked privilege, timeout...) answers AE (CE) with an ERR
-  segment (207, application internal error); the transaction is rolled back, so nothing is kept.
-  The sender is expected to send the message again.
+* Storage failure is answered by :mod:`inturn.worker.store.faults`: a connection found dead
+  (the server restarted since it was pooled) is replaced and the message stored again before any
+  answer; a database that stays unreachable or busy answers AE (CE) with ERR 207, and the
+  sender is expected to send again; content the database refuses (SQLSTATE classes 22 and 54)
+  answers AR (CR) with ERR, since sending it again cannot help. Either way nothing is kept.
+* MSH-10 (at most 199 characters) and MSH-9 (at most 64), which go into keys and indexes, are
+  bounded before anything is stored: a longer one answers AR with ERR 104 and its location.
 * A message whose MSH cannot be read (no MSH first, unusable MSH-1/MSH-2, no MSH-9 or MSH-10)
   answers AR with an ERR segment carrying the table 0357 code from the parser (100, 101, 102)
   and is not stored. Its mode cannot be trusted, so the code is always AR.
@@ -54,7 +58,6 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
@@ -71,11 +74,35 @@ from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.batch import Committer, Message
 from inturn.worker.ingest.routing import Router, hold_destination
+from inturn.worker.store.faults import classify
 from inturn.worker.store.queries import load
 
 log = logging.getLogger("inturn.ingest")
 
 Q = load("ingest.sql")
+
+#: Longest MSH-10 accepted, in characters: the length HL7 v2.7 and later give the field (ST 199);
+#: MSH-10 is part of the duplicate window's unique index.
+MAX_CONTROL_ID_CHARS = 199
+#: Longest MSH-9 key (``CODE^TRIGGER``) accepted, in characters; it is stored and filtered on.
+MAX_MESSAGE_TYPE_CHARS = 64
+#: ERR-2 location of each bounded field.
+FIELD_LOCATION = {"MSH-10": "MSH^1^10", "MSH-9": "MSH^1^9"}
+
+
+def over_bound(header: Header) -> tuple[str, int] | None:
+    """``(field, limit)`` of the first keyed field of ``header`` over its bound, or None.
+
+    Every field that goes into a key or an index is bounded here, at the door, so that the
+    database never refuses a message for its size (channel names are bounded where they are
+    configured and in the HTTP path: :func:`inturn.worker.ingest.routing.check_channel`).
+    """
+    if len(header.control_id) > MAX_CONTROL_ID_CHARS:
+        return "MSH-10", MAX_CONTROL_ID_CHARS
+    if len(header.message_type.type_key) > MAX_MESSAGE_TYPE_CHARS:
+        return "MSH-9", MAX_MESSAGE_TYPE_CHARS
+    return None
+
 
 #: Default duplicate window: 24 hours, in seconds.
 DEFAULT_DUPLICATE_WINDOW_SECONDS = 24 * 3600.0
@@ -229,6 +256,24 @@ class Acceptor:
             return self._done(channel, None, outcome, len(payload))
 
         message_type = header.message_type
+        too_long = over_bound(header)
+        if too_long is not None:
+            field, limit = too_long
+            outcome = Outcome(
+                code="AR",
+                ack=build_reject(
+                    payload,
+                    "AR",
+                    AckErrorDetail(
+                        code=ErrorCode.VALUE_TOO_LONG,
+                        user_message=f"{field} is longer than {limit} characters",
+                        location=FIELD_LOCATION[field],
+                    ),
+                ),
+                send=True,
+                reason=f"{field} longer than {limit} characters",
+            )
+            return self._done(channel, None, outcome, len(payload))
         if "\x00" in header.control_id or "\x00" in message_type.type_key:
             # Postgres text cannot hold NUL; resending would never help, so this is a reject.
             outcome = Outcome(
@@ -327,14 +372,19 @@ class Acceptor:
         return _answer(header, "reject", error=error, reason=why)
 
     def _storage_failed(self, header: Header, exc: BaseException) -> Outcome:
-        detail = type(exc).__name__
-        if isinstance(exc, psycopg.Error) and exc.sqlstate:
-            detail += f" (SQLSTATE {exc.sqlstate})"
+        """AE for what a later attempt can store, AR for content the database refuses
+        (:mod:`inturn.worker.store.faults`)."""
+        fault = classify(exc)
+        if fault.fault == "permanent":
+            error = _error(
+                fault.hl7_code, f"{fault.text}; sending it again will not help, nothing was kept"
+            )
+            return _answer(header, "reject", error=error, reason=f"refused: {fault.text}")
         error = _error(
             ErrorCode.APPLICATION_INTERNAL_ERROR,
             "the message could not be stored and nothing of it was kept; send it again",
         )
-        return _answer(header, "error", error=error, reason=f"storage failed: {detail}")
+        return _answer(header, "error", error=error, reason=fault.text)
 
     def _label(self, channel: str) -> str:
         """``channel`` as a metrics label: names nobody configured (an HTTP client can post to

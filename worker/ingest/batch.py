@@ -29,6 +29,7 @@ from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
 from inturn.worker.store import queue
+from inturn.worker.store.faults import classify
 from inturn.worker.store.identifiers import keys_text
 from inturn.worker.store.queries import load
 
@@ -306,6 +307,25 @@ class Committer:
                 del self._routes[key]
 
     async def _store(
+        self, channel: str, destinations: Sequence[str], batch: Sequence[_Waiting]
+    ) -> list[StoreResult]:
+        """Store one batch; a connection found dead (the server restarted since the pool
+        opened it) costs no answer: the pool's idle connections are checked, and the batch is
+        stored once more on a fresh one. Only a second failure reaches the caller."""
+        try:
+            return await self._store_once(channel, destinations, batch)
+        except Exception as exc:
+            if classify(exc).fault != "dead":
+                raise
+            log.info(
+                "channel %s: a pooled connection was dead (%s); storing again on a fresh one",
+                channel,
+                type(exc).__name__,
+            )
+        await self.pool.check()
+        return await self._store_once(channel, destinations, batch)
+
+    async def _store_once(
         self, channel: str, destinations: Sequence[str], batch: Sequence[_Waiting]
     ) -> list[StoreResult]:
         async with self.pool.connection(timeout=self.acquire_timeout) as conn:

@@ -55,12 +55,19 @@ def hold_destination(channel: str) -> str:
     return f"{HOLD_NAMESPACE}/{channel}"
 
 
+#: Longest channel name, in characters (it is part of the duplicate window's unique index).
+MAX_CHANNEL_CHARS = 128
+
+
 def check_channel(channel: str) -> str:
     """Return ``channel`` if it is usable as a channel name (also in a URL path).
 
     Raises:
-        ValueError: empty, or contains ``/``, whitespace or control characters.
+        ValueError: empty, longer than :data:`MAX_CHANNEL_CHARS`, or contains ``/``,
+            whitespace or control characters.
     """
+    if len(channel) > MAX_CHANNEL_CHARS:
+        raise ValueError(f"channel name longer than {MAX_CHANNEL_CHARS} characters")
     if not channel or any(ch == "/" or ch.isspace() or ord(ch) < 0x20 for ch in channel):
         raise ValueError(f"invalid channel name {channel!r}")
     return channel
