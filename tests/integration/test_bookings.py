@@ -2,55 +2,19 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
+from booking_data import booking
 
 from inturn.worker.reservations import bookings
 from inturn.worker.reservations.records import BookingFileError
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
-
-BOOKING: dict[str, Any] = {
-    "locator": "ABC123",
-    "owner": "FRA1A0",
-    "createdAt": "2026-11-30T08:00:00Z",
-    "ticketingDeadline": "2026-12-01T18:00:00+01:00",
-    "ticketed": False,
-    "segments": [
-        {
-            "number": 1,
-            "carrier": "LH",
-            "flight": "400",
-            "date": "2026-12-10",
-            "origin": "FRA",
-            "destination": "JFK",
-            "status": "HN",
-            "requestedAt": "2026-11-30T08:00:00Z",
-        },
-        {
-            "number": 2,
-            "carrier": "UA",
-            "flight": "960",
-            "date": "2026-12-20",
-            "origin": "JFK",
-            "destination": "FRA",
-            "status": "HK",
-        },
-    ],
-}
-
-
-def booking(locator: str = "ABC123", **changes: Any) -> dict[str, Any]:
-    doc = copy.deepcopy(BOOKING)
-    doc.update(changes, locator=locator)
-    return doc
 
 
 def inturn(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import booking_data as data
 import psycopg
 import pytest
 
@@ -31,42 +32,10 @@ def booking(
     status: str = "HK",
     ticketed: bool = False,
 ) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "locator": locator,
-        "owner": "FRA1A0",
-        "createdAt": "2026-11-30T07:00:00Z",
-        "ticketed": ticketed,
-        "segments": [
-            {
-                "number": 1,
-                "carrier": "LH",
-                "flight": "400",
-                "date": "2026-12-10",
-                "origin": "FRA",
-                "destination": "JFK",
-                "status": status,
-                "requestedAt": "2026-11-30T08:00:00Z",
-            },
-            {
-                "number": 2,
-                "carrier": "UA",
-                "flight": "960",
-                "date": "2026-12-20",
-                "origin": "JFK",
-                "destination": "FRA",
-                "status": "HK",
-            },
-            {
-                "number": 3,
-                "carrier": "LH",
-                "flight": "401",
-                "date": "2026-12-21",
-                "origin": "FRA",
-                "destination": "MUC",
-                "status": "UC",
-            },
-        ],
-    }
+    doc = data.booking(
+        locator, data.segment(data.LH400, status=status), data.UA960, data.LH401, ticketed=ticketed
+    )
+    doc.pop("ticketingDeadline")
     if deadline is not None:
         doc["ticketingDeadline"] = deadline
     if airport is not None:

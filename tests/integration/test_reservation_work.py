@@ -9,36 +9,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from booking_data import LH400, UA960, booking, segment
 
 from inturn.worker.reservations import bookings
 from inturn.worker.reservations.bookings import SegmentNotFound, apply_status
 
-BOOKING: dict[str, Any] = {
-    "locator": "ABC123",
-    "owner": "FRA1A0",
-    "createdAt": "2026-11-30T08:00:00Z",
-    "segments": [
-        {
-            "number": 1,
-            "carrier": "LH",
-            "flight": "400",
-            "date": "2026-12-10",
-            "origin": "FRA",
-            "destination": "JFK",
-            "status": "HN",
-            "requestedAt": "2026-11-30T08:00:00Z",
-        },
-        {
-            "number": 2,
-            "carrier": "UA",
-            "flight": "960",
-            "date": "2026-12-20",
-            "origin": "JFK",
-            "destination": "FRA",
-            "status": "HN",
-        },
-    ],
-}
+BOOKING = booking("ABC123", LH400, segment(UA960, status="HN"))
 
 
 @pytest.fixture

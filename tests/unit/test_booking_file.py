@@ -7,6 +7,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
+from booking_data import LH400, booking
 
 from inturn.worker.reservations.records import (
     BookingFileError,
@@ -14,25 +15,7 @@ from inturn.worker.reservations.records import (
     parse_bookings,
 )
 
-ENTRY: dict[str, Any] = {
-    "locator": "ABC123",
-    "owner": "FRA1A0",
-    "createdAt": "2026-11-30T08:00:00Z",
-    "ticketingDeadline": "2026-12-01T18:00:00+01:00",
-    "ticketed": False,
-    "segments": [
-        {
-            "number": 1,
-            "carrier": "LH",
-            "flight": "400",
-            "date": "2026-12-10",
-            "origin": "FRA",
-            "destination": "JFK",
-            "status": "HN",
-            "requestedAt": "2026-11-30T08:00:00Z",
-        }
-    ],
-}
+ENTRY = booking("ABC123", LH400)
 
 
 def entry(**changes: Any) -> dict[str, Any]:
