@@ -349,3 +349,23 @@ async def test_concurrent_auto_cancels_cancel_once(fresh_db: str) -> None:
             "SELECT count(*) FROM inturn_segment_event WHERE outcome = 'withdrawn'"
         )
         assert await cur.fetchone() == (40,)
+
+
+async def test_without_a_pinned_instant_the_database_clock_decides(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    cur = await conn.execute("SELECT now()")
+    row = await cur.fetchone()
+    assert row is not None
+    db_now: datetime = row[0]
+    fresh = booking("FRESH1", status="HN")
+    fresh["segments"][0]["requestedAt"] = (db_now - HOURS6 + timedelta(minutes=5)).isoformat()
+    fresh["ticketingDeadline"] = (db_now + DAY + timedelta(minutes=5)).isoformat()
+    overdue = booking("LATE01", status="HN")
+    overdue["segments"][0]["requestedAt"] = (db_now - HOURS6 - SECOND).isoformat()
+    overdue["ticketingDeadline"] = (db_now - SECOND).isoformat()
+    await load(conn, fresh, overdue)
+    assert (await sweep.unanswered(conn, limit=500)).placed == 1
+    assert (await sweep.ticketing_due(conn, limit=500)).placed == 0
+    assert (await sweep.ticketing_expired(conn, limit=500)).placed == 1
+    assert await pending(conn) == [("LATE01/1", "unanswered"), ("LATE01", "ticketing-expired")]

@@ -579,3 +579,15 @@ def test_monitoring_objects() -> None:
         if r["alert"] == "InturnCronJobNoRecentSuccess"
     ]
     assert crons_default == ["inturn-purge"]
+
+
+def test_sweeper_gets_the_reservation_settings() -> None:
+    cron = find(render(files=["sweeper"]), "CronJob", "inturn-sweeper")
+    container = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert {k: v for k, v in env.items() if k.startswith("INTURN_SWEEP_")} == {
+        "INTURN_SWEEP_PENDING_AFTER": "4h",
+        "INTURN_SWEEP_TICKETING_LEAD": "24h",
+        "INTURN_SWEEP_AUTO_CANCEL": "true",
+        "INTURN_SWEEP_HOST_CARRIERS": "LH OS",
+    }
