@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 
 import click
 import psycopg
+from psycopg import AsyncConnection
 
 from inturn.worker.durations import parse_duration
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.store import identifiers, roles
-from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.store import identifiers, queue, roles
+from inturn.worker.store.connect import Pools, resolve_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import STATES, DepthRow, Item
-from inturn.worker.store.store import Store
 
 T = TypeVar("T")
 
@@ -67,8 +67,8 @@ class DurationType(click.ParamType[int]):
 DURATION = DurationType()
 
 
-def run_store(dsn: str | None, action: Callable[[Store], Awaitable[T]]) -> T:
-    """Open the store on ``dsn`` (or ``$INTURN_DSN``), run ``action``, close it."""
+def run_db(dsn: str | None, action: Callable[[Pools], Awaitable[T]]) -> T:
+    """Open the pools on ``dsn`` (or ``$INTURN_DSN``), run ``action`` with them, close them."""
     target = resolve_dsn(dsn)
     # The probe fails fast with the server's own words; the pool would retry for 10 s.
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
@@ -76,11 +76,30 @@ def run_store(dsn: str | None, action: Callable[[Store], Awaitable[T]]) -> T:
     async def go() -> T:
         probe = await psycopg.AsyncConnection.connect(target, connect_timeout=5)
         await probe.close()
-        store = await Store.open(target, write_size=1, read_size=1)
-        async with store:
-            return await action(store)
+        async with await Pools.open(target, write_size=1, read_size=1) as pools:
+            return await action(pools)
 
     return asyncio.run(go())
+
+
+def run_read(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+    """Run ``action`` on a connection of the read-only pool (see :func:`run_db`)."""
+
+    async def go(pools: Pools) -> T:
+        async with pools.read.connection() as conn:
+            return await action(conn)
+
+    return run_db(dsn, go)
+
+
+def run_write(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+    """Run ``action`` on a connection of the write pool (see :func:`run_db`)."""
+
+    async def go(pools: Pools) -> T:
+        async with pools.write.connection() as conn:
+            return await action(conn)
+
+    return run_db(dsn, go)
 
 
 @click.command("migrate")
@@ -192,7 +211,7 @@ def queue_group() -> None:
 @json_option
 def depth_command(dsn: str | None, as_json: bool) -> None:
     """Per destination: pending, failed, age of the oldest, highest attempt count."""
-    rows = run_store(dsn, lambda s: s.depth())
+    rows = run_read(dsn, queue.depth)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
     else:
@@ -225,8 +244,9 @@ def list_command(
     """Items newest first (never payloads), with the total count."""
     patient_key = _patient_key(patient_id, authority)
 
-    async def go(store: Store) -> tuple[list[Item], int, int]:
-        items, total = await store.list_items(
+    async def go(conn: AsyncConnection[Any]) -> tuple[list[Item], int, int]:
+        items, total = await queue.list_items(
+            conn,
             destination=destination,
             channel=channel,
             state=state,
@@ -237,11 +257,10 @@ def list_command(
         )
         unindexed = 0
         if patient_key is not None:
-            async with store.read.connection() as conn:
-                unindexed = await identifiers.unindexed_count(conn)
+            unindexed = await identifiers.unindexed_count(conn)
         return items, total, unindexed
 
-    items, total, unindexed = run_store(dsn, go)
+    items, total, unindexed = run_read(dsn, go)
     if unindexed:
         click.echo(
             f"warning: {unindexed} item(s) are not indexed yet and were not searched; run"
@@ -266,7 +285,7 @@ def list_command(
 @click.argument("item_id", type=int)
 def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
     """One item's fields (not its payload)."""
-    item = run_store(dsn, lambda s: s.get_item(item_id))
+    item = run_read(dsn, lambda conn: queue.get_item(conn, item_id))
     if item is None:
         raise click.ClickException(f"no item {item_id}")
     data = item.to_json()
@@ -287,7 +306,7 @@ def payload_command(dsn: str | None, item_id: int) -> None:
     normalised (see :mod:`inturn.worker.hl7.terminators`); the rule is applied here too, and
     changes nothing, so that rows stored before it print what is sent.
     """
-    data = run_store(dsn, lambda s: s.payload(item_id))
+    data = run_read(dsn, lambda conn: queue.payload(conn, item_id))
     if data is None:
         raise click.ClickException(f"no item {item_id}")
     sys.stdout.buffer.write(normalise_terminators(data))
@@ -306,8 +325,11 @@ def retry_command(
     """Make an item (or a whole destination) due now, with its attempts reset to 0."""
     if (item_id is None) == (destination is None):
         raise click.UsageError("give exactly one of ITEM_ID or --destination")
-    ids = run_store(
-        dsn, lambda s: s.retry_now(who=who, item_id=item_id, destination=destination, why=why)
+    ids = run_write(
+        dsn,
+        lambda conn: queue.retry_now(
+            conn, who=who, item_id=item_id, destination=destination, why=why
+        ),
     )
     if not ids:
         raise click.ClickException("nothing pending matched")
@@ -321,7 +343,7 @@ def retry_command(
 @why_option
 def skip_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
     """Abandon one pending item on purpose (state skipped; audited)."""
-    if not run_store(dsn, lambda s: s.skip(item_id, who=who, why=why)):
+    if not run_write(dsn, lambda conn: queue.skip(conn, item_id, who=who, why=why)):
         raise click.ClickException(f"item {item_id} is not pending")
     click.echo(f"skipped {item_id}")
 
@@ -333,7 +355,7 @@ def skip_command(dsn: str | None, item_id: int, who: str, why: str | None) -> No
 @why_option
 def drain_command(dsn: str | None, destination: str, who: str, why: str | None) -> None:
     """Skip every pending item of DESTINATION (namespace/name); audited."""
-    ids = run_store(dsn, lambda s: s.drain(destination, who=who, why=why))
+    ids = run_write(dsn, lambda conn: queue.drain(conn, destination, who=who, why=why))
     click.echo(f"drained {len(ids)} item(s) from {destination}")
 
 
@@ -344,7 +366,7 @@ def drain_command(dsn: str | None, destination: str, who: str, why: str | None) 
 @why_option
 def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: str | None) -> None:
     """Delete finished items (delivered, failed, skipped); pending ones are refused."""
-    ids = run_store(dsn, lambda s: s.remove(list(item_ids), who=who, why=why))
+    ids = run_write(dsn, lambda conn: queue.remove(conn, list(item_ids), who=who, why=why))
     kept = sorted(set(item_ids) - set(ids))
     click.echo(f"removed {len(ids)} item(s)")
     if kept:
@@ -359,7 +381,7 @@ def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: st
 def resend_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
     """Queue a copy of a finished item at the tail of its destination's queue; audited."""
     try:
-        new = run_store(dsn, lambda s: s.resend(item_id, who=who, why=why))
+        new = run_write(dsn, lambda conn: queue.resend(conn, item_id, who=who, why=why))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     if new is None:
@@ -402,27 +424,28 @@ def erase_command(
         raise click.UsageError("--authority and --scan go with --patient-id")
     _patient_key(patient_id, authority)  # a blank --authority is a usage error
 
-    async def go(store: Store) -> tuple[list[dict[str, Any]], list[int]]:
+    async def go(pools: Pools) -> tuple[list[dict[str, Any]], list[int]]:
         matched: list[dict[str, Any]] = []
-        if patient_id and scan:
-            matched = await _scan_for_patient(store, patient_id, authority)
-        elif patient_id:
-            async with store.read.connection() as conn:
+        async with pools.read.connection() as conn:
+            if patient_id and scan:
+                matched = await _scan_for_patient(conn, patient_id, authority)
+            elif patient_id:
                 found = await identifiers.find_patient(conn, patient_id, authority)
-            matched = [_erase_row(i.id, i.destination, i.state, i.message_type) for i in found]
-        else:
-            for item_id in item_ids:
-                item = await store.get_item(item_id)
-                if item is not None:
-                    matched.append(
-                        _erase_row(item.id, item.destination, item.state, item.message_type)
-                    )
+                matched = [_erase_row(i.id, i.destination, i.state, i.message_type) for i in found]
+            else:
+                for item_id in item_ids:
+                    item = await queue.get_item(conn, item_id)
+                    if item is not None:
+                        matched.append(
+                            _erase_row(item.id, item.destination, item.state, item.message_type)
+                        )
         if dry_run or not matched:
             return matched, []
-        erased = await store.erase([m["id"] for m in matched], who=who, why=why)
+        async with pools.write.connection() as conn:
+            erased = await queue.erase(conn, [m["id"] for m in matched], who=who, why=why)
         return matched, erased
 
-    matched, erased = run_store(dsn, go)
+    matched, erased = run_db(dsn, go)
     if as_json:
         click.echo(json.dumps({"matched": matched, "erased": erased, "dryRun": dry_run}, indent=2))
         return
@@ -437,13 +460,12 @@ def _erase_row(item_id: int, destination: str, state: str, message_type: str) ->
 
 
 async def _scan_for_patient(
-    store: Store, patient_id: str, authority: str | None
+    conn: AsyncConnection[Any], patient_id: str, authority: str | None
 ) -> list[dict[str, Any]]:
     """Read every held payload (the fallback of ``erase --scan``), saying first how much."""
     from inturn.worker.hl7.pid import has_patient_id
 
-    async with store.read.connection() as conn:
-        rows, size = await identifiers.scan_estimate(conn)
+    rows, size = await identifiers.scan_estimate(conn)
     click.echo(
         f"scanning every payload: about {rows} item(s), {size / 1e6:.0f} MB; the index answers"
         " the same question without --scan",
@@ -453,7 +475,7 @@ async def _scan_for_patient(
     started = time.monotonic()
     seen = 0
     told = False
-    async for held in store.scan_payloads():
+    async for held in queue.scan_payloads(conn):
         seen += 1
         if not told and seen == SCAN_RATE_SAMPLE:
             told = True
@@ -486,7 +508,7 @@ def _patient_key(patient_id: str | None, authority: str | None) -> str | None:
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 def audit_command(dsn: str | None, as_json: bool, limit: int) -> None:
     """Who decided what (skip, drain, erase, retry-now, resend, remove), when, and why."""
-    entries = run_store(dsn, lambda s: s.audit_log(limit))
+    entries = run_read(dsn, lambda conn: queue.audit_log(conn, limit))
     if as_json:
         click.echo(json.dumps(entries, indent=2))
         return
@@ -542,7 +564,7 @@ def purge_command(
         state: now - timedelta(seconds=older_than if age is None else age)
         for state, age in ages.items()
     }
-    counts = run_store(dsn, lambda s: s.purge(cutoffs, batch=batch))
+    counts = run_write(dsn, lambda conn: queue.purge(conn, cutoffs, batch=batch))
     if counts is None:
         click.echo("another purge is running; nothing done")
         return

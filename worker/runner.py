@@ -27,7 +27,7 @@ from inturn.worker.backoff import backoff_seconds
 from inturn.worker.config import WorkerConfig
 from inturn.worker.observer import NullObserver, Observer
 from inturn.worker.senders.base import DeliveryError, Outcome, Sender
-from inturn.worker.store import queue
+from inturn.worker.store import locks, queue
 from inturn.worker.store.connect import connect_worker
 from inturn.worker.store.model import Head
 
@@ -43,11 +43,6 @@ STANDBY_POLL_SECONDS = 5.0
 #: Reconnect backoff after a lost database connection: first delay and ceiling, seconds.
 RECONNECT_BASE_SECONDS = 1.0
 RECONNECT_MAX_SECONDS = 30.0
-
-
-def lock_sql_key(destination: str) -> str:
-    """The text hashed into the destination's worker advisory lock key."""
-    return f"inturn:worker:{destination}"
 
 
 @dataclass
@@ -151,11 +146,7 @@ class DestinationWorker:
         try:
             if not await self._acquire(conn, stop):
                 return
-            await conn.execute(
-                psycopg.sql.SQL("LISTEN {}").format(
-                    psycopg.sql.Identifier(queue.notify_channel(self.destination))
-                )
-            )
+            await queue.listen(conn, self.destination)
             log.info(
                 "destination %s: lock held, %s %s",
                 self.destination,
@@ -174,12 +165,7 @@ class DestinationWorker:
         announced = False
         while not stop.is_set():
             self._tick()
-            cur = await conn.execute(
-                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
-                (lock_sql_key(self.destination),),
-            )
-            row = await cur.fetchone()
-            if row and row[0]:
+            if await locks.try_lock(conn, locks.worker_key(self.destination)):
                 self._set_lock(True)
                 return True
             if not announced:

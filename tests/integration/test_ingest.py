@@ -24,6 +24,7 @@ from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import forget_old
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.store import locks
 from inturn.worker.store.queries import load
 from inturn.worker.store.queue import notify_channel
 
@@ -183,7 +184,9 @@ async def test_aa_is_sent_only_after_commit(ingest: Ingest, fresh_db: str) -> No
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
         # the delivery queue's own enqueue lock: ingest must take the very same one
-        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
+        await blocker.execute(
+            QUEUE_SQL["enqueue_lock"], {"key": locks.enqueue_key("hospital/adt-out")}
+        )
         c = await client(ingest)
         await c.write(frame(msg("LOCKED")))
         with pytest.raises(TimeoutError):
@@ -791,7 +794,9 @@ async def test_stop_waits_for_a_message_being_stored(fresh_db: str) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
         # the delivery queue's own enqueue lock: ingest must take the very same one
-        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
+        await blocker.execute(
+            QUEUE_SQL["enqueue_lock"], {"key": locks.enqueue_key("hospital/adt-out")}
+        )
         c = await client(ingest)
         await c.write(frame(msg("INFLIGHT")))
         await asyncio.sleep(0.3)
@@ -817,7 +822,9 @@ async def _hold_then_release(
     behind it); then release the lock."""
     async with await AsyncConnection.connect(dsn, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
-        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
+        await blocker.execute(
+            QUEUE_SQL["enqueue_lock"], {"key": locks.enqueue_key("hospital/adt-out")}
+        )
         lead = await client(ingest)
         await lead.write(frame(first))
         await asyncio.sleep(0.2)

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.store import queue
+from inturn.worker.store import locks, queue
+from inturn.worker.store.connect import Pools
 from inturn.worker.store.model import NewItem
-from inturn.worker.store.store import Store
 
 pytestmark = pytest.mark.store
 
@@ -164,7 +164,7 @@ async def test_purge_keeps_recent_finished_items(conn: AsyncConnection[Any]) -> 
 
 async def test_purge_is_a_singleton(conn: AsyncConnection[Any], fresh_db: str) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as other:
-        await other.execute("SELECT pg_advisory_lock(hashtextextended('inturn:purge', 0))")
+        await other.execute(locks.Q["lock"], {"key": locks.PURGE})
         assert await queue.purge(conn, {"delivered": datetime.now(UTC)}) is None
 
 
@@ -262,12 +262,13 @@ async def test_concurrent_enqueues_commit_in_id_order(fresh_db: str) -> None:
 
 
 async def test_store_pools_read_only_and_write(fresh_db: str) -> None:
-    async with await Store.open(fresh_db) as store:
-        [i] = await store.enqueue([item(1)])
-        items, total = await store.list_items(destination=DEST)
-        assert total == 1 and items[0].id == i
-        assert [r.pending for r in await store.depth()] == [1]
-        async with store.read.connection() as conn:
+    async with await Pools.open(fresh_db) as pools:
+        async with pools.write.connection() as conn:
+            [i] = await queue.enqueue(conn, [item(1)])
+        async with pools.read.connection() as conn:
+            items, total = await queue.list_items(conn, destination=DEST)
+            assert total == 1 and items[0].id == i
+            assert [r.pending for r in await queue.depth(conn)] == [1]
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                 await conn.execute("DELETE FROM inturn_delivery")
 
@@ -283,8 +284,8 @@ async def test_every_connection_we_open_commits_synchronously(fresh_db: str) -> 
         async with await connect_worker(fresh_db) as conn:
             cur = await conn.execute("SHOW synchronous_commit")
             assert await cur.fetchone() == ("on",)
-        async with await Store.open(fresh_db) as store:
-            for pool in (store.write, store.read):
+        async with await Pools.open(fresh_db) as pools:
+            for pool in (pools.write, pools.read):
                 async with pool.connection() as c:
                     cur = await c.execute("SHOW synchronous_commit")
                     assert await cur.fetchone() == ("on",)

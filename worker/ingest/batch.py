@@ -25,10 +25,11 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.rows import dict_row
 from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
-from inturn.worker.store import queue
+from inturn.worker.store import locks, queue
 from inturn.worker.store.faults import classify
 from inturn.worker.store.identifiers import keys_text
 from inturn.worker.store.queries import load
@@ -161,14 +162,15 @@ async def store_batch(
         "remember": remember,
         "destinations": ordered,
         "channels": [queue.notify_channel(d) for d in ordered],
+        "enqueue_prefix": locks.ENQUEUE_PREFIX,
     }
-    async with conn.cursor() as cur:
+    async with conn.cursor(row_factory=dict_row) as cur:
         # Arrays in binary: the text form would hex-escape every payload in Python.
         cur.adapters.register_dumper(list, ListBinaryDumper)
         await cur.execute(Q["store"], params)
         row = await cur.fetchone()
     assert row is not None
-    fresh_positions, ids, _notified, reused_positions = row
+    fresh_positions, ids, reused_positions = row["fresh"], row["ids"], row["reused"]
     fresh = [int(n) - 1 for n in fresh_positions or ()]
     reused = {int(n) - 1 for n in reused_positions or ()}
     all_ids = [int(i) for i in ids or ()]

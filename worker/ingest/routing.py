@@ -25,14 +25,15 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from inturn.worker.store.queries import load
+from inturn.worker.store.queries import fetch_all, load
 
 log = logging.getLogger("inturn.ingest.routing")
 
@@ -172,13 +173,12 @@ class RouteTable:
         return RouteDecision(chosen, "routed" if chosen else "filtered")
 
 
-def _row_route(row: Sequence[Any]) -> Route:
-    destination, channel, message_types, suspended = row
+def _row_route(row: Mapping[str, Any]) -> Route:
     return Route(
-        destination=str(destination),
-        channel=str(channel),
-        message_types=tuple(str(p) for p in (message_types or ())),
-        suspended=bool(suspended),
+        destination=str(row["destination"]),
+        channel=str(row["channel"]),
+        message_types=tuple(str(p) for p in (row["message_types"] or ())),
+        suspended=bool(row["suspended"]),
     )
 
 
@@ -213,8 +213,7 @@ class Router:
                 previous table stays in place.
         """
         async with self._pool.connection(timeout=timeout) as conn:
-            cur = await conn.execute(Q["routes"])
-            rows = await cur.fetchall()
+            rows = await fetch_all(conn, Q["routes"], row=dict_row)
         table = RouteTable(_row_route(row) for row in rows)
         self.table = table
         self.refreshed_at = time.monotonic()

@@ -39,8 +39,7 @@ from inturn.worker.ingest.listener import (
     MllpListener,
 )
 from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, Router, check_channel
-from inturn.worker.store.connect import open_pools
-from inturn.worker.store.store import Store
+from inturn.worker.store.connect import Pools
 
 log = logging.getLogger("inturn.ingest")
 
@@ -152,21 +151,22 @@ class Ingest:
     Args:
         config: listeners and limits.
         dsn: the database to open pools on (``application_name`` ``inturn-ingest``); or
-        store: an open :class:`Store` to use instead (not closed by :meth:`stop`).
+        pools: open :class:`~inturn.worker.store.connect.Pools` to use instead (not closed by
+            :meth:`stop`).
 
     Use :meth:`start` / :meth:`stop`, or ``async with``. After :meth:`start`, ``mllp_ports``
     maps each channel to its bound port and ``http_port`` is the HTTP port (None without HTTP).
     """
 
     def __init__(
-        self, config: IngestConfig, *, dsn: str | None = None, store: Store | None = None
+        self, config: IngestConfig, *, dsn: str | None = None, pools: Pools | None = None
     ) -> None:
-        if (dsn is None) == (store is None):
-            raise ValueError("pass exactly one of dsn and store")
+        if (dsn is None) == (pools is None):
+            raise ValueError("pass exactly one of dsn and pools")
         self.config = config
         self._dsn = dsn
-        self._store = store
-        self._own_store = store is None
+        self._pools = pools
+        self._own_pools = pools is None
         self.router: Router | None = None
         self.acceptor: Acceptor | None = None
         self.listeners: list[MllpListener] = []
@@ -179,11 +179,11 @@ class Ingest:
         self._closed = asyncio.Event()
 
     @property
-    def store(self) -> Store:
-        """The store in use (after :meth:`start`)."""
-        if self._store is None:
+    def pools(self) -> Pools:
+        """The pools in use (after :meth:`start`)."""
+        if self._pools is None:
             raise RuntimeError("ingest is not started")
-        return self._store
+        return self._pools
 
     @property
     def mllp_ports(self) -> dict[str, int]:
@@ -239,20 +239,19 @@ class Ingest:
             raise RuntimeError("already started")
         config = self.config
         try:
-            if self._store is None:
+            if self._pools is None:
                 assert self._dsn is not None
-                write, read = await open_pools(
+                self._pools = await Pools.open(
                     self._dsn,
                     write_size=config.pool_size,
                     read_size=1,
                     application_name="inturn-ingest",
                 )
-                self._store = Store(write, read)
-            store = self._store
-            self.router = Router(store.read, config.refresh_seconds)
+            pools = self._pools
+            self.router = Router(pools.read, config.refresh_seconds)
             await self.router.refresh()
             self.acceptor = Acceptor(
-                store.write,
+                pools.write,
                 self.router,
                 hold_unrouted=config.hold_unrouted,
                 duplicate_window_seconds=config.duplicate_window,
@@ -344,8 +343,8 @@ class Ingest:
             self._runners.clear()
             if self.acceptor is not None:
                 await self.acceptor.committer.close(self.config.shutdown_grace)
-            if self._own_store and self._store is not None:
-                await self._store.close()
+            if self._own_pools and self._pools is not None:
+                await self._pools.close()
         finally:
             self._closed.set()
 
@@ -354,7 +353,7 @@ class Ingest:
         while True:
             await asyncio.sleep(interval)
             try:
-                async with self.store.write.connection(timeout=30) as conn:
+                async with self.pools.write.connection(timeout=30) as conn:
                     removed = await forget_old(conn, self.config.duplicate_window)
             except Exception as exc:
                 log.warning("duplicate window purge failed: %s", type(exc).__name__)

@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 
 from inturn.worker.reservations.codes import DEAD_STATES, WITHDRAWN
 from inturn.worker.reservations.records import Booking, Segment, Withdrawn
-from inturn.worker.store.queries import load
+from inturn.worker.store.queries import fetch_one, load
 
 Q = load("bookings.sql")
 
@@ -103,7 +103,8 @@ async def upsert(conn: AsyncConnection[Any], booking: Booking) -> Written:
     Returns:
         ``created``, ``updated`` (the booking or any segment changed) or ``unchanged``.
     """
-    cur = await conn.execute(
+    row = await fetch_one(
+        conn,
         Q["upsert_booking"],
         {
             "locator": booking.locator,
@@ -114,8 +115,8 @@ async def upsert(conn: AsyncConnection[Any], booking: Booking) -> Written:
             "ticketed": booking.ticketed,
             "ticket_numbers": list(booking.ticket_numbers),
         },
+        row=dict_row,
     )
-    row = await cur.fetchone()
     changed = row is not None
     async with conn.cursor() as seg_cur:
         for seg in booking.segments:
@@ -139,7 +140,7 @@ async def upsert(conn: AsyncConnection[Any], booking: Booking) -> Written:
             {"locator": booking.locator, "numbers": [s.number for s in booking.segments]},
         )
         changed = changed or bool(await seg_cur.fetchall())
-    if row is not None and row[0]:
+    if row is not None and row["created"]:
         return "created"
     return "updated" if changed else "unchanged"
 

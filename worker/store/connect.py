@@ -2,7 +2,7 @@
 
 * ``connect_worker``: the one dedicated connection a worker uses for everything (its advisory
   lock, LISTEN, the head query, its updates and its depth gauge).
-* ``Store.open``: two pools for ingest, the CLI and the operator: one for writes, and one
+* :class:`Pools`: two pools for ingest, the CLI and the operator: one for writes, and one
   read-only with a short statement timeout for listings and dashboards, so that a slow page
   never holds up a delivery.
 
@@ -12,6 +12,8 @@ The DSN comes from ``--dsn`` or ``INTURN_DSN`` (libpq connection string or URI).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -58,47 +60,73 @@ async def connect_worker(dsn: str, application_name: str = "inturn-worker") -> A
     )
 
 
-async def _configure_write(conn: AsyncConnection[Any]) -> None:
-    await conn.set_autocommit(True)
+@dataclass(frozen=True)
+class Pools:
+    """The write pool and the read-only pool: where ingest, the CLI and the operator take a
+    connection from, and hand it to a store function (:mod:`inturn.worker.store.queue`, ...)::
 
+        async with await Pools.open(dsn) as pools:
+            async with pools.write.connection() as conn:
+                await queue.skip(conn, item_id, who="cli")
 
-async def _configure_read(conn: AsyncConnection[Any]) -> None:
-    await conn.set_autocommit(True)
-    await conn.execute("SET default_transaction_read_only = on")
-    await conn.execute(f"SET statement_timeout = {READ_STATEMENT_TIMEOUT_MS}")
-
-
-async def open_pools(
-    dsn: str, *, write_size: int = 4, read_size: int = 2, application_name: str = "inturn"
-) -> tuple[AsyncConnectionPool, AsyncConnectionPool]:
-    """Open the write pool and the read-only pool (autocommit connections).
-
-    Raises:
-        psycopg_pool.PoolTimeout: the database could not be reached within 10 seconds.
+    Both pools hold autocommit connections with ``synchronous_commit`` on; the read pool's are
+    read-only with a statement timeout of :data:`READ_STATEMENT_TIMEOUT_MS`, for listings and
+    dashboards.
     """
-    kwargs = {"application_name": application_name, "options": "-c synchronous_commit=on"}
-    write = AsyncConnectionPool(
-        dsn,
-        min_size=1,
-        max_size=write_size,
-        kwargs=kwargs,
-        configure=_configure_write,
-        open=False,
-        name="inturn-write",
-    )
-    read = AsyncConnectionPool(
-        dsn,
-        min_size=1,
-        max_size=read_size,
-        kwargs=kwargs,
-        configure=_configure_read,
-        open=False,
-        name="inturn-read",
-    )
-    await write.open(wait=True, timeout=10)
-    try:
-        await read.open(wait=True, timeout=10)
-    except BaseException:
-        await write.close()
-        raise
-    return write, read
+
+    write: AsyncConnectionPool
+    read: AsyncConnectionPool
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        write_size: int = 4,
+        read_size: int = 2,
+        application_name: str = "inturn",
+    ) -> Pools:
+        """Open both pools against ``dsn`` and wait until each has a connection.
+
+        Raises:
+            psycopg_pool.PoolTimeout: the database could not be reached within 10 seconds.
+        """
+        write = _pool(dsn, "inturn-write", write_size, application_name, "")
+        read_options = (
+            f" -c default_transaction_read_only=on -c statement_timeout={READ_STATEMENT_TIMEOUT_MS}"
+        )
+        read = _pool(dsn, "inturn-read", read_size, application_name, read_options)
+        await write.open(wait=True, timeout=10)
+        try:
+            await read.open(wait=True, timeout=10)
+        except BaseException:
+            await write.close()
+            raise
+        return cls(write, read)
+
+    async def close(self) -> None:
+        """Close both pools."""
+        await self.write.close()
+        await self.read.close()
+
+    async def __aenter__(self) -> Pools:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def _pool(
+    dsn: str, name: str, size: int, application_name: str, options: str
+) -> AsyncConnectionPool:
+    kwargs = {
+        "application_name": application_name,
+        "options": "-c synchronous_commit=on" + options,
+        "autocommit": True,
+    }
+    return AsyncConnectionPool(dsn, min_size=1, max_size=size, kwargs=kwargs, open=False, name=name)

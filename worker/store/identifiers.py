@@ -11,22 +11,21 @@ so that they are found meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.rows import class_row, dict_row
 
 from inturn.worker.hl7.pid import has_patient_id, index_keys, lookup_key
 from inturn.worker.store.model import Item
-from inturn.worker.store.queries import load
+from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("queue.sql")
 
 #: Rows read and indexed per backfill transaction.
 BACKFILL_BATCH = 1000
-
-_ITEM_COLUMNS = 15
 
 
 def keys_text(payload: bytes) -> str:
@@ -38,12 +37,12 @@ def keys_text(payload: bytes) -> str:
     return ",".join(index_keys(payload))
 
 
-def _backfill_params(rows: Iterable[Sequence[Any]]) -> dict[str, list[Any]]:
+def _backfill_params(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
     ids: list[int] = []
     keys: list[str] = []
     for row in rows:
-        ids.append(int(row[0]))
-        keys.append(keys_text(bytes(row[_ITEM_COLUMNS])))
+        ids.append(int(row["id"]))
+        keys.append(keys_text(bytes(row["payload"])))
     return {"ids": ids, "keys": keys}
 
 
@@ -62,20 +61,20 @@ def backfill(conn: psycopg.Connection[Any], *, batch: int = BACKFILL_BATCH) -> i
     done = 0
     after = 0
     while True:
-        rows = conn.execute(Q["unindexed_batch"], {"after": after, "batch": batch}).fetchall()
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(Q["unindexed_batch"], {"after": after, "batch": batch}).fetchall()
         if not rows:
             return done
         with conn.transaction():
-            cur = conn.execute(Q["set_patient_keys"], _backfill_params(rows))
-        done += cur.rowcount
-        after = int(rows[-1][0])
+            written = conn.execute(Q["set_patient_keys"], _backfill_params(rows))
+        done += written.rowcount
+        after = int(rows[-1]["id"])
 
 
 async def unindexed_count(conn: AsyncConnection[Any]) -> int:
     """How many rows are not indexed yet (0 once ``inturn migrate`` has run on a current ingest)."""
-    cur = await conn.execute(Q["unindexed_count"])
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    row = await fetch_one(conn, Q["unindexed_count"], row=dict_row)
+    return int(row["unindexed"]) if row else 0
 
 
 async def find_patient(
@@ -96,23 +95,22 @@ async def find_patient(
     """
     if not ident.strip():
         raise ValueError("the patient ID is empty")
-    cur = await conn.execute(Q["find_patient"], {"key": lookup_key(ident, authority)})
-    found = {int(r[0]): Item(*r[:_ITEM_COLUMNS]) for r in await cur.fetchall()}
+    key = {"key": lookup_key(ident, authority)}
+    found = {i.id: i for i in await fetch_all(conn, Q["find_patient"], key, row=class_row(Item))}
     after = 0
     while True:
-        cur = await conn.execute(Q["unindexed_batch"], {"after": after, "batch": batch})
-        rows = await cur.fetchall()
+        page = {"after": after, "batch": batch}
+        rows = await fetch_all(conn, Q["unindexed_batch"], page, row=dict_row)
         for r in rows:
-            if has_patient_id(bytes(r[_ITEM_COLUMNS]), ident, authority):
-                found[int(r[0])] = Item(*r[:_ITEM_COLUMNS])
+            if has_patient_id(bytes(r["payload"]), ident, authority):
+                found[int(r["id"])] = Item.from_row(r)
         if len(rows) < batch:
             break
-        after = int(rows[-1][0])
+        after = int(rows[-1]["id"])
     return [found[i] for i in sorted(found)]
 
 
 async def scan_estimate(conn: AsyncConnection[Any]) -> tuple[int, int]:
     """What a payload scan would read, from the planner's statistics: (rows, bytes)."""
-    cur = await conn.execute(Q["scan_estimate"])
-    row = await cur.fetchone()
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+    row = await fetch_one(conn, Q["scan_estimate"], row=dict_row)
+    return (int(row["rows"]), int(row["bytes"])) if row else (0, 0)

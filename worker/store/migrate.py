@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
+from psycopg.rows import dict_row
 
+from inturn.worker.store import locks
 from inturn.worker.store.identifiers import backfill
+from inturn.worker.store.queries import load
 
-#: Advisory lock key (bigint) taken for the duration of a migration run.
-MIGRATION_LOCK_KEY = "inturn:migrate"
+Q = load("migrations.sql")
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -64,28 +66,22 @@ def migrate(dsn: str) -> list[Migration]:
     """
     applied_now: list[Migration] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (MIGRATION_LOCK_KEY,))
+        conn.execute(locks.Q["lock"], {"key": locks.MIGRATE})
         try:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS inturn_schema_migrations ("
-                " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            done = {row[0] for row in conn.execute("SELECT version FROM inturn_schema_migrations")}
+            conn.execute(Q["ensure_table"])
+            with conn.cursor(row_factory=dict_row) as cur:
+                done = {row["version"] for row in cur.execute(Q["applied"]).fetchall()}
             for migration in available():
                 if migration.version in done:
                     continue
                 with conn.transaction():
                     conn.execute(migration.sql.encode())
                     conn.execute(
-                        "INSERT INTO inturn_schema_migrations (version, name) VALUES (%s, %s)",
-                        (migration.version, migration.name),
+                        Q["record"], {"version": migration.version, "name": migration.name}
                     )
                 applied_now.append(migration)
             # Rows stored before the identifier index, or by an older ingest since.
             backfill(conn)
         finally:
-            conn.execute(
-                "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (MIGRATION_LOCK_KEY,)
-            )
+            conn.execute(locks.Q["unlock"], {"key": locks.MIGRATE})
     return applied_now

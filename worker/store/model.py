@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Literal
 
@@ -52,6 +53,16 @@ class Item:
     reason: str | None
     decided_by: str | None
     finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Item:
+        """Build an item from a row read by column name (extra columns, e.g. ``payload``, are
+        ignored).
+
+        Raises:
+            KeyError: a column of the item is missing from ``row``.
+        """
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
 
     def age_seconds(self, now: datetime) -> float:
         """Seconds the item has been (or was, until finished) waiting, as of ``now``."""

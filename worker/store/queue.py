@@ -2,8 +2,10 @@
 
 Every function takes an open ``psycopg.AsyncConnection`` in autocommit mode and runs its own
 short transaction(s), so the same code serves the worker (one dedicated connection that also
-holds the destination's advisory lock) and the pooled callers (ingest, CLI, operator) through
-:class:`inturn.worker.store.store.Store`. Destinations are identified as ``namespace/name``.
+holds the destination's advisory lock) and the pooled callers (ingest, CLI, operator), which
+take a connection from :class:`inturn.worker.store.connect.Pools`. Destinations are identified
+as ``namespace/name``. Every statement is a named query of ``sql/queue.sql``; rows are read by
+column name.
 
 Ordering rests on three rules, each enforced here:
 
@@ -17,13 +19,15 @@ Ordering rests on three rules, each enforced here:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, LiteralString
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
+from psycopg.rows import class_row, dict_row
 
 from inturn.worker.hl7.pid import index_keys
+from inturn.worker.store import locks
 from inturn.worker.store.model import (
     FINISHED_STATES,
     STATES,
@@ -33,7 +37,7 @@ from inturn.worker.store.model import (
     NewItem,
     ScannedPayload,
 )
-from inturn.worker.store.queries import load
+from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("queue.sql")
 
@@ -43,8 +47,6 @@ LIST_LIMIT_MAX = 1000
 LIST_LIMIT_DEFAULT = 100
 #: Rows deleted per purge transaction, at most.
 PURGE_BATCH_MAX = 5000
-
-_ITEM_COLUMNS = 15
 
 
 def notify_channel(destination: str) -> str:
@@ -56,8 +58,13 @@ def notify_channel(destination: str) -> str:
     return "inturn_q_" + hashlib.sha1(destination.encode()).hexdigest()[:21]
 
 
-def _item(row: Sequence[Any]) -> Item:
-    return Item(*row[:_ITEM_COLUMNS])
+async def listen(conn: AsyncConnection[Any], destination: str) -> None:
+    """LISTEN on the destination's channel (:func:`notify_channel`) on ``conn``.
+
+    A utility statement with an identifier, composed here rather than a named query (there is
+    nothing in it to plan).
+    """
+    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(destination))))
 
 
 async def _audit(
@@ -85,9 +92,9 @@ async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[New
     """
     destinations = sorted({item.destination for item in items})
     for destination in destinations:
-        await conn.execute(Q["enqueue_lock"], {"destination": destination})
+        await conn.execute(Q["enqueue_lock"], {"key": locks.enqueue_key(destination)})
     ids: list[int] = []
-    async with conn.cursor() as cur:
+    async with conn.cursor(row_factory=dict_row) as cur:
         for item in items:
             await cur.execute(
                 Q["enqueue_insert"],
@@ -103,11 +110,8 @@ async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[New
             )
             row = await cur.fetchone()
             assert row is not None
-            ids.append(int(row[0]))
-    for destination in destinations:
-        await conn.execute(
-            Q["notify"], {"channel": notify_channel(destination), "destination": destination}
-        )
+            ids.append(int(row["id"]))
+    await _wake(conn, destinations)
     return ids
 
 
@@ -123,27 +127,26 @@ async def enqueue(conn: AsyncConnection[Any], items: Sequence[NewItem]) -> list[
     if not items:
         return []
     async with conn.transaction():
-        await conn.execute("SET LOCAL synchronous_commit = on")
+        await conn.execute(Q["synchronous_commit"])
         return await enqueue_in_transaction(conn, items)
 
 
 async def blocked(conn: AsyncConnection[Any], destination: str) -> bool:
     """Whether anything is pending for ``destination``, due or not (an item backing off counts)."""
-    cur = await conn.execute(Q["blocked"], {"destination": destination})
-    row = await cur.fetchone()
-    return bool(row and row[0])
+    row = await fetch_one(conn, Q["blocked"], {"destination": destination}, row=dict_row)
+    return bool(row and row["blocked"])
 
 
 HeadResult = tuple[Head | None, float | None]
 
 
-def _head_result(row: Sequence[Any] | None) -> HeadResult:
-    if row is None or row[0] is None:
+def _head_result(row: Mapping[str, Any] | None) -> HeadResult:
+    if row is None or row["id"] is None:
         return None, None
-    wait = float(row[_ITEM_COLUMNS + 1])
+    wait = float(row["wait_seconds"])
     if wait > 0:
         return None, wait
-    return Head(item=_item(row), payload=bytes(row[_ITEM_COLUMNS])), None
+    return Head(item=Item.from_row(row), payload=bytes(row["payload"])), None
 
 
 async def next_head(conn: AsyncConnection[Any], destination: str, *, after: int = 0) -> HeadResult:
@@ -158,8 +161,8 @@ async def next_head(conn: AsyncConnection[Any], destination: str, *, after: int 
         ``(head, None)`` when the oldest pending item is due now; ``(None, seconds)`` when it is
         backing off (nothing behind it may go first); ``(None, None)`` when nothing is pending.
     """
-    cur = await conn.execute(Q["head"], {"destination": destination, "after": after})
-    return _head_result(await cur.fetchone())
+    params = {"destination": destination, "after": after}
+    return _head_result(await fetch_one(conn, Q["head"], params, row=dict_row))
 
 
 async def succeeded_next(
@@ -171,14 +174,11 @@ async def succeeded_next(
     ``waited_seconds`` is None when ``head`` was no longer pending, and ``next`` is as from
     :func:`next_head` with ``after=head.id``.
     """
-    cur = await conn.execute(
-        Q["succeeded_next"],
-        {"id": head.id, "attempts": attempts, "destination": head.destination},
-    )
-    row = await cur.fetchone()
+    params = {"id": head.id, "attempts": attempts, "destination": head.destination}
+    row = await fetch_one(conn, Q["succeeded_next"], params, row=dict_row)
     assert row is not None  # the statement always returns one row
-    waited = None if row[0] is None else float(row[0])
-    return waited, _head_result(row[1:])
+    waited = None if row["waited_seconds"] is None else float(row["waited_seconds"])
+    return waited, _head_result(row)
 
 
 async def retry(
@@ -206,9 +206,9 @@ async def succeeded(conn: AsyncConnection[Any], item_id: int, attempts: int) -> 
 
     Returns None when the item was no longer pending (skipped or erased during the attempt).
     """
-    cur = await conn.execute(Q["succeeded"], {"id": item_id, "attempts": attempts})
-    row = await cur.fetchone()
-    return float(row[0]) if row else None
+    params = {"id": item_id, "attempts": attempts}
+    row = await fetch_one(conn, Q["succeeded"], params, row=dict_row)
+    return float(row["waited_seconds"]) if row else None
 
 
 async def gave_up(conn: AsyncConnection[Any], item_id: int, attempts: int, cause: str) -> bool:
@@ -248,12 +248,12 @@ async def retry_now(
         raise ValueError("give exactly one of item_id or destination")
     async with conn.transaction():
         if item_id is not None:
-            cur = await conn.execute(Q["retry_now_one"], {"id": item_id})
+            rows = await fetch_all(conn, Q["retry_now_one"], {"id": item_id}, row=dict_row)
         else:
-            cur = await conn.execute(Q["retry_now_all"], {"destination": destination})
-        rows = await cur.fetchall()
-        ids = sorted(int(r[0]) for r in rows)
-        touched = {str(r[1]) for r in rows}
+            params = {"destination": destination}
+            rows = await fetch_all(conn, Q["retry_now_all"], params, row=dict_row)
+        ids = sorted(int(r["id"]) for r in rows)
+        touched = {str(r["destination"]) for r in rows}
         if ids:
             await _audit(conn, who, "retry-now", destination or min(touched), ids, why)
             await _wake(conn, touched)
@@ -268,12 +268,11 @@ async def skip(
     Returns False when the item is not pending (nothing changed, nothing audited).
     """
     async with conn.transaction():
-        cur = await conn.execute(Q["skip"], {"id": item_id, "who": who})
-        row = await cur.fetchone()
+        row = await fetch_one(conn, Q["skip"], {"id": item_id, "who": who}, row=dict_row)
         if row is None:
             return False
-        await _audit(conn, who, "skip", str(row[1]), [item_id], why)
-        await _wake(conn, [str(row[1])])
+        await _audit(conn, who, "skip", row["destination"], [item_id], why)
+        await _wake(conn, [row["destination"]])
     return True
 
 
@@ -282,8 +281,8 @@ async def drain(
 ) -> list[int]:
     """Skip every pending item of ``destination`` (a backlog too stale to be useful); audited."""
     async with conn.transaction():
-        cur = await conn.execute(Q["drain"], {"destination": destination, "who": who})
-        ids = sorted(int(r[0]) for r in await cur.fetchall())
+        params = {"destination": destination, "who": who}
+        ids = sorted(int(r["id"]) for r in await fetch_all(conn, Q["drain"], params, row=dict_row))
         if ids:
             await _audit(conn, who, "drain", destination, ids, why)
             await _wake(conn, [destination])  # its gauges change
@@ -297,14 +296,7 @@ async def remove(
 
     Returns the ids actually deleted. Audited when anything was deleted.
     """
-    async with conn.transaction():
-        cur = await conn.execute(Q["remove"], {"ids": list(item_ids)})
-        rows = await cur.fetchall()
-        ids = sorted(int(r[0]) for r in rows)
-        if ids:
-            dest = str(rows[0][1]) if len({r[1] for r in rows}) == 1 else None
-            await _audit(conn, who, "remove", dest, ids, why)
-    return ids
+    return await _delete(conn, Q["remove"], "remove", item_ids, who=who, why=why)
 
 
 async def erase(
@@ -315,14 +307,32 @@ async def erase(
     A pending item erased while its worker is sending it is simply gone when the worker reports
     back (its update matches no row). Returns the ids deleted.
     """
+    return await _delete(conn, Q["erase"], "erase", item_ids, who=who, why=why)
+
+
+async def _delete(
+    conn: AsyncConnection[Any],
+    query: LiteralString,
+    action: str,
+    item_ids: Sequence[int],
+    *,
+    who: str,
+    why: str | None,
+) -> list[int]:
+    """Run a DELETE returning ``id, destination, state`` and audit what it deleted, in one
+    transaction; wake the workers of destinations that lost a pending item.
+
+    The audit names the destination when every deleted item had the same one.
+    """
     async with conn.transaction():
-        cur = await conn.execute(Q["erase"], {"ids": list(item_ids)})
-        rows = await cur.fetchall()
-        ids = sorted(int(r[0]) for r in rows)
+        rows = await fetch_all(conn, query, {"ids": list(item_ids)}, row=dict_row)
+        ids = sorted(int(r["id"]) for r in rows)
         if ids:
-            dest = str(rows[0][1]) if len({r[1] for r in rows}) == 1 else None
-            await _audit(conn, who, "erase", dest, ids, why)
-            await _wake(conn, {str(r[1]) for r in rows if r[2] == "pending"})
+            touched = {r["destination"] for r in rows}
+            dest = touched.pop() if len(touched) == 1 else None
+            await _audit(conn, who, action, dest, ids, why)
+            # An erased pending item changes its worker's head and gauges.
+            await _wake(conn, {r["destination"] for r in rows if r["state"] == "pending"})
     return ids
 
 
@@ -339,19 +349,18 @@ async def resend(
         ValueError: the item is still pending (it will be sent anyway).
     """
     async with conn.transaction():
-        await conn.execute("SET LOCAL synchronous_commit = on")
-        cur = await conn.execute(Q["get_for_resend"], {"id": item_id})
-        row = await cur.fetchone()
+        await conn.execute(Q["synchronous_commit"])
+        row = await fetch_one(conn, Q["get_for_resend"], {"id": item_id}, row=dict_row)
         if row is None:
             return None
-        if row[6] == "pending":
+        if row["state"] == "pending":
             raise ValueError(f"item {item_id} is still pending; only finished items can be resent")
         new = NewItem(
-            destination=row[2],
-            channel=row[1],
-            control_id=row[3],
-            message_type=row[4],
-            payload=bytes(row[5]),
+            destination=row["destination"],
+            channel=row["channel"],
+            control_id=row["control_id"],
+            message_type=row["message_type"],
+            payload=bytes(row["payload"]),
         )
         [new_id] = await enqueue_in_transaction(conn, [new])
         await _audit(conn, who, "resend", new.destination, [item_id, new_id], why)
@@ -382,9 +391,7 @@ async def purge(
             raise ValueError(f"purge only removes finished states {FINISHED_STATES}, not {state!r}")
     if not 1 <= batch <= PURGE_BATCH_MAX:
         raise ValueError(f"batch must be 1..{PURGE_BATCH_MAX}, got {batch}")
-    cur = await conn.execute(Q["purge_try_lock"])
-    row = await cur.fetchone()
-    if not (row and row[0]):
+    if not await locks.try_lock(conn, locks.PURGE):
         return None
     counts = {state: 0 for state in cutoffs}
     try:
@@ -397,7 +404,7 @@ async def purge(
                 if cur.rowcount < batch:
                     break
     finally:
-        await conn.execute(Q["purge_unlock"])
+        await locks.unlock(conn, locks.PURGE)
     return counts
 
 
@@ -411,17 +418,13 @@ async def scan_payloads(
     """
     last = 0
     while True:
-        cur = await conn.execute(
-            "SELECT id, destination, channel, state, message_type, payload FROM inturn_delivery"
-            " WHERE id > %(last)s ORDER BY id LIMIT %(batch)s",
-            {"last": last, "batch": batch},
-        )
-        rows = await cur.fetchall()
-        for r in rows:
-            yield ScannedPayload(int(r[0]), r[1], r[2], r[3], r[4], bytes(r[5]))
+        params = {"after": last, "batch": batch}
+        rows = await fetch_all(conn, Q["scan_payloads"], params, row=class_row(ScannedPayload))
+        for held in rows:
+            yield held
         if len(rows) < batch:
             return
-        last = int(rows[-1][0])
+        last = rows[-1].id
 
 
 async def list_items(
@@ -452,49 +455,29 @@ async def list_items(
         raise ValueError(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
     if limit < 0 or offset < 0:
         raise ValueError("limit and offset must be >= 0")
-    limit = min(limit, LIST_LIMIT_MAX)
-    where = ["TRUE"]
-    params: dict[str, Any] = {"limit": limit, "offset": offset}
-    if destination is not None:
-        where.append("destination = %(destination)s")
-        params["destination"] = destination
-    if channel is not None:
-        where.append("channel = %(channel)s")
-        params["channel"] = channel
-    if state is not None:
-        where.append("state = %(state)s")
-        params["state"] = state
-    if control_id is not None:
-        where.append("control_id = %(control_id)s")
-        params["control_id"] = control_id
-    if patient_key is not None:
-        where.append("patient_keys @> ARRAY[%(patient_key)s::text]")
-        params["patient_key"] = patient_key
-    clause = " AND ".join(where)
-    cur = await conn.execute(
-        "SELECT id, channel, destination, control_id, message_type, size, state, attempts,"
-        " enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at"
-        f" FROM inturn_delivery WHERE {clause} ORDER BY id DESC LIMIT %(limit)s OFFSET %(offset)s",
-        params,
-    )
-    items = [_item(r) for r in await cur.fetchall()]
-    cur = await conn.execute(f"SELECT count(*) FROM inturn_delivery WHERE {clause}", params)
-    row = await cur.fetchone()
-    return items, int(row[0]) if row else 0
+    params = {
+        "destination": destination,
+        "channel": channel,
+        "state": state,
+        "control_id": control_id,
+        "patient_key": patient_key,
+        "limit": min(limit, LIST_LIMIT_MAX),
+        "offset": offset,
+    }
+    items = await fetch_all(conn, Q["list_items"], params, row=class_row(Item), prepare=False)
+    row = await fetch_one(conn, Q["count_items"], params, row=dict_row, prepare=False)
+    return items, int(row["total"]) if row else 0
 
 
 async def get_item(conn: AsyncConnection[Any], item_id: int) -> Item | None:
     """One item without its payload, or None."""
-    cur = await conn.execute(Q["get_item"], {"id": item_id})
-    row = await cur.fetchone()
-    return _item(row) if row else None
+    return await fetch_one(conn, Q["get_item"], {"id": item_id}, row=class_row(Item))
 
 
 async def payload(conn: AsyncConnection[Any], item_id: int) -> bytes | None:
     """The stored bytes of one item, for the inspector; None when it does not exist."""
-    cur = await conn.execute(Q["payload"], {"id": item_id})
-    row = await cur.fetchone()
-    return bytes(row[0]) if row else None
+    row = await fetch_one(conn, Q["payload"], {"id": item_id}, row=dict_row)
+    return bytes(row["payload"]) if row else None
 
 
 async def depth(conn: AsyncConnection[Any], destination: str | None = None) -> list[DepthRow]:
@@ -502,25 +485,13 @@ async def depth(conn: AsyncConnection[Any], destination: str | None = None) -> l
 
     Only destinations with something pending or failed appear. One grouped query for all.
     """
-    cur = await conn.execute(Q["depth"], {"destination": destination})
-    return [
-        DepthRow(
-            destination=r[0],
-            channel=r[1],
-            pending=int(r[2]),
-            failed=int(r[3]),
-            oldest=r[4],
-            oldest_seconds=float(r[5]),
-            max_attempts=int(r[6]),
-        )
-        for r in await cur.fetchall()
-    ]
+    return await fetch_all(conn, Q["depth"], {"destination": destination}, row=class_row(DepthRow))
 
 
 async def pending_destinations(conn: AsyncConnection[Any]) -> list[str]:
     """Every destination with work waiting, so a process starting up knows what to drain."""
-    cur = await conn.execute(Q["pending_destinations"])
-    return [str(r[0]) for r in await cur.fetchall()]
+    rows = await fetch_all(conn, Q["pending_destinations"], row=dict_row)
+    return [str(r["destination"]) for r in rows]
 
 
 async def audit_log(conn: AsyncConnection[Any], limit: int = 100) -> list[dict[str, Any]]:
@@ -528,16 +499,16 @@ async def audit_log(conn: AsyncConnection[Any], limit: int = 100) -> list[dict[s
 
     Entries never carry payloads. ``at`` is an ISO 8601 string.
     """
-    cur = await conn.execute(Q["audit_list"], {"limit": min(max(limit, 1), LIST_LIMIT_MAX)})
+    params = {"limit": min(max(limit, 1), LIST_LIMIT_MAX)}
     return [
         {
-            "id": r[0],
-            "at": r[1].isoformat(),
-            "who": r[2],
-            "action": r[3],
-            "destination": r[4],
-            "itemIds": list(r[5]),
-            "why": r[6],
+            "id": r["id"],
+            "at": r["at"].isoformat(),
+            "who": r["who"],
+            "action": r["action"],
+            "destination": r["destination"],
+            "itemIds": list(r["item_ids"]),
+            "why": r["why"],
         }
-        for r in await cur.fetchall()
+        for r in await fetch_all(conn, Q["audit_list"], params, row=dict_row)
     ]

@@ -9,14 +9,15 @@ connections commit each call).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg.rows import class_row, dict_row
 
-from inturn.worker.store.queries import load
+from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("registry.sql")
 
@@ -83,17 +84,17 @@ class DestinationDepth:
     head_error: str | None
 
 
-def _row(r: Sequence[Any]) -> RegisteredDestination:
+def _row(r: Mapping[str, Any]) -> RegisteredDestination:
     return RegisteredDestination(
-        destination=r[0],
-        namespace=r[1],
-        name=r[2],
-        channel=r[3],
-        message_types=tuple(r[4] or ()),
-        generation=int(r[5]),
-        suspended=bool(r[6]),
-        deleted=bool(r[7]),
-        carriers=tuple(r[8] or ()),
+        destination=r["destination"],
+        namespace=r["namespace"],
+        name=r["name"],
+        channel=r["channel"],
+        message_types=tuple(r["message_types"] or ()),
+        generation=int(r["generation"]),
+        suspended=bool(r["suspended"]),
+        deleted=bool(r["deleted"]),
+        carriers=tuple(r["carriers"] or ()),
     )
 
 
@@ -123,7 +124,8 @@ async def register(
         psycopg.Error: the database failed.
     """
     async with conn.transaction():
-        cur = await conn.execute(
+        row = await fetch_one(
+            conn,
             Q["register"],
             {
                 "destination": destination,
@@ -134,13 +136,12 @@ async def register(
                 "generation": generation,
                 "suspended": suspended,
             },
+            row=dict_row,
         )
-        written = await cur.fetchone() is not None
+        written = row is not None
         released = await release_carriers(conn, destination, keep=carriers)
-        cur = await conn.execute(
-            Q["claim_carriers"], {"destination": destination, "carriers": sorted(set(carriers))}
-        )
-        claimed = await cur.fetchall()
+        params = {"destination": destination, "carriers": sorted(set(carriers))}
+        claimed = await fetch_all(conn, Q["claim_carriers"], params, row=dict_row)
         holders = await carrier_holders(conn, destination, carriers)
         if holders:
             raise CarrierTaken(destination, holders)
@@ -151,20 +152,19 @@ async def release_carriers(
     conn: AsyncConnection[Any], destination: str, *, keep: Sequence[str]
 ) -> list[str]:
     """Release the carriers ``destination`` serves that are not in ``keep``; return them."""
-    cur = await conn.execute(
-        Q["release_carriers"], {"destination": destination, "carriers": sorted(set(keep))}
+    params = {"destination": destination, "carriers": sorted(set(keep))}
+    return sorted(
+        r["carrier"] for r in await fetch_all(conn, Q["release_carriers"], params, row=dict_row)
     )
-    return sorted(r[0] for r in await cur.fetchall())
 
 
 async def carrier_holders(
     conn: AsyncConnection[Any], destination: str, carriers: Sequence[str]
 ) -> dict[str, str]:
     """Return ``{carrier: destination}`` for the carriers another destination serves."""
-    cur = await conn.execute(
-        Q["carrier_holders"], {"destination": destination, "carriers": sorted(set(carriers))}
-    )
-    return {r[0]: r[1] for r in await cur.fetchall()}
+    params = {"destination": destination, "carriers": sorted(set(carriers))}
+    rows = await fetch_all(conn, Q["carrier_holders"], params, row=dict_row)
+    return {r["carrier"]: r["destination"] for r in rows}
 
 
 async def mark_deleted(conn: AsyncConnection[Any], destination: str) -> bool:
@@ -174,22 +174,21 @@ async def mark_deleted(conn: AsyncConnection[Any], destination: str) -> bool:
     Returns:
         True when the row was active and is now marked, False otherwise (idempotent).
     """
-    cur = await conn.execute(Q["mark_deleted"], {"destination": destination})
-    return await cur.fetchone() is not None
+    row = await fetch_one(conn, Q["mark_deleted"], {"destination": destination}, row=dict_row)
+    return row is not None
 
 
 async def active_for_channel(
     conn: AsyncConnection[Any], channel: str
 ) -> list[RegisteredDestination]:
     """Return the channel's destinations not marked deleted, ordered by key (for routing)."""
-    cur = await conn.execute(Q["active_for_channel"], {"channel": channel})
-    return [_row(r) for r in await cur.fetchall()]
+    rows = await fetch_all(conn, Q["active_for_channel"], {"channel": channel}, row=dict_row)
+    return [_row(r) for r in rows]
 
 
 async def list_all(conn: AsyncConnection[Any]) -> list[RegisteredDestination]:
     """Return every row, deleted ones included, ordered by key."""
-    cur = await conn.execute(Q["list_all"])
-    return [_row(r) for r in await cur.fetchall()]
+    return [_row(r) for r in await fetch_all(conn, Q["list_all"], row=dict_row)]
 
 
 async def status_depth(conn: AsyncConnection[Any]) -> dict[str, DestinationDepth]:
@@ -199,16 +198,5 @@ async def status_depth(conn: AsyncConnection[Any]) -> dict[str, DestinationDepth
     pending or failed). Its cost grows with the pending and failed rows, not with the delivered
     ones only if the planner can skip those; see the module docstring of the queue for indexes.
     """
-    cur = await conn.execute(Q["status_depth"])
-    return {
-        r[0]: DestinationDepth(
-            destination=r[0],
-            pending=int(r[1]),
-            failed=int(r[2]),
-            oldest=r[3],
-            max_attempts=int(r[4]),
-            head_attempts=int(r[5]),
-            head_error=r[6],
-        )
-        for r in await cur.fetchall()
-    }
+    rows = await fetch_all(conn, Q["status_depth"], row=class_row(DestinationDepth))
+    return {r.destination: r for r in rows}

@@ -1,9 +1,14 @@
 -- Named queries of the delivery queue. Each block starts with "-- name: <query_name>".
 -- Parameters use psycopg's %(name)s style. Loaded by inturn.worker.store.queries.
 
+-- name: synchronous_commit
+-- For the transaction in progress: it is durable when COMMIT returns.
+SET LOCAL synchronous_commit = on;
+
 -- name: enqueue_lock
 -- Serialises enqueues per destination until COMMIT, so that id order is commit order.
-SELECT pg_advisory_xact_lock(hashtextextended('inturn:enqueue:' || %(destination)s, 0));
+-- key: inturn.worker.store.locks.enqueue_key(destination).
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
 -- name: enqueue_insert
 -- patient_keys: the identifier index keys (inturn.worker.hl7.pid.index_keys), in the same row.
@@ -19,7 +24,7 @@ SELECT pg_notify(%(channel)s, %(destination)s);
 -- name: blocked
 SELECT EXISTS (
     SELECT 1 FROM inturn_delivery WHERE destination = %(destination)s AND state = 'pending'
-);
+) AS blocked;
 
 -- name: head
 -- The head is the oldest pending item, due or not: nothing overtakes an item backing off.
@@ -48,13 +53,14 @@ WITH done AS (
      WHERE id = %(id)s AND state IN ('pending', 'skipped')
     RETURNING extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
 )
-SELECT (SELECT waited_seconds FROM done), h.*
+SELECT (SELECT waited_seconds FROM done) AS waited_seconds, h.*
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (
        SELECT id, channel, destination, control_id, message_type, size, state, attempts,
               enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by,
               finished_at, payload,
               greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
+                  AS wait_seconds
          FROM inturn_delivery
         WHERE destination = %(destination)s AND state = 'pending' AND id > %(id)s
         ORDER BY id
@@ -112,7 +118,7 @@ RETURNING id;
 -- name: remove
 DELETE FROM inturn_delivery
  WHERE id = ANY(%(ids)s) AND state <> 'pending'
-RETURNING id, destination;
+RETURNING id, destination, state;
 
 -- name: erase
 DELETE FROM inturn_delivery
@@ -129,15 +135,42 @@ DELETE FROM inturn_delivery
         LIMIT %(batch)s)
 RETURNING id;
 
--- name: purge_try_lock
-SELECT pg_try_advisory_lock(hashtextextended('inturn:purge', 0));
-
--- name: purge_unlock
-SELECT pg_advisory_unlock(hashtextextended('inturn:purge', 0));
-
 -- name: audit
 INSERT INTO inturn_audit (who, action, destination, item_ids, why)
 VALUES (%(who)s, %(action)s, %(destination)s, %(ids)s, %(why)s);
+
+-- name: list_items
+-- A page of items newest first, never payloads. Every filter is optional (NULL: not filtered);
+-- run unprepared, so that each call is planned with its filters and control_id and patient_key
+-- use their indexes.
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+  FROM inturn_delivery
+ WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+   AND (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+   AND (%(patient_key)s::text IS NULL OR patient_keys @> ARRAY[%(patient_key)s::text])
+ ORDER BY id DESC
+ LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: count_items
+-- How many items list_items would find without its page bounds.
+SELECT count(*) AS total
+  FROM inturn_delivery
+ WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+   AND (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+   AND (%(patient_key)s::text IS NULL OR patient_keys @> ARRAY[%(patient_key)s::text]);
+
+-- name: scan_payloads
+-- Keyset pages of every held item with its payload (a data-subject search without the index).
+SELECT id, destination, channel, state, message_type, payload
+  FROM inturn_delivery
+ WHERE id > %(after)s
+ ORDER BY id
+ LIMIT %(batch)s;
 
 -- name: get_item
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
@@ -194,7 +227,7 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
  LIMIT %(batch)s;
 
 -- name: unindexed_count
-SELECT count(*) FROM inturn_delivery WHERE patient_keys IS NULL;
+SELECT count(*) AS unindexed FROM inturn_delivery WHERE patient_keys IS NULL;
 
 -- name: set_patient_keys
 -- Fill in the index keys of rows read by unindexed_batch (keys: one comma-separated string per
@@ -207,6 +240,6 @@ UPDATE inturn_delivery d
 -- name: scan_estimate
 -- What a payload scan would read, from the planner's statistics (no table read): rows and bytes
 -- of the table with its TOAST (the payloads).
-SELECT greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid)
+SELECT greatest(c.reltuples, 0)::bigint AS rows, pg_total_relation_size(c.oid) AS bytes
   FROM pg_class c
  WHERE c.oid = 'inturn_delivery'::regclass;

@@ -59,18 +59,20 @@ SELECT carrier, destination
 
 -- name: active_for_channel
 SELECT destination, namespace, name, channel, message_types, generation, suspended,
-       deleted_at IS NOT NULL,
+       deleted_at IS NOT NULL AS deleted,
        ARRAY(SELECT carrier FROM inturn_destination_carrier c
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
+           AS carriers
   FROM inturn_destination
  WHERE channel = %(channel)s AND deleted_at IS NULL
  ORDER BY destination;
 
 -- name: list_all
 SELECT destination, namespace, name, channel, message_types, generation, suspended,
-       deleted_at IS NOT NULL,
+       deleted_at IS NOT NULL AS deleted,
        ARRAY(SELECT carrier FROM inturn_destination_carrier c
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
+           AS carriers
   FROM inturn_destination
  ORDER BY destination;
 
