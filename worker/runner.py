@@ -26,6 +26,7 @@ from psycopg import AsyncConnection
 from inturn.worker.backoff import backoff_seconds
 from inturn.worker.config import WorkerConfig
 from inturn.worker.observer import NullObserver, Observer
+from inturn.worker.retry import decide
 from inturn.worker.senders.base import DeliveryError, Outcome, Sender
 from inturn.worker.store import locks, queue
 from inturn.worker.store.connect import connect_worker
@@ -295,33 +296,33 @@ class DestinationWorker:
     async def _failed(
         self, conn: AsyncConnection[Any], head: Head, attempts: int, outcome: Outcome, detail: str
     ) -> bool:
-        """Record a failed attempt: give up (returns True) or schedule a retry (False)."""
+        """Apply the retry decision (:func:`inturn.worker.retry.decide`) to a failed attempt:
+        give up (returns True) or schedule a retry (False)."""
         item = head.item
-        retry = self.config.retry
         cause = f"{outcome}: {detail}"[:CAUSE_MAX_CHARS]
-        exhausted = retry.max_attempts > 0 and attempts >= retry.max_attempts
-        if self.config.ack_policy.action(outcome) == "fail" or exhausted:
-            await queue.gave_up(conn, item.id, attempts, cause)
-            self.observer.gave_up(self.destination, attempts, outcome)
+        decision = decide(outcome, attempts, self.config.retry, self.config.ack_policy)
+        if decision.give_up:
+            await queue.gave_up(conn, item.id, decision.attempts, cause)
+            self.observer.gave_up(self.destination, decision.attempts, outcome)
             log.warning(
-                "destination %s: gave up on id=%d (%s) after %d attempt(s): %s",
+                "destination %s: gave up on id=%d (%s) after %d attempt(s) (%s): %s",
                 self.destination,
                 item.id,
                 item.control_id,
-                attempts,
+                decision.attempts,
+                decision.why,
                 cause,
             )
             return True
-        delay = backoff_seconds(attempts, retry.backoff_seconds, retry.max_backoff_seconds)
-        await queue.retry(conn, item.id, attempts, delay, cause)
-        self.observer.retried(self.destination, attempts, outcome)
+        await queue.retry(conn, item.id, decision.attempts, decision.delay_seconds, cause)
+        self.observer.retried(self.destination, decision.attempts, outcome)
         log.info(
             "destination %s: attempt %d of id=%d failed (%s); next in %.0fs",
             self.destination,
             attempts,
             item.id,
             cause,
-            delay,
+            decision.delay_seconds,
         )
         return False
 
