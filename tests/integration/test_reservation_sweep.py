@@ -369,3 +369,34 @@ async def test_without_a_pinned_instant_the_database_clock_decides(
     assert (await sweep.ticketing_due(conn, limit=500)).placed == 0
     assert (await sweep.ticketing_expired(conn, limit=500)).placed == 1
     assert await pending(conn) == [("LATE01/1", "unanswered"), ("LATE01", "ticketing-expired")]
+
+
+async def test_a_failed_enqueue_is_reported_and_the_cancel_stands(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    await register(conn, "lufthansa", ["LH"])
+    await register(conn, "united", ["UA"])
+    await load(conn, booking())
+    # the database refuses any row for the Lufthansa queue (a real error, from a trigger)
+    await conn.execute(
+        "CREATE FUNCTION pg_temp.refuse() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN RAISE EXCEPTION 'refused for test'; END $$"
+    )
+    await conn.execute(
+        "CREATE TRIGGER refuse_lh BEFORE INSERT ON inturn_delivery FOR EACH ROW"
+        " WHEN (NEW.destination = 'airlines/lufthansa') EXECUTE FUNCTION pg_temp.refuse()"
+    )
+    try:
+        done = await cancel_expired(conn, "ABC123", at=DEADLINE)
+    finally:
+        await conn.execute("DROP TRIGGER refuse_lh ON inturn_delivery")
+    assert done.cancelled and list(done.told) == ["UA"]
+    assert done.not_told == {"LH": "enqueue on airlines/lufthansa failed: RaiseException"}
+    assert [d[0] for d in await notices(conn)] == ["airlines/united"]
+    cur = await conn.execute(
+        "SELECT details FROM inturn_worklist_item WHERE reason = 'cancel-not-delivered'"
+    )
+    row = await cur.fetchone()
+    assert row is not None and row[0]["carriers"] == ["LH"]
+    found = await bookings.show(conn, "ABC123")
+    assert found is not None and found[0].cancelled_at is not None
