@@ -38,7 +38,7 @@ from inturn.worker.reservations.codes import (
     segment_key,
 )
 from inturn.worker.store import bookings as store
-from inturn.worker.store.queries import load
+from inturn.worker.store.queries import fetch_all, load
 from inturn.worker.worklist import RuleOutcome, clear_where, place, rule
 
 Q = load("reservation_rules.sql")
@@ -72,10 +72,10 @@ class ReservationSettings:
     host_carriers: tuple[str, ...] = ()
 
 
-async def _rows(conn: AsyncConnection[Any], name: str, params: dict[str, Any]) -> list[Any]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(Q[name], params)
-        return await cur.fetchall()
+async def _rows(
+    conn: AsyncConnection[Any], name: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    return await fetch_all(conn, Q[name], params, row=dict_row)
 
 
 async def _already(conn: AsyncConnection[Any], record_kind: str, reason: str) -> int:

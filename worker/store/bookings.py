@@ -13,11 +13,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 
 from inturn.worker.reservations.codes import DEAD_STATES, WITHDRAWN
 from inturn.worker.reservations.records import Booking, Segment, Withdrawn
-from inturn.worker.store.queries import fetch_one, load
+from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("bookings.sql")
 
@@ -147,18 +147,17 @@ async def upsert(conn: AsyncConnection[Any], booking: Booking) -> Written:
 
 async def get(conn: AsyncConnection[Any], locator: str) -> Booking | None:
     """Return one booking with its segments, or None if there is no such locator."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(Q["get_booking"], {"locator": locator})
-        b = await cur.fetchone()
-        if b is None:
-            return None
-        await cur.execute(Q["get_segments"], {"locator": locator})
-        segments = tuple(Segment(**s) for s in await cur.fetchall())
+    b = await fetch_one(conn, Q["get_booking"], {"locator": locator}, row=dict_row)
+    if b is None:
+        return None
+    segments = await fetch_all(
+        conn, Q["get_segments"], {"locator": locator}, row=class_row(Segment)
+    )
     return Booking(
         locator=b["locator"],
         owner=b["owner"],
         created_at=b["created_at"],
-        segments=segments,
+        segments=tuple(segments),
         ticketing_deadline=b["ticketing_deadline"],
         ticketing_deadline_text=b["ticketing_deadline_text"],
         ticketed=b["ticketed"],
@@ -170,19 +169,21 @@ async def get(conn: AsyncConnection[Any], locator: str) -> Booking | None:
 
 async def events(conn: AsyncConnection[Any], locator: str) -> list[SegmentEvent]:
     """Return a booking's status history, oldest first."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(Q["segment_events"], {"locator": locator})
-        return [SegmentEvent(**r) for r in await cur.fetchall()]
+    return await fetch_all(
+        conn, Q["segment_events"], {"locator": locator}, row=class_row(SegmentEvent)
+    )
 
 
 async def lock_segment(
     conn: AsyncConnection[Any], locator: str, number: int
 ) -> LockedSegment | None:
     """Lock a booking and one of its segments until the transaction ends; None if absent."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(Q["lock_segment"], {"locator": locator, "number": number})
-        row = await cur.fetchone()
-    return LockedSegment(**row) if row is not None else None
+    return await fetch_one(
+        conn,
+        Q["lock_segment"],
+        {"locator": locator, "number": number},
+        row=class_row(LockedSegment),
+    )
 
 
 async def set_status(
@@ -233,10 +234,9 @@ async def lock_booking(
     Args:
         at: the instant "expired" is judged at; None (production) is database now.
     """
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(Q["lock_booking"], {"locator": locator, "at": at})
-        row = await cur.fetchone()
-    return LockedBooking(**row) if row is not None else None
+    return await fetch_one(
+        conn, Q["lock_booking"], {"locator": locator, "at": at}, row=class_row(LockedBooking)
+    )
 
 
 async def withdraw(conn: AsyncConnection[Any], locator: str) -> list[Withdrawn]:
@@ -247,12 +247,13 @@ async def withdraw(conn: AsyncConnection[Any], locator: str) -> list[Withdrawn]:
     Returns:
         The segments withdrawn, by number, with the status each held.
     """
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(
-            Q["withdraw_segments"],
-            {"locator": locator, "withdrawn": WITHDRAWN, "dead": sorted(DEAD_STATES)},
-        )
-        out = sorted((Withdrawn(**r) for r in await cur.fetchall()), key=lambda w: w.number)
+    rows = await fetch_all(
+        conn,
+        Q["withdraw_segments"],
+        {"locator": locator, "withdrawn": WITHDRAWN, "dead": sorted(DEAD_STATES)},
+        row=class_row(Withdrawn),
+    )
+    out = sorted(rows, key=lambda w: w.number)
     if out:
         await conn.execute(
             Q["record_withdrawals"],
@@ -268,14 +269,20 @@ async def withdraw(conn: AsyncConnection[Any], locator: str) -> list[Withdrawn]:
 
 async def mark_cancelled(conn: AsyncConnection[Any], locator: str, reason: str) -> bool:
     """Mark a booking cancelled (now, database time); False if it already was."""
-    cur = await conn.execute(Q["mark_cancelled"], {"locator": locator, "reason": reason})
-    return await cur.fetchone() is not None
+    row = await fetch_one(
+        conn, Q["mark_cancelled"], {"locator": locator, "reason": reason}, row=dict_row
+    )
+    return row is not None
 
 
 async def carrier_destinations(
     conn: AsyncConnection[Any], carriers: Sequence[str]
 ) -> dict[str, CarrierDestination]:
     """Return the live Destination of each carrier that has one (absent carriers: none)."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(Q["carrier_destinations"], {"carriers": list(carriers)})
-        return {r["carrier"]: CarrierDestination(**r) for r in await cur.fetchall()}
+    rows = await fetch_all(
+        conn,
+        Q["carrier_destinations"],
+        {"carriers": list(carriers)},
+        row=class_row(CarrierDestination),
+    )
+    return {r.carrier: r for r in rows}
