@@ -45,12 +45,15 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from inturn.worker.store.queries import load
+
 #: Component names, in the order roles are created.
 COMPONENTS = ("ingest", "worker", "operator", "sweeper", "purge", "admin", "reader")
 #: Default role name prefix: roles are ``inturn_ingest``, ``inturn_worker``, ...
 DEFAULT_PREFIX = "inturn_"
 
 _PREFIX = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+Q = load("roles.sql")
 
 
 @dataclass(frozen=True)
@@ -165,12 +168,7 @@ class RolesError(Exception):
 
 
 def _columns(conn: psycopg.Connection[Any], table: str) -> list[str]:
-    rows = conn.execute(
-        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
-        " AND NOT attisdropped ORDER BY attnum",
-        (table,),
-    ).fetchall()
-    return [r[0] for r in rows]
+    return [r[0] for r in conn.execute(Q["columns"], {"table": table}).fetchall()]
 
 
 def _grant_sql(grant: Grant, table: str, role: str, columns: Iterable[str]) -> sql.Composed:
@@ -187,11 +185,7 @@ def _grant_sql(grant: Grant, table: str, role: str, columns: Iterable[str]) -> s
 
 def tables(conn: psycopg.Connection[Any]) -> list[str]:
     """The tables of the current schema whose names start with ``inturn_``, sorted."""
-    rows = conn.execute(
-        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
-        " AND tablename LIKE 'inturn\\_%' ORDER BY tablename"
-    ).fetchall()
-    return [r[0] for r in rows]
+    return [r[0] for r in conn.execute(Q["tables"]).fetchall()]
 
 
 def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
@@ -216,15 +210,14 @@ def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
             raise RolesError(f"no grant decision for table(s) {', '.join(undecided)}")
         try:
             with conn.transaction():
-                # Two migrate Jobs at once would race on CREATE ROLE: serialise them.
-                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('inturn:roles', 0))")
+                conn.execute(Q["roles_lock"])
                 for role in names.values():
-                    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
-                    if exists.fetchone() is None:
+                    exists = conn.execute(Q["role_exists"], {"role": role}).fetchone()
+                    if not (exists and exists[0]):
                         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
                         created.append(role)
                 database = conn.info.dbname
-                schema = conn.execute("SELECT current_schema()").fetchone()
+                schema = conn.execute(Q["current_schema"]).fetchone()
                 assert schema is not None
                 for role in names.values():
                     ident = sql.Identifier(role)
