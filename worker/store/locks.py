@@ -8,7 +8,8 @@ the ``key`` parameter (``enqueue_lock`` and ingest's ``store`` take :data:`ENQUE
   releases it;
 * enqueue (transaction lock, one per destination): enqueues commit in id order;
 * purge (session lock, try only): one purge at a time;
-* migrate (session lock): two pods migrating at once apply each migration once.
+* migrate (session lock): two pods migrating at once apply each migration once;
+* roles (transaction lock): two ``migrate --create-roles`` runs do not race on CREATE ROLE.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ ENQUEUE_PREFIX = "inturn:enqueue:"
 PURGE = "inturn:purge"
 #: The migration run's key.
 MIGRATE = "inturn:migrate"
+#: The key of creating the component roles and setting their grants.
+ROLES = "inturn:roles"
 
 
 def worker_key(destination: str) -> str:

@@ -44,7 +44,9 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 
+from inturn.worker.store import locks
 from inturn.worker.store.queries import load
 
 #: Component names, in the order roles are created.
@@ -167,8 +169,13 @@ class RolesError(Exception):
     """Roles cannot be created or granted (the message says why, in one line)."""
 
 
+def _column(conn: psycopg.Connection[Any], query: str, params: Any, name: str) -> list[Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return [row[name] for row in cur.execute(Q[query], params).fetchall()]
+
+
 def _columns(conn: psycopg.Connection[Any], table: str) -> list[str]:
-    return [r[0] for r in conn.execute(Q["columns"], {"table": table}).fetchall()]
+    return _column(conn, "columns", {"table": table}, "attname")
 
 
 def _grant_sql(grant: Grant, table: str, role: str, columns: Iterable[str]) -> sql.Composed:
@@ -185,7 +192,7 @@ def _grant_sql(grant: Grant, table: str, role: str, columns: Iterable[str]) -> s
 
 def tables(conn: psycopg.Connection[Any]) -> list[str]:
     """The tables of the current schema whose names start with ``inturn_``, sorted."""
-    return [r[0] for r in conn.execute(Q["tables"]).fetchall()]
+    return _column(conn, "tables", None, "tablename")
 
 
 def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
@@ -210,15 +217,13 @@ def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
             raise RolesError(f"no grant decision for table(s) {', '.join(undecided)}")
         try:
             with conn.transaction():
-                conn.execute(Q["roles_lock"])
+                conn.execute(locks.Q["xact_lock"], {"key": locks.ROLES})
                 for role in names.values():
-                    exists = conn.execute(Q["role_exists"], {"role": role}).fetchone()
-                    if not (exists and exists[0]):
+                    if not _column(conn, "role_exists", {"role": role}, "present")[0]:
                         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
                         created.append(role)
                 database = conn.info.dbname
-                schema = conn.execute(Q["current_schema"]).fetchone()
-                assert schema is not None
+                [schema] = _column(conn, "current_schema", None, "schema")
                 for role in names.values():
                     ident = sql.Identifier(role)
                     conn.execute(
@@ -228,7 +233,7 @@ def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
                     )
                     conn.execute(
                         sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
-                            sql.Identifier(schema[0]), ident
+                            sql.Identifier(schema), ident
                         )
                     )
                 for table in present:

@@ -5,6 +5,10 @@
 -- Wait for the session lock (the migration run).
 SELECT pg_advisory_lock(hashtextextended(%(key)s, 0));
 
+-- name: xact_lock
+-- Wait for the transaction lock (creating the component roles); released at COMMIT.
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
 -- name: try_lock
 -- Take the session lock if free (the worker lock, the purge singleton).
 SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0)) AS locked;

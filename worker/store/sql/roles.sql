@@ -17,11 +17,7 @@ SELECT attname
  ORDER BY attnum;
 
 -- name: role_exists
-SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %(role)s);
-
--- name: roles_lock
--- Two migrate Jobs at once would race on CREATE ROLE: one at a time, until COMMIT.
-SELECT pg_advisory_xact_lock(hashtextextended('inturn:roles', 0));
+SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %(role)s) AS present;
 
 -- name: current_schema
-SELECT current_schema();
+SELECT current_schema() AS schema;
