@@ -53,11 +53,10 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from inturn.worker.config import MllpSenderConfig
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.receiver import MllpReceiver
-from inturn.worker.senders.mllp import MllpSender
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import NewItem

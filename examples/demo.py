@@ -40,12 +40,11 @@ from pathlib import Path
 from demo_messages import Message, generate  # examples/, next to this file
 from psycopg import AsyncConnection
 
-from inturn.worker.config import MllpSenderConfig
 from inturn.worker.embedded import start_embedded
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.receiver import HttpReceiver, MllpReceiver
 from inturn.worker.senders.base import DeliveryError
-from inturn.worker.senders.mllp import MllpSender
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue
 
 HERE = Path(__file__).resolve().parent

@@ -33,6 +33,7 @@ from inturn.worker.destination import (
     render_from_manifest,
     validate_manifest,
 )
+from inturn.worker.senders import registry as senders
 
 #: Annotation/label prefix owned by the operator.
 PREFIX = schema.GROUP
@@ -174,23 +175,6 @@ def config_map(
     return _with_spec_hash(obj)
 
 
-def _secret_mounts(spec: Mapping[str, Any]) -> dict[str, set[str]]:
-    """Secret name → keys the worker reads (TLS files, HTTP header file)."""
-    out: dict[str, set[str]] = {}
-    sender = spec["sender"]
-    for kind in ("mllp", "http"):
-        ref = ((sender.get(kind) or {}).get("tls") or {}).get("secretRef")
-        if ref:
-            keys = out.setdefault(ref["name"], set())
-            keys.add(ref.get("caKey", schema.DEFAULT_CA_KEY))
-            keys.update(k for k in (ref.get("certKey"), ref.get("keyKey")) if k)
-    http_ref = (sender.get("http") or {}).get("secretRef")
-    if http_ref:
-        keys = out.setdefault(http_ref["name"], set())
-        keys.add(http_ref.get("key", schema.DEFAULT_HTTP_HEADERS_KEY))
-    return out
-
-
 def _resources(spec: Mapping[str, Any]) -> dict[str, Any]:
     wanted = (spec.get("worker") or {}).get("resources") or {}
     return {
@@ -213,7 +197,7 @@ def deployment(
     """Return the worker Deployment of a Destination (``spec`` with defaults applied)."""
     meta = body["metadata"]
     name = meta["name"]
-    secrets = _secret_mounts(spec)
+    secrets = senders.secret_keys(spec["sender"])
     volumes: list[dict[str, Any]] = [
         {
             "name": "config",
@@ -374,23 +358,6 @@ def render(body: Mapping[str, Any], settings: WorkerPodSettings) -> Children:
 
 
 def sender_summary(spec: Mapping[str, Any]) -> str:
-    """Return a one-line, credential-free description of the sender, for ``status.sender``.
-
-    ``mllp://host:port`` (``mllps://`` with TLS) or the HTTP URL without user info, query or
-    fragment.
-    """
-    sender = spec.get("sender") or {}
-    if "mllp" in sender:
-        m = sender["mllp"]
-        scheme = "mllps" if m.get("tls") is not None else "mllp"
-        return f"{scheme}://{m.get('host')}:{m.get('port')}"
-    if "http" in sender:
-        url = str(sender["http"].get("url", ""))
-        scheme, sep, rest = url.partition("://")
-        if not sep:
-            return url[:256]
-        authority, slash, path = rest.partition("/")
-        authority = authority.rpartition("@")[2]
-        path = path.split("?", 1)[0].split("#", 1)[0]
-        return f"{scheme}://{authority}{slash}{path}"[:2048]
-    return "none"
+    """Return a one-line, credential-free description of the sender, for ``status.sender``
+    (the kind's :meth:`~inturn.worker.senders.kind.SenderKind.summary`, ``none`` when unset)."""
+    return senders.summary(spec.get("sender") or {})

@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from inturn.worker.senders import registry as senders
+from inturn.worker.senders.kind import SenderConfig
+
 AckAction = Literal["retry", "fail"]
 
 DEFAULT_BACKOFF_SECONDS = 5
@@ -58,63 +61,14 @@ class AckPolicy:
 
 
 @dataclass(frozen=True)
-class TlsConfig:
-    """Client TLS for a sender. Paths point at files mounted from Secrets.
-
-    Attributes:
-        ca_file: PEM bundle of trusted CAs; None uses the system store.
-        cert_file, key_file: client certificate and key (both or neither).
-        server_name: name to verify and send as SNI; None uses the host.
-        insecure_skip_verify: turn certificate verification off (tests only).
-    """
-
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    server_name: str | None = None
-    insecure_skip_verify: bool = False
-
-
-@dataclass(frozen=True)
-class MllpSenderConfig:
-    """An MLLP receiver: host, port (1-65535), optional TLS, maximum ACK size in bytes.
-
-    ``always_wait_for_ack``: wait for one positive ACK even when the message's MSH-15/MSH-16
-    ask for none (for receivers that answer every message whatever it asks for).
-    """
-
-    host: str
-    port: int
-    tls: TlsConfig | None = None
-    max_ack_bytes: int = 1024 * 1024
-    always_wait_for_ack: bool = False
-
-
-@dataclass(frozen=True)
-class HttpSenderConfig:
-    """An HTTP receiver: the payload is POSTed to ``url``; 2xx is success.
-
-    ``headers`` are sent with every request; ``headers_file`` optionally names a mounted Secret
-    file of ``Name: value`` lines (credentials) added to them.
-    """
-
-    url: str
-    headers: dict[str, str] = field(default_factory=dict)
-    headers_file: str | None = None
-    tls: TlsConfig | None = None
-
-
-SenderConfig = MllpSenderConfig | HttpSenderConfig
-
-
-@dataclass(frozen=True)
 class WorkerConfig:
     """Everything one worker needs.
 
     Attributes:
         destination: ``namespace/name`` of the Destination; the queue key.
         channel: the ingest channel feeding it.
-        sender: where and how to deliver.
+        sender: where and how to deliver (the configuration of one sender kind, see
+            :mod:`inturn.worker.senders.registry`).
         retry: the retry policy.
         ack_policy: per negative outcome, retry or fail.
         idle_seconds: the safety poll: how often an idle worker looks at its queue when no
@@ -142,61 +96,18 @@ class WorkerConfig:
 # JSON against its schema before calling ``from_dict``.
 
 
-def _tls_to_dict(tls: TlsConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {"insecureSkipVerify": tls.insecure_skip_verify}
-    for key, value in (
-        ("caFile", tls.ca_file),
-        ("certFile", tls.cert_file),
-        ("keyFile", tls.key_file),
-        ("serverName", tls.server_name),
-    ):
-        if value is not None:
-            out[key] = value
-    return out
-
-
-def _tls_from_dict(doc: Mapping[str, Any] | None) -> TlsConfig | None:
-    if doc is None:
-        return None
-    return TlsConfig(
-        ca_file=doc.get("caFile"),
-        cert_file=doc.get("certFile"),
-        key_file=doc.get("keyFile"),
-        server_name=doc.get("serverName"),
-        insecure_skip_verify=bool(doc.get("insecureSkipVerify", False)),
-    )
-
-
 def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
     """Return ``cfg`` as the camelCase JSON object of a rendered worker configuration.
 
     The inverse of :func:`from_dict`: ``from_dict(to_dict(cfg)) == cfg``.
     """
-    sender: dict[str, Any]
-    if isinstance(cfg.sender, MllpSenderConfig):
-        mllp: dict[str, Any] = {
-            "host": cfg.sender.host,
-            "port": cfg.sender.port,
-            "maxAckBytes": cfg.sender.max_ack_bytes,
-            "alwaysWaitForAck": cfg.sender.always_wait_for_ack,
-        }
-        if cfg.sender.tls is not None:
-            mllp["tls"] = _tls_to_dict(cfg.sender.tls)
-        sender = {"mllp": mllp}
-    else:
-        http: dict[str, Any] = {"url": cfg.sender.url, "headers": dict(cfg.sender.headers)}
-        if cfg.sender.headers_file is not None:
-            http["headersFile"] = cfg.sender.headers_file
-        if cfg.sender.tls is not None:
-            http["tls"] = _tls_to_dict(cfg.sender.tls)
-        sender = {"http": http}
     ack = cfg.ack_policy
     return {
         "destination": cfg.destination,
         "channel": cfg.channel,
         "messageTypes": list(cfg.message_types),
         "carriers": list(cfg.carriers),
-        "sender": sender,
+        "sender": senders.to_dict(cfg.sender),
         "retry": {
             "maxAttempts": cfg.retry.max_attempts,
             "backoffSeconds": cfg.retry.backoff_seconds,
@@ -225,31 +136,12 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
     Raises:
         KeyError, TypeError: a required key is missing or has the wrong shape.
     """
-    sender_doc = doc["sender"]
-    sender: SenderConfig
-    if "mllp" in sender_doc:
-        m = sender_doc["mllp"]
-        sender = MllpSenderConfig(
-            host=m["host"],
-            port=int(m["port"]),
-            tls=_tls_from_dict(m.get("tls")),
-            max_ack_bytes=int(m.get("maxAckBytes", 1024 * 1024)),
-            always_wait_for_ack=bool(m.get("alwaysWaitForAck", False)),
-        )
-    else:
-        h = sender_doc["http"]
-        sender = HttpSenderConfig(
-            url=h["url"],
-            headers=dict(h.get("headers", {})),
-            headers_file=h.get("headersFile"),
-            tls=_tls_from_dict(h.get("tls")),
-        )
     r = doc["retry"]
     ack = doc.get("ackPolicy", {})
     return WorkerConfig(
         destination=doc["destination"],
         channel=doc["channel"],
-        sender=sender,
+        sender=senders.from_dict(doc["sender"]),
         retry=RetryPolicy(
             max_attempts=int(r["maxAttempts"]),
             backoff_seconds=int(r.get("backoffSeconds", DEFAULT_BACKOFF_SECONDS)),

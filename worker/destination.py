@@ -13,8 +13,10 @@ are applied, the document is validated against the schema of :mod:`inturn.worker
 evaluated by their Python twins. Every problem is reported in one :class:`ManifestError` whose
 message names the field path, e.g. ``spec.retry.maxAttempts: required``.
 
-Secrets. A manifest refers to Secrets by name (``tls.secretRef``, ``http.secretRef``); the worker
-needs files. Key ``k`` of Secret ``s`` is found at ``<secrets_dir>/<s>/<k>``: in a cluster the
+Secrets. A manifest refers to Secrets by name (``tls.secretRef``, ``http.secretRef``,
+``sftp.secretRef``); the worker needs files; each sender kind renders its own references
+(:meth:`~inturn.worker.senders.kind.SenderKind.render`).
+Key ``k`` of Secret ``s`` is found at ``<secrets_dir>/<s>/<k>``: in a cluster the
 operator mounts each Secret at ``/etc/inturn/secrets/<s>`` (:data:`DEFAULT_SECRETS_DIR`); with
 ``inturn local`` the same manifest works if the files are laid out the same way under a local
 directory passed as ``secrets_dir`` (e.g. ``./secrets/partner-tls/ca.crt``).
@@ -38,6 +40,7 @@ from inturn.worker.config import (
     from_dict,
     to_dict,
 )
+from inturn.worker.senders import registry as senders
 
 #: Where the operator mounts referenced Secrets inside the worker container.
 DEFAULT_SECRETS_DIR = "/etc/inturn/secrets"
@@ -301,23 +304,6 @@ def _secret_file(secrets_dir: str | Path, secret: str, key: str) -> str:
     return str(base / secret / key)
 
 
-def _tls_files(tls: Mapping[str, Any] | None, secrets_dir: str | Path) -> dict[str, Any] | None:
-    if tls is None:
-        return None
-    out: dict[str, Any] = {"insecureSkipVerify": tls.get("insecureSkipVerify", False)}
-    if tls.get("serverName"):
-        out["serverName"] = tls["serverName"]
-    ref = tls.get("secretRef")
-    if ref:
-        out["caFile"] = _secret_file(
-            secrets_dir, ref["name"], ref.get("caKey", schema.DEFAULT_CA_KEY)
-        )
-        if "certKey" in ref:
-            out["certFile"] = _secret_file(secrets_dir, ref["name"], ref["certKey"])
-            out["keyFile"] = _secret_file(secrets_dir, ref["name"], ref["keyKey"])
-    return out
-
-
 def render_from_manifest(
     doc: Mapping[str, Any], *, secrets_dir: str | Path = DEFAULT_SECRETS_DIR
 ) -> dict[str, Any]:
@@ -327,38 +313,19 @@ def render_from_manifest(
     paths under ``secrets_dir``. The operator writes the result into the worker's ConfigMap.
     """
     spec = doc["spec"]
-    sender_spec = spec["sender"]
-    sender: dict[str, Any]
-    if "mllp" in sender_spec:
-        m = sender_spec["mllp"]
-        mllp: dict[str, Any] = {
-            "host": m["host"],
-            "port": m["port"],
-            "maxAckBytes": m["maxAckBytes"],
-            "alwaysWaitForAck": m["alwaysWaitForAck"],
-        }
-        tls = _tls_files(m.get("tls"), secrets_dir)
-        if tls is not None:
-            mllp["tls"] = tls
-        sender = {"mllp": mllp}
-    else:
-        h = sender_spec["http"]
-        http: dict[str, Any] = {"url": h["url"], "headers": dict(h.get("headers", {}))}
-        if h.get("secretRef"):
-            ref = h["secretRef"]
-            http["headersFile"] = _secret_file(
-                secrets_dir, ref["name"], ref.get("key", schema.DEFAULT_HTTP_HEADERS_KEY)
-            )
-        tls = _tls_files(h.get("tls"), secrets_dir)
-        if tls is not None:
-            http["tls"] = tls
-        sender = {"http": http}
+    found = senders.of_spec(spec["sender"])
+    assert found is not None  # validated: exactly one kind is set
+    kind, node = found
+
+    def secret_file(secret: str, key: str) -> str:
+        return _secret_file(secrets_dir, secret, key)
+
     rendered = {
         "destination": destination_key(doc),
         "channel": spec["channel"],
         "messageTypes": list((spec.get("filter") or {}).get("messageTypes", [])),
         "carriers": list(spec.get("carriers", [])),
-        "sender": sender,
+        "sender": {kind.name: kind.render(node, secret_file)},
         "retry": dict(spec["retry"]),
         "ackPolicy": dict(spec["ackPolicy"]),
         "idleSeconds": spec["idleSeconds"],

@@ -30,7 +30,7 @@ from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.logs import configure
 from inturn.worker.metrics import PrometheusObserver
 from inturn.worker.runner import DestinationWorker
-from inturn.worker.senders.factory import make_sender
+from inturn.worker.senders import registry as senders
 from inturn.worker.store import queue, registry
 from inturn.worker.store.migrate import migrate
 
@@ -42,24 +42,16 @@ MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 def check_sender(cfg: WorkerConfig) -> None:
-    """Build (and drop) the destination's sender, so a missing TLS file is reported up front.
+    """Run the sender kind's start-up checks (its files exist, it can be built), so that a
+    missing TLS file or key is reported before anything starts.
 
     Raises:
-        click.ClickException: the sender cannot be built (the message names the destination).
+        click.ClickException: a check failed (the message names the destination).
     """
-    tls = cfg.sender.tls
-    if tls is not None:
-        for path in (tls.ca_file, tls.cert_file, tls.key_file):
-            if path is not None and not Path(path).is_file():
-                raise click.ClickException(
-                    f"destination {cfg.destination}: no TLS file {path} (see --secrets-dir)"
-                )
-    try:
-        make_sender(cfg.sender)
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(
-            f"destination {cfg.destination}: its sender cannot be built: {exc}"
-        ) from None
+    problems = senders.check(cfg.sender)
+    if problems:
+        hint = " (see --secrets-dir)" if any(p.startswith("no file ") for p in problems) else ""
+        raise click.ClickException(f"destination {cfg.destination}: {problems[0]}{hint}")
 
 
 def manifest_files(paths: list[Path]) -> list[Path]:
@@ -179,7 +171,7 @@ class LocalRunner:
 
     def _start(self, cfg: WorkerConfig) -> None:
         try:
-            sender = make_sender(cfg.sender)
+            sender = senders.make_sender(cfg.sender)
         except (OSError, ValueError) as exc:  # e.g. a TLS file named by a secretRef is missing
             log.error(
                 "destination %s: not started, its sender cannot be built: %s", cfg.destination, exc

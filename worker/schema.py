@@ -22,12 +22,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from inturn.worker import openapi
+from inturn.worker.openapi import DNS_SUBDOMAIN as _DNS_SUBDOMAIN
+from inturn.worker.openapi import Rule, Schema
+from inturn.worker.openapi import boolean as _bool
+from inturn.worker.openapi import integer as _int
+from inturn.worker.openapi import obj as _obj
+from inturn.worker.openapi import str_map as _str_map
+from inturn.worker.openapi import string as _str
+from inturn.worker.senders import registry as senders
 
 GROUP = "inturn.dev"
 VERSION = "v1alpha1"
@@ -42,130 +51,9 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 #: ``metadata.name`` limit: ``<name>-worker`` must stay a valid label value (63 characters).
 MAX_NAME_LENGTH = 56
 
-#: Default Secret keys: the names cert-manager and ``kubernetes.io/tls`` Secrets use.
-DEFAULT_CA_KEY = "ca.crt"
-DEFAULT_HTTP_HEADERS_KEY = "headers"
 
-Schema = dict[str, Any]
-
-_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
 #: An IATA airline designator: two letters or digits, optionally a third letter.
 CARRIER_PATTERN = r"^[A-Z0-9]{2}[A-Z]?$"
-
-
-# --- small builders -------------------------------------------------------------------------
-
-
-def _obj(
-    properties: Mapping[str, Schema],
-    *,
-    required: tuple[str, ...] = (),
-    description: str = "",
-    default: Any = None,
-    rules: tuple[Rule, ...] = (),
-) -> Schema:
-    node: Schema = {"type": "object"}
-    if description:
-        node["description"] = description
-    node["properties"] = dict(properties)
-    if required:
-        node["required"] = list(required)
-    if default is not None:
-        node["default"] = default
-    if rules:
-        node["x-kubernetes-validations"] = [r.as_cel() for r in rules]
-    return node
-
-
-def _str(
-    description: str,
-    *,
-    max_length: int,
-    min_length: int | None = None,
-    pattern: str | None = None,
-    enum: tuple[str, ...] = (),
-    default: str | None = None,
-    fmt: str | None = None,
-) -> Schema:
-    node: Schema = {"type": "string", "description": description}
-    if enum:
-        node["enum"] = list(enum)
-    else:
-        node["maxLength"] = max_length
-        if min_length is not None:
-            node["minLength"] = min_length
-        if pattern is not None:
-            node["pattern"] = pattern
-    if fmt is not None:
-        node["format"] = fmt
-    if default is not None:
-        node["default"] = default
-    return node
-
-
-def _int(
-    description: str,
-    *,
-    minimum: int,
-    maximum: int,
-    default: int | None = None,
-    fmt: str = "int32",
-) -> Schema:
-    node: Schema = {
-        "type": "integer",
-        "format": fmt,
-        "description": description,
-        "minimum": minimum,
-        "maximum": maximum,
-    }
-    if default is not None:
-        node["default"] = default
-    return node
-
-
-def _bool(description: str, *, default: bool | None = None) -> Schema:
-    node: Schema = {"type": "boolean", "description": description}
-    if default is not None:
-        node["default"] = default
-    return node
-
-
-def _str_map(description: str, *, max_properties: int, max_value: int) -> Schema:
-    return {
-        "type": "object",
-        "description": description,
-        "maxProperties": max_properties,
-        "additionalProperties": {"type": "string", "maxLength": max_value},
-    }
-
-
-# --- CEL rules ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One CEL validation rule with its Python twin.
-
-    Attributes:
-        cel: the CEL expression evaluated by the API server with ``self`` bound to the node
-            that carries the rule.
-        message: what is wrong, as the API server reports it after the field path.
-        check: the same predicate in Python, given the (defaulted) node; True means valid.
-        field_path: optional CEL ``fieldPath`` (relative to the node) the error is reported at.
-    """
-
-    cel: str
-    message: str
-    check: Callable[[Mapping[str, Any]], bool]
-    field_path: str | None = None
-
-    def as_cel(self) -> dict[str, str]:
-        """Return the ``x-kubernetes-validations`` item (``rule``, ``message``, ``fieldPath``)."""
-        out = {"rule": self.cel, "message": self.message}
-        if self.field_path is not None:
-            out["fieldPath"] = self.field_path
-        return out
 
 
 RULE_NAME_LENGTH = Rule(
@@ -177,20 +65,24 @@ RULE_NAME_LENGTH = Rule(
     check=lambda node: len(str(node.get("metadata", {}).get("name", ""))) <= MAX_NAME_LENGTH,
     field_path=".metadata.name",
 )
-RULE_ONE_SENDER = Rule(
-    cel="has(self.mllp) != has(self.http)",
-    message="exactly one of mllp and http must be set",
-    check=lambda node: ("mllp" in node) != ("http" in node),
-)
+
+
+def _one_of(members: tuple[str, ...]) -> Rule:
+    """The rule "exactly one of ``members`` is set", in CEL and in Python."""
+    counted = " + ".join(f"(has(self.{m}) ? 1 : 0)" for m in members)
+    return Rule(
+        cel=f"{counted} == 1",
+        message=f"exactly one of {', '.join(members)} must be set",
+        check=lambda node: sum(m in node for m in members) == 1,
+    )
+
+
+#: Exactly one sender kind (generated from the registry of kinds).
+RULE_ONE_SENDER = _one_of(senders.names())
 RULE_BACKOFF = Rule(
     cel="self.maxBackoffSeconds >= self.backoffSeconds",
     message="maxBackoffSeconds must be greater than or equal to backoffSeconds",
     check=lambda node: node["maxBackoffSeconds"] >= node["backoffSeconds"],
-)
-RULE_CLIENT_CERT = Rule(
-    cel="has(self.certKey) == has(self.keyKey)",
-    message="certKey and keyKey must be set together",
-    check=lambda node: ("certKey" in node) == ("keyKey" in node),
 )
 
 RULE_CARRIERS_DISTINCT = Rule(
@@ -201,140 +93,18 @@ RULE_CARRIERS_DISTINCT = Rule(
 )
 
 #: Every rule, keyed by its CEL text: how a schema node's ``x-kubernetes-validations`` item is
-#: mapped back to its Python predicate.
-RULES: dict[str, Rule] = {
-    r.cel: r
-    for r in (
-        RULE_NAME_LENGTH,
-        RULE_ONE_SENDER,
-        RULE_BACKOFF,
-        RULE_CLIENT_CERT,
-        RULE_CARRIERS_DISTINCT,
-    )
-}
+#: mapped back to its Python predicate (the sender kinds' rules included).
+RULES: dict[str, Rule] = openapi.RULES
 
 
 # --- the spec -------------------------------------------------------------------------------
 
 
-def _secret_ref_tls() -> Schema:
+def _sender(kinds: Mapping[str, Schema]) -> Schema:
     return _obj(
-        {
-            "name": _str(
-                "Name of a Secret in the Destination's namespace; mounted into the worker.",
-                max_length=253,
-                min_length=1,
-                pattern=_DNS_SUBDOMAIN,
-            ),
-            "caKey": _str(
-                "Key of the PEM bundle of trusted CAs.",
-                max_length=253,
-                min_length=1,
-                pattern=_SECRET_KEY,
-                default=DEFAULT_CA_KEY,
-            ),
-            "certKey": _str(
-                "Key of the client certificate (PEM); set together with keyKey.",
-                max_length=253,
-                min_length=1,
-                pattern=_SECRET_KEY,
-            ),
-            "keyKey": _str(
-                "Key of the client private key (PEM); set together with certKey.",
-                max_length=253,
-                min_length=1,
-                pattern=_SECRET_KEY,
-            ),
-        },
-        required=("name",),
-        description=(
-            "The Secret holding the CA bundle and, optionally, a client certificate and key."
-            " The operator mounts it by reference and never reads it."
-        ),
-        rules=(RULE_CLIENT_CERT,),
-    )
-
-
-def _tls() -> Schema:
-    return _obj(
-        {
-            "secretRef": _secret_ref_tls(),
-            "serverName": _str(
-                "Name to verify in the receiver's certificate and to send as SNI;"
-                " defaults to the host.",
-                max_length=253,
-            ),
-            "insecureSkipVerify": _bool(
-                "Do not verify the receiver's certificate. For tests only.", default=False
-            ),
-        },
-        description=(
-            "Client TLS. Without secretRef the system trust store is used and no client"
-            " certificate is sent."
-        ),
-    )
-
-
-def _mllp() -> Schema:
-    return _obj(
-        {
-            "host": _str("Host name or IP address of the receiver.", max_length=253, min_length=1),
-            "port": _int("TCP port of the receiver.", minimum=1, maximum=65535),
-            "tls": _tls(),
-            "maxAckBytes": _int(
-                "Largest acknowledgement accepted, in bytes.",
-                minimum=256,
-                maximum=16 * 1024 * 1024,
-                default=1024 * 1024,
-            ),
-            "alwaysWaitForAck": _bool(
-                "Wait for an acknowledgement even when the message's MSH-15/MSH-16 ask for"
-                " none (NE, ER), for receivers that answer every message regardless.",
-                default=False,
-            ),
-        },
-        required=("host", "port"),
-        description="Deliver over MLLP (HL7 v2 Minimal Lower Layer Protocol), optionally in TLS.",
-    )
-
-
-def _http() -> Schema:
-    return _obj(
-        {
-            "url": _str(
-                "URL the message is POSTed to; a 2xx answer means accepted.",
-                max_length=2048,
-                min_length=8,
-                pattern=r"^https?://[^\s]+$",
-            ),
-            "headers": _str_map(
-                "Extra request headers (not secret; put credentials in secretRef).",
-                max_properties=32,
-                max_value=4096,
-            ),
-            "secretRef": _obj(
-                {
-                    "name": _str(
-                        "Name of a Secret in the Destination's namespace.",
-                        max_length=253,
-                        min_length=1,
-                        pattern=_DNS_SUBDOMAIN,
-                    ),
-                    "key": _str(
-                        "Key holding 'Name: value' header lines, e.g. an Authorization header.",
-                        max_length=253,
-                        min_length=1,
-                        pattern=_SECRET_KEY,
-                        default=DEFAULT_HTTP_HEADERS_KEY,
-                    ),
-                },
-                required=("name",),
-                description="Credentials: a Secret key of header lines added to every request.",
-            ),
-            "tls": _tls(),
-        },
-        required=("url",),
-        description="Deliver by HTTP POST.",
+        kinds,
+        description=(f"Where and how messages are delivered: exactly one of {', '.join(kinds)}."),
+        rules=(RULE_ONE_SENDER,),
     )
 
 
@@ -454,11 +224,7 @@ def spec_schema() -> Schema:
                 },
                 description="Which of the channel's messages this destination receives.",
             ),
-            "sender": _obj(
-                {"mllp": _mllp(), "http": _http()},
-                description="Where and how messages are delivered: exactly one of mllp, http.",
-                rules=(RULE_ONE_SENDER,),
-            ),
+            "sender": _sender({k.name: k.spec_schema() for k in senders.KINDS}),
             "retry": _obj(
                 {
                     "maxAttempts": _int(
@@ -628,20 +394,6 @@ def status_schema() -> Schema:
 WORKER_CONFIG_KIND = "WorkerConfig"
 
 
-def _tls_files() -> Schema:
-    path = "Absolute path of a PEM file (a mounted Secret key in a cluster)."
-    return _obj(
-        {
-            "caFile": _str(path, max_length=4096, min_length=1),
-            "certFile": _str(path, max_length=4096, min_length=1),
-            "keyFile": _str(path, max_length=4096, min_length=1),
-            "serverName": _str("Name to verify and send as SNI.", max_length=253),
-            "insecureSkipVerify": _bool("Do not verify the certificate.", default=False),
-        },
-        description="Client TLS with the Secret keys resolved to file paths.",
-    )
-
-
 def worker_config_schema() -> Schema:
     """Return the schema of the rendered worker configuration (``worker.json``).
 
@@ -650,16 +402,6 @@ def worker_config_schema() -> Schema:
     types, bounds and defaults) are taken from :func:`spec_schema`, so the two cannot drift.
     """
     spec = spec_schema()["properties"]
-    mllp = spec["sender"]["properties"]["mllp"]
-    mllp["properties"]["tls"] = _tls_files()
-    http = spec["sender"]["properties"]["http"]
-    http["properties"].pop("secretRef")
-    http["properties"]["headersFile"] = _str(
-        "Path of a file of 'Name: value' header lines (a mounted Secret key).",
-        max_length=4096,
-        min_length=1,
-    )
-    http["properties"]["tls"] = _tls_files()
     return _obj(
         {
             "apiVersion": _str("Always inturn.dev/v1alpha1.", max_length=64, enum=(API_VERSION,)),
@@ -672,7 +414,7 @@ def worker_config_schema() -> Schema:
             "channel": spec["channel"],
             "messageTypes": spec["filter"]["properties"]["messageTypes"],
             "carriers": spec["carriers"],
-            "sender": spec["sender"],
+            "sender": _sender({k.name: k.worker_schema() for k in senders.KINDS}),
             "retry": spec["retry"],
             "ackPolicy": spec["ackPolicy"],
             "idleSeconds": spec["idleSeconds"],

@@ -27,7 +27,7 @@ from inturn.worker.health import make_app, serve
 from inturn.worker.logs import configure
 from inturn.worker.metrics import PrometheusObserver
 from inturn.worker.runner import DestinationWorker
-from inturn.worker.senders.factory import make_sender
+from inturn.worker.senders.registry import make_sender
 
 log = logging.getLogger("inturn.worker")
 

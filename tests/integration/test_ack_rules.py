@@ -15,12 +15,12 @@ import pytest
 from pipeline import register, rows, until, worker, worker_config
 from psycopg import AsyncConnection
 
-from inturn.worker.config import MllpSenderConfig
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.receiver import MllpReceiver
+from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 

@@ -12,13 +12,14 @@ import asyncio
 import pytest
 from pipeline import cli, register, rows, until, worker, worker_config
 
-from inturn.worker.config import HttpSenderConfig, MllpSenderConfig
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.receiver import HttpReceiver, MllpReceiver
+from inturn.worker.senders.http import HttpSenderConfig
+from inturn.worker.senders.mllp import MllpSenderConfig
 
 pytestmark = pytest.mark.store
 

@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 
 from inturn.worker.cli import cli
-from inturn.worker.config import MllpSenderConfig, RetryPolicy, WorkerConfig
+from inturn.worker.config import RetryPolicy, WorkerConfig
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.listener import ListenerConfig
@@ -26,7 +26,7 @@ from inturn.worker.receiver import MllpReceiver
 from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.runner import DestinationWorker
-from inturn.worker.senders.mllp import MllpSender
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue, registry, roles
 from inturn.worker.store.model import NewItem
 from inturn.worker.worklist import store as worklist

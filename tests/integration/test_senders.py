@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from inturn.worker.config import HttpSenderConfig, MllpSenderConfig, TlsConfig
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.receiver import HttpReceiver, MllpReceiver
 from inturn.worker.senders.base import DeliveryError
-from inturn.worker.senders.factory import make_sender
-from inturn.worker.senders.http import HttpSender
-from inturn.worker.senders.mllp import MllpSender
+from inturn.worker.senders.http import HttpSender, HttpSenderConfig
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.senders.registry import make_sender
+from inturn.worker.senders.tls import TlsConfig
 
 MSG1 = b"MSH|^~\\&|SAPP|SFAC|RAPP|RFAC|20240101||ADT^A01^ADT_A01|MSG-1|P|2.5.1\rPID|1||111\r"
 MSG2 = MSG1.replace(b"MSG-1", b"MSG-2")

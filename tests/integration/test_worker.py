@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from psycopg import AsyncConnection
 
-from inturn.worker.config import AckPolicy, MllpSenderConfig, RetryPolicy, WorkerConfig
+from inturn.worker.config import AckPolicy, RetryPolicy, WorkerConfig
 from inturn.worker.health import bound_port, make_app, serve
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
@@ -19,7 +19,7 @@ from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.metrics import PrometheusObserver
 from inturn.worker.receiver import MllpReceiver
 from inturn.worker.runner import DestinationWorker
-from inturn.worker.senders.mllp import MllpSender
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 

@@ -17,6 +17,7 @@ import yaml
 
 from inturn.worker import schema
 from inturn.worker.destination import apply_defaults, validate, validate_manifest
+from inturn.worker.senders import registry as senders
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Kubernetes minor versions we claim (CEL validation rules are GA from 1.29).
@@ -127,7 +128,7 @@ def test_every_cel_rule_has_a_python_twin_and_a_message() -> None:
             found.append(item["rule"])
             assert item["rule"] in schema.RULES, f"{path}: {item['rule']} has no Python twin"
             assert item["message"] and not item["message"].endswith(".")
-    assert "has(self.mllp) != has(self.http)" in found
+    assert schema.RULE_ONE_SENDER.cel in found
     assert "self.maxBackoffSeconds >= self.backoffSeconds" in found
 
 
@@ -163,3 +164,12 @@ def test_demo_examples_exist_with_the_agreed_endpoints() -> None:
     assert mllp["spec"]["sender"]["mllp"] == {"host": "127.0.0.1", "port": 2576}
     assert http["spec"]["sender"]["http"]["url"] == "http://127.0.0.1:8090/hl7"
     assert mllp["spec"]["retry"]["maxAttempts"] == http["spec"]["retry"]["maxAttempts"] == 0
+
+
+def test_the_one_sender_rule_names_every_registered_kind() -> None:
+    rule = schema.RULE_ONE_SENDER
+    for name in senders.names():
+        assert f"has(self.{name})" in rule.cel and name in rule.message
+        assert rule.check({name: {}})
+    assert not rule.check({})
+    assert not rule.check({name: {} for name in senders.names()})

@@ -9,13 +9,7 @@ from typing import Any
 
 import pytest
 
-from inturn.worker.config import (
-    HttpSenderConfig,
-    MllpSenderConfig,
-    WorkerConfig,
-    from_dict,
-    to_dict,
-)
+from inturn.worker.config import WorkerConfig, from_dict, to_dict
 from inturn.worker.destination import (
     DEFAULT_SECRETS_DIR,
     ManifestError,
@@ -25,6 +19,8 @@ from inturn.worker.destination import (
     render_worker_config,
     validate_manifest,
 )
+from inturn.worker.senders.http import HttpSenderConfig
+from inturn.worker.senders.mllp import MllpSenderConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -97,7 +93,7 @@ def test_message_names_the_source_and_field() -> None:
 )
 def test_exactly_one_sender(sender: dict[str, Any]) -> None:
     assert errors_of(manifest(sender=sender)) == (
-        "spec.sender: exactly one of mllp and http must be set",
+        "spec.sender: exactly one of mllp, http must be set",
     )
 
 

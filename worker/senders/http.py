@@ -1,25 +1,34 @@
-"""HTTP sender: POST one message to a URL; any 2xx status is acceptance.
+"""HTTP sender: POST one message to a URL; any 2xx status is acceptance (``spec.sender.http``).
 
 One ``aiohttp.ClientSession`` (and so one connection pool) is kept for the sender's life and
 released by ``close()``. Redirects are not followed: a 3xx is reported like any other non-2xx.
+aiohttp is imported by the sender itself, so a worker of another kind never loads it (about
+12 MiB of a worker's memory).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
-from yarl import URL
-
-from ..config import HttpSenderConfig
 from ..hl7.terminators import normalise_terminators
+from ..openapi import DNS_SUBDOMAIN, SECRET_KEY, Schema, obj, str_map, string
+from . import tls as tls_node
 from .base import DeliveryError
-from .tls import client_context
+from .kind import SecretFile, SenderConfig, SenderKind
+from .tls import TlsConfig, client_context
+
+if TYPE_CHECKING:
+    import aiohttp
 
 #: Content-Type sent unless the configured headers name one.
 DEFAULT_CONTENT_TYPE = "application/hl7-v2"
+#: Default Secret key of the header lines (credentials).
+DEFAULT_HEADERS_KEY = "headers"
 
 
 def read_headers_file(path: str) -> dict[str, str]:
@@ -67,8 +76,7 @@ class HttpSender:
 
     def describe(self) -> str:
         """The URL without user info, query or fragment (they may hold credentials)."""
-        url = URL(self.config.url)
-        return str(url.with_user(None).with_query(None).with_fragment(None))
+        return public_url(self.config.url)
 
     def _headers(self) -> dict[str, str]:
         headers = dict(self.config.headers)
@@ -91,6 +99,8 @@ class HttpSender:
             DeliveryError: ``http`` for a non-2xx status, ``connection`` for transport
                 failures, ``timeout`` when ``timeout_seconds`` passes.
         """
+        import aiohttp
+
         headers = self._headers()
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
@@ -125,3 +135,144 @@ class HttpSender:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+
+
+def public_url(url: str) -> str:
+    """``url`` without user info, query or fragment (they may hold credentials), at most 2048
+    characters."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url[:256]
+    authority, slash, path = rest.partition("/")
+    authority = authority.rpartition("@")[2]
+    path = path.split("?", 1)[0].split("#", 1)[0]
+    return f"{scheme}://{authority}{slash}{path}"[:2048]
+
+
+# --- the kind: spec.sender.http ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HttpSenderConfig(SenderConfig):
+    """An HTTP receiver: the payload is POSTed to ``url``; 2xx is success.
+
+    ``headers`` are sent with every request; ``headers_file`` optionally names a mounted Secret
+    file of ``Name: value`` lines (credentials) added to them.
+    """
+
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    headers_file: str | None = None
+    tls: TlsConfig | None = None
+
+
+class HttpKind(SenderKind[HttpSenderConfig]):
+    """``spec.sender.http``: deliver by HTTP POST (:class:`HttpSender`)."""
+
+    name = "http"
+    config_type = HttpSenderConfig
+
+    @staticmethod
+    def _common() -> dict[str, Schema]:
+        return {
+            "url": string(
+                "URL the message is POSTed to; a 2xx answer means accepted.",
+                max_length=2048,
+                min_length=8,
+                pattern=r"^https?://[^\s]+$",
+            ),
+            "headers": str_map(
+                "Extra request headers (not secret; put credentials in secretRef).",
+                max_properties=32,
+                max_value=4096,
+            ),
+        }
+
+    def spec_schema(self) -> Schema:
+        """URL, headers, a Secret of header lines by reference, optional TLS."""
+        secret_ref = obj(
+            {
+                "name": string(
+                    "Name of a Secret in the Destination's namespace.",
+                    max_length=253,
+                    min_length=1,
+                    pattern=DNS_SUBDOMAIN,
+                ),
+                "key": string(
+                    "Key holding 'Name: value' header lines, e.g. an Authorization header.",
+                    max_length=253,
+                    min_length=1,
+                    pattern=SECRET_KEY,
+                    default=DEFAULT_HEADERS_KEY,
+                ),
+            },
+            required=("name",),
+            description="Credentials: a Secret key of header lines added to every request.",
+        )
+        return obj(
+            {**self._common(), "secretRef": secret_ref, "tls": tls_node.spec_schema()},
+            required=("url",),
+            description="Deliver by HTTP POST.",
+        )
+
+    def worker_schema(self) -> Schema:
+        """As :meth:`spec_schema`, with the header lines and TLS files as paths."""
+        headers_file = string(
+            "Path of a file of 'Name: value' header lines (a mounted Secret key).",
+            max_length=4096,
+            min_length=1,
+        )
+        return obj(
+            {**self._common(), "headersFile": headers_file, "tls": tls_node.worker_schema()},
+            required=("url",),
+            description="Deliver by HTTP POST.",
+        )
+
+    def render(self, spec: Mapping[str, Any], secret_file: SecretFile) -> dict[str, Any]:
+        """URL and headers as they are; the header Secret key and TLS files as paths."""
+        out: dict[str, Any] = {"url": spec["url"], "headers": dict(spec.get("headers", {}))}
+        ref = spec.get("secretRef")
+        if ref:
+            out["headersFile"] = secret_file(ref["name"], ref.get("key", DEFAULT_HEADERS_KEY))
+        tls = tls_node.render(spec.get("tls"), secret_file)
+        return out if tls is None else {**out, "tls": tls}
+
+    def from_dict(self, doc: Mapping[str, Any]) -> HttpSenderConfig:
+        """The configuration of a rendered ``http`` node."""
+        return HttpSenderConfig(
+            url=doc["url"],
+            headers=dict(doc.get("headers", {})),
+            headers_file=doc.get("headersFile"),
+            tls=tls_node.from_dict(doc.get("tls")),
+        )
+
+    def to_dict(self, config: HttpSenderConfig) -> dict[str, Any]:
+        """The rendered ``http`` node of ``config``."""
+        out: dict[str, Any] = {"url": config.url, "headers": dict(config.headers)}
+        if config.headers_file is not None:
+            out["headersFile"] = config.headers_file
+        tls = tls_node.to_dict(config.tls)
+        return out if tls is None else {**out, "tls": tls}
+
+    def secret_keys(self, spec: Mapping[str, Any]) -> dict[str, set[str]]:
+        """The header Secret's key and the TLS Secret's keys."""
+        out = tls_node.secret_keys(spec.get("tls"))
+        ref = spec.get("secretRef")
+        if ref:
+            out.setdefault(ref["name"], set()).add(ref.get("key", DEFAULT_HEADERS_KEY))
+        return out
+
+    def summary(self, spec: Mapping[str, Any]) -> str:
+        """The URL without user info, query or fragment."""
+        return public_url(str(spec.get("url", "")))
+
+    def files(self, config: HttpSenderConfig) -> Iterable[str]:
+        """The TLS PEM files (the header file is read on every send, so it may come later)."""
+        return config.tls.files() if config.tls is not None else []
+
+    def build(self, config: HttpSenderConfig) -> HttpSender:
+        """An :class:`HttpSender` (loads the TLS files now, aiohttp at the first send)."""
+        return HttpSender(config)
+
+
+KIND = HttpKind()

@@ -14,17 +14,22 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from ..config import MllpSenderConfig
 from ..hl7.ack import ACK_CODES, Ack, parse_ack
 from ..hl7.errors import AckParseError, HeaderError
 from ..hl7.expect import due, enhanced
 from ..hl7.header import Header, parse_header
 from ..hl7.mllp import Frame, FrameTooLarge, Garbage, frame
 from ..hl7.terminators import normalise_terminators
+from ..openapi import Schema, boolean, integer, obj, string
+from . import tls as tls_node
 from .base import DeliveryError, Outcome
+from .kind import SecretFile, SenderConfig, SenderKind
 from .mllp_link import READ_CHUNK, Closed, Link
-from .tls import client_context
+from .tls import TlsConfig, client_context
 
 log = logging.getLogger("inturn.worker.mllp")
 
@@ -32,6 +37,9 @@ log = logging.getLogger("inturn.worker.mllp")
 DETAIL_MAX_CHARS = 500
 #: TCP keepalive: idle seconds before the first probe, seconds between probes, probe count.
 KEEPALIVE = (60, 15, 4)
+
+#: Largest acknowledgement accepted unless the destination says otherwise, in bytes.
+DEFAULT_MAX_ACK_BYTES = 1024 * 1024
 
 _NACK_OUTCOMES: dict[str, Outcome] = {"AE": "AE", "AR": "AR", "CE": "CE", "CR": "CR"}
 
@@ -315,3 +323,115 @@ class MllpSender:
         link, self._link = self._link, None
         if link is not None:
             await link.close()
+
+
+# --- the kind: spec.sender.mllp ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MllpSenderConfig(SenderConfig):
+    """An MLLP receiver: host, port (1-65535), optional TLS, maximum ACK size in bytes.
+
+    ``always_wait_for_ack``: wait for one positive ACK even when the message's MSH-15/MSH-16
+    ask for none (for receivers that answer every message whatever it asks for).
+    """
+
+    host: str
+    port: int
+    tls: TlsConfig | None = None
+    max_ack_bytes: int = DEFAULT_MAX_ACK_BYTES
+    always_wait_for_ack: bool = False
+
+
+class MllpKind(SenderKind[MllpSenderConfig]):
+    """``spec.sender.mllp``: deliver over MLLP, optionally in TLS (:class:`MllpSender`)."""
+
+    name = "mllp"
+    config_type = MllpSenderConfig
+
+    def spec_schema(self) -> Schema:
+        """Host, port, optional TLS (a Secret by reference) and the largest ACK accepted."""
+        return self._node(tls_node.spec_schema())
+
+    def worker_schema(self) -> Schema:
+        """As :meth:`spec_schema`, with the TLS files as paths."""
+        return self._node(tls_node.worker_schema())
+
+    @staticmethod
+    def _node(tls: Schema) -> Schema:
+        return obj(
+            {
+                "host": string(
+                    "Host name or IP address of the receiver.", max_length=253, min_length=1
+                ),
+                "port": integer("TCP port of the receiver.", minimum=1, maximum=65535),
+                "tls": tls,
+                "maxAckBytes": integer(
+                    "Largest acknowledgement accepted, in bytes.",
+                    minimum=256,
+                    maximum=16 * 1024 * 1024,
+                    default=DEFAULT_MAX_ACK_BYTES,
+                ),
+                "alwaysWaitForAck": boolean(
+                    "Wait for an acknowledgement even when the message's MSH-15/MSH-16 ask for"
+                    " none (NE, ER), for receivers that answer every message regardless.",
+                    default=False,
+                ),
+            },
+            required=("host", "port"),
+            description=(
+                "Deliver over MLLP (HL7 v2 Minimal Lower Layer Protocol), optionally in TLS."
+            ),
+        )
+
+    def render(self, spec: Mapping[str, Any], secret_file: SecretFile) -> dict[str, Any]:
+        """Host, port and ACK limit as they are; TLS Secret keys as paths."""
+        out = {
+            "host": spec["host"],
+            "port": spec["port"],
+            "maxAckBytes": spec["maxAckBytes"],
+            "alwaysWaitForAck": spec["alwaysWaitForAck"],
+        }
+        tls = tls_node.render(spec.get("tls"), secret_file)
+        return out if tls is None else {**out, "tls": tls}
+
+    def from_dict(self, doc: Mapping[str, Any]) -> MllpSenderConfig:
+        """The configuration of a rendered ``mllp`` node."""
+        return MllpSenderConfig(
+            host=doc["host"],
+            port=int(doc["port"]),
+            tls=tls_node.from_dict(doc.get("tls")),
+            max_ack_bytes=int(doc.get("maxAckBytes", DEFAULT_MAX_ACK_BYTES)),
+            always_wait_for_ack=bool(doc.get("alwaysWaitForAck", False)),
+        )
+
+    def to_dict(self, config: MllpSenderConfig) -> dict[str, Any]:
+        """The rendered ``mllp`` node of ``config``."""
+        out: dict[str, Any] = {
+            "host": config.host,
+            "port": config.port,
+            "maxAckBytes": config.max_ack_bytes,
+            "alwaysWaitForAck": config.always_wait_for_ack,
+        }
+        tls = tls_node.to_dict(config.tls)
+        return out if tls is None else {**out, "tls": tls}
+
+    def secret_keys(self, spec: Mapping[str, Any]) -> dict[str, set[str]]:
+        """The TLS Secret's keys, if any."""
+        return tls_node.secret_keys(spec.get("tls"))
+
+    def summary(self, spec: Mapping[str, Any]) -> str:
+        """``mllp://host:port``, or ``mllps://host:port`` with TLS."""
+        scheme = "mllps" if spec.get("tls") is not None else "mllp"
+        return f"{scheme}://{spec.get('host')}:{spec.get('port')}"
+
+    def files(self, config: MllpSenderConfig) -> Iterable[str]:
+        """The TLS PEM files."""
+        return config.tls.files() if config.tls is not None else []
+
+    def build(self, config: MllpSenderConfig) -> MllpSender:
+        """An :class:`MllpSender` (loads the TLS files now)."""
+        return MllpSender(config)
+
+
+KIND = MllpKind()
