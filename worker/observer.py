@@ -2,7 +2,7 @@
 
 The worker calls an :class:`Observer`; :mod:`inturn.worker.metrics` implements it with
 prometheus-client, tests may record the calls. ``cause`` is always a bounded outcome class
-(see :data:`inturn.worker.senders.base.Outcome`), never free text, so it is safe as a label.
+(see :data:`inturn.worker.senders.base.FailureCause`), never free text, so it is safe as a label.
 """
 
 from __future__ import annotations

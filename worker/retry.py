@@ -58,7 +58,7 @@ def decide(outcome: str, attempts: int, retry: RetryPolicy, ack: AckPolicy) -> R
     """Decide what follows a failed attempt.
 
     Args:
-        outcome: the failure class (:data:`inturn.worker.senders.base.Outcome`, e.g. ``AR``,
+        outcome: the failure class (:data:`inturn.worker.senders.base.FailureCause`, e.g. ``AR``,
             ``timeout``, ``connection``).
         attempts: attempts made so far, the failed one included (1 after the first).
         retry: the destination's retry policy (``maxAttempts``, backoff base and ceiling).

@@ -27,7 +27,7 @@ from inturn.worker.backoff import backoff_seconds
 from inturn.worker.config import WorkerConfig
 from inturn.worker.observer import NullObserver, Observer
 from inturn.worker.retry import decide
-from inturn.worker.senders.base import DeliveryError, Outcome, Sender
+from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
 from inturn.worker.store import locks, queue
 from inturn.worker.store.connect import connect_worker
 from inturn.worker.store.model import Head
@@ -269,11 +269,11 @@ class DestinationWorker:
         """
         item = head.item
         attempts = item.attempts + 1
-        outcome: Outcome
+        outcome: FailureCause
         self.state.sending_since = time.monotonic()
         try:
             async with asyncio.timeout(self.config.retry.timeout_seconds):
-                await self.sender.send(head.payload)
+                await self.sender.send(head.payload, item_id=item.id)
         except DeliveryError as exc:
             outcome, detail = exc.outcome, exc.detail
         except TimeoutError:
@@ -294,7 +294,12 @@ class DestinationWorker:
         return await self._failed(conn, head, attempts, outcome, detail), None
 
     async def _failed(
-        self, conn: AsyncConnection[Any], head: Head, attempts: int, outcome: Outcome, detail: str
+        self,
+        conn: AsyncConnection[Any],
+        head: Head,
+        attempts: int,
+        outcome: FailureCause,
+        detail: str,
     ) -> bool:
         """Apply the retry decision (:func:`inturn.worker.retry.decide`) to a failed attempt:
         give up (returns True) or schedule a retry (False)."""

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-#: Outcome classes a sender reports. The first six are the keys of a destination's ``ackPolicy``
-#: (each mapped to ``retry`` or ``fail``); the rest are transport failures and are always retried.
-Outcome = Literal[
+#: Why an attempt failed: a bounded class, usable as a metrics label (``outcome``). The first six
+#: are the keys of a destination's ``ackPolicy`` (each mapped to ``retry`` or ``fail``); the rest
+#: are transport failures and are always retried.
+FailureCause = Literal[
     "AE",  # application error (HL7 v2.x chapter 2, table 0008)
     "AR",  # application reject
     "CE",  # commit error (enhanced mode)
@@ -20,24 +21,32 @@ Outcome = Literal[
     "timeout",  # the attempt did not finish within timeoutSeconds
     "connection",  # refused, reset, closed, TLS failure, DNS failure
     "http",  # an HTTP receiver answered with a non-2xx status
+    "rejected",  # a receiver without ACKs refused it (an SFTP write refused, the file exists)
 ]
 
-#: Outcomes whose handling a destination chooses with ``ackPolicy``.
-POLICY_OUTCOMES: tuple[Outcome, ...] = ("AE", "AR", "CE", "CR", "invalidAck", "controlIdMismatch")
+#: Failure causes whose handling a destination chooses with ``ackPolicy``.
+POLICY_OUTCOMES: tuple[FailureCause, ...] = (
+    "AE",
+    "AR",
+    "CE",
+    "CR",
+    "invalidAck",
+    "controlIdMismatch",
+)
 
 
 class DeliveryError(Exception):
     """One attempt failed.
 
     Attributes:
-        outcome: a bounded class (one of :data:`Outcome`) usable as a metrics label.
+        outcome: a bounded class (one of :data:`FailureCause`) usable as a metrics label.
         detail: a short human-readable cause (MSA-3 / ERR text, socket error, HTTP status line).
             It never contains the payload.
     """
 
-    def __init__(self, outcome: Outcome, detail: str) -> None:
+    def __init__(self, outcome: FailureCause, detail: str) -> None:
         super().__init__(f"{outcome}: {detail}")
-        self.outcome: Outcome = outcome
+        self.outcome: FailureCause = outcome
         self.detail = detail
 
 
@@ -50,8 +59,11 @@ class Sender(Protocol):
     could still carry a late reply.
     """
 
-    async def send(self, payload: bytes) -> None:
+    async def send(self, payload: bytes, *, item_id: int = 0) -> None:
         """Send ``payload`` (the stored bytes) and wait for the receiver's acceptance.
+
+        ``item_id`` is the queue item's id, for receivers that name what they store (a file
+        name); senders that have no use for it ignore it.
 
         Raises:
             DeliveryError: the receiver refused it, or the transport failed.

@@ -89,7 +89,7 @@ class HttpSender:
             headers["Content-Type"] = DEFAULT_CONTENT_TYPE
         return headers
 
-    async def send(self, payload: bytes) -> None:
+    async def send(self, payload: bytes, *, item_id: int = 0) -> None:
         """POST ``payload``; return on 2xx.
 
         The body is ``normalise_terminators(payload)``, the same bytes every sender sends: the

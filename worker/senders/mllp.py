@@ -26,7 +26,7 @@ from ..hl7.mllp import Frame, FrameTooLarge, Garbage, frame
 from ..hl7.terminators import normalise_terminators
 from ..openapi import Schema, boolean, integer, obj, string
 from . import tls as tls_node
-from .base import DeliveryError, Outcome
+from .base import DeliveryError, FailureCause
 from .kind import SecretFile, SenderConfig, SenderKind
 from .mllp_link import READ_CHUNK, Closed, Link
 from .tls import TlsConfig, client_context
@@ -41,7 +41,7 @@ KEEPALIVE = (60, 15, 4)
 #: Largest acknowledgement accepted unless the destination says otherwise, in bytes.
 DEFAULT_MAX_ACK_BYTES = 1024 * 1024
 
-_NACK_OUTCOMES: dict[str, Outcome] = {"AE": "AE", "AR": "AR", "CE": "CE", "CR": "CR"}
+_NACK_OUTCOMES: dict[str, FailureCause] = {"AE": "AE", "AR": "AR", "CE": "CE", "CR": "CR"}
 
 
 def _enable_keepalive(writer: asyncio.StreamWriter) -> None:
@@ -143,7 +143,7 @@ class MllpSender:
         link.leftovers()
         return link.usable
 
-    async def send(self, payload: bytes) -> None:
+    async def send(self, payload: bytes, *, item_id: int = 0) -> None:
         """Send one message and wait for the ACKs it asks for; see the class docstring.
 
         ``payload`` is sent as :func:`inturn.worker.hl7.terminators.normalise_terminators`
