@@ -93,7 +93,7 @@ def test_message_names_the_source_and_field() -> None:
 )
 def test_exactly_one_sender(sender: dict[str, Any]) -> None:
     assert errors_of(manifest(sender=sender)) == (
-        "spec.sender: exactly one of mllp, http must be set",
+        "spec.sender: exactly one of mllp, http, sftp must be set",
     )
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import http, mllp
+from . import http, mllp, sftp
 from .base import Sender
 from .kind import SenderConfig, SenderKind
 
 #: Every sender kind, in the order they are documented.
-KINDS: tuple[SenderKind[Any], ...] = (mllp.KIND, http.KIND)
+KINDS: tuple[SenderKind[Any], ...] = (mllp.KIND, http.KIND, sftp.KIND)
 
 _BY_NAME: dict[str, SenderKind[Any]] = {kind.name: kind for kind in KINDS}
 _BY_CONFIG: dict[type[SenderConfig], SenderKind[Any]] = {kind.config_type: kind for kind in KINDS}
