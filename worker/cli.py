@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "bookings": "inturn.worker.reservations.cli:bookings_group",
     "worker": "inturn.worker.worker_cli:worker_command",
     "ingest": "inturn.worker.ingest.cli:ingest_command",
+    "token": "inturn.worker.ingest.cli:token_command",
     "local": "inturn.worker.local:local_command",
     "operator": "inturn.operator.cli:operator_command",
     "crd": "inturn.operator.cli:crd_command",

@@ -173,3 +173,26 @@ def test_ingest_security_usage_errors(tmp_path: Path) -> None:
         ingest_command, ["--dsn", "x", "--http", "1", "--http-credentials", str(creds)]
     )
     assert result.exit_code == 2 and "credentials.yaml" in result.output
+
+
+def test_token_command_prints_the_token_once_and_a_file_entry(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from inturn.worker.cli import cli
+    from inturn.worker.ingest.credentials import Credentials
+
+    result = CliRunner().invoke(
+        cli, ["token", "lab-system", "--channel", "lab", "--channel", "adt"]
+    )
+    assert result.exit_code == 0, result.output
+    token = result.stderr.split("(shown once): ")[1].strip()
+    assert token not in result.stdout
+    path = tmp_path / "credentials.yaml"
+    path.write_text("credentials:\n" + result.stdout)
+    [found] = Credentials.load(path).authenticate(f"Bearer {token}")
+    assert (found.name, found.channels) == ("lab-system", frozenset({"lab", "adt"}))
+    everything = CliRunner().invoke(cli, ["token", "all", "--channel", "*"])
+    path.write_text("credentials:\n" + everything.stdout)
+    assert Credentials.load(path).entries[0].allows("anything")
+    bad = CliRunner().invoke(cli, ["token", "x", "--channel", "bad name"])
+    assert bad.exit_code == 2

@@ -12,7 +12,12 @@ from inturn.worker.ingest.accept import (
     DEFAULT_STORE_TIMEOUT_SECONDS,
 )
 from inturn.worker.ingest.access import AllowList
-from inturn.worker.ingest.credentials import CredentialsError, CredentialsFile
+from inturn.worker.ingest.credentials import (
+    ANY_CHANNEL,
+    CredentialsError,
+    CredentialsFile,
+    new_token,
+)
 from inturn.worker.ingest.listener import (
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
@@ -305,3 +310,28 @@ def ingest_command(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     asyncio.run(run_until_signal(Ingest(config, dsn=database)))
+
+
+@click.command("token")
+@click.argument("name")
+@click.option(
+    "--channel",
+    "channels",
+    multiple=True,
+    required=True,
+    metavar="CHANNEL",
+    help="A channel the token may post to (repeatable; '*' for every channel).",
+)
+def token_command(name: str, channels: tuple[str, ...]) -> None:
+    """Make a bearer token for HTTP ingest: the token goes to stderr (give it to the sender,
+    it is shown once), the credentials-file entry with its SHA-256 to stdout."""
+    try:
+        for channel in channels:
+            if channel != ANY_CHANNEL:
+                check_channel(channel)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--channel") from None
+    token, digest = new_token()
+    click.echo(f"token for {name} (shown once): {token}", err=True)
+    listed = ", ".join(f"'{c}'" if c == ANY_CHANNEL else c for c in channels)
+    click.echo(f"  - {{name: {name}, channels: [{listed}], tokenSha256: {digest}}}")
