@@ -19,7 +19,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from inturn.worker.hl7.ack import ack_mode, parse_ack
+from inturn.worker.hl7.ack import parse_ack
+from inturn.worker.hl7.expect import answer_codes
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.hl7.terminators import normalise_terminators
@@ -115,28 +116,39 @@ async def test_every_sample_through_mllp_send(
     assert process.returncode == 0, stderr.decode(errors="replace")
 
     wire = frames(bytes(proxy.sent))
-    acks = [parse_ack(reply) for reply in frames(stdout)]
-    assert len(wire) == len(samples) == len(acks)
+    replies = [parse_ack(reply) for reply in frames(stdout)]
+    assert len(wire) == len(samples)
 
+    # Each message gets exactly the acknowledgements its MSH-15/MSH-16 ask for, in order
+    # (inturn.worker.hl7.expect): one AA or AR in original mode; CA, then AA when MSH-16 asks.
+    acks = iter(replies)
     accepted: list[bytes] = []
     repeats: list[str] = []
     rejected: dict[str, str | None] = {}
-    for path, sent, ack in zip(samples, wire, acks, strict=True):
+    for path, sent in zip(samples, wire, strict=True):
         # what mllp_send did to the file's bytes: only SB/CR stripped at both ends
         assert sent == path.read_bytes().strip(b"\x0b\r"), path.name
-        if ack.code == "AR":
+        if path.name in NOT_MESSAGES:
+            ack = next(acks)
+            assert ack.code == "AR", path.name
             rejected[path.name] = ack.error_code
             continue
         header = parse_header(sent)
-        expected = "CA" if ack_mode(header) == "enhanced" else "AA"
-        assert (ack.code, ack.control_id) == (expected, header.control_id), path.name
+        codes = answer_codes(header, "accept")
+        assert codes, path.name  # no sample asks for no acknowledgement at all
+        answered = [next(acks) for _ in codes]
+        assert [(a.code, a.control_id) for a in answered] == [
+            (code, header.control_id) for code in codes
+        ], path.name
+        ack = answered[0]
         if sent in accepted:
             # two samples are byte-identical copies of others: the duplicate window answers
-            # them AA/CA again without storing a second copy
+            # them again without storing a second copy
             assert ack.text is not None and "duplicate" in ack.text, path.name
             repeats.append(path.name)
         else:
             accepted.append(sent)
+    assert next(acks, None) is None  # nothing more was answered than was asked for
     assert rejected == NOT_MESSAGES
     assert len(repeats) == 2
 
