@@ -13,8 +13,9 @@ from typing import Any
 
 import click
 import psycopg
+import psycopg.errors
 
-from inturn.worker.store.connect import DsnMissing
+from inturn.worker.store.connect import DsnError, schema_missing
 
 #: name -> "module:attribute" of each subcommand.
 COMMANDS: dict[str, str] = {
@@ -90,12 +91,16 @@ def main(argv: list[str] | None = None) -> Any:
         fail(f"{exc.format_message()} (see '{where} --help')")
     except click.ClickException as exc:
         fail(exc.format_message())
-    except DsnMissing as exc:
+    except DsnError as exc:
         fail(str(exc))
     except psycopg.OperationalError as exc:
         if debug:
             raise
         fail(f"cannot reach the database: {_first_line(exc)}")
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+        if debug:
+            raise
+        fail(schema_missing(exc))
     except psycopg.ProgrammingError as exc:
         if debug:
             raise

@@ -6,7 +6,9 @@ backlog. pgserver ships its own Postgres binaries; nothing needs to be installed
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +30,71 @@ class EmbeddedPostgres:
     data_dir: Path
     _server: Any
 
-    def stop(self) -> None:
-        """Stop the server; its data stays in :attr:`data_dir`."""
+    def stop(self) -> int | None:
+        """Stop the server; its data stays in :attr:`data_dir`.
+
+        Returns None once it has stopped, or the pid of a server still running (pgserver leaves
+        a server up while another process still uses it).
+        """
         self._server.cleanup()
+        return running_pid(self.data_dir)
+
+
+def running_pid(pgdata: Path) -> int | None:
+    """The pid of the live postmaster of ``pgdata`` (from its ``postmaster.pid``), or None."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+class DataDirInUse(Exception):
+    """Another ``inturn local`` runs on this data directory (the message names its pid)."""
+
+
+class DataDirLock:
+    """An exclusive lock of a data directory for one ``inturn local``: a second one would
+    share the first one's embedded Postgres and its destination registry.
+
+    It is an ``flock`` on ``<data dir>/inturn-local.lock`` holding the owner's pid; the kernel
+    releases it when the process ends, however it ends, so a crash leaves nothing to clean up.
+    """
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self._fd = fd
+        self.path = path
+
+    @classmethod
+    def acquire(cls, data_dir: Path) -> DataDirLock:
+        """Take the lock of ``data_dir`` (created if missing).
+
+        Raises:
+            DataDirInUse: another process holds it.
+        """
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / "inturn-local.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DataDirInUse(
+                f"{data_dir} is in use by another inturn local (pid {holder}): stop it, or give"
+                " this one a --data-dir of its own"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return cls(fd, path)
+
+    def release(self) -> None:
+        """Let go of the lock (idempotent)."""
+        if self._fd >= 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
 
 
 def start_embedded(data_dir: Path) -> EmbeddedPostgres:

@@ -23,7 +23,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.config import WorkerConfig
 from inturn.worker.destination import ManifestError, load_file
-from inturn.worker.embedded import start_embedded
+from inturn.worker.embedded import DataDirInUse, DataDirLock, start_embedded
 from inturn.worker.ingest.cli import parse_address, parse_listen
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
@@ -32,6 +32,7 @@ from inturn.worker.metrics import PrometheusObserver
 from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders import registry as senders
 from inturn.worker.store import queue, registry
+from inturn.worker.store.connect import DsnError, normalize_dsn
 from inturn.worker.store.migrate import migrate
 
 log = logging.getLogger("inturn.local")
@@ -357,16 +358,31 @@ def local_command(
             check_sender(cfg)
     except ManifestError as exc:
         raise click.ClickException(str(exc)) from None
+    if dsn:
+        try:
+            dsn = normalize_dsn(dsn)
+        except DsnError as exc:
+            raise click.UsageError(str(exc)) from None
     configure(log_level, log_json)
+    # Closing the terminal (SIGHUP) or a kill (SIGTERM) stops like Ctrl-C, before the event
+    # loop runs too, so that the embedded Postgres is always stopped on the way out.
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     embedded = None
+    lock = None
     if not dsn:
+        try:
+            lock = DataDirLock.acquire(data_dir)
+        except DataDirInUse as exc:
+            raise click.ClickException(str(exc)) from None
         log.info("starting embedded Postgres in %s", (data_dir / "pg").resolve())
         try:
             embedded = start_embedded(data_dir)
         except RuntimeError as exc:
+            lock.release()
             raise click.ClickException(str(exc)) from None
         dsn = embedded.dsn
-        log.info("embedded Postgres ready; for `inturn queue ...` use --dsn '%s'", dsn)
+        log.info("embedded Postgres ready; `inturn queue ...` run in this folder uses it")
     try:
         applied = migrate(dsn)
         if applied:
@@ -375,12 +391,19 @@ def local_command(
         async def main() -> None:
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.add_signal_handler(sig, stop.set)
             await run_local(dsn, list(paths), ingest_config, secrets_dir, stop)
 
         asyncio.run(main())
+    except KeyboardInterrupt:
+        log.info("stopped before the workers started")
     finally:
         if embedded is not None:
-            embedded.stop()
-            log.info("embedded Postgres stopped")
+            still = embedded.stop()
+            if still is None:
+                log.info("embedded Postgres stopped")
+            else:
+                log.warning("embedded Postgres still running (pid %d)", still)
+        if lock is not None:
+            lock.release()

@@ -22,12 +22,15 @@ import signal
 import sys
 from typing import Any
 
+import psycopg.errors
+
 from inturn.worker.config import WorkerConfig, from_dict, to_dict
 from inturn.worker.health import make_app, serve
 from inturn.worker.logs import configure
 from inturn.worker.metrics import PrometheusObserver
 from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders.registry import make_sender
+from inturn.worker.store.connect import schema_missing
 
 log = logging.getLogger("inturn.worker")
 
@@ -95,6 +98,9 @@ def run(settings: dict[str, Any]) -> int:
         )
     except OSError as exc:
         print(f"inturn: error: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+        print(f"inturn: error: {schema_missing(exc)}", file=sys.stderr)
         return 2
     return 0
 

@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from inturn.worker.store.queue import notify_channel
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
+ROOT = Path(__file__).resolve().parents[2]
 DEST = "ward/lab"
 
 
@@ -250,3 +254,50 @@ def test_bare_inturn_prints_help_and_version_is_there() -> None:
         0,
         f"inturn, version {metadata.version('inturn')}\n",
     )
+
+
+@pytest.fixture
+def empty_db(pg_server_dsn: str) -> Iterator[str]:
+    """A database nobody migrated."""
+    name = f"inturn_empty_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(pg_server_dsn, dbname=name)
+    finally:
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("queue", "depth"),
+        ("queue", "list"),
+        ("worker", "--http-port", "0", "-f", str(ROOT / "examples/local-mllp.yaml")),
+    ],
+    ids=["depth", "list", "worker"],
+)
+def test_unmigrated_database_says_to_migrate(args: tuple[str, ...], empty_db: str) -> None:
+    done = run(*args, dsn=empty_db)
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("inturn: error: the database has no inturn schema, or an old one (")
+    assert last.endswith("run `inturn migrate`")
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("dsn", "message"),
+    [
+        (
+            "postgresql://u:pw@a..b/db",
+            "inturn: error: invalid database host 'a..b' in the connection string\n",
+        ),
+        ("host=x port", "inturn: error: invalid database connection string: "),
+    ],
+)
+def test_bad_dsn_is_one_line(dsn: str, message: str) -> None:
+    done = run("queue", "depth", dsn=dsn)
+    assert done.returncode == 2 and done.stderr.startswith(message)
+    assert done.stderr.count("\n") == 1 and "pw" not in done.stderr

@@ -9,10 +9,12 @@ a free one. Every run ends with Ctrl-C (SIGINT) and must exit 0.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
 import sys
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -106,8 +108,9 @@ async def mllp_send(port: int, numbers: range, tmp_path: Path) -> list[str]:
 class Local:
     """An ``inturn local`` subprocess whose log goes to a file."""
 
-    def __init__(self, tmp_path: Path, args: list[str]) -> None:
+    def __init__(self, tmp_path: Path, args: list[str], cwd: Path | None = None) -> None:
         self.args = args
+        self.cwd = cwd
         self.log_path = tmp_path / "local.log"
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -115,7 +118,7 @@ class Local:
         env = {k: v for k, v in os.environ.items() if k != "INTURN_DSN"}
         with self.log_path.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                str(INTURN), "local", *self.args, env=env, stdout=log, stderr=log
+                str(INTURN), "local", *self.args, env=env, stdout=log, stderr=log, cwd=self.cwd
             )
         async with asyncio.timeout(60):
             while True:
@@ -363,3 +366,50 @@ async def test_embedded_postgres_keeps_the_backlog_across_restarts(
     assert without_repeats(ids(rx.received)) == expected(range(25))
     assert len(rx.received) == 25
     assert_clean(second.log())
+
+
+async def run_inturn(*args: str, cwd: Path) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "INTURN_DSN"}
+    proc = await asyncio.create_subprocess_exec(
+        str(INTURN), *args, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_one_local_per_data_dir_queue_finds_it_and_sighup_stops_postgres(
+    tmp_path: Path, local_runs: list[Local]
+) -> None:
+    """In a folder where ``inturn local`` runs on its default ./.inturn: a second one is refused
+    naming the first one's pid, ``inturn queue`` needs no --dsn, and closing the terminal
+    (SIGHUP) stops both inturn local and its embedded Postgres."""
+    port = free_port()
+    path = manifest(tmp_path / "dest.yaml", "here", mllp_port=free_port())
+    first = Local(tmp_path, ["-f", str(path), "--listen", f"adt={port}"], cwd=tmp_path)
+    local_runs.append(first)
+    await first.start(port)
+    assert first.proc is not None
+    assert await mllp_send(port, range(0, 3), tmp_path) == ["AA"] * 3
+
+    code, out, err = await run_inturn(
+        "local", "-f", str(path), "--listen", f"adt={free_port()}", cwd=tmp_path
+    )
+    assert code == 2 and out == ""
+    assert err == (
+        "inturn: error: .inturn is in use by another inturn local"
+        f" (pid {first.proc.pid}): stop it, or give this one a --data-dir of its own\n"
+    )
+
+    code, out, err = await run_inturn("queue", "depth", "--json", cwd=tmp_path)
+    assert code == 0, err
+    assert [(d["destination"], d["pending"]) for d in json.loads(out)] == [("default/here", 3)]
+
+    first.proc.send_signal(signal.SIGHUP)
+    async with asyncio.timeout(30):
+        assert await first.proc.wait() == 0
+    assert "embedded Postgres stopped" in first.log()
+    assert not (tmp_path / ".inturn" / "pg" / "postmaster.pid").exists()
+    code, out, err = await run_inturn("queue", "depth", cwd=tmp_path)
+    assert code == 2
+    assert "./.inturn holds an embedded Postgres that is not running" in err

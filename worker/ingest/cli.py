@@ -31,7 +31,7 @@ from inturn.worker.ingest.service import (
     run_until_signal,
     server_tls_context,
 )
-from inturn.worker.store.connect import DsnMissing, resolve_dsn
+from inturn.worker.store.connect import DsnError, resolve_dsn
 
 
 def parse_address(value: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
@@ -252,7 +252,7 @@ def ingest_command(
     )
     try:
         database = resolve_dsn(dsn)
-    except DsnMissing as exc:
+    except DsnError as exc:
         raise click.UsageError(str(exc)) from None
     if not listen and not http:
         raise click.UsageError("nothing to serve: give --listen and/or --http")

@@ -6,37 +6,122 @@
   read-only with a short statement timeout for listings and dashboards, so that a slow page
   never holds up a delivery.
 
-The DSN comes from ``--dsn`` or ``INTURN_DSN`` (libpq connection string or URI).
+The DSN comes from ``--dsn`` or ``INTURN_DSN`` (libpq connection string or URI) or, when
+neither is given, from the embedded Postgres that ``inturn local`` runs under ``./.inturn``.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 #: Statement timeout (milliseconds) of the read-only pool.
 READ_STATEMENT_TIMEOUT_MS = 5000
 
 
-class DsnMissing(Exception):
-    """Neither ``--dsn`` nor ``INTURN_DSN`` says where the database is."""
+class DsnError(Exception):
+    """The database connection string is absent or unusable (the message says why, in one line,
+    and never repeats the string, which may hold a password)."""
+
+
+class DsnMissing(DsnError):
+    """Neither ``--dsn``, ``INTURN_DSN`` nor a running ``./.inturn`` says where the database is."""
+
+
+#: Where ``inturn local`` keeps its embedded Postgres by default (relative to the working folder).
+LOCAL_DATA_DIR = Path(".inturn")
+
+
+def schema_missing(exc: BaseException) -> str:
+    """The one-line error for a query that found no inturn table or column: the database was
+    never migrated, or by an older inturn."""
+    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"the database has no inturn schema, or an old one ({detail}): run `inturn migrate`"
+
+
+def local_dsn(data_dir: Path = LOCAL_DATA_DIR) -> str | None:
+    """The DSN of the embedded Postgres of ``data_dir`` if it is running, else None.
+
+    Reads ``<data_dir>/pg/postmaster.pid`` (PostgreSQL's own record: line 1 the pid, line 4 the
+    port, line 5 the socket directory; "Database File Layout" in the PostgreSQL manual) and
+    checks that the pid is alive.
+    """
+    try:
+        lines = (data_dir / "pg" / "postmaster.pid").read_text().splitlines()
+        pid, port, socket_dir = int(lines[0]), int(lines[3]), lines[4].strip()
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, someone else's
+    return make_conninfo(
+        host=socket_dir or str((data_dir / "pg").resolve()),
+        port=port,
+        user="postgres",
+        dbname="postgres",
+    )
+
+
+def normalize_dsn(dsn: str) -> str:
+    """Check ``dsn`` and make relative socket folders absolute (``?host=.inturn/pg`` works).
+
+    libpq takes a host with a ``/`` for a socket folder only when it is absolute; a relative one
+    would be looked up as a host name.
+
+    Raises:
+        DsnError: the string cannot be parsed, or a host is not a valid name or address.
+    """
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        first = (str(exc).strip().splitlines() or ["malformed"])[0]
+        first = first.split(' in URI: "')[0].replace(dsn, "the string")  # it may hold a password
+        raise DsnError(f"invalid database connection string: {first}") from None
+    hosts = str(params.get("host") or "")
+    if not hosts:
+        return dsn
+    fixed = []
+    for host in hosts.split(","):
+        if "/" in host or host.startswith("."):
+            fixed.append(host if os.path.isabs(host) else os.path.abspath(host))
+            continue
+        try:
+            host.encode("idna")
+        except UnicodeError:
+            raise DsnError(f"invalid database host {host!r} in the connection string") from None
+        fixed.append(host)
+    if fixed == hosts.split(","):
+        return dsn
+    params["host"] = ",".join(fixed)
+    return make_conninfo("", **params)
 
 
 def resolve_dsn(dsn: str | None) -> str:
-    """Return ``dsn`` or ``$INTURN_DSN``.
+    """Return ``dsn``, ``$INTURN_DSN`` or the running embedded Postgres of ``./.inturn``,
+    checked and normalized by :func:`normalize_dsn`.
 
     Raises:
-        DsnMissing: neither is set.
+        DsnMissing: none of them is there.
+        DsnError: the one given is unusable.
     """
-    value = dsn or os.environ.get("INTURN_DSN")
+    value = dsn or os.environ.get("INTURN_DSN") or local_dsn()
     if not value:
-        raise DsnMissing("no database: pass --dsn or set INTURN_DSN")
-    return value
+        hint = ""
+        if (LOCAL_DATA_DIR / "pg").is_dir():
+            hint = " (./.inturn holds an embedded Postgres that is not running: start inturn local)"
+        raise DsnMissing(f"no database: pass --dsn or set INTURN_DSN{hint}")
+    return normalize_dsn(value)
 
 
 async def connect_worker(dsn: str, application_name: str = "inturn-worker") -> AsyncConnection[Any]:
