@@ -139,9 +139,9 @@ def test_ingest_command_usage_errors() -> None:
     from inturn.worker.ingest.cli import ingest_command
 
     runner = CliRunner()
-    result = runner.invoke(ingest_command, ["--dsn", "x", "--listen", "adt"])
+    result = runner.invoke(ingest_command, ["--dsn", "dbname=x", "--listen", "adt"])
     assert result.exit_code != 0 and "CHANNEL=[HOST:]PORT" in result.output
-    result = runner.invoke(ingest_command, ["--dsn", "x"])
+    result = runner.invoke(ingest_command, ["--dsn", "dbname=x"])
     assert result.exit_code != 0 and "nothing to serve" in result.output
     result = runner.invoke(ingest_command, ["--listen", "adt=1"], env={"INTURN_DSN": ""})
     assert result.exit_code != 0 and "INTURN_DSN" in result.output
@@ -165,12 +165,12 @@ def test_ingest_security_usage_errors(tmp_path: Path) -> None:
         (["--listen", "adt=1", "--allow-subject", "adt=ris"], "client certificates"),
     ]
     for args, message in cases:
-        result = runner.invoke(ingest_command, ["--dsn", "x", *args])
+        result = runner.invoke(ingest_command, ["--dsn", "dbname=x", *args])
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
     creds.write_text("credentials: []\nextra: [")
     result = runner.invoke(
-        ingest_command, ["--dsn", "x", "--http", "1", "--http-credentials", str(creds)]
+        ingest_command, ["--dsn", "dbname=x", "--http", "1", "--http-credentials", str(creds)]
     )
     assert result.exit_code == 2 and "credentials.yaml" in result.output
 
