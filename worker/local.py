@@ -49,10 +49,9 @@ def check_sender(cfg: WorkerConfig) -> None:
     Raises:
         click.ClickException: a check failed (the message names the destination).
     """
-    problems = senders.check(cfg.sender)
-    if problems:
-        hint = " (see --secrets-dir)" if any(p.startswith("no file ") for p in problems) else ""
-        raise click.ClickException(f"destination {cfg.destination}: {problems[0]}{hint}")
+    problem = senders.first_problem(cfg.destination, cfg.sender)
+    if problem is not None:
+        raise click.ClickException(problem)
 
 
 def manifest_files(paths: list[Path]) -> list[Path]:

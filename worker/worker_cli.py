@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from inturn.worker.config import WorkerConfig
+from inturn.worker.senders import registry as senders
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worker_main import exec_runtime, run, runtime_settings
 
@@ -88,6 +89,9 @@ def worker_command(
     path = config_path or manifest_path
     assert path is not None
     config = load_one(path, secrets_dir)
+    problem = senders.first_problem(config.destination, config.sender)
+    if problem is not None:  # a missing Secret file, before anything starts
+        raise click.ClickException(problem)
     target = resolve_dsn(dsn)
     settings = runtime_settings(config, target, http_host, http_port, log_level, log_json)
     # exec_runtime does not return; if the interpreter cannot be executed (an unusual setup),

@@ -301,3 +301,42 @@ def test_bad_dsn_is_one_line(dsn: str, message: str) -> None:
     done = run("queue", "depth", dsn=dsn)
     assert done.returncode == 2 and done.stderr.startswith(message)
     assert done.stderr.count("\n") == 1 and "pw" not in done.stderr
+
+
+def _manifest(tmp_path: Path, sender: str) -> Path:
+    path = tmp_path / "dest.yaml"
+    path.write_text(
+        "apiVersion: inturn.dev/v1alpha1\nkind: Destination\nmetadata: {name: feed}\n"
+        f"spec:\n  channel: adt\n  sender: {sender}\n  retry: {{maxAttempts: 0}}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("sender", "file"),
+    [
+        (
+            "{http: {url: 'https://x.example/', secretRef: {name: creds}}}",
+            "creds/headers",
+        ),
+        (
+            "{mllp: {host: h, port: 1, tls: {secretRef: {name: t, certKey: c, keyKey: k}}}}",
+            "t/ca.crt",
+        ),
+    ],
+    ids=["http-secretRef", "mllp-tls"],
+)
+@pytest.mark.parametrize("command", ["worker", "local"])
+def test_missing_secret_files_are_named_before_anything_starts(
+    tmp_path: Path, sender: str, file: str, command: str
+) -> None:
+    path = _manifest(tmp_path, sender)
+    args = ["--secrets-dir", str(tmp_path / "secrets"), "-f", str(path)]
+    if command == "local":
+        args += ["--listen", "adt=0"]
+    done = run(command, "--http-port", "0", *args) if command == "worker" else run(command, *args)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        f"inturn: error: destination default/feed: no file {tmp_path / 'secrets' / file}"
+        " (see --secrets-dir)\n"
+    )

@@ -267,8 +267,11 @@ class HttpKind(SenderKind[HttpSenderConfig]):
         return public_url(str(spec.get("url", "")))
 
     def files(self, config: HttpSenderConfig) -> Iterable[str]:
-        """The TLS PEM files (the header file is read on every send, so it may come later)."""
-        return config.tls.files() if config.tls is not None else []
+        """The headers file of a ``secretRef`` and the TLS PEM files. The headers file is read
+        again on every send (a rotated Secret takes effect), but it must be there at start: a
+        missing one would otherwise show only at the first delivery, as a failure."""
+        tls = list(config.tls.files()) if config.tls is not None else []
+        return [config.headers_file, *tls] if config.headers_file else tls
 
     def build(self, config: HttpSenderConfig) -> HttpSender:
         """An :class:`HttpSender` (loads the TLS files now, aiohttp at the first send)."""

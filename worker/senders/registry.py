@@ -93,3 +93,14 @@ def summary(sender: Mapping[str, Any]) -> str:
 def check(config: SenderConfig) -> list[str]:
     """Start-up problems of a sender configuration (empty when it can start)."""
     return of_config(config).check(config)
+
+
+def first_problem(destination: str, config: SenderConfig) -> str | None:
+    """The first start-up problem of ``destination``'s sender as one line naming it (a missing
+    file with a ``--secrets-dir`` hint), or None when it can start: what ``inturn local`` and
+    ``inturn worker`` refuse to start with."""
+    problems = check(config)
+    if not problems:
+        return None
+    hint = " (see --secrets-dir)" if problems[0].startswith("no file ") else ""
+    return f"destination {destination}: {problems[0]}{hint}"
