@@ -189,6 +189,7 @@ async def test_lost_connection_is_regained_and_delivery_resumes(fresh_db: str) -
             await admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE application_name LIKE 'inturn-worker%%'"
+                " AND datname = current_database()"  # not the workers of other test runs
             )
         await enqueue(fresh_db, [2])
         await until(lambda: _all_delivered(fresh_db, 2))

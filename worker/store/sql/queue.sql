@@ -151,7 +151,11 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
    AND (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
    AND (%(patient_key)s::text IS NULL OR patient_keys @> ARRAY[%(patient_key)s::text])
- ORDER BY id DESC
+ -- With an identifier filter, "id + 0" keeps the planner from walking the primary key backwards
+ -- in the hope of meeting the few matches early (it reads the whole table when they are old):
+ -- the identifier index finds them and they are sorted. The CASE folds away once planned.
+ ORDER BY CASE WHEN %(control_id)s::text IS NULL AND %(patient_key)s::text IS NULL
+               THEN id ELSE id + 0 END DESC
  LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: count_items
