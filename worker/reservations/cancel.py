@@ -147,35 +147,30 @@ async def cancel_expired(
             reason="ticketing-due",
             note="booking cancelled",
         )
-        queue = office_queue(locked.owner)
-        out.placements.append(
-            await place(
+        raised: dict[str, dict[str, Any]] = {
+            "ticketing-expired": {
+                "deadline": locked.ticketing_deadline.isoformat()
+                if locked.ticketing_deadline
+                else None,
+                "cancelled": True,
+                "withdrawn": out.withdrawn,
+                "told": sorted(out.told),
+            }
+        }
+        if out.not_told:
+            raised["cancel-not-delivered"] = {
+                "carriers": sorted(out.not_told),
+                "why": out.not_told,
+            }
+        for reason, details in raised.items():
+            placement = await place(
                 conn,
-                queue=queue,
+                queue=office_queue(locked.owner),
                 record_kind=BOOKING_KIND,
                 record_key=locator,
-                reason="ticketing-expired",
-                details={
-                    "deadline": locked.ticketing_deadline.isoformat()
-                    if locked.ticketing_deadline
-                    else None,
-                    "cancelled": True,
-                    "withdrawn": out.withdrawn,
-                    "told": sorted(out.told),
-                },
+                reason=reason,
+                details=details,
                 placed_by=PLACED_BY,
             )
-        )
-        if out.not_told:
-            out.placements.append(
-                await place(
-                    conn,
-                    queue=queue,
-                    record_kind=BOOKING_KIND,
-                    record_key=locator,
-                    reason="cancel-not-delivered",
-                    details={"carriers": sorted(out.not_told), "why": out.not_told},
-                    placed_by=PLACED_BY,
-                )
-            )
+            out.placements.append(placement)
     return out
