@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 import sys
 
-from pythonjsonlogger.json import JsonFormatter
-
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
@@ -25,6 +23,9 @@ def configure(level: str = "INFO", json_logs: bool = False) -> None:
         raise ValueError(f"unknown log level {level!r}")
     handler = logging.StreamHandler(sys.stderr)
     if json_logs:
+        # Imported only when asked for: a worker logging text keeps it out of its memory.
+        from pythonjsonlogger.json import JsonFormatter
+
         handler.setFormatter(
             JsonFormatter(
                 "%(asctime)s %(levelname)s %(name)s %(message)s",

@@ -16,12 +16,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg_pool import AsyncConnectionPool
+
+if TYPE_CHECKING:  # imported where a pool is made: a worker (one connection) never loads it
+    from psycopg_pool import AsyncConnectionPool
 
 #: Statement timeout (milliseconds) of the read-only pool.
 READ_STATEMENT_TIMEOUT_MS = 5000
@@ -209,6 +211,8 @@ class Pools:
 def _pool(
     dsn: str, name: str, size: int, application_name: str, options: str
 ) -> AsyncConnectionPool:
+    from psycopg_pool import AsyncConnectionPool
+
     kwargs = {
         "application_name": application_name,
         "options": "-c synchronous_commit=on" + options,
