@@ -32,6 +32,7 @@ typecheck: $(STAMP)
 	MYPYPATH=build/typecheck $(BIN)/mypy -p inturn.worker -p inturn.operator
 
 lint: $(STAMP) typecheck
+	$(BIN)/lint-imports
 	$(BIN)/ruff check worker operator tests bench examples image
 	$(BIN)/ruff format --check worker operator tests bench examples image
 

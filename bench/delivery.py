@@ -55,11 +55,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
-from inturn.worker.receiver import MllpReceiver
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
 
 BENCH_DIR = Path(__file__).resolve().parent
 SAMPLES = BENCH_DIR.parents[1] / "shared" / "samples" / "hl7"

@@ -53,11 +53,11 @@ import ingest as ingest_bench  # noqa: E402
 
 from inturn.worker.config import RetryPolicy, WorkerConfig, to_dict  # noqa: E402
 from inturn.worker.hl7.pid import lookup_key  # noqa: E402
-from inturn.worker.receiver import MllpReceiver  # noqa: E402
 from inturn.worker.senders.mllp import MllpSenderConfig  # noqa: E402
 from inturn.worker.store import queue  # noqa: E402
 from inturn.worker.store.migrate import migrate  # noqa: E402
 from inturn.worker.store.model import NewItem  # noqa: E402
+from inturn.worker.testing import MllpReceiver  # noqa: E402
 
 INTURN = Path(sys.executable).with_name("inturn")
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -42,10 +42,10 @@ from psycopg import AsyncConnection
 
 from inturn.worker.embedded import start_embedded
 from inturn.worker.hl7.header import parse_header
-from inturn.worker.receiver import HttpReceiver, MllpReceiver
 from inturn.worker.senders.base import DeliveryError
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue
+from inturn.worker.testing import HttpReceiver, MllpReceiver
 
 HERE = Path(__file__).resolve().parent
 INTURN = Path(sys.executable).with_name("inturn")

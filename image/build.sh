@@ -21,5 +21,5 @@ secret=()
 echo "image $IMAGE: podman build (base $BASE_IMAGE)"
 podman build --quiet --isolation=chroot "${secret[@]}" \
     --build-arg "BASE=$BASE_IMAGE" --build-arg "VERSION=$VERSION" \
-    --build-arg "EXTRAS=${EXTRAS:-}" -t "$IMAGE" . >/dev/null
+    --build-arg "EXTRAS=${EXTRAS:-operator}" -t "$IMAGE" . >/dev/null
 python3 image/check.py "$IMAGE" "$VERSION"

@@ -511,7 +511,7 @@ class Runtime:
         generation = int(meta.get("generation") or 0)
         spec = children.spec if children is not None else snap.get("spec") or {}
         dep = self.deployment(key)
-        worker = status.WorkerState(
+        worker = status.WorkerDeployment(
             name=manifests.child_name(key[1]),
             exists=dep is not None or applied,  # the watch may not have shown it yet
             available=dep is not None and dep.available,

@@ -54,7 +54,7 @@ class QueueDepth:
 
 
 @dataclass(frozen=True)
-class WorkerState:
+class WorkerDeployment:
     """The worker Deployment as last seen on the watch.
 
     Attributes:
@@ -119,7 +119,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def ready_condition(worker: WorkerState, invalid: str | None) -> tuple[str, str, str]:
+def ready_condition(worker: WorkerDeployment, invalid: str | None) -> tuple[str, str, str]:
     """Return (status, reason, message) of ``Ready``."""
     if invalid is not None:
         return "False", "InvalidSpec", f"The spec is not valid: {invalid}"[:32768]
@@ -161,7 +161,7 @@ def desired_status(
     *,
     generation: int,
     previous: Mapping[str, Any] | None,
-    worker: WorkerState,
+    worker: WorkerDeployment,
     depth: QueueDepth | None,
     suspended: bool,
     sender: str | None,

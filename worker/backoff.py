@@ -1,8 +1,8 @@
 """Retry backoff: pure arithmetic, no clock.
 
 The delay after the n-th failed attempt starts at ``backoffSeconds`` and doubles per attempt up
-to ``maxBackoffSeconds`` (the delivery-queue seed: 5 s doubling to a one-minute ceiling, so a
-receiver that comes back is noticed within a minute).
+to ``maxBackoffSeconds`` (by default 5 s doubling to a one-minute ceiling, so a receiver that
+comes back is noticed within a minute).
 """
 
 from __future__ import annotations

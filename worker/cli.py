@@ -32,6 +32,9 @@ COMMANDS: dict[str, str] = {
     "receiver": "inturn.worker.receiver_cli:receiver_command",
 }
 
+#: Libraries of optional extras (pyproject.toml) -> the extra that installs them.
+EXTRAS: dict[str, str] = {"kopf": "operator", "kubernetes": "operator", "pgserver": "local"}
+
 
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
@@ -51,7 +54,12 @@ class LazyGroup(click.Group):
         except ModuleNotFoundError as exc:
             if exc.name and module_name.startswith(exc.name):
                 return None  # not built yet
-            raise
+            extra = EXTRAS.get((exc.name or "").split(".")[0])
+            if extra is None:
+                raise
+            raise click.ClickException(
+                f"inturn {cmd_name} needs {exc.name}: pip install 'inturn[{extra}]'"
+            ) from None
         command = getattr(module, attr, None)
         return command if isinstance(command, click.Command) else None
 

@@ -101,11 +101,18 @@ def start_embedded(data_dir: Path) -> EmbeddedPostgres:
     """Start (or re-attach to) the embedded Postgres whose data lives in ``data_dir``/pg.
 
     Raises:
-        RuntimeError: the server could not start (the message says why).
+        RuntimeError: the server could not start, or pgserver (the ``local`` extra) is not
+            installed (the message says why).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs complains about XDG_RUNTIME_DIR
-        from pgserver import get_server  # type: ignore[attr-defined]
+        try:
+            from pgserver import get_server  # type: ignore[attr-defined]
+        except ModuleNotFoundError:
+            raise RuntimeError(
+                "the embedded Postgres needs the local extra (pip install 'inturn[local]');"
+                " or pass --dsn"
+            ) from None
 
     pgdata = (data_dir / "pg").resolve()
     pgdata.mkdir(parents=True, exist_ok=True)

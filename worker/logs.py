@@ -1,7 +1,7 @@
 """Logging setup for every long-running command: compact text lines, or JSON for log shippers.
 
-Per-message events are logged at DEBUG only, and never with payloads (ARCHITECTURE.md,
-invariant 5).
+Per-message events are logged at DEBUG only, and never with payloads (README, "Payloads stay
+out").
 """
 
 from __future__ import annotations

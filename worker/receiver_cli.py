@@ -18,7 +18,7 @@ import click
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.ingest.cli import parse_address
-from inturn.worker.receiver import HttpReceiver, MllpReceiver
+from inturn.worker.testing import HttpReceiver, MllpReceiver
 
 
 def describe(payload: bytes) -> str:

@@ -47,7 +47,7 @@ RECONNECT_MAX_SECONDS = 30.0
 
 
 @dataclass
-class WorkerState:
+class WorkerHealth:
     """What the health endpoints read.
 
     Attributes:
@@ -95,7 +95,7 @@ class DestinationWorker:
         self.dsn = dsn
         self.sender = sender
         self.observer: Observer = observer or NullObserver()
-        self.state = WorkerState()
+        self.state = WorkerHealth()
         self._wake = asyncio.Event()
         self._next_depth = 0.0
 

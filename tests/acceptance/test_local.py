@@ -25,7 +25,7 @@ import pytest
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
-from inturn.worker.receiver import HttpReceiver, MllpReceiver
+from inturn.worker.testing import HttpReceiver, MllpReceiver
 
 BIN = Path(sys.executable).parent
 INTURN = BIN / "inturn"

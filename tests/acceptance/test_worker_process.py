@@ -10,9 +10,9 @@ from pathlib import Path
 
 from psycopg import AsyncConnection
 
-from inturn.worker.receiver import MllpReceiver
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
 
 INTURN = Path(sys.executable).with_name("inturn")
 DEST = "default/restart-test"

@@ -19,10 +19,10 @@ from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
-from inturn.worker.receiver import MllpReceiver
 from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
 
 pytestmark = pytest.mark.store
 

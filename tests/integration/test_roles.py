@@ -22,13 +22,13 @@ from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.metrics import PrometheusObserver
-from inturn.worker.receiver import MllpReceiver
 from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue, registry, roles
 from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist import store as worklist
 
 pytestmark = pytest.mark.store

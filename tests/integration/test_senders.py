@@ -1,6 +1,6 @@
 """The MLLP and HTTP senders against real sockets on 127.0.0.1.
 
-Peers are the project's own receivers (inturn.worker.receiver) and raw asyncio servers written
+Peers are the project's own receivers (inturn.worker.testing) and raw asyncio servers written
 here to misbehave on purpose. TLS material is generated per session with the openssl CLI.
 """
 
@@ -22,12 +22,12 @@ from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.receiver import HttpReceiver, MllpReceiver
 from inturn.worker.senders.base import DeliveryError
 from inturn.worker.senders.http import HttpSender, HttpSenderConfig
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.senders.tls import TlsConfig
+from inturn.worker.testing import HttpReceiver, MllpReceiver
 
 MSG1 = b"MSH|^~\\&|SAPP|SFAC|RAPP|RFAC|20240101||ADT^A01^ADT_A01|MSG-1|P|2.5.1\rPID|1||111\r"
 MSG2 = MSG1.replace(b"MSG-1", b"MSG-2")

@@ -1,4 +1,4 @@
-"""The delivery queue store against a real Postgres: every operation of the seed."""
+"""The delivery queue store against a real Postgres: every operation."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ async def test_enqueue_returns_ids_in_order_and_keeps_bytes(conn: AsyncConnectio
 
 
 async def test_head_that_backs_off_blocks_later_items(conn: AsyncConnection[Any]) -> None:
-    """The seed's ordering pitfall: a later message must never overtake a failed head."""
+    """The ordering pitfall: a later message must never overtake a failed head."""
     [first] = await queue.enqueue(conn, [item(1)])
     head, wait = await queue.next_head(conn, DEST)
     assert head is not None and head.item.id == first

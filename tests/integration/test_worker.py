@@ -17,11 +17,11 @@ from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.metrics import PrometheusObserver
-from inturn.worker.receiver import MllpReceiver
 from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
 
 DEST = "ward/lab"
 
@@ -96,7 +96,7 @@ def control_ids(payloads: list[bytes]) -> list[str]:
 
 
 async def test_failed_head_is_never_overtaken(fresh_db: str) -> None:
-    """The seed's pitfall end to end: the head fails, a later one arrives, order holds."""
+    """The ordering pitfall end to end: the head fails, a later one arrives, order holds."""
     async with MllpReceiver(ack_code="AE") as rx, running(config(rx.port), fresh_db):
         await enqueue(fresh_db, [1])
         await rx.wait_for(2)  # the head was tried and retried

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from inturn.operator.status import QueueDepth, WorkerState, desired_status
+from inturn.operator.status import QueueDepth, WorkerDeployment, desired_status
 
 lua51 = pytest.importorskip("lupa.lua51", reason="lupa (a test extra) runs the Lua check")
 
@@ -40,7 +40,7 @@ def destination(generation: int = 1, **status_args: Any) -> dict[str, Any]:
     args: dict[str, Any] = {
         "generation": generation,
         "previous": None,
-        "worker": WorkerState("lab-worker", exists=True, available=True),
+        "worker": WorkerDeployment("lab-worker", exists=True, available=True),
         "depth": QueueDepth(),
         "suspended": False,
         "sender": "mllp",
@@ -76,12 +76,12 @@ def test_ready_is_healthy_with_how_delivery_goes() -> None:
 
 
 def test_worker_starting_is_progressing() -> None:
-    obj = destination(worker=WorkerState("lab-worker", exists=True, available=False))
+    obj = destination(worker=WorkerDeployment("lab-worker", exists=True, available=False))
     assert health(obj) == (
         "Progressing",
         "The worker Deployment lab-worker has no available pod holding the queue.",
     )
-    assert health(destination(worker=WorkerState("lab-worker")))[0] == "Progressing"
+    assert health(destination(worker=WorkerDeployment("lab-worker")))[0] == "Progressing"
 
 
 def test_invalid_spec_is_degraded_and_suspended_is_suspended() -> None:

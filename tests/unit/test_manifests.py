@@ -213,7 +213,7 @@ def test_sender_summary_has_no_credentials(sender: dict[str, Any], summary: str)
 # --- status -----------------------------------------------------------------------------------
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-WORKER_UP = status.WorkerState(name="d-worker", exists=True, available=True)
+WORKER_UP = status.WorkerDeployment(name="d-worker", exists=True, available=True)
 
 
 def desired(**kwargs: Any) -> dict[str, Any]:
@@ -287,7 +287,7 @@ def test_transition_time_changes_only_on_a_flip() -> None:
     assert cond(same, "Delivering")["reason"] == "Draining"
     assert cond(same, "Delivering")["lastTransitionTime"] == "2026-01-02T03:04:05Z"
     down = desired(
-        previous=same, now=later, worker=status.WorkerState(name="d-worker", exists=True)
+        previous=same, now=later, worker=status.WorkerDeployment(name="d-worker", exists=True)
     )
     assert cond(down, "Ready")["status"] == "False"
     assert cond(down, "Ready")["reason"] == "WorkerUnavailable"

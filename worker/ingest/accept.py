@@ -1,7 +1,7 @@
 """Accepting one message: parse its MSH, route it, store it in one transaction, build the answer.
 
 This is the part that MLLP and HTTP share. It never sees a socket: it takes the bytes of one
-message and returns an :class:`Outcome` holding the acknowledgement to send.
+message and returns a :class:`Reply` holding the acknowledgement to send.
 
 Acknowledgement rules (HL7 v2.x chapter 2, "Acknowledgment messages" and "Original and enhanced
 acknowledgment modes"; codes from table 0008, error codes from table 0357):
@@ -113,7 +113,7 @@ _CODE_STATUS = {"AA": 200, "CA": 200, "AR": 400, "CR": 400, "AE": 503, "CE": 503
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Reply:
     """The answer to one message.
 
     Attributes:
@@ -178,14 +178,14 @@ def _answer(
     text: str | None = None,
     error: AckErrorDetail | None = None,
     **fields: Any,
-) -> Outcome:
+) -> Reply:
     """The outcome carrying the acknowledgement(s) MSH-15/MSH-16 ask for (see
     :func:`inturn.worker.hl7.expect.answer_codes`); when none is due, the accept-level answer
     is built all the same (HTTP answers with it) and not sent over MLLP."""
     codes = answer_codes(header, kind)
     code = codes[0] if codes else ack_code(header, kind)
     followup = build_ack(header, codes[1], text=text) if len(codes) > 1 else b""
-    return Outcome(
+    return Reply(
         code=code,
         ack=build_ack(header, code, text=text, error=error),
         send=bool(codes),
@@ -226,9 +226,7 @@ class Acceptor:
             pool, window_seconds=duplicate_window_seconds, acquire_timeout=store_timeout_seconds
         )
 
-    async def handle(
-        self, channel: str, payload: bytes, received_at: float | None = None
-    ) -> Outcome:
+    async def handle(self, channel: str, payload: bytes, received_at: float | None = None) -> Reply:
         """Accept (or refuse) one message that arrived on ``channel``.
 
         Args:
@@ -240,14 +238,14 @@ class Acceptor:
                 now. Used for ``inturn_ingest_store_seconds``.
 
         Returns:
-            The :class:`Outcome`. Never raises for bad input or storage trouble: those become
+            The :class:`Reply`. Never raises for bad input or storage trouble: those become
             AR and AE answers.
         """
         started = time.perf_counter() if received_at is None else received_at
         try:
             header = parse_header(payload)
         except HeaderError as exc:
-            outcome = Outcome(
+            outcome = Reply(
                 code="AR",
                 ack=build_reject(payload, "AR", _error(exc.code, exc.text)),
                 send=True,
@@ -259,7 +257,7 @@ class Acceptor:
         too_long = over_bound(header)
         if too_long is not None:
             field, limit = too_long
-            outcome = Outcome(
+            outcome = Reply(
                 code="AR",
                 ack=build_reject(
                     payload,
@@ -276,7 +274,7 @@ class Acceptor:
             return self._done(channel, None, outcome, len(payload))
         if "\x00" in header.control_id or "\x00" in message_type.type_key:
             # Postgres text cannot hold NUL; resending would never help, so this is a reject.
-            outcome = Outcome(
+            outcome = Reply(
                 code="AR",
                 ack=build_reject(
                     payload,
@@ -338,13 +336,13 @@ class Acceptor:
         )
         return self._done(channel, header, outcome)
 
-    def reject_too_large(self, channel: str, limit: int) -> Outcome:
+    def reject_too_large(self, channel: str, limit: int) -> Reply:
         """The AR for a frame (or body) over ``limit`` bytes; nothing of it is stored.
 
         The message's header is not available (its bytes were dropped as they came), so the
         ACK uses the default delimiters and an empty MSA-2.
         """
-        outcome = Outcome(
+        outcome = Reply(
             code="AR",
             ack=build_reject(
                 b"",
@@ -356,7 +354,7 @@ class Acceptor:
         )
         return self._done(channel, None, outcome)
 
-    def _unrouted(self, channel: str, header: Header, reason: str) -> Outcome:
+    def _unrouted(self, channel: str, header: Header, reason: str) -> Reply:
         if reason == "filtered":
             error = _error(
                 ErrorCode.UNSUPPORTED_MESSAGE_TYPE,
@@ -371,7 +369,7 @@ class Acceptor:
             why = "channel has no destinations"
         return _answer(header, "reject", error=error, reason=why)
 
-    def _storage_failed(self, header: Header, exc: BaseException) -> Outcome:
+    def _storage_failed(self, header: Header, exc: BaseException) -> Reply:
         """AE for what a later attempt can store, AR for content the database refuses
         (:mod:`inturn.worker.store.faults`)."""
         fault = classify(exc)
@@ -394,8 +392,8 @@ class Acceptor:
         return "_other"
 
     def _done(
-        self, channel: str, header: Header | None, outcome: Outcome, size: int | None = None
-    ) -> Outcome:
+        self, channel: str, header: Header | None, outcome: Reply, size: int | None = None
+    ) -> Reply:
         metrics.MESSAGES.labels(self._label(channel), outcome.code).inc()
         control_id = header.control_id if header is not None else None
         if outcome.code in ("AE", "CE"):

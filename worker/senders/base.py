@@ -1,7 +1,7 @@
 """The one contract every sender implements, and the failure it raises.
 
 A worker drains a destination through exactly this interface, with the destination's real
-sender: there is no second implementation for retries (see the delivery-queue seed, "Sender").
+sender: there is no second implementation for retries.
 """
 
 from __future__ import annotations

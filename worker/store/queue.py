@@ -1,4 +1,4 @@
-"""The delivery queue's operations, one async function per operation of the seed.
+"""The delivery queue's operations, one async function per operation (README, "The command line").
 
 Every function takes an open ``psycopg.AsyncConnection`` in autocommit mode and runs its own
 short transaction(s), so the same code serves the worker (one dedicated connection that also

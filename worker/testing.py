@@ -1,4 +1,6 @@
-"""Real receiver peers for tests, the demo and benchmarks: an MLLP listener and an HTTP one.
+"""Testing helpers (``inturn.worker.testing``, as ``kopf.testing``): real receiver peers for
+tests, the demo, benchmarks and ``inturn receiver``: an MLLP listener and an HTTP one. Kept out
+of the runtime's modules; nothing a worker, ingest or the operator runs imports it.
 
 They behave like a downstream system: every message that arrives is recorded in order and
 answered. What they answer is settable while they run, so failure paths (AE, AR, a wrong
