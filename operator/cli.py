@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from inturn.worker import schema
+from inturn.worker.options import dsn_option
 
 
 @click.command("operator")
@@ -31,7 +32,7 @@ from inturn.worker import schema
     show_default=True,
 )
 @click.option("--image-pull-secret", multiple=True, help="Image pull Secret of workers.")
-@click.option("--dsn", envvar="INTURN_DSN", help="The operator's own Postgres DSN ($INTURN_DSN).")
+@dsn_option("The operator's own Postgres connection string.")
 @click.option(
     "--dsn-secret",
     envvar="INTURN_DSN_SECRET",
@@ -74,11 +75,16 @@ from inturn.worker import schema
 @click.option("--priority", type=int, default=None, help="Peering priority (default: random).")
 @click.option(
     "--log-format",
+    envvar="INTURN_LOG_FORMAT",
+    show_envvar=True,
     type=click.Choice(["plain", "full", "json"]),
     default="full",
     show_default=True,
+    help="kopf's log format (json also makes the workers log JSON).",
 )
-@click.option("--verbose", is_flag=True, help="Debug logging.")
+@click.option(
+    "--verbose", envvar="INTURN_VERBOSE", show_envvar=True, is_flag=True, help="Debug logging."
+)
 def operator_command(
     namespaces: tuple[str, ...],
     image: str,
@@ -127,7 +133,6 @@ def operator_command(
         identity=identity,
         operator_namespace=os.environ.get("POD_NAMESPACE") or None,
     )
-    handlers.configure(config)
     if metrics:
         from inturn.operator.metrics import serve
 
@@ -151,6 +156,7 @@ def operator_command(
         priority=priority,
         identity=identity,  # type: ignore[arg-type]  # a NewType of str
         liveness_endpoint=liveness or None,
+        memo=handlers.run_memo(config),
     )
 
 

@@ -52,19 +52,12 @@ CHILD_SELECTOR = f"app.kubernetes.io/managed-by={manifests.MANAGED_BY}"
 #: A handler gives up after this many temporary failures; the periodic pass converges later.
 MAX_HANDLER_RETRIES = 8
 
-_configured: OperatorConfig | None = None
-_runtime: Runtime | None = None
 
-
-def current_runtime() -> Runtime | None:
-    """The runtime of the operator running in this process, if any (diagnostics, benchmark)."""
-    return _runtime
-
-
-def configure(config: OperatorConfig | None) -> None:
-    """Set the settings used by the next operator start (None: read the environment)."""
-    global _configured
-    _configured = config
+def run_memo(config: OperatorConfig) -> kopf.Memo:
+    """The ``memo`` to pass to ``kopf.run``: the operator's state lives in it, not in module
+    globals (``memo.config`` here; ``memo.runtime`` once started). Without it (``kopf run -m``)
+    the settings come from the environment."""
+    return kopf.Memo(config=config)
 
 
 def runtime(memo: Any) -> Runtime:
@@ -129,7 +122,9 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     settings.networking.error_backoffs = [1, 2, 5, 10, 20, 30]
     settings.watching.label_selectors["apps", "deployments"] = CHILD_SELECTOR
     settings.watching.label_selectors["v1", "configmaps"] = CHILD_SELECTOR
-    config = _configured or OperatorConfig.from_env()
+    config = getattr(memo, "config", None)
+    if not isinstance(config, OperatorConfig):
+        config = memo.config = OperatorConfig.from_env()
     api = KubeApi(load_configuration(config.api_concurrency * 2), config.api_concurrency)
     rt = Runtime(
         config,
@@ -141,8 +136,6 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     await rt.ensure_peering()
     await rt.start()
     memo.runtime = rt
-    global _runtime
-    _runtime = rt
     log.info(
         "inturn operator started (%s, status every %ss)",
         ", ".join(config.namespaces) or "cluster-wide",
@@ -153,11 +146,10 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
     """Stop the periodic pass and close connections."""
-    global _runtime
     rt = getattr(memo, "runtime", None)
     if isinstance(rt, Runtime):
         await rt.stop()
-    _runtime = None
+    memo.runtime = None
 
 
 @kopf.on.probe(id="periodicPassAgeSeconds")

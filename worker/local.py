@@ -29,6 +29,7 @@ from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.logs import configure
 from inturn.worker.metrics import PrometheusObserver
+from inturn.worker.options import dsn_option, logging_options
 from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders import registry as senders
 from inturn.worker.store import queue, registry
@@ -287,11 +288,7 @@ async def run_local(
     help="HTTP ingest, OPEN: no TLS, no authentication (local use).",
 )
 @click.option("--ops", "ops", metavar="[HOST:]PORT", help="/healthz, /readyz and /metrics.")
-@click.option(
-    "--dsn",
-    envvar="INTURN_DSN",
-    help="Postgres DSN; default: an embedded Postgres under --data-dir.",
-)
+@dsn_option("Postgres connection string; default: an embedded Postgres under --data-dir.")
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -312,8 +309,7 @@ async def run_local(
     metavar="CHANNEL",
     help="Hold messages of CHANNEL that match no destination instead of answering AR.",
 )
-@click.option("--log-level", default="INFO", show_default=True)
-@click.option("--log-json", is_flag=True)
+@logging_options
 def local_command(
     paths: tuple[Path, ...],
     listen: tuple[str, ...],

@@ -20,8 +20,8 @@ import click
 import psycopg
 from psycopg import AsyncConnection
 
-from inturn.worker.durations import parse_duration
 from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.options import DURATION, dsn_option, json_option, who_option, why_option
 from inturn.worker.store import identifiers, queue, roles
 from inturn.worker.store.connect import Pools, resolve_dsn
 from inturn.worker.store.migrate import migrate
@@ -29,12 +29,6 @@ from inturn.worker.store.model import STATES, DepthRow, Item
 
 T = TypeVar("T")
 
-dsn_option = click.option(
-    "--dsn", envvar="INTURN_DSN", help="Postgres DSN or URI (default: $INTURN_DSN)."
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-who_option = click.option("--who", required=True, help="Who decides (recorded in the audit).")
-why_option = click.option("--why", default=None, help="Why (recorded in the audit).")
 patient_id_option = click.option(
     "--patient-id",
     help="Only the items naming this patient ID in PID-2, PID-3, PID-4 or MRG-1 (indexed).",
@@ -47,24 +41,6 @@ authority_option = click.option(
 
 #: Items read by ``erase --scan`` before it tells how long the rest will take.
 SCAN_RATE_SAMPLE = 2000
-
-
-class DurationType(click.ParamType[int]):
-    """A click parameter for ``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w`` (seconds)."""
-
-    name = "duration"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        """Return the duration in seconds; a bad value is a one-line usage error."""
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_duration(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-DURATION = DurationType()
 
 
 def run_db(dsn: str | None, action: Callable[[Pools], Awaitable[T]]) -> T:
@@ -103,7 +79,7 @@ def run_write(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitabl
 
 
 @click.command("migrate")
-@dsn_option
+@dsn_option()
 @click.option(
     "--create-roles",
     is_flag=True,
@@ -207,7 +183,7 @@ def queue_group() -> None:
 
 
 @queue_group.command("depth")
-@dsn_option
+@dsn_option()
 @json_option
 def depth_command(dsn: str | None, as_json: bool) -> None:
     """Per destination: pending, failed, age of the oldest, highest attempt count."""
@@ -219,7 +195,7 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
 
 
 @queue_group.command("list")
-@dsn_option
+@dsn_option()
 @json_option
 @click.option("--destination", "-d", help="namespace/name")
 @click.option("--channel", "-c")
@@ -280,7 +256,7 @@ def list_command(
 
 
 @queue_group.command("show")
-@dsn_option
+@dsn_option()
 @json_option
 @click.argument("item_id", type=int)
 def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
@@ -297,7 +273,7 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
 
 
 @queue_group.command("payload")
-@dsn_option
+@dsn_option()
 @click.argument("item_id", type=int)
 def payload_command(dsn: str | None, item_id: int) -> None:
     """Write one item's bytes to standard output exactly as its sender sends them.
@@ -314,7 +290,7 @@ def payload_command(dsn: str | None, item_id: int) -> None:
 
 
 @queue_group.command("retry")
-@dsn_option
+@dsn_option()
 @click.argument("item_id", type=int, required=False)
 @click.option("--destination", "-d", help="Retry every pending item of this destination.")
 @click.option("--who", default="cli", show_default=True, help="Recorded in the audit.")
@@ -337,7 +313,7 @@ def retry_command(
 
 
 @queue_group.command("skip")
-@dsn_option
+@dsn_option()
 @click.argument("item_id", type=int)
 @who_option
 @why_option
@@ -349,7 +325,7 @@ def skip_command(dsn: str | None, item_id: int, who: str, why: str | None) -> No
 
 
 @queue_group.command("drain")
-@dsn_option
+@dsn_option()
 @click.argument("destination")
 @who_option
 @why_option
@@ -360,7 +336,7 @@ def drain_command(dsn: str | None, destination: str, who: str, why: str | None) 
 
 
 @queue_group.command("remove")
-@dsn_option
+@dsn_option()
 @click.argument("item_ids", type=int, nargs=-1, required=True)
 @click.option("--who", default="cli", show_default=True)
 @why_option
@@ -374,7 +350,7 @@ def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: st
 
 
 @queue_group.command("resend")
-@dsn_option
+@dsn_option()
 @click.argument("item_id", type=int)
 @who_option
 @why_option
@@ -390,7 +366,7 @@ def resend_command(dsn: str | None, item_id: int, who: str, why: str | None) -> 
 
 
 @queue_group.command("erase")
-@dsn_option
+@dsn_option()
 @click.argument("item_ids", type=int, nargs=-1)
 @click.option(
     "--patient-id",
@@ -503,7 +479,7 @@ def _patient_key(patient_id: str | None, authority: str | None) -> str | None:
 
 
 @queue_group.command("audit")
-@dsn_option
+@dsn_option()
 @json_option
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 def audit_command(dsn: str | None, as_json: bool, limit: int) -> None:
@@ -536,7 +512,7 @@ def _ids(ids: list[int]) -> str:
 
 
 @click.command("purge")
-@dsn_option
+@dsn_option()
 @click.option(
     "--older-than",
     type=DURATION,

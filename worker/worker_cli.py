@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from inturn.worker.config import WorkerConfig
+from inturn.worker.options import dsn_option, logging_options
 from inturn.worker.senders import registry as senders
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worker_main import exec_runtime, run, runtime_settings
@@ -62,7 +63,7 @@ def load_one(path: Path, secrets_dir: Path | None) -> WorkerConfig:
     type=click.Path(path_type=Path, file_okay=False),
     help="Where <secret>/<key> files are for a manifest's secretRefs.",
 )
-@click.option("--dsn", envvar="INTURN_DSN", help="Postgres DSN (default: $INTURN_DSN).")
+@dsn_option()
 @click.option("--http-host", default="0.0.0.0", show_default=True)
 @click.option(
     "--http-port",
@@ -71,8 +72,7 @@ def load_one(path: Path, secrets_dir: Path | None) -> WorkerConfig:
     show_default=True,
     help="Port of /healthz, /readyz and /metrics.",
 )
-@click.option("--log-level", default="INFO", show_default=True)
-@click.option("--log-json", is_flag=True, help="One JSON object per log line.")
+@logging_options
 def worker_command(
     config_path: Path | None,
     manifest_path: Path | None,

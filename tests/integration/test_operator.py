@@ -120,9 +120,6 @@ def env(
     monkeypatch.setenv("INTURN_DSN", fresh_db)
     monkeypatch.setenv("INTURN_STATUS_INTERVAL", "1")
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    from inturn.operator import handlers
-
-    handlers.configure(None)
     prepare(kmock)
     return kmock
 

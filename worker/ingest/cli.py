@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import click
 
@@ -31,6 +30,8 @@ from inturn.worker.ingest.service import (
     run_until_signal,
     server_tls_context,
 )
+from inturn.worker.logs import configure
+from inturn.worker.options import dsn_option, logging_options
 from inturn.worker.store.connect import DsnError, resolve_dsn
 
 
@@ -151,7 +152,7 @@ def _size(value: str) -> int:
 @click.option(
     "--ops", "ops", metavar="[HOST:]PORT", help="/healthz, /readyz and /metrics (own port)."
 )
-@click.option("--dsn", envvar="INTURN_DSN", help="Postgres connection string (or INTURN_DSN).")
+@dsn_option()
 @click.option(
     "--tls-cert",
     type=click.Path(exists=True, dir_okay=False),
@@ -221,9 +222,7 @@ def _size(value: str) -> int:
     show_default=True,
     help="Database connections for storing messages.",
 )
-@click.option(
-    "--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR."
-)
+@logging_options
 def ingest_command(
     listen: tuple[str, ...],
     allow_network: tuple[str, ...],
@@ -245,11 +244,10 @@ def ingest_command(
     store_timeout: float,
     pool_size: int,
     log_level: str,
+    log_json: bool,
 ) -> None:
     """Accept HL7 v2 over MLLP (and HTTP), store it for every destination, then acknowledge."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(log_level, log_json)
     try:
         database = resolve_dsn(dsn)
     except DsnError as exc:

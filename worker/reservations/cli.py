@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
-from inturn.worker.queue_cli import DURATION, dsn_option, json_option
+from inturn.worker.options import DURATION, dsn_option, json_option
 from inturn.worker.reservations import bookings as api
 from inturn.worker.reservations.bookings import Applied
 from inturn.worker.reservations.codes import is_status_code
@@ -51,7 +51,7 @@ def bookings_group() -> None:
 
 
 @bookings_group.command("import")
-@dsn_option
+@dsn_option()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 def import_command(dsn: str | None, file: Path) -> None:
     """Import FILE, a JSON list of bookings (all or nothing; a locator again updates it)."""
@@ -113,7 +113,7 @@ def format_booking(booking: Booking, history: list[SegmentEvent]) -> str:
 
 
 @bookings_group.command("show")
-@dsn_option
+@dsn_option()
 @json_option
 @click.argument("locator")
 def show_command(dsn: str | None, as_json: bool, locator: str) -> None:
@@ -159,7 +159,7 @@ class _Instant(click.ParamType[datetime]):
 
 
 @bookings_group.command("apply-status")
-@dsn_option
+@dsn_option()
 @json_option
 @click.argument("locator")
 @click.argument("segment", type=click.IntRange(1, 99))

@@ -1,0 +1,71 @@
+"""Command-line options shared by the ``inturn`` commands, declared once (click).
+
+Every option that more than one command takes is here, with its ``INTURN_``-prefixed environment
+variable: ``--dsn`` (``INTURN_DSN``), ``--log-level`` (``INTURN_LOG_LEVEL``), ``--log-json``
+(``INTURN_LOG_JSON``), and the queue commands' ``--json``, ``--who``, ``--why`` and durations.
+Every long-running command (worker, ingest, local, operator) takes :func:`logging_options` and
+calls :func:`inturn.worker.logs.configure`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from inturn.worker.durations import parse_duration
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Log level names accepted by ``--log-level``.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def dsn_option(help: str = "Postgres connection string, libpq DSN or URI.") -> Callable[[F], F]:
+    """``--dsn`` (``$INTURN_DSN``); ``help`` says what the default is for this command."""
+    return click.option("--dsn", envvar="INTURN_DSN", show_envvar=True, help=help)
+
+
+def logging_options(command: F) -> F:
+    """``--log-level`` (``$INTURN_LOG_LEVEL``) and ``--log-json`` (``$INTURN_LOG_JSON``)."""
+    level = click.option(
+        "--log-level",
+        envvar="INTURN_LOG_LEVEL",
+        show_envvar=True,
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="INFO",
+        show_default=True,
+        help="Least severe level logged.",
+    )
+    as_json = click.option(
+        "--log-json",
+        envvar="INTURN_LOG_JSON",
+        show_envvar=True,
+        is_flag=True,
+        help="One JSON object per log line (for log shippers) instead of text.",
+    )
+    return level(as_json(command))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+who_option = click.option("--who", required=True, help="Who decides (recorded in the audit).")
+why_option = click.option("--why", default=None, help="Why (recorded in the audit).")
+
+
+class DurationType(click.ParamType[int]):
+    """A click parameter for ``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w`` (seconds)."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """Return the duration in seconds; a bad value is a one-line usage error."""
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = DurationType()
