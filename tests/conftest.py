@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 
 from inturn.worker.store.migrate import migrate
@@ -79,3 +81,13 @@ def samples() -> list[Path]:
     if not files:
         pytest.skip(f"no samples under {SAMPLES} (set INTURN_SAMPLES to their folder)")
     return files
+
+
+@pytest.fixture
+async def conn(fresh_db: str) -> AsyncIterator[AsyncConnection[Any]]:
+    """An autocommit connection to the emptied session database."""
+    c = await AsyncConnection.connect(fresh_db, autocommit=True)
+    try:
+        yield c
+    finally:
+        await c.close()

@@ -4,7 +4,6 @@ lookups and erasure; one message built per patient field."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -33,15 +32,6 @@ BY_FIELD = {
     "PID-4": msg("F4", "PID|1||MRN-0^^^HOSP|P-PID4^^^CLINIC|DOE^C\r"),
     "MRG-1": msg("F5", "PID|1||MRN-0^^^HOSP||DOE^D\rMRG|P-MRG1^^^HOSP\r", trigger="A40"),
 }
-
-
-@pytest.fixture
-async def conn(fresh_db: str) -> AsyncIterator[AsyncConnection[Any]]:
-    c = await AsyncConnection.connect(fresh_db, autocommit=True)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def ingest(conn: AsyncConnection[Any], payloads: list[bytes]) -> list[int]:

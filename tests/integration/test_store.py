@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,15 +29,6 @@ def item(n: int, destination: str = DEST, payload: bytes | None = None) -> NewIt
         if payload is not None
         else f"MSH|^~\\&|A|B|C|D|||ADT^A01|CTRL{n}|P|2.5\r".encode(),
     )
-
-
-@pytest.fixture
-async def conn(fresh_db: str) -> AsyncIterator[AsyncConnection[Any]]:
-    c = await AsyncConnection.connect(fresh_db, autocommit=True)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_enqueue_returns_ids_in_order_and_keeps_bytes(conn: AsyncConnection[Any]) -> None:

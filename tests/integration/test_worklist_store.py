@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -16,15 +15,6 @@ from inturn.worker import worklist
 from inturn.worker.worklist.model import WorklistItem
 
 pytestmark = pytest.mark.store
-
-
-@pytest.fixture
-async def conn(fresh_db: str) -> AsyncIterator[AsyncConnection[Any]]:
-    c = await AsyncConnection.connect(fresh_db, autocommit=True)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def place(
