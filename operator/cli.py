@@ -30,6 +30,7 @@ from inturn.worker.options import dsn_option
     type=click.Choice(["IfNotPresent", "Always", "Never"]),
     default="IfNotPresent",
     show_default=True,
+    help="Pull policy of worker pods.",
 )
 @click.option("--image-pull-secret", multiple=True, help="Image pull Secret of workers.")
 @dsn_option("The operator's own Postgres connection string.")
@@ -40,7 +41,13 @@ from inturn.worker.options import dsn_option
     show_default=True,
     help="Secret (in each Destination's namespace) holding the workers' DSN.",
 )
-@click.option("--dsn-secret-key", envvar="INTURN_DSN_SECRET_KEY", default="dsn", show_default=True)
+@click.option(
+    "--dsn-secret-key",
+    envvar="INTURN_DSN_SECRET_KEY",
+    default="dsn",
+    show_default=True,
+    help="Key of --dsn-secret holding the DSN.",
+)
 @click.option(
     "--worker-service-account",
     envvar="INTURN_WORKER_SERVICE_ACCOUNT",

@@ -22,7 +22,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.options import DURATION, dsn_option, json_option, who_option, why_option
-from inturn.worker.store import identifiers, queue, roles
+from inturn.worker.store import identifiers, queue, registry, roles
 from inturn.worker.store.connect import Pools, resolve_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import STATES, DepthRow, Item
@@ -76,6 +76,27 @@ def run_write(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitabl
             return await action(conn)
 
     return run_db(dsn, go)
+
+
+async def _why_not(conn: AsyncConnection[Any], item_id: int, action: str) -> str:
+    """Why ``action`` (retry, skip) did nothing to ``item_id``: the same words as ``show``."""
+    item = await queue.get_item(conn, item_id)
+    if item is None:
+        return f"no item {item_id}"
+    if item.state == "failed" and action == "retry":
+        return (
+            f"item {item_id} failed (it is not pending): `inturn queue resend {item_id} --who ...`"
+            " queues a copy of it"
+        )
+    return f"item {item_id} is {item.state}, not pending: nothing to {action}"
+
+
+async def _known_destination(conn: AsyncConnection[Any], destination: str) -> bool:
+    """Whether ``destination`` is registered or has items in any state."""
+    if any(r.destination == destination for r in await registry.list_all(conn)):
+        return True
+    items, _ = await queue.list_items(conn, destination=destination, limit=1)
+    return bool(items)
 
 
 @click.command("migrate")
@@ -198,13 +219,19 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
 @dsn_option()
 @json_option
 @click.option("--destination", "-d", help="namespace/name")
-@click.option("--channel", "-c")
-@click.option("--state", "-s", type=click.Choice(STATES))
+@click.option("--channel", "-c", help="Only the items of this channel.")
+@click.option("--state", "-s", type=click.Choice(STATES), help="Only the items in this state.")
 @click.option("--control-id", help="Only the items of this MSH-10 (exact match; indexed).")
 @patient_id_option
 @authority_option
-@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
-@click.option("--offset", type=click.IntRange(0), default=0)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=100,
+    show_default=True,
+    help="Items to show (at most 1,000).",
+)
+@click.option("--offset", type=click.IntRange(0), default=0, help="Skip this many (the next page).")
 def list_command(
     dsn: str | None,
     as_json: bool,
@@ -307,8 +334,10 @@ def retry_command(
             conn, who=who, item_id=item_id, destination=destination, why=why
         ),
     )
+    if not ids and item_id is not None:
+        raise click.ClickException(run_read(dsn, lambda conn: _why_not(conn, item_id, "retry")))
     if not ids:
-        raise click.ClickException("nothing pending matched")
+        raise click.ClickException(f"nothing pending for {destination}")
     click.echo(f"retrying now: {len(ids)} item(s)")
 
 
@@ -320,7 +349,7 @@ def retry_command(
 def skip_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
     """Abandon one pending item on purpose (state skipped; audited)."""
     if not run_write(dsn, lambda conn: queue.skip(conn, item_id, who=who, why=why)):
-        raise click.ClickException(f"item {item_id} is not pending")
+        raise click.ClickException(run_read(dsn, lambda conn: _why_not(conn, item_id, "skip")))
     click.echo(f"skipped {item_id}")
 
 
@@ -332,13 +361,17 @@ def skip_command(dsn: str | None, item_id: int, who: str, why: str | None) -> No
 def drain_command(dsn: str | None, destination: str, who: str, why: str | None) -> None:
     """Skip every pending item of DESTINATION (namespace/name); audited."""
     ids = run_write(dsn, lambda conn: queue.drain(conn, destination, who=who, why=why))
+    if not ids and not run_read(dsn, lambda conn: _known_destination(conn, destination)):
+        raise click.ClickException(
+            f"no destination {destination} (names are namespace/name; see `inturn queue depth`)"
+        )
     click.echo(f"drained {len(ids)} item(s) from {destination}")
 
 
 @queue_group.command("remove")
 @dsn_option()
 @click.argument("item_ids", type=int, nargs=-1, required=True)
-@click.option("--who", default="cli", show_default=True)
+@click.option("--who", default="cli", show_default=True, help="Recorded in the audit.")
 @why_option
 def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: str | None) -> None:
     """Delete finished items (delivered, failed, skipped); pending ones are refused."""
@@ -378,7 +411,7 @@ def resend_command(dsn: str | None, item_id: int, who: str, why: str | None) -> 
     is_flag=True,
     help="Find the patient by reading every payload instead of the index (slow: says how long).",
 )
-@who_option
+@click.option("--who", help="Who decides (recorded in the audit); not needed with --dry-run.")
 @why_option
 @click.option("--dry-run", is_flag=True, help="Show what would be erased; erase nothing.")
 @json_option
@@ -388,12 +421,14 @@ def erase_command(
     patient_id: str | None,
     authority: str | None,
     scan: bool,
-    who: str,
+    who: str | None,
     why: str | None,
     dry_run: bool,
     as_json: bool,
 ) -> None:
     """Erase items in any state (data-subject erasure), by id or by patient identifier."""
+    if who is None and not dry_run:
+        raise click.UsageError("missing option '--who' (it is recorded in the audit)")
     if bool(item_ids) == bool(patient_id and patient_id.strip()):
         raise click.UsageError("give exactly one of ITEM_IDS or a non-empty --patient-id")
     if (authority is not None or scan) and not patient_id:
@@ -418,7 +453,7 @@ def erase_command(
         if dry_run or not matched:
             return matched, []
         async with pools.write.connection() as conn:
-            erased = await queue.erase(conn, [m["id"] for m in matched], who=who, why=why)
+            erased = await queue.erase(conn, [m["id"] for m in matched], who=who or "", why=why)
         return matched, erased
 
     matched, erased = run_db(dsn, go)
@@ -428,7 +463,11 @@ def erase_command(
     for m in matched:
         click.echo(f"{m['id']}  {m['destination']}  {m['state']}  {m['messageType']}")
     verb = "would erase" if dry_run else "erased"
-    click.echo(f"{verb} {len(matched) if dry_run else len(erased)} item(s)")
+    if matched or not item_ids:
+        click.echo(f"{verb} {len(matched) if dry_run else len(erased)} item(s)")
+    missing = sorted(set(item_ids) - {m["id"] for m in matched})
+    if missing:
+        raise click.ClickException(f"no item {', '.join(map(str, missing))}")
 
 
 def _erase_row(item_id: int, destination: str, state: str, message_type: str) -> dict[str, Any]:
@@ -481,7 +520,13 @@ def _patient_key(patient_id: str | None, authority: str | None) -> str | None:
 @queue_group.command("audit")
 @dsn_option()
 @json_option
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=50,
+    show_default=True,
+    help="Entries to show, newest first.",
+)
 def audit_command(dsn: str | None, as_json: bool, limit: int) -> None:
     """Who decided what (skip, drain, erase, retry-now, resend, remove), when, and why."""
     entries = run_read(dsn, lambda conn: queue.audit_log(conn, limit))
@@ -523,7 +568,13 @@ def _ids(ids: list[int]) -> str:
 @click.option("--delivered", type=DURATION, help="Override the age for delivered items.")
 @click.option("--failed", type=DURATION, help="Override the age for failed items.")
 @click.option("--skipped", type=DURATION, help="Override the age for skipped items.")
-@click.option("--batch", type=click.IntRange(1, 5000), default=5000, show_default=True)
+@click.option(
+    "--batch",
+    type=click.IntRange(1, 5000),
+    default=5000,
+    show_default=True,
+    help="Rows deleted per transaction.",
+)
 def purge_command(
     dsn: str | None,
     older_than: int,

@@ -64,7 +64,12 @@ def load_one(path: Path, secrets_dir: Path | None) -> WorkerConfig:
     help="Where <secret>/<key> files are for a manifest's secretRefs.",
 )
 @dsn_option()
-@click.option("--http-host", default="0.0.0.0", show_default=True)
+@click.option(
+    "--http-host",
+    default="0.0.0.0",
+    show_default=True,
+    help="Address of /healthz, /readyz and /metrics.",
+)
 @click.option(
     "--http-port",
     type=click.IntRange(0, 65535),

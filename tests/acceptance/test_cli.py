@@ -340,3 +340,45 @@ def test_missing_secret_files_are_named_before_anything_starts(
         f"inturn: error: destination default/feed: no file {tmp_path / 'secrets' / file}"
         " (see --secrets-dir)\n"
     )
+
+
+def test_no_op_actions_answer_alike(fresh_db: str) -> None:
+    [pending_id, failed_id, delivered_id] = [
+        insert(fresh_db, [message(1, "P1")])[0],
+        insert(fresh_db, [message(2, "P2")], state="failed")[0],
+        insert(fresh_db, [message(3, "P3")], state="delivered")[0],
+    ]
+    assert pending_id
+    for args in (
+        ("show", "999999"),
+        ("skip", "999999", "--who", "me"),
+        ("retry", "999999"),
+        ("erase", "999999", "--who", "me"),
+        ("erase", "999999", "--dry-run"),
+    ):
+        done = run("queue", *args, dsn=fresh_db)
+        assert (done.returncode, done.stdout, done.stderr) == (
+            2,
+            "",
+            "inturn: error: no item 999999\n",
+        ), args
+    retry = run("queue", "retry", str(failed_id), dsn=fresh_db)
+    assert retry.returncode == 2
+    assert retry.stderr == (
+        f"inturn: error: item {failed_id} failed (it is not pending): `inturn queue resend"
+        f" {failed_id} --who ...` queues a copy of it\n"
+    )
+    skip = run("queue", "skip", str(delivered_id), "--who", "me", dsn=fresh_db)
+    assert skip.stderr == (
+        f"inturn: error: item {delivered_id} is delivered, not pending: nothing to skip\n"
+    )
+    drain = run("queue", "drain", "nobody/x", "--who", "me", dsn=fresh_db)
+    assert drain.returncode == 2 and drain.stderr.startswith(
+        "inturn: error: no destination nobody/x"
+    )
+    known = run("queue", "drain", DEST, "--who", "me", dsn=fresh_db)
+    assert (known.returncode, known.stdout) == (0, f"drained 1 item(s) from {DEST}\n")
+    dry = run("queue", "erase", str(failed_id), "--dry-run", dsn=fresh_db)
+    assert dry.returncode == 0 and dry.stdout.endswith("would erase 1 item(s)\n")
+    no_who = run("queue", "erase", str(failed_id), dsn=fresh_db)
+    assert no_who.returncode == 2 and "--who" in no_who.stderr
