@@ -7,6 +7,7 @@ STAMP   = $(VENV)/.installed
 .PHONY: demo test test-store lint typecheck bench crd clean image
 
 $(STAMP): pyproject.toml
+	@echo "installing inturn and its dependencies into $(VENV) (once; about a minute, quiet)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'

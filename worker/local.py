@@ -119,10 +119,18 @@ class LocalRunner:
         secrets_dir: where ``<secret>/<key>`` files of secretRefs are (relative: to each file).
     """
 
-    def __init__(self, dsn: str, paths: list[Path], secrets_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        paths: list[Path],
+        secrets_dir: Path | None = None,
+        channels: frozenset[str] | None = None,
+    ) -> None:
         self.dsn = dsn
         self.paths = paths
         self.secrets_dir = secrets_dir
+        self.channels = channels  #: channels with an MLLP listener (None: not known)
+        self._invalid = False  #: the last look at the manifests found an invalid one
         self.running: dict[str, _Running] = {}
         self.applied: dict[str, WorkerConfig] = {}
         self._seen: tuple[tuple[str, int, int], ...] = ()
@@ -135,6 +143,21 @@ class LocalRunner:
         applied (logged); the next change of the files tries again.
         """
         desired = dict(desired)
+        if not desired:
+            log.warning(
+                "no Destination manifest found in %s: nothing will be delivered",
+                ", ".join(map(str, self.paths)),
+            )
+        for dest, cfg in sorted(desired.items()):
+            before = self.applied.get(dest)
+            unheard = self.channels is not None and cfg.channel not in self.channels
+            if unheard and (before is None or before.channel != cfg.channel):
+                log.warning(
+                    "destination %s takes channel %s, which has no --listen: only HTTP"
+                    " ingest can feed it",
+                    dest,
+                    cfg.channel,
+                )
         async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
             for dest in sorted(set(self.applied) - set(desired)):
                 await self._stop(dest)
@@ -208,7 +231,11 @@ class LocalRunner:
         except (ManifestError, click.ClickException, OSError) as exc:
             message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
             log.error("manifests not applied: %s", message)
+            self._invalid = True
             return
+        if self._invalid:
+            self._invalid = False
+            log.info("manifests valid again: applying them")
         await self.apply(desired)
 
     async def start(self) -> None:
@@ -247,7 +274,8 @@ async def run_local(
     stop: asyncio.Event,
 ) -> None:
     """Run ingest and the workers until ``stop`` is set, then shut both down in order."""
-    runner = LocalRunner(dsn, paths, secrets_dir)
+    channels = frozenset(listener.channel for listener in ingest_config.listeners)
+    runner = LocalRunner(dsn, paths, secrets_dir, channels)
     await runner.start()
     ingest = Ingest(ingest_config, dsn=dsn)
     try:

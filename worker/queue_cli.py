@@ -192,7 +192,7 @@ def _item_rows(items: list[Item]) -> list[list[str]]:
             _clip(i.control_id, 30),
             str(i.attempts),
             _age(i.age_seconds(now)),
-            (i.last_error or "")[:60],
+            _clip(i.last_error or "", 60),
         ]
         for i in items
     ]
@@ -275,7 +275,16 @@ def list_command(
         return
     click.echo(
         _table(
-            ["ID", "DESTINATION", "STATE", "TYPE", "CONTROL-ID", "ATTEMPTS", "AGE", "LAST-ERROR"],
+            [
+                "ID",
+                "DESTINATION",
+                "STATE",
+                "TYPE",
+                "CONTROL-ID",
+                "ATTEMPTS",
+                "IN-QUEUE",
+                "LAST-ERROR",
+            ],
             _item_rows(items),
         )
     )

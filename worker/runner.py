@@ -296,6 +296,13 @@ class DestinationWorker:
             outcome, detail = "connection", str(exc) or type(exc).__name__
         else:
             waited, following = await queue.succeeded_next(conn, item, attempts)
+            if attempts > 1:  # the recovery is news as much as the failures were
+                log.info(
+                    "destination %s: delivering again after %d failed attempt(s) (id=%d)",
+                    self.destination,
+                    attempts - 1,
+                    item.id,
+                )
             log.debug(
                 "destination %s: delivered id=%d attempts=%d", self.destination, item.id, attempts
             )

@@ -214,6 +214,8 @@ async def test_outage_every_message_once_and_in_order(
     assert len(got) <= 301  # at most one sent twice: the one in flight at the outage
     assert code == 0
     assert_clean(local.log())
+    # the recovery is logged as the failures were
+    assert "destination default/to-mllp: delivering again after " in local.log()
 
 
 async def pending_is(dsn: str, n: int) -> bool:
@@ -266,6 +268,8 @@ async def test_manifest_changes_apply_without_restart(
         assert await mllp_send(port, range(10, 15), tmp_path) == ["AA"] * 5
         await second.wait_for(10, timeout=30)
         assert ids(second.received) == expected(range(5, 15))
+        manifest(path, "moving", mllp_port=second.port)  # fixed: said so
+        await local.wait_log("manifests valid again")
         code = await local.interrupt()
     assert code == 0
     assert_clean(local.log())
@@ -413,3 +417,27 @@ async def test_one_local_per_data_dir_queue_finds_it_and_sighup_stops_postgres(
     code, out, err = await run_inturn("queue", "depth", cwd=tmp_path)
     assert code == 2
     assert "./.inturn holds an embedded Postgres that is not running" in err
+
+
+async def test_warns_of_no_manifest_and_of_a_channel_without_listener(
+    tmp_path: Path, fresh_db: str, local_runs: list[Local]
+) -> None:
+    empty = tmp_path / "none"
+    empty.mkdir()
+    port = free_port()
+    local = Local(tmp_path, ["-f", str(empty), "--listen", f"adt={port}", "--dsn", fresh_db])
+    local_runs.append(local)
+    await local.start(port)
+    await local.wait_log(f"no Destination manifest found in {empty}: nothing will be delivered")
+    # a manifest on channel "lab", which nothing listens to
+    (empty / "lab.yaml").write_text(
+        manifest(tmp_path / "x.yaml", "lab-dest", mllp_port=free_port())
+        .read_text()
+        .replace("channel: adt", "channel: lab")
+    )
+    await local.wait_log(
+        "destination default/lab-dest takes channel lab, which has no --listen: only HTTP"
+        " ingest can feed it"
+    )
+    assert await local.interrupt() == 0
+    assert_clean(local.log())

@@ -783,6 +783,9 @@ async def test_store_seconds_histogram_and_payload_free_logs(
     await c.close()
     assert counter("inturn_ingest_store_seconds_count", channel="adt") == count + 1
     assert "SECRET" not in caplog.text
+    # what is not known is left out, never printed as None or "?"
+    assert "channel adt: AR for a message without a readable MSH (23 bytes): " in caplog.text
+    assert "None" not in caplog.text and "? bytes" not in caplog.text
     assert metrics.MESSAGES is not None
 
 

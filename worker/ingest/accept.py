@@ -396,22 +396,14 @@ class Acceptor:
     ) -> Reply:
         metrics.MESSAGES.labels(self._label(channel), outcome.code).inc()
         control_id = header.control_id if header is not None else None
+        # what the log names: never a placeholder for what is not known
+        about = f"MSH-10 {control_id!r}" if control_id else "a message without a readable MSH"
         if outcome.code in ("AE", "CE"):
-            log.warning(
-                "channel %s: %s for MSH-10 %r: %s",
-                channel,
-                outcome.code,
-                control_id,
-                outcome.reason,
-            )
+            log.warning("channel %s: %s for %s: %s", channel, outcome.code, about, outcome.reason)
         elif outcome.code in ("AR", "CR"):
+            sized = f" ({size} bytes)" if size is not None else ""
             log.info(
-                "channel %s: %s for MSH-10 %r (%s bytes): %s",
-                channel,
-                outcome.code,
-                control_id,
-                size if size is not None else "?",
-                outcome.reason,
+                "channel %s: %s for %s%s: %s", channel, outcome.code, about, sized, outcome.reason
             )
         elif log.isEnabledFor(logging.DEBUG):
             log.debug(
