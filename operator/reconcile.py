@@ -459,6 +459,7 @@ class Runtime:
             generation=int(meta.get("generation") or 0),
             suspended=bool(spec["suspend"]),
             carriers=tuple(sorted(spec.get("carriers") or ())),
+            sender_kind=next(iter(spec["sender"]), None),  # the one key: mllp, http, sftp
         )
         if registered is not None and registered.get(children.key) == row:
             return None
@@ -476,6 +477,7 @@ class Runtime:
                     generation=row.generation,
                     suspended=row.suspended,
                     carriers=row.carriers,
+                    sender_kind=row.sender_kind,
                 )
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning("registry update for %s failed: %s", children.key, exc)
@@ -727,4 +729,5 @@ def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
         row.generation,
         row.suspended,
         row.carriers,
+        row.sender_kind,
     )

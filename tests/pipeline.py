@@ -28,16 +28,23 @@ FAST_RETRY = RetryPolicy(
 )
 
 
-def register(dsn: str, destination: str, channel: str, message_types: Sequence[str] = ()) -> None:
+def register(
+    dsn: str,
+    destination: str,
+    channel: str,
+    message_types: Sequence[str] = (),
+    sender_kind: str | None = None,
+) -> None:
     """Write one live destination into the registry, as the operator would."""
     namespace, name = destination.split("/")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO inturn_destination (destination, namespace, name, channel, message_types)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (destination) DO UPDATE"
+            "INSERT INTO inturn_destination"
+            " (destination, namespace, name, channel, message_types, sender_kind)"
+            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (destination) DO UPDATE"
             " SET channel = excluded.channel, message_types = excluded.message_types,"
-            " deleted_at = NULL, updated_at = now()",
-            (destination, namespace, name, channel, list(message_types)),
+            " sender_kind = excluded.sender_kind, deleted_at = NULL, updated_at = now()",
+            (destination, namespace, name, channel, list(message_types), sender_kind),
         )
 
 

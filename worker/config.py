@@ -44,7 +44,9 @@ class RetryPolicy:
 class AckPolicy:
     """Per negative outcome, whether the head is retried or given up at once (``fail``).
 
-    The default retries everything, so that order is never broken silently.
+    The default retries everything that a later attempt could fix, so that order is never broken
+    silently; ``unsendable`` (a stored message its sender can never send) fails by default, so
+    that the queue does not wait for ever on it: it goes on the failed list for a person.
     """
 
     AE: AckAction = "retry"
@@ -53,6 +55,7 @@ class AckPolicy:
     CR: AckAction = "retry"
     invalidAck: AckAction = "retry"
     controlIdMismatch: AckAction = "retry"
+    unsendable: AckAction = "fail"
 
     def action(self, outcome: str) -> AckAction:
         """Return ``retry`` or ``fail`` for a sender outcome; transport outcomes always retry."""
@@ -121,6 +124,7 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
             "CR": ack.CR,
             "invalidAck": ack.invalidAck,
             "controlIdMismatch": ack.controlIdMismatch,
+            "unsendable": ack.unsendable,
         },
         "idleSeconds": cfg.idle_seconds,
         "suspend": cfg.suspend,
@@ -156,4 +160,4 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
     )
 
 
-_ACK_KEYS = ("AE", "AR", "CE", "CR", "invalidAck", "controlIdMismatch")
+_ACK_KEYS = ("AE", "AR", "CE", "CR", "invalidAck", "controlIdMismatch", "unsendable")

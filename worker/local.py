@@ -182,6 +182,7 @@ class LocalRunner:
                         generation=0,
                         suspended=cfg.suspend,
                         carriers=cfg.carriers,
+                        sender_kind=senders.of_config(cfg.sender).name,
                     )
                 except registry.CarrierTaken as exc:
                     log.error("destination %s: not applied: %s", dest, exc)

@@ -115,7 +115,14 @@ _ACK_OUTCOMES = (
     ("CR", "Commit reject (MSA-1 CR, enhanced mode)."),
     ("invalidAck", "A reply that is not a usable acknowledgement."),
     ("controlIdMismatch", "An acknowledgement whose MSA-2 is not the message's MSH-10."),
+    (
+        "unsendable",
+        "A stored message the sender can never send (e.g. 0x0B or 0x1C in it for MLLP, no"
+        " MSH-10); default fail.",
+    ),
 )
+#: Outcomes that give up by default: no later attempt can fix them.
+_ACK_FAIL_BY_DEFAULT = frozenset({"unsendable"})
 
 
 def _toleration() -> Schema:
@@ -262,7 +269,7 @@ def spec_schema() -> Schema:
                         f"{text} retry keeps the order; fail gives up on the message.",
                         max_length=5,
                         enum=("retry", "fail"),
-                        default="retry",
+                        default="fail" if key in _ACK_FAIL_BY_DEFAULT else "retry",
                     )
                     for key, text in _ACK_OUTCOMES
                 },

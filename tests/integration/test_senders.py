@@ -265,11 +265,11 @@ async def test_two_replies_to_one_message_keep_the_connection() -> None:
 async def test_stored_message_without_control_id_is_not_sent() -> None:
     async with MllpReceiver() as receiver:
         sender = mllp(receiver.port)
-        error = await expect(sender, b"MSH|^~\\&|A|B|C|D|2024||ADT^A01||P|2.5\r", "invalidAck")
+        error = await expect(sender, b"MSH|^~\\&|A|B|C|D|2024||ADT^A01||P|2.5\r", "unsendable")
         assert "MSH-10" in error.detail
         with pytest.raises(DeliveryError) as info:
             await sender.send(MSG1.replace(b"PID|1", b"PID|\x1c"))
-        assert info.value.outcome == "invalidAck"
+        assert info.value.outcome == "unsendable"
     assert receiver.received == []
 
 

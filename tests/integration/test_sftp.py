@@ -150,6 +150,17 @@ async def test_a_missing_directory_is_a_rejection(tmp_path: Path) -> None:
         assert info.value.outcome == "rejected"
 
 
+async def test_a_message_without_msh10_is_unsendable(tmp_path: Path) -> None:
+    """No file name can ever be made for it: no retry can help (kind 5)."""
+    async with SftpServer(tmp_path) as server:
+        sender = SftpSender(config(server))
+        with pytest.raises(DeliveryError) as info:
+            await sender.send(b"MSH|^~\\&|A|B|C|D|2026||ADT^A01||P|2.5\r", item_id=1)
+        await sender.close()
+        assert info.value.outcome == "unsendable"
+        assert server.files() == []
+
+
 async def test_a_worker_drains_its_queue_into_files_in_order(fresh_db: str, tmp_path: Path) -> None:
     async with SftpServer(tmp_path) as server:
         cfg = WorkerConfig(

@@ -23,6 +23,9 @@ acknowledgment modes"; codes from table 0008, error codes from table 0357):
 * A message whose MSH cannot be read (no MSH first, unusable MSH-1/MSH-2, no MSH-9 or MSH-10)
   answers AR with an ERR segment carrying the table 0357 code from the parser (100, 101, 102)
   and is not stored. Its mode cannot be trusted, so the code is always AR.
+* A message that a destination it is routed to could never send (for an MLLP destination: the
+  bytes 0x0B or 0x1C inside it, :func:`inturn.worker.senders.registry.refusal`) answers AR (CR)
+  with ERR 102 naming the destination, and is not stored for any of them.
 * A message for a channel without destinations answers AR (CR) with ERR 207; one whose type no
   destination's filter takes answers AR (CR) with ERR 200 (unsupported message type). When the
   channel is configured to hold unrouted messages, both are instead stored for the destination
@@ -74,6 +77,7 @@ from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.batch import Committer, Message
 from inturn.worker.ingest.routing import Router, hold_destination
+from inturn.worker.senders.registry import refusal
 from inturn.worker.store.faults import classify
 from inturn.worker.store.queries import load
 
@@ -287,6 +291,16 @@ class Acceptor:
             return self._done(channel, None, outcome, len(payload))
         decision = self.router.table.route(channel, message_type.code, message_type.trigger)
         destinations = decision.destinations
+        for destination in destinations:
+            kind = decision.kinds.get(destination)
+            why = refusal(kind, payload)
+            if why is not None:
+                error = _error(
+                    ErrorCode.DATA_TYPE_ERROR,
+                    f"destination {destination} ({kind}) could never send it: {why}",
+                )
+                outcome = _answer(header, "reject", error=error, reason=f"unsendable: {why}")
+                return self._done(channel, header, outcome)
         held = False
         if not destinations:
             if channel not in self.hold_unrouted:

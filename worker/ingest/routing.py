@@ -26,7 +26,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -114,12 +114,14 @@ class Route:
         channel: the ingest channel it takes messages from.
         message_types: its filter patterns; empty takes every type.
         suspended: its worker does not send; it still receives.
+        sender_kind: ``mllp``, ``http``, ... (None when the registry does not say).
     """
 
     destination: str
     channel: str
     message_types: tuple[str, ...] = ()
     suspended: bool = False
+    sender_kind: str | None = None
 
 
 RouteReason = Literal["routed", "no_destinations", "filtered"]
@@ -133,10 +135,12 @@ class RouteDecision:
         destinations: sorted ``namespace/name`` values; empty when nothing takes it.
         reason: ``routed``; ``no_destinations`` (the channel has none at all); ``filtered``
             (it has some, but no filter matches this message type).
+        kinds: ``{destination: sender kind}`` of the chosen destinations whose kind is known.
     """
 
     destinations: tuple[str, ...]
     reason: RouteReason
+    kinds: Mapping[str, str] = field(default_factory=dict)
 
 
 class RouteTable:
@@ -167,10 +171,10 @@ class RouteTable:
         routes = self._by_channel.get(channel)
         if not routes:
             return RouteDecision((), "no_destinations")
-        chosen = tuple(
-            r.destination for r in routes if type_matches(r.message_types, code, trigger)
-        )
-        return RouteDecision(chosen, "routed" if chosen else "filtered")
+        matching = [r for r in routes if type_matches(r.message_types, code, trigger)]
+        chosen = tuple(r.destination for r in matching)
+        kinds = {r.destination: r.sender_kind for r in matching if r.sender_kind}
+        return RouteDecision(chosen, "routed" if chosen else "filtered", kinds)
 
 
 def _row_route(row: Mapping[str, Any]) -> Route:
@@ -179,6 +183,7 @@ def _row_route(row: Mapping[str, Any]) -> Route:
         channel=str(row["channel"]),
         message_types=tuple(str(p) for p in (row["message_types"] or ())),
         suspended=bool(row["suspended"]),
+        sender_kind=row.get("sender_kind"),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-#: Why an attempt failed: a bounded class, usable as a metrics label (``outcome``). The first six
+#: Why an attempt failed: a bounded class, usable as a metrics label (``outcome``). The first seven
 #: are the keys of a destination's ``ackPolicy`` (each mapped to ``retry`` or ``fail``); the rest
 #: are transport failures and are always retried.
 FailureCause = Literal[
@@ -18,6 +18,7 @@ FailureCause = Literal[
     "CR",  # commit reject (enhanced mode)
     "invalidAck",  # a reply that is not a usable ACK (no MSA, unknown code, unparseable)
     "controlIdMismatch",  # MSA-2 differs from the message's MSH-10
+    "unsendable",  # the stored message can never be sent by this kind (no retry can help)
     "timeout",  # the attempt did not finish within timeoutSeconds
     "connection",  # refused, reset, closed, TLS failure, DNS failure
     "http",  # an HTTP receiver answered with a non-2xx status
@@ -32,6 +33,7 @@ POLICY_OUTCOMES: tuple[FailureCause, ...] = (
     "CR",
     "invalidAck",
     "controlIdMismatch",
+    "unsendable",
 )
 
 

@@ -92,6 +92,14 @@ class SenderKind(ABC, Generic[C]):
             OSError, ValueError: a file it needs cannot be read or is not valid.
         """
 
+    def refusal(self, payload: bytes) -> str | None:
+        """Why this kind could never send ``payload`` (no retry could help), or None.
+
+        Ingest refuses such a message at the door for a destination of this kind, and the
+        sender fails a stored one as ``unsendable``. The default: every message can be sent.
+        """
+        return None
+
     def check(self, config: C) -> list[str]:
         """Start-up problems of ``config``, one line each (empty when it can start): the
         missing :meth:`files`, then whatever :meth:`build` refuses."""

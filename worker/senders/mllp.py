@@ -70,6 +70,26 @@ def _nack_detail(ack: Ack) -> str:
     return detail[:DETAIL_MAX_CHARS]
 
 
+def unsendable(payload: bytes) -> str | None:
+    """Why no MLLP receiver could ever be sent ``payload``, or None when it can be.
+
+    MLLP has no escaping: a start-block byte (0x0B) or end-block byte (0x1C) inside the message
+    would end or garble its block at any receiver; and a message without a readable MSH-10 can
+    never be matched to an acknowledgement. No retry changes either, so ingest refuses such a
+    message at the door for an MLLP destination, and a stored one fails as ``unsendable``.
+    """
+    for byte, name in ((0x0B, "start-block"), (0x1C, "end-block")):
+        if byte in payload:
+            return (
+                f"the message contains the MLLP {name} byte 0x{byte:02X}, which MLLP cannot carry"
+            )
+    try:
+        parse_header(payload)
+    except HeaderError as exc:
+        return f"the message has no usable MSH: {exc}"
+    return None
+
+
 class _Answered(Exception):
     """Internal: the exchange ended before any reply byte (a candidate for the fresh retry)."""
 
@@ -106,8 +126,8 @@ class MllpSender:
       with an empty MSA-2 is reported as its code instead);
     * ``invalidAck``: an oversized or unparseable reply, an MSA-1 outside table 0008, or bytes
       outside any block on a connection's first exchange (on a reused connection they may be
-      the tail of an earlier exchange and are ignored); also, without sending, a stored
-      message with no readable MSH-10 or containing the end-block byte 0x1C;
+      the tail of an earlier exchange and are ignored);
+    * ``unsendable``, without sending anything: see :func:`unsendable`;
     * ``connection``: refused, reset, DNS or TLS failure, or closed before a whole reply.
 
     **A reused connection that fails before any reply byte arrives** (the receiver closed it
@@ -193,19 +213,15 @@ class MllpSender:
 
     @staticmethod
     def _prepare(payload: bytes) -> tuple[Header, bytes]:
-        """The message's MSH and its framed bytes."""
-        try:
-            header = parse_header(payload)
-        except HeaderError as exc:
-            raise DeliveryError(
-                "invalidAck", f"the stored message has no usable MSH: {exc}"
-            ) from None
-        try:
-            return header, frame(normalise_terminators(payload))
-        except ValueError as exc:
-            raise DeliveryError(
-                "invalidAck", f"the stored message cannot be framed: {exc}"
-            ) from None
+        """The message's MSH and its framed bytes.
+
+        Raises:
+            DeliveryError: ``unsendable`` (see :func:`unsendable`); nothing was sent.
+        """
+        reason = unsendable(payload)
+        if reason is not None:
+            raise DeliveryError("unsendable", reason)
+        return parse_header(payload), frame(normalise_terminators(payload))
 
     async def _exchange(self, link: Link, control_id: str, data: bytes, awaited: set[str]) -> None:
         """Write ``data`` on ``link`` and read until every awaited level has answered.
@@ -432,6 +448,10 @@ class MllpKind(SenderKind[MllpSenderConfig]):
     def build(self, config: MllpSenderConfig) -> MllpSender:
         """An :class:`MllpSender` (loads the TLS files now)."""
         return MllpSender(config)
+
+    def refusal(self, payload: bytes) -> str | None:
+        """See :func:`unsendable`."""
+        return unsendable(payload)
 
 
 KIND = MllpKind()

@@ -78,6 +78,13 @@ def make_sender(config: SenderConfig) -> Sender:
     return of_config(config).build(config)
 
 
+def refusal(kind: str | None, payload: bytes) -> str | None:
+    """Why a sender of the kind named ``kind`` could never send ``payload``, or None (also for
+    an unknown or unrecorded kind). See :meth:`SenderKind.refusal`."""
+    found = _BY_NAME.get(kind) if kind is not None else None
+    return found.refusal(payload) if found is not None else None
+
+
 def secret_keys(sender: Mapping[str, Any]) -> dict[str, set[str]]:
     """``{Secret name: keys}`` a ``spec.sender`` node mounts (empty without Secrets)."""
     found = of_spec(sender)

@@ -121,7 +121,8 @@ class SftpSender:
     Failures raise :class:`DeliveryError` with cause
 
     * ``rejected``: the final file exists already, the server refused the write or rename
-      (permission, no such directory, disk full), or the message has no MSH-10 to name it;
+      (permission, no such directory, disk full);
+    * ``unsendable``: the message has no MSH-10 to name its file (no retry can help);
     * ``connection``: connecting, the host key check, logging in, or the connection lost;
     * ``timeout``: connecting and logging in took longer than ``timeout_seconds``.
     """
@@ -191,7 +192,7 @@ class SftpSender:
         try:
             name = file_name(self.config.file_name, control_id, item_id)
         except ValueError as exc:
-            raise DeliveryError("rejected", str(exc)) from None
+            raise DeliveryError("unsendable", str(exc)) from None
         final = posixpath.join(self.config.directory, name)
         try:
             sftp = await self._client()

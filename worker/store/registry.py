@@ -35,6 +35,7 @@ class RegisteredDestination:
         suspended: ``spec.suspend``.
         deleted: the Destination is gone (the row is kept for the record).
         carriers: IATA airline designators it serves (``spec.carriers``), sorted.
+        sender_kind: the key under ``spec.sender`` (``mllp``, ``http``), or None if unknown.
     """
 
     destination: str
@@ -46,6 +47,7 @@ class RegisteredDestination:
     suspended: bool
     deleted: bool = False
     carriers: tuple[str, ...] = ()
+    sender_kind: str | None = None
 
 
 class CarrierTaken(ValueError):
@@ -95,6 +97,7 @@ def _row(r: Mapping[str, Any]) -> RegisteredDestination:
         suspended=bool(r["suspended"]),
         deleted=bool(r["deleted"]),
         carriers=tuple(r["carriers"] or ()),
+        sender_kind=r.get("sender_kind"),
     )
 
 
@@ -109,12 +112,14 @@ async def register(
     generation: int,
     suspended: bool,
     carriers: Sequence[str] = (),
+    sender_kind: str | None = None,
 ) -> bool:
     """Insert or update a destination (and un-delete it) and its carriers, in one transaction.
 
     At most one live destination serves a carrier: claiming a carrier that another live
     destination holds fails and changes nothing (the claim is enforced by the carrier table's
     primary key, so two registrations racing for one carrier cannot both win). Idempotent.
+    ``sender_kind`` (``mllp``, ``http``) lets ingest refuse what that kind can never send.
 
     Returns:
         True when anything was written, False when it was already exactly so.
@@ -135,6 +140,7 @@ async def register(
                 "message_types": list(message_types),
                 "generation": generation,
                 "suspended": suspended,
+                "sender_kind": sender_kind,
             },
             row=dict_row,
         )

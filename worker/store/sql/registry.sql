@@ -4,9 +4,10 @@
 -- name: register
 -- Upsert one destination; a row marked deleted comes back to life. Only a real change writes.
 INSERT INTO inturn_destination
-       (destination, namespace, name, channel, message_types, generation, suspended)
+       (destination, namespace, name, channel, message_types, generation, suspended,
+        sender_kind)
 VALUES (%(destination)s, %(namespace)s, %(name)s, %(channel)s, %(message_types)s,
-        %(generation)s, %(suspended)s)
+        %(generation)s, %(suspended)s, %(sender_kind)s)
 ON CONFLICT (destination) DO UPDATE
    SET namespace = EXCLUDED.namespace,
        name = EXCLUDED.name,
@@ -14,15 +15,16 @@ ON CONFLICT (destination) DO UPDATE
        message_types = EXCLUDED.message_types,
        generation = EXCLUDED.generation,
        suspended = EXCLUDED.suspended,
+       sender_kind = EXCLUDED.sender_kind,
        updated_at = now(),
        deleted_at = NULL
  WHERE inturn_destination.deleted_at IS NOT NULL
     OR (inturn_destination.namespace, inturn_destination.name, inturn_destination.channel,
         inturn_destination.message_types, inturn_destination.generation,
-        inturn_destination.suspended)
+        inturn_destination.suspended, inturn_destination.sender_kind)
        IS DISTINCT FROM
        (EXCLUDED.namespace, EXCLUDED.name, EXCLUDED.channel, EXCLUDED.message_types,
-        EXCLUDED.generation, EXCLUDED.suspended)
+        EXCLUDED.generation, EXCLUDED.suspended, EXCLUDED.sender_kind)
 RETURNING destination;
 
 -- name: mark_deleted
@@ -58,7 +60,7 @@ SELECT carrier, destination
  ORDER BY carrier;
 
 -- name: active_for_channel
-SELECT destination, namespace, name, channel, message_types, generation, suspended,
+SELECT destination, namespace, name, channel, message_types, generation, suspended, sender_kind,
        deleted_at IS NOT NULL AS deleted,
        ARRAY(SELECT carrier FROM inturn_destination_carrier c
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
@@ -68,7 +70,7 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
  ORDER BY destination;
 
 -- name: list_all
-SELECT destination, namespace, name, channel, message_types, generation, suspended,
+SELECT destination, namespace, name, channel, message_types, generation, suspended, sender_kind,
        deleted_at IS NOT NULL AS deleted,
        ARRAY(SELECT carrier FROM inturn_destination_carrier c
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
