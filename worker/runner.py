@@ -28,6 +28,7 @@ from inturn.worker.config import WorkerConfig
 from inturn.worker.observer import NullObserver, Observer
 from inturn.worker.retry import decide
 from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
+from inturn.worker.senders.fingerprint import fingerprint
 from inturn.worker.store import locks, queue
 from inturn.worker.store.connect import connect_worker
 from inturn.worker.store.model import Head
@@ -95,6 +96,8 @@ class DestinationWorker:
         self.dsn = dsn
         self.sender = sender
         self.observer: Observer = observer or NullObserver()
+        #: Digest of the sender settings (see :mod:`inturn.worker.senders.fingerprint`).
+        self.sender_fingerprint = fingerprint(config.sender)
         self.state = WorkerHealth()
         self._wake = asyncio.Event()
         self._next_depth = 0.0
@@ -148,6 +151,16 @@ class DestinationWorker:
             if not await self._acquire(conn, stop):
                 return
             await queue.listen(conn, self.destination)
+            changed, made_due = await queue.sender_changed(
+                conn, self.destination, self.sender_fingerprint
+            )
+            if changed:
+                log.info(
+                    "destination %s: sender settings changed since the last worker;"
+                    " %d backing-off item(s) made due now (attempts and last error kept)",
+                    self.destination,
+                    made_due,
+                )
             log.info(
                 "destination %s: lock held, %s %s",
                 self.destination,

@@ -196,6 +196,25 @@ async def retry(
     return cur.rowcount == 1
 
 
+async def sender_changed(
+    conn: AsyncConnection[Any], destination: str, fingerprint: str
+) -> tuple[bool, int]:
+    """Record the sender fingerprint of a worker that took the destination's lock.
+
+    When the last worker of the destination recorded another fingerprint (its sender settings
+    were changed: address, TLS, headers), every pending item waiting out a backoff is made due
+    now, so the head is tried at once with the new settings; its attempts, ``last_error`` and
+    ``reason`` are kept for the audit. A restart with the same settings changes nothing.
+
+    Returns:
+        ``(changed, made_due)``: whether the settings changed, and how many items were made due.
+    """
+    params = {"destination": destination, "fingerprint": fingerprint}
+    row = await fetch_one(conn, Q["sender_changed"], params, row=dict_row)
+    assert row is not None
+    return bool(row["changed"]), int(row["made_due"])
+
+
 async def succeeded(conn: AsyncConnection[Any], item_id: int, attempts: int) -> float | None:
     """Mark an item delivered; return seconds from enqueue to delivery.
 

@@ -117,6 +117,11 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "admin": (SELECT, INSERT),
         "reader": (SELECT,),
     },
+    "inturn_worker_sender": {
+        "worker": (SELECT, INSERT, UPDATE),
+        "admin": (SELECT,),
+        "reader": (SELECT,),
+    },
     "inturn_destination": {
         "ingest": (SELECT,),
         "operator": (SELECT, INSERT, UPDATE),

@@ -247,3 +247,31 @@ UPDATE inturn_delivery d
 SELECT greatest(c.reltuples, 0)::bigint AS rows, pg_total_relation_size(c.oid) AS bytes
   FROM pg_class c
  WHERE c.oid = 'inturn_delivery'::regclass;
+
+-- name: sender_changed
+-- Record the sender fingerprint a starting worker uses. When an earlier worker of the
+-- destination recorded another one, its pending items waiting out a backoff become due now:
+-- the head is tried at once with the new settings (attempts, last_error and reason are kept).
+-- Returns whether the fingerprint changed and how many items were made due.
+WITH previous AS (
+    SELECT fingerprint FROM inturn_worker_sender WHERE destination = %(destination)s
+),
+recorded AS (
+    INSERT INTO inturn_worker_sender AS w (destination, fingerprint)
+    VALUES (%(destination)s, %(fingerprint)s)
+    ON CONFLICT (destination) DO UPDATE
+       SET fingerprint = excluded.fingerprint, changed_at = now()
+     WHERE w.fingerprint IS DISTINCT FROM excluded.fingerprint
+    RETURNING 1
+),
+due AS (
+    UPDATE inturn_delivery
+       SET next_attempt = clock_timestamp()
+     WHERE destination = %(destination)s AND state = 'pending'
+       AND next_attempt > clock_timestamp()
+       AND EXISTS (SELECT 1 FROM previous WHERE fingerprint <> %(fingerprint)s)
+    RETURNING id
+)
+SELECT EXISTS (SELECT 1 FROM previous WHERE fingerprint <> %(fingerprint)s) AS changed,
+       (SELECT count(*) FROM due) AS made_due,
+       (SELECT count(*) FROM recorded) AS recorded;

@@ -1,0 +1,64 @@
+"""Kind 8: fixing a destination takes effect at once.
+
+A head backing off for an hour after failures at a wrong port: a worker started again with
+the same settings leaves it waiting (a restart fixes nothing), a worker with the corrected port
+sends it at once; its attempts and first failure stay on the row.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from pipeline import rows, until, worker, worker_config
+from psycopg import AsyncConnection
+
+from inturn.worker.config import RetryPolicy
+from inturn.worker.senders.mllp import MllpSenderConfig
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
+
+pytestmark = pytest.mark.store
+
+HOUR = RetryPolicy(
+    max_attempts=0, backoff_seconds=3600, max_backoff_seconds=3600, timeout_seconds=5
+)
+MSG = b"MSH|^~\\&|A|B|C|D|2026||ADT^A01|FIX1|P|2.5.1\rPID|1||42\r"
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_a_corrected_address_is_tried_at_once(fresh_db: str) -> None:
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await queue.enqueue(conn, [NewItem("ward/moved", "c", "FIX1", "ADT^A01", MSG)])
+    wrong = MllpSenderConfig("127.0.0.1", closed_port())
+    async with worker(worker_config("ward/moved", wrong, retry=HOUR), fresh_db):
+        await until(lambda: rows(fresh_db, "ward/moved")[0]["attempts"] == 1)
+    [row] = rows(fresh_db, "ward/moved")
+    assert row["state"] == "pending" and row["last_error"].startswith("connection")
+
+    # The same settings again: the backoff stands.
+    async with worker(worker_config("ward/moved", wrong, retry=HOUR), fresh_db) as again:
+        await until(lambda: again.state.lock_held)
+        async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            assert await queue.sender_changed(conn, "ward/moved", again.sender_fingerprint) == (
+                False,
+                0,
+            )
+    [still] = rows(fresh_db, "ward/moved")
+    assert still["next_attempt"] == row["next_attempt"] and still["attempts"] == 1
+
+    async with MllpReceiver() as receiver:
+        fixed = MllpSenderConfig("127.0.0.1", receiver.port)
+        async with worker(worker_config("ward/moved", fixed, retry=HOUR), fresh_db):
+            await receiver.wait_for(1)
+            await until(lambda: rows(fresh_db, "ward/moved")[0]["state"] == "delivered")
+    [done] = rows(fresh_db, "ward/moved")
+    assert done["attempts"] == 2  # the failed one is still counted
+    assert done["reason"] == row["reason"] and done["reason"].startswith("connection")
+    assert receiver.received == [MSG]
