@@ -1,13 +1,16 @@
 """Logging setup for every long-running command: compact text lines, or JSON for log shippers.
 
 Per-message events are logged at DEBUG only, and never with payloads (README, "Payloads stay
-out").
+out"). Every message is rendered with its control characters escaped
+(:class:`inturn.worker.display.PrintableFilter`), in text and in JSON.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+
+from inturn.worker.display import PrintableFilter
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -34,6 +37,8 @@ def configure(level: str = "INFO", json_logs: bool = False) -> None:
         )
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT, datefmt="%H:%M:%S"))
+    # Text from outside (error texts, MSH fields) cannot start a line that looks like ours.
+    handler.addFilter(PrintableFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)

@@ -20,6 +20,7 @@ import click
 import psycopg
 from psycopg import AsyncConnection
 
+from inturn.worker.display import printable, printable_values
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.options import DURATION, dsn_option, json_option, who_option, why_option
 from inturn.worker.store import identifiers, queue, registry, roles
@@ -148,7 +149,15 @@ def _age(seconds: float) -> str:
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
+def _echo_json(data: Any) -> None:
+    """Print ``data`` as indented JSON, every string in it made printable first (text from
+    outside, such as a receiver's error text, cannot carry a line break into the output)."""
+    click.echo(json.dumps(printable_values(data), indent=2))
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain text table; every cell is made printable (see :mod:`inturn.worker.display`)."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
     ]
@@ -188,11 +197,11 @@ def _item_rows(items: list[Item]) -> list[list[str]]:
             str(i.id),
             i.destination,
             i.state,
-            _clip(i.message_type, 20),
-            _clip(i.control_id, 30),
+            _clip(printable(i.message_type), 20),
+            _clip(printable(i.control_id), 30),
             str(i.attempts),
             _age(i.age_seconds(now)),
-            _clip(i.last_error or "", 60),
+            _clip(printable(i.last_error or ""), 60),
         ]
         for i in items
     ]
@@ -210,7 +219,7 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
     """Per destination: pending, failed, age of the oldest, highest attempt count."""
     rows = run_read(dsn, queue.depth)
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
+        _echo_json([r.to_json() for r in rows])
     else:
         click.echo(format_depth(rows))
 
@@ -271,7 +280,7 @@ def list_command(
             err=True,
         )
     if as_json:
-        click.echo(json.dumps({"total": total, "items": [i.to_json() for i in items]}, indent=2))
+        _echo_json({"total": total, "items": [i.to_json() for i in items]})
         return
     click.echo(
         _table(
@@ -302,10 +311,10 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
         raise click.ClickException(f"no item {item_id}")
     data = item.to_json()
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        _echo_json(data)
     else:
         for key, value in data.items():
-            click.echo(f"{key + ':':14} {'' if value is None else value}")
+            click.echo(f"{key + ':':14} {'' if value is None else printable(str(value))}")
 
 
 @queue_group.command("payload")
@@ -467,7 +476,7 @@ def erase_command(
 
     matched, erased = run_db(dsn, go)
     if as_json:
-        click.echo(json.dumps({"matched": matched, "erased": erased, "dryRun": dry_run}, indent=2))
+        _echo_json({"matched": matched, "erased": erased, "dryRun": dry_run})
         return
     for m in matched:
         click.echo(f"{m['id']}  {m['destination']}  {m['state']}  {m['messageType']}")
@@ -540,7 +549,7 @@ def audit_command(dsn: str | None, as_json: bool, limit: int) -> None:
     """Who decided what (skip, drain, erase, retry-now, resend, remove), when, and why."""
     entries = run_read(dsn, lambda conn: queue.audit_log(conn, limit))
     if as_json:
-        click.echo(json.dumps(entries, indent=2))
+        _echo_json(entries)
         return
     click.echo(
         _table(
