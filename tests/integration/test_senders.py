@@ -894,3 +894,44 @@ async def test_a_close_on_a_fresh_connection_is_an_ordinary_failure() -> None:
         await expect(sender, msg("Q1"), "connection")
         assert sender.fresh_retries == 0
     assert len(server.messages) == 1
+
+
+async def test_http_receiver_closing_kept_connections_costs_no_failure() -> None:
+    """An HTTP/1.1 receiver that answers the first request of each connection and drops the
+    connection on the second without answering: that POST is made again at once on a fresh
+    connection, so every send succeeds, and nothing is delivered more than twice."""
+    answered: list[bytes] = []
+    dropped: list[bytes] = []
+
+    async def read_request(reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        return await reader.readexactly(length)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            answered.append(await read_request(reader))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            dropped.append(await read_request(reader))
+        except (asyncio.IncompleteReadError, OSError):
+            pass
+        finally:
+            writer.transport.abort()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sender = HttpSender(HttpSenderConfig(f"http://127.0.0.1:{port}/in"))
+    payloads = [MSG1.replace(b"MSG-1", f"H{i}".encode()) for i in range(6)]
+    try:
+        for payload in payloads:
+            await sender.send(payload)
+    finally:
+        await sender.close()
+        server.close()
+    assert answered == payloads
+    assert dropped == payloads[1:] and sender.fresh_retries == len(payloads) - 1

@@ -9,6 +9,7 @@ aiohttp is imported by the sender itself, so a worker of another kind never load
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from .tls import TlsConfig, client_context
 
 if TYPE_CHECKING:
     import aiohttp
+
+log = logging.getLogger("inturn.worker.http")
 
 #: Content-Type sent unless the configured headers name one.
 DEFAULT_CONTENT_TYPE = "application/hl7-v2"
@@ -61,6 +64,10 @@ class HttpSender:
         timeout_seconds: optional bound of one request; when it passes,
             ``DeliveryError("timeout", ...)`` is raised. None leaves bounding to the caller.
 
+    A POST on a kept-alive connection that fails before any response (the receiver had closed
+    it) is made once more at once on a fresh connection, inside the same ``send``: no attempt is
+    counted and no backoff paid; the receiver gets at most one duplicate.
+
     Failures raise :class:`DeliveryError` with outcome ``http`` (detail ``HTTP 503 Service
     Unavailable``; the response body is never included) or ``connection`` (refused, reset,
     DNS, TLS, an unreadable headers file).
@@ -73,6 +80,9 @@ class HttpSender:
             client_context(config.tls) if config.tls is not None else True
         )
         self._session: aiohttp.ClientSession | None = None
+        self._posted = 0
+        #: Posts repeated at once on a fresh connection after a kept one failed (diagnostics).
+        self.fresh_retries = 0
 
     def describe(self) -> str:
         """The URL without user info, query or fragment (they may hold credentials)."""
@@ -102,24 +112,27 @@ class HttpSender:
         import aiohttp
 
         headers = self._headers()
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         tls = self.config.tls
         server_hostname = tls.server_name if tls is not None and tls.server_name else None
+        body = normalise_terminators(payload)
         try:
             async with asyncio.timeout(self.timeout_seconds):
-                async with self._session.post(
-                    self.config.url,
-                    data=normalise_terminators(payload),
-                    headers=headers,
-                    ssl=self._ssl,
-                    server_hostname=server_hostname,
-                    allow_redirects=False,
-                ) as response:
-                    await response.read()
-                    if not 200 <= response.status < 300:
-                        reason = response.reason or ""
-                        raise DeliveryError("http", f"HTTP {response.status} {reason}".strip())
+                reused = self._session is not None and not self._session.closed and self._posted > 0
+                try:
+                    await self._post(body, headers, server_hostname)
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                    if not reused:
+                        raise
+                    # A kept-alive connection the receiver had closed: once, at once, on a
+                    # fresh one (no attempt counted, no backoff; at most one duplicate).
+                    await self.close()
+                    self.fresh_retries += 1
+                    log.info(
+                        "%s: kept connection failed before any response (%s); posting again",
+                        self.describe(),
+                        type(exc).__name__,
+                    )
+                    await self._post(body, headers, server_hostname)
         except TimeoutError:
             raise DeliveryError(
                 "timeout", f"no response within {self.timeout_seconds:g}s"
@@ -129,6 +142,29 @@ class HttpSender:
         except (aiohttp.ClientError, OSError) as exc:
             text = str(exc) or type(exc).__name__
             raise DeliveryError("connection", f"{type(exc).__name__}: {text}") from None
+
+    async def _post(
+        self, body: bytes, headers: dict[str, str], server_hostname: str | None
+    ) -> None:
+        """One POST on the session's pool (a new session after a close)."""
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+            self._posted = 0
+        async with self._session.post(
+            self.config.url,
+            data=body,
+            headers=headers,
+            ssl=self._ssl,
+            server_hostname=server_hostname,
+            allow_redirects=False,
+        ) as response:
+            self._posted += 1
+            await response.read()
+            if not 200 <= response.status < 300:
+                reason = response.reason or ""
+                raise DeliveryError("http", f"HTTP {response.status} {reason}".strip())
 
     async def close(self) -> None:
         """Close the session and its pooled connections."""
