@@ -17,14 +17,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import click
-import psycopg
 from psycopg import AsyncConnection
 
 from inturn.worker.display import printable, printable_values
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.options import DURATION, dsn_option, json_option, who_option, why_option
 from inturn.worker.store import identifiers, queue, registry, roles
-from inturn.worker.store.connect import Pools, resolve_dsn
+from inturn.worker.store.connect import Pools, probe, resolve_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import STATES, DepthRow, Item
 
@@ -51,8 +50,7 @@ def run_db(dsn: str | None, action: Callable[[Pools], Awaitable[T]]) -> T:
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
     async def go() -> T:
-        probe = await psycopg.AsyncConnection.connect(target, connect_timeout=5)
-        await probe.close()
+        await probe(target)
         async with await Pools.open(target, write_size=1, read_size=1) as pools:
             return await action(pools)
 

@@ -54,12 +54,14 @@ class WorkerHealth:
     Attributes:
         lock_held: this worker holds the destination's lock.
         db_ok: the last database round trip succeeded.
+        connected_once: the worker has reached the database at least once.
         last_tick: ``time.monotonic()`` of the last loop turn.
         sending_since: monotonic start of the attempt in flight, or None.
     """
 
     lock_held: bool = False
     db_ok: bool = False
+    connected_once: bool = False
     last_tick: float = field(default_factory=time.monotonic)
     sending_since: float | None = None
 
@@ -125,9 +127,11 @@ class DestinationWorker:
                     self._set_lock(False)
                     self.state.db_ok = False
                     delay = backoff_seconds(failures, RECONNECT_BASE_SECONDS, RECONNECT_MAX_SECONDS)
+                    what = "connection lost" if self.state.connected_once else "unreachable"
                     log.warning(
-                        "destination %s: database connection lost (%s); retrying in %.0fs",
+                        "destination %s: database %s (%s); workers wait for it: next try in %.0fs",
                         self.destination,
+                        what,
                         _first_line(exc),
                         delay,
                     )
@@ -147,6 +151,7 @@ class DestinationWorker:
     async def _session(self, stop: asyncio.Event) -> None:
         conn = await connect_worker(self.dsn, application_name=f"inturn-worker {self.destination}")
         self.state.db_ok = True
+        self.state.connected_once = True
         try:
             if not await self._acquire(conn, stop):
                 return

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -382,3 +384,32 @@ def test_no_op_actions_answer_alike(fresh_db: str) -> None:
     assert dry.returncode == 0 and dry.stdout.endswith("would erase 1 item(s)\n")
     no_who = run("queue", "erase", str(failed_id), dsn=fresh_db)
     assert no_who.returncode == 2 and "--who" in no_who.stderr
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again when we return: nobody listens there
+
+
+def test_unreachable_database_ingest_says_so_in_one_line_and_workers_wait() -> None:
+    dsn = f"postgresql://postgres@127.0.0.1:{_closed_port()}/x"
+    ingest = run("ingest", "--listen", "adt=0", dsn=dsn)
+    assert ingest.returncode == 2 and ingest.stdout == ""
+    assert ingest.stderr.startswith("inturn: error: cannot reach the database: ")
+    assert ingest.stderr.count("\n") == 1
+
+    example = str(ROOT / "examples/local-mllp.yaml")
+    worker = subprocess.Popen(
+        [INTURN, "worker", "--http-port", "0", "-f", example, "--dsn", dsn],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stderr is not None
+        lines = [worker.stderr.readline(), worker.stderr.readline()]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    assert "database unreachable (" in lines[1]
+    assert lines[1].rstrip().split("); ", 1)[1].startswith("workers wait for it: next try in ")

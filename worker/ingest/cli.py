@@ -32,7 +32,7 @@ from inturn.worker.ingest.service import (
 )
 from inturn.worker.logs import configure
 from inturn.worker.options import dsn_option, logging_options
-from inturn.worker.store.connect import DsnError, resolve_dsn
+from inturn.worker.store.connect import DsnError, probe, resolve_dsn
 
 
 def parse_address(value: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
@@ -307,6 +307,9 @@ def ingest_command(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    # Unreachable at start: one line and exit 2 (a supervisor restarts us), not 10 s of pool
+    # retries. Once running, ingest answers AE while the database is away and recovers.
+    asyncio.run(probe(database))
     asyncio.run(run_until_signal(Ingest(config, dsn=database)))
 
 

@@ -126,6 +126,17 @@ def resolve_dsn(dsn: str | None) -> str:
     return normalize_dsn(value)
 
 
+async def probe(dsn: str, timeout_seconds: int = 5) -> None:
+    """Connect once and close: fails fast with the server's own words, where a pool would
+    retry (and log) for its whole timeout.
+
+    Raises:
+        psycopg.OperationalError: the database cannot be reached.
+    """
+    conn = await AsyncConnection.connect(dsn, connect_timeout=timeout_seconds)
+    await conn.close()
+
+
 async def connect_worker(dsn: str, application_name: str = "inturn-worker") -> AsyncConnection[Any]:
     """Open one autocommit connection with synchronous commit on and TCP keepalives.
 
