@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 from psycopg import AsyncConnection
 
+from inturn.worker import shutdown
 from inturn.worker.config import WorkerConfig
 from inturn.worker.destination import ManifestError, load_file
 from inturn.worker.embedded import DataDirInUse, DataDirLock, start_embedded
@@ -258,12 +259,14 @@ class LocalRunner:
                     )
         await self.apply(desired)
 
-    async def stop(self) -> None:
-        """Stop every worker (each finishes or abandons its attempt in flight)."""
-        for dest in list(self.running):
-            running = self.running[dest]
+    async def stop(self, abandon: asyncio.Event | None = None) -> None:
+        """Stop every worker: each finishes its attempt in flight (saying so), unless
+        ``abandon`` is set meanwhile, which cancels them (the messages stay pending)."""
+        for running in self.running.values():
             running.stop.set()
-        await asyncio.gather(*(r.task for r in self.running.values()), return_exceptions=True)
+        await shutdown.finish(
+            [(r.worker, r.task) for r in self.running.values()], abandon or asyncio.Event()
+        )
         self.running.clear()
 
 
@@ -273,8 +276,10 @@ async def run_local(
     ingest_config: IngestConfig,
     secrets_dir: Path | None,
     stop: asyncio.Event,
+    abandon: asyncio.Event | None = None,
 ) -> None:
-    """Run ingest and the workers until ``stop`` is set, then shut both down in order."""
+    """Run ingest and the workers until ``stop`` is set, then shut both down in order
+    (``abandon``, set while stopping, cancels the attempts still in flight)."""
     channels = frozenset(listener.channel for listener in ingest_config.listeners)
     runner = LocalRunner(dsn, paths, secrets_dir, channels)
     await runner.start()
@@ -289,7 +294,7 @@ async def run_local(
         log.info("stopping: listeners first, then workers")
     finally:
         await ingest.stop()
-        await runner.stop()
+        await runner.stop(abandon)
 
 
 @click.command("local")
@@ -413,11 +418,9 @@ def local_command(
             log.info("schema migrated (%d migration(s))", len(applied))
 
         async def main() -> None:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                loop.add_signal_handler(sig, stop.set)
-            await run_local(dsn, list(paths), ingest_config, secrets_dir, stop)
+            stop, abandon = asyncio.Event(), asyncio.Event()
+            shutdown.install(stop, abandon)
+            await run_local(dsn, list(paths), ingest_config, secrets_dir, stop, abandon)
 
         asyncio.run(main())
     except KeyboardInterrupt:

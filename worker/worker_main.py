@@ -18,12 +18,12 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
 import psycopg.errors
 
+from inturn.worker import shutdown
 from inturn.worker.config import WorkerConfig, from_dict, to_dict
 from inturn.worker.health import make_app, serve
 from inturn.worker.logs import configure
@@ -69,21 +69,26 @@ def exec_runtime(settings: str) -> None:
 
 
 async def run_worker(config: WorkerConfig, dsn: str, http_host: str, http_port: int) -> None:
-    """Run one worker and its HTTP endpoints until SIGTERM/SIGINT.
+    """Run one worker and its HTTP endpoints until SIGTERM, SIGINT or SIGHUP (a second one
+    abandons the attempt in flight: see :mod:`inturn.worker.shutdown`).
 
     Raises:
         OSError: the HTTP port is taken.
     """
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop, abandon = asyncio.Event(), asyncio.Event()
+    shutdown.install(stop, abandon)
     worker = DestinationWorker(config, dsn, make_sender(config.sender), PrometheusObserver())
     runner = await serve(make_app([worker]), http_host, http_port)
     log.info("worker for %s started (http %s:%d)", config.destination, http_host, http_port)
+    task = asyncio.create_task(worker.run(stop))
+    stopping = asyncio.create_task(stop.wait())
     try:
-        await worker.run(stop)
+        await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+        await shutdown.finish([(worker, task)], abandon)
+        if not task.cancelled():
+            task.result()  # a worker that ended by itself: its error
     finally:
+        stopping.cancel()
         await runner.cleanup()
         log.info("worker for %s stopped", config.destination)
 

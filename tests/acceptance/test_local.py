@@ -441,3 +441,30 @@ async def test_warns_of_no_manifest_and_of_a_channel_without_listener(
     )
     assert await local.interrupt() == 0
     assert_clean(local.log())
+
+
+async def test_ctrl_c_says_what_it_waits_for_and_a_second_abandons(
+    tmp_path: Path, fresh_db: str, local_runs: list[Local]
+) -> None:
+    async with MllpReceiver() as rx:
+        rx.reply = False  # the attempt stays in flight until its 120 s timeout
+        port = free_port()
+        path = manifest(tmp_path / "slow.yaml", "slow", mllp_port=rx.port)
+        path.write_text(path.read_text().replace("timeoutSeconds: 5", "timeoutSeconds: 120"))
+        local = Local(tmp_path, ["-f", str(path), "--listen", f"adt={port}", "--dsn", fresh_db])
+        local_runs.append(local)
+        await local.start(port)
+        assert await mllp_send(port, range(0, 1), tmp_path) == ["AA"]
+        await rx.wait_for(1, timeout=30)
+        assert local.proc is not None
+        local.proc.send_signal(signal.SIGINT)
+        await local.wait_log(
+            "destination default/slow: waiting up to 120s for the answer to the attempt in"
+            " flight; Ctrl-C again abandons it (the message stays pending)"
+        )
+        assert local.proc.returncode is None  # still waiting
+        code = await local.interrupt()  # the second Ctrl-C
+    assert code == 0
+    assert "abandoning the attempts in flight; their messages stay pending" in local.log()
+    assert await pending(fresh_db) == 1
+    assert_clean(local.log())
