@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from asyncio.subprocess import PIPE
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -340,12 +342,23 @@ async def test_bad_manifest_one_line_naming_the_field_exit_2(
     assert not (tmp_path / "never-created").exists()  # nothing was started
 
 
+@pytest.fixture
+def pg_home() -> Iterator[Path]:
+    """A folder for an embedded Postgres outside pytest's tmp tree: pytest keeps
+    /tmp/pytest-of-<user> at mode 0700, which the server's own user (pgserver runs it as an
+    unprivileged user when we are root) cannot always traverse."""
+    home = Path(tempfile.mkdtemp(prefix="inturn-local-"))
+    home.chmod(0o755)
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
 async def test_embedded_postgres_keeps_the_backlog_across_restarts(
-    tmp_path: Path, local_runs: list[Local]
+    tmp_path: Path, local_runs: list[Local], pg_home: Path
 ) -> None:
     """No --dsn: the embedded Postgres under --data-dir holds what was accepted while the
     receiver was down, and a restarted ``inturn local`` delivers it."""
-    data = tmp_path / "d"  # short: the server's Unix socket lives under it
+    data = pg_home / "d"  # short: the server's Unix socket lives under it
     rx = MllpReceiver(port=free_port())  # down for now
     port = free_port()
     path = manifest(tmp_path / "dest.yaml", "later", mllp_port=rx.port)
@@ -383,21 +396,21 @@ async def run_inturn(*args: str, cwd: Path) -> tuple[int, str, str]:
 
 
 async def test_one_local_per_data_dir_queue_finds_it_and_sighup_stops_postgres(
-    tmp_path: Path, local_runs: list[Local]
+    tmp_path: Path, local_runs: list[Local], pg_home: Path
 ) -> None:
     """In a folder where ``inturn local`` runs on its default ./.inturn: a second one is refused
     naming the first one's pid, ``inturn queue`` needs no --dsn, and closing the terminal
     (SIGHUP) stops both inturn local and its embedded Postgres."""
     port = free_port()
     path = manifest(tmp_path / "dest.yaml", "here", mllp_port=free_port())
-    first = Local(tmp_path, ["-f", str(path), "--listen", f"adt={port}"], cwd=tmp_path)
+    first = Local(tmp_path, ["-f", str(path), "--listen", f"adt={port}"], cwd=pg_home)
     local_runs.append(first)
     await first.start(port)
     assert first.proc is not None
     assert await mllp_send(port, range(0, 3), tmp_path) == ["AA"] * 3
 
     code, out, err = await run_inturn(
-        "local", "-f", str(path), "--listen", f"adt={free_port()}", cwd=tmp_path
+        "local", "-f", str(path), "--listen", f"adt={free_port()}", cwd=pg_home
     )
     assert code == 2 and out == ""
     assert err == (
@@ -405,7 +418,7 @@ async def test_one_local_per_data_dir_queue_finds_it_and_sighup_stops_postgres(
         f" (pid {first.proc.pid}): stop it, or give this one a --data-dir of its own\n"
     )
 
-    code, out, err = await run_inturn("queue", "depth", "--json", cwd=tmp_path)
+    code, out, err = await run_inturn("queue", "depth", "--json", cwd=pg_home)
     assert code == 0, err
     assert [(d["destination"], d["pending"]) for d in json.loads(out)] == [("default/here", 3)]
 
@@ -413,8 +426,8 @@ async def test_one_local_per_data_dir_queue_finds_it_and_sighup_stops_postgres(
     async with asyncio.timeout(30):
         assert await first.proc.wait() == 0
     assert "embedded Postgres stopped" in first.log()
-    assert not (tmp_path / ".inturn" / "pg" / "postmaster.pid").exists()
-    code, out, err = await run_inturn("queue", "depth", cwd=tmp_path)
+    assert not (pg_home / ".inturn" / "pg" / "postmaster.pid").exists()
+    code, out, err = await run_inturn("queue", "depth", cwd=pg_home)
     assert code == 2
     assert "./.inturn holds an embedded Postgres that is not running" in err
 
