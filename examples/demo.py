@@ -87,7 +87,7 @@ def check_ports_free(ports: list[int]) -> None:
 async def start_inturn_local(dsn: str) -> tuple[asyncio.subprocess.Process, asyncio.Task[None]]:
     """Start `inturn local` and wait until its MLLP listener accepts; its log is echoed."""
     args = ["local", *(a for m in MANIFESTS for a in ("-f", str(m.relative_to(HERE.parent))))]
-    args += ["--listen", f"adt={INGEST_PORT}", "--dsn", dsn]
+    args += ["--listen", f"adt=127.0.0.1:{INGEST_PORT}", "--dsn", dsn]
     say("$ inturn " + " ".join(args[:-1]) + " <the embedded Postgres>")
     proc = await asyncio.create_subprocess_exec(
         str(INTURN), *args, cwd=HERE.parent, stderr=asyncio.subprocess.PIPE

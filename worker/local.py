@@ -33,8 +33,8 @@ from inturn.worker.metrics import PrometheusObserver
 from inturn.worker.options import dsn_option, logging_options
 from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders import registry as senders
-from inturn.worker.store import queue, registry
-from inturn.worker.store.connect import DsnError, normalize_dsn
+from inturn.worker.store import locks, queue, registry
+from inturn.worker.store.connect import DsnError, connect_worker, normalize_dsn
 from inturn.worker.store.migrate import migrate
 
 log = logging.getLogger("inturn.local")
@@ -270,6 +270,10 @@ class LocalRunner:
         self.running.clear()
 
 
+class DatabaseInUse(Exception):
+    """Another ``inturn local`` already runs on this database (it owns its registry)."""
+
+
 async def run_local(
     dsn: str,
     paths: list[Path],
@@ -279,22 +283,41 @@ async def run_local(
     abandon: asyncio.Event | None = None,
 ) -> None:
     """Run ingest and the workers until ``stop`` is set, then shut both down in order
-    (``abandon``, set while stopping, cancels the attempts still in flight)."""
-    channels = frozenset(listener.channel for listener in ingest_config.listeners)
-    runner = LocalRunner(dsn, paths, secrets_dir, channels)
-    await runner.start()
-    ingest = Ingest(ingest_config, dsn=dsn)
+    (``abandon``, set while stopping, cancels the attempts still in flight).
+
+    The run holds the database's ``inturn local`` session lock from start to end: a second
+    ``inturn local`` on the same database would retire this one's destinations (they are not
+    in its manifests), and messages for them would no longer be routed.
+
+    Raises:
+        DatabaseInUse: another ``inturn local`` holds the lock; nothing was started.
+    """
+    owner = await connect_worker(dsn, application_name="inturn-local")
     try:
-        await ingest.start()
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), POLL_SECONDS)
-            if not stop.is_set():
-                await runner.poll()
-        log.info("stopping: listeners first, then workers")
+        if not await locks.try_lock(owner, locks.LOCAL):
+            raise DatabaseInUse(
+                "this database is in use by another inturn local (it owns the destination"
+                " registry): stop it, or give this one a database of its own"
+            )
+        channels = frozenset(listener.channel for listener in ingest_config.listeners)
+        runner = LocalRunner(dsn, paths, secrets_dir, channels)
+        await runner.start()
+        ingest = Ingest(ingest_config, dsn=dsn)
+        try:
+            await ingest.start()
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), POLL_SECONDS)
+                if not stop.is_set():
+                    await runner.poll()
+            log.info("stopping: listeners first, then workers")
+        finally:
+            await ingest.stop()
+            await runner.stop(abandon)
     finally:
-        await ingest.stop()
-        await runner.stop(abandon)
+        # Closing the session releases the lock.
+        with contextlib.suppress(Exception):
+            await owner.close()
 
 
 @click.command("local")
@@ -423,6 +446,8 @@ def local_command(
             await run_local(dsn, list(paths), ingest_config, secrets_dir, stop, abandon)
 
         asyncio.run(main())
+    except DatabaseInUse as exc:
+        raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         log.info("stopped before the workers started")
     finally:

@@ -4,7 +4,7 @@ It listens for MLLP (and, with ``--http``, HTTP POSTs), prints one line per mess
 channel it came on, MSH-10 control ID, MSH-9 type, size; never the content) and answers it: an
 ACK with MSA-1 ``--ack`` (AA by default; AE or AR to see how a destination's ``ackPolicy``
 treats a refusal, per HL7 v2.5 chapter 2 "acknowledgment messages"), or nothing with
-``--silent`` (the sender times out). HTTP answers ``--http-status``.
+``--silent`` (the sender times out, over MLLP and HTTP alike). HTTP answers ``--http-status``.
 """
 
 from __future__ import annotations
@@ -69,9 +69,7 @@ def _address(
     help="MSA-1 of every ACK.",
 )
 @click.option("--ack-text", default=None, help="MSA-3 text of every ACK.")
-@click.option(
-    "--silent", is_flag=True, help="Read MLLP messages and never answer (senders time out)."
-)
+@click.option("--silent", is_flag=True, help="Read messages and never answer (senders time out).")
 @click.option(
     "--http-status",
     type=click.IntRange(100, 599),
@@ -107,7 +105,7 @@ async def _serve(
 
     def on_http(body: bytes, status: int) -> None:
         counts["http"] += 1
-        click.echo(f"http  {describe(body)}  -> {status}")
+        click.echo(f"http  {describe(body)}  -> {'no answer' if silent else status}")
 
     receivers: list[Any] = []
     mllp_receiver = MllpReceiver(mllp[0], mllp[1], ack_code)
@@ -121,13 +119,15 @@ async def _serve(
     if http is not None:
         http_receiver = HttpReceiver(http[0], http[1], http_status)
         http_receiver.on_message = on_http
+        http_receiver.silent = silent
         try:
             await http_receiver.start()
         except BaseException:
             await mllp_receiver.stop()
             raise
         receivers.append(http_receiver)
-        click.echo(f"receiving HTTP on {http[0]}:{http_receiver.port} (answering {http_status})")
+        answer = "never answering" if silent else f"answering {http_status}"
+        click.echo(f"receiving HTTP on {http[0]}:{http_receiver.port} ({answer})")
     click.echo("Ctrl-C to stop")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -24,6 +24,8 @@ from .hl7.mllp import Frame, FrameReader, FrameTooLarge, frame
 
 #: The largest message the test receiver takes, in bytes.
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: Largest HTTP body the HTTP receiver reads, in bytes: ingest's largest message and then some.
+HTTP_MAX_BODY_BYTES = 2 * DEFAULT_MAX_FRAME_BYTES
 
 
 class MllpReceiver:
@@ -239,7 +241,10 @@ class HttpReceiver:
         self.received: list[bytes] = []
         self.headers: list[dict[str, str]] = []
         self.on_message: Callable[[bytes, int], None] | None = None
+        #: When True, requests are read and never answered (the sender times out).
+        self.silent = False
         self._runner: web.AppRunner | None = None
+        self._stopping = asyncio.Event()
 
     @property
     def port(self) -> int:
@@ -258,13 +263,18 @@ class HttpReceiver:
         status = self.status
         if self.on_message is not None:
             self.on_message(body, status)
+        if self.silent:
+            await self._stopping.wait()  # no answer before stop()
+            if request.transport is not None:
+                request.transport.close()
         return web.Response(status=status)
 
     async def start(self) -> None:
         """Listen (again on the same port after a :meth:`stop`)."""
         if self._runner is not None:
             return
-        app = web.Application()
+        # as large a body as ingest accepts (16 MiB frames), not aiohttp's 1 MiB default
+        app = web.Application(client_max_size=HTTP_MAX_BODY_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -277,7 +287,9 @@ class HttpReceiver:
         """Stop listening and drop open connections; the port is kept for :meth:`start`."""
         runner, self._runner = self._runner, None
         if runner is not None:
+            self._stopping.set()
             await runner.cleanup()
+            self._stopping = asyncio.Event()
 
     async def __aenter__(self) -> HttpReceiver:
         await self.start()

@@ -93,6 +93,29 @@ def test_answers_ae_or_stays_silent() -> None:
     assert line == f"mllp  CTRL-7  ORU^R01  {len(MESSAGE)} bytes  -> no answer\n"
 
 
+def test_http_takes_bodies_as_large_as_ingest_accepts_and_can_stay_silent() -> None:
+    big = MESSAGE + b"OBX|1|ED|PDF||" + b"A" * (5 * 1024 * 1024) + b"\r"  # over aiohttp's 1 MiB
+    with receiver("--mllp", "0", "--http", "0") as (proc, ports):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{ports['HTTP']}/hl7", data=big, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert resp.status == 200
+    with receiver("--mllp", "0", "--http", "0", "--silent") as (proc, ports):
+        assert proc.stdout is not None
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{ports['HTTP']}/hl7", data=MESSAGE, method="POST"
+        )
+        answered = "answered"
+        try:
+            urllib.request.urlopen(request, timeout=2)
+        except TimeoutError:
+            answered = "no answer"
+        assert answered == "no answer"
+        line = proc.stdout.readline()
+    assert line == f"http  CTRL-7  ORU^R01  {len(MESSAGE)} bytes  -> no answer\n"
+
+
 def test_bad_port_is_a_usage_error() -> None:
     done = subprocess.run(
         [INTURN, "receiver", "--mllp", "http"], capture_output=True, text=True, timeout=30

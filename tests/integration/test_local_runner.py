@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import click
 import psycopg
 import pytest
 
-from inturn.worker.local import LocalRunner, check_sender, load_all
-from inturn.worker.store import registry
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.ingest.service import IngestConfig
+from inturn.worker.local import DatabaseInUse, LocalRunner, check_sender, load_all, run_local
+from inturn.worker.store import locks, registry
 
 
 def write(
@@ -90,3 +93,26 @@ async def test_carriers_follow_the_manifests_and_may_move(fresh_db: str, tmp_pat
         assert rows == {"default/a": ("UA",), "default/b": ("LH", "OS")}
     finally:
         await runner.stop()
+
+
+async def test_a_second_inturn_local_on_the_same_database_is_refused(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """One ``inturn local`` owns a database's registry: a second one (the same data directory
+    through a DSN, or the same --dsn) is refused before it retires the first one's
+    destinations, which would silently stop their routing."""
+    first = tmp_path / "first"
+    first.mkdir()
+    write(first, "running")
+    runner = LocalRunner(fresh_db, [first])
+    await runner.start()
+    await runner.stop()
+    second = tmp_path / "second"
+    second.mkdir()
+    write(second, "other")
+    config = IngestConfig(listeners=[ListenerConfig(channel="adt", host="127.0.0.1", port=0)])
+    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as holder:
+        assert await locks.try_lock(holder, locks.LOCAL)  # the first inturn local's session
+        with pytest.raises(DatabaseInUse, match="in use by another inturn local"):
+            await run_local(fresh_db, [second], config, None, asyncio.Event())
+    assert await active(fresh_db) == ["default/running"]  # nothing retired, nothing added

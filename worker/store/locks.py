@@ -9,7 +9,9 @@ the ``key`` parameter (``enqueue_lock`` and ingest's ``store`` take :data:`ENQUE
 * enqueue (transaction lock, one per destination): enqueues commit in id order;
 * purge (session lock, try only): one purge at a time;
 * migrate (session lock): two pods migrating at once apply each migration once;
-* roles (transaction lock): two ``migrate --create-roles`` runs do not race on CREATE ROLE.
+* roles (transaction lock): two ``migrate --create-roles`` runs do not race on CREATE ROLE;
+* local (session lock, try only): one ``inturn local`` per database, since each one owns the
+  destination registry of its database and retires the destinations it has no manifest for.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ PURGE = "inturn:purge"
 MIGRATE = "inturn:migrate"
 #: The key of creating the component roles and setting their grants.
 ROLES = "inturn:roles"
+#: The key held by the one ``inturn local`` that owns a database's destination registry.
+LOCAL = "inturn:local"
 
 
 def worker_key(destination: str) -> str:
