@@ -62,6 +62,19 @@ def dsn(pg_server_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def empty_db(pg_server_dsn: str) -> Iterator[str]:
+    """DSN of a database nobody migrated (dropped after the test)."""
+    name = f"inturn_empty_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(pg_server_dsn, dbname=name)
+    finally:
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
 def fresh_db(dsn: str) -> str:
     """The session database with every queue table emptied before the test."""
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -7,15 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from inturn.worker.store.queue import notify_channel
 
@@ -256,19 +253,6 @@ def test_bare_inturn_prints_help_and_version_is_there() -> None:
         0,
         f"inturn, version {metadata.version('inturn')}\n",
     )
-
-
-@pytest.fixture
-def empty_db(pg_server_dsn: str) -> Iterator[str]:
-    """A database nobody migrated."""
-    name = f"inturn_empty_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_conninfo(pg_server_dsn, dbname=name)
-    finally:
-        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.mark.parametrize(

@@ -4,30 +4,15 @@ from __future__ import annotations
 
 import re
 import threading
-import uuid
-from collections.abc import Iterator
 from importlib import resources
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from inturn.worker.store.migrate import available, migrate
 from inturn.worker.store.queries import parse
 
 pytestmark = pytest.mark.store
-
-
-@pytest.fixture
-def empty_db(pg_server_dsn: str) -> Iterator[str]:
-    name = f"inturn_mig_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_conninfo(pg_server_dsn, dbname=name)
-    finally:
-        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_second_run_changes_nothing(empty_db: str) -> None:
