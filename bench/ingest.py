@@ -116,7 +116,7 @@ def register(db: str) -> None:
 
 def reset(db: str) -> None:
     with psycopg.connect(db, autocommit=True) as conn:
-        conn.execute("TRUNCATE inturn_delivery, inturn_received")
+        conn.execute("TRUNCATE inturn_delivery, inturn_received CASCADE")
         conn.execute("VACUUM ANALYZE inturn_delivery")
         conn.execute("VACUUM ANALYZE inturn_received")
 

@@ -460,6 +460,7 @@ class Runtime:
             suspended=bool(spec["suspend"]),
             carriers=tuple(sorted(spec.get("carriers") or ())),
             sender_kind=next(iter(spec["sender"]), None),  # the one key: mllp, http, sftp
+            sender=manifests.sender_summary(spec),
         )
         if registered is not None and registered.get(children.key) == row:
             return None
@@ -478,6 +479,7 @@ class Runtime:
                     suspended=row.suspended,
                     carriers=row.carriers,
                     sender_kind=row.sender_kind,
+                    sender=row.sender,
                 )
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning("registry update for %s failed: %s", children.key, exc)
@@ -730,4 +732,5 @@ def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
         row.suspended,
         row.carriers,
         row.sender_kind,
+        row.sender,
     )

@@ -79,9 +79,9 @@ def fresh_db(dsn: str) -> str:
     """The session database with every queue table emptied before the test."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "TRUNCATE inturn_delivery, inturn_audit, inturn_destination, inturn_received,"
-            " inturn_destination_carrier, inturn_booking, inturn_segment, inturn_segment_event,"
-            " inturn_worklist_item"
+            "TRUNCATE inturn_delivery, inturn_attempt, inturn_audit, inturn_destination,"
+            " inturn_received, inturn_destination_carrier, inturn_booking, inturn_segment,"
+            " inturn_segment_event, inturn_worklist_item"
             " RESTART IDENTITY"
         )
     return dsn

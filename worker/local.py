@@ -56,6 +56,15 @@ def check_sender(cfg: WorkerConfig) -> None:
         raise click.ClickException(problem)
 
 
+def sender_summary(cfg: WorkerConfig) -> str:
+    """The sender's credential-free one-line description for the registry (empty when the
+    sender cannot be built; that is reported when its worker starts)."""
+    try:
+        return make_sender(cfg.sender).describe()
+    except (OSError, ValueError):
+        return ""
+
+
 def manifest_files(paths: list[Path]) -> list[Path]:
     """The manifest files under ``paths`` (files as given; directories searched recursively
     for ``*.yaml``, ``*.yml`` and ``*.json``), sorted."""
@@ -184,6 +193,7 @@ class LocalRunner:
                         suspended=cfg.suspend,
                         carriers=cfg.carriers,
                         sender_kind=senders.of_config(cfg.sender).name,
+                        sender=sender_summary(cfg),
                     )
                 except registry.CarrierTaken as exc:
                     log.error("destination %s: not applied: %s", dest, exc)

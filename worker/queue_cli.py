@@ -239,6 +239,7 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
     help="Items to show (at most 1,000).",
 )
 @click.option("--offset", type=click.IntRange(0), default=0, help="Skip this many (the next page).")
+@click.option("--before", type=click.IntRange(1), help="Only items with a smaller id (a cursor).")
 def list_command(
     dsn: str | None,
     as_json: bool,
@@ -250,6 +251,7 @@ def list_command(
     authority: str | None,
     limit: int,
     offset: int,
+    before: int | None,
 ) -> None:
     """Items newest first (never payloads), with the total count."""
     patient_key = _patient_key(patient_id, authority)
@@ -264,6 +266,7 @@ def list_command(
             patient_key=patient_key,
             limit=limit,
             offset=offset,
+            before=before,
         )
         unindexed = 0
         if patient_key is not None:
@@ -318,14 +321,17 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
 @queue_group.command("payload")
 @dsn_option()
 @click.argument("item_id", type=int)
-def payload_command(dsn: str | None, item_id: int) -> None:
-    """Write one item's bytes to standard output exactly as its sender sends them.
+@click.option("--who", default="cli", show_default=True, help="Recorded in the audit.")
+@why_option
+def payload_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
+    """Write one item's bytes to standard output exactly as its sender sends them (the viewing
+    is audited).
 
     These are the stored bytes: ingest stores a message with its segment terminators already
     normalised (see :mod:`inturn.worker.hl7.terminators`); the rule is applied here too, and
     changes nothing, so that rows stored before it print what is sent.
     """
-    data = run_read(dsn, lambda conn: queue.payload(conn, item_id))
+    data = run_write(dsn, lambda conn: queue.view_payload(conn, item_id, who=who, why=why))
     if data is None:
         raise click.ClickException(f"no item {item_id}")
     sys.stdout.buffer.write(normalise_terminators(data))
@@ -382,6 +388,32 @@ def drain_command(dsn: str | None, destination: str, who: str, why: str | None) 
             f"no destination {destination} (names are namespace/name; see `inturn queue depth`)"
         )
     click.echo(f"drained {len(ids)} item(s) from {destination}")
+
+
+def _hold_command(verb: str) -> click.Command:
+    action = registry.suspend if verb == "suspend" else registry.resume
+
+    @click.command(verb)
+    @dsn_option()
+    @click.argument("destination")
+    @who_option
+    @why_option
+    def command(dsn: str | None, destination: str, who: str, why: str | None) -> None:
+        if not run_write(dsn, lambda conn: action(conn, destination, who=who, why=why)):
+            raise click.ClickException(f"no registered destination {destination}")
+        click.echo(f"{'suspended' if verb == 'suspend' else 'resumed'} {destination}")
+
+    command.help = (
+        "Hold DESTINATION's delivery (namespace/name): its worker sends nothing after the attempt"
+        " in flight, messages keep queueing; audited."
+        if verb == "suspend"
+        else "Lift the hold on DESTINATION and wake its worker; audited."
+    )
+    return command
+
+
+queue_group.add_command(_hold_command("suspend"))
+queue_group.add_command(_hold_command("resume"))
 
 
 @queue_group.command("remove")

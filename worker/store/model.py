@@ -144,3 +144,38 @@ class ScannedPayload:
     state: State
     message_type: str
     payload: bytes
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One failed attempt of an item: its number, when, ``retry`` or ``failed``, the error."""
+
+    attempt: int
+    at: datetime
+    outcome: str
+    error: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (ISO 8601 time)."""
+        return {
+            "attempt": self.attempt,
+            "at": self.at.isoformat(),
+            "outcome": self.outcome,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    """The head of a destination's queue, without its payload.
+
+    Attributes:
+        item_id: its id; attempts: failed attempts so far.
+        wait_seconds: until its next attempt (0 when due now).
+        last_error: ``"<class>: <detail>"`` of its last failure, or None.
+    """
+
+    item_id: int
+    attempts: int
+    wait_seconds: float
+    last_error: str | None

@@ -31,8 +31,10 @@ from inturn.worker.store import locks
 from inturn.worker.store.model import (
     FINISHED_STATES,
     STATES,
+    Attempt,
     DepthRow,
     Head,
+    HeadInfo,
     Item,
     NewItem,
     ScannedPayload,
@@ -111,7 +113,7 @@ async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[New
             row = await cur.fetchone()
             assert row is not None
             ids.append(int(row["id"]))
-    await _wake(conn, destinations)
+    await wake(conn, destinations)
     return ids
 
 
@@ -239,7 +241,8 @@ async def gave_up(conn: AsyncConnection[Any], item_id: int, attempts: int, cause
     return cur.rowcount == 1
 
 
-async def _wake(conn: AsyncConnection[Any], destinations: Iterable[str]) -> None:
+async def wake(conn: AsyncConnection[Any], destinations: Iterable[str]) -> None:
+    """NOTIFY each destination's worker (delivered at COMMIT of the caller's transaction)."""
     for destination in sorted(set(destinations)):
         await conn.execute(
             Q["notify"], {"channel": notify_channel(destination), "destination": destination}
@@ -275,7 +278,7 @@ async def retry_now(
         touched = {str(r["destination"]) for r in rows}
         if ids:
             await _audit(conn, who, "retry-now", destination or min(touched), ids, why)
-            await _wake(conn, touched)
+            await wake(conn, touched)
     return ids
 
 
@@ -291,7 +294,7 @@ async def skip(
         if row is None:
             return False
         await _audit(conn, who, "skip", row["destination"], [item_id], why)
-        await _wake(conn, [row["destination"]])
+        await wake(conn, [row["destination"]])
     return True
 
 
@@ -304,7 +307,7 @@ async def drain(
         ids = sorted(int(r["id"]) for r in await fetch_all(conn, Q["drain"], params, row=dict_row))
         if ids:
             await _audit(conn, who, "drain", destination, ids, why)
-            await _wake(conn, [destination])  # its gauges change
+            await wake(conn, [destination])  # its gauges change
     return ids
 
 
@@ -351,7 +354,7 @@ async def _delete(
             dest = touched.pop() if len(touched) == 1 else None
             await _audit(conn, who, action, dest, ids, why)
             # An erased pending item changes its worker's head and gauges.
-            await _wake(conn, {r["destination"] for r in rows if r["state"] == "pending"})
+            await wake(conn, {r["destination"] for r in rows if r["state"] == "pending"})
     return ids
 
 
@@ -456,6 +459,7 @@ async def list_items(
     patient_key: str | None = None,
     limit: int = LIST_LIMIT_DEFAULT,
     offset: int = 0,
+    before: int | None = None,
 ) -> tuple[list[Item], int]:
     """Return matching items newest first (never payloads) and the total count of matches.
 
@@ -465,7 +469,9 @@ async def list_items(
     :mod:`inturn.worker.store.identifiers`) are not found by ``patient_key``.
 
     ``limit`` defaults to 100 and is capped at 1,000: this feeds a page, and an unbounded query
-    over a large backlog would be a denial of service on ourselves.
+    over a large backlog would be a denial of service on ourselves. ``before`` is a keyset
+    cursor: only items with a smaller id (the last id of the previous page); it keeps a deep
+    page as cheap as the first, where ``offset`` does not.
 
     Raises:
         ValueError: unknown ``state``, negative ``limit`` or ``offset``.
@@ -480,6 +486,7 @@ async def list_items(
         "state": state,
         "control_id": control_id,
         "patient_key": patient_key,
+        "before": before,
         "limit": min(limit, LIST_LIMIT_MAX),
         "offset": offset,
     }
@@ -499,6 +506,46 @@ async def payload(conn: AsyncConnection[Any], item_id: int) -> bytes | None:
     return bytes(row["payload"]) if row else None
 
 
+async def view_payload(
+    conn: AsyncConnection[Any], item_id: int, *, who: str, why: str | None = None
+) -> bytes | None:
+    """Return one item's stored bytes for a person to read, and record that ``who`` read them.
+
+    The audit entry (action ``view-payload``) is committed in the same transaction as the read,
+    so no viewing goes unrecorded. Needs a writable connection. None when the item does not
+    exist (nothing is audited then).
+    """
+    async with conn.transaction():
+        row = await fetch_one(conn, Q["payload_of"], {"id": item_id}, row=dict_row)
+        if row is None:
+            return None
+        await _audit(conn, who, "view-payload", row["destination"], [item_id], why)
+    return bytes(row["payload"])
+
+
+async def attempts(conn: AsyncConnection[Any], item_id: int) -> list[Attempt]:
+    """One item's failed attempts, oldest first (its delivery, if any, is its own state)."""
+    return await fetch_all(conn, Q["attempts"], {"id": item_id}, row=class_row(Attempt))
+
+
+async def heads(conn: AsyncConnection[Any], destinations: Sequence[str]) -> dict[str, HeadInfo]:
+    """The head (oldest pending item, due or not) of each destination that has one.
+
+    One index probe per destination, so the cost follows the number of destinations, not the
+    number of pending rows.
+    """
+    rows = await fetch_all(conn, Q["heads"], {"destinations": list(destinations)}, row=dict_row)
+    return {
+        r["destination"]: HeadInfo(
+            item_id=int(r["id"]),
+            attempts=int(r["attempts"]),
+            wait_seconds=float(r["wait_seconds"]),
+            last_error=r["last_error"],
+        )
+        for r in rows
+    }
+
+
 async def depth(conn: AsyncConnection[Any], destination: str | None = None) -> list[DepthRow]:
     """Per-destination summary (pending, failed, oldest, oldest seconds, max attempts).
 
@@ -513,12 +560,38 @@ async def pending_destinations(conn: AsyncConnection[Any]) -> list[str]:
     return [str(r["destination"]) for r in rows]
 
 
-async def audit_log(conn: AsyncConnection[Any], limit: int = 100) -> list[dict[str, Any]]:
+async def record(
+    conn: AsyncConnection[Any],
+    *,
+    who: str,
+    action: str,
+    destination: str | None = None,
+    ids: Sequence[int] = (),
+    why: str | None = None,
+) -> None:
+    """Add one entry to the audit trail in the caller's transaction (never a payload)."""
+    await _audit(conn, who, action, destination, list(ids), why)
+
+
+async def audit_log(
+    conn: AsyncConnection[Any],
+    limit: int = 100,
+    *,
+    destination: str | None = None,
+    item_id: int | None = None,
+    before: int | None = None,
+) -> list[dict[str, Any]]:
     """The newest ``limit`` audit entries (who, when, what, which items, why), newest first.
 
-    Entries never carry payloads. ``at`` is an ISO 8601 string.
+    Optional filters: one destination, entries naming one item, entries with an id below
+    ``before`` (a keyset cursor). Entries never carry payloads. ``at`` is an ISO 8601 string.
     """
-    params = {"limit": min(max(limit, 1), LIST_LIMIT_MAX)}
+    params = {
+        "limit": min(max(limit, 1), LIST_LIMIT_MAX),
+        "destination": destination,
+        "item_id": item_id,
+        "before": before,
+    }
     return [
         {
             "id": r["id"],

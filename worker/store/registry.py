@@ -17,6 +17,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
+from inturn.worker.store import queue
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("registry.sql")
@@ -36,6 +37,7 @@ class RegisteredDestination:
         deleted: the Destination is gone (the row is kept for the record).
         carriers: IATA airline designators it serves (``spec.carriers``), sorted.
         sender_kind: the key under ``spec.sender`` (``mllp``, ``http``), or None if unknown.
+        sender: the sender's one-line, credential-free summary (``mllp://host:port``).
     """
 
     destination: str
@@ -48,6 +50,7 @@ class RegisteredDestination:
     deleted: bool = False
     carriers: tuple[str, ...] = ()
     sender_kind: str | None = None
+    sender: str = ""
 
 
 class CarrierTaken(ValueError):
@@ -98,6 +101,7 @@ def _row(r: Mapping[str, Any]) -> RegisteredDestination:
         deleted=bool(r["deleted"]),
         carriers=tuple(r["carriers"] or ()),
         sender_kind=r.get("sender_kind"),
+        sender=str(r.get("sender") or ""),
     )
 
 
@@ -113,6 +117,7 @@ async def register(
     suspended: bool,
     carriers: Sequence[str] = (),
     sender_kind: str | None = None,
+    sender: str = "",
 ) -> bool:
     """Insert or update a destination (and un-delete it) and its carriers, in one transaction.
 
@@ -120,6 +125,8 @@ async def register(
     destination holds fails and changes nothing (the claim is enforced by the carrier table's
     primary key, so two registrations racing for one carrier cannot both win). Idempotent.
     ``sender_kind`` (``mllp``, ``http``) lets ingest refuse what that kind can never send.
+
+    ``sender`` is the credential-free sender summary shown by the console.
 
     Returns:
         True when anything was written, False when it was already exactly so.
@@ -141,6 +148,7 @@ async def register(
                 "generation": generation,
                 "suspended": suspended,
                 "sender_kind": sender_kind,
+                "sender": sender,
             },
             row=dict_row,
         )
@@ -206,3 +214,81 @@ async def status_depth(conn: AsyncConnection[Any]) -> dict[str, DestinationDepth
     """
     rows = await fetch_all(conn, Q["status_depth"], row=class_row(DestinationDepth))
     return {r.destination: r for r in rows}
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A hold on a destination's delivery: since when, by whom, why."""
+
+    at: datetime
+    by: str | None
+    why: str | None
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A registered destination as the console lists it.
+
+    Attributes:
+        destination: ``namespace/name``; channel: its ingest channel.
+        sender: the credential-free sender summary; suspended: ``spec.suspend``.
+        hold: the console's or CLI's hold, or None; deleted: the Destination is gone.
+    """
+
+    destination: str
+    channel: str
+    sender: str
+    suspended: bool
+    hold: Hold | None
+    deleted: bool
+
+
+async def listed(conn: AsyncConnection[Any]) -> list[Listed]:
+    """Every registered destination (deleted ones included) with its hold, ordered by key."""
+    return [
+        Listed(
+            destination=r["destination"],
+            channel=r["channel"],
+            sender=r["sender"],
+            suspended=bool(r["suspended"]),
+            hold=Hold(r["held_at"], r["held_by"], r["held_why"]) if r["held_at"] else None,
+            deleted=bool(r["deleted"]),
+        )
+        for r in await fetch_all(conn, Q["overview"], row=dict_row)
+    ]
+
+
+async def suspend(
+    conn: AsyncConnection[Any], destination: str, *, who: str, why: str | None = None
+) -> bool:
+    """Put a hold on ``destination``: its worker sends nothing after the attempt in flight.
+
+    Kept apart from ``spec.suspend`` (which the operator rewrites on every reconcile); a worker
+    honours both. Audited as ``suspend``. Messages keep arriving and queueing.
+
+    Returns:
+        False when the destination is not registered (nothing changed, nothing audited).
+    """
+    async with conn.transaction():
+        params = {"destination": destination, "who": who, "why": why}
+        if await fetch_one(conn, Q["hold"], params, row=dict_row) is None:
+            return False
+        await queue.record(conn, who=who, action="suspend", destination=destination, why=why)
+    return True
+
+
+async def resume(
+    conn: AsyncConnection[Any], destination: str, *, who: str, why: str | None = None
+) -> bool:
+    """Lift the hold on ``destination`` and wake its worker; audited as ``resume``.
+
+    Returns:
+        False when the destination is not registered.
+    """
+    async with conn.transaction():
+        params = {"destination": destination}
+        if await fetch_one(conn, Q["release"], params, row=dict_row) is None:
+            return False
+        await queue.record(conn, who=who, action="resume", destination=destination, why=why)
+        await queue.wake(conn, [destination])
+    return True

@@ -31,12 +31,15 @@ SELECT EXISTS (
 -- "after" is a keyset bound (0 for none): the worker passes the id it finished last, so the
 -- scan starts there instead of stepping over every row delivered since the statistics were
 -- taken (the planner may walk the primary key when it believes every row is pending).
+-- A destination on hold (held_at set by `queue suspend` or the console) has no head.
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
        payload,
        greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
   FROM inturn_delivery
  WHERE destination = %(destination)s AND state = 'pending' AND id > %(after)s
+   AND NOT EXISTS (SELECT 1 FROM inturn_destination held
+                    WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
  ORDER BY id
  LIMIT 1;
 
@@ -63,18 +66,26 @@ SELECT (SELECT waited_seconds FROM done) AS waited_seconds, h.*
                   AS wait_seconds
          FROM inturn_delivery
         WHERE destination = %(destination)s AND state = 'pending' AND id > %(id)s
+          AND NOT EXISTS (SELECT 1 FROM inturn_destination held
+                           WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
         ORDER BY id
         LIMIT 1) AS h ON TRUE;
 
 -- name: retry
--- Touches no indexed column, so the update can stay heap-only.
-UPDATE inturn_delivery
-   SET attempts = %(attempts)s,
-       next_attempt = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
-       last_attempt = clock_timestamp(),
-       last_error = %(cause)s,
-       reason = coalesce(reason, %(cause)s)
- WHERE id = %(id)s AND state = 'pending';
+-- Touches no indexed column, so the update can stay heap-only. The attempt is kept in the item's
+-- history (inturn_attempt) by the same statement; the row count is the history row's.
+WITH failed AS (
+    UPDATE inturn_delivery
+       SET attempts = %(attempts)s,
+           next_attempt = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
+           last_attempt = clock_timestamp(),
+           last_error = %(cause)s,
+           reason = coalesce(reason, %(cause)s)
+     WHERE id = %(id)s AND state = 'pending'
+    RETURNING id
+)
+INSERT INTO inturn_attempt (item_id, attempt, outcome, error)
+SELECT id, %(attempts)s, 'retry', %(cause)s FROM failed;
 
 -- name: succeeded
 -- As succeeded_next: a skip that raced with the send loses, the item was delivered.
@@ -85,11 +96,16 @@ UPDATE inturn_delivery
 RETURNING extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds;
 
 -- name: gave_up
-UPDATE inturn_delivery
-   SET state = 'failed', attempts = %(attempts)s,
-       last_attempt = clock_timestamp(), finished_at = clock_timestamp(),
-       last_error = %(cause)s, reason = coalesce(reason, %(cause)s)
- WHERE id = %(id)s AND state = 'pending';
+WITH failed AS (
+    UPDATE inturn_delivery
+       SET state = 'failed', attempts = %(attempts)s,
+           last_attempt = clock_timestamp(), finished_at = clock_timestamp(),
+           last_error = %(cause)s, reason = coalesce(reason, %(cause)s)
+     WHERE id = %(id)s AND state = 'pending'
+    RETURNING id
+)
+INSERT INTO inturn_attempt (item_id, attempt, outcome, error)
+SELECT id, %(attempts)s, 'failed', %(cause)s FROM failed;
 
 -- name: retry_now_one
 UPDATE inturn_delivery
@@ -141,6 +157,7 @@ VALUES (%(who)s, %(action)s, %(destination)s, %(ids)s, %(why)s);
 
 -- name: list_items
 -- A page of items newest first, never payloads. Every filter is optional (NULL: not filtered);
+-- "before" is a keyset cursor (the last id of the previous page);
 -- run unprepared, so that each call is planned with its filters and control_id and patient_key
 -- use their indexes.
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
@@ -151,6 +168,7 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
    AND (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
    AND (%(patient_key)s::text IS NULL OR patient_keys @> ARRAY[%(patient_key)s::text])
+   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
  -- With an identifier filter, "id + 0" keeps the planner from walking the primary key backwards
  -- in the hope of meeting the few matches early (it reads the whole table when they are old):
  -- the identifier index finds them and they are sorted. The CASE folds away once planned.
@@ -188,6 +206,9 @@ SELECT id, channel, destination, control_id, message_type, payload, state
 -- name: payload
 SELECT payload FROM inturn_delivery WHERE id = %(id)s;
 
+-- name: payload_of
+SELECT payload, destination FROM inturn_delivery WHERE id = %(id)s;
+
 -- name: depth
 -- Per destination with anything pending or failed: the numbers to alert on.
 SELECT destination,
@@ -208,8 +229,31 @@ SELECT destination,
 SELECT DISTINCT destination FROM inturn_delivery WHERE state = 'pending' ORDER BY destination;
 
 -- name: audit_list
+-- Newest first; optional filters (NULL: any): one destination, one item, entries below a cursor.
 SELECT id, at, who, action, destination, item_ids, why
-  FROM inturn_audit ORDER BY id DESC LIMIT %(limit)s;
+  FROM inturn_audit
+ WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+   AND (%(item_id)s::bigint IS NULL OR %(item_id)s::bigint = ANY (item_ids))
+   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: attempts
+-- One item's failed attempts, oldest first (a delivery is the item's own state).
+SELECT attempt, at, outcome, error FROM inturn_attempt WHERE item_id = %(id)s ORDER BY id;
+
+-- name: heads
+-- The head of each given destination (oldest pending item, due or not), one index probe each:
+-- its id, attempts, seconds until its next attempt (0 when due) and last error.
+SELECT d.destination, h.id, h.attempts,
+       greatest(0, extract(epoch FROM h.next_attempt - clock_timestamp()))::float8 AS wait_seconds,
+       h.last_error
+  FROM unnest(%(destinations)s::text[]) AS d(destination)
+  JOIN LATERAL (
+       SELECT id, attempts, next_attempt, last_error
+         FROM inturn_delivery
+        WHERE destination = d.destination AND state = 'pending'
+        ORDER BY id
+        LIMIT 1) AS h ON TRUE;
 
 -- name: find_patient
 -- Every held item whose identifier index holds the key (GIN), oldest first. Never a payload.

@@ -5,9 +5,9 @@
 -- Upsert one destination; a row marked deleted comes back to life. Only a real change writes.
 INSERT INTO inturn_destination
        (destination, namespace, name, channel, message_types, generation, suspended,
-        sender_kind)
+        sender_kind, sender)
 VALUES (%(destination)s, %(namespace)s, %(name)s, %(channel)s, %(message_types)s,
-        %(generation)s, %(suspended)s, %(sender_kind)s)
+        %(generation)s, %(suspended)s, %(sender_kind)s, %(sender)s)
 ON CONFLICT (destination) DO UPDATE
    SET namespace = EXCLUDED.namespace,
        name = EXCLUDED.name,
@@ -16,15 +16,16 @@ ON CONFLICT (destination) DO UPDATE
        generation = EXCLUDED.generation,
        suspended = EXCLUDED.suspended,
        sender_kind = EXCLUDED.sender_kind,
+       sender = EXCLUDED.sender,
        updated_at = now(),
        deleted_at = NULL
  WHERE inturn_destination.deleted_at IS NOT NULL
     OR (inturn_destination.namespace, inturn_destination.name, inturn_destination.channel,
         inturn_destination.message_types, inturn_destination.generation,
-        inturn_destination.suspended, inturn_destination.sender_kind)
+        inturn_destination.suspended, inturn_destination.sender_kind, inturn_destination.sender)
        IS DISTINCT FROM
        (EXCLUDED.namespace, EXCLUDED.name, EXCLUDED.channel, EXCLUDED.message_types,
-        EXCLUDED.generation, EXCLUDED.suspended, EXCLUDED.sender_kind)
+        EXCLUDED.generation, EXCLUDED.suspended, EXCLUDED.sender_kind, EXCLUDED.sender)
 RETURNING destination;
 
 -- name: mark_deleted
@@ -64,7 +65,8 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
        deleted_at IS NOT NULL AS deleted,
        ARRAY(SELECT carrier FROM inturn_destination_carrier c
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
-           AS carriers
+           AS carriers,
+       sender
   FROM inturn_destination
  WHERE channel = %(channel)s AND deleted_at IS NULL
  ORDER BY destination;
@@ -74,7 +76,8 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
        deleted_at IS NOT NULL AS deleted,
        ARRAY(SELECT carrier FROM inturn_destination_carrier c
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
-           AS carriers
+           AS carriers,
+       sender
   FROM inturn_destination
  ORDER BY destination;
 
@@ -96,3 +99,27 @@ SELECT d.destination, d.pending, d.failed, d.oldest, d.max_attempts,
        coalesce(h.attempts, 0) AS head_attempts, h.last_error AS head_error
   FROM d
   LEFT JOIN inturn_delivery h ON h.id = d.head_id;
+
+-- name: hold
+-- Suspend delivery from the console or the CLI (see migration 0008). Returns the row when the
+-- destination is registered; an existing hold keeps its first author and time.
+UPDATE inturn_destination
+   SET held_at = coalesce(held_at, now()),
+       held_by = coalesce(held_by, %(who)s),
+       held_why = coalesce(held_why, %(why)s),
+       updated_at = now()
+ WHERE destination = %(destination)s
+RETURNING destination, held_at;
+
+-- name: release
+UPDATE inturn_destination
+   SET held_at = NULL, held_by = NULL, held_why = NULL, updated_at = now()
+ WHERE destination = %(destination)s
+RETURNING destination;
+
+-- name: overview
+-- Every registered destination with its hold and sender, for the console's overview.
+SELECT destination, channel, sender, suspended, held_at, held_by, held_why,
+       deleted_at IS NOT NULL AS deleted
+  FROM inturn_destination
+ ORDER BY destination;
