@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "ingest": "inturn.worker.ingest.cli:ingest_command",
     "token": "inturn.worker.ingest.cli:token_command",
     "local": "inturn.worker.local:local_command",
+    "console": "inturn.worker.console.cli:console_command",
     "operator": "inturn.operator.cli:operator_command",
     "crd": "inturn.operator.cli:crd_command",
     "receiver": "inturn.worker.receiver_cli:receiver_command",

@@ -20,6 +20,7 @@ import click
 from psycopg import AsyncConnection
 
 from inturn.worker.display import printable, printable_values
+from inturn.worker.durations import format_age
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.options import DURATION, dsn_option, json_option, who_option, why_option
 from inturn.worker.store import identifiers, queue, registry, roles
@@ -136,17 +137,6 @@ def migrate_command(dsn: str | None, create_roles: bool, role_prefix: str) -> No
         click.echo(f"grants set for {names}")
 
 
-def _age(seconds: float) -> str:
-    s = int(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    if s < 172800:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
-
-
 def _echo_json(data: Any) -> None:
     """Print ``data`` as indented JSON, every string in it made printable first (text from
     outside, such as a receiver's error text, cannot carry a line break into the output)."""
@@ -176,7 +166,7 @@ def format_depth(rows: list[DepthRow]) -> str:
                 r.channel,
                 str(r.pending),
                 str(r.failed),
-                _age(r.oldest_seconds) if r.pending else "-",
+                format_age(r.oldest_seconds) if r.pending else "-",
                 str(r.max_attempts),
             ]
             for r in rows
@@ -198,7 +188,7 @@ def _item_rows(items: list[Item]) -> list[list[str]]:
             _clip(printable(i.message_type), 20),
             _clip(printable(i.control_id), 30),
             str(i.attempts),
-            _age(i.age_seconds(now)),
+            format_age(i.age_seconds(now)),
             _clip(printable(i.last_error or ""), 60),
         ]
         for i in items

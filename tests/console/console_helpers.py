@@ -1,0 +1,131 @@
+"""Helpers of the console tests: three identities (one per role), registering and enqueueing,
+a real worker, and an HTTP client acting as one role."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from psycopg import AsyncConnection
+
+from inturn.worker.config import MllpSenderConfig, RetryPolicy, WorkerConfig
+from inturn.worker.console.auth import AuthConfig, parse_auth
+from inturn.worker.metrics import PrometheusObserver
+from inturn.worker.runner import DestinationWorker
+from inturn.worker.senders.mllp import MllpSender
+from inturn.worker.store import queue, registry
+from inturn.worker.store.model import NewItem
+
+#: One bearer token per role; the name is what the audit records.
+TOKENS = {
+    "viewer": ("vera", "viewer-token-0123456789"),
+    "operator": ("otto", "operator-token-0123456789"),
+    "privacy": ("pia", "privacy-token-0123456789"),
+}
+AUTH: AuthConfig = parse_auth(
+    {
+        "tokens": [
+            {"name": name, "roles": [role], "token": token}
+            for role, (name, token) in TOKENS.items()
+        ]
+    }
+)
+
+
+def message(n: int, control: str | None = None) -> bytes:
+    """A small ADT^A01 with MSH-10 ``MSG0000n`` (or ``control``)."""
+    return (
+        f"MSH|^~\\&|ADT|HOSP|LAB|HOSP|20261129120000||ADT^A01|{control or f'MSG{n:05d}'}|P|2.5\r"
+        f"PID|1||P{n}^^^HOSP^MR||DOE^JOHN\r"
+    ).encode()
+
+
+async def register(dsn: str, destination: str, channel: str = "adt", sender: str = "") -> None:
+    """Register ``destination`` as the operator would."""
+    namespace, _, name = destination.partition("/")
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await registry.register(
+            conn,
+            destination=destination,
+            namespace=namespace,
+            name=name,
+            channel=channel,
+            message_types=[],
+            generation=1,
+            suspended=False,
+            sender=sender,
+        )
+
+
+async def enqueue(dsn: str, destination: str, numbers: list[int]) -> list[int]:
+    """Enqueue messages ``numbers`` for ``destination``; their ids."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return await queue.enqueue(
+            conn,
+            [NewItem(destination, "adt", f"MSG{n:05d}", "ADT^A01", message(n)) for n in numbers],
+        )
+
+
+async def until(predicate: Callable[[], Awaitable[Any]], timeout: float = 20.0) -> None:
+    """Wait until ``predicate()`` is true, or fail after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not await predicate():
+            await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def worker(dsn: str, destination: str, port: int) -> AsyncIterator[DestinationWorker]:
+    """A real worker for ``destination`` sending over MLLP to ``127.0.0.1:port``, backing off
+    one second between attempts."""
+    cfg = WorkerConfig(
+        destination=destination,
+        channel="adt",
+        sender=MllpSenderConfig("127.0.0.1", port),
+        retry=RetryPolicy(
+            max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=3
+        ),
+        idle_seconds=1,
+    )
+    assert isinstance(cfg.sender, MllpSenderConfig)
+    running = DestinationWorker(cfg, dsn, MllpSender(cfg.sender), PrometheusObserver())
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    try:
+        yield running
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+class Client:
+    """An HTTP client of the console acting as one role (or as nobody)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str, role: str | None) -> None:
+        self.session = session
+        self.base = base
+        self.headers = {"Authorization": f"Bearer {TOKENS[role][1]}"} if role else {}
+
+    async def get(self, path: str, **kwargs: Any) -> tuple[int, Any]:
+        async with self.session.get(self.base + path, headers=self.headers, **kwargs) as r:
+            return r.status, await _body(r)
+
+    async def csrf(self) -> str:
+        status, me = await self.get("/api/v1/me")
+        assert status == 200, me
+        return str(me["csrfToken"])
+
+    async def post(self, path: str, body: Any = None, *, csrf: bool = True) -> tuple[int, Any]:
+        headers = dict(self.headers)
+        if csrf:
+            headers["X-CSRF-Token"] = await self.csrf()
+        async with self.session.post(self.base + path, json=body, headers=headers) as r:
+            return r.status, await _body(r)
+
+
+async def _body(r: aiohttp.ClientResponse) -> Any:
+    if r.content_type == "application/json":
+        return await r.json()
+    return await r.text()

@@ -1,0 +1,244 @@
+"""The console's JSON API and pages over real HTTP, against the real store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from console_helpers import Client, enqueue, register, until, worker
+from psycopg import AsyncConnection
+
+from inturn.worker.console.server import ConsoleServer
+from inturn.worker.receiver import MllpReceiver
+from inturn.worker.store import queue
+
+DEST = "ward/lab"
+ITEMS = f"/api/v1/destinations/{DEST}/items"
+
+
+async def test_unauthenticated_gets_401_and_nothing_else(clients: dict[str | None, Client]) -> None:
+    nobody = clients[None]
+    for path in ("/", "/api/v1/overview", "/static/htmx.min.js", "/audit", "/events"):
+        assert await nobody.get(path) == (401, {"error": {"code": "unauthenticated"}}), path
+    status, body = await nobody.post("/api/v1/items/1/skip", {"why": "x"}, csrf=False)
+    assert (status, body) == (401, {"error": {"code": "unauthenticated"}})
+    wrong = Client(nobody.session, nobody.base, None)
+    wrong.headers = {"Authorization": "Bearer not-a-known-token-at-all"}
+    assert (await wrong.get("/api/v1/me"))[0] == 401
+    async with nobody.session.get(nobody.base + "/healthz") as r:
+        assert r.status == 200
+
+
+async def test_every_answer_carries_a_strict_content_security_policy(
+    clients: dict[str | None, Client],
+) -> None:
+    c = clients["viewer"]
+    async with c.session.get(c.base + "/", headers=c.headers) as r:
+        csp = r.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in csp and "script-src 'self'" in csp
+        assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+        assert r.headers["X-Frame-Options"] == "DENY"
+        assert r.headers["Cache-Control"] == "no-store"
+
+
+async def test_overview_counts_match_queue_depth(
+    fresh_db: str, console: ConsoleServer, clients: dict[str | None, Client]
+) -> None:
+    await register(fresh_db, DEST, sender="mllp://lab:2575")
+    await register(fresh_db, "ward/idle")
+    ids = await enqueue(fresh_db, DEST, [1, 2, 3])
+    await enqueue(fresh_db, "gone/orphan", [4])
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await queue.retry(conn, ids[0], 2, 60, "connection: refused")
+        await queue.gave_up(conn, ids[2], 1, "application: AR")
+    console.console.feed.poke()
+
+    async def settled() -> bool:
+        _, body = await clients["viewer"].get("/api/v1/overview")
+        return any(r["maxAttempts"] == 2 for r in body["destinations"])
+
+    await until(settled)
+    _, body = await clients["viewer"].get("/api/v1/overview")
+    rows = {r["destination"]: r for r in body["destinations"]}
+    cli = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("inturn")),
+            "queue",
+            "depth",
+            "--json",
+            "--dsn",
+            fresh_db,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    depth = {d["destination"]: d for d in json.loads(cli.stdout)}
+    for name, d in depth.items():
+        assert (rows[name]["pending"], rows[name]["failed"], rows[name]["maxAttempts"]) == (
+            d["pending"],
+            d["failed"],
+            d["maxAttempts"],
+        )
+    lab = rows[DEST]
+    assert lab["state"] == "failing" and lab["ready"] == 0 and lab["headWaitSeconds"] > 50
+    assert lab["lastErrorClass"] == "connection" and lab["sender"] == "mllp://lab:2575"
+    assert rows["gone/orphan"]["state"] == "orphaned"
+    assert rows["ward/idle"] == rows["ward/idle"] | {"state": "idle", "pending": 0, "ready": 0}
+    # worst first: the failing destination with a failed item before the idle one
+    assert [r["destination"] for r in body["destinations"]][-1] == "ward/idle"
+
+
+async def test_items_newest_first_cursor_paged_capped_and_without_payloads(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    ids = await enqueue(fresh_db, DEST, list(range(1, 1106)))
+    viewer = clients["viewer"]
+    status, first = await viewer.get(ITEMS + "?limit=100")
+    assert status == 200 and first["total"] == 1105
+    assert [i["id"] for i in first["items"]] == ids[::-1][:100]
+    _, second = await viewer.get(ITEMS + f"?limit=100&cursor={first['nextCursor']}")
+    assert [i["id"] for i in second["items"]] == ids[::-1][100:200]
+    _, big = await viewer.get(ITEMS + "?limit=5000")
+    assert len(big["items"]) == 1000
+    _, last = await viewer.get(ITEMS + f"?limit=1000&cursor={big['nextCursor']}")
+    assert len(last["items"]) == 105 and last["nextCursor"] is None
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await queue.skip(conn, ids[5], who="t")
+    _, skipped = await viewer.get(ITEMS + "?state=skipped")
+    assert [i["id"] for i in skipped["items"]] == [ids[5]]
+    assert (await viewer.get(ITEMS + "?state=nonsense"))[1]["error"]["code"] == "invalid_request"
+    for text in (json.dumps(first), await viewer.get(f"/destinations/{DEST}?limit=1000")):
+        assert "DOE^JOHN" not in str(text) and "PID|" not in str(text)
+
+
+async def test_state_changes_need_the_csrf_token_and_this_origin(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    [item] = await enqueue(fresh_db, DEST, [1])
+    op = clients["operator"]
+    status, body = await op.post(f"/api/v1/items/{item}/skip", {"why": "test"}, csrf=False)
+    assert (status, body["error"]["code"]) == (403, "csrf_failed")
+    headers = op.headers | {"X-CSRF-Token": await op.csrf(), "Origin": "http://evil.example"}
+    async with op.session.post(
+        op.base + f"/api/v1/items/{item}/skip", json={"why": "x"}, headers=headers
+    ) as r:
+        assert r.status == 403
+    other = clients["viewer"]
+    headers = op.headers | {"X-CSRF-Token": await other.csrf()}  # someone else's token
+    async with op.session.post(
+        op.base + f"/api/v1/items/{item}/skip", json={"why": "x"}, headers=headers
+    ) as r:
+        assert r.status == 403
+    _, detail = await op.get(f"/api/v1/items/{item}")
+    assert detail["item"]["state"] == "pending"
+
+
+async def test_roles_and_who_is_the_authenticated_identity(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    a, b = await enqueue(fresh_db, DEST, [1, 2])
+    status, body = await clients["viewer"].post(f"/api/v1/items/{a}/skip", {"why": "no"})
+    assert (status, body["error"]["code"]) == (403, "forbidden")
+    status, body = await clients["operator"].post(f"/api/v1/items/{a}/skip", {})
+    assert (status, body["error"]["code"]) == (400, "reason_required")
+    status, body = await clients["operator"].post(
+        f"/api/v1/items/{a}/skip", {"why": "receiver rejects it for ever", "who": "mallory"}
+    )
+    assert (status, body) == (200, {"action": "skip", "itemId": a, "changed": [a]})
+    status, body = await clients["operator"].post(f"/api/v1/items/{a}/skip", {"why": "again"})
+    assert (status, body["error"]["code"]) == (409, "conflict")
+    status, body = await clients["operator"].post(f"/api/v1/items/{b}/remove", {})
+    assert (status, body["error"]["code"]) == (409, "conflict")
+    status, body = await clients["operator"].post(f"/api/v1/items/{a}/erase", {"why": "x"})
+    assert (status, body["error"]["code"]) == (403, "forbidden")
+    status, body = await clients["operator"].post(f"/api/v1/items/{a}/resend", {})
+    assert status == 200 and body["changed"][0] == a
+    _, audit = await clients["viewer"].get(f"/api/v1/audit?itemId={a}")
+    assert [(e["who"], e["action"]) for e in audit["entries"]] == [
+        ("otto", "resend"),
+        ("otto", "skip"),
+    ]
+    assert audit["entries"][1]["why"] == "receiver rejects it for ever"
+    status, body = await clients["privacy"].post(f"/api/v1/items/{a}/erase", {"why": "request"})
+    assert status == 200 and body["changed"] == [a]
+    assert (await clients["viewer"].get(f"/api/v1/items/{a}"))[0] == 404
+
+
+async def test_drain_needs_the_typed_name_and_a_reason(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    await enqueue(fresh_db, DEST, [1, 2, 3])
+    op = clients["operator"]
+    path = f"/api/v1/destinations/{DEST}/drain"
+    assert (await op.post(path, {"why": "stale", "confirm": "ward/la"}))[1]["error"][
+        "code"
+    ] == "confirmation_mismatch"
+    assert (await op.post(path, {"confirm": DEST}))[1]["error"]["code"] == "reason_required"
+    status, body = await op.post(path, {"why": "a week stale", "confirm": DEST})
+    assert (status, body) == (200, {"action": "drain", "destination": DEST, "changed": 3})
+    _, page = await op.get(ITEMS + "?state=pending")
+    assert page["total"] == 0
+
+
+async def test_payload_only_for_privacy_with_a_reason_and_audited(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    [item] = await enqueue(fresh_db, DEST, [7])
+    path = f"/api/v1/items/{item}/payload"
+    for role in ("viewer", "operator"):
+        status, body = await clients[role].post(path, {"why": "curious"})
+        assert status == 403 and "DOE" not in json.dumps(body)
+    assert (await clients["privacy"].post(path, {}))[0] == 400
+    status, body = await clients["privacy"].post(path, {"why": "ticket 4711"})
+    assert status == 200
+    assert body["segments"][0].startswith("MSH|^~\\&|ADT|")
+    assert body["segments"][1] == "PID|1||P7^^^HOSP^MR||DOE^JOHN"
+    _, audit = await clients["viewer"].get(f"/api/v1/audit?itemId={item}")
+    assert [(e["who"], e["action"], e["why"]) for e in audit["entries"]] == [
+        ("pia", "view-payload", "ticket 4711")
+    ]
+    assert "DOE" not in json.dumps(audit)
+
+
+async def test_last_error_control_characters_are_escaped(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    [item] = await enqueue(fresh_db, DEST, [1])
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await queue.retry(conn, item, 1, 60, "application: AE \x1b[31mred\x07<b>")
+    status, html = await clients["viewer"].get(f"/items/{item}")
+    assert status == 200
+    assert "AE \\x1b[31mred\\x07&lt;b&gt;" in html
+    assert "\x1b" not in html and "\x07" not in html
+    _, detail = await clients["viewer"].get(f"/api/v1/items/{item}")
+    assert [(a["attempt"], a["outcome"]) for a in detail["attempts"]] == [(1, "retry")]
+
+
+async def test_suspend_holds_the_worker_and_resume_wakes_it(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    await register(fresh_db, DEST)
+    op = clients["operator"]
+    async with MllpReceiver() as rx, worker(fresh_db, DEST, rx.port):
+        status, body = await op.post(f"/api/v1/destinations/{DEST}/suspend", {"why": "upgrade"})
+        assert (status, body["changed"]) == (200, 1)
+        await enqueue(fresh_db, DEST, [1, 2])
+        await asyncio.sleep(2.5)  # more than two idle periods of the worker: still nothing
+        assert rx.received == []
+        _, overview = await op.get("/api/v1/overview")
+        [row] = [r for r in overview["destinations"] if r["destination"] == DEST]
+        assert (row["state"], row["heldBy"], row["ready"]) == ("held", "otto", 0)
+        await op.post(f"/api/v1/destinations/{DEST}/resume", {})
+
+        async def delivered() -> bool:
+            return len(rx.received) == 2
+
+        await until(delivered)
+    _, audit = await op.get(f"/api/v1/audit?destination={DEST}")
+    assert [e["action"] for e in audit["entries"]] == ["resume", "suspend"]
+    status, body = await op.post("/api/v1/destinations/nowhere/none/suspend", {})
+    assert (status, body["error"]["code"]) == (404, "not_found")

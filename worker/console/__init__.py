@@ -1,0 +1,1 @@
+"""The web console and its JSON API: ``inturn console`` (see :mod:`.app`)."""

@@ -1,0 +1,138 @@
+"""The console's aiohttp application: authentication, CSRF, security headers, errors, routes.
+
+Every request but ``GET /healthz`` must authenticate (:mod:`.auth`); one that does not gets
+401 with ``{"error": {"code": "unauthenticated"}}`` and nothing else. Every POST must carry the
+CSRF token (:mod:`.csrf`). Every response carries a strict Content-Security-Policy (scripts,
+styles and connections from this origin only; no inline script, no framing) and is not cached
+(static files aside). Errors of the JSON API are ``{"error": {"code", "message"}}`` with a stable
+code; a page's errors are a small HTML page with the same code. Nothing that could hold a
+payload is ever put in a URL, a log line or an error body.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+
+from inturn.worker.console import api, pages
+from inturn.worker.console.auth import AuthConfig
+from inturn.worker.console.context import (
+    AUTH_KEY,
+    CONSOLE_KEY,
+    CSRF_KEY,
+    CSRF_TOKEN_KEY,
+    IDENTITY_KEY,
+)
+from inturn.worker.console.csrf import FIELD, HEADER, SAFE_METHODS, Csrf, same_origin
+from inturn.worker.console.operations import Console, ConsoleError
+from inturn.worker.console.text import escape_controls
+
+log = logging.getLogger("inturn.console")
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(request: web.Request, status: int, code: str, message: str) -> web.Response:
+    """A JSON error for the API (and for 401 everywhere), an HTML page otherwise."""
+    if status == 401 or request.path.startswith("/api/") or request.path == "/events":
+        error = {"code": code} if status == 401 else {"code": code, "message": message}
+        headers = {"WWW-Authenticate": 'Bearer realm="inturn"'} if status == 401 else None
+        return web.json_response({"error": error}, status=status, headers=headers)
+    return aiohttp_jinja2.render_template(
+        "error.html",
+        request,
+        {"status": status, "code": code, "message": message},
+        status=status,
+    )
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Authenticate, check CSRF on state changes, turn failures into stable error codes, and
+    add the security headers."""
+    response = await _guarded(request, handler)
+    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["X-Frame-Options"] = "DENY"
+    if not request.path.startswith("/static/"):
+        response.headers.setdefault("Cache-Control", "no-store")
+    return response
+
+
+async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path == "/healthz":
+        return await handler(request)
+    who = request.app[AUTH_KEY].authenticate(request.headers, request.remote)
+    if who is None:
+        return error_response(request, 401, "unauthenticated", "")
+    request[IDENTITY_KEY] = who
+    csrf = request.app[CSRF_KEY]
+    request[CSRF_TOKEN_KEY] = csrf.token(who.name)
+    try:
+        if request.method not in SAFE_METHODS:
+            presented = request.headers.get(HEADER)
+            if presented is None and request.content_type in (
+                "application/x-www-form-urlencoded",
+                "multipart/form-data",
+            ):
+                presented = str((await request.post()).get(FIELD) or "")
+            if not csrf.valid(who.name, presented) or not same_origin(
+                request.headers.get("Origin"), request.host
+            ):
+                raise ConsoleError(403, "csrf_failed", "missing or wrong CSRF token")
+        return await handler(request)
+    except ConsoleError as exc:
+        return error_response(request, exc.status, exc.code, exc.message)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(
+            exc.status, "invalid_request"
+        )
+        return error_response(request, exc.status, code, exc.reason)
+    except Exception:
+        # The traceback goes to the log (no request body is ever in it); the client gets a code.
+        log.exception("console: %s %s failed", request.method, escape_controls(request.path))
+        return error_response(request, 500, "internal", "internal error; see the console's log")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """``GET /healthz``: 200 while the process serves (no authentication)."""
+    return web.Response(text="ok\n")
+
+
+def static_dir() -> Path:
+    """The folder of the console's static files (htmx, its SSE extension, the style sheet)."""
+    return Path(str(resources.files("inturn.worker.console").joinpath("static")))
+
+
+def make_app(console: Console, auth: AuthConfig, csrf: Csrf) -> web.Application:
+    """Build the application (routes of :mod:`.api` and :mod:`.pages`, static files)."""
+    app = web.Application(middlewares=[guard], client_max_size=64 * 1024)
+    app[CONSOLE_KEY] = console
+    app[AUTH_KEY] = auth
+    app[CSRF_KEY] = csrf
+    env = aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.PackageLoader("inturn.worker.console", "templates"),
+        autoescape=jinja2.select_autoescape(default=True),
+        undefined=jinja2.StrictUndefined,
+    )
+    pages.install_filters(env)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_static("/static/", static_dir(), name="static")
+    api.add_routes(app.router)
+    pages.add_routes(app.router)
+    return app

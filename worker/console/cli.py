@@ -1,0 +1,109 @@
+"""``inturn console``: the web console and its JSON API (``/api/v1``), on one port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+import click
+
+from inturn.worker.console.auth import AuthConfigError, load_auth
+from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
+from inturn.worker.console.server import start_console
+from inturn.worker.ingest.cli import parse_address
+from inturn.worker.logs import configure
+from inturn.worker.queue_cli import DURATION, dsn_option
+from inturn.worker.store.connect import resolve_dsn
+
+log = logging.getLogger("inturn.console")
+
+
+def read_secret(path: Path | None) -> bytes | None:
+    """The CSRF secret from a file (stripped), or None to make one per process.
+
+    Raises:
+        click.ClickException: unreadable or shorter than 16 bytes.
+    """
+    if path is None:
+        return None
+    try:
+        secret = path.read_bytes().strip()
+    except OSError as exc:
+        raise click.ClickException(f"--csrf-secret-file: {exc}") from None
+    if len(secret) < 16:
+        raise click.ClickException("--csrf-secret-file: the secret must be at least 16 bytes")
+    return secret
+
+
+@click.command("console")
+@dsn_option
+@click.option(
+    "--listen",
+    default="0.0.0.0:8080",
+    show_default=True,
+    metavar="[HOST:]PORT",
+    help="Where to serve the console and its API.",
+)
+@click.option(
+    "--auth-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    envvar="INTURN_CONSOLE_AUTH_FILE",
+    help="YAML: bearer tokens with roles and/or the trusted proxy (see the README).",
+)
+@click.option(
+    "--csrf-secret-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    envvar="INTURN_CONSOLE_CSRF_SECRET_FILE",
+    help="Secret for CSRF tokens, shared by replicas (default: one per process).",
+)
+@click.option(
+    "--stuck-after",
+    type=DURATION,
+    default=int(DEFAULT_STUCK_AFTER),
+    show_default=True,
+    help="Age of the oldest pending message that makes a destination stand out.",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-json", is_flag=True)
+def console_command(
+    dsn: str | None,
+    listen: str,
+    auth_file: Path,
+    csrf_secret_file: Path | None,
+    stuck_after: int,
+    log_level: str,
+    log_json: bool,
+) -> None:
+    """Serve the web console and its JSON API: what is stuck and since when, and the hands
+    to fix it (retry, skip, drain, suspend, resend, remove, erase), every action audited."""
+    try:
+        host, port = parse_address(listen)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--listen") from None
+    try:
+        auth = load_auth(auth_file)
+    except AuthConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    secret = read_secret(csrf_secret_file)
+    target = resolve_dsn(dsn)
+    configure(log_level, json_logs=log_json)
+
+    async def main() -> None:
+        server = await start_console(
+            target, host=host, port=port, auth=auth, csrf_secret=secret, stuck_after=stuck_after
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())

@@ -1,0 +1,177 @@
+"""The overview feed: one snapshot shared by every page, request and event stream.
+
+One task keeps the snapshot fresh: it LISTENs on every registered destination's channel (the
+NOTIFY that ingest, resend and retry send when work arrives) and on :data:`CONSOLE_CHANNEL`,
+and rebuilds the snapshot when woken, and at least every ``refresh_seconds`` (a delivery does
+not NOTIFY), but never more often than every ``min_interval`` seconds. However many consoles are
+open and however fast they poll, the database sees one overview query per interval, on the
+read pool, so the console never sits in front of a delivery.
+
+Subscribers (the server-sent event streams) are told of each snapshot that differs from the one
+before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, sql
+from psycopg_pool import AsyncConnectionPool
+
+from inturn.worker.console.overview import DEFAULT_STUCK_AFTER, OverviewRow, build
+from inturn.worker.store import queue, registry
+
+log = logging.getLogger("inturn.console")
+
+#: A channel anything may NOTIFY to make consoles refresh now.
+CONSOLE_CHANNEL = "inturn_console"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The overview at one moment: rows worst first, when it was taken, a counter."""
+
+    rows: tuple[OverviewRow, ...] = ()
+    taken_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    version: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"takenAt": ISO 8601, "destinations": [...]}``."""
+        return {
+            "takenAt": self.taken_at.isoformat(),
+            "destinations": [r.to_json() for r in self.rows],
+        }
+
+
+async def take(
+    read: AsyncConnectionPool,
+    *,
+    stuck_after: Mapping[str, float] | None = None,
+    default_stuck_after: float = DEFAULT_STUCK_AFTER,
+) -> list[OverviewRow]:
+    """Read the registry, the depth and the heads on one read connection; build the rows."""
+    async with read.connection() as conn:
+        listed = await registry.listed(conn)
+        depth = await queue.depth(conn)
+        names = sorted({e.destination for e in listed} | {d.destination for d in depth})
+        heads = await queue.heads(conn, names)
+    return build(
+        listed, depth, heads, stuck_after=stuck_after, default_stuck_after=default_stuck_after
+    )
+
+
+class Feed:
+    """Keeps :attr:`snapshot` fresh and tells subscribers (see the module docstring)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        read: AsyncConnectionPool,
+        *,
+        default_stuck_after: float = DEFAULT_STUCK_AFTER,
+        refresh_seconds: float = 2.0,
+        min_interval: float = 0.5,
+    ) -> None:
+        self.dsn = dsn
+        self.read = read
+        self.default_stuck_after = default_stuck_after
+        self.refresh_seconds = refresh_seconds
+        self.min_interval = min_interval
+        self.snapshot = Snapshot()
+        self._subscribers: set[asyncio.Queue[Snapshot]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._poke = asyncio.Event()
+        self._refreshed = 0.0
+
+    def subscribe(self) -> asyncio.Queue[Snapshot]:
+        """A queue that receives each new snapshot (only the latest is kept if unread)."""
+        q: asyncio.Queue[Snapshot] = asyncio.Queue(maxsize=1)
+        self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[Snapshot]) -> None:
+        """Stop sending to ``q``."""
+        self._subscribers.discard(q)
+
+    def poke(self) -> None:
+        """Refresh soon (after an action taken through this console)."""
+        self._poke.set()
+
+    async def start(self) -> None:
+        """Take the first snapshot, then keep refreshing in a background task."""
+        await self._refresh()
+        self._task = asyncio.create_task(self._run(), name="inturn-console-feed")
+
+    async def stop(self) -> None:
+        """Stop the background task."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _refresh(self) -> None:
+        self._refreshed = time.monotonic()
+        rows = await take(self.read, default_stuck_after=self.default_stuck_after)
+        changed = tuple(rows) != self.snapshot.rows
+        version = self.snapshot.version + 1
+        self.snapshot = Snapshot(rows=tuple(rows), version=version)
+        if changed:
+            for q in list(self._subscribers):
+                if q.full():
+                    with contextlib.suppress(asyncio.QueueEmpty):
+                        q.get_nowait()
+                q.put_nowait(self.snapshot)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._listen_loop()
+            except (psycopg.Error, OSError) as exc:
+                log.warning("console feed: database unavailable (%s); retrying in 2s", exc)
+                await asyncio.sleep(2.0)
+
+    async def _listen_loop(self) -> None:
+        conn = await AsyncConnection.connect(
+            self.dsn, autocommit=True, application_name="inturn-console feed"
+        )
+        try:
+            listening: set[str] = set()
+            while True:
+                channels = {CONSOLE_CHANNEL} | {
+                    queue.notify_channel(r.destination) for r in self.snapshot.rows
+                }
+                for channel in sorted(channels - listening):
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                listening |= channels
+                await self._wait(conn)
+                rest = self.min_interval - (time.monotonic() - self._refreshed)
+                if rest > 0:
+                    await asyncio.sleep(rest)
+                await self._refresh()
+        finally:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _wait(self, conn: AsyncConnection[Any]) -> None:
+        """Until a NOTIFY, a poke, or ``refresh_seconds``, looking in short slices so that a
+        poke is seen within a quarter of a second (nothing is ever cancelled mid-read)."""
+        deadline = time.monotonic() + self.refresh_seconds
+        while not self._poke.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            notified = False
+            # Read to the end (stop_after=1): an abandoned generator would keep the lock.
+            async for _ in conn.notifies(timeout=min(left, 0.25), stop_after=1):
+                notified = True
+            if notified:
+                return
+        self._poke.clear()

@@ -1,0 +1,161 @@
+"""The overview: one row per destination, worst first (pure; no I/O).
+
+Built from three things the store already answers: the registry (:func:`registry.listed`), the
+queue depth (:func:`queue.depth`, the very function behind ``inturn queue depth``, so the counts
+match it) and each destination's head (:func:`queue.heads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inturn.worker.store.model import DepthRow, HeadInfo
+from inturn.worker.store.registry import Listed
+
+#: Seconds after which a destination's oldest pending message makes it stand out, by default
+#: (the same default as the sweeper's ``destination-stuck`` rule).
+DEFAULT_STUCK_AFTER = 900.0
+
+#: Overview states, worst first within equal severity.
+STATES = ("stuck", "failing", "held", "suspended", "orphaned", "delivering", "idle")
+
+
+@dataclass(frozen=True)
+class OverviewRow:
+    """One destination as the overview shows it.
+
+    Attributes:
+        destination, channel, sender: identity and the credential-free sender summary.
+        state: one of :data:`STATES`: ``stuck`` (oldest pending older than the threshold),
+            ``failing`` (the head has failed attempts), ``held`` (a console/CLI hold),
+            ``suspended`` (``spec.suspend``), ``orphaned`` (pending but not registered, or
+            deleted), ``delivering`` (pending and nothing wrong), ``idle`` (nothing pending).
+        ready: pending messages that may go now: all of them when the head is due and nothing
+            holds the destination, else 0 (nothing overtakes the head).
+        pending, failed, oldest_seconds, max_attempts: as ``inturn queue depth``.
+        head_wait_seconds: until the head's next attempt (0 when due or nothing pending).
+        last_error_class: the class part of the head's last error (``"connection"``), or None.
+        over_threshold: ``oldest_seconds`` exceeds ``stuck_after``.
+        stuck_after: the threshold in seconds.
+        hold_by: who put the hold on, if any.
+    """
+
+    destination: str
+    channel: str
+    sender: str
+    state: str
+    ready: int
+    pending: int
+    failed: int
+    oldest_seconds: float
+    max_attempts: int
+    head_wait_seconds: float
+    last_error_class: str | None
+    over_threshold: bool
+    stuck_after: float
+    hold_by: str | None
+
+    @property
+    def severity(self) -> int:
+        """2: over its threshold; 1: failing, failed items, held, suspended or orphaned with
+        something pending or failed; 0: fine."""
+        if self.over_threshold:
+            return 2
+        troubled = self.state in ("failing", "held", "suspended", "orphaned")
+        return 1 if self.failed or (troubled and self.pending) else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict with camelCase keys."""
+        return {
+            "destination": self.destination,
+            "channel": self.channel,
+            "sender": self.sender,
+            "state": self.state,
+            "ready": self.ready,
+            "pending": self.pending,
+            "failed": self.failed,
+            "oldestSeconds": round(self.oldest_seconds, 3),
+            "maxAttempts": self.max_attempts,
+            "headWaitSeconds": round(self.head_wait_seconds, 3),
+            "lastErrorClass": self.last_error_class,
+            "overThreshold": self.over_threshold,
+            "stuckAfterSeconds": self.stuck_after,
+            "heldBy": self.hold_by,
+            "severity": self.severity,
+        }
+
+
+def error_class(last_error: str | None) -> str | None:
+    """The class part of a stored error ``"<class>: <detail>"`` (the whole text, clipped to 40
+    characters, when it has no class)."""
+    if not last_error:
+        return None
+    head, sep, _ = last_error.partition(":")
+    return (head if sep else last_error).strip()[:40] or None
+
+
+def build(
+    listed: Sequence[Listed],
+    depth: Sequence[DepthRow],
+    heads: Mapping[str, HeadInfo],
+    *,
+    stuck_after: Mapping[str, float] | None = None,
+    default_stuck_after: float = DEFAULT_STUCK_AFTER,
+) -> list[OverviewRow]:
+    """Merge registry rows, depth rows and heads into overview rows, worst first.
+
+    Every registered, not deleted destination has a row; a destination with messages but no
+    live registry row appears as ``orphaned``. Order: severity, then the oldest pending age,
+    then failed count, then the name.
+    """
+    by_depth = {d.destination: d for d in depth}
+    by_name = {entry.destination: entry for entry in listed}
+    names = {e.destination for e in listed if not e.deleted} | set(by_depth)
+    rows = []
+    for name in names:
+        entry = by_name.get(name)
+        d = by_depth.get(name)
+        head = heads.get(name)
+        threshold = (stuck_after or {}).get(name, default_stuck_after)
+        pending = d.pending if d else 0
+        oldest = d.oldest_seconds if d and pending else 0.0
+        over = pending > 0 and oldest > threshold
+        held = entry is not None and entry.hold is not None
+        suspended = entry is not None and entry.suspended
+        orphaned = entry is None or entry.deleted
+        wait = head.wait_seconds if head else 0.0
+        if over:
+            state = "stuck"
+        elif head is not None and head.attempts > 0:
+            state = "failing"
+        elif held:
+            state = "held"
+        elif suspended:
+            state = "suspended"
+        elif orphaned:
+            state = "orphaned"
+        else:
+            state = "delivering" if pending else "idle"
+        blocked = held or suspended or orphaned or wait > 0
+        rows.append(
+            OverviewRow(
+                destination=name,
+                channel=entry.channel if entry else (d.channel if d else ""),
+                sender=entry.sender if entry else "",
+                state=state,
+                ready=0 if blocked else pending,
+                pending=pending,
+                failed=d.failed if d else 0,
+                oldest_seconds=oldest,
+                max_attempts=d.max_attempts if d else 0,
+                head_wait_seconds=wait,
+                last_error_class=error_class(head.last_error) if head else None,
+                over_threshold=over,
+                stuck_after=threshold,
+                hold_by=entry.hold.by if entry and entry.hold else None,
+            )
+        )
+    rows.sort(key=lambda r: (-r.severity, -r.oldest_seconds, -r.failed, r.destination))
+    return rows

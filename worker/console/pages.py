@@ -1,0 +1,196 @@
+"""The console's pages: server-rendered HTML (Jinja2) with htmx for the live overview.
+
+Pages read through :mod:`.operations`, like the API; their forms post to the same operations
+and are answered with a redirect back (Post/Redirect/Get), whose ``done`` query parameter is
+only ever an action name. The overview's table is replaced in place by server-sent events
+(``/events``), one event per changed snapshot of the :class:`~.feed.Feed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+from aiohttp_sse import sse_response
+
+from inturn.worker.console import operations as ops
+from inturn.worker.console.api import destination, int_param, item_id
+from inturn.worker.console.context import console, csrf_token, identity
+from inturn.worker.console.feed import Snapshot
+from inturn.worker.console.text import escape_controls
+from inturn.worker.durations import format_age
+from inturn.worker.store.model import STATES
+
+#: Actions a ``done`` parameter may name (anything else is ignored).
+DONE = frozenset(ops.ITEM_ACTIONS) | frozenset(ops.DESTINATION_ACTIONS)
+
+
+def install_filters(env: jinja2.Environment) -> None:
+    """Template filters: ``age`` (seconds to ``3h05m``), ``visible`` (control characters
+    escaped), ``when`` (an ISO time to ``YYYY-MM-DD HH:MM:SS``)."""
+    env.filters["age"] = format_age
+    env.filters["visible"] = lambda text: escape_controls(str(text)) if text is not None else ""
+    env.filters["when"] = lambda iso: (iso or "")[:19].replace("T", " ")
+
+
+def _base(request: web.Request, **extra: Any) -> dict[str, Any]:
+    who = identity(request)
+    done = request.query.get("done")
+    return {
+        "who": who,
+        "csrf_token": csrf_token(request),
+        "done": done if done in DONE else None,
+        **extra,
+    }
+
+
+def _overview_context(snapshot: Snapshot) -> dict[str, Any]:
+    return {"rows": snapshot.rows, "taken_at": snapshot.taken_at}
+
+
+@aiohttp_jinja2.template("overview.html")
+async def overview_page(request: web.Request) -> dict[str, Any]:
+    """``GET /``: every destination, worst first, refreshed by server-sent events."""
+    ops.require(identity(request), "viewer")
+    return _base(request, **_overview_context(console(request).feed.snapshot))
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """``GET /events``: an ``overview`` event carrying the table's HTML at each new snapshot."""
+    ops.require(identity(request), "viewer")
+    feed = console(request).feed
+    q = feed.subscribe()
+    try:
+        async with sse_response(request, headers={"Cache-Control": "no-store"}) as stream:
+            snapshot: Snapshot | None = feed.snapshot
+            while stream.is_connected():
+                if snapshot is not None:
+                    html = aiohttp_jinja2.render_string(
+                        "_overview_table.html", request, _overview_context(snapshot)
+                    )
+                    await stream.send(html, event="overview")
+                # Wake now and then to notice a client that went away.
+                snapshot = None
+                with contextlib.suppress(TimeoutError):
+                    snapshot = await asyncio.wait_for(q.get(), timeout=15)
+        return stream
+    finally:
+        feed.unsubscribe(q)
+
+
+@aiohttp_jinja2.template("destination.html")
+async def destination_page(request: web.Request) -> dict[str, Any]:
+    """``GET /destinations/{namespace}/{name}``: its items newest first, paged, filtered."""
+    name = destination(request)
+    state = request.query.get("state") or None
+    limit = int_param(request, "limit", 100) or 100
+    page = await ops.list_items(
+        console(request),
+        identity(request),
+        name,
+        state=state,
+        limit=limit,
+        before=int_param(request, "cursor", None),
+    )
+    row = next((r for r in console(request).feed.snapshot.rows if r.destination == name), None)
+    return _base(
+        request,
+        destination=name,
+        row=row,
+        page=page,
+        state=state,
+        states=STATES,
+        limit=ops.capped(limit),
+    )
+
+
+async def destination_post(request: web.Request) -> web.StreamResponse:
+    """``POST /destinations/{namespace}/{name}/{action}`` from a form; redirects back."""
+    form = await request.post()
+    action = request.match_info["action"]
+    name = destination(request)
+    await ops.destination_action(
+        console(request),
+        identity(request),
+        name,
+        action,
+        _text(form.get("why")),
+        _text(form.get("confirm")),
+    )
+    raise web.HTTPSeeOther(f"/destinations/{name}?done={action}")
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+async def _item_context(request: web.Request, **extra: Any) -> dict[str, Any]:
+    detail = await ops.item_detail(console(request), identity(request), item_id(request))
+    return _base(request, **detail, now=datetime.now(UTC), **extra)
+
+
+@aiohttp_jinja2.template("item.html")
+async def item_page(request: web.Request) -> dict[str, Any]:
+    """``GET /items/{item_id}``: metadata, attempts, reason, last error, actions."""
+    return await _item_context(request, segments=None)
+
+
+@aiohttp_jinja2.template("item.html")
+async def payload_page(request: web.Request) -> dict[str, Any]:
+    """``POST /items/{item_id}/payload``: the item page with its payload, for privacy users."""
+    form = await request.post()
+    shown = await ops.view_payload(
+        console(request), identity(request), item_id(request), _text(form.get("why"))
+    )
+    return await _item_context(request, segments=shown["segments"])
+
+
+async def item_post(request: web.Request) -> web.StreamResponse:
+    """``POST /items/{item_id}/{action}`` from a form; redirects to the item (or, when it is
+    gone, its destination)."""
+    form = await request.post()
+    action = request.match_info["action"]
+    number = item_id(request)
+    detail = await ops.item_detail(console(request), identity(request), number)
+    result = await ops.item_action(
+        console(request), identity(request), number, action, _text(form.get("why"))
+    )
+    if action in ("remove", "erase"):
+        raise web.HTTPSeeOther(f"/destinations/{detail['item']['destination']}?done={action}")
+    target = result["changed"][-1] if action == "resend" else number
+    raise web.HTTPSeeOther(f"/items/{target}?done={action}")
+
+
+@aiohttp_jinja2.template("audit.html")
+async def audit_page(request: web.Request) -> dict[str, Any]:
+    """``GET /audit``: the audit trail, newest first, filtered by destination or item."""
+    dest = request.query.get("destination") or None
+    item = int_param(request, "itemId", None)
+    result = await ops.audit(
+        console(request),
+        identity(request),
+        limit=int_param(request, "limit", 100) or 100,
+        destination=dest,
+        item_id=item,
+        before=int_param(request, "cursor", None),
+    )
+    return _base(request, **result, destination=dest, item_id=item)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    """Register the pages' routes."""
+    dest = "/destinations/{namespace}/{name}"
+    item = "/items/{item_id:[0-9]{1,19}}"
+    router.add_get("/", overview_page)
+    router.add_get("/events", events)
+    router.add_get(dest, destination_page)
+    router.add_post(dest + "/{action}", destination_post)
+    router.add_get(item, item_page)
+    router.add_post(item + "/payload", payload_page)
+    router.add_post(item + "/{action}", item_post)
+    router.add_get("/audit", audit_page)

@@ -1,0 +1,75 @@
+"""Running the console: pools, the overview feed and the HTTP site, started and stopped together.
+
+Used by ``inturn console`` and by ``inturn local --console PORT``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from inturn.worker.console.app import make_app
+from inturn.worker.console.auth import AuthConfig
+from inturn.worker.console.csrf import Csrf
+from inturn.worker.console.feed import Feed
+from inturn.worker.console.operations import Console
+from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
+from inturn.worker.store.connect import open_pools
+
+log = logging.getLogger("inturn.console")
+
+
+@dataclass
+class ConsoleServer:
+    """A running console. ``port`` is the bound port (useful when asked for port 0)."""
+
+    runner: web.AppRunner
+    console: Console
+    port: int
+
+    async def stop(self) -> None:
+        """Stop serving, stop the feed, close the pools."""
+        await self.runner.cleanup()
+        await self.console.feed.stop()
+        await self.console.write.close()
+        await self.console.read.close()
+
+
+async def start_console(
+    dsn: str,
+    *,
+    host: str,
+    port: int,
+    auth: AuthConfig,
+    csrf_secret: bytes | None = None,
+    stuck_after: float = DEFAULT_STUCK_AFTER,
+    refresh_seconds: float = 2.0,
+) -> ConsoleServer:
+    """Open the pools (writes: 2 connections; reads: 2, read-only, short statement timeout),
+    take the first overview, and serve on ``host:port``.
+
+    Raises:
+        psycopg_pool.PoolTimeout: the database could not be reached.
+        OSError: the port is taken.
+    """
+    write, read = await open_pools(
+        dsn, write_size=2, read_size=2, application_name="inturn-console"
+    )
+    feed = Feed(dsn, read, default_stuck_after=stuck_after, refresh_seconds=refresh_seconds)
+    console = Console(write=write, read=read, feed=feed)
+    try:
+        await feed.start()
+        runner = web.AppRunner(make_app(console, auth, Csrf(csrf_secret)))
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, shutdown_timeout=2.0)
+        await site.start()
+    except BaseException:
+        await feed.stop()
+        await write.close()
+        await read.close()
+        raise
+    bound = int(runner.addresses[0][1]) if runner.addresses else port
+    log.info("console serving on http://%s:%d/", host, bound)
+    return ConsoleServer(runner=runner, console=console, port=bound)
