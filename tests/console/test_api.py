@@ -148,6 +148,10 @@ async def test_roles_and_who_is_the_authenticated_identity(
     status, body = await clients["operator"].post(
         f"/api/v1/items/{a}/skip", {"why": "receiver rejects it for ever", "who": "mallory"}
     )
+    assert (status, body["error"]["code"]) == (400, "invalid_request")  # who is never a field
+    status, body = await clients["operator"].post(
+        f"/api/v1/items/{a}/skip", {"why": "receiver rejects it for ever"}
+    )
     assert (status, body) == (200, {"action": "skip", "itemId": a, "changed": [a]})
     status, body = await clients["operator"].post(f"/api/v1/items/{a}/skip", {"why": "again"})
     assert (status, body["error"]["code"]) == (409, "conflict")

@@ -8,10 +8,12 @@ state changes are JSON objects (``{"why": ..., "confirm": ...}``) and need the C
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
 
+import jsonschema
 import yaml
 from aiohttp import web
 
@@ -21,22 +23,35 @@ from inturn.worker.console.operations import ConsoleError
 
 #: Largest id accepted in a path or cursor (Postgres bigint).
 ID_MAX = 2**63 - 1
+#: A namespace or a Destination's name (RFC 1123 label).
+K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def int_param(
-    request: web.Request, name: str, default: int | None, *, minimum: int = 1
+    request: web.Request, name: str, default: int | None, *, minimum: int = 1, blank: bool = False
 ) -> int | None:
-    """An integer query parameter, or ``default`` when absent.
+    """An integer query parameter, or ``default`` when absent (or empty, if ``blank``: the
+    pages' filter forms send empty fields).
 
     Raises:
         ConsoleError: 400 ``invalid_request`` when it is not a whole number in range.
     """
     raw = request.query.get(name)
-    if raw is None or raw == "":
+    if raw is None or (blank and raw == ""):
         return default
     if not raw.isascii() or not raw.isdigit() or not minimum <= int(raw) <= ID_MAX:
         raise ConsoleError(400, "invalid_request", f"{name} must be a whole number >= {minimum}")
     return int(raw)
+
+
+def only_query(request: web.Request, *allowed: str) -> None:
+    """Refuse query parameters the document does not declare for this operation.
+
+    Raises:
+        ConsoleError: 400 ``invalid_request`` naming none of them (they may be anything).
+    """
+    if any(key not in allowed for key in request.query):
+        raise ConsoleError(400, "invalid_request", "unknown query parameter")
 
 
 def item_id(request: web.Request) -> int:
@@ -48,15 +63,25 @@ def item_id(request: web.Request) -> int:
 
 
 def destination(request: web.Request) -> str:
-    """``namespace/name`` from the path."""
-    return f"{request.match_info['namespace']}/{request.match_info['name']}"
-
-
-async def body(request: web.Request) -> dict[str, str | None]:
-    """The JSON object of a state change (may be empty): string values only.
+    """``namespace/name`` from the path.
 
     Raises:
-        ConsoleError: 400 ``invalid_request`` for anything but a JSON object of strings/nulls.
+        ConsoleError: 404 ``not_found`` when either part is not a Kubernetes name (RFC 1123
+            label: lower-case letters, digits and ``-``, at most 63 characters).
+    """
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    if not (K8S_NAME.match(namespace) and K8S_NAME.match(name)):
+        raise ConsoleError(404, "not_found", "no such destination")
+    return f"{namespace}/{name}"
+
+
+async def body(request: web.Request) -> dict[str, str]:
+    """The JSON body of a state change (may be absent), checked against the document's
+    ``ActionBody`` schema: ``why`` and ``confirm``, strings, nothing else (``who`` in particular
+    is never taken from a body: it is the authenticated identity).
+
+    Raises:
+        ConsoleError: 400 ``invalid_request`` naming what is wrong.
     """
     if not request.can_read_body:
         return {}
@@ -64,13 +89,16 @@ async def body(request: web.Request) -> dict[str, str | None]:
         doc = json.loads(await request.read() or b"{}")
     except (ValueError, UnicodeDecodeError):
         raise ConsoleError(400, "invalid_request", "the body must be a JSON object") from None
-    if not isinstance(doc, dict) or not all(v is None or isinstance(v, str) for v in doc.values()):
-        raise ConsoleError(400, "invalid_request", "the body must be a JSON object of strings")
-    return doc
+    error = jsonschema.exceptions.best_match(action_body_validator().iter_errors(doc))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "body"
+        raise ConsoleError(400, "invalid_request", f"{where}: {error.message}"[:200])
+    return dict(doc)
 
 
 async def me(request: web.Request) -> web.Response:
     """``GET /api/v1/me``: who you are, your roles, your CSRF token."""
+    only_query(request)
     who = identity(request)
     return web.json_response(
         {"name": who.name, "roles": sorted(who.roles), "csrfToken": csrf_token(request)}
@@ -79,12 +107,14 @@ async def me(request: web.Request) -> web.Response:
 
 async def overview(request: web.Request) -> web.Response:
     """``GET /api/v1/overview``: one row per destination, worst first."""
+    only_query(request)
     ops.require(identity(request), "viewer")
     return web.json_response(console(request).feed.snapshot.to_json())
 
 
 async def destination_items(request: web.Request) -> web.Response:
     """``GET /api/v1/destinations/{namespace}/{name}/items``: a page of items, no payloads."""
+    only_query(request, "state", "limit", "cursor")
     page = await ops.list_items(
         console(request),
         identity(request),
@@ -98,6 +128,7 @@ async def destination_items(request: web.Request) -> web.Response:
 
 async def destination_action(request: web.Request) -> web.Response:
     """``POST /api/v1/destinations/{namespace}/{name}/{action}``: retry, drain, suspend, resume."""
+    only_query(request)
     doc = await body(request)
     result = await ops.destination_action(
         console(request),
@@ -112,6 +143,7 @@ async def destination_action(request: web.Request) -> web.Response:
 
 async def item(request: web.Request) -> web.Response:
     """``GET /api/v1/items/{item_id}``: metadata, attempts and audit of one item."""
+    only_query(request)
     return web.json_response(
         await ops.item_detail(console(request), identity(request), item_id(request))
     )
@@ -119,6 +151,7 @@ async def item(request: web.Request) -> web.Response:
 
 async def item_action(request: web.Request) -> web.Response:
     """``POST /api/v1/items/{item_id}/{action}``: retry, skip, remove, resend, erase."""
+    only_query(request)
     doc = await body(request)
     result = await ops.item_action(
         console(request),
@@ -136,6 +169,7 @@ async def payload(request: web.Request) -> web.Response:
     A POST, so that the request is a deliberate act, carries a reason, and is never cached or
     prefetched; the answer is marked ``no-store``.
     """
+    only_query(request)
     doc = await body(request)
     result = await ops.view_payload(
         console(request), identity(request), item_id(request), doc.get("why")
@@ -145,6 +179,7 @@ async def payload(request: web.Request) -> web.Response:
 
 async def audit(request: web.Request) -> web.Response:
     """``GET /api/v1/audit``: who did what, when, to which items, and why."""
+    only_query(request, "limit", "destination", "itemId", "cursor")
     result = await ops.audit(
         console(request),
         identity(request),
@@ -164,6 +199,14 @@ def openapi_document() -> dict[str, Any]:
     return doc
 
 
+@cache
+def action_body_validator() -> jsonschema.protocols.Validator:
+    """A validator for the document's ``ActionBody`` schema."""
+    schema = openapi_document()["components"]["schemas"]["ActionBody"]
+    validator: jsonschema.protocols.Validator = jsonschema.Draft7Validator(schema)
+    return validator
+
+
 async def openapi(request: web.Request) -> web.Response:
     """``GET /api/v1/openapi.json``: the OpenAPI document."""
     return web.json_response(openapi_document())
@@ -177,8 +220,13 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get(prefix + "/me", me)
     router.add_get(prefix + "/overview", overview)
     router.add_get(dest + "/items", destination_items)
-    router.add_post(dest + "/{action}", destination_action)
+    router.add_post(
+        dest + "/{action:" + "|".join(ops.DESTINATION_ACTIONS) + "}", destination_action
+    )
     router.add_get(prefix + "/items/{item_id:[0-9]{1,19}}", item)
     router.add_post(prefix + "/items/{item_id:[0-9]{1,19}}/payload", payload)
-    router.add_post(prefix + "/items/{item_id:[0-9]{1,19}}/{action}", item_action)
+    router.add_post(
+        prefix + "/items/{item_id:[0-9]{1,19}}/{action:" + "|".join(ops.ITEM_ACTIONS) + "}",
+        item_action,
+    )
     router.add_get(prefix + "/audit", audit)

@@ -64,7 +64,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     response = await _guarded(request, handler)
     response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
     response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["Referrer-Policy"] = "same-origin"
     response.headers["X-Frame-Options"] = "DENY"
     if not request.path.startswith("/static/"):
         response.headers.setdefault("Cache-Control", "no-store")
@@ -101,7 +101,10 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
         code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(
             exc.status, "invalid_request"
         )
-        return error_response(request, exc.status, code, exc.reason)
+        response = error_response(request, exc.status, code, exc.reason)
+        if "Allow" in exc.headers:  # a 405 names the methods that are allowed (RFC 9110)
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except Exception:
         # The traceback goes to the log (no request body is ever in it); the client gets a code.
         log.exception("console: %s %s failed", request.method, escape_controls(request.path))

@@ -46,7 +46,9 @@ class Csrf:
 
 def same_origin(origin: str | None, host: str | None) -> bool:
     """Whether an ``Origin`` header names this server's ``Host`` (an absent Origin passes:
-    the token is the defence then; browsers send Origin on cross-site form posts)."""
+    the token is the defence then; browsers send Origin on cross-site form posts). ``null``
+    fails: the console's ``Referrer-Policy: same-origin`` keeps browsers sending the real one.
+    """
     if origin is None:
         return True
     if origin == "null" or not host:

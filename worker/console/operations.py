@@ -81,8 +81,8 @@ def reason(action: str, why: str | None) -> str | None:
 
 
 def check_state(state: str | None) -> str | None:
-    """Return ``state`` (None or empty for any) or raise 400 ``invalid_request``."""
-    if state in (None, ""):
+    """Return ``state`` (None for any) or raise 400 ``invalid_request``."""
+    if state is None:
         return None
     if state not in STATES:
         raise ConsoleError(400, "invalid_request", f"state must be one of {', '.join(STATES)}")

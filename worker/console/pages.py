@@ -88,14 +88,14 @@ async def destination_page(request: web.Request) -> dict[str, Any]:
     """``GET /destinations/{namespace}/{name}``: its items newest first, paged, filtered."""
     name = destination(request)
     state = request.query.get("state") or None
-    limit = int_param(request, "limit", 100) or 100
+    limit = int_param(request, "limit", 100, blank=True) or 100
     page = await ops.list_items(
         console(request),
         identity(request),
         name,
         state=state,
         limit=limit,
-        before=int_param(request, "cursor", None),
+        before=int_param(request, "cursor", None, blank=True),
     )
     row = next((r for r in console(request).feed.snapshot.rows if r.destination == name), None)
     return _base(
@@ -170,14 +170,14 @@ async def item_post(request: web.Request) -> web.StreamResponse:
 async def audit_page(request: web.Request) -> dict[str, Any]:
     """``GET /audit``: the audit trail, newest first, filtered by destination or item."""
     dest = request.query.get("destination") or None
-    item = int_param(request, "itemId", None)
+    item = int_param(request, "itemId", None, blank=True)
     result = await ops.audit(
         console(request),
         identity(request),
-        limit=int_param(request, "limit", 100) or 100,
+        limit=int_param(request, "limit", 100, blank=True) or 100,
         destination=dest,
         item_id=item,
-        before=int_param(request, "cursor", None),
+        before=int_param(request, "cursor", None, blank=True),
     )
     return _base(request, **result, destination=dest, item_id=item)
 
@@ -189,8 +189,8 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/", overview_page)
     router.add_get("/events", events)
     router.add_get(dest, destination_page)
-    router.add_post(dest + "/{action}", destination_post)
+    router.add_post(dest + "/{action:" + "|".join(ops.DESTINATION_ACTIONS) + "}", destination_post)
     router.add_get(item, item_page)
     router.add_post(item + "/payload", payload_page)
-    router.add_post(item + "/{action}", item_post)
+    router.add_post(item + "/{action:" + "|".join(ops.ITEM_ACTIONS) + "}", item_post)
     router.add_get("/audit", audit_page)

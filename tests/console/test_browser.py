@@ -1,0 +1,200 @@
+"""The console in a real headless Chromium (Debian's ``chromium``), driven by Playwright.
+
+Every page is photographed into ``build/screenshots/`` (or ``$INTURN_SCREENSHOTS``) so that a
+person can look at what the console shows. No browser is downloaded: Playwright drives the
+system's ``/usr/bin/chromium``; the tests are skipped, saying so, where it is missing (``.ci/run``
+installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from console_helpers import TOKENS, enqueue, message, register, until, worker
+
+from inturn.worker.console.server import ConsoleServer
+from inturn.worker.receiver import MllpReceiver
+
+CHROMIUM = os.environ.get("INTURN_CHROMIUM", "/usr/bin/chromium")
+SHOTS = Path(
+    os.environ.get("INTURN_SCREENSHOTS")
+    or Path(__file__).resolve().parents[2] / "build" / "screenshots"
+)
+DEST = "ward/lab"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(CHROMIUM) is None, reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+)
+
+playwright_api = pytest.importorskip("playwright.async_api")
+
+
+class PoisonReceiver(MllpReceiver):
+    """A receiver that rejects (AE) one message, by MSH-10, and accepts everything else."""
+
+    poison = "MSG00001"
+
+    def answer(self, payload: bytes) -> bytes:
+        if payload.split(b"|")[9].decode() == self.poison:
+            saved, self.ack_code = self.ack_code, "AE"
+            try:
+                return super().answer(payload)
+            finally:
+                self.ack_code = saved
+        return super().answer(payload)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    """A headless Chromium (the system's), closed after the test."""
+    async with playwright_api.async_playwright() as p:
+        chromium = await p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+async def page_as(browser: Any, role: str) -> Any:
+    """A new page whose every request carries ``role``'s bearer token."""
+    context = await browser.new_context(
+        extra_http_headers={"Authorization": f"Bearer {TOKENS[role][1]}"},
+        viewport={"width": 1280, "height": 800},
+    )
+    return await context.new_page()
+
+
+async def shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+async def row_state(page: Any) -> str | None:
+    row = page.locator(f'tr[data-destination="{DEST}"]')
+    if await row.count() == 0:
+        return None
+    return str(await row.get_attribute("data-state"))
+
+
+async def test_overview_shows_a_destination_stuck_in_an_outage_and_recovering(
+    fresh_db: str, console: ConsoleServer, browser: Any
+) -> None:
+    await register(fresh_db, DEST, sender="mllp://127.0.0.1")
+    await register(fresh_db, "ward/pharmacy", sender="http://pharmacy.example/hl7")
+    rx = MllpReceiver()
+    await rx.start()
+    await rx.stop()  # the receiver is down; its port is kept
+    page = await page_as(browser, "viewer")
+    await page.goto(f"http://127.0.0.1:{console.port}/")
+    async with worker(fresh_db, DEST, rx.port):
+        await enqueue(fresh_db, DEST, [1, 2, 3])
+
+        async def stuck() -> bool:  # the page is never reloaded: events replace the table
+            return await row_state(page) == "stuck"
+
+        await until(stuck, timeout=30)
+        row = page.locator(f'tr[data-destination="{DEST}"]')
+        assert "stuck" in str(await row.get_attribute("class"))
+        assert await row.locator("td.pending").inner_text() == "3"
+        first = page.locator("table.overview tbody tr").first
+        assert await first.get_attribute("data-destination") == DEST  # worst first
+        await shot(page, "overview-stuck")
+        await rx.start()  # the receiver comes back
+
+        async def recovered() -> bool:
+            return await row_state(page) == "idle"
+
+        await until(recovered, timeout=30)
+        await shot(page, "overview-recovered")
+    assert len(rx.received) >= 3
+    await rx.stop()
+
+
+async def test_operator_skips_the_head_and_the_next_is_delivered(
+    fresh_db: str, console: ConsoleServer, browser: Any
+) -> None:
+    await register(fresh_db, DEST)
+    base = f"http://127.0.0.1:{console.port}"
+    async with PoisonReceiver() as rx, worker(fresh_db, DEST, rx.port):
+        head, second = await enqueue(fresh_db, DEST, [1, 2])
+        await rx.wait_for(2)  # the head was tried (and refused) at least twice
+        page = await page_as(browser, "operator")
+        await page.goto(f"{base}/destinations/{DEST}")
+        await shot(page, "destination")
+        await page.click(f'a[href="/items/{head}"]')
+        assert await page.locator("#last-error").inner_text() != ""
+        await shot(page, "item-failing")
+        await page.fill("#skip-why", "receiver refuses it; agreed with the lab")
+        await page.click("#skip")
+        assert await page.locator("#item-state").inner_text() == "skipped"
+
+        async def delivered() -> bool:
+            return any(m == message(2) for m in rx.received)
+
+        await until(delivered)
+        await page.goto(f"{base}/items/{second}")
+
+        async def second_delivered() -> bool:
+            await page.reload()
+            return await page.locator("#item-state").inner_text() == "delivered"
+
+        await until(second_delivered)
+        await shot(page, "item-delivered")
+        await page.goto(f"{base}/audit")
+        entry = page.locator('tr[data-action="skip"]')
+        assert "otto" in await entry.inner_text()
+    assert [m for m in rx.received if m == message(2)] == [message(2)]
+
+
+async def test_a_viewer_cannot_act(fresh_db: str, console: ConsoleServer, browser: Any) -> None:
+    await register(fresh_db, DEST)
+    [item] = await enqueue(fresh_db, DEST, [1])
+    base = f"http://127.0.0.1:{console.port}"
+    page = await page_as(browser, "viewer")
+    await page.goto(f"{base}/items/{item}")
+    assert await page.locator("form button").count() == 0
+    assert await page.locator("#item-actions").count() == 0
+    await shot(page, "item-viewer")
+    await page.goto(f"{base}/destinations/{DEST}")
+    assert await page.locator("#destination-actions").count() == 0
+    # Forging the form post from the page itself (with the viewer's own CSRF token) is refused.
+    token = await page.get_attribute("body", "hx-headers")
+    csrf = str(token).split('"')[3]
+    response = await page.request.post(
+        f"{base}/items/{item}/skip", form={"csrf_token": csrf, "why": "I am only a viewer"}
+    )
+    assert response.status == 403
+    await page.goto(f"{base}/items/{item}")
+    assert await page.locator("#item-state").inner_text() == "pending"
+
+
+async def test_a_payload_viewing_appears_in_the_audit(
+    fresh_db: str, console: ConsoleServer, browser: Any
+) -> None:
+    await register(fresh_db, DEST)
+    [item] = await enqueue(fresh_db, DEST, [5])
+    base = f"http://127.0.0.1:{console.port}"
+    page = await page_as(browser, "privacy")
+    await page.goto(f"{base}/items/{item}")
+    assert await page.locator("#segments").count() == 0
+    await page.fill("#payload-why", "patient asked for a copy, ticket 4711")
+    await page.click("#show-payload")
+    segments = page.locator("#segments li")
+    assert await segments.count() == 2
+    assert await segments.nth(1).inner_text() == "PID|1||P5^^^HOSP^MR||DOE^JOHN"
+    assert "/payload" in page.url and "DOE" not in page.url
+    await shot(page, "item-payload")
+    await page.goto(f"{base}/audit")
+    entry = page.locator('tr[data-action="view-payload"]')
+    assert await entry.count() == 1
+    text = await entry.inner_text()
+    assert "pia" in text and str(item) in text and "ticket 4711" in text
+    assert "DOE" not in await page.content()
+    await shot(page, "audit")
