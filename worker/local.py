@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import logging
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from psycopg import AsyncConnection
@@ -37,6 +39,9 @@ from inturn.worker.store import locks, queue, registry
 from inturn.worker.store.connect import DsnError, connect_worker, normalize_dsn
 from inturn.worker.store.migrate import migrate
 
+if TYPE_CHECKING:
+    from inturn.worker.console.auth import AuthConfig
+
 log = logging.getLogger("inturn.local")
 
 #: Seconds between two looks at the manifest files.
@@ -54,6 +59,25 @@ def check_sender(cfg: WorkerConfig) -> None:
     problem = senders.first_problem(cfg.destination, cfg.sender)
     if problem is not None:
         raise click.ClickException(problem)
+
+
+def local_console_auth(path: Path | None) -> AuthConfig:
+    """The console's identities for ``inturn local``: the auth file when given, else every
+    caller on the loopback interface is ``<user>@local`` with every role (logged as open).
+
+    Raises:
+        click.ClickException: the auth file is invalid.
+    """
+    from inturn.worker.console.auth import ROLES, AuthConfig, AuthConfigError, Identity, load_auth
+
+    if path is not None:
+        try:
+            return load_auth(path)
+        except AuthConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+    name = f"{getpass.getuser()}@local"
+    log.warning("console: OPEN to every local user as %s (pass --console-auth to restrict)", name)
+    return AuthConfig(loopback=Identity(name=name, roles=frozenset(ROLES)))
 
 
 def sender_summary(cfg: WorkerConfig) -> str:
@@ -376,6 +400,18 @@ async def run_local(
     metavar="CHANNEL",
     help="Hold messages of CHANNEL that match no destination instead of answering AR.",
 )
+@click.option(
+    "--console",
+    "console",
+    metavar="[HOST:]PORT",
+    help="Serve the web console and its API here (host default 127.0.0.1).",
+)
+@click.option(
+    "--console-auth",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="The console's auth file; without it every caller on this machine's loopback is a"
+    " local user with every role.",
+)
 @logging_options
 def local_command(
     paths: tuple[Path, ...],
@@ -386,6 +422,8 @@ def local_command(
     data_dir: Path,
     secrets_dir: Path | None,
     hold_unrouted: tuple[str, ...],
+    console: str | None,
+    console_auth: Path | None,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -403,6 +441,10 @@ def local_command(
             addresses[hint] = parse_address(value) if value else None
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint=hint) from None
+    try:
+        console_at = parse_address(console, "127.0.0.1") if console else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--console") from None
     try:
         # Local use: HTTP ingest is open (the log says so when it starts).
         ingest_config = IngestConfig(
@@ -426,6 +468,7 @@ def local_command(
         except DsnError as exc:
             raise click.UsageError(str(exc)) from None
     configure(log_level, log_json)
+    console_auth_config = local_console_auth(console_auth) if console_at else None
     # Closing the terminal (SIGHUP) or a kill (SIGTERM) stops like Ctrl-C, before the event
     # loop runs too, so that the embedded Postgres is always stopped on the way out.
     for sig in (signal.SIGHUP, signal.SIGTERM):
@@ -453,7 +496,18 @@ def local_command(
         async def main() -> None:
             stop, abandon = asyncio.Event(), asyncio.Event()
             shutdown.install(stop, abandon)
-            await run_local(dsn, list(paths), ingest_config, secrets_dir, stop, abandon)
+            served = None
+            if console_at is not None and console_auth_config is not None:
+                from inturn.worker.console.server import start_console
+
+                served = await start_console(
+                    dsn, host=console_at[0], port=console_at[1], auth=console_auth_config
+                )
+            try:
+                await run_local(dsn, list(paths), ingest_config, secrets_dir, stop, abandon)
+            finally:
+                if served is not None:
+                    await served.stop()
 
         asyncio.run(main())
     except DatabaseInUse as exc:

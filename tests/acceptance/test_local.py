@@ -481,3 +481,46 @@ async def test_ctrl_c_says_what_it_waits_for_and_a_second_abandons(
     assert "abandoning the attempts in flight; their messages stay pending" in local.log()
     assert await pending(fresh_db) == 1
     assert_clean(local.log())
+
+
+async def test_console_beside_the_local_run(
+    fresh_db: str, tmp_path: Path, local_runs: list[Local]
+) -> None:
+    """``--console PORT``: the console serves the local run; without an auth file every local
+    caller is ``<user>@local`` with every role, and the log says the console is open."""
+    import aiohttp
+
+    async with MllpReceiver() as mllp:
+        port, console = free_port(), free_port()
+        m = manifest(tmp_path / "m.yaml", "to-mllp", mllp_port=mllp.port)
+        local = Local(
+            tmp_path,
+            ["-f", str(m), "--listen", f"adt={port}", "--dsn", fresh_db, "--console", str(console)],
+        )
+        local_runs.append(local)
+        await local.start(port)
+        await mllp_send(port, range(0, 3), tmp_path)
+        await mllp.wait_for(3)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{HOST}:{console}/api/v1/me") as r:
+                me = await r.json()
+            assert me["name"].endswith("@local") and me["roles"] == [
+                "operator",
+                "privacy",
+                "viewer",
+            ]
+            rows: list[dict[str, Any]] = []
+
+            async def listed() -> bool:  # the overview is refreshed every two seconds
+                nonlocal rows
+                async with session.get(f"http://{HOST}:{console}/api/v1/overview") as r:
+                    rows = (await r.json())["destinations"]
+                return bool(rows)
+
+            await wait_until(listed)
+        assert [(row["destination"], row["sender"]) for row in rows] == [
+            ("default/to-mllp", f"mllp://{HOST}:{mllp.port}")
+        ]
+        assert "console: OPEN to every local user" in local.log()
+        assert await local.interrupt() == 0
+        assert_clean(local.log())
