@@ -1,0 +1,46 @@
+"""The console's Deployment and Service in the chart (rendered by the real Helm): off by
+default; on, it serves `inturn console` with the auth file and CSRF secret from Secrets."""
+
+from __future__ import annotations
+
+from helm_chart import find, of_kind, render
+
+
+def test_the_console_is_off_by_default() -> None:
+    objs = render()
+    names = {o["metadata"]["name"] for o in of_kind(objs, "Deployment", "Service")}
+    assert not any("console" in n for n in names)
+
+
+def test_the_console_deployment_and_service() -> None:
+    objs = render(files=["console"])
+    dep = find(objs, "Deployment", "inturn-console")
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    (c,) = pod["containers"]
+    assert c["args"] == [
+        "console",
+        "--listen=0.0.0.0:8080",
+        "--auth-file=/etc/inturn/console-auth/auth.yaml",
+        "--stuck-after=10m",
+        "--csrf-secret-file=/etc/inturn/console-csrf/csrf-secret",
+        "--log-json",
+    ]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    volumes = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    assert volumes["auth"]["secretName"] == "inturn-console-auth"
+    assert volumes["auth"]["items"] == [{"key": "auth.yaml", "path": "auth.yaml"}]
+    assert volumes["csrf"]["secretName"] == "inturn-console-csrf"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["auth"]["readOnly"] and mounts["csrf"]["readOnly"]
+    svc = find(objs, "Service", "inturn-console")
+    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "console"
+    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("http", 8080)]
+
+
+def test_one_replica_needs_no_csrf_secret() -> None:
+    objs = render({"console": {"enabled": True}})
+    (c,) = find(objs, "Deployment", "inturn-console")["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in c["args"] if a.startswith("--csrf-secret-file")]
+    assert "csrf" not in {m["name"] for m in c["volumeMounts"]}
