@@ -129,3 +129,24 @@ async def _body(r: aiohttp.ClientResponse) -> Any:
     if r.content_type == "application/json":
         return await r.json()
     return await r.text()
+
+
+async def place_work(dsn: str, items: list[tuple[str, str, str, str]]) -> list[int]:
+    """Place worklist items ``(queue, record_kind, record_key, reason)`` as the sweeper would;
+    their ids."""
+    from inturn.worker import worklist
+
+    ids = []
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for queue_name, kind, key, reason in items:
+            placed = await worklist.place(
+                conn,
+                queue=queue_name,
+                record_kind=kind,
+                record_key=key,
+                reason=reason,
+                details={"attempts": 3},
+                placed_by="sweeper",
+            )
+            ids.append(placed.item_id)
+    return ids

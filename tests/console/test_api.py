@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from console_helpers import Client, enqueue, register, until, worker
+from console_helpers import Client, enqueue, place_work, register, until, worker
 from psycopg import AsyncConnection
 
 from inturn.worker.console.server import ConsoleServer
@@ -246,3 +246,39 @@ async def test_suspend_holds_the_worker_and_resume_wakes_it(
     assert [e["action"] for e in audit["entries"]] == ["resume", "suspend"]
     status, body = await op.post("/api/v1/destinations/nowhere/none/suspend", {})
     assert (status, body["error"]["code"]) == (404, "not_found")
+
+
+async def test_worklists_counts_filter_and_clear_with_a_note(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    a, b, c = await place_work(
+        fresh_db,
+        [
+            ("delivery-failed", "delivery", "17", "failed"),
+            ("delivery-failed", "delivery", "18", "failed"),
+            ("destinations", "destination", DEST, "destination-stuck"),
+        ],
+    )
+    viewer, op = clients["viewer"], clients["operator"]
+    _, counts = await viewer.get("/api/v1/worklists/counts")
+    assert [(r["queue"], r["reason"], r["items"]) for r in counts["counts"]] == [
+        ("delivery-failed", "failed", 2),
+        ("destinations", "destination-stuck", 1),
+    ]
+    _, page = await viewer.get("/api/v1/worklists/items?queue=delivery-failed&limit=1")
+    assert [i["id"] for i in page["items"]] == [a] and page["nextCursor"] == a
+    _, page = await viewer.get(f"/api/v1/worklists/items?queue=delivery-failed&cursor={a}")
+    assert [i["id"] for i in page["items"]] == [b]
+    path = f"/api/v1/worklists/items/{c}/clear"
+    assert (await viewer.post(path, {"note": "looked"}))[0] == 403
+    assert (await op.post(path, {}))[1]["error"]["code"] == "reason_required"
+    status, item = await op.post(path, {"note": "receiver back, backlog drained"})
+    assert status == 200 and (item["state"], item["clearedBy"]) == ("cleared", "otto")
+    status, body = await op.post(path, {"note": "again"})
+    assert status == 409 and "already cleared by otto" in body["error"]["message"]
+    _, audit = await viewer.get(f"/api/v1/audit?itemId={c}")
+    assert [(e["who"], e["why"]) for e in audit["entries"]] == [
+        ("otto", "receiver back, backlog drained")
+    ]
+    _, counts = await viewer.get("/api/v1/worklists/counts?state=cleared")
+    assert [r["items"] for r in counts["counts"]] == [1]

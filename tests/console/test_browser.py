@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from console_helpers import TOKENS, enqueue, message, register, until, worker
+from console_helpers import TOKENS, enqueue, message, place_work, register, until, worker
 
 from inturn.worker.console.server import ConsoleServer
 from inturn.worker.receiver import MllpReceiver
@@ -198,3 +198,33 @@ async def test_a_payload_viewing_appears_in_the_audit(
     assert "pia" in text and str(item) in text and "ticket 4711" in text
     assert "DOE" not in await page.content()
     await shot(page, "audit")
+
+
+async def test_worklists_page_counts_and_a_clear_with_a_note(
+    fresh_db: str, console: ConsoleServer, browser: Any
+) -> None:
+    await register(fresh_db, DEST)
+    [item] = await enqueue(fresh_db, DEST, [1])
+    await place_work(
+        fresh_db,
+        [
+            ("delivery-failed", "delivery", str(item), "failed"),
+            ("destinations", "destination", DEST, "destination-stuck"),
+            ("destinations", "destination", "ward/pharmacy", "orphaned-queue"),
+        ],
+    )
+    page = await page_as(browser, "operator")
+    await page.goto(f"http://127.0.0.1:{console.port}/worklists")
+    assert await page.locator("#counts tbody tr").count() == 3
+    await shot(page, "worklists")
+    await page.click('#counts tr[data-reason="destination-stuck"] a >> nth=1')
+    rows = page.locator("#worklist tbody tr")
+    assert await rows.count() == 1
+    await rows.first.locator('input[name="note"]').fill("receiver back; backlog gone")
+    await rows.first.locator("button").click()
+    assert await page.locator("#done").inner_text() == "clear: done."
+    assert await page.locator("#worklist tbody tr[data-state]").count() == 0
+    await page.goto(f"http://127.0.0.1:{console.port}/worklists?state=cleared")
+    text = await page.locator("#worklist").inner_text()
+    assert "otto" in text and "receiver back; backlog gone" in text
+    await shot(page, "worklists-cleared")

@@ -75,10 +75,11 @@ def destination(request: web.Request) -> str:
     return f"{namespace}/{name}"
 
 
-async def body(request: web.Request) -> dict[str, str]:
+async def body(request: web.Request, schema: str = "ActionBody") -> dict[str, str]:
     """The JSON body of a state change (may be absent), checked against the document's
-    ``ActionBody`` schema: ``why`` and ``confirm``, strings, nothing else (``who`` in particular
-    is never taken from a body: it is the authenticated identity).
+    ``schema`` (``ActionBody``: ``why`` and ``confirm``; ``ClearBody``: ``note``), strings,
+    nothing else (``who`` in particular is never taken from a body: it is the authenticated
+    identity).
 
     Raises:
         ConsoleError: 400 ``invalid_request`` naming what is wrong.
@@ -89,7 +90,7 @@ async def body(request: web.Request) -> dict[str, str]:
         doc = json.loads(await request.read() or b"{}")
     except (ValueError, UnicodeDecodeError):
         raise ConsoleError(400, "invalid_request", "the body must be a JSON object") from None
-    error = jsonschema.exceptions.best_match(action_body_validator().iter_errors(doc))
+    error = jsonschema.exceptions.best_match(body_validator(schema).iter_errors(doc))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "body"
         raise ConsoleError(400, "invalid_request", f"{where}: {error.message}"[:200])
@@ -191,6 +192,40 @@ async def audit(request: web.Request) -> web.Response:
     return web.json_response(result)
 
 
+async def worklist_counts(request: web.Request) -> web.Response:
+    """``GET /api/v1/worklists/counts``: items per queue and reason."""
+    only_query(request, "state")
+    result = await ops.worklist_counts(
+        console(request), identity(request), state=request.query.get("state", "pending")
+    )
+    return web.json_response(result)
+
+
+async def worklist_items(request: web.Request) -> web.Response:
+    """``GET /api/v1/worklists/items``: a page of worklist items, oldest placement first."""
+    only_query(request, "queue", "reason", "state", "limit", "cursor")
+    result = await ops.worklist_items(
+        console(request),
+        identity(request),
+        queue=request.query.get("queue"),
+        reason=request.query.get("reason"),
+        state=request.query.get("state", "pending"),
+        limit=int_param(request, "limit", 100) or 100,
+        cursor=int_param(request, "cursor", None),
+    )
+    return web.json_response(result)
+
+
+async def worklist_clear(request: web.Request) -> web.Response:
+    """``POST /api/v1/worklists/items/{item_id}/clear``: clear one item with a note."""
+    only_query(request)
+    doc = await body(request, "ClearBody")
+    result = await ops.worklist_clear(
+        console(request), identity(request), item_id(request), doc.get("note")
+    )
+    return web.json_response(result)
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.0 document of this API (``openapi.yaml``), parsed once."""
@@ -200,9 +235,9 @@ def openapi_document() -> dict[str, Any]:
 
 
 @cache
-def action_body_validator() -> jsonschema.protocols.Validator:
-    """A validator for the document's ``ActionBody`` schema."""
-    schema = openapi_document()["components"]["schemas"]["ActionBody"]
+def body_validator(name: str) -> jsonschema.protocols.Validator:
+    """A validator for the document's request body schema ``name``."""
+    schema = openapi_document()["components"]["schemas"][name]
     validator: jsonschema.protocols.Validator = jsonschema.Draft7Validator(schema)
     return validator
 
@@ -230,3 +265,6 @@ def add_routes(router: web.UrlDispatcher) -> None:
         item_action,
     )
     router.add_get(prefix + "/audit", audit)
+    router.add_get(prefix + "/worklists/counts", worklist_counts)
+    router.add_get(prefix + "/worklists/items", worklist_items)
+    router.add_post(prefix + "/worklists/items/{item_id:[0-9]{1,19}}/clear", worklist_clear)

@@ -13,11 +13,13 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from inturn.worker import worklist
 from inturn.worker.console.auth import Identity
 from inturn.worker.console.feed import Feed
 from inturn.worker.console.text import segments
 from inturn.worker.store import queue, registry
 from inturn.worker.store.model import STATES
+from inturn.worker.worklist.model import ITEM_STATES, NOTE_MAX
 
 #: Role each item action needs.
 ITEM_ACTIONS = {
@@ -270,3 +272,61 @@ async def audit(
         )
     more = len(entries) == limit
     return {"entries": entries, "nextCursor": str(entries[-1]["id"]) if more else None}
+
+
+async def worklist_counts(
+    console: Console, identity: Identity, *, state: str = "pending"
+) -> dict[str, Any]:
+    """Worklist items per queue and reason: ``{"state", "counts": [...]}``."""
+    require(identity, "viewer")
+    if state not in ITEM_STATES:
+        raise ConsoleError(400, "invalid_request", "state must be pending or cleared")
+    async with console.read.connection() as conn:
+        rows = await worklist.count(conn, state=state)
+    return {"state": state, "counts": [r.to_json() for r in rows]}
+
+
+async def worklist_items(
+    console: Console,
+    identity: Identity,
+    *,
+    queue: str | None,
+    reason: str | None,
+    state: str | None,
+    limit: int,
+    cursor: int | None,
+) -> dict[str, Any]:
+    """One page of worklist items, oldest placement first: ``{"items", "nextCursor"}``."""
+    require(identity, "viewer")
+    if state is not None and state not in ITEM_STATES:
+        raise ConsoleError(400, "invalid_request", "state must be pending or cleared")
+    async with console.read.connection() as conn:
+        page = await worklist.list_items(
+            conn, queue=queue, reason=reason, state=state, limit=capped(limit), cursor=cursor
+        )
+    return page.to_json()
+
+
+async def worklist_clear(
+    console: Console, identity: Identity, item_id: int, note: str | None
+) -> dict[str, Any]:
+    """Clear one worklist item with a note, as ``identity`` (audited by the store).
+
+    Raises:
+        ConsoleError: 403 without the operator role, 400 ``reason_required`` without a note,
+            404 no such item, 409 ``conflict`` when it was already cleared (says by whom).
+    """
+    require(identity, "operator")
+    text = (note or "").strip()
+    if not text:
+        raise ConsoleError(400, "reason_required", "clearing needs a note")
+    if len(text) > NOTE_MAX:
+        raise ConsoleError(400, "invalid_request", f"a note is at most {NOTE_MAX} characters")
+    try:
+        async with console.write.connection() as conn:
+            item = await worklist.clear(conn, item_id, who=identity.name, note=text)
+    except worklist.ItemNotFound:
+        raise ConsoleError(404, "not_found", f"no worklist item {item_id}") from None
+    except worklist.AlreadyCleared as exc:
+        raise ConsoleError(409, "conflict", str(exc)) from None
+    return item.to_json()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp_jinja2
 import jinja2
@@ -27,7 +28,7 @@ from inturn.worker.durations import format_age
 from inturn.worker.store.model import STATES
 
 #: Actions a ``done`` parameter may name (anything else is ignored).
-DONE = frozenset(ops.ITEM_ACTIONS) | frozenset(ops.DESTINATION_ACTIONS)
+DONE = frozenset(ops.ITEM_ACTIONS) | frozenset(ops.DESTINATION_ACTIONS) | {"clear"}
 
 
 def install_filters(env: jinja2.Environment) -> None:
@@ -182,6 +183,35 @@ async def audit_page(request: web.Request) -> dict[str, Any]:
     return _base(request, **result, destination=dest, item_id=item)
 
 
+@aiohttp_jinja2.template("worklists.html")
+async def worklists_page(request: web.Request) -> dict[str, Any]:
+    """``GET /worklists``: counts by queue and reason, and the items, filtered."""
+    queue = request.query.get("queue") or None
+    reason = request.query.get("reason") or None
+    state = request.query.get("state") or "pending"
+    counts = await ops.worklist_counts(console(request), identity(request), state=state)
+    page = await ops.worklist_items(
+        console(request),
+        identity(request),
+        queue=queue,
+        reason=reason,
+        state=state,
+        limit=int_param(request, "limit", 100, blank=True) or 100,
+        cursor=int_param(request, "cursor", None, blank=True),
+    )
+    return _base(request, **counts, page=page, queue=queue, reason=reason)
+
+
+async def worklist_clear_post(request: web.Request) -> web.StreamResponse:
+    """``POST /worklists/items/{item_id}/clear`` from a form; redirects back to the list."""
+    form = await request.post()
+    item = await ops.worklist_clear(
+        console(request), identity(request), item_id(request), _text(form.get("note"))
+    )
+    back = urlencode({"queue": item["queue"], "reason": item["reason"], "done": "clear"})
+    raise web.HTTPSeeOther(f"/worklists?{back}")
+
+
 def add_routes(router: web.UrlDispatcher) -> None:
     """Register the pages' routes."""
     dest = "/destinations/{namespace}/{name}"
@@ -194,3 +224,5 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post(item + "/payload", payload_page)
     router.add_post(item + "/{action:" + "|".join(ops.ITEM_ACTIONS) + "}", item_post)
     router.add_get("/audit", audit_page)
+    router.add_get("/worklists", worklists_page)
+    router.add_post("/worklists/items/{item_id:[0-9]{1,19}}/clear", worklist_clear_post)
