@@ -44,3 +44,18 @@ def test_one_replica_needs_no_csrf_secret() -> None:
     (c,) = find(objs, "Deployment", "inturn-console")["spec"]["template"]["spec"]["containers"]
     assert not [a for a in c["args"] if a.startswith("--csrf-secret-file")]
     assert "csrf" not in {m["name"] for m in c["volumeMounts"]}
+
+
+def test_the_console_connects_as_its_own_role_and_is_reachable_only_from_its_proxy() -> None:
+    objs = render(files=["console"])
+    (c,) = find(objs, "Deployment", "inturn-console")["spec"]["template"]["spec"]["containers"]
+    [dsn] = [e for e in c["env"] if e["name"] == "INTURN_DSN"]
+    assert dsn["valueFrom"]["secretKeyRef"] == {"name": "inturn-db-admin", "key": "dsn"}
+    policy = find(objs, "NetworkPolicy", "inturn-console")
+    [users, probes] = policy["spec"]["ingress"]
+    assert users["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "oauth2-proxy"}}}
+    ]
+    assert users["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert probes["ports"] == users["ports"]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]

@@ -13,8 +13,9 @@ role       may
 ingest     read the destination registry; insert delivery rows (and read back their ids); keep
            its duplicate window. It cannot read payloads back, change a delivery's state or
            delete one.
-worker     read and update delivery rows (it sends payloads, so it reads them); place items on
-           worklists (``delivery-failed``). It cannot delete rows or touch the registry.
+worker     read and update delivery rows (it sends payloads, so it reads them); record failed
+           attempts; place items on worklists (``delivery-failed``); read its destination's
+           hold. It cannot delete rows or change the registry.
 operator   write the destination registry and its carrier claims; read queue depth (delivery
            metadata, never the payload or patient keys).
 sweeper    read delivery metadata, the registry and the reservation records; cancel expired
@@ -23,8 +24,9 @@ sweeper    read delivery metadata, the registry and the reservation records; can
            It reads no payload and deletes nothing.
 purge      delete finished deliveries and cleared worklist items, reading only the columns
            that decide which.
-admin      the CLI's destructive commands (skip, drain, remove, resend, erase, imports): read
-           and change rows of every table, but no DDL and no role management.
+admin      the CLI's destructive commands (skip, drain, remove, resend, erase, imports, suspend
+           and resume) and the console: read and change rows of every table, but no DDL and
+           no role management.
 reader     the CLI's listings and dashboards: read everything except payloads and patient keys.
 =========  ==================================================================================
 
@@ -124,8 +126,18 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     },
     "inturn_destination": {
         "ingest": (SELECT,),
+        # The head query honours a hold (suspend from the console or the CLI).
+        "worker": (Grant("SELECT", ("destination", "held_at")),),
         "operator": (SELECT, INSERT, UPDATE),
         "sweeper": (SELECT,),
+        # Suspend and resume set or lift a hold; nothing else of the registry changes.
+        "admin": (SELECT, Grant("UPDATE", ("held_at", "held_by", "held_why", "updated_at"))),
+        "reader": (SELECT,),
+    },
+    # Failed attempts (an item's history): written by the worker with each retry or give-up,
+    # deleted with their item (ON DELETE CASCADE runs as the table's owner).
+    "inturn_attempt": {
+        "worker": (INSERT,),
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
