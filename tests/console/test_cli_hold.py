@@ -1,0 +1,38 @@
+"""The console's store additions through the command line: a hold and an audited viewing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from console_helpers import enqueue, message, register
+
+INTURN = str(Path(sys.executable).with_name("inturn"))
+
+
+def run(dsn: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [INTURN, *args, "--dsn", dsn], capture_output=True, timeout=60, check=False
+    )
+
+
+async def test_suspend_resume_and_payload_viewing_are_audited(fresh_db: str) -> None:
+    await register(fresh_db, "ward/lab")
+    [item] = await enqueue(fresh_db, "ward/lab", [3])
+    out = run(fresh_db, "queue", "suspend", "ward/lab", "--who", "jo", "--why", "upgrade")
+    assert (out.returncode, out.stdout) == (0, b"suspended ward/lab\n")
+    out = run(fresh_db, "queue", "resume", "ward/lab", "--who", "jo")
+    assert (out.returncode, out.stdout) == (0, b"resumed ward/lab\n")
+    out = run(fresh_db, "queue", "suspend", "no/where", "--who", "jo")
+    assert out.returncode == 2 and b"no registered destination no/where" in out.stderr
+    out = run(fresh_db, "queue", "payload", str(item), "--who", "jo", "--why", "ticket 9")
+    assert out.returncode == 0 and out.stdout == message(3)
+    out = run(fresh_db, "queue", "audit", "--json")
+    entries = [(e["who"], e["action"], e["why"]) for e in json.loads(out.stdout)]
+    assert entries == [
+        ("jo", "view-payload", "ticket 9"),
+        ("jo", "resume", None),
+        ("jo", "suspend", "upgrade"),
+    ]

@@ -1,0 +1,151 @@
+"""The console's pure parts: the overview's rows and order, identities, CSRF tokens, and
+how stored text is shown."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import UTC, datetime
+
+import pytest
+
+from inturn.worker.console.auth import AuthConfigError, parse_auth
+from inturn.worker.console.csrf import Csrf, same_origin
+from inturn.worker.console.overview import build, error_class
+from inturn.worker.console.text import escape_controls, segments
+from inturn.worker.store.model import DepthRow, HeadInfo
+from inturn.worker.store.registry import Hold, Listed
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def listed(name: str, **changes: object) -> Listed:
+    fields: dict[str, object] = {
+        "destination": name,
+        "channel": "adt",
+        "sender": "mllp://x:1",
+        "suspended": False,
+        "hold": None,
+        "deleted": False,
+    }
+    fields.update(changes)
+    return Listed(**fields)  # type: ignore[arg-type]
+
+
+def depth(
+    name: str, pending: int, failed: int = 0, oldest: float = 0.0, attempts: int = 0
+) -> DepthRow:
+    return DepthRow(name, "adt", pending, failed, NOW if pending else None, oldest, attempts)
+
+
+def test_rows_worst_first_with_states_and_ready() -> None:
+    rows = build(
+        [
+            listed("a/idle"),
+            listed("a/busy"),
+            listed("a/stuck"),
+            listed("a/held", hold=Hold(NOW, "otto", "upgrade")),
+            listed("a/failing"),
+            listed("a/gone", deleted=True),
+        ],
+        [
+            depth("a/busy", 5, oldest=10),
+            depth("a/stuck", 3, oldest=1000, attempts=4),
+            depth("a/held", 2, oldest=20),
+            depth("a/failing", 1, failed=2, oldest=30, attempts=1),
+            depth("b/orphan", 1, oldest=5),
+        ],
+        {
+            "a/busy": HeadInfo(1, 0, 0.0, None),
+            "a/stuck": HeadInfo(2, 4, 7.5, "connection: refused"),
+            "a/held": HeadInfo(3, 0, 0.0, None),
+            "a/failing": HeadInfo(4, 1, 0.0, "application: AE"),
+            "b/orphan": HeadInfo(5, 0, 0.0, None),
+        },
+        default_stuck_after=900,
+    )
+    got = [(r.destination, r.state, r.ready, r.severity) for r in rows]
+    assert got == [
+        ("a/stuck", "stuck", 0, 2),  # over the threshold, backing off: nothing may go
+        ("a/failing", "failing", 1, 1),
+        ("a/held", "held", 0, 1),
+        ("b/orphan", "orphaned", 0, 1),  # pending, but no live registration
+        ("a/busy", "delivering", 5, 0),
+        ("a/idle", "idle", 0, 0),
+    ]
+    assert rows[0].last_error_class == "connection" and rows[0].head_wait_seconds == 7.5
+    assert rows[2].hold_by == "otto"
+    assert "a/gone" not in {r.destination for r in rows}  # deleted and empty: not listed
+
+
+def test_error_class() -> None:
+    assert error_class("timeout: no answer within 30s") == "timeout"
+    assert error_class("weird") == "weird"
+    assert error_class(None) is None and error_class("") is None
+
+
+def test_tokens_in_clear_or_as_digests_and_roles() -> None:
+    digest = hashlib.sha256(b"second-token-0123456789").hexdigest()
+    auth = parse_auth(
+        {
+            "tokens": [
+                {"name": "a", "roles": ["viewer"], "token": "first-token-0123456789"},
+                {"name": "b", "roles": ["privacy"], "sha256": digest},
+            ]
+        }
+    )
+    a = auth.authenticate({"Authorization": "Bearer first-token-0123456789"}, "10.0.0.1")
+    b = auth.authenticate({"Authorization": "bearer second-token-0123456789"}, "10.0.0.1")
+    assert a is not None and a.name == "a" and a.can("viewer") and not a.can("operator")
+    assert b is not None and b.can("privacy") and b.can("viewer") and not b.can("operator")
+    assert auth.authenticate({"Authorization": "Bearer nope"}, "10.0.0.1") is None
+    assert auth.authenticate({}, "127.0.0.1") is None
+
+
+def test_proxy_headers_are_believed_only_from_the_proxy() -> None:
+    auth = parse_auth(
+        {
+            "proxy": {
+                "trustedAddresses": ["10.1.0.0/16"],
+                "groupRoles": {"oncall": ["operator"]},
+            }
+        }
+    )
+    headers = {"X-Forwarded-User": "jane@hospital.example", "X-Forwarded-Groups": "staff,oncall"}
+    jane = auth.authenticate(headers, "10.1.2.3")
+    assert jane is not None and jane.name == "jane@hospital.example" and jane.can("operator")
+    assert auth.authenticate(headers, "10.2.0.1") is None  # not the proxy
+    assert auth.authenticate({"X-Forwarded-User": "x\ny"}, "10.1.2.3") is None
+
+
+@pytest.mark.parametrize(
+    ("doc", "where"),
+    [
+        ({"tokens": [{"name": "a", "roles": ["root"], "token": "t" * 16}]}, "tokens/0/roles/0"),
+        ({"tokens": [{"name": "a", "roles": ["viewer"], "token": "short"}]}, "tokens/0/token"),
+        ({"proxy": {"trustedAddresses": ["not-a-net"]}}, "proxy/trustedAddresses"),
+        ({"tokenz": []}, "(top)"),
+    ],
+)
+def test_a_bad_auth_file_names_the_field(doc: object, where: str) -> None:
+    with pytest.raises(AuthConfigError, match=re.escape(f"auth file: {where}")):
+        parse_auth(doc)
+
+
+def test_csrf_tokens_are_per_identity_and_secret() -> None:
+    csrf = Csrf(b"s" * 32)
+    assert csrf.valid("otto", csrf.token("otto"))
+    assert not csrf.valid("vera", csrf.token("otto"))
+    assert not csrf.valid("otto", Csrf(b"t" * 32).token("otto"))
+    assert not csrf.valid("otto", None) and not csrf.valid("otto", "")
+    assert same_origin(None, "c:8080") and same_origin("http://c:8080", "c:8080")
+    assert not same_origin("http://evil:8080", "c:8080") and not same_origin("null", "c:8080")
+
+
+def test_control_characters_are_shown_and_segments_split() -> None:
+    assert escape_controls("a\x1b[31m\x07b\x85") == "a\\x1b[31m\\x07b\\x85"
+    assert segments(b"MSH|^~\\&|A\rPID|1||\x00x\r\nOBX|\xff\n") == [
+        "MSH|^~\\&|A",
+        "PID|1||\\x00x",
+        "OBX|\\xff",
+    ]
