@@ -1,21 +1,17 @@
 """Helpers of the console tests: three identities (one per role), registering and enqueueing,
-a real worker, and an HTTP client acting as one role."""
+a real worker (``tests/pipeline.py``'s), and an HTTP client acting as one role."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
+from pipeline import worker as run_worker
+from pipeline import worker_config
 from psycopg import AsyncConnection
 
-from inturn.worker.config import MllpSenderConfig, RetryPolicy, WorkerConfig
+from inturn.worker.config import MllpSenderConfig
 from inturn.worker.console.auth import AuthConfig, parse_auth
-from inturn.worker.metrics import PrometheusObserver
-from inturn.worker.runner import DestinationWorker
-from inturn.worker.senders.mllp import MllpSender
 from inturn.worker.store import queue, registry
 from inturn.worker.store.model import NewItem
 
@@ -69,35 +65,11 @@ async def enqueue(dsn: str, destination: str, numbers: list[int]) -> list[int]:
         )
 
 
-async def until(predicate: Callable[[], Awaitable[Any]], timeout: float = 20.0) -> None:
-    """Wait until ``predicate()`` is true, or fail after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while not await predicate():
-            await asyncio.sleep(0.05)
-
-
-@contextlib.asynccontextmanager
-async def worker(dsn: str, destination: str, port: int) -> AsyncIterator[DestinationWorker]:
+def worker(dsn: str, destination: str, port: int) -> Any:
     """A real worker for ``destination`` sending over MLLP to ``127.0.0.1:port``, backing off
-    one second between attempts."""
-    cfg = WorkerConfig(
-        destination=destination,
-        channel="adt",
-        sender=MllpSenderConfig("127.0.0.1", port),
-        retry=RetryPolicy(
-            max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=3
-        ),
-        idle_seconds=1,
-    )
-    assert isinstance(cfg.sender, MllpSenderConfig)
-    running = DestinationWorker(cfg, dsn, MllpSender(cfg.sender), PrometheusObserver())
-    stop = asyncio.Event()
-    task = asyncio.create_task(running.run(stop))
-    try:
-        yield running
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
+    one second between attempts (an async context manager)."""
+    cfg = worker_config(destination, MllpSenderConfig("127.0.0.1", port))
+    return run_worker(cfg, dsn)
 
 
 class Client:

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from console_helpers import Client, enqueue, place_work, register, until, worker
+from console_helpers import Client, enqueue, place_work, register, worker
+from pipeline import until
 from psycopg import AsyncConnection
 
 from inturn.worker.console.server import ConsoleServer

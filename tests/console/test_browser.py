@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from console_helpers import TOKENS, enqueue, message, place_work, register, until, worker
+from console_helpers import TOKENS, enqueue, message, place_work, register, worker
+from pipeline import until
 
 from inturn.worker.console.server import ConsoleServer
 from inturn.worker.receiver import MllpReceiver

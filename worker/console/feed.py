@@ -105,6 +105,15 @@ class Feed:
         """Refresh soon (after an action taken through this console)."""
         self._poke.set()
 
+    async def newer_than(self, version: int, timeout: float = 3.0) -> None:
+        """Wait (at most ``timeout`` seconds) for a snapshot begun after the one that was
+        current at ``version`` ended (two refreshes on: the next may have begun before), so
+        that a page shown right after an action shows its effect."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self.snapshot.version < version + 2:
+                    await asyncio.sleep(0.05)
+
     async def start(self) -> None:
         """Take the first snapshot, then keep refreshing in a background task."""
         await self._refresh()

@@ -115,6 +115,8 @@ async def destination_post(request: web.Request) -> web.StreamResponse:
     form = await request.post()
     action = request.match_info["action"]
     name = destination(request)
+    feed = console(request).feed
+    version = feed.snapshot.version
     await ops.destination_action(
         console(request),
         identity(request),
@@ -123,6 +125,7 @@ async def destination_post(request: web.Request) -> web.StreamResponse:
         _text(form.get("why")),
         _text(form.get("confirm")),
     )
+    await feed.newer_than(version)  # the page shows the hold (or its absence) at once
     raise web.HTTPSeeOther(f"/destinations/{name}?done={action}")
 
 
