@@ -93,6 +93,8 @@ async def test_overview_shows_a_destination_stuck_in_an_outage_and_recovering(
     await rx.start()
     await rx.stop()  # the receiver is down; its port is kept
     page = await page_as(browser, "viewer")
+    refused: list[str] = []  # what the Content-Security-Policy blocked, if anything
+    page.on("console", lambda m: refused.append(m.text) if "Content Security" in m.text else None)
     await page.goto(f"http://127.0.0.1:{console.port}/")
     async with worker(fresh_db, DEST, rx.port):
         await enqueue(fresh_db, DEST, [1, 2, 3])
@@ -114,6 +116,7 @@ async def test_overview_shows_a_destination_stuck_in_an_outage_and_recovering(
 
         await until(recovered, timeout=30)
         await shot(page, "overview-recovered")
+    assert refused == []
     assert len(rx.received) >= 3
     await rx.stop()
 
