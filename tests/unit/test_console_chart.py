@@ -47,7 +47,8 @@ def test_one_replica_needs_no_csrf_secret() -> None:
 
 
 def test_the_console_connects_as_its_own_role_and_is_reachable_only_from_its_proxy() -> None:
-    objs = render(files=["console"])
+    own = {"database": {"components": {"console": {"existingSecret": "inturn-db-admin"}}}}
+    objs = render(own, files=["console"])
     (c,) = find(objs, "Deployment", "inturn-console")["spec"]["template"]["spec"]["containers"]
     [dsn] = [e for e in c["env"] if e["name"] == "INTURN_DSN"]
     assert dsn["valueFrom"]["secretKeyRef"] == {"name": "inturn-db-admin", "key": "dsn"}
