@@ -372,3 +372,30 @@ def test_each_role_is_refused_the_rest(
     fresh_db: str, role_dsns: dict[str, str], component: str, statement: str
 ) -> None:
     assert refused(role_dsns[component], statement)
+    dsn = role_dsns["reader"]
+    assert refused(dsn, "UPDATE inturn_delivery SET state = 'skipped'")
+    assert refused(dsn, "DELETE FROM inturn_delivery")
+    assert refused(dsn, "INSERT INTO inturn_audit (who, action) VALUES ('x', 'y')")
+
+
+async def test_worker_records_attempts_and_honours_a_hold_the_admin_role_sets(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    [item] = await aseed(fresh_db, "ROLE-H-1")
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await register(conn, DEST, "adt")
+    worker_dsn, admin_dsn = role_dsns["worker"], role_dsns["admin"]
+    async with await AsyncConnection.connect(worker_dsn, autocommit=True) as conn:
+        assert await queue.retry(conn, item, 1, 0, "application: AE")
+    async with await AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+        assert [a.outcome for a in await queue.attempts(conn, item)] == ["retry"]
+        assert await registry.suspend(conn, DEST, who="jo", why="upgrade")
+    async with await AsyncConnection.connect(worker_dsn, autocommit=True) as conn:
+        assert await queue.next_head(conn, DEST) == (None, None)  # held: no head
+    async with await AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+        assert await registry.resume(conn, DEST, who="jo")
+    async with await AsyncConnection.connect(worker_dsn, autocommit=True) as conn:
+        head, _ = await queue.next_head(conn, DEST)
+        assert head is not None and head.item.id == item
+    assert refused(worker_dsn, "UPDATE inturn_destination SET held_at = now()")
+    assert refused(admin_dsn, "UPDATE inturn_destination SET channel = 'x'")
