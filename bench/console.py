@@ -40,7 +40,7 @@ from delivery import DESTINATION, fresh_database, percentile, postgres_server, w
 
 from inturn.worker.console.feed import take
 from inturn.worker.receiver import MllpReceiver
-from inturn.worker.store.connect import open_pools
+from inturn.worker.store.connect import Pools
 from inturn.worker.store.migrate import migrate
 
 INTURN = Path(sys.executable).with_name("inturn")
@@ -88,18 +88,14 @@ def fill(dsn: str, destinations: int, pending: int, drain: int) -> float:
 
 async def time_snapshots(dsn: str, times: int) -> list[float]:
     """Seconds of each of ``times`` overview builds (registry, depth, heads)."""
-    write, read = await open_pools(dsn, write_size=1, read_size=1)
-    try:
+    async with await Pools.open(dsn, write_size=1, read_size=1) as pools:
         took = []
         for _ in range(times):
             started = time.perf_counter()
-            rows = await take(read)
+            rows = await take(pools.read)
             took.append(time.perf_counter() - started)
         assert len(rows) >= 1
         return took
-    finally:
-        await write.close()
-        await read.close()
 
 
 def free_port() -> int:

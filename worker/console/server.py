@@ -16,7 +16,7 @@ from inturn.worker.console.csrf import Csrf
 from inturn.worker.console.feed import Feed
 from inturn.worker.console.operations import Console
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
-from inturn.worker.store.connect import open_pools
+from inturn.worker.store.connect import Pools
 
 log = logging.getLogger("inturn.console")
 
@@ -54,9 +54,8 @@ async def start_console(
         psycopg_pool.PoolTimeout: the database could not be reached.
         OSError: the port is taken.
     """
-    write, read = await open_pools(
-        dsn, write_size=2, read_size=2, application_name="inturn-console"
-    )
+    pools = await Pools.open(dsn, write_size=2, read_size=2, application_name="inturn-console")
+    write, read = pools.write, pools.read
     feed = Feed(dsn, read, default_stuck_after=stuck_after, refresh_seconds=refresh_seconds)
     console = Console(write=write, read=read, feed=feed)
     try:
