@@ -283,3 +283,15 @@ async def test_worklists_counts_filter_and_clear_with_a_note(
     ]
     _, counts = await viewer.get("/api/v1/worklists/counts?state=cleared")
     assert [r["items"] for r in counts["counts"]] == [1]
+
+
+async def test_a_nul_character_is_refused_not_a_server_error(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    [item] = await enqueue(fresh_db, DEST, [1])
+    op = clients["operator"]
+    status, body = await op.get("/api/v1/worklists/items?reason=a%00b")
+    assert (status, body["error"]["code"]) == (400, "invalid_request")
+    assert (await op.get("/audit?destination=a%00b"))[0] == 400
+    status, body = await op.post(f"/api/v1/items/{item}/skip", {"why": "a\x00b"})
+    assert (status, body["error"]["code"]) == (400, "invalid_request")

@@ -23,6 +23,21 @@ INTURN = str(Path(sys.executable).with_name("inturn"))
 TOKEN = "schemathesis-token-0123456789"
 
 schema = schemathesis.openapi.from_dict(openapi_document())
+#: The CSRF token of the live console's identity (set once the console runs).
+CSRF: dict[str, str] = {}
+
+
+@schema.auth()
+class BearerAndCsrf:
+    """The credentials, applied by schemathesis itself, so that it knows them (a case it made
+    without them on purpose is not mistaken for one the server wrongly accepted)."""
+
+    def get(self, case: schemathesis.Case, context: object) -> str:
+        return TOKEN
+
+    def set(self, case: schemathesis.Case, data: str, context: object) -> None:
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
+        case.headers["X-CSRF-Token"] = CSRF.get("token", "")
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +94,7 @@ def live(
             import json
 
             csrf = json.load(r)["csrfToken"]
+        CSRF["token"] = csrf
         yield base, {"Authorization": f"Bearer {TOKEN}", "X-CSRF-Token": csrf}
     finally:
         proc.terminate()
@@ -94,12 +110,11 @@ def live(
 def test_the_api_keeps_its_openapi_document(
     case: schemathesis.Case, live: tuple[str, dict[str, str]]
 ) -> None:
-    base, headers = live
+    base, _ = live
     # Every check but "schema-valid data is accepted": a valid body can still be refused by a
     # rule the document states in words (a reason, the typed name, the item's state), with a
     # documented 4xx and a stable code, which the other checks hold to the document.
     case.call_and_validate(
         base_url=base,
-        headers=headers,
         excluded_checks=[schemathesis.checks.positive_data_acceptance],
     )

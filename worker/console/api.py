@@ -94,6 +94,8 @@ async def body(request: web.Request, schema: str = "ActionBody") -> dict[str, st
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "body"
         raise ConsoleError(400, "invalid_request", f"{where}: {error.message}"[:200])
+    if any("\x00" in value for value in doc.values()):
+        raise ConsoleError(400, "invalid_request", "a value holds a NUL character")
     return dict(doc)
 
 

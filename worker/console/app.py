@@ -81,6 +81,9 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
     csrf = request.app[CSRF_KEY]
     request[CSRF_TOKEN_KEY] = csrf.token(who.name)
     try:
+        if any("\x00" in value for value in request.query.values()):
+            # No text column can hold a NUL: refuse it here rather than fail in a query.
+            raise ConsoleError(400, "invalid_request", "a query parameter holds a NUL character")
         if request.method not in SAFE_METHODS:
             presented = request.headers.get(HEADER)
             if presented is None and request.content_type in (

@@ -75,6 +75,8 @@ def reason(action: str, why: str | None) -> str | None:
             400 ``invalid_request`` when it is longer than :data:`REASON_MAX`.
     """
     text = (why or "").strip()
+    if "\x00" in text:
+        raise ConsoleError(400, "invalid_request", "a reason cannot hold a NUL character")
     if len(text) > REASON_MAX:
         raise ConsoleError(400, "invalid_request", f"a reason is at most {REASON_MAX} characters")
     if not text and action in REASON_REQUIRED:
@@ -318,6 +320,8 @@ async def worklist_clear(
     """
     require(identity, "operator")
     text = (note or "").strip()
+    if "\x00" in text:
+        raise ConsoleError(400, "invalid_request", "a note cannot hold a NUL character")
     if not text:
         raise ConsoleError(400, "reason_required", "clearing needs a note")
     if len(text) > NOTE_MAX:
