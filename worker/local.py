@@ -84,8 +84,8 @@ def sender_summary(cfg: WorkerConfig) -> str:
     """The sender's credential-free one-line description for the registry (empty when the
     sender cannot be built; that is reported when its worker starts)."""
     try:
-        return make_sender(cfg.sender).describe()
-    except (OSError, ValueError):
+        return senders.make_sender(cfg.sender).describe()
+    except (OSError, ValueError, TypeError):
         return ""
 
 
