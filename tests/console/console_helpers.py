@@ -10,8 +10,8 @@ from pipeline import worker as run_worker
 from pipeline import worker_config
 from psycopg import AsyncConnection
 
-from inturn.worker.config import MllpSenderConfig
 from inturn.worker.console.auth import AuthConfig, parse_auth
+from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.store import queue, registry
 from inturn.worker.store.model import NewItem
 
