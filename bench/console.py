@@ -39,9 +39,9 @@ import psycopg
 from delivery import DESTINATION, fresh_database, percentile, postgres_server, write_manifest
 
 from inturn.worker.console.feed import take
-from inturn.worker.receiver import MllpReceiver
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.migrate import migrate
+from inturn.worker.testing import MllpReceiver
 
 INTURN = Path(sys.executable).with_name("inturn")
 TOKEN = "bench-console-token-0123456789"

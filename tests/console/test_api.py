@@ -13,8 +13,8 @@ from pipeline import until
 from psycopg import AsyncConnection
 
 from inturn.worker.console.server import ConsoleServer
-from inturn.worker.receiver import MllpReceiver
 from inturn.worker.store import queue
+from inturn.worker.testing import MllpReceiver
 
 DEST = "ward/lab"
 ITEMS = f"/api/v1/destinations/{DEST}/items"

@@ -19,7 +19,7 @@ from console_helpers import TOKENS, enqueue, message, place_work, register, work
 from pipeline import until
 
 from inturn.worker.console.server import ConsoleServer
-from inturn.worker.receiver import MllpReceiver
+from inturn.worker.testing import MllpReceiver
 
 CHROMIUM = os.environ.get("INTURN_CHROMIUM", "/usr/bin/chromium")
 SHOTS = Path(

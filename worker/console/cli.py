@@ -15,7 +15,7 @@ from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
 from inturn.worker.console.server import start_console
 from inturn.worker.ingest.cli import parse_address
 from inturn.worker.logs import configure
-from inturn.worker.queue_cli import DURATION, dsn_option
+from inturn.worker.options import DURATION, dsn_option, logging_options
 from inturn.worker.store.connect import resolve_dsn
 
 log = logging.getLogger("inturn.console")
@@ -39,7 +39,7 @@ def read_secret(path: Path | None) -> bytes | None:
 
 
 @click.command("console")
-@dsn_option
+@dsn_option()
 @click.option(
     "--listen",
     default="0.0.0.0:8080",
@@ -67,8 +67,7 @@ def read_secret(path: Path | None) -> bytes | None:
     show_default=True,
     help="Age of the oldest pending message that makes a destination stand out.",
 )
-@click.option("--log-level", default="INFO", show_default=True)
-@click.option("--log-json", is_flag=True)
+@logging_options
 def console_command(
     dsn: str | None,
     listen: str,
