@@ -12,7 +12,8 @@ import pytest
 from inturn.worker.console.auth import AuthConfigError, parse_auth
 from inturn.worker.console.csrf import Csrf, same_origin
 from inturn.worker.console.overview import build, error_class
-from inturn.worker.console.text import escape_controls, segments
+from inturn.worker.console.text import segments
+from inturn.worker.display import printable
 from inturn.worker.store.model import DepthRow, HeadInfo
 from inturn.worker.store.registry import Hold, Listed
 
@@ -143,7 +144,7 @@ def test_csrf_tokens_are_per_identity_and_secret() -> None:
 
 
 def test_control_characters_are_shown_and_segments_split() -> None:
-    assert escape_controls("a\x1b[31m\x07b\x85") == "a\\x1b[31m\\x07b\\x85"
+    assert printable("a\x1b[31m\x07b\x85") == "a\\x1b[31m\\x07b\\x85"
     assert segments(b"MSH|^~\\&|A\rPID|1||\x00x\r\nOBX|\xff\n") == [
         "MSH|^~\\&|A",
         "PID|1||\\x00x",

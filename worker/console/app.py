@@ -31,7 +31,7 @@ from inturn.worker.console.context import (
 )
 from inturn.worker.console.csrf import FIELD, HEADER, SAFE_METHODS, Csrf, same_origin
 from inturn.worker.console.operations import Console, ConsoleError
-from inturn.worker.console.text import escape_controls
+from inturn.worker.display import printable
 
 log = logging.getLogger("inturn.console")
 
@@ -110,7 +110,7 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
         return response
     except Exception:
         # The traceback goes to the log (no request body is ever in it); the client gets a code.
-        log.exception("console: %s %s failed", request.method, escape_controls(request.path))
+        log.exception("console: %s %s failed", request.method, printable(request.path))
         return error_response(request, 500, "internal", "internal error; see the console's log")
 
 

@@ -23,7 +23,7 @@ from inturn.worker.console import operations as ops
 from inturn.worker.console.api import destination, int_param, item_id
 from inturn.worker.console.context import console, csrf_token, identity
 from inturn.worker.console.feed import Snapshot
-from inturn.worker.console.text import escape_controls
+from inturn.worker.display import printable
 from inturn.worker.durations import format_age
 from inturn.worker.store.model import STATES
 
@@ -35,7 +35,7 @@ def install_filters(env: jinja2.Environment) -> None:
     """Template filters: ``age`` (seconds to ``3h05m``), ``visible`` (control characters
     escaped), ``when`` (an ISO time to ``YYYY-MM-DD HH:MM:SS``)."""
     env.filters["age"] = format_age
-    env.filters["visible"] = lambda text: escape_controls(str(text)) if text is not None else ""
+    env.filters["visible"] = lambda text: printable(str(text)) if text is not None else ""
     env.filters["when"] = lambda iso: (iso or "")[:19].replace("T", " ")
 
 

@@ -1,21 +1,14 @@
-"""Showing stored text safely: control characters made visible, payloads split into segments.
+"""Payloads shown to a person: split into segments, each made printable.
 
-HTML escaping is the templates' job (Jinja2 autoescape); this module only makes characters that
-a browser would swallow or that could disguise text (NUL, ESC, CR, BiDi overrides aside) visible
-as ``\\xNN`` escapes, so an error or a segment reads exactly as stored.
+HTML escaping is the templates' job (Jinja2 autoescape); control characters are made visible
+by :func:`inturn.worker.display.printable`, as everywhere else stored text is shown.
 """
 
 from __future__ import annotations
 
 import re
 
-# C0 controls, DEL and C1 controls.
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def escape_controls(text: str) -> str:
-    """Replace every control character with ``\\xNN`` (``\\`` itself stays as it is)."""
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+from inturn.worker.display import printable
 
 
 def segments(payload: bytes) -> list[str]:
@@ -24,4 +17,4 @@ def segments(payload: bytes) -> list[str]:
     ``\\xNN`` and control characters escaped. Empty segments are dropped."""
     text = payload.decode("utf-8", errors="backslashreplace")
     parts = re.split(r"\r\n|\r|\n", text)
-    return [escape_controls(p) for p in parts if p]
+    return [printable(p) for p in parts if p]
