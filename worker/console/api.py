@@ -112,7 +112,9 @@ async def overview(request: web.Request) -> web.Response:
     """``GET /api/v1/overview``: one row per destination, worst first."""
     only_query(request)
     ops.require(identity(request), "viewer")
-    return web.json_response(console(request).feed.snapshot.to_json())
+    snapshot = console(request).feed.snapshot
+    body = snapshot.rendered("json", lambda s: json.dumps(s.to_json()).encode())
+    return web.Response(body=body, content_type="application/json")
 
 
 async def destination_items(request: web.Request) -> web.Response:

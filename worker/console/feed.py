@@ -17,10 +17,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, sql
@@ -31,17 +31,25 @@ from inturn.worker.store import queue, registry
 
 log = logging.getLogger("inturn.console")
 
+T = TypeVar("T")
+
 #: A channel anything may NOTIFY to make consoles refresh now.
 CONSOLE_CHANNEL = "inturn_console"
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The overview at one moment: rows worst first, when it was taken, a counter."""
+    """The overview at one moment: rows worst first, when it was taken, a counter.
+
+    Its renderings (the JSON body, the table's HTML) are made once and shared by every request
+    and event stream that shows this snapshot: a thousand rows are serialised per snapshot, not
+    per request.
+    """
 
     rows: tuple[OverviewRow, ...] = ()
     taken_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     version: int = 0
+    _rendered: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """``{"takenAt": ISO 8601, "destinations": [...]}``."""
@@ -49,6 +57,13 @@ class Snapshot:
             "takenAt": self.taken_at.isoformat(),
             "destinations": [r.to_json() for r in self.rows],
         }
+
+    def rendered(self, name: str, render: Callable[[Snapshot], T]) -> T:
+        """``render(self)``, computed once per snapshot and ``name``."""
+        if name not in self._rendered:
+            self._rendered[name] = render(self)
+        found: T = self._rendered[name]
+        return found
 
 
 async def take(

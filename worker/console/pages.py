@@ -18,6 +18,7 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 from aiohttp_sse import sse_response
+from markupsafe import Markup
 
 from inturn.worker.console import operations as ops
 from inturn.worker.console.api import destination, int_param, item_id
@@ -50,15 +51,19 @@ def _base(request: web.Request, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _overview_context(snapshot: Snapshot) -> dict[str, Any]:
-    return {"rows": snapshot.rows, "taken_at": snapshot.taken_at}
+def overview_table(request: web.Request, snapshot: Snapshot) -> str:
+    """The overview table's HTML for ``snapshot``, rendered once per snapshot."""
+    template = aiohttp_jinja2.get_env(request.app).get_template("_overview_table.html")
+    context = {"rows": snapshot.rows, "taken_at": snapshot.taken_at}
+    return snapshot.rendered("table", lambda _: template.render(context))
 
 
 @aiohttp_jinja2.template("overview.html")
 async def overview_page(request: web.Request) -> dict[str, Any]:
     """``GET /``: every destination, worst first, refreshed by server-sent events."""
     ops.require(identity(request), "viewer")
-    return _base(request, **_overview_context(console(request).feed.snapshot))
+    table = overview_table(request, console(request).feed.snapshot)
+    return _base(request, table=Markup(table))
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -71,10 +76,7 @@ async def events(request: web.Request) -> web.StreamResponse:
             snapshot: Snapshot | None = feed.snapshot
             while stream.is_connected():
                 if snapshot is not None:
-                    html = aiohttp_jinja2.render_string(
-                        "_overview_table.html", request, _overview_context(snapshot)
-                    )
-                    await stream.send(html, event="overview")
+                    await stream.send(overview_table(request, snapshot), event="overview")
                 # Wake now and then to notice a client that went away.
                 snapshot = None
                 with contextlib.suppress(TimeoutError):
