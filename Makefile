@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/operator.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/console.py
 
 # The container image, built with podman from the Containerfile on a base made here by
 # debootstrap, then checked inside (version, every command's help, user, no compiler, size).
