@@ -92,6 +92,19 @@ from inturn.worker.options import dsn_option
 @click.option(
     "--verbose", envvar="INTURN_VERBOSE", show_envvar=True, is_flag=True, help="Debug logging."
 )
+@click.option(
+    "--worker-env",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="An environment variable of every worker (e.g. INTURN_WORKLIST_NATS_URL=...); repeatable.",
+)
+@click.option(
+    "--worker-secret-env",
+    multiple=True,
+    metavar="NAME=SECRET/KEY",
+    help="An environment variable of every worker from a key of a Secret in the Destination's"
+    " namespace (e.g. INTURN_WORKLIST_WEBHOOK_SECRET=worklist-hook/secret); repeatable.",
+)
 def operator_command(
     namespaces: tuple[str, ...],
     image: str,
@@ -107,6 +120,8 @@ def operator_command(
     peering: str | None,
     priority: int | None,
     log_format: str,
+    worker_env: tuple[str, ...],
+    worker_secret_env: tuple[str, ...],
     verbose: bool,
 ) -> None:
     """Run the Destination operator (kopf): one worker Deployment per Destination."""
@@ -115,9 +130,13 @@ def operator_command(
     import kopf
 
     from inturn.operator import handlers
-    from inturn.operator.manifests import WorkerPodSettings
+    from inturn.operator.manifests import WorkerPodSettings, parse_worker_env
     from inturn.operator.reconcile import OperatorConfig
 
+    try:
+        plain_env, secret_env = parse_worker_env(worker_env, worker_secret_env)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--worker-env") from None
     names = tuple(n for item in namespaces for n in item.replace(",", " ").split())
     identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     if priority is None:
@@ -131,6 +150,8 @@ def operator_command(
             service_account_name=worker_service_account,
             image_pull_secrets=image_pull_secret,
             log_json=log_format == "json",
+            env=plain_env,
+            secret_env=secret_env,
         ),
         dsn=dsn,
         namespaces=names,

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,10 @@ class WorkerPodSettings:
         log_json: start workers with ``--log-json``.
         run_as_user: the non-root UID (and GID, fsGroup) of the worker container.
         secrets_dir: where referenced Secrets are mounted (``<dir>/<secret>/<key>``).
+        env: extra environment variables of every worker, ``(name, value)`` (the worklist
+            publishers' ``INTURN_WORKLIST_*``).
+        secret_env: extra environment variables from Secrets in the Destination's namespace,
+            ``(name, secret, key)`` (e.g. the worklist webhook's HMAC key).
     """
 
     image: str
@@ -84,6 +89,42 @@ class WorkerPodSettings:
     log_json: bool = True
     run_as_user: int = 10001
     secrets_dir: str = DEFAULT_SECRETS_DIR
+    env: tuple[tuple[str, str], ...] = ()
+    secret_env: tuple[tuple[str, str, str], ...] = ()
+
+
+#: Variables the operator sets itself and that ``--worker-env`` may not replace.
+_RESERVED_ENV = ("INTURN_DSN", "INTURN_WORKER_RUNTIME")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_worker_env(
+    plain: Sequence[str], secret: Sequence[str]
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, str], ...]]:
+    """Parse ``NAME=VALUE`` and ``NAME=SECRET/KEY`` items for :class:`WorkerPodSettings`.
+
+    Raises:
+        ValueError: a malformed item, a bad variable name, or a variable the operator sets
+            itself (``INTURN_DSN``).
+    """
+
+    def name_of(item: str) -> tuple[str, str]:
+        name, sep, rest = item.partition("=")
+        if not sep or not _ENV_NAME.match(name):
+            raise ValueError(f"{item!r}: expected NAME=VALUE with NAME a variable name")
+        if name in _RESERVED_ENV:
+            raise ValueError(f"{name} is set by the operator itself")
+        return name, rest
+
+    env = tuple(name_of(item) for item in plain)
+    refs: list[tuple[str, str, str]] = []
+    for item in secret:
+        name, rest = name_of(item)
+        secret_name, sep, key = rest.partition("/")
+        if not sep or not secret_name or not key:
+            raise ValueError(f"{item!r}: expected NAME=SECRET/KEY")
+        refs.append((name, secret_name, key))
+    return env, tuple(refs)
 
 
 @dataclass(frozen=True)
@@ -245,7 +286,12 @@ def deployment(
                         "key": settings.dsn_secret_key,
                     }
                 },
-            }
+            },
+            *({"name": name, "value": value} for name, value in settings.env),
+            *(
+                {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+                for name, secret, key in settings.secret_env
+            ),
         ],
         "ports": [{"name": "http", "containerPort": settings.http_port, "protocol": "TCP"}],
         "startupProbe": {

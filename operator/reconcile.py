@@ -34,6 +34,7 @@ from inturn.operator.kube import ApiError, KubeApi
 from inturn.operator.manifests import WorkerPodSettings
 from inturn.operator.metrics import RECONCILE_ERRORS
 from inturn.worker import schema
+from inturn.worker.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.destination import ManifestError
 from inturn.worker.store import registry
 
@@ -461,6 +462,10 @@ class Runtime:
             carriers=tuple(sorted(spec.get("carriers") or ())),
             sender_kind=next(iter(spec["sender"]), None),  # the one key: mllp, http, sftp
             sender=manifests.sender_summary(spec),
+            stuck_after_seconds=int(
+                (spec.get("alerting") or {}).get("stuckAfterSeconds", DEFAULT_STUCK_AFTER_SECONDS)
+            ),
+            expire_after_seconds=spec.get("expireAfterSeconds"),
         )
         if registered is not None and registered.get(children.key) == row:
             return None
@@ -480,6 +485,8 @@ class Runtime:
                     carriers=row.carriers,
                     sender_kind=row.sender_kind,
                     sender=row.sender,
+                    stuck_after_seconds=row.stuck_after_seconds,
+                    expire_after_seconds=row.expire_after_seconds,
                 )
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning("registry update for %s failed: %s", children.key, exc)
@@ -733,4 +740,6 @@ def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
         row.carriers,
         row.sender_kind,
         row.sender,
+        row.stuck_after_seconds,
+        row.expire_after_seconds,
     )

@@ -23,6 +23,8 @@ COMMANDS: dict[str, str] = {
     "queue": "inturn.worker.queue_cli:queue_group",
     "purge": "inturn.worker.queue_cli:purge_command",
     "bookings": "inturn.worker.reservations.cli:bookings_group",
+    "worklist": "inturn.worker.worklist.cli:worklist_group",
+    "sweep": "inturn.worker.worklist.cli:sweep_command",
     "worker": "inturn.worker.worker_cli:worker_command",
     "ingest": "inturn.worker.ingest.cli:ingest_command",
     "token": "inturn.worker.ingest.cli:token_command",

@@ -21,6 +21,8 @@ DEFAULT_BACKOFF_SECONDS = 5
 DEFAULT_MAX_BACKOFF_SECONDS = 60
 DEFAULT_TIMEOUT_SECONDS = 30
 DEFAULT_IDLE_SECONDS = 60
+#: Default of ``spec.alerting.stuckAfterSeconds``: the head may wait 15 minutes.
+DEFAULT_STUCK_AFTER_SECONDS = 900
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,10 @@ class WorkerConfig:
         suspend: hold the lock and send nothing.
         message_types: MSH-9 patterns the destination accepts (routing, used by ingest).
         carriers: IATA airline designators this destination serves (reservation notices).
+        stuck_after_seconds: how long the head may wait before the sweeper raises the
+            destination as stuck (``spec.alerting.stuckAfterSeconds``).
+        expire_after_seconds: pending messages older than this are skipped as expired by the
+            sweeper (``spec.expireAfterSeconds``); None (the default) never expires them.
     """
 
     destination: str
@@ -90,6 +96,8 @@ class WorkerConfig:
     suspend: bool = False
     message_types: tuple[str, ...] = ()
     carriers: tuple[str, ...] = ()
+    stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS
+    expire_after_seconds: int | None = None
 
 
 # --- the rendered form (JSON) -----------------------------------------------------------------
@@ -128,6 +136,12 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
         },
         "idleSeconds": cfg.idle_seconds,
         "suspend": cfg.suspend,
+        "alerting": {"stuckAfterSeconds": cfg.stuck_after_seconds},
+        **(
+            {"expireAfterSeconds": cfg.expire_after_seconds}
+            if cfg.expire_after_seconds is not None
+            else {}
+        ),
     }
 
 
@@ -157,6 +171,12 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
         suspend=bool(doc.get("suspend", False)),
         message_types=tuple(doc.get("messageTypes", ())),
         carriers=tuple(doc.get("carriers", ())),
+        stuck_after_seconds=int(
+            (doc.get("alerting") or {}).get("stuckAfterSeconds", DEFAULT_STUCK_AFTER_SECONDS)
+        ),
+        expire_after_seconds=(
+            None if doc.get("expireAfterSeconds") is None else int(doc["expireAfterSeconds"])
+        ),
     )
 
 

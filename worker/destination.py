@@ -330,6 +330,12 @@ def render_from_manifest(
         "ackPolicy": dict(spec["ackPolicy"]),
         "idleSeconds": spec["idleSeconds"],
         "suspend": spec["suspend"],
+        "alerting": dict(spec["alerting"]),
+        **(
+            {"expireAfterSeconds": spec["expireAfterSeconds"]}
+            if spec.get("expireAfterSeconds") is not None
+            else {}
+        ),
     }
     return render_worker_config(from_dict(rendered))
 

@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import getpass
 import logging
+import os
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +40,8 @@ from inturn.worker.senders import registry as senders
 from inturn.worker.store import locks, queue, registry
 from inturn.worker.store.connect import DsnError, connect_worker, normalize_dsn
 from inturn.worker.store.migrate import migrate
+from inturn.worker.worklist.publish import Publisher
+from inturn.worker.worklist.publishers import close_all, from_env
 
 if TYPE_CHECKING:
     from inturn.worker.console.auth import AuthConfig
@@ -151,6 +155,7 @@ class LocalRunner:
         dsn: the database.
         paths: manifest files or directories.
         secrets_dir: where ``<secret>/<key>`` files of secretRefs are (relative: to each file).
+        publishers: told of messages placed on ``delivery-failed`` (after COMMIT).
     """
 
     def __init__(
@@ -159,8 +164,10 @@ class LocalRunner:
         paths: list[Path],
         secrets_dir: Path | None = None,
         channels: frozenset[str] | None = None,
+        publishers: Sequence[Publisher] = (),
     ) -> None:
         self.dsn = dsn
+        self.publishers = publishers
         self.paths = paths
         self.secrets_dir = secrets_dir
         self.channels = channels  #: channels with an MLLP listener (None: not known)
@@ -218,6 +225,8 @@ class LocalRunner:
                         carriers=cfg.carriers,
                         sender_kind=senders.of_config(cfg.sender).name,
                         sender=sender_summary(cfg),
+                        stuck_after_seconds=cfg.stuck_after_seconds,
+                        expire_after_seconds=cfg.expire_after_seconds,
                     )
                 except registry.CarrierTaken as exc:
                     log.error("destination %s: not applied: %s", dest, exc)
@@ -238,7 +247,7 @@ class LocalRunner:
             )
             return
         stop = asyncio.Event()
-        worker = DestinationWorker(cfg, self.dsn, sender, self.observer)
+        worker = DestinationWorker(cfg, self.dsn, sender, self.observer, self.publishers)
         task = asyncio.create_task(worker.run(stop), name=f"worker {cfg.destination}")
         self.running[cfg.destination] = _Running(cfg, worker, stop, task)
         log.info(
@@ -334,7 +343,8 @@ async def run_local(
                 " registry): stop it, or give this one a database of its own"
             )
         channels = frozenset(listener.channel for listener in ingest_config.listeners)
-        runner = LocalRunner(dsn, paths, secrets_dir, channels)
+        publishers = from_env(os.environ, dsn)
+        runner = LocalRunner(dsn, paths, secrets_dir, channels, publishers)
         await runner.start()
         ingest = Ingest(ingest_config, dsn=dsn)
         try:
@@ -348,6 +358,7 @@ async def run_local(
         finally:
             await ingest.stop()
             await runner.stop(abandon)
+            await close_all(publishers)
     finally:
         # Closing the session releases the lock.
         with contextlib.suppress(Exception):
@@ -467,6 +478,10 @@ def local_command(
             dsn = normalize_dsn(dsn)
         except DsnError as exc:
             raise click.UsageError(str(exc)) from None
+    try:
+        from_env(os.environ, "")
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     configure(log_level, log_json)
     console_auth_config = local_console_auth(console_auth) if console_at else None
     # Closing the terminal (SIGHUP) or a kill (SIGTERM) stops like Ctrl-C, before the event

@@ -27,6 +27,7 @@ from inturn.worker.store import identifiers, queue, registry, roles
 from inturn.worker.store.connect import Pools, probe, resolve_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import STATES, DepthRow, Item
+from inturn.worker.worklist.store import purge as worklist_purge
 
 T = TypeVar("T")
 
@@ -607,6 +608,13 @@ def _ids(ids: list[int]) -> str:
 @click.option("--failed", type=DURATION, help="Override the age for failed items.")
 @click.option("--skipped", type=DURATION, help="Override the age for skipped items.")
 @click.option(
+    "--worklist-cleared",
+    type=DURATION,
+    default="90d",
+    show_default=True,
+    help="Age (since cleared) of cleared worklist items to delete; pending ones are kept.",
+)
+@click.option(
     "--batch",
     type=click.IntRange(1, 5000),
     default=5000,
@@ -619,17 +627,26 @@ def purge_command(
     delivered: int | None,
     failed: int | None,
     skipped: int | None,
+    worklist_cleared: int,
     batch: int,
 ) -> None:
-    """Delete finished items older than their retention, in batches. Pending items are never
-    touched. Exits 0 without doing anything when another purge is running."""
+    """Delete finished items and cleared worklist items older than their retention, in
+    batches. Pending items and pending worklist items are never touched. Exits 0 without doing
+    anything when another purge is running."""
     now = datetime.now(UTC)
     ages = {"delivered": delivered, "failed": failed, "skipped": skipped}
     cutoffs = {
         state: now - timedelta(seconds=older_than if age is None else age)
         for state, age in ages.items()
     }
-    counts = run_write(dsn, lambda conn: queue.purge(conn, cutoffs, batch=batch))
+
+    async def both(conn: AsyncConnection[Any]) -> dict[str, int] | None:
+        counts = await queue.purge(conn, cutoffs, batch=batch)
+        if counts is not None:
+            counts["worklist cleared"] = await worklist_purge(conn, worklist_cleared, batch=batch)
+        return counts
+
+    counts = run_write(dsn, both)
     if counts is None:
         click.echo("another purge is running; nothing done")
         return

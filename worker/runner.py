@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ from inturn.worker.senders.fingerprint import fingerprint
 from inturn.worker.store import locks, queue
 from inturn.worker.store.connect import connect_worker
 from inturn.worker.store.model import Head
+from inturn.worker.worklist.delivery_failed import give_up
+from inturn.worker.worklist.publish import Publisher, announce
 
 log = logging.getLogger("inturn.worker")
 
@@ -85,6 +88,7 @@ class DestinationWorker:
         dsn: the database (libpq DSN or URI).
         sender: the destination's real sender; closed when ``run`` returns.
         observer: receives delivery events (metrics).
+        publishers: told of each message placed on ``delivery-failed``, after its COMMIT.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class DestinationWorker:
         dsn: str,
         sender: Sender,
         observer: Observer | None = None,
+        publishers: Sequence[Publisher] = (),
     ) -> None:
         self.config = config
         self.dsn = dsn
@@ -101,6 +106,7 @@ class DestinationWorker:
         #: Digest of the sender settings (see :mod:`inturn.worker.senders.fingerprint`).
         self.sender_fingerprint = fingerprint(config.sender)
         self.state = WorkerHealth()
+        self.publishers = publishers
         self._wake = asyncio.Event()
         self._next_depth = 0.0
 
@@ -345,7 +351,16 @@ class DestinationWorker:
         cause = f"{outcome}: {detail}"[:CAUSE_MAX_CHARS]
         decision = decide(outcome, attempts, self.config.retry, self.config.ack_policy)
         if decision.give_up:
-            await queue.gave_up(conn, item.id, decision.attempts, cause)
+            placement = await give_up(
+                conn,
+                item,
+                attempts=decision.attempts,
+                cause=cause,
+                outcome=outcome,
+                exhausted=decision.why == "maxAttempts",
+            )
+            if placement is not None:
+                await announce([placement], self.publishers)
             self.observer.gave_up(self.destination, decision.attempts, outcome)
             log.warning(
                 "destination %s: gave up on id=%d (%s) after %d attempt(s) (%s): %s",

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from inturn.worker import openapi
+from inturn.worker.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.openapi import DNS_SUBDOMAIN as _DNS_SUBDOMAIN
 from inturn.worker.openapi import Rule, Schema
 from inturn.worker.openapi import boolean as _bool
@@ -288,6 +289,26 @@ def spec_schema() -> Schema:
             ),
             "worker": _worker(),
             "carriers": _carriers(),
+            "alerting": _obj(
+                {
+                    "stuckAfterSeconds": _int(
+                        "Seconds the head may wait before the sweeper places the destination on"
+                        " the destination-stuck worklist.",
+                        minimum=1,
+                        maximum=31_536_000,
+                        default=DEFAULT_STUCK_AFTER_SECONDS,
+                    ),
+                },
+                description="When the sweeper raises this destination to people.",
+                default={},
+            ),
+            "expireAfterSeconds": _int(
+                "Pending messages older than this are skipped as expired by the sweeper (audited,"
+                " and listed on the delivery-expired worklist). Unset: messages never expire;"
+                " expiring clinical messages must be a choice.",
+                minimum=60,
+                maximum=31_536_000,
+            ),
         },
         required=("channel", "sender", "retry"),
         description="The desired state of a delivery destination.",
@@ -426,6 +447,8 @@ def worker_config_schema() -> Schema:
             "ackPolicy": spec["ackPolicy"],
             "idleSeconds": spec["idleSeconds"],
             "suspend": spec["suspend"],
+            "alerting": spec["alerting"],
+            "expireAfterSeconds": spec["expireAfterSeconds"],
         },
         required=("destination", "channel", "sender", "retry"),
         description="Everything one worker needs to drain one destination.",

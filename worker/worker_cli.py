@@ -1,7 +1,8 @@
 """``inturn worker``: drain exactly one destination until SIGTERM.
 
 The configuration is the operator-rendered worker file (``--config``, JSON or YAML) or a
-Destination manifest (``-f``). The database comes from ``INTURN_DSN`` (or ``--dsn``). Once the
+Destination manifest (``-f``). The database comes from ``INTURN_DSN`` (or ``--dsn``), the
+worklist publishers from the ``INTURN_WORKLIST_*`` variables (checked here). Once the
 configuration is valid the process replaces itself by the worker runtime
 (:mod:`inturn.worker.worker_main`), which imports only what draining needs. On SIGTERM or
 SIGINT the attempt in flight is finished or times out, the lock is released, and the process
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import click
@@ -21,6 +23,7 @@ from inturn.worker.options import dsn_option, logging_options
 from inturn.worker.senders import registry as senders
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worker_main import exec_runtime, run, runtime_settings
+from inturn.worker.worklist.publishers import from_env
 
 
 def load_one(path: Path, secrets_dir: Path | None) -> WorkerConfig:
@@ -98,6 +101,10 @@ def worker_command(
     if problem is not None:  # a missing Secret file, before anything starts
         raise click.ClickException(problem)
     target = resolve_dsn(dsn)
+    try:
+        from_env(os.environ, target)  # only checked here; the runtime builds its own
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     settings = runtime_settings(config, target, http_host, http_port, log_level, log_json)
     # exec_runtime does not return; if the interpreter cannot be executed (an unusual setup),
     # the worker runs here, with the validation's modules resident.

@@ -5,7 +5,8 @@ validated.
 validator, the command-line library), then replaces its own process image (``execv``, same PID,
 same signals) by ``python -m inturn.worker.worker_main``, handing over the validated
 configuration in the environment variable :data:`RUNTIME_ENV`. This module imports only what
-draining needs (psycopg, the sender, prometheus-client), so none of the validation's modules,
+draining needs (psycopg, the sender, prometheus-client, and the worklist publishers that the
+``INTURN_WORKLIST_*`` variables ask for), so none of the validation's modules,
 about 6 MiB, stays resident in each of a thousand worker pods.
 
 On SIGTERM or SIGINT the attempt in flight is finished or times out, the lock is released, and
@@ -31,6 +32,7 @@ from inturn.worker.metrics import PrometheusObserver
 from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.store.connect import schema_missing
+from inturn.worker.worklist.publishers import close_all, from_env
 
 log = logging.getLogger("inturn.worker")
 
@@ -77,7 +79,10 @@ async def run_worker(config: WorkerConfig, dsn: str, http_host: str, http_port: 
     """
     stop, abandon = asyncio.Event(), asyncio.Event()
     shutdown.install(stop, abandon)
-    worker = DestinationWorker(config, dsn, make_sender(config.sender), PrometheusObserver())
+    publishers = from_env(os.environ, dsn)
+    worker = DestinationWorker(
+        config, dsn, make_sender(config.sender), PrometheusObserver(), publishers
+    )
     runner = await serve(make_app([worker]), http_host, http_port)
     log.info("worker for %s started (http %s:%d)", config.destination, http_host, http_port)
     task = asyncio.create_task(worker.run(stop))
@@ -90,6 +95,7 @@ async def run_worker(config: WorkerConfig, dsn: str, http_host: str, http_port: 
     finally:
         stopping.cancel()
         await runner.cleanup()
+        await close_all(publishers)
         log.info("worker for %s stopped", config.destination)
 
 

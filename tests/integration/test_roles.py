@@ -30,6 +30,8 @@ from inturn.worker.store import queue, registry, roles
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist import store as worklist
+from inturn.worker.worklist.rules import select
+from inturn.worker.worklist.sweep import sweep as run_sweep
 
 pytestmark = pytest.mark.store
 
@@ -212,7 +214,7 @@ async def test_purge_role_deletes_finished_items_by_age(
     cutoff = datetime.now(UTC) - timedelta(days=7)
     async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
         counts = await queue.purge(conn, {"delivered": cutoff, "failed": cutoff, "skipped": cutoff})
-        assert await worklist.purge(conn, cutoff) == 0
+        assert await worklist.purge(conn, 7 * 86400) == 0
     assert counts == {"delivered": 1, "failed": 0, "skipped": 0}
     with psycopg.connect(fresh_db) as conn:
         assert conn.execute("SELECT id FROM inturn_delivery").fetchall() == [(waiting,)]
@@ -221,8 +223,25 @@ async def test_purge_role_deletes_finished_items_by_age(
 async def test_sweeper_role_runs_its_rules_and_an_auto_cancel(
     fresh_db: str, role_dsns: dict[str, str]
 ) -> None:
-    await aseed(fresh_db, "ROLE-S-1")
+    [expired, _] = await aseed(fresh_db, "ROLE-S-1", "ROLE-S-2")
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as owner:
+        await registry.register(
+            owner, destination=DEST, namespace="ward", name="lab", channel="adt",
+            message_types=[], generation=1, suspended=False, stuck_after_seconds=60,
+            expire_after_seconds=3600,
+        )  # fmt: skip
+        await owner.execute(
+            "UPDATE inturn_delivery SET enqueued_at = now() - interval '2 hours' WHERE id = %s",
+            (expired,),
+        )
     async with await AsyncConnection.connect(role_dsns["sweeper"], autocommit=True) as conn:
+        report = await run_sweep(conn, select(), limit=100)
+        assert report.ok, [r.summary(False) for r in report.results]
+        outcomes = {r.rule.name: r.outcome.placed for r in report.results}
+        assert (outcomes["destination-stuck"], outcomes["delivery-expired"]) == (1, 1)
+        await worklist.clear_where(
+            conn, record_kind="destination", record_keys=[DEST], who="sweeper", note="seen"
+        )
         placed = await worklist.place(
             conn,
             queue="destination-stuck",
@@ -339,7 +358,9 @@ REFUSED: dict[str, list[str]] = {
         "DELETE FROM inturn_booking",
         "SELECT payload FROM inturn_delivery",
         "DELETE FROM inturn_delivery",
-        "UPDATE inturn_delivery SET state = 'skipped'",
+        # it may skip an expired message (state, decider), nothing else of a delivery
+        "UPDATE inturn_delivery SET attempts = 0",
+        "UPDATE inturn_delivery SET payload = ''",
         "DELETE FROM inturn_worklist_item",
     ],
     "admin": [

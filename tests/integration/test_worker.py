@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 from psycopg import AsyncConnection
 
+from inturn.worker import worklist
 from inturn.worker.config import AckPolicy, RetryPolicy, WorkerConfig
 from inturn.worker.health import bound_port, make_app, serve
 from inturn.worker.hl7.errors import HeaderError
@@ -126,7 +127,13 @@ async def test_gives_up_after_max_attempts_and_moves_on(fresh_db: str) -> None:
     assert control_ids(rx.received) == ["MSG00001", "MSG00001", "MSG00002", "MSG00002"]
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         item = await queue.get_item(conn, rows[0][0])
-    assert item is not None and item.reason is not None and item.reason.startswith("AR")
+        assert item is not None and item.reason is not None and item.reason.startswith("AR")
+        page = await worklist.list_items(conn, queue="delivery-failed")
+    assert [(i.record_key, i.reason, i.placed_by) for i in page.items] == [
+        (str(rows[0][0]), "attempts-exhausted", "worker"),
+        (str(rows[1][0]), "attempts-exhausted", "worker"),
+    ]
+    assert page.items[0].details["controlId"] == "MSG00001"
 
 
 async def _finished(dsn: str, n: int) -> bool:
@@ -142,6 +149,9 @@ async def test_ack_policy_fail_gives_up_at_once(fresh_db: str) -> None:
             await enqueue(fresh_db, [1])
             await until(lambda: _finished(fresh_db, 1))
     assert [(r[1], r[2]) for r in await states(fresh_db)] == [("failed", 1)]
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        page = await worklist.list_items(conn, queue="delivery-failed")
+    assert [i.reason for i in page.items] == ["ack-ar"]
 
 
 async def test_control_id_mismatch_is_retried_by_default(fresh_db: str) -> None:

@@ -78,6 +78,37 @@ async def test_place_joins_the_callers_transaction(conn: AsyncConnection[Any]) -
     assert (await worklist.get(conn, placed.item_id)) == placed.item
 
 
+async def test_place_many_in_one_statement(conn: AsyncConnection[Any]) -> None:
+    from inturn.worker.worklist.store import NewPlacement, place_many
+
+    there = await place(conn, key="2")
+
+    def new(key: str) -> NewPlacement:
+        return NewPlacement(
+            queue="delivery-failed",
+            record_kind="delivery",
+            record_key=key,
+            reason="gave-up",
+            placed_by="sweeper",
+            details={"n": key},
+        )
+
+    placements = await place_many(conn, [new("1"), new("2"), new("3"), new("1")])
+    assert [(p.item.record_key, p.created) for p in placements] == [
+        ("1", True),
+        ("2", False),
+        ("3", True),
+        ("1", False),
+    ]
+    assert placements[1].item_id == there.item_id
+    assert placements[0].item_id == placements[3].item_id
+    assert placements[2].item.details == {"n": "3"}
+    assert await place_many(conn, []) == []
+    with pytest.raises(ValueError, match="reason"):
+        await place_many(conn, [new("4"), NewPlacement("q", "delivery", "5", "Bad Reason", "x")])
+    assert len((await worklist.list_items(conn)).items) == 3
+
+
 async def test_bad_input_is_refused_before_writing(conn: AsyncConnection[Any]) -> None:
     with pytest.raises(ValueError, match="queue 'Delivery Failed'"):
         await place(conn, queue="Delivery Failed")
@@ -224,12 +255,48 @@ async def test_purge_deletes_only_old_cleared_items(conn: AsyncConnection[Any]) 
     )
     recent = await place(conn, key="3")
     await worklist.clear(conn, recent.item_id, who="a", note="n")
-    cur = await conn.execute("SELECT now() - interval '90 days'")
-    row = await cur.fetchone()
-    assert row is not None
-    assert await worklist.purge(conn, row[0], batch=1) == 1
+    assert await worklist.purge(conn, batch=1) == 1
     left = await worklist.list_items(conn, state=None)
     assert [i.id for i in left.items] == [kept_pending.item_id, recent.item_id]
+
+
+async def test_purge_of_200000_cleared_items_in_bounded_transactions(
+    conn: AsyncConnection[Any],
+) -> None:
+    """200,000 old cleared items and 1,000 pending ones: exactly the cleared go, at most one
+    batch per transaction (a statement trigger records each DELETE's transaction and rows)."""
+    await conn.execute(
+        "INSERT INTO inturn_worklist_item (queue, record_kind, record_key, reason, placed_by,"
+        " placed_at, state, cleared_at, cleared_by, note)"
+        " SELECT 'q', 'delivery', g::text, 'r', 't', now() - interval '1 year',"
+        "        'cleared', now() - interval '91 days', 'a', 'n'"
+        "   FROM generate_series(1, 200000) g"
+    )
+    await conn.execute(
+        "INSERT INTO inturn_worklist_item (queue, record_kind, record_key, reason, placed_by,"
+        " placed_at) SELECT 'q', 'delivery', g::text, 'r', 't', now() - interval '1 year'"
+        "   FROM generate_series(1, 1000) g"
+    )
+    await conn.execute(
+        "CREATE TABLE purge_log (xid bigint, deleted bigint);"
+        " CREATE FUNCTION purge_log() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        "   INSERT INTO purge_log SELECT txid_current(), count(*) FROM gone; RETURN NULL; END $$;"
+        " CREATE TRIGGER purge_log AFTER DELETE ON inturn_worklist_item"
+        "   REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION purge_log();"
+    )
+    try:
+        assert await worklist.purge(conn, batch=5000) == 200_000
+        cur = await conn.execute(
+            "SELECT count(DISTINCT xid), max(deleted), sum(deleted) FROM purge_log"
+        )
+        assert await cur.fetchone() == (41, 5000, 200_000)  # 40 full batches and an empty one
+    finally:
+        await conn.execute(
+            "DROP TRIGGER purge_log ON inturn_worklist_item; DROP FUNCTION purge_log();"
+            " DROP TABLE purge_log"
+        )
+    cur = await conn.execute("SELECT state, count(*) FROM inturn_worklist_item GROUP BY state")
+    assert await cur.fetchall() == [("pending", 1000)]
 
 
 class Failing:
@@ -274,3 +341,28 @@ async def test_a_failing_publisher_never_loses_a_placement(conn: AsyncConnection
     assert [i.id for i in recording.items] == [placed.item_id]  # the repeat is not announced
     stored = await worklist.get(conn, placed.item_id)
     assert stored is not None and stored.state == "pending"
+
+
+async def test_metrics_count_placements_and_gauge_pending(
+    conn: AsyncConnection[Any], fresh_db: str
+) -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    from inturn.worker.worklist.metrics import refresh_pending
+
+    def sample(name: str, queue: str = "gauge-q") -> float:
+        return REGISTRY.get_sample_value(name, {"queue": queue, "reason": "gave-up"}) or 0.0
+
+    before = sample("inturn_worklist_placements_total")
+    first = await place(conn, key="1", queue="gauge-q")
+    second = await place(conn, key="2", queue="gauge-q")
+    repeat = await place(conn, key="2", queue="gauge-q")
+    await worklist.announce([first, second, repeat])
+    assert sample("inturn_worklist_placements_total") == before + 2
+    async with AsyncConnectionPool(fresh_db, min_size=1, max_size=1, open=False) as pool:
+        await refresh_pending(pool)
+        assert sample("inturn_worklist_pending") == 2
+        await worklist.clear(conn, first.item_id, who="a", note="n")
+        await worklist.clear(conn, second.item_id, who="a", note="n")
+        await refresh_pending(pool)
+        assert sample("inturn_worklist_pending") == 0  # dropped to 0, not left at 2

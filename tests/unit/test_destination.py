@@ -255,3 +255,25 @@ def test_list_documents_are_expanded(tmp_path: Path) -> None:
     path = tmp_path / "list.yaml"
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [BASE, BASE]}))
     assert [c.destination for c in load_file(path)] == ["ward/lis", "ward/lis"]
+
+
+def test_sweeper_thresholds_default_and_carry_through() -> None:
+    cfg = load_manifest(manifest())
+    assert (cfg.stuck_after_seconds, cfg.expire_after_seconds) == (900, None)
+    cfg = load_manifest(manifest(alerting={"stuckAfterSeconds": 120}, expireAfterSeconds=86400))
+    assert (cfg.stuck_after_seconds, cfg.expire_after_seconds) == (120, 86400)
+    assert from_dict(to_dict(cfg)) == cfg
+    assert load_worker_config(render_worker_config(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"expireAfterSeconds": 30}, r"spec\.expireAfterSeconds: .*60"),
+        ({"alerting": {"stuckAfterSeconds": 0}}, r"spec\.alerting\.stuckAfterSeconds: .*1"),
+        ({"alerting": {"stuckAfter": 5}}, r"spec\.alerting\.stuckAfter: unknown field"),
+    ],
+)
+def test_sweeper_thresholds_are_validated(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        load_manifest(manifest(**changes))

@@ -125,6 +125,39 @@ def test_dsn_comes_from_the_secret_by_reference() -> None:
     ]
 
 
+def test_workers_get_the_worklist_publishers_env() -> None:
+    env, secret_env = manifests.parse_worker_env(
+        ["INTURN_WORKLIST_NATS_URL=nats://nats:4222", "INTURN_WORKLIST_NOTIFY=inturn_worklist"],
+        ["INTURN_WORKLIST_WEBHOOK_SECRET=worklist-hook/secret"],
+    )
+    settings = WorkerPodSettings(image="i", env=env, secret_env=secret_env)
+    (c,) = render(example("local-mllp.yaml"), settings).deployment["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert c["env"][1:] == [
+        {"name": "INTURN_WORKLIST_NATS_URL", "value": "nats://nats:4222"},
+        {"name": "INTURN_WORKLIST_NOTIFY", "value": "inturn_worklist"},
+        {
+            "name": "INTURN_WORKLIST_WEBHOOK_SECRET",
+            "valueFrom": {"secretKeyRef": {"name": "worklist-hook", "key": "secret"}},
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("plain", "secret", "message"),
+    [
+        (["NOEQUALS"], [], "expected NAME=VALUE"),
+        (["INTURN_DSN=postgres://x"], [], "set by the operator itself"),
+        ([], ["X=secret-without-key"], "expected NAME=SECRET/KEY"),
+        (["1BAD=x"], [], "variable name"),
+    ],
+)
+def test_worker_env_is_checked(plain: list[str], secret: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        manifests.parse_worker_env(plain, secret)
+
+
 def test_grace_period_outlasts_an_attempt() -> None:
     body = example("local-mllp.yaml")
     body["spec"]["retry"]["timeoutSeconds"] = 120

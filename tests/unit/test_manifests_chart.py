@@ -202,9 +202,46 @@ def test_dsn_secret_name_and_key_are_values() -> None:
     assert "--dsn-secret=pg" in op["args"] and "--dsn-secret-key=url" in op["args"]
 
 
+def test_sweeper_cronjob_runs_inturn_sweep_within_its_period() -> None:
+    sweeper = find(render(), "CronJob", "inturn-sweeper")["spec"]
+    assert sweeper["schedule"] == "*/5 * * * *"
+    job = sweeper["jobTemplate"]["spec"]
+    assert job["activeDeadlineSeconds"] == 240  # shorter than the 5-minute period
+    container = job["template"]["spec"]["containers"][0]
+    assert container["command"] == ["inturn", "sweep", "--limit=500"]
+    assert not [e for e in container["env"] if e["name"].startswith("INTURN_WORKLIST_")]
+    off = render({"sweeper": {"enabled": False}})
+    assert not [o for o in off if o["metadata"]["name"] == "inturn-sweeper"]
+    objs = render(
+        {
+            "sweeper": {"limit": 50, "only": ["delivery"]},
+            "worklist": {
+                "notifyChannel": "inturn_worklist",
+                "webhook": {"url": "https://hooks/w", "secretRef": {"name": "wh", "key": "k"}},
+                "nats": {"url": "nats://nats:4222"},
+            },
+        }
+    )
+    container = find(objs, "CronJob", "inturn-sweeper")["spec"]["jobTemplate"]["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    assert container["command"] == ["inturn", "sweep", "--limit=50", "--only=delivery"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["INTURN_WORKLIST_NOTIFY"] == "inturn_worklist"
+    assert env["INTURN_WORKLIST_WEBHOOK_URL"] == "https://hooks/w"
+    assert env["INTURN_WORKLIST_WEBHOOK_SECRET"] == {"secretKeyRef": {"name": "wh", "key": "k"}}
+    assert env["INTURN_WORKLIST_NATS_URL"] == "nats://nats:4222"
+    # The operator gives the workers the same publishers, the HMAC key by Secret reference.
+    operator = find(objs, "Deployment", "inturn-operator")["spec"]["template"]["spec"]
+    args = operator["containers"][0]["args"]
+    assert "--worker-env=INTURN_WORKLIST_NATS_URL=nats://nats:4222" in args
+    assert "--worker-secret-env=INTURN_WORKLIST_WEBHOOK_SECRET=wh/k" in args
+    plain = find(render(), "Deployment", "inturn-operator")["spec"]["template"]["spec"]
+    assert not [a for a in plain["containers"][0]["args"] if a.startswith("--worker-")]
+
+
 def test_cronjobs_and_migrate_hook() -> None:
-    assert not [o for o in render() if o["metadata"]["name"] == "inturn-sweeper"]
-    objs = render(files=["sweeper"])
+    objs = render()
     for name in ("inturn-purge", "inturn-sweeper"):
         cron = find(objs, "CronJob", name)["spec"]
         assert cron["concurrencyPolicy"] == "Forbid"
@@ -212,12 +249,18 @@ def test_cronjobs_and_migrate_hook() -> None:
         assert cron["successfulJobsHistoryLimit"] == 3 and cron["failedJobsHistoryLimit"] == 3
         assert cron["timeZone"] == "Etc/UTC"
         job = cron["jobTemplate"]["spec"]
-        assert job["activeDeadlineSeconds"] == 1800 and job["backoffLimit"] == 2
+        assert job["backoffLimit"] == 2
         assert job["ttlSecondsAfterFinished"] == 86400
         assert job["template"]["spec"]["restartPolicy"] == "Never"
     purge = find(objs, "CronJob", "inturn-purge")
+    assert purge["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] == 1800
     container = purge["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["inturn", "purge", "--older-than=7d"]
+    assert container["command"] == [
+        "inturn",
+        "purge",
+        "--older-than=7d",
+        "--worklist-cleared=90d",
+    ]
     migrate = find(objs, "Job", "inturn-migrate")
     assert migrate["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert migrate["spec"]["template"]["spec"]["containers"][0]["command"] == [
@@ -569,8 +612,10 @@ def test_monitoring_objects() -> None:
     for alert in alerts:
         assert alert["labels"]["severity"] in ("warning", "critical")
         assert alert["annotations"]["summary"] and alert["annotations"]["description"]
-    # the sweeper's alert goes with the sweeper
-    only_rules = render({"monitoring": {"prometheusRule": {"enabled": True}}})
+    # the sweeper's alert goes with the sweeper (on by default)
+    only_rules = render(
+        {"monitoring": {"prometheusRule": {"enabled": True}}, "sweeper": {"enabled": False}}
+    )
     rule = find(only_rules, "PrometheusRule", "inturn")
     crons_default = [
         r["labels"]["cronjob"]

@@ -40,6 +40,7 @@ from inturn.worker.ingest.listener import (
 )
 from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, Router, check_channel
 from inturn.worker.store.connect import Pools
+from inturn.worker.worklist.metrics import refresh_pending_forever
 
 log = logging.getLogger("inturn.ingest")
 
@@ -174,6 +175,7 @@ class Ingest:
         self._http_port: int | None = None
         self._ops_port: int | None = None
         self._purge_task: asyncio.Task[None] | None = None
+        self._gauge_task: asyncio.Task[None] | None = None
         self._started = False
         self._stopping = False
         self._closed = asyncio.Event()
@@ -296,6 +298,10 @@ class Ingest:
                 self._purge_task = asyncio.create_task(
                     self._purge_loop(), name="inturn-ingest-purge"
                 )
+            if config.ops is not None:
+                self._gauge_task = asyncio.create_task(
+                    refresh_pending_forever(self.pools.read), name="inturn-worklist-gauge"
+                )
         except BaseException:
             await self._shutdown()
             raise
@@ -330,10 +336,11 @@ class Ingest:
         try:
             if self.router is not None:
                 await self.router.stop()
-            if self._purge_task is not None:
-                self._purge_task.cancel()
-                await asyncio.gather(self._purge_task, return_exceptions=True)
-                self._purge_task = None
+            for task in (self._purge_task, self._gauge_task):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            self._purge_task = self._gauge_task = None
             await asyncio.gather(
                 *(listener.stop(self.config.shutdown_grace) for listener in self.listeners),
                 return_exceptions=True,

@@ -12,6 +12,7 @@ the ``key`` parameter (``enqueue_lock`` and ingest's ``store`` take :data:`ENQUE
 * roles (transaction lock): two ``migrate --create-roles`` runs do not race on CREATE ROLE;
 * local (session lock, try only): one ``inturn local`` per database, since each one owns the
   destination registry of its database and retires the destinations it has no manifest for.
+* sweep (session lock, try only): ``inturn sweep`` runs never overlap.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ MIGRATE = "inturn:migrate"
 ROLES = "inturn:roles"
 #: The key held by the one ``inturn local`` that owns a database's destination registry.
 LOCAL = "inturn:local"
+#: The sweeper singleton's key.
+SWEEP = "inturn:sweep"
 
 
 def worker_key(destination: str) -> str:

@@ -18,6 +18,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
 from inturn.worker.store import queue
+from inturn.worker.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("registry.sql")
@@ -38,6 +39,10 @@ class RegisteredDestination:
         carriers: IATA airline designators it serves (``spec.carriers``), sorted.
         sender_kind: the key under ``spec.sender`` (``mllp``, ``http``), or None if unknown.
         sender: the sender's one-line, credential-free summary (``mllp://host:port``).
+        stuck_after_seconds: how long its head may wait before the sweeper raises it
+            (``spec.alerting.stuckAfterSeconds``).
+        expire_after_seconds: pending messages older than this are skipped as expired by the
+            sweeper (``spec.expireAfterSeconds``); None never expires them.
     """
 
     destination: str
@@ -51,6 +56,8 @@ class RegisteredDestination:
     carriers: tuple[str, ...] = ()
     sender_kind: str | None = None
     sender: str = ""
+    stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS
+    expire_after_seconds: int | None = None
 
 
 class CarrierTaken(ValueError):
@@ -102,6 +109,10 @@ def _row(r: Mapping[str, Any]) -> RegisteredDestination:
         carriers=tuple(r["carriers"] or ()),
         sender_kind=r.get("sender_kind"),
         sender=str(r.get("sender") or ""),
+        stuck_after_seconds=int(r["stuck_after_seconds"]),
+        expire_after_seconds=(
+            None if r["expire_after_seconds"] is None else int(r["expire_after_seconds"])
+        ),
     )
 
 
@@ -118,6 +129,8 @@ async def register(
     carriers: Sequence[str] = (),
     sender_kind: str | None = None,
     sender: str = "",
+    stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS,
+    expire_after_seconds: int | None = None,
 ) -> bool:
     """Insert or update a destination (and un-delete it) and its carriers, in one transaction.
 
@@ -149,6 +162,8 @@ async def register(
                 "suspended": suspended,
                 "sender_kind": sender_kind,
                 "sender": sender,
+                "stuck_after_seconds": stuck_after_seconds,
+                "expire_after_seconds": expire_after_seconds,
             },
             row=dict_row,
         )

@@ -18,10 +18,10 @@ worker     read and update delivery rows (it sends payloads, so it reads them); 
            hold. It cannot delete rows or change the registry.
 operator   write the destination registry and its carrier claims; read queue depth (delivery
            metadata, never the payload or patient keys).
-sweeper    read delivery metadata, the registry and the reservation records; cancel expired
-           bookings (withdraw their segments, record the events, enqueue the carriers'
-           cancellation notices); place and clear worklist items; write the audit trail.
-           It reads no payload and deletes nothing.
+sweeper    read delivery metadata, the registry and the reservation records; skip expired
+           messages (state and decider only); cancel expired bookings (withdraw their
+           segments, record the events, enqueue the carriers' cancellation notices); place and
+           clear worklist items; write the audit trail. It reads no payload and deletes nothing.
 purge      delete finished deliveries and cleared worklist items, reading only the columns
            that decide which.
 admin      the CLI's destructive commands (skip, drain, remove, resend, erase, imports, suspend
@@ -104,8 +104,13 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
                 ("id", "destination", "channel", "state", "attempts", "enqueued_at", "last_error"),
             ),
         ),
-        # cancellation notices of auto-cancelled bookings are enqueued by the sweeper
-        "sweeper": (NO_PATIENT_DATA, INSERT),
+        # cancellation notices of auto-cancelled bookings are enqueued by the sweeper;
+        # delivery-expired skips a message: its state and who decided, never its content.
+        "sweeper": (
+            NO_PATIENT_DATA,
+            INSERT,
+            Grant("UPDATE", ("state", "decided_by", "finished_at", "reason")),
+        ),
         "purge": (Grant("SELECT", ("id", "state", "finished_at")), DELETE),
         "admin": ALL_DML,
         "reader": (NO_PATIENT_DATA,),

@@ -1,6 +1,221 @@
-"""The delivery side's sweeper rules (group ``delivery``): stuck, orphaned, expired queues."""
+"""The delivery side's sweeper rules (group ``delivery``).
+
+``destination-stuck``
+    A live destination whose head has waited at least ``spec.alerting.stuckAfterSeconds``
+    (default 900) is placed on ``delivery-stuck``; the item is cleared by ``system`` once the
+    head is within its threshold again (or nothing waits, or the Destination is gone).
+``orphaned-queue``
+    A destination with pending messages that is no longer registered (its Destination was
+    deleted) is placed on ``delivery-stuck``; cleared when it is registered again or nothing
+    is pending any more.
+``delivery-expired``
+    Only for Destinations that set ``spec.expireAfterSeconds``: pending messages older than that
+    are skipped by ``sweeper`` (audited like any skip) and each is placed on
+    ``delivery-expired``, in the same transaction. Those items are for people to review (and
+    perhaps resend); the sweeper never clears them.
+
+Each rule takes the most overdue first, at most ``limit`` per run.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any, LiteralString
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from inturn.worker.store import queue as delivery_queue
+from inturn.worker.store.queries import fetch_all, load
+from inturn.worker.worklist.rules import RuleOutcome, rule
+from inturn.worker.worklist.store import NewPlacement, clear_where, place_many
+
+Q = load("sweep.sql")
+_QUEUE_SQL = load("queue.sql")
+
 #: The group these rules belong to (``inturn sweep --only delivery``).
 GROUP = "delivery"
+#: Who the sweeper is, in ``placed_by``, ``decided_by`` and the audit.
+SWEEPER = "sweeper"
+#: Queue of stuck and orphaned destinations.
+STUCK_QUEUE = "delivery-stuck"
+#: Queue of messages skipped because they expired.
+EXPIRED_QUEUE = "delivery-expired"
+#: Messages skipped (and placed) per transaction by ``delivery-expired``.
+EXPIRE_BATCH = 100
+
+
+async def _rows(
+    conn: AsyncConnection[Any], query: LiteralString, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    return await fetch_all(conn, query, params, row=dict_row)
+
+
+async def _already_pending(
+    conn: AsyncConnection[Any], queue: str, reason: str, kind: str, keys: Sequence[str]
+) -> set[str]:
+    rows = await _rows(
+        conn,
+        Q["pending_keys"],
+        {"queue": queue, "reason": reason, "record_kind": kind, "record_keys": list(keys)},
+    )
+    return {r["record_key"] for r in rows}
+
+
+async def _destination_rule(
+    conn: AsyncConnection[Any],
+    *,
+    reason: str,
+    due_query: LiteralString,
+    stale_query: LiteralString,
+    details: Callable[[dict[str, Any]], dict[str, Any]],
+    note: str,
+    limit: int,
+    dry_run: bool,
+) -> RuleOutcome:
+    """Place the due destinations on ``delivery-stuck`` for ``reason`` (one statement), then
+    clear, as ``system`` with ``note``, its pending items whose condition no longer holds."""
+    outcome = RuleOutcome()
+    due = await _rows(conn, due_query, {"limit": limit})
+    stale = await _rows(conn, stale_query, {"queue": STUCK_QUEUE, "reason": reason, "limit": limit})
+    keys = [r["record_key"] for r in stale]
+    if dry_run:
+        due_keys = [r["destination"] for r in due]
+        there = await _already_pending(conn, STUCK_QUEUE, reason, "destination", due_keys)
+        outcome.already += len(there)
+        outcome.placed += len(due_keys) - len(there)
+        outcome.cleared += len(keys)
+        return outcome
+    new = [
+        NewPlacement(
+            queue=STUCK_QUEUE,
+            record_kind="destination",
+            record_key=r["destination"],
+            reason=reason,
+            details=details(r),
+            placed_by=SWEEPER,
+        )
+        for r in due
+    ]
+    for placement in await place_many(conn, new):
+        outcome.add(placement)
+    cleared = await clear_where(
+        conn,
+        record_kind="destination",
+        record_keys=keys,
+        queue=STUCK_QUEUE,
+        reason=reason,
+        note=note,
+    )
+    outcome.cleared += len(cleared)
+    return outcome
+
+
+def _head(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "headId": r["head_id"],
+        "headEnqueuedAt": r["enqueued_at"].isoformat(),
+        "waitingSeconds": round(r["waiting_seconds"]),
+    }
+
+
+@rule("destination-stuck", GROUP)
+async def destination_stuck(
+    conn: AsyncConnection[Any], *, limit: int, dry_run: bool
+) -> RuleOutcome:
+    """Raise destinations whose head waited past their threshold; clear those that recovered."""
+    return await _destination_rule(
+        conn,
+        reason="destination-stuck",
+        due_query=Q["stuck_due"],
+        stale_query=Q["stuck_stale"],
+        details=lambda r: {
+            **_head(r),
+            "stuckAfterSeconds": r["stuck_after_seconds"],
+            "headAttempts": r["attempts"],
+            "suspended": r["suspended"],
+        },
+        note="no longer stuck: the head is within its threshold, or nothing waits",
+        limit=limit,
+        dry_run=dry_run,
+    )
+
+
+@rule("orphaned-queue", GROUP)
+async def orphaned_queue(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
+    """Raise pending messages of unregistered destinations; clear those registered again."""
+    return await _destination_rule(
+        conn,
+        reason="orphaned-queue",
+        due_query=Q["orphaned_due"],
+        stale_query=Q["orphaned_stale"],
+        details=lambda r: {
+            **_head(r),
+            "deletedAt": r["deleted_at"].isoformat() if r["deleted_at"] else None,
+        },
+        note="no longer orphaned: the destination is registered again, or nothing waits",
+        limit=limit,
+        dry_run=dry_run,
+    )
+
+
+@rule("delivery-expired", GROUP)
+async def delivery_expired(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
+    """Skip (as ``sweeper``) and place messages older than their ``expireAfterSeconds``."""
+    outcome = RuleOutcome()
+    due = await _rows(conn, Q["expired_due"], {"limit": limit})
+    if dry_run:
+        outcome.placed = len(due)
+        return outcome
+    for start in range(0, len(due), EXPIRE_BATCH):
+        batch = due[start : start + EXPIRE_BATCH]
+        async with conn.transaction():
+            skipped = await _rows(
+                conn, Q["expire_skip"], {"ids": [r["id"] for r in batch], "who": SWEEPER}
+            )
+            limits = {r["id"]: r["expire_after_seconds"] for r in batch}
+            by_destination: dict[str, list[int]] = {}
+            for row in skipped:
+                by_destination.setdefault(row["destination"], []).append(row["id"])
+            placements = await place_many(
+                conn,
+                [
+                    NewPlacement(
+                        queue=EXPIRED_QUEUE,
+                        record_kind="delivery",
+                        record_key=str(row["id"]),
+                        reason="expired",
+                        details={
+                            "destination": row["destination"],
+                            "channel": row["channel"],
+                            "controlId": row["control_id"],
+                            "messageType": row["message_type"],
+                            "attempts": row["attempts"],
+                            "enqueuedAt": row["enqueued_at"].isoformat(),
+                            "expireAfterSeconds": limits[row["id"]],
+                        },
+                        placed_by=SWEEPER,
+                    )
+                    for row in skipped
+                ],
+            )
+            for placement in placements:
+                outcome.add(placement)
+            for destination, ids in sorted(by_destination.items()):
+                await conn.execute(
+                    _QUEUE_SQL["audit"],
+                    {
+                        "who": SWEEPER,
+                        "action": "skip",
+                        "destination": destination,
+                        "ids": sorted(ids),
+                        "why": "expired: pending longer than spec.expireAfterSeconds",
+                    },
+                )
+        # Wake the workers (after COMMIT) so that they move on to their new head.
+        for destination in sorted(by_destination):
+            await conn.execute(
+                _QUEUE_SQL["notify"],
+                {"channel": delivery_queue.notify_channel(destination), "destination": destination},
+            )
+    return outcome

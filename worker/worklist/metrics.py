@@ -1,12 +1,29 @@
-"""Prometheus metrics of the worklists (prometheus-client's default registry)."""
+"""Prometheus metrics of the worklists (prometheus-client's default registry).
+
+The counters are incremented where placements are announced (any process that places work);
+the pending gauge is refreshed by a long-running process with a database pool (ingest, which
+serves ``/metrics`` on its ops port) every :data:`GAUGE_INTERVAL_SECONDS`.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge
 
 from inturn.worker.worklist.model import CountRow
+from inturn.worker.worklist.store import count
+
+if TYPE_CHECKING:  # the worker imports this module and opens no pool
+    from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger("inturn.worklist")
+
+#: Seconds between two refreshes of the pending gauge.
+GAUGE_INTERVAL_SECONDS = 30.0
 
 PLACEMENTS = Counter(
     "inturn_worklist_placements",
@@ -34,3 +51,26 @@ def set_pending(rows: Iterable[CountRow]) -> None:
     for (queue, reason), items in counts.items():
         PENDING.labels(queue, reason).set(items)
     _gauged.update(counts)
+
+
+async def refresh_pending(pool: AsyncConnectionPool) -> None:
+    """Count pending items per queue and reason once and set the gauges.
+
+    Raises:
+        psycopg.Error, psycopg_pool.PoolTimeout: the database could not answer.
+    """
+    async with pool.connection(timeout=10) as conn:
+        set_pending(await count(conn))
+
+
+async def refresh_pending_forever(
+    pool: AsyncConnectionPool, interval: float = GAUGE_INTERVAL_SECONDS
+) -> None:
+    """Refresh the pending gauge every ``interval`` seconds until cancelled; failures are
+    logged (their class only) and the next turn tries again."""
+    while True:
+        try:
+            await refresh_pending(pool)
+        except Exception as exc:
+            log.warning("worklist gauge refresh failed: %s", type(exc).__name__)
+        await asyncio.sleep(interval)

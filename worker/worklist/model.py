@@ -99,11 +99,6 @@ class WorklistItem:
     cleared_by: str | None
     note: str | None
 
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> WorklistItem:
-        """Build an item from a row read by column name (``psycopg.rows.dict_row``)."""
-        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
-
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (camelCase keys, ISO 8601 times)."""
         return {

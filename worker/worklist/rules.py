@@ -95,10 +95,18 @@ def rule(name: str, group: str) -> Callable[[RunFunction], RunFunction]:
 
 
 def all_rules() -> list[Rule]:
-    """Every registered rule, after importing :data:`RULE_MODULES`, in registration order."""
+    """Every registered rule, after importing :data:`RULE_MODULES`: in the order of that list,
+    then in the order each module declares them (whatever imported a module first)."""
     for module in RULE_MODULES:
         importlib.import_module(module)
-    return list(_REGISTRY.values())
+    rules = list(_REGISTRY.values())
+    modules = list(RULE_MODULES)
+
+    def place_of(r: Rule) -> int:
+        name = getattr(r.run, "__module__", "")
+        return modules.index(name) if name in modules else len(modules)
+
+    return sorted(rules, key=place_of)  # stable: declaration order within a module
 
 
 def groups() -> list[str]:

@@ -1,11 +1,11 @@
 """The worklist store: place, clear, list, count and show items, and purge cleared ones.
 
-Every function takes an open ``psycopg.AsyncConnection``. Writes run inside
-``conn.transaction()``: on an autocommit connection that is a transaction of their own, and
-inside a caller's transaction it is a savepoint, so a caller can place work atomically with its
-own writes (the worker marks a message failed and places it on ``delivery-failed`` in one
-transaction). Publishers are not told here: a caller announces the placements it created with
-:func:`inturn.worker.worklist.publish.announce` after its COMMIT has returned.
+Every function takes an open ``psycopg.AsyncConnection`` and runs in the caller's transaction
+when there is one, so a caller can place work atomically with its own writes (the worker marks
+a message failed and places it on ``delivery-failed`` in one transaction). On an autocommit
+connection a clear (the item and its audit entry) is a transaction of its own, and a placement
+is one statement. Publishers are not told here: a caller announces the placements it created
+with :func:`inturn.worker.worklist.publish.announce` after its COMMIT has returned.
 
 Rows are read by column name. Times come from the database clock.
 """
@@ -13,13 +13,14 @@ Rows are read by column name. Times come from the database clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, LiteralString
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
+from psycopg.rows import class_row
 
-from inturn.worker.store.queries import load
+from inturn.worker.store.queries import fetch_all, fetch_one, load
 from inturn.worker.worklist.model import (
     ITEM_STATES,
     CountRow,
@@ -42,6 +43,8 @@ LIST_LIMIT_MAX = 1000
 LIST_LIMIT_DEFAULT = 100
 #: Rows deleted per purge transaction, at most.
 PURGE_BATCH_MAX = 5000
+#: How long cleared items are kept before purge deletes them (90 days), seconds.
+RETENTION_SECONDS = 90 * 86400
 #: Audit action of a clear.
 CLEAR_ACTION = "worklist-clear"
 #: Who clears items whose condition no longer holds.
@@ -59,18 +62,17 @@ class AlreadyCleared(ValueError):
 async def _one(
     conn: AsyncConnection[Any], query: LiteralString, params: dict[str, Any]
 ) -> WorklistItem | None:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query, params)
-        row = await cur.fetchone()
-    return WorklistItem.from_row(row) if row else None
+    return await fetch_one(conn, query, params, row=class_row(WorklistItem))
 
 
 async def _many(
-    conn: AsyncConnection[Any], query: LiteralString, params: dict[str, Any]
+    conn: AsyncConnection[Any],
+    query: LiteralString,
+    params: dict[str, Any],
+    *,
+    prepare: bool | None = None,
 ) -> list[WorklistItem]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query, params)
-        return [WorklistItem.from_row(r) for r in await cur.fetchall()]
+    return await fetch_all(conn, query, params, row=class_row(WorklistItem), prepare=prepare)
 
 
 async def place(
@@ -110,15 +112,80 @@ async def place(
         "details": encode_details(details or {}),
         "placed_by": placed_by,
     }
-    # A conflicting item can be cleared between the INSERT and the SELECT; then place again.
+    # No savepoint is needed: a conflict is not an error, it returns no row. The item found in
+    # conflict can be cleared before the SELECT reads it; then place again.
     while True:
-        async with conn.transaction():
-            created = await _one(conn, Q["place"], params)
-            if created is not None:
-                return Placement(created, True)
-            existing = await _one(conn, Q["pending_one"], params)
-            if existing is not None:
-                return Placement(existing, False)
+        created = await _one(conn, Q["place"], params)
+        if created is not None:
+            return Placement(created, True)
+        existing = await _one(conn, Q["pending_one"], params)
+        if existing is not None:
+            return Placement(existing, False)
+
+
+@dataclass(frozen=True)
+class NewPlacement:
+    """One item for :func:`place_many`: the arguments of :func:`place`."""
+
+    queue: str
+    record_kind: str
+    record_key: str
+    reason: str
+    placed_by: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+async def place_many(conn: AsyncConnection[Any], items: Sequence[NewPlacement]) -> list[Placement]:
+    """:func:`place` for many items in one statement (a sweep placing thousands).
+
+    Same idempotency and the same transaction rules as :func:`place`. The same item twice in
+    ``items`` is placed once (both report the one item; the first ``created`` if new).
+
+    Returns:
+        One placement per item, in the order given.
+
+    Raises:
+        ValueError: a bad code, key or details in any item (nothing is written).
+    """
+    if not items:
+        return []
+    for i in items:
+        check_code("queue", i.queue)
+        check_code("record kind", i.record_kind)
+        check_record_key(i.record_key)
+        check_code("reason", i.reason)
+    params = {
+        "queues": [i.queue for i in items],
+        "record_kinds": [i.record_kind for i in items],
+        "record_keys": [i.record_key for i in items],
+        "reasons": [i.reason for i in items],
+        "details": [encode_details(i.details) for i in items],
+        "placed_by": [i.placed_by for i in items],
+    }
+
+    def key(i: WorklistItem | NewPlacement) -> tuple[str, str, str, str]:
+        return (i.queue, i.record_kind, i.record_key, i.reason)
+
+    created = {key(i): i for i in await _many(conn, Q["place_many"], params)}
+    missing = [i for i in items if key(i) not in created]
+    existing: dict[tuple[str, str, str, str], WorklistItem] = {}
+    if missing:
+        found = await _many(conn, Q["pending_many"], params)
+        existing = {key(i): i for i in found}
+    out: list[Placement] = []
+    announced: set[tuple[str, str, str, str]] = set()
+    for i in items:
+        k = key(i)
+        if k in created and k not in announced:
+            announced.add(k)
+            out.append(Placement(created[k], True))
+        elif k in created:
+            out.append(Placement(created[k], False))
+        elif k in existing:
+            out.append(Placement(existing[k], False))
+        else:  # cleared between the two statements: place it on its own
+            out.append(await place(conn, **asdict(i)))
+    return out
 
 
 async def get(conn: AsyncConnection[Any], item_id: int) -> WorklistItem | None:
@@ -257,7 +324,9 @@ async def list_items(
         "cursor": cursor,
         "limit": limit + 1,
     }
-    items = await _many(conn, Q["list_newest" if newest_first else "list_oldest"], params)
+    # Optional filters: planned with the values given each time (see fetch_one's prepare).
+    query = Q["list_newest" if newest_first else "list_oldest"]
+    items = await _many(conn, query, params, prepare=False)
     if len(items) > limit:
         items = items[:limit]
         return Page(items, items[-1].id)
@@ -274,12 +343,9 @@ async def count(
     """
     if state not in ITEM_STATES:
         raise ValueError(f"unknown state {state!r}; expected one of {', '.join(ITEM_STATES)}")
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(Q["count"], {"state": state, "queue": queue})
-        return [
-            CountRow(r["queue"], r["reason"], int(r["items"]), r["oldest"])
-            for r in await cur.fetchall()
-        ]
+    return await fetch_all(
+        conn, Q["count"], {"state": state, "queue": queue}, row=class_row(CountRow)
+    )
 
 
 async def show(conn: AsyncConnection[Any], item_id: int) -> Shown:
@@ -300,11 +366,16 @@ async def show(conn: AsyncConnection[Any], item_id: int) -> Shown:
 
 
 async def purge(
-    conn: AsyncConnection[Any], cutoff: datetime, *, batch: int = PURGE_BATCH_MAX
+    conn: AsyncConnection[Any],
+    older_than_seconds: float = RETENTION_SECONDS,
+    *,
+    batch: int = PURGE_BATCH_MAX,
 ) -> int:
-    """Delete cleared items cleared before ``cutoff``, ``batch`` rows per transaction.
+    """Delete items cleared more than ``older_than_seconds`` ago (database time), ``batch``
+    rows per transaction, oldest first.
 
-    Pending items are never deleted. The caller holds the purge lock (one purge at a time).
+    Pending items are never deleted, whatever their age. Safe to run concurrently with another
+    purge (both delete the same rows; each is counted once).
 
     Returns:
         The number of items deleted.
@@ -317,7 +388,9 @@ async def purge(
     deleted = 0
     while True:
         async with conn.transaction():
-            cur = await conn.execute(Q["purge_batch"], {"cutoff": cutoff, "batch": batch})
+            cur = await conn.execute(
+                Q["purge_batch"], {"older_than_seconds": older_than_seconds, "batch": batch}
+            )
         deleted += cur.rowcount
         if cur.rowcount < batch:
             return deleted

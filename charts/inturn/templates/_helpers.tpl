@@ -38,6 +38,58 @@ seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
+{{- define "inturn.worklistEnv" -}}
+{{- with .Values.worklist }}
+{{- if .notifyChannel }}
+- name: INTURN_WORKLIST_NOTIFY
+  value: {{ .notifyChannel | quote }}
+{{- end }}
+{{- if .webhook.url }}
+- name: INTURN_WORKLIST_WEBHOOK_URL
+  value: {{ .webhook.url | quote }}
+- name: INTURN_WORKLIST_WEBHOOK_TIMEOUT
+  value: {{ .webhook.timeoutSeconds | quote }}
+- name: INTURN_WORKLIST_WEBHOOK_ATTEMPTS
+  value: {{ .webhook.attempts | quote }}
+{{- with .webhook.secretRef }}
+- name: INTURN_WORKLIST_WEBHOOK_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .key }}
+{{- end }}
+{{- end }}
+{{- if .nats.url }}
+- name: INTURN_WORKLIST_NATS_URL
+  value: {{ .nats.url | quote }}
+- name: INTURN_WORKLIST_NATS_SUBJECT
+  value: {{ .nats.subject | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The worklist publishers of the workers, as operator arguments: the webhook's HMAC key by
+     reference to a Secret of that name in each Destination's namespace (as for the DSN). */}}
+{{- define "inturn.worklistWorkerArgs" -}}
+{{- with .Values.worklist }}
+{{- if .notifyChannel }}
+- --worker-env=INTURN_WORKLIST_NOTIFY={{ .notifyChannel }}
+{{- end }}
+{{- if .webhook.url }}
+- --worker-env=INTURN_WORKLIST_WEBHOOK_URL={{ .webhook.url }}
+- --worker-env=INTURN_WORKLIST_WEBHOOK_TIMEOUT={{ .webhook.timeoutSeconds }}
+- --worker-env=INTURN_WORKLIST_WEBHOOK_ATTEMPTS={{ .webhook.attempts }}
+{{- with .webhook.secretRef }}
+- --worker-secret-env=INTURN_WORKLIST_WEBHOOK_SECRET={{ .name }}/{{ .key }}
+{{- end }}
+{{- end }}
+{{- if .nats.url }}
+- --worker-env=INTURN_WORKLIST_NATS_URL={{ .nats.url }}
+- --worker-env=INTURN_WORKLIST_NATS_SUBJECT={{ .nats.subject }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The DSN Secret of one component: (list $ "ingest") -> {"name": ..., "key": ...}, its own
      Secret and key when set, else the shared ones. */}}
 {{- define "inturn.dsnSecret" -}}

@@ -11,6 +11,26 @@ ON CONFLICT (queue, record_kind, record_key, reason) WHERE state = 'pending' DO 
 RETURNING id, queue, record_kind, record_key, reason, details, placed_at, placed_by, state,
           cleared_at, cleared_by, note;
 
+-- name: place_many
+-- place for many items in one statement (arrays of equal length, one element per item).
+INSERT INTO inturn_worklist_item (queue, record_kind, record_key, reason, details, placed_by)
+SELECT q, k, r_key, r, d, p
+  FROM unnest(%(queues)s::text[], %(record_kinds)s::text[], %(record_keys)s::text[],
+              %(reasons)s::text[], %(details)s::jsonb[], %(placed_by)s::text[])
+       AS t(q, k, r_key, r, d, p)
+ON CONFLICT (queue, record_kind, record_key, reason) WHERE state = 'pending' DO NOTHING
+RETURNING id, queue, record_kind, record_key, reason, details, placed_at, placed_by, state,
+          cleared_at, cleared_by, note;
+
+-- name: pending_many
+SELECT id, queue, record_kind, record_key, reason, details, placed_at, placed_by, state,
+       cleared_at, cleared_by, note
+  FROM inturn_worklist_item
+  JOIN unnest(%(queues)s::text[], %(record_kinds)s::text[], %(record_keys)s::text[],
+              %(reasons)s::text[]) AS t(q, k, r_key, r)
+    ON queue = q AND record_kind = k AND record_key = r_key AND reason = r
+ WHERE state = 'pending';
+
 -- name: pending_one
 SELECT id, queue, record_kind, record_key, reason, details, placed_at, placed_by, state,
        cleared_at, cleared_by, note
@@ -92,10 +112,12 @@ SELECT queue, reason, count(*) AS items, min(placed_at) AS oldest
  ORDER BY queue, reason;
 
 -- name: purge_batch
--- One batch of cleared items older than the cutoff, in one short transaction. Never a pending one.
+-- One batch of items cleared longer ago than the retention (database time), in one short
+-- transaction. Never a pending one.
 DELETE FROM inturn_worklist_item
  WHERE id IN (
        SELECT id FROM inturn_worklist_item
-        WHERE state = 'cleared' AND cleared_at < %(cutoff)s
+        WHERE state = 'cleared'
+          AND cleared_at < now() - make_interval(secs => %(older_than_seconds)s)
         ORDER BY cleared_at
         LIMIT %(batch)s);

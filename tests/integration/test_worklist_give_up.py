@@ -1,0 +1,110 @@
+"""Giving up on a message and placing it on ``delivery-failed`` commit together or not at all."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection
+
+from inturn.worker import worklist
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+from inturn.worker.worklist.delivery_failed import failure_reason, give_up
+
+pytestmark = pytest.mark.store
+
+
+def test_failure_reasons_are_codes() -> None:
+    assert failure_reason("AR", exhausted=True) == "attempts-exhausted"
+    assert failure_reason("AR", exhausted=False) == "ack-ar"
+    assert failure_reason("invalidAck", exhausted=False) == "invalid-ack"
+    assert failure_reason("controlIdMismatch", exhausted=False) == "control-id-mismatch"
+    assert failure_reason("unsendable", exhausted=False) == "unsendable"
+
+
+async def observed(dsn: str) -> tuple[str, int]:
+    """What another session sees: the item's state and the number of worklist items."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as c:
+        cur = await c.execute(
+            "SELECT (SELECT state FROM inturn_delivery),"
+            " (SELECT count(*) FROM inturn_worklist_item)"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return str(row[0]), int(row[1])
+
+
+async def test_a_kill_between_the_two_writes_leaves_neither(fresh_db: str) -> None:
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        [item_id] = await queue.enqueue(
+            conn, [NewItem("ward/lab", "adt", "MSG1", "ADT^A01", b"MSH|^~\\&|x\r")]
+        )
+        item = await queue.get_item(conn, item_id)
+    assert item is not None
+
+    # Another session holds the same pending key uncommitted, so the placement waits on it
+    # after the failed mark was written: the worker is stopped between its two writes.
+    blocker = await AsyncConnection.connect(fresh_db)
+    await blocker.execute(
+        "INSERT INTO inturn_worklist_item (queue, record_kind, record_key, reason, placed_by)"
+        " VALUES ('delivery-failed', 'delivery', %s, 'attempts-exhausted', 'test')",
+        (str(item_id),),
+    )
+    worker = await AsyncConnection.connect(fresh_db, autocommit=True)
+    pid = worker.info.backend_pid
+    task = asyncio.create_task(
+        give_up(worker, item, attempts=3, cause="AR: no", outcome="AR", exhausted=True)
+    )
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as watcher:
+        async with asyncio.timeout(20):
+            while True:
+                cur = await watcher.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+                )
+                row = await cur.fetchone()
+                if row is not None and row[0] == "Lock":
+                    break
+                await asyncio.sleep(0.02)
+        assert await observed(fresh_db) == ("pending", 0)
+        await watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(psycopg.OperationalError):
+        await task
+    await blocker.rollback()
+    await blocker.close()
+    await worker.close()
+    assert await observed(fresh_db) == ("pending", 0)
+
+    # Run again to the end: both writes are there.
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        placement = await give_up(
+            conn, item, attempts=3, cause="AR: no", outcome="AR", exhausted=True
+        )
+        assert placement is not None and placement.created
+        assert await observed(fresh_db) == ("failed", 1)
+        # An item no longer pending is not failed again, and nothing is placed.
+        assert (
+            await give_up(conn, item, attempts=4, cause="AR: no", outcome="AR", exhausted=True)
+            is None
+        )
+        shown = await worklist.show(conn, placement.item_id)
+    assert shown.item.details["attempts"] == 3
+
+
+async def test_a_failed_placement_undoes_the_failed_mark(fresh_db: str) -> None:
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        [item_id] = await queue.enqueue(
+            conn, [NewItem("ward/lab", "adt", "MSG1", "ADT^A01", b"MSH|^~\\&|x\r")]
+        )
+        item = await queue.get_item(conn, item_id)
+        assert item is not None
+        await conn.execute(
+            "ALTER TABLE inturn_worklist_item ADD CONSTRAINT refuse_all CHECK (false) NOT VALID"
+        )
+        try:
+            with pytest.raises(psycopg.errors.CheckViolation):
+                await give_up(conn, item, attempts=1, cause="AR", outcome="AR", exhausted=False)
+        finally:
+            await conn.execute("ALTER TABLE inturn_worklist_item DROP CONSTRAINT refuse_all")
+    assert await observed(fresh_db) == ("pending", 0)

@@ -1,0 +1,76 @@
+"""Giving up on a message and placing it on ``delivery-failed``, as one transaction.
+
+Nothing can be failed without its work item, and no work item exists for a message that was
+not failed: the failed mark and the placement commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from inturn.worker.store import queue
+from inturn.worker.store.model import Item
+from inturn.worker.worklist.model import Placement
+from inturn.worker.worklist.store import place
+
+#: The queue given-up messages are placed on.
+QUEUE = "delivery-failed"
+#: The record kind of a delivery item (the key is its id).
+RECORD_KIND = "delivery"
+
+
+def failure_reason(outcome: str, exhausted: bool) -> str:
+    """The reason code of a give-up: ``attempts-exhausted`` when the attempt budget ran out,
+    else the outcome that the destination's policy fails on at once, as a lowercase code
+    (``AR`` -> ``ack-ar``, ``invalidAck`` -> ``invalid-ack``)."""
+    if exhausted:
+        return "attempts-exhausted"
+    if outcome in ("AE", "AR", "CE", "CR"):
+        return "ack-" + outcome.lower()
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", outcome).lower()
+
+
+async def give_up(
+    conn: AsyncConnection[Any],
+    item: Item,
+    *,
+    attempts: int,
+    cause: str,
+    outcome: str,
+    exhausted: bool,
+    placed_by: str = "worker",
+) -> Placement | None:
+    """Mark ``item`` failed and place it on ``delivery-failed``, in one transaction.
+
+    Args:
+        attempts: attempts made, this one included.
+        cause: the failure's description, stored as ``last_error`` (never a payload).
+        outcome: the sender's outcome class (``AR``, ``timeout``...).
+        exhausted: whether the attempt budget ran out (else the policy failed it at once).
+
+    Returns:
+        The placement (announce it after this returns), or None when the item was no longer
+        pending (skipped or erased during the attempt): then nothing changed.
+    """
+    async with conn.transaction():
+        if not await queue.gave_up(conn, item.id, attempts, cause):
+            return None
+        return await place(
+            conn,
+            queue=QUEUE,
+            record_kind=RECORD_KIND,
+            record_key=str(item.id),
+            reason=failure_reason(outcome, exhausted),
+            details={
+                "destination": item.destination,
+                "channel": item.channel,
+                "controlId": item.control_id,
+                "messageType": item.message_type,
+                "attempts": attempts,
+                "outcome": outcome,
+            },
+            placed_by=placed_by,
+        )
