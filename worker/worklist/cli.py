@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 import click
 from psycopg import AsyncConnection
 
-from inturn.worker.queue_cli import _age, _table, dsn_option, json_option, run_read, run_write
+from inturn.worker.options import dsn_option, json_option
+from inturn.worker.queue_cli import _age, _table, run_read, run_write
 from inturn.worker.reservations.cli import configure_rules, reservation_options
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worklist import rules as rule_registry
@@ -106,7 +107,7 @@ def worklist_group() -> None:
 
 
 @worklist_group.command("list")
-@dsn_option
+@dsn_option()
 @click.option("--queue", help="Only this queue.")
 @click.option("--reason", help="Only this reason.")
 @click.option(
@@ -176,7 +177,7 @@ def list_command(
 
 
 @worklist_group.command("count")
-@dsn_option
+@dsn_option()
 @click.option("--queue", help="Only this queue.")
 @click.option("--state", type=click.Choice(ITEM_STATES), default="pending", show_default=True)
 @json_option
@@ -194,7 +195,7 @@ def count_command(dsn: str | None, queue: str | None, state: str, as_json: bool)
 
 
 @worklist_group.command("show")
-@dsn_option
+@dsn_option()
 @click.argument("item_id", type=click.IntRange(1, None))
 @json_option
 def show_command(dsn: str | None, item_id: int, as_json: bool) -> None:
@@ -218,7 +219,7 @@ def show_command(dsn: str | None, item_id: int, as_json: bool) -> None:
 
 
 @worklist_group.command("clear")
-@dsn_option
+@dsn_option()
 @click.argument("item_id", type=click.IntRange(1, None))
 @click.option("--who", required=True, help="Who clears it (recorded on the item and in the audit).")
 @click.option(
@@ -242,7 +243,7 @@ def clear_command(dsn: str | None, item_id: int, who: str, note: str, as_json: b
 
 
 @click.command("sweep")
-@dsn_option
+@dsn_option()
 @click.option(
     "--limit",
     type=click.IntRange(1, None),
