@@ -115,6 +115,7 @@ def worklist_group() -> None:
     type=click.Choice([*ITEM_STATES, "all"]),
     default="pending",
     show_default=True,
+    help="Only items in this state (all: both).",
 )
 @click.option(
     "--record", metavar="KIND:KEY", help="Only items about this record, e.g. delivery:42."
@@ -179,7 +180,13 @@ def list_command(
 @worklist_group.command("count")
 @dsn_option()
 @click.option("--queue", help="Only this queue.")
-@click.option("--state", type=click.Choice(ITEM_STATES), default="pending", show_default=True)
+@click.option(
+    "--state",
+    type=click.Choice(ITEM_STATES),
+    default="pending",
+    show_default=True,
+    help="Count the items in this state.",
+)
 @json_option
 def count_command(dsn: str | None, queue: str | None, state: str, as_json: bool) -> None:
     """Items per queue and reason."""
