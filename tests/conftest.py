@@ -87,6 +87,16 @@ def fresh_db(dsn: str) -> str:
     return dsn
 
 
+@pytest.fixture
+async def conn(fresh_db: str) -> AsyncIterator[AsyncConnection[Any]]:
+    """An autocommit connection to the emptied session database (closed after the test)."""
+    c = await AsyncConnection.connect(fresh_db, autocommit=True)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
 @pytest.fixture(scope="session")
 def samples() -> list[Path]:
     """The 110 sample HL7 messages in ../shared/samples/hl7, read in place, sorted by name."""
