@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 import click
 from psycopg import AsyncConnection
 
+from inturn.worker.durations import format_age
 from inturn.worker.options import dsn_option, json_option
-from inturn.worker.queue_cli import _age, _table, run_read, run_write
+from inturn.worker.queue_cli import _table, run_read, run_write
 from inturn.worker.reservations.cli import configure_rules, reservation_options
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worklist import rules as rule_registry
@@ -44,7 +45,7 @@ def format_items(items: list[WorklistItem], now: datetime) -> str:
             i.reason,
             f"{i.record_kind}:{i.record_key}",
             i.state,
-            _age((now - i.placed_at).total_seconds()),
+            format_age((now - i.placed_at).total_seconds()),
             i.placed_by,
             i.cleared_by or "",
         ]
@@ -66,7 +67,7 @@ def format_counts(rows: list[CountRow], now: datetime) -> str:
                 r.queue,
                 r.reason,
                 str(r.items),
-                _age((now - r.oldest).total_seconds()) if r.oldest else "-",
+                format_age((now - r.oldest).total_seconds()) if r.oldest else "-",
             ]
             for r in rows
         ],
