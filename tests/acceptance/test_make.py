@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_first_make_demo_says_it_installs(tmp_path: Path) -> None:
     dry = subprocess.run(
-        ["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"],
+        ["make", "--no-print-directory", "-n", "demo", f"VENV={tmp_path / 'venv'}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
