@@ -18,8 +18,12 @@ if [[ $BASE_IMAGE == localhost/inturn-base:* ]]; then
 fi
 secret=()
 [[ -s $CA_BUNDLE ]] && secret=(--secret "id=ca,src=$CA_BUNDLE")
-echo "image $IMAGE: podman build (base $BASE_IMAGE)"
+# what the image is built from, so that a changed source never reuses a cached install layer
+SOURCE_DIGEST=$(find pyproject.toml setup.py README.md worker operator -type f \
+    -not -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+echo "image $IMAGE: podman build (base $BASE_IMAGE, sources $SOURCE_DIGEST)"
 podman build --quiet --isolation=chroot "${secret[@]}" \
     --build-arg "BASE=$BASE_IMAGE" --build-arg "VERSION=$VERSION" \
+    --build-arg "SOURCE_DIGEST=$SOURCE_DIGEST" \
     --build-arg "EXTRAS=${EXTRAS:-operator}" -t "$IMAGE" . >/dev/null
 python3 image/check.py "$IMAGE" "$VERSION"

@@ -20,7 +20,22 @@ from pathlib import Path
 from typing import Any
 
 #: The subcommands every component runs; each must load (its imports are installed).
-COMMANDS = ("worker", "operator", "ingest", "migrate", "purge", "queue", "local")
+COMMANDS = (
+    "worker",
+    "operator",
+    "ingest",
+    "migrate",
+    "purge",
+    "crd",
+    "sweep",
+    "worklist",
+    "queue",
+    "bookings",
+    "console",
+    "receiver",
+    "token",
+    "local",
+)
 UID = 10001
 #: Names of C/C++ compilers (and their versioned or triplet-prefixed forms).
 COMPILER = re.compile(
