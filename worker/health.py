@@ -83,7 +83,7 @@ async def serve(app: App, host: str, port: int) -> Runner:
     """Start serving ``app`` on ``host:port`` (port 0 picks a free one); return the runner.
 
     Raises:
-        OSError: the port is taken.
+        OSError: the port is taken (the message names ``host:port``).
     """
 
     class Handler(BaseHTTPRequestHandler):
@@ -105,7 +105,10 @@ async def serve(app: App, host: str, port: int) -> Runner:
         def log_message(self, format: str, *args: object) -> None:
             """Probes and scrapes are not logged."""
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{exc.strerror or exc}: {host}:{port}") from None
     server.daemon_threads = True
     thread = threading.Thread(
         target=server.serve_forever, args=(POLL_SECONDS,), name="inturn-http", daemon=True

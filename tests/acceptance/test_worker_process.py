@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -144,3 +145,29 @@ async def test_the_runtime_refuses_to_start_alone() -> None:
     _, err = await proc.communicate()
     assert proc.returncode == 2
     assert err.decode().strip() == "inturn: error: start workers with `inturn worker`"
+
+
+async def test_a_taken_http_port_is_one_line_naming_the_address(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(
+            str(INTURN),
+            "worker",
+            "-f",
+            str(manifest(tmp_path, 9)),
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(port),
+            env={**os.environ, "INTURN_DSN": fresh_db},
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 2
+    assert lines[-1] == f"inturn: error: Address already in use: 127.0.0.1:{port}", lines

@@ -120,6 +120,7 @@ def test_cli_apply_status(fresh_db: str, tmp_path: Path) -> None:
         (("ABC123", "1", "K"), "'K' is not a status code"),
         (("ABC123", "0", "KK"), "0 is not in the range 1<=x<=99"),
         (("ABC123", "7", "KK"), "inturn: error: no segment 7 in booking ABC123"),
+        (("NOPE42", "1", "KK"), "inturn: error: no booking NOPE42"),
     ]:
         bad = inturn("bookings", "apply-status", *args, dsn=fresh_db)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr

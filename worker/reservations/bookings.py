@@ -166,6 +166,8 @@ async def apply_status(
     async with conn.transaction():
         locked = await store.lock_segment(conn, locator, segment)
         if locked is None:
+            if await store.get(conn, locator) is None:
+                raise SegmentNotFound(f"no booking {locator}")
             raise SegmentNotFound(f"no segment {segment} in booking {locator}")
         late = locked.cancelled_at is not None or locked.status in CANCELLED_STATES
         status = locked.status if late else fold(code)
