@@ -7,6 +7,7 @@ backlog. pgserver ships its own Postgres binaries; nothing needs to be installed
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import warnings
@@ -97,6 +98,44 @@ class DataDirLock:
             self._fd = -1
 
 
+def forget_dead_handles(pgdata: Path) -> list[int]:
+    """Drop the pids of processes that no longer run from pgserver's handle list of ``pgdata``.
+
+    pgserver stops the server when the last process using it lets go, counting users in
+    ``<pgdata>/.handle_pids.json``. A process killed with SIGKILL never lets go, so its pid
+    stays there and no later run would ever stop the server. Call this while holding the data
+    directory's lock, before starting the server.
+
+    Returns:
+        The pids dropped (empty when the list was clean or absent).
+    """
+    path = pgdata / ".handle_pids.json"
+    try:
+        pids = [int(pid) for pid in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        return []
+    alive = [pid for pid in pids if _runs(pid)]
+    dead = [pid for pid in pids if pid not in alive]
+    if dead:
+        path.write_text(json.dumps(alive))
+    return dead
+
+
+def _runs(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it runs, as another user
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust the signal check
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
 def start_embedded(data_dir: Path) -> EmbeddedPostgres:
     """Start (or re-attach to) the embedded Postgres whose data lives in ``data_dir``/pg.
 
@@ -116,6 +155,14 @@ def start_embedded(data_dir: Path) -> EmbeddedPostgres:
 
     pgdata = (data_dir / "pg").resolve()
     pgdata.mkdir(parents=True, exist_ok=True)
+    dead = forget_dead_handles(pgdata)
+    if dead:
+        log.warning(
+            "embedded Postgres in %s was left running by a process that was killed (pid %s);"
+            " this run takes it over and stops it on the way out",
+            pgdata,
+            ", ".join(map(str, dead)),
+        )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
