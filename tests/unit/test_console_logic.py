@@ -150,3 +150,25 @@ def test_control_characters_are_shown_and_segments_split() -> None:
         "PID|1||\\x00x",
         "OBX|\\xff",
     ]
+
+
+def test_each_destination_is_stuck_after_its_own_threshold() -> None:
+    """spec.alerting.stuckAfterSeconds, the sweeper's threshold, is the console's too; the
+    console's default serves queues without a registration."""
+    rows = build(
+        [listed("a/patient", stuck_after_seconds=3600), listed("a/strict", stuck_after_seconds=60)],
+        [
+            depth("a/patient", 1, oldest=600),
+            depth("a/strict", 1, oldest=600),
+            depth("b/x", 1, oldest=600),
+        ],
+        {},
+        default_stuck_after=300,
+    )
+    over = {r.destination: r.over_threshold for r in rows}
+    assert over == {"a/patient": False, "a/strict": True, "b/x": True}
+    assert {r.destination: r.stuck_after for r in rows} == {
+        "a/patient": 3600,
+        "a/strict": 60,
+        "b/x": 300,
+    }

@@ -118,7 +118,10 @@ def build(
         entry = by_name.get(name)
         d = by_depth.get(name)
         head = heads.get(name)
-        threshold = (stuck_after or {}).get(name, default_stuck_after)
+        # the Destination's own threshold (spec.alerting.stuckAfterSeconds), as the sweeper's
+        # destination-stuck rule reads it; the console's default for unregistered queues
+        own = float(entry.stuck_after_seconds) if entry is not None else default_stuck_after
+        threshold = (stuck_after or {}).get(name, own)
         pending = d.pending if d else 0
         oldest = d.oldest_seconds if d and pending else 0.0
         over = pending > 0 and oldest > threshold

@@ -248,6 +248,8 @@ class Listed:
         destination: ``namespace/name``; channel: its ingest channel.
         sender: the credential-free sender summary; suspended: ``spec.suspend``.
         hold: the console's or CLI's hold, or None; deleted: the Destination is gone.
+        stuck_after_seconds: how long its oldest message may wait before it counts as stuck
+            (``spec.alerting.stuckAfterSeconds``; the sweeper's ``destination-stuck`` too).
     """
 
     destination: str
@@ -256,6 +258,7 @@ class Listed:
     suspended: bool
     hold: Hold | None
     deleted: bool
+    stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS
 
 
 async def listed(conn: AsyncConnection[Any]) -> list[Listed]:
@@ -268,6 +271,7 @@ async def listed(conn: AsyncConnection[Any]) -> list[Listed]:
             suspended=bool(r["suspended"]),
             hold=Hold(r["held_at"], r["held_by"], r["held_why"]) if r["held_at"] else None,
             deleted=bool(r["deleted"]),
+            stuck_after_seconds=int(r["stuck_after_seconds"]),
         )
         for r in await fetch_all(conn, Q["overview"], row=dict_row)
     ]

@@ -125,6 +125,6 @@ RETURNING destination;
 -- name: overview
 -- Every registered destination with its hold and sender, for the console's overview.
 SELECT destination, channel, sender, suspended, held_at, held_by, held_why,
-       deleted_at IS NOT NULL AS deleted
+       deleted_at IS NOT NULL AS deleted, stuck_after_seconds
   FROM inturn_destination
  ORDER BY destination;
