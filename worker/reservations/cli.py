@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -28,6 +29,7 @@ from inturn.worker.schema import CARRIER_PATTERN
 from inturn.worker.store.bookings import SegmentEvent
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worklist import announce
+from inturn.worker.worklist.publishers import close_all, from_env
 
 T = TypeVar("T")
 
@@ -187,16 +189,25 @@ def apply_status_command(
     cancelled segment is recorded and raised as late-reply, the segment unchanged.
     """
 
+    target = resolve_dsn(dsn)
+    try:
+        publishers = from_env(os.environ, target)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
     async def go(conn: psycopg.AsyncConnection[Any]) -> Applied:
-        done = await api.apply_status(
-            conn, locator.upper(), segment, code, received_at, placed_by=who
-        )
-        if done.placement is not None:
-            await announce([done.placement])
+        try:
+            done = await api.apply_status(
+                conn, locator.upper(), segment, code, received_at, placed_by=who
+            )
+            if done.placement is not None:  # committed: announce it (INTURN_WORKLIST_*)
+                await announce([done.placement], publishers)
+        finally:
+            await close_all(publishers)
         return done
 
     try:
-        done = run_conn(dsn, go)
+        done = run_conn(target, go)
     except api.SegmentNotFound as exc:
         raise click.ClickException(str(exc)) from None
     placed = done.placement
