@@ -39,8 +39,15 @@ def message(n: int, control: str | None = None) -> bytes:
     ).encode()
 
 
-async def register(dsn: str, destination: str, channel: str = "adt", sender: str = "") -> None:
-    """Register ``destination`` as the operator would."""
+async def register(
+    dsn: str,
+    destination: str,
+    channel: str = "adt",
+    sender: str = "",
+    stuck_after_seconds: int = 3,
+) -> None:
+    """Register ``destination`` as the operator would (stuck after 3 s, like the test console's
+    default, so that an outage shows within a test)."""
     namespace, _, name = destination.partition("/")
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
         await registry.register(
@@ -53,6 +60,7 @@ async def register(dsn: str, destination: str, channel: str = "adt", sender: str
             generation=1,
             suspended=False,
             sender=sender,
+            stuck_after_seconds=stuck_after_seconds,
         )
 
 
