@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..hl7.terminators import normalise_terminators
-from ..openapi import DNS_SUBDOMAIN, SECRET_KEY, Schema, obj, str_map, string
-from . import tls as tls_node
-from .base import DeliveryError
-from .kind import SecretFile, SenderConfig, SenderKind
-from .tls import TlsConfig, client_context
+from worker.hl7.terminators import normalise_terminators
+from worker.openapi import DNS_SUBDOMAIN, SECRET_KEY, Schema, obj, str_map, string
+from worker.senders import tls as tls_node
+from worker.senders.base import DeliveryError
+from worker.senders.kind import SecretFile, SenderConfig, SenderKind
+from worker.senders.tls import TlsConfig, client_context
 
 if TYPE_CHECKING:
     import aiohttp

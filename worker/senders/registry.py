@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import http, mllp, sftp
-from .base import Sender
-from .kind import SenderConfig, SenderKind
+from worker.senders import http, mllp, sftp
+from worker.senders.base import Sender
+from worker.senders.kind import SenderConfig, SenderKind
 
 #: Every sender kind, in the order they are documented.
 KINDS: tuple[SenderKind[Any], ...] = (mllp.KIND, http.KIND, sftp.KIND)

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..hl7.errors import HeaderError
-from ..hl7.header import parse_header
-from ..hl7.terminators import normalise_terminators
-from ..openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, integer, obj, string
-from .base import DeliveryError
-from .kind import SecretFile, SenderConfig, SenderKind
+from worker.hl7.errors import HeaderError
+from worker.hl7.header import parse_header
+from worker.hl7.terminators import normalise_terminators
+from worker.openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, integer, obj, string
+from worker.senders.base import DeliveryError
+from worker.senders.kind import SecretFile, SenderConfig, SenderKind
 
 if TYPE_CHECKING:
     import asyncssh

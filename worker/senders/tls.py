@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, boolean, obj, string
-from .kind import SecretFile
+from worker.openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, boolean, obj, string
+from worker.senders.kind import SecretFile
 
 #: Default Secret key of the CA bundle: the name cert-manager and ``kubernetes.io/tls`` use.
 DEFAULT_CA_KEY = "ca.crt"
