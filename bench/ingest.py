@@ -215,7 +215,7 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
     http_port = free_port()
     command = [
         sys.executable, "-c",
-        "from inturn.worker.ingest.cli import ingest_command; ingest_command()",
+        "from inturn.worker.cli.ingest import ingest_command; ingest_command()",
         "--ops", f"{HOST}:{http_port}", "--log-level", "WARNING",
         "--pool-size", str(args.pool_size),
     ]  # fmt: skip

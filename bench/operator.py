@@ -32,7 +32,7 @@ import psycopg
 import yaml
 from psycopg.conninfo import make_conninfo
 
-from inturn.worker import schema
+from inturn.worker.spec import schema
 from inturn.worker.store import registry
 from inturn.worker.store.migrate import migrate
 

@@ -51,9 +51,9 @@ sys.path.insert(0, str(BENCH_DIR))
 import delivery  # noqa: E402  (the sibling benchmark's helpers)
 import ingest as ingest_bench  # noqa: E402
 
-from inturn.worker.config import RetryPolicy, WorkerConfig, to_dict  # noqa: E402
 from inturn.worker.hl7.pid import lookup_key  # noqa: E402
 from inturn.worker.senders.mllp import MllpSenderConfig  # noqa: E402
+from inturn.worker.spec.config import RetryPolicy, WorkerConfig, to_dict  # noqa: E402
 from inturn.worker.store import queue  # noqa: E402
 from inturn.worker.store.migrate import migrate  # noqa: E402
 from inturn.worker.store.model import NewItem  # noqa: E402

@@ -40,8 +40,8 @@ from pathlib import Path
 from demo_messages import Message, generate  # examples/, next to this file
 from psycopg import AsyncConnection
 
-from inturn.worker.embedded import start_embedded
 from inturn.worker.hl7.header import parse_header
+from inturn.worker.local.embedded import start_embedded
 from inturn.worker.senders.base import DeliveryError
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from inturn.worker import schema
-from inturn.worker.options import dsn_option
+from inturn.worker.cli.options import dsn_option
+from inturn.worker.spec import schema
 
 
 @click.command("operator")

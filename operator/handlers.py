@@ -40,7 +40,7 @@ from inturn.operator.reconcile import (
     destination_snapshot,
     drift_of,
 )
-from inturn.worker import schema
+from inturn.worker.spec import schema
 
 log = logging.getLogger("inturn.operator")
 

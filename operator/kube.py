@@ -28,7 +28,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from inturn.worker import schema
+from inturn.worker.spec import schema
 
 log = logging.getLogger("inturn.operator")
 

@@ -27,14 +27,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inturn.worker import schema
-from inturn.worker.destination import (
+from inturn.worker.senders import registry as senders
+from inturn.worker.spec import schema
+from inturn.worker.spec.destination import (
     DEFAULT_SECRETS_DIR,
     destination_key,
     render_from_manifest,
     validate_manifest,
 )
-from inturn.worker.senders import registry as senders
 
 #: Annotation/label prefix owned by the operator.
 PREFIX = schema.GROUP
@@ -381,7 +381,8 @@ def render(body: Mapping[str, Any], settings: WorkerPodSettings) -> Children:
     the same as a fresh one.
 
     Raises:
-        inturn.worker.destination.ManifestError: the spec is not valid (reason ``InvalidSpec``).
+        inturn.worker.spec.destination.ManifestError: the spec is not valid (reason
+            ``InvalidSpec``).
     """
     doc = {
         "apiVersion": schema.API_VERSION,

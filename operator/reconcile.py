@@ -33,9 +33,9 @@ from inturn.operator import manifests, status
 from inturn.operator.kube import ApiError, KubeApi
 from inturn.operator.manifests import WorkerPodSettings
 from inturn.operator.metrics import RECONCILE_ERRORS
-from inturn.worker import schema
-from inturn.worker.config import DEFAULT_STUCK_AFTER_SECONDS
-from inturn.worker.destination import ManifestError
+from inturn.worker.spec import schema
+from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
+from inturn.worker.spec.destination import ManifestError
 from inturn.worker.store import registry
 
 log = logging.getLogger("inturn.operator")

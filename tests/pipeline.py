@@ -16,11 +16,11 @@ from typing import Any
 
 import psycopg
 
-from inturn.worker.config import RetryPolicy, WorkerConfig
-from inturn.worker.metrics import PrometheusObserver
-from inturn.worker.runner import DestinationWorker
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.senders.kind import SenderConfig
 from inturn.worker.senders.registry import make_sender
+from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
 FAST_RETRY = RetryPolicy(

@@ -17,10 +17,10 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from worker.hl7.ack import AckErrorDetail, build_ack, build_reject
-from worker.hl7.errors import ErrorCode, HeaderError
-from worker.hl7.header import parse_header
-from worker.hl7.mllp import Frame, FrameReader, FrameTooLarge, frame
+from inturn.worker.hl7.ack import AckErrorDetail, build_ack, build_reject
+from inturn.worker.hl7.errors import ErrorCode, HeaderError
+from inturn.worker.hl7.header import parse_header
+from inturn.worker.hl7.mllp import Frame, FrameReader, FrameTooLarge, frame
 
 #: The largest message the test receiver takes, in bytes.
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024

@@ -132,7 +132,7 @@ async def test_the_running_worker_keeps_no_validation_modules(
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert b"inturn.worker.worker_main" in cmdline
+    assert b"inturn.worker.drain.main" in cmdline
     for library in ("_yaml", "rpds", "aiohttp", "yarl", "multidict"):
         assert library not in maps, library
     assert proc.returncode == 0, err.decode()
@@ -140,7 +140,7 @@ async def test_the_running_worker_keeps_no_validation_modules(
 
 async def test_the_runtime_refuses_to_start_alone() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-P", "-m", "inturn.worker.worker_main", stderr=asyncio.subprocess.PIPE
+        sys.executable, "-P", "-m", "inturn.worker.drain.main", stderr=asyncio.subprocess.PIPE
     )
     _, err = await proc.communicate()
     assert proc.returncode == 2

@@ -7,11 +7,11 @@ import http.client
 
 from prometheus_client import REGISTRY
 
-from inturn.worker.config import RetryPolicy, WorkerConfig
-from inturn.worker.health import bound_port, make_app, serve
-from inturn.worker.metrics import PrometheusObserver
-from inturn.worker.runner import DestinationWorker
+from inturn.worker.drain.health import bound_port, make_app, serve
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 
 
 def request(port: int, method: str, path: str) -> tuple[int, str, bytes]:

@@ -63,7 +63,7 @@ async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path, tmp_path
     mllp_port, ops_port, http_port = free_port(), free_port(), free_port()
     command = [
         sys.executable, "-c",
-        "from inturn.worker.ingest.cli import ingest_command; ingest_command()",
+        "from inturn.worker.cli.ingest import ingest_command; ingest_command()",
         "--listen", f"adt={HOST}:{mllp_port}", "--ops", f"{HOST}:{ops_port}",
         "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
         "--tls-client-ca", str(pki / "ca.pem"),
@@ -136,7 +136,7 @@ async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path, tmp_path
 def test_ingest_command_usage_errors() -> None:
     from click.testing import CliRunner
 
-    from inturn.worker.ingest.cli import ingest_command
+    from inturn.worker.cli.ingest import ingest_command
 
     runner = CliRunner()
     result = runner.invoke(ingest_command, ["--dsn", "dbname=x", "--listen", "adt"])
@@ -150,7 +150,7 @@ def test_ingest_command_usage_errors() -> None:
 def test_ingest_security_usage_errors(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from inturn.worker.ingest.cli import ingest_command
+    from inturn.worker.cli.ingest import ingest_command
 
     creds = tmp_path / "credentials.yaml"
     creds.write_text("credentials:\n  - {name: a, channels: [adt], clientCertificate: x}\n")

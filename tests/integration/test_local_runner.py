@@ -11,7 +11,7 @@ import pytest
 
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import IngestConfig
-from inturn.worker.local import DatabaseInUse, LocalRunner, check_sender, load_all, run_local
+from inturn.worker.local.run import DatabaseInUse, LocalRunner, check_sender, load_all, run_local
 from inturn.worker.store import locks, registry
 
 

@@ -24,7 +24,7 @@ import yaml
 from kopf.testing import KopfRunner
 
 from inturn.operator import manifests
-from inturn.worker import schema
+from inturn.worker.spec import schema
 
 ROOT = Path(__file__).resolve().parents[2]
 

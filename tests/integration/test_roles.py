@@ -16,16 +16,16 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 
 from inturn.worker.cli import cli
-from inturn.worker.config import RetryPolicy, WorkerConfig
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
-from inturn.worker.metrics import PrometheusObserver
 from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
-from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.store import queue, registry, roles
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver

@@ -13,8 +13,8 @@ import pytest
 from pipeline import rows, until, worker, worker_config
 from psycopg import AsyncConnection
 
-from inturn.worker.config import RetryPolicy
 from inturn.worker.senders.mllp import MllpSenderConfig
+from inturn.worker.spec.config import RetryPolicy
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver

@@ -12,14 +12,14 @@ from psycopg import AsyncConnection
 from sftp_server import USER, SftpServer
 
 from inturn.operator.manifests import WorkerPodSettings, render, sender_summary
-from inturn.worker.config import RetryPolicy, WorkerConfig
-from inturn.worker.destination import ManifestError, load_manifest
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.metrics import PrometheusObserver
-from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders.base import DeliveryError
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.senders.sftp import SftpSender, SftpSenderConfig, file_name
+from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.spec.destination import ManifestError, load_manifest
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 

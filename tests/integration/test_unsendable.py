@@ -11,12 +11,12 @@ import pytest_asyncio
 from pipeline import register, rows, until, worker, worker_config
 from psycopg import AsyncConnection
 
-from inturn.worker.config import AckPolicy
 from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.senders.mllp import MllpSenderConfig
+from inturn.worker.spec.config import AckPolicy
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver

@@ -12,14 +12,14 @@ import aiohttp
 from psycopg import AsyncConnection
 
 from inturn.worker import worklist
-from inturn.worker.config import AckPolicy, RetryPolicy, WorkerConfig
-from inturn.worker.health import bound_port, make_app, serve
+from inturn.worker.drain.health import bound_port, make_app, serve
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.metrics import PrometheusObserver
-from inturn.worker.runner import DestinationWorker
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.spec.config import AckPolicy, RetryPolicy, WorkerConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver

@@ -2,7 +2,7 @@
 
 import pytest
 
-from inturn.worker.backoff import backoff_seconds, schedule
+from inturn.worker.drain.backoff import backoff_seconds, schedule
 
 
 def test_default_schedule_doubles_to_one_minute() -> None:

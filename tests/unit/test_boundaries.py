@@ -25,5 +25,5 @@ def test_inturn_worker_help_loads_no_kopf_kubernetes_or_operator(tmp_path: Path)
         [sys.executable, "-c", PROBE], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    assert "inturn.worker.worker_cli" in loaded  # the probe did load the command
+    assert "inturn.worker.cli.worker" in loaded  # the probe did load the command
     assert not loaded & {"kopf", "kubernetes", "inturn.operator", "aiohttp", "asyncssh"}

@@ -13,9 +13,9 @@ from inturn.worker.console.auth import AuthConfigError, parse_auth
 from inturn.worker.console.csrf import Csrf, same_origin
 from inturn.worker.console.overview import build, error_class
 from inturn.worker.console.text import segments
-from inturn.worker.display import printable
 from inturn.worker.store.model import DepthRow, HeadInfo
 from inturn.worker.store.registry import Hold, Listed
+from inturn.worker.text.display import printable
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -15,9 +15,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from inturn.worker import schema
-from inturn.worker.destination import apply_defaults, validate, validate_manifest
 from inturn.worker.senders import registry as senders
+from inturn.worker.spec import schema
+from inturn.worker.spec.destination import apply_defaults, validate, validate_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Kubernetes minor versions we claim (CEL validation rules are GA from 1.29).
@@ -40,9 +40,9 @@ def nodes(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
 @pytest.mark.parametrize("rel", sorted(schema.generated_files()), ids=str)
 def test_generated_files_are_current(rel: Path) -> None:
     path = ROOT / rel
-    assert path.exists(), f"{rel} is missing: run python -m inturn.worker.schema --write"
+    assert path.exists(), f"{rel} is missing: run python -m inturn.worker.spec.schema --write"
     assert path.read_text() == schema.generated_files()[rel], (
-        f"{rel} is stale: run python -m inturn.worker.schema --write"
+        f"{rel} is stale: run python -m inturn.worker.spec.schema --write"
     )
 
 

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from inturn.worker.config import WorkerConfig, from_dict, to_dict
-from inturn.worker.destination import (
+from inturn.worker.senders.http import HttpSenderConfig
+from inturn.worker.senders.mllp import MllpSenderConfig
+from inturn.worker.spec.config import WorkerConfig, from_dict, to_dict
+from inturn.worker.spec.destination import (
     DEFAULT_SECRETS_DIR,
     ManifestError,
     load_file,
@@ -19,8 +21,6 @@ from inturn.worker.destination import (
     render_worker_config,
     validate_manifest,
 )
-from inturn.worker.senders.http import HttpSenderConfig
-from inturn.worker.senders.mllp import MllpSenderConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

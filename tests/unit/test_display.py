@@ -1,4 +1,4 @@
-"""Kind 7: text from outside is shown with control characters escaped (worker/display.py)."""
+"""Kind 7: text from outside is shown with control characters escaped (worker/text/display.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inturn.worker import logs
-from inturn.worker.display import printable, printable_values
+from inturn.worker.cli import logs
+from inturn.worker.text.display import printable, printable_values
 
 
 def unsafe(ch: str) -> bool:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inturn.worker.embedded import forget_dead_handles
+from inturn.worker.local.embedded import forget_dead_handles
 
 
 def dead_pid() -> int:

@@ -18,7 +18,7 @@ import yaml
 
 from inturn.operator import manifests, status
 from inturn.operator.manifests import WorkerPodSettings, render, sender_summary
-from inturn.worker.destination import ManifestError, load_manifest, load_worker_config
+from inturn.worker.spec.destination import ManifestError, load_manifest, load_worker_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0")

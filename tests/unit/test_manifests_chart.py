@@ -26,7 +26,7 @@ from helm_chart import (
 )
 from kubernetes_validate import utils as kv_utils
 
-from inturn.worker import schema
+from inturn.worker.spec import schema
 
 #: "default" plus every values file under charts/inturn/ci/.
 VALUE_SETS = ["default", *values_files()]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inturn.worker.config import AckPolicy, RetryPolicy
-from inturn.worker.retry import decide
+from inturn.worker.drain.retry import decide
 from inturn.worker.senders.mllp import unsendable
 from inturn.worker.senders.registry import refusal
+from inturn.worker.spec.config import AckPolicy, RetryPolicy
 
 MSH = b"MSH|^~\\&|A|B|C|D|2026||ADT^A01|ID1|P|2.5.1\r"
 BODY = st.binary(max_size=80).map(lambda b: b.replace(b"\x0b", b"").replace(b"\x1c", b""))

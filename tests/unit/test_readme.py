@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from inturn.worker.destination import load_manifest
+from inturn.worker.spec.destination import load_manifest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from inturn.worker.config import AckPolicy, RetryPolicy
-from inturn.worker.retry import RetryDecision, decide
+from inturn.worker.drain.retry import RetryDecision, decide
+from inturn.worker.spec.config import AckPolicy, RetryPolicy
 
 FOREVER = RetryPolicy(max_attempts=0, backoff_seconds=5, max_backoff_seconds=60)
 FIVE = RetryPolicy(max_attempts=5, backoff_seconds=5, max_backoff_seconds=60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inturn.worker.ingest.cli import parse_address, parse_listen
+from inturn.worker.cli.ingest import parse_address, parse_listen
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.routing import (
     Route,

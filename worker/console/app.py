@@ -31,7 +31,7 @@ from inturn.worker.console.context import (
 )
 from inturn.worker.console.csrf import FIELD, HEADER, SAFE_METHODS, Csrf, same_origin
 from inturn.worker.console.operations import Console, ConsoleError
-from inturn.worker.display import printable
+from inturn.worker.text.display import printable
 
 log = logging.getLogger("inturn.console")
 

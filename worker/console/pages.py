@@ -24,9 +24,9 @@ from inturn.worker.console import operations as ops
 from inturn.worker.console.api import destination, int_param, item_id
 from inturn.worker.console.context import console, csrf_token, identity
 from inturn.worker.console.feed import Snapshot
-from inturn.worker.display import printable
-from inturn.worker.durations import format_age
 from inturn.worker.store.model import STATES
+from inturn.worker.text.display import printable
+from inturn.worker.text.durations import format_age
 
 #: Actions a ``done`` parameter may name (anything else is ignored).
 DONE = frozenset(ops.ITEM_ACTIONS) | frozenset(ops.DESTINATION_ACTIONS) | {"clear"}

@@ -1,14 +1,14 @@
 """Payloads shown to a person: split into segments, each made printable.
 
 HTML escaping is the templates' job (Jinja2 autoescape); control characters are made visible
-by :func:`inturn.worker.display.printable`, as everywhere else stored text is shown.
+by :func:`inturn.worker.text.display.printable`, as everywhere else stored text is shown.
 """
 
 from __future__ import annotations
 
 import re
 
-from inturn.worker.display import printable
+from inturn.worker.text.display import printable
 
 
 def segments(payload: bytes) -> list[str]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from worker.hl7.delimiters import (
+from inturn.worker.hl7.delimiters import (
     DEFAULT_DELIMITERS,
     Delimiters,
     first_segment,
@@ -44,8 +44,8 @@ from worker.hl7.delimiters import (
     split_segments,
     strip_preamble,
 )
-from worker.hl7.errors import AckParseError, HeaderError, error_text
-from worker.hl7.header import Header
+from inturn.worker.hl7.errors import AckParseError, HeaderError, error_text
+from inturn.worker.hl7.header import Header
 
 __all__ = [
     "ACCEPT_CODES",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from worker.hl7.errors import HeaderError
+from inturn.worker.hl7.errors import HeaderError
 
 #: The segment terminator HL7 requires (chapter 2). LF and CRLF are tolerated on input.
 SEGMENT_TERMINATOR = "\r"

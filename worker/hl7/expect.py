@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from worker.hl7.header import Header
+from inturn.worker.hl7.header import Header
 
 Level = Literal["accept", "application"]
 Condition = Literal["AL", "NE", "ER", "SU"]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.hl7.delimiters import Delimiters, first_segment, read_delimiters, strip_preamble
-from worker.hl7.errors import HeaderError
+from inturn.worker.hl7.delimiters import Delimiters, first_segment, read_delimiters, strip_preamble
+from inturn.worker.hl7.errors import HeaderError
 
 __all__ = ["Header", "HeaderError", "MessageType", "parse_header"]
 

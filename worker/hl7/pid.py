@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from worker.hl7.delimiters import Delimiters, delimiters_of, split_segments, strip_preamble
+from inturn.worker.hl7.delimiters import Delimiters, delimiters_of, split_segments, strip_preamble
 
 #: The fields read, as (segment, field number).
 PATIENT_FIELDS: tuple[tuple[str, int], ...] = (("PID", 2), ("PID", 3), ("PID", 4), ("MRG", 1))

@@ -2,7 +2,7 @@
 
 The entry points: :class:`Ingest` (run it in-process, as ``inturn local`` does), configured by
 :class:`IngestConfig` and one :class:`ListenerConfig` per MLLP channel; and the click command
-``inturn.worker.ingest.cli:ingest_command`` (``inturn ingest``).
+``inturn.worker.cli.ingest:ingest_command`` (``inturn ingest``).
 """
 
 from inturn.worker.ingest.listener import ListenerConfig

@@ -26,8 +26,8 @@ from datetime import UTC, date, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from inturn.worker.destination import validate
-from inturn.worker.schema import CARRIER_PATTERN
+from inturn.worker.spec.destination import validate
+from inturn.worker.spec.schema import CARRIER_PATTERN
 
 #: Largest number of bookings one import file may hold.
 MAX_IMPORT = 100_000

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from worker.senders.kind import SenderConfig
-from worker.senders.registry import of_config, to_dict
+from inturn.worker.senders.kind import SenderConfig
+from inturn.worker.senders.registry import of_config, to_dict
 
 
 def fingerprint(sender: SenderConfig) -> str:

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker.hl7.terminators import normalise_terminators
-from worker.openapi import DNS_SUBDOMAIN, SECRET_KEY, Schema, obj, str_map, string
-from worker.senders import tls as tls_node
-from worker.senders.base import DeliveryError
-from worker.senders.kind import SecretFile, SenderConfig, SenderKind
-from worker.senders.tls import TlsConfig, client_context
+from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.senders import tls as tls_node
+from inturn.worker.senders.base import DeliveryError
+from inturn.worker.senders.kind import SecretFile, SenderConfig, SenderKind
+from inturn.worker.senders.tls import TlsConfig, client_context
+from inturn.worker.spec.openapi import DNS_SUBDOMAIN, SECRET_KEY, Schema, obj, str_map, string
 
 if TYPE_CHECKING:
     import aiohttp

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
-from worker.openapi import Schema
-from worker.senders.base import Sender
+from inturn.worker.senders.base import Sender
+from inturn.worker.spec.openapi import Schema
 
 #: ``secret_file(secret name, key) -> path`` where a Secret key is mounted (or laid out locally).
 SecretFile = Callable[[str, str], str]

@@ -18,18 +18,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.hl7.ack import ACK_CODES, Ack, parse_ack
-from worker.hl7.errors import AckParseError, HeaderError
-from worker.hl7.expect import due, enhanced
-from worker.hl7.header import Header, parse_header
-from worker.hl7.mllp import Frame, FrameTooLarge, Garbage, frame
-from worker.hl7.terminators import normalise_terminators
-from worker.openapi import Schema, boolean, integer, obj, string
-from worker.senders import tls as tls_node
-from worker.senders.base import DeliveryError, FailureCause
-from worker.senders.kind import SecretFile, SenderConfig, SenderKind
-from worker.senders.mllp_link import READ_CHUNK, Closed, Link
-from worker.senders.tls import TlsConfig, client_context
+from inturn.worker.hl7.ack import ACK_CODES, Ack, parse_ack
+from inturn.worker.hl7.errors import AckParseError, HeaderError
+from inturn.worker.hl7.expect import due, enhanced
+from inturn.worker.hl7.header import Header, parse_header
+from inturn.worker.hl7.mllp import Frame, FrameTooLarge, Garbage, frame
+from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.senders import tls as tls_node
+from inturn.worker.senders.base import DeliveryError, FailureCause
+from inturn.worker.senders.kind import SecretFile, SenderConfig, SenderKind
+from inturn.worker.senders.mllp_link import READ_CHUNK, Closed, Link
+from inturn.worker.senders.tls import TlsConfig, client_context
+from inturn.worker.spec.openapi import Schema, boolean, integer, obj, string
 
 log = logging.getLogger("inturn.worker.mllp")
 

@@ -14,7 +14,7 @@ import contextlib
 from collections import deque
 from dataclasses import dataclass
 
-from worker.hl7.mllp import Event, FrameReader
+from inturn.worker.hl7.mllp import Event, FrameReader
 
 #: Bytes asked for per read.
 READ_CHUNK = 64 * 1024

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from worker.senders import http, mllp, sftp
-from worker.senders.base import Sender
-from worker.senders.kind import SenderConfig, SenderKind
+from inturn.worker.senders import http, mllp, sftp
+from inturn.worker.senders.base import Sender
+from inturn.worker.senders.kind import SenderConfig, SenderKind
 
 #: Every sender kind, in the order they are documented.
 KINDS: tuple[SenderKind[Any], ...] = (mllp.KIND, http.KIND, sftp.KIND)

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker.hl7.errors import HeaderError
-from worker.hl7.header import parse_header
-from worker.hl7.terminators import normalise_terminators
-from worker.openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, integer, obj, string
-from worker.senders.base import DeliveryError
-from worker.senders.kind import SecretFile, SenderConfig, SenderKind
+from inturn.worker.hl7.errors import HeaderError
+from inturn.worker.hl7.header import parse_header
+from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.senders.base import DeliveryError
+from inturn.worker.senders.kind import SecretFile, SenderConfig, SenderKind
+from inturn.worker.spec.openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, integer, obj, string
 
 if TYPE_CHECKING:
     import asyncssh

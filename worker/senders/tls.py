@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, boolean, obj, string
-from worker.senders.kind import SecretFile
+from inturn.worker.senders.kind import SecretFile
+from inturn.worker.spec.openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, boolean, obj, string
 
 #: Default Secret key of the CA bundle: the name cert-manager and ``kubernetes.io/tls`` use.
 DEFAULT_CA_KEY = "ca.crt"

@@ -17,7 +17,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
-from inturn.worker.config import DEFAULT_STUCK_AFTER_SECONDS
+from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.store import queue
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 

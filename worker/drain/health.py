@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from inturn.worker.runner import DestinationWorker
+from inturn.worker.drain.runner import DestinationWorker
 
 #: Seconds between two checks of the serving thread for a shutdown request.
 POLL_SECONDS = 1.0

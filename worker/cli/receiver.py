@@ -15,9 +15,9 @@ from typing import Any
 
 import click
 
+from inturn.worker.cli.ingest import parse_address
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
-from inturn.worker.ingest.cli import parse_address
 from inturn.worker.testing import HttpReceiver, MllpReceiver
 
 

@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING
 import click
 from psycopg import AsyncConnection
 
-from inturn.worker import shutdown
-from inturn.worker.config import WorkerConfig
-from inturn.worker.destination import ManifestError, load_file
-from inturn.worker.embedded import DataDirInUse, DataDirLock, start_embedded
-from inturn.worker.ingest.cli import parse_address, parse_listen
+from inturn.worker.cli.ingest import parse_address, parse_listen
+from inturn.worker.cli.logs import configure
+from inturn.worker.cli.options import dsn_option, logging_options
+from inturn.worker.drain import shutdown
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
-from inturn.worker.logs import configure
-from inturn.worker.metrics import PrometheusObserver
-from inturn.worker.options import dsn_option, logging_options
-from inturn.worker.runner import DestinationWorker
+from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedded
 from inturn.worker.senders import registry as senders
+from inturn.worker.spec.config import WorkerConfig
+from inturn.worker.spec.destination import ManifestError, load_file
 from inturn.worker.store import locks, queue, registry
 from inturn.worker.store.connect import DsnError, connect_worker, normalize_dsn
 from inturn.worker.store.migrate import migrate

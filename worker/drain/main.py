@@ -3,7 +3,7 @@ validated.
 
 ``inturn worker`` reads and validates its configuration file (YAML parser, JSON-schema
 validator, the command-line library), then replaces its own process image (``execv``, same PID,
-same signals) by ``python -m inturn.worker.worker_main``, handing over the validated
+same signals) by ``python -m inturn.worker.drain.main``, handing over the validated
 configuration in the environment variable :data:`RUNTIME_ENV`. This module imports only what
 draining needs (psycopg, the sender, prometheus-client, and the worklist publishers that the
 ``INTURN_WORKLIST_*`` variables ask for), so none of the validation's modules,
@@ -24,13 +24,13 @@ from typing import Any
 
 import psycopg.errors
 
-from inturn.worker import shutdown
-from inturn.worker.config import WorkerConfig, from_dict, to_dict
-from inturn.worker.health import make_app, serve
-from inturn.worker.logs import configure
-from inturn.worker.metrics import PrometheusObserver
-from inturn.worker.runner import DestinationWorker
+from inturn.worker.cli.logs import configure
+from inturn.worker.drain import shutdown
+from inturn.worker.drain.health import make_app, serve
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.senders.registry import make_sender
+from inturn.worker.spec.config import WorkerConfig, from_dict, to_dict
 from inturn.worker.store.connect import schema_missing
 from inturn.worker.worklist.publishers import close_all, from_env
 
@@ -67,12 +67,12 @@ def exec_runtime(settings: str) -> None:
     sys.stderr.flush()
     # -P: the working directory is not put on sys.path (a checkout's operator/ would shadow
     # the standard library's operator module).
-    os.execve(sys.executable, [sys.executable, "-P", "-m", "inturn.worker.worker_main"], env)
+    os.execve(sys.executable, [sys.executable, "-P", "-m", "inturn.worker.drain.main"], env)
 
 
 async def run_worker(config: WorkerConfig, dsn: str, http_host: str, http_port: int) -> None:
     """Run one worker and its HTTP endpoints until SIGTERM, SIGINT or SIGHUP (a second one
-    abandons the attempt in flight: see :mod:`inturn.worker.shutdown`).
+    abandons the attempt in flight: see :mod:`inturn.worker.drain.shutdown`).
 
     Raises:
         OSError: the HTTP port is taken.
@@ -117,7 +117,7 @@ def run(settings: dict[str, Any]) -> int:
 
 
 def main() -> None:
-    """Entry point of ``python -m inturn.worker.worker_main`` (started by ``inturn worker``)."""
+    """Entry point of ``python -m inturn.worker.drain.main`` (started by ``inturn worker``)."""
     text = os.environ.pop(RUNTIME_ENV, None)
     if not text:
         print("inturn: error: start workers with `inturn worker`", file=sys.stderr)

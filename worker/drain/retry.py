@@ -1,7 +1,7 @@
 """The retry decision: after a failed attempt, give the head up or try it again, and when.
 
 One pure function, :func:`decide`, of (outcome, attempts so far, retry policy, ACK policy),
-returning a small immutable :class:`RetryDecision`; the worker (``inturn.worker.runner``) only
+returning a small immutable :class:`RetryDecision`; the worker (``inturn.worker.drain.runner``) only
 applies it: it records the decision, counts it and logs it. Modelled on procrastinate's
 ``RetryStrategy.get_retry_decision`` (``procrastinate/retry.py``), and tested the same way, as
 a table (``tests/unit/test_retry.py``).
@@ -11,7 +11,7 @@ The rules, in order:
 1. the destination's ``ackPolicy`` says ``fail`` for the outcome: give up at once (the outcomes
    it does not name, e.g. transport failures, are retried);
 2. ``retry.maxAttempts`` attempts have been made (0 means no limit): give up;
-3. otherwise retry after the backoff of :func:`inturn.worker.backoff.backoff_seconds`.
+3. otherwise retry after the backoff of :func:`inturn.worker.drain.backoff.backoff_seconds`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from inturn.worker.backoff import backoff_seconds
-from inturn.worker.config import AckPolicy, RetryPolicy
+from inturn.worker.drain.backoff import backoff_seconds
+from inturn.worker.spec.config import AckPolicy, RetryPolicy
 
 #: Why a head was given up (also the ``why`` of a decision to give up).
 GiveUpWhy = Literal["ackPolicy", "maxAttempts"]

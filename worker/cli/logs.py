@@ -2,7 +2,7 @@
 
 Per-message events are logged at DEBUG only, and never with payloads (README, "Payloads stay
 out"). Every message is rendered with its control characters escaped
-(:class:`inturn.worker.display.PrintableFilter`), in text and in JSON.
+(:class:`inturn.worker.text.display.PrintableFilter`), in text and in JSON.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from inturn.worker.display import PrintableFilter
+from inturn.worker.text.display import PrintableFilter
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 

@@ -24,12 +24,12 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 
-from inturn.worker.backoff import backoff_seconds
-from inturn.worker.config import WorkerConfig
-from inturn.worker.observer import NullObserver, Observer
-from inturn.worker.retry import decide
+from inturn.worker.drain.backoff import backoff_seconds
+from inturn.worker.drain.observer import NullObserver, Observer
+from inturn.worker.drain.retry import decide
 from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
 from inturn.worker.senders.fingerprint import fingerprint
+from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store import locks, queue
 from inturn.worker.store.connect import connect_worker
 from inturn.worker.store.model import Head
@@ -345,7 +345,7 @@ class DestinationWorker:
         outcome: FailureCause,
         detail: str,
     ) -> bool:
-        """Apply the retry decision (:func:`inturn.worker.retry.decide`) to a failed attempt:
+        """Apply the retry decision (:func:`inturn.worker.drain.retry.decide`) to a failed attempt:
         give up (returns True) or schedule a retry (False)."""
         item = head.item
         cause = f"{outcome}: {detail}"[:CAUSE_MAX_CHARS]

@@ -19,20 +19,20 @@ from inturn.worker.store.connect import DsnError, schema_missing
 
 #: name -> "module:attribute" of each subcommand.
 COMMANDS: dict[str, str] = {
-    "migrate": "inturn.worker.queue_cli:migrate_command",
-    "queue": "inturn.worker.queue_cli:queue_group",
-    "purge": "inturn.worker.queue_cli:purge_command",
-    "bookings": "inturn.worker.reservations.cli:bookings_group",
-    "worklist": "inturn.worker.worklist.cli:worklist_group",
-    "sweep": "inturn.worker.worklist.cli:sweep_command",
-    "worker": "inturn.worker.worker_cli:worker_command",
-    "ingest": "inturn.worker.ingest.cli:ingest_command",
-    "token": "inturn.worker.ingest.cli:token_command",
-    "local": "inturn.worker.local:local_command",
-    "console": "inturn.worker.console.cli:console_command",
+    "migrate": "inturn.worker.cli.queue:migrate_command",
+    "queue": "inturn.worker.cli.queue:queue_group",
+    "purge": "inturn.worker.cli.queue:purge_command",
+    "bookings": "inturn.worker.cli.reservations:bookings_group",
+    "worklist": "inturn.worker.cli.worklist:worklist_group",
+    "sweep": "inturn.worker.cli.worklist:sweep_command",
+    "worker": "inturn.worker.cli.worker:worker_command",
+    "ingest": "inturn.worker.cli.ingest:ingest_command",
+    "token": "inturn.worker.cli.ingest:token_command",
+    "local": "inturn.worker.local.run:local_command",
+    "console": "inturn.worker.cli.console:console_command",
     "operator": "inturn.operator.cli:operator_command",
     "crd": "inturn.operator.cli:crd_command",
-    "receiver": "inturn.worker.receiver_cli:receiver_command",
+    "receiver": "inturn.worker.cli.receiver:receiver_command",
 }
 
 #: Libraries of optional extras (pyproject.toml) -> the extra that installs them.

@@ -1,6 +1,6 @@
 """What a worker reports as it goes, without the queue code importing a metrics library.
 
-The worker calls an :class:`Observer`; :mod:`inturn.worker.metrics` implements it with
+The worker calls an :class:`Observer`; :mod:`inturn.worker.drain.metrics` implements it with
 prometheus-client, tests may record the calls. ``cause`` is always a bounded outcome class
 (see :data:`inturn.worker.senders.base.FailureCause`), never free text, so it is safe as a label.
 """

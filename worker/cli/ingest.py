@@ -6,6 +6,8 @@ import asyncio
 
 import click
 
+from inturn.worker.cli.logs import configure
+from inturn.worker.cli.options import dsn_option, logging_options
 from inturn.worker.ingest.accept import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
     DEFAULT_STORE_TIMEOUT_SECONDS,
@@ -30,8 +32,6 @@ from inturn.worker.ingest.service import (
     run_until_signal,
     server_tls_context,
 )
-from inturn.worker.logs import configure
-from inturn.worker.options import dsn_option, logging_options
 from inturn.worker.store.connect import DsnError, probe, resolve_dsn
 
 

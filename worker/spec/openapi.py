@@ -1,6 +1,6 @@
 """Builders of structural OpenAPI v3 schema nodes (Kubernetes CRD flavour) and CEL rules.
 
-Pure data, shared by the Destination schema (:mod:`inturn.worker.schema`) and the sender kinds
+Pure data, shared by the Destination schema (:mod:`inturn.worker.spec.schema`) and the sender kinds
 (:mod:`inturn.worker.senders`), each of which declares its own ``spec.sender.<kind>`` node with
 these builders. Every :class:`Rule` created is registered in :data:`RULES`, so that a schema
 node's ``x-kubernetes-validations`` item can always be mapped back to its Python twin.

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the worker, as an :class:`~inturn.worker.observer.Observer`.
+"""Prometheus metrics of the worker, as an :class:`~inturn.worker.drain.observer.Observer`.
 
 All metrics live in prometheus-client's default registry, so several workers in one process
 (``inturn local``) share them, told apart by the ``destination`` label.

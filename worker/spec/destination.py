@@ -8,7 +8,7 @@ Two documents describe a worker:
   the worker's ConfigMap and ``inturn worker --config`` reads.
 
 Both are checked here exactly as the API server would check the manifest: the schema defaults
-are applied, the document is validated against the schema of :mod:`inturn.worker.schema`
+are applied, the document is validated against the schema of :mod:`inturn.worker.spec.schema`
 (unknown fields are rejected, as ``kubectl apply --validate=strict`` does) and the CEL rules are
 evaluated by their Python twins. Every problem is reported in one :class:`ManifestError` whose
 message names the field path, e.g. ``spec.retry.maxAttempts: required``.
@@ -34,13 +34,13 @@ from typing import Any
 import jsonschema
 import yaml
 
-from inturn.worker import schema
-from inturn.worker.config import (
+from inturn.worker.senders import registry as senders
+from inturn.worker.spec import schema
+from inturn.worker.spec.config import (
     WorkerConfig,
     from_dict,
     to_dict,
 )
-from inturn.worker.senders import registry as senders
 
 #: Where the operator mounts referenced Secrets inside the worker container.
 DEFAULT_SECRETS_DIR = "/etc/inturn/secrets"

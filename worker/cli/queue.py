@@ -19,14 +19,14 @@ from typing import Any, TypeVar
 import click
 from psycopg import AsyncConnection
 
-from inturn.worker.display import printable, printable_values
-from inturn.worker.durations import format_age
+from inturn.worker.cli.options import DURATION, dsn_option, json_option, who_option, why_option
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.options import DURATION, dsn_option, json_option, who_option, why_option
 from inturn.worker.store import identifiers, queue, registry, roles
 from inturn.worker.store.connect import Pools, probe, resolve_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import STATES, DepthRow, Item
+from inturn.worker.text.display import printable, printable_values
+from inturn.worker.text.durations import format_age
 from inturn.worker.worklist.store import purge as worklist_purge
 
 T = TypeVar("T")
@@ -145,7 +145,7 @@ def _echo_json(data: Any) -> None:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
-    """A plain text table; every cell is made printable (see :mod:`inturn.worker.display`)."""
+    """A plain text table; every cell is made printable (see :mod:`inturn.worker.text.display`)."""
     rows = [[printable(cell) for cell in row] for row in rows]
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)

@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
-from inturn.worker.options import DURATION, dsn_option, json_option
+from inturn.worker.cli.options import DURATION, dsn_option, json_option
 from inturn.worker.reservations import bookings as api
 from inturn.worker.reservations.bookings import Applied
 from inturn.worker.reservations.codes import is_status_code
 from inturn.worker.reservations.records import Booking, BookingFileError, parse_instant
 from inturn.worker.reservations.sweep import ReservationSettings, configure
-from inturn.worker.schema import CARRIER_PATTERN
+from inturn.worker.spec.schema import CARRIER_PATTERN
 from inturn.worker.store.bookings import SegmentEvent
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worklist import announce

@@ -4,7 +4,7 @@ The configuration is the operator-rendered worker file (``--config``, JSON or YA
 Destination manifest (``-f``). The database comes from ``INTURN_DSN`` (or ``--dsn``), the
 worklist publishers from the ``INTURN_WORKLIST_*`` variables (checked here). Once the
 configuration is valid the process replaces itself by the worker runtime
-(:mod:`inturn.worker.worker_main`), which imports only what draining needs. On SIGTERM or
+(:mod:`inturn.worker.drain.main`), which imports only what draining needs. On SIGTERM or
 SIGINT the attempt in flight is finished or times out, the lock is released, and the process
 exits 0.
 """
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import click
 
-from inturn.worker.config import WorkerConfig
-from inturn.worker.options import dsn_option, logging_options
+from inturn.worker.cli.options import dsn_option, logging_options
+from inturn.worker.drain.main import exec_runtime, run, runtime_settings
 from inturn.worker.senders import registry as senders
+from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store.connect import resolve_dsn
-from inturn.worker.worker_main import exec_runtime, run, runtime_settings
 from inturn.worker.worklist.publishers import from_env
 
 
@@ -32,7 +32,7 @@ def load_one(path: Path, secrets_dir: Path | None) -> WorkerConfig:
     Raises:
         click.ClickException: the file is invalid or holds zero or several destinations.
     """
-    from inturn.worker.destination import ManifestError, load_file
+    from inturn.worker.spec.destination import ManifestError, load_file
 
     try:
         configs = load_file(path, secrets_dir=secrets_dir)

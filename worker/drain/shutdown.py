@@ -14,7 +14,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from inturn.worker.runner import DestinationWorker
+from inturn.worker.drain.runner import DestinationWorker
 
 log = logging.getLogger("inturn.worker")
 

@@ -103,8 +103,8 @@ class WorkerConfig:
 # --- the rendered form (JSON) -----------------------------------------------------------------
 #
 # ``to_dict``/``from_dict`` convert between the model and the camelCase JSON the operator writes
-# into the worker's ConfigMap. They do not validate: ``inturn.worker.destination`` validates the
-# JSON against its schema before calling ``from_dict``.
+# into the worker's ConfigMap. They do not validate: ``inturn.worker.spec.destination``
+# validates the JSON against its schema before calling ``from_dict``.
 
 
 def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
@@ -149,7 +149,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
     """Build a :class:`WorkerConfig` from the camelCase JSON written by :func:`to_dict`.
 
     Absent optional keys take the model's defaults. The document is trusted to be valid (see
-    ``inturn.worker.destination.load_worker_config`` for the validating entry point).
+    ``inturn.worker.spec.destination.load_worker_config`` for the validating entry point).
 
     Raises:
         KeyError, TypeError: a required key is missing or has the wrong shape.

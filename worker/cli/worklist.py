@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 import click
 from psycopg import AsyncConnection
 
-from inturn.worker.durations import format_age
-from inturn.worker.options import dsn_option, json_option
-from inturn.worker.queue_cli import _table, run_read, run_write
-from inturn.worker.reservations.cli import configure_rules, reservation_options
+from inturn.worker.cli.options import dsn_option, json_option
+from inturn.worker.cli.queue import _table, run_read, run_write
+from inturn.worker.cli.reservations import configure_rules, reservation_options
 from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.text.durations import format_age
 from inturn.worker.worklist import rules as rule_registry
 from inturn.worker.worklist import store
 from inturn.worker.worklist.model import ITEM_STATES, CountRow, Page, WorklistItem
