@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo test test-store lint typecheck bench crd clean image
+.PHONY: demo test test-store lint typecheck docs bench crd clean image
 
 $(STAMP): pyproject.toml
 	@echo "installing inturn and its dependencies into $(VENV) (once; about a minute, quiet)"
@@ -32,10 +32,15 @@ typecheck: $(STAMP)
 	@ln -sfn ../../../operator build/typecheck/inturn/operator
 	MYPYPATH=build/typecheck $(BIN)/mypy -p inturn.worker -p inturn.operator
 
-lint: $(STAMP) typecheck
+lint: $(STAMP) typecheck docs
 	$(BIN)/lint-imports
-	$(BIN)/ruff check worker operator tests bench examples image
-	$(BIN)/ruff format --check worker operator tests bench examples image
+	$(BIN)/ruff check worker operator tests bench examples image docs
+	$(BIN)/ruff format --check worker operator tests bench examples image docs
+
+# The documentation site (Sphinx, MyST Markdown) into build/docs/, warnings as errors: a broken
+# link, a page outside every toctree or a reference page that cannot be generated fails it.
+docs: $(STAMP)
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs build/docs
 
 bench: $(STAMP)
 	$(BIN)/python bench/delivery.py

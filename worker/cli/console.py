@@ -52,7 +52,7 @@ def read_secret(path: Path | None) -> bytes | None:
     type=click.Path(path_type=Path, dir_okay=False),
     required=True,
     envvar="INTURN_CONSOLE_AUTH_FILE",
-    help="YAML: bearer tokens with roles and/or the trusted proxy (see the README).",
+    help="YAML: bearer tokens with roles and/or the trusted proxy (see docs/reference/console.md).",
 )
 @click.option(
     "--csrf-secret-file",

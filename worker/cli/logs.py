@@ -1,8 +1,9 @@
 """Logging setup for every long-running command: compact text lines, or JSON for log shippers.
 
-Per-message events are logged at DEBUG only, and never with payloads (README, "Payloads stay
-out"). Every message is rendered with its control characters escaped
-(:class:`inturn.worker.text.display.PrintableFilter`), in text and in JSON.
+Per-message events are logged at DEBUG only, and never with payloads
+(docs/explanation/guarantees.md, "Payloads stay out"). Every message is rendered with its
+control characters escaped (:class:`inturn.worker.text.display.PrintableFilter`),
+in text and in JSON.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The delivery queue's operations, one async function per operation (README, "The command line").
+"""The delivery queue's operations, one async function per operation (docs/reference/cli.md).
 
 Every function takes an open ``psycopg.AsyncConnection`` in autocommit mode and runs its own
 short transaction(s), so the same code serves the worker (one dedicated connection that also

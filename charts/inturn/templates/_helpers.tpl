@@ -3,7 +3,7 @@
 {{- end }}
 
 {{- define "inturn.image" -}}
-{{ required "image.repository is required: build the image from the Containerfile, push it to your registry and set image.repository (and image.tag) to it; see the README, \"The container image\"" .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ required "image.repository is required: build the image from the Containerfile, push it to your registry and set image.repository (and image.tag) to it; see docs/howto/kubernetes.md, \"Build the image\"" .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
 {{- define "inturn.labels" -}}
