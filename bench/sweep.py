@@ -40,9 +40,9 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import delivery  # noqa: E402  (the sibling benchmark's database helpers)
 
+from inturn.worker.operations.packs import select  # noqa: E402
 from inturn.worker.store.migrate import migrate  # noqa: E402
 from inturn.worker.store.queries import load  # noqa: E402
-from inturn.worker.worklist.rules import select  # noqa: E402
 from inturn.worker.worklist.sweep import sweep  # noqa: E402
 
 DESTINATIONS = 100

@@ -48,6 +48,7 @@ def test_sweep_then_list_count_show_clear(fresh_db: str) -> None:
     assert "destination-stuck: placed 1, already there 0, cleared 0" in lines
     assert "orphaned-queue: placed 1, already there 0, cleared 0" in lines
     assert "delivery-expired: placed 0, already there 0, cleared 0" in lines
+    assert len(lines) == 3  # the delivery pack alone: no reservation rule in a plain sweep
     again = run("sweep", "--json", dsn=fresh_db)
     rules = {r["rule"]: r for r in json.loads(again.stdout)["rules"]}
     assert (rules["destination-stuck"]["placed"], rules["destination-stuck"]["alreadyThere"]) == (
@@ -105,8 +106,9 @@ def test_bad_arguments_are_one_line_errors(fresh_db: str) -> None:
         ("sweep", "--limit", "0"),
         ("worklist", "list", "--record", "nokind"),
         ("worklist", "list", "--state", "done"),
-        ("sweep", "--host-carrier", "bad!"),
-        ("sweep", "--pending-after", "soon"),
+        ("sweep", "--only", "reservations", "--host-carrier", "bad!"),
+        ("sweep", "--host-carrier", "LH"),
+        ("sweep", "--only", "reservations", "--pending-after", "soon"),
     ):
         out = run(*args, dsn=fresh_db)
         assert out.returncode == 2, args

@@ -22,6 +22,7 @@ from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.operations.packs import names, select
 from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
@@ -30,7 +31,6 @@ from inturn.worker.store import queue, registry, roles
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist import store as worklist
-from inturn.worker.worklist.rules import select
 from inturn.worker.worklist.sweep import sweep as run_sweep
 
 pytestmark = pytest.mark.store
@@ -235,7 +235,7 @@ async def test_sweeper_role_runs_its_rules_and_an_auto_cancel(
             (expired,),
         )
     async with await AsyncConnection.connect(role_dsns["sweeper"], autocommit=True) as conn:
-        report = await run_sweep(conn, select(), limit=100)
+        report = await run_sweep(conn, select(names()), limit=100)
         assert report.ok, [r.summary(False) for r in report.results]
         outcomes = {r.rule.name: r.outcome.placed for r in report.results}
         assert (outcomes["destination-stuck"], outcomes["delivery-expired"]) == (1, 1)

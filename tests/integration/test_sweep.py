@@ -15,13 +15,14 @@ import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker import worklist
+from inturn.worker.operations.packs import select
 from inturn.worker.store import registry
 from inturn.worker.worklist.delivery_rules import (
     delivery_expired,
     destination_stuck,
     orphaned_queue,
 )
-from inturn.worker.worklist.rules import Rule, RuleOutcome, select
+from inturn.worker.worklist.rules import Rule, RuleOutcome
 from inturn.worker.worklist.sweep import sweep
 
 pytestmark = pytest.mark.store
@@ -277,5 +278,5 @@ async def test_a_failing_rule_is_reported_and_the_others_run(conn: AsyncConnecti
 
 
 def test_unknown_group_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown rule group nope"):
+    with pytest.raises(ValueError, match="unknown rule pack nope"):
         select(("nope",))

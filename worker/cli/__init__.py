@@ -24,7 +24,7 @@ COMMANDS: dict[str, str] = {
     "purge": "inturn.worker.cli.queue:purge_command",
     "bookings": "inturn.worker.cli.reservations:bookings_group",
     "worklist": "inturn.worker.cli.worklist:worklist_group",
-    "sweep": "inturn.worker.cli.worklist:sweep_command",
+    "sweep": "inturn.worker.cli.sweep:sweep_command",
     "worker": "inturn.worker.cli.worker:worker_command",
     "ingest": "inturn.worker.cli.ingest:ingest_command",
     "token": "inturn.worker.cli.ingest:token_command",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -19,13 +18,11 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
-from inturn.worker.cli.options import DURATION, dsn_option, json_option
+from inturn.worker.cli.options import dsn_option, json_option
 from inturn.worker.reservations import bookings as api
 from inturn.worker.reservations.bookings import Applied
 from inturn.worker.reservations.codes import is_status_code
 from inturn.worker.reservations.records import Booking, BookingFileError, parse_instant
-from inturn.worker.reservations.sweep import ReservationSettings, configure
-from inturn.worker.spec.schema import CARRIER_PATTERN
 from inturn.worker.store.bookings import SegmentEvent
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worklist import announce
@@ -248,78 +245,3 @@ def apply_status_command(
         )
     for item in done.answered:
         click.echo(f"cleared item {item.id} ({item.reason}): answered")
-
-
-# --- the settings of the sweeper's reservation rules (options of ``inturn sweep``) -------------
-
-_CARRIER = re.compile(CARRIER_PATTERN)
-
-
-def _carriers(
-    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
-) -> tuple[str, ...]:
-    out = tuple(sorted({v.upper() for v in value}))
-    bad = [c for c in out if not _CARRIER.match(c)]
-    if bad:
-        raise click.BadParameter(f"{bad[0]!r} is not an IATA airline designator", ctx, param)
-    return out
-
-
-def reservation_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the reservation rules' options to a click command (``inturn sweep``).
-
-    ``--pending-after`` (default 6h), ``--ticketing-lead`` (default 24h), ``--auto-cancel``
-    (off) and ``--host-carrier`` (repeatable), each also read from ``INTURN_SWEEP_*`` (the
-    chart sets those from ``sweeper.reservations``). :func:`configure_rules` turns the values
-    into the rules' settings.
-    """
-    options = [
-        click.option(
-            "--pending-after",
-            type=DURATION,
-            default="6h",
-            show_default=True,
-            envvar="INTURN_SWEEP_PENDING_AFTER",
-            help="Raise a segment requested this long ago and still unanswered.",
-        ),
-        click.option(
-            "--ticketing-lead",
-            type=DURATION,
-            default="24h",
-            show_default=True,
-            envvar="INTURN_SWEEP_TICKETING_LEAD",
-            help="Raise an unticketed booking this long before its ticketing deadline.",
-        ),
-        click.option(
-            "--auto-cancel/--no-auto-cancel",
-            default=False,
-            show_default=True,
-            envvar="INTURN_SWEEP_AUTO_CANCEL",
-            help="Cancel bookings past their ticketing deadline and tell the carriers.",
-        ),
-        click.option(
-            "--host-carrier",
-            "host_carriers",
-            multiple=True,
-            envvar="INTURN_SWEEP_HOST_CARRIERS",
-            callback=_carriers,
-            help="A carrier whose inventory is our own: no cancellation notice (repeatable).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-def configure_rules(
-    *, pending_after: int, ticketing_lead: int, auto_cancel: bool, host_carriers: tuple[str, ...]
-) -> ReservationSettings:
-    """Set the registered reservation rules' settings from :func:`reservation_options`."""
-    settings = ReservationSettings(
-        pending_after=pending_after,
-        ticketing_lead=ticketing_lead,
-        auto_cancel=auto_cancel,
-        host_carriers=host_carriers,
-    )
-    configure(settings)
-    return settings

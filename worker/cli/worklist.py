@@ -1,15 +1,12 @@
-"""``inturn worklist list|count|show|clear`` and ``inturn sweep``.
+"""``inturn worklist list|count|show|clear``.
 
 Listings show codes, record keys, times and who; details are small and never a payload.
-``clear`` requires ``--who`` and ``--note``. ``sweep`` exits 0 on success (also when another
-sweep is running, which it says), 1 when a rule failed, 2 on bad arguments or no database.
+``clear`` requires ``--who`` and ``--note``. (``inturn sweep`` is :mod:`inturn.worker.cli.sweep`.)
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -18,14 +15,9 @@ from psycopg import AsyncConnection
 
 from inturn.worker.cli.options import dsn_option, json_option
 from inturn.worker.cli.queue import _table, run_read, run_write
-from inturn.worker.cli.reservations import configure_rules, reservation_options
-from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.text.durations import format_age
-from inturn.worker.worklist import rules as rule_registry
 from inturn.worker.worklist import store
 from inturn.worker.worklist.model import ITEM_STATES, CountRow, Page, WorklistItem
-from inturn.worker.worklist.publishers import close_all, from_env
-from inturn.worker.worklist.sweep import DEFAULT_LIMIT, sweep
 
 T = TypeVar("T")
 
@@ -248,89 +240,3 @@ def clear_command(dsn: str | None, item_id: int, who: str, note: str, as_json: b
     click.echo(
         f"cleared {item.id} ({item.queue}/{item.reason}, {item.record_kind}:{item.record_key})"
     )
-
-
-@click.command("sweep")
-@dsn_option()
-@click.option(
-    "--limit",
-    type=click.IntRange(1, None),
-    default=DEFAULT_LIMIT,
-    show_default=True,
-    help="Records per rule and run, most overdue first; the rest wait for the next run.",
-)
-@click.option(
-    "--dry-run", is_flag=True, help="Change nothing; say what would be placed and cleared."
-)
-@click.option(
-    "--only",
-    multiple=True,
-    metavar="GROUP",
-    help="Only the rules of this group (delivery, reservations...); repeatable.",
-)
-@reservation_options
-@json_option
-def sweep_command(
-    dsn: str | None,
-    limit: int,
-    dry_run: bool,
-    only: tuple[str, ...],
-    pending_after: int,
-    ticketing_lead: int,
-    auto_cancel: bool,
-    host_carriers: tuple[str, ...],
-    as_json: bool,
-) -> None:
-    """Place work for what happened because time passed; clear what no longer holds.
-
-    Prints one line per rule. Exits 0 on success (also when another sweep is running), 1 when
-    a rule failed.
-    """
-    configure_rules(
-        pending_after=pending_after,
-        ticketing_lead=ticketing_lead,
-        auto_cancel=auto_cancel,
-        host_carriers=host_carriers,
-    )
-    try:
-        selected = rule_registry.select(only)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--only") from None
-    target = resolve_dsn(dsn)
-    try:
-        publishers = [] if dry_run else from_env(os.environ, target)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-
-    async def go(conn: AsyncConnection[Any]) -> Any:
-        try:
-            return await sweep(conn, selected, limit=limit, dry_run=dry_run, publishers=publishers)
-        finally:
-            await close_all(publishers)
-
-    report = run_write(target, go)
-    if not report.locked:
-        click.echo("another sweep is running; nothing done")
-        return
-    if as_json:
-        _emit(
-            {
-                "dryRun": dry_run,
-                "rules": [
-                    {
-                        "rule": r.rule.name,
-                        "group": r.rule.group,
-                        "placed": r.outcome.placed,
-                        "alreadyThere": r.outcome.already,
-                        "cleared": r.outcome.cleared,
-                        "error": r.error,
-                    }
-                    for r in report.results
-                ],
-            }
-        )
-    else:
-        for r in report.results:
-            click.echo(r.summary(dry_run))
-    if not report.ok:
-        sys.exit(1)

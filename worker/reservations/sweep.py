@@ -21,9 +21,11 @@ holds (answered, ticketed, cancelled, deadline moved) are cleared by ``system`` 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -37,9 +39,10 @@ from inturn.worker.reservations.codes import (
     office_queue,
     segment_key,
 )
+from inturn.worker.spec.schema import CARRIER_PATTERN
 from inturn.worker.store import bookings as store
 from inturn.worker.store.queries import fetch_all, load
-from inturn.worker.worklist import RuleOutcome, clear_where, place, rule
+from inturn.worker.worklist import PackOption, Rule, RuleOutcome, RulePack, clear_where, place
 
 Q = load("reservation_rules.sql")
 log = logging.getLogger("inturn.sweep.reservations")
@@ -261,47 +264,85 @@ async def ticketing_expired(
     return out
 
 
-# --- the rules as ``inturn sweep`` runs them ---------------------------------------------------
+# --- the pack as ``inturn sweep --only reservations`` runs it ----------------------------------
 
-_settings = ReservationSettings()
-
-
-def configure(settings: ReservationSettings) -> None:
-    """Set what the registered rules run with (``inturn sweep`` calls it with its flags)."""
-    global _settings
-    _settings = settings
+_CARRIER = re.compile(CARRIER_PATTERN)
 
 
-def current() -> ReservationSettings:
-    """The settings the registered rules run with."""
-    return _settings
+def _carriers(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Upper-cased, sorted, without repeats.
+
+    Raises:
+        ValueError: a value that is not an IATA airline designator.
+    """
+    out = tuple(sorted({v.upper() for v in values}))
+    bad = [c for c in out if not _CARRIER.match(c)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not an IATA airline designator")
+    return out
 
 
-@rule("unanswered", GROUP)
-async def _unanswered_rule(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
-    return await unanswered(
-        conn, limit=limit, dry_run=dry_run, pending_after=_settings.pending_after
+def _rules(settings: ReservationSettings) -> tuple[Rule, ...]:
+    return (
+        Rule("unanswered", GROUP, partial(unanswered, pending_after=settings.pending_after)),
+        Rule(
+            "ticketing-due", GROUP, partial(ticketing_due, ticketing_lead=settings.ticketing_lead)
+        ),
+        Rule(
+            "ticketing-expired",
+            GROUP,
+            partial(
+                ticketing_expired,
+                ticketing_lead=settings.ticketing_lead,
+                auto_cancel=settings.auto_cancel,
+                host_carriers=settings.host_carriers,
+            ),
+        ),
     )
 
 
-@rule("ticketing-due", GROUP)
-async def _ticketing_due_rule(
-    conn: AsyncConnection[Any], *, limit: int, dry_run: bool
-) -> RuleOutcome:
-    return await ticketing_due(
-        conn, limit=limit, dry_run=dry_run, ticketing_lead=_settings.ticketing_lead
-    )
-
-
-@rule("ticketing-expired", GROUP)
-async def _ticketing_expired_rule(
-    conn: AsyncConnection[Any], *, limit: int, dry_run: bool
-) -> RuleOutcome:
-    return await ticketing_expired(
-        conn,
-        limit=limit,
-        dry_run=dry_run,
-        ticketing_lead=_settings.ticketing_lead,
-        auto_cancel=_settings.auto_cancel,
-        host_carriers=_settings.host_carriers,
-    )
+#: The reservation rules, run when ``inturn sweep --only reservations`` names them (the chart:
+#: ``sweeper.only``); their options are shown by ``inturn sweep --only reservations --help``
+#: and read from ``INTURN_SWEEP_*`` (the chart sets those from ``sweeper.reservations``).
+PACK = RulePack(
+    name=GROUP,
+    about="unanswered reservation requests and ticketing deadlines",
+    rules=_rules,
+    settings=ReservationSettings(),
+    options=(
+        PackOption(
+            field="pending_after",
+            flag="--pending-after",
+            kind="duration",
+            default="6h",
+            envvar="INTURN_SWEEP_PENDING_AFTER",
+            help="Raise a segment requested this long ago and still unanswered.",
+        ),
+        PackOption(
+            field="ticketing_lead",
+            flag="--ticketing-lead",
+            kind="duration",
+            default="24h",
+            envvar="INTURN_SWEEP_TICKETING_LEAD",
+            help="Raise an unticketed booking this long before its ticketing deadline.",
+        ),
+        PackOption(
+            field="auto_cancel",
+            flag="--auto-cancel",
+            kind="switch",
+            default=False,
+            envvar="INTURN_SWEEP_AUTO_CANCEL",
+            help="Cancel bookings past their ticketing deadline and tell the carriers.",
+        ),
+        PackOption(
+            field="host_carriers",
+            flag="--host-carrier",
+            kind="many",
+            default=(),
+            envvar="INTURN_SWEEP_HOST_CARRIERS",
+            check=_carriers,
+            help="A carrier whose inventory is our own: no cancellation notice (repeatable).",
+        ),
+    ),
+    default=False,
+)

@@ -1,7 +1,8 @@
 """Worklists: failures and missed deadlines turned into work that people list, work and clear.
 
 The store (:mod:`.store`) holds the items; publishers (:mod:`.publish`) announce created items
-after their COMMIT; the sweeper's rules (:mod:`.rules`) place what happens because time passed.
+after their COMMIT; the sweeper's rules (:mod:`.rules`, grouped in rule packs) place what
+happens because time passed.
 
 The API in one place::
 
@@ -17,7 +18,7 @@ The API in one place::
 
 from inturn.worker.worklist.model import CountRow, Page, Placement, Shown, WorklistItem
 from inturn.worker.worklist.publish import Publisher, announce
-from inturn.worker.worklist.rules import Rule, RuleOutcome, rule
+from inturn.worker.worklist.rules import PackOption, Rule, RuleOutcome, RulePack
 from inturn.worker.worklist.store import (
     SYSTEM,
     AlreadyCleared,
@@ -37,11 +38,13 @@ __all__ = [
     "AlreadyCleared",
     "CountRow",
     "ItemNotFound",
+    "PackOption",
     "Page",
     "Placement",
     "Publisher",
     "Rule",
     "RuleOutcome",
+    "RulePack",
     "Shown",
     "WorklistItem",
     "announce",
@@ -52,6 +55,5 @@ __all__ = [
     "list_items",
     "place",
     "purge",
-    "rule",
     "show",
 ]

@@ -1,4 +1,4 @@
-"""The delivery side's sweeper rules (group ``delivery``).
+"""The delivery side's sweeper rules: the rule pack ``delivery`` (:data:`PACK`).
 
 ``destination-stuck``
     A live destination whose head has waited at least ``spec.alerting.stuckAfterSeconds``
@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 
 from inturn.worker.store import queue as delivery_queue
 from inturn.worker.store.queries import fetch_all, load
-from inturn.worker.worklist.rules import RuleOutcome, rule
+from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
 from inturn.worker.worklist.store import NewPlacement, clear_where, place_many
 
 Q = load("sweep.sql")
@@ -119,7 +119,6 @@ def _head(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@rule("destination-stuck", GROUP)
 async def destination_stuck(
     conn: AsyncConnection[Any], *, limit: int, dry_run: bool
 ) -> RuleOutcome:
@@ -141,7 +140,6 @@ async def destination_stuck(
     )
 
 
-@rule("orphaned-queue", GROUP)
 async def orphaned_queue(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Raise pending messages of unregistered destinations; clear those registered again."""
     return await _destination_rule(
@@ -159,7 +157,6 @@ async def orphaned_queue(conn: AsyncConnection[Any], *, limit: int, dry_run: boo
     )
 
 
-@rule("delivery-expired", GROUP)
 async def delivery_expired(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Skip (as ``sweeper``) and place messages older than their ``expireAfterSeconds``."""
     outcome = RuleOutcome()
@@ -219,3 +216,17 @@ async def delivery_expired(conn: AsyncConnection[Any], *, limit: int, dry_run: b
                 {"channel": delivery_queue.notify_channel(destination), "destination": destination},
             )
     return outcome
+
+
+#: The delivery rules: run by every ``inturn sweep`` unless ``--only`` names other packs; no
+#: settings of their own (each Destination sets its thresholds in its spec).
+PACK: RulePack[None] = RulePack(
+    name=GROUP,
+    about="stuck destinations, orphaned queues, expired messages",
+    rules=lambda _: (
+        Rule("destination-stuck", GROUP, destination_stuck),
+        Rule("orphaned-queue", GROUP, orphaned_queue),
+        Rule("delivery-expired", GROUP, delivery_expired),
+    ),
+    settings=None,
+)

@@ -1,8 +1,10 @@
-"""The sweeper's rules: what places work because time passed, as plug-ins.
+"""The sweeper's rules and rule packs: what places work because time passed, as plug-ins.
 
-A rule has a name (``destination-stuck``), a group (``delivery``, ``reservations``) and a run
-function over a connection, a limit and a dry-run flag. A module declares its rules with
-:func:`rule` and is listed in :data:`RULE_MODULES`; ``inturn sweep --only GROUP`` selects groups.
+A rule has a name (``destination-stuck``), the name of its pack (``delivery``) and a run
+function over a connection, a limit and a dry-run flag. A rule pack (:class:`RulePack`) is the
+rules of one subject (delivery, reservations, ...) with their settings; the registry
+:mod:`inturn.worker.operations.packs` lists every pack once, and ``inturn sweep --only PACK``
+selects packs by name.
 
 A run function is level-triggered and idempotent: it places an item for every record whose
 condition holds now (most overdue first, at most ``limit``), and clears, as ``system`` with a
@@ -14,20 +16,16 @@ announces them after they committed.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Awaitable, Callable
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Literal, TypeVar
 
 from psycopg import AsyncConnection
 
 from inturn.worker.worklist.model import Placement
 
-#: Modules whose import registers rules. Add a line to plug in another module's rules.
-RULE_MODULES: tuple[str, ...] = (
-    "inturn.worker.worklist.delivery_rules",
-    "inturn.worker.reservations.sweep",
-)
+S = TypeVar("S")
 
 
 @dataclass
@@ -61,7 +59,7 @@ RunFunction = Callable[..., Awaitable[RuleOutcome]]
 
 @dataclass(frozen=True)
 class Rule:
-    """One sweeper rule: its name, its group and its run function."""
+    """One sweeper rule: its name, the name of its pack (``group``) and its run function."""
 
     name: str
     group: str
@@ -74,57 +72,62 @@ class Rule:
         return await self.run(conn, limit=limit, dry_run=dry_run)
 
 
-_REGISTRY: dict[str, Rule] = {}
+@dataclass(frozen=True)
+class PackOption:
+    """One setting of a rule pack, as ``inturn sweep`` takes it.
 
+    ``inturn sweep`` offers a pack's options (and shows them in ``--help``) only when that pack
+    runs: by default for a pack with ``default=True``, otherwise when ``--only`` names it. So
+    a pack's vocabulary stays out of the help and the output of those who do not run it.
 
-def rule(name: str, group: str) -> Callable[[RunFunction], RunFunction]:
-    """Decorator registering ``run`` as the rule ``name`` in ``group``.
-
-    Raises:
-        ValueError: a rule of that name is already registered by another function.
+    Attributes:
+        field: the attribute of the pack's settings this option sets.
+        flag: the long option, e.g. ``--pending-after``.
+        help: one sentence for ``--help``.
+        kind: ``duration`` (seconds, from ``90``, ``30m``, ``6h``, ``7d``), ``switch``
+            (``--flag/--no-flag``) or ``many`` (repeatable text; space-separated in the
+            environment).
+        default: the default as typed on the command line (``"6h"``, ``False``, ``()``).
+        envvar: the environment variable read when the option is not given.
+        check: normalises the parsed value (a whole tuple for ``many``); raises ValueError
+            with a one-line message for a bad one.
     """
 
-    def register(run: RunFunction) -> RunFunction:
-        existing = _REGISTRY.get(name)
-        if existing is not None and existing.run is not run:
-            raise ValueError(f"sweeper rule {name!r} is registered twice")
-        _REGISTRY[name] = Rule(name, group, run)
-        return run
-
-    return register
-
-
-def all_rules() -> list[Rule]:
-    """Every registered rule, after importing :data:`RULE_MODULES`: in the order of that list,
-    then in the order each module declares them (whatever imported a module first)."""
-    for module in RULE_MODULES:
-        importlib.import_module(module)
-    rules = list(_REGISTRY.values())
-    modules = list(RULE_MODULES)
-
-    def place_of(r: Rule) -> int:
-        name = getattr(r.run, "__module__", "")
-        return modules.index(name) if name in modules else len(modules)
-
-    return sorted(rules, key=place_of)  # stable: declaration order within a module
+    field: str
+    flag: str
+    help: str
+    kind: Literal["duration", "switch", "many"]
+    default: str | bool | tuple[str, ...]
+    envvar: str | None = None
+    check: Callable[[Any], Any] | None = None
 
 
-def groups() -> list[str]:
-    """The rule groups, sorted."""
-    return sorted({r.group for r in all_rules()})
+@dataclass(frozen=True)
+class RulePack(Generic[S]):
+    """The rules of one subject for ``inturn sweep``, their settings and their options.
 
-
-def select(only: tuple[str, ...] = ()) -> list[Rule]:
-    """The rules of the groups in ``only`` (all rules when empty).
-
-    Raises:
-        ValueError: a group no rule belongs to.
+    Attributes:
+        name: what ``inturn sweep --only`` takes, and each rule's ``group``.
+        about: one line for ``inturn sweep --help``.
+        rules: the pack's rules, run with the given settings, in the order they run.
+        settings: the default settings (a frozen dataclass, or None for a pack without any).
+        options: each setting a user may change from the command line or the environment.
+        default: whether ``inturn sweep`` without ``--only`` runs the pack. A pack that only
+            some installations use (reservations) says False and runs when it is named.
     """
-    rules = all_rules()
-    known = {r.group for r in rules}
-    unknown = sorted(set(only) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown rule group {', '.join(unknown)}; expected one of {', '.join(sorted(known))}"
-        )
-    return [r for r in rules if not only or r.group in only]
+
+    name: str
+    about: str
+    rules: Callable[[S], Sequence[Rule]]
+    settings: S
+    options: tuple[PackOption, ...] = ()
+    default: bool = True
+
+    def configured(self, **values: Any) -> list[Rule]:
+        """The pack's rules with the settings named in ``values`` changed (option fields).
+
+        Raises:
+            TypeError: a value for a field the settings do not have.
+        """
+        settings = dataclasses.replace(self.settings, **values) if values else self.settings  # type: ignore[type-var]
+        return list(self.rules(settings))
