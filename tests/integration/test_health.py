@@ -34,7 +34,7 @@ async def test_probes_scrape_head_and_unknown_paths() -> None:
         got = await asyncio.to_thread(request, port, "GET", "/healthz")
         assert got == (200, "text/plain; charset=utf-8", b"ok\n")
         status, _, body = await asyncio.to_thread(request, port, "GET", "/readyz")
-        assert (status, body) == (503, b"not holding the lock or no database: ns/health\n")
+        assert (status, body) == (503, b"ns/health: not holding the lock or no database\n")
         worker.state.lock_held = worker.state.db_ok = True
         assert (await asyncio.to_thread(request, port, "GET", "/readyz"))[0] == 200
         status, ctype, text = await asyncio.to_thread(request, port, "GET", "/metrics?x=1")

@@ -213,7 +213,8 @@ def _size(value: str) -> int:
     type=float,
     default=DEFAULT_STORE_TIMEOUT_SECONDS,
     show_default=True,
-    help="Seconds to store one message before answering AE.",
+    help="Seconds to store one message; past it the transaction is cancelled, and AE is"
+    " answered once its rollback is seen (AA if it had committed).",
 )
 @click.option(
     "--pool-size",

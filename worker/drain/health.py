@@ -2,7 +2,10 @@
 
 ``/healthz`` answers 200 while the process is alive and every worker's loop keeps turning (a
 wedged loop makes Kubernetes restart the pod); ``/readyz`` answers 200 while every worker holds
-its lock and reached the database; ``/metrics`` is prometheus-client's text exposition.
+its lock, reached the database, and no step is being repeated nor waits on another session's
+lock (the body says why, one line per destination); ``/metrics`` is prometheus-client's text
+exposition. A worker repeating its delivered mark, or waiting on a lock, stays alive on
+``/healthz``: a restart would lose what it knows and send the message again.
 
 Served by the standard library's ``http.server`` on a thread of its own, not by aiohttp: three
 fixed answers to probes and scrapes need no web framework, prometheus-client imports
@@ -54,10 +57,10 @@ def make_app(workers: Sequence[DestinationWorker]) -> App:
         return 200, _TEXT, b"ok\n"
 
     def readyz() -> Answer:
-        waiting = [w.destination for w in workers if not w.state.ready()]
+        reasons = [(w.destination, w.state.not_ready()) for w in workers]
+        waiting = [f"{destination}: {why}" for destination, why in reasons if why is not None]
         if waiting:
-            detail = f"not holding the lock or no database: {', '.join(waiting)}\n"
-            return 503, _TEXT, detail.encode()
+            return 503, _TEXT, ("\n".join(waiting) + "\n").encode()
         return 200, _TEXT, b"ok\n"
 
     def metrics() -> Answer:

@@ -39,6 +39,18 @@ MAX_ATTEMPTS = Gauge(
 LOCK_HELD = Gauge(
     "inturn_lock_held", "1 while this process holds the destination's lock.", ["destination"]
 )
+STEP_FAILURES = Counter(
+    "inturn_store_step_failures",
+    "Statements of the worker's loop that failed on a live session and were repeated, by step"
+    " (session, head, attempt, mark, give_up).",
+    ["destination", "step"],
+)
+LOCK_WAIT = Counter(
+    "inturn_lock_wait_seconds",
+    "Seconds the worker's statements waited on locks held by other sessions (waits longer"
+    " than the lock-wait threshold, counted whole).",
+    ["destination"],
+)
 
 
 def _oldest_age(destination: str) -> float:
@@ -75,3 +87,11 @@ class PrometheusObserver:
     def lock(self, destination: str, held: bool) -> None:
         """Set the lock gauge."""
         LOCK_HELD.labels(destination).set(1 if held else 0)
+
+    def step_failed(self, destination: str, step: str) -> None:
+        """Count a step repeated on a live session."""
+        STEP_FAILURES.labels(destination, step).inc()
+
+    def lock_wait(self, destination: str, seconds: float) -> None:
+        """Count seconds of lock waiting."""
+        LOCK_WAIT.labels(destination).inc(max(seconds, 0.0))

@@ -31,6 +31,14 @@ class Observer(Protocol):
     def lock(self, destination: str, held: bool) -> None:
         """The worker took (True) or lost/released (False) the destination's lock."""
 
+    def step_failed(self, destination: str, step: str) -> None:
+        """A step of the loop (``head``, ``mark``... see
+        :data:`inturn.worker.store.faults.Step`) failed on a live session and is repeated."""
+
+    def lock_wait(self, destination: str, seconds: float) -> None:
+        """A statement waited ``seconds`` more on another session's lock (counted once it
+        waited longer than the lock-wait threshold)."""
+
 
 class NullObserver:
     """An observer that ignores everything."""
@@ -50,4 +58,10 @@ class NullObserver:
         """Ignore."""
 
     def lock(self, destination: str, held: bool) -> None:
+        """Ignore."""
+
+    def step_failed(self, destination: str, step: str) -> None:
+        """Ignore."""
+
+    def lock_wait(self, destination: str, seconds: float) -> None:
         """Ignore."""

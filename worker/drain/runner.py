@@ -7,8 +7,18 @@ depth gauge. Without the lock it sends nothing; when the connection is lost it s
 reconnects with backoff and takes the lock again before the next send.
 
 There is no in-flight state: a crash between the receiver's ACK and the delivered mark leaves
-the head pending, so the next lock holder sends it again (at most one duplicate, never a
-reorder).
+the head pending, so the next lock holder sends it again (at most one duplicate per lost
+session, never a reorder).
+
+Every statement of the loop goes through :meth:`DestinationWorker._step`, which applies the one
+fault table of :func:`inturn.worker.store.faults.classify_step`: while the session lives (a full
+disk, ``lock_timeout``, ``statement_timeout``...), the failed step alone is repeated after a
+backoff, with ``/readyz`` saying why and liveness kept (a restart would lose what the worker
+knows); only a lost session makes it reconnect. A delivered message whose mark cannot be
+written is therefore marked again, never sent again. Each statement also runs under a lock
+watch (:mod:`inturn.worker.store.lockwatch`): a wait on another session's lock longer than
+the threshold is logged with the blocking session, shown on ``/readyz`` and counted in
+``inturn_lock_wait_seconds``.
 """
 
 from __future__ import annotations
@@ -17,9 +27,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
@@ -30,8 +41,9 @@ from inturn.worker.drain.retry import decide
 from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
 from inturn.worker.senders.fingerprint import fingerprint
 from inturn.worker.spec.config import WorkerConfig
-from inturn.worker.store import locks, queue
+from inturn.worker.store import locks, lockwatch, queue
 from inturn.worker.store.connect import connect_worker
+from inturn.worker.store.faults import Step, StepFault, classify_step
 from inturn.worker.store.model import Head
 from inturn.worker.worklist.delivery_failed import give_up
 from inturn.worker.worklist.publish import Publisher, announce
@@ -48,6 +60,31 @@ STANDBY_POLL_SECONDS = 5.0
 #: Reconnect backoff after a lost database connection: first delay and ceiling, seconds.
 RECONNECT_BASE_SECONDS = 1.0
 RECONNECT_MAX_SECONDS = 30.0
+#: Backoff of a step repeated on a live session (a mark on a full disk...): first delay and
+#: ceiling, seconds.
+STEP_RETRY_BASE_SECONDS = 0.5
+STEP_RETRY_MAX_SECONDS = 10.0
+#: Seconds between two warnings about the same lock wait (the first comes at the threshold).
+LOCK_WAIT_LOG_EVERY_SECONDS = 60.0
+
+T = TypeVar("T")
+
+
+class SessionLost(Exception):
+    """The worker's session, and the destination's lock with it, is gone (see
+    :func:`inturn.worker.store.faults.classify_step`); the worker reconnects.
+
+    Attributes:
+        fault: the classified error.
+    """
+
+    def __init__(self, fault: StepFault) -> None:
+        super().__init__(fault.text)
+        self.fault = fault
+
+
+class _Stopped(Exception):
+    """Stop was asked while a failed step waited to be repeated."""
 
 
 @dataclass
@@ -60,6 +97,9 @@ class WorkerHealth:
         connected_once: the worker has reached the database at least once.
         last_tick: ``time.monotonic()`` of the last loop turn.
         sending_since: monotonic start of the attempt in flight, or None.
+        trouble: why a step is being repeated on a live session (e.g. the delivered mark on a
+            full disk), or None.
+        lock_wait: the lock wait in progress past the threshold (blocking sessions), or None.
     """
 
     lock_held: bool = False
@@ -67,6 +107,8 @@ class WorkerHealth:
     connected_once: bool = False
     last_tick: float = field(default_factory=time.monotonic)
     sending_since: float | None = None
+    trouble: str | None = None
+    lock_wait: str | None = None
 
     def alive(self, stale_after: float) -> bool:
         """Whether the loop turned within ``stale_after`` seconds (the attempt in flight counts)."""
@@ -76,8 +118,16 @@ class WorkerHealth:
         return now - self.last_tick <= stale_after
 
     def ready(self) -> bool:
-        """Holds the lock and the database answered."""
-        return self.lock_held and self.db_ok
+        """Holds the lock, the database answered, no step is being repeated, no lock wait."""
+        return self.not_ready() is None
+
+    def not_ready(self) -> str | None:
+        """Why the worker is not ready (one line), or None when it is."""
+        if not self.lock_held or not self.db_ok:
+            return "not holding the lock or no database"
+        if self.lock_wait is not None:
+            return self.lock_wait
+        return self.trouble
 
 
 class DestinationWorker:
@@ -89,6 +139,8 @@ class DestinationWorker:
         sender: the destination's real sender; closed when ``run`` returns.
         observer: receives delivery events (metrics).
         publishers: told of each message placed on ``delivery-failed``, after its COMMIT.
+        lock_wait_seconds: the lock-wait threshold (seconds > 0); default
+            :func:`inturn.worker.store.lockwatch.threshold_from_env`.
     """
 
     def __init__(
@@ -98,6 +150,7 @@ class DestinationWorker:
         sender: Sender,
         observer: Observer | None = None,
         publishers: Sequence[Publisher] = (),
+        lock_wait_seconds: float | None = None,
     ) -> None:
         self.config = config
         self.dsn = dsn
@@ -109,6 +162,10 @@ class DestinationWorker:
         self.publishers = publishers
         self._wake = asyncio.Event()
         self._next_depth = 0.0
+        self.lock_wait_seconds = (
+            lockwatch.threshold_from_env() if lock_wait_seconds is None else lock_wait_seconds
+        )
+        self._lock_wait_logged = 0.0
 
     @property
     def destination(self) -> str:
@@ -128,7 +185,7 @@ class DestinationWorker:
                 try:
                     await self._session(stop)
                     failures = 0
-                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                except (psycopg.OperationalError, psycopg.InterfaceError, SessionLost) as exc:
                     failures += 1
                     self._set_lock(False)
                     self.state.db_ok = False
@@ -161,9 +218,12 @@ class DestinationWorker:
         try:
             if not await self._acquire(conn, stop):
                 return
-            await queue.listen(conn, self.destination)
-            changed, made_due = await queue.sender_changed(
-                conn, self.destination, self.sender_fingerprint
+            await self._step(conn, stop, "session", lambda: queue.listen(conn, self.destination))
+            changed, made_due = await self._step(
+                conn,
+                stop,
+                "session",
+                lambda: queue.sender_changed(conn, self.destination, self.sender_fingerprint),
             )
             if changed:
                 log.info(
@@ -179,7 +239,10 @@ class DestinationWorker:
                 self.sender.describe(),
             )
             await self._drain(conn, stop)
+        except _Stopped:
+            pass
         finally:
+            self.state.trouble = self.state.lock_wait = None
             self._set_lock(False)
             # Closing the session releases the advisory lock on the server.
             with contextlib.suppress(Exception):
@@ -188,9 +251,10 @@ class DestinationWorker:
     async def _acquire(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> bool:
         """Wait for the destination's session lock; False when stopped first."""
         announced = False
+        key = locks.worker_key(self.destination)
         while not stop.is_set():
             self._tick()
-            if await locks.try_lock(conn, locks.worker_key(self.destination)):
+            if await self._step(conn, stop, "session", partial(locks.try_lock, conn, key)):
                 self._set_lock(True)
                 return True
             if not announced:
@@ -218,26 +282,33 @@ class DestinationWorker:
         while not stop.is_set():
             self._tick()
             if self.config.suspend:
-                await self._report_depth(conn)
+                await self._report_depth(conn, stop)
                 await self._wait(conn, stop, idle)
                 continue
             if prefetched is not None:
                 (head, wait), prefetched = prefetched, None
             else:
-                head, wait = await queue.next_head(conn, self.destination, after=after)
+                head, wait = await self._step(
+                    conn,
+                    stop,
+                    "head",
+                    partial(queue.next_head, conn, self.destination, after=after),
+                )
                 if head is None and wait is None and after:
                     after = 0
-                    head, wait = await queue.next_head(conn, self.destination)
+                    head, wait = await self._step(
+                        conn, stop, "head", lambda: queue.next_head(conn, self.destination)
+                    )
             self.state.db_ok = True
             if head is None and wait is None:
                 self._report_empty()
                 await self._wait(conn, stop, idle)
                 continue
-            await self._report_depth(conn)
+            await self._report_depth(conn, stop)
             if head is None:
                 await self._wait(conn, stop, idle if wait is None else min(wait, idle))
                 continue
-            finished, prefetched = await self._attempt(conn, head)
+            finished, prefetched = await self._attempt(conn, stop, head)
             if finished:
                 after = head.item.id
 
@@ -249,13 +320,15 @@ class DestinationWorker:
         self.observer.depth(self.destination, 0, 0.0, 0)
         self._next_depth = 0.0
 
-    async def _report_depth(self, conn: AsyncConnection[Any], force: bool = False) -> None:
+    async def _report_depth(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, force: bool = False
+    ) -> None:
         """Query the destination's depth, at most every :data:`DEPTH_EVERY_SECONDS`."""
         now = time.monotonic()
         if not force and now < self._next_depth:
             return
         self._next_depth = now + DEPTH_EVERY_SECONDS
-        rows = await queue.depth(conn, self.destination)
+        rows = await self._step(conn, stop, "head", lambda: queue.depth(conn, self.destination))
         if rows:
             r = rows[0]
             self.observer.depth(self.destination, r.pending, r.oldest_seconds, r.max_attempts)
@@ -271,8 +344,19 @@ class DestinationWorker:
         received (during an earlier query) are taken first, without waiting.
 
         Raises:
-            psycopg.OperationalError: the connection is lost (the caller reconnects).
+            SessionLost: the connection is lost (the caller reconnects).
         """
+        try:
+            await self._wait_readable(conn, stop, timeout)
+        except psycopg.Error as exc:
+            fault = classify_step("head", exc, connection_closed=conn.closed or conn.broken)
+            if fault.action == "reconnect":
+                raise SessionLost(fault) from exc
+            log.info("destination %s: waiting for a notification: %s", self.destination, fault.text)
+
+    async def _wait_readable(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, timeout: float
+    ) -> None:
         if timeout <= 0 or await _take_notifies(conn):
             return
         loop = asyncio.get_running_loop()
@@ -297,7 +381,7 @@ class DestinationWorker:
             readable.cancel()
 
     async def _attempt(
-        self, conn: AsyncConnection[Any], head: Head
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, head: Head
     ) -> tuple[bool, queue.HeadResult | None]:
         """Send ``head`` once and record the outcome.
 
@@ -319,7 +403,9 @@ class DestinationWorker:
         except OSError as exc:
             outcome, detail = "connection", str(exc) or type(exc).__name__
         else:
-            waited, following = await queue.succeeded_next(conn, item, attempts)
+            waited, following = await self._step(
+                conn, stop, "mark", lambda: queue.succeeded_next(conn, item, attempts), item.id
+            )
             if attempts > 1:  # the recovery is news as much as the failures were
                 log.info(
                     "destination %s: delivering again after %d failed attempt(s) (id=%d)",
@@ -335,11 +421,12 @@ class DestinationWorker:
             return True, following
         finally:
             self.state.sending_since = None
-        return await self._failed(conn, head, attempts, outcome, detail), None
+        return await self._failed(conn, stop, head, attempts, outcome, detail), None
 
     async def _failed(
         self,
         conn: AsyncConnection[Any],
+        stop: asyncio.Event,
         head: Head,
         attempts: int,
         outcome: FailureCause,
@@ -351,13 +438,19 @@ class DestinationWorker:
         cause = f"{outcome}: {detail}"[:CAUSE_MAX_CHARS]
         decision = decide(outcome, attempts, self.config.retry, self.config.ack_policy)
         if decision.give_up:
-            placement = await give_up(
+            placement = await self._step(
                 conn,
-                item,
-                attempts=decision.attempts,
-                cause=cause,
-                outcome=outcome,
-                exhausted=decision.why == "maxAttempts",
+                stop,
+                "give_up",
+                lambda: give_up(
+                    conn,
+                    item,
+                    attempts=decision.attempts,
+                    cause=cause,
+                    outcome=outcome,
+                    exhausted=decision.why == "maxAttempts",
+                ),
+                item.id,
             )
             if placement is not None:
                 await announce([placement], self.publishers)
@@ -372,7 +465,13 @@ class DestinationWorker:
                 cause,
             )
             return True
-        await queue.retry(conn, item.id, decision.attempts, decision.delay_seconds, cause)
+        await self._step(
+            conn,
+            stop,
+            "attempt",
+            lambda: queue.retry(conn, item.id, decision.attempts, decision.delay_seconds, cause),
+            item.id,
+        )
         self.observer.retried(self.destination, decision.attempts, outcome)
         log.info(
             "destination %s: attempt %d of id=%d failed (%s); next in %.0fs",
@@ -383,6 +482,128 @@ class DestinationWorker:
             decision.delay_seconds,
         )
         return False
+
+    async def _step(
+        self,
+        conn: AsyncConnection[Any],
+        stop: asyncio.Event,
+        step: Step,
+        call: Callable[[], Awaitable[T]],
+        item_id: int | None = None,
+    ) -> T:
+        """Run one statement (or transaction) of the loop; repeat it alone while the session
+        lives (:func:`inturn.worker.store.faults.classify_step`).
+
+        A failure on a live session sets ``state.trouble`` (``/readyz`` answers 503 with it),
+        is logged, and the step is run again after a backoff from
+        :data:`STEP_RETRY_BASE_SECONDS` doubling to :data:`STEP_RETRY_MAX_SECONDS`; the loop
+        keeps turning (liveness holds). Each run is under a lock watch (:meth:`_watch`).
+
+        Raises:
+            SessionLost: the session is gone; for a ``mark`` step the head may be sent once more
+                by the next lock holder.
+            _Stopped: stop was asked while the step waited to be repeated.
+        """
+        failures = 0
+        while True:
+            self._tick()
+            try:
+                async with self._watch(conn):
+                    result = await call()
+            except (psycopg.Error, lockwatch.LockWaitError) as exc:
+                error = exc.__cause__ if isinstance(exc, lockwatch.LockWaitError) else exc
+                assert isinstance(error, BaseException)
+                fault = classify_step(step, error, connection_closed=conn.closed or conn.broken)
+                about = "" if item_id is None else f" of id={item_id}"
+                if fault.action == "reconnect":
+                    if fault.meaning == "may_resend":
+                        log.warning(
+                            "destination %s: the session was lost while marking id=%d delivered;"
+                            " if the mark did not commit, the next lock holder sends it again",
+                            self.destination,
+                            item_id,
+                        )
+                    raise SessionLost(fault) from exc
+                failures += 1
+                delay = backoff_seconds(failures, STEP_RETRY_BASE_SECONDS, STEP_RETRY_MAX_SECONDS)
+                self.state.trouble = f"{_STEP_WORDS[step]}{about} failed: {fault.text}"
+                self.observer.step_failed(self.destination, step)
+                log.warning(
+                    "destination %s: %s%s failed (%s: %s); the session and the lock are kept,"
+                    " so only this step is repeated%s: try %d, next in %.1fs",
+                    self.destination,
+                    _STEP_WORDS[step],
+                    about,
+                    fault.text,
+                    _first_line(exc),
+                    ", the message is not sent again" if fault.meaning == "delivered" else "",
+                    failures + 1,
+                    delay,
+                )
+                await _sleep_or_stop(stop, delay)
+                if stop.is_set():
+                    if fault.meaning == "delivered":
+                        log.warning(
+                            "destination %s: stopping with id=%d delivered but not marked; the"
+                            " next lock holder sends it again",
+                            self.destination,
+                            item_id,
+                        )
+                    raise _Stopped from exc
+                continue
+            if failures:
+                log.info(
+                    "destination %s: %s%s succeeded after %d failed tries",
+                    self.destination,
+                    _STEP_WORDS[step],
+                    "" if item_id is None else f" of id={item_id}",
+                    failures,
+                )
+                self.state.trouble = None
+            return result
+
+    def _watch(self, conn: AsyncConnection[Any]) -> Any:
+        """The lock watch of one step (:func:`inturn.worker.store.lockwatch.watch`)."""
+
+        async def side() -> AsyncConnection[Any]:
+            return await psycopg.AsyncConnection.connect(
+                self.dsn,
+                autocommit=True,
+                application_name=f"inturn-worker {self.destination} lock watch",
+                connect_timeout=lockwatch.CONNECT_TIMEOUT_SECONDS,
+            )
+
+        return lockwatch.watch(
+            conn, side, threshold=self.lock_wait_seconds, on_wait=self._on_lock_wait
+        )
+
+    def _on_lock_wait(self, wait: lockwatch.LockWait, added_seconds: float) -> None:
+        self._tick()  # the loop is not wedged: it waits for another session, and says so
+        self.observer.lock_wait(self.destination, added_seconds)
+        now = time.monotonic()
+        if wait.ended:
+            self.state.lock_wait = None
+            log.info(
+                "destination %s: the lock wait is over after %.1fs",
+                self.destination,
+                wait.waited_seconds,
+            )
+            self._lock_wait_logged = 0.0
+            return
+        self.state.lock_wait = wait.describe()
+        if now - self._lock_wait_logged >= LOCK_WAIT_LOG_EVERY_SECONDS:
+            self._lock_wait_logged = now
+            log.warning("destination %s: %s", self.destination, wait.describe())
+
+
+#: How the log and ``/readyz`` name each step.
+_STEP_WORDS: dict[Step, str] = {
+    "session": "setting up the session",
+    "head": "reading the head",
+    "attempt": "recording the failed attempt",
+    "mark": "the delivered mark",
+    "give_up": "marking the head failed",
+}
 
 
 async def _take_notifies(conn: AsyncConnection[Any]) -> int:

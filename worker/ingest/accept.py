@@ -18,6 +18,9 @@ acknowledgment modes"; codes from table 0008, error codes from table 0357):
   answer; a database that stays unreachable or busy answers AE (CE) with ERR 207, and the
   sender is expected to send again; content the database refuses (SQLSTATE classes 22 and 54)
   answers AR (CR) with ERR, since sending it again cannot help. Either way nothing is kept.
+  A store that outlasts the store timeout is cancelled on the server and answered by its own
+  end (:mod:`inturn.worker.ingest.batch`): AE only once its rollback is seen, AA if it had
+  committed; when its end cannot be seen, nothing is answered and the connection is closed.
 * MSH-10 (at most 199 characters) and MSH-9 (at most 64), which go into keys and indexes, are
   bounded before anything is stored: a longer one answers AR with ERR 104 and its location.
 * A message whose MSH cannot be read (no MSH first, unusable MSH-1/MSH-2, no MSH-9 or MSH-10)
@@ -53,7 +56,6 @@ MSH-10, sizes and fixed texts do.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
@@ -75,7 +77,7 @@ from inturn.worker.hl7.expect import Kind, answer_codes
 from inturn.worker.hl7.header import Header, parse_header
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest import metrics
-from inturn.worker.ingest.batch import Committer, Message
+from inturn.worker.ingest.batch import Committer, Message, OutcomeUnknown
 from inturn.worker.ingest.routing import Router, hold_destination
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store.faults import classify
@@ -113,7 +115,18 @@ DEFAULT_DUPLICATE_WINDOW_SECONDS = 24 * 3600.0
 #: Default bound, in seconds, on storing one message (pool wait + transaction).
 DEFAULT_STORE_TIMEOUT_SECONDS = 10.0
 
-_CODE_STATUS = {"AA": 200, "CA": 200, "AR": 400, "CR": 400, "AE": 503, "CE": 503}
+#: The code of a :class:`Reply` that is no acknowledgement: the store's outcome is unknown.
+UNKNOWN = "unknown"
+
+_CODE_STATUS = {
+    "AA": 200,
+    "CA": 200,
+    "AR": 400,
+    "CR": 400,
+    "AE": 503,
+    "CE": 503,
+    UNKNOWN: 504,
+}
 
 
 @dataclass(frozen=True)
@@ -121,7 +134,11 @@ class Reply:
     """The answer to one message.
 
     Attributes:
-        code: MSA-1 of the answer: AA, AE, AR (original mode) or CA, CE, CR (enhanced mode).
+        code: MSA-1 of the answer: AA, AE, AR (original mode) or CA, CE, CR (enhanced mode);
+            or :data:`UNKNOWN` when whether the message was stored cannot be known (its
+            transaction was cancelled and its end not seen): then no acknowledgement is sent,
+            the MLLP connection is closed (the sender sends again, as after any lost answer)
+            and HTTP answers 504.
         ack: the acknowledgement message, unframed (segments end with CR).
         send: whether MSH-15/MSH-16 ask for this answer to be sent (see
             :func:`inturn.worker.hl7.expect.answer_codes`). HTTP ignores it and always answers.
@@ -150,7 +167,7 @@ class Reply:
 
     @property
     def http_status(self) -> int:
-        """200 for AA/CA, 400 for AR/CR, 503 for AE/CE."""
+        """200 for AA/CA, 400 for AR/CR, 503 for AE/CE, 504 when the outcome is unknown."""
         return _CODE_STATUS[self.code]
 
 
@@ -169,6 +186,11 @@ async def forget_old(
         total += max(cur.rowcount, 0)
         if cur.rowcount < batch:
             return total
+
+
+def _unknown(why: str) -> Reply:
+    """The :data:`UNKNOWN` reply: no acknowledgement; the body HTTP carries says why."""
+    return Reply(code=UNKNOWN, ack=f"outcome unknown: {why}\n".encode(), send=False, reason=why)
 
 
 def _error(code: int, user_message: str) -> AckErrorDetail:
@@ -208,8 +230,9 @@ class Acceptor:
             instead of rejected.
         duplicate_window_seconds: the duplicate window; 0 turns duplicate detection off.
         store_timeout_seconds: bound on waiting for a connection plus the transaction; past it
-            the answer is AE (the sender sends again, and the duplicate window absorbs the
-            copy if the COMMIT did happen after all).
+            the transaction is cancelled and its end awaited: AE once it rolled back (nothing
+            kept), AA if it committed first, and no answer at all when its end cannot be seen
+            (see :mod:`inturn.worker.ingest.batch`).
     """
 
     def __init__(
@@ -227,7 +250,7 @@ class Acceptor:
         self.duplicate_window_seconds = duplicate_window_seconds
         self.store_timeout_seconds = store_timeout_seconds
         self.committer = Committer(
-            pool, window_seconds=duplicate_window_seconds, acquire_timeout=store_timeout_seconds
+            pool, window_seconds=duplicate_window_seconds, store_timeout=store_timeout_seconds
         )
 
     async def handle(self, channel: str, payload: bytes, received_at: float | None = None) -> Reply:
@@ -316,9 +339,12 @@ class Acceptor:
             digest=hashlib.sha256(stored).digest(),
         )
         try:
-            async with asyncio.timeout(self.store_timeout_seconds):
-                result = await self.committer.store(channel, destinations, message)
-        except Exception as exc:  # any failure to store: AE, nothing kept
+            # No timeout here: the committer keeps the store timeout and returns only once the
+            # outcome is known (a transaction given up on by its caller could still commit).
+            result = await self.committer.store(channel, destinations, message)
+        except OutcomeUnknown as exc:
+            return self._done(channel, header, _unknown(str(exc)))
+        except Exception as exc:  # any other failure to store: AE, nothing kept
             return self._done(channel, header, self._storage_failed(header, exc))
         metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
 
@@ -412,7 +438,7 @@ class Acceptor:
         control_id = header.control_id if header is not None else None
         # what the log names: never a placeholder for what is not known
         about = f"MSH-10 {control_id!r}" if control_id else "a message without a readable MSH"
-        if outcome.code in ("AE", "CE"):
+        if outcome.code in ("AE", "CE", UNKNOWN):
             log.warning("channel %s: %s for %s: %s", channel, outcome.code, about, outcome.reason)
         elif outcome.code in ("AR", "CR"):
             sized = f" ({size} bytes)" if size is not None else ""

@@ -12,6 +12,20 @@ means committed" or per-connection order changes; only unrelated connections sha
 
 A batch is atomic. If it fails and holds more than one message, each message is retried alone,
 so that a message the database refuses cannot take the others down with it.
+
+The store timeout is kept here, not by the caller, because only here is it known whether a
+transaction can still commit. Each message has a deadline (``store_timeout`` after it was
+handed over). A message whose deadline passes before its batch started, or while its batch
+waited for a pooled connection, was never sent to the database: it fails with
+:class:`StoreTimeout`. A batch whose statement is still running at the earliest deadline of its
+messages is cancelled on the server (a cancel request, "Canceling Requests in Progress" in the
+PostgreSQL manual), and its own end is awaited: the statement runs in autocommit, so an error
+means its transaction rolled back (:class:`StoreTimeout`, nothing kept), and success means it
+committed before the cancel arrived (the messages are stored and answered as such). When the
+end does not come within ``confirm_seconds`` more (the server or the network does not answer),
+the connection is closed and the messages fail with :class:`OutcomeUnknown`: they may have
+been committed, and an answer saying otherwise would be a lie. A connection that was sent a
+cancel is closed after use either way, so that a late cancel cannot hit another statement.
 """
 
 from __future__ import annotations
@@ -19,15 +33,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.array import ListBinaryDumper
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from inturn.worker.store import locks, queue
 from inturn.worker.store.faults import classify
@@ -36,12 +50,30 @@ from inturn.worker.store.queries import load
 
 log = logging.getLogger("inturn.ingest")
 
+R = TypeVar("R")
+
 Q = load("ingest.sql")
 
 #: Most messages stored by one transaction.
 MAX_BATCH_MESSAGES = 64
 #: Most payload bytes stored by one transaction (a single larger message still goes alone).
 MAX_BATCH_BYTES = 32 * 1024 * 1024
+#: Default seconds a storing statement may take before it is cancelled.
+DEFAULT_STORE_TIMEOUT_SECONDS = 10.0
+#: Default seconds to wait for a cancelled statement's end before the outcome is unknown.
+DEFAULT_CONFIRM_SECONDS = 10.0
+
+
+class StoreTimeout(Exception):
+    """A message was not stored within the store timeout, and nothing of it was kept: it never
+    reached the database, or its statement was cancelled and rolled back (confirmed by the
+    statement's own end)."""
+
+
+class OutcomeUnknown(Exception):
+    """A cancelled storing statement did not end within the confirmation bound; its connection
+    was closed. Its transaction may have committed: the message must not be answered as
+    refused."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +228,7 @@ async def store_batch(
 class _Waiting:
     message: Message
     future: asyncio.Future[StoreResult]
+    deadline: float  # loop.time() after which the message is not to be stored
 
 
 @dataclass
@@ -210,7 +243,9 @@ class Committer:
     Args:
         pool: the write pool (autocommit connections, ``synchronous_commit`` on).
         window_seconds: the duplicate window (0 turns it off).
-        acquire_timeout: seconds to wait for a pooled connection before the batch fails.
+        store_timeout: seconds (> 0) from handing a message over to the end of its storing,
+            pool wait included; past it the statement is cancelled (see the module docstring).
+        confirm_seconds: seconds to wait for a cancelled statement's end.
         max_messages, max_bytes: bounds of one batch.
     """
 
@@ -219,13 +254,15 @@ class Committer:
         pool: AsyncConnectionPool,
         *,
         window_seconds: float,
-        acquire_timeout: float = 10.0,
+        store_timeout: float = DEFAULT_STORE_TIMEOUT_SECONDS,
+        confirm_seconds: float = DEFAULT_CONFIRM_SECONDS,
         max_messages: int = MAX_BATCH_MESSAGES,
         max_bytes: int = MAX_BATCH_BYTES,
     ) -> None:
         self.pool = pool
         self.window_seconds = window_seconds
-        self.acquire_timeout = acquire_timeout
+        self.store_timeout = store_timeout
+        self.confirm_seconds = confirm_seconds
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._routes: dict[tuple[str, tuple[str, ...]], _Route] = {}
@@ -235,7 +272,13 @@ class Committer:
     ) -> StoreResult:
         """Store ``message`` for ``destinations``; return once its COMMIT has returned.
 
+        Returns or raises only once the outcome is known (within about ``store_timeout`` plus
+        ``confirm_seconds``): the caller must not give up earlier, since a transaction it
+        stopped waiting for could still commit.
+
         Raises:
+            StoreTimeout: not stored within ``store_timeout``; nothing was kept.
+            OutcomeUnknown: cancelled, but its end was not seen; it may have been kept.
             psycopg.Error, psycopg_pool.PoolTimeout, ...: the message was not stored.
             asyncio.CancelledError: the caller gave up; if its batch had not started, the
                 message is not stored at all.
@@ -244,8 +287,9 @@ class Committer:
         route = self._routes.get(key)
         if route is None:
             route = self._routes[key] = _Route()
-        future: asyncio.Future[StoreResult] = asyncio.get_running_loop().create_future()
-        route.waiting.append(_Waiting(message, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[StoreResult] = loop.create_future()
+        route.waiting.append(_Waiting(message, future, loop.time() + self.store_timeout))
         if route.task is None:
             route.task = asyncio.create_task(self._drain(key, route), name="inturn-ingest-commit")
         return await future
@@ -262,10 +306,15 @@ class Committer:
     def _take(self, route: _Route) -> list[_Waiting]:
         batch: list[_Waiting] = []
         size = 0
+        now = asyncio.get_running_loop().time()
         while route.waiting and len(batch) < self.max_messages:
             waiting = route.waiting[0]
             if waiting.future.done():  # its sender gave up before we started: do not store it
                 route.waiting.pop(0)
+                continue
+            if waiting.deadline <= now:  # waited out its time behind earlier batches: unsent
+                route.waiting.pop(0)
+                _settle(waiting.future, StoreTimeout(self._late()))
                 continue
             if batch and size + len(waiting.message.payload) > self.max_bytes:
                 break
@@ -274,6 +323,9 @@ class Committer:
             size += len(waiting.message.payload)
         return batch
 
+    def _late(self) -> str:
+        return f"not stored within the store timeout of {self.store_timeout:g}s; nothing was kept"
+
     async def _drain(self, key: tuple[str, tuple[str, ...]], route: _Route) -> None:
         channel, destinations = key
         try:
@@ -281,8 +333,9 @@ class Committer:
                 try:
                     results = await self._store(channel, destinations, batch)
                 except Exception as exc:
-                    if len(batch) == 1:
-                        _settle(batch[0].future, exc)
+                    if len(batch) == 1 or isinstance(exc, StoreTimeout | OutcomeUnknown):
+                        for waiting in batch:  # out of time: no second try for any of them
+                            _settle(waiting.future, exc)
                         continue
                     log.warning(
                         "channel %s: a batch of %d messages failed (%s); storing them one by one",
@@ -313,9 +366,11 @@ class Committer:
     ) -> list[StoreResult]:
         """Store one batch; a connection found dead (the server restarted since the pool
         opened it) costs no answer: the pool's idle connections are checked, and the batch is
-        stored once more on a fresh one. Only a second failure reaches the caller."""
+        stored once more on a fresh one if time is left. Only a second failure reaches the
+        caller."""
+        deadline = min(w.deadline for w in batch)
         try:
-            return await self._store_once(channel, destinations, batch)
+            return await self._store_once(channel, destinations, batch, deadline)
         except Exception as exc:
             if classify(exc).fault != "dead":
                 raise
@@ -325,19 +380,83 @@ class Committer:
                 type(exc).__name__,
             )
         await self.pool.check()
-        return await self._store_once(channel, destinations, batch)
+        return await self._store_once(channel, destinations, batch, deadline)
 
     async def _store_once(
-        self, channel: str, destinations: Sequence[str], batch: Sequence[_Waiting]
+        self,
+        channel: str,
+        destinations: Sequence[str],
+        batch: Sequence[_Waiting],
+        deadline: float,
     ) -> list[StoreResult]:
-        async with self.pool.connection(timeout=self.acquire_timeout) as conn:
-            return await store_batch(
-                conn,
-                channel=channel,
-                destinations=destinations,
-                messages=[w.message for w in batch],
-                window_seconds=self.window_seconds,
+        loop = asyncio.get_running_loop()
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise StoreTimeout(self._late())
+        try:
+            async with self.pool.connection(timeout=remaining) as conn:
+                return await self._bounded(
+                    conn,
+                    deadline,
+                    store_batch(
+                        conn,
+                        channel=channel,
+                        destinations=destinations,
+                        messages=[w.message for w in batch],
+                        window_seconds=self.window_seconds,
+                    ),
+                )
+        except PoolTimeout as exc:  # no connection in time: nothing was sent
+            raise StoreTimeout(self._late()) from exc
+
+    async def _bounded(
+        self, conn: AsyncConnection[Any], deadline: float, statement: Awaitable[R]
+    ) -> R:
+        """Await ``statement`` (running on ``conn``) until ``deadline``; past it, cancel it on
+        the server and await its own end for up to ``confirm_seconds`` (module docstring)."""
+        task = asyncio.ensure_future(statement)
+        loop = asyncio.get_running_loop()
+        done, _ = await asyncio.wait({task}, timeout=max(deadline - loop.time(), 0.0))
+        if task in done:
+            return task.result()
+        try:
+            await conn.cancel_safe(timeout=self.confirm_seconds)
+        except psycopg.Error as exc:  # the cancel request did not get through
+            log.warning("ingest: the cancel request failed (%s)", type(exc).__name__)
+        done, _ = await asyncio.wait({task}, timeout=self.confirm_seconds)
+        try:
+            if task not in done:
+                await conn.close()  # the statement's socket goes; its outcome stays unknown
+                with contextlib.suppress(BaseException):
+                    await task
+                raise OutcomeUnknown(
+                    f"the storing statement was cancelled after the store timeout of"
+                    f" {self.store_timeout:g}s and did not end within {self.confirm_seconds:g}s"
+                    " more; it may have been kept"
+                )
+            try:
+                result = task.result()
+            except psycopg.Error as exc:
+                if classify(exc).fault == "dead":  # ended with its session: unknown
+                    raise OutcomeUnknown(
+                        f"the storing statement was cancelled after the store timeout of"
+                        f" {self.store_timeout:g}s and its connection was lost"
+                        f" ({type(exc).__name__}); it may have been kept"
+                    ) from exc
+                raise StoreTimeout(
+                    f"cancelled after the store timeout of {self.store_timeout:g}s and rolled"
+                    " back; nothing was kept"
+                ) from exc
+            log.info(
+                "ingest: a storing statement committed after the store timeout of %gs, before"
+                " the cancel reached it; answered as stored",
+                self.store_timeout,
             )
+            return result
+        finally:
+            # A cancel that arrives late must not hit a later statement of this connection.
+            if not conn.closed:
+                await conn.close()
 
 
 def _settle(future: asyncio.Future[StoreResult], outcome: StoreResult | BaseException) -> None:

@@ -4,9 +4,12 @@ The message port (``--http``) serves only:
 
 * ``POST /channels/{channel}/messages``: the body is one raw HL7 v2 message, stored unchanged.
   The response body is the acknowledgement (``Content-Type: application/hl7-v2``) and the
-  status tells the outcome: 200 for AA/CA, 400 for AR/CR, 503 for AE/CE. HTTP always answers,
-  whatever MSH-15 says, since a request needs a response. A body over the maximum message size
-  is answered 400 with an AR.
+  status tells the outcome: 200 for AA/CA, 400 for AR/CR, 503 for AE/CE (nothing was kept).
+  HTTP always answers, whatever MSH-15 says, since a request needs a response. A body over the
+  maximum message size is answered 400 with an AR. When whether the message was stored cannot
+  be known (its storing was cancelled after the store timeout and the cancellation's end was
+  not seen), the answer is 504 with a plain-text reason: not 503, which would say nothing was
+  kept.
 
   Every request is authenticated first (see :mod:`inturn.worker.ingest.credentials`), before
   its body is read or its channel looked at: no valid credential answers 401 with
@@ -33,7 +36,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from inturn.worker.ingest import metrics
-from inturn.worker.ingest.accept import Acceptor
+from inturn.worker.ingest.accept import UNKNOWN, Acceptor
 from inturn.worker.ingest.access import certificate_names
 from inturn.worker.ingest.credentials import CredentialSource
 from inturn.worker.ingest.routing import check_channel
@@ -101,6 +104,8 @@ def make_message_app(
                 outcome = acceptor.reject_too_large(channel, max_body_bytes)
             else:
                 outcome = await acceptor.handle(channel, body, received)
+        if outcome.code == UNKNOWN:  # no acknowledgement exists: say why, in plain text
+            return web.Response(status=outcome.http_status, body=outcome.ack)
         return web.Response(
             status=outcome.http_status,
             body=outcome.ack,

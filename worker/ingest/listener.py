@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from inturn.worker.hl7.mllp import EB, Event, Frame, FrameReader, FrameTooLarge, Garbage, frame
 from inturn.worker.ingest import metrics
-from inturn.worker.ingest.accept import Acceptor
+from inturn.worker.ingest.accept import UNKNOWN, Acceptor
 from inturn.worker.ingest.access import AllowList, certificate_names
 
 log = logging.getLogger("inturn.ingest.mllp")
@@ -303,6 +303,10 @@ class MllpListener:
             self._mark(task, busy=True)
             try:
                 outcome = await self.acceptor.handle(channel, event.payload, received)
+                if outcome.code == UNKNOWN:
+                    # Whether it was stored cannot be known: no answer rather than a wrong one;
+                    # the sender sends again, as after any answer it did not get.
+                    return "outcome_unknown"
                 if outcome.send:
                     followup = frame(outcome.followup) if outcome.followup else b""
                     writer.write(frame(outcome.ack) + followup)

@@ -70,8 +70,9 @@ class IngestConfig:
         hold_unrouted: channels whose messages without a destination are held in
             ``_unrouted/<channel>`` instead of answered AR.
         refresh_seconds: seconds between reads of the destination registry.
-        store_timeout: seconds one message may take to store (pool wait + transaction)
-            before it is answered AE.
+        store_timeout: seconds one message may take to store (pool wait + transaction);
+            past it the transaction is cancelled and answered by its own end: AE once rolled
+            back, AA if it committed first, no answer if its end cannot be seen.
         pool_size: connections in the write pool (concurrent stores; more connections
             than this wait for a free one).
         shutdown_grace: seconds a message being stored at shutdown gets to finish.

@@ -94,3 +94,125 @@ def classify(exc: BaseException) -> Classified:
     return Classified(
         "transient", sqlstate, ErrorCode.APPLICATION_INTERNAL_ERROR, f"storage failed: {detail}"
     )
+
+
+# --- the worker's loop -------------------------------------------------------------------------
+#
+# The worker holds one session, and with it the destination's lock: while that session lives,
+# nobody else sends, so whatever the worker knows about the head stays true. A failed statement
+# that leaves the session alive (a full disk, ``lock_timeout``, ``statement_timeout``, a
+# serialization failure, a missing grant) is repeated on its own, after a backoff, and never
+# turns into a second send; only a lost session ends what the worker knows.
+
+#: A step of the worker's loop that talks to the database (see :func:`classify_step`).
+Step = Literal["session", "head", "attempt", "mark", "give_up"]
+#: What the loop does after a failed step: ``retry`` the step alone on the same session (it
+#: still holds the lock), or ``reconnect`` (the session, and the lock with it, are gone).
+StepAction = Literal["retry", "reconnect"]
+#: What the failure means for the head: ``not_sent`` (nothing was sent), ``sent_failed`` (it
+#: was sent and the receiver did not take it), ``delivered`` (the receiver took it),
+#: ``may_resend`` (the next lock holder sends the head again if the mark did not commit: the
+#: one duplicate a lost session can cost).
+SendMeaning = Literal["not_sent", "sent_failed", "delivered", "may_resend"]
+
+#: SQLSTATE codes after which the server ends the session (FATAL), besides class 08, 57P01 and
+#: 57P02: 57P04 database dropped, 57P05 idle session timeout, 25P03 idle-in-transaction
+#: timeout.
+SESSION_ENDING_CODES = frozenset({"57P04", "57P05", "25P03"})
+
+#: Plain words for the SQLSTATEs a worker meets while its session lives (logs, ``/readyz``).
+STATE_WORDS: dict[str, str] = {
+    "53100": "disk full",
+    "53200": "out of memory",
+    "53300": "too many connections",
+    "53400": "configuration limit exceeded",
+    "55P03": "lock not available (lock_timeout)",
+    "57014": "statement cancelled (statement_timeout or a cancel request)",
+    "40001": "serialization failure",
+    "40P01": "deadlock detected",
+    "25006": "read-only transaction (a standby?)",
+    "42501": "permission denied",
+    "42P01": "undefined table (run inturn migrate)",
+    "42703": "undefined column (run inturn migrate)",
+}
+
+#: What each step's failure means for the send, by whether the session survived it.
+MEANING: dict[tuple[Step, bool], SendMeaning] = {
+    ("session", True): "not_sent",
+    ("session", False): "not_sent",
+    ("head", True): "not_sent",
+    ("head", False): "not_sent",
+    ("attempt", True): "sent_failed",
+    ("attempt", False): "sent_failed",
+    ("mark", True): "delivered",
+    ("mark", False): "may_resend",
+    ("give_up", True): "sent_failed",
+    ("give_up", False): "sent_failed",
+}
+
+
+@dataclass(frozen=True)
+class StepFault:
+    """A failed step of the worker's loop, classified (see :func:`classify_step`).
+
+    Attributes:
+        step: the step that failed.
+        action: ``retry`` the step alone, on the same session, after a backoff; or
+            ``reconnect``.
+        meaning: what the failure means for the head (:data:`SendMeaning`).
+        sqlstate: the SQLSTATE, or None.
+        text: short and payload-free: plain words for the SQLSTATE, or the error's class.
+    """
+
+    step: Step
+    action: StepAction
+    meaning: SendMeaning
+    sqlstate: str | None
+    text: str
+
+
+def session_ended(exc: BaseException, connection_closed: bool) -> bool:
+    """Whether ``exc`` (raised by a statement) ended the session: the connection is closed or
+    broken, or the error is one after which the server closes it."""
+    if connection_closed:
+        return True
+    if classify(exc).fault == "dead":
+        return True
+    return isinstance(exc, psycopg.Error) and exc.sqlstate in SESSION_ENDING_CODES
+
+
+def classify_step(step: Step, exc: BaseException, *, connection_closed: bool) -> StepFault:
+    """Classify an error raised by ``step`` of the worker's loop.
+
+    The rule: the session decides. While it lives (whatever the error: a full disk, a lock or
+    statement timeout, a refused grant), the worker still holds the destination's lock and
+    knows what happened to the head, so the step alone is retried: a delivered mark is written
+    again, never the message sent again. When the session is gone (``connection_closed``: psycopg
+    says the connection is closed or broken; or the error is one that ends it: no SQLSTATE,
+    class 08, 57P01, 57P02, 57P04, 57P05, 25P03), the lock is gone too; the worker reconnects and
+    takes the lock again, and a delivered mark whose COMMIT it did not see may be lost: the head
+    is then sent once more (:data:`SendMeaning` ``may_resend``).
+
+    Args:
+        step: ``session`` (connect, lock, LISTEN, settings), ``head`` (the head query, the
+            depth gauge, the wait for NOTIFY), ``attempt`` (a failed attempt's record),
+            ``mark`` (the delivered mark), ``give_up`` (the failed mark and its worklist item).
+        exc: the exception the step raised.
+        connection_closed: ``conn.closed or conn.broken`` after the error.
+    """
+    sqlstate = exc.sqlstate if isinstance(exc, psycopg.Error) else None
+    ended = session_ended(exc, connection_closed)
+    if ended:
+        text = f"connection lost ({type(exc).__name__}"
+        text += f", SQLSTATE {sqlstate})" if sqlstate else ")"
+    elif sqlstate is not None:
+        text = f"{STATE_WORDS.get(sqlstate, type(exc).__name__)} (SQLSTATE {sqlstate})"
+    else:
+        text = type(exc).__name__
+    return StepFault(
+        step=step,
+        action="reconnect" if ended else "retry",
+        meaning=MEANING[(step, not ended)],
+        sqlstate=sqlstate,
+        text=text,
+    )

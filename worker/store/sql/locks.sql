@@ -15,3 +15,15 @@ SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0)) AS locked;
 
 -- name: unlock
 SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0)) AS unlocked;
+
+-- name: blockers
+-- The sessions a waiting backend (pid) waits for, with what a person needs to find them; never
+-- their query text (it may hold a payload). state, times and client are NULL for a role that
+-- may not see them (pg_read_all_stats).
+SELECT b.pid, b.application_name, b.usename AS user_name, host(b.client_addr) AS client,
+       b.state, coalesce(b.xact_start, b.state_change) AS since,
+       extract(epoch FROM clock_timestamp() - coalesce(b.xact_start, b.state_change))::float8
+           AS held_seconds
+  FROM pg_stat_activity b
+ WHERE b.pid = ANY (pg_blocking_pids(%(pid)s))
+ ORDER BY coalesce(b.xact_start, b.state_change) NULLS LAST, b.pid;

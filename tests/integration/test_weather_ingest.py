@@ -1,0 +1,171 @@
+"""AE means nothing was kept (issue 18, kind 2), against a real Postgres.
+
+The queue table is locked by a second session past ingest's store timeout, with the duplicate
+window off (``--duplicate-window 0``): ingest cancels its transaction and answers AE (HTTP 503)
+only once the rollback is seen, so nothing of the message appears when the lock goes, and the
+sender's resend after AE is delivered exactly once. A backend that cannot even be cancelled
+(stopped with SIGSTOP) gets no answer at all: its outcome is unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import psycopg
+import pytest
+import pytest_asyncio
+from pipeline import register, rows
+from psycopg import AsyncConnection
+
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
+from inturn.worker.hl7.ack import Ack, parse_ack
+from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.testing import MllpReceiver
+
+pytestmark = pytest.mark.store
+
+DEST = "ward/lab"
+
+
+def msg(control_id: str) -> bytes:
+    return f"MSH|^~\\&|A|B|C|D|20260101||ADT^A01|{control_id}|P|2.5.1\rPID|1||42\r".encode()
+
+
+@pytest_asyncio.fixture
+async def ingest(fresh_db: str) -> AsyncIterator[Ingest]:
+    register(fresh_db, DEST, "c")
+    config = IngestConfig(
+        listeners=[ListenerConfig("c", port=0)],
+        http=("127.0.0.1", 0),
+        http_insecure=True,
+        duplicate_window=0,
+        store_timeout=1.0,
+    )
+    async with Ingest(config, dsn=fresh_db) as running:
+        yield running
+
+
+async def mllp_exchange(ingest: Ingest, payload: bytes) -> Ack | None:
+    """Send one message; its ACK, or None when ingest closed the connection unanswered."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", ingest.mllp_ports["c"])
+    try:
+        writer.write(frame(payload))
+        await writer.drain()
+        frames = FrameReader(1 << 20)
+        async with asyncio.timeout(60):
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    return None
+                for event in frames.feed(data):
+                    if isinstance(event, Frame):
+                        return parse_ack(event.payload)
+    finally:
+        writer.close()
+
+
+async def http_post(ingest: Ingest, payload: bytes) -> int:
+    url = f"http://127.0.0.1:{ingest.http_port}/channels/c/messages"
+    async with aiohttp.ClientSession() as session, session.post(url, data=payload) as response:
+        await response.read()
+        return response.status
+
+
+async def lock_table(dsn: str) -> AsyncConnection[Any]:
+    holder = await AsyncConnection.connect(dsn, application_name="table-locker")
+    await holder.execute("LOCK TABLE inturn_delivery IN SHARE MODE")  # blocks every INSERT
+    return holder
+
+
+def ingest_statements_running(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'inturn-ingest' AND state <> 'idle'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_ae_after_a_store_timeout_means_nothing_was_kept(
+    ingest: Ingest, fresh_db: str
+) -> None:
+    holder = await lock_table(fresh_db)
+    try:
+        ack = await mllp_exchange(ingest, msg("LOCKED-1"))
+        assert ack is not None and (ack.code, ack.error_code) == ("AE", "207")
+        assert await http_post(ingest, msg("LOCKED-2")) == 503
+        # the answers came after the rollbacks: no storing statement is left to commit
+        assert ingest_statements_running(fresh_db) == 0
+    finally:
+        await holder.rollback()
+        await holder.close()
+    assert rows(fresh_db) == []
+    # the sender sends again after AE: stored once, delivered once
+    ack = await mllp_exchange(ingest, msg("LOCKED-1"))
+    assert ack is not None and ack.code == "AA"
+    assert len(rows(fresh_db)) == 1
+    async with MllpReceiver() as rx:
+        sender = MllpSenderConfig("127.0.0.1", rx.port)
+        cfg = WorkerConfig(
+            destination=DEST,
+            channel="c",
+            sender=sender,
+            retry=RetryPolicy(
+                max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5
+            ),
+            idle_seconds=1,
+        )
+        stop = asyncio.Event()
+        worker = DestinationWorker(cfg, fresh_db, MllpSender(sender), PrometheusObserver())
+        task = asyncio.create_task(worker.run(stop))
+        await rx.wait_for(1)
+        await asyncio.sleep(1.0)  # a second copy would have come by now
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    assert [p.split(b"|")[9] for p in rx.received] == [b"LOCKED-1"]
+
+
+async def test_a_store_whose_end_cannot_be_seen_gets_no_answer(
+    ingest: Ingest, fresh_db: str
+) -> None:
+    """The backend is stopped (SIGSTOP): the cancel cannot act, so ingest cannot know whether
+    the transaction will commit, and answers nothing rather than AE."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        server = conn.execute("SELECT pg_backend_pid(), inet_server_addr()").fetchone()
+    assert server is not None
+    if os.geteuid() != 0 or not os.path.exists(f"/proc/{server[0]}"):
+        pytest.skip("needs root and the Postgres server on this machine")
+    assert ingest.acceptor is not None
+    ingest.acceptor.committer.confirm_seconds = 1.0
+    holder = await lock_table(fresh_db)
+    stopped: list[int] = []
+    try:
+        exchange = asyncio.create_task(mllp_exchange(ingest, msg("FROZEN-1")))
+        async with asyncio.timeout(10):
+            while not stopped:
+                await asyncio.sleep(0.05)
+                with psycopg.connect(fresh_db, autocommit=True) as conn:
+                    found = conn.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE application_name ="
+                        " 'inturn-ingest' AND wait_event_type = 'Lock'"
+                    ).fetchall()
+                for (pid,) in found:
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+        assert await exchange is None  # no AE: the connection closed unanswered
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        await holder.rollback()
+        await holder.close()
