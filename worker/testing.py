@@ -297,3 +297,54 @@ class HttpReceiver:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+#: The MSH of every message :func:`worst_shapes` builds (its MSH-10 is ``SHAPE``).
+SHAPE_MSH = b"MSH|^~\\&|APP|FAC|RECV|RFAC|20240101120000||ADT^A08^ADT_A01|SHAPE|P|2.5.1\r"
+
+
+def worst_shapes(size: int) -> dict[str, bytes]:
+    """Valid ADT messages of about ``size`` bytes each, shaped to cost the most per byte in
+    what ingest does with a message (MSH parsing, terminator normalisation, the digest, the
+    patient identifier scan of :mod:`inturn.worker.hl7.pid`), for tests and ``bench/shapes.py``.
+
+    Returns ``{name: payload}``:
+
+    * ``distinct_repetitions``: PID-3 with as many distinct identifiers as fit, each with an
+      assigning authority (the shape that froze ingest when de-duplication was quadratic);
+    * ``same_repetitions``: PID-3 repeating one identifier;
+    * ``segments``: as many short PID segments as fit, one identifier each;
+    * ``deep_components``: one PID-3 repetition with as many components and subcomponents as fit;
+    * ``long_field``: one identifier as long as the message;
+    * ``escapes``: one identifier made of escape sequences (``\\F\\``, ``\\X41\\``);
+    * ``lone_escape``: one identifier holding a single escape character and then plain text;
+    * ``lf_terminators``: ``segments`` terminated by LF, which ingest rewrites to CR.
+    """
+    room = max(size - len(SHAPE_MSH) - 16, 64)
+
+    def fill(unit: bytes, sep: bytes) -> bytes:
+        return sep.join([unit] * max(1, room // (len(unit) + len(sep))))
+
+    def numbered(make: Callable[[int], bytes], sep: bytes) -> bytes:
+        parts: list[bytes] = []
+        used = 0
+        n = 0
+        while used < room:
+            part = make(n)
+            parts.append(part)
+            used += len(part) + len(sep)
+            n += 1
+        return sep.join(parts)
+
+    distinct = numbered(lambda i: b"ID%d^^^AUTH%d" % (i, i % 7), b"~")
+    segments = numbered(lambda i: b"PID|%d||S%d^^^H" % (i, i), b"\r")
+    return {
+        "distinct_repetitions": SHAPE_MSH + b"PID|1||" + distinct + b"\r",
+        "same_repetitions": SHAPE_MSH + b"PID|1||" + fill(b"12345^^^HOSP^MR", b"~") + b"\r",
+        "segments": SHAPE_MSH + segments + b"\r",
+        "deep_components": SHAPE_MSH + b"PID|1||X^" + fill(b"c&s&t", b"^") + b"\r",
+        "long_field": SHAPE_MSH + b"PID|1||" + b"7" * room + b"^^^HOSP\r",
+        "escapes": SHAPE_MSH + b"PID|1||" + fill(b"\\F\\\\X41\\", b"") + b"^^^H\r",
+        "lone_escape": SHAPE_MSH + b"PID|1||\\" + b"a" * room + b"\r",
+        "lf_terminators": (SHAPE_MSH + segments + b"\r").replace(b"\r", b"\n"),
+    }

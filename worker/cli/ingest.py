@@ -8,6 +8,7 @@ import click
 
 from inturn.worker.cli.logs import configure
 from inturn.worker.cli.options import dsn_option, logging_options
+from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
     DEFAULT_STORE_TIMEOUT_SECONDS,
@@ -223,6 +224,22 @@ def _size(value: str) -> int:
     show_default=True,
     help="Database connections for storing messages.",
 )
+@click.option(
+    "--max-indexed-identifiers",
+    type=click.IntRange(min=1),
+    default=MAX_INDEXED_IDENTIFIERS,
+    show_default=True,
+    help="Most distinct patient identifiers (PID-2/3/4, MRG-1) indexed per message; the rest"
+    " are stored but not found by --patient-id.",
+)
+@click.option(
+    "--max-indexed-identifiers",
+    type=click.IntRange(min=1),
+    default=MAX_INDEXED_IDENTIFIERS,
+    show_default=True,
+    help="Most distinct patient identifiers (PID-2/3/4, MRG-1) indexed per message; the rest"
+    " are stored but not found by --patient-id.",
+)
 @logging_options
 def ingest_command(
     listen: tuple[str, ...],
@@ -244,6 +261,7 @@ def ingest_command(
     refresh: float,
     store_timeout: float,
     pool_size: int,
+    max_indexed_identifiers: int,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -305,6 +323,7 @@ def ingest_command(
             refresh_seconds=refresh,
             store_timeout=store_timeout,
             pool_size=pool_size,
+            max_indexed_identifiers=max_indexed_identifiers,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -39,7 +39,7 @@ from typing import Literal
 from inturn.worker.hl7.delimiters import (
     DEFAULT_DELIMITERS,
     Delimiters,
-    first_segment,
+    first_segment_of,
     read_delimiters,
     split_segments,
     strip_preamble,
@@ -260,7 +260,7 @@ def build_ack(
 
 def _lenient_echo(payload: bytes) -> _Echo:
     """Whatever of MSH can be read, for a reject of a message that did not parse."""
-    first = first_segment(strip_preamble(payload).decode("latin-1"))
+    first = first_segment_of(payload)
     try:
         delimiters = read_delimiters(first)
     except HeaderError:

@@ -91,13 +91,19 @@ class Delimiters:
             simple["P"] = self.truncation
         out: list[str] = []
         i = 0
-        while i < len(text):
-            ch = text[i]
-            end = text.find(e, i + 1) if ch == e else -1
+        size = len(text)
+        while i < size:
+            start = text.find(e, i)
+            if start < 0:  # no escape left: the rest in one piece (linear, not per character)
+                out.append(text[i:])
+                break
+            if start > i:
+                out.append(text[i:start])
+            i = start
+            end = text.find(e, i + 1)
             if end < 0:
-                out.append(ch)
-                i += 1
-                continue
+                out.append(text[i:])
+                break
             body = text[i + 1 : end]
             if body in simple:
                 out.append(simple[body])
@@ -142,6 +148,14 @@ def split_segments(text: str) -> list[str]:
 def first_segment(text: str) -> str:
     """The text before the first CR or LF ('' for empty text)."""
     return _SEGMENT_SPLIT.split(text, maxsplit=1)[0]
+
+
+def first_segment_of(payload: bytes) -> str:
+    """The first segment of ``payload`` as text (preamble skipped, latin-1), decoding only that
+    segment: reading a header costs the header's size, not the message's."""
+    data = strip_preamble(payload)
+    ends = [n for n in (data.find(b"\r"), data.find(b"\n")) if n >= 0]
+    return data[: min(ends)].decode("latin-1") if ends else data.decode("latin-1")
 
 
 def _usable_delimiter(ch: str) -> bool:
@@ -193,8 +207,7 @@ def delimiters_of(payload: bytes) -> Delimiters:
 
     Never raises: for lenient readers (PID search, rejects) that must work on any bytes.
     """
-    text = strip_preamble(payload).decode("latin-1")
     try:
-        return read_delimiters(first_segment(text))
+        return read_delimiters(first_segment_of(payload))
     except HeaderError:
         return DEFAULT_DELIMITERS

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inturn.worker.hl7.delimiters import Delimiters, first_segment, read_delimiters, strip_preamble
+from inturn.worker.hl7.delimiters import Delimiters, first_segment_of, read_delimiters
 from inturn.worker.hl7.errors import HeaderError
 
 __all__ = ["Header", "HeaderError", "MessageType", "parse_header"]
@@ -113,8 +113,7 @@ def parse_header(payload: bytes) -> Header:
             envelopes starting with FHS/BHS included); 101 when MSH-1, MSH-2, MSH-9 (or its
             message code) or MSH-10 is missing; 102 when MSH-1/MSH-2 are not usable delimiters.
     """
-    text = strip_preamble(payload).decode("latin-1")
-    first = first_segment(text)
+    first = first_segment_of(payload)
     if not first:
         raise HeaderError(100, "the message is empty")
     if first.startswith(("FHS", "BHS")):

@@ -22,6 +22,15 @@ from dataclasses import dataclass
 
 from inturn.worker.hl7.delimiters import Delimiters, delimiters_of, split_segments, strip_preamble
 
+#: Default most distinct identifiers indexed per message (ingest's
+#: ``--max-indexed-identifiers``): far above what a real patient carries, small enough that a
+#: message cannot make its row's index entry large.
+MAX_INDEXED_IDENTIFIERS = 100
+
+#: Longest CX-1 (ID) or HD subcomponent (authority), as written, read as an identifier; HL7
+#: v2.7+ gives CX-1 199 characters, so this leaves room for escapes.
+MAX_ID_CHARS = 1024
+
 #: The fields read, as (segment, field number).
 PATIENT_FIELDS: tuple[tuple[str, int], ...] = (("PID", 2), ("PID", 3), ("PID", 4), ("MRG", 1))
 
@@ -58,31 +67,47 @@ def _text(delimiters: Delimiters, raw: str) -> str:
 
 
 def _repetition(delimiters: Delimiters, field: str, value: str) -> PatientId | None:
-    components = value.split(delimiters.component)
-    ident = _text(delimiters, components[0].split(delimiters.subcomponent, 1)[0])
+    components = value.split(delimiters.component, 4)  # components past CX-4 are never read
+    raw_id = components[0].split(delimiters.subcomponent, 1)[0]
+    if len(raw_id) > MAX_ID_CHARS:
+        return None
+    ident = _text(delimiters, raw_id)
     if not ident:
         return None
     authorities: list[str] = []
     if len(components) > 3:
-        for sub in components[3].split(delimiters.subcomponent)[:2]:
+        for sub in components[3].split(delimiters.subcomponent, 2)[:2]:
+            if len(sub) > MAX_ID_CHARS:
+                continue
             name = _text(delimiters, sub)
             if name and name not in authorities:
                 authorities.append(name)
     return PatientId(field, ident, tuple(authorities))
 
 
-def patient_identifiers(payload: bytes) -> list[PatientId]:
+def patient_identifiers(payload: bytes, limit: int | None = None) -> list[PatientId]:
     """Every identifier in PID-2, PID-3, PID-4 and MRG-1, every repetition, every segment.
 
     The delimiters come from MSH-1/MSH-2 when readable, otherwise the defaults ``|^~\\&`` are
     used. Repetitions without an ID are left out; exact repeats are reported once. Never raises.
+
+    The work is linear in the size of ``payload``: a repetition written the same way twice is
+    parsed once, repeats are recognised by a hash lookup (12,000 repetitions of PID-3 cost
+    milliseconds, not seconds), and an ID or authority longer than :data:`MAX_ID_CHARS` as
+    written is no identifier (nothing assigns those; unescaping them would only cost time).
+
+    Args:
+        payload: the message bytes.
+        limit: stop after this many distinct identifiers (None: no limit). Ingest indexes at
+            most :data:`MAX_INDEXED_IDENTIFIERS` per message.
 
     Returns:
         The identifiers in message order (segment, then field, then repetition).
     """
     delimiters = delimiters_of(payload)
     text = strip_preamble(payload).decode("latin-1")
-    found: list[PatientId] = []
+    seen: dict[PatientId, None] = {}
+    read: set[tuple[int, str]] = set()  # (field, repetition as written) already read
     for segment in split_segments(text):
         name = segment[:3]
         if segment[3:4] != delimiters.field or name not in ("PID", "MRG"):
@@ -92,10 +117,16 @@ def patient_identifiers(payload: bytes) -> list[PatientId]:
             if seg != name or number >= len(fields):
                 continue
             for value in fields[number].split(delimiters.repetition):
+                if (number, value) in read:  # a repeat as written: nothing new to parse
+                    continue
+                read.add((number, value))
                 patient = _repetition(delimiters, f"{seg}-{number}", value)
-                if patient is not None and patient not in found:
-                    found.append(patient)
-    return found
+                if patient is None or patient in seen:
+                    continue
+                seen[patient] = None
+                if limit is not None and len(seen) >= limit:
+                    return list(seen)
+    return list(seen)
 
 
 def has_patient_id(payload: bytes, ident: str, authority: str | None = None) -> bool:
@@ -117,15 +148,25 @@ def lookup_key(ident: str, authority: str | None = None) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def index_keys(payload: bytes) -> list[str]:
+def index_keys(payload: bytes, limit: int = MAX_INDEXED_IDENTIFIERS) -> list[str]:
     """The keys under which a message is found by :func:`lookup_key`, sorted, no repeats.
 
     For each identifier: the key of its ID alone and one per assigning authority, so that a
     lookup by ID finds it whatever its authority and a lookup by ID and authority finds it only
     when that authority assigned it (:meth:`PatientId.matches`).
+
+    Only the first ``limit`` distinct identifiers (message order) are indexed, so a message
+    yields at most ``3 * limit`` keys however many repetitions it carries; identifiers past the
+    cap are not in the index, so ``--patient-id`` listings miss them (``inturn queue erase
+    --patient-id`` reads payloads with :func:`has_patient_id`, which has no cap).
+
+    Raises:
+        ValueError: ``limit`` is below 1.
     """
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
     keys: set[str] = set()
-    for patient in patient_identifiers(payload):
+    for patient in patient_identifiers(payload, limit):
         keys.add(lookup_key(patient.id))
         keys.update(lookup_key(patient.id, a) for a in patient.authorities)
     return sorted(keys)

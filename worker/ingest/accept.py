@@ -75,6 +75,7 @@ from inturn.worker.hl7.ack import (
 from inturn.worker.hl7.errors import ErrorCode, HeaderError
 from inturn.worker.hl7.expect import Kind, answer_codes
 from inturn.worker.hl7.header import Header, parse_header
+from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS, index_keys
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.batch import Committer, Message, OutcomeUnknown
@@ -109,6 +110,10 @@ def over_bound(header: Header) -> tuple[str, int] | None:
         return "MSH-9", MAX_MESSAGE_TYPE_CHARS
     return None
 
+
+#: Messages larger than this (bytes) are prepared for storage (terminators, digest, index keys)
+#: in a worker thread, so the event loop keeps serving every other connection meanwhile.
+OFFLOAD_BYTES = 64 * 1024
 
 #: Default duplicate window: 24 hours, in seconds.
 DEFAULT_DUPLICATE_WINDOW_SECONDS = 24 * 3600.0
@@ -220,6 +225,25 @@ def _answer(
     )
 
 
+def prepare(header: Header, payload: bytes, max_identifiers: int) -> Message:
+    """The :class:`Message` to store for ``payload``: its terminators normalised, its SHA-256
+    and its patient index keys (at most ``max_identifiers`` identifiers, see
+    :func:`inturn.worker.hl7.pid.index_keys`).
+
+    Linear in the size of ``payload`` whatever its shape (repetitions, segments, components,
+    field lengths); ``bench/shapes.py`` prints the cost per MiB. Pure, so the acceptor runs it
+    in a thread for messages over :data:`OFFLOAD_BYTES`.
+    """
+    stored = normalise_terminators(payload)
+    return Message(
+        control_id=header.control_id,
+        message_type=header.message_type.type_key,
+        payload=stored,
+        digest=hashlib.sha256(stored).digest(),
+        patient_keys=",".join(index_keys(stored, max_identifiers)),
+    )
+
+
 class Acceptor:
     """Turns one message's bytes into stored rows and an acknowledgement.
 
@@ -233,6 +257,7 @@ class Acceptor:
             the transaction is cancelled and its end awaited: AE once it rolled back (nothing
             kept), AA if it committed first, and no answer at all when its end cannot be seen
             (see :mod:`inturn.worker.ingest.batch`).
+        max_indexed_identifiers: most distinct patient identifiers indexed per message.
     """
 
     def __init__(
@@ -243,7 +268,11 @@ class Acceptor:
         hold_unrouted: Collection[str] = (),
         duplicate_window_seconds: float = DEFAULT_DUPLICATE_WINDOW_SECONDS,
         store_timeout_seconds: float = DEFAULT_STORE_TIMEOUT_SECONDS,
+        max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS,
     ) -> None:
+        if max_indexed_identifiers < 1:
+            raise ValueError("max_indexed_identifiers must be at least 1")
+        self.max_indexed_identifiers = max_indexed_identifiers
         self.pool = pool
         self.router = router
         self.hold_unrouted = frozenset(hold_unrouted)
@@ -331,13 +360,12 @@ class Acceptor:
             destinations = (hold_destination(channel),)
             held = True
 
-        stored = normalise_terminators(payload)
-        message = Message(
-            control_id=header.control_id,
-            message_type=message_type.type_key,
-            payload=stored,
-            digest=hashlib.sha256(stored).digest(),
-        )
+        if len(payload) > OFFLOAD_BYTES:  # linear work, but not on the loop every channel shares
+            message = await asyncio.to_thread(
+                prepare, header, payload, self.max_indexed_identifiers
+            )
+        else:
+            message = prepare(header, payload, self.max_indexed_identifiers)
         try:
             # No timeout here: the committer keeps the store timeout and returns only once the
             # outcome is known (a transaction given up on by its caller could still commit).

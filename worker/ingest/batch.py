@@ -85,12 +85,16 @@ class Message:
         message_type: MSH-9 as ``CODE^TRIGGER``.
         payload: the bytes exactly as received.
         digest: SHA-256 of ``payload`` (32 bytes), the duplicate-window key with MSH-10.
+        patient_keys: its identifier index keys, comma-separated (see
+            :func:`inturn.worker.store.identifiers.keys_text`), computed by the caller off the
+            event loop; None computes them here (capped at the default).
     """
 
     control_id: str
     message_type: str
     payload: bytes
     digest: bytes
+    patient_keys: str | None = None
 
 
 @dataclass(frozen=True)
@@ -189,7 +193,9 @@ async def store_batch(
         "message_types": [m.message_type for m in unique],
         "payloads": [m.payload for m in unique],
         "digests": [m.digest for m in unique],
-        "patient_keys": [keys_text(m.payload) for m in unique],
+        "patient_keys": [
+            keys_text(m.payload) if m.patient_keys is None else m.patient_keys for m in unique
+        ],
         "window_seconds": float(max(window_seconds, 0.0)),
         "remember": remember,
         "destinations": ordered,

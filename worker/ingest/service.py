@@ -23,6 +23,7 @@ from types import TracebackType
 
 from aiohttp import web
 
+from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
     DEFAULT_STORE_TIMEOUT_SECONDS,
@@ -76,6 +77,8 @@ class IngestConfig:
         pool_size: connections in the write pool (concurrent stores; more connections
             than this wait for a free one).
         shutdown_grace: seconds a message being stored at shutdown gets to finish.
+        max_indexed_identifiers: most distinct patient identifiers (PID-2/3/4, MRG-1) indexed
+            per message; the rest are stored but not indexed.
     """
 
     listeners: Sequence[ListenerConfig] = ()
@@ -93,6 +96,7 @@ class IngestConfig:
     store_timeout: float = DEFAULT_STORE_TIMEOUT_SECONDS
     pool_size: int = 16
     shutdown_grace: float = 10.0
+    max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS
 
     def __post_init__(self) -> None:
         channels = [listener.channel for listener in self.listeners]
@@ -115,6 +119,8 @@ class IngestConfig:
             raise ValueError("duplicate_window must not be negative")
         if self.pool_size < 1:
             raise ValueError("pool_size must be at least 1")
+        if self.max_indexed_identifiers < 1:
+            raise ValueError("max_indexed_identifiers must be at least 1")
 
 
 def server_tls_context(
@@ -259,6 +265,7 @@ class Ingest:
                 hold_unrouted=config.hold_unrouted,
                 duplicate_window_seconds=config.duplicate_window,
                 store_timeout_seconds=config.store_timeout,
+                max_indexed_identifiers=config.max_indexed_identifiers,
             )
             for listener_config in config.listeners:
                 listener = MllpListener(
