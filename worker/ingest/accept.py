@@ -56,6 +56,7 @@ MSH-10, sizes and fixed texts do.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
