@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -36,6 +37,7 @@ from inturn.operator.metrics import RECONCILE_ERRORS
 from inturn.worker.spec import schema
 from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.spec.destination import ManifestError
+from inturn.worker.spec.schedule import held_until
 from inturn.worker.store import registry
 
 log = logging.getLogger("inturn.operator")
@@ -466,6 +468,7 @@ class Runtime:
                 (spec.get("alerting") or {}).get("stuckAfterSeconds", DEFAULT_STUCK_AFTER_SECONDS)
             ),
             expire_after_seconds=spec.get("expireAfterSeconds"),
+            schedule=spec.get("schedule"),
         )
         if registered is not None and registered.get(children.key) == row:
             return None
@@ -487,6 +490,7 @@ class Runtime:
                     sender=row.sender,
                     stuck_after_seconds=row.stuck_after_seconds,
                     expire_after_seconds=row.expire_after_seconds,
+                    schedule=row.schedule,
                 )
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning("registry update for %s failed: %s", children.key, exc)
@@ -545,6 +549,7 @@ class Runtime:
         current = self._written.get(key)
         if current is None or current.get("observedGeneration") != generation:
             current = snap.get("status") or {}
+        now = datetime.now(UTC)
         desired = status.desired_status(
             generation=generation,
             previous=current,
@@ -553,7 +558,8 @@ class Runtime:
             suspended=bool(spec.get("suspend", False)),
             sender=manifests.sender_summary(spec) if invalid is None else None,
             invalid=invalid,
-            now=datetime.now(UTC),
+            now=now,
+            held_until=held_until(spec.get("schedule"), now) if invalid is None else None,
         )
         patch = status.status_patch(current, desired)
         if patch is None:
@@ -742,4 +748,5 @@ def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
         row.sender,
         row.stuck_after_seconds,
         row.expire_after_seconds,
+        json.dumps(row.schedule, sort_keys=True),
     )

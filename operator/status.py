@@ -16,7 +16,9 @@ when ``status`` flips), ``reason`` (one CamelCase word), ``message`` (a sentence
 ``Delivering``
     the head of the queue is not backing off. Reasons: ``Idle`` (nothing waits), ``Draining``,
     ``Blocked`` (the head failed and waits for its next attempt; the message names the last
-    error's class, never the payload), ``Suspended``, ``QueueUnknown`` (no queue figures yet).
+    error's class, never the payload), ``Suspended``, ``OutsideWindow`` (outside the delivery
+    window, ``spec.schedule``: held until ``status.heldUntil``), ``QueueUnknown`` (no queue
+    figures yet).
 """
 
 from __future__ import annotations
@@ -134,10 +136,20 @@ def ready_condition(worker: WorkerDeployment, invalid: str | None) -> tuple[str,
     )
 
 
-def delivering_condition(depth: QueueDepth | None, suspended: bool) -> tuple[str, str, str]:
-    """Return (status, reason, message) of ``Delivering``; ``depth`` None means unknown."""
+def delivering_condition(
+    depth: QueueDepth | None, suspended: bool, held_until: datetime | None = None
+) -> tuple[str, str, str]:
+    """Return (status, reason, message) of ``Delivering``; ``depth`` None means unknown;
+    ``held_until`` is when the delivery window opens, when outside it."""
     if suspended:
         return "False", "Suspended", "Delivery is suspended (spec.suspend is true)."
+    if held_until is not None:
+        waiting = f"{_plural(depth.pending, 'message')} wait" if depth else "Messages wait"
+        return (
+            "False",
+            "OutsideWindow",
+            f"Outside the delivery window (spec.schedule); {waiting} until {rfc3339(held_until)}.",
+        )
     if depth is None:
         return "Unknown", "QueueUnknown", "The queue has not been read yet."
     if depth.pending == 0:
@@ -167,6 +179,7 @@ def desired_status(
     sender: str | None,
     invalid: str | None = None,
     now: datetime,
+    held_until: datetime | None = None,
 ) -> dict[str, Any]:
     """Return the complete desired ``status`` of a Destination.
 
@@ -180,11 +193,13 @@ def desired_status(
         sender: :func:`inturn.operator.manifests.sender_summary` of the spec, None if invalid.
         invalid: why the spec is invalid, or None.
         now: the current time (for transitions).
+        held_until: outside the delivery window (``spec.schedule``), when it opens; becomes
+            ``heldUntil`` and the ``OutsideWindow`` reason of ``Delivering``.
     """
     previous = previous or {}
     old_conditions = previous.get("conditions") or []
     r_status, r_reason, r_message = ready_condition(worker, invalid)
-    d_status, d_reason, d_message = delivering_condition(depth, suspended)
+    d_status, d_reason, d_message = delivering_condition(depth, suspended, held_until)
     kept = next((c for c in old_conditions if c.get("type") == DELIVERING), None)
     if depth is None and not suspended and kept is not None:
         # the queue could not be read: keep what was last known rather than flapping to Unknown
@@ -213,6 +228,8 @@ def desired_status(
         ],
         "worker": {"deployment": worker.name, "available": worker.exists and worker.available},
     }
+    if held_until is not None:
+        out["heldUntil"] = rfc3339(held_until)
     if sender is not None:
         out["sender"] = sender
     elif "sender" in previous:
@@ -238,6 +255,7 @@ OWNED_FIELDS = (
     "failed",
     "oldestPendingTime",
     "maxAttempts",
+    "heldUntil",
     "sender",
     "worker",
 )

@@ -79,6 +79,7 @@ def test_depth_list_show_and_payload(fresh_db: str) -> None:
         "FAILED",
         "OLDEST",
         "MAX-ATTEMPTS",
+        "HELD-UNTIL",
     ]
 
 

@@ -155,12 +155,19 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def format_depth(rows: list[DepthRow]) -> str:
-    """The depth table: one line per destination with anything pending or failed."""
+def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
+    """The depth table: one line per destination with anything pending or failed; HELD-UNTIL
+    says when a destination outside its delivery window (``spec.schedule``) sends again."""
     if not rows:
         return "nothing pending or failed"
+    now = at or datetime.now(UTC)
+
+    def held(r: DepthRow) -> str:
+        until = r.held_until(now)
+        return "-" if until is None else until.strftime("%Y-%m-%d %H:%M UTC")
+
     return _table(
-        ["DESTINATION", "CHANNEL", "PENDING", "FAILED", "OLDEST", "MAX-ATTEMPTS"],
+        ["DESTINATION", "CHANNEL", "PENDING", "FAILED", "OLDEST", "MAX-ATTEMPTS", "HELD-UNTIL"],
         [
             [
                 r.destination,
@@ -169,6 +176,7 @@ def format_depth(rows: list[DepthRow]) -> str:
                 str(r.failed),
                 format_age(r.oldest_seconds) if r.pending else "-",
                 str(r.max_attempts),
+                held(r),
             ]
             for r in rows
         ],
@@ -205,10 +213,12 @@ def queue_group() -> None:
 @dsn_option()
 @json_option
 def depth_command(dsn: str | None, as_json: bool) -> None:
-    """Per destination: pending, failed, age of the oldest, highest attempt count."""
+    """Per destination: pending, failed, age of the oldest, highest attempt count, and until
+    when it is held outside its delivery window."""
     rows = run_read(dsn, queue.depth)
     if as_json:
-        _echo_json([r.to_json() for r in rows])
+        now = datetime.now(UTC)
+        _echo_json([r.to_json(now) for r in rows])
     else:
         click.echo(format_depth(rows))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from inturn.worker.store.model import DepthRow, HeadInfo
@@ -19,7 +20,16 @@ from inturn.worker.store.registry import Listed
 DEFAULT_STUCK_AFTER = 900.0
 
 #: Overview states, worst first within equal severity.
-STATES = ("stuck", "failing", "held", "suspended", "orphaned", "delivering", "idle")
+STATES = (
+    "stuck",
+    "failing",
+    "held",
+    "suspended",
+    "orphaned",
+    "outside-window",
+    "delivering",
+    "idle",
+)
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,9 @@ class OverviewRow:
         state: one of :data:`STATES`: ``stuck`` (oldest pending older than the threshold),
             ``failing`` (the head has failed attempts), ``held`` (a console/CLI hold),
             ``suspended`` (``spec.suspend``), ``orphaned`` (pending but not registered, or
-            deleted), ``delivering`` (pending and nothing wrong), ``idle`` (nothing pending).
+            deleted), ``outside-window`` (pending, and outside its delivery window,
+            ``spec.schedule``: held on purpose until ``window_until``), ``delivering`` (pending
+            and nothing wrong), ``idle`` (nothing pending).
         ready: pending messages that may go now: all of them when the head is due and nothing
             holds the destination, else 0 (nothing overtakes the head).
         pending, failed, oldest_seconds, max_attempts: as ``inturn queue depth``.
@@ -40,6 +52,8 @@ class OverviewRow:
         over_threshold: ``oldest_seconds`` exceeds ``stuck_after``.
         stuck_after: the threshold in seconds.
         hold_by: who put the hold on, if any.
+        window_until: outside its delivery window: when it opens (UTC); else None. Time outside
+            the window is not counted as stuck, as the sweeper does not count it.
     """
 
     destination: str
@@ -56,6 +70,7 @@ class OverviewRow:
     over_threshold: bool
     stuck_after: float
     hold_by: str | None
+    window_until: datetime | None = None
 
     @property
     def severity(self) -> int:
@@ -83,6 +98,7 @@ class OverviewRow:
             "overThreshold": self.over_threshold,
             "stuckAfterSeconds": self.stuck_after,
             "heldBy": self.hold_by,
+            "windowUntil": self.window_until.isoformat() if self.window_until else None,
             "severity": self.severity,
         }
 
@@ -103,13 +119,17 @@ def build(
     *,
     stuck_after: Mapping[str, float] | None = None,
     default_stuck_after: float = DEFAULT_STUCK_AFTER,
+    now: datetime | None = None,
 ) -> list[OverviewRow]:
     """Merge registry rows, depth rows and heads into overview rows, worst first.
+
+    ``now`` (default: the current time) judges the delivery windows.
 
     Every registered, not deleted destination has a row; a destination with messages but no
     live registry row appears as ``orphaned``. Order: severity, then the oldest pending age,
     then failed count, then the name.
     """
+    at = now or datetime.now(UTC)
     by_depth = {d.destination: d for d in depth}
     by_name = {entry.destination: entry for entry in listed}
     names = {e.destination for e in listed if not e.deleted} | set(by_depth)
@@ -124,7 +144,8 @@ def build(
         threshold = (stuck_after or {}).get(name, own)
         pending = d.pending if d else 0
         oldest = d.oldest_seconds if d and pending else 0.0
-        over = pending > 0 and oldest > threshold
+        window_until = d.held_until(at) if d and pending else None
+        over = pending > 0 and oldest > threshold and window_until is None
         held = entry is not None and entry.hold is not None
         suspended = entry is not None and entry.suspended
         orphaned = entry is None or entry.deleted
@@ -139,9 +160,11 @@ def build(
             state = "suspended"
         elif orphaned:
             state = "orphaned"
+        elif window_until is not None:
+            state = "outside-window"
         else:
             state = "delivering" if pending else "idle"
-        blocked = held or suspended or orphaned or wait > 0
+        blocked = held or suspended or orphaned or wait > 0 or window_until is not None
         rows.append(
             OverviewRow(
                 destination=name,
@@ -158,6 +181,7 @@ def build(
                 over_threshold=over,
                 stuck_after=threshold,
                 hold_by=entry.hold.by if entry and entry.hold else None,
+                window_until=window_until,
             )
         )
     rows.sort(key=lambda r: (-r.severity, -r.oldest_seconds, -r.failed, r.destination))

@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
@@ -36,6 +37,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from inturn.worker.drain.backoff import backoff_seconds
+from inturn.worker.drain.gate import Gate, may_send
 from inturn.worker.drain.observer import NullObserver, Observer
 from inturn.worker.drain.retry import decide
 from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
@@ -166,6 +168,10 @@ class DestinationWorker:
             lockwatch.threshold_from_env() if lock_wait_seconds is None else lock_wait_seconds
         )
         self._lock_wait_logged = 0.0
+        #: ``time.monotonic()`` when the last attempt started (the throttle paces from it).
+        self._last_send: float | None = None
+        #: While held outside the window: when it opens (for saying so once).
+        self._held_until: datetime | None = None
 
     @property
     def destination(self) -> str:
@@ -285,6 +291,13 @@ class DestinationWorker:
                 await self._report_depth(conn, stop)
                 await self._wait(conn, stop, idle)
                 continue
+            gate = self._gate()
+            if gate.hold == "window":  # outside spec.schedule: hold, spend no attempt
+                self._say_held(gate)
+                await self._report_depth(conn, stop)
+                await self._wait(conn, stop, gate.wait_seconds)
+                continue
+            self._say_held(None)
             if prefetched is not None:
                 (head, wait), prefetched = prefetched, None
             else:
@@ -308,9 +321,43 @@ class DestinationWorker:
             if head is None:
                 await self._wait(conn, stop, idle if wait is None else min(wait, idle))
                 continue
+            gate = self._gate()
+            if gate.hold == "throttle":  # spec.throttle: the head waits, nothing overtakes it
+                await _sleep_or_stop(stop, gate.wait_seconds)
+                if stop.is_set():
+                    break
+            elif gate.hold == "window":
+                prefetched = (head, wait)  # the window closed meanwhile: keep the head
+                continue
+            self._last_send = time.monotonic()
             finished, prefetched = await self._attempt(conn, stop, head)
             if finished:
                 after = head.item.id
+
+    def _gate(self) -> Gate:
+        """The destination's window and throttle, judged now (:mod:`inturn.worker.drain.gate`)."""
+        return may_send(
+            now=datetime.now(UTC),
+            monotonic=time.monotonic(),
+            schedule=self.config.schedule,
+            messages_per_second=self.config.messages_per_second,
+            last_send=self._last_send,
+        )
+
+    def _say_held(self, gate: Gate | None) -> None:
+        """Log once when the worker starts holding the queue for its window, and once when it
+        resumes."""
+        until = None if gate is None else gate.until
+        if gate is not None and self._held_until != until:
+            log.info(
+                "destination %s: outside its delivery window (spec.schedule); holding the queue"
+                " until %s",
+                self.destination,
+                until.isoformat() if until is not None else "further notice",
+            )
+        elif gate is None and self._held_until is not None:
+            log.info("destination %s: delivery window open; sending again", self.destination)
+        self._held_until = until if gate is not None else None
 
     def _report_empty(self) -> None:
         """Nothing is pending: the gauges say so without a query (failed items are not in them).

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from inturn.worker.senders import registry as senders
 from inturn.worker.senders.kind import SenderConfig
+from inturn.worker.spec.schedule import Schedule, parse, to_spec
 
 AckAction = Literal["retry", "fail"]
 
@@ -85,6 +86,8 @@ class WorkerConfig:
             destination as stuck (``spec.alerting.stuckAfterSeconds``).
         expire_after_seconds: pending messages older than this are skipped as expired by the
             sweeper (``spec.expireAfterSeconds``); None (the default) never expires them.
+        schedule: when messages may be sent (``spec.schedule``); None: at any time.
+        messages_per_second: the throttle (``spec.throttle.messagesPerSecond``); None: none.
     """
 
     destination: str
@@ -98,6 +101,8 @@ class WorkerConfig:
     carriers: tuple[str, ...] = ()
     stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS
     expire_after_seconds: int | None = None
+    schedule: Schedule | None = None
+    messages_per_second: int | None = None
 
 
 # --- the rendered form (JSON) -----------------------------------------------------------------
@@ -142,6 +147,12 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
             if cfg.expire_after_seconds is not None
             else {}
         ),
+        **({"schedule": to_spec(cfg.schedule)} if cfg.schedule is not None else {}),
+        **(
+            {"throttle": {"messagesPerSecond": cfg.messages_per_second}}
+            if cfg.messages_per_second is not None
+            else {}
+        ),
     }
 
 
@@ -153,6 +164,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
 
     Raises:
         KeyError, TypeError: a required key is missing or has the wrong shape.
+        inturn.worker.spec.schedule.ScheduleError: ``schedule`` names an unknown time zone.
     """
     r = doc["retry"]
     ack = doc.get("ackPolicy", {})
@@ -176,6 +188,10 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
         ),
         expire_after_seconds=(
             None if doc.get("expireAfterSeconds") is None else int(doc["expireAfterSeconds"])
+        ),
+        schedule=None if doc.get("schedule") is None else parse(doc["schedule"]),
+        messages_per_second=(
+            None if doc.get("throttle") is None else int(doc["throttle"]["messagesPerSecond"])
         ),
     )
 

@@ -41,6 +41,8 @@ from inturn.worker.spec.config import (
     from_dict,
     to_dict,
 )
+from inturn.worker.spec.schedule import ScheduleError
+from inturn.worker.spec.schedule import parse as parse_schedule
 
 #: Where the operator mounts referenced Secrets inside the worker container.
 DEFAULT_SECRETS_DIR = "/etc/inturn/secrets"
@@ -290,6 +292,8 @@ def validate_manifest(doc: Mapping[str, Any], *, source: str | None = None) -> d
                 {"x-kubernetes-validations": root["x-kubernetes-validations"]}, dict(doc), ""
             )
         )
+    if not problems:
+        problems.extend(_schedule_problems(spec, "spec.schedule"))
     if problems:
         raise ManifestError(
             sorted(set(problems)), source or (destination_key(doc) if name else None)
@@ -297,6 +301,19 @@ def validate_manifest(doc: Mapping[str, Any], *, source: str | None = None) -> d
     out = dict(copy.deepcopy(doc))
     out["spec"] = spec
     return out
+
+
+def _schedule_problems(node: Mapping[str, Any], where: str) -> list[str]:
+    """What the schema cannot say about a schedule: whether its time zone exists (the IANA
+    database of this process; the API server accepts any name of the right shape, so the
+    operator reports an unknown zone as InvalidSpec)."""
+    if node.get("schedule") is None:
+        return []
+    try:
+        parse_schedule(node["schedule"])
+    except ScheduleError as exc:
+        return [f"{where}.{exc}"]
+    return []
 
 
 def _secret_file(secrets_dir: str | Path, secret: str, key: str) -> str:
@@ -336,6 +353,7 @@ def render_from_manifest(
             if spec.get("expireAfterSeconds") is not None
             else {}
         ),
+        **{key: spec[key] for key in ("schedule", "throttle") if spec.get(key) is not None},
     }
     return render_worker_config(from_dict(rendered))
 
@@ -386,6 +404,8 @@ def load_worker_config(doc: Mapping[str, Any], *, source: str | None = None) -> 
     compiled = _schemas()
     value = apply_defaults(compiled["worker"], dict(doc))
     problems = validate(compiled["worker"], value, validator=compiled["worker_validator"])
+    if not problems:
+        problems = _schedule_problems(value, "schedule")
     if problems:
         raise ManifestError(
             problems, source or (str(doc.get("destination")) if doc.get("destination") else None)

@@ -38,6 +38,7 @@ from inturn.worker.spec.openapi import integer as _int
 from inturn.worker.spec.openapi import obj as _obj
 from inturn.worker.spec.openapi import str_map as _str_map
 from inturn.worker.spec.openapi import string as _str
+from inturn.worker.spec.schedule import DAYS, MAX_WINDOWS, ZONE_PATTERN
 
 GROUP = "inturn.dev"
 VERSION = "v1alpha1"
@@ -302,6 +303,23 @@ def spec_schema() -> Schema:
                 description="When the sweeper raises this destination to people.",
                 default={},
             ),
+            "schedule": schedule_schema(
+                "When messages may be sent (a weekly schedule in a time zone). Outside it the"
+                " worker holds the queue without spending attempts, the status says until"
+                " when, and the sweeper does not count the time as stuck. Unset: at any time."
+            ),
+            "throttle": _obj(
+                {
+                    "messagesPerSecond": _int(
+                        "Most messages sent per second: sends start at least 1/rate seconds"
+                        " apart, in order.",
+                        minimum=1,
+                        maximum=10_000,
+                    ),
+                },
+                required=("messagesPerSecond",),
+                description="How fast messages may be sent. Unset: as fast as the receiver acks.",
+            ),
             "expireAfterSeconds": _int(
                 "Pending messages older than this are skipped as expired by the sweeper (audited,"
                 " and listed on the delivery-expired worklist). Unset: messages never expire;"
@@ -313,6 +331,60 @@ def spec_schema() -> Schema:
         required=("channel", "sender", "retry"),
         description="The desired state of a delivery destination.",
         rules=(RULE_CARRIERS_DISTINCT,),
+    )
+
+
+#: A start time: ``HH:MM`` from 00:00 to 23:59.
+_START_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+#: An end time: ``HH:MM`` from 00:00 to 24:00.
+_END_PATTERN = r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$"
+
+
+def schedule_schema(description: str) -> Schema:
+    """A weekly schedule in a time zone (:mod:`inturn.worker.spec.schedule`): the node of
+    ``spec.schedule``, reused by feed declarations."""
+    return _obj(
+        {
+            "timeZone": _str(
+                "IANA time zone the windows are in, e.g. Europe/Berlin; daylight saving time"
+                " is the zone's own.",
+                max_length=64,
+                min_length=1,
+                pattern=ZONE_PATTERN,
+            ),
+            "windows": {
+                "type": "array",
+                "description": ("Weekly windows; windows that overlap or touch form one opening."),
+                "minItems": 1,
+                "maxItems": MAX_WINDOWS,
+                "items": _obj(
+                    {
+                        "days": {
+                            "type": "array",
+                            "description": "Weekdays the window starts on.",
+                            "minItems": 1,
+                            "maxItems": 7,
+                            "items": _str("A weekday.", max_length=3, enum=DAYS),
+                        },
+                        "start": _str(
+                            "Local start time, HH:MM (00:00 to 23:59).",
+                            max_length=5,
+                            pattern=_START_PATTERN,
+                        ),
+                        "end": _str(
+                            "Local end time, HH:MM (00:00 to 24:00); an end not after the"
+                            " start ends the next day (equal: 24 hours).",
+                            max_length=5,
+                            pattern=_END_PATTERN,
+                        ),
+                    },
+                    required=("days", "start", "end"),
+                    description="One weekly window.",
+                ),
+            },
+        },
+        required=("timeZone", "windows"),
+        description=description,
     )
 
 
@@ -402,6 +474,12 @@ def status_schema() -> Schema:
                 maximum=2**31,
                 fmt="int64",
             ),
+            "heldUntil": _str(
+                "Outside its delivery window (spec.schedule): when the next window opens and"
+                " sending resumes; absent inside a window or without a schedule.",
+                max_length=64,
+                fmt="date-time",
+            ),
             "sender": _str(
                 "Summary of the sender, e.g. mllp://host:2575 (no credentials).", max_length=2100
             ),
@@ -449,6 +527,8 @@ def worker_config_schema() -> Schema:
             "suspend": spec["suspend"],
             "alerting": spec["alerting"],
             "expireAfterSeconds": spec["expireAfterSeconds"],
+            "schedule": spec["schedule"],
+            "throttle": spec["throttle"],
         },
         required=("destination", "channel", "sender", "retry"),
         description="Everything one worker needs to drain one destination.",

@@ -7,6 +7,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Literal
 
+from inturn.worker.spec.schedule import held_until
+
 State = Literal["pending", "delivered", "failed", "skipped"]
 STATES: tuple[State, ...] = ("pending", "delivered", "failed", "skipped")
 FINISHED_STATES: tuple[State, ...] = ("delivered", "failed", "skipped")
@@ -111,6 +113,7 @@ class DepthRow:
         oldest: enqueue time of the oldest pending item (None when nothing is pending).
         oldest_seconds: its age in seconds, the number to alert on.
         max_attempts: the highest attempt count among pending items ("retried, not progressing").
+        schedule: the destination's delivery window as registered (``spec.schedule``), or None.
     """
 
     destination: str
@@ -120,10 +123,16 @@ class DepthRow:
     oldest: datetime | None
     oldest_seconds: float
     max_attempts: int
+    schedule: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict with camelCase keys."""
-        return {
+    def held_until(self, at: datetime) -> datetime | None:
+        """When its delivery window next opens, if ``at`` is outside it; else None."""
+        return held_until(self.schedule, at)
+
+    def to_json(self, at: datetime | None = None) -> dict[str, Any]:
+        """A JSON-ready dict with camelCase keys; with ``at``, ``heldUntil`` too (when its
+        delivery window next opens, if ``at`` is outside it; else null)."""
+        out: dict[str, Any] = {
             "destination": self.destination,
             "channel": self.channel,
             "pending": self.pending,
@@ -132,6 +141,10 @@ class DepthRow:
             "oldestSeconds": round(self.oldest_seconds, 3),
             "maxAttempts": self.max_attempts,
         }
+        if at is not None:
+            until = self.held_until(at)
+            out["heldUntil"] = until.isoformat() if until is not None else None
+        return out
 
 
 @dataclass(frozen=True)

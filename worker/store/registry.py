@@ -16,6 +16,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
+from psycopg.types.json import Jsonb
 
 from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.store import queue
@@ -43,6 +44,7 @@ class RegisteredDestination:
             (``spec.alerting.stuckAfterSeconds``).
         expire_after_seconds: pending messages older than this are skipped as expired by the
             sweeper (``spec.expireAfterSeconds``); None never expires them.
+        schedule: its delivery window as the spec writes it (``spec.schedule``), or None.
     """
 
     destination: str
@@ -58,6 +60,7 @@ class RegisteredDestination:
     sender: str = ""
     stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS
     expire_after_seconds: int | None = None
+    schedule: dict[str, Any] | None = None
 
 
 class CarrierTaken(ValueError):
@@ -113,6 +116,7 @@ def _row(r: Mapping[str, Any]) -> RegisteredDestination:
         expire_after_seconds=(
             None if r["expire_after_seconds"] is None else int(r["expire_after_seconds"])
         ),
+        schedule=r.get("schedule"),
     )
 
 
@@ -131,6 +135,7 @@ async def register(
     sender: str = "",
     stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS,
     expire_after_seconds: int | None = None,
+    schedule: Mapping[str, Any] | None = None,
 ) -> bool:
     """Insert or update a destination (and un-delete it) and its carriers, in one transaction.
 
@@ -164,6 +169,7 @@ async def register(
                 "sender": sender,
                 "stuck_after_seconds": stuck_after_seconds,
                 "expire_after_seconds": expire_after_seconds,
+                "schedule": None if schedule is None else Jsonb(dict(schedule)),
             },
             row=dict_row,
         )

@@ -3,7 +3,10 @@
 ``destination-stuck``
     A live destination whose head has waited at least ``spec.alerting.stuckAfterSeconds``
     (default 900) is placed on ``delivery-stuck``; the item is cleared by ``system`` once the
-    head is within its threshold again (or nothing waits, or the Destination is gone).
+    head is within its threshold again (or nothing waits, or the Destination is gone). With a
+    delivery window (``spec.schedule``) only time inside it counts: a destination is judged
+    only while its window is open, from the later of its head's enqueue and the opening, and
+    an item is cleared when the window closes (holding the queue then is deliberate).
 ``orphaned-queue``
     A destination with pending messages that is no longer registered (its Destination was
     deleted) is placed on ``delivery-stuck``; cleared when it is registered again or nothing
@@ -29,6 +32,7 @@ from inturn.worker.store import queue as delivery_queue
 from inturn.worker.store.queries import fetch_all, load
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
 from inturn.worker.worklist.store import NewPlacement, clear_where, place_many
+from inturn.worker.worklist.windows import open_windows
 
 Q = load("sweep.sql")
 _QUEUE_SQL = load("queue.sql")
@@ -72,12 +76,17 @@ async def _destination_rule(
     note: str,
     limit: int,
     dry_run: bool,
+    params: dict[str, Any] | None = None,
 ) -> RuleOutcome:
     """Place the due destinations on ``delivery-stuck`` for ``reason`` (one statement), then
-    clear, as ``system`` with ``note``, its pending items whose condition no longer holds."""
+    clear, as ``system`` with ``note``, its pending items whose condition no longer holds.
+    ``params`` are passed to both queries."""
     outcome = RuleOutcome()
-    due = await _rows(conn, due_query, {"limit": limit})
-    stale = await _rows(conn, stale_query, {"queue": STUCK_QUEUE, "reason": reason, "limit": limit})
+    extra = params or {}
+    due = await _rows(conn, due_query, {"limit": limit, **extra})
+    stale = await _rows(
+        conn, stale_query, {"queue": STUCK_QUEUE, "reason": reason, "limit": limit, **extra}
+    )
     keys = [r["record_key"] for r in stale]
     if dry_run:
         due_keys = [r["destination"] for r in due]
@@ -122,7 +131,10 @@ def _head(r: dict[str, Any]) -> dict[str, Any]:
 async def destination_stuck(
     conn: AsyncConnection[Any], *, limit: int, dry_run: bool
 ) -> RuleOutcome:
-    """Raise destinations whose head waited past their threshold; clear those that recovered."""
+    """Raise destinations whose head waited past their threshold, counting only time inside
+    their delivery window; clear those that recovered or whose window closed."""
+    [now] = await _rows(conn, Q["now"], {})
+    schedules = [r["schedule"] for r in await _rows(conn, Q["schedules"], {})]
     return await _destination_rule(
         conn,
         reason="destination-stuck",
@@ -134,9 +146,13 @@ async def destination_stuck(
             "headAttempts": r["attempts"],
             "suspended": r["suspended"],
         },
-        note="no longer stuck: the head is within its threshold, or nothing waits",
+        note=(
+            "no longer stuck: the head is within its threshold, nothing waits, or its delivery"
+            " window is closed"
+        ),
         limit=limit,
         dry_run=dry_run,
+        params=open_windows(schedules, now["now"]),
     )
 
 

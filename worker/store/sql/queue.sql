@@ -210,7 +210,8 @@ SELECT payload FROM inturn_delivery WHERE id = %(id)s;
 SELECT payload, destination FROM inturn_delivery WHERE id = %(id)s;
 
 -- name: depth
--- Per destination with anything pending or failed: the numbers to alert on.
+-- Per destination with anything pending or failed: the numbers to alert on, and its delivery
+-- window (spec.schedule) so that a reader can say until when it is held.
 SELECT destination,
        max(channel) AS channel,
        count(*) FILTER (WHERE state = 'pending') AS pending,
@@ -218,8 +219,10 @@ SELECT destination,
        min(enqueued_at) FILTER (WHERE state = 'pending') AS oldest,
        coalesce(extract(epoch FROM clock_timestamp()
                 - min(enqueued_at) FILTER (WHERE state = 'pending')), 0)::float8 AS oldest_seconds,
-       coalesce(max(attempts) FILTER (WHERE state = 'pending'), 0) AS max_attempts
-  FROM inturn_delivery
+       coalesce(max(attempts) FILTER (WHERE state = 'pending'), 0) AS max_attempts,
+       (SELECT r.schedule FROM inturn_destination r
+         WHERE r.destination = q.destination AND r.deleted_at IS NULL) AS schedule
+  FROM inturn_delivery q
  WHERE state IN ('pending', 'failed')
    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
  GROUP BY destination

@@ -6,10 +6,19 @@
 
 -- name: stuck_due
 -- Live destinations whose head (oldest pending message) has waited at least their threshold.
+-- A destination with a delivery window (spec.schedule) is judged only while its window is open,
+-- and its head's wait counts from the later of its enqueue and the window's opening: %(schedules)s
+-- lists the schedules open now and %(since)s when each opened (NULL: open at all times), as
+-- inturn.worker.spec.schedule computes them (time zones and DST are Python's).
+WITH win AS (
+    SELECT w.schedule, w.since
+      FROM unnest(%(schedules)s::jsonb[], %(since)s::timestamptz[]) AS w(schedule, since)
+)
 SELECT d.destination, d.stuck_after_seconds, d.suspended,
        h.id AS head_id, h.enqueued_at, h.attempts, h.last_error,
        extract(epoch FROM now() - h.enqueued_at)::float8 AS waiting_seconds
   FROM inturn_destination d
+  LEFT JOIN win ON win.schedule = d.schedule
  CROSS JOIN LATERAL (
        SELECT id, enqueued_at, attempts, last_error
          FROM inturn_delivery x
@@ -17,13 +26,20 @@ SELECT d.destination, d.stuck_after_seconds, d.suspended,
         ORDER BY x.id
         LIMIT 1) h
  WHERE d.deleted_at IS NULL
-   AND h.enqueued_at <= now() - make_interval(secs => d.stuck_after_seconds)
- ORDER BY h.enqueued_at + make_interval(secs => d.stuck_after_seconds), d.destination
+   AND (d.schedule IS NULL OR win.schedule IS NOT NULL)
+   AND greatest(h.enqueued_at, win.since) <= now() - make_interval(secs => d.stuck_after_seconds)
+ ORDER BY greatest(h.enqueued_at, win.since) + make_interval(secs => d.stuck_after_seconds),
+          d.destination
  LIMIT %(limit)s;
 
 -- name: stuck_stale
 -- Pending destination-stuck items whose destination is no longer stuck: its head is within
--- its threshold, nothing is pending, or it is not registered any more (then it is orphaned).
+-- its threshold, nothing is pending, its delivery window is closed (it is held on purpose),
+-- or it is not registered any more (then it is orphaned).
+WITH win AS (
+    SELECT w.schedule, w.since
+      FROM unnest(%(schedules)s::jsonb[], %(since)s::timestamptz[]) AS w(schedule, since)
+)
 SELECT w.record_key
   FROM inturn_worklist_item w
  WHERE w.queue = %(queue)s AND w.reason = %(reason)s AND w.state = 'pending'
@@ -31,14 +47,25 @@ SELECT w.record_key
    AND NOT EXISTS (
        SELECT 1
          FROM inturn_destination d
+         LEFT JOIN win ON win.schedule = d.schedule
         CROSS JOIN LATERAL (
               SELECT enqueued_at FROM inturn_delivery x
                WHERE x.destination = d.destination AND x.state = 'pending'
                ORDER BY x.id LIMIT 1) h
         WHERE d.destination = w.record_key AND d.deleted_at IS NULL
-          AND h.enqueued_at <= now() - make_interval(secs => d.stuck_after_seconds))
+          AND (d.schedule IS NULL OR win.schedule IS NOT NULL)
+          AND greatest(h.enqueued_at, win.since)
+              <= now() - make_interval(secs => d.stuck_after_seconds))
  ORDER BY w.id
  LIMIT %(limit)s;
+
+-- name: schedules
+-- The distinct delivery windows of live destinations (few: most share one or have none).
+SELECT DISTINCT schedule FROM inturn_destination
+ WHERE deleted_at IS NULL AND schedule IS NOT NULL;
+
+-- name: now
+SELECT now() AS now;
 
 -- name: orphaned_due
 -- Destinations with pending messages and no live registration, oldest head first. The
