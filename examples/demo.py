@@ -8,11 +8,15 @@ What happens, in order (each step prints a line as it happens):
    listener for the channel on port 2575.
 2. This script starts the two receivers those Destinations point at.
 3. It sends a few hundred made-up HL7 v2.5 messages (``demo_messages.py``: admissions, lab
-   results, discharges) to port 2575, one at a time over one MLLP connection, and counts the
-   AA acknowledgements. inturn answers AA only once a message is stored.
+   results, discharges) to port 2575 with ``inturn send``, in batches (a folder of message
+   files each, one ``inturn send`` per batch, sent one at a time over one MLLP connection), and
+   counts the AA acknowledgements from its output. inturn answers AA only once a message is
+   stored.
 4. A third of the way through, the MLLP receiver goes down for a while. Sending goes on; the
    HTTP receiver keeps getting messages; ``inturn queue depth`` shows the MLLP queue growing.
-   Then the receiver comes back and inturn catches up on its retry schedule.
+   Then the receiver comes back and inturn catches up on its retry schedule. Every duration
+   it prints (how long the receiver was down, when each depth was read, how long the catching
+   up took) is measured, not planned.
 5. When nothing is pending, it prints a summary and checks, at each receiver, that every
    acknowledged message arrived, unchanged, in the order sent (so no discharge came before
    its admission). A message delivered twice is counted: at most one, the one in flight when
@@ -42,8 +46,6 @@ from psycopg import AsyncConnection
 
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.local.embedded import start_embedded
-from inturn.worker.senders.base import DeliveryError
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.testing import HttpReceiver, MllpReceiver
 
@@ -52,9 +54,10 @@ INTURN = Path(sys.executable).with_name("inturn")
 MANIFESTS = [HERE / "local-mllp.yaml", HERE / "local-http.yaml"]
 INGEST_PORT, MLLP_PORT, HTTP_PORT = 2575, 2576, 8090  # as in the two manifests
 
-SEND_INTERVAL = 0.05  # seconds between two messages: a steady feed of 20 a second
+BATCHES = 7  # `inturn send` runs, one file of messages each
+BATCH_INTERVAL = 1.5  # seconds between the start of two batches
 OUTAGE_SECONDS = 10.0  # how long the MLLP receiver stays down
-DEPTH_AT = (3.0, 8.0)  # seconds into the outage at which the queue depth is shown
+DEPTH_AT = (3.0, 8.0)  # seconds into the outage at which the queue depth is read
 DRAIN_DEADLINE = 60.0  # seconds allowed after the last message to deliver everything
 
 STARTED = time.monotonic()
@@ -130,51 +133,91 @@ async def pending(dsn: str) -> int:
         return sum(row.pending for row in await queue.depth(conn))
 
 
-async def outage(
-    receiver: MllpReceiver, dsn: str, begin: asyncio.Event, depths: list[tuple[float, str]]
-) -> None:
-    """When ``begin`` is set, take the MLLP receiver down, show the queue depth while it is
-    down, and bring it back."""
+@dataclass
+class Outage:
+    """What was measured around the MLLP receiver's outage (seconds, by the monotonic clock)."""
+
+    depths: list[tuple[float, str]]  # (when it was read, into the outage; `inturn queue depth`)
+    down_for: float = 0.0  # from stopping the receiver to starting it again
+    caught_up_after: float | None = None  # from the receiver's return to an empty MLLP queue
+
+
+async def mllp_pending(dsn: str) -> int:
+    async with await AsyncConnection.connect(dsn) as conn:
+        return sum(r.pending for r in await queue.depth(conn) if r.destination.endswith("mllp"))
+
+
+async def outage(receiver: MllpReceiver, dsn: str, begin: asyncio.Event, seen: Outage) -> None:
+    """When ``begin`` is set, take the MLLP receiver down, read the queue depth while it is
+    down, bring it back, and measure how long the MLLP queue takes to empty."""
     await begin.wait()
     await receiver.stop()
     say(f"MLLP receiver DOWN for {OUTAGE_SECONDS:.0f} s (sending goes on)")
     down = time.monotonic()
     for at in DEPTH_AT:
         await asyncio.sleep(at - (time.monotonic() - down))
+        measured = time.monotonic() - down
         table = await queue_depth(dsn)
-        depths.append((at, table))
-        say(f"$ inturn queue depth   ({at:.0f} s into the outage)")
+        seen.depths.append((measured, table))
+        say(f"$ inturn queue depth   ({measured:.1f} s after the MLLP receiver went down)")
         print("\n".join("         " + line for line in table.splitlines()), flush=True)
     await asyncio.sleep(OUTAGE_SECONDS - (time.monotonic() - down))
     await receiver.start()
-    say("MLLP receiver UP again; inturn resumes on its next retry (backoff 5 s, doubling)")
+    up = time.monotonic()
+    seen.down_for = up - down
+    say(
+        f"MLLP receiver UP again after {seen.down_for:.1f} s; inturn resumes on its next retry"
+        " (backoff 5 s, doubling)"
+    )
+    deadline = up + DRAIN_DEADLINE
+    while time.monotonic() < deadline:
+        if not await mllp_pending(dsn):
+            seen.caught_up_after = time.monotonic() - up
+            say(f"MLLP queue empty {seen.caught_up_after:.1f} s after the receiver came back")
+            return
+        await asyncio.sleep(0.2)
+
+
+async def send_batch(folder: Path, number: int, batch: list[Message]) -> list[str]:
+    """Write ``batch`` to a folder, one file per message, and send it with `inturn send`;
+    return the control IDs it reports answered AA."""
+    path = folder / f"batch-{number:02d}"
+    path.mkdir()
+    for i, message in enumerate(batch):
+        (path / f"{i:04d}.hl7").write_bytes(message.payload)
+    args = ["send", "--mllp", f"127.0.0.1:{INGEST_PORT}", "--timeout", "10", str(path)]
+    proc = await asyncio.create_subprocess_exec(
+        str(INTURN), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    lines = out.decode().splitlines()
+    say(f"$ inturn send --mllp 127.0.0.1:{INGEST_PORT} {path.name}/   -> {err.decode().strip()}")
+    for line in lines:
+        if not line.startswith("AA "):
+            say(f"  not accepted: {line}")
+    return [line.split()[1] for line in lines if line.startswith("AA ")]
 
 
 async def send_all(
     messages: list[Message], mllp: MllpReceiver, http: HttpReceiver, outage_begins: asyncio.Event
 ) -> list[Message]:
-    """Send every message in turn, one connection, one at a time; return those answered AA.
-    A third of the way through, set ``outage_begins``."""
-    sender = MllpSender(MllpSenderConfig("127.0.0.1", INGEST_PORT), timeout_seconds=10)
+    """Send every message in :data:`BATCHES` runs of `inturn send`, in order; return those
+    answered AA. After a third of the batches, set ``outage_begins``."""
+    by_id = {m.control_id: m for m in messages}
+    size = -(-len(messages) // BATCHES)
     acked: list[Message] = []
-    try:
-        for n, message in enumerate(messages, 1):
+    with tempfile.TemporaryDirectory(prefix="inturn-demo-feed-") as folder:
+        for n in range(BATCHES):
             tick = time.monotonic()
-            try:
-                await sender.send(message.payload)
-                acked.append(message)
-            except DeliveryError as exc:
-                say(f"{message.control_id} not accepted: {exc.outcome} {exc.detail}")
-            if n == len(messages) // 3:
+            batch = messages[n * size : (n + 1) * size]
+            acked += [by_id[c] for c in await send_batch(Path(folder), n + 1, batch) if c in by_id]
+            if n + 1 == BATCHES // 3:
                 outage_begins.set()
-            if n % 50 == 0 or n == len(messages):
-                say(
-                    f"sent {n}/{len(messages)}, {len(acked)} AA | received so far:"
-                    f" MLLP {len(mllp.received)}, HTTP {len(http.received)}"
-                )
-            await asyncio.sleep(SEND_INTERVAL - (time.monotonic() - tick))
-    finally:
-        await sender.close()
+            say(
+                f"sent {min((n + 1) * size, len(messages))}/{len(messages)}, {len(acked)} AA"
+                f" | received so far: MLLP {len(mllp.received)}, HTTP {len(http.received)}"
+            )
+            await asyncio.sleep(BATCH_INTERVAL - (time.monotonic() - tick))
     return acked
 
 
@@ -182,7 +225,7 @@ async def send_all(
 class Feed:
     sent: int
     acked: list[Message]
-    depths: list[tuple[float, str]]  # (seconds into the outage, `inturn queue depth` output)
+    outage: Outage
     left: int  # still pending at the end
     took: float
 
@@ -191,10 +234,10 @@ async def feed(dsn: str, mllp: MllpReceiver, http: HttpReceiver) -> Feed:
     """Send the messages with the outage on the way, then wait until nothing is pending."""
     messages = generate()
     say(f"sending {len(messages)} messages (ADT^A01, ORU^R01, ADT^A03) to port {INGEST_PORT}")
-    depths: list[tuple[float, str]] = []
+    seen = Outage(depths=[])
     begin = asyncio.Event()
     acked, _ = await asyncio.gather(
-        send_all(messages, mllp, http, begin), outage(mllp, dsn, begin, depths)
+        send_all(messages, mllp, http, begin), outage(mllp, dsn, begin, seen)
     )
     say("waiting until nothing is pending")
     deadline = time.monotonic() + DRAIN_DEADLINE
@@ -206,7 +249,7 @@ async def feed(dsn: str, mllp: MllpReceiver, http: HttpReceiver) -> Feed:
         await asyncio.sleep(1.0)
     if not left:
         say("everything delivered")
-    return Feed(len(messages), acked, depths, left, time.monotonic() - STARTED)
+    return Feed(len(messages), acked, seen, left, time.monotonic() - STARTED)
 
 
 @dataclass
@@ -329,8 +372,14 @@ def print_summary(result: Feed, mllp: Tally, http: Tally) -> None:
         print(f"  {label:28}{getattr(mllp, field):<16}{getattr(http, field)}")
     print(f"  {'still pending':28}{result.left}")
     print(f"  {'time taken':28}{result.took:.1f} s")
-    for at, table in result.depths:
-        print(f"  queue depth {at:.0f} s into the MLLP outage:")
+    seen = result.outage
+    print(f"  {'MLLP receiver down for':28}{seen.down_for:.1f} s")
+    caught_up = "not within the deadline"
+    if seen.caught_up_after is not None:
+        caught_up = f"{seen.caught_up_after:.1f} s after it came back"
+    print(f"  {'MLLP queue empty':28}{caught_up}")
+    for at, table in seen.depths:
+        print(f"  queue depth, read {at:.1f} s after the MLLP receiver went down:")
         print("\n".join("    " + line for line in table.splitlines()))
     if mllp.duplicates:
         print(

@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "operator": "inturn.operator.cli:operator_command",
     "crd": "inturn.operator.cli:crd_command",
     "receiver": "inturn.worker.cli.receiver:receiver_command",
+    "send": "inturn.worker.cli.send:send_command",
 }
 
 #: Libraries of optional extras (pyproject.toml) -> the extra that installs them.

@@ -148,6 +148,9 @@ class MllpSender:
         self.connections_opened = 0
         #: Sends repeated at once on a fresh connection after a reused one failed (diagnostics).
         self.fresh_retries = 0
+        #: The last positive ACK that answered the message of the last ``send`` (its MSA-1 and
+        #: MSA-2, for ``inturn send``'s report); None when none was awaited or it failed.
+        self.last_ack: Ack | None = None
 
     def describe(self) -> str:
         """``mllp://host:port``, or ``mllps://host:port`` with TLS."""
@@ -172,6 +175,7 @@ class MllpSender:
         Raises:
             DeliveryError: the receiver did not accept it, or the transport failed.
         """
+        self.last_ack = None
         try:
             header, data = self._prepare(payload)
             try:
@@ -270,6 +274,7 @@ class MllpSender:
             if level is None:
                 continue  # an answer to an earlier message on this connection
             replied = True
+            self.last_ack = ack
             seen.add(level)
             seen.add("any")
             if level == "application":
