@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -38,6 +39,8 @@ from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+
+INTURN = str(Path(sys.executable).with_name("inturn"))
 
 pytestmark = pytest.mark.store
 
@@ -279,3 +282,27 @@ async def _true(value: bool) -> bool:
 
 async def _equal(awaitable: Any, expected: Any) -> bool:
     return bool(await awaitable == expected)
+
+
+# --- a command waiting on a lock ----------------------------------------------------------------
+
+
+async def test_queue_depth_under_lock_table_names_the_lock_not_the_network(fresh_db: str) -> None:
+    locker = await AsyncConnection.connect(fresh_db, application_name="table-locker")
+    await locker.execute("LOCK TABLE inturn_delivery IN ACCESS EXCLUSIVE MODE")
+    locker_pid = locker.info.backend_pid
+    try:
+        done = await asyncio.create_subprocess_exec(
+            INTURN, "queue", "depth", "--dsn", fresh_db,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "INTURN_LOCK_WAIT_SECONDS": "1"},
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(done.communicate(), 60)
+    finally:
+        await locker.rollback()
+        await locker.close()
+    text = err.decode()
+    assert done.returncode == 2
+    assert f"lock held by pid {locker_pid}" in text, text
+    assert "'table-locker'" in text and "statement timeout" in text
+    assert "cannot reach the database" not in text

@@ -7,6 +7,7 @@ import pytest
 from psycopg import errors
 
 from inturn.worker.store.faults import classify_step
+from inturn.worker.store.lockwatch import threshold_from_env
 
 LOST = psycopg.OperationalError("server closed the connection unexpectedly")
 
@@ -23,6 +24,7 @@ LOST = psycopg.OperationalError("server closed the connection unexpectedly")
         ("mark", errors.OutOfMemory("53200"), False, "retry", "delivered"),
         ("mark", errors.InsufficientPrivilege("grant"), False, "retry", "delivered"),
         ("mark", errors.UndefinedTable("42P01"), False, "retry", "delivered"),
+        ("attempt", errors.UndefinedColumn("42703"), False, "retry", "sent_failed"),
         ("mark", errors.ReadOnlySqlTransaction("25006"), False, "retry", "delivered"),
         # ... and only a lost session allows a resend
         ("mark", LOST, True, "reconnect", "may_resend"),
@@ -61,6 +63,10 @@ LOST = psycopg.OperationalError("server closed the connection unexpectedly")
         # setting up the session (lock, LISTEN, settings)
         ("session", errors.QueryCanceled("statement timeout"), False, "retry", "not_sent"),
         ("session", errors.AdminShutdown("57P01"), False, "reconnect", "not_sent"),
+        # no inturn schema before any send: stop (the command line says to migrate)
+        ("session", errors.UndefinedTable("42P01"), False, "stop", "not_sent"),
+        ("head", errors.UndefinedColumn("42703"), False, "stop", "not_sent"),
+        ("head", errors.InvalidSchemaName("3F000"), False, "stop", "not_sent"),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
 )
@@ -84,3 +90,19 @@ def test_each_step_and_error(
 )
 def test_the_text_names_the_cause_without_the_message(exc: BaseException, words: str) -> None:
     assert words in classify_step("mark", exc, connection_closed=False).text
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [(None, 2.0), ("", 2.0), ("5", 5.0), ("0.25", 0.25), (" 3 ", 3.0)]
+)
+def test_the_lock_wait_threshold_comes_from_the_environment(
+    value: str | None, seconds: float
+) -> None:
+    env = {} if value is None else {"INTURN_LOCK_WAIT_SECONDS": value}
+    assert threshold_from_env(env) == seconds
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf"])
+def test_a_lock_wait_threshold_that_is_not_seconds_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="INTURN_LOCK_WAIT_SECONDS must be a number of seconds"):
+        threshold_from_env({"INTURN_LOCK_WAIT_SECONDS": value})

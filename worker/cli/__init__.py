@@ -16,6 +16,7 @@ import psycopg
 import psycopg.errors
 
 from inturn.worker.store.connect import DsnError, schema_missing
+from inturn.worker.store.lockwatch import LockWaitError
 
 #: name -> "module:attribute" of each subcommand.
 COMMANDS: dict[str, str] = {
@@ -105,6 +106,14 @@ def main(argv: list[str] | None = None) -> Any:
         fail(exc.format_message())
     except DsnError as exc:
         fail(str(exc))
+    except LockWaitError as exc:
+        if debug:
+            raise
+        fail(str(exc))
+    except psycopg.errors.QueryCanceled as exc:  # reached, but a statement outlasted a timeout
+        if debug:
+            raise
+        fail(f"the database did not finish in time: {_first_line(exc)}")
     except psycopg.OperationalError as exc:
         if debug:
             raise

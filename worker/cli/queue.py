@@ -21,8 +21,8 @@ from psycopg import AsyncConnection
 
 from inturn.worker.cli.options import DURATION, dsn_option, json_option, who_option, why_option
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.store import identifiers, queue, registry, roles
-from inturn.worker.store.connect import Pools, probe, resolve_dsn
+from inturn.worker.store import identifiers, lockwatch, queue, registry, roles
+from inturn.worker.store.connect import READ_STATEMENT_TIMEOUT_MS, Pools, probe, resolve_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import STATES, DepthRow, Item
 from inturn.worker.text.display import printable, printable_values
@@ -46,8 +46,16 @@ SCAN_RATE_SAMPLE = 2000
 
 
 def run_db(dsn: str | None, action: Callable[[Pools], Awaitable[T]]) -> T:
-    """Open the pools on ``dsn`` (or ``$INTURN_DSN``), run ``action`` with them, close them."""
+    """Open the pools on ``dsn`` (or ``$INTURN_DSN``), run ``action`` with them, close them.
+
+    Raises:
+        click.ClickException: ``INTURN_LOCK_WAIT_SECONDS`` is not a number of seconds.
+    """
     target = resolve_dsn(dsn)
+    try:
+        lockwatch.threshold_from_env()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     # The probe fails fast with the server's own words; the pool would retry for 10 s.
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
@@ -60,23 +68,59 @@ def run_db(dsn: str | None, action: Callable[[Pools], Awaitable[T]]) -> T:
 
 
 def run_read(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
-    """Run ``action`` on a connection of the read-only pool (see :func:`run_db`)."""
+    """Run ``action`` on a connection of the read-only pool (see :func:`run_db`), under a lock
+    watch (:func:`watched`)."""
 
     async def go(pools: Pools) -> T:
         async with pools.read.connection() as conn:
-            return await action(conn)
+            return await watched(pools, conn, action)
 
     return run_db(dsn, go)
 
 
 def run_write(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
-    """Run ``action`` on a connection of the write pool (see :func:`run_db`)."""
+    """Run ``action`` on a connection of the write pool (see :func:`run_db`), under a lock
+    watch (:func:`watched`)."""
 
     async def go(pools: Pools) -> T:
         async with pools.write.connection() as conn:
-            return await action(conn)
+            return await watched(pools, conn, action)
 
     return run_db(dsn, go)
+
+
+async def watched(
+    pools: Pools, conn: AsyncConnection[Any], action: Callable[[AsyncConnection[Any]], Awaitable[T]]
+) -> T:
+    """Run ``action(conn)`` under a lock watch (:mod:`inturn.worker.store.lockwatch`): past the
+    threshold (``INTURN_LOCK_WAIT_SECONDS``, and at most half the read pool's statement
+    timeout, so that the look comes before the timeout), a line on stderr names the session
+    the command waits for; a statement cancelled by its timeout after such a wait fails with
+    :class:`~inturn.worker.store.lockwatch.LockWaitError` naming it, not as an unreachable
+    database."""
+    threshold = min(lockwatch.threshold_from_env(), READ_STATEMENT_TIMEOUT_MS / 2000)
+
+    conninfo = pools.write.conninfo
+    assert isinstance(conninfo, str)  # Pools.open gives the pools the DSN itself
+
+    async def side() -> AsyncConnection[Any]:
+        return await AsyncConnection.connect(
+            conninfo,
+            autocommit=True,
+            application_name="inturn lock watch",
+            connect_timeout=lockwatch.CONNECT_TIMEOUT_SECONDS,
+        )
+
+    said = False
+
+    def on_wait(wait: lockwatch.LockWait, added_seconds: float) -> None:
+        nonlocal said
+        if not said and not wait.ended:
+            said = True
+            click.echo(f"inturn: {wait.describe()}", err=True)
+
+    async with lockwatch.watch(conn, side, threshold=threshold, on_wait=on_wait):
+        return await action(conn)
 
 
 async def _why_not(conn: AsyncConnection[Any], item_id: int, action: str) -> str:

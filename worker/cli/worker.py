@@ -22,6 +22,7 @@ from inturn.worker.cli.options import dsn_option, logging_options
 from inturn.worker.drain.main import exec_runtime, run, runtime_settings
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec.config import WorkerConfig
+from inturn.worker.store import lockwatch
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worklist.publishers import from_env
 
@@ -103,6 +104,7 @@ def worker_command(
     target = resolve_dsn(dsn)
     try:
         from_env(os.environ, target)  # only checked here; the runtime builds its own
+        lockwatch.threshold_from_env()
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     settings = runtime_settings(config, target, http_host, http_port, log_level, log_json)

@@ -562,6 +562,8 @@ class DestinationWorker:
                 assert isinstance(error, BaseException)
                 fault = classify_step(step, error, connection_closed=conn.closed or conn.broken)
                 about = "" if item_id is None else f" of id={item_id}"
+                if fault.action == "stop":
+                    raise error from None  # no schema: the command line says to migrate
                 if fault.action == "reconnect":
                     if fault.meaning == "may_resend":
                         log.warning(

@@ -107,8 +107,10 @@ def classify(exc: BaseException) -> Classified:
 #: A step of the worker's loop that talks to the database (see :func:`classify_step`).
 Step = Literal["session", "head", "attempt", "mark", "give_up"]
 #: What the loop does after a failed step: ``retry`` the step alone on the same session (it
-#: still holds the lock), or ``reconnect`` (the session, and the lock with it, are gone).
-StepAction = Literal["retry", "reconnect"]
+#: still holds the lock), ``reconnect`` (the session, and the lock with it, are gone), or
+#: ``stop`` (nothing was sent and nothing can be: the database has no inturn schema; the
+#: process ends with the one-line error that says to run ``inturn migrate``).
+StepAction = Literal["retry", "reconnect", "stop"]
 #: What the failure means for the head: ``not_sent`` (nothing was sent), ``sent_failed`` (it
 #: was sent and the receiver did not take it), ``delivered`` (the receiver took it),
 #: ``may_resend`` (the next lock holder sends the head again if the mark did not commit: the
@@ -119,6 +121,12 @@ SendMeaning = Literal["not_sent", "sent_failed", "delivered", "may_resend"]
 #: 57P02: 57P04 database dropped, 57P05 idle session timeout, 25P03 idle-in-transaction
 #: timeout.
 SESSION_ENDING_CODES = frozenset({"57P04", "57P05", "25P03"})
+
+#: SQLSTATE codes that say the database has no inturn schema (or an old one): undefined
+#: table, undefined column, invalid schema name.
+SCHEMA_CODES = frozenset({"42P01", "42703", "3F000"})
+#: Steps before any send, which stop on :data:`SCHEMA_CODES` instead of waiting for a fix.
+BEFORE_SEND: frozenset[Step] = frozenset({"session", "head"})
 
 #: Plain words for the SQLSTATEs a worker meets while its session lives (logs, ``/readyz``).
 STATE_WORDS: dict[str, str] = {
@@ -191,7 +199,9 @@ def classify_step(step: Step, exc: BaseException, *, connection_closed: bool) ->
     says the connection is closed or broken; or the error is one that ends it: no SQLSTATE,
     class 08, 57P01, 57P02, 57P04, 57P05, 25P03), the lock is gone too; the worker reconnects and
     takes the lock again, and a delivered mark whose COMMIT it did not see may be lost: the head
-    is then sent once more (:data:`SendMeaning` ``may_resend``).
+    is then sent once more (:data:`SendMeaning` ``may_resend``). One exception: before any send
+    (``session``, ``head``), a database without the inturn schema (:data:`SCHEMA_CODES`) is not
+    waited for: the action is ``stop``.
 
     Args:
         step: ``session`` (connect, lock, LISTEN, settings), ``head`` (the head query, the
@@ -209,9 +219,12 @@ def classify_step(step: Step, exc: BaseException, *, connection_closed: bool) ->
         text = f"{STATE_WORDS.get(sqlstate, type(exc).__name__)} (SQLSTATE {sqlstate})"
     else:
         text = type(exc).__name__
+    action: StepAction = "reconnect" if ended else "retry"
+    if not ended and sqlstate in SCHEMA_CODES and step in BEFORE_SEND:
+        action = "stop"
     return StepFault(
         step=step,
-        action="reconnect" if ended else "retry",
+        action=action,
         meaning=MEANING[(step, not ended)],
         sqlstate=sqlstate,
         text=text,

@@ -152,10 +152,10 @@ class LockWait:
         """Whether the last look found the statement waiting on a lock."""
         return bool(self.blockers)
 
-    def describe(self) -> str:
-        """``waiting 12s for a lock held by pid 123 (...)[, pid 456 (...)]``."""
+    def describe(self, verb: str = "waiting") -> str:
+        """``waiting 12s for a lock held by pid 123 (...)[, pid 456 (...)]`` (``verb`` first)."""
         held = ", ".join(b.describe() for b in self.blockers) or "another session"
-        return f"waiting {_seconds(self.waited_seconds)} for a lock held by {held}"
+        return f"{verb} {_seconds(self.waited_seconds)} for a lock held by {held}"
 
 
 def _seconds(value: float) -> str:
@@ -233,7 +233,9 @@ async def watch(
     except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
         if found.waiting:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise LockWaitError(f"{found.describe()}; then: {first}") from exc
+            found.waited_seconds = time.monotonic() - found.started
+            text = f"{found.describe('waited')}, then was cancelled ({first})"
+            raise LockWaitError(text) from exc
         raise
     finally:
         timer.cancel()
