@@ -338,7 +338,7 @@ async def test_database_unreachable_answers_ae(fresh_db: str, limited_role: str)
         (b"MSHA^~\\&A|B|C|D|||ADT^A01|X|P|2.5\r", "102"),  # a letter as field separator
         (b"MSH|^~\\&|A|B|C|D|||ADT^A01||P|2.5\r", "101"),  # no MSH-10
         (b"MSH|^~\\&|A|B|C|D|||||P|2.5\r", "101"),  # no MSH-9
-        (b"FHS|^~\\&|A\rBHS|^~\\&\rMSH|^~\\&|A|B|C|D|||ADT^A01|X|P|2.5\r", "100"),  # batch
+        (b"FHS|^~\\&|A\rBHS|^~\\&\rPID|1||42\r", "100"),  # a batch out of sequence
         (b"MSH|^~\\&|A|B|C|D|||ADT^A01|X\x00Y|P|2.5\r", "102"),  # NUL: no database takes it
     ],
 )

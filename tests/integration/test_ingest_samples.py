@@ -19,7 +19,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from inturn.worker.hl7.ack import parse_ack
+from inturn.worker.hl7.ack import ack_code, parse_ack
+from inturn.worker.hl7.batch import is_batch, split_batch
 from inturn.worker.hl7.expect import answer_codes
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
@@ -37,8 +38,9 @@ NOT_MESSAGES = {
     "Test__Message__msh_present_but_missing_all_fields.hl7": "101",  # MSH| and nothing else
     "Test__Message__msh_present_but_missing_msh-2.hl7": "101",  # empty MSH-2
     "Test__Message__msh_present_but_missing_msh-10.hl7": "101",  # no control ID
-    "Test__Results__005_AL_ORU_R01_NBS_Simplified_0_initial_message.hl7": "100",  # FHS batch
 }
+#: Samples that are HL7 batches (FHS/BHS): accepted whole, answered by a batch of ACKs.
+BATCHES = ["Test__Results__005_AL_ORU_R01_NBS_Simplified_0_initial_message.hl7"]
 
 
 class RecordingProxy:
@@ -116,18 +118,33 @@ async def test_every_sample_through_mllp_send(
     assert process.returncode == 0, stderr.decode(errors="replace")
 
     wire = frames(bytes(proxy.sent))
-    replies = [parse_ack(reply) for reply in frames(stdout)]
+    raw_replies = frames(stdout)
     assert len(wire) == len(samples)
 
     # Each message gets exactly the acknowledgements its MSH-15/MSH-16 ask for, in order
     # (inturn.worker.hl7.expect): one AA or AR in original mode; CA, then AA when MSH-16 asks.
-    acks = iter(replies)
+    acks = (parse_ack(reply) if not is_batch(reply) else reply for reply in raw_replies)
     accepted: list[bytes] = []
     repeats: list[str] = []
+    batches: list[str] = []
     rejected: dict[str, str | None] = {}
     for path, sent in zip(samples, wire, strict=True):
         # what mllp_send did to the file's bytes: only SB/CR stripped at both ends
         assert sent == path.read_bytes().strip(b"\x0b\r"), path.name
+        if is_batch(sent):
+            answer = next(acks)
+            assert isinstance(answer, bytes), path.name
+            inner = split_batch(sent, max_messages=1000).messages
+            answered = [parse_ack(m) for m in split_batch(answer, max_messages=1000).messages]
+            # each message's accept code in its own mode (AA, or CA when MSH-15/16 ask)
+            expected = [
+                (answer_codes(h, "accept") or (ack_code(h, "accept"),))[0]
+                for h in map(parse_header, inner)
+            ]
+            assert [a.code for a in answered] == expected, path.name
+            accepted.extend(inner)
+            batches.append(path.name)
+            continue
         if path.name in NOT_MESSAGES:
             ack = next(acks)
             assert ack.code == "AR", path.name
@@ -150,6 +167,7 @@ async def test_every_sample_through_mllp_send(
             accepted.append(sent)
     assert next(acks, None) is None  # nothing more was answered than was asked for
     assert rejected == NOT_MESSAGES
+    assert batches == BATCHES
     assert len(repeats) == 2
 
     with psycopg.connect(fresh_db) as conn:

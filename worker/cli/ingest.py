@@ -11,6 +11,7 @@ from inturn.worker.cli.options import dsn_option, logging_options
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
+    DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_STORE_TIMEOUT_SECONDS,
 )
 from inturn.worker.ingest.access import AllowList
@@ -240,6 +241,14 @@ def _size(value: str) -> int:
     help="Most distinct patient identifiers (PID-2/3/4, MRG-1) indexed per message; the rest"
     " are stored but not found by --patient-id.",
 )
+@click.option(
+    "--max-batch-messages",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_BATCH_MESSAGES,
+    show_default=True,
+    help="Most messages in one HL7 batch (FHS/BHS ... BTS/FTS); a larger batch is refused whole"
+    " (AR, ERR 104).",
+)
 @logging_options
 def ingest_command(
     listen: tuple[str, ...],
@@ -262,6 +271,7 @@ def ingest_command(
     store_timeout: float,
     pool_size: int,
     max_indexed_identifiers: int,
+    max_batch_messages: int,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -324,6 +334,7 @@ def ingest_command(
             store_timeout=store_timeout,
             pool_size=pool_size,
             max_indexed_identifiers=max_indexed_identifiers,
+            max_batch_messages=max_batch_messages,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -50,6 +50,11 @@ Duplicates: within the window (default 24 h), a message with the same channel, M
 identical bytes as one already stored is acknowledged again (AA, MSA-3 says so) without a second
 copy. The same MSH-10 with different bytes is a different message: it is stored and counted.
 
+Batches: a payload starting with FHS or BHS is an HL7 batch (v2.5 chapter 2, 2.10.3). Its
+messages are checked one by one as above and stored all in one transaction, in order; the
+answer is a batch of ACKs, one per message. One message that would be refused refuses the whole
+batch (nothing stored), with an ERR naming it (:mod:`inturn.worker.ingest.envelope`).
+
 No payload byte ever reaches a log line, a metric label or an ERR text: only the channel, MSH-9,
 MSH-10, sizes and fixed texts do.
 """
@@ -60,7 +65,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,13 +78,14 @@ from inturn.worker.hl7.ack import (
     build_ack,
     build_reject,
 )
+from inturn.worker.hl7.batch import Batch, BatchError, build_batch_ack, is_batch, split_batch
 from inturn.worker.hl7.errors import ErrorCode, HeaderError
 from inturn.worker.hl7.expect import Kind, answer_codes
 from inturn.worker.hl7.header import Header, parse_header
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS, index_keys
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.ingest import metrics
-from inturn.worker.ingest.batch import Committer, Message, OutcomeUnknown
+from inturn.worker.ingest import envelope, metrics
+from inturn.worker.ingest.batch import Committer, Message, OutcomeUnknown, StoreResult
 from inturn.worker.ingest.routing import Router, hold_destination
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store.faults import classify
@@ -118,6 +124,8 @@ OFFLOAD_BYTES = 64 * 1024
 
 #: Default duplicate window: 24 hours, in seconds.
 DEFAULT_DUPLICATE_WINDOW_SECONDS = 24 * 3600.0
+#: Default bound on the messages of one HL7 batch (FHS/BHS ... BTS/FTS).
+DEFAULT_MAX_BATCH_MESSAGES = 1000
 #: Default bound, in seconds, on storing one message (pool wait + transaction).
 DEFAULT_STORE_TIMEOUT_SECONDS = 10.0
 
@@ -259,6 +267,8 @@ class Acceptor:
             kept), AA if it committed first, and no answer at all when its end cannot be seen
             (see :mod:`inturn.worker.ingest.batch`).
         max_indexed_identifiers: most distinct patient identifiers indexed per message.
+        max_batch_messages: most messages in one HL7 batch (FHS/BHS); a larger batch is
+            refused whole (AR, ERR 104) before anything of it is stored.
     """
 
     def __init__(
@@ -270,9 +280,13 @@ class Acceptor:
         duplicate_window_seconds: float = DEFAULT_DUPLICATE_WINDOW_SECONDS,
         store_timeout_seconds: float = DEFAULT_STORE_TIMEOUT_SECONDS,
         max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS,
+        max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
     ) -> None:
         if max_indexed_identifiers < 1:
             raise ValueError("max_indexed_identifiers must be at least 1")
+        if max_batch_messages < 1:
+            raise ValueError("max_batch_messages must be at least 1")
+        self.max_batch_messages = max_batch_messages
         self.max_indexed_identifiers = max_indexed_identifiers
         self.pool = pool
         self.router = router
@@ -299,6 +313,26 @@ class Acceptor:
             AR and AE answers.
         """
         started = time.perf_counter() if received_at is None else received_at
+        if is_batch(payload):
+            return await self._handle_batch(channel, payload, started)
+        prepared = await self._prepare(channel, payload)
+        if isinstance(prepared, Reply):
+            return prepared
+        header, destinations = prepared.header, prepared.destinations
+        try:
+            # No timeout here: the committer keeps the store timeout and returns only once the
+            # outcome is known (a transaction given up on by its caller could still commit).
+            result = await self.committer.store(channel, destinations, prepared.message)
+        except OutcomeUnknown as exc:
+            return self._done(channel, header, _unknown(str(exc)))
+        except Exception as exc:  # any other failure to store: AE, nothing kept
+            return self._done(channel, header, self._storage_failed(header, exc))
+        metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
+        return self._stored(channel, prepared, result)
+
+    async def _prepare(self, channel: str, payload: bytes) -> Reply | _Prepared:
+        """Everything before storing: parse, bound, route, refuse; a refusal is the
+        :class:`Reply` (already counted and logged)."""
         try:
             header = parse_header(payload)
         except HeaderError as exc:
@@ -367,16 +401,11 @@ class Acceptor:
             )
         else:
             message = prepare(header, payload, self.max_indexed_identifiers)
-        try:
-            # No timeout here: the committer keeps the store timeout and returns only once the
-            # outcome is known (a transaction given up on by its caller could still commit).
-            result = await self.committer.store(channel, destinations, message)
-        except OutcomeUnknown as exc:
-            return self._done(channel, header, _unknown(str(exc)))
-        except Exception as exc:  # any other failure to store: AE, nothing kept
-            return self._done(channel, header, self._storage_failed(header, exc))
-        metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
+        return _Prepared(header, tuple(destinations), held, message)
 
+    def _stored(self, channel: str, prepared: _Prepared, result: StoreResult) -> Reply:
+        """The answer to a message whose transaction has committed."""
+        header, destinations, held = prepared.header, prepared.destinations, prepared.held
         if result.control_id_reused and not result.duplicate:
             metrics.DUPLICATES.labels(channel, "control_id_reused").inc()
             log.warning(
@@ -404,6 +433,52 @@ class Acceptor:
             reason="held for " + destinations[0] if held else "stored",
         )
         return self._done(channel, header, outcome)
+
+    async def _handle_batch(self, channel: str, payload: bytes, started: float) -> Reply:
+        """Accept or refuse an HL7 batch (FHS/BHS ... BTS/FTS) whole (see
+        :mod:`inturn.worker.ingest.envelope`)."""
+        try:
+            batch = split_batch(payload, max_messages=self.max_batch_messages)
+        except BatchError as exc:
+            outcome = Reply(
+                code="AR",
+                ack=build_reject(b"", "AR", _error(exc.code, f"batch refused: {exc.text}")),
+                send=True,
+                reason=f"batch refused: {exc.text}",
+            )
+            return self._done(channel, None, outcome, len(payload))
+        prepared = [await self._prepare(channel, m) for m in batch.messages]
+        refused = next((i for i, p in enumerate(prepared) if isinstance(p, Reply)), None)
+        if refused is not None:
+            return self._done_batch(channel, batch, _refuse_batch(batch, prepared, refused))
+        ready = [p for p in prepared if isinstance(p, _Prepared)]
+        if not ready:
+            return self._done_batch(channel, batch, _answer_batch(batch, []))
+        try:
+            results = await envelope.store_all(
+                self.pool,
+                channel,
+                [(p.destinations, p.message) for p in ready],
+                window_seconds=self.duplicate_window_seconds,
+                acquire_timeout=self.store_timeout_seconds,
+            )
+        except Exception as exc:  # nothing of the batch was kept
+            failed = [self._storage_failed(p.header, exc) for p in ready]
+            return self._done_batch(channel, batch, _answer_batch(batch, failed))
+        metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
+        replies = [self._stored(channel, p, r) for p, r in zip(ready, results, strict=True)]
+        return self._done_batch(channel, batch, _answer_batch(batch, replies))
+
+    def _done_batch(self, channel: str, batch: Batch, outcome: Reply) -> Reply:
+        log.info(
+            "channel %s: batch %r of %d message(s): %s %s",
+            channel,
+            batch.batch_control_id,
+            len(batch.messages),
+            outcome.code,
+            outcome.reason,
+        )
+        return outcome
 
     def reject_too_large(self, channel: str, limit: int) -> Reply:
         """The AR for a frame (or body) over ``limit`` bytes; nothing of it is stored.
@@ -484,3 +559,59 @@ class Acceptor:
                 list(outcome.ids),
             )
         return outcome
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A message that passed every check and is ready to store."""
+
+    header: Header
+    destinations: tuple[str, ...]
+    held: bool
+    message: Message
+
+
+def _batch_reply(batch: Batch, code: str, acks: list[bytes], reason: str, **fields: Any) -> Reply:
+    return Reply(
+        code=code,
+        ack=build_batch_ack(batch, acks, comment=reason),
+        send=True,
+        reason=reason,
+        **fields,
+    )
+
+
+def _answer_batch(batch: Batch, replies: Sequence[Reply]) -> Reply:
+    """The answering batch of ``replies`` (one per message, in order): AA when every message
+    was accepted (an empty batch too), AE when any answer is an error (AE/CE), else AR."""
+    codes = {r.code for r in replies}
+    if codes <= {"AA", "CA"}:
+        code, reason = "AA", f"{len(replies)} message(s) accepted"
+    elif codes & {"AE", "CE"}:
+        code, reason = "AE", "not stored: send the batch again"
+    else:
+        code, reason = "AR", "refused: the database refused its content"
+    ids = tuple(i for r in replies for i in r.ids)
+    return _batch_reply(batch, code, [r.ack for r in replies], reason, ids=ids)
+
+
+def _refuse_batch(batch: Batch, prepared: Sequence[Reply | _Prepared], refused: int) -> Reply:
+    """The answering batch of a batch refused whole because message ``refused`` (0-based)
+    would be refused: its own ACK, and AR (CR) with ERR 207 naming it for every other message.
+    Nothing was stored."""
+    try:
+        control_id = parse_header(batch.messages[refused]).control_id
+    except HeaderError:
+        control_id = ""
+    named = f"message {refused + 1} of the batch" + (
+        f" (MSH-10 {control_id})" if control_id else ""
+    )
+    why = f"batch refused whole: {named} was refused; nothing of the batch was stored"
+    error = _error(ErrorCode.APPLICATION_INTERNAL_ERROR, why)
+    acks = [
+        p.ack
+        if isinstance(p, Reply)
+        else build_ack(p.header, ack_code(p.header, "reject"), error=error)
+        for p in prepared
+    ]
+    return _batch_reply(batch, "AR", acks, f"refused: {named} was refused")

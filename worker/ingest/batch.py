@@ -166,11 +166,34 @@ async def store_batch(
         ValueError: no destination or no message.
         RuntimeError: ``conn`` is inside a transaction.
     """
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise RuntimeError("store_batch needs an autocommit connection outside a transaction")
+    return await store_statement(
+        conn,
+        channel=channel,
+        destinations=destinations,
+        messages=messages,
+        window_seconds=window_seconds,
+    )
+
+
+async def store_statement(
+    conn: AsyncConnection[Any],
+    *,
+    channel: str,
+    destinations: Sequence[str],
+    messages: Sequence[Message],
+    window_seconds: float,
+) -> list[StoreResult]:
+    """Run the ``store`` statement of :func:`store_batch` in ``conn``'s current state: on an
+    autocommit connection outside a transaction it commits on its own (what
+    :func:`store_batch` checks); inside the caller's transaction it commits with it (an HL7
+    batch stored whole, :mod:`inturn.worker.ingest.envelope`). Same arguments, results and
+    errors (``ValueError`` for no destination or no message).
+    """
     ordered = sorted(set(destinations))
     if not ordered or not messages:
         raise ValueError("nothing to store")
-    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        raise RuntimeError("store_batch needs an autocommit connection outside a transaction")
     remember = window_seconds > 0
     # Identical copies inside one batch: only the first is sent; the others are its duplicates.
     first: dict[tuple[str, bytes], int] = {}

@@ -26,6 +26,7 @@ from aiohttp import web
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
+    DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_STORE_TIMEOUT_SECONDS,
     Acceptor,
     forget_old,
@@ -79,6 +80,8 @@ class IngestConfig:
         shutdown_grace: seconds a message being stored at shutdown gets to finish.
         max_indexed_identifiers: most distinct patient identifiers (PID-2/3/4, MRG-1) indexed
             per message; the rest are stored but not indexed.
+        max_batch_messages: most messages in one HL7 batch (FHS/BHS); a larger one is
+            refused whole (AR, ERR 104).
     """
 
     listeners: Sequence[ListenerConfig] = ()
@@ -97,6 +100,7 @@ class IngestConfig:
     pool_size: int = 16
     shutdown_grace: float = 10.0
     max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS
+    max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES
 
     def __post_init__(self) -> None:
         channels = [listener.channel for listener in self.listeners]
@@ -121,6 +125,8 @@ class IngestConfig:
             raise ValueError("pool_size must be at least 1")
         if self.max_indexed_identifiers < 1:
             raise ValueError("max_indexed_identifiers must be at least 1")
+        if self.max_batch_messages < 1:
+            raise ValueError("max_batch_messages must be at least 1")
 
 
 def server_tls_context(
@@ -266,6 +272,7 @@ class Ingest:
                 duplicate_window_seconds=config.duplicate_window,
                 store_timeout_seconds=config.store_timeout,
                 max_indexed_identifiers=config.max_indexed_identifiers,
+                max_batch_messages=config.max_batch_messages,
             )
             for listener_config in config.listeners:
                 listener = MllpListener(
