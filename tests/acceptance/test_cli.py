@@ -68,9 +68,15 @@ def test_depth_list_show_and_payload(fresh_db: str) -> None:
     shown = json.loads(run("queue", "show", str(a), "--json", dsn=fresh_db).stdout)
     assert shown["controlId"] == "M0" and shown["state"] == "pending"
     out = subprocess.run(
-        [INTURN, "queue", "payload", str(a), "--dsn", fresh_db], capture_output=True, check=True
+        [INTURN, "queue", "payload", str(a), "--why", "ticket 7", "--dsn", fresh_db],
+        capture_output=True,
+        check=True,
     )
     assert out.stdout == raw
+    unsaid = run(
+        "queue", "payload", str(a), dsn=fresh_db
+    )  # viewing needs a reason, as in the console
+    assert unsaid.returncode == 2 and "--why" in unsaid.stderr
     table = run("queue", "depth", dsn=fresh_db).stdout
     assert table.splitlines()[0].split() == [
         "DESTINATION",
@@ -85,11 +91,17 @@ def test_depth_list_show_and_payload(fresh_db: str) -> None:
 
 def test_skip_drain_retry_resend_and_remove(fresh_db: str) -> None:
     a, b, c = insert(fresh_db, [message(n, "P") for n in range(3)])
-    assert run("queue", "skip", str(a), dsn=fresh_db).returncode == 2  # --who is required
-    assert run("queue", "skip", str(a), "--who", "alice", dsn=fresh_db).returncode == 0
+    assert run("queue", "skip", str(a), "--why", "dup", dsn=fresh_db).returncode == 2  # --who
+    assert run("queue", "skip", str(a), "--who", "alice", dsn=fresh_db).returncode == 2  # --why
+    assert (
+        run("queue", "skip", str(a), "--who", "alice", "--why", "dup", dsn=fresh_db).returncode == 0
+    )
     retried = run("queue", "retry", "--destination", DEST, dsn=fresh_db)
     assert retried.returncode == 0 and "2 item(s)" in retried.stdout
-    assert run("queue", "drain", DEST, "--who", "bob", dsn=fresh_db).returncode == 0
+    assert run("queue", "drain", DEST, "--who", "bob", dsn=fresh_db).returncode == 2  # --why
+    assert (
+        run("queue", "drain", DEST, "--who", "bob", "--why", "stale", dsn=fresh_db).returncode == 0
+    )
     resent = run("queue", "resend", str(a), "--who", "carol", dsn=fresh_db)
     assert resent.returncode == 0, resent.stderr
     removed = run("queue", "remove", str(a), str(b), dsn=fresh_db)
@@ -132,7 +144,12 @@ def test_erase_by_patient_id_whatever_the_encoding_characters(fresh_db: str) -> 
     )
     matched = [m["id"] for m in dry["matched"]]
     assert matched == [ids[0], ids[2], ids[2] + 1] and dry["erased"] == []
-    done = run("queue", "erase", "--patient-id", "MRN-42", "--who", "dpo", dsn=fresh_db)
+    unsaid = run("queue", "erase", "--patient-id", "MRN-42", "--who", "dpo", dsn=fresh_db)
+    assert unsaid.returncode == 2 and "erase needs a reason (--why)" in unsaid.stderr
+    done = run(
+        "queue", "erase", "--patient-id", "MRN-42", "--who", "dpo", "--why", "request 9",
+        dsn=fresh_db,
+    )  # fmt: skip
     assert done.returncode == 0 and "erased 3" in done.stdout
     assert "MRN-42" not in done.stdout.replace("--patient-id", "")  # no payload echoed
     with psycopg.connect(fresh_db) as conn:
@@ -338,9 +355,9 @@ def test_no_op_actions_answer_alike(fresh_db: str) -> None:
     assert pending_id
     for args in (
         ("show", "999999"),
-        ("skip", "999999", "--who", "me"),
+        ("skip", "999999", "--who", "me", "--why", "x"),
         ("retry", "999999"),
-        ("erase", "999999", "--who", "me"),
+        ("erase", "999999", "--who", "me", "--why", "x"),
         ("erase", "999999", "--dry-run"),
     ):
         done = run("queue", *args, dsn=fresh_db)
@@ -355,15 +372,15 @@ def test_no_op_actions_answer_alike(fresh_db: str) -> None:
         f"inturn: error: item {failed_id} failed (it is not pending): `inturn queue resend"
         f" {failed_id} --who ...` queues a copy of it\n"
     )
-    skip = run("queue", "skip", str(delivered_id), "--who", "me", dsn=fresh_db)
+    skip = run("queue", "skip", str(delivered_id), "--who", "me", "--why", "x", dsn=fresh_db)
     assert skip.stderr == (
         f"inturn: error: item {delivered_id} is delivered, not pending: nothing to skip\n"
     )
-    drain = run("queue", "drain", "nobody/x", "--who", "me", dsn=fresh_db)
+    drain = run("queue", "drain", "nobody/x", "--who", "me", "--why", "x", dsn=fresh_db)
     assert drain.returncode == 2 and drain.stderr.startswith(
         "inturn: error: no destination nobody/x"
     )
-    known = run("queue", "drain", DEST, "--who", "me", dsn=fresh_db)
+    known = run("queue", "drain", DEST, "--who", "me", "--why", "x", dsn=fresh_db)
     assert (known.returncode, known.stdout) == (0, f"drained 1 item(s) from {DEST}\n")
     dry = run("queue", "erase", str(failed_id), "--dry-run", dsn=fresh_db)
     assert dry.returncode == 0 and dry.stdout.endswith("would erase 1 item(s)\n")

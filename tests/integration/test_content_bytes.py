@@ -79,5 +79,7 @@ async def test_stored_sent_and_printed_bytes_agree(fresh_db: str) -> None:
     assert http_rx.received == expected
 
     for row in rows(fresh_db):
-        printed = await asyncio.to_thread(cli, fresh_db, "queue", "payload", str(row["id"]))
+        printed = await asyncio.to_thread(
+            cli, fresh_db, "queue", "payload", str(row["id"]), "--why", "byte check"
+        )
         assert printed.stdout == bytes(row["payload"])

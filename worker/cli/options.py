@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
+from inturn.worker.operations.actor import ACTIONS
 from inturn.worker.text.durations import parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,6 +52,14 @@ def logging_options(command: F) -> F:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 who_option = click.option("--who", required=True, help="Who decides (recorded in the audit).")
 why_option = click.option("--why", default=None, help="Why (recorded in the audit).")
+
+
+def why_for(action: str) -> Callable[[F], F]:
+    """``--why``, required when the action's rule says so (:data:`~inturn.worker.operations.
+    actor.ACTIONS`: skip, drain, view-payload), as the console requires it."""
+    if not ACTIONS[action].reason_required:
+        return why_option
+    return click.option("--why", required=True, help="Why (required; recorded in the audit).")
 
 
 class DurationType(click.ParamType[int]):

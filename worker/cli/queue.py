@@ -2,7 +2,9 @@
 
 Each command opens the store with the DSN from ``--dsn`` or ``INTURN_DSN``, runs one operation
 and exits. Listings never show payloads; ``payload`` writes one item's bytes on purpose.
-Decisions that abandon or delete messages (skip, drain, erase) require ``--who``.
+Decisions that abandon, delete or expose messages require ``--who`` (skip, drain, erase) and
+``--why`` (skip, drain, erase, payload), as in the console: the rules are
+:data:`inturn.worker.operations.actor.ACTIONS`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import asyncio
 import json
 import logging
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -19,15 +20,24 @@ from typing import Any, TypeVar
 import click
 from psycopg import AsyncConnection
 
-from inturn.worker.cli.options import DURATION, dsn_option, json_option, who_option, why_option
+from inturn.worker.cli.options import (
+    DURATION,
+    dsn_option,
+    json_option,
+    who_option,
+    why_for,
+    why_option,
+)
+from inturn.worker.errors import InturnError, ReasonRequired
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.store import identifiers, lockwatch, queue, registry, roles
+from inturn.worker.operations import queue as actions
+from inturn.worker.operations.actor import Trusted, permit
+from inturn.worker.store import identifiers, lockwatch, queue, roles
 from inturn.worker.store.connect import READ_STATEMENT_TIMEOUT_MS, Pools, probe, resolve_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import STATES, DepthRow, Item
-from inturn.worker.text.display import printable, printable_values
+from inturn.worker.text.display import printable, printable_values, table
 from inturn.worker.text.durations import format_age
-from inturn.worker.worklist.store import purge as worklist_purge
 
 T = TypeVar("T")
 
@@ -40,9 +50,6 @@ authority_option = click.option(
     help="With --patient-id: only identifiers assigned by this authority (CX-4 namespace or"
     " universal ID).",
 )
-
-#: Items read by ``erase --scan`` before it tells how long the rest will take.
-SCAN_RATE_SAMPLE = 2000
 
 
 def run_db(dsn: str | None, action: Callable[[Pools], Awaitable[T]]) -> T:
@@ -123,25 +130,15 @@ async def watched(
         return await action(conn)
 
 
-async def _why_not(conn: AsyncConnection[Any], item_id: int, action: str) -> str:
-    """Why ``action`` (retry, skip) did nothing to ``item_id``: the same words as ``show``."""
-    item = await queue.get_item(conn, item_id)
-    if item is None:
-        return f"no item {item_id}"
-    if item.state == "failed" and action == "retry":
-        return (
-            f"item {item_id} failed (it is not pending): `inturn queue resend {item_id} --who ...`"
-            " queues a copy of it"
-        )
-    return f"item {item_id} is {item.state}, not pending: nothing to {action}"
-
-
-async def _known_destination(conn: AsyncConnection[Any], destination: str) -> bool:
-    """Whether ``destination`` is registered or has items in any state."""
-    if any(r.destination == destination for r in await registry.list_all(conn)):
-        return True
-    items, _ = await queue.list_items(conn, destination=destination, limit=1)
-    return bool(items)
+def act(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+    """Run one action of :mod:`inturn.worker.operations.queue` on a write connection; its
+    refusals (no such item, its state, a missing reason) become one-line errors (exit 2)."""
+    try:
+        return run_write(dsn, action)
+    except ReasonRequired as exc:
+        raise click.UsageError(f"{exc} (--why)") from None
+    except InturnError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.command("migrate")
@@ -188,17 +185,6 @@ def _echo_json(data: Any) -> None:
     click.echo(json.dumps(printable_values(data), indent=2))
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    """A plain text table; every cell is made printable (see :mod:`inturn.worker.text.display`)."""
-    rows = [[printable(cell) for cell in row] for row in rows]
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
-    ]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
-
-
 def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
     """The depth table: one line per destination with anything pending or failed; HELD-UNTIL
     says when a destination outside its delivery window (``spec.schedule``) sends again."""
@@ -210,7 +196,7 @@ def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
         until = r.held_until(now)
         return "-" if until is None else until.strftime("%Y-%m-%d %H:%M UTC")
 
-    return _table(
+    return table(
         ["DESTINATION", "CHANNEL", "PENDING", "FAILED", "OLDEST", "MAX-ATTEMPTS", "HELD-UNTIL"],
         [
             [
@@ -329,7 +315,7 @@ def list_command(
         _echo_json({"total": total, "items": [i.to_json() for i in items]})
         return
     click.echo(
-        _table(
+        table(
             [
                 "ID",
                 "DESTINATION",
@@ -367,7 +353,7 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
 @dsn_option()
 @click.argument("item_id", type=int)
 @click.option("--who", default="cli", show_default=True, help="Recorded in the audit.")
-@why_option
+@why_for("view-payload")
 def payload_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
     """Write one item's bytes to standard output exactly as its sender sends them (the viewing
     is audited).
@@ -376,10 +362,8 @@ def payload_command(dsn: str | None, item_id: int, who: str, why: str | None) ->
     normalised (see :mod:`inturn.worker.hl7.terminators`); the rule is applied here too, and
     changes nothing, so that rows stored before it print what is sent.
     """
-    data = run_write(dsn, lambda conn: queue.view_payload(conn, item_id, who=who, why=why))
-    if data is None:
-        raise click.ClickException(f"no item {item_id}")
-    sys.stdout.buffer.write(normalise_terminators(data))
+    shown = act(dsn, lambda conn: actions.view_payload(conn, Trusted(who), item_id, why))
+    sys.stdout.buffer.write(normalise_terminators(shown.data))
     sys.stdout.buffer.flush()
 
 
@@ -395,28 +379,25 @@ def retry_command(
     """Make an item (or a whole destination) due now, with its attempts reset to 0."""
     if (item_id is None) == (destination is None):
         raise click.UsageError("give exactly one of ITEM_ID or --destination")
-    ids = run_write(
-        dsn,
-        lambda conn: queue.retry_now(
-            conn, who=who, item_id=item_id, destination=destination, why=why
-        ),
-    )
-    if not ids and item_id is not None:
-        raise click.ClickException(run_read(dsn, lambda conn: _why_not(conn, item_id, "retry")))
-    if not ids:
+    actor = Trusted(who)
+    if item_id is not None:
+        done = act(dsn, lambda conn: actions.retry_item(conn, actor, item_id, why))
+    else:
+        assert destination is not None
+        done = act(dsn, lambda conn: actions.retry_destination(conn, actor, destination, why))
+    if not done.ids:
         raise click.ClickException(f"nothing pending for {destination}")
-    click.echo(f"retrying now: {len(ids)} item(s)")
+    click.echo(f"retrying now: {len(done.ids)} item(s)")
 
 
 @queue_group.command("skip")
 @dsn_option()
 @click.argument("item_id", type=int)
 @who_option
-@why_option
-def skip_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
-    """Abandon one pending item on purpose (state skipped; audited)."""
-    if not run_write(dsn, lambda conn: queue.skip(conn, item_id, who=who, why=why)):
-        raise click.ClickException(run_read(dsn, lambda conn: _why_not(conn, item_id, "skip")))
+@why_for("skip")
+def skip_command(dsn: str | None, item_id: int, who: str, why: str) -> None:
+    """Abandon one pending item on purpose (state skipped; audited with the reason)."""
+    act(dsn, lambda conn: actions.skip(conn, Trusted(who), item_id, why))
     click.echo(f"skipped {item_id}")
 
 
@@ -424,19 +405,15 @@ def skip_command(dsn: str | None, item_id: int, who: str, why: str | None) -> No
 @dsn_option()
 @click.argument("destination")
 @who_option
-@why_option
-def drain_command(dsn: str | None, destination: str, who: str, why: str | None) -> None:
-    """Skip every pending item of DESTINATION (namespace/name); audited."""
-    ids = run_write(dsn, lambda conn: queue.drain(conn, destination, who=who, why=why))
-    if not ids and not run_read(dsn, lambda conn: _known_destination(conn, destination)):
-        raise click.ClickException(
-            f"no destination {destination} (names are namespace/name; see `inturn queue depth`)"
-        )
-    click.echo(f"drained {len(ids)} item(s) from {destination}")
+@why_for("drain")
+def drain_command(dsn: str | None, destination: str, who: str, why: str) -> None:
+    """Skip every pending item of DESTINATION (namespace/name); audited with the reason."""
+    done = act(dsn, lambda conn: actions.drain(conn, Trusted(who), destination, why))
+    click.echo(f"drained {len(done.ids)} item(s) from {destination}")
 
 
 def _hold_command(verb: str) -> click.Command:
-    action = registry.suspend if verb == "suspend" else registry.resume
+    hold = actions.suspend if verb == "suspend" else actions.resume
 
     @click.command(verb)
     @dsn_option()
@@ -444,8 +421,7 @@ def _hold_command(verb: str) -> click.Command:
     @who_option
     @why_option
     def command(dsn: str | None, destination: str, who: str, why: str | None) -> None:
-        if not run_write(dsn, lambda conn: action(conn, destination, who=who, why=why)):
-            raise click.ClickException(f"no registered destination {destination}")
+        act(dsn, lambda conn: hold(conn, Trusted(who), destination, why))
         click.echo(f"{'suspended' if verb == 'suspend' else 'resumed'} {destination}")
 
     command.help = (
@@ -468,11 +444,11 @@ queue_group.add_command(_hold_command("resume"))
 @why_option
 def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: str | None) -> None:
     """Delete finished items (delivered, failed, skipped); pending ones are refused."""
-    ids = run_write(dsn, lambda conn: queue.remove(conn, list(item_ids), who=who, why=why))
-    kept = sorted(set(item_ids) - set(ids))
-    click.echo(f"removed {len(ids)} item(s)")
-    if kept:
-        raise click.ClickException(f"not removed (pending or missing): {', '.join(map(str, kept))}")
+    done = act(dsn, lambda conn: actions.remove(conn, Trusted(who), item_ids, why))
+    click.echo(f"removed {len(done.removed)} item(s)")
+    if done.kept:
+        kept = ", ".join(map(str, done.kept))
+        raise click.ClickException(f"not removed (pending or missing): {kept}")
 
 
 @queue_group.command("resend")
@@ -482,13 +458,8 @@ def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: st
 @why_option
 def resend_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
     """Queue a copy of a finished item at the tail of its destination's queue; audited."""
-    try:
-        new = run_write(dsn, lambda conn: queue.resend(conn, item_id, who=who, why=why))
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    if new is None:
-        raise click.ClickException(f"no item {item_id}")
-    click.echo(f"queued copy of {item_id} as {new}")
+    done = act(dsn, lambda conn: actions.resend(conn, Trusted(who), item_id, why))
+    click.echo(f"queued copy of {item_id} as {done.copy}")
 
 
 @queue_group.command("erase")
@@ -505,7 +476,7 @@ def resend_command(dsn: str | None, item_id: int, who: str, why: str | None) -> 
     help="Find the patient by reading every payload instead of the index (slow: says how long).",
 )
 @click.option("--who", help="Who decides (recorded in the audit); not needed with --dry-run.")
-@why_option
+@click.option("--why", help="Why (recorded in the audit); required unless --dry-run.")
 @click.option("--dry-run", is_flag=True, help="Show what would be erased; erase nothing.")
 @json_option
 def erase_command(
@@ -527,72 +498,43 @@ def erase_command(
     if (authority is not None or scan) and not patient_id:
         raise click.UsageError("--authority and --scan go with --patient-id")
     _patient_key(patient_id, authority)  # a blank --authority is a usage error
+    actor = Trusted(who or "")
+    if not dry_run:
+        try:
+            permit(actor, "erase", why)  # before a scan, not after it
+        except ReasonRequired as exc:
+            raise click.UsageError(f"{exc} (--why)") from None
 
-    async def go(pools: Pools) -> tuple[list[dict[str, Any]], list[int]]:
-        matched: list[dict[str, Any]] = []
+    async def go(pools: Pools) -> tuple[list[actions.Match], tuple[int, ...]]:
         async with pools.read.connection() as conn:
-            if patient_id and scan:
-                matched = await _scan_for_patient(conn, patient_id, authority)
-            elif patient_id:
-                found = await identifiers.find_patient(conn, patient_id, authority)
-                matched = [_erase_row(i.id, i.destination, i.state, i.message_type) for i in found]
-            else:
-                for item_id in item_ids:
-                    item = await queue.get_item(conn, item_id)
-                    if item is not None:
-                        matched.append(
-                            _erase_row(item.id, item.destination, item.state, item.message_type)
-                        )
+            matched = await actions.find_for_erasure(
+                conn,
+                item_ids=item_ids,
+                patient_id=patient_id,
+                authority=authority,
+                scan=scan,
+                progress=lambda text: click.echo(text, err=True),
+            )
         if dry_run or not matched:
-            return matched, []
+            return matched, ()
         async with pools.write.connection() as conn:
-            erased = await queue.erase(conn, [m["id"] for m in matched], who=who or "", why=why)
-        return matched, erased
+            done = await actions.erase(conn, actor, [m.id for m in matched], why)
+        return matched, done.ids
 
     matched, erased = run_db(dsn, go)
     if as_json:
-        _echo_json({"matched": matched, "erased": erased, "dryRun": dry_run})
+        _echo_json(
+            {"matched": [m.to_json() for m in matched], "erased": list(erased), "dryRun": dry_run}
+        )
         return
     for m in matched:
-        click.echo(f"{m['id']}  {m['destination']}  {m['state']}  {m['messageType']}")
+        click.echo(f"{m.id}  {m.destination}  {m.state}  {m.message_type}")
     verb = "would erase" if dry_run else "erased"
     if matched or not item_ids:
         click.echo(f"{verb} {len(matched) if dry_run else len(erased)} item(s)")
-    missing = sorted(set(item_ids) - {m["id"] for m in matched})
+    missing = sorted(set(item_ids) - {m.id for m in matched})
     if missing:
         raise click.ClickException(f"no item {', '.join(map(str, missing))}")
-
-
-def _erase_row(item_id: int, destination: str, state: str, message_type: str) -> dict[str, Any]:
-    return {"id": item_id, "destination": destination, "state": state, "messageType": message_type}
-
-
-async def _scan_for_patient(
-    conn: AsyncConnection[Any], patient_id: str, authority: str | None
-) -> list[dict[str, Any]]:
-    """Read every held payload (the fallback of ``erase --scan``), saying first how much."""
-    from inturn.worker.hl7.pid import has_patient_id
-
-    rows, size = await identifiers.scan_estimate(conn)
-    click.echo(
-        f"scanning every payload: about {rows} item(s), {size / 1e6:.0f} MB; the index answers"
-        " the same question without --scan",
-        err=True,
-    )
-    matched: list[dict[str, Any]] = []
-    started = time.monotonic()
-    seen = 0
-    told = False
-    async for held in queue.scan_payloads(conn):
-        seen += 1
-        if not told and seen == SCAN_RATE_SAMPLE:
-            told = True
-            elapsed = time.monotonic() - started
-            left = max(rows - seen, 0) * elapsed / seen
-            click.echo(f"at the rate of the first {seen} items: about {left:.0f}s more", err=True)
-        if has_patient_id(held.payload, patient_id, authority):
-            matched.append(_erase_row(held.id, held.destination, held.state, held.message_type))
-    return matched
 
 
 def _patient_key(patient_id: str | None, authority: str | None) -> str | None:
@@ -627,7 +569,7 @@ def audit_command(dsn: str | None, as_json: bool, limit: int) -> None:
         _echo_json(entries)
         return
     click.echo(
-        _table(
+        table(
             ["AT", "WHO", "ACTION", "DESTINATION", "ITEMS", "WHY"],
             [
                 [
@@ -694,14 +636,13 @@ def purge_command(
         for state, age in ages.items()
     }
 
-    async def both(conn: AsyncConnection[Any]) -> dict[str, int] | None:
-        counts = await queue.purge(conn, cutoffs, batch=batch)
-        if counts is not None:
-            counts["worklist cleared"] = await worklist_purge(conn, worklist_cleared, batch=batch)
-        return counts
-
-    counts = run_write(dsn, both)
-    if counts is None:
+    done = act(
+        dsn,
+        lambda conn: actions.purge(
+            conn, Trusted("purge"), cutoffs, worklist_cleared_after=worklist_cleared, batch=batch
+        ),
+    )
+    if not done.ran:
         click.echo("another purge is running; nothing done")
         return
-    click.echo("purged " + ", ".join(f"{state} {n}" for state, n in counts.items()))
+    click.echo("purged " + ", ".join(f"{state} {n}" for state, n in done.counts.items()))

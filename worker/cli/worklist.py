@@ -14,7 +14,11 @@ import click
 from psycopg import AsyncConnection
 
 from inturn.worker.cli.options import dsn_option, json_option
-from inturn.worker.cli.queue import _table, run_read, run_write
+from inturn.worker.cli.queue import run_read, run_write
+from inturn.worker.errors import Conflict, NotFound
+from inturn.worker.operations import worklist as worklist_actions
+from inturn.worker.operations.actor import Trusted
+from inturn.worker.text.display import table
 from inturn.worker.text.durations import format_age
 from inturn.worker.worklist import store
 from inturn.worker.worklist.model import ITEM_STATES, CountRow, Page, WorklistItem
@@ -43,7 +47,7 @@ def format_items(items: list[WorklistItem], now: datetime) -> str:
         ]
         for i in items
     ]
-    return _table(
+    return table(
         ["ID", "QUEUE", "REASON", "RECORD", "STATE", "AGE", "PLACED BY", "CLEARED BY"], rows
     )
 
@@ -52,7 +56,7 @@ def format_counts(rows: list[CountRow], now: datetime) -> str:
     """The count table: items per queue and reason, with the oldest placement's age."""
     if not rows:
         return "no items"
-    return _table(
+    return table(
         ["QUEUE", "REASON", "ITEMS", "OLDEST"],
         [
             [
@@ -229,10 +233,12 @@ def show_command(dsn: str | None, item_id: int, as_json: bool) -> None:
 def clear_command(dsn: str | None, item_id: int, who: str, note: str, as_json: bool) -> None:
     """Clear one pending item: who did the work and what was done."""
     try:
-        item = run_write(dsn, lambda conn: store.clear(conn, item_id, who=who, note=note))
-    except (store.ItemNotFound, store.AlreadyCleared) as exc:
+        item = run_write(
+            dsn, lambda conn: worklist_actions.clear(conn, Trusted(who), item_id, note)
+        )
+    except (NotFound, Conflict) as exc:
         raise click.ClickException(str(exc)) from None
-    except ValueError as exc:
+    except ValueError as exc:  # a blank --who or --note, a note too long
         raise click.UsageError(str(exc)) from None
     if as_json:
         _emit(item.to_json())

@@ -31,6 +31,7 @@ from inturn.worker.console.context import (
 )
 from inturn.worker.console.csrf import FIELD, HEADER, SAFE_METHODS, Csrf, same_origin
 from inturn.worker.console.operations import Console, ConsoleError
+from inturn.worker.errors import InturnError
 from inturn.worker.text.display import printable
 
 log = logging.getLogger("inturn.console")
@@ -98,6 +99,9 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
         return await handler(request)
     except ConsoleError as exc:
         return error_response(request, exc.status, exc.code, exc.message)
+    except InturnError as exc:  # an action's refusal: its stable code, mapped to a status
+        refused = ConsoleError.of(exc)
+        return error_response(request, refused.status, refused.code, refused.message)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

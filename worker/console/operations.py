@@ -1,9 +1,11 @@
 """What the console can do, shared by its JSON API and its pages.
 
-Every operation here calls the store functions that ``inturn queue ...`` and the audit already
-use (:mod:`inturn.worker.store.queue`, :mod:`inturn.worker.store.registry`); nothing is
-implemented a second time. Each checks the caller's role first and records the authenticated
-identity as ``who``. Failures are :class:`ConsoleError` with a stable code.
+Every action calls the operations layer (:mod:`inturn.worker.operations.queue`,
+:mod:`inturn.worker.operations.worklist`) that ``inturn queue ...`` calls too, with the
+authenticated identity as the actor: the role an action needs, whether it needs a reason and
+why nothing changed are decided there, once. This module picks the pool, turns results into
+JSON and pokes the overview feed. Failures are :class:`~inturn.worker.errors.InturnError`
+(mapped to HTTP statuses by :data:`STATUS`) or :class:`ConsoleError` with a stable code.
 """
 
 from __future__ import annotations
@@ -17,32 +19,29 @@ from inturn.worker import worklist
 from inturn.worker.console.auth import Identity
 from inturn.worker.console.feed import Feed
 from inturn.worker.console.text import segments
-from inturn.worker.store import queue, registry
+from inturn.worker.errors import InturnError
+from inturn.worker.operations import queue as actions
+from inturn.worker.operations import worklist as worklist_actions
+from inturn.worker.operations.actor import permit
+from inturn.worker.store import queue
 from inturn.worker.store.model import STATES
-from inturn.worker.worklist.model import ITEM_STATES, NOTE_MAX
+from inturn.worker.worklist.model import ITEM_STATES
 
-#: Role each item action needs.
-ITEM_ACTIONS = {
-    "retry": "operator",
-    "skip": "operator",
-    "remove": "operator",
-    "resend": "operator",
-    "erase": "privacy",
+#: The actions the console offers on one item (their rules: ``operations.actor.ACTIONS``).
+ITEM_ACTIONS = ("retry", "skip", "remove", "resend", "erase")
+#: The actions the console offers on a destination.
+DESTINATION_ACTIONS = ("retry", "drain", "suspend", "resume")
+#: HTTP status of each :class:`~inturn.worker.errors.InturnError` code.
+STATUS = {
+    "not_found": 404,
+    "conflict": 409,
+    "reason_required": 400,
+    "forbidden": 403,
+    "invalid_request": 400,
 }
-#: Role each destination action needs.
-DESTINATION_ACTIONS = {
-    "retry": "operator",
-    "drain": "operator",
-    "suspend": "operator",
-    "resume": "operator",
-}
-#: Actions that abandon or expose something: a reason is required.
-REASON_REQUIRED = frozenset({"skip", "drain", "erase", "view-payload"})
-#: Longest reason or note kept, in characters.
-REASON_MAX = 500
 
 
-class ConsoleError(Exception):
+class ConsoleError(InturnError):
     """A refused or failed request: HTTP status, stable code, and a message with no payload."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
@@ -50,6 +49,13 @@ class ConsoleError(Exception):
         self.status = status
         self.code = code
         self.message = message
+
+    @classmethod
+    def of(cls, exc: InturnError) -> ConsoleError:
+        """The console's form of an error of the operations layer (status from its code)."""
+        if isinstance(exc, ConsoleError):
+            return exc
+        return cls(STATUS.get(exc.code, 400), exc.code, str(exc))
 
 
 @dataclass
@@ -62,26 +68,9 @@ class Console:
 
 
 def require(identity: Identity, role: str) -> None:
-    """Raise 403 ``forbidden`` unless ``identity`` holds ``role``."""
+    """Raise 403 ``forbidden`` unless ``identity`` holds ``role`` (for reading)."""
     if not identity.can(role):
         raise ConsoleError(403, "forbidden", f"this needs the {role} role")
-
-
-def reason(action: str, why: str | None) -> str | None:
-    """Normalise a reason: stripped, None when empty.
-
-    Raises:
-        ConsoleError: 400 ``reason_required`` when ``action`` needs one and none was given;
-            400 ``invalid_request`` when it is longer than :data:`REASON_MAX`.
-    """
-    text = (why or "").strip()
-    if "\x00" in text:
-        raise ConsoleError(400, "invalid_request", "a reason cannot hold a NUL character")
-    if len(text) > REASON_MAX:
-        raise ConsoleError(400, "invalid_request", f"a reason is at most {REASON_MAX} characters")
-    if not text and action in REASON_REQUIRED:
-        raise ConsoleError(400, "reason_required", f"{action} needs a reason")
-    return text or None
 
 
 def check_state(state: str | None) -> str | None:
@@ -162,38 +151,28 @@ async def item_action(
 
     Raises:
         ConsoleError: 404 unknown action or item, 403 role missing, 400 reason missing,
-            409 ``conflict`` when the item's state does not allow it.
+            409 ``conflict`` when the item's state does not allow it (the message says why).
     """
-    role = ITEM_ACTIONS.get(action)
-    if role is None:
+    if action not in ITEM_ACTIONS:
         raise ConsoleError(404, "not_found", f"no item action {action!r}")
-    require(identity, role)
-    why = reason(action, why)
-    who = identity.name
-    async with console.write.connection() as conn:
-        if await queue.get_item(conn, item_id) is None:
-            raise ConsoleError(404, "not_found", f"no item {item_id}")
-        changed: list[int]
-        if action == "retry":
-            changed = await queue.retry_now(conn, who=who, item_id=item_id, why=why)
-        elif action == "skip":
-            changed = [item_id] if await queue.skip(conn, item_id, who=who, why=why) else []
-        elif action == "remove":
-            changed = await queue.remove(conn, [item_id], who=who, why=why)
-        elif action == "erase":
-            changed = await queue.erase(conn, [item_id], who=who, why=why)
-        else:
-            try:
-                copy = await queue.resend(conn, item_id, who=who, why=why)
-            except ValueError:
-                changed = []
+    try:
+        async with console.write.connection() as conn:
+            changed: tuple[int, ...]
+            if action == "retry":
+                changed = (await actions.retry_item(conn, identity, item_id, why)).ids
+            elif action == "skip":
+                changed = (await actions.skip(conn, identity, item_id, why)).ids
+            elif action == "remove":
+                changed = (await actions.remove_item(conn, identity, item_id, why)).ids
+            elif action == "erase":
+                changed = (await actions.erase_item(conn, identity, item_id, why)).ids
             else:
-                changed = [item_id, copy] if copy is not None else []
-    if not changed:
-        wanted = "finished" if action in ("remove", "resend") else "pending"
-        raise ConsoleError(409, "conflict", f"item {item_id} is not {wanted}; nothing changed")
+                resent = await actions.resend(conn, identity, item_id, why)
+                changed = (resent.original, resent.copy)
+    except InturnError as exc:
+        raise ConsoleError.of(exc) from None
     console.feed.poke()
-    return {"action": action, "itemId": item_id, "changed": changed}
+    return {"action": action, "itemId": item_id, "changed": list(changed)}
 
 
 async def destination_action(
@@ -210,29 +189,29 @@ async def destination_action(
     Returns ``{"action", "destination", "changed": count}``.
 
     Raises:
-        ConsoleError: 404 unknown action (or, for suspend/resume, unregistered destination),
-            403 role missing, 400 ``confirmation_mismatch`` or ``reason_required``.
+        ConsoleError: 404 unknown action or destination, 403 role missing,
+            400 ``confirmation_mismatch`` or ``reason_required``.
     """
-    role = DESTINATION_ACTIONS.get(action)
-    if role is None:
+    if action not in DESTINATION_ACTIONS:
         raise ConsoleError(404, "not_found", f"no destination action {action!r}")
-    require(identity, role)
-    why = reason(action, why)
-    if action == "drain" and (confirm or "").strip() != destination:
-        raise ConsoleError(
-            400, "confirmation_mismatch", "type the destination's name exactly to drain it"
-        )
-    who = identity.name
-    async with console.write.connection() as conn:
-        if action == "retry":
-            changed = len(await queue.retry_now(conn, who=who, destination=destination, why=why))
-        elif action == "drain":
-            changed = len(await queue.drain(conn, destination, who=who, why=why))
-        else:
-            hold = registry.suspend if action == "suspend" else registry.resume
-            if not await hold(conn, destination, who=who, why=why):
-                raise ConsoleError(404, "not_found", f"no registered destination {destination}")
-            changed = 1
+    try:
+        permit(identity, action, why)  # role and reason before the confirmation
+        if action == "drain" and (confirm or "").strip() != destination:
+            raise ConsoleError(
+                400, "confirmation_mismatch", "type the destination's name exactly to drain it"
+            )
+        async with console.write.connection() as conn:
+            if action == "retry":
+                done = await actions.retry_destination(conn, identity, destination, why)
+                changed = len(done.ids)
+            elif action == "drain":
+                changed = len((await actions.drain(conn, identity, destination, why)).ids)
+            else:
+                hold = actions.suspend if action == "suspend" else actions.resume
+                await hold(conn, identity, destination, why)
+                changed = 1
+    except InturnError as exc:
+        raise ConsoleError.of(exc) from None
     console.feed.poke()
     return {"action": action, "destination": destination, "changed": changed}
 
@@ -247,13 +226,12 @@ async def view_payload(
     Raises:
         ConsoleError: 403 without the privacy role, 400 without a reason, 404 no such item.
     """
-    require(identity, "privacy")
-    why = reason("view-payload", why)
-    async with console.write.connection() as conn:
-        data = await queue.view_payload(conn, item_id, who=identity.name, why=why)
-    if data is None:
-        raise ConsoleError(404, "not_found", f"no item {item_id}")
-    return {"itemId": item_id, "segments": segments(data)}
+    try:
+        async with console.write.connection() as conn:
+            shown = await actions.view_payload(conn, identity, item_id, why)
+    except InturnError as exc:
+        raise ConsoleError.of(exc) from None
+    return {"itemId": item_id, "segments": segments(shown.data)}
 
 
 async def audit(
@@ -318,19 +296,9 @@ async def worklist_clear(
         ConsoleError: 403 without the operator role, 400 ``reason_required`` without a note,
             404 no such item, 409 ``conflict`` when it was already cleared (says by whom).
     """
-    require(identity, "operator")
-    text = (note or "").strip()
-    if "\x00" in text:
-        raise ConsoleError(400, "invalid_request", "a note cannot hold a NUL character")
-    if not text:
-        raise ConsoleError(400, "reason_required", "clearing needs a note")
-    if len(text) > NOTE_MAX:
-        raise ConsoleError(400, "invalid_request", f"a note is at most {NOTE_MAX} characters")
     try:
         async with console.write.connection() as conn:
-            item = await worklist.clear(conn, item_id, who=identity.name, note=text)
-    except worklist.ItemNotFound:
-        raise ConsoleError(404, "not_found", f"no worklist item {item_id}") from None
-    except worklist.AlreadyCleared as exc:
-        raise ConsoleError(409, "conflict", str(exc)) from None
+            item = await worklist_actions.clear(conn, identity, item_id, note)
+    except InturnError as exc:
+        raise ConsoleError.of(exc) from None
     return item.to_json()

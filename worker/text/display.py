@@ -64,3 +64,15 @@ class PrintableFilter(logging.Filter):
         if safe is not message or record.args:
             record.msg, record.args = safe, None
         return True
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain text table, columns padded to their widest cell; every cell is made
+    :func:`printable` first."""
+    rows = [[printable(cell) for cell in row] for row in rows]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)

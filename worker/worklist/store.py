@@ -20,6 +20,7 @@ from typing import Any, LiteralString
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
+from inturn.worker.errors import Conflict, NotFound
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 from inturn.worker.worklist.model import (
     ITEM_STATES,
@@ -51,11 +52,11 @@ CLEAR_ACTION = "worklist-clear"
 SYSTEM = "system"
 
 
-class ItemNotFound(LookupError):
+class ItemNotFound(NotFound):
     """No worklist item has that id."""
 
 
-class AlreadyCleared(ValueError):
+class AlreadyCleared(Conflict, ValueError):
     """The item was cleared before (by someone, at some time): clearing it again is refused."""
 
 

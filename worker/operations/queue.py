@@ -1,0 +1,420 @@
+"""Every action a person or a robot takes on the delivery queues, one rule each.
+
+``inturn queue ...``, ``inturn purge``, the console and the sweeper call these functions and
+only format what they return; what an action needs (its role, a reason: the table
+:data:`~inturn.worker.operations.actor.ACTIONS`), what it refuses and why nothing changed are
+decided here once. The model is procrastinate's ``JobManager``: one place between the front
+ends and the store.
+
+Each action takes an open autocommit connection, the
+:class:`~inturn.worker.operations.actor.Actor` who acts (the name recorded in the audit) and,
+where it has one, the reason; it returns a result that says what happened and raises an
+:class:`~inturn.worker.errors.InturnError`:
+
+* :class:`~inturn.worker.errors.NotFound`: no such item or destination;
+* :class:`~inturn.worker.errors.Conflict`: its state does not allow the action (the message
+  says why: ``item 7 is delivered, not pending: nothing to skip``);
+* :class:`~inturn.worker.errors.ReasonRequired`: skip, drain, erase and viewing a payload need
+  a reason, whoever asks;
+* :class:`~inturn.worker.errors.Forbidden`: the actor lacks the action's role;
+* :class:`~inturn.worker.errors.Invalid`: a reason too long or holding a NUL character.
+
+Adding an action: its rule in :data:`~inturn.worker.operations.actor.ACTIONS`, a function here
+that calls :func:`~inturn.worker.operations.actor.permit` first, its store function
+(``store/queue.py`` with a named query in ``store/sql/queue.sql``), and the front ends that
+format it (``cli/queue.py``, ``console/operations.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from inturn.worker.errors import Conflict, Invalid, NotFound
+from inturn.worker.hl7.pid import has_patient_id
+from inturn.worker.operations.actor import Actor, permit
+from inturn.worker.store import identifiers, queue, registry
+from inturn.worker.store.model import Item
+from inturn.worker.worklist import store as worklist_store
+
+
+@dataclass(frozen=True)
+class Changed:
+    """What an action changed: the items (ids, sorted) and, for a destination, its name."""
+
+    action: str
+    ids: tuple[int, ...]
+    destination: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"action", "ids", "destination"}``."""
+        return {"action": self.action, "ids": list(self.ids), "destination": self.destination}
+
+
+@dataclass(frozen=True)
+class Resent:
+    """A resend: the original item and its copy at the tail of the queue."""
+
+    original: int
+    copy: int
+
+
+@dataclass(frozen=True)
+class Removed:
+    """A removal: the ids deleted, and those kept (pending, or no such item)."""
+
+    removed: tuple[int, ...]
+    kept: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Held:
+    """A destination suspended (``suspended`` True) or resumed."""
+
+    destination: str
+    suspended: bool
+
+
+@dataclass(frozen=True)
+class Payload:
+    """One item's stored bytes, and that their viewing was audited."""
+
+    item_id: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Purged:
+    """A purge: rows deleted per state (and ``worklist cleared``), or ``ran`` False when
+    another purge held the lock and nothing was done."""
+
+    ran: bool
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+async def why_not(conn: AsyncConnection[Any], item_id: int, action: str) -> NotFound | Conflict:
+    """The error that says why ``action`` changed nothing on ``item_id``: NotFound when there
+    is no such item, else a Conflict naming its state (and, for a failed item that cannot be
+    retried, the resend that can)."""
+    item = await queue.get_item(conn, item_id)
+    if item is None:
+        return NotFound(f"no item {item_id}")
+    if item.state == "failed" and action == "retry":
+        return Conflict(
+            f"item {item_id} failed (it is not pending): `inturn queue resend {item_id} --who ...`"
+            " queues a copy of it"
+        )
+    if action in ("remove", "resend"):
+        return Conflict(f"item {item_id} is {item.state}, not finished: nothing to {action}")
+    return Conflict(f"item {item_id} is {item.state}, not pending: nothing to {action}")
+
+
+async def known_destination(conn: AsyncConnection[Any], destination: str) -> bool:
+    """Whether ``destination`` is registered or has items in any state."""
+    if any(r.destination == destination for r in await registry.list_all(conn)):
+        return True
+    items, _ = await queue.list_items(conn, destination=destination, limit=1)
+    return bool(items)
+
+
+async def _no_destination(conn: AsyncConnection[Any], destination: str) -> None:
+    if not await known_destination(conn, destination):
+        raise NotFound(
+            f"no destination {destination} (names are namespace/name; see `inturn queue depth`)"
+        )
+
+
+async def retry_item(
+    conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str | None = None
+) -> Changed:
+    """Make one pending item due now, its attempts reset to 0; audited, wakes its worker.
+
+    Raises:
+        NotFound, Conflict: nothing changed (see :func:`why_not`).
+    """
+    reason = permit(actor, "retry", why)
+    ids = await queue.retry_now(conn, who=actor.name, item_id=item_id, why=reason)
+    if not ids:
+        raise await why_not(conn, item_id, "retry")
+    return Changed("retry", tuple(ids))
+
+
+async def retry_destination(
+    conn: AsyncConnection[Any], actor: Actor, destination: str, why: str | None = None
+) -> Changed:
+    """Make every pending item of ``destination`` due now (attempts reset); audited. An empty
+    result means nothing was pending."""
+    reason = permit(actor, "retry", why)
+    ids = await queue.retry_now(conn, who=actor.name, destination=destination, why=reason)
+    return Changed("retry", tuple(ids), destination)
+
+
+async def skip(conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str | None) -> Changed:
+    """Abandon one pending item on purpose (state ``skipped``); audited with the reason.
+
+    Raises:
+        ReasonRequired: no reason.
+        NotFound, Conflict: nothing changed (see :func:`why_not`).
+    """
+    reason = permit(actor, "skip", why)
+    if not await queue.skip(conn, item_id, who=actor.name, why=reason):
+        raise await why_not(conn, item_id, "skip")
+    return Changed("skip", (item_id,))
+
+
+async def drain(
+    conn: AsyncConnection[Any], actor: Actor, destination: str, why: str | None
+) -> Changed:
+    """Skip every pending item of ``destination``; audited. An empty result means nothing was
+    pending.
+
+    Raises:
+        ReasonRequired: no reason.
+        NotFound: nothing was pending and the destination is neither registered nor has items.
+    """
+    reason = permit(actor, "drain", why)
+    ids = await queue.drain(conn, destination, who=actor.name, why=reason)
+    if not ids:
+        await _no_destination(conn, destination)
+    return Changed("drain", tuple(ids), destination)
+
+
+async def resend(
+    conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str | None = None
+) -> Resent:
+    """Queue a copy of a finished item at the tail of its destination's queue; audited.
+
+    Raises:
+        NotFound: no such item.
+        Conflict: the item is still pending (it will be sent anyway).
+    """
+    reason = permit(actor, "resend", why)
+    try:
+        copy = await queue.resend(conn, item_id, who=actor.name, why=reason)
+    except ValueError as exc:
+        raise Conflict(str(exc)) from None
+    if copy is None:
+        raise NotFound(f"no item {item_id}")
+    return Resent(item_id, copy)
+
+
+async def remove(
+    conn: AsyncConnection[Any], actor: Actor, item_ids: Sequence[int], why: str | None = None
+) -> Removed:
+    """Delete finished items; pending and missing ones are kept (listed in the result)."""
+    reason = permit(actor, "remove", why)
+    ids = await queue.remove(conn, list(item_ids), who=actor.name, why=reason)
+    return Removed(tuple(ids), tuple(sorted(set(item_ids) - set(ids))))
+
+
+async def remove_item(
+    conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str | None = None
+) -> Changed:
+    """Delete one finished item.
+
+    Raises:
+        NotFound, Conflict: nothing changed (see :func:`why_not`).
+    """
+    done = await remove(conn, actor, [item_id], why)
+    if not done.removed:
+        raise await why_not(conn, item_id, "remove")
+    return Changed("remove", done.removed)
+
+
+async def _hold(
+    conn: AsyncConnection[Any], actor: Actor, destination: str, why: str | None, verb: str
+) -> Held:
+    reason = permit(actor, verb, why)
+    hold = registry.suspend if verb == "suspend" else registry.resume
+    if not await hold(conn, destination, who=actor.name, why=reason):
+        raise NotFound(f"no registered destination {destination}")
+    return Held(destination, verb == "suspend")
+
+
+async def suspend(
+    conn: AsyncConnection[Any], actor: Actor, destination: str, why: str | None = None
+) -> Held:
+    """Hold ``destination``'s delivery (its worker sends nothing after the attempt in flight);
+    audited.
+
+    Raises:
+        NotFound: the destination is not registered.
+    """
+    return await _hold(conn, actor, destination, why, "suspend")
+
+
+async def resume(
+    conn: AsyncConnection[Any], actor: Actor, destination: str, why: str | None = None
+) -> Held:
+    """Lift the hold on ``destination`` and wake its worker; audited.
+
+    Raises:
+        NotFound: the destination is not registered.
+    """
+    return await _hold(conn, actor, destination, why, "resume")
+
+
+async def erase(
+    conn: AsyncConnection[Any], actor: Actor, item_ids: Sequence[int], why: str | None
+) -> Changed:
+    """Delete items whatever their state (data-subject erasure); audited with ids, no payload.
+    The result lists the ids erased (missing ones are not in it).
+
+    Raises:
+        ReasonRequired: no reason.
+    """
+    reason = permit(actor, "erase", why)
+    ids = await queue.erase(conn, list(item_ids), who=actor.name, why=reason)
+    return Changed("erase", tuple(ids))
+
+
+async def erase_item(
+    conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str | None
+) -> Changed:
+    """Erase one item.
+
+    Raises:
+        ReasonRequired: no reason.
+        NotFound: no such item.
+    """
+    done = await erase(conn, actor, [item_id], why)
+    if not done.ids:
+        raise NotFound(f"no item {item_id}")
+    return done
+
+
+@dataclass(frozen=True)
+class Match:
+    """An item found for erasure (never its payload)."""
+
+    id: int
+    destination: str
+    state: str
+    message_type: str
+
+    @classmethod
+    def of(cls, item: Item) -> Match:
+        """The match of a listed item."""
+        return cls(item.id, item.destination, item.state, item.message_type)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"id", "destination", "state", "messageType"}``."""
+        return {
+            "id": self.id,
+            "destination": self.destination,
+            "state": self.state,
+            "messageType": self.message_type,
+        }
+
+
+async def find_for_erasure(
+    conn: AsyncConnection[Any],
+    *,
+    item_ids: Sequence[int] = (),
+    patient_id: str | None = None,
+    authority: str | None = None,
+    scan: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[Match]:
+    """What an erasure would erase: the items among ``item_ids`` that exist, or every held
+    message naming ``patient_id`` (PID-2, PID-3, PID-4, MRG-1; with ``authority``, only
+    identifiers it assigned), from the identifier index, or with ``scan`` by reading every
+    payload (slow: ``progress`` is told how much there is and, after
+    :data:`SCAN_RATE_SAMPLE` items, how long the rest will take).
+
+    Raises:
+        Invalid: neither or both of ``item_ids`` and a non-empty ``patient_id``.
+    """
+    if bool(item_ids) == bool(patient_id and patient_id.strip()):
+        raise Invalid("give exactly one of item ids or a non-empty patient id")
+    if patient_id and scan:
+        return await _scan_for_patient(conn, patient_id, authority, progress or (lambda _: None))
+    if patient_id:
+        found = await identifiers.find_patient(conn, patient_id, authority)
+        return [Match(i.id, i.destination, i.state, i.message_type) for i in found]
+    matched: list[Match] = []
+    for item_id in item_ids:
+        item = await queue.get_item(conn, item_id)
+        if item is not None:
+            matched.append(Match.of(item))
+    return matched
+
+
+#: Items read by a scan for a patient before it tells how long the rest will take.
+SCAN_RATE_SAMPLE = 2000
+
+
+async def _scan_for_patient(
+    conn: AsyncConnection[Any],
+    patient_id: str,
+    authority: str | None,
+    progress: Callable[[str], None],
+) -> list[Match]:
+    rows, size = await identifiers.scan_estimate(conn)
+    progress(
+        f"scanning every payload: about {rows} item(s), {size / 1e6:.0f} MB; the index answers"
+        " the same question without --scan"
+    )
+    matched: list[Match] = []
+    started = time.monotonic()
+    seen = 0
+    for_rate = True
+    async for held in queue.scan_payloads(conn):
+        seen += 1
+        if for_rate and seen == SCAN_RATE_SAMPLE:
+            for_rate = False
+            elapsed = time.monotonic() - started
+            left = max(rows - seen, 0) * elapsed / seen
+            progress(f"at the rate of the first {seen} items: about {left:.0f}s more")
+        if has_patient_id(held.payload, patient_id, authority):
+            matched.append(Match(held.id, held.destination, held.state, held.message_type))
+    return matched
+
+
+async def view_payload(
+    conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str | None
+) -> Payload:
+    """One item's stored bytes; the viewing is audited with its reason.
+
+    Raises:
+        ReasonRequired: no reason.
+        NotFound: no such item.
+    """
+    reason = permit(actor, "view-payload", why)
+    data = await queue.view_payload(conn, item_id, who=actor.name, why=reason)
+    if data is None:
+        raise NotFound(f"no item {item_id}")
+    return Payload(item_id, data)
+
+
+async def purge(
+    conn: AsyncConnection[Any],
+    actor: Actor,
+    cutoffs: dict[str, datetime],
+    *,
+    worklist_cleared_after: int,
+    batch: int,
+) -> Purged:
+    """Delete finished items older than their state's cutoff, then cleared worklist items
+    cleared more than ``worklist_cleared_after`` seconds ago, in batches; pending items and
+    pending worklist items are never touched. ``ran`` is False when another purge runs.
+
+    Raises:
+        Invalid: a cutoff for ``pending`` or an unknown state, or a batch out of range.
+    """
+    permit(actor, "purge", None)
+    try:
+        counts = await queue.purge(conn, cutoffs, batch=batch)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from None
+    if counts is None:
+        return Purged(ran=False)
+    counts["worklist cleared"] = await worklist_store.purge(
+        conn, worklist_cleared_after, batch=batch
+    )
+    return Purged(ran=True, counts=counts)
