@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/console.py
 	$(BIN)/python bench/sweep.py
+	$(BIN)/python bench/weather.py
 	$(BIN)/python bench/shapes.py
 
 # The container image, built with podman from the Containerfile on a base made here by

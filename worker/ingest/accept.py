@@ -85,7 +85,13 @@ from inturn.worker.hl7.header import Header, parse_header
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS, index_keys
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest import envelope, metrics
-from inturn.worker.ingest.batch import Committer, Message, OutcomeUnknown, StoreResult
+from inturn.worker.ingest.batch import (
+    Committer,
+    Message,
+    OutcomeUnknown,
+    StoreResult,
+    StoreTimeout,
+)
 from inturn.worker.ingest.routing import Router, hold_destination
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store.faults import classify
@@ -526,7 +532,8 @@ class Acceptor:
             ErrorCode.APPLICATION_INTERNAL_ERROR,
             "the message could not be stored and nothing of it was kept; send it again",
         )
-        return _answer(header, "error", error=error, reason=fault.text)
+        reason = str(exc) if isinstance(exc, StoreTimeout) else fault.text
+        return _answer(header, "error", error=error, reason=reason)
 
     def _label(self, channel: str) -> str:
         """``channel`` as a metrics label: names nobody configured (an HTTP client can post to
