@@ -2,7 +2,8 @@
 
 A head backing off for an hour after failures at a wrong port: a worker started again with
 the same settings leaves it waiting (a restart fixes nothing), a worker with the corrected port
-sends it at once; its attempts and first failure stay on the row.
+sends it at once; its first failure stays on the row (a refused port holds the queue without
+counting an attempt).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ async def test_a_corrected_address_is_tried_at_once(fresh_db: str) -> None:
         await queue.enqueue(conn, [NewItem("ward/moved", "c", "FIX1", "ADT^A01", MSG)])
     wrong = MllpSenderConfig("127.0.0.1", closed_port())
     async with worker(worker_config("ward/moved", wrong, retry=HOUR), fresh_db):
-        await until(lambda: rows(fresh_db, "ward/moved")[0]["attempts"] == 1)
+        await until(lambda: rows(fresh_db, "ward/moved")[0]["last_error"] is not None)
     [row] = rows(fresh_db, "ward/moved")
-    assert row["state"] == "pending" and row["last_error"].startswith("connection")
+    assert row["state"] == "pending" and row["last_error"].startswith("unreachable")
+    assert row["attempts"] == 0
 
     # The same settings again: the backoff stands.
     async with worker(worker_config("ward/moved", wrong, retry=HOUR), fresh_db) as again:
@@ -51,7 +53,7 @@ async def test_a_corrected_address_is_tried_at_once(fresh_db: str) -> None:
                 0,
             )
     [still] = rows(fresh_db, "ward/moved")
-    assert still["next_attempt"] == row["next_attempt"] and still["attempts"] == 1
+    assert still["next_attempt"] == row["next_attempt"] and still["attempts"] == 0
 
     async with MllpReceiver() as receiver:
         fixed = MllpSenderConfig("127.0.0.1", receiver.port)
@@ -59,6 +61,6 @@ async def test_a_corrected_address_is_tried_at_once(fresh_db: str) -> None:
             await receiver.wait_for(1)
             await until(lambda: rows(fresh_db, "ward/moved")[0]["state"] == "delivered")
     [done] = rows(fresh_db, "ward/moved")
-    assert done["attempts"] == 2  # the failed one is still counted
-    assert done["reason"] == row["reason"] and done["reason"].startswith("connection")
+    assert done["attempts"] == 1  # the refused one held the queue and is not counted
+    assert done["reason"] == row["reason"] and done["reason"].startswith("unreachable")
     assert receiver.received == [MSG]

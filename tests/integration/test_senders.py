@@ -278,7 +278,7 @@ async def test_stored_message_without_control_id_is_not_sent() -> None:
 
 async def test_connection_refused() -> None:
     port = free_port()
-    error = await expect(mllp(port), MSG1, "connection")
+    error = await expect(mllp(port), MSG1, "unreachable")
     assert f"127.0.0.1:{port}" in error.detail
 
 
@@ -289,7 +289,7 @@ async def test_server_closes_without_reply() -> None:
         await server.read_message(n, reader)
 
     async with raw_server(handler) as server:
-        error = await expect(mllp(server.port), MSG1, "connection")
+        error = await expect(mllp(server.port), MSG1, "unreachable")
         assert "before replying" in error.detail
 
 
@@ -374,7 +374,7 @@ async def test_receiver_goes_down_and_comes_back_on_the_same_port() -> None:
     sender = mllp(port)
     await sender.send(MSG1)
     await receiver.stop()
-    await expect(sender, MSG2, "connection")
+    await expect(sender, MSG2, "unreachable")
     await receiver.start()
     assert receiver.port == port
     await sender.send(MSG2)
@@ -403,7 +403,7 @@ async def test_receiver_settings_drive_the_outcome() -> None:
         await expect(sender, MSG1, "controlIdMismatch")
         receiver.ack_control_id_override = None
         receiver.close_after_receive = True
-        await expect(sender, MSG1, "connection")
+        await expect(sender, MSG1, "unreachable")
         receiver.close_after_receive = False
         await sender.send(MSG1)
         await sender.close()
@@ -568,7 +568,7 @@ async def test_tls_verification_failure(pki: Pki, tls_kwargs: dict[str, str], wo
         if "server_name" in tls_kwargs:
             tls_kwargs = {**tls_kwargs, "ca_file": pki.ca}
         sender = mllp(receiver.port, tls=TlsConfig(**tls_kwargs))  # type: ignore[arg-type]
-        error = await expect(sender, MSG1, "connection")
+        error = await expect(sender, MSG1, "unreachable")
         assert words in error.detail.lower()
     assert receiver.received == []
 
@@ -584,7 +584,7 @@ async def test_tls_insecure_skip_verify(pki: Pki) -> None:
 async def test_plain_sender_to_tls_receiver_fails(pki: Pki) -> None:
     async with MllpReceiver(ssl_context=server_context(pki)) as receiver:
         sender = MllpSender(MllpSenderConfig("127.0.0.1", receiver.port), timeout_seconds=5)
-        error = await expect(sender, MSG1, "connection")
+        error = await expect(sender, MSG1, "unreachable")
         assert error.detail
 
 
@@ -645,7 +645,7 @@ async def test_http_refused_and_back() -> None:
     sender = HttpSender(HttpSenderConfig(receiver.url))
     with pytest.raises(DeliveryError) as info:
         await sender.send(MSG1)
-    assert info.value.outcome == "connection"
+    assert info.value.outcome == "unreachable"
     await receiver.start()
     await sender.send(MSG1)
     await receiver.stop()
@@ -659,7 +659,7 @@ async def test_http_unreadable_headers_file(tmp_path: Path) -> None:
     sender = HttpSender(HttpSenderConfig("http://127.0.0.1:9/", headers_file=str(bad)))
     with pytest.raises(DeliveryError) as info:
         await sender.send(MSG1)
-    assert info.value.outcome == "connection"
+    assert info.value.outcome == "unreachable"
     assert "no colon" not in info.value.detail
     await sender.close()
 
@@ -877,7 +877,7 @@ async def test_the_fresh_retry_happens_once_and_only_on_a_reused_connection() ->
     async with raw_server(handler) as server:
         sender = mllp(server.port)
         await sender.send(msg("R1"))
-        error = await expect(sender, msg("R2"), "connection")
+        error = await expect(sender, msg("R2"), "unreachable")
         assert "before replying" in error.detail
         assert sender.fresh_retries == 1
     assert [(n, parse_header(p).control_id) for n, p in server.messages] == [
@@ -897,7 +897,7 @@ async def test_a_close_on_a_fresh_connection_is_an_ordinary_failure() -> None:
 
     async with raw_server(handler) as server:
         sender = mllp(server.port)
-        await expect(sender, msg("Q1"), "connection")
+        await expect(sender, msg("Q1"), "unreachable")
         assert sender.fresh_retries == 0
     assert len(server.messages) == 1
 

@@ -119,7 +119,7 @@ async def test_a_server_with_another_host_key_is_refused(tmp_path: Path) -> None
         with pytest.raises(DeliveryError) as info:
             await sender.send(message(1), item_id=1)
         await sender.close()
-        assert info.value.outcome == "connection"
+        assert info.value.outcome == "unreachable"
         assert server.files() == []
 
 
@@ -138,7 +138,7 @@ async def test_password_login_and_a_wrong_password(tmp_path: Path) -> None:
         with pytest.raises(DeliveryError) as info:
             await sender.send(message(4), item_id=4)
         await sender.close()
-        assert info.value.outcome == "connection"
+        assert info.value.outcome == "unreachable"
 
 
 async def test_a_missing_directory_is_a_rejection(tmp_path: Path) -> None:

@@ -8,6 +8,10 @@ from inturn.worker.spec.config import AckPolicy, RetryPolicy
 FOREVER = RetryPolicy(max_attempts=0, backoff_seconds=5, max_backoff_seconds=60)
 FIVE = RetryPolicy(max_attempts=5, backoff_seconds=5, max_backoff_seconds=60)
 NO_WAIT = RetryPolicy(max_attempts=3, backoff_seconds=0, max_backoff_seconds=0)
+THREE = RetryPolicy(max_attempts=3, backoff_seconds=1, max_backoff_seconds=4)
+THREE_COUNTED = RetryPolicy(
+    max_attempts=3, backoff_seconds=1, max_backoff_seconds=4, unreachable="count"
+)
 RETRY_ALL = AckPolicy()
 FAIL_AR = AckPolicy(AR="fail")
 FAIL_ALL = AckPolicy(
@@ -41,12 +45,49 @@ FAIL_ALL = AckPolicy(
         # a zero backoff retries at once until the limit
         ("AE", 2, NO_WAIT, RETRY_ALL, RetryDecision.retry_in(0, 2)),
         ("AE", 3, NO_WAIT, RETRY_ALL, RetryDecision.stop("maxAttempts", 3)),
+        # answers about the message count towards maxAttempts, whatever their kind
+        ("timeout", 3, THREE, RETRY_ALL, RetryDecision.stop("maxAttempts", 3)),
+        ("connection", 3, THREE, RETRY_ALL, RetryDecision.stop("maxAttempts", 3)),
+        ("http", 3, THREE, RETRY_ALL, RetryDecision.stop("maxAttempts", 3)),
+        ("controlIdMismatch", 3, THREE, RETRY_ALL, RetryDecision.stop("maxAttempts", 3)),
     ],
 )
 def test_decide(
     outcome: str, attempts: int, retry: RetryPolicy, ack: AckPolicy, expected: RetryDecision
 ) -> None:
     assert decide(outcome, attempts, retry, ack) == expected
+
+
+@pytest.mark.parametrize(
+    ("attempts", "run", "retry", "ack", "expected"),
+    [
+        # held: the failed attempt is not recorded (one less), however many came before
+        (1, 1, THREE, RETRY_ALL, RetryDecision.hold(1, 0)),
+        (3, 1, THREE, RETRY_ALL, RetryDecision.hold(1, 2)),
+        (4, 1, THREE, RETRY_ALL, RetryDecision.hold(1, 3)),
+        (1, 1_000, THREE, RETRY_ALL, RetryDecision.hold(4, 0)),
+        (1, 1, FOREVER, RETRY_ALL, RetryDecision.hold(5, 0)),
+        # the backoff of a held queue follows the run of unreachable failures
+        (1, 2, THREE, RETRY_ALL, RetryDecision.hold(2, 0)),
+        (1, 3, THREE, RETRY_ALL, RetryDecision.hold(4, 0)),
+        (2, 9, FOREVER, RETRY_ALL, RetryDecision.hold(60, 1)),
+        # the ACK policy has no say over it: nothing was answered
+        (1, 1, THREE, FAIL_ALL, RetryDecision.hold(1, 0)),
+        # unreachable: count is the old behaviour, an attempt like any other
+        (1, 1, THREE_COUNTED, RETRY_ALL, RetryDecision.retry_in(1, 1)),
+        (2, 2, THREE_COUNTED, RETRY_ALL, RetryDecision.retry_in(2, 2)),
+        (3, 3, THREE_COUNTED, RETRY_ALL, RetryDecision.stop("maxAttempts", 3)),
+    ],
+)
+def test_an_unreachable_destination_holds_the_queue_without_counting(
+    attempts: int, run: int, retry: RetryPolicy, ack: AckPolicy, expected: RetryDecision
+) -> None:
+    assert decide("unreachable", attempts, retry, ack, unreachable_run=run) == expected
+
+
+def test_a_run_below_one_is_refused() -> None:
+    with pytest.raises(ValueError):
+        decide("unreachable", 1, THREE, RETRY_ALL, unreachable_run=0)
 
 
 def test_a_decision_is_immutable() -> None:

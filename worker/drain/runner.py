@@ -172,6 +172,9 @@ class DestinationWorker:
         self._last_send: float | None = None
         #: While held outside the window: when it opens (for saying so once).
         self._held_until: datetime | None = None
+        #: Consecutive failures that said the destination is unreachable (the backoff of a held
+        #: queue grows with it; any answer from the receiver ends the run).
+        self._unreachable_run = 0
 
     @property
     def destination(self) -> str:
@@ -445,19 +448,25 @@ class DestinationWorker:
         except DeliveryError as exc:
             outcome, detail = exc.outcome, exc.detail
         except TimeoutError:
-            outcome = "timeout"
-            detail = f"no answer within {self.config.retry.timeout_seconds}s"
+            limit = self.config.retry.timeout_seconds
+            if self.sender.written:
+                outcome, detail = "timeout", f"no answer within {limit}s"
+            else:
+                outcome, detail = "unreachable", f"no connection within {limit}s"
         except OSError as exc:
-            outcome, detail = "connection", str(exc) or type(exc).__name__
+            outcome = "connection" if self.sender.written else "unreachable"
+            detail = str(exc) or type(exc).__name__
         else:
+            held, self._unreachable_run = self._unreachable_run, 0
             waited, following = await self._step(
                 conn, stop, "mark", lambda: queue.succeeded_next(conn, item, attempts), item.id
             )
-            if attempts > 1:  # the recovery is news as much as the failures were
+            if attempts > 1 or held:  # the recovery is news as much as the failures were
                 log.info(
-                    "destination %s: delivering again after %d failed attempt(s) (id=%d)",
+                    "destination %s: delivering again after %d failed attempt(s)%s (id=%d)",
                     self.destination,
                     attempts - 1,
+                    f" and {held} unreachable" if held else "",
                     item.id,
                 )
             log.debug(
@@ -483,7 +492,14 @@ class DestinationWorker:
         give up (returns True) or schedule a retry (False)."""
         item = head.item
         cause = f"{outcome}: {detail}"[:CAUSE_MAX_CHARS]
-        decision = decide(outcome, attempts, self.config.retry, self.config.ack_policy)
+        self._unreachable_run = self._unreachable_run + 1 if outcome == "unreachable" else 0
+        decision = decide(
+            outcome,
+            attempts,
+            self.config.retry,
+            self.config.ack_policy,
+            unreachable_run=max(1, self._unreachable_run),
+        )
         if decision.give_up:
             placement = await self._step(
                 conn,
@@ -520,6 +536,18 @@ class DestinationWorker:
             item.id,
         )
         self.observer.retried(self.destination, decision.attempts, outcome)
+        if decision.why == "unreachable":
+            log.log(
+                logging.WARNING if self._unreachable_run == 1 else logging.INFO,
+                "destination %s: unreachable (%s); the queue holds at id=%d, no attempt"
+                " counted (%d failure(s) in a row); next try in %.0fs",
+                self.destination,
+                cause,
+                item.id,
+                self._unreachable_run,
+                decision.delay_seconds,
+            )
+            return False
         log.info(
             "destination %s: attempt %d of id=%d failed (%s); next in %.0fs",
             self.destination,

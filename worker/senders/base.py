@@ -10,7 +10,9 @@ from typing import Literal, Protocol
 
 #: Why an attempt failed: a bounded class, usable as a metrics label (``outcome``). The first seven
 #: are the keys of a destination's ``ackPolicy`` (each mapped to ``retry`` or ``fail``); the rest
-#: are transport failures and are always retried.
+#: are transport failures and are always retried. ``unreachable`` says nothing about the message:
+#: the destination could not be reached, so it holds the queue without spending an attempt (see
+#: :func:`inturn.worker.drain.retry.decide`); every other cause is an answer about the message.
 FailureCause = Literal[
     "AE",  # application error (HL7 v2.x chapter 2, table 0008)
     "AR",  # application reject
@@ -19,8 +21,9 @@ FailureCause = Literal[
     "invalidAck",  # a reply that is not a usable ACK (no MSA, unknown code, unparseable)
     "controlIdMismatch",  # MSA-2 differs from the message's MSH-10
     "unsendable",  # the stored message can never be sent by this kind (no retry can help)
-    "timeout",  # the attempt did not finish within timeoutSeconds
-    "connection",  # refused, reset, closed, TLS failure, DNS failure
+    "timeout",  # no answer within timeoutSeconds after the message was written
+    "unreachable",  # DNS, refused, TLS handshake, reset or closed before any reply, no connection
+    "connection",  # the connection broke after a reply to this message began
     "http",  # an HTTP receiver answered with a non-2xx status
     "rejected",  # a receiver without ACKs refused it (an SFTP write refused, the file exists)
 ]
@@ -59,7 +62,15 @@ class Sender(Protocol):
     :class:`DeliveryError` otherwise. The caller bounds each call with the attempt timeout and
     may cancel it; after a cancellation or an error the sender must not reuse a connection that
     could still carry a late reply.
+
+    Attributes:
+        written: whether the last ``send`` began writing its message on an open connection (set
+            False when a ``send`` starts). The worker reads it when the attempt's timeout cuts a
+            ``send`` short: before the message was written the timeout says the destination is
+            unreachable; after, it is an answer (none) about the message.
     """
+
+    written: bool
 
     async def send(self, payload: bytes, *, item_id: int = 0) -> None:
         """Send ``payload`` (the stored bytes) and wait for the receiver's acceptance.

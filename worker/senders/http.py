@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.senders import tls as tls_node
-from inturn.worker.senders.base import DeliveryError
+from inturn.worker.senders.base import DeliveryError, FailureCause
 from inturn.worker.senders.kind import SecretFile, SenderConfig, SenderKind
 from inturn.worker.senders.tls import TlsConfig, client_context
 from inturn.worker.spec.openapi import DNS_SUBDOMAIN, SECRET_KEY, Schema, obj, str_map, string
@@ -69,8 +69,11 @@ class HttpSender:
     counted and no backoff paid; the receiver gets at most one duplicate.
 
     Failures raise :class:`DeliveryError` with outcome ``http`` (detail ``HTTP 503 Service
-    Unavailable``; the response body is never included) or ``connection`` (refused, reset,
-    DNS, TLS, an unreadable headers file).
+    Unavailable``; the response body is never included), ``unreachable`` (refused, DNS, TLS
+    handshake, reset or closed before any response, an unreadable headers file, a timeout
+    before the request was written: nothing was heard about this message), ``timeout`` (no
+    response within ``timeout_seconds`` after the request was written) or ``connection`` (the
+    connection broke while the response was being read).
     """
 
     def __init__(self, config: HttpSenderConfig, *, timeout_seconds: float | None = None) -> None:
@@ -83,6 +86,9 @@ class HttpSender:
         self._posted = 0
         #: Posts repeated at once on a fresh connection after a kept one failed (diagnostics).
         self.fresh_retries = 0
+        #: The last send wrote its request headers (see ``Sender.written``).
+        self.written = False
+        self._responded = False
 
     def describe(self) -> str:
         """The URL without user info, query or fragment (they may hold credentials)."""
@@ -94,7 +100,7 @@ class HttpSender:
             try:
                 headers.update(read_headers_file(self.config.headers_file))
             except (OSError, ValueError) as exc:
-                raise DeliveryError("connection", f"headers file: {exc}") from None
+                raise DeliveryError("unreachable", f"headers file: {exc}") from None
         if not any(name.lower() == "content-type" for name in headers):
             headers["Content-Type"] = DEFAULT_CONTENT_TYPE
         return headers
@@ -106,11 +112,11 @@ class HttpSender:
         stored bytes themselves for every message stored by ingest (it stores them normalised).
 
         Raises:
-            DeliveryError: ``http`` for a non-2xx status, ``connection`` for transport
-                failures, ``timeout`` when ``timeout_seconds`` passes.
+            DeliveryError: see the class docstring.
         """
         import aiohttp
 
+        self.written = self._responded = False
         headers = self._headers()
         tls = self.config.tls
         server_hostname = tls.server_name if tls is not None and tls.server_name else None
@@ -134,6 +140,10 @@ class HttpSender:
                     )
                     await self._post(body, headers, server_hostname)
         except TimeoutError:
+            if not self.written:
+                raise DeliveryError(
+                    "unreachable", f"no connection within {self.timeout_seconds:g}s"
+                ) from None
             raise DeliveryError(
                 "timeout", f"no response within {self.timeout_seconds:g}s"
             ) from None
@@ -141,7 +151,8 @@ class HttpSender:
             raise DeliveryError("http", f"HTTP {exc.status} {exc.message}".strip()) from None
         except (aiohttp.ClientError, OSError) as exc:
             text = str(exc) or type(exc).__name__
-            raise DeliveryError("connection", f"{type(exc).__name__}: {text}") from None
+            cause: FailureCause = "connection" if self._responded else "unreachable"
+            raise DeliveryError(cause, f"{type(exc).__name__}: {text}") from None
 
     async def _post(
         self, body: bytes, headers: dict[str, str], server_hostname: str | None
@@ -150,7 +161,11 @@ class HttpSender:
         import aiohttp
 
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+            trace = aiohttp.TraceConfig()
+            trace.on_request_headers_sent.append(self._on_headers_sent)
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None), trace_configs=[trace]
+            )
             self._posted = 0
         async with self._session.post(
             self.config.url,
@@ -160,11 +175,15 @@ class HttpSender:
             server_hostname=server_hostname,
             allow_redirects=False,
         ) as response:
+            self._responded = True
             self._posted += 1
             await response.read()
             if not 200 <= response.status < 300:
                 reason = response.reason or ""
                 raise DeliveryError("http", f"HTTP {response.status} {reason}".strip())
+
+    async def _on_headers_sent(self, *_: object) -> None:
+        self.written = True
 
     async def close(self) -> None:
         """Close the session and its pooled connections."""

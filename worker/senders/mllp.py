@@ -128,7 +128,11 @@ class MllpSender:
       outside any block on a connection's first exchange (on a reused connection they may be
       the tail of an earlier exchange and are ignored);
     * ``unsendable``, without sending anything: see :func:`unsendable`;
-    * ``connection``: refused, reset, DNS or TLS failure, or closed before a whole reply.
+    * ``unreachable``: refused, DNS or TLS handshake failure, or the connection reset or
+      closed before any byte of a reply (nothing was heard about this message); a timeout
+      before the message was written too;
+    * ``connection``: the connection broke in the middle of a reply, or after a first answer
+      when a second one was due.
 
     **A reused connection that fails before any reply byte arrives** (the receiver closed it
     after its last ACK, common in older engines) is replaced by a fresh one and the message is
@@ -151,6 +155,8 @@ class MllpSender:
         #: The last positive ACK that answered the message of the last ``send`` (its MSA-1 and
         #: MSA-2, for ``inturn send``'s report); None when none was awaited or it failed.
         self.last_ack: Ack | None = None
+        #: The last send began writing its message (see ``Sender.written``).
+        self.written = False
 
     def describe(self) -> str:
         """``mllp://host:port``, or ``mllps://host:port`` with TLS."""
@@ -176,12 +182,17 @@ class MllpSender:
             DeliveryError: the receiver did not accept it, or the transport failed.
         """
         self.last_ack = None
+        self.written = False
         try:
             header, data = self._prepare(payload)
             try:
                 async with asyncio.timeout(self.timeout_seconds):  # None: no bound of our own
                     await self._deliver(header, data)
             except TimeoutError:
+                if not self.written:
+                    raise DeliveryError(
+                        "unreachable", f"not connected within {self.timeout_seconds}s"
+                    ) from None
                 raise DeliveryError("timeout", f"no ACK within {self.timeout_seconds}s") from None
         except BaseException:
             # Whatever went wrong (including cancellation), the stream may still carry a
@@ -200,7 +211,7 @@ class MllpSender:
             await self._exchange(link, control_id, data, awaited)
         except _Answered as exc:
             if not reused:
-                raise DeliveryError("connection", exc.detail) from None
+                raise DeliveryError("unreachable", exc.detail) from None
             # A kept connection the receiver had already given up: not this message's fault.
             self._abort()
             self.fresh_retries += 1
@@ -213,7 +224,7 @@ class MllpSender:
             try:
                 await self._exchange(link, control_id, data, awaited)
             except _Answered as again:
-                raise DeliveryError("connection", again.detail) from None
+                raise DeliveryError("unreachable", again.detail) from None
 
     @staticmethod
     def _prepare(payload: bytes) -> tuple[Header, bytes]:
@@ -237,6 +248,7 @@ class MllpSender:
             _Answered: the connection failed before any byte of a reply to this message.
             DeliveryError: any other failure.
         """
+        self.written = True
         try:
             await link.write(data, control_id)
         except OSError as exc:
@@ -325,9 +337,9 @@ class MllpSender:
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=self._ssl, server_hostname=server_hostname, limit=READ_CHUNK
             )
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError) as exc:  # refused, DNS, TLS handshake (ssl.SSLError is one)
             raise DeliveryError(
-                "connection", f"connect {host}:{port}: {_error_text(exc)}"
+                "unreachable", f"connect {host}:{port}: {_error_text(exc)}"
             ) from None
         self.connections_opened += 1
         _enable_keepalive(writer)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.senders.base import DeliveryError
+from inturn.worker.senders.base import DeliveryError, FailureCause
 from inturn.worker.senders.kind import SecretFile, SenderConfig, SenderKind
 from inturn.worker.spec.openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, integer, obj, string
 
@@ -123,8 +123,10 @@ class SftpSender:
     * ``rejected``: the final file exists already, the server refused the write or rename
       (permission, no such directory, disk full);
     * ``unsendable``: the message has no MSH-10 to name its file (no retry can help);
-    * ``connection``: connecting, the host key check, logging in, or the connection lost;
-    * ``timeout``: connecting and logging in took longer than ``timeout_seconds``.
+    * ``unreachable``: connecting, the host key check or logging in failed, or took longer than
+      ``timeout_seconds`` (nothing was written: the queue is held, see
+      :func:`inturn.worker.drain.retry.decide`);
+    * ``connection``: the connection was lost while the file was being written.
     """
 
     def __init__(self, config: SftpSenderConfig) -> None:
@@ -133,6 +135,9 @@ class SftpSender:
         self._sftp: asyncssh.SFTPClient | None = None
         #: Connections opened so far (for tests and diagnostics).
         self.connections_opened = 0
+        #: The last send was logged in and began writing (see
+        #: :class:`~inturn.worker.senders.base.Sender`).
+        self.written = False
 
     def describe(self) -> str:
         """``sftp://user@host:port/directory`` (no credentials)."""
@@ -194,8 +199,10 @@ class SftpSender:
         except ValueError as exc:
             raise DeliveryError("unsendable", str(exc)) from None
         final = posixpath.join(self.config.directory, name)
+        self.written = False
         try:
             sftp = await self._client()
+            self.written = True
             await self._write(sftp, final, name, normalise_terminators(payload))
         except DeliveryError:
             await self.close()
@@ -203,7 +210,7 @@ class SftpSender:
         except TimeoutError:
             await self.close()
             raise DeliveryError(
-                "timeout", f"not logged in within {self.config.timeout_seconds}s"
+                "unreachable", f"not logged in within {self.config.timeout_seconds}s"
             ) from None
         except asyncssh.SFTPError as exc:
             await self.close()
@@ -211,7 +218,8 @@ class SftpSender:
         except (asyncssh.Error, OSError) as exc:
             await self.close()
             text = getattr(exc, "reason", "") or str(exc) or type(exc).__name__
-            raise DeliveryError("connection", f"{type(exc).__name__}: {text}") from None
+            cause: FailureCause = "connection" if self.written else "unreachable"
+            raise DeliveryError(cause, f"{type(exc).__name__}: {text}") from None
         except BaseException:
             await self.close()
             raise

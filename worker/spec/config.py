@@ -17,6 +17,8 @@ from inturn.worker.senders.kind import SenderConfig
 from inturn.worker.spec.schedule import Schedule, parse, to_spec
 
 AckAction = Literal["retry", "fail"]
+#: ``retry.unreachable``: hold the queue without counting attempts, or count them (the old way).
+UnreachableAction = Literal["hold", "count"]
 
 DEFAULT_BACKOFF_SECONDS = 5
 DEFAULT_MAX_BACKOFF_SECONDS = 60
@@ -35,12 +37,16 @@ class RetryPolicy:
         backoff_seconds: the first delay after a failure; it doubles per attempt.
         max_backoff_seconds: the ceiling of the delay.
         timeout_seconds: the bound of one attempt (connect, send and wait for the ACK).
+        unreachable: ``hold`` (default): a failure that says the destination is unreachable
+            (nothing about the message was heard) holds the queue without counting towards
+            ``max_attempts``; ``count``: it counts like any failure.
     """
 
     max_attempts: int
     backoff_seconds: int = DEFAULT_BACKOFF_SECONDS
     max_backoff_seconds: int = DEFAULT_MAX_BACKOFF_SECONDS
     timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
+    unreachable: UnreachableAction = "hold"
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,7 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
             "backoffSeconds": cfg.retry.backoff_seconds,
             "maxBackoffSeconds": cfg.retry.max_backoff_seconds,
             "timeoutSeconds": cfg.retry.timeout_seconds,
+            "unreachable": cfg.retry.unreachable,
         },
         "ackPolicy": {
             "AE": ack.AE,
@@ -177,6 +184,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
             backoff_seconds=int(r.get("backoffSeconds", DEFAULT_BACKOFF_SECONDS)),
             max_backoff_seconds=int(r.get("maxBackoffSeconds", DEFAULT_MAX_BACKOFF_SECONDS)),
             timeout_seconds=int(r.get("timeoutSeconds", DEFAULT_TIMEOUT_SECONDS)),
+            unreachable="count" if r.get("unreachable") == "count" else "hold",
         ),
         ack_policy=AckPolicy(**{k: ack[k] for k in _ACK_KEYS if k in ack}),
         idle_seconds=int(doc.get("idleSeconds", DEFAULT_IDLE_SECONDS)),

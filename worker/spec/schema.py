@@ -260,6 +260,15 @@ def spec_schema() -> Schema:
                         maximum=600,
                         default=30,
                     ),
+                    "unreachable": _str(
+                        "What a failure that says the receiver is unreachable (DNS, refused,"
+                        " reset before any reply, TLS handshake, no connection in time) does:"
+                        " hold keeps the queue waiting without spending an attempt (the sweeper"
+                        " raises the destination as stuck); count spends one like any failure.",
+                        max_length=5,
+                        enum=("hold", "count"),
+                        default="hold",
+                    ),
                 },
                 required=("maxAttempts",),
                 description="How hard the head of the queue is retried.",

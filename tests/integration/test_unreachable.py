@@ -1,0 +1,196 @@
+"""A receiver being down never spends a message's attempts (issue 18, item 7).
+
+A destination that cannot be reached (refused, reset before any reply, a TLS handshake that
+never finishes) holds its queue: nothing is marked failed however long it lasts, and when the
+receiver comes up every message arrives, in order. Only an answer about the message (here: no
+ACK in time after it was written) counts towards ``maxAttempts``; ``retry.unreachable: count``
+brings back the old behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import LiteralString
+
+import pytest
+from psycopg import AsyncConnection
+
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
+from inturn.worker.senders.base import DeliveryError
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.senders.tls import TlsConfig
+from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
+
+DEST = "ward/down"
+MESSAGES = 5
+#: maxAttempts 3 with a one-second backoff: the policy that failed five messages in half a minute.
+THREE = RetryPolicy(max_attempts=3, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5)
+
+
+def message(n: int) -> bytes:
+    return (
+        f"MSH|^~\\&|ADT|HOSP|LAB|HOSP|20261201120000||ADT^A01|DOWN{n:03d}|P|2.5\r"
+        f"PID|1||P{n}^^^HOSP^MR||DOE^JANE\r"
+    ).encode()
+
+
+@contextlib.asynccontextmanager
+async def worker(dsn: str, port: int, retry: RetryPolicy) -> AsyncIterator[DestinationWorker]:
+    cfg = WorkerConfig(
+        destination=DEST,
+        channel="adt",
+        sender=MllpSenderConfig("127.0.0.1", port),
+        retry=retry,
+        idle_seconds=1,
+    )
+    assert isinstance(cfg.sender, MllpSenderConfig)
+    w = DestinationWorker(cfg, dsn, MllpSender(cfg.sender), PrometheusObserver())
+    stop = asyncio.Event()
+    task = asyncio.create_task(w.run(stop))
+    try:
+        yield w
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def enqueue(dsn: str) -> None:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await queue.enqueue(
+            conn,
+            [
+                NewItem(DEST, "adt", f"DOWN{n:03d}", "ADT^A01", message(n))
+                for n in range(1, MESSAGES + 1)
+            ],
+        )
+
+
+async def fetch(dsn: str, sql: LiteralString) -> list[tuple[object, ...]]:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(sql)
+        return list(await cur.fetchall())
+
+
+async def count(dsn: str, sql: LiteralString) -> int:
+    rows = await fetch(dsn, sql)
+    return int(str(rows[0][0]))
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = 60.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.1)
+
+
+async def head_tried(dsn: str, times: int) -> bool:
+    """Whether the head has failed at least ``times`` times (each try leaves a history row)."""
+    tries = await count(
+        dsn,
+        "SELECT count(*) FROM inturn_attempt WHERE item_id = (SELECT min(id) FROM inturn_delivery)",
+    )
+    return tries >= times
+
+
+async def test_a_refused_port_holds_the_queue_and_spends_no_attempt(fresh_db: str) -> None:
+    receiver = MllpReceiver()
+    await receiver.start()
+    port = receiver.port
+    await receiver.stop()  # the port is refused from now on, until the receiver comes up
+    await enqueue(fresh_db)
+    async with worker(fresh_db, port, THREE):
+        # three times maxAttempts: with the old rule every message would have failed by now
+        await until(lambda: head_tried(fresh_db, 3 * THREE.max_attempts))
+        rows = await fetch(fresh_db, "SELECT state, attempts, last_error FROM inturn_delivery")
+        assert len(rows) == MESSAGES
+        assert {(r[0], r[1]) for r in rows} == {("pending", 0)}
+        [(head_error,)] = await fetch(
+            fresh_db, "SELECT last_error FROM inturn_delivery ORDER BY id LIMIT 1"
+        )
+        assert str(head_error).startswith("unreachable: connect 127.0.0.1:")
+        failed = await fetch(
+            fresh_db, "SELECT count(*) FROM inturn_worklist_item WHERE queue = 'delivery-failed'"
+        )
+        assert failed == [(0,)]
+        await receiver.start()  # the receiver comes up on the same port
+        assert receiver.port == port
+        try:
+            await receiver.wait_for(MESSAGES, timeout=30)
+        finally:
+            await receiver.stop()
+        await until(lambda: _all_delivered(fresh_db))
+    ids = [p.split(b"|")[9].decode() for p in receiver.received]
+    assert ids == [f"DOWN{n:03d}" for n in range(1, MESSAGES + 1)]
+    rows = await fetch(fresh_db, "SELECT state, attempts FROM inturn_delivery ORDER BY id")
+    assert rows == [("delivered", 1)] * MESSAGES
+
+
+async def test_unreachable_count_keeps_the_old_behaviour(fresh_db: str) -> None:
+    receiver = MllpReceiver()
+    await receiver.start()
+    port = receiver.port
+    await receiver.stop()
+    await enqueue(fresh_db)
+    counted = RetryPolicy(
+        max_attempts=2, backoff_seconds=1, max_backoff_seconds=1, unreachable="count"
+    )
+    async with worker(fresh_db, port, counted):
+        await until(lambda: _failed_count(fresh_db, 2))
+    rows = await fetch(fresh_db, "SELECT state, attempts FROM inturn_delivery ORDER BY id LIMIT 2")
+    assert rows == [("failed", 2), ("failed", 2)]
+
+
+async def test_an_unanswered_message_still_counts(fresh_db: str) -> None:
+    """Written and never answered: an answer about this message (none in time), counted."""
+    receiver = MllpReceiver()
+    receiver.reply = False
+    quick = RetryPolicy(max_attempts=2, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=1)
+    await enqueue(fresh_db)
+    async with receiver, worker(fresh_db, receiver.port, quick):
+        await until(lambda: _failed_count(fresh_db, 1))
+    [(state, attempts, error)] = await fetch(
+        fresh_db, "SELECT state, attempts, last_error FROM inturn_delivery ORDER BY id LIMIT 1"
+    )
+    assert (state, attempts) == ("failed", 2)
+    assert str(error).startswith("timeout: ")
+
+
+async def test_a_tls_handshake_that_never_finishes_is_unreachable() -> None:
+    """The receiver accepts TCP and never answers the handshake: nothing of the message was
+    written when the attempt's time ran out."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sender = MllpSender(
+        MllpSenderConfig("127.0.0.1", port, tls=TlsConfig(insecure_skip_verify=True)),
+        timeout_seconds=1,
+    )
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await sender.send(message(1))
+    finally:
+        await sender.close()
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert info.value.outcome == "unreachable" and not sender.written
+    assert accepted  # the TCP connection was made; the handshake was what never finished
+
+
+async def _all_delivered(dsn: str) -> bool:
+    delivered = await count(dsn, "SELECT count(*) FROM inturn_delivery WHERE state = 'delivered'")
+    return delivered == MESSAGES
+
+
+async def _failed_count(dsn: str, n: int) -> bool:
+    return await count(dsn, "SELECT count(*) FROM inturn_delivery WHERE state = 'failed'") >= n
