@@ -130,7 +130,7 @@ def test_mllp_over_tls_sends_folders_files_and_stdin_in_order(
     refused = send("--mllp", f"{HOST}:{mllp}", *tls, str(folder))
     assert refused.returncode == 1
     first = refused.stdout.splitlines()
-    assert len(first) == 1 and first[0].startswith(f"--  M1  {folder}/1.hl7#1: connection: ")
+    assert len(first) == 1 and first[0].startswith(f"--  M1  {folder}/1.hl7#1: unreachable: ")
     assert refused.stderr.strip() == "sent 1 of 3: -- 1; 2 not sent after the failure"
 
 

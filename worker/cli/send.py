@@ -46,7 +46,7 @@ from inturn.worker.senders.tls import TlsConfig, client_context
 from inturn.worker.text.display import printable
 
 #: Failure causes after which the connection is gone: the rest is not sent.
-TRANSPORT_CAUSES = frozenset({"connection", "timeout"})
+TRANSPORT_CAUSES = frozenset({"connection", "unreachable", "timeout"})
 #: Content type of an HL7 v2 message over HTTP, as ingest answers with it.
 HL7_CONTENT_TYPE = "application/hl7-v2"
 
