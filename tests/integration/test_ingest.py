@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -364,7 +365,10 @@ async def test_channel_without_destinations_gets_ar(ingest: Ingest, fresh_db: st
     assert rows(fresh_db) == []
 
 
-async def test_oversized_frame_gets_ar_and_the_connection_is_closed(fresh_db: str) -> None:
+async def test_oversized_frame_gets_ar_and_the_connection_is_closed(
+    fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="inturn")
     register(fresh_db, "hospital/adt-out", "adt")
     async with Ingest(config(max_frame_bytes=1000), dsn=fresh_db) as ingest:
         c = await client(ingest)
@@ -382,6 +386,17 @@ async def test_oversized_frame_gets_ar_and_the_connection_is_closed(fresh_db: st
                 assert response.status == 400
                 assert parse_ack(await response.read()).code == "AR"
     assert [r[3] for r in rows(fresh_db)] == ["SMALL"]
+    # the log line says the cause first, and never that an MSH was missing
+    refused = [r.getMessage() for r in caplog.records if "limit" in r.getMessage()]
+    assert (
+        refused
+        == [
+            "channel adt: a message over the 1000-byte limit was refused (AR); nothing of it was"
+            " kept, its MSH was not read"
+        ]
+        * 2
+    )
+    assert "readable MSH" not in caplog.text
 
 
 async def test_a_sender_still_writing_a_huge_frame_reads_the_ar(fresh_db: str) -> None:

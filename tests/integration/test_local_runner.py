@@ -12,7 +12,8 @@ import pytest
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import IngestConfig
 from inturn.worker.local.run import DatabaseInUse, LocalRunner, check_sender, load_all, run_local
-from inturn.worker.store import locks, registry
+from inturn.worker.store import locks, queue, registry
+from inturn.worker.store.model import NewItem
 
 
 def write(
@@ -116,3 +117,39 @@ async def test_a_second_inturn_local_on_the_same_database_is_refused(
         with pytest.raises(DatabaseInUse, match="in use by another inturn local"):
             await run_local(fresh_db, [second], config, None, asyncio.Event())
     assert await active(fresh_db) == ["default/running"]  # nothing retired, nothing added
+
+
+async def test_the_sweeper_runs_inside_inturn_local(fresh_db: str, tmp_path: Path) -> None:
+    """A destination whose receiver never answers reaches the delivery-stuck worklist by the
+    sweeper that ``inturn local`` runs itself (here every half second; a minute by default)."""
+    path = write(tmp_path, "nowhere")
+    path.write_text(path.read_text() + "  alerting: {stuckAfterSeconds: 1}\n")
+    config = IngestConfig(listeners=[ListenerConfig(channel="adt", host="127.0.0.1", port=0)])
+    stop = asyncio.Event()
+    run = asyncio.create_task(run_local(fresh_db, [path], config, None, stop, sweep_every=0.5))
+    try:
+        async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            for _ in range(100):  # until the runner registered the destination
+                if "default/nowhere" in await active(fresh_db):
+                    break
+                await asyncio.sleep(0.1)
+            payload = b"MSH|^~\\&|A|B|C|D|20260101||ADT^A01|SW1|P|2.5\rPID|1||1\r"
+            await queue.enqueue(
+                conn,
+                [NewItem("default/nowhere", "adt", "SW1", "ADT^A01", payload)],
+            )
+            placed = None
+            for _ in range(300):
+                placed = await (
+                    await conn.execute(
+                        "SELECT queue, reason, placed_by FROM inturn_worklist_item"
+                        " WHERE record_key = 'default/nowhere' AND state = 'pending'"
+                    )
+                ).fetchone()
+                if placed:
+                    break
+                await asyncio.sleep(0.1)
+            assert placed == ("delivery-stuck", "destination-stuck", "sweeper")
+    finally:
+        stop.set()
+        await run

@@ -79,6 +79,32 @@ def test_rows_worst_first_with_states_and_ready() -> None:
     assert "a/gone" not in {r.destination for r in rows}  # deleted and empty: not listed
 
 
+def test_what_stops_delivery_is_named_before_its_symptoms() -> None:
+    """An orphaned queue (its Destination is gone: no worker) with a head that failed before is
+    ``orphaned``, not ``failing``; a held or orphaned queue past its threshold says why it is
+    stuck, and is still worst (severity 2)."""
+    rows = build(
+        [listed("a/held", hold=Hold(NOW, "otto", "upgrade")), listed("a/gone", deleted=True)],
+        [
+            depth("a/gone", 3, failed=1, oldest=30, attempts=5),
+            depth("b/orphan", 2, oldest=2000, attempts=2),
+            depth("a/held", 2, oldest=2000, attempts=1),
+        ],
+        {
+            "a/gone": HeadInfo(1, 5, 20.0, "connection: refused"),
+            "b/orphan": HeadInfo(2, 2, 0.0, "timeout: no answer"),
+            "a/held": HeadInfo(3, 1, 0.0, "application: AE"),
+        },
+        default_stuck_after=900,
+    )
+    got = {r.destination: (r.state, r.severity, r.ready) for r in rows}
+    assert got == {
+        "a/gone": ("orphaned", 1, 0),
+        "b/orphan": ("orphaned", 2, 0),
+        "a/held": ("held", 2, 0),
+    }
+
+
 def test_error_class() -> None:
     assert error_class("timeout: no answer within 30s") == "timeout"
     assert error_class("weird") == "weird"

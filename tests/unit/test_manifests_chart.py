@@ -85,6 +85,41 @@ def test_chart_crd_is_the_crds_folder_crd_and_is_kept() -> None:
     assert not of_kind(render(files=["crds-off"]), "CustomResourceDefinition")
 
 
+def test_crds_take_extra_annotations_for_argo_cd() -> None:
+    keep = {"argocd.argoproj.io/sync-options": "Delete=false,Prune=false"}
+    objs = render({"crds": {"annotations": keep}})
+    for crd in of_kind(objs, "CustomResourceDefinition"):
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep", **keep}
+    for crd in of_kind(
+        render({"crds": {"keep": False, "annotations": keep}}), "CustomResourceDefinition"
+    ):
+        assert crd["metadata"]["annotations"] == keep
+    for crd in of_kind(render({"crds": {"keep": False}}), "CustomResourceDefinition"):
+        assert "annotations" not in crd["metadata"]
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_notes_say_what_was_installed_and_what_to_do_next(name: str) -> None:
+    notes = render_templates(files=_files(name))["inturn/templates/NOTES.txt"]
+    assert "is installed as release" in notes
+    assert "inturn send --mllp 127.0.0.1:2575 examples/messages/" in notes
+    assert "kubectl apply -f examples/kubernetes/first-destination.yaml" in notes
+    assert "{{" not in notes and "<no value>" not in notes
+    for path in (
+        "examples/kubernetes/first-destination.yaml",
+        "examples/messages",
+        "docs/howto/kubernetes.md",
+    ):
+        assert (ROOT / path).exists()
+
+
+def test_notes_say_when_nobody_may_send_yet() -> None:
+    closed = render_templates()["inturn/templates/NOTES.txt"]
+    assert "Nobody may send yet" in closed
+    opened = render_templates({"networkPolicy": {"senders": {"namespaces": ["his"]}}})
+    assert "Nobody may send yet" not in opened["inturn/templates/NOTES.txt"]
+
+
 def test_operator_is_a_single_peered_replica() -> None:
     objs = render()
     op = find(objs, "Deployment", "inturn-operator")

@@ -19,14 +19,17 @@ from inturn.worker.store.registry import Listed
 #: (the same default as the sweeper's ``destination-stuck`` rule).
 DEFAULT_STUCK_AFTER = 900.0
 
-#: Overview states, worst first within equal severity.
+#: Overview states, in the order they are decided: what stops delivery (no worker, a hold,
+#: ``spec.suspend``, a closed window) before the symptoms it causes (stuck, failing), so that the
+#: state names what a person must act on. A destination whose Destination is gone has no worker
+#: trying its head: it is ``orphaned``, never ``failing``, whatever the head's attempts say.
 STATES = (
-    "stuck",
-    "failing",
+    "orphaned",
     "held",
     "suspended",
-    "orphaned",
     "outside-window",
+    "stuck",
+    "failing",
     "delivering",
     "idle",
 )
@@ -150,18 +153,18 @@ def build(
         suspended = entry is not None and entry.suspended
         orphaned = entry is None or entry.deleted
         wait = head.wait_seconds if head else 0.0
-        if over:
-            state = "stuck"
-        elif head is not None and head.attempts > 0:
-            state = "failing"
+        if orphaned:
+            state = "orphaned"
         elif held:
             state = "held"
         elif suspended:
             state = "suspended"
-        elif orphaned:
-            state = "orphaned"
         elif window_until is not None:
             state = "outside-window"
+        elif over:
+            state = "stuck"
+        elif head is not None and head.attempts > 0:
+            state = "failing"
         else:
             state = "delivering" if pending else "idle"
         blocked = held or suspended or orphaned or wait > 0 or window_until is not None

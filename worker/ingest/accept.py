@@ -502,7 +502,14 @@ class Acceptor:
             send=True,
             reason=f"message over {limit} bytes",
         )
-        return self._done(channel, None, outcome)
+        # the cause first: the size is why, not a missing MSH (its bytes were never kept)
+        log.info(
+            "channel %s: a message over the %d-byte limit was refused (AR); nothing of it was"
+            " kept, its MSH was not read",
+            channel,
+            limit,
+        )
+        return self._done(channel, None, outcome, logged=True)
 
     def _unrouted(self, channel: str, header: Header, reason: str) -> Reply:
         if reason == "filtered":
@@ -543,9 +550,17 @@ class Acceptor:
         return "_other"
 
     def _done(
-        self, channel: str, header: Header | None, outcome: Reply, size: int | None = None
+        self,
+        channel: str,
+        header: Header | None,
+        outcome: Reply,
+        size: int | None = None,
+        *,
+        logged: bool = False,
     ) -> Reply:
         metrics.MESSAGES.labels(self._label(channel), outcome.code).inc()
+        if logged:  # the caller said it its own way
+            return outcome
         control_id = header.control_id if header is not None else None
         # what the log names: never a placeholder for what is not known
         about = f"MSH-10 {control_id!r}" if control_id else "a message without a readable MSH"

@@ -27,7 +27,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.cli.ingest import parse_address, parse_listen
 from inturn.worker.cli.logs import configure
-from inturn.worker.cli.options import dsn_option, logging_options
+from inturn.worker.cli.options import DURATION, dsn_option, logging_options
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
@@ -51,6 +51,9 @@ log = logging.getLogger("inturn.local")
 
 #: Seconds between two looks at the manifest files.
 POLL_SECONDS = 2.0
+#: How often ``inturn local`` runs the sweeper's default rule packs, by default (seconds):
+#: often enough that a stuck destination reaches its worklist within a minute of its threshold.
+SWEEP_EVERY_SECONDS = 60.0
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -315,6 +318,38 @@ class LocalRunner:
         self.running.clear()
 
 
+async def sweep_loop(
+    dsn: str, every: float, stop: asyncio.Event, publishers: Sequence[Publisher]
+) -> None:
+    """Run the sweeper's default rule packs (``inturn sweep``) every ``every`` seconds until
+    ``stop`` is set, the first time after one interval.
+
+    What a run placed or cleared is logged, one line per rule that did something; a failing
+    rule or an unreachable database is logged and the next run tries again. Two sweeps never
+    overlap (the sweep lock), so an ``inturn sweep`` run by hand at the same time is harmless.
+    """
+    from inturn.worker.operations import packs
+    from inturn.worker.worklist.sweep import sweep
+
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+        if stop.is_set():
+            return
+        try:
+            async with await AsyncConnection.connect(
+                dsn, autocommit=True, application_name="inturn-local-sweep"
+            ) as conn:
+                report = await sweep(conn, packs.select(), publishers=list(publishers))
+        except Exception as exc:  # a sweep that fails is retried at the next interval
+            log.error("sweep failed (next run in %gs): %s", every, exc)
+            continue
+        for result in report.results:
+            o = result.outcome
+            if result.error is not None or o.placed or o.cleared:
+                log.info("sweep: %s", result.summary(dry_run=False))
+
+
 class DatabaseInUse(Exception):
     """Another ``inturn local`` already runs on this database (it owns its registry)."""
 
@@ -326,9 +361,11 @@ async def run_local(
     secrets_dir: Path | None,
     stop: asyncio.Event,
     abandon: asyncio.Event | None = None,
+    sweep_every: float | None = SWEEP_EVERY_SECONDS,
 ) -> None:
-    """Run ingest and the workers until ``stop`` is set, then shut both down in order
-    (``abandon``, set while stopping, cancels the attempts still in flight).
+    """Run ingest, the workers and (every ``sweep_every`` seconds; None: never) the sweeper
+    until ``stop`` is set, then shut them down in order (``abandon``, set while stopping,
+    cancels the attempts still in flight).
 
     The run holds the database's ``inturn local`` session lock from start to end: a second
     ``inturn local`` on the same database would retire this one's destinations (they are not
@@ -349,6 +386,12 @@ async def run_local(
         runner = LocalRunner(dsn, paths, secrets_dir, channels, publishers)
         await runner.start()
         ingest = Ingest(ingest_config, dsn=dsn)
+        sweeper = None
+        if sweep_every is not None:
+            sweeper = asyncio.create_task(
+                sweep_loop(dsn, sweep_every, stop, publishers), name="sweeper"
+            )
+            log.info("the sweeper runs every %gs (--sweep-every)", sweep_every)
         try:
             await ingest.start()
             while not stop.is_set():
@@ -358,6 +401,10 @@ async def run_local(
                     await runner.poll()
             log.info("stopping: listeners first, then workers")
         finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
             await ingest.stop()
             await runner.stop(abandon)
             await close_all(publishers)
@@ -425,6 +472,13 @@ async def run_local(
     help="The console's auth file; without it every caller on this machine's loopback is a"
     " local user with every role.",
 )
+@click.option(
+    "--sweep-every",
+    type=DURATION,
+    default="1m",
+    show_default=True,
+    help="Run the sweeper's rules (as `inturn sweep` does) this often; 0 never.",
+)
 @logging_options
 def local_command(
     paths: tuple[Path, ...],
@@ -437,6 +491,7 @@ def local_command(
     hold_unrouted: tuple[str, ...],
     console: str | None,
     console_auth: Path | None,
+    sweep_every: float,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -521,7 +576,15 @@ def local_command(
                     dsn, host=console_at[0], port=console_at[1], auth=console_auth_config
                 )
             try:
-                await run_local(dsn, list(paths), ingest_config, secrets_dir, stop, abandon)
+                await run_local(
+                    dsn,
+                    list(paths),
+                    ingest_config,
+                    secrets_dir,
+                    stop,
+                    abandon,
+                    sweep_every=sweep_every or None,
+                )
             finally:
                 if served is not None:
                     await served.stop()

@@ -639,16 +639,23 @@ def render_chart_crd_template() -> str:
     """Return the Helm template of the CRD: gated by ``crds.enabled``, kept on uninstall.
 
     The body is the same document as :func:`render_crd_yaml`, plus the
-    ``helm.sh/resource-policy: keep`` annotation when ``crds.keep`` is true.
+    ``helm.sh/resource-policy: keep`` annotation when ``crds.keep`` is true and the
+    annotations of ``crds.annotations`` (for Argo CD, which ignores Helm's keep policy:
+    e.g. ``argocd.argoproj.io/sync-options: Delete=false``).
     """
     doc = crd()
     body = yaml.safe_dump(doc, sort_keys=False, width=100)
     marker = f"  name: {CRD_NAME}\n"
     assert marker in body
     annotations = (
-        "  {{- if .Values.crds.keep }}\n"
+        "  {{- if or .Values.crds.keep .Values.crds.annotations }}\n"
         "  annotations:\n"
+        "    {{- if .Values.crds.keep }}\n"
         "    helm.sh/resource-policy: keep\n"
+        "    {{- end }}\n"
+        "    {{- with .Values.crds.annotations }}\n"
+        "    {{- toYaml . | nindent 4 }}\n"
+        "    {{- end }}\n"
         "  {{- end }}\n"
     )
     body = body.replace(marker, marker + annotations, 1)
