@@ -32,7 +32,14 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 
-from inturn.worker.reservations.codes import BOOKING_KIND, SEGMENT_KIND, office_queue, segment_key
+from inturn.worker.reservations.codes import (
+    BOOKING_KIND,
+    DEAD_STATES,
+    SEGMENT_KIND,
+    WITHDRAWN,
+    office_queue,
+    segment_key,
+)
 from inturn.worker.reservations.notice import TYPE_KEY, build_notice, control_id
 from inturn.worker.store import bookings as store
 from inturn.worker.store.model import NewItem
@@ -97,7 +104,7 @@ async def cancel_expired(
             or not locked.expired
         ):
             return out
-        withdrawn = await store.withdraw(conn, locator)
+        withdrawn = await store.withdraw(conn, locator, withdrawn=WITHDRAWN, dead=DEAD_STATES)
         await store.mark_cancelled(conn, locator, CANCEL_REASON)
         cancelled = await store.get(conn, locator)
         assert cancelled is not None and cancelled.cancelled_at is not None

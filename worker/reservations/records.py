@@ -1,6 +1,8 @@
-"""Bookings and segments as plain data, and the booking import file read into them.
+"""The booking import file read into booking records.
 
-Pure: no database, no network. The import file is a JSON list of bookings (camelCase keys)::
+The records themselves (:class:`Booking`, :class:`Segment`, :class:`Withdrawn`) are the
+store's (:mod:`inturn.worker.store.model`), named here too for callers. Pure: no database,
+no network. The import file is a JSON list of bookings (camelCase keys)::
 
     [{"locator": "ABC123", "owner": "FRA1A0", "createdAt": "2026-11-30T08:00:00Z",
       "ticketingDeadline": "2026-12-01T18:00:00+01:00", "ticketed": false,
@@ -21,13 +23,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from inturn.worker.spec.destination import validate
 from inturn.worker.spec.schema import CARRIER_PATTERN
+from inturn.worker.store.model import Booking, Segment, Withdrawn
+
+__all__ = [
+    "MAX_IMPORT",
+    "Booking",
+    "BookingFileError",
+    "Segment",
+    "Withdrawn",
+    "airport_zone",
+    "local_deadline",
+    "parse_bookings",
+    "parse_instant",
+]
 
 #: Largest number of bookings one import file may hold.
 MAX_IMPORT = 100_000
@@ -89,112 +103,6 @@ class BookingFileError(ValueError):
     def __init__(self, errors: Sequence[str]) -> None:
         self.errors = tuple(errors)
         super().__init__("; ".join(self.errors))
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One flight segment.
-
-    Attributes:
-        number: 1-99, unique in its booking.
-        carrier: IATA airline designator (``LH``); flight: its flight number (``400``).
-        date: departure date; origin, destination: IATA airport codes.
-        status: AIRIMP status code as held (``HK``, ``HN``, ``UC``...).
-        requested_at: when space was requested from the carrier (aware UTC), or None.
-        status_changed_at: when the status last changed (set by the store), or None.
-    """
-
-    number: int
-    carrier: str
-    flight: str
-    date: date
-    origin: str
-    destination: str
-    status: str
-    requested_at: datetime | None = None
-    status_changed_at: datetime | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict in the import file's shape (plus ``statusChangedAt``)."""
-        out: dict[str, Any] = {
-            "number": self.number,
-            "carrier": self.carrier,
-            "flight": self.flight,
-            "date": self.date.isoformat(),
-            "origin": self.origin,
-            "destination": self.destination,
-            "status": self.status,
-        }
-        if self.requested_at is not None:
-            out["requestedAt"] = _iso(self.requested_at)
-        if self.status_changed_at is not None:
-            out["statusChangedAt"] = _iso(self.status_changed_at)
-        return out
-
-
-@dataclass(frozen=True)
-class Withdrawn:
-    """A segment withdrawn by a cancellation (now XX), with the status it held before."""
-
-    number: int
-    carrier: str
-    flight: str
-    date: date
-    origin: str
-    destination: str
-    previous: str
-
-
-@dataclass(frozen=True)
-class Booking:
-    """One booking (a PNR) and its segments, ordered by number.
-
-    Attributes:
-        locator: the record locator; owner: the office that made it (the originator).
-        created_at: when it was made (aware UTC).
-        ticketing_deadline: the instant it must be ticketed by (aware UTC), or None.
-        ticketing_deadline_text: the deadline as it was given (with its airport, if local).
-        ticketed, ticket_numbers: whether tickets are issued, and their numbers.
-        cancelled_at, cancel_reason: set once the booking is cancelled (never unset).
-    """
-
-    locator: str
-    owner: str
-    created_at: datetime
-    segments: tuple[Segment, ...]
-    ticketing_deadline: datetime | None = None
-    ticketing_deadline_text: str | None = None
-    ticketed: bool = False
-    ticket_numbers: tuple[str, ...] = ()
-    cancelled_at: datetime | None = None
-    cancel_reason: str | None = None
-    carriers: tuple[str, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "carriers", tuple(sorted({s.carrier for s in self.segments})))
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict in the import file's shape (plus the cancellation, if any)."""
-        out: dict[str, Any] = {
-            "locator": self.locator,
-            "owner": self.owner,
-            "createdAt": _iso(self.created_at),
-            "ticketed": self.ticketed,
-        }
-        if self.ticketing_deadline is not None:
-            out["ticketingDeadline"] = _iso(self.ticketing_deadline)
-            out["ticketingDeadlineText"] = self.ticketing_deadline_text
-        if self.ticket_numbers:
-            out["ticketNumbers"] = list(self.ticket_numbers)
-        if self.cancelled_at is not None:
-            out["cancelledAt"] = _iso(self.cancelled_at)
-            out["cancelReason"] = self.cancel_reason
-        out["segments"] = [s.to_json() for s in self.segments]
-        return out
-
-
-def _iso(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def parse_instant(text: str) -> datetime:

@@ -1,5 +1,8 @@
 """Reservation records in Postgres: bookings, segments and the history of their statuses.
 
+The records (:class:`~inturn.worker.store.model.Booking`, ``Segment``, ``Withdrawn``) are in
+:mod:`inturn.worker.store.model`.
+
 Every function takes an open async connection and runs in its current transaction (the
 caller decides where a transaction begins and ends; an autocommit connection commits each
 statement). Rows are read by column name. The queries are in ``sql/bookings.sql``.
@@ -7,7 +10,7 @@ statement). Rows are read by column name. The queries are in ``sql/bookings.sql`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -15,11 +18,11 @@ from typing import Any, Literal
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
-from inturn.worker.reservations.codes import DEAD_STATES, WITHDRAWN
-from inturn.worker.reservations.records import Booking, Segment, Withdrawn
+from inturn.worker.store.model import Booking, Segment, Withdrawn
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("bookings.sql")
+
 
 Written = Literal["created", "updated", "unchanged"]
 Outcome = Literal["applied", "late", "withdrawn"]
@@ -239,10 +242,14 @@ async def lock_booking(
     )
 
 
-async def withdraw(conn: AsyncConnection[Any], locator: str) -> list[Withdrawn]:
-    """Set every live segment of a (locked) booking to XX and record each in its history.
+async def withdraw(
+    conn: AsyncConnection[Any], locator: str, *, withdrawn: str, dead: Collection[str]
+) -> list[Withdrawn]:
+    """Set every live segment of a (locked) booking to ``withdrawn`` (XX) and record each in
+    its history.
 
-    Live: any status but cancelled, refused or superseded (see ``codes.DEAD_STATES``).
+    Live: any status not in ``dead`` (cancelled, refused or superseded: the reservation rules'
+    ``codes.DEAD_STATES``).
 
     Returns:
         The segments withdrawn, by number, with the status each held.
@@ -250,7 +257,7 @@ async def withdraw(conn: AsyncConnection[Any], locator: str) -> list[Withdrawn]:
     rows = await fetch_all(
         conn,
         Q["withdraw_segments"],
-        {"locator": locator, "withdrawn": WITHDRAWN, "dead": sorted(DEAD_STATES)},
+        {"locator": locator, "withdrawn": withdrawn, "dead": sorted(dead)},
         row=class_row(Withdrawn),
     )
     out = sorted(rows, key=lambda w: w.number)
@@ -259,7 +266,7 @@ async def withdraw(conn: AsyncConnection[Any], locator: str) -> list[Withdrawn]:
             Q["record_withdrawals"],
             {
                 "locator": locator,
-                "withdrawn": WITHDRAWN,
+                "withdrawn": withdrawn,
                 "numbers": [w.number for w in out],
                 "previous": [w.previous for w in out],
             },

@@ -1,10 +1,10 @@
-"""Plain data the store returns: queue items, depth rows, new items to enqueue."""
+"""Plain data the store returns: queue items, depth rows, new items to enqueue, booking records."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from datetime import datetime
+from dataclasses import dataclass, field, fields
+from datetime import UTC, date, datetime
 from typing import Any, Literal
 
 from inturn.worker.spec.schedule import held_until
@@ -192,3 +192,113 @@ class HeadInfo:
     attempts: int
     wait_seconds: float
     last_error: str | None
+
+
+# --- reservation records (bookings and their flight segments) ---------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One flight segment.
+
+    Attributes:
+        number: 1-99, unique in its booking.
+        carrier: IATA airline designator (``LH``); flight: its flight number (``400``).
+        date: departure date; origin, destination: IATA airport codes.
+        status: AIRIMP status code as held (``HK``, ``HN``, ``UC``...).
+        requested_at: when space was requested from the carrier (aware UTC), or None.
+        status_changed_at: when the status last changed (set by the store), or None.
+    """
+
+    number: int
+    carrier: str
+    flight: str
+    date: date
+    origin: str
+    destination: str
+    status: str
+    requested_at: datetime | None = None
+    status_changed_at: datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict in the import file's shape (plus ``statusChangedAt``)."""
+        out: dict[str, Any] = {
+            "number": self.number,
+            "carrier": self.carrier,
+            "flight": self.flight,
+            "date": self.date.isoformat(),
+            "origin": self.origin,
+            "destination": self.destination,
+            "status": self.status,
+        }
+        if self.requested_at is not None:
+            out["requestedAt"] = iso_utc(self.requested_at)
+        if self.status_changed_at is not None:
+            out["statusChangedAt"] = iso_utc(self.status_changed_at)
+        return out
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """A segment withdrawn by a cancellation (now XX), with the status it held before."""
+
+    number: int
+    carrier: str
+    flight: str
+    date: date
+    origin: str
+    destination: str
+    previous: str
+
+
+@dataclass(frozen=True)
+class Booking:
+    """One booking (a PNR) and its segments, ordered by number.
+
+    Attributes:
+        locator: the record locator; owner: the office that made it (the originator).
+        created_at: when it was made (aware UTC).
+        ticketing_deadline: the instant it must be ticketed by (aware UTC), or None.
+        ticketing_deadline_text: the deadline as it was given (with its airport, if local).
+        ticketed, ticket_numbers: whether tickets are issued, and their numbers.
+        cancelled_at, cancel_reason: set once the booking is cancelled (never unset).
+    """
+
+    locator: str
+    owner: str
+    created_at: datetime
+    segments: tuple[Segment, ...]
+    ticketing_deadline: datetime | None = None
+    ticketing_deadline_text: str | None = None
+    ticketed: bool = False
+    ticket_numbers: tuple[str, ...] = ()
+    cancelled_at: datetime | None = None
+    cancel_reason: str | None = None
+    carriers: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "carriers", tuple(sorted({s.carrier for s in self.segments})))
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict in the import file's shape (plus the cancellation, if any)."""
+        out: dict[str, Any] = {
+            "locator": self.locator,
+            "owner": self.owner,
+            "createdAt": iso_utc(self.created_at),
+            "ticketed": self.ticketed,
+        }
+        if self.ticketing_deadline is not None:
+            out["ticketingDeadline"] = iso_utc(self.ticketing_deadline)
+            out["ticketingDeadlineText"] = self.ticketing_deadline_text
+        if self.ticket_numbers:
+            out["ticketNumbers"] = list(self.ticket_numbers)
+        if self.cancelled_at is not None:
+            out["cancelledAt"] = iso_utc(self.cancelled_at)
+            out["cancelReason"] = self.cancel_reason
+        out["segments"] = [s.to_json() for s in self.segments]
+        return out
+
+
+def iso_utc(value: datetime) -> str:
+    """``value`` in UTC as RFC 3339 text ending in ``Z``."""
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -18,11 +18,16 @@ from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
-from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.store import queue
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("registry.sql")
+
+#: How long a destination's head may wait before it counts as stuck, when its registration
+#: does not say (seconds). The Destination API's default is the same value
+#: (``inturn.worker.spec.config.DEFAULT_STUCK_AFTER_SECONDS``; a test holds them equal): the
+#: store takes it as data and imports nothing of the API above it.
+DEFAULT_STUCK_AFTER_SECONDS = 900
 
 
 @dataclass(frozen=True)

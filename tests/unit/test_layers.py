@@ -1,0 +1,30 @@
+"""What the import contracts (``lint-imports``, pyproject.toml) cannot say: no module takes a
+private helper of another, and a value both sides of a layer boundary keep stays one value."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from inturn.worker.spec import config
+from inturn.worker.store import registry
+
+WORKER = Path(__file__).resolve().parents[2] / "worker"
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    found = []
+    for path in sorted(WORKER.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("inturn."):
+                found += [
+                    f"{path.relative_to(WORKER)}: {node.module}.{alias.name}"
+                    for alias in node.names
+                    if alias.name.startswith("_")
+                ]
+    assert found == []
+
+
+def test_the_store_keeps_the_api_default_stuck_threshold() -> None:
+    # The store imports nothing of the Destination API above it, so it names the default itself.
+    assert registry.DEFAULT_STUCK_AFTER_SECONDS == config.DEFAULT_STUCK_AFTER_SECONDS == 900
