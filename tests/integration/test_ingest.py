@@ -25,7 +25,6 @@ from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import forget_old
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
-from inturn.worker.store import locks
 from inturn.worker.store.queries import load
 from inturn.worker.store.queue import notify_channel
 
@@ -185,9 +184,7 @@ async def test_aa_is_sent_only_after_commit(ingest: Ingest, fresh_db: str) -> No
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
         # the delivery queue's own enqueue lock: ingest must take the very same one
-        await blocker.execute(
-            QUEUE_SQL["enqueue_lock"], {"key": locks.enqueue_key("hospital/adt-out")}
-        )
+        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
         c = await client(ingest)
         await c.write(frame(msg("LOCKED")))
         with pytest.raises(TimeoutError):
@@ -229,6 +226,7 @@ def limited_role(fresh_db: str) -> Iterator[str]:
             f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
         )
         conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
+        conn.execute(f"GRANT EXECUTE ON FUNCTION inturn_enqueue_lock(text) TO {role}")
     try:
         yield make_conninfo(fresh_db, user=role, password=password)
     finally:
@@ -239,6 +237,7 @@ def limited_role(fresh_db: str) -> Iterator[str]:
             )
             conn.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
             conn.execute(f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {role}")
+            conn.execute(f"REVOKE ALL ON FUNCTION inturn_enqueue_lock(text) FROM {role}")
             conn.execute(f"GRANT CONNECT ON DATABASE {conn.info.dbname} TO PUBLIC")
             conn.execute(f"DROP ROLE {role}")
 
@@ -812,9 +811,7 @@ async def test_stop_waits_for_a_message_being_stored(fresh_db: str) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
         # the delivery queue's own enqueue lock: ingest must take the very same one
-        await blocker.execute(
-            QUEUE_SQL["enqueue_lock"], {"key": locks.enqueue_key("hospital/adt-out")}
-        )
+        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
         c = await client(ingest)
         await c.write(frame(msg("INFLIGHT")))
         await asyncio.sleep(0.3)
@@ -840,9 +837,7 @@ async def _hold_then_release(
     behind it); then release the lock."""
     async with await AsyncConnection.connect(dsn, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
-        await blocker.execute(
-            QUEUE_SQL["enqueue_lock"], {"key": locks.enqueue_key("hospital/adt-out")}
-        )
+        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
         lead = await client(ingest)
         await lead.write(frame(first))
         await asyncio.sleep(0.2)

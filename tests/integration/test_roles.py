@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 
-from inturn.worker.cli import cli
+from inturn.worker.cli import cli, main
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.ack import parse_ack
@@ -27,7 +27,7 @@ from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
-from inturn.worker.store import queue, registry, roles
+from inturn.worker.store import locks, queue, registry, roles
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist import store as worklist
@@ -139,7 +139,8 @@ def test_running_it_again_changes_nothing_and_a_plain_role_cannot(
 ) -> None:
     ingest_user = psycopg.conninfo.conninfo_to_dict(role_dsns["ingest"])["user"]
     same_prefix = str(ingest_user).removesuffix("ingest")
-    assert roles.apply_roles(dsn, same_prefix) == []  # all exist: none created, grants reset
+    report = roles.apply_roles(dsn, same_prefix)
+    assert report.created == [] and report.warnings == []  # all exist; grants reset
     with pytest.raises(roles.RolesError, match="not allowed"):
         roles.apply_roles(role_dsns["reader"], f"t{uuid.uuid4().hex[:8]}_")
 
@@ -381,18 +382,87 @@ REFUSED: dict[str, list[str]] = {
 }
 
 
+#: Taking a destination's worker lock other than through the worker's own function, or as
+#: another role: each would stop the destination's delivery while held.
+WORKER_LOCK_KEY = f"hashtextextended('inturn:worker:{DEST}', 0)"
+TAKE_WORKER_LOCK = [
+    f"SELECT pg_try_advisory_lock({WORKER_LOCK_KEY})",
+    f"SELECT pg_advisory_lock_shared({WORKER_LOCK_KEY})",
+    f"SELECT pg_try_advisory_xact_lock({WORKER_LOCK_KEY})",
+    f"SELECT pg_try_advisory_lock_shared({WORKER_LOCK_KEY})",
+    f"SELECT inturn_worker_lock('{DEST}')",
+]
+for _component in roles.COMPONENTS:
+    if _component != "worker":
+        REFUSED[_component] += TAKE_WORKER_LOCK
+REFUSED["worker"] += [
+    # a worker changes only state, attempts, times and errors, and reads no patient key
+    "UPDATE inturn_delivery SET payload = convert_to('MSH|FORGED', 'UTF8')",
+    "UPDATE inturn_delivery SET destination = 'ward/other'",
+    "UPDATE inturn_delivery SET control_id = 'X', channel = 'x'",
+    "UPDATE inturn_delivery SET patient_keys = NULL",
+    "SELECT patient_keys FROM inturn_delivery",
+    # it takes its own lock through its function, no other key
+    f"SELECT pg_try_advisory_lock({WORKER_LOCK_KEY})",
+    "SELECT pg_try_advisory_lock(hashtextextended('inturn:purge', 0))",
+    "SELECT inturn_purge_lock()",
+    "SELECT inturn_enqueue_lock('ward/lab')",
+]
+REFUSED["purge"] += [
+    # purge deletes through its function only, which never deletes a pending row
+    "DELETE FROM inturn_delivery WHERE state = 'pending'",
+    "DELETE FROM inturn_worklist_item WHERE state = 'pending'",
+    "SELECT id FROM inturn_delivery",
+    "SELECT inturn_sweep_lock()",
+]
+REFUSED["reader"] += [
+    "SELECT patient_keys FROM inturn_delivery",
+    "SELECT inturn_purge_lock()",
+    "SELECT inturn_enqueue_lock('ward/lab')",
+]
+for _component in roles.COMPONENTS:
+    if _component != "purge":
+        REFUSED[_component] += [
+            "SELECT * FROM inturn_purge_deliveries('delivered', now() + interval '1 day', 10)",
+            "SELECT * FROM inturn_purge_worklist(0, 10)",
+        ]
+
+
 def test_every_role_has_refusals_listed() -> None:
     assert set(REFUSED) == set(roles.COMPONENTS)
+
+
+def snapshot(dsn: str) -> list[Any]:
+    """Everything a refused statement could have changed: the rows of the delivery and
+    worklist tables and the advisory locks held on the server."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [
+            conn.execute("SELECT * FROM inturn_delivery ORDER BY id").fetchall(),
+            conn.execute("SELECT * FROM inturn_worklist_item ORDER BY id").fetchall(),
+            conn.execute(
+                "SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND database ="
+                " (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchall(),
+        ]
 
 
 @pytest.mark.parametrize(
     ("component", "statement"),
     [(c, statement) for c, statements in REFUSED.items() for statement in statements],
 )
-def test_each_role_is_refused_the_rest(
+async def test_each_role_is_refused_the_rest(
     fresh_db: str, role_dsns: dict[str, str], component: str, statement: str
 ) -> None:
+    [pending, done] = await aseed(fresh_db, "ROLE-X-1", "ROLE-X-2")
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await queue.succeeded(conn, done, 1)
+        await worklist.place(
+            conn, queue="delivery-failed", record_kind="delivery", record_key=str(pending),
+            reason="gave-up", placed_by="worker",
+        )  # fmt: skip
+    before = snapshot(fresh_db)
     assert refused(role_dsns[component], statement)
+    assert snapshot(fresh_db) == before
     dsn = role_dsns["reader"]
     assert refused(dsn, "UPDATE inturn_delivery SET state = 'skipped'")
     assert refused(dsn, "DELETE FROM inturn_delivery")
@@ -420,3 +490,110 @@ async def test_worker_records_attempts_and_honours_a_hold_the_admin_role_sets(
         assert head is not None and head.item.id == item
     assert refused(worker_dsn, "UPDATE inturn_destination SET held_at = now()")
     assert refused(admin_dsn, "UPDATE inturn_destination SET channel = 'x'")
+
+
+async def test_purge_role_cannot_delete_a_pending_row_even_through_its_functions(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    [pending] = await aseed(fresh_db, "ROLE-PP-1")
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await worklist.place(
+            conn, queue="delivery-failed", record_kind="delivery", record_key=str(pending),
+            reason="gave-up", placed_by="worker",
+        )  # fmt: skip
+    before = snapshot(fresh_db)
+    future = datetime.now(UTC) + timedelta(days=365)
+    with psycopg.connect(role_dsns["purge"], autocommit=True) as conn:
+        for state in ("pending", "delivered", "failed", "skipped"):
+            deleted = conn.execute(
+                "SELECT * FROM inturn_purge_deliveries(%s, %s, 5000)", (state, future)
+            ).fetchall()
+            assert deleted == []
+        assert conn.execute("SELECT * FROM inturn_purge_worklist(-1e9, 5000)").fetchall() == []
+    assert snapshot(fresh_db) == before
+
+
+async def test_only_the_worker_role_holds_a_worker_lock(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """Every other role is refused the lock (above); the worker's own session takes it, and a
+    second worker session waits for it, so the lock still means "the one sender"."""
+    async with (
+        await AsyncConnection.connect(role_dsns["worker"], autocommit=True) as first,
+        await AsyncConnection.connect(role_dsns["worker"], autocommit=True) as second,
+    ):
+        assert await locks.try_component_lock(first, "worker", DEST)
+        assert not await locks.try_component_lock(second, "worker", DEST)
+        await locks.release_component_lock(first, "worker", DEST)
+        assert await locks.try_component_lock(second, "worker", DEST)
+
+
+def test_the_advisory_lock_functions_are_closed_to_public(
+    dsn: str, role_dsns: dict[str, str]
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        still = conn.execute(
+            roles.Q["public_executes"], {"signatures": list(roles.ADVISORY_LOCKS)}
+        ).fetchall()
+        assert still == []
+        # every function of ours is decided, and PUBLIC may execute none of them
+        assert set(roles.functions(conn)) == set(roles.FUNCTIONS)
+        assert (
+            conn.execute(
+                roles.Q["public_executes"], {"signatures": roles.functions(conn)}
+            ).fetchall()
+            == []
+        )
+
+
+ADVISORY = ", ".join(roles.ADVISORY_LOCKS)
+
+
+def test_a_plain_owner_is_told_what_it_could_not_revoke(
+    dsn: str, pg_server_dsn: str, role_dsns: dict[str, str]
+) -> None:
+    """A tables' owner that is not a superuser cannot revoke the server's advisory lock
+    functions: it still sets the grants, and says which protection is missing."""
+    owner = f"t{uuid.uuid4().hex[:8]}_owner"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{owner}" LOGIN CREATEROLE')
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"GRANT EXECUTE ON FUNCTION {ADVISORY} TO PUBLIC")  # as installed
+            for table in roles.tables(conn):
+                conn.execute(f'ALTER TABLE "{table}" OWNER TO "{owner}"')
+            for function in roles.functions(conn):
+                conn.execute(f'ALTER FUNCTION {function} OWNER TO "{owner}"')
+        try:
+            report = roles.apply_roles(make_conninfo(dsn, user=owner), f"t{uuid.uuid4().hex[:8]}_")
+            assert report.warnings and "superuser" in report.warnings[0]
+        finally:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for table in roles.tables(conn):
+                    conn.execute(f'ALTER TABLE "{table}" OWNER TO CURRENT_USER')
+                for function in roles.functions(conn):
+                    conn.execute(f"ALTER FUNCTION {function} OWNER TO CURRENT_USER")
+                conn.execute(f"REVOKE EXECUTE ON FUNCTION {ADVISORY} FROM PUBLIC")
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{owner}"')
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE IF EXISTS "{owner}"')
+
+
+def test_reader_role_runs_queue_list_and_is_told_what_it_lacks(
+    fresh_db: str, role_dsns: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    [item] = asyncio.run(aseed(fresh_db, "ROLE-RL-1"))
+    reader = role_dsns["reader"]
+    result = CliRunner().invoke(cli, ["queue", "list", "--dsn", reader])
+    assert result.exit_code == 0, result.output
+    assert "ROLE-RL-1" in result.output
+    # a command of another role: the error names the refusal and the role, not the DSN
+    with pytest.raises(SystemExit) as exited:
+        main(["queue", "payload", str(item), "--dsn", reader])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "permission denied for table inturn_delivery" in err
+    assert psycopg.conninfo.conninfo_to_dict(reader)["user"] in err
+    assert "connection string" not in err

@@ -154,7 +154,7 @@ async def test_purge_keeps_recent_finished_items(conn: AsyncConnection[Any]) -> 
 
 async def test_purge_is_a_singleton(conn: AsyncConnection[Any], fresh_db: str) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as other:
-        await other.execute(locks.Q["lock"], {"key": locks.PURGE})
+        assert await locks.try_component_lock(other, "purge")
         assert await queue.purge(conn, {"delivered": datetime.now(UTC)}) is None
 
 

@@ -15,7 +15,7 @@ import click
 import psycopg
 import psycopg.errors
 
-from inturn.worker.store.connect import DsnError, schema_missing
+from inturn.worker.store.connect import DsnError, permission_denied, schema_missing
 from inturn.worker.store.lockwatch import LockWaitError
 
 #: name -> "module:attribute" of each subcommand.
@@ -118,14 +118,24 @@ def main(argv: list[str] | None = None) -> Any:
         if debug:
             raise
         fail(f"cannot reach the database: {_first_line(exc)}")
-    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+    except (
+        psycopg.errors.UndefinedTable,
+        psycopg.errors.UndefinedColumn,
+        psycopg.errors.UndefinedFunction,
+    ) as exc:
         if debug:
             raise
         fail(schema_missing(exc))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        if debug:
+            raise
+        fail(permission_denied(exc))
     except psycopg.ProgrammingError as exc:
         if debug:
             raise
-        fail(f"invalid database connection string: {_first_line(exc)}")
+        if exc.sqlstate is None:  # refused by psycopg before reaching a server: the DSN itself
+            fail(f"invalid database connection string: {_first_line(exc)}")
+        fail(f"database error: {_first_line(exc)}")
     except psycopg.Error as exc:
         if debug:
             raise

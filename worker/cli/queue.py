@@ -170,11 +170,13 @@ def migrate_command(dsn: str | None, create_roles: bool, role_prefix: str) -> No
         click.echo("schema is up to date")
     if create_roles:
         try:
-            created = roles.apply_roles(target, role_prefix)
+            report = roles.apply_roles(target, role_prefix)
         except roles.RolesError as exc:
             raise click.ClickException(str(exc)) from None
-        for role in created:
+        for role in report.created:
             click.echo(f"created role {role}")
+        for warning in report.warnings:
+            click.echo(f"warning: {warning}", err=True)
         names = ", ".join(roles.role_name(c, role_prefix) for c in roles.COMPONENTS)
         click.echo(f"grants set for {names}")
 

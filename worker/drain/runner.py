@@ -260,10 +260,14 @@ class DestinationWorker:
     async def _acquire(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> bool:
         """Wait for the destination's session lock; False when stopped first."""
         announced = False
-        key = locks.worker_key(self.destination)
         while not stop.is_set():
             self._tick()
-            if await self._step(conn, stop, "session", partial(locks.try_lock, conn, key)):
+            if await self._step(
+                conn,
+                stop,
+                "session",
+                partial(locks.try_component_lock, conn, "worker", self.destination),
+            ):
                 self._set_lock(True)
                 return True
             if not announced:

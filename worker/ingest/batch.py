@@ -43,7 +43,7 @@ from psycopg.rows import dict_row
 from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from inturn.worker.store import locks, queue
+from inturn.worker.store import queue
 from inturn.worker.store.faults import classify
 from inturn.worker.store.identifiers import keys_text
 from inturn.worker.store.queries import load
@@ -136,7 +136,7 @@ async def store_batch(
        recycled. A concurrent copy waits on the unique index until the first commits (then it
        is a duplicate) or rolls back (then it is stored).
     2. ``locked``: the per-destination enqueue locks in sorted order, with the delivery queue's
-       own key (``enqueue_lock`` in ``queue.sql``, as
+       own function (``enqueue_lock`` in ``queue.sql``, as
        :func:`inturn.worker.store.queue.enqueue_in_transaction` takes it), so that id order is
        commit order per destination. The aggregate returns only once every lock is held, and
        only when at least one message is fresh.
@@ -223,7 +223,6 @@ async def store_statement(
         "remember": remember,
         "destinations": ordered,
         "channels": [queue.notify_channel(d) for d in ordered],
-        "enqueue_prefix": locks.ENQUEUE_PREFIX,
     }
     async with conn.cursor(row_factory=dict_row) as cur:
         # Arrays in binary: the text form would hex-escape every payload in Python.

@@ -49,6 +49,39 @@ def schema_missing(exc: BaseException) -> str:
     return f"the database has no inturn schema, or an old one ({detail}): run `inturn migrate`"
 
 
+#: The role of the DSN :func:`resolve_dsn` resolved last in this process (for error messages).
+_last_role: list[str] = []
+
+
+def dsn_role(dsn: str) -> str:
+    """The role a connection to ``dsn`` logs in as: its ``user``, else ``$PGUSER``, else the
+    operating system user (libpq's own defaults, "Connection Strings" in the PostgreSQL manual).
+    """
+    try:
+        user = conninfo_to_dict(dsn).get("user")
+    except psycopg.ProgrammingError:
+        user = None
+    if user:
+        return str(user)
+    if os.environ.get("PGUSER"):
+        return os.environ["PGUSER"]
+    import getpass
+
+    return getpass.getuser()
+
+
+def permission_denied(exc: BaseException) -> str:
+    """The one-line error for a statement the connected role may not run: the server's words
+    (``permission denied for table inturn_delivery``), the role that lacks the privilege and
+    where the roles' privileges are described."""
+    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    who = f"role {_last_role[-1]}" if _last_role else "the connected role"
+    return (
+        f"{detail}: {who} lacks a privilege this command needs; run it with the DSN of a role"
+        " that has it (see 'Database roles' in the README)"
+    )
+
+
 def local_dsn(data_dir: Path = LOCAL_DATA_DIR) -> str | None:
     """The DSN of the embedded Postgres of ``data_dir`` if it is running, else None.
 
@@ -123,7 +156,9 @@ def resolve_dsn(dsn: str | None) -> str:
         if (LOCAL_DATA_DIR / "pg").is_dir():
             hint = " (./.inturn holds an embedded Postgres that is not running: start inturn local)"
         raise DsnMissing(f"no database: pass --dsn or set INTURN_DSN{hint}")
-    return normalize_dsn(value)
+    normalized = normalize_dsn(value)
+    _last_role[:] = [dsn_role(normalized)]
+    return normalized
 
 
 async def probe(dsn: str, timeout_seconds: int = 5) -> None:

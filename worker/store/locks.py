@@ -1,18 +1,23 @@
-"""Every Postgres advisory lock inturn takes, each key defined here once.
+"""Every Postgres advisory lock inturn takes, each key defined once.
 
 A key is a text hashed by the server (``hashtextextended(key, 0)``) into the bigint advisory lock
-key; the statements that take and release locks are in ``sql/locks.sql`` and take the text as
-the ``key`` parameter (``enqueue_lock`` and ingest's ``store`` take :data:`ENQUEUE_PREFIX`).
+key. The components' locks are taken through functions of migration 0011, each granted only to
+the roles that take that lock (see :mod:`inturn.worker.store.roles`), so another component's
+role cannot take a worker's lock and stop its destination; their keys live in those functions:
 
-* worker (session lock, one per destination): only its holder sends; losing the connection
-  releases it;
-* enqueue (transaction lock, one per destination): enqueues commit in id order;
-* purge (session lock, try only): one purge at a time;
+* worker (``inturn_worker_lock``, session lock, try only, one per destination): only its holder
+  sends; losing the connection releases it;
+* enqueue (``inturn_enqueue_lock``, transaction lock, one per destination): enqueues commit in
+  id order;
+* purge (``inturn_purge_lock``, session lock, try only): one purge at a time;
+* sweep (``inturn_sweep_lock``, session lock, try only): ``inturn sweep`` runs never overlap.
+
+The owner's locks take a key of this module through ``sql/locks.sql``:
+
 * migrate (session lock): two pods migrating at once apply each migration once;
 * roles (transaction lock): two ``migrate --create-roles`` runs do not race on CREATE ROLE;
 * local (session lock, try only): one ``inturn local`` per database, since each one owns the
   destination registry of its database and retires the destinations it has no manifest for.
-* sweep (session lock, try only): ``inturn sweep`` runs never overlap.
 """
 
 from __future__ import annotations
@@ -26,28 +31,12 @@ from inturn.worker.store.queries import fetch_one, load
 
 Q = load("locks.sql")
 
-#: Prefix of a destination's enqueue lock key (``inturn:enqueue:<namespace>/<name>``).
-ENQUEUE_PREFIX = "inturn:enqueue:"
-#: The purge singleton's key.
-PURGE = "inturn:purge"
 #: The migration run's key.
 MIGRATE = "inturn:migrate"
 #: The key of creating the component roles and setting their grants.
 ROLES = "inturn:roles"
 #: The key held by the one ``inturn local`` that owns a database's destination registry.
 LOCAL = "inturn:local"
-#: The sweeper singleton's key.
-SWEEP = "inturn:sweep"
-
-
-def worker_key(destination: str) -> str:
-    """The key of the worker lock of ``destination`` (``namespace/name``)."""
-    return f"inturn:worker:{destination}"
-
-
-def enqueue_key(destination: str) -> str:
-    """The key of the enqueue lock of ``destination`` (``namespace/name``)."""
-    return ENQUEUE_PREFIX + destination
 
 
 async def try_lock(conn: AsyncConnection[Any], key: str) -> bool:
@@ -63,3 +52,35 @@ async def try_lock(conn: AsyncConnection[Any], key: str) -> bool:
 async def unlock(conn: AsyncConnection[Any], key: str) -> None:
     """Release the session lock ``key`` taken by this session (nothing if it was not held)."""
     await conn.execute(Q["unlock"], {"key": key})
+
+
+#: The session locks a component takes through its function: name -> (take, release) queries.
+_COMPONENT_LOCKS = {
+    "worker": ("worker_lock", "worker_unlock"),
+    "purge": ("purge_lock", "purge_unlock"),
+    "sweep": ("sweep_lock", "sweep_unlock"),
+}
+
+
+async def try_component_lock(
+    conn: AsyncConnection[Any], name: str, destination: str | None = None
+) -> bool:
+    """Take a component's session lock if free: ``worker`` (of ``destination``, a
+    ``namespace/name``), ``purge`` or ``sweep``; True when this session now holds it.
+
+    Raises:
+        KeyError: an unknown lock name.
+        psycopg.errors.InsufficientPrivilege: the connected role may not take this lock.
+        psycopg.Error: the database failed.
+    """
+    take, _ = _COMPONENT_LOCKS[name]
+    row = await fetch_one(conn, Q[take], {"destination": destination}, row=dict_row)
+    return bool(row and row["locked"])
+
+
+async def release_component_lock(
+    conn: AsyncConnection[Any], name: str, destination: str | None = None
+) -> None:
+    """Release a lock taken with :func:`try_component_lock` (nothing if it was not held)."""
+    _, release = _COMPONENT_LOCKS[name]
+    await conn.execute(Q[release], {"destination": destination})

@@ -94,7 +94,7 @@ async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[New
     """
     destinations = sorted({item.destination for item in items})
     for destination in destinations:
-        await conn.execute(Q["enqueue_lock"], {"key": locks.enqueue_key(destination)})
+        await conn.execute(Q["enqueue_lock"], {"destination": destination})
     ids: list[int] = []
     async with conn.cursor(row_factory=dict_row) as cur:
         for item in items:
@@ -413,7 +413,7 @@ async def purge(
             raise ValueError(f"purge only removes finished states {FINISHED_STATES}, not {state!r}")
     if not 1 <= batch <= PURGE_BATCH_MAX:
         raise ValueError(f"batch must be 1..{PURGE_BATCH_MAX}, got {batch}")
-    if not await locks.try_lock(conn, locks.PURGE):
+    if not await locks.try_component_lock(conn, "purge"):
         return None
     counts = {state: 0 for state in cutoffs}
     try:
@@ -426,7 +426,7 @@ async def purge(
                 if cur.rowcount < batch:
                     break
     finally:
-        await locks.unlock(conn, locks.PURGE)
+        await locks.release_component_lock(conn, "purge")
     return counts
 
 
@@ -490,8 +490,10 @@ async def list_items(
         "limit": min(limit, LIST_LIMIT_MAX),
         "offset": offset,
     }
-    items = await fetch_all(conn, Q["list_items"], params, row=class_row(Item), prepare=False)
-    row = await fetch_one(conn, Q["count_items"], params, row=dict_row, prepare=False)
+    # Only a patient search reads the patient keys (which the reader role may not read).
+    by = "_by_patient" if patient_key is not None else ""
+    items = await fetch_all(conn, Q["list_items" + by], params, row=class_row(Item), prepare=False)
+    row = await fetch_one(conn, Q["count_items" + by], params, row=dict_row, prepare=False)
     return items, int(row["total"]) if row else 0
 
 

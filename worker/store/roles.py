@@ -13,17 +13,19 @@ role       may
 ingest     read the destination registry; insert delivery rows (and read back their ids); keep
            its duplicate window. It cannot read payloads back, change a delivery's state or
            delete one.
-worker     read and update delivery rows (it sends payloads, so it reads them); record failed
-           attempts; place items on worklists (``delivery-failed``); read its destination's
-           hold. It cannot delete rows or change the registry.
+worker     read delivery rows but their patient keys (it sends payloads, so it reads them);
+           change only their state, attempts, times and errors; record failed attempts; place
+           items on worklists (``delivery-failed``); read its destination's hold; take a
+           destination's worker lock (no other role can). It cannot change a payload or a
+           destination, delete rows or change the registry.
 operator   write the destination registry and its carrier claims; read queue depth (delivery
            metadata, never the payload or patient keys).
 sweeper    read delivery metadata, the registry and the reservation records; skip expired
            messages (state and decider only); cancel expired bookings (withdraw their
            segments, record the events, enqueue the carriers' cancellation notices); place and
            clear worklist items; write the audit trail. It reads no payload and deletes nothing.
-purge      delete finished deliveries and cleared worklist items, reading only the columns
-           that decide which.
+purge      delete finished deliveries and cleared worklist items, through the functions of
+           migration 0011 only: it has no table privilege at all.
 admin      the CLI's destructive commands (skip, drain, remove, resend, erase, imports, suspend
            and resume) and the console: read and change rows of every table, but no DDL and
            no role management.
@@ -33,8 +35,16 @@ reader     the CLI's listings and dashboards: read everything except payloads an
 Privileges are table privileges (PostgreSQL "Privileges", ``GRANT``); a column list limits one
 to those columns, and ``except`` grants it on every column but those named (resolved against
 the table when the grants are applied, so a new column is covered by the next run). Identity
-columns need no sequence privilege. Functions used by the queries (``pg_notify``, advisory
-locks) are executable by every role by default.
+columns need no sequence privilege.
+
+Our functions (migration 0011: the component locks and purge's deletions, ``SECURITY DEFINER``
+with a fixed ``search_path``) are executable only by the components :data:`FUNCTIONS` names.
+The server's advisory lock functions (``pg_advisory_lock(bigint)`` and its relatives,
+:data:`ADVISORY_LOCKS`) are revoked from ``PUBLIC`` (and granted back to the functions' owner),
+so no component role can take a lock key directly; that revocation needs a superuser (the
+functions belong to the bootstrap superuser), and without one :func:`apply_roles` reports it as
+a warning. ``pg_notify`` cannot be withheld (``NOTIFY`` needs no privilege): a notification is a
+wake-up, never a fact (see the README's "Security model").
 """
 
 from __future__ import annotations
@@ -97,7 +107,23 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     "inturn_delivery": {
         # RETURNING id needs SELECT on id; nothing else is readable.
         "ingest": (INSERT, Grant("SELECT", ("id",))),
-        "worker": (SELECT, UPDATE),
+        # It reads the head (payload included) and records an outcome: state, attempts, times,
+        # errors. Never the payload, the destination or the patient keys.
+        "worker": (
+            Grant("SELECT", but=("patient_keys",)),
+            Grant(
+                "UPDATE",
+                (
+                    "state",
+                    "attempts",
+                    "next_attempt",
+                    "last_attempt",
+                    "finished_at",
+                    "last_error",
+                    "reason",
+                ),
+            ),
+        ),
         "operator": (
             Grant(
                 "SELECT",
@@ -111,7 +137,7 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
             INSERT,
             Grant("UPDATE", ("state", "decided_by", "finished_at", "reason")),
         ),
-        "purge": (Grant("SELECT", ("id", "state", "finished_at")), DELETE),
+        # purge deletes through inturn_purge_deliveries (FUNCTIONS) and holds no privilege here
         "admin": ALL_DML,
         "reader": (NO_PATIENT_DATA,),
     },
@@ -155,7 +181,7 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     "inturn_worklist_item": {
         "worker": (SELECT, INSERT),
         "sweeper": (SELECT, INSERT, UPDATE),
-        "purge": (Grant("SELECT", ("id", "state", "cleared_at")), DELETE),
+        # purge deletes cleared items through inturn_purge_worklist (FUNCTIONS)
         "admin": (SELECT, INSERT, UPDATE),
         "reader": (SELECT,),
     },
@@ -171,6 +197,40 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "reader": (SELECT,),
     },
 }
+
+
+#: Every function of the schema (its signature as ``regprocedure`` prints it) -> the components
+#: that may execute it; nobody else may (EXECUTE is revoked from PUBLIC). A function missing
+#: here stops :func:`apply_roles`, as a table missing from :data:`GRANTS` does.
+FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "inturn_worker_lock(text)": ("worker",),
+    "inturn_worker_unlock(text)": ("worker",),
+    # ingest stores, the sweeper enqueues cancellation notices, the admin resends
+    "inturn_enqueue_lock(text)": ("ingest", "sweeper", "admin"),
+    "inturn_purge_lock()": ("purge",),
+    "inturn_purge_unlock()": ("purge",),
+    "inturn_sweep_lock()": ("sweeper",),
+    "inturn_sweep_unlock()": ("sweeper",),
+    "inturn_purge_deliveries(text,timestamp with time zone,integer)": ("purge",),
+    "inturn_purge_worklist(double precision,integer)": ("purge",),
+}
+
+#: The server's advisory lock functions on one bigint key (the key space of our locks), revoked
+#: from PUBLIC so that only our functions take our keys. The two-key variants lock another
+#: key space (the lock tag's fourth field is 2, not 1) and cannot block ours.
+ADVISORY_LOCKS = tuple(
+    f"pg_catalog.{name}(bigint)"
+    for name in (
+        "pg_advisory_lock",
+        "pg_advisory_lock_shared",
+        "pg_try_advisory_lock",
+        "pg_try_advisory_lock_shared",
+        "pg_advisory_xact_lock",
+        "pg_advisory_xact_lock_shared",
+        "pg_try_advisory_xact_lock",
+        "pg_try_advisory_xact_lock_shared",
+    )
+)
 
 
 def role_name(component: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -216,26 +276,93 @@ def tables(conn: psycopg.Connection[Any]) -> list[str]:
     return _column(conn, "tables", None, "tablename")
 
 
-def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+def functions(conn: psycopg.Connection[Any]) -> list[str]:
+    """The functions of the current schema whose names start with ``inturn_``, as signatures
+    (``inturn_worker_lock(text)``), sorted."""
+    return _column(conn, "functions", None, "signature")
+
+
+@dataclass
+class RolesReport:
+    """What :func:`apply_roles` did.
+
+    Attributes:
+        created: the roles this call created (empty when they all existed).
+        warnings: protections it could not put in place, one sentence each (the advisory lock
+            functions still executable by every role when not run by a superuser).
+    """
+
+    created: list[str]
+    warnings: list[str]
+
+
+def _grant_functions(
+    conn: psycopg.Connection[Any], present: list[str], names: dict[str, str]
+) -> None:
+    for signature in present:
+        function = sql.SQL(signature)  # from the catalog and a key of FUNCTIONS: not user text
+        conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(function))
+        for component, role in names.items():
+            ident = sql.Identifier(role)
+            conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM {}").format(function, ident))
+            if component in FUNCTIONS[signature]:
+                conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(function, ident))
+
+
+def _revoke_advisory_locks(conn: psycopg.Connection[Any], names: dict[str, str]) -> list[str]:
+    """Revoke the advisory lock functions from PUBLIC and the component roles, granting them to
+    the owner of our functions (who takes the locks for them). Returns warnings."""
+    [owner] = _column(conn, "function_owner", {"signature": "inturn_worker_lock(text)"}, "owner")
+    every = sql.SQL(", ").join(map(sql.SQL, ADVISORY_LOCKS))
+    try:
+        with conn.transaction():  # a savepoint: a refusal leaves the grants above in place
+            conn.execute(sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(every))
+            for role in names.values():
+                conn.execute(
+                    sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM {}").format(
+                        every, sql.Identifier(role)
+                    )
+                )
+            conn.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(every, sql.Identifier(owner))
+            )
+    except psycopg.errors.InsufficientPrivilege:
+        pass  # reported below, from what PUBLIC may still do
+    still = _column(conn, "public_executes", {"signatures": list(ADVISORY_LOCKS)}, "signature")
+    if not still:
+        return []
+    return [
+        f"every role may still take any advisory lock ({len(still)} of the server's advisory"
+        " lock functions are executable by PUBLIC): a role other than the worker's could hold a"
+        " destination's worker lock and stop its delivery. Revoking them needs a superuser: run"
+        " `inturn migrate --create-roles` once as one (see the README's Security model)"
+    ]
+
+
+def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> RolesReport:
     """Create the missing component roles and set every role's table privileges to
-    :data:`GRANTS`, in one transaction.
+    :data:`GRANTS` and its function privileges to :data:`FUNCTIONS`, in one transaction, then
+    revoke the server's advisory lock functions from PUBLIC (:data:`ADVISORY_LOCKS`).
 
     Returns:
-        The roles created by this call (empty when they all existed).
+        The roles created by this call, and what could not be protected (warnings).
 
     Raises:
         ValueError: a bad prefix.
         RolesError: the connecting role may not create roles or grant on the tables, or a
-            table of the schema has no entry in :data:`GRANTS`.
+            table or function of the schema has no entry in :data:`GRANTS` / :data:`FUNCTIONS`.
         psycopg.OperationalError: the database cannot be reached.
     """
     names = {component: role_name(component, prefix) for component in COMPONENTS}
     created: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         present = tables(conn)
-        undecided = sorted(set(present) - set(GRANTS))
+        present_functions = functions(conn)
+        undecided = sorted(set(present) - set(GRANTS)) + sorted(
+            set(present_functions) - set(FUNCTIONS)
+        )
         if undecided:
-            raise RolesError(f"no grant decision for table(s) {', '.join(undecided)}")
+            raise RolesError(f"no grant decision for {', '.join(undecided)}")
         try:
             with conn.transaction():
                 conn.execute(locks.Q["xact_lock"], {"key": locks.ROLES})
@@ -267,9 +394,11 @@ def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
                         )
                         for grant in GRANTS[table].get(component, ()):
                             conn.execute(_grant_sql(grant, table, role, columns))
+                _grant_functions(conn, present_functions, names)
+                warnings = _revoke_advisory_locks(conn, names)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise RolesError(
                 f"not allowed to create roles or grant on the tables ({exc.diag.message_primary});"
                 " run it as the tables' owner with CREATEROLE"
             ) from None
-    return created
+    return RolesReport(created=created, warnings=warnings)

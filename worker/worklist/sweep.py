@@ -80,7 +80,7 @@ async def sweep(
     """
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    if not await locks.try_lock(conn, locks.SWEEP):
+    if not await locks.try_component_lock(conn, "sweep"):
         return SweepReport(locked=False)
     report = SweepReport(locked=True)
     try:
@@ -97,5 +97,5 @@ async def sweep(
             await announce(result.outcome.placements, publishers or [])
     finally:
         if not (conn.closed or conn.broken):
-            await locks.unlock(conn, locks.SWEEP)
+            await locks.release_component_lock(conn, "sweep")
     return report

@@ -12,10 +12,9 @@ SELECT destination, channel, message_types, suspended, sender_kind
 -- name: store
 -- A batch of messages for one channel and one set of destinations, stored by ONE statement in
 -- autocommit mode (its implicit COMMIT returns with the result). The steps are ordered by data
--- dependencies: window rows, then the enqueue locks (the key of queue.sql's enqueue_lock, from the prefix
--- inturn.worker.store.locks.ENQUEUE_PREFIX, in
--- sorted order), then the delivery rows with their identifier index keys (patient_keys: one
--- comma-separated string per message), then one NOTIFY per destination. A message whose window
+-- dependencies: window rows, then the enqueue locks (queue.sql's enqueue_lock, in sorted order),
+-- then the delivery rows with their identifier index keys (patient_keys: one comma-separated
+-- string per message), then one NOTIFY per destination. A message whose window
 -- row conflicts is a duplicate: nothing is done for it. Explained in full in
 -- inturn.worker.ingest.batch.store_batch; keep this text short (psycopg caches only queries
 -- under 4 KiB).
@@ -44,7 +43,7 @@ fresh AS MATERIALIZED (
                     WHERE x.control_id = m.control_id AND x.digest = m.digest)
 ),
 locked AS MATERIALIZED (
-    SELECT count(pg_advisory_xact_lock(hashtextextended(%(enqueue_prefix)s || s.d, 0))) AS n
+    SELECT count(inturn_enqueue_lock(s.d)) AS n
       FROM (SELECT d FROM unnest(%(destinations)s::text[]) AS d ORDER BY d) AS s
      WHERE EXISTS (SELECT 1 FROM fresh)
 ),

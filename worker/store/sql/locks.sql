@@ -1,5 +1,6 @@
--- Advisory locks. The keys (texts hashed into the bigint lock key) are defined once, in
--- inturn.worker.store.locks, and passed as %(key)s.
+-- Advisory locks. The components' locks are taken through the functions of migration 0011
+-- (worker, enqueue, purge, sweep: each granted only to the roles that take it); the owner's own
+-- locks (migrate, roles, local) take a key defined in inturn.worker.store.locks as %(key)s.
 
 -- name: lock
 -- Wait for the session lock (the migration run).
@@ -10,7 +11,7 @@ SELECT pg_advisory_lock(hashtextextended(%(key)s, 0));
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
 -- name: try_lock
--- Take the session lock if free (the worker lock, the purge singleton).
+-- Take the session lock if free (the local runner's registry).
 SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0)) AS locked;
 
 -- name: unlock
@@ -27,3 +28,22 @@ SELECT b.pid, b.application_name, b.usename AS user_name, host(b.client_addr) AS
   FROM pg_stat_activity b
  WHERE b.pid = ANY (pg_blocking_pids(%(pid)s))
  ORDER BY coalesce(b.xact_start, b.state_change) NULLS LAST, b.pid;
+
+-- name: worker_lock
+-- The worker lock of a destination, if free (a worker role's session keeps it while it runs).
+SELECT inturn_worker_lock(%(destination)s) AS locked;
+
+-- name: worker_unlock
+SELECT inturn_worker_unlock(%(destination)s) AS unlocked;
+
+-- name: purge_lock
+SELECT inturn_purge_lock() AS locked;
+
+-- name: purge_unlock
+SELECT inturn_purge_unlock() AS unlocked;
+
+-- name: sweep_lock
+SELECT inturn_sweep_lock() AS locked;
+
+-- name: sweep_unlock
+SELECT inturn_sweep_unlock() AS unlocked;

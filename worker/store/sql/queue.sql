@@ -6,9 +6,9 @@
 SET LOCAL synchronous_commit = on;
 
 -- name: enqueue_lock
--- Serialises enqueues per destination until COMMIT, so that id order is commit order.
--- key: inturn.worker.store.locks.enqueue_key(destination).
-SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+-- Serialises enqueues per destination until COMMIT, so that id order is commit order
+-- (the function of migration 0011, granted to the roles that enqueue).
+SELECT inturn_enqueue_lock(%(destination)s);
 
 -- name: enqueue_insert
 -- patient_keys: the identifier index keys (inturn.worker.hl7.pid.index_keys), in the same row.
@@ -142,14 +142,9 @@ DELETE FROM inturn_delivery
 RETURNING id, destination, state;
 
 -- name: purge_batch
--- One batch of finished items older than the cutoff, in one short transaction.
-DELETE FROM inturn_delivery
- WHERE id IN (
-       SELECT id FROM inturn_delivery
-        WHERE state = %(state)s AND state <> 'pending' AND finished_at < %(cutoff)s
-        ORDER BY finished_at
-        LIMIT %(batch)s)
-RETURNING id;
+-- One batch of finished items older than the cutoff, in one short transaction, deleted by the
+-- function of migration 0011 (the purge role may call it, and has no DELETE of its own).
+SELECT id FROM inturn_purge_deliveries(%(state)s, %(cutoff)s, %(batch)s) AS deleted(id);
 
 -- name: audit
 INSERT INTO inturn_audit (who, action, destination, item_ids, why)
@@ -158,8 +153,8 @@ VALUES (%(who)s, %(action)s, %(destination)s, %(ids)s, %(why)s);
 -- name: list_items
 -- A page of items newest first, never payloads. Every filter is optional (NULL: not filtered);
 -- "before" is a keyset cursor (the last id of the previous page);
--- run unprepared, so that each call is planned with its filters and control_id and patient_key
--- use their indexes.
+-- run unprepared, so that each call is planned with its filters and control_id uses its index.
+-- It reads no patient key, so the reader role may run it (list_items_by_patient does).
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
   FROM inturn_delivery
@@ -167,13 +162,11 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
    AND (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
-   AND (%(patient_key)s::text IS NULL OR patient_keys @> ARRAY[%(patient_key)s::text])
    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
  -- With an identifier filter, "id + 0" keeps the planner from walking the primary key backwards
  -- in the hope of meeting the few matches early (it reads the whole table when they are old):
  -- the identifier index finds them and they are sorted. The CASE folds away once planned.
- ORDER BY CASE WHEN %(control_id)s::text IS NULL AND %(patient_key)s::text IS NULL
-               THEN id ELSE id + 0 END DESC
+ ORDER BY CASE WHEN %(control_id)s::text IS NULL THEN id ELSE id + 0 END DESC
  LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: count_items
@@ -183,8 +176,30 @@ SELECT count(*) AS total
  WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
    AND (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text);
+
+-- name: list_items_by_patient
+-- list_items of one patient identifier index key (its GIN index finds them; "id + 0" as above).
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+  FROM inturn_delivery
+ WHERE patient_keys @> ARRAY[%(patient_key)s::text]
+   AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+   AND (%(state)s::text IS NULL OR state = %(state)s::text)
    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
-   AND (%(patient_key)s::text IS NULL OR patient_keys @> ARRAY[%(patient_key)s::text]);
+   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ ORDER BY id + 0 DESC
+ LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: count_items_by_patient
+SELECT count(*) AS total
+  FROM inturn_delivery
+ WHERE patient_keys @> ARRAY[%(patient_key)s::text]
+   AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+   AND (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text);
 
 -- name: scan_payloads
 -- Keyset pages of every held item with its payload (a data-subject search without the index).

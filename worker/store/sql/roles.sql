@@ -21,3 +21,20 @@ SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %(role)s) AS present;
 
 -- name: current_schema
 SELECT current_schema() AS schema;
+
+-- name: functions
+-- inturn's functions in the current schema, as signatures (regprocedure text, unqualified).
+SELECT p.oid::regprocedure::text AS signature
+  FROM pg_proc p
+ WHERE p.pronamespace = to_regnamespace(current_schema()) AND starts_with(p.proname, 'inturn_')
+ ORDER BY 1;
+
+-- name: function_owner
+-- The role owning a function (the tables' owner, who migrated).
+SELECT pg_get_userbyid(proowner) AS owner FROM pg_proc WHERE oid = to_regprocedure(%(signature)s);
+
+-- name: public_executes
+-- Which of the given functions PUBLIC may still execute.
+SELECT f AS signature
+  FROM unnest(%(signatures)s::text[]) AS f
+ WHERE has_function_privilege('public', f::regprocedure, 'EXECUTE');

@@ -113,11 +113,6 @@ SELECT queue, reason, count(*) AS items, min(placed_at) AS oldest
 
 -- name: purge_batch
 -- One batch of items cleared longer ago than the retention (database time), in one short
--- transaction. Never a pending one.
-DELETE FROM inturn_worklist_item
- WHERE id IN (
-       SELECT id FROM inturn_worklist_item
-        WHERE state = 'cleared'
-          AND cleared_at < now() - make_interval(secs => %(older_than_seconds)s)
-        ORDER BY cleared_at
-        LIMIT %(batch)s);
+-- transaction, deleted by the function of migration 0011 (never a pending one; the purge role
+-- may call it, and has no DELETE of its own).
+SELECT id FROM inturn_purge_worklist(%(older_than_seconds)s, %(batch)s) AS deleted(id);
