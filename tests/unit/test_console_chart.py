@@ -39,6 +39,21 @@ def test_the_console_deployment_and_service() -> None:
     assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("http", 8080)]
 
 
+def test_the_console_serves_its_own_names_and_the_configured_ones() -> None:
+    objs = render({"console": {"enabled": True, "serverNames": ["console.hospital.example"]}})
+    (c,) = find(objs, "Deployment", "inturn-console")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["INTURN_CONSOLE_SERVER_NAMES"].split() == [
+        "localhost",
+        "127.0.0.1",
+        "::1",
+        "inturn-console",
+        "inturn-console.inturn",
+        "inturn-console.inturn.svc",
+        "console.hospital.example",
+    ]
+
+
 def test_one_replica_needs_no_csrf_secret() -> None:
     objs = render({"console": {"enabled": True}})
     (c,) = find(objs, "Deployment", "inturn-console")["spec"]["template"]["spec"]["containers"]

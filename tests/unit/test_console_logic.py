@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 import pytest
 
 from inturn.worker.console.auth import AuthConfigError, parse_auth
-from inturn.worker.console.csrf import Csrf, same_origin
+from inturn.worker.console.csrf import Csrf
+from inturn.worker.console.names import ServerNames
 from inturn.worker.console.overview import build, error_class
 from inturn.worker.console.text import segments
 from inturn.worker.store.model import DepthRow, HeadInfo
@@ -165,8 +166,41 @@ def test_csrf_tokens_are_per_identity_and_secret() -> None:
     assert not csrf.valid("vera", csrf.token("otto"))
     assert not csrf.valid("otto", Csrf(b"t" * 32).token("otto"))
     assert not csrf.valid("otto", None) and not csrf.valid("otto", "")
-    assert same_origin(None, "c:8080") and same_origin("http://c:8080", "c:8080")
-    assert not same_origin("http://evil:8080", "c:8080") and not same_origin("null", "c:8080")
+
+
+@pytest.mark.parametrize(
+    ("host", "served"),
+    [
+        ("localhost", True),
+        ("localhost:8080", True),
+        ("LOCALHOST.:8080", True),
+        ("127.0.0.1:1", True),
+        ("[::1]:8080", True),
+        ("console.example:8443", True),
+        ("console.example:8080", False),  # configured with a port: only that one
+        ("evil.example", False),  # a rebound name
+        ("evil.example:8080", False),
+        ("127.0.0.1.evil.example", False),
+        ("localhost@evil.example", False),
+        ("localhost:80/x", False),
+        ("localhost:99999", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_the_console_serves_only_its_names(host: str | None, served: bool) -> None:
+    names = ServerNames.parse(["localhost", "127.0.0.1", "::1", "console.example:8443"])
+    assert names.serves(host) is served
+
+
+def test_origin_is_checked_against_the_names_never_the_host() -> None:
+    names = ServerNames.parse([])  # the loopback names
+    assert names.same_origin(None) and names.same_origin("http://localhost:8080")
+    assert names.same_origin("http://[::1]:8080") and names.same_origin("https://127.0.0.1")
+    for origin in ("http://evil:8080", "null", "file://localhost", "http://localhost/x", "x"):
+        assert not names.same_origin(origin), origin
+    with pytest.raises(ValueError, match="not a host name"):
+        ServerNames.parse(["http://console.example/"])
 
 
 def test_control_characters_are_shown_and_segments_split() -> None:

@@ -14,6 +14,7 @@ from inturn.worker.cli.ingest import parse_address
 from inturn.worker.cli.logs import configure
 from inturn.worker.cli.options import DURATION, dsn_option, logging_options
 from inturn.worker.console.auth import AuthConfigError, load_auth
+from inturn.worker.console.names import LOOPBACK_NAMES, ServerNames
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
 from inturn.worker.console.server import start_console
 from inturn.worker.store.connect import resolve_dsn
@@ -61,6 +62,16 @@ def read_secret(path: Path | None) -> bytes | None:
     help="Secret for CSRF tokens, shared by replicas (default: one per process).",
 )
 @click.option(
+    "--server-name",
+    "server_names",
+    multiple=True,
+    metavar="HOST[:PORT]",
+    envvar="INTURN_CONSOLE_SERVER_NAMES",
+    help="A name the console serves under (repeatable; the variable: separated by spaces);"
+    " a request whose Host header is none of them gets 421, and a change's Origin must be one"
+    f" of them. Default: the loopback names ({', '.join(LOOPBACK_NAMES)}).",
+)
+@click.option(
     "--stuck-after",
     type=DURATION,
     default=int(DEFAULT_STUCK_AFTER),
@@ -73,6 +84,7 @@ def console_command(
     listen: str,
     auth_file: Path,
     csrf_secret_file: Path | None,
+    server_names: tuple[str, ...],
     stuck_after: int,
     log_level: str,
     log_json: bool,
@@ -88,12 +100,22 @@ def console_command(
     except AuthConfigError as exc:
         raise click.ClickException(str(exc)) from None
     secret = read_secret(csrf_secret_file)
+    try:
+        names = ServerNames.parse(server_names)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--server-name") from None
     target = resolve_dsn(dsn)
     configure(log_level, json_logs=log_json)
 
     async def main() -> None:
         server = await start_console(
-            target, host=host, port=port, auth=auth, csrf_secret=secret, stuck_after=stuck_after
+            target,
+            host=host,
+            port=port,
+            auth=auth,
+            csrf_secret=secret,
+            stuck_after=stuck_after,
+            server_names=names,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

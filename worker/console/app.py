@@ -28,8 +28,10 @@ from inturn.worker.console.context import (
     CSRF_KEY,
     CSRF_TOKEN_KEY,
     IDENTITY_KEY,
+    NAMES_KEY,
 )
-from inturn.worker.console.csrf import FIELD, HEADER, SAFE_METHODS, Csrf, same_origin
+from inturn.worker.console.csrf import FIELD, HEADER, SAFE_METHODS, Csrf
+from inturn.worker.console.names import ServerNames
 from inturn.worker.console.operations import Console, ConsoleError
 from inturn.worker.errors import InturnError
 from inturn.worker.text.display import printable
@@ -75,6 +77,11 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path == "/healthz":
         return await handler(request)
+    names = request.app[NAMES_KEY]
+    if not names.serves(request.headers.get("Host")):
+        # DNS rebinding: a page of another site whose name now points here. Nothing else is
+        # looked at, in any auth mode (RFC 9110 §15.5.20: not this server's name).
+        return error_response(request, 421, "misdirected", "not a name this console serves")
     who = request.app[AUTH_KEY].authenticate(request.headers, request.remote)
     if who is None:
         return error_response(request, 401, "unauthenticated", "")
@@ -92,8 +99,8 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
                 "multipart/form-data",
             ):
                 presented = str((await request.post()).get(FIELD) or "")
-            if not csrf.valid(who.name, presented) or not same_origin(
-                request.headers.get("Origin"), request.host
+            if not csrf.valid(who.name, presented) or not names.same_origin(
+                request.headers.get("Origin")
             ):
                 raise ConsoleError(403, "csrf_failed", "missing or wrong CSRF token")
         return await handler(request)
@@ -128,12 +135,16 @@ def static_dir() -> Path:
     return Path(str(resources.files("inturn.worker.console").joinpath("static")))
 
 
-def make_app(console: Console, auth: AuthConfig, csrf: Csrf) -> web.Application:
-    """Build the application (routes of :mod:`.api` and :mod:`.pages`, static files)."""
+def make_app(
+    console: Console, auth: AuthConfig, csrf: Csrf, names: ServerNames | None = None
+) -> web.Application:
+    """Build the application (routes of :mod:`.api` and :mod:`.pages`, static files), serving
+    requests whose ``Host`` is one of ``names`` (default: the loopback names)."""
     app = web.Application(middlewares=[guard], client_max_size=64 * 1024)
     app[CONSOLE_KEY] = console
     app[AUTH_KEY] = auth
     app[CSRF_KEY] = csrf
+    app[NAMES_KEY] = names or ServerNames.parse(())
     env = aiohttp_jinja2.setup(
         app,
         loader=jinja2.PackageLoader("inturn.worker.console", "templates"),

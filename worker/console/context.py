@@ -6,11 +6,13 @@ from aiohttp import web
 
 from inturn.worker.console.auth import AuthConfig, Identity
 from inturn.worker.console.csrf import Csrf
+from inturn.worker.console.names import ServerNames
 from inturn.worker.console.operations import Console
 
 CONSOLE_KEY = web.AppKey("console", Console)
 AUTH_KEY = web.AppKey("auth", AuthConfig)
 CSRF_KEY = web.AppKey("csrf", Csrf)
+NAMES_KEY = web.AppKey("server_names", ServerNames)
 IDENTITY_KEY = web.RequestKey("identity", Identity)
 CSRF_TOKEN_KEY = web.RequestKey("csrf_token", str)
 

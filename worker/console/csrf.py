@@ -4,8 +4,9 @@ The token is an HMAC-SHA256 of the authenticated identity's name under a server 
 put it in a hidden form field and in htmx's request headers; API clients read it from
 ``GET /api/v1/me``. A POST, PUT, PATCH or DELETE must carry it (``X-CSRF-Token`` header or
 ``csrf_token`` form field), and when the browser says where the request comes from (``Origin``)
-that must be this server. A page on another site can make a browser send the user's cookies or
-proxy session, but it cannot read the token, so it cannot forge a change.
+that must be one of this server's names (:mod:`inturn.worker.console.names`). A page on another
+site can make a browser send the user's cookies or proxy session, but it cannot read the token,
+so it cannot forge a change.
 
 Source: OWASP Cross-Site Request Forgery Prevention Cheat Sheet (signed double-submit token,
 verifying the origin with standard headers).
@@ -16,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from urllib.parse import urlsplit
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 HEADER = "X-CSRF-Token"
@@ -42,15 +42,3 @@ class Csrf:
     def valid(self, name: str, presented: str | None) -> bool:
         """Whether ``presented`` is ``name``'s token (constant-time comparison)."""
         return bool(presented) and hmac.compare_digest(self.token(name), str(presented))
-
-
-def same_origin(origin: str | None, host: str | None) -> bool:
-    """Whether an ``Origin`` header names this server's ``Host`` (an absent Origin passes:
-    the token is the defence then; browsers send Origin on cross-site form posts). ``null``
-    fails: the console's ``Referrer-Policy: same-origin`` keeps browsers sending the real one.
-    """
-    if origin is None:
-        return True
-    if origin == "null" or not host:
-        return False
-    return urlsplit(origin).netloc.lower() == host.lower()

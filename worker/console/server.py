@@ -14,6 +14,7 @@ from inturn.worker.console.app import make_app
 from inturn.worker.console.auth import AuthConfig
 from inturn.worker.console.csrf import Csrf
 from inturn.worker.console.feed import Feed
+from inturn.worker.console.names import ServerNames
 from inturn.worker.console.operations import Console
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
 from inturn.worker.store.connect import Pools
@@ -46,9 +47,11 @@ async def start_console(
     csrf_secret: bytes | None = None,
     stuck_after: float = DEFAULT_STUCK_AFTER,
     refresh_seconds: float = 2.0,
+    server_names: ServerNames | None = None,
 ) -> ConsoleServer:
     """Open the pools (writes: 2 connections; reads: 2, read-only, short statement timeout),
-    take the first overview, and serve on ``host:port``.
+    take the first overview, and serve on ``host:port`` the requests whose ``Host`` is one of
+    ``server_names`` (default: the loopback names; see :mod:`inturn.worker.console.names`).
 
     Raises:
         psycopg_pool.PoolTimeout: the database could not be reached.
@@ -60,7 +63,7 @@ async def start_console(
     console = Console(write=write, read=read, feed=feed)
     try:
         await feed.start()
-        runner = web.AppRunner(make_app(console, auth, Csrf(csrf_secret)))
+        runner = web.AppRunner(make_app(console, auth, Csrf(csrf_secret), server_names))
         await runner.setup()
         site = web.TCPSite(runner, host, port, shutdown_timeout=2.0)
         await site.start()
@@ -70,5 +73,10 @@ async def start_console(
         await read.close()
         raise
     bound = int(runner.addresses[0][1]) if runner.addresses else port
-    log.info("console serving on http://%s:%d/", host, bound)
+    log.info(
+        "console serving on http://%s:%d/ under the names %s",
+        host,
+        bound,
+        server_names or ServerNames.parse(()),
+    )
     return ConsoleServer(runner=runner, console=console, port=bound)
