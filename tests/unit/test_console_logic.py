@@ -8,6 +8,7 @@ import re
 from datetime import UTC, datetime
 
 import pytest
+from multidict import CIMultiDict
 
 from inturn.worker.console.auth import AuthConfigError, parse_auth
 from inturn.worker.console.csrf import Csrf
@@ -144,6 +145,28 @@ def test_proxy_headers_are_believed_only_from_the_proxy() -> None:
     assert jane is not None and jane.name == "jane@hospital.example" and jane.can("operator")
     assert auth.authenticate(headers, "10.2.0.1") is None  # not the proxy
     assert auth.authenticate({"X-Forwarded-User": "x\ny"}, "10.1.2.3") is None
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        # a proxy that appends its header after the client's: the client's comes first
+        [("X-Forwarded-User", "mallory"), ("X-Forwarded-User", "jane")],
+        [("X-Forwarded-User", "jane"), ("X-Forwarded-User", "jane")],
+        [
+            ("X-Forwarded-User", "jane"),
+            ("X-Forwarded-Groups", "x"),
+            ("x-forwarded-groups", "oncall"),
+        ],
+        [("X-Forwarded-User", "mallory, jane")],
+        [("Authorization", "Bearer x"), ("Authorization", "Bearer y")],
+    ],
+)
+def test_several_values_of_an_identity_header_are_refused(pairs: list[tuple[str, str]]) -> None:
+    auth = parse_auth({"proxy": {"trustedAddresses": ["10.1.0.0/16"]}})
+    assert auth.authenticate(CIMultiDict(pairs), "10.1.2.3") is None
+    one = CIMultiDict([("X-Forwarded-User", "jane")])
+    assert auth.authenticate(one, "10.1.2.3") is not None
 
 
 @pytest.mark.parametrize(

@@ -131,7 +131,12 @@ class AuthConfig:
         """Return the caller's identity, or None (the caller gets 401 and nothing else).
 
         A bearer token is tried first; then the proxy headers, only from a trusted peer.
+        ``headers`` may be a multi-dict (aiohttp's): a request carrying an identity header
+        (``Authorization``, the proxy's user or groups header) more than once is refused,
+        since which copy a proxy added and which the client sent cannot be told apart.
         """
+        if len(_values(headers, "Authorization")) > 1:
+            return None
         authorization = headers.get("Authorization", "")
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
@@ -152,15 +157,28 @@ class AuthConfig:
 
     @staticmethod
     def _by_proxy(headers: Mapping[str, str], proxy: Proxy) -> Identity | None:
-        name = headers.get(proxy.user_header, "").strip()
+        names = _values(headers, proxy.user_header)
+        groups = _values(headers, proxy.groups_header)
+        if len(names) != 1 or len(groups) > 1:
+            return None  # a proxy that appends rather than replaces would let the client choose
+        name = names[0].strip()
         if not NAME_PATTERN.match(name):
             return None
         roles = set(proxy.default_roles)
-        for group in headers.get(proxy.groups_header, "").split(","):
+        for group in (groups or [""])[0].split(","):
             roles |= proxy.group_roles.get(group.strip(), frozenset())
         if not roles:
             return None
         return Identity(name=name, roles=frozenset(roles))
+
+
+def _values(headers: Mapping[str, str], name: str) -> list[str]:
+    """Every value of header ``name``: all of a multi-dict's (``getall``), else the one value."""
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        return list(getall(name, []))
+    value = headers.get(name)
+    return [] if value is None else [value]
 
 
 def _is_loopback(peer: str | None) -> bool:
