@@ -591,7 +591,7 @@ def test_reader_role_runs_queue_list_and_is_told_what_it_lacks(
     assert "ROLE-RL-1" in result.output
     # a command of another role: the error names the refusal and the role, not the DSN
     with pytest.raises(SystemExit) as exited:
-        main(["queue", "payload", str(item), "--dsn", reader])
+        main(["queue", "payload", str(item), "--why", "test", "--dsn", reader])
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "permission denied for table inturn_delivery" in err

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from psycopg_pool import AsyncConnectionPool
 
 from inturn.worker.ingest.batch import Message, StoreResult, store_statement
-from inturn.worker.store import locks
 from inturn.worker.store.queries import load
 
 _QUEUE = load("queue.sql")
@@ -60,7 +59,7 @@ async def store_all(
     everyone = sorted({d for destinations, _ in items for d in destinations})
     async with pool.connection(timeout=acquire_timeout) as conn, conn.transaction():
         for destination in everyone:
-            await conn.execute(_QUEUE["enqueue_lock"], {"key": locks.enqueue_key(destination)})
+            await conn.execute(_QUEUE["enqueue_lock"], {"destination": destination})
         results: list[StoreResult] = []
         for destinations, message in items:
             [result] = await store_statement(
