@@ -80,7 +80,7 @@ def run_read(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitable
 
     async def go(pools: Pools) -> T:
         async with pools.read.connection() as conn:
-            return await watched(pools, conn, action)
+            return await watched(_conninfo(pools), conn, action)
 
     return run_db(dsn, go)
 
@@ -91,24 +91,30 @@ def run_write(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitabl
 
     async def go(pools: Pools) -> T:
         async with pools.write.connection() as conn:
-            return await watched(pools, conn, action)
+            return await watched(_conninfo(pools), conn, action)
 
     return run_db(dsn, go)
 
 
+def _conninfo(pools: Pools) -> str:
+    conninfo = pools.write.conninfo
+    assert isinstance(conninfo, str)  # Pools.open gives the pools the DSN itself
+    return conninfo
+
+
 async def watched(
-    pools: Pools, conn: AsyncConnection[Any], action: Callable[[AsyncConnection[Any]], Awaitable[T]]
+    conninfo: str,
+    conn: AsyncConnection[Any],
+    action: Callable[[AsyncConnection[Any]], Awaitable[T]],
 ) -> T:
     """Run ``action(conn)`` under a lock watch (:mod:`inturn.worker.store.lockwatch`): past the
     threshold (``INTURN_LOCK_WAIT_SECONDS``, and at most half the read pool's statement
     timeout, so that the look comes before the timeout), a line on stderr names the session
     the command waits for; a statement cancelled by its timeout after such a wait fails with
     :class:`~inturn.worker.store.lockwatch.LockWaitError` naming it, not as an unreachable
-    database."""
+    database. ``conninfo`` is the DSN the look connects with (only when a wait is that long).
+    """
     threshold = min(lockwatch.threshold_from_env(), READ_STATEMENT_TIMEOUT_MS / 2000)
-
-    conninfo = pools.write.conninfo
-    assert isinstance(conninfo, str)  # Pools.open gives the pools the DSN itself
 
     async def side() -> AsyncConnection[Any]:
         return await AsyncConnection.connect(

@@ -19,6 +19,7 @@ import click
 import psycopg
 
 from inturn.worker.cli.options import dsn_option, json_option
+from inturn.worker.cli.queue import watched
 from inturn.worker.reservations import bookings as api
 from inturn.worker.reservations.bookings import Applied
 from inturn.worker.reservations.codes import is_status_code
@@ -32,14 +33,15 @@ T = TypeVar("T")
 
 
 def run_conn(dsn: str | None, action: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
-    """Open one autocommit connection on ``dsn`` (or ``$INTURN_DSN``), run ``action``, close it."""
+    """Open one autocommit connection on ``dsn`` (or ``$INTURN_DSN``), run ``action`` under a
+    lock watch (:func:`inturn.worker.cli.queue.watched`), close it."""
     target = resolve_dsn(dsn)
 
     async def go() -> T:
         async with await psycopg.AsyncConnection.connect(
             target, autocommit=True, connect_timeout=5, application_name="inturn-bookings"
         ) as conn:
-            return await action(conn)
+            return await watched(target, conn, action)
 
     return asyncio.run(go())
 
