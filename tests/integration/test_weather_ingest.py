@@ -169,3 +169,30 @@ async def test_a_store_whose_end_cannot_be_seen_gets_no_answer(
             os.kill(pid, signal.SIGCONT)
         await holder.rollback()
         await holder.close()
+
+
+async def test_a_batch_answered_ae_after_a_store_timeout_kept_nothing(
+    ingest: Ingest, fresh_db: str
+) -> None:
+    fhs = b"FHS|^~\\&|LAB|HOSP|EHR|HOSP|20261201||||F-9\r"
+    fhs += b"BHS|^~\\&|LAB|HOSP|EHR|HOSP|20261201||||B-9\r"
+    payload = fhs + msg("BATCHED-1") + msg("BATCHED-2") + b"BTS|2\rFTS|1\r"
+    holder = await lock_table(fresh_db)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", ingest.mllp_ports["c"])
+        writer.write(frame(payload))
+        await writer.drain()
+        answer = b""
+        async with asyncio.timeout(60):
+            while b"FTS|" not in answer:
+                chunk = await reader.read(65536)
+                assert chunk, "closed without an answer"
+                answer += chunk
+        writer.close()
+        assert ingest_statements_running(fresh_db) == 0
+    finally:
+        await holder.rollback()
+        await holder.close()
+    msa = [line for line in answer.split(b"\r") if line.startswith(b"MSA|")]
+    assert [line.split(b"|")[1] for line in msa] == [b"AE", b"AE"]
+    assert rows(fresh_db) == []

@@ -466,8 +466,10 @@ class Acceptor:
                 channel,
                 [(p.destinations, p.message) for p in ready],
                 window_seconds=self.duplicate_window_seconds,
-                acquire_timeout=self.store_timeout_seconds,
+                store_timeout=self.store_timeout_seconds,
             )
+        except OutcomeUnknown as exc:  # it may have been kept: no answer at all
+            return self._done_batch(channel, batch, _unknown(str(exc)))
         except Exception as exc:  # nothing of the batch was kept
             failed = [self._storage_failed(p.header, exc) for p in ready]
             return self._done_batch(channel, batch, _answer_batch(batch, failed))

@@ -440,51 +440,75 @@ class Committer:
     async def _bounded(
         self, conn: AsyncConnection[Any], deadline: float, statement: Awaitable[R]
     ) -> R:
-        """Await ``statement`` (running on ``conn``) until ``deadline``; past it, cancel it on
-        the server and await its own end for up to ``confirm_seconds`` (module docstring)."""
-        task = asyncio.ensure_future(statement)
-        loop = asyncio.get_running_loop()
-        done, _ = await asyncio.wait({task}, timeout=max(deadline - loop.time(), 0.0))
-        if task in done:
-            return task.result()
+        return await run_bounded(
+            conn,
+            statement,
+            deadline=deadline,
+            store_timeout=self.store_timeout,
+            confirm_seconds=self.confirm_seconds,
+        )
+
+
+async def run_bounded(
+    conn: AsyncConnection[Any],
+    statement: Awaitable[R],
+    *,
+    deadline: float,
+    store_timeout: float,
+    confirm_seconds: float = DEFAULT_CONFIRM_SECONDS,
+) -> R:
+    """Await ``statement`` (storing on ``conn``, in autocommit or in a transaction it ends) until
+    ``deadline`` (``loop.time()``); past it, cancel it on the server and await its own end for up
+    to ``confirm_seconds`` (see the module docstring).
+
+    Raises:
+        StoreTimeout: it was cancelled and ended with an error: nothing was kept.
+        OutcomeUnknown: its end was not seen; ``conn`` was closed.
+        Exception: whatever ``statement`` raised before the deadline.
+    """
+    task = asyncio.ensure_future(statement)
+    loop = asyncio.get_running_loop()
+    done, _ = await asyncio.wait({task}, timeout=max(deadline - loop.time(), 0.0))
+    if task in done:
+        return task.result()
+    try:
+        await conn.cancel_safe(timeout=confirm_seconds)
+    except psycopg.Error as exc:  # the cancel request did not get through
+        log.warning("ingest: the cancel request failed (%s)", type(exc).__name__)
+    done, _ = await asyncio.wait({task}, timeout=confirm_seconds)
+    try:
+        if task not in done:
+            await conn.close()  # the statement's socket goes; its outcome stays unknown
+            with contextlib.suppress(BaseException):
+                await task
+            raise OutcomeUnknown(
+                f"the storing statement was cancelled after the store timeout of"
+                f" {store_timeout:g}s and did not end within {confirm_seconds:g}s"
+                " more; it may have been kept"
+            )
         try:
-            await conn.cancel_safe(timeout=self.confirm_seconds)
-        except psycopg.Error as exc:  # the cancel request did not get through
-            log.warning("ingest: the cancel request failed (%s)", type(exc).__name__)
-        done, _ = await asyncio.wait({task}, timeout=self.confirm_seconds)
-        try:
-            if task not in done:
-                await conn.close()  # the statement's socket goes; its outcome stays unknown
-                with contextlib.suppress(BaseException):
-                    await task
+            result = task.result()
+        except psycopg.Error as exc:
+            if classify(exc).fault == "dead":  # ended with its session: unknown
                 raise OutcomeUnknown(
                     f"the storing statement was cancelled after the store timeout of"
-                    f" {self.store_timeout:g}s and did not end within {self.confirm_seconds:g}s"
-                    " more; it may have been kept"
-                )
-            try:
-                result = task.result()
-            except psycopg.Error as exc:
-                if classify(exc).fault == "dead":  # ended with its session: unknown
-                    raise OutcomeUnknown(
-                        f"the storing statement was cancelled after the store timeout of"
-                        f" {self.store_timeout:g}s and its connection was lost"
-                        f" ({type(exc).__name__}); it may have been kept"
-                    ) from exc
-                raise StoreTimeout(
-                    f"cancelled after the store timeout of {self.store_timeout:g}s and rolled"
-                    " back; nothing was kept"
+                    f" {store_timeout:g}s and its connection was lost"
+                    f" ({type(exc).__name__}); it may have been kept"
                 ) from exc
-            log.info(
-                "ingest: a storing statement committed after the store timeout of %gs, before"
-                " the cancel reached it; answered as stored",
-                self.store_timeout,
-            )
-            return result
-        finally:
-            # A cancel that arrives late must not hit a later statement of this connection.
-            if not conn.closed:
-                await conn.close()
+            raise StoreTimeout(
+                f"cancelled after the store timeout of {store_timeout:g}s and rolled"
+                " back; nothing was kept"
+            ) from exc
+        log.info(
+            "ingest: a storing statement committed after the store timeout of %gs, before"
+            " the cancel reached it; answered as stored",
+            store_timeout,
+        )
+        return result
+    finally:
+        # A cancel that arrives late must not hit a later statement of this connection.
+        if not conn.closed:
+            await conn.close()
 
 
 def _settle(future: asyncio.Future[StoreResult], outcome: StoreResult | BaseException) -> None:

@@ -18,16 +18,28 @@ alike:
   AR (CR) with an ERR (table 0357 code 207) naming the refused message by its position and
   MSH-10; BHS-10 says the same.
 * When storing fails, every message is answered AE (CE), or AR (CR) for content the database
-  refuses (:mod:`inturn.worker.store.faults`); nothing is kept, the sender sends it again.
+  refuses (:mod:`inturn.worker.store.faults`); nothing is kept, the sender sends it again. A
+  transaction still running at the store timeout is cancelled and answered by its own end, as
+  a single message is (:mod:`inturn.worker.ingest.batch`): AE only once it rolled back.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from inturn.worker.ingest.batch import Message, StoreResult, store_statement
+from inturn.worker.ingest.batch import (
+    DEFAULT_CONFIRM_SECONDS,
+    Message,
+    StoreResult,
+    StoreTimeout,
+    run_bounded,
+    store_statement,
+)
 from inturn.worker.store.queries import load
 
 _QUEUE = load("queue.sql")
@@ -39,35 +51,62 @@ async def store_all(
     items: Sequence[tuple[Sequence[str], Message]],
     *,
     window_seconds: float,
-    acquire_timeout: float,
+    store_timeout: float,
+    confirm_seconds: float = DEFAULT_CONFIRM_SECONDS,
 ) -> list[StoreResult]:
     """Store every message for its destinations in one transaction, in order.
+
+    The store timeout is kept as for a single message (:mod:`inturn.worker.ingest.batch`):
+    past it the transaction is cancelled and its own end awaited, so that an error (AE) always
+    means it rolled back.
 
     Args:
         pool: the write pool (autocommit connections, ``synchronous_commit`` on).
         channel: where the batch arrived.
         items: ``(destinations, message)`` per message of the batch, in batch order.
         window_seconds: the duplicate window (0 turns it off).
-        acquire_timeout: seconds to wait for a pooled connection.
+        store_timeout: seconds for the pool wait and the transaction together.
+        confirm_seconds: seconds to wait for a cancelled transaction's end.
 
     Returns:
         One result per item, in order, once the COMMIT has returned.
 
     Raises:
-        psycopg.Error, psycopg_pool.PoolTimeout: nothing of the batch was stored.
+        StoreTimeout: not stored within ``store_timeout``; nothing was kept.
+        OutcomeUnknown: cancelled, but its end was not seen; it may have been kept.
+        psycopg.Error: nothing of the batch was stored.
     """
     everyone = sorted({d for destinations, _ in items for d in destinations})
-    async with pool.connection(timeout=acquire_timeout) as conn, conn.transaction():
-        for destination in everyone:
-            await conn.execute(_QUEUE["enqueue_lock"], {"destination": destination})
-        results: list[StoreResult] = []
-        for destinations, message in items:
-            [result] = await store_statement(
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + store_timeout
+
+    async def transaction(conn: AsyncConnection[Any]) -> list[StoreResult]:
+        async with conn.transaction():
+            for destination in everyone:
+                await conn.execute(_QUEUE["enqueue_lock"], {"destination": destination})
+            results: list[StoreResult] = []
+            for destinations, message in items:
+                [result] = await store_statement(
+                    conn,
+                    channel=channel,
+                    destinations=destinations,
+                    messages=[message],
+                    window_seconds=window_seconds,
+                )
+                results.append(result)
+            return results
+
+    try:
+        async with pool.connection(timeout=store_timeout) as conn:
+            return await run_bounded(
                 conn,
-                channel=channel,
-                destinations=destinations,
-                messages=[message],
-                window_seconds=window_seconds,
+                transaction(conn),
+                deadline=deadline,
+                store_timeout=store_timeout,
+                confirm_seconds=confirm_seconds,
             )
-            results.append(result)
-        return results
+    except PoolTimeout as exc:  # no connection in time: nothing was sent
+        raise StoreTimeout(
+            f"no database connection within the store timeout of {store_timeout:g}s;"
+            " nothing was kept"
+        ) from exc
