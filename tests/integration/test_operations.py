@@ -20,9 +20,8 @@ from inturn.worker.errors import (
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations import worklist as worklist_actions
 from inturn.worker.operations.actor import ACTIONS, Trusted, permit
-from inturn.worker.store import queue
+from inturn.worker.store import queue, worklist
 from inturn.worker.store.model import NewItem
-from inturn.worker.worklist import store as worklist
 
 DEST = "ward/lab"
 CLI = Trusted("alice")

@@ -27,10 +27,9 @@ from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
-from inturn.worker.store import locks, queue, registry, roles
+from inturn.worker.store import locks, queue, registry, roles, worklist
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
-from inturn.worker.worklist import store as worklist
 from inturn.worker.worklist.sweep import sweep as run_sweep
 
 pytestmark = pytest.mark.store

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
 
 from inturn.worker import worklist
-from inturn.worker.worklist.model import WorklistItem
+from inturn.worker.store.worklist_model import WorklistItem
 
 pytestmark = pytest.mark.store
 
@@ -79,7 +79,7 @@ async def test_place_joins_the_callers_transaction(conn: AsyncConnection[Any]) -
 
 
 async def test_place_many_in_one_statement(conn: AsyncConnection[Any]) -> None:
-    from inturn.worker.worklist.store import NewPlacement, place_many
+    from inturn.worker.store.worklist import NewPlacement, place_many
 
     there = await place(conn, key="2")
 

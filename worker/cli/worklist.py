@@ -18,10 +18,10 @@ from inturn.worker.cli.queue import run_read, run_write
 from inturn.worker.errors import Conflict, NotFound
 from inturn.worker.operations import worklist as worklist_actions
 from inturn.worker.operations.actor import Trusted
+from inturn.worker.store import worklist as store
+from inturn.worker.store.worklist_model import ITEM_STATES, CountRow, Page, WorklistItem
 from inturn.worker.text.display import table
 from inturn.worker.text.durations import format_age
-from inturn.worker.worklist import store
-from inturn.worker.worklist.model import ITEM_STATES, CountRow, Page, WorklistItem
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ from inturn.worker.operations import worklist as worklist_actions
 from inturn.worker.operations.actor import permit
 from inturn.worker.store import queue
 from inturn.worker.store.model import STATES
-from inturn.worker.worklist.model import ITEM_STATES
+from inturn.worker.store.worklist_model import ITEM_STATES
 
 #: The actions the console offers on one item (their rules: ``operations.actor.ACTIONS``).
 ITEM_ACTIONS = ("retry", "skip", "remove", "resend", "erase")

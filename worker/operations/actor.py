@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from inturn.worker.errors import Forbidden, Invalid, ReasonRequired
-from inturn.worker.worklist.model import NOTE_MAX
+from inturn.worker.store.worklist_model import NOTE_MAX
 
 #: Longest reason kept, in characters.
 REASON_MAX = 500

@@ -39,8 +39,8 @@ from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.hl7.pid import has_patient_id
 from inturn.worker.operations.actor import Actor, permit
 from inturn.worker.store import identifiers, queue, registry
+from inturn.worker.store import worklist as worklist_store
 from inturn.worker.store.model import Item
-from inturn.worker.worklist import store as worklist_store
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.operations.actor import Actor, permit
-from inturn.worker.worklist import store
-from inturn.worker.worklist.model import WorklistItem
+from inturn.worker.store import worklist as store
+from inturn.worker.store.worklist_model import WorklistItem
 
 
 async def clear(
@@ -26,9 +26,9 @@ async def clear(
         Forbidden: the actor lacks the operator role.
         ReasonRequired: no note.
         Invalid: a note longer than 1,000 characters or holding a NUL character.
-        NotFound: no such item (:class:`~inturn.worker.worklist.store.ItemNotFound`).
+        NotFound: no such item (:class:`~inturn.worker.store.worklist.ItemNotFound`).
         Conflict: it was cleared before; the message says by whom and when
-            (:class:`~inturn.worker.worklist.store.AlreadyCleared`).
+            (:class:`~inturn.worker.store.worklist.AlreadyCleared`).
     """
     text = permit(actor, "clear", note)
     assert text is not None  # permit refuses an empty note

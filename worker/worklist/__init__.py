@@ -1,8 +1,8 @@
 """Worklists: failures and missed deadlines turned into work that people list, work and clear.
 
-The store (:mod:`.store`) holds the items; publishers (:mod:`.publish`) announce created items
-after their COMMIT; the sweeper's rules (:mod:`.rules`, grouped in rule packs) place what
-happens because time passed.
+The store (:mod:`inturn.worker.store.worklist`) holds the items; publishers (:mod:`.publish`)
+announce created items after their COMMIT; the sweeper's rules (:mod:`.rules`, grouped in rule
+packs) place what happens because time passed.
 
 The API in one place::
 
@@ -16,10 +16,7 @@ The API in one place::
     shown = await show(conn, item_id)
 """
 
-from inturn.worker.worklist.model import CountRow, Page, Placement, Shown, WorklistItem
-from inturn.worker.worklist.publish import Publisher, announce
-from inturn.worker.worklist.rules import PackOption, Rule, RuleOutcome, RulePack
-from inturn.worker.worklist.store import (
+from inturn.worker.store.worklist import (
     SYSTEM,
     AlreadyCleared,
     ItemNotFound,
@@ -32,6 +29,9 @@ from inturn.worker.worklist.store import (
     purge,
     show,
 )
+from inturn.worker.store.worklist_model import CountRow, Page, Placement, Shown, WorklistItem
+from inturn.worker.worklist.publish import Publisher, announce
+from inturn.worker.worklist.rules import PackOption, Rule, RuleOutcome, RulePack
 
 __all__ = [
     "SYSTEM",

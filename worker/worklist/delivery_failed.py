@@ -13,8 +13,8 @@ from psycopg import AsyncConnection
 
 from inturn.worker.store import queue
 from inturn.worker.store.model import Item
-from inturn.worker.worklist.model import Placement
-from inturn.worker.worklist.store import place
+from inturn.worker.store.worklist import place
+from inturn.worker.store.worklist_model import Placement
 
 #: The queue given-up messages are placed on.
 QUEUE = "delivery-failed"

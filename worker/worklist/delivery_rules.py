@@ -30,8 +30,8 @@ from psycopg.rows import dict_row
 
 from inturn.worker.store import queue as delivery_queue
 from inturn.worker.store.queries import fetch_all, load
+from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
-from inturn.worker.worklist.store import NewPlacement, clear_where, place_many
 from inturn.worker.worklist.windows import open_windows
 
 Q = load("sweep.sql")

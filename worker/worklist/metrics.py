@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge
 
-from inturn.worker.worklist.model import CountRow
-from inturn.worker.worklist.store import count
+from inturn.worker.store.worklist import count
+from inturn.worker.store.worklist_model import CountRow
 
 if TYPE_CHECKING:  # the worker imports this module and opens no pool
     from psycopg_pool import AsyncConnectionPool

@@ -20,8 +20,8 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from inturn.worker.store.worklist_model import Placement, WorklistItem
 from inturn.worker.worklist.metrics import PLACEMENTS, PUBLISH_FAILURES
-from inturn.worker.worklist.model import Placement, WorklistItem
 
 log = logging.getLogger("inturn.worklist.publish")
 

@@ -23,7 +23,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from psycopg import AsyncConnection
 
-from inturn.worker.worklist.model import Placement
+from inturn.worker.store.worklist_model import Placement
 
 S = TypeVar("S")
 

@@ -1,5 +1,5 @@
 -- Named queries of the worklists. Each block starts with "-- name: <query_name>".
--- Parameters use psycopg's %(name)s style. Loaded by inturn.worker.worklist.store.
+-- Parameters use psycopg's %(name)s style. Loaded by inturn.worker.store.worklist.
 
 -- name: place
 -- The conflict target repeats the partial unique index's predicate (state = 'pending'); without

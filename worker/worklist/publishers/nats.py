@@ -13,7 +13,7 @@ import json
 import nats
 from nats.aio.client import Client
 
-from inturn.worker.worklist.model import WorklistItem
+from inturn.worker.store.worklist_model import WorklistItem
 
 #: Default subject prefix.
 SUBJECT_PREFIX = "inturn.worklist"

@@ -7,7 +7,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from inturn.worker.worklist.model import WorklistItem
+from inturn.worker.store.worklist_model import WorklistItem
 
 #: Default channel name (``LISTEN inturn_worklist``).
 CHANNEL = "inturn_worklist"

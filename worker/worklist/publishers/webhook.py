@@ -17,7 +17,7 @@ import json
 import aiohttp
 from aiohttp_retry import ExponentialRetry, RetryClient
 
-from inturn.worker.worklist.model import WorklistItem
+from inturn.worker.store.worklist_model import WorklistItem
 
 #: Header carrying the body's HMAC-SHA256, as ``sha256=<hex>``.
 SIGNATURE_HEADER = "X-Inturn-Signature"

@@ -22,7 +22,7 @@ from psycopg.rows import class_row
 
 from inturn.worker.errors import Conflict, NotFound
 from inturn.worker.store.queries import fetch_all, fetch_one, load
-from inturn.worker.worklist.model import (
+from inturn.worker.store.worklist_model import (
     ITEM_STATES,
     CountRow,
     Page,
