@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sweep.py
 	$(BIN)/python bench/weather.py
 	$(BIN)/python bench/shapes.py
+	$(BIN)/python bench/recovery.py
 
 # The container image, built with podman from the Containerfile on a base made here by
 # debootstrap, then checked inside (version, every command's help, user, no compiler, size).

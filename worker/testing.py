@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
+import socket
 import ssl
+import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
 
 from aiohttp import web
 
@@ -348,3 +355,93 @@ def worst_shapes(size: int) -> dict[str, bytes]:
         "lone_escape": SHAPE_MSH + b"PID|1||\\" + b"a" * room + b"\r",
         "lf_terminators": (SHAPE_MSH + segments + b"\r").replace(b"\r", b"\n"),
     }
+
+
+#: Where Debian puts the PostgreSQL 15 server programs.
+POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+class ScratchPostgres:
+    """A PostgreSQL server of its own, to stop and start at will (outage tests and benchmarks).
+
+    ``initdb`` makes a cluster in a temporary folder (trust authentication, user ``postgres``);
+    the server listens on 127.0.0.1 at a port chosen once, so :attr:`dsn` stays valid across
+    :meth:`stop` and :meth:`start`. Run as root, every server program runs as the ``postgres``
+    user (PostgreSQL refuses to run as root). Use as a context manager: the server is stopped
+    and its folder removed on exit.
+
+    Args:
+        bin_dir: folder of ``initdb`` and ``pg_ctl`` (default: Debian's PostgreSQL 15).
+
+    Raises:
+        FileNotFoundError: ``bin_dir`` holds no ``initdb``.
+        subprocess.CalledProcessError: a server program failed (its output is in the error).
+    """
+
+    def __init__(self, bin_dir: Path = POSTGRES_BIN) -> None:
+        if not (bin_dir / "initdb").exists():
+            raise FileNotFoundError(f"no initdb in {bin_dir}")
+        self.bin_dir = bin_dir
+        self.root = Path(tempfile.mkdtemp(prefix="inturn-scratch-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = int(probe.getsockname()[1])
+        self._user = "postgres" if os.geteuid() == 0 else None
+        if self._user is not None:
+            shutil.chown(self.root, self._user)
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                  "--no-sync")  # fmt: skip
+
+    @property
+    def dsn(self) -> str:
+        """The libpq connection string of the server's ``postgres`` database."""
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+
+    def _run(self, program: str, *args: str) -> None:
+        subprocess.run(
+            [str(self.bin_dir / program), *args],
+            check=True,
+            capture_output=True,
+            user=self._user,
+            cwd=self.root,
+        )
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off"
+            " -c max_connections=200"
+        )
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``: sessions are ended; ``immediate``: as a crash would)."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def running(self) -> bool:
+        """Whether the server is up (``pg_ctl status``)."""
+        try:
+            self._run("pg_ctl", "-D", str(self.data), "status")
+        except subprocess.CalledProcessError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Stop the server if it runs and remove its folder."""
+        if self.running():
+            self.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> ScratchPostgres:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -59,9 +59,11 @@ CAUSE_MAX_CHARS = 500
 DEPTH_EVERY_SECONDS = 5.0
 #: Most seconds between two tries of a standby worker (another holds the lock) to take it.
 STANDBY_POLL_SECONDS = 5.0
-#: Reconnect backoff after a lost database connection: first delay and ceiling, seconds.
-RECONNECT_BASE_SECONDS = 1.0
-RECONNECT_MAX_SECONDS = 30.0
+#: Reconnect backoff after a lost database connection: first delay and ceiling, seconds. The
+#: ceiling is short so that a worker resumes within it of Postgres accepting connections again,
+#: however long the outage (one connection attempt every 2 s while it lasts costs nothing).
+RECONNECT_BASE_SECONDS = 0.5
+RECONNECT_MAX_SECONDS = 2.0
 #: Backoff of a step repeated on a live session (a mark on a full disk...): first delay and
 #: ceiling, seconds.
 STEP_RETRY_BASE_SECONDS = 0.5
@@ -201,7 +203,7 @@ class DestinationWorker:
                     delay = backoff_seconds(failures, RECONNECT_BASE_SECONDS, RECONNECT_MAX_SECONDS)
                     what = "connection lost" if self.state.connected_once else "unreachable"
                     log.warning(
-                        "destination %s: database %s (%s); workers wait for it: next try in %.0fs",
+                        "destination %s: database %s (%s); workers wait for it: next try in %.1fs",
                         self.destination,
                         what,
                         _first_line(exc),

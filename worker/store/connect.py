@@ -257,11 +257,11 @@ class Pools:
 def _pool(
     dsn: str, name: str, size: int, application_name: str, options: str
 ) -> AsyncConnectionPool:
-    from psycopg_pool import AsyncConnectionPool
+    from inturn.worker.store.pool import Pool
 
     kwargs = {
         "application_name": application_name,
         "options": "-c synchronous_commit=on" + options,
         "autocommit": True,
     }
-    return AsyncConnectionPool(dsn, min_size=1, max_size=size, kwargs=kwargs, open=False, name=name)
+    return Pool(dsn, min_size=1, max_size=size, kwargs=kwargs, open=False, name=name)

@@ -1,0 +1,47 @@
+"""The connection pool every pooled process uses, with a reconnect delay that stops growing.
+
+psycopg_pool replaces a lost connection by trying again after 1 s, then doubling the wait
+(``AttemptWithBackoff``: 1, 2, 4, ... 128 s within its five-minute ``reconnect_timeout``). After an
+outage of three minutes the next try could be two minutes away: ingest went on answering AE for
+50 s after Postgres was back. :class:`Pool` keeps the library's first try and its jitter and
+caps every later wait at :data:`RECONNECT_MAX_DELAY_SECONDS`, so the pool is whole again within
+that time of the server accepting connections, however long it was away. The cost is one
+connection attempt per lost connection every two seconds while the server is down.
+
+Imported only where a pool is made (:func:`inturn.worker.store.connect.Pools.open`), so that a
+worker, which has one connection and no pool, never loads psycopg_pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+from psycopg_pool.base import AttemptWithBackoff
+
+#: Longest wait, in seconds, between two tries to replace a lost pooled connection.
+RECONNECT_MAX_DELAY_SECONDS = 2.0
+
+
+class CappedAttempt(AttemptWithBackoff):
+    """psycopg_pool's reconnect attempt whose delay doubles only up to
+    :data:`RECONNECT_MAX_DELAY_SECONDS` (it still gives up after the pool's
+    ``reconnect_timeout``, after which the next request for a connection starts a new one)."""
+
+    def update_delay(self, now: float) -> None:
+        """Set ``delay`` (seconds) before the next try, as the library does, then cap it."""
+        super().update_delay(now)
+        self.delay = min(self.delay, RECONNECT_MAX_DELAY_SECONDS)
+
+
+class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
+    """An :class:`psycopg_pool.AsyncConnectionPool` whose lost connections are replaced with
+    :class:`CappedAttempt` delays; same arguments, same behaviour otherwise."""
+
+    async def _add_connection(
+        self, attempt: AttemptWithBackoff | None, growing: bool = False
+    ) -> None:
+        if attempt is None:
+            attempt = CappedAttempt(timeout=self.reconnect_timeout)
+        await super()._add_connection(attempt, growing)
