@@ -7,6 +7,7 @@ identity header sent more than once is refused (401)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -123,3 +124,22 @@ async def test_several_identity_headers_from_the_trusted_proxy_get_401(fresh_db:
                     assert "jane" not in await r.text() and "mallory" not in await r.text()
     finally:
         await server.stop()
+
+
+async def test_an_oversized_authorization_header_is_not_echoed(
+    fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    server = await start_console(fresh_db, host="127.0.0.1", port=0, auth=AUTH)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        secret = "S3CR3T" + "k" * 9000
+        head = f"GET /api/v1/me HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {secret}"
+        writer.write(f"{head}\r\n\r\n".encode())
+        async with asyncio.timeout(10):
+            answer = await reader.read()
+        writer.close()
+    finally:
+        await server.stop()
+    assert answer.split(b" ", 2)[1] == b"400"
+    assert b"S3CR3T" not in answer and "S3CR3T" not in caplog.text

@@ -156,6 +156,53 @@ async def test_refusal_logs_carry_no_token_and_no_payload(
     assert "SECRET-MRN" not in caplog.text
 
 
+async def raw_request(port: int, head: bytes) -> bytes:
+    """Send ``head`` (a request line and headers) on a new connection; the whole answer."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(head)
+    await writer.drain()
+    async with asyncio.timeout(10):
+        answer = await reader.read()
+    writer.close()
+    return answer
+
+
+async def test_an_unreadable_request_is_answered_and_logged_without_its_bytes(
+    fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A header or request line over aiohttp's 8,190-byte limit, or malformed, is answered 400
+    with a fixed text and logged once per peer per minute, without a byte of what was sent."""
+    register(fresh_db, "adt")
+    caplog.set_level("DEBUG")  # every logger, aiohttp's included
+    secret = "S3CR3T" + "k" * 9000  # a bearer token over the limit
+    path = "/channels/adt/messages"
+    heads = [
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
+        "Content-Length: 0\r\n\r\n",
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
+        "Content-Length: 0\r\n\r\n",
+        f"POST {path}?access_token={secret} HTTP/1.1\r\nHost: x\r\n\r\n",  # request line
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nX-Token: S3CR3T\x01bad\r\n\r\n",  # malformed
+        f"S3CR3T {path} HTTP/1.1\r\n\r\n",  # not a method
+    ]
+    before = counter("inturn_http_requests_malformed_total", server="ingest-http", status="400")
+    async with running(fresh_db) as ingest:
+        assert ingest.http_port is not None
+        answers = [await raw_request(ingest.http_port, h.encode("latin-1")) for h in heads]
+    for answer in answers:
+        assert answer.split(b" ", 2)[1] == b"400", answer[:200]
+        assert b"S3CR3T" not in answer and b"kkkkkkkk" not in answer and b"bad" not in answer
+        assert b"too long or malformed" in answer
+    assert "S3CR3T" not in caplog.text and "kkkkkkkk" not in caplog.text
+    assert "Traceback" not in caplog.text
+    lines = [r for r in caplog.records if "could not be read" in r.getMessage()]
+    assert len(lines) == 1 and HOST in lines[0].getMessage()  # once per peer per minute
+    assert counter(
+        "inturn_http_requests_malformed_total", server="ingest-http", status="400"
+    ) == before + len(heads)
+    assert stored(fresh_db) == [] and received(fresh_db) == 0
+
+
 async def test_operations_port_is_apart_from_the_message_port(fresh_db: str) -> None:
     async with running(fresh_db) as ingest, aiohttp.ClientSession() as http:
         assert ingest.ops_port not in (None, ingest.http_port)

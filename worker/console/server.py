@@ -17,6 +17,7 @@ from inturn.worker.console.feed import Feed
 from inturn.worker.console.names import ServerNames
 from inturn.worker.console.operations import Console
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
+from inturn.worker.ingest.quiet import QuietAppRunner
 from inturn.worker.store.connect import Pools
 
 log = logging.getLogger("inturn.console")
@@ -63,7 +64,8 @@ async def start_console(
     console = Console(write=write, read=read, feed=feed)
     try:
         await feed.start()
-        runner = web.AppRunner(make_app(console, auth, Csrf(csrf_secret), server_names))
+        app = make_app(console, auth, Csrf(csrf_secret), server_names)
+        runner = QuietAppRunner(app, name="console")
         await runner.setup()
         site = web.TCPSite(runner, host, port, shutdown_timeout=2.0)
         await site.start()

@@ -38,6 +38,7 @@ from inturn.worker.hl7.mllp import EB, Event, Frame, FrameReader, FrameTooLarge,
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import UNKNOWN, Acceptor
 from inturn.worker.ingest.access import AllowList, certificate_names
+from inturn.worker.ingest.quiet import LogThrottle
 
 log = logging.getLogger("inturn.ingest.mllp")
 
@@ -108,7 +109,7 @@ class MllpListener:
         self._idle: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()
         self._stopping = False
-        self._refusals_logged: dict[tuple[str, str], float] = {}
+        self._refusals_logged = LogThrottle(REFUSAL_LOG_SECONDS)
 
     @property
     def channel(self) -> str:
@@ -222,12 +223,7 @@ class MllpListener:
             return True
         metrics.REFUSED_CONNECTIONS.labels(self.channel, refusal).inc()
         host = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
-        now = time.monotonic()
-        key = (host, refusal)
-        if now - self._refusals_logged.get(key, -REFUSAL_LOG_SECONDS) >= REFUSAL_LOG_SECONDS:
-            if len(self._refusals_logged) > 4096:
-                self._refusals_logged.clear()
-            self._refusals_logged[key] = now
+        if self._refusals_logged.allow((host, refusal)):
             log.warning(
                 "channel %s: refused a connection from %s (%s not allowed)",
                 self.channel,

@@ -40,6 +40,7 @@ from inturn.worker.ingest.listener import (
     ListenerConfig,
     MllpListener,
 )
+from inturn.worker.ingest.quiet import QuietAppRunner
 from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, Router, check_channel
 from inturn.worker.store.connect import Pools
 from inturn.worker.worklist.metrics import refresh_pending_forever
@@ -218,7 +219,7 @@ class Ingest:
     async def _serve_http(
         self, app: web.Application, address: tuple[str, int], context: ssl.SSLContext | None
     ) -> int:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = QuietAppRunner(app, name="ingest-http", access_log=None, handle_signals=False)
         await runner.setup()
         self._runners.append(runner)
         host, port = address
