@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -124,6 +125,11 @@ def test_a_table_without_a_decision_stops_the_grants(dsn: str) -> None:
                 roles.apply_roles(dsn, f"t{uuid.uuid4().hex[:8]}_")
         finally:
             conn.execute("DROP TABLE inturn_zz_undecided")
+
+
+def test_the_security_page_shows_the_grants_as_declared() -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "security.md"
+    assert roles.privilege_tables() in page.read_text(), "paste roles.privilege_tables() there"
 
 
 def test_bad_prefix_is_a_usage_error(dsn: str) -> None:
@@ -588,6 +594,9 @@ def test_reader_role_runs_queue_list_and_is_told_what_it_lacks(
     result = CliRunner().invoke(cli, ["queue", "list", "--dsn", reader])
     assert result.exit_code == 0, result.output
     assert "ROLE-RL-1" in result.output
+    for command in (["depth"], ["show", str(item)], ["audit"]):
+        result = CliRunner().invoke(cli, ["queue", *command, "--dsn", reader])
+        assert result.exit_code == 0, (command, result.output)
     # a command of another role: the error names the refusal and the role, not the DSN
     with pytest.raises(SystemExit) as exited:
         main(["queue", "payload", str(item), "--why", "test", "--dsn", reader])

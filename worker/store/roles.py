@@ -234,6 +234,31 @@ ADVISORY_LOCKS = tuple(
 )
 
 
+def _describe(grant: Grant) -> str:
+    if grant.columns:
+        return f"{grant.privilege} ({', '.join(grant.columns)})"
+    if grant.but:
+        return f"{grant.privilege} but {', '.join(grant.but)}"
+    return grant.privilege
+
+
+def privilege_tables() -> str:
+    """The privileges of :data:`GRANTS` and :data:`FUNCTIONS` as two Markdown tables (table by
+    table and column by column, then function by function), for the documentation, which a
+    test keeps equal to this text."""
+    head = "| table | " + " | ".join(COMPONENTS) + " |"
+    lines = [head, "|---" * (len(COMPONENTS) + 1) + "|"]
+    for table in sorted(GRANTS):
+        cells = [
+            "; ".join(_describe(g) for g in GRANTS[table].get(c, ())) or "–" for c in COMPONENTS
+        ]
+        lines.append(f"| `{table}` | " + " | ".join(cells) + " |")
+    lines += ["", "| function | may be executed by |", "|---|---|"]
+    for function in sorted(FUNCTIONS):
+        lines.append(f"| `{function}` | {', '.join(FUNCTIONS[function])} |")
+    return "\n".join(lines) + "\n"
+
+
 def role_name(component: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The role of ``component``: ``prefix + component``.
 
