@@ -27,6 +27,7 @@ import yaml
 
 from inturn.worker.cli import cli
 from inturn.worker.console.auth import parse_auth
+from inturn.worker.feeds.declare import parse_feeds
 from inturn.worker.ingest.credentials import Credentials
 from inturn.worker.reservations.records import parse_bookings
 from inturn.worker.spec.destination import load_manifest
@@ -135,6 +136,9 @@ def validate_yaml(doc: Any) -> str:
     if set(doc) <= {"tokens", "proxy"}:
         parse_auth(doc)
         return "console auth"
+    if set(doc) == {"feeds"}:
+        parse_feeds(doc)
+        return "feed declarations"
     if doc.get("kind") in {"Application", "HelmRelease"}:
         values = doc["spec"].get("values") or doc["spec"]["source"]["helm"]["valuesObject"]
         jsonschema.validate(values, _chart_values_schema())

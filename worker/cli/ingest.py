@@ -7,7 +7,7 @@ import asyncio
 import click
 
 from inturn.worker.cli.logs import configure
-from inturn.worker.cli.options import dsn_option, logging_options
+from inturn.worker.cli.options import dsn_option, feeds_option, load_feeds_file, logging_options
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
@@ -21,6 +21,7 @@ from inturn.worker.ingest.credentials import (
     CredentialsFile,
     new_token,
 )
+from inturn.worker.ingest.feeds import DEFAULT_FLUSH_SECONDS, DEFAULT_MAX_SENDERS
 from inturn.worker.ingest.listener import (
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
@@ -234,20 +235,27 @@ def _size(value: str) -> int:
     " are stored but not found by --patient-id.",
 )
 @click.option(
-    "--max-indexed-identifiers",
-    type=click.IntRange(min=1),
-    default=MAX_INDEXED_IDENTIFIERS,
-    show_default=True,
-    help="Most distinct patient identifiers (PID-2/3/4, MRG-1) indexed per message; the rest"
-    " are stored but not found by --patient-id.",
-)
-@click.option(
     "--max-batch-messages",
     type=click.IntRange(min=1),
     default=DEFAULT_MAX_BATCH_MESSAGES,
     show_default=True,
     help="Most messages in one HL7 batch (FHS/BHS ... BTS/FTS); a larger batch is refused whole"
     " (AR, ERR 104).",
+)
+@feeds_option
+@click.option(
+    "--feed-flush-seconds",
+    type=click.FloatRange(min=0.1),
+    default=DEFAULT_FLUSH_SECONDS,
+    show_default=True,
+    help="Seconds between two writes of the feeds' last message times (never one per message).",
+)
+@click.option(
+    "--max-feed-senders",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_SENDERS,
+    show_default=True,
+    help="Most senders (MSH-3/MSH-4) recorded per per-sender feed; others count for the channel.",
 )
 @logging_options
 def ingest_command(
@@ -272,6 +280,9 @@ def ingest_command(
     pool_size: int,
     max_indexed_identifiers: int,
     max_batch_messages: int,
+    feeds_file: str | None,
+    feed_flush_seconds: float,
+    max_feed_senders: int,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -335,6 +346,9 @@ def ingest_command(
             pool_size=pool_size,
             max_indexed_identifiers=max_indexed_identifiers,
             max_batch_messages=max_batch_messages,
+            feeds=load_feeds_file(feeds_file),
+            feed_flush_seconds=feed_flush_seconds,
+            max_feed_senders=max_feed_senders,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

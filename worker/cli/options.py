@@ -78,3 +78,31 @@ class DurationType(click.ParamType[int]):
 
 
 DURATION = DurationType()
+
+
+def feeds_option(command: F) -> F:
+    """``--feeds FILE``: the feed declarations (:mod:`inturn.worker.feeds.declare`)."""
+    return click.option(
+        "--feeds",
+        "feeds_file",
+        type=click.Path(dir_okay=False, exists=True),
+        help="YAML file declaring feeds: channels that should be busy, how long each may stay"
+        " silent (optionally per sender, within a weekly schedule); the sweeper's feed-silent"
+        " rule raises a silent one. Without it, the declarations in the database stay.",
+    )(command)
+
+
+def load_feeds_file(path: str | None) -> tuple[Any, ...] | None:
+    """The feeds declared in ``path`` (None when not given).
+
+    Raises:
+        click.BadParameter: the file is not a valid declaration (the message names the field).
+    """
+    if path is None:
+        return None
+    from inturn.worker.feeds.declare import FeedsError, load_feeds
+
+    try:
+        return tuple(load_feeds(path))
+    except (FeedsError, OSError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--feeds") from None

@@ -92,6 +92,7 @@ from inturn.worker.ingest.batch import (
     StoreResult,
     StoreTimeout,
 )
+from inturn.worker.ingest.feeds import FeedRecorder
 from inturn.worker.ingest.routing import Router, hold_destination
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store.faults import classify
@@ -275,6 +276,7 @@ class Acceptor:
         max_indexed_identifiers: most distinct patient identifiers indexed per message.
         max_batch_messages: most messages in one HL7 batch (FHS/BHS); a larger batch is
             refused whole (AR, ERR 104) before anything of it is stored.
+        feeds: told of every accepted message (its channel, MSH-3 and MSH-4), in memory.
     """
 
     def __init__(
@@ -287,7 +289,9 @@ class Acceptor:
         store_timeout_seconds: float = DEFAULT_STORE_TIMEOUT_SECONDS,
         max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS,
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
+        feeds: FeedRecorder | None = None,
     ) -> None:
+        self.feeds = feeds
         if max_indexed_identifiers < 1:
             raise ValueError("max_indexed_identifiers must be at least 1")
         if max_batch_messages < 1:
@@ -412,6 +416,8 @@ class Acceptor:
     def _stored(self, channel: str, prepared: _Prepared, result: StoreResult) -> Reply:
         """The answer to a message whose transaction has committed."""
         header, destinations, held = prepared.header, prepared.destinations, prepared.held
+        if self.feeds is not None:  # a feed is alive whether the message is new or a copy
+            self.feeds.seen(channel, header.sending_application, header.sending_facility)
         if result.control_id_reused and not result.duplicate:
             metrics.DUPLICATES.labels(channel, "control_id_reused").inc()
             log.warning(

@@ -23,6 +23,7 @@ from types import TracebackType
 
 from aiohttp import web
 
+from inturn.worker.feeds.declare import Feed
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
@@ -32,6 +33,7 @@ from inturn.worker.ingest.accept import (
     forget_old,
 )
 from inturn.worker.ingest.credentials import CredentialSource
+from inturn.worker.ingest.feeds import DEFAULT_FLUSH_SECONDS, DEFAULT_MAX_SENDERS, FeedRecorder
 from inturn.worker.ingest.http import make_message_app, make_ops_app
 from inturn.worker.ingest.listener import (
     DEFAULT_FRAME_TIMEOUT,
@@ -83,6 +85,11 @@ class IngestConfig:
             per message; the rest are stored but not indexed.
         max_batch_messages: most messages in one HL7 batch (FHS/BHS); a larger one is
             refused whole (AR, ERR 104).
+        feeds: declared feeds (:mod:`inturn.worker.feeds.declare`), or None to leave the
+            declarations in the database alone. Given (even empty), they are written at start
+            and ingest records when each last received a message.
+        feed_flush_seconds: seconds between two writes of the last-message times.
+        max_feed_senders: most senders recorded per per-sender feed.
     """
 
     listeners: Sequence[ListenerConfig] = ()
@@ -102,6 +109,9 @@ class IngestConfig:
     shutdown_grace: float = 10.0
     max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS
     max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES
+    feeds: tuple[Feed, ...] | None = None
+    feed_flush_seconds: float = DEFAULT_FLUSH_SECONDS
+    max_feed_senders: int = DEFAULT_MAX_SENDERS
 
     def __post_init__(self) -> None:
         channels = [listener.channel for listener in self.listeners]
@@ -128,6 +138,10 @@ class IngestConfig:
             raise ValueError("max_indexed_identifiers must be at least 1")
         if self.max_batch_messages < 1:
             raise ValueError("max_batch_messages must be at least 1")
+        if self.feed_flush_seconds <= 0:
+            raise ValueError("feed_flush_seconds must be positive")
+        if self.max_feed_senders < 0:
+            raise ValueError("max_feed_senders must not be negative")
 
 
 def server_tls_context(
@@ -190,6 +204,9 @@ class Ingest:
         self._ops_port: int | None = None
         self._purge_task: asyncio.Task[None] | None = None
         self._gauge_task: asyncio.Task[None] | None = None
+        self._feeds_task: asyncio.Task[None] | None = None
+        #: When feeds are declared: when each last received a message.
+        self.feeds: FeedRecorder | None = None
         self._started = False
         self._stopping = False
         self._closed = asyncio.Event()
@@ -266,6 +283,9 @@ class Ingest:
             pools = self._pools
             self.router = Router(pools.read, config.refresh_seconds)
             await self.router.refresh()
+            if config.feeds is not None:
+                self.feeds = FeedRecorder(config.feeds, max_senders=config.max_feed_senders)
+                await self.feeds.declare(pools.write)
             self.acceptor = Acceptor(
                 pools.write,
                 self.router,
@@ -274,6 +294,7 @@ class Ingest:
                 store_timeout_seconds=config.store_timeout,
                 max_indexed_identifiers=config.max_indexed_identifiers,
                 max_batch_messages=config.max_batch_messages,
+                feeds=self.feeds,
             )
             for listener_config in config.listeners:
                 listener = MllpListener(
@@ -314,6 +335,11 @@ class Ingest:
                 self._purge_task = asyncio.create_task(
                     self._purge_loop(), name="inturn-ingest-purge"
                 )
+            if self.feeds is not None:
+                self._feeds_task = asyncio.create_task(
+                    self.feeds.run(pools.write, config.feed_flush_seconds),
+                    name="inturn-ingest-feeds",
+                )
             if config.ops is not None:
                 self._gauge_task = asyncio.create_task(
                     refresh_pending_forever(self.pools.read), name="inturn-worklist-gauge"
@@ -352,11 +378,11 @@ class Ingest:
         try:
             if self.router is not None:
                 await self.router.stop()
-            for task in (self._purge_task, self._gauge_task):
+            for task in (self._purge_task, self._gauge_task, self._feeds_task):
                 if task is not None:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
-            self._purge_task = self._gauge_task = None
+            self._purge_task = self._gauge_task = self._feeds_task = None
             await asyncio.gather(
                 *(listener.stop(self.config.shutdown_grace) for listener in self.listeners),
                 return_exceptions=True,
@@ -366,6 +392,8 @@ class Ingest:
             self._runners.clear()
             if self.acceptor is not None:
                 await self.acceptor.committer.close(self.config.shutdown_grace)
+            if self.feeds is not None and self._pools is not None:
+                await self.feeds.close(self._pools.write)
             if self._own_pools and self._pools is not None:
                 await self._pools.close()
         finally:

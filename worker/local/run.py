@@ -27,7 +27,13 @@ from psycopg import AsyncConnection
 
 from inturn.worker.cli.ingest import parse_address, parse_listen
 from inturn.worker.cli.logs import configure
-from inturn.worker.cli.options import DURATION, dsn_option, logging_options
+from inturn.worker.cli.options import (
+    DURATION,
+    dsn_option,
+    feeds_option,
+    load_feeds_file,
+    logging_options,
+)
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
@@ -479,6 +485,7 @@ async def run_local(
     show_default=True,
     help="Run the sweeper's rules (as `inturn sweep` does) this often; 0 never.",
 )
+@feeds_option
 @logging_options
 def local_command(
     paths: tuple[Path, ...],
@@ -492,6 +499,7 @@ def local_command(
     console: str | None,
     console_auth: Path | None,
     sweep_every: float,
+    feeds_file: str | None,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -522,6 +530,7 @@ def local_command(
             ops=addresses["--ops"],
             hold_unrouted=frozenset(hold_unrouted),
             pool_size=4,
+            feeds=load_feeds_file(feeds_file),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

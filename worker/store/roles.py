@@ -11,8 +11,8 @@ new tables; it never touches other roles.
 role       may
 =========  ==================================================================================
 ingest     read the destination registry; insert delivery rows (and read back their ids); keep
-           its duplicate window. It cannot read payloads back, change a delivery's state or
-           delete one.
+           its duplicate window; declare feeds and record their last message times. It cannot
+           read payloads back, change a delivery's state or delete one.
 worker     read delivery rows but their patient keys (it sends payloads, so it reads them);
            change only their state, attempts, times and errors; record failed attempts; place
            items on worklists (``delivery-failed``); read its destination's hold; take a
@@ -184,6 +184,19 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "sweeper": (SELECT, INSERT, UPDATE),
         # purge deletes cleared items through inturn_purge_worklist (FUNCTIONS)
         "admin": (SELECT, INSERT, UPDATE),
+        "reader": (SELECT,),
+    },
+    # Feeds: ingest declares them and records last message times; the sweeper reads them.
+    "inturn_feed": {
+        "ingest": ALL_DML,
+        "sweeper": (SELECT,),
+        "admin": (SELECT,),
+        "reader": (SELECT,),
+    },
+    "inturn_feed_sender": {
+        "ingest": (SELECT, INSERT, UPDATE),
+        "sweeper": (SELECT,),
+        "admin": (SELECT,),
         "reader": (SELECT,),
     },
     "inturn_booking": {

@@ -1,0 +1,7 @@
+"""Feeds: channels expected to be busy, and the sweeper's ``feeds`` pack (``feed-silent``).
+
+Declarations (:mod:`.declare`) come from a YAML file given to ``inturn ingest --feeds`` and
+``inturn local --feeds`` (the chart's ``ingest.feeds``); ingest records when each feed last
+received a message (:mod:`inturn.worker.ingest.feeds`); the sweeper places a silent feed on the
+``feeds`` worklist (:mod:`.rules`).
+"""

@@ -1,0 +1,104 @@
+"""The sweeper's ``feeds`` pack: ``feed-silent``.
+
+``feed-silent``
+    A declared feed (a channel, or one sender of a per-sender channel) that has received no
+    message for longer than its ``silentAfterSeconds`` is placed on the ``feeds`` worklist
+    (record kind ``feed``, key ``<channel>`` or ``<channel>/<MSH-3.1>^<MSH-4.1>``). With a
+    schedule, only time inside it counts: a feed is judged only while its schedule is open,
+    from the later of its last message and the opening (a lab that is quiet every night is not
+    work every morning). The item is cleared by ``system`` when messages flow again, when the
+    schedule closes, or when the feed is no longer declared. A person who clears it while the
+    silence goes on is not handed it again for the same silence.
+
+Predicates are in the query (``store/sql/feed_rules.sql``), in database time, most overdue
+first, at most ``limit`` per run. Last-message times are as ingest last flushed them (every 30
+seconds by default), so a feed is judged up to that much late, never early.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from inturn.worker.store.queries import fetch_all, load
+from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
+from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
+from inturn.worker.worklist.windows import open_windows
+
+Q = load("feed_rules.sql")
+
+#: The pack (``inturn sweep --only feeds``) and the rule's group.
+GROUP = "feeds"
+#: The worklist of silent feeds.
+QUEUE = "feeds"
+#: The reason code.
+REASON = "feed-silent"
+#: Who places the items.
+SWEEPER = "sweeper"
+
+
+async def _rows(
+    conn: AsyncConnection[Any], name: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    return await fetch_all(conn, Q[name], params, row=dict_row)
+
+
+async def feed_silent(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
+    """Place silent feeds on ``feeds``; clear those that are no longer silent (see the module
+    docstring)."""
+    [now] = await _rows(conn, "now", {})
+    windows = open_windows([r["schedule"] for r in await _rows(conn, "schedules", {})], now["now"])
+    outcome = RuleOutcome()
+    stale = await _rows(conn, "silent_stale", {**windows, "limit": limit})
+    [already] = await _rows(conn, "pending_count", {})
+    outcome.already = int(already["n"])
+    due = await _rows(conn, "silent_due", {**windows, "limit": limit})
+    if dry_run:
+        outcome.placed = len(due)
+        outcome.cleared = len(stale)
+        return outcome
+    by_why: dict[str, list[str]] = {}
+    for row in stale:
+        by_why.setdefault(row["why"], []).append(row["record_key"])
+    for why, keys in sorted(by_why.items()):
+        cleared = await clear_where(
+            conn, record_kind="feed", record_keys=keys, queue=QUEUE, reason=REASON, note=why
+        )
+        outcome.cleared += len(cleared)
+        outcome.already -= len(cleared)
+    placements = await place_many(
+        conn,
+        [
+            NewPlacement(
+                queue=QUEUE,
+                record_kind="feed",
+                record_key=r["record_key"],
+                reason=REASON,
+                details={
+                    "channel": r["channel"],
+                    "sender": r["sender"] or None,
+                    "lastMessageAt": (
+                        r["last_message_at"].isoformat() if r["last_message_at"] else None
+                    ),
+                    "silentSince": r["quiet_since"].isoformat(),
+                    "silentSeconds": round(r["silent_seconds"]),
+                    "silentAfterSeconds": r["silent_after_seconds"],
+                },
+                placed_by=SWEEPER,
+            )
+            for r in due
+        ],
+    )
+    for placement in placements:
+        outcome.add(placement)
+    return outcome
+
+
+PACK: RulePack[None] = RulePack(
+    name=GROUP,
+    about="feeds (channels) silent longer than declared, within their busy hours",
+    rules=lambda _: (Rule(REASON, GROUP, feed_silent),),
+    settings=None,
+)

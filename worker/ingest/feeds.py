@@ -1,0 +1,141 @@
+"""Ingest's memory of when each declared feed last received a message.
+
+A message accepted on a declared channel updates a dictionary (:meth:`FeedRecorder.seen`, no
+I/O); every ``flush_seconds`` the latest time per channel and per sender goes to the database
+in one transaction (:meth:`FeedRecorder.flush`: one upsert statement for the channels, one for
+the senders), so recording costs no write per message. A crash loses at most one interval of
+times: a feed then looks quieter than it was by that much, and the sweeper may raise it that
+much early only if the interval is longer than its ``silentAfterSeconds`` (keep it shorter).
+
+Senders are bounded per channel (``max_senders``): a sender beyond the bound is recorded for the
+channel only and counted in ``inturn_ingest_feed_senders_over_bound_total``, so a peer that
+writes a new MSH-3 into every message costs neither memory nor rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+
+from prometheus_client import Counter
+from psycopg_pool import AsyncConnectionPool
+
+from inturn.worker.feeds.declare import Feed, sender_key
+from inturn.worker.spec.schedule import to_spec
+from inturn.worker.store import feeds as store
+
+log = logging.getLogger("inturn.ingest")
+
+#: Seconds between two flushes of the last-message times.
+DEFAULT_FLUSH_SECONDS = 30.0
+#: Most senders (MSH-3/MSH-4 pairs) recorded per per-sender channel.
+DEFAULT_MAX_SENDERS = 100
+
+SENDERS_OVER_BOUND = Counter(
+    "inturn_ingest_feed_senders_over_bound",
+    "Messages on a per-sender feed whose sender was beyond --max-feed-senders (recorded for"
+    " the channel only)",
+    ["channel"],
+)
+
+
+class FeedRecorder:
+    """See the module docstring.
+
+    Args:
+        feeds: the declared feeds; messages on other channels are not recorded.
+        max_senders: most senders recorded per per-sender channel (0 or more).
+        clock: seconds since the epoch (tests pin it).
+    """
+
+    def __init__(
+        self,
+        feeds: Iterable[Feed],
+        *,
+        max_senders: int = DEFAULT_MAX_SENDERS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_senders < 0:
+            raise ValueError("max_senders must not be negative")
+        self.feeds = {f.channel: f for f in feeds}
+        self.max_senders = max_senders
+        self.clock = clock
+        self._pending: dict[tuple[str, str], float] = {}
+        self._senders: dict[str, set[str]] = {}
+
+    def seen(self, channel: str, sending_application: str, sending_facility: str) -> None:
+        """Note that a message from MSH-3/MSH-4 was accepted on ``channel`` now (no I/O)."""
+        feed = self.feeds.get(channel)
+        if feed is None:
+            return
+        now = self.clock()
+        self._pending[(channel, "")] = now
+        if not feed.per_sender:
+            return
+        sender = sender_key(sending_application, sending_facility)
+        known = self._senders.setdefault(channel, set())
+        if sender not in known:
+            if len(known) >= self.max_senders:
+                SENDERS_OVER_BOUND.labels(channel).inc()
+                return
+            known.add(sender)
+        self._pending[(channel, sender)] = now
+
+    def take(self) -> list[tuple[str, str, datetime]]:
+        """The times noted since the last take, and forget them: ``(channel, sender, at)``."""
+        pending, self._pending = self._pending, {}
+        return [
+            (channel, sender, datetime.fromtimestamp(at, UTC))
+            for (channel, sender), at in sorted(pending.items())
+        ]
+
+    async def declare(self, pool: AsyncConnectionPool) -> None:
+        """Write the declarations: the declared feeds become exactly these."""
+        async with pool.connection() as conn:
+            await store.declare(
+                conn,
+                [
+                    store.DeclaredFeed(
+                        channel=f.channel,
+                        silent_after_seconds=f.silent_after_seconds,
+                        per_sender=f.per_sender,
+                        schedule=None if f.schedule is None else to_spec(f.schedule),
+                    )
+                    for f in self.feeds.values()
+                ],
+            )
+
+    async def flush(self, pool: AsyncConnectionPool) -> int:
+        """Write the noted times (one transaction); return how many. On failure they are
+        kept for the next flush (a later time noted meanwhile wins)."""
+        rows = self.take()
+        if not rows:
+            return 0
+        try:
+            async with pool.connection() as conn:
+                await store.record_seen(conn, rows)
+        except BaseException:
+            for channel, sender, at in rows:
+                key = (channel, sender)
+                self._pending[key] = max(self._pending.get(key, 0.0), at.timestamp())
+            raise
+        return len(rows)
+
+    async def run(self, pool: AsyncConnectionPool, every: float) -> None:
+        """Flush every ``every`` seconds until cancelled; a failed flush is logged and retried
+        at the next interval."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.flush(pool)
+            except Exception as exc:  # the database is away: the times are kept
+                log.warning("feeds: last-message times not written yet (%s)", exc)
+
+    async def close(self, pool: AsyncConnectionPool) -> None:
+        """The last flush, at shutdown (errors are logged)."""
+        with contextlib.suppress(Exception):
+            await self.flush(pool)

@@ -1,0 +1,98 @@
+"""Feeds in the store: declarations, last-message times, and what the console lists.
+
+Ingest writes (:func:`declare`, :func:`record_seen`); the sweeper and the console read
+(:func:`overview`). Every function runs in the caller's transaction when there is one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+
+from inturn.worker.store.queries import fetch_all, load
+
+Q = load("feeds.sql")
+R = load("feed_rules.sql")
+
+
+@dataclass(frozen=True)
+class DeclaredFeed:
+    """One feed as ingest declares it (spec form of its schedule, or None)."""
+
+    channel: str
+    silent_after_seconds: int
+    per_sender: bool
+    schedule: dict[str, Any] | None
+
+
+async def declare(conn: AsyncConnection[Any], feeds: Sequence[DeclaredFeed]) -> None:
+    """Make the declared feeds exactly ``feeds`` (in one transaction): new ones are added,
+    changed ones updated (their last message time kept), others removed with their senders."""
+    async with conn.transaction():
+        await conn.execute(
+            Q["declare"],
+            {
+                "channels": [f.channel for f in feeds],
+                "silent_after": [f.silent_after_seconds for f in feeds],
+                "per_sender": [f.per_sender for f in feeds],
+                "schedules": [None if f.schedule is None else Jsonb(f.schedule) for f in feeds],
+            },
+        )
+        await conn.execute(Q["undeclare"], {"channels": [f.channel for f in feeds]})
+
+
+async def record_seen(
+    conn: AsyncConnection[Any], seen: Sequence[tuple[str, str, datetime]]
+) -> None:
+    """Record last message times ``(channel, sender, at)``; sender ``''`` is the channel as a
+    whole. Two statements in one transaction; times only move forward."""
+    channels = [(c, at) for c, sender, at in seen if not sender]
+    senders = [(c, sender, at) for c, sender, at in seen if sender]
+    async with conn.transaction():
+        if channels:
+            await conn.execute(
+                Q["seen_channels"],
+                {"channels": [c for c, _ in channels], "ats": [at for _, at in channels]},
+            )
+        if senders:
+            await conn.execute(
+                Q["seen_senders"],
+                {
+                    "channels": [c for c, _, _ in senders],
+                    "senders": [s for _, s, _ in senders],
+                    "ats": [at for _, _, at in senders],
+                },
+            )
+
+
+@dataclass(frozen=True)
+class FeedRow:
+    """One feed (a channel, or one sender of a per-sender channel) as listed.
+
+    Attributes:
+        channel, sender: the feed (sender ``''``: the channel as a whole).
+        last_message_at: when it last received a message (as last flushed), or None.
+        declared_at: when it was declared (the channel) or first seen (a sender).
+        silent_after_seconds: how long it may stay silent.
+        schedule: when it should be busy (spec form), or None.
+        per_sender: its channel is declared per sender.
+    """
+
+    channel: str
+    sender: str
+    last_message_at: datetime | None
+    declared_at: datetime
+    silent_after_seconds: int
+    schedule: dict[str, Any] | None
+    per_sender: bool
+
+
+async def overview(conn: AsyncConnection[Any]) -> list[FeedRow]:
+    """Every declared feed and each seen sender of per-sender feeds, by channel and sender."""
+    return await fetch_all(conn, R["overview"], {}, row=class_row(FeedRow))
