@@ -130,6 +130,20 @@ async def hold_row_lock(dsn: str, item_id: int, name: str) -> AsyncConnection[An
     return holder
 
 
+async def mark_refused(worker: DestinationWorker, rx: MllpReceiver, times: int = 3) -> bytes:
+    """Wait until the head was sent and its delivered mark refused ``times`` times; check the
+    session lives on (not ready, alive, nothing sent again); return the ``/readyz`` body."""
+    before = failures("mark")
+    await rx.wait_for(1)
+    await until(lambda: _true(failures("mark") >= before + times))
+    app = make_app([worker])
+    status, _, body = app.answer("/readyz")
+    assert status == 503
+    assert app.answer("/healthz")[0] == 200
+    assert control_ids(rx.received) == ["W00001"]
+    return body
+
+
 async def test_a_mark_refused_by_lock_timeout_is_retried_and_sent_once(fresh_db: str) -> None:
     dbname = psycopg.conninfo.conninfo_to_dict(fresh_db)["dbname"]
     with psycopg.connect(fresh_db, autocommit=True) as admin:
@@ -139,19 +153,11 @@ async def test_a_mark_refused_by_lock_timeout_is_retried_and_sent_once(fresh_db:
         holder = await hold_row_lock(fresh_db, first, "forgotten-select")
         try:
             async with MllpReceiver() as rx, running_worker(rx.port, fresh_db) as worker:
-                before = failures("mark")
-                await rx.wait_for(1)
-                await until(lambda: _true(failures("mark") >= before + 3))
-                # the session lives: not ready (and why), alive, nothing sent again
-                app = make_app([worker])
-                status, _, body = app.answer("/readyz")
-                assert status == 503
+                body = await mark_refused(worker, rx)
                 assert b"delivered mark of id=" in body and b"lock not available" in body
-                assert app.answer("/healthz")[0] == 200
-                assert control_ids(rx.received) == ["W00001"]
                 await holder.rollback()
                 await until(lambda: _equal(delivered(fresh_db), [first, second]))
-                assert app.answer("/readyz")[0] == 200
+                assert make_app([worker]).answer("/readyz")[0] == 200
         finally:
             await holder.close()
         assert control_ids(rx.received) == ["W00001", "W00002"]  # exactly one copy each
@@ -262,17 +268,10 @@ async def test_a_mark_on_a_full_disk_is_retried_and_sent_once(fresh_db: str) -> 
         filler = fill(mount_point)
         assert pack_pages(fresh_db) >= 0
         async with MllpReceiver() as rx, running_worker(rx.port, fresh_db) as worker:
-            before = failures("mark")
-            await rx.wait_for(1)
-            await until(lambda: _true(failures("mark") >= before + 3))
-            app = make_app([worker])
-            status, _, body = app.answer("/readyz")
-            assert status == 503 and b"disk full" in body
-            assert app.answer("/healthz")[0] == 200
-            assert control_ids(rx.received) == ["W00001"]
+            assert b"disk full" in await mark_refused(worker, rx)
             filler.unlink()  # the disk has room again
             await until(lambda: _equal(delivered(fresh_db), [first, second]))
-            assert app.answer("/readyz")[0] == 200
+            assert make_app([worker]).answer("/readyz")[0] == 200
         assert control_ids(rx.received) == ["W00001", "W00002"]  # exactly one copy each
 
 
