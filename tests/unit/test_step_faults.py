@@ -67,6 +67,8 @@ LOST = psycopg.OperationalError("server closed the connection unexpectedly")
         ("session", errors.UndefinedTable("42P01"), False, "stop", "not_sent"),
         ("head", errors.UndefinedColumn("42703"), False, "stop", "not_sent"),
         ("head", errors.InvalidSchemaName("3F000"), False, "stop", "not_sent"),
+        ("session", errors.UndefinedFunction("42883"), False, "stop", "not_sent"),
+        ("head", errors.UndefinedObject("42704"), False, "stop", "not_sent"),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
 )

@@ -32,6 +32,7 @@ from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.spec.config import WorkerConfig, from_dict, to_dict
 from inturn.worker.store.connect import schema_missing
+from inturn.worker.store.faults import SCHEMA_CODES
 from inturn.worker.worklist.publishers import close_all, from_env
 
 log = logging.getLogger("inturn.worker")
@@ -110,7 +111,9 @@ def run(settings: dict[str, Any]) -> int:
     except OSError as exc:
         print(f"inturn: error: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+    except psycopg.Error as exc:
+        if exc.sqlstate not in SCHEMA_CODES:  # the worker stops only for these (classify_step)
+            raise
         print(f"inturn: error: {schema_missing(exc)}", file=sys.stderr)
         return 2
     return 0

@@ -123,8 +123,8 @@ SendMeaning = Literal["not_sent", "sent_failed", "delivered", "may_resend"]
 SESSION_ENDING_CODES = frozenset({"57P04", "57P05", "25P03"})
 
 #: SQLSTATE codes that say the database has no inturn schema (or an old one): undefined
-#: table, undefined column, invalid schema name.
-SCHEMA_CODES = frozenset({"42P01", "42703", "3F000"})
+#: table, column, function or object (a type), invalid schema name.
+SCHEMA_CODES = frozenset({"42P01", "42703", "42883", "42704", "3F000"})
 #: Steps before any send, which stop on :data:`SCHEMA_CODES` instead of waiting for a fix.
 BEFORE_SEND: frozenset[Step] = frozenset({"session", "head"})
 
