@@ -13,6 +13,7 @@ from pipeline import until
 from psycopg import AsyncConnection
 
 from inturn.worker.console.server import ConsoleServer
+from inturn.worker.store import feeds as feeds_store
 from inturn.worker.store import queue
 from inturn.worker.testing import MllpReceiver
 
@@ -295,3 +296,36 @@ async def test_a_nul_character_is_refused_not_a_server_error(
     assert (await op.get("/audit?destination=a%00b"))[0] == 400
     status, body = await op.post(f"/api/v1/items/{item}/skip", {"why": "a\x00b"})
     assert (status, body["error"]["code"]) == (400, "invalid_request")
+
+
+async def test_the_overview_shows_feeds_as_a_second_table(
+    fresh_db: str, console: ConsoleServer, clients: dict[str | None, Client]
+) -> None:
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await feeds_store.declare(
+            conn,
+            [
+                feeds_store.DeclaredFeed("adt", 600, False, None),
+                feeds_store.DeclaredFeed("lab", 600, True, None),
+            ],
+        )
+        await conn.execute(
+            "UPDATE inturn_feed SET last_message_at = now() - interval '1 hour'"
+            " WHERE channel = 'adt'"
+        )
+        await conn.execute("UPDATE inturn_feed SET last_message_at = now() WHERE channel = 'lab'")
+    console.console.feed.poke()
+
+    async def settled() -> bool:
+        _, body = await clients["viewer"].get("/api/v1/overview")
+        return len(body["feeds"]) == 2
+
+    await until(settled)
+    _, body = await clients["viewer"].get("/api/v1/overview")
+    adt, lab = body["feeds"]  # worst first
+    assert (adt["channel"], adt["state"], adt["overThreshold"]) == ("adt", "silent", True)
+    assert 3500 < adt["quietSeconds"] < 4000 and adt["silentAfterSeconds"] == 600
+    assert (lab["channel"], lab["state"], lab["sender"]) == ("lab", "receiving", None)
+    status, page = await clients["viewer"].get("/")
+    assert status == 200
+    assert 'data-feed="adt" data-state="silent"' in page

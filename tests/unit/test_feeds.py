@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
+from inturn.worker.console.overview import build_feeds
 from inturn.worker.feeds.declare import FeedsError, parse_feeds, sender_key
 from inturn.worker.ingest.feeds import FeedRecorder
 from inturn.worker.spec.schedule import parse
+from inturn.worker.store.feeds import FeedRow
 
 LAB_HOURS = {
     "timeZone": "Europe/Berlin",
@@ -108,3 +110,50 @@ def test_the_recorder_keeps_the_latest_time_per_channel_and_sender_in_memory() -
         ("lab", "POCT^WARD1", at),
     ]
     assert recorder.take() == []  # taken once
+
+
+def _row(**kw: Any) -> FeedRow:
+    base: dict[str, Any] = {
+        "channel": "adt",
+        "sender": "",
+        "last_message_at": None,
+        "declared_at": datetime(2026, 12, 1, 0, 0, tzinfo=UTC),
+        "silent_after_seconds": 600,
+        "schedule": None,
+        "per_sender": False,
+    }
+    base.update(kw)
+    return FeedRow(**base)
+
+
+def test_console_feed_states() -> None:
+    now = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)  # a Tuesday, 09:00 in Berlin
+    rows = build_feeds(
+        [
+            _row(channel="ok", last_message_at=datetime(2026, 12, 1, 7, 55, tzinfo=UTC)),
+            _row(channel="quiet", last_message_at=datetime(2026, 12, 1, 7, 0, tzinfo=UTC)),
+            # quiet since last night, but its hours began at 06:00 Berlin (05:00Z): silent
+            _row(
+                channel="lab",
+                last_message_at=datetime(2026, 11, 30, 18, 0, tzinfo=UTC),
+                schedule=LAB_HOURS,
+            ),
+            # a Sunday-only feed is outside its hours on a Tuesday
+            _row(
+                channel="weekend",
+                schedule={
+                    "timeZone": "UTC",
+                    "windows": [{"days": ["Sun"], "start": "00:00", "end": "24:00"}],
+                },
+            ),
+        ],
+        now=now,
+    )
+    assert [(r.channel, r.state) for r in rows] == [
+        ("lab", "silent"),
+        ("quiet", "silent"),
+        ("weekend", "outside-window"),
+        ("ok", "receiving"),
+    ]
+    assert rows[2].window_until == datetime(2026, 12, 6, 0, 0, tzinfo=UTC)
+    assert not rows[2].heard and rows[2].quiet_seconds == 8 * 3600

@@ -26,7 +26,14 @@ import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
-from inturn.worker.console.overview import DEFAULT_STUCK_AFTER, OverviewRow, build
+from inturn.worker.console.overview import (
+    DEFAULT_STUCK_AFTER,
+    FeedOverviewRow,
+    OverviewRow,
+    build,
+    build_feeds,
+)
+from inturn.worker.store import feeds as feeds_store
 from inturn.worker.store import queue, registry
 
 log = logging.getLogger("inturn.console")
@@ -47,15 +54,17 @@ class Snapshot:
     """
 
     rows: tuple[OverviewRow, ...] = ()
+    feeds: tuple[FeedOverviewRow, ...] = ()
     taken_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     version: int = 0
     _rendered: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        """``{"takenAt": ISO 8601, "destinations": [...]}``."""
+        """``{"takenAt": ISO 8601, "destinations": [...], "feeds": [...]}``."""
         return {
             "takenAt": self.taken_at.isoformat(),
             "destinations": [r.to_json() for r in self.rows],
+            "feeds": [f.to_json() for f in self.feeds],
         }
 
     def rendered(self, name: str, render: Callable[[Snapshot], T]) -> T:
@@ -71,16 +80,19 @@ async def take(
     *,
     stuck_after: Mapping[str, float] | None = None,
     default_stuck_after: float = DEFAULT_STUCK_AFTER,
-) -> list[OverviewRow]:
-    """Read the registry, the depth and the heads on one read connection; build the rows."""
+) -> tuple[list[OverviewRow], list[FeedOverviewRow]]:
+    """Read the registry, the depth, the heads and the feeds on one read connection; build the
+    destination rows and the feed rows."""
     async with read.connection() as conn:
         listed = await registry.listed(conn)
         depth = await queue.depth(conn)
         names = sorted({e.destination for e in listed} | {d.destination for d in depth})
         heads = await queue.heads(conn, names)
-    return build(
+        declared = await feeds_store.overview(conn)
+    rows = build(
         listed, depth, heads, stuck_after=stuck_after, default_stuck_after=default_stuck_after
     )
+    return rows, build_feeds(declared)
 
 
 class Feed:
@@ -143,10 +155,10 @@ class Feed:
 
     async def _refresh(self) -> None:
         self._refreshed = time.monotonic()
-        rows = await take(self.read, default_stuck_after=self.default_stuck_after)
-        changed = tuple(rows) != self.snapshot.rows
+        rows, feeds = await take(self.read, default_stuck_after=self.default_stuck_after)
+        changed = tuple(rows) != self.snapshot.rows or tuple(feeds) != self.snapshot.feeds
         version = self.snapshot.version + 1
-        self.snapshot = Snapshot(rows=tuple(rows), version=version)
+        self.snapshot = Snapshot(rows=tuple(rows), feeds=tuple(feeds), version=version)
         if changed:
             for q in list(self._subscribers):
                 if q.full():

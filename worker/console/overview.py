@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from inturn.worker.spec.schedule import ScheduleError
+from inturn.worker.spec.schedule import parse as parse_schedule
+from inturn.worker.store.feeds import FeedRow
 from inturn.worker.store.model import DepthRow, HeadInfo
 from inturn.worker.store.registry import Listed
 
@@ -189,3 +192,89 @@ def build(
         )
     rows.sort(key=lambda r: (-r.severity, -r.oldest_seconds, -r.failed, r.destination))
     return rows
+
+
+#: Feed states, worst first: ``silent`` (quiet for its ``silentAfterSeconds`` or longer, inside
+#: its schedule: the sweeper's feed-silent), ``outside-window`` (outside its schedule: quiet on
+#: purpose), ``receiving`` (fine).
+FEED_STATES = ("silent", "outside-window", "receiving")
+
+
+@dataclass(frozen=True)
+class FeedOverviewRow:
+    """One feed (a channel, or one sender of a per-sender channel) as the overview shows it.
+
+    Attributes:
+        channel, sender: the feed (``sender`` empty: the channel as a whole).
+        state: one of :data:`FEED_STATES`, judged as the sweeper's ``feed-silent`` judges it.
+        quiet_seconds: seconds since its last message (since it was declared or first seen,
+            when it has had none); last-message times are as ingest last wrote them.
+        silent_after: its ``silentAfterSeconds``.
+        over_threshold: its silence inside the schedule reached ``silent_after``.
+        window_until: outside its schedule, when the schedule opens (UTC); else None.
+        heard: whether it has received a message since it was declared.
+    """
+
+    channel: str
+    sender: str
+    state: str
+    quiet_seconds: float
+    silent_after: float
+    over_threshold: bool
+    window_until: datetime | None
+    heard: bool
+
+    @property
+    def severity(self) -> int:
+        """2: silent; 0: fine or quiet on purpose."""
+        return 2 if self.over_threshold else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict with camelCase keys."""
+        return {
+            "channel": self.channel,
+            "sender": self.sender or None,
+            "state": self.state,
+            "quietSeconds": round(self.quiet_seconds, 3),
+            "silentAfterSeconds": self.silent_after,
+            "overThreshold": self.over_threshold,
+            "windowUntil": self.window_until.isoformat() if self.window_until else None,
+            "heard": self.heard,
+            "severity": self.severity,
+        }
+
+
+def build_feeds(rows: Sequence[FeedRow], *, now: datetime | None = None) -> list[FeedOverviewRow]:
+    """Judge each declared feed at ``now`` (default: the current time), worst first: severity,
+    then the longest quiet, then channel and sender."""
+    at = now or datetime.now(UTC)
+    out = []
+    for r in rows:
+        heard_at = r.last_message_at or r.declared_at
+        since: datetime | None = None
+        window_until: datetime | None = None
+        if r.schedule is not None:
+            try:
+                state = parse_schedule(r.schedule).state(at)
+            except ScheduleError:  # checked when declared; judged as always open here
+                state = None
+            if state is not None and not state.open:
+                window_until = state.until
+            elif state is not None:
+                since = state.since
+        quiet_since = max(heard_at, since) if since is not None else heard_at
+        over = window_until is None and (at - quiet_since).total_seconds() >= r.silent_after_seconds
+        out.append(
+            FeedOverviewRow(
+                channel=r.channel,
+                sender=r.sender,
+                state="silent" if over else ("outside-window" if window_until else "receiving"),
+                quiet_seconds=max((at - heard_at).total_seconds(), 0.0),
+                silent_after=float(r.silent_after_seconds),
+                over_threshold=over,
+                window_until=window_until,
+                heard=r.last_message_at is not None,
+            )
+        )
+    out.sort(key=lambda f: (-f.severity, -f.quiet_seconds, f.channel, f.sender))
+    return out

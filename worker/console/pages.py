@@ -54,7 +54,7 @@ def _base(request: web.Request, **extra: Any) -> dict[str, Any]:
 def overview_table(request: web.Request, snapshot: Snapshot) -> str:
     """The overview table's HTML for ``snapshot``, rendered once per snapshot."""
     template = aiohttp_jinja2.get_env(request.app).get_template("_overview_table.html")
-    context = {"rows": snapshot.rows, "taken_at": snapshot.taken_at}
+    context = {"rows": snapshot.rows, "feeds": snapshot.feeds, "taken_at": snapshot.taken_at}
     return snapshot.rendered("table", lambda _: template.render(context))
 
 
