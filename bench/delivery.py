@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from figures import emit
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -412,8 +413,11 @@ async def head_plan(conn: AsyncConnection[Any]) -> str:
 
 
 @contextlib.asynccontextmanager
-async def receiver() -> AsyncIterator[tuple[MllpReceiver, TimedList]]:
+async def receiver(ack_delay: float = 0.0) -> AsyncIterator[tuple[MllpReceiver, TimedList]]:
+    """A local MLLP receiver stamping arrivals; it sleeps ``ack_delay`` seconds before each ACK
+    (a receiver that takes its time to commit, as in the catch-up runs)."""
     async with MllpReceiver() as rx:
+        rx.delay_seconds = ack_delay
         timed = TimedList()
         rx.received = timed
         yield rx, timed
@@ -427,11 +431,13 @@ async def drain(
     pending: Callable[[AsyncConnection[Any]], Awaitable[bool]],
     expected: Sequence[str],
     cap: float,
+    ack_delay: float = 0.0,
 ) -> None:
-    """Start the worker process ``command(receiver_port)`` against a fresh receiver and time it
-    until the queue is empty (``pending`` turns False) or ``cap`` seconds have passed."""
+    """Start the worker process ``command(receiver_port)`` against a fresh receiver (answering
+    after ``ack_delay`` seconds) and time it until the queue is empty (``pending`` turns False)
+    or ``cap`` seconds have passed."""
     async with (
-        receiver() as (rx, timed),
+        receiver(ack_delay) as (rx, timed),
         await AsyncConnection.connect(dsn, autocommit=True) as conn,
     ):
         env = {**env, "BENCH_MLLP_HOST": "127.0.0.1", "BENCH_MLLP_PORT": str(rx.port)}
@@ -513,7 +519,11 @@ async def run_inturn(
     count: int,
     cap: float,
     prefill: int = 0,
+    ack_delay: float = 0.0,
+    floor: bool = False,
 ) -> Result:
+    """One drain of ``count`` messages by ``inturn worker`` (or, with ``floor``, by the
+    yardstick loop of :func:`floor_worker_main`) in a fresh database."""
     result = Result(label, count)
     items = build_messages(templates, "L" if prefill else "D", count)
     with (
@@ -529,6 +539,8 @@ async def run_inturn(
             result.plan = await head_plan(conn)
 
         def command(port: int) -> list[str]:
+            if floor:
+                return [sys.executable, str(Path(__file__).resolve()), "--floor-worker", dsn]
             manifest = write_manifest(Path(tmp), port)
             return [
                 *(str(INTURN), "worker", "-f", str(manifest)),
@@ -536,8 +548,46 @@ async def run_inturn(
             ]
 
         env = {**os.environ, "INTURN_DSN": dsn}
-        await drain(result, command, env, dsn, inturn_pending, [i.control_id for i in items], cap)
+        expected = [i.control_id for i in items]
+        await drain(result, command, env, dsn, inturn_pending, expected, cap, ack_delay)
     return result
+
+
+# --- the yardstick -------------------------------------------------------------------------
+
+#: The simplest correct loop's two statements: the head (oldest pending), then its mark.
+FLOOR_HEAD = (
+    "SELECT id, payload FROM inturn_delivery"
+    " WHERE destination = %s AND state = 'pending' ORDER BY id LIMIT 1"
+)
+FLOOR_MARK = (
+    "UPDATE inturn_delivery SET state = 'delivered', finished_at = clock_timestamp() WHERE id = %s"
+)
+
+
+async def floor_worker_main(conninfo: str) -> None:
+    """The yardstick (a child process, like the worker): the simplest correct loop.
+
+    Take the head, send it with the same ``MllpSender`` (one connection kept), mark it
+    delivered with a synchronous commit, repeat until the queue is empty. No lock, no LISTEN,
+    no backoff, no metrics, no logging: what is left is the floor of the design's cost per
+    message (two round trips, one commit flush, one MLLP exchange), which inturn's worker is
+    measured against.
+    """
+    sender = MllpSender(
+        MllpSenderConfig(os.environ["BENCH_MLLP_HOST"], int(os.environ["BENCH_MLLP_PORT"]))
+    )
+    async with await AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        await conn.execute("SET synchronous_commit = on")
+        while True:
+            cur = await conn.execute(FLOOR_HEAD, (DESTINATION,))
+            row = await cur.fetchone()
+            if row is None:
+                break
+            await sender.send(bytes(row[1]))
+            await conn.execute(FLOOR_MARK, (row[0],))
+    await sender.close()
+    print(json.dumps({"vm_hwm_kib": vm_hwm_kib(os.getpid())}), flush=True)
 
 
 # --- the Procrastinate run -----------------------------------------------------------------
@@ -674,43 +724,85 @@ async def main_async(args: argparse.Namespace) -> int:
         )
         if args.fsync_test:
             print(f"pg_test_fsync (data volume): {fsync_probe(data_dir) or 'not available'}")
+        ack_delay = args.ack_delay_ms / 1000
+
+        def inturn_run(label: str, **kw: Any) -> Callable[[], Awaitable[Result]]:
+            messages = args.catchup_messages if label.startswith("catch-up") else args.messages
+            cap = args.catchup_cap if label.startswith("catch-up") else args.cap
+            return lambda: run_inturn(server_dsn, label, templates, messages, cap, **kw)
+
+        # The yardstick runs before and after inturn's, so that a machine whose speed drifts
+        # during the benchmark moves both sides of the ratio alike.
         runs: dict[str, Callable[[], Awaitable[Result]]] = {
-            "delivery": lambda: run_inturn(
-                server_dsn, "delivery", templates, args.messages, args.cap
-            ),
+            "floor": inturn_run("floor", floor=True),
+            "delivery": inturn_run("delivery"),
+            "floor-after": inturn_run("floor-after", floor=True),
             "procrastinate": lambda: run_procrastinate(
                 server_dsn, templates, args.messages, args.cap
             ),
-            "large-table": lambda: run_inturn(
-                server_dsn, "large-table", templates, args.messages, args.cap, args.large_rows
-            ),
+            "large-table": inturn_run("large-table", prefill=args.large_rows),
+            "catch-up-floor": inturn_run("catch-up-floor", floor=True, ack_delay=ack_delay),
+            "catch-up": inturn_run("catch-up", ack_delay=ack_delay),
         }
         results: dict[str, Result] = {}
         for label, run in runs.items():
-            if label in args.skip:
+            if label in args.skip or (label.startswith("catch-up") and not args.catchup_messages):
+                continue
+            if label.startswith("floor") and "floor" in args.skip:
                 continue
             results[label] = await run()
             for line in results[label].lines():
                 print(line, flush=True)
 
-    def rate(label: str) -> str:
-        return f"{results[label].rate:.0f}" if label in results else "skipped"
+    def rate(label: str) -> float | None:
+        return round(results[label].rate, 1) if label in results else None
 
-    inturn_runs = [r for k, r in results.items() if k != "procrastinate"]
+    inturn_runs = [r for k, r in results.items() if k in ("delivery", "large-table", "catch-up")]
     lost = sum(r.check.lost for r in inturn_runs)
     dup = sum(r.check.duplicated for r in inturn_runs)
     ooo = sum(r.check.out_of_order for r in inturn_runs)
+    floors = [results[k].rate for k in ("floor", "floor-after") if k in results]
+    floor_rate = statistics.mean(floors) if floors else 0.0
+    ratio = results["delivery"].rate / floor_rate if "delivery" in results and floor_rate else None
+    catchup = None
+    if "catch-up" in results and "catch-up-floor" in results and results["catch-up"].seconds:
+        # time per message, so that a capped run compares like with like
+        per = {k: results[k].seconds / max(results[k].check.delivered, 1) for k in results}
+        catchup = per["catch-up"] / per["catch-up-floor"]
     if "delivery" in results and "large-table" in results and results["delivery"].rate:
         loss = 1 - results["large-table"].rate / results["delivery"].rate
         print(f"large-table rate vs delivery: {-loss:+.1%}")
     if "delivery" in results and "procrastinate" in results and results["procrastinate"].rate:
-        ratio = results["delivery"].rate / results["procrastinate"].rate
-        print(f"delivery vs procrastinate: {ratio:.2f}x")
-    print(
-        f"delivery: {rate('delivery')} msg/s; procrastinate: {rate('procrastinate')} msg/s;"
-        f" large-table: {rate('large-table')} msg/s; lost {lost}, duplicated {dup},"
-        f" out-of-order {ooo}"
-    )
+        times = results["delivery"].rate / results["procrastinate"].rate
+        print(f"delivery vs procrastinate: {times:.2f}x")
+    if ratio is not None:
+        print(
+            f"delivery vs the simplest correct loop: {ratio:.2f} of its rate"
+            f" ({results['delivery'].rate:,.0f} vs {floor_rate:,.0f} msg/s; target 0.90)"
+        )
+    if catchup is not None:
+        print(
+            f"catch-up ({args.catchup_messages:,} messages, receiver answering after"
+            f" {args.ack_delay_ms:g} ms): {catchup:.3f} of the simplest loop's time (target 1.10)"
+        )
+    figures = {
+        "delivery_msg_s": rate("delivery"),
+        "floor_msg_s": round(floor_rate, 1) if floors else None,
+        "ratio_to_floor": None if ratio is None else round(ratio, 3),
+        "ratio_target": 0.9,
+        "catchup_messages": args.catchup_messages,
+        "catchup_time_ratio": None if catchup is None else round(catchup, 3),
+        "catchup_target": 1.1,
+        "procrastinate_msg_s": rate("procrastinate"),
+        "large_table_msg_s": rate("large-table"),
+        "worker_peak_rss_mib": (
+            round(results["delivery"].peak_rss_kib / 1024, 1) if "delivery" in results else None
+        ),
+        "lost": lost,
+        "duplicated": dup,
+        "out_of_order": ooo,
+    }
+    emit("delivery", figures)
     return 0
 
 
@@ -729,9 +821,25 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=["delivery", "procrastinate", "large-table"],
-        help="leave a run out (repeatable)",
+        choices=["floor", "delivery", "procrastinate", "large-table", "catch-up"],
+        help="leave a run out (repeatable; floor leaves out both yardstick runs)",
     )
+    parser.add_argument(
+        "--catchup-messages",
+        type=int,
+        default=100_000,
+        help="backlog of the catch-up runs (0 leaves them out)",
+    )
+    parser.add_argument(
+        "--catchup-cap", type=float, default=1200.0, help="longest catch-up drain, seconds"
+    )
+    parser.add_argument(
+        "--ack-delay-ms",
+        type=float,
+        default=5.0,
+        help="the catch-up receiver's wait before each ACK, milliseconds",
+    )
+    parser.add_argument("--floor-worker", metavar="CONNINFO", help=argparse.SUPPRESS)
     parser.add_argument(
         "--fsync-test", action="store_true", help="also run pg_test_fsync on the data volume"
     )
@@ -739,6 +847,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.procrastinate_worker:
         asyncio.run(procrastinate_worker_main(args.procrastinate_worker))
+        return 0
+    if args.floor_worker:
+        asyncio.run(floor_worker_main(args.floor_worker))
         return 0
     if args.messages < 1:
         parser.error("--messages must be at least 1")
