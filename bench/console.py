@@ -37,6 +37,7 @@ from pathlib import Path
 import aiohttp
 import psycopg
 from delivery import DESTINATION, fresh_database, percentile, postgres_server, write_manifest
+from figures import emit, parse_args
 
 from inturn.worker.console.feed import take
 from inturn.worker.store.connect import Pools
@@ -217,6 +218,17 @@ async def main_async(args: argparse.Namespace) -> int:
             f" page p95 {ms(page, 0.95)} ms; drain {alone:.0f} msg/s alone,"
             f" {polled:.0f} msg/s polled"
         )
+        emit(
+            "console",
+            {
+                "overview_p50_ms": ms(api, 0.5),
+                "overview_p95_ms": ms(api, 0.95),
+                "page_p95_ms": ms(page, 0.95),
+                "drain_alone_msg_s": round(alone, 1),
+                "drain_polled_msg_s": round(polled, 1),
+                "errors": errors,
+            },
+        )
     return 0
 
 
@@ -231,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=20.0, help="seconds per measurement")
     parser.add_argument("--pollers", type=int, default=4)
     parser.add_argument("--poll-interval", type=float, default=0.1, help="seconds between polls")
-    args = parser.parse_args(argv)
+    args = parse_args(
+        parser,
+        argv,
+        {"destinations": 3, "pending": 600, "drain_messages": 300, "window": 1.0, "pollers": 2},
+    )
     if not 0 < args.drain_messages < args.pending or args.destinations < 2:
         parser.error("need 2+ destinations and 0 < --drain-messages < --pending")
     return asyncio.run(main_async(args))

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from figures import emit
+from figures import emit, parse_args
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -844,7 +844,11 @@ def main(argv: list[str] | None = None) -> int:
         "--fsync-test", action="store_true", help="also run pg_test_fsync on the data volume"
     )
     parser.add_argument("--procrastinate-worker", metavar="CONNINFO", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parse_args(
+        parser,
+        argv,
+        {"messages": 150, "large_rows": 2000, "cap": 30.0, "catchup_messages": 60},
+    )
     if args.procrastinate_worker:
         asyncio.run(procrastinate_worker_main(args.procrastinate_worker))
         return 0

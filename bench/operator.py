@@ -30,6 +30,7 @@ from typing import Any
 import kmock
 import psycopg
 import yaml
+from figures import emit, parse_args
 from psycopg.conninfo import make_conninfo
 
 from inturn.worker.spec import schema
@@ -127,7 +128,8 @@ async def wait_until(check: Any, timeout: float) -> float:
     return time.monotonic() - began
 
 
-async def run(count: int, interval: float, dsn: str) -> None:
+async def run(count: int, interval: float, dsn: str) -> dict[str, Any]:
+    """Create ``count`` Destinations and time the operator; returns the summary figures."""
     async with Emulator() as emulator, kmock.Server(emulator):
         emulator.status_times = []
         emulator.writes = {}
@@ -194,10 +196,11 @@ async def run(count: int, interval: float, dsn: str) -> None:
                     if ns == NS and not o.deleted and res == kmock.resource("apps/v1/deployments")
                 )
 
-            took = await wait_until(lambda: converged_keys() >= count, 600)
+            took_create = await wait_until(lambda: converged_keys() >= count, 600)
             print(f"destinations created (API):        {count} in {created:.2f} s")
             print(
-                f"all ConfigMaps + Deployments:      {created + took:.2f} s after the first create"
+                "all ConfigMaps + Deployments:      "
+                f"{created + took_create:.2f} s after the first create"
             )
 
             # status refresh: first let the statuses of the creation settle, then queue one
@@ -253,6 +256,14 @@ async def run(count: int, interval: float, dsn: str) -> None:
             print(f"  grouped depth query:             {query * 1000:.1f} ms")
             print(f"operator peak RSS:                 {peak_rss_mib(proc.pid):.0f} MiB")
             counts = emulator.writes
+            figures = {
+                "destinations": count,
+                "converged_s": round(created + took_create, 2),
+                "status_refresh_s": round(took, 2),
+                "per_status_write_ms": round(spread / n * 1000, 2) if n else None,
+                "depth_query_ms": round(query * 1000, 1),
+                "operator_peak_rss_mib": round(peak_rss_mib(proc.pid)),
+            }
             print(
                 "API writes by kind:                "
                 + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
@@ -265,13 +276,14 @@ async def run(count: int, interval: float, dsn: str) -> None:
                 proc.kill()
             log_file.close()
             print(f"(operator log: {tmp / 'operator.log'})")
+    return figures
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--interval", type=float, default=5.0, help="status interval, seconds")
-    args = parser.parse_args()
+    args = parse_args(parser, argv, {"count": 3, "interval": 1.0})
     server_dsn = os.environ.get("INTURN_BENCH_DSN")
     server = None
     if not server_dsn:
@@ -287,12 +299,13 @@ def main() -> None:
     dsn = make_conninfo(server_dsn, dbname=name)
     migrate(dsn)
     try:
-        asyncio.run(run(args.count, args.interval, dsn))
+        figures = asyncio.run(run(args.count, args.interval, dsn))
     finally:
         with psycopg.connect(server_dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if server is not None:
             server.cleanup()
+    emit("operator", figures)
 
 
 if __name__ == "__main__":

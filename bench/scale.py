@@ -50,6 +50,7 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import delivery  # noqa: E402  (the sibling benchmark's helpers)
 import ingest as ingest_bench  # noqa: E402
+from figures import emit, parse_args  # noqa: E402
 
 from inturn.worker.hl7.pid import lookup_key  # noqa: E402
 from inturn.worker.senders.mllp import MllpSenderConfig  # noqa: E402
@@ -244,7 +245,7 @@ async def drains(
     """Queue ``per_destination`` messages for each of ``names``, start one worker per name, time
     until every queue is empty. Returns rates, RSS after the drain and where the time went."""
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("TRUNCATE inturn_delivery")
+        await conn.execute("TRUNCATE inturn_delivery CASCADE")
         for name in names:
             items = messages(templates, name, per_destination)
             for i in range(0, len(items), 500):
@@ -467,7 +468,7 @@ def fill(db: str, rows: int) -> float:
     """``rows`` pending rows of about 2 KB over 100 destinations, 4 rows per patient."""
     began = time.perf_counter()
     with psycopg.connect(db, autocommit=True) as conn:
-        conn.execute("TRUNCATE inturn_delivery")
+        conn.execute("TRUNCATE inturn_delivery CASCADE")
         step = 100_000
         for first in range(1, rows + 1, step):
             conn.execute(FILL_SQL.encode(), {"first": first, "last": min(first + step - 1, rows)})
@@ -585,8 +586,22 @@ async def main_async(args: argparse.Namespace, server: str) -> None:
         f" worker RSS {rss:.1f} MiB; fan-out-5 ratio {ratio:.2f}"
     )
 
+    def num(x: float, digits: int) -> float | None:
+        return None if x != x else round(x, digits)  # NaN: the part was left out
 
-def main() -> None:
+    emit(
+        "scale",
+        {
+            "idle_tx_per_s_per_worker": num(tx_rate, 4),
+            "idle_cpu_percent_per_worker": num(cpu, 4),
+            "worker_rss_mib": num(rss, 1),
+            "worker_rss_target_mib": 40,
+            "fan_out_5_ratio": num(ratio, 2),
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dsn", default=os.environ.get("INTURN_DSN"), help="Postgres server")
     parser.add_argument("--idle-workers", type=int, default=20)
@@ -597,7 +612,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--profile", action="store_true", help="profile ingest (a third run)")
     parser.add_argument("--skip", nargs="*", default=[], choices=PARTS)
-    args = parser.parse_args()
+    args = parse_args(
+        parser,
+        argv,
+        {
+            "idle_workers": 2,
+            "idle_window": 2.0,
+            "drain": 200,
+            "per_destination": 30,
+            "ingest_seconds": 1.0,
+            "rows": 2000,
+        },
+    )
     with delivery.postgres_server(args.dsn) as (server, _):
         asyncio.run(main_async(args, server))
 

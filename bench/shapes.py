@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from figures import emit, parse_args
+
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import prepare
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", default="176k")
     parser.add_argument("--large", default="16M")
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, {"small": "16k", "large": "256k", "repeat": 1})
     small, large = size(args.small), size(args.large)
     print(f"{'shape':<22} {'small s/MiB':>12} {'large s/MiB':>12} {'large ms':>9} {'ratio':>6}")
     worst = ("", 0.0)
@@ -69,6 +71,14 @@ def main(argv: list[str] | None = None) -> int:
             worst = (name, max(a, b))
         worst_ratio = max(worst_ratio, ratio)
     print(f"shapes: worst {worst[1]:.3f} s/MiB ({worst[0]}); worst ratio {worst_ratio:.2f}")
+    emit(
+        "shapes",
+        {
+            "worst_shape": worst[0],
+            "worst_s_per_mib": round(worst[1], 4),
+            "worst_large_to_small_ratio": round(worst_ratio, 2),
+        },
+    )
     return 0
 
 

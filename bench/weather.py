@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator
 
 import psycopg
 from delivery import fresh_database, percentile, postgres_server
+from figures import emit, parse_args
 from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
@@ -246,7 +247,7 @@ async def ae_means_nothing_kept(dsn: str, senders: int, lock_seconds: float) -> 
     print(f"   after resending every AE'd message: copies delivered {delivered} (copies: messages)")
 
 
-async def main() -> None:
+async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default=os.environ.get("INTURN_DSN"))
     parser.add_argument("--messages", type=int, default=100)
@@ -254,12 +255,17 @@ async def main() -> None:
     parser.add_argument("--hold-seconds", type=float, default=3.0)
     parser.add_argument("--senders", type=int, default=40)
     parser.add_argument("--lock-seconds", type=float, default=3.0)
-    args = parser.parse_args()
+    args = parse_args(
+        parser,
+        argv,
+        {"messages": 10, "holds": 1, "hold_seconds": 1.5, "senders": 4, "lock_seconds": 1.5},
+    )
     with postgres_server(args.dsn) as (server, _), fresh_database(server, "weather") as dsn:
         migrate(dsn)
         await marks_under_lock_timeout(dsn, args.messages, args.holds, args.hold_seconds)
         await forgotten_lock(dsn, args.hold_seconds)
         await ae_means_nothing_kept(dsn, args.senders, args.lock_seconds)
+    emit("weather", {"messages": args.messages, "senders": args.senders})
 
 
 if __name__ == "__main__":
