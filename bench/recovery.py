@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 import psycopg
+from figures import emit, parse_args
 
 from inturn.worker.drain import runner
 from inturn.worker.drain.observer import NullObserver
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--outages", default="10,60,180", help="seconds, comma-separated")
     parser.add_argument("--compare", action="store_true")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, {"outages": "2"})
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("psycopg").setLevel(logging.ERROR)
     outages = [float(x) for x in args.outages.split(",")]
@@ -175,6 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"recovery: first AA {last[0]:.1f} s, first delivery {last[1]:.1f} s after the longest"
         f" outage ({last[2]:.0f} s)"
+    )
+    emit(
+        "recovery",
+        {
+            "longest_outage_s": last[2],
+            "first_aa_after_back_s": round(last[0], 2),
+            "first_delivery_after_back_s": round(last[1], 2),
+        },
     )
     return 0
 
