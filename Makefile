@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/console.py
 	$(BIN)/python bench/sweep.py
 	$(BIN)/python bench/weather.py
+	$(BIN)/python bench/failover.py
 	$(BIN)/python bench/shapes.py
 	$(BIN)/python bench/recovery.py
 

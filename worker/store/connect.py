@@ -8,6 +8,24 @@
 
 The DSN comes from ``--dsn`` or ``INTURN_DSN`` (libpq connection string or URI) or, when
 neither is given, from the embedded Postgres that ``inturn local`` runs under ``./.inturn``.
+
+**A session that loses its peer ends within a bound.** Every session (the worker's and both
+pools') sets TCP keepalives and a TCP user timeout on both ends: on the server, per session
+(``tcp_keepalives_idle``, ``tcp_keepalives_interval``, ``tcp_keepalives_count``,
+``tcp_user_timeout``; PostgreSQL manual, "Connections and Authentication"), so that Postgres
+ends the session of a worker cut off by a network partition (and so frees its advisory lock)
+within :data:`SESSION_LOSS_BOUND_SECONDS`, rather than after its retransmissions give up (about
+15 minutes) or the kernel's keepalive default (2 hours); and in libpq (``keepalives*``,
+``tcp_user_timeout``, ``connect_timeout``; libpq "Parameter Key Words"), so that the worker
+notices within the same bound and never waits on a dead socket. Values the DSN gives win.
+
+**Multi-host DSNs** (``host=a,b``, libpq failover) work with every ``target_session_attrs``:
+the read pool takes the DSN's value (``prefer-standby`` sends listings to a standby); whatever
+writes (the worker's session, the write pool, migrations) asks for ``read-write`` when the DSN
+says ``read-only``, ``standby`` or ``prefer-standby``, or names several hosts with ``any``, so a
+failover finds the new primary. The read pool's sessions are made read-only after they connect,
+never by a startup option, which would make every server, the primary too, look read-only to
+``target_session_attrs=read-write``.
 """
 
 from __future__ import annotations
@@ -27,6 +45,84 @@ if TYPE_CHECKING:  # imported where a pool is made: a worker (one connection) ne
 
 #: Statement timeout (milliseconds) of the read-only pool.
 READ_STATEMENT_TIMEOUT_MS = 5000
+
+#: Seconds of silence before the first keepalive probe, then between probes, and the probes
+#: unanswered before the peer is declared gone (server side per session, and in libpq).
+KEEPALIVE_IDLE_SECONDS = 10
+KEEPALIVE_INTERVAL_SECONDS = 5
+KEEPALIVE_COUNT = 3
+#: Milliseconds sent data may stay unacknowledged (and keepalives unanswered) before the
+#: connection is dropped (Linux ``TCP_USER_TIMEOUT``, RFC 5482), on both ends.
+TCP_USER_TIMEOUT_MS = 20_000
+#: Seconds libpq waits for a connection to one host (a partitioned host never refuses).
+CONNECT_TIMEOUT_SECONDS = 10
+#: The bound, in seconds, within which either end ends a session whose peer stopped answering:
+#: the first probe after :data:`KEEPALIVE_IDLE_SECONDS` of silence, the connection dropped once
+#: nothing was acknowledged for :data:`TCP_USER_TIMEOUT_MS` (on a busy connection, the user
+#: timeout alone), rounded up to the next probe.
+SESSION_LOSS_BOUND_SECONDS = (
+    KEEPALIVE_IDLE_SECONDS + TCP_USER_TIMEOUT_MS // 1000 + KEEPALIVE_INTERVAL_SECONDS
+)
+#: ``target_session_attrs`` values under which a writer would not find the primary.
+_NOT_FOR_WRITING = frozenset({"read-only", "standby", "prefer-standby"})
+
+
+def session_options(extra: str = "") -> str:
+    """The ``options`` every session starts with: ``synchronous_commit`` on and the server-side
+    keepalive and user-timeout settings (see the module docstring), then ``extra``."""
+    return (
+        "-c synchronous_commit=on"
+        f" -c tcp_keepalives_idle={KEEPALIVE_IDLE_SECONDS}"
+        f" -c tcp_keepalives_interval={KEEPALIVE_INTERVAL_SECONDS}"
+        f" -c tcp_keepalives_count={KEEPALIVE_COUNT}"
+        f" -c tcp_user_timeout={TCP_USER_TIMEOUT_MS}" + extra
+    )
+
+
+def session_kwargs(dsn: str, *, writes: bool, options: str = "") -> dict[str, Any]:
+    """libpq keyword arguments for a session on ``dsn``: the client-side keepalives, user
+    timeout and connect timeout (unless the DSN sets them), ``options`` from
+    :func:`session_options` followed by ``options`` and the DSN's own (later ``-c`` win), and
+    for a session that ``writes``, a ``target_session_attrs`` that finds the primary (see the
+    module docstring).
+
+    Raises:
+        psycopg.ProgrammingError: ``dsn`` cannot be parsed.
+    """
+    params = conninfo_to_dict(dsn)
+    kwargs: dict[str, Any] = {
+        key: value
+        for key, value in (
+            ("keepalives", 1),
+            ("keepalives_idle", KEEPALIVE_IDLE_SECONDS),
+            ("keepalives_interval", KEEPALIVE_INTERVAL_SECONDS),
+            ("keepalives_count", KEEPALIVE_COUNT),
+            ("tcp_user_timeout", TCP_USER_TIMEOUT_MS),
+            ("connect_timeout", CONNECT_TIMEOUT_SECONDS),
+        )
+        if key not in params
+    }
+    own = str(params.get("options") or "")
+    kwargs["options"] = session_options(options) + (f" {own}" if own else "")
+    if writes:
+        kwargs.update(write_target(dsn))
+    return kwargs
+
+
+def write_target(dsn: str) -> dict[str, Any]:
+    """``{"target_session_attrs": "read-write"}`` when a session that writes on ``dsn`` could
+    otherwise land on a standby (the DSN asks for one, or names several hosts and accepts
+    ``any``); ``{}`` when the DSN's own value finds the primary.
+
+    Raises:
+        psycopg.ProgrammingError: ``dsn`` cannot be parsed.
+    """
+    params = conninfo_to_dict(dsn)
+    attrs = str(params.get("target_session_attrs") or "any")
+    hosts = str(params.get("host") or params.get("hostaddr") or "")
+    if attrs in _NOT_FOR_WRITING or (attrs == "any" and "," in hosts):
+        return {"target_session_attrs": "read-write"}
+    return {}
 
 
 class DsnError(Exception):
@@ -173,10 +269,12 @@ async def probe(dsn: str, timeout_seconds: int = 5) -> None:
 
 
 async def connect_worker(dsn: str, application_name: str = "inturn-worker") -> AsyncConnection[Any]:
-    """Open one autocommit connection with synchronous commit on and TCP keepalives.
+    """Open one autocommit connection to the primary, with synchronous commit on and the
+    session-loss settings of :func:`session_kwargs`.
 
-    Keepalives make a dead peer noticed within about a minute, so a lost connection (and with
-    it the advisory lock) is detected rather than waited on.
+    Cut off from its peer, the session ends on both sides within
+    :data:`SESSION_LOSS_BOUND_SECONDS`: the server frees the worker's advisory lock for a
+    replacement, and the worker sees its connection fail instead of waiting on it.
 
     Raises:
         psycopg.OperationalError: the database cannot be reached.
@@ -185,11 +283,7 @@ async def connect_worker(dsn: str, application_name: str = "inturn-worker") -> A
         dsn,
         autocommit=True,
         application_name=application_name,
-        keepalives=1,
-        keepalives_idle=30,
-        keepalives_interval=10,
-        keepalives_count=3,
-        options="-c synchronous_commit=on",
+        **session_kwargs(dsn, writes=True),
     )
 
 
@@ -202,9 +296,11 @@ class Pools:
             async with pools.write.connection() as conn:
                 await queue.skip(conn, item_id, who="cli")
 
-    Both pools hold autocommit connections with ``synchronous_commit`` on; the read pool's are
-    read-only with a statement timeout of :data:`READ_STATEMENT_TIMEOUT_MS`, for listings and
-    dashboards.
+    Both pools hold autocommit connections with ``synchronous_commit`` on and the session-loss
+    settings of :func:`session_kwargs`; the write pool's reach the primary; the read pool's
+    are made read-only once connected (``SET default_transaction_read_only``, not a startup
+    option: see the module docstring) with a statement timeout of
+    :data:`READ_STATEMENT_TIMEOUT_MS`, for listings and dashboards.
     """
 
     write: AsyncConnectionPool
@@ -224,11 +320,8 @@ class Pools:
         Raises:
             psycopg_pool.PoolTimeout: the database could not be reached within 10 seconds.
         """
-        write = _pool(dsn, "inturn-write", write_size, application_name, "")
-        read_options = (
-            f" -c default_transaction_read_only=on -c statement_timeout={READ_STATEMENT_TIMEOUT_MS}"
-        )
-        read = _pool(dsn, "inturn-read", read_size, application_name, read_options)
+        write = _pool(dsn, "inturn-write", write_size, application_name, writes=True)
+        read = _pool(dsn, "inturn-read", read_size, application_name, writes=False)
         await write.open(wait=True, timeout=10)
         try:
             await read.open(wait=True, timeout=10)
@@ -254,14 +347,28 @@ class Pools:
         await self.close()
 
 
+async def _read_only(conn: AsyncConnection[Any]) -> None:
+    """Make a read pool's new session read-only (after connecting: see the module docstring)."""
+    await conn.execute("SET default_transaction_read_only = on")
+
+
 def _pool(
-    dsn: str, name: str, size: int, application_name: str, options: str
+    dsn: str, name: str, size: int, application_name: str, *, writes: bool
 ) -> AsyncConnectionPool:
     from inturn.worker.store.pool import Pool
 
+    extra = "" if writes else f" -c statement_timeout={READ_STATEMENT_TIMEOUT_MS}"
     kwargs = {
         "application_name": application_name,
-        "options": "-c synchronous_commit=on" + options,
         "autocommit": True,
+        **session_kwargs(dsn, writes=writes, options=extra),
     }
-    return Pool(dsn, min_size=1, max_size=size, kwargs=kwargs, open=False, name=name)
+    return Pool(
+        dsn,
+        min_size=1,
+        max_size=size,
+        kwargs=kwargs,
+        configure=None if writes else _read_only,
+        open=False,
+        name=name,
+    )

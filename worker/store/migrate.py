@@ -17,6 +17,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from inturn.worker.store import locks
+from inturn.worker.store.connect import write_target
 from inturn.worker.store.identifiers import backfill
 from inturn.worker.store.queries import load
 
@@ -65,7 +66,7 @@ def migrate(dsn: str) -> list[Migration]:
         psycopg.Error: a migration failed; its transaction is rolled back and nothing after it runs.
     """
     applied_now: list[Migration] = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, **write_target(dsn)) as conn:
         conn.execute(locks.Q["lock"], {"key": locks.MIGRATE})
         try:
             conn.execute(Q["ensure_table"])

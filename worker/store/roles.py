@@ -59,6 +59,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from inturn.worker.store import locks
+from inturn.worker.store.connect import write_target
 from inturn.worker.store.queries import load
 
 #: Component names, in the order roles are created.
@@ -394,7 +395,7 @@ def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> RolesReport:
     """
     names = {component: role_name(component, prefix) for component in COMPONENTS}
     created: list[str] = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, **write_target(dsn)) as conn:
         present = tables(conn)
         present_functions = functions(conn)
         undecided = sorted(set(present) - set(GRANTS)) + sorted(
