@@ -12,6 +12,11 @@ a fresh database of its own:
   receiver to the queue being empty (so the worker's process start-up is left out).
 * ``large-table``: the same after 1,000,000 finished rows (state ``delivered``) were put in the
   table, half for the same destination and half for 99 others, then ``VACUUM ANALYZE``.
+* ``traced``: as ``delivery``, with OpenTelemetry traces on in the worker
+  (``OTEL_TRACES_EXPORTER=otlp``, OTLP/HTTP to a sink in this process that reads and drops each
+  export): one ``inturn.attempt`` and one ``inturn.delivered`` span per message. ``delivery`` is
+  the same worker with tracing off (every ``OTEL_*`` variable removed), so the two rates say
+  what tracing costs when on; what its hooks cost when off is printed in nanoseconds per message.
 * ``procrastinate``: the same messages as Procrastinate jobs of one task, deferred with
   ``lock=<destination>`` (one at a time, in id order), drained by one worker process
   (``run_worker_async(concurrency=1, wait=False)``) whose task sends each payload with the same
@@ -521,6 +526,7 @@ async def run_inturn(
     prefill: int = 0,
     ack_delay: float = 0.0,
     floor: bool = False,
+    traced: bool = False,
 ) -> Result:
     """One drain of ``count`` messages by ``inturn worker`` (or, with ``floor``, by the
     yardstick loop of :func:`floor_worker_main`) in a fresh database."""
@@ -547,10 +553,52 @@ async def run_inturn(
                 *("--http-host", "127.0.0.1", "--http-port", "0", "--log-level", "WARNING"),
             ]
 
-        env = {**os.environ, "INTURN_DSN": dsn}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env["INTURN_DSN"] = dsn
         expected = [i.control_id for i in items]
-        await drain(result, command, env, dsn, inturn_pending, expected, cap, ack_delay)
+        async with contextlib.AsyncExitStack() as stack:
+            if traced:
+                port = await stack.enter_async_context(otlp_sink())
+                env["OTEL_TRACES_EXPORTER"] = "otlp"
+                env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
+            await drain(result, command, env, dsn, inturn_pending, expected, cap, ack_delay)
     return result
+
+
+def hooks_off_ns(rounds: int = 200_000) -> float:
+    """Nanoseconds the worker's tracing hooks take per delivered message when tracing is off
+    (attempt started, attempt ended, delivered; inturn.worker.tracing), in this process."""
+    from inturn.worker import tracing
+
+    assert not tracing.enabled()
+    started = time.perf_counter_ns()
+    for _ in range(rounds):
+        attempt = tracing.attempt_started("bench/delivery", 1, "X", None, 1, "mllp x:1")
+        tracing.attempt_ended(attempt, None)
+        tracing.finished(attempt, "delivered", 1)
+    return (time.perf_counter_ns() - started) / rounds
+
+
+@contextlib.asynccontextmanager
+async def otlp_sink() -> AsyncIterator[int]:
+    """An OTLP/HTTP endpoint (``POST /v1/traces``) that reads each export and drops it; its
+    port."""
+    from aiohttp import web
+
+    async def export(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/traces", export)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
 
 
 # --- the yardstick -------------------------------------------------------------------------
@@ -737,6 +785,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "floor": inturn_run("floor", floor=True),
             "delivery": inturn_run("delivery"),
             "floor-after": inturn_run("floor-after", floor=True),
+            "traced": inturn_run("traced", traced=True),
             "procrastinate": lambda: run_procrastinate(
                 server_dsn, templates, args.messages, args.cap
             ),
@@ -772,6 +821,12 @@ async def main_async(args: argparse.Namespace) -> int:
     if "delivery" in results and "large-table" in results and results["delivery"].rate:
         loss = 1 - results["large-table"].rate / results["delivery"].rate
         print(f"large-table rate vs delivery: {-loss:+.1%}")
+    hooks_ns = hooks_off_ns()
+    print(f"tracing hooks when off: {hooks_ns:.0f} ns per delivered message")
+    traced = None
+    if "delivery" in results and "traced" in results and results["delivery"].rate:
+        traced = results["traced"].rate / results["delivery"].rate
+        print(f"traced rate vs delivery (tracing off): {traced - 1:+.1%}")
     if "delivery" in results and "procrastinate" in results and results["procrastinate"].rate:
         times = results["delivery"].rate / results["procrastinate"].rate
         print(f"delivery vs procrastinate: {times:.2f}x")
@@ -794,6 +849,9 @@ async def main_async(args: argparse.Namespace) -> int:
         "catchup_time_ratio": None if catchup is None else round(catchup, 3),
         "catchup_target": 1.1,
         "procrastinate_msg_s": rate("procrastinate"),
+        "traced_msg_s": rate("traced"),
+        "traced_rate_ratio": None if traced is None else round(traced, 3),
+        "tracing_off_ns_per_message": round(hooks_ns),
         "large_table_msg_s": rate("large-table"),
         "worker_peak_rss_mib": (
             round(results["delivery"].peak_rss_kib / 1024, 1) if "delivery" in results else None
@@ -821,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=["floor", "delivery", "procrastinate", "large-table", "catch-up"],
+        choices=["floor", "delivery", "traced", "procrastinate", "large-table", "catch-up"],
         help="leave a run out (repeatable; floor leaves out both yardstick runs)",
     )
     parser.add_argument(

@@ -72,6 +72,7 @@ def test_delivery_table_has_the_expected_columns(dsn: str) -> None:
         "decided_by": "text",
         "finished_at": "timestamp with time zone",
         "patient_keys": "ARRAY",
+        "traceparent": "text",
     }
     assert head is not None
     assert "(destination, id)" in head[0] and "WHERE (state = 'pending'::text)" in head[0]

@@ -7,7 +7,13 @@ import asyncio
 import click
 
 from inturn.worker.cli.logs import configure
-from inturn.worker.cli.options import dsn_option, feeds_option, load_feeds_file, logging_options
+from inturn.worker.cli.options import (
+    dsn_option,
+    feeds_option,
+    load_feeds_file,
+    logging_options,
+    start_tracing,
+)
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
@@ -288,6 +294,7 @@ def ingest_command(
 ) -> None:
     """Accept HL7 v2 over MLLP (and HTTP), store it for every destination, then acknowledge."""
     configure(log_level, log_json)
+    start_tracing("inturn-ingest")
     try:
         database = resolve_dsn(dsn)
     except DsnError as exc:

@@ -106,3 +106,18 @@ def load_feeds_file(path: str | None) -> tuple[Any, ...] | None:
         return tuple(load_feeds(path))
     except (FeedsError, OSError) as exc:
         raise click.BadParameter(str(exc), param_hint="--feeds") from None
+
+
+def start_tracing(service_name: str) -> None:
+    """Switch OpenTelemetry traces on when the ``OTEL_*`` variables ask for them
+    (:func:`inturn.worker.tracing.configure`).
+
+    Raises:
+        click.ClickException: the variables ask for an exporter or protocol inturn lacks.
+    """
+    from inturn.worker import tracing
+
+    try:
+        tracing.configure(service_name)
+    except tracing.TracingError as exc:
+        raise click.ClickException(str(exc)) from None

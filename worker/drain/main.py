@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg.errors
 
+from inturn.worker import tracing
 from inturn.worker.cli.logs import configure
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.health import make_app, serve
@@ -103,6 +104,11 @@ async def run_worker(config: WorkerConfig, dsn: str, http_host: str, http_port: 
 def run(settings: dict[str, Any]) -> int:
     """Run the worker ``settings`` describe (as :func:`runtime_settings` wrote them); exit code."""
     configure(str(settings["logLevel"]), bool(settings["logJson"]))
+    try:
+        tracing.configure("inturn-worker")
+    except tracing.TracingError as exc:
+        print(f"inturn: error: {exc}", file=sys.stderr)
+        return 2
     config = from_dict(settings["config"])
     try:
         asyncio.run(

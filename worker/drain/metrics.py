@@ -25,6 +25,14 @@ DELIVERY_WAIT = Histogram(
     ["destination"],
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400, 86400),
 )
+ATTEMPT_SECONDS = Histogram(
+    "inturn_attempt_seconds",
+    "Seconds one attempt took, from the start of the send to its outcome (the receiver's"
+    " acknowledgement, a refusal, a timeout or a lost connection), by outcome: 'delivered' or"
+    " the failure's cause class.",
+    ["destination", "outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
 PENDING = Gauge("inturn_queue_pending", "Messages waiting.", ["destination"])
 OLDEST = Gauge(
     "inturn_queue_oldest_age_seconds", "Age of the oldest waiting message.", ["destination"]
@@ -65,6 +73,10 @@ class PrometheusObserver:
         """Count a delivery and observe its wait."""
         DELIVERED.labels(destination).inc()
         DELIVERY_WAIT.labels(destination).observe(waited_seconds)
+
+    def attempted(self, destination: str, outcome: str, seconds: float) -> None:
+        """Observe an attempt's duration."""
+        ATTEMPT_SECONDS.labels(destination, outcome).observe(seconds)
 
     def retried(self, destination: str, attempts: int, cause: str) -> None:
         """Count a retried failure by cause class."""

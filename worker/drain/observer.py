@@ -17,6 +17,10 @@ class Observer(Protocol):
         """A message was accepted by the receiver after ``attempts`` attempts, ``waited_seconds``
         after it was enqueued."""
 
+    def attempted(self, destination: str, outcome: str, seconds: float) -> None:
+        """An attempt ended after ``seconds``: ``outcome`` is ``delivered`` or the failure's
+        cause class."""
+
     def retried(self, destination: str, attempts: int, cause: str) -> None:
         """An attempt failed and will be retried."""
 
@@ -44,6 +48,9 @@ class NullObserver:
     """An observer that ignores everything."""
 
     def delivered(self, destination: str, attempts: int, waited_seconds: float) -> None:
+        """Ignore."""
+
+    def attempted(self, destination: str, outcome: str, seconds: float) -> None:
         """Ignore."""
 
     def retried(self, destination: str, attempts: int, cause: str) -> None:

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import AsyncConnection
 
+from inturn.worker import tracing
 from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.gate import Gate, may_send
 from inturn.worker.drain.observer import NullObserver, Observer
@@ -164,6 +165,8 @@ class DestinationWorker:
         self.sender_fingerprint = fingerprint(config.sender)
         self.state = WorkerHealth()
         self.publishers = publishers
+        #: The sender's credential-free summary, as traces name the peer.
+        self.peer = sender.describe()
         self._wake = asyncio.Event()
         self._next_depth = 0.0
         self.lock_wait_seconds = (
@@ -447,7 +450,10 @@ class DestinationWorker:
         item = head.item
         attempts = item.attempts + 1
         outcome: FailureCause
-        self.state.sending_since = time.monotonic()
+        sent = self.state.sending_since = time.monotonic()
+        trace = tracing.attempt_started(
+            self.destination, item.id, item.control_id, head.traceparent, attempts, self.peer
+        )
         try:
             async with asyncio.timeout(self.config.retry.timeout_seconds):
                 await self.sender.send(head.payload, item_id=item.id)
@@ -463,6 +469,7 @@ class DestinationWorker:
             outcome = "connection" if self.sender.written else "unreachable"
             detail = str(exc) or type(exc).__name__
         else:
+            self._attempted(trace, None, sent)
             held, self._unreachable_run = self._unreachable_run, 0
             waited, following = await self._step(
                 conn, stop, "mark", lambda: queue.succeeded_next(conn, item, attempts), item.id
@@ -480,10 +487,22 @@ class DestinationWorker:
             )
             if waited is not None:
                 self.observer.delivered(self.destination, attempts, waited)
+            tracing.finished(trace, "delivered", attempts)
             return True, following
         finally:
             self.state.sending_since = None
-        return await self._failed(conn, stop, head, attempts, outcome, detail), None
+        self._attempted(trace, outcome, sent)
+        gave_up = await self._failed(conn, stop, head, attempts, outcome, detail)
+        if gave_up:
+            tracing.finished(trace, "failed", attempts)
+        return gave_up, None
+
+    def _attempted(
+        self, trace: tracing.Attempt | None, outcome: FailureCause | None, sent: float
+    ) -> None:
+        """An attempt that began at ``sent`` (monotonic) ended: metrics and its span."""
+        self.observer.attempted(self.destination, outcome or "delivered", time.monotonic() - sent)
+        tracing.attempt_ended(trace, outcome)
 
     async def _failed(
         self,

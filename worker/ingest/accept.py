@@ -66,12 +66,13 @@ import hashlib
 import logging
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from inturn.worker import tracing
 from inturn.worker.hl7.ack import (
     AckErrorDetail,
     ack_code,
@@ -325,18 +326,27 @@ class Acceptor:
         started = time.perf_counter() if received_at is None else received_at
         if is_batch(payload):
             return await self._handle_batch(channel, payload, started)
+        tracing.received(channel, started)
         prepared = await self._prepare(channel, payload)
         if isinstance(prepared, Reply):
             return prepared
         header, destinations = prepared.header, prepared.destinations
+        message = prepared.message
+        traceparent = tracing.traceparent()
+        if traceparent is not None:  # the worker's spans join this message's trace
+            message = replace(message, traceparent=traceparent)
+        began = time.perf_counter()
         try:
             # No timeout here: the committer keeps the store timeout and returns only once the
             # outcome is known (a transaction given up on by its caller could still commit).
-            result = await self.committer.store(channel, destinations, prepared.message)
+            result = await self.committer.store(channel, destinations, message)
         except OutcomeUnknown as exc:
+            tracing.stored(destinations, began, False)
             return self._done(channel, header, _unknown(str(exc)))
         except Exception as exc:  # any other failure to store: AE, nothing kept
+            tracing.stored(destinations, began, False)
             return self._done(channel, header, self._storage_failed(header, exc))
+        tracing.stored(destinations, began, True)
         metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
         return self._stored(channel, prepared, result)
 
@@ -567,6 +577,11 @@ class Acceptor:
         logged: bool = False,
     ) -> Reply:
         metrics.MESSAGES.labels(self._label(channel), outcome.code).inc()
+        tracing.answered(
+            outcome.code,
+            header.control_id if header is not None else None,
+            header.message_type.type_key if header is not None else None,
+        )
         if logged:  # the caller said it its own way
             return outcome
         control_id = header.control_id if header is not None else None

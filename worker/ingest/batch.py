@@ -88,6 +88,7 @@ class Message:
         patient_keys: its identifier index keys, comma-separated (see
             :func:`inturn.worker.store.identifiers.keys_text`), computed by the caller off the
             event loop; None computes them here (capped at the default).
+        traceparent: the W3C trace context of its receive span when traced, else None.
     """
 
     control_id: str
@@ -95,6 +96,7 @@ class Message:
     payload: bytes
     digest: bytes
     patient_keys: str | None = None
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,7 @@ async def store_statement(
         "patient_keys": [
             keys_text(m.payload) if m.patient_keys is None else m.patient_keys for m in unique
         ],
+        "traceparents": [m.traceparent for m in unique],
         "window_seconds": float(max(window_seconds, 0.0)),
         "remember": remember,
         "destinations": ordered,

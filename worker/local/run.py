@@ -33,6 +33,7 @@ from inturn.worker.cli.options import (
     feeds_option,
     load_feeds_file,
     logging_options,
+    start_tracing,
 )
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.metrics import PrometheusObserver
@@ -549,6 +550,7 @@ def local_command(
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     configure(log_level, log_json)
+    start_tracing("inturn-local")
     console_auth_config = local_console_auth(console_auth) if console_at else None
     # Closing the terminal (SIGHUP) or a kill (SIGTERM) stops like Ctrl-C, before the event
     # loop runs too, so that the embedded Postgres is always stopped on the way out.

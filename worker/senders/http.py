@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inturn.worker import tracing
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.senders import tls as tls_node
 from inturn.worker.senders.base import DeliveryError, FailureCause
@@ -103,6 +104,7 @@ class HttpSender:
                 raise DeliveryError("unreachable", f"headers file: {exc}") from None
         if not any(name.lower() == "content-type" for name in headers):
             headers["Content-Type"] = DEFAULT_CONTENT_TYPE
+        tracing.inject(headers)  # the attempt's W3C traceparent, when tracing is on
         return headers
 
     async def send(self, payload: bytes, *, item_id: int = 0) -> None:

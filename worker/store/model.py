@@ -98,10 +98,15 @@ class Item:
 
 @dataclass(frozen=True)
 class Head:
-    """The head of a destination's queue, ready to send now: the item and its payload."""
+    """The head of a destination's queue, ready to send now: the item and its payload.
+
+    ``traceparent`` is the W3C trace context ingest stored with the message when it traced it
+    (:mod:`inturn.worker.tracing`), else None.
+    """
 
     item: Item
     payload: bytes
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,14 @@ def _head_result(row: Mapping[str, Any] | None) -> HeadResult:
     wait = float(row["wait_seconds"])
     if wait > 0:
         return None, wait
-    return Head(item=Item.from_row(row), payload=bytes(row["payload"])), None
+    return (
+        Head(
+            item=Item.from_row(row),
+            payload=bytes(row["payload"]),
+            traceparent=row.get("traceparent"),
+        ),
+        None,
+    )
 
 
 async def next_head(conn: AsyncConnection[Any], destination: str, *, after: int = 0) -> HeadResult:

@@ -71,6 +71,9 @@ seccompProfile:
 {{/* The worklist publishers of the workers, as operator arguments: the webhook's HMAC key by
      reference to a Secret of that name in each Destination's namespace (as for the DSN). */}}
 {{- define "inturn.worklistWorkerArgs" -}}
+{{- range $name, $value := .Values.tracing.env }}
+- --worker-env={{ $name }}={{ $value }}
+{{- end }}
 {{- with .Values.worklist }}
 {{- if .notifyChannel }}
 - --worker-env=INTURN_WORKLIST_NOTIFY={{ .notifyChannel }}

@@ -19,10 +19,10 @@ SELECT destination, channel, message_types, suspended, sender_kind
 -- inturn.worker.ingest.batch.store_batch; keep this text short (psycopg caches only queries
 -- under 4 KiB).
 WITH msg AS (
-    SELECT m.control_id, m.message_type, m.payload, m.digest, m.keys, m.n
+    SELECT m.control_id, m.message_type, m.payload, m.digest, m.keys, m.tp, m.n
       FROM unnest(%(control_ids)s::text[], %(message_types)s::text[], %(payloads)s::bytea[],
-                  %(digests)s::bytea[], %(patient_keys)s::text[])
-           WITH ORDINALITY AS m(control_id, message_type, payload, digest, keys, n)
+                  %(digests)s::bytea[], %(patient_keys)s::text[], %(traceparents)s::text[])
+           WITH ORDINALITY AS m(control_id, message_type, payload, digest, keys, tp, n)
 ),
 remembered AS (
     INSERT INTO inturn_received AS r (channel, control_id, digest, size)
@@ -49,9 +49,10 @@ locked AS MATERIALIZED (
 ),
 inserted AS (
     INSERT INTO inturn_delivery
-           (destination, channel, control_id, message_type, payload, size, patient_keys)
+           (destination, channel, control_id, message_type, payload, size, patient_keys,
+            traceparent)
     SELECT t.d, %(channel)s, f.control_id, f.message_type, f.payload, length(f.payload),
-           string_to_array(f.keys, ',')
+           string_to_array(f.keys, ','), f.tp
       FROM fresh f
      CROSS JOIN unnest(%(destinations)s::text[]) WITH ORDINALITY AS t(d, k)
      WHERE (SELECT n FROM locked) > 0

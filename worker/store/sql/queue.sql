@@ -34,7 +34,7 @@ SELECT EXISTS (
 -- A destination on hold (held_at set by `queue suspend` or the console) has no head.
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
-       payload,
+       payload, traceparent,
        greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
   FROM inturn_delivery
  WHERE destination = %(destination)s AND state = 'pending' AND id > %(after)s
@@ -61,7 +61,7 @@ SELECT (SELECT waited_seconds FROM done) AS waited_seconds, h.*
   LEFT JOIN LATERAL (
        SELECT id, channel, destination, control_id, message_type, size, state, attempts,
               enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by,
-              finished_at, payload,
+              finished_at, payload, traceparent,
               greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
                   AS wait_seconds
          FROM inturn_delivery

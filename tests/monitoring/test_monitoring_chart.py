@@ -1,5 +1,6 @@
-"""The Grafana dashboard as the chart ships it: a ConfigMap for Grafana's sidecar, off by
-default, carrying ``charts/inturn/dashboards/inturn.json`` unchanged."""
+"""The chart's monitoring extras: the Grafana dashboard as a ConfigMap for Grafana's sidecar (off
+by default, carrying ``charts/inturn/dashboards/inturn.json`` unchanged), and the OpenTelemetry
+variables of ``tracing.env`` for ingest and every worker."""
 
 from __future__ import annotations
 
@@ -59,3 +60,24 @@ def test_every_panel_query_is_promql_on_the_chosen_datasource() -> None:
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
             assert target["expr"].strip(), panel["title"]
+
+
+def test_tracing_variables_reach_ingest_and_every_worker() -> None:
+    endpoint = "http://otel-collector.monitoring:4318"
+    objs = render({"tracing": {"env": {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}}})
+    ingest = find(objs, "Deployment", "inturn-ingest")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in ingest["containers"][0]["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint
+    operator = find(objs, "Deployment", "inturn-operator")["spec"]["template"]["spec"]
+    assert (
+        f"--worker-env=OTEL_EXPORTER_OTLP_ENDPOINT={endpoint}" in operator["containers"][0]["args"]
+    )
+    off = find(render(), "Deployment", "inturn-ingest")["spec"]["template"]["spec"]
+    assert not [e for e in off["containers"][0]["env"] if e["name"].startswith("OTEL_")]
+
+
+def test_only_otel_variables_are_taken() -> None:
+    import helm_python
+
+    with pytest.raises(helm_python.HelmValuesError):
+        render({"tracing": {"env": {"PATH": "/tmp"}}})

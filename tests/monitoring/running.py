@@ -1,0 +1,121 @@
+"""A live ``inturn local`` for the monitoring tests: a subprocess on the session database, real
+receivers, messages over a real MLLP connection (``tests/monitoring`` is on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from inturn.worker.hl7.ack import parse_ack
+from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+
+INTURN = Path(sys.executable).parent / "inturn"
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address now."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def manifest(path: Path, name: str, sender: str, *, max_attempts: int = 0) -> Path:
+    """Write a Destination of channel ``adt`` with ``sender`` (YAML flow text) retrying every
+    second, giving up after ``max_attempts`` (0: never)."""
+    path.write_text(
+        "apiVersion: inturn.dev/v1alpha1\n"
+        "kind: Destination\n"
+        f"metadata: {{name: {name}}}\n"
+        "spec:\n"
+        "  channel: adt\n"
+        f"  sender: {sender}\n"
+        f"  retry: {{maxAttempts: {max_attempts}, backoffSeconds: 1, maxBackoffSeconds: 1,"
+        " timeoutSeconds: 5}\n"
+        "  idleSeconds: 1\n"
+    )
+    return path
+
+
+def message(n: int) -> bytes:
+    """An ADT^A01 of a made-up patient whose MSH-10 is ``M<n>``."""
+    return (
+        f"MSH|^~\\&|TEST|LOCAL|INTURN|LOCAL|20260302120000||ADT^A01^ADT_A01|M{n:05d}|P|2.5\r"
+        f"PID|1||P{n:05d}^^^LOCAL^MR||Testperson^Number{n}\r"
+    ).encode()
+
+
+async def send(port: int, payloads: list[bytes]) -> list[str]:
+    """Send each payload over one MLLP connection, one at a time; the ACK codes (MSA-1)."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    frames = FrameReader(1 << 20)
+    codes: list[str] = []
+    try:
+        for payload in payloads:
+            writer.write(frame(payload))
+            await writer.drain()
+            got: list[Frame] = []
+            while not got:
+                data = await asyncio.wait_for(reader.read(65536), 30)
+                assert data, "ingest closed the connection"
+                got = [e for e in frames.feed(data) if isinstance(e, Frame)]
+            codes.append(parse_ack(got[0].payload).code)
+    finally:
+        writer.close()
+    return codes
+
+
+class LocalProcess:
+    """``inturn local ARGS`` with its log in a file; started by :meth:`start`, stopped with
+    Ctrl-C by :meth:`interrupt` (or killed by :meth:`kill`)."""
+
+    def __init__(
+        self, log_path: Path, args: list[str], env: Mapping[str, str] | None = None
+    ) -> None:
+        self.args = args
+        self.env = {
+            k: v for k, v in os.environ.items() if k != "INTURN_DSN" and not k.startswith("OTEL_")
+        }
+        self.env.update(env or {})
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, listen_port: int) -> None:
+        """Start it and wait until ``listen_port`` accepts connections."""
+        with self.log_path.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                str(INTURN), "local", *self.args, env=self.env, stdout=log, stderr=log
+            )
+        async with asyncio.timeout(60):
+            while True:
+                assert self.proc.returncode is None, f"inturn local exited:\n{self.log()}"
+                try:
+                    _, writer = await asyncio.open_connection(HOST, listen_port)
+                except OSError:
+                    await asyncio.sleep(0.1)
+                    continue
+                writer.close()
+                return
+
+    def log(self) -> str:
+        """Everything it wrote so far."""
+        return self.log_path.read_text(errors="replace")
+
+    async def interrupt(self) -> int:
+        """Ctrl-C (SIGINT), then its exit status."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(60):
+            return await self.proc.wait()
+
+    async def kill(self) -> None:
+        """Kill it if it still runs."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
