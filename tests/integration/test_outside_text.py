@@ -13,12 +13,12 @@ import pytest
 from pipeline import cli, rows, until, worker, worker_config
 from psycopg import AsyncConnection
 
-from inturn.worker.cli import logs
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
+from inturn.worker.text import logs
 
 pytestmark = pytest.mark.store
 

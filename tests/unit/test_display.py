@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inturn.worker.cli import logs
+from inturn.worker.text import logs
 from inturn.worker.text.display import printable, printable_values
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import click
 
 from inturn.worker.cli.ingest import parse_address
-from inturn.worker.cli.logs import configure
 from inturn.worker.cli.options import DURATION, dsn_option, logging_options
 from inturn.worker.console.auth import AuthConfigError, load_auth
 from inturn.worker.console.names import LOOPBACK_NAMES, ServerNames
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
 from inturn.worker.console.server import start_console
 from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.text.logs import configure
 
 log = logging.getLogger("inturn.console")
 

@@ -6,7 +6,6 @@ import asyncio
 
 import click
 
-from inturn.worker.cli.logs import configure
 from inturn.worker.cli.options import (
     dsn_option,
     feeds_option,
@@ -42,6 +41,7 @@ from inturn.worker.ingest.service import (
     server_tls_context,
 )
 from inturn.worker.store.connect import DsnError, probe, resolve_dsn
+from inturn.worker.text.logs import configure
 
 
 def parse_address(value: str, default_host: str = "0.0.0.0") -> tuple[str, int]:

@@ -4,7 +4,7 @@ Every option that more than one command takes is here, with its ``INTURN_``-pref
 variable: ``--dsn`` (``INTURN_DSN``), ``--log-level`` (``INTURN_LOG_LEVEL``), ``--log-json``
 (``INTURN_LOG_JSON``), and the queue commands' ``--json``, ``--who``, ``--why`` and durations.
 Every long-running command (worker, ingest, local, operator) takes :func:`logging_options` and
-calls :func:`inturn.worker.cli.logs.configure`.
+calls :func:`inturn.worker.text.logs.configure`.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from typing import Any
 import psycopg.errors
 
 from inturn.worker import tracing
-from inturn.worker.cli.logs import configure
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.health import make_app, serve
 from inturn.worker.drain.metrics import PrometheusObserver
@@ -34,6 +33,7 @@ from inturn.worker.senders.registry import make_sender
 from inturn.worker.spec.config import WorkerConfig, from_dict, to_dict
 from inturn.worker.store.connect import schema_missing
 from inturn.worker.store.faults import SCHEMA_CODES
+from inturn.worker.text.logs import configure
 from inturn.worker.worklist.publishers import close_all, from_env
 
 log = logging.getLogger("inturn.worker")

@@ -26,7 +26,6 @@ import click
 from psycopg import AsyncConnection
 
 from inturn.worker.cli.ingest import parse_address, parse_listen
-from inturn.worker.cli.logs import configure
 from inturn.worker.cli.options import (
     DURATION,
     dsn_option,
@@ -48,6 +47,7 @@ from inturn.worker.spec.schedule import to_spec
 from inturn.worker.store import locks, queue, registry
 from inturn.worker.store.connect import DsnError, connect_worker, normalize_dsn
 from inturn.worker.store.migrate import migrate
+from inturn.worker.text.logs import configure
 from inturn.worker.worklist.publish import Publisher
 from inturn.worker.worklist.publishers import close_all, from_env
 

@@ -10,7 +10,6 @@ line that looks like one of ours.
 from __future__ import annotations
 
 import logging
-import unicodedata
 from typing import Any
 
 _NAMED = {"\r": "\\r", "\n": "\\n", "\t": "\\t"}
@@ -19,6 +18,8 @@ _BIDI = frozenset(chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A
 
 
 def _unsafe(ch: str) -> bool:
+    import unicodedata  # on first use: a worker that logs nothing unusual never loads its table
+
     return unicodedata.category(ch) in ("Cc", "Zl", "Zp") or ch in _BIDI
 
 

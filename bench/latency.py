@@ -1,0 +1,298 @@
+"""Latency from ingest's AA to the receiver's read: how long an accepted message waits.
+
+Production's shape on one machine: ``inturn ingest`` as its own process with five MLLP
+channels, one ``inturn worker`` process per destination (five, one per channel), five local
+MLLP receivers. Eight sender connections, spread over the channels, send sample messages at a
+steady total rate (each paced to its share; a sender never has two messages in flight), one
+run per rate. For every message the time from the moment its sender read the AA to the moment
+its receiver read the message is one latency (both clocks are this process's
+``time.perf_counter``). A delivery can come before its sender has read the AA (the worker is
+woken at COMMIT and the AA travels back at the same time): that latency is negative and
+counted as it is.
+
+    python bench/latency.py [--dsn DSN] [--rates 50,200] [--seconds 20]
+
+Without ``--dsn`` (or ``INTURN_DSN``) an embedded Postgres is started (pgserver). Prints p50,
+p99 and max per rate; the target is a p99 under 50 ms. The last line is the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import psycopg
+from delivery import (
+    SAMPLES,
+    Template,
+    fresh_database,
+    load_templates,
+    percentile,
+    postgres_server,
+)
+from figures import emit, parse_args
+from ingest import free_port, wait_ready
+
+from inturn.worker.hl7.header import parse_header
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.store.migrate import migrate
+from inturn.worker.testing import MllpReceiver
+
+HOST = "127.0.0.1"
+NAMESPACE = "lat"
+DESTINATIONS = 5
+CONNECTIONS = 8
+INTURN = Path(sys.executable).with_name("inturn")
+#: Seconds at the start of each rate's run left out of the figures (connections warming up).
+WARMUP_SECONDS = 2.0
+#: Seconds after the last send to wait for the last deliveries.
+SETTLE_SECONDS = 5.0
+#: Target for the p99, milliseconds.
+TARGET_P99_MS = 50.0
+
+
+def channel(n: int) -> str:
+    return f"lat{n}"
+
+
+def register(dsn: str) -> None:
+    """One destination per channel in the registry, as the operator records them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for n in range(DESTINATIONS):
+            conn.execute(
+                "INSERT INTO inturn_destination (destination, namespace, name, channel)"
+                " VALUES (%s, %s, %s, %s)",
+                (f"{NAMESPACE}/d{n}", NAMESPACE, f"d{n}", channel(n)),
+            )
+
+
+def manifest(directory: Path, n: int, port: int) -> Path:
+    path = directory / f"d{n}.yaml"
+    path.write_text(
+        "apiVersion: inturn.dev/v1alpha1\n"
+        "kind: Destination\n"
+        f"metadata: {{name: d{n}, namespace: {NAMESPACE}}}\n"
+        "spec:\n"
+        f"  channel: {channel(n)}\n"
+        f"  sender: {{mllp: {{host: {HOST}, port: {port}}}}}\n"
+        "  retry: {maxAttempts: 0}\n"
+    )
+    return path
+
+
+def message(template: Template, control_id: str) -> bytes:
+    return template.head + control_id.encode() + template.tail
+
+
+class Clock:
+    """Arrival and AA times by control ID."""
+
+    def __init__(self) -> None:
+        self.acked: dict[str, float] = {}
+        self.arrived: dict[str, float] = {}
+
+    def on_message(self, payload: bytes, _ack: bytes | None) -> None:
+        self.arrived.setdefault(parse_header(payload).control_id, time.perf_counter())
+
+
+@contextlib.contextmanager
+def processes(commands: Sequence[list[str]], env: dict[str, str]) -> Iterator[None]:
+    procs = [
+        subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for c in commands
+    ]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+async def sender_loop(
+    index: int,
+    ports: Sequence[int],
+    templates: Sequence[Template],
+    rate: float,
+    until: float,
+    run: str,
+    clock: Clock,
+    measured: list[str],
+    measure_from: float,
+) -> int:
+    """One connection: a message every ``CONNECTIONS / rate`` seconds, on its channel.
+
+    Returns how many were not answered AA (each one printed).
+    """
+    n = index % DESTINATIONS
+    sender = MllpSender(MllpSenderConfig(HOST, ports[n]))
+    period = CONNECTIONS / rate
+    next_at = time.perf_counter() + period * index / CONNECTIONS
+    sent = refused = 0
+    try:
+        while next_at < until:
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            cid = f"{run}{index:02d}{sent:07d}"
+            template = templates[(index * 7 + sent) % len(templates)]
+            try:
+                await sender.send(message(template, cid))
+            except Exception as exc:  # a refusal is reported, not fatal to the run
+                refused += 1
+                print(f"  connection {index}: {cid} not accepted: {exc}", file=sys.stderr)
+            else:
+                clock.acked[cid] = time.perf_counter()
+                if next_at >= measure_from:
+                    measured.append(cid)
+            sent += 1
+            next_at += period
+    finally:
+        await sender.close()
+    return refused
+
+
+async def one_rate(
+    rate: float, seconds: float, ports: Sequence[int], templates: Sequence[Template], clock: Clock
+) -> dict[str, float]:
+    """Send at ``rate`` msg/s in all for ``seconds`` (plus warm-up); the latencies in ms."""
+    run = f"R{int(rate)}-"
+    start = time.perf_counter()
+    measure_from = start + WARMUP_SECONDS
+    until = measure_from + seconds
+    measured: list[str] = []
+    refused = await asyncio.gather(
+        *(
+            sender_loop(i, ports, templates, rate, until, run, clock, measured, measure_from)
+            for i in range(CONNECTIONS)
+        )
+    )
+    deadline = time.perf_counter() + SETTLE_SECONDS
+    while time.perf_counter() < deadline and any(c not in clock.arrived for c in measured):
+        await asyncio.sleep(0.05)
+    latencies = [(clock.arrived[c] - clock.acked[c]) * 1000 for c in measured if c in clock.arrived]
+    missing = sum(1 for c in measured if c not in clock.arrived)
+    return {
+        "rate": rate,
+        "messages": len(measured),
+        "p50_ms": percentile(latencies, 0.50),
+        "p99_ms": percentile(latencies, 0.99),
+        "max_ms": max(latencies, default=0.0),
+        "undelivered": missing,
+        "refused": sum(refused),
+    }
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    templates, _ = load_templates(Path(os.environ.get("INTURN_SAMPLES") or SAMPLES))
+    if not templates:
+        print("no usable samples (set INTURN_SAMPLES)", file=sys.stderr)
+        return 2
+    rates = [float(r) for r in args.rates.split(",")]
+    results = []
+    with (
+        postgres_server(args.dsn) as (server, _),
+        fresh_database(server, "latency") as dsn,
+        tempfile.TemporaryDirectory(prefix="inturn-bench-") as tmp,
+    ):
+        migrate(dsn)
+        register(dsn)
+        clock = Clock()
+        receivers = [MllpReceiver() for _ in range(DESTINATIONS)]
+        async with contextlib.AsyncExitStack() as stack:
+            for rx in receivers:
+                rx.on_message = clock.on_message
+                await stack.enter_async_context(rx)
+            ports = [free_port() for _ in range(DESTINATIONS)]
+            ops = free_port()
+            ingest = [
+                sys.executable, "-c",
+                "from inturn.worker.cli.ingest import ingest_command; ingest_command()",
+                "--ops", f"{HOST}:{ops}", "--log-level", "WARNING",
+            ]  # fmt: skip
+            for n, port in enumerate(ports):
+                ingest += ["--listen", f"{channel(n)}={HOST}:{port}"]
+            workers = [
+                [
+                    *(str(INTURN), "worker", "-f", str(manifest(Path(tmp), n, rx.port))),
+                    *("--http-host", HOST, "--http-port", "0", "--log-level", "WARNING"),
+                ]
+                for n, rx in enumerate(receivers)
+            ]
+            env = {**os.environ, "INTURN_DSN": dsn}
+            with processes([ingest, *workers], env):
+                await wait_ready_ops(ops)
+                # two seconds at a slow pace, every channel delivered, before anything counts
+                await one_rate(CONNECTIONS, 0.0, ports, templates, clock)
+                await wait_delivered(receivers, 1)
+                print(
+                    f"ingest + {DESTINATIONS} workers (processes), {CONNECTIONS} connections,"
+                    f" {args.seconds:g} s per rate after {WARMUP_SECONDS:g} s of warm-up"
+                )
+                for rate in rates:
+                    r = await one_rate(rate, args.seconds, ports, templates, clock)
+                    results.append(r)
+                    print(
+                        f"{rate:>6.0f} msg/s: {r['messages']} messages; AA -> receiver"
+                        f" p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms,"
+                        f" max {r['max_ms']:.1f} ms; undelivered {r['undelivered']},"
+                        f" refused {r['refused']}",
+                        flush=True,
+                    )
+    worst = max((r["p99_ms"] for r in results), default=0.0)
+    print(f"latency: worst p99 {worst:.1f} ms (target under {TARGET_P99_MS:.0f} ms)")
+    emit(
+        "latency",
+        {
+            "runs": [
+                {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
+                for r in results
+            ],
+            "worst_p99_ms": round(worst, 2),
+            "target_p99_ms": TARGET_P99_MS,
+            "met": worst < TARGET_P99_MS,
+        },
+    )
+    return 0
+
+
+async def wait_ready_ops(port: int) -> None:
+    """Until ingest's ``/readyz`` answers 200 (a minute at most)."""
+
+    class Alive:
+        def poll(self) -> None:
+            return None
+
+    await wait_ready(port, Alive())  # type: ignore[arg-type]
+
+
+async def wait_delivered(receivers: Sequence[MllpReceiver], count: int) -> None:
+    """Until every receiver has read ``count`` messages (a minute at most)."""
+    deadline = time.perf_counter() + 60
+    while any(len(rx.received) < count for rx in receivers):
+        if time.perf_counter() > deadline:
+            raise SystemExit("the workers did not deliver the warm-up messages within a minute")
+        await asyncio.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dsn", default=os.environ.get("INTURN_DSN"), help="Postgres server")
+    parser.add_argument("--rates", default="50,200", help="total msg/s, comma-separated")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per rate")
+    args = parse_args(parser, argv, {"rates": "20", "seconds": 1.0})
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
