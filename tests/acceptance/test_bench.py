@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLES
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+#: The samples, as tests/conftest.py finds them (read in place, never copied).
+SAMPLES = Path(os.environ.get("INTURN_SAMPLES") or BENCH.parents[1] / "shared" / "samples" / "hl7")
 #: A benchmark is a script (it runs itself); the other files there are its shared helpers.
 BENCHMARKS = sorted(p for p in BENCH.glob("*.py") if 'if __name__ == "__main__"' in p.read_text())
 #: Longest tiny run, seconds (each takes well under a minute on an idle 2-core machine).
