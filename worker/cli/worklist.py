@@ -91,13 +91,6 @@ def _emit(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
-async def _db_now(conn: AsyncConnection[Any]) -> datetime:
-    cur = await conn.execute("SELECT now()")
-    row = await cur.fetchone()
-    assert row is not None
-    return row[0]  # type: ignore[no-any-return]
-
-
 @click.group("worklist")
 def worklist_group() -> None:
     """List, count, show and clear worklist items (work for people)."""
@@ -163,7 +156,7 @@ def list_command(
             limit=limit,
             cursor=cursor,
         )
-        return page, await _db_now(conn)
+        return page, await store.now(conn)
 
     page, now = run_read(dsn, go)
     if as_json:
@@ -189,7 +182,7 @@ def count_command(dsn: str | None, queue: str | None, state: str, as_json: bool)
     """Items per queue and reason."""
 
     async def go(conn: AsyncConnection[Any]) -> tuple[list[CountRow], datetime]:
-        return await store.count(conn, state=state, queue=queue), await _db_now(conn)
+        return await store.count(conn, state=state, queue=queue), await store.now(conn)
 
     rows, now = run_read(dsn, go)
     if as_json:

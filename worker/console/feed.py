@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from inturn.worker.console.overview import (
@@ -185,7 +185,7 @@ class Feed:
                     queue.notify_channel(r.destination) for r in self.snapshot.rows
                 }
                 for channel in sorted(channels - listening):
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    await queue.listen_channel(conn, channel)
                 listening |= channels
                 await self._wait(conn)
                 rest = self.min_interval - (time.monotonic() - self._refreshed)

@@ -29,7 +29,6 @@ from functools import partial
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
 from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.reservations.codes import (
@@ -41,10 +40,9 @@ from inturn.worker.reservations.codes import (
 )
 from inturn.worker.spec.schema import CARRIER_PATTERN
 from inturn.worker.store import bookings as store
-from inturn.worker.store.queries import fetch_all, load
+from inturn.worker.store import reservation_rules as rules_store
 from inturn.worker.worklist import PackOption, Rule, RuleOutcome, RulePack, clear_where, place
 
-Q = load("reservation_rules.sql")
 log = logging.getLogger("inturn.sweep.reservations")
 
 #: How long a requested segment may go unanswered before it is work (seconds): 6 h.
@@ -75,15 +73,8 @@ class ReservationSettings:
     host_carriers: tuple[str, ...] = ()
 
 
-async def _rows(
-    conn: AsyncConnection[Any], name: str, params: dict[str, Any]
-) -> list[dict[str, Any]]:
-    return await fetch_all(conn, Q[name], params, row=dict_row)
-
-
 async def _already(conn: AsyncConnection[Any], record_kind: str, reason: str) -> int:
-    [row] = await _rows(conn, "pending_count", {"record_kind": record_kind, "reason": reason})
-    return int(row["n"])
+    return await rules_store.pending_count(conn, record_kind=record_kind, reason=reason)
 
 
 async def unanswered(
@@ -103,7 +94,7 @@ async def unanswered(
         at: the instant judged at; None (production) is database now.
     """
     out = RuleOutcome()
-    stale = [r["record_key"] for r in await _rows(conn, "unanswered_stale", {})]
+    stale = await rules_store.unanswered_stale(conn)
     if dry_run:
         out.cleared = len(stale)
     elif stale:
@@ -116,9 +107,7 @@ async def unanswered(
         )
         out.cleared = len(cleared)
     out.already = await _already(conn, SEGMENT_KIND, "unanswered")
-    due = await _rows(
-        conn, "unanswered_due", {"pending_after": pending_after, "limit": limit, "at": at}
-    )
+    due = await rules_store.unanswered_due(conn, pending_after=pending_after, limit=limit, at=at)
     if dry_run:
         out.placed = len(due)
         return out
@@ -159,7 +148,7 @@ async def _clear_ticketing(
 ) -> int:
     rows = [
         r
-        for r in await _rows(conn, "ticketing_stale", {"lead": lead, "at": at})
+        for r in await rules_store.ticketing_stale(conn, lead=lead, at=at)
         if r["reason"] == reason
     ]
     if dry_run:
@@ -192,7 +181,7 @@ async def ticketing_due(
         conn, "ticketing-due", lead=ticketing_lead, dry_run=dry_run, at=at
     )
     out.already = await _already(conn, BOOKING_KIND, "ticketing-due")
-    due = await _rows(conn, "ticketing_due", {"lead": ticketing_lead, "limit": limit, "at": at})
+    due = await rules_store.ticketing_due(conn, lead=ticketing_lead, limit=limit, at=at)
     if dry_run:
         out.placed = len(due)
         return out
@@ -231,7 +220,7 @@ async def ticketing_expired(
         conn, "ticketing-expired", lead=ticketing_lead, dry_run=dry_run, at=at
     )
     out.already = await _already(conn, BOOKING_KIND, "ticketing-expired")
-    due = await _rows(conn, "ticketing_expired", {"limit": limit, "at": at})
+    due = await rules_store.ticketing_expired(conn, limit=limit, at=at)
     if dry_run:
         out.placed = len(due)
         return out

@@ -61,26 +61,17 @@ def notify_channel(destination: str) -> str:
 
 
 async def listen(conn: AsyncConnection[Any], destination: str) -> None:
-    """LISTEN on the destination's channel (:func:`notify_channel`) on ``conn``.
+    """LISTEN on the destination's channel (:func:`notify_channel`) on ``conn``."""
+    await listen_channel(conn, notify_channel(destination))
+
+
+async def listen_channel(conn: AsyncConnection[Any], channel: str) -> None:
+    """LISTEN on ``channel`` on ``conn``.
 
     A utility statement with an identifier, composed here rather than a named query (there is
     nothing in it to plan).
     """
-    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(destination))))
-
-
-async def _audit(
-    conn: AsyncConnection[Any],
-    who: str,
-    action: str,
-    destination: str | None,
-    ids: list[int],
-    why: str | None,
-) -> None:
-    await conn.execute(
-        Q["audit"],
-        {"who": who, "action": action, "destination": destination, "ids": ids, "why": why},
-    )
+    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
 
 async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[NewItem]) -> list[int]:
@@ -284,7 +275,14 @@ async def retry_now(
         ids = sorted(int(r["id"]) for r in rows)
         touched = {str(r["destination"]) for r in rows}
         if ids:
-            await _audit(conn, who, "retry-now", destination or min(touched), ids, why)
+            await record(
+                conn,
+                who=who,
+                action="retry-now",
+                destination=destination or min(touched),
+                ids=ids,
+                why=why,
+            )
             await wake(conn, touched)
     return ids
 
@@ -300,7 +298,9 @@ async def skip(
         row = await fetch_one(conn, Q["skip"], {"id": item_id, "who": who}, row=dict_row)
         if row is None:
             return False
-        await _audit(conn, who, "skip", row["destination"], [item_id], why)
+        await record(
+            conn, who=who, action="skip", destination=row["destination"], ids=[item_id], why=why
+        )
         await wake(conn, [row["destination"]])
     return True
 
@@ -313,7 +313,7 @@ async def drain(
         params = {"destination": destination, "who": who}
         ids = sorted(int(r["id"]) for r in await fetch_all(conn, Q["drain"], params, row=dict_row))
         if ids:
-            await _audit(conn, who, "drain", destination, ids, why)
+            await record(conn, who=who, action="drain", destination=destination, ids=ids, why=why)
             await wake(conn, [destination])  # its gauges change
     return ids
 
@@ -359,7 +359,7 @@ async def _delete(
         if ids:
             touched = {r["destination"] for r in rows}
             dest = touched.pop() if len(touched) == 1 else None
-            await _audit(conn, who, action, dest, ids, why)
+            await record(conn, who=who, action=action, destination=dest, ids=ids, why=why)
             # An erased pending item changes its worker's head and gauges.
             await wake(conn, {r["destination"] for r in rows if r["state"] == "pending"})
     return ids
@@ -392,7 +392,14 @@ async def resend(
             payload=bytes(row["payload"]),
         )
         [new_id] = await enqueue_in_transaction(conn, [new])
-        await _audit(conn, who, "resend", new.destination, [item_id, new_id], why)
+        await record(
+            conn,
+            who=who,
+            action="resend",
+            destination=new.destination,
+            ids=[item_id, new_id],
+            why=why,
+        )
     return new_id
 
 
@@ -528,7 +535,14 @@ async def view_payload(
         row = await fetch_one(conn, Q["payload_of"], {"id": item_id}, row=dict_row)
         if row is None:
             return None
-        await _audit(conn, who, "view-payload", row["destination"], [item_id], why)
+        await record(
+            conn,
+            who=who,
+            action="view-payload",
+            destination=row["destination"],
+            ids=[item_id],
+            why=why,
+        )
     return bytes(row["payload"])
 
 
@@ -578,8 +592,16 @@ async def record(
     ids: Sequence[int] = (),
     why: str | None = None,
 ) -> None:
-    """Add one entry to the audit trail in the caller's transaction (never a payload)."""
-    await _audit(conn, who, action, destination, list(ids), why)
+    """Add one entry to the audit trail in the caller's transaction (never a payload).
+
+    The one writer of the audit trail: every decision (skip, drain, erase, retry-now, resend,
+    remove, view-payload, suspend, resume, worklist clears, the sweeper's expiries) goes
+    through here.
+    """
+    await conn.execute(
+        Q["audit"],
+        {"who": who, "action": action, "destination": destination, "ids": list(ids), "why": why},
+    )
 
 
 async def audit_log(

@@ -21,6 +21,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
 from inturn.worker.errors import Conflict, NotFound
+from inturn.worker.store import queue
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 from inturn.worker.store.worklist_model import (
     ITEM_STATES,
@@ -36,7 +37,6 @@ from inturn.worker.store.worklist_model import (
 )
 
 Q = load("worklist.sql")
-_AUDIT = load("queue.sql")["audit"]
 
 #: Largest page :func:`list_items` returns, whatever the caller asks for.
 LIST_LIMIT_MAX = 1000
@@ -268,15 +268,13 @@ async def _audit(
     conn: AsyncConnection[Any], who: str, items: Sequence[WorklistItem], note: str
 ) -> None:
     destinations = {i.record_key for i in items if i.record_kind == "destination"}
-    await conn.execute(
-        _AUDIT,
-        {
-            "who": who,
-            "action": CLEAR_ACTION,
-            "destination": destinations.pop() if len(destinations) == 1 else None,
-            "ids": sorted(i.id for i in items),
-            "why": note,
-        },
+    await queue.record(
+        conn,
+        who=who,
+        action=CLEAR_ACTION,
+        destination=destinations.pop() if len(destinations) == 1 else None,
+        ids=sorted(i.id for i in items),
+        why=note,
     )
 
 
@@ -395,3 +393,17 @@ async def purge(
         deleted += cur.rowcount
         if cur.rowcount < batch:
             return deleted
+
+
+async def announce(conn: AsyncConnection[Any], channel: str, payload: str) -> None:
+    """NOTIFY ``payload`` (a new item's JSON, never a message payload) on ``channel``; on an
+    autocommit connection it is delivered at once."""
+    await conn.execute(Q["announce"], {"channel": channel, "payload": payload})
+
+
+async def now(conn: AsyncConnection[Any]) -> datetime:
+    """The database's clock (what placement and clear times are in)."""
+    cur = await conn.execute(Q["now"])
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]

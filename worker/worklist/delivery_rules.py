@@ -22,20 +22,16 @@ Each rule takes the most overdue first, at most ``limit`` per run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, LiteralString
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
-from inturn.worker.store import queue as delivery_queue
-from inturn.worker.store.queries import fetch_all, load
+from inturn.worker.store import sweep as store
 from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
 from inturn.worker.worklist.windows import open_windows
-
-Q = load("sweep.sql")
-_QUEUE_SQL = load("queue.sql")
 
 #: The group these rules belong to (``inturn sweep --only delivery``).
 GROUP = "delivery"
@@ -49,48 +45,29 @@ EXPIRED_QUEUE = "delivery-expired"
 EXPIRE_BATCH = 100
 
 
-async def _rows(
-    conn: AsyncConnection[Any], query: LiteralString, params: dict[str, Any]
-) -> list[dict[str, Any]]:
-    return await fetch_all(conn, query, params, row=dict_row)
-
-
-async def _already_pending(
-    conn: AsyncConnection[Any], queue: str, reason: str, kind: str, keys: Sequence[str]
-) -> set[str]:
-    rows = await _rows(
-        conn,
-        Q["pending_keys"],
-        {"queue": queue, "reason": reason, "record_kind": kind, "record_keys": list(keys)},
-    )
-    return {r["record_key"] for r in rows}
+Rows = Callable[[AsyncConnection[Any]], Awaitable[list[dict[str, Any]]]]
 
 
 async def _destination_rule(
     conn: AsyncConnection[Any],
     *,
     reason: str,
-    due_query: LiteralString,
-    stale_query: LiteralString,
+    due: Rows,
+    stale: Rows,
     details: Callable[[dict[str, Any]], dict[str, Any]],
     note: str,
-    limit: int,
     dry_run: bool,
-    params: dict[str, Any] | None = None,
 ) -> RuleOutcome:
-    """Place the due destinations on ``delivery-stuck`` for ``reason`` (one statement), then
-    clear, as ``system`` with ``note``, its pending items whose condition no longer holds.
-    ``params`` are passed to both queries."""
+    """Place the ``due`` destinations on ``delivery-stuck`` for ``reason`` (one statement),
+    then clear, as ``system`` with ``note``, the ``stale`` items (condition no longer holds)."""
     outcome = RuleOutcome()
-    extra = params or {}
-    due = await _rows(conn, due_query, {"limit": limit, **extra})
-    stale = await _rows(
-        conn, stale_query, {"queue": STUCK_QUEUE, "reason": reason, "limit": limit, **extra}
-    )
-    keys = [r["record_key"] for r in stale]
+    due_rows = await due(conn)
+    keys = [r["record_key"] for r in await stale(conn)]
     if dry_run:
-        due_keys = [r["destination"] for r in due]
-        there = await _already_pending(conn, STUCK_QUEUE, reason, "destination", due_keys)
+        due_keys = [r["destination"] for r in due_rows]
+        there = await store.pending_keys(
+            conn, queue=STUCK_QUEUE, reason=reason, record_kind="destination", keys=due_keys
+        )
         outcome.already += len(there)
         outcome.placed += len(due_keys) - len(there)
         outcome.cleared += len(keys)
@@ -104,7 +81,7 @@ async def _destination_rule(
             details=details(r),
             placed_by=SWEEPER,
         )
-        for r in due
+        for r in due_rows
     ]
     for placement in await place_many(conn, new):
         outcome.add(placement)
@@ -133,13 +110,15 @@ async def destination_stuck(
 ) -> RuleOutcome:
     """Raise destinations whose head waited past their threshold, counting only time inside
     their delivery window; clear those that recovered or whose window closed."""
-    [now] = await _rows(conn, Q["now"], {})
-    schedules = [r["schedule"] for r in await _rows(conn, Q["schedules"], {})]
+    windows = open_windows(await store.schedules(conn), await store.now(conn))
+    reason = "destination-stuck"
     return await _destination_rule(
         conn,
-        reason="destination-stuck",
-        due_query=Q["stuck_due"],
-        stale_query=Q["stuck_stale"],
+        reason=reason,
+        due=partial(store.stuck_due, limit=limit, windows=windows),
+        stale=partial(
+            store.stuck_stale, queue=STUCK_QUEUE, reason=reason, limit=limit, windows=windows
+        ),
         details=lambda r: {
             **_head(r),
             "stuckAfterSeconds": r["stuck_after_seconds"],
@@ -150,25 +129,23 @@ async def destination_stuck(
             "no longer stuck: the head is within its threshold, nothing waits, or its delivery"
             " window is closed"
         ),
-        limit=limit,
         dry_run=dry_run,
-        params=open_windows(schedules, now["now"]),
     )
 
 
 async def orphaned_queue(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Raise pending messages of unregistered destinations; clear those registered again."""
+    reason = "orphaned-queue"
     return await _destination_rule(
         conn,
-        reason="orphaned-queue",
-        due_query=Q["orphaned_due"],
-        stale_query=Q["orphaned_stale"],
+        reason=reason,
+        due=partial(store.orphaned_due, limit=limit),
+        stale=partial(store.orphaned_stale, queue=STUCK_QUEUE, reason=reason, limit=limit),
         details=lambda r: {
             **_head(r),
             "deletedAt": r["deleted_at"].isoformat() if r["deleted_at"] else None,
         },
         note="no longer orphaned: the destination is registered again, or nothing waits",
-        limit=limit,
         dry_run=dry_run,
     )
 
@@ -176,20 +153,20 @@ async def orphaned_queue(conn: AsyncConnection[Any], *, limit: int, dry_run: boo
 async def delivery_expired(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Skip (as ``sweeper``) and place messages older than their ``expireAfterSeconds``."""
     outcome = RuleOutcome()
-    due = await _rows(conn, Q["expired_due"], {"limit": limit})
+    due = await store.expired_due(conn, limit=limit)
     if dry_run:
         outcome.placed = len(due)
         return outcome
     for start in range(0, len(due), EXPIRE_BATCH):
         batch = due[start : start + EXPIRE_BATCH]
         async with conn.transaction():
-            skipped = await _rows(
-                conn, Q["expire_skip"], {"ids": [r["id"] for r in batch], "who": SWEEPER}
+            skipped = await store.skip_expired(
+                conn,
+                [r["id"] for r in batch],
+                who=SWEEPER,
+                why="expired: pending longer than spec.expireAfterSeconds",
             )
             limits = {r["id"]: r["expire_after_seconds"] for r in batch}
-            by_destination: dict[str, list[int]] = {}
-            for row in skipped:
-                by_destination.setdefault(row["destination"], []).append(row["id"])
             placements = await place_many(
                 conn,
                 [
@@ -214,23 +191,6 @@ async def delivery_expired(conn: AsyncConnection[Any], *, limit: int, dry_run: b
             )
             for placement in placements:
                 outcome.add(placement)
-            for destination, ids in sorted(by_destination.items()):
-                await conn.execute(
-                    _QUEUE_SQL["audit"],
-                    {
-                        "who": SWEEPER,
-                        "action": "skip",
-                        "destination": destination,
-                        "ids": sorted(ids),
-                        "why": "expired: pending longer than spec.expireAfterSeconds",
-                    },
-                )
-        # Wake the workers (after COMMIT) so that they move on to their new head.
-        for destination in sorted(by_destination):
-            await conn.execute(
-                _QUEUE_SQL["notify"],
-                {"channel": delivery_queue.notify_channel(destination), "destination": destination},
-            )
     return outcome
 
 

@@ -116,3 +116,10 @@ SELECT queue, reason, count(*) AS items, min(placed_at) AS oldest
 -- transaction, deleted by the function of migration 0011 (never a pending one; the purge role
 -- may call it, and has no DELETE of its own).
 SELECT id FROM inturn_purge_worklist(%(older_than_seconds)s, %(batch)s) AS deleted(id);
+
+-- name: announce
+-- A new item's notification on the publisher's channel (worklist publisher "notify").
+SELECT pg_notify(%(channel)s, %(payload)s);
+
+-- name: now
+SELECT now() AS now;

@@ -7,6 +7,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from inturn.worker.store import worklist as store
 from inturn.worker.store.worklist_model import WorklistItem
 
 #: Default channel name (``LISTEN inturn_worklist``).
@@ -59,7 +60,7 @@ class NotifyPublisher:
                 self.dsn, autocommit=True, application_name="inturn-worklist-notify"
             )
         try:
-            await self._conn.execute("SELECT pg_notify(%s, %s)", (self.channel, notification(item)))
+            await store.announce(self._conn, self.channel, notification(item))
         except BaseException:
             await self.close()
             raise
