@@ -224,6 +224,35 @@ def _resources(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+#: Seconds a worker pod stays bound to a node that stopped reporting (``unreachable``) or is not
+#: ready, before Kubernetes evicts it and the Deployment starts a replacement elsewhere. The
+#: default Kubernetes adds is 300 (taint-based evictions, DefaultTolerationSeconds admission);
+#: a worker's Postgres session ends within ``SESSION_LOSS_BOUND_SECONDS`` (35 s) of losing its
+#: node, so after 30 s the replacement can take over at once, and where the old pod still
+#: reaches Postgres, its advisory lock keeps the replacement waiting: never two senders.
+NODE_LOSS_TOLERATION_SECONDS = 30
+#: The node conditions (as ``NoExecute`` taints) that evict a pod after its toleration.
+NODE_LOSS_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
+
+def node_loss_tolerations(own: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The worker pod's tolerations: ``own`` (``spec.worker.tolerations``) followed by a
+    ``NoExecute`` toleration of :data:`NODE_LOSS_TOLERATION_SECONDS` for each of
+    :data:`NODE_LOSS_TAINTS` that ``own`` does not name (a Destination's own value wins)."""
+    named = {t.get("key") for t in own}
+    added = [
+        {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": NODE_LOSS_TOLERATION_SECONDS,
+        }
+        for key in NODE_LOSS_TAINTS
+        if key not in named
+    ]
+    return [dict(t) for t in own] + added
+
+
 def termination_grace_seconds(timeout_seconds: int) -> int:
     """Grace period of a worker pod: longer than one attempt, so a rollout never cuts a send."""
     return max(30, int(timeout_seconds) + 15)
@@ -340,9 +369,10 @@ def deployment(
     if settings.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
     worker = spec.get("worker") or {}
-    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
+    for key in ("nodeSelector", "affinity", "priorityClassName"):
         if worker.get(key):
             pod[key] = worker[key]
+    pod["tolerations"] = node_loss_tolerations(worker.get("tolerations") or ())
     obj: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

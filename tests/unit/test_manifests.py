@@ -353,3 +353,27 @@ def test_patch_only_on_change() -> None:
     assert "worker" not in patch and "sender" not in patch
     # a field the operator does not own is never touched
     assert status.status_patch({**st, "foreign": 1}, st) is None
+
+
+def test_a_lost_node_evicts_the_worker_after_thirty_seconds_not_five_minutes() -> None:
+    pod = render(example("local-mllp.yaml"), SETTINGS).deployment["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [
+        {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": manifests.NODE_LOSS_TOLERATION_SECONDS,
+        }
+        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+    ]
+    assert manifests.NODE_LOSS_TOLERATION_SECONDS == 30
+
+
+def test_a_destination_s_own_node_loss_toleration_wins() -> None:
+    own = {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}
+    body = example("lab-mllp-tls.yaml")
+    body["spec"]["worker"]["tolerations"].append(own)
+    pod = render(body, SETTINGS).deployment["spec"]["template"]["spec"]
+    keys = [t["key"] for t in pod["tolerations"]]
+    assert keys == ["dedicated", "node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]
+    assert pod["tolerations"][1] == own  # no tolerationSeconds: the Destination's choice

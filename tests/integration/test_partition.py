@@ -1,0 +1,268 @@
+"""A worker cut off from Postgres by a network partition (issue 18, item 8a).
+
+The mechanism, asserted: every session carries server-side keepalive and user-timeout settings
+(seen in ``pg_settings`` from the session itself) and the libpq ones; with the worker's node
+cut off by nftables drop rules in a namespace of its own (no RST, no ICMP), the server ends its
+session by itself and frees the advisory lock, the cut-off worker's ``/readyz`` turns, and a
+replacement takes the lock and delivers everything, in order, at most one message twice.
+The time it takes is measured by ``bench/partition.py``, not asserted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from netpart import (
+    HOST_FOR_NODE,
+    HOST_FOR_PG,
+    NODE_FOR_HOST,
+    NODE_FOR_PG,
+    PG_FOR_HOST,
+    PG_FOR_NODE,
+    Partition,
+)
+from netpart import missing as no_partition
+from pgcluster import Cluster
+from pgcluster import missing as no_cluster
+from psycopg import AsyncConnection
+
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.spec.destination import render_worker_config
+from inturn.worker.store import queue
+from inturn.worker.store.connect import (
+    KEEPALIVE_COUNT,
+    KEEPALIVE_IDLE_SECONDS,
+    KEEPALIVE_INTERVAL_SECONDS,
+    TCP_USER_TIMEOUT_MS,
+    Pools,
+    connect_worker,
+)
+from inturn.worker.store.migrate import migrate
+from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
+
+DEST = "ward/split"
+#: The server-side settings and the values every session must carry.
+SERVER_SIDE = {
+    "tcp_keepalives_idle": str(KEEPALIVE_IDLE_SECONDS),
+    "tcp_keepalives_interval": str(KEEPALIVE_INTERVAL_SECONDS),
+    "tcp_keepalives_count": str(KEEPALIVE_COUNT),
+    "tcp_user_timeout": str(TCP_USER_TIMEOUT_MS),
+}
+#: The libpq (client-side) ones.
+CLIENT_SIDE = {
+    "keepalives": "1",
+    "keepalives_idle": str(KEEPALIVE_IDLE_SECONDS),
+    "keepalives_interval": str(KEEPALIVE_INTERVAL_SECONDS),
+    "keepalives_count": str(KEEPALIVE_COUNT),
+    "tcp_user_timeout": str(TCP_USER_TIMEOUT_MS),
+}
+#: The cut-off worker's probe port (inside its own namespace, so never taken).
+NODE_HTTP_PORT = 18080
+
+needs_cluster = pytest.mark.skipif(no_cluster() is not None, reason=str(no_cluster()))
+
+
+@pytest.fixture(scope="module")
+def tcp_server() -> Iterator[Cluster]:
+    """A server reached over TCP (the settings mean nothing on a Unix socket)."""
+    cluster = Cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+async def settings_of(conn: AsyncConnection[Any]) -> dict[str, str]:
+    cur = await conn.execute(
+        "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(SERVER_SIDE),)
+    )
+    return {str(name): str(value) for name, value in await cur.fetchall()}
+
+
+def client_side(conn: AsyncConnection[Any]) -> dict[str, str]:
+    params = conn.info.get_parameters()
+    return {k: params.get(k, "") for k in CLIENT_SIDE}
+
+
+@needs_cluster
+async def test_every_session_carries_the_session_loss_settings(tcp_server: Cluster) -> None:
+    dsn = tcp_server.primary.dsn()
+    worker_conn = await connect_worker(dsn)
+    try:
+        assert await settings_of(worker_conn) == SERVER_SIDE
+        assert client_side(worker_conn) == CLIENT_SIDE
+    finally:
+        await worker_conn.close()
+    async with await Pools.open(dsn, write_size=1, read_size=1) as pools:
+        for pool in (pools.write, pools.read):
+            async with pool.connection() as conn:
+                assert await settings_of(conn) == SERVER_SIDE
+                assert client_side(conn) == CLIENT_SIDE
+
+
+@needs_cluster
+async def test_a_dsn_keeps_its_own_values(tcp_server: Cluster) -> None:
+    dsn = tcp_server.primary.dsn() + " keepalives_idle=7 options='-c tcp_keepalives_idle=7'"
+    conn = await connect_worker(dsn)
+    try:
+        assert (await settings_of(conn))["tcp_keepalives_idle"] == "7"
+        assert conn.info.get_parameters()["keepalives_idle"] == "7"
+        assert (await settings_of(conn))["tcp_user_timeout"] == str(TCP_USER_TIMEOUT_MS)
+    finally:
+        await conn.close()
+
+
+def message(n: int) -> bytes:
+    return f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|S{n:03d}|P|2.5\rPID|1||{n}\r".encode()
+
+
+def config(port: int) -> WorkerConfig:
+    return WorkerConfig(
+        destination=DEST,
+        channel="adt",
+        sender=MllpSenderConfig(HOST_FOR_NODE, port),
+        retry=RetryPolicy(max_attempts=0, backoff_seconds=1, max_backoff_seconds=1),
+        idle_seconds=5,
+    )
+
+
+def probe(path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{NODE_FOR_HOST}:{NODE_HTTP_PORT}{path}", timeout=3):
+            return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def sessions_from_node(host_dsn: str) -> int:
+    with psycopg.connect(host_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE client_addr = %s", (NODE_FOR_PG,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def lock_holders(host_dsn: str) -> list[str]:
+    with psycopg.connect(host_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE l.locktype = 'advisory' AND l.granted"
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+async def until(check: Any, timeout: float) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.skipif(
+    (no_cluster() or no_partition()) is not None, reason=str(no_cluster() or no_partition())
+)
+async def test_a_partitioned_worker_loses_its_lock_and_a_replacement_delivers(
+    tmp_path: Path,
+) -> None:
+    part = Partition()
+    cluster: Cluster | None = None
+    node_worker: subprocess.Popen[bytes] | None = None
+    try:
+        cluster = Cluster(listen=f"{PG_FOR_HOST},{PG_FOR_NODE}", netns=part.pg)
+        port = cluster.primary.port
+        host_dsn = cluster.primary.dsn(PG_FOR_HOST)
+        migrate(host_dsn)
+        async with MllpReceiver(host=HOST_FOR_NODE) as receiver:
+            cfg = config(receiver.port)
+            (tmp_path / "worker.json").write_text(json.dumps(render_worker_config(cfg)))
+            node_worker = subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    part.node,
+                    str(Path(sys.executable).with_name("inturn")),
+                    "worker",
+                    "--config",
+                    str(tmp_path / "worker.json"),
+                    "--http-host",
+                    NODE_FOR_HOST,
+                    "--http-port",
+                    str(NODE_HTTP_PORT),
+                ],
+                env={**os.environ, "INTURN_DSN": f"host={PG_FOR_NODE} port={port} user=postgres"},
+                stdout=(tmp_path / "node-worker.log").open("wb"),
+                stderr=subprocess.STDOUT,
+            )
+            await until(lambda: probe("/readyz") == 200, 60)  # worker A holds the lock
+            async with await AsyncConnection.connect(host_dsn, autocommit=True) as conn:
+                await queue.enqueue(
+                    conn,
+                    [NewItem(DEST, "adt", f"S{n:03d}", "ADT^A01", message(n)) for n in range(10)],
+                )
+            await receiver.wait_for(10, timeout=30)
+            assert lock_holders(host_dsn) == [NODE_FOR_PG]
+
+            # worker B, the replacement, waits on the lock from the host
+            assert isinstance(cfg.sender, MllpSenderConfig)
+            replacement = DestinationWorker(
+                cfg, host_dsn, MllpSender(cfg.sender), PrometheusObserver()
+            )
+            stop = asyncio.Event()
+            task = asyncio.create_task(replacement.run(stop))
+            try:
+                await asyncio.sleep(1.0)
+                assert not replacement.state.lock_held
+
+                part.cut()  # the node is gone, as far as Postgres can tell
+                async with await AsyncConnection.connect(host_dsn, autocommit=True) as conn:
+                    await queue.enqueue(
+                        conn,
+                        [
+                            NewItem(DEST, "adt", f"S{n:03d}", "ADT^A01", message(n))
+                            for n in range(10, 20)
+                        ],
+                    )
+                # the server ends the cut-off session by itself: the lock is free
+                await until(lambda: sessions_from_node(host_dsn) == 0, 120)
+                # the cut-off worker's readiness turns
+                await until(lambda: probe("/readyz") == 503, 120)
+                # the replacement takes the lock and delivers the rest
+                await until(lambda: replacement.state.lock_held, 60)
+                await receiver.wait_for(20, timeout=60)
+                assert lock_holders(host_dsn) == [HOST_FOR_PG]
+                assert probe("/readyz") == 503
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 30)
+        ids = [p.split(b"|")[9].decode() for p in receiver.received]
+        distinct = list(dict.fromkeys(ids))
+        assert distinct == [f"S{n:03d}" for n in range(20)]
+        assert len(ids) - len(distinct) <= 1
+    finally:
+        if node_worker is not None:
+            node_worker.terminate()
+            try:
+                node_worker.wait(10)
+            except subprocess.TimeoutExpired:
+                node_worker.kill()
+                node_worker.wait(10)
+        if cluster is not None:
+            cluster.close()
+        part.close()
