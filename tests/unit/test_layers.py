@@ -28,3 +28,25 @@ def test_no_module_imports_a_private_name_of_another() -> None:
 def test_the_store_keeps_the_api_default_stuck_threshold() -> None:
     # The store imports nothing of the Destination API above it, so it names the default itself.
     assert registry.DEFAULT_STUCK_AFTER_SECONDS == config.DEFAULT_STUCK_AFTER_SECONDS == 900
+
+
+def test_only_the_store_executes_statements() -> None:
+    # The import contract "Only the store runs SQL" keeps store.queries in the store; this
+    # catches a statement run directly on a connection or cursor, or composed with psycopg.sql.
+    found = []
+    for path in sorted(WORKER.rglob("*.py")):
+        where = path.relative_to(WORKER)
+        if where.parts[0] == "store" or where.name == "testing.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("execute", "executemany", "cursor", "copy")
+            ):
+                found.append(f"{where}:{node.lineno}: .{node.func.attr}()")
+            if isinstance(node, ast.ImportFrom) and node.module == "psycopg":
+                found += [f"{where}: psycopg.sql" for a in node.names if a.name == "sql"]
+            if isinstance(node, ast.ImportFrom) and node.module == "psycopg.sql":
+                found.append(f"{where}: psycopg.sql")
+    assert found == []

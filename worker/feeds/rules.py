@@ -20,14 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
-from inturn.worker.store.queries import fetch_all, load
+from inturn.worker.store import feeds as store
 from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
 from inturn.worker.worklist.windows import open_windows
-
-Q = load("feed_rules.sql")
 
 #: The pack (``inturn sweep --only feeds``) and the rule's group.
 GROUP = "feeds"
@@ -39,22 +36,14 @@ REASON = "feed-silent"
 SWEEPER = "sweeper"
 
 
-async def _rows(
-    conn: AsyncConnection[Any], name: str, params: dict[str, Any]
-) -> list[dict[str, Any]]:
-    return await fetch_all(conn, Q[name], params, row=dict_row)
-
-
 async def feed_silent(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Place silent feeds on ``feeds``; clear those that are no longer silent (see the module
     docstring)."""
-    [now] = await _rows(conn, "now", {})
-    windows = open_windows([r["schedule"] for r in await _rows(conn, "schedules", {})], now["now"])
+    windows = open_windows(await store.rule_schedules(conn), await store.rule_now(conn))
     outcome = RuleOutcome()
-    stale = await _rows(conn, "silent_stale", {**windows, "limit": limit})
-    [already] = await _rows(conn, "pending_count", {})
-    outcome.already = int(already["n"])
-    due = await _rows(conn, "silent_due", {**windows, "limit": limit})
+    stale = await store.silent_stale(conn, limit=limit, windows=windows)
+    outcome.already = await store.silent_pending(conn)
+    due = await store.silent_due(conn, limit=limit, windows=windows)
     if dry_run:
         outcome.placed = len(due)
         outcome.cleared = len(stale)

@@ -96,12 +96,10 @@ from inturn.worker.ingest.batch import (
 from inturn.worker.ingest.feeds import FeedRecorder
 from inturn.worker.ingest.routing import Router, hold_destination
 from inturn.worker.senders.registry import refusal
+from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store.faults import classify
-from inturn.worker.store.queries import load
 
 log = logging.getLogger("inturn.ingest")
-
-Q = load("ingest.sql")
 
 #: Longest MSH-10 accepted, in characters: the length HL7 v2.7 and later give the field (ST 199);
 #: MSH-10 is part of the duplicate window's unique index.
@@ -202,11 +200,9 @@ async def forget_old(
     """
     total = 0
     while True:
-        cur = await conn.execute(
-            Q["forget_old"], {"window_seconds": float(window_seconds), "batch": batch}
-        )
-        total += max(cur.rowcount, 0)
-        if cur.rowcount < batch:
+        done = await ingest_store.forget_old(conn, window_seconds, batch)
+        total += done
+        if done < batch:
             return total
 
 

@@ -39,20 +39,16 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
-from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store import queue
 from inturn.worker.store.faults import classify
 from inturn.worker.store.identifiers import keys_text
-from inturn.worker.store.queries import load
 
 log = logging.getLogger("inturn.ingest")
 
 R = TypeVar("R")
-
-Q = load("ingest.sql")
 
 #: Most messages stored by one transaction.
 MAX_BATCH_MESSAGES = 64
@@ -227,12 +223,7 @@ async def store_statement(
         "destinations": ordered,
         "channels": [queue.notify_channel(d) for d in ordered],
     }
-    async with conn.cursor(row_factory=dict_row) as cur:
-        # Arrays in binary: the text form would hex-escape every payload in Python.
-        cur.adapters.register_dumper(list, ListBinaryDumper)
-        await cur.execute(Q["store"], params)
-        row = await cur.fetchone()
-    assert row is not None
+    row = await ingest_store.store_messages(conn, params)
     fresh_positions, ids, reused_positions = row["fresh"], row["ids"], row["reused"]
     fresh = [int(n) - 1 for n in fresh_positions or ()]
     reused = {int(n) - 1 for n in reused_positions or ()}

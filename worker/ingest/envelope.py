@@ -40,9 +40,7 @@ from inturn.worker.ingest.batch import (
     run_bounded,
     store_statement,
 )
-from inturn.worker.store.queries import load
-
-_QUEUE = load("queue.sql")
+from inturn.worker.store import queue
 
 
 async def store_all(
@@ -82,8 +80,7 @@ async def store_all(
 
     async def transaction(conn: AsyncConnection[Any]) -> list[StoreResult]:
         async with conn.transaction():
-            for destination in everyone:
-                await conn.execute(_QUEUE["enqueue_lock"], {"destination": destination})
+            await queue.lock_for_enqueue(conn, everyone)
             results: list[StoreResult] = []
             for destinations, message in items:
                 [result] = await store_statement(

@@ -30,14 +30,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from inturn.worker.store.queries import fetch_all, load
+from inturn.worker.store import ingest as ingest_store
 
 log = logging.getLogger("inturn.ingest.routing")
-
-Q = load("ingest.sql")
 
 #: Seconds between two reads of the registry, by default.
 DEFAULT_REFRESH_SECONDS = 2.0
@@ -218,7 +215,7 @@ class Router:
                 previous table stays in place.
         """
         async with self._pool.connection(timeout=timeout) as conn:
-            rows = await fetch_all(conn, Q["routes"], row=dict_row)
+            rows = await ingest_store.routes(conn)
         table = RouteTable(_row_route(row) for row in rows)
         self.table = table
         self.refreshed_at = time.monotonic()

@@ -10,7 +10,9 @@ Adding a pack (e.g. ``feeds``):
 1. Write its rules in the package of its subject (``worker/<subject>/...``), each an
    ``async def run(conn, *, limit, dry_run, <settings...>) -> RuleOutcome`` that is
    level-triggered, idempotent, most overdue first and bounded by ``limit`` (see
-   :mod:`inturn.worker.worklist.rules`); their SQL goes in ``store/sql/<pack>_rules.sql``.
+   :mod:`inturn.worker.worklist.rules`); their statements go in ``store/sql/<pack>_rules.sql``
+   and run from functions of ``store/<pack>.py`` (only the store runs SQL: an import
+   contract says so).
 2. In that module declare ``PACK = RulePack(name=..., about=..., rules=..., settings=...,
    options=(PackOption(...), ...), default=...)``: ``rules`` binds the settings to the run
    functions (``functools.partial``), ``options`` lists what ``inturn sweep --only <name>``

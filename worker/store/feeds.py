@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, LiteralString
 
 from psycopg import AsyncConnection
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
 from inturn.worker.store.queries import fetch_all, load
@@ -96,3 +96,44 @@ class FeedRow:
 async def overview(conn: AsyncConnection[Any]) -> list[FeedRow]:
     """Every declared feed and each seen sender of per-sender feeds, by channel and sender."""
     return await fetch_all(conn, R["overview"], {}, row=class_row(FeedRow))
+
+
+# --- the feeds rule pack's queries (``feed_rules.sql``; the rule is ``feeds/rules.py``) -------
+
+
+async def _rule_rows(
+    conn: AsyncConnection[Any], query: LiteralString, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    return await fetch_all(conn, query, params, row=dict_row)
+
+
+async def rule_now(conn: AsyncConnection[Any]) -> datetime:
+    """The database's clock, which the feeds' due-date conditions use."""
+    [row] = await _rule_rows(conn, R["now"], {})
+    return row["now"]  # type: ignore[no-any-return]
+
+
+async def rule_schedules(conn: AsyncConnection[Any]) -> list[Any]:
+    """Every distinct schedule of a declared feed (JSON documents)."""
+    return [r["schedule"] for r in await _rule_rows(conn, R["schedules"], {})]
+
+
+async def silent_due(
+    conn: AsyncConnection[Any], *, limit: int, windows: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Declared feeds silent past their ``silentAfterSeconds`` inside their window, most
+    overdue first, at most ``limit``."""
+    return await _rule_rows(conn, R["silent_due"], {**windows, "limit": limit})
+
+
+async def silent_stale(
+    conn: AsyncConnection[Any], *, limit: int, windows: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Pending ``feed-silent`` items whose feed is no longer silent, each with ``why``."""
+    return await _rule_rows(conn, R["silent_stale"], {**windows, "limit": limit})
+
+
+async def silent_pending(conn: AsyncConnection[Any]) -> int:
+    """How many ``feed-silent`` items are pending."""
+    [row] = await _rule_rows(conn, R["pending_count"], {})
+    return int(row["n"])

@@ -74,6 +74,14 @@ async def listen_channel(conn: AsyncConnection[Any], channel: str) -> None:
     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
 
+async def lock_for_enqueue(conn: AsyncConnection[Any], destinations: Iterable[str]) -> None:
+    """Take each destination's enqueue lock (transaction level, held until COMMIT), in sorted
+    order so that two fan-outs never deadlock: enqueues for one destination then commit in
+    the order of their ids."""
+    for destination in sorted(set(destinations)):
+        await conn.execute(Q["enqueue_lock"], {"destination": destination})
+
+
 async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[NewItem]) -> list[int]:
     """Insert ``items`` inside the caller's open transaction; return their ids in input order.
 
@@ -84,8 +92,7 @@ async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[New
     commits, and must only acknowledge the sender after its COMMIT has returned.
     """
     destinations = sorted({item.destination for item in items})
-    for destination in destinations:
-        await conn.execute(Q["enqueue_lock"], {"destination": destination})
+    await lock_for_enqueue(conn, destinations)
     ids: list[int] = []
     async with conn.cursor(row_factory=dict_row) as cur:
         for item in items:
