@@ -33,7 +33,13 @@ from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted, permit
 from inturn.worker.store import identifiers, lockwatch, queue, roles
-from inturn.worker.store.connect import READ_STATEMENT_TIMEOUT_MS, Pools, probe, resolve_dsn
+from inturn.worker.store.connect import (
+    READ_STATEMENT_TIMEOUT_MS,
+    Pools,
+    probe,
+    resolve_dsn,
+    write_target,
+)
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import STATES, DepthRow, Item
 from inturn.worker.text.display import printable, printable_values, table
@@ -122,6 +128,7 @@ async def watched(
             autocommit=True,
             application_name="inturn lock watch",
             connect_timeout=lockwatch.CONNECT_TIMEOUT_SECONDS,
+            **write_target(conninfo),  # the locks are the primary's
         )
 
     said = False

@@ -25,7 +25,7 @@ from inturn.worker.reservations.bookings import Applied
 from inturn.worker.reservations.codes import is_status_code
 from inturn.worker.reservations.records import Booking, BookingFileError, parse_instant
 from inturn.worker.store.bookings import SegmentEvent
-from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.store.connect import resolve_dsn, write_target
 from inturn.worker.worklist import announce
 from inturn.worker.worklist.publishers import close_all, from_env
 
@@ -39,7 +39,11 @@ def run_conn(dsn: str | None, action: Callable[[psycopg.AsyncConnection[Any]], A
 
     async def go() -> T:
         async with await psycopg.AsyncConnection.connect(
-            target, autocommit=True, connect_timeout=5, application_name="inturn-bookings"
+            target,
+            autocommit=True,
+            connect_timeout=5,
+            application_name="inturn-bookings",
+            **write_target(target),
         ) as conn:
             return await watched(target, conn, action)
 

@@ -35,6 +35,7 @@ from inturn.worker.console.overview import (
 )
 from inturn.worker.store import feeds as feeds_store
 from inturn.worker.store import queue, registry
+from inturn.worker.store.connect import write_target
 
 log = logging.getLogger("inturn.console")
 
@@ -176,7 +177,10 @@ class Feed:
 
     async def _listen_loop(self) -> None:
         conn = await AsyncConnection.connect(
-            self.dsn, autocommit=True, application_name="inturn-console feed"
+            self.dsn,
+            autocommit=True,
+            application_name="inturn-console feed",
+            **write_target(self.dsn),  # LISTEN needs the primary
         )
         try:
             listening: set[str] = set()

@@ -45,7 +45,7 @@ from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
 from inturn.worker.senders.fingerprint import fingerprint
 from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store import locks, lockwatch, queue
-from inturn.worker.store.connect import connect_worker
+from inturn.worker.store.connect import connect_worker, write_target
 from inturn.worker.store.faults import Step, StepFault, classify_step
 from inturn.worker.store.model import Head
 from inturn.worker.worklist.delivery_failed import give_up
@@ -673,6 +673,7 @@ class DestinationWorker:
                 autocommit=True,
                 application_name=f"inturn-worker {self.destination} lock watch",
                 connect_timeout=lockwatch.CONNECT_TIMEOUT_SECONDS,
+                **write_target(self.dsn),  # the locks are the primary's
             )
 
         return lockwatch.watch(

@@ -8,6 +8,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.store import worklist as store
+from inturn.worker.store.connect import write_target
 from inturn.worker.store.worklist_model import WorklistItem
 
 #: Default channel name (``LISTEN inturn_worklist``).
@@ -57,7 +58,10 @@ class NotifyPublisher:
         """
         if self._conn is None or self._conn.closed:
             self._conn = await AsyncConnection.connect(
-                self.dsn, autocommit=True, application_name="inturn-worklist-notify"
+                self.dsn,
+                autocommit=True,
+                application_name="inturn-worklist-notify",
+                **write_target(self.dsn),  # NOTIFY needs the primary
             )
         try:
             await store.announce(self._conn, self.channel, notification(item))
