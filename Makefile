@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sweep.py
 	$(BIN)/python bench/weather.py
 	$(BIN)/python bench/failover.py
+	$(BIN)/python bench/partition.py
 	$(BIN)/python bench/shapes.py
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/latency.py

@@ -27,6 +27,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from figures import emit, parse_args
 from pgcluster import Cluster, missing
 
 from inturn.worker.drain.metrics import PrometheusObserver
@@ -79,7 +80,7 @@ class Sender:
             return "none"
 
 
-async def run(messages: int, fail_after: int, attrs: str) -> None:
+async def run(messages: int, fail_after: int, attrs: str) -> dict[str, object]:
     cluster = Cluster()
     try:
         migrate(cluster.primary.dsn())
@@ -159,21 +160,33 @@ async def run(messages: int, fail_after: int, attrs: str) -> None:
         print(f"   lost (AA and never delivered): {len(lost)}")
         print(f"   duplicates at the receiver: {len(ids) - len(distinct)}")
         print(f"   in order: {distinct == sorted(distinct)}")
+        return {
+            "promotion_to_first_aa_s": round(first_aa_after, 3),
+            "promotion_to_first_new_delivery_s": (
+                None if first_new is None else round(first_new - promoted_at, 3)
+            ),
+            "aa": len(accepted),
+            "delivered": len(ids),
+            "lost": len(lost),
+            "duplicates": len(ids) - len(distinct),
+            "in_order": distinct == sorted(distinct),
+        }
     finally:
         cluster.close()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1100)
     parser.add_argument("--fail-after", type=int, default=400)
     parser.add_argument("--attrs", default="read-write")
-    args = parser.parse_args()
+    args = parse_args(parser, argv, {"messages": 30, "fail_after": 10})
     reason = missing()
     if reason:
         print(f"failover: skipped ({reason})")
+        emit("failover", {"skipped": reason})
         return
-    asyncio.run(run(args.messages, args.fail_after, args.attrs))
+    emit("failover", asyncio.run(run(args.messages, args.fail_after, args.attrs)))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 
+from figures import emit, parse_args
 from netpart import HOST_FOR_NODE, PG_FOR_HOST, PG_FOR_NODE, Partition
 from netpart import missing as no_partition
 from pgcluster import Cluster
@@ -140,19 +141,22 @@ async def one_run(messages: int, folder: Path) -> dict[str, float]:
         part.close()
 
 
-async def main() -> None:
+async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--messages", type=int, default=10)
-    args = parser.parse_args()
+    args = parse_args(parser, argv, {"runs": 1, "messages": 3})
     reason = no_cluster() or no_partition()
     if reason:
         print(f"partition: skipped ({reason})")
+        emit("partition", {"skipped": reason})
         return
     print(f"partition: worker A cut off from Postgres; stated bound {SESSION_LOSS_BOUND_SECONDS} s")
+    runs = []
     for run in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as folder:
             figures = await one_run(args.messages, Path(folder))
+        runs.append(figures)
         shown = ", ".join(
             f"{k} {v:.1f} s" for k, v in figures.items() if k not in ("duplicates", "in order")
         )
@@ -161,6 +165,23 @@ async def main() -> None:
             f"          duplicates {figures['duplicates']:.0f},"
             f" in order {bool(figures['in order'])}"
         )
+
+    def worst(key: str) -> float | None:
+        values = [r[key] for r in runs if key in r]
+        return round(max(values), 2) if values else None
+
+    emit(
+        "partition",
+        {
+            "bound_s": SESSION_LOSS_BOUND_SECONDS,
+            "session_ended_s": worst("session ended on the server"),
+            "readyz_503_s": worst("A's /readyz 503"),
+            "replacement_locked_s": worst("B holds the lock"),
+            "replacement_delivered_s": worst("B delivered the first new one"),
+            "duplicates": sum(int(r["duplicates"]) for r in runs),
+            "in_order": all(bool(r["in order"]) for r in runs),
+        },
+    )
 
 
 if __name__ == "__main__":
