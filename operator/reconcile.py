@@ -469,6 +469,7 @@ class Runtime:
             ),
             expire_after_seconds=spec.get("expireAfterSeconds"),
             schedule=spec.get("schedule"),
+            replies=spec.get("replies") or None,
         )
         if registered is not None and registered.get(children.key) == row:
             return None
@@ -491,6 +492,7 @@ class Runtime:
                     stuck_after_seconds=row.stuck_after_seconds,
                     expire_after_seconds=row.expire_after_seconds,
                     schedule=row.schedule,
+                    replies=row.replies,
                 )
         except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning("registry update for %s failed: %s", children.key, exc)
@@ -749,4 +751,5 @@ def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
         row.stuck_after_seconds,
         row.expire_after_seconds,
         json.dumps(row.schedule, sort_keys=True),
+        json.dumps(row.replies, sort_keys=True),
     )

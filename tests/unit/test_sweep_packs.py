@@ -9,6 +9,7 @@ from inturn.worker.cli import cli
 from inturn.worker.cli.sweep import only_values
 from inturn.worker.feeds import rules as feed_rules
 from inturn.worker.operations import packs
+from inturn.worker.orders import rules as order_rules
 from inturn.worker.reservations import sweep as reservation_rules
 from inturn.worker.worklist import delivery_rules
 
@@ -17,20 +18,26 @@ AIRLINE_WORDS = ("carrier", "ticketing", "pending-after", "auto-cancel", "INTURN
 
 
 def test_packs_are_objects_listed_once() -> None:
-    assert packs.PACKS == (delivery_rules.PACK, feed_rules.PACK, reservation_rules.PACK)
-    assert packs.names() == ("delivery", "feeds", "reservations")
+    assert packs.PACKS == (
+        delivery_rules.PACK,
+        feed_rules.PACK,
+        order_rules.PACK,
+        reservation_rules.PACK,
+    )
+    assert packs.names() == ("delivery", "feeds", "orders", "reservations")
     assert packs.get("reservations") is reservation_rules.PACK
     with pytest.raises(packs.UnknownPack, match="unknown rule pack nope; expected one of"):
         packs.get("nope")
 
 
 def test_a_plain_sweep_runs_the_default_packs_and_only_names_the_others() -> None:
-    assert packs.chosen() == (delivery_rules.PACK, feed_rules.PACK)
+    assert packs.chosen() == (delivery_rules.PACK, feed_rules.PACK, order_rules.PACK)
     assert [r.name for r in packs.select()] == [
         "destination-stuck",
         "orphaned-queue",
         "delivery-expired",
         "feed-silent",
+        "unanswered-order",
     ]
     assert packs.chosen(("reservations", "delivery")) == (  # run order, not asked order
         delivery_rules.PACK,

@@ -41,6 +41,7 @@ from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.gate import Gate, may_send
 from inturn.worker.drain.observer import NullObserver, Observer
 from inturn.worker.drain.retry import decide
+from inturn.worker.orders.keys import expectations
 from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
 from inturn.worker.senders.fingerprint import fingerprint
 from inturn.worker.spec.config import WorkerConfig
@@ -471,8 +472,18 @@ class DestinationWorker:
         else:
             self._attempted(trace, None, sent)
             held, self._unreachable_run = self._unreachable_run, 0
+            # spec.replies: the replies this order now waits for, recorded with its mark
+            expecting = (
+                expectations(self.destination, self.config.replies, item.message_type, head.payload)
+                if self.config.replies
+                else []
+            )
             waited, following = await self._step(
-                conn, stop, "mark", lambda: queue.succeeded_next(conn, item, attempts), item.id
+                conn,
+                stop,
+                "mark",
+                lambda: queue.succeeded_next(conn, item, attempts, expecting),
+                item.id,
             )
             if attempts > 1 or held:  # the recovery is news as much as the failures were
                 log.info(

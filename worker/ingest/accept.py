@@ -62,6 +62,7 @@ MSH-10, sizes and fixed texts do.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -95,6 +96,7 @@ from inturn.worker.ingest.batch import (
 )
 from inturn.worker.ingest.feeds import FeedRecorder
 from inturn.worker.ingest.routing import Router, hold_destination
+from inturn.worker.orders.keys import reply_digests
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store.faults import classify
@@ -417,11 +419,19 @@ class Acceptor:
             )
         else:
             message = prepare(header, payload, self.max_indexed_identifiers)
+        answering = self.router.table.reply_rules(channel)
+        if answering:  # spec.replies: which orders this message may answer
+            keys = reply_digests(answering, channel, message.message_type, message.payload)
+            if keys:
+                message = dataclasses.replace(message, reply_keys=",".join(keys))
         return _Prepared(header, tuple(destinations), held, message)
 
     def _stored(self, channel: str, prepared: _Prepared, result: StoreResult) -> Reply:
         """The answer to a message whose transaction has committed."""
         header, destinations, held = prepared.header, prepared.destinations, prepared.held
+        if prepared.message.reply_keys and not result.duplicate:
+            matched = "matched" if result.answered else "unmatched"
+            metrics.REPLIES.labels(channel, matched).inc()
         if self.feeds is not None:  # a feed is alive whether the message is new or a copy
             self.feeds.seen(channel, header.sending_application, header.sending_facility)
         if result.control_id_reused and not result.duplicate:

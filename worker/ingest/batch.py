@@ -85,6 +85,8 @@ class Message:
             :func:`inturn.worker.store.identifiers.keys_text`), computed by the caller off the
             event loop; None computes them here (capped at the default).
         traceparent: the W3C trace context of its receive span when traced, else None.
+        reply_keys: when it is a reply (``spec.replies``), the digests of its keys,
+            comma-separated (:func:`inturn.worker.orders.keys.reply_digests`); else empty.
     """
 
     control_id: str
@@ -93,6 +95,7 @@ class Message:
     digest: bytes
     patient_keys: str | None = None
     traceparent: str | None = None
+    reply_keys: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,11 +109,13 @@ class StoreResult:
             (or earlier in the same batch); nothing new was stored for it.
         control_id_reused: another message with this MSH-10 and different bytes was received
             on the channel inside the window.
+        answered: it is a reply (``reply_keys``) and answered at least one open expectation.
     """
 
     ids: tuple[int, ...]
     duplicate: bool = False
     control_id_reused: bool = False
+    answered: bool = False
 
 
 async def store_batch(
@@ -218,6 +223,7 @@ async def store_statement(
             keys_text(m.payload) if m.patient_keys is None else m.patient_keys for m in unique
         ],
         "traceparents": [m.traceparent for m in unique],
+        "reply_keys": [m.reply_keys for m in unique],
         "window_seconds": float(max(window_seconds, 0.0)),
         "remember": remember,
         "destinations": ordered,
@@ -227,6 +233,7 @@ async def store_statement(
     fresh_positions, ids, reused_positions = row["fresh"], row["ids"], row["reused"]
     fresh = [int(n) - 1 for n in fresh_positions or ()]
     reused = {int(n) - 1 for n in reused_positions or ()}
+    answered = {int(n) - 1 for n in row["answered"] or ()}
     all_ids = [int(i) for i in ids or ()]
     width = len(ordered)
     if len(all_ids) != width * len(fresh):
@@ -236,7 +243,9 @@ async def store_statement(
     ]
     for k, index in enumerate(fresh):
         chunk = tuple(all_ids[k * width : (k + 1) * width])
-        by_unique[index] = StoreResult(chunk, control_id_reused=index in reused)
+        by_unique[index] = StoreResult(
+            chunk, control_id_reused=index in reused, answered=index in answered
+        )
     results = []
     for index, is_copy in zip(slot, copy, strict=True):
         result = by_unique[index]

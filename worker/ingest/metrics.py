@@ -51,3 +51,10 @@ REFUSED_CONNECTIONS = Counter(
     " client certificate with an allowed CN or SAN).",
     ["channel", "reason"],
 )
+
+REPLIES = Counter(
+    "inturn_ingest_replies",
+    "Replies (spec.replies) stored, by whether they answered an open order: matched, unmatched"
+    " (counted, never placed on a worklist)",
+    ["channel", "outcome"],
+)

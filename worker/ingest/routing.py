@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Literal
 
 from psycopg_pool import AsyncConnectionPool
 
+from inturn.worker.hl7.types import type_matches
+from inturn.worker.spec.replies import ReplyRule, rules_of
 from inturn.worker.store import ingest as ingest_store
 
 log = logging.getLogger("inturn.ingest.routing")
@@ -71,37 +71,6 @@ def check_channel(channel: str) -> str:
     return channel
 
 
-@lru_cache(maxsize=4096)
-def compile_pattern(pattern: str) -> re.Pattern[str]:
-    """Compile a message-type pattern (``*`` any run, ``?`` one character, rest literal).
-
-    Returns a regular expression that must match the whole key (use ``fullmatch``).
-    """
-    parts = []
-    for ch in pattern:
-        if ch == "*":
-            parts.append(".*")
-        elif ch == "?":
-            parts.append(".")
-        else:
-            parts.append(re.escape(ch))
-    return re.compile("".join(parts), re.DOTALL)
-
-
-def type_matches(patterns: Sequence[str], code: str, trigger: str) -> bool:
-    """Whether a message of type ``code^trigger`` passes a destination's filter.
-
-    Args:
-        patterns: the destination's ``messageTypes``; empty means every type.
-        code: MSH-9.1, e.g. ``ADT``.
-        trigger: MSH-9.2, e.g. ``A01``, or ``''``.
-    """
-    if not patterns:
-        return True
-    keys = (f"{code}^{trigger}",) if trigger else (code, f"{code}^")
-    return any(compile_pattern(p).fullmatch(key) for p in patterns for key in keys)
-
-
 @dataclass(frozen=True)
 class Route:
     """One destination as the registry lists it.
@@ -112,6 +81,7 @@ class Route:
         message_types: its filter patterns; empty takes every type.
         suspended: its worker does not send; it still receives.
         sender_kind: ``mllp``, ``http``, ... (None when the registry does not say).
+        replies: the replies its orders expect (``spec.replies``).
     """
 
     destination: str
@@ -119,6 +89,7 @@ class Route:
     message_types: tuple[str, ...] = ()
     suspended: bool = False
     sender_kind: str | None = None
+    replies: tuple[ReplyRule, ...] = ()
 
 
 RouteReason = Literal["routed", "no_destinations", "filtered"]
@@ -145,8 +116,13 @@ class RouteTable:
 
     def __init__(self, routes: Iterable[Route] = ()) -> None:
         by_channel: dict[str, list[Route]] = {}
-        for route in routes:
+        routes_list = list(routes)
+        for route in routes_list:
             by_channel.setdefault(route.channel, []).append(route)
+        self._replies: dict[str, list[tuple[str, ReplyRule]]] = {}
+        for route in routes_list:
+            for rule in route.replies:
+                self._replies.setdefault(rule.channel, []).append((route.destination, rule))
         self._by_channel = {
             channel: tuple(sorted(found, key=lambda r: r.destination))
             for channel, found in by_channel.items()
@@ -158,6 +134,11 @@ class RouteTable:
     def channels(self) -> list[str]:
         """The channels that have at least one destination, sorted."""
         return sorted(self._by_channel)
+
+    def reply_rules(self, channel: str) -> list[tuple[str, ReplyRule]]:
+        """``(destination, rule)`` of every expectation whose replies arrive on ``channel``
+        (empty for most channels: then no message of it is read for reply keys)."""
+        return self._replies.get(channel, [])
 
     def routes(self, channel: str) -> tuple[Route, ...]:
         """The destinations of ``channel`` (sorted by name; empty for an unknown channel)."""
@@ -181,7 +162,18 @@ def _row_route(row: Mapping[str, Any]) -> Route:
         message_types=tuple(str(p) for p in (row["message_types"] or ())),
         suspended=bool(row["suspended"]),
         sender_kind=row.get("sender_kind"),
+        replies=_replies(row),
     )
+
+
+def _replies(row: Mapping[str, Any]) -> tuple[ReplyRule, ...]:
+    """The registered ``spec.replies`` (checked when registered); unreadable ones are logged
+    and ignored, so that one bad row never stops routing."""
+    try:
+        return rules_of(row.get("replies"))
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("destination %s: spec.replies unreadable (%s)", row["destination"], exc)
+        return ()
 
 
 class Router:

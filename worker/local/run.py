@@ -43,6 +43,7 @@ from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedd
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.spec.destination import ManifestError, load_file
+from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.spec.schedule import to_spec
 from inturn.worker.store import locks, queue, registry
 from inturn.worker.store.connect import DsnError, connect_worker, normalize_dsn
@@ -239,6 +240,7 @@ class LocalRunner:
                         stuck_after_seconds=cfg.stuck_after_seconds,
                         expire_after_seconds=cfg.expire_after_seconds,
                         schedule=None if cfg.schedule is None else to_spec(cfg.schedule),
+                        replies=[reply_spec(r) for r in cfg.replies] or None,
                     )
                 except registry.CarrierTaken as exc:
                     log.error("destination %s: not applied: %s", dest, exc)

@@ -29,12 +29,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inturn.worker.feeds import rules as feed_rules
+from inturn.worker.orders import rules as order_rules
 from inturn.worker.reservations import sweep as reservation_rules
 from inturn.worker.worklist import delivery_rules
 from inturn.worker.worklist.rules import Rule, RulePack
 
 #: Every rule pack, in the order ``inturn sweep`` runs them.
-PACKS: tuple[RulePack[Any], ...] = (delivery_rules.PACK, feed_rules.PACK, reservation_rules.PACK)
+PACKS: tuple[RulePack[Any], ...] = (
+    delivery_rules.PACK,
+    feed_rules.PACK,
+    order_rules.PACK,
+    reservation_rules.PACK,
+)
 
 _BY_NAME: dict[str, RulePack[Any]] = {pack.name: pack for pack in PACKS}
 

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from inturn.worker.senders import registry as senders
 from inturn.worker.senders.kind import SenderConfig
+from inturn.worker.spec.replies import ReplyRule, rules_of
+from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.spec.schedule import Schedule, parse, to_spec
 
 AckAction = Literal["retry", "fail"]
@@ -94,6 +96,7 @@ class WorkerConfig:
             sweeper (``spec.expireAfterSeconds``); None (the default) never expires them.
         schedule: when messages may be sent (``spec.schedule``); None: at any time.
         messages_per_second: the throttle (``spec.throttle.messagesPerSecond``); None: none.
+        replies: the replies its orders expect (``spec.replies``).
     """
 
     destination: str
@@ -109,6 +112,7 @@ class WorkerConfig:
     expire_after_seconds: int | None = None
     schedule: Schedule | None = None
     messages_per_second: int | None = None
+    replies: tuple[ReplyRule, ...] = ()
 
 
 # --- the rendered form (JSON) -----------------------------------------------------------------
@@ -160,6 +164,7 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
             if cfg.messages_per_second is not None
             else {}
         ),
+        **({"replies": [reply_spec(r) for r in cfg.replies]} if cfg.replies else {}),
     }
 
 
@@ -201,6 +206,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
         messages_per_second=(
             None if doc.get("throttle") is None else int(doc["throttle"]["messagesPerSecond"])
         ),
+        replies=rules_of(doc.get("replies")),
     )
 
 

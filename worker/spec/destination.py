@@ -353,7 +353,7 @@ def render_from_manifest(
             if spec.get("expireAfterSeconds") is not None
             else {}
         ),
-        **{key: spec[key] for key in ("schedule", "throttle") if spec.get(key) is not None},
+        **{key: spec[key] for key in ("schedule", "throttle", "replies") if spec.get(key)},
     }
     return render_worker_config(from_dict(rendered))
 

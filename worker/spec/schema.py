@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from inturn.worker.hl7.fields import FIELD_PATTERN
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec import openapi
 from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
@@ -38,6 +39,7 @@ from inturn.worker.spec.openapi import integer as _int
 from inturn.worker.spec.openapi import obj as _obj
 from inturn.worker.spec.openapi import str_map as _str_map
 from inturn.worker.spec.openapi import string as _str
+from inturn.worker.spec.replies import DEFAULT_ORDER_FIELD, DEFAULT_REPLY_FIELDS
 from inturn.worker.spec.schedule import DAYS, MAX_WINDOWS, ZONE_PATTERN
 
 GROUP = "inturn.dev"
@@ -317,6 +319,7 @@ def spec_schema() -> Schema:
                 " worker holds the queue without spending attempts, the status says until"
                 " when, and the sweeper does not count the time as stuck. Unset: at any time."
             ),
+            "replies": _replies(),
             "throttle": _obj(
                 {
                     "messagesPerSecond": _int(
@@ -395,6 +398,66 @@ def schedule_schema(description: str) -> Schema:
         required=("timeZone", "windows"),
         description=description,
     )
+
+
+_TYPE_PATTERN = r"^[A-Za-z0-9*?]+(\^[A-Za-z0-9_*?]+)?$"
+
+
+def _types(description: str) -> Schema:
+    return {
+        "type": "array",
+        "description": description,
+        "minItems": 1,
+        "maxItems": 16,
+        "items": _str("An MSH-9 pattern.", max_length=32, min_length=1, pattern=_TYPE_PATTERN),
+    }
+
+
+def _replies() -> Schema:
+    field = _str("A field, e.g. ORC-2.", max_length=7, pattern=FIELD_PATTERN)
+    return {
+        "type": "array",
+        "description": (
+            "Replies this destination's orders expect: an order delivered without its reply"
+            " arriving in time is placed on the orders worklist (unanswered-order) by the"
+            " sweeper."
+        ),
+        "maxItems": 8,
+        "items": _obj(
+            {
+                "orderTypes": _types(
+                    "MSH-9 patterns of the messages sent here that expect a reply, e.g. ORM^O01."
+                ),
+                "replyTypes": _types("MSH-9 patterns of the replies, e.g. ORU^R01, ORR^O02."),
+                "channel": _str(
+                    "The ingest channel the replies arrive on.",
+                    max_length=63,
+                    min_length=1,
+                    pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+                ),
+                "withinSeconds": _int(
+                    "How long a reply may take after the order was delivered.",
+                    minimum=60,
+                    maximum=31_536_000,
+                ),
+                "orderField": {
+                    **field,
+                    "description": "Where the matching key is in the order (first component).",
+                    "default": DEFAULT_ORDER_FIELD,
+                },
+                "replyFields": {
+                    "type": "array",
+                    "description": "Where the key may be in a reply (first component of each).",
+                    "minItems": 1,
+                    "maxItems": 4,
+                    "items": field,
+                    "default": list(DEFAULT_REPLY_FIELDS),
+                },
+            },
+            required=("orderTypes", "replyTypes", "channel", "withinSeconds"),
+            description="One expected reply.",
+        ),
+    }
 
 
 def _carriers() -> Schema:
@@ -538,6 +601,7 @@ def worker_config_schema() -> Schema:
             "expireAfterSeconds": spec["expireAfterSeconds"],
             "schedule": spec["schedule"],
             "throttle": spec["throttle"],
+            "replies": spec["replies"],
         },
         required=("destination", "channel", "sender", "retry"),
         description="Everything one worker needs to drain one destination.",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, LiteralString
+from typing import Any, LiteralString, Protocol
 
 from psycopg import AsyncConnection, sql
 from psycopg.rows import class_row, dict_row
@@ -172,16 +172,48 @@ async def next_head(conn: AsyncConnection[Any], destination: str, *, after: int 
     return _head_result(await fetch_one(conn, Q["head"], params, row=dict_row))
 
 
+class ExpectedReply(Protocol):
+    """What :func:`succeeded_next` records of one expected reply
+    (:class:`inturn.worker.orders.keys.Expectation` has these attributes)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def channel(self) -> str: ...
+    @property
+    def reply_types(self) -> tuple[str, ...]: ...
+    @property
+    def within_seconds(self) -> int: ...
+
+
 async def succeeded_next(
-    conn: AsyncConnection[Any], head: Item, attempts: int
+    conn: AsyncConnection[Any],
+    head: Item,
+    attempts: int,
+    expecting: Sequence[ExpectedReply] = (),
 ) -> tuple[float | None, HeadResult]:
     """Mark ``head`` delivered and return the next head, in one statement (one round trip).
+
+    ``expecting``: the replies the delivered order now waits for (``spec.replies``), recorded
+    in ``inturn_order_expectation`` by the same statement, so only if the mark is written.
 
     Committed synchronously like :func:`succeeded`. Returns ``(waited_seconds, next)`` where
     ``waited_seconds`` is None when ``head`` was no longer pending, and ``next`` is as from
     :func:`next_head` with ``after=head.id``.
     """
-    params = {"id": head.id, "attempts": attempts, "destination": head.destination}
+    opened = list(expecting)
+    params = {
+        "id": head.id,
+        "attempts": attempts,
+        "destination": head.destination,
+        "keys": [e.key for e in opened],
+        "digests": [e.digest for e in opened],
+        "channels": [e.channel for e in opened],
+        "types": [",".join(e.reply_types) for e in opened],
+        "within": [e.within_seconds for e in opened],
+    }
     row = await fetch_one(conn, Q["succeeded_next"], params, row=dict_row)
     assert row is not None  # the statement always returns one row
     waited = None if row["waited_seconds"] is None else float(row["waited_seconds"])

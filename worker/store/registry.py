@@ -50,6 +50,7 @@ class RegisteredDestination:
         expire_after_seconds: pending messages older than this are skipped as expired by the
             sweeper (``spec.expireAfterSeconds``); None never expires them.
         schedule: its delivery window as the spec writes it (``spec.schedule``), or None.
+        replies: the replies its orders expect, as the spec writes them (``spec.replies``).
     """
 
     destination: str
@@ -66,6 +67,7 @@ class RegisteredDestination:
     stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS
     expire_after_seconds: int | None = None
     schedule: dict[str, Any] | None = None
+    replies: list[dict[str, Any]] | None = None
 
 
 class CarrierTaken(ValueError):
@@ -122,6 +124,7 @@ def _row(r: Mapping[str, Any]) -> RegisteredDestination:
             None if r["expire_after_seconds"] is None else int(r["expire_after_seconds"])
         ),
         schedule=r.get("schedule"),
+        replies=r.get("replies"),
     )
 
 
@@ -141,6 +144,7 @@ async def register(
     stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS,
     expire_after_seconds: int | None = None,
     schedule: Mapping[str, Any] | None = None,
+    replies: Sequence[Mapping[str, Any]] | None = None,
 ) -> bool:
     """Insert or update a destination (and un-delete it) and its carriers, in one transaction.
 
@@ -175,6 +179,7 @@ async def register(
                 "stuck_after_seconds": stuck_after_seconds,
                 "expire_after_seconds": expire_after_seconds,
                 "schedule": None if schedule is None else Jsonb(dict(schedule)),
+                "replies": Jsonb([dict(r) for r in replies]) if replies else None,
             },
             row=dict_row,
         )

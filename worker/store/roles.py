@@ -200,6 +200,18 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
+    # spec.replies: the worker records expectations with the delivered mark, ingest answers
+    # them with the stored reply; placing and clearing stay with the sweeper (raised_at).
+    "inturn_order_expectation": {
+        "ingest": (
+            Grant("SELECT", ("reply_channel", "key_digest", "answered_at")),
+            Grant("UPDATE", ("answered_at", "answered_control_id")),
+        ),
+        "worker": (INSERT,),
+        "sweeper": (SELECT, Grant("UPDATE", ("raised_at",))),
+        "admin": (SELECT, DELETE),
+        "reader": (Grant("SELECT", but=("order_key", "key_digest")),),
+    },
     "inturn_booking": {
         "sweeper": (SELECT, UPDATE),
         "admin": ALL_DML,

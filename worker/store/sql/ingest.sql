@@ -4,7 +4,7 @@
 -- name: routes
 -- The routing table: every live destination of every channel. Suspended ones are included on
 -- purpose: a suspended destination keeps receiving, it only stops sending.
-SELECT destination, channel, message_types, suspended, sender_kind
+SELECT destination, channel, message_types, suspended, sender_kind, replies
   FROM inturn_destination
  WHERE deleted_at IS NULL
  ORDER BY channel, destination;
@@ -14,15 +14,16 @@ SELECT destination, channel, message_types, suspended, sender_kind
 -- autocommit mode (its implicit COMMIT returns with the result). The steps are ordered by data
 -- dependencies: window rows, then the enqueue locks (queue.sql's enqueue_lock, in sorted order),
 -- then the delivery rows with their identifier index keys (patient_keys: one comma-separated
--- string per message), then one NOTIFY per destination. A message whose window
+-- string per message), then one NOTIFY per destination; a reply (reply_keys) answers its orders. A message whose window
 -- row conflicts is a duplicate: nothing is done for it. Explained in full in
 -- inturn.worker.ingest.batch.store_batch; keep this text short (psycopg caches only queries
 -- under 4 KiB).
 WITH msg AS (
-    SELECT m.control_id, m.message_type, m.payload, m.digest, m.keys, m.tp, m.n
+    SELECT m.control_id, m.message_type, m.payload, m.digest, m.keys, m.tp, m.rk, m.n
       FROM unnest(%(control_ids)s::text[], %(message_types)s::text[], %(payloads)s::bytea[],
-                  %(digests)s::bytea[], %(patient_keys)s::text[], %(traceparents)s::text[])
-           WITH ORDINALITY AS m(control_id, message_type, payload, digest, keys, tp, n)
+                  %(digests)s::bytea[], %(patient_keys)s::text[], %(traceparents)s::text[],
+                  %(reply_keys)s::text[])
+           WITH ORDINALITY AS m(control_id, message_type, payload, digest, keys, tp, rk, n)
 ),
 remembered AS (
     INSERT INTO inturn_received AS r (channel, control_id, digest, size)
@@ -63,8 +64,19 @@ notified AS (
     SELECT count(pg_notify(u.c, u.d)) AS n
       FROM unnest(%(channels)s::text[], %(destinations)s::text[]) AS u(c, d)
      WHERE EXISTS (SELECT 1 FROM inserted)
+),
+answered AS (
+    -- spec.replies: a reply answers the open expectations of its keys (rk: digests)
+    UPDATE inturn_order_expectation e
+       SET answered_at = now(), answered_control_id = f.control_id
+      FROM fresh f
+     WHERE f.rk <> '' AND e.reply_channel = %(channel)s AND e.answered_at IS NULL
+       AND e.key_digest = ANY (string_to_array(f.rk, ','))
+       AND (SELECT n FROM locked) > 0
+    RETURNING f.n
 )
 SELECT (SELECT array_agg(n ORDER BY n) FROM fresh) AS fresh,
+       (SELECT array_agg(DISTINCT n) FROM answered) AS answered,
        (SELECT array_agg(id ORDER BY id) FROM inserted) AS ids,
        (SELECT n FROM notified) AS notified,
        (SELECT array_agg(m.n ORDER BY m.n)

@@ -54,7 +54,20 @@ WITH done AS (
        SET state = 'delivered', attempts = %(attempts)s,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp()
      WHERE id = %(id)s AND state IN ('pending', 'skipped')
-    RETURNING extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
+    RETURNING id, control_id, message_type,
+              extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
+),
+expected AS (
+    -- spec.replies: the replies this order waits for, in the same statement as its mark
+    -- (empty arrays for every other message). reply_types: comma-separated patterns.
+    INSERT INTO inturn_order_expectation
+           (destination, delivery_id, control_id, message_type, order_key, key_digest,
+            reply_channel, reply_types, due_at)
+    SELECT %(destination)s, done.id, done.control_id, done.message_type, e.k, e.d, e.c,
+           string_to_array(e.t, ','), clock_timestamp() + make_interval(secs => e.w)
+      FROM done
+     CROSS JOIN unnest(%(keys)s::text[], %(digests)s::text[], %(channels)s::text[],
+                       %(types)s::text[], %(within)s::int[]) AS e(k, d, c, t, w)
 )
 SELECT (SELECT waited_seconds FROM done) AS waited_seconds, h.*
   FROM (SELECT 1) AS one
@@ -137,6 +150,10 @@ DELETE FROM inturn_delivery
 RETURNING id, destination, state;
 
 -- name: erase
+-- The messages, and what was recorded of them: the replies an erased order expected.
+WITH expectations AS (
+    DELETE FROM inturn_order_expectation WHERE delivery_id = ANY(%(ids)s)
+)
 DELETE FROM inturn_delivery
  WHERE id = ANY(%(ids)s)
 RETURNING id, destination, state;

@@ -1,0 +1,86 @@
+"""Which expectations a delivered order opens, and which keys a received reply answers.
+
+Pure: the worker calls :func:`expectations` with the head it just delivered; ingest calls
+:func:`reply_digests` with each message it stores. Types are matched as destination filters are
+(:func:`inturn.worker.ingest.routing.type_matches`); keys are first components of the fields
+the rule names (:func:`inturn.worker.hl7.fields.first_components`), stored as digests
+(:func:`inturn.worker.spec.replies.key_digest`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from inturn.worker.hl7.fields import first_components
+from inturn.worker.hl7.types import type_matches
+from inturn.worker.spec.replies import MAX_KEYS_PER_MESSAGE, ReplyRule, key_digest
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A reply one delivered order waits for.
+
+    Attributes:
+        key: the matching key in clear (shown on the worklist item, erased with the patient).
+        digest: :func:`key_digest` of the destination and the key (what a reply is matched by).
+        channel: where the reply arrives.
+        reply_types: MSH-9 patterns of the reply (for the record).
+        within_seconds: how long it may take.
+    """
+
+    key: str
+    digest: str
+    channel: str
+    reply_types: tuple[str, ...]
+    within_seconds: int
+
+
+def _split(message_type: str) -> tuple[str, str]:
+    code, _, trigger = message_type.partition("^")
+    return code, trigger
+
+
+def expectations(
+    destination: str, rules: Iterable[ReplyRule], message_type: str, payload: bytes
+) -> list[Expectation]:
+    """The expectations an order of ``message_type`` (``CODE^TRIGGER``) delivered to
+    ``destination`` opens: one per rule whose ``orderTypes`` match and per key found in its
+    ``orderField`` (an order without a key opens none), at most
+    :data:`~inturn.worker.spec.replies.MAX_KEYS_PER_MESSAGE`."""
+    code, trigger = _split(message_type)
+    out: list[Expectation] = []
+    for rule in rules:
+        if not type_matches(rule.order_types, code, trigger):
+            continue
+        for key in first_components(payload, rule.order_field, limit=MAX_KEYS_PER_MESSAGE):
+            if len(out) >= MAX_KEYS_PER_MESSAGE:
+                return out
+            out.append(
+                Expectation(
+                    key=key,
+                    digest=key_digest(destination, key),
+                    channel=rule.channel,
+                    reply_types=rule.reply_types,
+                    within_seconds=rule.within_seconds,
+                )
+            )
+    return out
+
+
+def reply_digests(
+    rules: Iterable[tuple[str, ReplyRule]], channel: str, message_type: str, payload: bytes
+) -> list[str]:
+    """The key digests a message of ``message_type`` received on ``channel`` answers: for
+    every ``(destination, rule)`` whose reply ``channel`` and ``replyTypes`` match, each key
+    found in its ``replyFields``; sorted, no repeats, at most
+    :data:`~inturn.worker.spec.replies.MAX_KEYS_PER_MESSAGE`. Empty: not a reply."""
+    code, trigger = _split(message_type)
+    found: set[str] = set()
+    for destination, rule in rules:
+        if rule.channel != channel or not type_matches(rule.reply_types, code, trigger):
+            continue
+        for ref in rule.reply_fields:
+            for key in first_components(payload, ref, limit=MAX_KEYS_PER_MESSAGE):
+                found.add(key_digest(destination, key))
+    return sorted(found)[:MAX_KEYS_PER_MESSAGE]

@@ -1,0 +1,104 @@
+"""The sweeper's ``orders`` pack: ``unanswered-order``.
+
+``unanswered-order``
+    An order delivered to a Destination with ``spec.replies`` whose reply has not arrived by
+    its due time (delivered + ``withinSeconds``) is placed on the ``orders`` worklist: record
+    kind ``order``, key the expectation's id; details: the destination, the order's MSH-10 and
+    MSH-9, the matching key, the reply channel and types, when it was delivered and due (never
+    the payload). A reply that arrives later lets the next sweep clear it by ``system``; so
+    does erasing the order. Each expectation is raised at most once (a person who clears it is
+    not handed it again).
+
+The worker records expectations with the delivered mark and ingest answers them with the stored
+reply (:mod:`inturn.worker.orders.keys`); placing and clearing stay here. Predicates are in the
+query (``store/sql/order_rules.sql``), most overdue first, at most ``limit`` per run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from inturn.worker.store.queries import fetch_all, load
+from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
+from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
+
+Q = load("order_rules.sql")
+
+#: The pack (``inturn sweep --only orders``) and the rule's group.
+GROUP = "orders"
+#: The worklist of unanswered orders.
+QUEUE = "orders"
+#: The reason code.
+REASON = "unanswered-order"
+#: Who places the items.
+SWEEPER = "sweeper"
+
+
+async def _rows(
+    conn: AsyncConnection[Any], name: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    return await fetch_all(conn, Q[name], params, row=dict_row)
+
+
+async def unanswered_order(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
+    """Place orders past their reply's due time; clear those answered since (see the module
+    docstring)."""
+    outcome = RuleOutcome()
+    stale = await _rows(conn, "unanswered_stale", {"limit": limit})
+    [already] = await _rows(conn, "pending_count", {})
+    outcome.already = int(already["n"])
+    due = await _rows(conn, "unanswered_due", {"limit": limit})
+    if dry_run:
+        outcome.placed, outcome.cleared = len(due), len(stale)
+        return outcome
+    by_why: dict[str, list[str]] = {}
+    for row in stale:
+        by_why.setdefault(row["why"], []).append(row["record_key"])
+    for why, keys in sorted(by_why.items()):
+        cleared = await clear_where(
+            conn, record_kind="order", record_keys=keys, queue=QUEUE, reason=REASON, note=why
+        )
+        outcome.cleared += len(cleared)
+        outcome.already -= len(cleared)
+    if not due:
+        return outcome
+    async with conn.transaction():
+        placements = await place_many(
+            conn,
+            [
+                NewPlacement(
+                    queue=QUEUE,
+                    record_kind="order",
+                    record_key=str(r["id"]),
+                    reason=REASON,
+                    details={
+                        "destination": r["destination"],
+                        "controlId": r["control_id"],
+                        "messageType": r["message_type"],
+                        "orderKey": r["order_key"],
+                        "replyChannel": r["reply_channel"],
+                        "replyTypes": list(r["reply_types"]),
+                        "deliveredAt": r["delivered_at"].isoformat(),
+                        "dueAt": r["due_at"].isoformat(),
+                        "overdueSeconds": round(r["overdue_seconds"]),
+                    },
+                    placed_by=SWEEPER,
+                )
+                for r in due
+            ],
+        )
+        await conn.execute(Q["mark_raised"], {"ids": [r["id"] for r in due]})
+    for placement in placements:
+        outcome.add(placement)
+    return outcome
+
+
+PACK: RulePack[None] = RulePack(
+    name=GROUP,
+    about="orders (spec.replies) whose reply did not arrive in time",
+    rules=lambda _: (Rule(REASON, GROUP, unanswered_order),),
+    settings=None,
+)
