@@ -229,6 +229,7 @@ class Result:
     capped: bool = False
     wal: dict[str, float] = field(default_factory=dict)
     plan: str = ""
+    cpu_us: float = 0.0  # the worker process's CPU (user + system) per message, microseconds
 
     @property
     def rate(self) -> float:
@@ -267,6 +268,8 @@ class Result:
             f" p50 {p50 * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms,"
             f" max {max(gaps, default=0) * 1e3:.1f} ms"
         )
+        if self.cpu_us:
+            yield f"  worker CPU per message (user + system, after the first): {self.cpu_us:.0f} us"
         yield (
             f"  worker peak RSS (VmHWM) {self.peak_rss_kib / 1024:.1f} MiB;"
             f" start-up to first arrival {self.startup_seconds:.2f}s;"
@@ -281,6 +284,17 @@ class Result:
             yield "  WAL per message: " + ", ".join(f"{k} {v:,.2f}" for k, v in per.items())
         if self.plan:
             yield f"  head query plan at start: {self.plan}"
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 when gone)."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return 0.0
 
 
 def vm_hwm_kib(pid: int) -> int:
@@ -454,6 +468,16 @@ async def drain(
         )
         deadline = t_start + cap
         complete = False
+        cpu_at_first: list[float] = []
+
+        async def first_arrival_cpu() -> None:
+            # the worker's CPU seconds when the first message arrives: its start-up left out
+            while not timed:
+                await asyncio.sleep(0.002)
+            cpu_at_first.append(cpu_seconds(proc.pid))
+
+        sampler = asyncio.create_task(first_arrival_cpu())
+        cpu_at_end = 0.0
         try:
             while time.perf_counter() < deadline:
                 if len(timed) >= len(expected) and not await pending(conn):
@@ -469,7 +493,9 @@ async def drain(
                         await asyncio.sleep(POLL_SECONDS)
             t_end = time.perf_counter()
             result.peak_rss_kib = vm_hwm_kib(proc.pid)
+            cpu_at_end = cpu_seconds(proc.pid)
         finally:
+            sampler.cancel()
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
@@ -484,6 +510,8 @@ async def drain(
         for line in out.decode(errors="replace").splitlines():
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 result.peak_rss_kib = max(result.peak_rss_kib, int(json.loads(line)["vm_hwm_kib"]))
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                cpu_at_end = max(cpu_at_end, float(json.loads(line)["cpu_seconds"]))
         result.capped = not complete
         tail = err.decode(errors="replace").strip()[-1500:]
         if tail and (result.capped or proc.returncode not in (0, -signal.SIGTERM)):
@@ -493,6 +521,8 @@ async def drain(
             result.startup_seconds = timed.times[0] - t_start
             result.seconds = t_end - timed.times[0]
         result.check = check_order(list(timed), expected, complete=complete)
+        if cpu_at_first and cpu_at_end > cpu_at_first[0] and result.check.delivered > 1:
+            result.cpu_us = (cpu_at_end - cpu_at_first[0]) / (result.check.delivered - 1) * 1e6
 
 
 # --- the inturn runs -----------------------------------------------------------------------
@@ -635,7 +665,10 @@ async def floor_worker_main(conninfo: str) -> None:
             await sender.send(bytes(row[1]))
             await conn.execute(FLOOR_MARK, (row[0],))
     await sender.close()
-    print(json.dumps({"vm_hwm_kib": vm_hwm_kib(os.getpid())}), flush=True)
+    print(
+        json.dumps({"vm_hwm_kib": vm_hwm_kib(os.getpid()), "cpu_seconds": time.process_time()}),
+        flush=True,
+    )
 
 
 # --- the Procrastinate run -----------------------------------------------------------------
@@ -853,6 +886,12 @@ async def main_async(args: argparse.Namespace) -> int:
         "traced_rate_ratio": None if traced is None else round(traced, 3),
         "tracing_off_ns_per_message": round(hooks_ns),
         "large_table_msg_s": rate("large-table"),
+        "worker_cpu_us_per_message": (
+            round(results["delivery"].cpu_us) if "delivery" in results else None
+        ),
+        "floor_cpu_us_per_message": (
+            round(results["floor"].cpu_us) if "floor" in results else None
+        ),
         "worker_peak_rss_mib": (
             round(results["delivery"].peak_rss_kib / 1024, 1) if "delivery" in results else None
         ),
