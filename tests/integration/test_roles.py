@@ -28,7 +28,7 @@ from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
-from inturn.worker.store import locks, queue, registry, roles, worklist
+from inturn.worker.store import locks, lockwatch, queue, registry, roles, worklist
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.sweep import sweep as run_sweep
@@ -605,3 +605,29 @@ def test_reader_role_runs_queue_list_and_is_told_what_it_lacks(
     assert "permission denied for table inturn_delivery" in err
     assert psycopg.conninfo.conninfo_to_dict(reader)["user"] in err
     assert "connection string" not in err
+
+
+async def test_every_role_can_name_the_session_a_lock_wait_waits_for(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """The lock watch (inturn.worker.store.lockwatch) needs no privilege beyond the role's own:
+    pg_blocking_pids and the pid, application name and user of pg_stat_activity."""
+    holder = await AsyncConnection.connect(fresh_db, application_name="table-locker")
+    await holder.execute("LOCK TABLE inturn_delivery IN ACCESS EXCLUSIVE MODE")
+    waiter = await AsyncConnection.connect(fresh_db, autocommit=True)
+    waiting = asyncio.create_task(waiter.execute("SELECT count(*) FROM inturn_delivery"))
+    try:
+        for component, role_dsn in role_dsns.items():
+            async with await AsyncConnection.connect(role_dsn, autocommit=True) as conn:
+                found: list[lockwatch.Blocker] = []
+                async with asyncio.timeout(10):
+                    while not found:
+                        found = await lockwatch.blockers(conn, waiter.info.backend_pid)
+                assert [(b.pid, b.application_name) for b in found] == [
+                    (holder.info.backend_pid, "table-locker")
+                ], component
+    finally:
+        await holder.rollback()
+        await waiting
+        await holder.close()
+        await waiter.close()
