@@ -326,6 +326,7 @@ def test_secured_ingest_mounts_tls_and_credentials_and_keeps_ops_apart() -> None
         "--allow-subject=adt=ris.hospital.example",
         "--listen=lab=0.0.0.0:2576",
         "--ops=0.0.0.0:9090",
+        "--max-frame-bytes=16Mi",
         "--tls-cert=/etc/inturn/tls/tls.crt",
         "--tls-key=/etc/inturn/tls/tls.key",
         "--tls-client-ca=/etc/inturn/tls/ca.crt",

@@ -20,6 +20,7 @@ from inturn.worker.ingest.accept import (
     DEFAULT_STORE_TIMEOUT_SECONDS,
 )
 from inturn.worker.ingest.access import AllowList
+from inturn.worker.ingest.budget import DEFAULT_WAIT_SECONDS
 from inturn.worker.ingest.credentials import (
     ANY_CHANNEL,
     CredentialsError,
@@ -28,6 +29,7 @@ from inturn.worker.ingest.credentials import (
 )
 from inturn.worker.ingest.feeds import DEFAULT_FLUSH_SECONDS, DEFAULT_MAX_SENDERS
 from inturn.worker.ingest.listener import (
+    DEFAULT_FRAME_DEADLINE,
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_FRAME_BYTES,
@@ -241,6 +243,28 @@ def _size(value: str) -> int:
     " are stored but not found by --patient-id.",
 )
 @click.option(
+    "--memory-limit",
+    envvar="INTURN_MEMORY_LIMIT",
+    metavar="SIZE",
+    help="Memory ingest may use (bytes; k, M, G and Ki, Mi, Gi are powers of 1024); the"
+    " message budget is (SIZE - 96 MiB) / 4. Default: the container's (cgroup's) limit, else"
+    " 512 MiB. The chart sets it from the pod's memory limit.",
+)
+@click.option(
+    "--busy-wait",
+    type=float,
+    default=DEFAULT_WAIT_SECONDS,
+    show_default=True,
+    help="Seconds a message waits for memory before it is answered AE (busy).",
+)
+@click.option(
+    "--frame-deadline",
+    type=float,
+    default=DEFAULT_FRAME_DEADLINE,
+    show_default=True,
+    help="Seconds an MLLP frame may take from its first byte to its last.",
+)
+@click.option(
     "--max-batch-messages",
     type=click.IntRange(min=1),
     default=DEFAULT_MAX_BATCH_MESSAGES,
@@ -289,6 +313,9 @@ def ingest_command(
     feeds_file: str | None,
     feed_flush_seconds: float,
     max_feed_senders: int,
+    memory_limit: str | None,
+    busy_wait: float,
+    frame_deadline: float,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -317,6 +344,7 @@ def ingest_command(
         http_address = parse_address(http) if http else None
         ops_address = parse_address(ops) if ops else None
         frame_limit = _size(max_frame_bytes)
+        memory = _size(memory_limit) if memory_limit else None
         for channel in hold_unrouted:
             check_channel(channel)
     except ValueError as exc:
@@ -356,7 +384,11 @@ def ingest_command(
             feeds=load_feeds_file(feeds_file),
             feed_flush_seconds=feed_flush_seconds,
             max_feed_senders=max_feed_senders,
+            memory_limit=memory,
+            busy_wait=busy_wait,
+            frame_deadline=frame_deadline,
         )
+        config.message_budget()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     # Unreachable at start: one line and exit 2 (a supervisor restarts us), not 10 s of pool

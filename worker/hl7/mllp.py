@@ -66,7 +66,16 @@ class Garbage:
     count: int
 
 
-Event = Frame | FrameTooLarge | Garbage
+@dataclass(frozen=True)
+class Dropped:
+    """A complete block whose content the caller chose to drop (:meth:`FrameReader.drop`);
+    ``head`` is what was kept of its start (enough for its MSH), ``size`` its payload length."""
+
+    head: bytes
+    size: int
+
+
+Event = Frame | FrameTooLarge | Garbage | Dropped
 
 
 class FrameReader:
@@ -87,6 +96,8 @@ class FrameReader:
         self._buffer = bytearray()
         self._in_frame = False
         self._failed = False
+        self._dropping = False
+        self._dropped = 0
 
     @property
     def mid_frame(self) -> bool:
@@ -96,6 +107,24 @@ class FrameReader:
         middle of a block does not hold the connection forever.
         """
         return self._in_frame and not self._failed
+
+    @property
+    def dropping(self) -> bool:
+        """True after :meth:`drop` until the dropped block ends."""
+        return self._dropping
+
+    def drop(self, keep: int) -> None:
+        """Stop keeping the block being read: keep its first ``keep`` payload bytes, skip the
+        rest as it arrives, and report it as :class:`Dropped` at its end. For a reader that
+        cannot hold the block (no memory for it now) but must stay in step with the stream to
+        answer it. Does nothing between blocks.
+        """
+        if not self._in_frame or self._failed:
+            return
+        if not self._dropping:
+            self._dropped = len(self._buffer)
+            self._dropping = True
+        del self._buffer[keep:]
 
     @property
     def failed(self) -> bool:
@@ -123,6 +152,20 @@ class FrameReader:
             if self._in_frame:
                 stop = data.find(_EB, pos)
                 chunk_end = end if stop < 0 else stop
+                if self._dropping:
+                    self._dropped += chunk_end - pos
+                    if self._dropped > self.max_frame_bytes:
+                        self._fail(events)
+                        return events
+                    if stop < 0:
+                        return events
+                    events.append(Dropped(bytes(self._buffer), self._dropped))
+                    self._dropping = False
+                    self._dropped = 0
+                    self._buffer.clear()
+                    self._in_frame = False
+                    pos = stop + 1
+                    continue
                 room = self.max_frame_bytes - len(self._buffer)
                 if chunk_end - pos > room:
                     self._fail(events)
@@ -150,5 +193,6 @@ class FrameReader:
     def _fail(self, events: list[Event]) -> None:
         self._failed = True
         self._in_frame = False
+        self._dropping = False
         self._buffer = bytearray()
         events.append(FrameTooLarge(self.max_frame_bytes))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .mllp import SB, FrameReader, FrameTooLarge, Garbage
+from .mllp import SB, Frame, FrameReader, FrameTooLarge, Garbage
 
 #: A segment named MSH at the start of the text or after a terminator.
 _MSH_START = re.compile(rb"(?:^|(?<=[\r\n]))MSH")
@@ -94,7 +94,8 @@ def _framed(data: bytes, max_message_bytes: int) -> list[bytes]:
             raise SplitError(f"{event.count} bytes outside any MLLP block")
         if isinstance(event, FrameTooLarge):
             raise SplitError(f"block {len(messages) + 1} is over the {event.limit}-byte limit")
-        messages.append(event.payload)
+        if isinstance(event, Frame):  # (Dropped only follows a drop(), never made here)
+            messages.append(event.payload)
     if reader.mid_frame:
         raise SplitError("the last MLLP block is not finished (no end-block byte 0x1C)")
     return messages

@@ -535,6 +535,28 @@ class Acceptor:
         )
         return self._done(channel, None, outcome, logged=True)
 
+    def reject_busy(self, channel: str, head: bytes, size: int) -> Reply:
+        """The AE (CE in enhanced mode) for a message of ``size`` bytes that ingest had no
+        memory for (:mod:`inturn.worker.ingest.budget`); nothing of it was kept and the sender
+        should send it again. ``head`` is what was kept of its start: its MSH, when readable,
+        gives the answer's MSA-2 and mode."""
+        error = _error(
+            ErrorCode.APPLICATION_INTERNAL_ERROR,
+            "ingest is busy: no memory for this message now; nothing of it was kept; send it again",
+        )
+        reason = f"busy: no memory for {size} bytes now"
+        try:
+            header: Header | None = parse_header(head)
+        except HeaderError:
+            header = None
+        if header is not None:
+            outcome = _answer(header, "error", error=error, reason=reason)
+        else:
+            outcome = Reply(
+                code="AE", ack=build_reject(head, "AE", error), send=True, reason=reason
+            )
+        return self._done(channel, header, outcome)
+
     def _unrouted(self, channel: str, header: Header, reason: str) -> Reply:
         if reason == "filtered":
             error = _error(

@@ -36,12 +36,16 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from inturn.worker.ingest import metrics
-from inturn.worker.ingest.accept import UNKNOWN, Acceptor
+from inturn.worker.ingest.accept import Acceptor
 from inturn.worker.ingest.access import certificate_names
+from inturn.worker.ingest.budget import Busy, Hold, MemoryBudget
 from inturn.worker.ingest.credentials import CredentialSource
 from inturn.worker.ingest.routing import check_channel
 
 log = logging.getLogger("inturn.ingest.http")
+
+#: Bytes read at a time from a body without Content-Length.
+_CHUNK_BYTES = 64 * 1024
 
 #: The media type of the ACK body.
 HL7_CONTENT_TYPE = "application/hl7-v2"
@@ -62,7 +66,10 @@ def _refuse(request: web.Request, status: int, reason: str, detail: str) -> web.
 
 
 def make_message_app(
-    acceptor: Acceptor, max_body_bytes: int, credentials: CredentialSource | None
+    acceptor: Acceptor,
+    max_body_bytes: int,
+    credentials: CredentialSource | None,
+    budget: MemoryBudget | None = None,
 ) -> web.Application:
     """Build the message application.
 
@@ -72,7 +79,13 @@ def make_message_app(
         credentials: who may post to which channel (a :class:`CredentialsFile` is looked at
             again as it changes); None accepts every request (the explicit
             ``--http-insecure`` mode).
+        budget: the process's message memory, shared with the MLLP listeners: a body is read
+            only as far as the budget has room for it (a declared ``Content-Length`` is
+            reserved whole before the first byte is read; a chunked body chunk by chunk), and
+            one that finds no room within the wait is answered 503 with an AE "busy". None
+            counts nothing.
     """
+    room = budget if budget is not None else MemoryBudget(2**62)
     # aiohttp refuses bodies over client_max_size itself; leave room so that we can answer
     # with an AR instead of its plain-text 413.
     app = web.Application(client_max_size=max_body_bytes + 1)
@@ -96,16 +109,19 @@ def make_message_app(
         if request.content_length is not None and request.content_length > max_body_bytes:
             outcome = acceptor.reject_too_large(channel, max_body_bytes)
         else:
+            hold = room.hold()
             try:
-                body = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                body = None
-            if body is None or len(body) > max_body_bytes:
-                outcome = acceptor.reject_too_large(channel, max_body_bytes)
-            else:
-                outcome = await acceptor.handle(channel, body, received)
-        if outcome.code == UNKNOWN:  # no acknowledgement exists: say why, in plain text
-            return web.Response(status=outcome.http_status, body=outcome.ack)
+                body = await _read_body(request, hold, max_body_bytes)
+                if body is None:
+                    outcome = acceptor.reject_too_large(channel, max_body_bytes)
+                else:
+                    outcome = await acceptor.handle(channel, body, received)
+            except Busy as exc:
+                metrics.BUSY.labels(channel).inc()
+                log.warning("HTTP from %s: no memory for the message now (%s)", request.remote, exc)
+                outcome = acceptor.reject_busy(channel, b"", request.content_length or 0)
+            finally:
+                hold.release()
         return web.Response(
             status=outcome.http_status,
             body=outcome.ack,
@@ -114,6 +130,30 @@ def make_message_app(
 
     app.router.add_post("/channels/{channel}/messages", post_message)
     return app
+
+
+async def _read_body(request: web.Request, hold: Hold, max_body_bytes: int) -> bytes | None:
+    """The request's body, read under ``hold``; None when it is over ``max_body_bytes``.
+
+    Raises:
+        Busy: the budget had no room for it in time.
+    """
+    if request.content_length is not None:
+        await hold.grow(request.content_length)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return None
+        return body if len(body) <= max_body_bytes else None
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(_CHUNK_BYTES):
+        size += len(chunk)
+        if size > max_body_bytes:
+            return None
+        await hold.grow(len(chunk))
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def make_ops_app(readiness: Callable[[], str | None]) -> web.Application:

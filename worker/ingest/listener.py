@@ -11,7 +11,17 @@ Timeouts, in seconds:
 * ``idle_timeout`` (default 600): no byte at all between frames for this long closes the
   connection;
 * ``frame_timeout`` (default 30): inside a frame, no new byte for this long closes the
-  connection (a peer that stopped mid-frame); whatever it had sent is dropped, unanswered.
+  connection (a peer that stopped mid-frame); whatever it had sent is dropped, unanswered;
+* ``frame_deadline`` (default 300): a frame not complete this long after its first byte closes
+  the connection the same way, however steadily it trickles in.
+
+Memory (:mod:`inturn.worker.ingest.budget`): each connection holds
+:data:`~inturn.worker.ingest.budget.CONNECTION_BYTES` of the process's budget while open (a
+connection that cannot get it in time is closed at once), and every frame holds its bytes from
+the read that brings them until its answer is written. A frame that finds no room waits, not
+reading, so TCP holds its sender back; one whose room is taken for an older frame, or that waits
+too long, is dropped as it arrives (its first 4 KiB kept for its MSH) and answered AE with ERR
+207 "busy" at its end, and the connection goes on.
 
 Who may connect: a channel's :class:`inturn.worker.ingest.access.AllowList` is checked as soon as
 a connection is accepted: the source network before the TLS handshake, the client certificate's
@@ -34,10 +44,20 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from inturn.worker.hl7.mllp import EB, Event, Frame, FrameReader, FrameTooLarge, Garbage, frame
+from inturn.worker.hl7.mllp import (
+    EB,
+    Dropped,
+    Event,
+    Frame,
+    FrameReader,
+    FrameTooLarge,
+    Garbage,
+    frame,
+)
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import UNKNOWN, Acceptor
 from inturn.worker.ingest.access import AllowList, certificate_names
+from inturn.worker.ingest.budget import CONNECTION_BYTES, Busy, Hold, MemoryBudget
 from inturn.worker.ingest.quiet import LogThrottle
 
 log = logging.getLogger("inturn.ingest.mllp")
@@ -48,8 +68,17 @@ DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 DEFAULT_IDLE_TIMEOUT = 600.0
 #: Default seconds without a byte inside a frame before a connection is closed.
 DEFAULT_FRAME_TIMEOUT = 30.0
+#: Default seconds one frame may take from its first byte to its last, however steadily it
+#: trickles in (16 MiB at 1 Mbit/s takes 134 s).
+DEFAULT_FRAME_DEADLINE = 300.0
+#: Bytes kept of a frame dropped for want of memory: enough for its MSH, so that the AE "busy"
+#: names its MSH-10.
+DROPPED_HEAD_BYTES = 4096
 
 _READ_SIZE = 64 * 1024
+#: The stream reader's buffer limit (it stops reading from the socket at twice this), so that a
+#: connection holds at most :data:`inturn.worker.ingest.budget.CONNECTION_BYTES` in its reads.
+_STREAM_LIMIT = 16 * 1024
 #: Seconds of silence after which the rest of a refused frame is taken to have been sent.
 QUIET_SECONDS = 0.5
 #: Seconds during which further refusals of one address (and reason) are counted, not logged.
@@ -88,7 +117,10 @@ class MllpListener:
     Args:
         config: where to listen and for which channel.
         acceptor: stores messages and builds their answers.
-        max_frame_bytes, idle_timeout, frame_timeout: see the module docstring.
+        budget: the process's message memory (see :mod:`inturn.worker.ingest.budget`);
+            None counts nothing.
+        max_frame_bytes, idle_timeout, frame_timeout, frame_deadline: see the module
+            docstring.
     """
 
     def __init__(
@@ -96,15 +128,19 @@ class MllpListener:
         config: ListenerConfig,
         acceptor: Acceptor,
         *,
+        budget: MemoryBudget | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+        frame_deadline: float = DEFAULT_FRAME_DEADLINE,
     ) -> None:
         self.config = config
         self.acceptor = acceptor
         self.max_frame_bytes = max_frame_bytes
         self.idle_timeout = idle_timeout
         self.frame_timeout = frame_timeout
+        self.frame_deadline = frame_deadline
+        self.budget = budget if budget is not None else MemoryBudget(2**62)
         self._server: asyncio.Server | None = None
         self._idle: set[asyncio.Task[None]] = set()
         self._busy: set[asyncio.Task[None]] = set()
@@ -139,7 +175,7 @@ class MllpListener:
             host=self.config.host or None,
             port=self.config.port,
             backlog=1024,
-            limit=_READ_SIZE,
+            limit=_STREAM_LIMIT,
         )
 
     async def stop(self, grace: float = 10.0) -> None:
@@ -249,19 +285,61 @@ class MllpListener:
         self, task: asyncio.Task[None], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> str:
         """Run the read-store-answer loop; return why it ended."""
+        room = self.budget.hold()  # the connection's own reads
+        try:
+            await room.grow(CONNECTION_BYTES)
+        except Busy:
+            log.warning(
+                "channel %s: closing a new connection: ingest's memory is all in use", self.channel
+            )
+            return "busy"
+        frames = self.budget.hold()  # the frames it holds (being read, being stored)
+        try:
+            return await self._loop(task, reader, writer, frames)
+        finally:
+            frames.release()
+            room.release()
+
+    async def _loop(
+        self,
+        task: asyncio.Task[None],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        frames: Hold,
+    ) -> str:
         channel = self.channel
         framer = FrameReader(self.max_frame_bytes)
         events: deque[Event] = deque()
+        frame_began: float | None = None
         while True:
             if not events:
                 if self._stopping:
                     return "shutdown"
                 mid_frame = framer.mid_frame
-                timeout = self.frame_timeout if mid_frame else self.idle_timeout
+                now = time.monotonic()
+                if not mid_frame:
+                    frame_began = None
+                elif frame_began is None:
+                    frame_began = now
+                timeout = self.idle_timeout
+                if frame_began is not None:
+                    left = self.frame_deadline - (now - frame_began)
+                    if left <= 0:
+                        log.info(
+                            "channel %s: closing a connection whose frame took over %.0f s"
+                            " (%d bytes of it dropped)",
+                            channel,
+                            self.frame_deadline,
+                            framer.buffered_bytes,
+                        )
+                        return "deadline"
+                    timeout = min(self.frame_timeout, left)
                 try:
                     async with asyncio.timeout(timeout):
                         data = await reader.read(_READ_SIZE)
                 except TimeoutError:
+                    if frame_began is not None and timeout < self.frame_timeout:
+                        continue  # the deadline, not silence: said on the next turn
                     why = "stalled" if mid_frame else "idle"
                     log.info(
                         "channel %s: closing a connection %s for %.0f s%s",
@@ -280,6 +358,7 @@ class MllpListener:
                         )
                     return "eof"
                 events.extend(framer.feed(data))
+                await self._account(framer, events, frames)
                 continue
             event = events.popleft()
             if isinstance(event, Garbage):
@@ -294,6 +373,12 @@ class MllpListener:
                 await writer.drain()
                 await self._discard_rest(reader)
                 return "too_large"
+            if isinstance(event, Dropped):
+                outcome = self.acceptor.reject_busy(channel, event.head, event.size)
+                if outcome.send:
+                    writer.write(frame(outcome.ack))
+                    await writer.drain()
+                continue
             assert isinstance(event, Frame)
             received = time.perf_counter()
             self._mark(task, busy=True)
@@ -309,3 +394,36 @@ class MllpListener:
                     await writer.drain()
             finally:
                 self._mark(task, busy=False)
+                del event
+                frames.trim(_held(framer, events))
+
+    async def _account(self, framer: FrameReader, events: deque[Event], frames: Hold) -> None:
+        """Make the frames hold what the framer and the pending frames keep; when the budget
+        has no room for them (in time, or gave it to an older frame), drop them: each is
+        answered AE "busy" at its end (:class:`Dropped`), and the connection stays in step."""
+        need = _held(framer, events)
+        if need <= frames.held:
+            frames.trim(need)
+            return
+        try:
+            await frames.grow(need - frames.held)
+        except Busy as exc:
+            metrics.BUSY.labels(self.channel).inc()
+            log.warning(
+                "channel %s: no memory for %d bytes of message now (%s); answering AE busy",
+                self.channel,
+                need,
+                exc,
+            )
+            for n, event in enumerate(events):
+                if isinstance(event, Frame):
+                    events[n] = Dropped(event.payload[:DROPPED_HEAD_BYTES], len(event.payload))
+            framer.drop(DROPPED_HEAD_BYTES)
+            frames.release()
+
+
+def _held(framer: FrameReader, events: deque[Event]) -> int:
+    """Bytes of messages a connection keeps: its unfinished frame and its pending frames (the
+    few KiB kept of dropped ones count with the connection's own bytes)."""
+    pending = sum(len(e.payload) for e in events if isinstance(e, Frame))
+    return (0 if framer.dropping else framer.buffered_bytes) + pending

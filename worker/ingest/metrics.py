@@ -58,3 +58,18 @@ REPLIES = Counter(
     " (counted, never placed on a worklist)",
     ["channel", "outcome"],
 )
+BUSY = Counter(
+    "inturn_ingest_busy",
+    "Messages (MLLP frames, HTTP bodies) answered AE 'busy' because ingest's memory budget had no"
+    " room for them in time, by channel; nothing of them was kept.",
+    ["channel"],
+)
+BUDGET_BYTES = Gauge(
+    "inturn_ingest_memory_budget_bytes",
+    "Bytes of message memory ingest may hold at once (frames being read, messages being stored,"
+    " 64 KiB per open MLLP connection), from its memory limit.",
+)
+BUDGET_USED_BYTES = Gauge(
+    "inturn_ingest_memory_held_bytes",
+    "Bytes of message memory ingest holds now, of inturn_ingest_memory_budget_bytes.",
+)

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from inturn.worker.feeds.declare import Feed
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
+from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
     DEFAULT_MAX_BATCH_MESSAGES,
@@ -32,10 +33,19 @@ from inturn.worker.ingest.accept import (
     Acceptor,
     forget_old,
 )
+from inturn.worker.ingest.budget import (
+    CONNECTION_BYTES,
+    DEFAULT_WAIT_SECONDS,
+    MemoryBudget,
+    budget_for,
+    limit_for,
+    memory_limit,
+)
 from inturn.worker.ingest.credentials import CredentialSource
 from inturn.worker.ingest.feeds import DEFAULT_FLUSH_SECONDS, DEFAULT_MAX_SENDERS, FeedRecorder
 from inturn.worker.ingest.http import make_message_app, make_ops_app
 from inturn.worker.ingest.listener import (
+    DEFAULT_FRAME_DEADLINE,
     DEFAULT_FRAME_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_FRAME_BYTES,
@@ -90,6 +100,11 @@ class IngestConfig:
             and ingest records when each last received a message.
         feed_flush_seconds: seconds between two writes of the last-message times.
         max_feed_senders: most senders recorded per per-sender feed.
+        memory_limit: bytes the process may use; its message budget is derived from it
+            (:func:`inturn.worker.ingest.budget.budget_for`). None: the cgroup's limit, else
+            512 MiB.
+        busy_wait: longest seconds a message waits for memory before it is answered AE busy.
+        frame_deadline: seconds an MLLP frame may take from its first byte to its last.
     """
 
     listeners: Sequence[ListenerConfig] = ()
@@ -112,6 +127,9 @@ class IngestConfig:
     feeds: tuple[Feed, ...] | None = None
     feed_flush_seconds: float = DEFAULT_FLUSH_SECONDS
     max_feed_senders: int = DEFAULT_MAX_SENDERS
+    memory_limit: int | None = None
+    busy_wait: float = DEFAULT_WAIT_SECONDS
+    frame_deadline: float = DEFAULT_FRAME_DEADLINE
 
     def __post_init__(self) -> None:
         channels = [listener.channel for listener in self.listeners]
@@ -142,6 +160,30 @@ class IngestConfig:
             raise ValueError("feed_flush_seconds must be positive")
         if self.max_feed_senders < 0:
             raise ValueError("max_feed_senders must not be negative")
+        if self.busy_wait <= 0 or self.frame_deadline <= 0:
+            raise ValueError("busy_wait and frame_deadline must be positive")
+        if self.memory_limit is not None:
+            self.message_budget()
+
+    def message_budget(self) -> int:
+        """Bytes of messages the process may hold at once, from ``memory_limit`` (or the
+        cgroup's limit, or 512 MiB).
+
+        Raises:
+            ValueError: the budget cannot hold one message of ``max_frame_bytes`` (and its
+                connection): the limit needed is named.
+        """
+        limit = memory_limit(self.memory_limit)
+        budget = budget_for(limit)
+        need = self.max_frame_bytes + CONNECTION_BYTES
+        if budget < need:
+            raise ValueError(
+                f"a memory limit of {limit // 2**20} MiB leaves {budget // 2**20} MiB for"
+                f" messages, less than one message of {self.max_frame_bytes // 2**20} MiB"
+                f" (--max-frame-bytes): give ingest at least {-(-limit_for(need, 1) // 2**20)} MiB"
+                " (--memory-limit, or the container's limit)"
+            )
+        return budget
 
 
 def server_tls_context(
@@ -198,6 +240,7 @@ class Ingest:
         self._own_pools = pools is None
         self.router: Router | None = None
         self.acceptor: Acceptor | None = None
+        self.budget: MemoryBudget | None = None
         self.listeners: list[MllpListener] = []
         self._runners: list[web.AppRunner] = []
         self._http_port: int | None = None
@@ -296,13 +339,26 @@ class Ingest:
                 max_batch_messages=config.max_batch_messages,
                 feeds=self.feeds,
             )
+            self.budget = MemoryBudget(config.message_budget(), config.busy_wait)
+            metrics.BUDGET_BYTES.set(self.budget.capacity)
+            budget = self.budget
+            metrics.BUDGET_USED_BYTES.set_function(lambda: budget.used)
+            log.info(
+                "memory for messages: %d MiB of the %d MiB ingest may use (%d of the largest"
+                " size at once)",
+                budget.capacity // 2**20,
+                memory_limit(config.memory_limit) // 2**20,
+                budget.capacity // config.max_frame_bytes,
+            )
             for listener_config in config.listeners:
                 listener = MllpListener(
                     listener_config,
                     self.acceptor,
+                    budget=budget,
                     max_frame_bytes=config.max_frame_bytes,
                     idle_timeout=config.idle_timeout,
                     frame_timeout=config.frame_timeout,
+                    frame_deadline=config.frame_deadline,
                 )
                 await listener.start()
                 self.listeners.append(listener)
@@ -314,7 +370,9 @@ class Ingest:
                     listener.port,
                 )
             if config.http is not None:
-                app = make_message_app(self.acceptor, config.max_frame_bytes, config.credentials)
+                app = make_message_app(
+                    self.acceptor, config.max_frame_bytes, config.credentials, budget
+                )
                 self._http_port = await self._serve_http(app, config.http, config.http_ssl)
                 log.log(
                     logging.INFO if config.credentials and config.http_ssl else logging.WARNING,

@@ -22,7 +22,15 @@ from inturn.worker.senders import tls as tls_node
 from inturn.worker.senders.base import DeliveryError, FailureCause
 from inturn.worker.senders.kind import SecretFile, SenderConfig, SenderKind
 from inturn.worker.senders.tls import TlsConfig, client_context
-from inturn.worker.spec.openapi import DNS_SUBDOMAIN, SECRET_KEY, Schema, obj, str_map, string
+from inturn.worker.spec.openapi import (
+    DNS_SUBDOMAIN,
+    SECRET_KEY,
+    Schema,
+    integer,
+    obj,
+    str_map,
+    string,
+)
 
 if TYPE_CHECKING:
     import aiohttp
@@ -33,6 +41,9 @@ log = logging.getLogger("inturn.worker.http")
 DEFAULT_CONTENT_TYPE = "application/hl7-v2"
 #: Default Secret key of the header lines (credentials).
 DEFAULT_HEADERS_KEY = "headers"
+#: Default most bytes of a response body read (the same bound as an MLLP ACK's maxAckBytes).
+DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
+_CHUNK_BYTES = 64 * 1024
 
 
 def read_headers_file(path: str) -> dict[str, str]:
@@ -179,7 +190,7 @@ class HttpSender:
         ) as response:
             self._responded = True
             self._posted += 1
-            await response.read()
+            await _drain_body(response, self.config.max_response_bytes)
             if not 200 <= response.status < 300:
                 reason = response.reason or ""
                 raise DeliveryError("http", f"HTTP {response.status} {reason}".strip())
@@ -192,6 +203,21 @@ class HttpSender:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+
+
+async def _drain_body(response: aiohttp.ClientResponse, limit: int) -> int:
+    """Read and drop the response body, at most ``limit`` bytes, 64 KiB at a time; past the
+    limit the connection is closed instead of read to the end (the status alone decides the
+    outcome). Returns the bytes read. The body is never held: a receiver answering with 256 MiB
+    costs one 64 KiB buffer, not 256 MiB of the worker's memory."""
+    read = 0
+    while chunk := await response.content.read(min(_CHUNK_BYTES, limit - read + 1)):
+        read += len(chunk)
+        if read > limit:
+            log.info("HTTP response body over %d bytes: not read further", limit)
+            response.close()
+            break
+    return read
 
 
 def public_url(url: str) -> str:
@@ -221,6 +247,7 @@ class HttpSenderConfig(SenderConfig):
     headers: dict[str, str] = field(default_factory=dict)
     headers_file: str | None = None
     tls: TlsConfig | None = None
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
 
 
 class HttpKind(SenderKind[HttpSenderConfig]):
@@ -242,6 +269,13 @@ class HttpKind(SenderKind[HttpSenderConfig]):
                 "Extra request headers (not secret; put credentials in secretRef).",
                 max_properties=32,
                 max_value=4096,
+            ),
+            "maxResponseBytes": integer(
+                "Most bytes of a response body read (and dropped; only the status counts);"
+                " past it the connection is closed.",
+                minimum=0,
+                maximum=16 * 1024 * 1024,
+                default=DEFAULT_MAX_RESPONSE_BYTES,
             ),
         }
 
@@ -287,7 +321,11 @@ class HttpKind(SenderKind[HttpSenderConfig]):
 
     def render(self, spec: Mapping[str, Any], secret_file: SecretFile) -> dict[str, Any]:
         """URL and headers as they are; the header Secret key and TLS files as paths."""
-        out: dict[str, Any] = {"url": spec["url"], "headers": dict(spec.get("headers", {}))}
+        out: dict[str, Any] = {
+            "url": spec["url"],
+            "headers": dict(spec.get("headers", {})),
+            "maxResponseBytes": spec.get("maxResponseBytes", DEFAULT_MAX_RESPONSE_BYTES),
+        }
         ref = spec.get("secretRef")
         if ref:
             out["headersFile"] = secret_file(ref["name"], ref.get("key", DEFAULT_HEADERS_KEY))
@@ -301,11 +339,16 @@ class HttpKind(SenderKind[HttpSenderConfig]):
             headers=dict(doc.get("headers", {})),
             headers_file=doc.get("headersFile"),
             tls=tls_node.from_dict(doc.get("tls")),
+            max_response_bytes=int(doc.get("maxResponseBytes", DEFAULT_MAX_RESPONSE_BYTES)),
         )
 
     def to_dict(self, config: HttpSenderConfig) -> dict[str, Any]:
         """The rendered ``http`` node of ``config``."""
-        out: dict[str, Any] = {"url": config.url, "headers": dict(config.headers)}
+        out: dict[str, Any] = {
+            "url": config.url,
+            "headers": dict(config.headers),
+            "maxResponseBytes": config.max_response_bytes,
+        }
         if config.headers_file is not None:
             out["headersFile"] = config.headers_file
         tls = tls_node.to_dict(config.tls)

@@ -110,3 +110,21 @@ key: {{ $own.key | default $db.key }}
     secretKeyRef:
       {{- include "inturn.dsnSecret" . | nindent 6 }}
 {{- end }}
+
+{{/*
+Ingest's resources: the memory request and limit follow from the largest message and how many
+are held at once (docs/explanation/memory.md): 96 MiB + 4 x maxMessageMiB x concurrentMessages
+for the limit, 96 MiB + 4 x maxMessageMiB for the request; values set in ingest.resources win.
+*/}}
+{{- define "inturn.ingestResources" -}}
+{{- $mib := int .Values.ingest.maxMessageMiB -}}
+{{- $count := int .Values.ingest.concurrentMessages -}}
+{{- $resources := deepCopy (.Values.ingest.resources | default dict) -}}
+{{- $requests := $resources.requests | default dict -}}
+{{- $limits := $resources.limits | default dict -}}
+{{- if not $requests.memory }}{{ $_ := set $requests "memory" (printf "%dMi" (add 96 (mul 4 $mib))) }}{{ end -}}
+{{- if not $limits.memory }}{{ $_ := set $limits "memory" (printf "%dMi" (add 96 (mul 4 $mib $count))) }}{{ end -}}
+{{- $_ := set $resources "requests" $requests -}}
+{{- $_ := set $resources "limits" $limits -}}
+{{- toYaml $resources -}}
+{{- end }}
