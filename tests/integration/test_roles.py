@@ -518,6 +518,21 @@ async def test_purge_role_cannot_delete_a_pending_row_even_through_its_functions
     assert snapshot(fresh_db) == before
 
 
+def test_purge_role_runs_inturn_purge(fresh_db: str, role_dsns: dict[str, str]) -> None:
+    [done, pending] = asyncio.run(aseed(fresh_db, "ROLE-PC-1", "ROLE-PC-2"))
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE inturn_delivery SET state = 'delivered',"
+            " finished_at = now() - interval '9 days' WHERE id = %s",
+            (done,),
+        )
+    result = CliRunner().invoke(cli, ["purge", "--dsn", role_dsns["purge"], "--older-than", "7d"])
+    assert result.exit_code == 0, result.output
+    assert "delivered 1" in result.output
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT id FROM inturn_delivery").fetchall() == [(pending,)]
+
+
 async def test_only_the_worker_role_holds_a_worker_lock(
     fresh_db: str, role_dsns: dict[str, str]
 ) -> None:
