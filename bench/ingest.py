@@ -104,6 +104,26 @@ def database(dsn: str | None) -> Iterator[str]:
             server.cleanup()
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 when gone)."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return 0.0
+
+
+def commits(db: str) -> int:
+    """Transactions committed in the bench database so far (``pg_stat_database``)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def register(db: str) -> None:
     with psycopg.connect(db, autocommit=True) as conn:
         for channel, count in FANOUTS.items():
@@ -158,6 +178,7 @@ async def connection_loop(
                     latencies.append(done - started)
                 else:
                     counts[1] += 1
+            counts[2] += 1
             n += 1
     finally:
         writer.close()
@@ -172,7 +193,7 @@ async def drive(
     measure_from = start + warmup
     stop_at = measure_from + seconds
     latencies: list[float] = []
-    counts = [0, 0]
+    counts = [0, 0, 0]  # accepted while measured, not accepted while measured, all answered
     await asyncio.gather(
         *(
             connection_loop(port, i, msgs, stop_at, measure_from, latencies, counts)
@@ -183,6 +204,7 @@ async def drive(
     latencies.sort()
     p50 = statistics.median(latencies) * 1000 if latencies else float("nan")
     p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000 if latencies else float("nan")
+    drive.answered = counts[2]  # type: ignore[attr-defined]
     return counts[0] / elapsed, p50, p99, counts[1]
 
 
@@ -234,17 +256,32 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
         command += ["--listen", f"{channel}={HOST}:{port}"]
     process = subprocess.Popen(command, env={**os.environ, "INTURN_DSN": db})
     rates: dict[tuple[str, int], float] = {}
+    cpu: dict[tuple[str, int], float] = {}
     try:
         await wait_ready(http_port, process)
         print(f"{len(msgs)} sample messages; {os.cpu_count()} CPUs; {args.seconds:.0f} s per run")
         print(f"{'destinations':>12} {'connections':>11} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+        print(f"{'':>12} {'':>11} {'':>9} {'':>8} {'':>8} {'ingest CPU':>11} {'messages':>9}")
+        print(
+            f"{'destinations':>12} {'connections':>11} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
+            f" {'us/msg':>11} {'/commit':>9}"
+        )
         for channel, fanout in FANOUTS.items():
             for connections in CONNECTIONS:
                 reset(db)
+                cpu0, commits0 = cpu_seconds(process.pid), commits(db)
                 rate, p50, p99, bad = await drive(ports[channel], connections, args.seconds, msgs)
+                answered = max(drive.answered, 1)  # type: ignore[attr-defined]
+                cpu_us = (cpu_seconds(process.pid) - cpu0) / answered * 1e6
+                await asyncio.sleep(1.1)  # the backends' statistics reach the server
+                per_commit = answered / max(commits(db) - commits0, 1)
                 rates[(channel, connections)] = rate
+                cpu[(channel, connections)] = cpu_us
                 note = f"  ({bad} not accepted)" if bad else ""
-                print(f"{fanout:>12} {connections:>11} {rate:>9.0f} {p50:>8.2f} {p99:>8.2f}{note}")
+                print(
+                    f"{fanout:>12} {connections:>11} {rate:>9.0f} {p50:>8.2f} {p99:>8.2f}"
+                    f" {cpu_us:>11.0f} {per_commit:>9.1f}{note}"
+                )
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -276,6 +313,12 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
         f"ingest: {ingest8:.0f} msg/s at 8 connections; pgbench: {tps[8]:.0f} tps at 8 clients;"
         f" ratio {ratio:.2f}"
     )
+    cpu8 = cpu[("one", 8)]
+    print(
+        f"ingest's own CPU at 8 connections: {cpu8:.0f} us per message, so one ingest process"
+        f" (one event loop, one core) tops out near {1e6 / cpu8:,.0f} msg/s on this machine"
+        " before Postgres takes any CPU"
+    )
     emit(
         "ingest",
         {
@@ -283,6 +326,8 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
             "pgbench_tps_8_clients": round(tps[8], 1),
             "ratio_to_pgbench": None if ratio != ratio else round(ratio, 3),
             "ratio_target": 0.4,
+            "ingest_cpu_us_per_message_8_connections": round(cpu8),
+            "one_process_ceiling_msg_s": round(1e6 / cpu8),
         },
     )
 
