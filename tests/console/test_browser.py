@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from console_helpers import TOKENS, enqueue, message, place_work, register, worker
 from pipeline import until
@@ -232,3 +234,81 @@ async def test_worklists_page_counts_and_a_clear_with_a_note(
     text = await page.locator("#worklist").inner_text()
     assert "otto" in text and "receiver back; backlog gone" in text
     await shot(page, "worklists-cleared")
+
+
+def fill_hour(history: Any, now: float) -> None:
+    """An hour of snapshots as the console would have taken them, one per 30 s, before the
+    test's own: ward/pharmacy draining a backlog, ward/radiology flapping, ward/lab stuck since
+    25 minutes ago (its real snapshots follow)."""
+    for k in range(118):
+        at = now - 3600 + 30 * k
+        left = max(0, 300 - 3 * max(0, k - 5))
+        history.add("ward/pharmacy", at, left, 40.0 * left / 300 * 60 if left else 0.0)
+        up = (k // 6) % 2 == 0
+        history.add("ward/radiology", at, 4 if up else 0, 45.0 if up else 0.0)
+        stuck_for = at - (now - 1500)
+        history.add("ward/lab", at, 0 if stuck_for < 0 else 1 + stuck_for // 60, max(stuck_for, 0))
+
+
+def fill_day(history: Any, now: float) -> None:
+    """A day of ward/lab: quiet in the morning, a backlog at noon that drained."""
+    for k in range(276):
+        at = now - 86400 + 300 * k
+        hump = max(0.0, 1 - abs(k - 150) / 30)
+        history.add("ward/lab", at, round(80 * hump), 600 * hump)
+
+
+async def test_trends_show_draining_stuck_and_flapping_at_a_glance(
+    fresh_db: str, console: ConsoleServer, browser: Any
+) -> None:
+    for name in (DEST, "ward/pharmacy", "ward/radiology"):
+        await register(fresh_db, name, sender="mllp://127.0.0.1", stuck_after_seconds=900)
+    history = console.console.feed.history
+    now = time.time()
+    fill_day(history, now)
+    fill_hour(history, now)
+    rx = MllpReceiver()
+    await rx.start()
+    await rx.stop()  # down: every attempt fails and is recorded
+    page = await page_as(browser, "viewer")
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Content Security" in m.text else None)
+    async with worker(fresh_db, DEST, rx.port):
+        await enqueue(fresh_db, DEST, [1, 2])
+
+        async def attempted() -> bool:
+            async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+                cur = await conn.execute("SELECT count(*) FROM inturn_attempt")
+                row = await cur.fetchone()
+                return bool(row and row[0] >= 3)
+
+        await until(attempted, timeout=30)
+        await page.goto(f"http://127.0.0.1:{console.port}/")
+        for name, said in (
+            (DEST, "pending max "),
+            ("ward/pharmacy", "pending max 300"),
+            ("ward/radiology", "pending max 4"),
+        ):
+            svg = page.locator(f'tr[data-destination="{name}"] td.trend svg')
+            assert await svg.get_attribute("aria-label") == f"{name}, last hour"
+            assert said in (await svg.locator("title").text_content() or "")
+            assert await svg.locator("polygon.pending").count() >= 1
+        # radiology flaps: its age line comes back to 0 again and again
+        line = page.locator('tr[data-destination="ward/radiology"] svg polyline.age')
+        heights = [p.split(",")[1] for p in str(await line.first.get_attribute("points")).split()]
+        assert len(set(heights)) == 2 and heights.count(max(heights, key=float)) > 10
+        assert await page.locator("td.trend svg script").count() == 0
+        await shot(page, "overview-trends")
+        await page.locator("table.overview").first.screenshot(
+            path=str(SHOTS / "overview-trends-table.png")
+        )
+
+        await page.goto(f"http://127.0.0.1:{console.port}/destinations/{DEST}")
+        day = page.locator("#day-trend svg")
+        assert await day.get_attribute("aria-label") == f"{DEST}, last day"
+        assert await day.locator("line.mark-retry").count() >= 3
+        assert await day.locator("text").count() >= 8  # hour labels and scales
+        assert "pending max 80" in (await day.locator("title").text_content() or "")
+        await shot(page, "destination-day-trend")
+        await day.screenshot(path=str(SHOTS / "destination-day-trend-chart.png"))
+    assert refused == []

@@ -33,6 +33,7 @@ from inturn.worker.console.overview import (
     build,
     build_feeds,
 )
+from inturn.worker.console.trends import History, feed_name
 from inturn.worker.store import feeds as feeds_store
 from inturn.worker.store import queue, registry
 from inturn.worker.store.connect import write_target
@@ -114,6 +115,8 @@ class Feed:
         self.refresh_seconds = refresh_seconds
         self.min_interval = min_interval
         self.snapshot = Snapshot()
+        #: What the snapshots said over the last hour and day (:mod:`.trends`).
+        self.history = History()
         self._subscribers: set[asyncio.Queue[Snapshot]] = set()
         self._task: asyncio.Task[None] | None = None
         self._poke = asyncio.Event()
@@ -157,6 +160,11 @@ class Feed:
     async def _refresh(self) -> None:
         self._refreshed = time.monotonic()
         rows, feeds = await take(self.read, default_stuck_after=self.default_stuck_after)
+        self.history.record(
+            time.time(),
+            ((r.destination, r.pending, r.oldest_seconds) for r in rows),
+            ((feed_name(f.channel, f.sender), f.quiet_seconds) for f in feeds),
+        )
         changed = tuple(rows) != self.snapshot.rows or tuple(feeds) != self.snapshot.feeds
         version = self.snapshot.version + 1
         self.snapshot = Snapshot(rows=tuple(rows), feeds=tuple(feeds), version=version)

@@ -11,6 +11,7 @@ JSON and pokes the overview feed. Failures are :class:`~inturn.worker.errors.Int
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -120,6 +121,22 @@ async def list_items(
         "items": [i.to_json() for i in items],
         "nextCursor": str(items[-1].id) if more else None,
     }
+
+
+#: Most attempts marked on a destination's day picture (the newest are kept).
+MAX_ATTEMPT_MARKS = 1000
+
+
+async def attempt_marks(
+    console: Console, identity: Identity, destination: str, *, seconds: float = 86400.0
+) -> list[tuple[datetime, str]]:
+    """``destination``'s failed attempts of the last ``seconds`` (a day), newest first, at most
+    :data:`MAX_ATTEMPT_MARKS`: ``(at, outcome)``, outcome ``retry`` or ``failed``."""
+    require(identity, "viewer")
+    async with console.read.connection() as conn:
+        return await queue.destination_attempts(
+            conn, destination, seconds=seconds, limit=MAX_ATTEMPT_MARKS
+        )
 
 
 async def item_detail(console: Console, identity: Identity, item_id: int) -> dict[str, Any]:

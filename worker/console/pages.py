@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -21,9 +22,11 @@ from aiohttp_sse import sse_response
 from markupsafe import Markup
 
 from inturn.worker.console import operations as ops
+from inturn.worker.console import trends
 from inturn.worker.console.api import destination, int_param, item_id
 from inturn.worker.console.context import console, csrf_token, identity
 from inturn.worker.console.feed import Snapshot
+from inturn.worker.console.overview import FeedOverviewRow, OverviewRow
 from inturn.worker.store.model import STATES
 from inturn.worker.text.display import printable
 from inturn.worker.text.durations import format_age
@@ -52,9 +55,38 @@ def _base(request: web.Request, **extra: Any) -> dict[str, Any]:
 
 
 def overview_table(request: web.Request, snapshot: Snapshot) -> str:
-    """The overview table's HTML for ``snapshot``, rendered once per snapshot."""
+    """The overview table's HTML for ``snapshot``, rendered once per snapshot, with each
+    destination's and feed's last hour drawn from the feed's history (:mod:`.trends`)."""
     template = aiohttp_jinja2.get_env(request.app).get_template("_overview_table.html")
-    context = {"rows": snapshot.rows, "feeds": snapshot.feeds, "taken_at": snapshot.taken_at}
+    history = console(request).feed.history
+    now = snapshot.taken_at.timestamp()
+
+    def destination_trend(row: OverviewRow) -> Markup:
+        return trends.hour_sparkline(
+            history.hour(row.destination, now),
+            now=now,
+            label=f"{row.destination}, last hour",
+            threshold=row.stuck_after,
+        )
+
+    def feed_trend(row: FeedOverviewRow) -> Markup:
+        name = trends.feed_name(row.channel, row.sender)
+        return trends.hour_sparkline(
+            history.hour(trends.feed_key(name), now),
+            now=now,
+            label=f"feed {name}, last hour",
+            threshold=row.silent_after,
+            area_name="",
+            line_name="quiet for",
+        )
+
+    context = {
+        "rows": snapshot.rows,
+        "feeds": snapshot.feeds,
+        "taken_at": snapshot.taken_at,
+        "destination_trend": destination_trend,
+        "feed_trend": feed_trend,
+    }
     return snapshot.rendered("table", lambda _: template.render(context))
 
 
@@ -100,11 +132,23 @@ async def destination_page(request: web.Request) -> dict[str, Any]:
         limit=limit,
         before=int_param(request, "cursor", None, blank=True),
     )
-    row = next((r for r in console(request).feed.snapshot.rows if r.destination == name), None)
+    feed = console(request).feed
+    row = next((r for r in feed.snapshot.rows if r.destination == name), None)
+    marks = await ops.attempt_marks(console(request), identity(request), name)
+    now = time.time()
+    day = trends.day_chart(
+        feed.history.day(name, now),
+        [trends.Mark(at.timestamp(), outcome) for at, outcome in marks],
+        now=now,
+        label=f"{name}, last day",
+        threshold=row.stuck_after if row else None,
+    )
     return _base(
         request,
         destination=name,
         row=row,
+        day=day,
+        marks=len(marks),
         page=page,
         state=state,
         states=STATES,

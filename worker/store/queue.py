@@ -590,6 +590,20 @@ async def attempts(conn: AsyncConnection[Any], item_id: int) -> list[Attempt]:
     return await fetch_all(conn, Q["attempts"], {"id": item_id}, row=class_row(Attempt))
 
 
+async def destination_attempts(
+    conn: AsyncConnection[Any], destination: str, *, seconds: float, limit: int
+) -> list[tuple[datetime, str]]:
+    """``destination``'s failed attempts of the last ``seconds`` seconds, newest first, at most
+    ``limit``: ``(at, outcome)`` with outcome ``retry`` or ``failed`` (no error text)."""
+    rows = await fetch_all(
+        conn,
+        Q["destination_attempts"],
+        {"destination": destination, "seconds": float(seconds), "limit": limit},
+        row=dict_row,
+    )
+    return [(r["at"], str(r["outcome"])) for r in rows]
+
+
 async def heads(conn: AsyncConnection[Any], destinations: Sequence[str]) -> dict[str, HeadInfo]:
     """The head (oldest pending item, due or not) of each destination that has one.
 

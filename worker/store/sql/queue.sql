@@ -276,6 +276,18 @@ SELECT id, at, who, action, destination, item_ids, why
 -- One item's failed attempts, oldest first (a delivery is the item's own state).
 SELECT attempt, at, outcome, error FROM inturn_attempt WHERE item_id = %(id)s ORDER BY id;
 
+-- name: destination_attempts
+-- One destination's failed attempts of the last %(seconds)s seconds, newest first, at most
+-- %(limit)s: when and the outcome (retry or failed), never the error text. Reads the day's
+-- attempts by inturn_attempt_at, each joined to its item by primary key.
+SELECT a.at, a.outcome
+  FROM inturn_attempt a
+  JOIN inturn_delivery d ON d.id = a.item_id
+ WHERE a.at >= clock_timestamp() - make_interval(secs => %(seconds)s)
+   AND d.destination = %(destination)s
+ ORDER BY a.at DESC
+ LIMIT %(limit)s;
+
 -- name: heads
 -- The head of each given destination (oldest pending item, due or not), one index probe each:
 -- its id, attempts, seconds until its next attempt (0 when due) and last error.
