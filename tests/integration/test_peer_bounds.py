@@ -154,3 +154,25 @@ async def test_a_trickling_frame_meets_its_deadline(fresh_db: str) -> None:
         await c.close()
     assert closed
     assert rows(fresh_db) == []
+
+
+async def test_an_http_body_that_trickles_meets_the_deadline(fresh_db: str) -> None:
+    """A declared body that never arrives whole holds its room only until the deadline: 408."""
+    from test_ingest import HOST, config, register, rows
+
+    from inturn.worker.ingest.service import Ingest
+
+    register(fresh_db, "hospital/adt-out", "adt")
+    async with Ingest(config(frame_deadline=1.5), dsn=fresh_db) as ingest:
+        reader, writer = await asyncio.open_connection(HOST, ingest.http_port)
+        writer.write(
+            b"POST /channels/adt/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nMSH|"
+        )
+        await writer.drain()
+        async with asyncio.timeout(20):
+            status = await reader.readline()
+        held = ingest.budget.used if ingest.budget is not None else -1
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 408")
+    assert held == 0
+    assert rows(fresh_db) == []

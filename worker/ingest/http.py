@@ -27,6 +27,7 @@ The operations port (``--ops``) serves, to probes and Prometheus only:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from inturn.worker.ingest.accept import Acceptor
 from inturn.worker.ingest.access import certificate_names
 from inturn.worker.ingest.budget import Busy, Hold, MemoryBudget
 from inturn.worker.ingest.credentials import CredentialSource
+from inturn.worker.ingest.listener import DEFAULT_FRAME_DEADLINE
 from inturn.worker.ingest.routing import check_channel
 
 log = logging.getLogger("inturn.ingest.http")
@@ -70,6 +72,7 @@ def make_message_app(
     max_body_bytes: int,
     credentials: CredentialSource | None,
     budget: MemoryBudget | None = None,
+    body_deadline: float = DEFAULT_FRAME_DEADLINE,
 ) -> web.Application:
     """Build the message application.
 
@@ -84,6 +87,8 @@ def make_message_app(
             reserved whole before the first byte is read; a chunked body chunk by chunk), and
             one that finds no room within the wait is answered 503 with an AE "busy". None
             counts nothing.
+        body_deadline: seconds a body may take to arrive whole (as an MLLP frame's deadline);
+            past it the answer is 408 and nothing is kept.
     """
     room = budget if budget is not None else MemoryBudget(2**62)
     # aiohttp refuses bodies over client_max_size itself; leave room so that we can answer
@@ -111,7 +116,14 @@ def make_message_app(
         else:
             hold = room.hold()
             try:
-                body = await _read_body(request, hold, max_body_bytes)
+                try:
+                    async with asyncio.timeout(body_deadline):
+                        body = await _read_body(request, hold, max_body_bytes)
+                except TimeoutError:
+                    log.warning(
+                        "HTTP from %s: body not received within %g s", request.remote, body_deadline
+                    )
+                    return web.Response(status=408, text="request body not received in time\n")
                 if body is None:
                     outcome = acceptor.reject_too_large(channel, max_body_bytes)
                 else:

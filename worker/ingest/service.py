@@ -371,7 +371,11 @@ class Ingest:
                 )
             if config.http is not None:
                 app = make_message_app(
-                    self.acceptor, config.max_frame_bytes, config.credentials, budget
+                    self.acceptor,
+                    config.max_frame_bytes,
+                    config.credentials,
+                    budget,
+                    body_deadline=config.frame_deadline,
                 )
                 self._http_port = await self._serve_http(app, config.http, config.http_ssl)
                 log.log(
