@@ -20,12 +20,14 @@ from psycopg import AsyncConnection
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.senders.base import DeliveryError
+from inturn.worker.senders.http import HttpSender, HttpSenderConfig
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.senders.tls import TlsConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
-from inturn.worker.store import queue
+from inturn.worker.store import queue, registry
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from inturn.worker.worklist.delivery_rules import destination_stuck
 
 DEST = "ward/down"
 MESSAGES = 5
@@ -97,11 +99,35 @@ async def head_tried(dsn: str, times: int) -> bool:
     return tries >= times
 
 
+async def stuck(dsn: str) -> list[str]:
+    """Run the sweeper's destination-stuck rule; the destinations on ``delivery-stuck``."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await destination_stuck(conn, limit=10, dry_run=False)
+        cur = await conn.execute(
+            "SELECT record_key FROM inturn_worklist_item"
+            " WHERE queue = 'delivery-stuck' AND state = 'pending'"
+        )
+        return [str(r[0]) for r in await cur.fetchall()]
+
+
 async def test_a_refused_port_holds_the_queue_and_spends_no_attempt(fresh_db: str) -> None:
     receiver = MllpReceiver()
     await receiver.start()
     port = receiver.port
     await receiver.stop()  # the port is refused from now on, until the receiver comes up
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        namespace, name = DEST.split("/")
+        await registry.register(
+            conn,
+            destination=DEST,
+            namespace=namespace,
+            name=name,
+            channel="adt",
+            message_types=[],
+            generation=1,
+            suspended=False,
+            stuck_after_seconds=1,
+        )
     await enqueue(fresh_db)
     async with worker(fresh_db, port, THREE):
         # three times maxAttempts: with the old rule every message would have failed by now
@@ -117,6 +143,8 @@ async def test_a_refused_port_holds_the_queue_and_spends_no_attempt(fresh_db: st
             fresh_db, "SELECT count(*) FROM inturn_worklist_item WHERE queue = 'delivery-failed'"
         )
         assert failed == [(0,)]
+        # what a person sees instead: the destination raised as stuck
+        assert await stuck(fresh_db) == [DEST]
         await receiver.start()  # the receiver comes up on the same port
         assert receiver.port == port
         try:
@@ -128,6 +156,7 @@ async def test_a_refused_port_holds_the_queue_and_spends_no_attempt(fresh_db: st
     assert ids == [f"DOWN{n:03d}" for n in range(1, MESSAGES + 1)]
     rows = await fetch(fresh_db, "SELECT state, attempts FROM inturn_delivery ORDER BY id")
     assert rows == [("delivered", 1)] * MESSAGES
+    assert await stuck(fresh_db) == []  # cleared once nothing waits
 
 
 async def test_unreachable_count_keeps_the_old_behaviour(fresh_db: str) -> None:
@@ -194,3 +223,38 @@ async def _all_delivered(dsn: str) -> bool:
 
 async def _failed_count(dsn: str, n: int) -> bool:
     return await count(dsn, "SELECT count(*) FROM inturn_delivery WHERE state = 'failed'") >= n
+
+
+async def test_http_refused_is_unreachable_and_unanswered_is_a_timeout() -> None:
+    """The HTTP sender says the same: refused before anything was written is unreachable; a
+    request written and never answered is a timeout (an answer about the message: none)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # reads nothing, answers nothing
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    refused = HttpSender(HttpSenderConfig(f"http://127.0.0.1:{port}/hl7"), timeout_seconds=2)
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await refused.send(message(1))
+        assert info.value.outcome == "unreachable" and not refused.written
+    finally:
+        await refused.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    quiet = HttpSender(HttpSenderConfig(f"http://127.0.0.1:{port}/hl7"), timeout_seconds=1)
+    try:
+        with pytest.raises(DeliveryError) as info:
+            await quiet.send(message(1))
+        assert info.value.outcome == "timeout" and quiet.written
+    finally:
+        await quiet.close()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
