@@ -154,6 +154,14 @@ def delivering_condition(
         return "Unknown", "QueueUnknown", "The queue has not been read yet."
     if depth.pending == 0:
         return "True", "Idle", "No message is waiting."
+    if depth.head_attempts == 0 and error_class(depth.head_error) == "unreachable":
+        # held without spending attempts (``retry.unreachable: hold``): still blocked
+        return (
+            "False",
+            "Unreachable",
+            "The receiver cannot be reached (last error class: unreachable); no attempt is"
+            f" spent while it is down and {_plural(depth.pending, 'message')} wait in order.",
+        )
     if depth.head_attempts > 0:
         return (
             "False",

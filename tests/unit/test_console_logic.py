@@ -255,3 +255,14 @@ def test_each_destination_is_stuck_after_its_own_threshold() -> None:
         "a/strict": 60,
         "b/x": 300,
     }
+
+
+def test_an_unreachable_receiver_is_failing_though_no_attempt_was_counted() -> None:
+    rows = build(
+        [listed("a/down")],
+        [depth("a/down", 4, oldest=60, attempts=0)],
+        {"a/down": HeadInfo(1, 0, 20.0, "unreachable: connect lab:2575: refused")},
+        default_stuck_after=900,
+    )
+    [row] = rows
+    assert (row.state, row.ready, row.last_error_class) == ("failing", 0, "unreachable")

@@ -300,6 +300,18 @@ def test_blocked_head_shows_the_error_class_only() -> None:
     assert st["maxAttempts"] == 6
 
 
+def test_an_unreachable_receiver_is_not_draining() -> None:
+    depth = status.QueueDepth(
+        pending=3,
+        oldest=T0 - timedelta(minutes=5),
+        head_attempts=0,
+        head_error="unreachable: connect lab:2575: [Errno 111] Connection refused",
+    )
+    c = cond(desired(depth=depth), "Delivering")
+    assert (c["status"], c["reason"]) == ("False", "Unreachable")
+    assert "no attempt is spent" in c["message"] and "2575" not in c["message"]
+
+
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [

@@ -45,7 +45,8 @@ class OverviewRow:
     Attributes:
         destination, channel, sender: identity and the credential-free sender summary.
         state: one of :data:`STATES`: ``stuck`` (oldest pending older than the threshold),
-            ``failing`` (the head has failed attempts), ``held`` (a console/CLI hold),
+            ``failing`` (the head has failed attempts, or its receiver is unreachable),
+            ``held`` (a console/CLI hold),
             ``suspended`` (``spec.suspend``), ``orphaned`` (pending but not registered, or
             deleted), ``outside-window`` (pending, and outside its delivery window,
             ``spec.schedule``: held on purpose until ``window_until``), ``delivering`` (pending
@@ -166,8 +167,10 @@ def build(
             state = "outside-window"
         elif over:
             state = "stuck"
-        elif head is not None and head.attempts > 0:
-            state = "failing"
+        elif head is not None and (
+            head.attempts > 0 or error_class(head.last_error) == "unreachable"
+        ):
+            state = "failing"  # an unreachable receiver holds the head without counting attempts
         else:
             state = "delivering" if pending else "idle"
         blocked = held or suspended or orphaned or wait > 0 or window_until is not None
