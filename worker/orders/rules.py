@@ -21,6 +21,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
+from inturn.worker.store import orders as orders_store
 from inturn.worker.store.queries import fetch_all, load
 from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
@@ -90,7 +91,7 @@ async def unanswered_order(conn: AsyncConnection[Any], *, limit: int, dry_run: b
                 for r in due
             ],
         )
-        await conn.execute(Q["mark_raised"], {"ids": [r["id"] for r in due]})
+        await orders_store.mark_raised(conn, [r["id"] for r in due])
     for placement in placements:
         outcome.add(placement)
     return outcome
