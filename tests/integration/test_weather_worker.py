@@ -305,3 +305,34 @@ async def test_queue_depth_under_lock_table_names_the_lock_not_the_network(fresh
     assert f"lock held by pid {locker_pid}" in text, text
     assert "'table-locker'" in text and "statement timeout" in text
     assert "cannot reach the database" not in text
+
+
+async def test_a_stop_waits_for_the_delivered_mark(fresh_db: str) -> None:
+    """A stop asked while the delivered mark is refused waits for the mark (as it waits for the
+    attempt in flight): stopping then would send the message again."""
+    dbname = psycopg.conninfo.conninfo_to_dict(fresh_db)["dbname"]
+    with psycopg.connect(fresh_db, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{dbname}" SET lock_timeout = 200')
+    try:
+        [first] = await enqueue(fresh_db, [1])
+        holder = await hold_row_lock(fresh_db, first, "forgotten-select")
+        try:
+            async with MllpReceiver() as rx:
+                cfg = worker_config(rx.port)
+                assert isinstance(cfg.sender, MllpSenderConfig)
+                worker = DestinationWorker(cfg, fresh_db, MllpSender(cfg.sender))
+                stop = asyncio.Event()
+                task = asyncio.create_task(worker.run(stop))
+                await until(lambda: _true(worker.state.trouble is not None))
+                stop.set()
+                await asyncio.sleep(1.5)  # several refusals after the stop
+                assert not task.done() and await delivered(fresh_db) == []
+                await holder.rollback()
+                await asyncio.wait_for(task, 30)
+        finally:
+            await holder.close()
+        assert await delivered(fresh_db) == [first]
+        assert control_ids(rx.received) == ["W00001"]
+    finally:
+        with psycopg.connect(fresh_db, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{dbname}" RESET lock_timeout')

@@ -613,7 +613,9 @@ class DestinationWorker:
         Raises:
             SessionLost: the session is gone; for a ``mark`` step the head may be sent once more
                 by the next lock holder.
-            _Stopped: stop was asked while the step waited to be repeated.
+            _Stopped: stop was asked while the step waited to be repeated (never for the
+                delivered mark: a stop waits for it, as for the attempt in flight, and only
+                abandoning cancels it).
         """
         failures = 0
         while True:
@@ -653,15 +655,13 @@ class DestinationWorker:
                     failures + 1,
                     delay,
                 )
+                if fault.meaning == "delivered":
+                    # Part of the attempt in flight, which a stop lets finish: stopping now would
+                    # send the message again. Only abandoning (a second signal) cancels it.
+                    await asyncio.sleep(delay)
+                    continue
                 await _sleep_or_stop(stop, delay)
                 if stop.is_set():
-                    if fault.meaning == "delivered":
-                        log.warning(
-                            "destination %s: stopping with id=%d delivered but not marked; the"
-                            " next lock holder sends it again",
-                            self.destination,
-                            item_id,
-                        )
                     raise _Stopped from exc
                 continue
             if failures:

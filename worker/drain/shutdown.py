@@ -2,8 +2,9 @@
 
 A worker asked to stop finishes the attempt in flight (up to the destination's
 ``retry.timeoutSeconds``) so that the receiver's ACK is recorded and the message is not sent
-twice. That wait is said out loud; a second Ctrl-C (or SIGTERM) cancels the attempts still in
-flight, whose messages stay pending and go first on the next start.
+twice; a delivered mark being written again (a full disk, a lock timeout) is part of it and is
+waited for too. That wait is said out loud; a second Ctrl-C (or SIGTERM) cancels the attempts
+still in flight, whose messages stay pending and go first on the next start.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ async def finish(
                 f"destination {worker.destination}: waiting up to"
                 f" {worker.config.retry.timeout_seconds}s for the answer to the attempt in"
                 " flight; Ctrl-C again abandons it (the message stays pending)"
+            )
+        elif not task.done() and worker.state.trouble is not None:
+            say(
+                f"destination {worker.destination}: waiting for {worker.state.trouble}; Ctrl-C"
+                " again abandons it (a delivered message not yet marked is sent again)"
             )
     everything: asyncio.Future[Any] = asyncio.gather(*tasks, return_exceptions=True)
     abandoned: asyncio.Future[Any] = asyncio.ensure_future(abandon.wait())
