@@ -174,7 +174,7 @@ def permission_denied(exc: BaseException) -> str:
     who = f"role {_last_role[-1]}" if _last_role else "the connected role"
     return (
         f"{detail}: {who} lacks a privilege this command needs; run it with the DSN of a role"
-        " that has it (see 'Database roles' in the README)"
+        " that has it (see docs/explanation/security.md)"
     )
 
 

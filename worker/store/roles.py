@@ -44,7 +44,7 @@ The server's advisory lock functions (``pg_advisory_lock(bigint)`` and its relat
 so no component role can take a lock key directly; that revocation needs a superuser (the
 functions belong to the bootstrap superuser), and without one :func:`apply_roles` reports it as
 a warning. ``pg_notify`` cannot be withheld (``NOTIFY`` needs no privilege): a notification is a
-wake-up, never a fact (see the README's "Security model").
+wake-up, never a fact (see docs/explanation/security.md).
 """
 
 from __future__ import annotations
@@ -387,7 +387,7 @@ def _revoke_advisory_locks(conn: psycopg.Connection[Any], names: dict[str, str])
         f"every role may still take any advisory lock ({len(still)} of the server's advisory"
         " lock functions are executable by PUBLIC): a role other than the worker's could hold a"
         " destination's worker lock and stop its delivery. Revoking them needs a superuser: run"
-        " `inturn migrate --create-roles` once as one (see the README's Security model)"
+        " `inturn migrate --create-roles` once as one (see docs/explanation/security.md)"
     ]
 
 
