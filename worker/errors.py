@@ -1,12 +1,13 @@
 """The errors inturn raises on purpose: one base, a small tree.
 
-Every error a caller is meant to handle derives from :class:`InturnError`; its ``code`` is a
+Every error a caller is meant to handle derives from :class:`InturnError`; its ``kind`` is a
 stable word that programs match on (the console's API returns it as ``error.code``), and its
 message is one line with no payload in it. The four an action can end with are
 :class:`NotFound`, :class:`Conflict`, :class:`ReasonRequired` and :class:`Forbidden`;
-:class:`Invalid` is input that can never be right. Each also derives from the built-in
-exception it refines (``LookupError``, ``ValueError``, ``PermissionError``), so a caller that
-catches the built-in one keeps working.
+:class:`Invalid` is input that can never be right (a manifest, a booking file, a schedule,
+a DSN, an HL7 message); :class:`Unavailable` is a peer or the database that did not answer.
+Each also derives from the built-in exception it refines (``LookupError``, ``ValueError``,
+``PermissionError``), so a caller that catches the built-in one keeps working.
 
 This module imports nothing from inturn: every layer may use it.
 """
@@ -18,38 +19,47 @@ class InturnError(Exception):
     """Base of every error inturn raises on purpose.
 
     Attributes:
-        code: a stable word naming the kind (``not_found``, ``conflict``...).
+        kind: a stable word naming the kind (``not_found``, ``conflict``...). (Not ``code``:
+            the HL7 errors carry their table 0357 code under that name.)
     """
 
-    code = "error"
+    kind = "error"
 
 
 class NotFound(InturnError, LookupError):
     """What the action names does not exist (an item, a destination, a worklist item)."""
 
-    code = "not_found"
+    kind = "not_found"
 
 
 class Conflict(InturnError):
     """The record exists but its state does not allow the action; nothing changed, and the
     message says why (``item 7 is delivered, not pending: nothing to skip``)."""
 
-    code = "conflict"
+    kind = "conflict"
 
 
 class ReasonRequired(InturnError, ValueError):
     """The action abandons or exposes something and needs a reason, recorded in the audit."""
 
-    code = "reason_required"
+    kind = "reason_required"
 
 
 class Forbidden(InturnError, PermissionError):
     """The caller does not hold the role the action needs."""
 
-    code = "forbidden"
+    kind = "forbidden"
+
+
+class Unavailable(InturnError):
+    """A peer or the database could not be reached, or did not answer in time; whether the
+    action took effect is said by the subclass (a delivery attempt, a store timeout, a lost
+    session, a lock wait)."""
+
+    kind = "unavailable"
 
 
 class Invalid(InturnError, ValueError):
     """Input that no state of the data could make right (a malformed argument or file)."""
 
-    code = "invalid_request"
+    kind = "invalid_request"

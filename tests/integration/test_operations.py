@@ -81,7 +81,7 @@ def test_the_error_tree_refines_the_builtin_errors() -> None:
         (worklist.AlreadyCleared, Conflict),
     ):
         assert issubclass(cls, InturnError) and issubclass(cls, builtin)
-    assert {NotFound.code, Conflict.code, ReasonRequired.code, Forbidden.code} == {
+    assert {NotFound.kind, Conflict.kind, ReasonRequired.kind, Forbidden.kind} == {
         "not_found",
         "conflict",
         "reason_required",

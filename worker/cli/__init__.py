@@ -15,6 +15,7 @@ import click
 import psycopg
 import psycopg.errors
 
+from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.store.connect import DsnError, permission_denied, schema_missing
 from inturn.worker.store.lockwatch import LockWaitError
 
@@ -107,6 +108,10 @@ def main(argv: list[str] | None = None) -> Any:
     except DsnError as exc:
         fail(str(exc))
     except LockWaitError as exc:
+        if debug:
+            raise
+        fail(str(exc))
+    except (NotFound, Conflict, Invalid) as exc:  # an action's refusal or bad input: one line
         if debug:
             raise
         fail(str(exc))

@@ -38,6 +38,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from inturn.worker.errors import Invalid
+
 ROLES = ("viewer", "operator", "privacy")
 
 #: What a user name from a token or a proxy header may look like (it lands in the audit).
@@ -81,7 +83,7 @@ AUTH_FILE_SCHEMA: dict[str, Any] = {
 }
 
 
-class AuthConfigError(ValueError):
+class AuthConfigError(Invalid):
     """The auth file is unreadable or invalid (the message names the field)."""
 
 

@@ -49,6 +49,7 @@ class ConsoleError(InturnError):
         super().__init__(message)
         self.status = status
         self.code = code
+        self.kind = code
         self.message = message
 
     @classmethod
@@ -56,7 +57,7 @@ class ConsoleError(InturnError):
         """The console's form of an error of the operations layer (status from its code)."""
         if isinstance(exc, ConsoleError):
             return exc
-        return cls(STATUS.get(exc.code, 400), exc.code, str(exc))
+        return cls(STATUS.get(exc.kind, 400), exc.kind, str(exc))
 
 
 @dataclass

@@ -41,6 +41,7 @@ from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.gate import Gate, may_send
 from inturn.worker.drain.observer import NullObserver, Observer
 from inturn.worker.drain.retry import decide
+from inturn.worker.errors import Unavailable
 from inturn.worker.orders.keys import expectations
 from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
 from inturn.worker.senders.fingerprint import fingerprint
@@ -76,7 +77,7 @@ LOCK_WAIT_LOG_EVERY_SECONDS = 60.0
 T = TypeVar("T")
 
 
-class SessionLost(Exception):
+class SessionLost(Unavailable):
     """The worker's session, and the destination's lock with it, is gone (see
     :func:`inturn.worker.store.faults.classify_step`); the worker reconnects.
 

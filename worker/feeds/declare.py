@@ -28,6 +28,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from inturn.worker.errors import Invalid
 from inturn.worker.spec.schedule import Schedule, ScheduleError, parse
 from inturn.worker.spec.schema import schedule_schema
 
@@ -69,7 +70,7 @@ FILE_SCHEMA: dict[str, Any] = {
 }
 
 
-class FeedsError(ValueError):
+class FeedsError(Invalid):
     """A declaration that cannot be used; the message names the file and the field."""
 
 

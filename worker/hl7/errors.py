@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from inturn.worker.errors import Invalid
+
 
 class ErrorCode(IntEnum):
     """HL7 table 0357 message error condition codes (HL7 v2.x chapter 2)."""
@@ -52,7 +54,7 @@ def error_text(code: int) -> str:
     return ERROR_TEXT.get(code, f"Error {code}")
 
 
-class HL7Error(ValueError):
+class HL7Error(Invalid):
     """Base of the errors raised by the pure HL7 code for input it cannot use."""
 
 

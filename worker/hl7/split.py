@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from inturn.worker.errors import Invalid
+
 from .mllp import SB, Frame, FrameReader, FrameTooLarge, Garbage
 
 #: A segment named MSH at the start of the text or after a terminator.
@@ -31,7 +33,7 @@ _BLANK = b"\r\n\t \x00\x0c"
 _BOM = b"\xef\xbb\xbf"
 
 
-class SplitError(ValueError):
+class SplitError(Invalid):
     """The content is not a sequence of HL7 messages; the message says where and why."""
 
 

@@ -41,6 +41,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from inturn.worker.errors import Unavailable
 from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store import queue
 from inturn.worker.store.faults import classify
@@ -60,13 +61,13 @@ DEFAULT_STORE_TIMEOUT_SECONDS = 10.0
 DEFAULT_CONFIRM_SECONDS = 10.0
 
 
-class StoreTimeout(Exception):
+class StoreTimeout(Unavailable):
     """A message was not stored within the store timeout, and nothing of it was kept: it never
     reached the database, or its statement was cancelled and rolled back (confirmed by the
     statement's own end)."""
 
 
-class OutcomeUnknown(Exception):
+class OutcomeUnknown(Unavailable):
     """A cancelled storing statement did not end within the confirmation bound; its connection
     was closed. Its transaction may have committed: the message must not be answered as
     refused."""

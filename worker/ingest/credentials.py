@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from inturn.worker.errors import Invalid
 from inturn.worker.ingest.routing import check_channel
 
 log = logging.getLogger("inturn.ingest.credentials")
@@ -52,7 +53,7 @@ _FIELDS = {"name", "channels", "token", "tokenSha256", "clientCertificate"}
 _KINDS = ("token", "tokenSha256", "clientCertificate")
 
 
-class CredentialsError(ValueError):
+class CredentialsError(Invalid):
     """The credentials file is unreadable or invalid; the message names the entry and field."""
 
 

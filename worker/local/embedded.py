@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inturn.worker.errors import Conflict
+
 log = logging.getLogger("inturn.local")
 
 
@@ -51,7 +53,7 @@ def running_pid(pgdata: Path) -> int | None:
     return pid
 
 
-class DataDirInUse(Exception):
+class DataDirInUse(Conflict):
     """Another ``inturn local`` runs on this data directory (the message names its pid)."""
 
 

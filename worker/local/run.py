@@ -37,6 +37,7 @@ from inturn.worker.cli.options import (
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
+from inturn.worker.errors import Conflict
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedded
@@ -359,7 +360,7 @@ async def sweep_loop(
                 log.info("sweep: %s", result.summary(dry_run=False))
 
 
-class DatabaseInUse(Exception):
+class DatabaseInUse(Conflict):
     """Another ``inturn local`` already runs on this database (it owns its registry)."""
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from inturn.worker.errors import Invalid
 from inturn.worker.feeds import rules as feed_rules
 from inturn.worker.orders import rules as order_rules
 from inturn.worker.reservations import sweep as reservation_rules
@@ -45,7 +46,7 @@ PACKS: tuple[RulePack[Any], ...] = (
 _BY_NAME: dict[str, RulePack[Any]] = {pack.name: pack for pack in PACKS}
 
 
-class UnknownPack(ValueError):
+class UnknownPack(Invalid):
     """A rule pack no registered pack is named (``inturn sweep --only nope``)."""
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from psycopg import AsyncConnection
 
+from inturn.worker.errors import NotFound
 from inturn.worker.reservations.codes import (
     CANCELLED_STATES,
     SEGMENT_KIND,
@@ -101,7 +102,7 @@ async def show(
     return booking, await store.events(conn, locator)
 
 
-class SegmentNotFound(LookupError):
+class SegmentNotFound(NotFound):
     """No such booking, or no segment of that number in it."""
 
 

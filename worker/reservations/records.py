@@ -27,6 +27,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from inturn.worker.errors import Invalid
 from inturn.worker.spec.destination import validate
 from inturn.worker.spec.schema import CARRIER_PATTERN
 from inturn.worker.store.model import Booking, Segment, Withdrawn
@@ -93,7 +94,7 @@ BOOKING_SCHEMA: dict[str, Any] = {
 }
 
 
-class BookingFileError(ValueError):
+class BookingFileError(Invalid):
     """An import file is not a valid list of bookings; nothing of it may be imported.
 
     Attributes:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
+from inturn.worker.errors import Unavailable
+
 #: Why an attempt failed: a bounded class, usable as a metrics label (``outcome``). The first seven
 #: are the keys of a destination's ``ackPolicy`` (each mapped to ``retry`` or ``fail``); the rest
 #: are transport failures and are always retried. ``unreachable`` says nothing about the message:
@@ -40,7 +42,7 @@ POLICY_OUTCOMES: tuple[FailureCause, ...] = (
 )
 
 
-class DeliveryError(Exception):
+class DeliveryError(Unavailable):
     """One attempt failed.
 
     Attributes:

@@ -34,6 +34,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from inturn.worker.errors import Invalid
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec import schema
 from inturn.worker.spec.config import (
@@ -51,7 +52,7 @@ DEFAULT_SECRETS_DIR = "/etc/inturn/secrets"
 DEFAULT_NAMESPACE = "default"
 
 
-class ManifestError(ValueError):
+class ManifestError(Invalid):
     """A manifest or worker configuration is not valid.
 
     Attributes:

@@ -26,6 +26,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from inturn.worker.errors import Invalid
+
 #: Weekday names as the schema spells them, Monday first (``datetime.weekday()`` order).
 DAYS: tuple[str, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 #: ``HH:MM`` from 00:00 to 23:59 (a start), or 24:00 (an end only).
@@ -41,7 +43,7 @@ HORIZON_DAYS = 8
 _TIME = re.compile(TIME_PATTERN)
 
 
-class ScheduleError(ValueError):
+class ScheduleError(Invalid):
     """A schedule that cannot be used: unknown time zone, bad day or time. The message names
     the field (``timeZone``, ``windows[1].start``)."""
 

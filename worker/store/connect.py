@@ -40,6 +40,8 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from inturn.worker.errors import Invalid
+
 if TYPE_CHECKING:  # imported where a pool is made: a worker (one connection) never loads it
     from psycopg_pool import AsyncConnectionPool
 
@@ -125,7 +127,7 @@ def write_target(dsn: str) -> dict[str, Any]:
     return {}
 
 
-class DsnError(Exception):
+class DsnError(Invalid):
     """The database connection string is absent or unusable (the message says why, in one line,
     and never repeats the string, which may hold a password)."""
 

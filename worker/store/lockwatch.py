@@ -32,6 +32,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
+from inturn.worker.errors import Unavailable
 from inturn.worker.store.queries import fetch_all, load
 
 log = logging.getLogger("inturn.store")
@@ -163,7 +164,7 @@ def _seconds(value: float) -> str:
     return f"{value:.1f}s" if value < 10 else f"{value:.0f}s"
 
 
-class LockWaitError(Exception):
+class LockWaitError(Unavailable):
     """A statement waited on a lock held by another session and was cancelled by a timeout
     (``statement_timeout``, ``lock_timeout``). The message names the blocking sessions."""
 

@@ -18,6 +18,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
+from inturn.worker.errors import Conflict
 from inturn.worker.store import queue
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
@@ -70,7 +71,7 @@ class RegisteredDestination:
     replies: list[dict[str, Any]] | None = None
 
 
-class CarrierTaken(ValueError):
+class CarrierTaken(Conflict, ValueError):
     """A carrier is already served by another live Destination (at most one may serve it).
 
     Attributes:

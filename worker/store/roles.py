@@ -58,6 +58,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from inturn.worker.errors import InturnError
 from inturn.worker.store import locks
 from inturn.worker.store.connect import write_target
 from inturn.worker.store.queries import load
@@ -298,7 +299,7 @@ def role_name(component: str, prefix: str = DEFAULT_PREFIX) -> str:
     return prefix + component
 
 
-class RolesError(Exception):
+class RolesError(InturnError):
     """Roles cannot be created or granted (the message says why, in one line)."""
 
 

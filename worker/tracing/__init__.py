@@ -47,6 +47,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inturn.worker.errors import Invalid
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
@@ -64,7 +66,7 @@ _current: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
 )
 
 
-class TracingError(ValueError):
+class TracingError(Invalid):
     """The ``OTEL_*`` settings ask for something this process cannot do (an unknown exporter
     or protocol)."""
 

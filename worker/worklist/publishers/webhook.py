@@ -17,6 +17,7 @@ import json
 import aiohttp
 from aiohttp_retry import ExponentialRetry, RetryClient
 
+from inturn.worker.errors import Unavailable
 from inturn.worker.store.worklist_model import WorklistItem
 
 #: Header carrying the body's HMAC-SHA256, as ``sha256=<hex>``.
@@ -28,7 +29,7 @@ def sign(secret: bytes, body: bytes) -> str:
     return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
 
 
-class WebhookError(Exception):
+class WebhookError(Unavailable):
     """The receiver answered with a status that is not 2xx, after the retries allowed."""
 
 
