@@ -19,14 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
-from inturn.worker.store import orders as orders_store
-from inturn.worker.store.queries import fetch_all, load
+from inturn.worker.store import orders as store
 from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
-
-Q = load("order_rules.sql")
 
 #: The pack (``inturn sweep --only orders``) and the rule's group.
 GROUP = "orders"
@@ -38,20 +34,13 @@ REASON = "unanswered-order"
 SWEEPER = "sweeper"
 
 
-async def _rows(
-    conn: AsyncConnection[Any], name: str, params: dict[str, Any]
-) -> list[dict[str, Any]]:
-    return await fetch_all(conn, Q[name], params, row=dict_row)
-
-
 async def unanswered_order(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Place orders past their reply's due time; clear those answered since (see the module
     docstring)."""
     outcome = RuleOutcome()
-    stale = await _rows(conn, "unanswered_stale", {"limit": limit})
-    [already] = await _rows(conn, "pending_count", {})
-    outcome.already = int(already["n"])
-    due = await _rows(conn, "unanswered_due", {"limit": limit})
+    stale = await store.unanswered_stale(conn, limit=limit)
+    outcome.already = await store.pending_count(conn)
+    due = await store.unanswered_due(conn, limit=limit)
     if dry_run:
         outcome.placed, outcome.cleared = len(due), len(stale)
         return outcome
@@ -91,7 +80,7 @@ async def unanswered_order(conn: AsyncConnection[Any], *, limit: int, dry_run: b
                 for r in due
             ],
         )
-        await orders_store.mark_raised(conn, [r["id"] for r in due])
+        await store.mark_raised(conn, [r["id"] for r in due])
     for placement in placements:
         outcome.add(placement)
     return outcome
