@@ -169,7 +169,7 @@ async def test_a_mark_refused_by_lock_timeout_is_retried_and_sent_once(fresh_db:
 async def test_a_forgotten_row_lock_is_named_while_the_mark_waits(
     fresh_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="inturn.worker")
+    caplog.set_level(logging.WARNING, logger="inturn.drain")
     [first] = await enqueue(fresh_db, [1])
     holder = await hold_row_lock(fresh_db, first, "forgotten-select")
     holder_pid = holder.info.backend_pid

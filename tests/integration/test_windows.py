@@ -46,7 +46,7 @@ async def test_outside_its_window_the_worker_holds_without_spending_attempts(
 ) -> None:
     now = datetime.now(UTC)
     closed = parse(closed_now(now))
-    caplog.set_level(logging.INFO, logger="inturn.worker")
+    caplog.set_level(logging.INFO, logger="inturn.drain")
     async with MllpReceiver() as rx:
         async with running(config(rx.port, schedule=closed), fresh_db) as r:
             await enqueue(fresh_db, [1, 2, 3])

@@ -52,3 +52,24 @@ def test_only_the_store_executes_statements() -> None:
             if isinstance(node, ast.ImportFrom) and node.module == "inturn.worker.store.queries":
                 found.append(f"{where}: store.queries")  # a new package the contract misses
     assert found == []
+
+
+def test_loggers_are_named_after_their_folder() -> None:
+    # inturn.<folder>[.<what>]: a log line says which layer wrote it (drain, ingest, store...);
+    # the console's modules log as inturn.console, its command as inturn.cli.console.
+    found = []
+    for path in sorted(WORKER.rglob("*.py")):
+        where = path.relative_to(WORKER)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "getLogger"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).startswith("inturn")
+            ):
+                parts = str(node.args[0].value).split(".")
+                if len(where.parts) < 2 or parts[:2] != ["inturn", where.parts[0]]:
+                    found.append(f"{where}: {node.args[0].value}")
+    assert found == []

@@ -3,6 +3,10 @@
 Subcommands live in their own modules and are imported only when used, so ``inturn worker``
 never imports the operator. Bad arguments print one line and exit 2; so does an unreachable
 database or a missing DSN. Nothing prints a traceback except ``--debug``.
+
+Layer: front end (with ``local``, ``console``, ``drain`` and ``ingest``). It parses, formats and
+calls ``operations`` for every action; it may use any layer below. Nothing imports it but
+``local`` (and the console-script entry point, ``inturn.worker.entry``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from inturn.worker.console.server import start_console
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.text.logs import configure
 
-log = logging.getLogger("inturn.console")
+log = logging.getLogger("inturn.cli.console")
 
 
 def read_secret(path: Path | None) -> bytes | None:

@@ -36,7 +36,7 @@ from inturn.worker.store.faults import SCHEMA_CODES
 from inturn.worker.text.logs import configure
 from inturn.worker.worklist.publishers import close_all, from_env
 
-log = logging.getLogger("inturn.worker")
+log = logging.getLogger("inturn.drain")
 
 #: The environment variable that carries the validated runtime settings (JSON).
 RUNTIME_ENV = "INTURN_WORKER_RUNTIME"

@@ -53,7 +53,7 @@ from inturn.worker.store.model import Head
 from inturn.worker.worklist.delivery_failed import give_up
 from inturn.worker.worklist.publish import Publisher, announce
 
-log = logging.getLogger("inturn.worker")
+log = logging.getLogger("inturn.drain")
 
 #: Most characters of a failure cause stored in ``last_error``.
 CAUSE_MAX_CHARS = 500

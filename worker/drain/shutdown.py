@@ -17,7 +17,7 @@ from typing import Any
 
 from inturn.worker.drain.runner import DestinationWorker
 
-log = logging.getLogger("inturn.worker")
+log = logging.getLogger("inturn.drain")
 
 #: The signals that stop: Ctrl-C, kill, and closing the terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

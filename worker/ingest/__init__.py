@@ -3,6 +3,9 @@
 The entry points: :class:`Ingest` (run it in-process, as ``inturn local`` does), configured by
 :class:`IngestConfig` and one :class:`ListenerConfig` per MLLP channel; and the click command
 ``inturn.worker.cli.ingest:ingest_command`` (``inturn ingest``).
+
+Layer: front end (a long-running process). It may use worklists, the store, senders, feeds'
+and orders' keys, the Destination API and hl7; its SQL runs from ``store/ingest.py``.
 """
 
 from inturn.worker.ingest.listener import ListenerConfig

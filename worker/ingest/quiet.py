@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import Counter
 
-log = logging.getLogger("inturn.http")
+log = logging.getLogger("inturn.ingest.http")
 
 #: Seconds during which further malformed requests of one peer are counted, not logged.
 LOG_INTERVAL_SECONDS = 60.0

@@ -43,7 +43,7 @@ from inturn.worker.store import bookings as store
 from inturn.worker.store import reservation_rules as rules_store
 from inturn.worker.worklist import PackOption, Rule, RuleOutcome, RulePack, clear_where, place
 
-log = logging.getLogger("inturn.sweep.reservations")
+log = logging.getLogger("inturn.reservations.sweep")
 
 #: How long a requested segment may go unanswered before it is work (seconds): 6 h.
 DEFAULT_PENDING_AFTER = 6 * 3600

@@ -35,7 +35,7 @@ from inturn.worker.spec.openapi import (
 if TYPE_CHECKING:
     import aiohttp
 
-log = logging.getLogger("inturn.worker.http")
+log = logging.getLogger("inturn.senders.http")
 
 #: Content-Type sent unless the configured headers name one.
 DEFAULT_CONTENT_TYPE = "application/hl7-v2"

@@ -31,7 +31,7 @@ from inturn.worker.senders.mllp_link import READ_CHUNK, Closed, Link
 from inturn.worker.senders.tls import TlsConfig, client_context
 from inturn.worker.spec.openapi import Schema, boolean, integer, obj, string
 
-log = logging.getLogger("inturn.worker.mllp")
+log = logging.getLogger("inturn.senders.mllp")
 
 #: Longest detail kept from a receiver's MSA-3 / ERR text, in characters.
 DETAIL_MAX_CHARS = 500

@@ -14,6 +14,9 @@ The API in one place::
     page = await list_items(conn, queue=..., cursor=page.next_cursor)
     rows = await count(conn)
     shown = await show(conn, item_id)
+
+Layer: worklists, below the feature packages and above the store. It may use the store, the
+Destination API's pure helpers and hl7; it names no rule pack (``operations.packs`` does).
 """
 
 from inturn.worker.store.worklist import (

@@ -19,7 +19,7 @@ from inturn.worker.store import locks
 from inturn.worker.worklist.publish import Publisher, announce
 from inturn.worker.worklist.rules import Rule, RuleOutcome
 
-log = logging.getLogger("inturn.sweep")
+log = logging.getLogger("inturn.worklist.sweep")
 
 #: Records handled per rule and run, at most, unless ``--limit`` says otherwise.
 DEFAULT_LIMIT = 500

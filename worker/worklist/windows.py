@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from inturn.worker.spec.schedule import ScheduleError, parse
 
-log = logging.getLogger("inturn.sweep")
+log = logging.getLogger("inturn.worklist.windows")
 
 
 def open_windows(schedules: Iterable[Mapping[str, Any]], at: datetime) -> dict[str, list[Any]]:
