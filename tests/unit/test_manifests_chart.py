@@ -26,6 +26,7 @@ from helm_chart import (
 )
 from kubernetes_validate import utils as kv_utils
 
+from inturn.worker.feeds.declare import parse_feeds
 from inturn.worker.spec import schema
 
 #: "default" plus every values file under charts/inturn/ci/.
@@ -332,6 +333,8 @@ def test_secured_ingest_mounts_tls_and_credentials_and_keeps_ops_apart() -> None
         "--tls-client-ca=/etc/inturn/tls/ca.crt",
         "--http=0.0.0.0:8443",
         "--http-credentials=/etc/inturn/credentials/credentials.yaml",
+        "--feeds=/etc/inturn/feeds/feeds.yaml",
+        "--feed-flush-seconds=30",
     ]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == "inturn-ingest-tls"
@@ -672,3 +675,41 @@ def test_sweeper_gets_the_reservation_settings() -> None:
         "INTURN_SWEEP_AUTO_CANCEL": "true",
         "INTURN_SWEEP_HOST_CARRIERS": "LH OS",
     }
+
+
+def test_ingest_declares_the_feeds_of_its_values() -> None:
+    feeds = [
+        {"channel": "adt", "silentAfterSeconds": 1800, "perSender": True},
+        {
+            "channel": "lab",
+            "silentAfterSeconds": 600,
+            "schedule": {
+                "timeZone": "Europe/Berlin",
+                "windows": [{"days": ["Mon", "Fri"], "start": "06:00", "end": "20:00"}],
+            },
+        },
+    ]
+    objs = render({"ingest": {"feeds": feeds, "feedFlushSeconds": 10}})
+    pod = find(objs, "Deployment", "inturn-ingest")["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert "--feeds=/etc/inturn/feeds/feeds.yaml" in c["args"]
+    assert "--feed-flush-seconds=10" in c["args"]
+    assert {"name": "feeds", "mountPath": "/etc/inturn/feeds", "readOnly": True} in c[
+        "volumeMounts"
+    ]
+    cm = find(objs, "ConfigMap", "inturn-ingest-feeds")
+    declared = parse_feeds(yaml.safe_load(cm["data"]["feeds.yaml"]))
+    assert [(f.channel, f.per_sender, f.schedule is not None) for f in declared] == [
+        ("adt", True, False),
+        ("lab", False, True),
+    ]
+    # a changed declaration rolls the pods (ingest declares at start)
+    other = render({"ingest": {"feeds": feeds[:1]}})
+    annotation = "inturn.dev/feeds-checksum"
+    rolled = find(other, "Deployment", "inturn-ingest")["spec"]["template"]["metadata"]
+    assert rolled["annotations"][annotation] != pod["metadata"]["annotations"][annotation]
+    # none declared by default: an empty list, which declares none
+    default = find(render(), "ConfigMap", "inturn-ingest-feeds")
+    assert parse_feeds(yaml.safe_load(default["data"]["feeds.yaml"])) == []
+    with pytest.raises(Exception, match="silentAfterSeconds"):
+        render({"ingest": {"feeds": [{"channel": "adt", "silentAfterSeconds": 5}]}})
