@@ -73,6 +73,8 @@ def test_delivery_table_has_the_expected_columns(dsn: str) -> None:
         "finished_at": "timestamp with time zone",
         "patient_keys": "ARRAY",
         "traceparent": "text",
+        "resent_as": "bigint",
+        "resent_from": "bigint",
     }
     assert head is not None
     assert "(destination, id)" in head[0] and "WHERE (state = 'pending'::text)" in head[0]

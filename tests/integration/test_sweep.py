@@ -256,6 +256,7 @@ async def test_dry_run_changes_nothing(conn: AsyncConnection[Any]) -> None:
         "destination-stuck: would place 1, already there 0, would clear 0",
         "orphaned-queue: would place 1, already there 0, would clear 0",
         "delivery-expired: would place 2, already there 0, would clear 0",
+        "resent-delivered: would place 0, already there 0, would clear 0",
     ]
     cur = await conn.execute(
         "SELECT (SELECT count(*) FROM inturn_worklist_item),"

@@ -36,6 +36,7 @@ def test_a_plain_sweep_runs_the_default_packs_and_only_names_the_others() -> Non
         "destination-stuck",
         "orphaned-queue",
         "delivery-expired",
+        "resent-delivered",
         "feed-silent",
         "unanswered-order",
     ]

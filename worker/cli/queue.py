@@ -232,13 +232,22 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def state_text(item: Item) -> str:
+    """An item's state, with its resend link: ``failed (resent as 12)``, ``pending (copy of 7)``."""
+    if item.resent_as is not None:
+        return f"{item.state} (resent as {item.resent_as})"
+    if item.resent_from is not None:
+        return f"{item.state} (copy of {item.resent_from})"
+    return item.state
+
+
 def _item_rows(items: list[Item]) -> list[list[str]]:
     now = datetime.now(UTC)
     return [
         [
             str(i.id),
             i.destination,
-            i.state,
+            state_text(i),
             _clip(printable(i.message_type), 20),
             _clip(printable(i.control_id), 30),
             str(i.attempts),
@@ -466,15 +475,86 @@ def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: st
         raise click.ClickException(f"not removed (pending or missing): {kept}")
 
 
+def parse_ids(values: tuple[str, ...]) -> list[int]:
+    """Item ids from ``ID`` and ``FIRST-LAST`` arguments (a range includes both ends).
+
+    Raises:
+        click.BadParameter: not a number or a range, or a range backwards or too long.
+    """
+    ids: list[int] = []
+    for value in values:
+        first, sep, last = value.partition("-")
+        try:
+            low, high = (int(first), int(last)) if sep else (int(value), int(value))
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: an item id or a range FIRST-LAST") from None
+        if high < low:
+            raise click.BadParameter(f"{value!r}: the range ends before it starts")
+        if high - low >= actions.RESEND_MAX:
+            raise click.BadParameter(f"{value!r}: at most {actions.RESEND_MAX} items per resend")
+        ids.extend(range(low, high + 1))
+    return ids
+
+
 @queue_group.command("resend")
 @dsn_option()
-@click.argument("item_id", type=int)
+@click.argument("items", nargs=-1, metavar="[ID|FIRST-LAST]...")
+@click.option(
+    "-d",
+    "--destination",
+    help="Every failed item of this destination that was never resent (instead of ids).",
+)
+@click.option(
+    "--message-type",
+    metavar="PATTERN",
+    help="With --destination: only failed items whose MSH-9 matches (* and ? wildcards).",
+)
 @who_option
 @why_option
-def resend_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
-    """Queue a copy of a finished item at the tail of its destination's queue; audited."""
-    done = act(dsn, lambda conn: actions.resend(conn, Trusted(who), item_id, why))
-    click.echo(f"queued copy of {item_id} as {done.copy}")
+@json_option
+def resend_command(
+    dsn: str | None,
+    items: tuple[str, ...],
+    destination: str | None,
+    message_type: str | None,
+    who: str,
+    why: str | None,
+    as_json: bool,
+) -> None:
+    """Queue copies of finished items at the tail of their queues, in their original order.
+
+    Give item ids and ranges (``inturn queue resend 120 125-130``), or ``--destination`` for
+    every failed item of a destination that still needs a person. One transaction, audited
+    once; the originals keep their history and are shown as resent. Items pending or already
+    resent are listed and skipped.
+    """
+    if bool(items) == bool(destination):
+        raise click.UsageError("give item ids or ranges, or --destination (not both)")
+    if message_type and not destination:
+        raise click.UsageError("--message-type goes with --destination")
+    if destination:
+        done = act(
+            dsn,
+            lambda conn: actions.resend_failed(
+                conn, Trusted(who), destination, why, message_type=message_type
+            ),
+        )
+    else:
+        ids = parse_ids(items)
+        if len(ids) == 1:  # one item: its refusal is the command's error
+            one = act(dsn, lambda conn: actions.resend(conn, Trusted(who), ids[0], why))
+            done = actions.ResentMany(((one.original, one.copy),), ())
+        else:
+            done = act(dsn, lambda conn: actions.resend_many(conn, Trusted(who), ids, why))
+    if as_json:
+        click.echo(json.dumps(done.to_json(), indent=2))
+    else:
+        for original, copy in done.copies:
+            click.echo(f"queued copy of {original} as {copy}")
+        for item_id, reason in done.refused:
+            click.echo(f"not resent: {item_id}: {reason}", err=True)
+    if done.refused:
+        sys.exit(1)
 
 
 @queue_group.command("erase")

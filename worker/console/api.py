@@ -132,7 +132,8 @@ async def destination_items(request: web.Request) -> web.Response:
 
 
 async def destination_action(request: web.Request) -> web.Response:
-    """``POST /api/v1/destinations/{namespace}/{name}/{action}``: retry, drain, suspend, resume."""
+    """``POST /api/v1/destinations/{namespace}/{name}/{action}``: retry, drain, suspend, resume,
+    resend-failed."""
     only_query(request)
     doc = await body(request)
     result = await ops.destination_action(
@@ -142,6 +143,7 @@ async def destination_action(request: web.Request) -> web.Response:
         request.match_info["action"],
         doc.get("why"),
         doc.get("confirm"),
+        doc.get("messageType"),
     )
     return web.json_response(result)
 

@@ -31,7 +31,7 @@ from inturn.worker.store.worklist_model import ITEM_STATES
 #: The actions the console offers on one item (their rules: ``operations.actor.ACTIONS``).
 ITEM_ACTIONS = ("retry", "skip", "remove", "resend", "erase")
 #: The actions the console offers on a destination.
-DESTINATION_ACTIONS = ("retry", "drain", "suspend", "resume")
+DESTINATION_ACTIONS = ("retry", "drain", "suspend", "resume", "resend-failed")
 #: HTTP status of each :class:`~inturn.worker.errors.InturnError` code.
 STATUS = {
     "not_found": 404,
@@ -140,6 +140,17 @@ async def attempt_marks(
         )
 
 
+async def head_item(
+    console: Console, identity: Identity, destination: str
+) -> dict[str, Any] | None:
+    """The destination's head: its oldest pending item (everything else waits behind it), as
+    an item's JSON; None when nothing is pending."""
+    require(identity, "viewer")
+    async with console.read.connection() as conn:
+        head = await queue.oldest_pending(conn, destination)
+    return head.to_json() if head is not None else None
+
+
 async def item_detail(console: Console, identity: Identity, item_id: int) -> dict[str, Any]:
     """One item's metadata, failed attempts and audit entries (no payload).
 
@@ -200,8 +211,11 @@ async def destination_action(
     action: str,
     why: str | None,
     confirm: str | None = None,
+    message_type: str | None = None,
 ) -> dict[str, Any]:
-    """Retry all, drain, suspend or resume a destination, as ``identity``; audited.
+    """Retry all, drain, suspend, resume or resend-failed a destination, as ``identity``;
+    audited. ``resend-failed`` queues copies of every failed item not resent yet, in their
+    original order (``message_type``: only those whose MSH-9 matches).
 
     Drain needs ``confirm`` equal to the destination's name (typed by the person) and a reason.
     Returns ``{"action", "destination", "changed": count}``.
@@ -213,7 +227,8 @@ async def destination_action(
     if action not in DESTINATION_ACTIONS:
         raise ConsoleError(404, "not_found", f"no destination action {action!r}")
     try:
-        permit(identity, action, why)  # role and reason before the confirmation
+        # role and reason before the confirmation; resend-failed is a resend
+        permit(identity, "resend" if action == "resend-failed" else action, why)
         if action == "drain" and (confirm or "").strip() != destination:
             raise ConsoleError(
                 400, "confirmation_mismatch", "type the destination's name exactly to drain it"
@@ -224,6 +239,11 @@ async def destination_action(
                 changed = len(done.ids)
             elif action == "drain":
                 changed = len((await actions.drain(conn, identity, destination, why)).ids)
+            elif action == "resend-failed":
+                resent = await actions.resend_failed(
+                    conn, identity, destination, why, message_type=message_type or None
+                )
+                changed = len(resent.copies)
             else:
                 hold = actions.suspend if action == "suspend" else actions.resume
                 await hold(conn, identity, destination, why)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -30,17 +30,44 @@ from inturn.worker.console.overview import FeedOverviewRow, OverviewRow
 from inturn.worker.store.model import STATES
 from inturn.worker.text.display import printable
 from inturn.worker.text.durations import format_age
+from inturn.worker.worklist.describe import sentence
 
 #: Actions a ``done`` parameter may name (anything else is ignored).
 DONE = frozenset(ops.ITEM_ACTIONS) | frozenset(ops.DESTINATION_ACTIONS) | {"clear"}
 
 
+def _instant(value: str | datetime) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+
+
+def live(value: str | datetime, mode: str = "since") -> Markup:
+    """A ``<time>`` that ``static/live.js`` keeps current: the age of ``value`` (``since``) or
+    the time left until it (``until``), rendered right for the moment the page is made, with
+    the instant itself (UTC) as its tooltip, so an age always says what it counts from."""
+    at = _instant(value)
+    seconds = (at - datetime.now(UTC)).total_seconds()
+    if mode == "since":
+        text = format_age(-seconds)
+    else:
+        text = "now" if seconds <= 0 else "in " + format_age(seconds)
+    stamp = at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return Markup('<time data-live="{}" datetime="{}" title="{}">{}</time>').format(
+        mode, at.isoformat(), stamp, text
+    )
+
+
 def install_filters(env: jinja2.Environment) -> None:
     """Template filters: ``age`` (seconds to ``3h05m``), ``visible`` (control characters
-    escaped), ``when`` (an ISO time to ``YYYY-MM-DD HH:MM:SS``)."""
+    escaped), ``when`` (an ISO time to ``YYYY-MM-DD HH:MM:SS``), ``live`` (a live age or
+    countdown, see :func:`live`), ``ago`` and ``after`` (the instant ``seconds`` before or after
+    a datetime), ``sentence`` (a worklist item's details as a sentence)."""
     env.filters["age"] = format_age
     env.filters["visible"] = lambda text: printable(str(text)) if text is not None else ""
     env.filters["when"] = lambda iso: (iso or "")[:19].replace("T", " ")
+    env.filters["live"] = live
+    env.filters["ago"] = lambda seconds, base: base - timedelta(seconds=seconds)
+    env.filters["after"] = lambda seconds, base: base + timedelta(seconds=seconds)
+    env.filters["sentence"] = sentence
 
 
 def _base(request: web.Request, **extra: Any) -> dict[str, Any]:
@@ -50,6 +77,7 @@ def _base(request: web.Request, **extra: Any) -> dict[str, Any]:
         "who": who,
         "csrf_token": csrf_token(request),
         "done": done if done in DONE else None,
+        "server_time": datetime.now(UTC).isoformat(),
         **extra,
     }
 
@@ -143,12 +171,14 @@ async def destination_page(request: web.Request) -> dict[str, Any]:
         label=f"{name}, last day",
         threshold=row.stuck_after if row else None,
     )
+    head = await ops.head_item(console(request), identity(request), name)
     return _base(
         request,
         destination=name,
         row=row,
         day=day,
         marks=len(marks),
+        head=head,
         page=page,
         state=state,
         states=STATES,
@@ -170,6 +200,7 @@ async def destination_post(request: web.Request) -> web.StreamResponse:
         action,
         _text(form.get("why")),
         _text(form.get("confirm")),
+        _text(form.get("message_type")),
     )
     await feed.newer_than(version)  # the page shows the hold (or its absence) at once
     raise web.HTTPSeeOther(f"/destinations/{name}?done={action}")

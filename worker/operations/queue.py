@@ -65,6 +65,31 @@ class Resent:
 
 
 @dataclass(frozen=True)
+class ResentMany:
+    """A resend of several items, in the original order.
+
+    Attributes:
+        copies: ``(original, copy)`` pairs, oldest original first (the copies' ids grow in the
+            same order, so they are delivered in the original order).
+        refused: ``(id, why)`` for items not resent (pending, already resent, no such item).
+    """
+
+    copies: tuple[tuple[int, int], ...]
+    refused: tuple[tuple[int, str], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"copies": [{"original", "copy"}], "refused": [{"id", "why"}]}``."""
+        return {
+            "copies": [{"original": o, "copy": c} for o, c in self.copies],
+            "refused": [{"id": i, "why": w} for i, w in self.refused],
+        }
+
+
+#: Items one bulk resend takes at most (a list, a range or a destination's failed items).
+RESEND_MAX = 10_000
+
+
+@dataclass(frozen=True)
 class Removed:
     """A removal: the ids deleted, and those kept (pending, or no such item)."""
 
@@ -201,6 +226,57 @@ async def resend(
     if copy is None:
         raise NotFound(f"no item {item_id}")
     return Resent(item_id, copy)
+
+
+async def resend_many(
+    conn: AsyncConnection[Any], actor: Actor, item_ids: Sequence[int], why: str | None = None
+) -> ResentMany:
+    """Queue copies of several finished items, in their original (id) order, in one
+    transaction; audited once. Items that are pending, already resent or missing are refused
+    one by one (listed in the result) and do not stop the others.
+
+    Raises:
+        Invalid: no ids, or more than :data:`RESEND_MAX`.
+        NotFound: none of the ids exists.
+    """
+    reason = permit(actor, "resend", why)
+    if not item_ids:
+        raise Invalid("nothing to resend: give item ids, a range, or a destination")
+    if len(set(item_ids)) > RESEND_MAX:
+        raise Invalid(f"at most {RESEND_MAX} items per resend")
+    outcome = await queue.resend_many(conn, item_ids, who=actor.name, why=reason)
+    if not outcome.copies and all(w == "no such item" for _, w in outcome.refused):
+        raise NotFound("no such item: " + ", ".join(str(i) for i, _ in outcome.refused))
+    return ResentMany(outcome.copies, outcome.refused)
+
+
+async def resend_failed(
+    conn: AsyncConnection[Any],
+    actor: Actor,
+    destination: str,
+    why: str | None = None,
+    *,
+    message_type: str | None = None,
+) -> ResentMany:
+    """Queue copies of every failed item of ``destination`` that was never resent (what
+    still needs a person), oldest first; ``message_type`` narrows them by MSH-9 (``*`` and
+    ``?`` wildcards, as a Destination's filter).
+
+    Raises:
+        NotFound: no such destination.
+        Conflict: it has no failed item left to resend.
+    """
+    permit(actor, "resend", why)
+    await _no_destination(conn, destination)
+    like = None
+    if message_type:
+        escaped = message_type.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        like = escaped.replace("*", "%").replace("?", "_")
+    ids = await queue.resend_candidates(conn, destination, type_like=like, limit=RESEND_MAX)
+    if not ids:
+        which = f" of type {message_type}" if message_type else ""
+        raise Conflict(f"{destination} has no failed item{which} left to resend")
+    return await resend_many(conn, actor, ids, why)
 
 
 async def remove(

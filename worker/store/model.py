@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, date, datetime
 from typing import Any, Literal
 
@@ -55,16 +55,22 @@ class Item:
     reason: str | None
     decided_by: str | None
     finished_at: datetime | None
+    #: The copy a resend queued for this item, or None (never resent).
+    resent_as: int | None = None
+    #: The item this one is a resent copy of, or None.
+    resent_from: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Item:
         """Build an item from a row read by column name (extra columns, e.g. ``payload``, are
-        ignored).
+        ignored; the resend links may be absent and are then None).
 
         Raises:
             KeyError: a column of the item is missing from ``row``.
         """
-        return cls(**{f.name: row[f.name] for f in fields(cls)})
+        return cls(
+            **{f.name: row[f.name] for f in fields(cls) if f.name in row or f.default is MISSING}
+        )
 
     def age_seconds(self, now: datetime) -> float:
         """Seconds the item has been (or was, until finished) waiting, as of ``now``."""
@@ -93,6 +99,8 @@ class Item:
             "reason": self.reason,
             "decidedBy": self.decided_by,
             "finishedAt": iso(self.finished_at),
+            "resentAs": self.resent_as,
+            "resentFrom": self.resent_from,
         }
 
 
@@ -114,7 +122,8 @@ class DepthRow:
     """Per-destination summary: what is stuck, and since when.
 
     Attributes:
-        pending: items waiting; failed: items given up and not yet removed.
+        pending: items waiting; failed: items given up, not resent and not yet removed (what
+            still needs a person: a failed item whose copy was queued is not counted).
         oldest: enqueue time of the oldest pending item (None when nothing is pending).
         oldest_seconds: its age in seconds, the number to alert on.
         max_attempts: the highest attempt count among pending items ("retried, not progressing").

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, LiteralString, Protocol
 
@@ -404,42 +405,117 @@ async def _delete(
     return ids
 
 
+@dataclass(frozen=True)
+class ResendOutcome:
+    """What a resend of several items did, in the original order.
+
+    Attributes:
+        copies: ``(original, copy)`` for every item resent, oldest original first; the copies'
+            ids grow in the same order, so they go out in the original order.
+        refused: ``(id, why)`` for every item not resent: still pending, already resent (the
+            copy is named), or no such item.
+    """
+
+    copies: tuple[tuple[int, int], ...]
+    refused: tuple[tuple[int, str], ...]
+
+
+async def resend_many(
+    conn: AsyncConnection[Any], item_ids: Sequence[int], *, who: str, why: str | None = None
+) -> ResendOutcome:
+    """Put a copy of each finished item at the tail of its destination's queue, in id order.
+
+    One transaction: the copies are enqueued oldest original first (so they keep the original
+    order behind everything already queued), each original records its copy (``resent_as``)
+    and each copy its original (``resent_from``), and one audit entry names every original and
+    copy. An item already resent is refused with its copy's id (resend the copy if it failed
+    too): a second copy of the same message is never queued by mistake. Pending items are
+    refused (they will be sent anyway); so are ids that do not exist.
+    """
+    ids = sorted(set(item_ids))
+    async with conn.transaction():
+        await conn.execute(Q["synchronous_commit"])
+        rows = await fetch_all(conn, Q["get_for_resend"], {"ids": ids}, row=dict_row)
+        found = {int(r["id"]) for r in rows}
+        refused = [(i, "no such item") for i in ids if i not in found]
+        chosen = []
+        for row in rows:
+            if row["state"] == "pending":
+                refused.append((row["id"], "still pending (it will be sent anyway)"))
+            elif row["resent_as"] is not None:
+                refused.append((row["id"], f"already resent as {row['resent_as']}"))
+            else:
+                chosen.append(row)
+        news = [
+            NewItem(
+                destination=r["destination"],
+                channel=r["channel"],
+                control_id=r["control_id"],
+                message_type=r["message_type"],
+                payload=bytes(r["payload"]),
+            )
+            for r in chosen
+        ]
+        new_ids = await enqueue_in_transaction(conn, news)
+        copies = list(zip([int(r["id"]) for r in chosen], new_ids, strict=True))
+        for original, copy in copies:
+            await conn.execute(Q["mark_resent"], {"id": original, "copy": copy})
+            await conn.execute(Q["mark_copy"], {"original": original, "copy": copy})
+        if copies:
+            touched = {r["destination"] for r in chosen}
+            dest = touched.pop() if len(touched) == 1 else None
+            audited = sorted(i for pair in copies for i in pair)
+            await record(
+                conn, who=who, action="resend", destination=dest, ids=audited, why=why
+            )
+    return ResendOutcome(tuple(copies), tuple(sorted(refused)))
+
+
 async def resend(
     conn: AsyncConnection[Any], item_id: int, *, who: str, why: str | None = None
 ) -> int | None:
-    """Put a copy of a finished item at the tail of its destination's queue; return the new id.
-
-    The original keeps its state and history; the copy is a new pending item behind everything
-    already queued, so nothing goes out of order. Audited. Returns None when the item does not
-    exist.
+    """Put a copy of one finished item at the tail of its queue (see :func:`resend_many`);
+    return the copy's id, or None when the item does not exist.
 
     Raises:
-        ValueError: the item is still pending (it will be sent anyway).
+        ValueError: the item is still pending, or was already resent (the message says which).
     """
-    async with conn.transaction():
-        await conn.execute(Q["synchronous_commit"])
-        row = await fetch_one(conn, Q["get_for_resend"], {"id": item_id}, row=dict_row)
-        if row is None:
-            return None
-        if row["state"] == "pending":
-            raise ValueError(f"item {item_id} is still pending; only finished items can be resent")
-        new = NewItem(
-            destination=row["destination"],
-            channel=row["channel"],
-            control_id=row["control_id"],
-            message_type=row["message_type"],
-            payload=bytes(row["payload"]),
-        )
-        [new_id] = await enqueue_in_transaction(conn, [new])
-        await record(
-            conn,
-            who=who,
-            action="resend",
-            destination=new.destination,
-            ids=[item_id, new_id],
-            why=why,
-        )
-    return new_id
+    outcome = await resend_many(conn, [item_id], who=who, why=why)
+    if outcome.copies:
+        return outcome.copies[0][1]
+    [(_, why_not)] = outcome.refused
+    if why_not == "no such item":
+        return None
+    if why_not.startswith("still pending"):
+        raise ValueError(f"item {item_id} is still pending; only finished items can be resent")
+    raise ValueError(f"item {item_id} was {why_not}: resend the copy if it failed too")
+
+
+async def oldest_pending(conn: AsyncConnection[Any], destination: str) -> Item | None:
+    """The oldest pending item of ``destination`` (its head, whether held or not), or None."""
+    row = await fetch_one(conn, Q["oldest_pending"], {"destination": destination}, row=dict_row)
+    return Item.from_row(row) if row is not None else None
+
+
+async def resend_candidates(
+    conn: AsyncConnection[Any], destination: str, *, type_like: str | None = None, limit: int
+) -> list[int]:
+    """Ids of the failed items of ``destination`` never resent (what still needs a person),
+    oldest first, at most ``limit``; ``type_like`` is a LIKE pattern on MSH-9."""
+    rows = await fetch_all(
+        conn,
+        Q["resend_candidates"],
+        {"destination": destination, "type_like": type_like, "limit": limit},
+        row=dict_row,
+    )
+    return [int(r["id"]) for r in rows]
+
+
+async def resent_delivered(conn: AsyncConnection[Any], limit: int) -> list[str]:
+    """Record keys (delivery ids) of pending ``delivery-failed`` worklist items whose message
+    was resent and whose latest copy was delivered, oldest first, at most ``limit``."""
+    rows = await fetch_all(conn, Q["resent_delivered"], {"limit": limit}, row=dict_row)
+    return [str(r["record_key"]) for r in rows]
 
 
 async def purge(

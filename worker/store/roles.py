@@ -129,7 +129,16 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "operator": (
             Grant(
                 "SELECT",
-                ("id", "destination", "channel", "state", "attempts", "enqueued_at", "last_error"),
+                (
+                    "id",
+                    "destination",
+                    "channel",
+                    "state",
+                    "attempts",
+                    "enqueued_at",
+                    "last_error",
+                    "resent_as",
+                ),
             ),
         ),
         # cancellation notices of auto-cancelled bookings are enqueued by the sweeper;

@@ -16,6 +16,11 @@
     are skipped by ``sweeper`` (audited like any skip) and each is placed on
     ``delivery-expired``, in the same transaction. Those items are for people to review (and
     perhaps resend); the sweeper never clears them.
+``resent-delivered``
+    Places nothing. A ``delivery-failed`` item whose message was resent (``inturn queue
+    resend``, the console) is cleared by ``system`` once the last copy in its chain of resends
+    is delivered: nothing is left for a person to do. Until then it stays, so a copy that fails
+    again still shows the original's history; that copy has its own item.
 
 Each rule takes the most overdue first, at most ``limit`` per run.
 """
@@ -150,6 +155,28 @@ async def orphaned_queue(conn: AsyncConnection[Any], *, limit: int, dry_run: boo
     )
 
 
+#: The queue of given-up messages (as :mod:`inturn.worker.worklist.delivery_failed` places).
+FAILED_QUEUE = "delivery-failed"
+
+
+async def resent_delivered(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
+    """Clear ``delivery-failed`` items whose message was resent and whose copy was delivered."""
+    outcome = RuleOutcome()
+    keys = await delivery_queue.resent_delivered(conn, limit)
+    if dry_run:
+        outcome.cleared = len(keys)
+        return outcome
+    cleared = await clear_where(
+        conn,
+        record_kind="delivery",
+        record_keys=keys,
+        queue=FAILED_QUEUE,
+        note="resent, and the copy was delivered",
+    )
+    outcome.cleared += len(cleared)
+    return outcome
+
+
 async def delivery_expired(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Skip (as ``sweeper``) and place messages older than their ``expireAfterSeconds``."""
     outcome = RuleOutcome()
@@ -198,11 +225,12 @@ async def delivery_expired(conn: AsyncConnection[Any], *, limit: int, dry_run: b
 #: settings of their own (each Destination sets its thresholds in its spec).
 PACK: RulePack[None] = RulePack(
     name=GROUP,
-    about="stuck destinations, orphaned queues, expired messages",
+    about="stuck destinations, orphaned queues, expired messages, resent failures delivered",
     rules=lambda _: (
         Rule("destination-stuck", GROUP, destination_stuck),
         Rule("orphaned-queue", GROUP, orphaned_queue),
         Rule("delivery-expired", GROUP, delivery_expired),
+        Rule("resent-delivered", GROUP, resent_delivered),
     ),
     settings=None,
 )

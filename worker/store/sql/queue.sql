@@ -173,7 +173,8 @@ VALUES (%(who)s, %(action)s, %(destination)s, %(ids)s, %(why)s);
 -- run unprepared, so that each call is planned with its filters and control_id uses its index.
 -- It reads no patient key, so the reader role may run it (list_items_by_patient does).
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+       resent_as, resent_from
   FROM inturn_delivery
  WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
@@ -228,12 +229,65 @@ SELECT id, destination, channel, state, message_type, payload
 
 -- name: get_item
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+       resent_as, resent_from
   FROM inturn_delivery WHERE id = %(id)s;
 
 -- name: get_for_resend
-SELECT id, channel, destination, control_id, message_type, payload, state
-  FROM inturn_delivery WHERE id = %(id)s;
+-- The items to resend, oldest first (original order), locked against a second resend racing.
+SELECT id, channel, destination, control_id, message_type, payload, state, resent_as
+  FROM inturn_delivery WHERE id = ANY(%(ids)s::bigint[])
+ ORDER BY id
+   FOR UPDATE;
+
+-- name: mark_resent
+UPDATE inturn_delivery SET resent_as = %(copy)s WHERE id = %(id)s;
+
+-- name: mark_copy
+UPDATE inturn_delivery SET resent_from = %(original)s WHERE id = %(copy)s;
+
+-- name: oldest_pending
+-- A destination's head as a person sees it: its oldest pending item (on hold or not), with the
+-- seconds until its next attempt. Never the payload.
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+       resent_as, resent_from,
+       greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
+  FROM inturn_delivery
+ WHERE destination = %(destination)s AND state = 'pending'
+ ORDER BY id
+ LIMIT 1;
+
+-- name: resend_candidates
+-- The failed items of a destination that still need a person (never resent), oldest first,
+-- optionally only those whose MSH-9 matches a LIKE pattern; at most %(limit)s.
+SELECT id
+  FROM inturn_delivery
+ WHERE destination = %(destination)s AND state = 'failed' AND resent_as IS NULL
+   AND (%(type_like)s::text IS NULL OR message_type LIKE %(type_like)s::text)
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: resent_delivered
+-- Pending delivery-failed worklist items whose message was resent and whose latest copy (at
+-- the end of the chain of resends) was delivered: nothing is left for a person to do.
+WITH RECURSIVE chain AS (
+    SELECT w.record_key, d.resent_as AS next, d.state, 0 AS depth
+      FROM inturn_worklist_item w
+      JOIN inturn_delivery d ON d.id = w.record_key::bigint
+     WHERE w.queue = 'delivery-failed' AND w.record_kind = 'delivery' AND w.state = 'pending'
+       AND d.resent_as IS NOT NULL
+    UNION ALL
+    SELECT chain.record_key, d.resent_as, d.state, chain.depth + 1
+      FROM chain
+      JOIN inturn_delivery d ON d.id = chain.next
+     WHERE chain.depth < 100
+)
+SELECT record_key
+  FROM chain
+ WHERE next IS NULL AND state = 'delivered'
+ ORDER BY record_key::bigint
+ LIMIT %(limit)s;
 
 -- name: payload
 SELECT payload FROM inturn_delivery WHERE id = %(id)s;
@@ -247,7 +301,7 @@ SELECT payload, destination FROM inturn_delivery WHERE id = %(id)s;
 SELECT destination,
        max(channel) AS channel,
        count(*) FILTER (WHERE state = 'pending') AS pending,
-       count(*) FILTER (WHERE state = 'failed') AS failed,
+       count(*) FILTER (WHERE state = 'failed' AND resent_as IS NULL) AS failed,
        min(enqueued_at) FILTER (WHERE state = 'pending') AS oldest,
        coalesce(extract(epoch FROM clock_timestamp()
                 - min(enqueued_at) FILTER (WHERE state = 'pending')), 0)::float8 AS oldest_seconds,

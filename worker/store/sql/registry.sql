@@ -96,7 +96,7 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
 WITH d AS (
     SELECT destination,
            count(*) FILTER (WHERE state = 'pending') AS pending,
-           count(*) FILTER (WHERE state = 'failed') AS failed,
+           count(*) FILTER (WHERE state = 'failed' AND resent_as IS NULL) AS failed,
            min(enqueued_at) FILTER (WHERE state = 'pending') AS oldest,
            coalesce(max(attempts) FILTER (WHERE state = 'pending'), 0) AS max_attempts,
            min(id) FILTER (WHERE state = 'pending') AS head_id

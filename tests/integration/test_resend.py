@@ -1,0 +1,197 @@
+"""Resending tells the truth: copies go out in the original order, a resent item is shown as
+such and no longer counted as failed, a second copy is never queued by mistake, and the
+``delivery-failed`` item is cleared by the system once a copy is delivered."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg import AsyncConnection
+
+from inturn.worker.errors import Conflict
+from inturn.worker.operations import queue as actions
+from inturn.worker.operations.actor import Trusted
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+from inturn.worker.worklist.delivery_failed import give_up
+from inturn.worker.worklist.delivery_rules import resent_delivered
+
+pytestmark = pytest.mark.store
+
+DEST = "ward/lab"
+DELIVERED = "UPDATE inturn_delivery SET state = 'delivered', finished_at = now() WHERE id = %s"
+INTURN = str(Path(sys.executable).with_name("inturn"))
+
+
+def message(control_id: str, kind: str = "ORU^R01") -> NewItem:
+    payload = f"MSH|^~\\&|A|B|C|D|20260101||{kind}|{control_id}|P|2.5\rPID|1||1\r".encode()
+    return NewItem(DEST, "adt", control_id, kind, payload)
+
+
+async def failed(conn: AsyncConnection[Any], *control_ids: str, kind: str = "ORU^R01") -> list[int]:
+    """Enqueue messages and give each up as a worker would (failed mark + delivery-failed)."""
+    ids = await queue.enqueue(conn, [message(c, kind) for c in control_ids])
+    for item_id in ids:
+        item = await queue.get_item(conn, item_id)
+        assert item is not None
+        await give_up(conn, item, attempts=3, cause="AR: no", outcome="AR", exhausted=True)
+    return ids
+
+
+async def pending_work(conn: AsyncConnection[Any]) -> list[str]:
+    cur = await conn.execute(
+        "SELECT record_key FROM inturn_worklist_item"
+        " WHERE queue = 'delivery-failed' AND state = 'pending' ORDER BY id"
+    )
+    return [r[0] for r in await cur.fetchall()]
+
+
+async def test_copies_keep_the_original_order_and_link_both_ways(
+    conn: AsyncConnection[Any],
+) -> None:
+    a, b, c = await failed(conn, "A", "B", "C")
+    [(depth,)] = [(d.failed,) for d in await queue.depth(conn)]
+    assert depth == 3
+    # asked newest first, as `queue list -s failed` shows them: resent oldest first anyway
+    done = await actions.resend_many(conn, Trusted("alice"), [c, b, a], "receiver fixed")
+    copies = [copy for _, copy in done.copies]
+    assert [original for original, _ in done.copies] == [a, b, c]
+    assert copies == sorted(copies) and copies[0] > c
+    for original, copy in done.copies:
+        before, after = await queue.get_item(conn, original), await queue.get_item(conn, copy)
+        assert before is not None and after is not None
+        assert (before.state, before.resent_as) == ("failed", copy)
+        assert (after.state, after.resent_from, after.control_id) == (
+            "pending",
+            original,
+            before.control_id,
+        )
+    # what still needs a person: nothing failed any more; three copies wait
+    [row] = await queue.depth(conn)
+    assert (row.pending, row.failed) == (3, 0)
+    # one audit entry names every original and copy
+    cur = await conn.execute("SELECT who, item_ids, why FROM inturn_audit WHERE action = 'resend'")
+    assert await cur.fetchall() == [("alice", sorted([a, b, c, *copies]), "receiver fixed")]
+
+
+async def test_a_second_copy_is_never_queued_by_mistake(conn: AsyncConnection[Any]) -> None:
+    [a] = await failed(conn, "A")
+    [pending] = await queue.enqueue(conn, [message("P")])
+    first = await actions.resend(conn, Trusted("alice"), a)
+    with pytest.raises(Conflict, match=rf"item {a} was already resent as {first.copy}"):
+        await actions.resend(conn, Trusted("bob"), a)
+    again = await actions.resend_many(conn, Trusted("bob"), [a, pending, 999_999])
+    assert again.copies == ()
+    assert again.refused == (
+        (a, f"already resent as {first.copy}"),
+        (pending, "still pending (it will be sent anyway)"),
+        (999_999, "no such item"),
+    )
+
+
+async def test_every_failed_item_of_a_destination_with_a_type_filter(
+    conn: AsyncConnection[Any],
+) -> None:
+    await conn.execute(
+        "INSERT INTO inturn_destination (destination, namespace, name, channel)"
+        " VALUES ('ward/lab', 'ward', 'lab', 'adt')"
+    )
+    lab = await failed(conn, "L1", "L2", kind="ORU^R01")
+    [adt] = await failed(conn, "A1", kind="ADT^A01")
+    done = await actions.resend_failed(conn, Trusted("alice"), DEST, message_type="ORU^*")
+    assert [o for o, _ in done.copies] == lab
+    done = await actions.resend_failed(conn, Trusted("alice"), DEST)
+    assert [o for o, _ in done.copies] == [adt]
+    with pytest.raises(Conflict, match="has no failed item left to resend"):
+        await actions.resend_failed(conn, Trusted("alice"), DEST)
+
+
+async def test_delivery_failed_is_cleared_by_the_system_once_a_copy_is_delivered(
+    conn: AsyncConnection[Any],
+) -> None:
+    a, b = await failed(conn, "A", "B")
+    done = await actions.resend_many(conn, Trusted("alice"), [a, b])
+    (_, copy_a), (_, copy_b) = done.copies
+    assert await pending_work(conn) == [str(a), str(b)]
+    # the copy of a is delivered; the copy of b fails again (its own item), then is resent
+    # and that second copy is delivered
+    await conn.execute(
+        "UPDATE inturn_delivery SET state = 'delivered', finished_at = now() WHERE id = %s",
+        (copy_a,),
+    )
+    item_b = await queue.get_item(conn, copy_b)
+    assert item_b is not None
+    await give_up(conn, item_b, attempts=3, cause="AR: no", outcome="AR", exhausted=True)
+    outcome = await resent_delivered(conn, limit=10, dry_run=False)
+    assert outcome.cleared == 1
+    assert await pending_work(conn) == [str(b), str(copy_b)]
+    second = await actions.resend(conn, Trusted("alice"), copy_b)
+    await conn.execute(
+        "UPDATE inturn_delivery SET state = 'delivered', finished_at = now() WHERE id = %s",
+        (second.copy,),
+    )
+    assert (await resent_delivered(conn, limit=10, dry_run=True)).cleared == 2  # changes nothing
+    assert (await resent_delivered(conn, limit=10, dry_run=False)).cleared == 2
+    assert await pending_work(conn) == []
+    cur = await conn.execute(
+        "SELECT DISTINCT cleared_by, note FROM inturn_worklist_item WHERE queue = 'delivery-failed'"
+    )
+    assert await cur.fetchall() == [("system", "resent, and the copy was delivered")]
+
+
+def test_the_cli_resends_a_range_in_original_order(fresh_db: str) -> None:
+    def inturn(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [INTURN, *args, "--dsn", fresh_db], capture_output=True, text=True, timeout=60
+        )
+
+    seeded = subprocess.run(
+        [sys.executable, "-c", SEED, fresh_db], capture_output=True, text=True, timeout=60
+    )
+    assert seeded.returncode == 0, seeded.stderr
+    first, last = json.loads(seeded.stdout)
+    done = inturn("queue", "resend", f"{first}-{last}", "--who", "alice", "--json")
+    assert done.returncode == 0, done.stderr
+    copies = json.loads(done.stdout)["copies"]
+    assert [c["original"] for c in copies] == list(range(first, last + 1))
+    assert [c["copy"] for c in copies] == sorted(c["copy"] for c in copies)
+    listed = inturn("queue", "list", "-s", "failed")
+    assert f"failed (resent as {copies[0]['copy']})" in listed.stdout
+    depth = inturn("queue", "depth", "--json")
+    [row] = json.loads(depth.stdout)
+    assert (row["pending"], row["failed"]) == (3, 0)
+    again = inturn("queue", "resend", str(first), str(last), "--who", "bob")
+    assert again.returncode == 1
+    assert again.stderr.splitlines() == [
+        f"not resent: {first}: already resent as {copies[0]['copy']}",
+        f"not resent: {last}: already resent as {copies[-1]['copy']}",
+    ]
+    usage = inturn("queue", "resend", "5-3", "--who", "bob")
+    assert usage.returncode == 2 and "the range ends before it starts" in usage.stderr
+
+
+SEED = """
+import asyncio, json, sys
+from psycopg import AsyncConnection
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+
+async def main(dsn):
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        payload = b"MSH|^~\\\\&|A|B|C|D|1||ORU^R01|C%d|P|2.5\\r"
+        ids = await queue.enqueue(
+            conn, [NewItem("ward/lab", "adt", f"C{n}", "ORU^R01", payload % n) for n in range(3)]
+        )
+        await conn.execute(
+            "UPDATE inturn_delivery SET state = 'failed', finished_at = now() WHERE id = ANY(%s)",
+            (ids,),
+        )
+    print(json.dumps([ids[0], ids[-1]]))
+
+asyncio.run(main(sys.argv[1]))
+"""
