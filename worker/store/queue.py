@@ -465,9 +465,7 @@ async def resend_many(
             touched = {r["destination"] for r in chosen}
             dest = touched.pop() if len(touched) == 1 else None
             audited = sorted(i for pair in copies for i in pair)
-            await record(
-                conn, who=who, action="resend", destination=dest, ids=audited, why=why
-            )
+            await record(conn, who=who, action="resend", destination=dest, ids=audited, why=why)
     return ResendOutcome(tuple(copies), tuple(sorted(refused)))
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from inturn.worker.store import queue as delivery_queue
 from inturn.worker.store import sweep as store
 from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
