@@ -34,17 +34,27 @@ def register(
     channel: str,
     message_types: Sequence[str] = (),
     sender_kind: str | None = None,
+    stuck_after_seconds: int = 900,
 ) -> None:
     """Write one live destination into the registry, as the operator would."""
     namespace, name = destination.split("/")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO inturn_destination"
-            " (destination, namespace, name, channel, message_types, sender_kind)"
-            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (destination) DO UPDATE"
+            "INSERT INTO inturn_destination (destination, namespace, name, channel,"
+            " message_types, sender_kind, stuck_after_seconds)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (destination) DO UPDATE"
             " SET channel = excluded.channel, message_types = excluded.message_types,"
-            " sender_kind = excluded.sender_kind, deleted_at = NULL, updated_at = now()",
-            (destination, namespace, name, channel, list(message_types), sender_kind),
+            " sender_kind = excluded.sender_kind, deleted_at = NULL, updated_at = now(),"
+            " stuck_after_seconds = excluded.stuck_after_seconds",
+            (
+                destination,
+                namespace,
+                name,
+                channel,
+                list(message_types),
+                sender_kind,
+                stuck_after_seconds,
+            ),
         )
 
 

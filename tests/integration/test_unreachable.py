@@ -10,21 +10,21 @@ brings back the old behaviour.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import LiteralString
 
 import pytest
+from pipeline import register, until
+from pipeline import worker as running
 from psycopg import AsyncConnection
 
-from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.senders.base import DeliveryError
 from inturn.worker.senders.http import HttpSender, HttpSenderConfig
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.senders.tls import TlsConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
-from inturn.worker.store import queue, registry
+from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.delivery_rules import destination_stuck
@@ -42,24 +42,12 @@ def message(n: int) -> bytes:
     ).encode()
 
 
-@contextlib.asynccontextmanager
-async def worker(dsn: str, port: int, retry: RetryPolicy) -> AsyncIterator[DestinationWorker]:
-    cfg = WorkerConfig(
-        destination=DEST,
-        channel="adt",
-        sender=MllpSenderConfig("127.0.0.1", port),
-        retry=retry,
-        idle_seconds=1,
-    )
-    assert isinstance(cfg.sender, MllpSenderConfig)
-    w = DestinationWorker(cfg, dsn, MllpSender(cfg.sender), PrometheusObserver())
-    stop = asyncio.Event()
-    task = asyncio.create_task(w.run(stop))
-    try:
-        yield w
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
+def worker(
+    dsn: str, port: int, retry: RetryPolicy
+) -> AbstractAsyncContextManager[DestinationWorker]:
+    sender = MllpSenderConfig("127.0.0.1", port)
+    cfg = WorkerConfig(destination=DEST, channel="adt", sender=sender, retry=retry, idle_seconds=1)
+    return running(cfg, dsn)
 
 
 async def enqueue(dsn: str) -> None:
@@ -82,12 +70,6 @@ async def fetch(dsn: str, sql: LiteralString) -> list[tuple[object, ...]]:
 async def count(dsn: str, sql: LiteralString) -> int:
     rows = await fetch(dsn, sql)
     return int(str(rows[0][0]))
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.1)
 
 
 async def head_tried(dsn: str, times: int) -> bool:
@@ -115,23 +97,11 @@ async def test_a_refused_port_holds_the_queue_and_spends_no_attempt(fresh_db: st
     await receiver.start()
     port = receiver.port
     await receiver.stop()  # the port is refused from now on, until the receiver comes up
-    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        namespace, name = DEST.split("/")
-        await registry.register(
-            conn,
-            destination=DEST,
-            namespace=namespace,
-            name=name,
-            channel="adt",
-            message_types=[],
-            generation=1,
-            suspended=False,
-            stuck_after_seconds=1,
-        )
+    register(fresh_db, DEST, "adt", stuck_after_seconds=1)
     await enqueue(fresh_db)
     async with worker(fresh_db, port, THREE):
         # three times maxAttempts: with the old rule every message would have failed by now
-        await until(lambda: head_tried(fresh_db, 3 * THREE.max_attempts))
+        await until(lambda: head_tried(fresh_db, 3 * THREE.max_attempts), timeout=60)
         rows = await fetch(fresh_db, "SELECT state, attempts, last_error FROM inturn_delivery")
         assert len(rows) == MESSAGES
         assert {(r[0], r[1]) for r in rows} == {("pending", 0)}
@@ -151,7 +121,7 @@ async def test_a_refused_port_holds_the_queue_and_spends_no_attempt(fresh_db: st
             await receiver.wait_for(MESSAGES, timeout=30)
         finally:
             await receiver.stop()
-        await until(lambda: _all_delivered(fresh_db))
+        await until(lambda: _all_delivered(fresh_db), timeout=60)
     ids = [p.split(b"|")[9].decode() for p in receiver.received]
     assert ids == [f"DOWN{n:03d}" for n in range(1, MESSAGES + 1)]
     rows = await fetch(fresh_db, "SELECT state, attempts FROM inturn_delivery ORDER BY id")
@@ -169,7 +139,7 @@ async def test_unreachable_count_keeps_the_old_behaviour(fresh_db: str) -> None:
         max_attempts=2, backoff_seconds=1, max_backoff_seconds=1, unreachable="count"
     )
     async with worker(fresh_db, port, counted):
-        await until(lambda: _failed_count(fresh_db, 2))
+        await until(lambda: _failed_count(fresh_db, 2), timeout=60)
     rows = await fetch(fresh_db, "SELECT state, attempts FROM inturn_delivery ORDER BY id LIMIT 2")
     assert rows == [("failed", 2), ("failed", 2)]
 
@@ -181,7 +151,7 @@ async def test_an_unanswered_message_still_counts(fresh_db: str) -> None:
     quick = RetryPolicy(max_attempts=2, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=1)
     await enqueue(fresh_db)
     async with receiver, worker(fresh_db, receiver.port, quick):
-        await until(lambda: _failed_count(fresh_db, 1))
+        await until(lambda: _failed_count(fresh_db, 1), timeout=60)
     [(state, attempts, error)] = await fetch(
         fresh_db, "SELECT state, attempts, last_error FROM inturn_delivery ORDER BY id LIMIT 1"
     )
