@@ -11,7 +11,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 MESSAGES = Counter(
     "inturn_ingest_messages",
-    "Messages answered by ingest, by channel and acknowledgement code (AA, AE, AR, CA, CE, CR).",
+    "Messages answered by ingest, by channel and acknowledgement code (AA, AE, AR, CA, CE, CR;"
+    " unknown: left unanswered, the outcome of its cancelled store not seen).",
     ["channel", "code"],
 )
 DUPLICATES = Counter(
