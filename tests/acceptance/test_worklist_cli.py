@@ -49,7 +49,8 @@ def test_sweep_then_list_count_show_clear(fresh_db: str) -> None:
     assert "orphaned-queue: placed 1, already there 0, cleared 0" in lines
     assert "delivery-expired: placed 0, already there 0, cleared 0" in lines
     # the default packs (delivery, feeds, orders): no reservation rule in a plain sweep
-    assert len(lines) == 5 and lines[-1].startswith("unanswered-order: placed 0")
+    assert "resent-delivered: placed 0, already there 0, cleared 0" in lines
+    assert len(lines) == 6 and lines[-1].startswith("unanswered-order: placed 0")
     again = run("sweep", "--json", dsn=fresh_db)
     rules = {r["rule"]: r for r in json.loads(again.stdout)["rules"]}
     assert (rules["destination-stuck"]["placed"], rules["destination-stuck"]["alreadyThere"]) == (
