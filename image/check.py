@@ -33,6 +33,7 @@ COMMANDS = (
     "bookings",
     "console",
     "receiver",
+    "send",
     "token",
     "local",
 )
