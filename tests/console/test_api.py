@@ -329,3 +329,30 @@ async def test_the_overview_shows_feeds_as_a_second_table(
     status, page = await clients["viewer"].get("/")
     assert status == 200
     assert 'data-feed="adt" data-state="silent"' in page
+
+
+async def test_resend_failed_copies_in_order_and_the_failed_count_drops(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    await register(fresh_db, DEST)
+    ids = await enqueue(fresh_db, DEST, [1, 2, 3])
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE inturn_delivery SET state = 'failed', finished_at = now() WHERE id = ANY(%s)",
+            (ids,),
+        )
+    path = f"/api/v1/destinations/{DEST}/resend-failed"
+    assert (await clients["viewer"].post(path, {}))[0] == 403
+    status, body = await clients["operator"].post(path, {"why": "fixed"})
+    assert (status, body) == (200, {"action": "resend-failed", "destination": DEST, "changed": 3})
+    _, page = await clients["operator"].get(ITEMS + "?state=failed")
+    assert [(i["id"], i["resentAs"] is not None) for i in page["items"]] == [
+        (i, True) for i in reversed(ids)
+    ]
+    copies = sorted(i["resentAs"] for i in page["items"])
+    _, pending = await clients["operator"].get(ITEMS + "?state=pending")
+    assert [i["resentFrom"] for i in reversed(pending["items"])] == ids
+    assert [i["id"] for i in reversed(pending["items"])] == copies
+    # nothing is left to resend: a conflict that says so
+    status, body = await clients["operator"].post(path, {})
+    assert status == 409 and "no failed item left to resend" in body["error"]["message"]
