@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 
 from figures import emit, parse_args
-from netpart import HOST_FOR_NODE, PG_FOR_HOST, PG_FOR_NODE, Partition
+from netpart import HOST_FOR_NODE, NODE_FOR_HOST, PG_FOR_HOST, PG_FOR_NODE, Partition
 from netpart import missing as no_partition
 from pgcluster import Cluster
 from pgcluster import missing as no_cluster
@@ -73,7 +74,7 @@ async def one_run(messages: int, folder: Path) -> dict[str, float]:
                     *("ip", "netns", "exec", part.node),
                     str(Path(sys.executable).with_name("inturn")),
                     *("worker", "--config", str(folder / "worker.json")),
-                    *("--http-host", "10.218.73.1", "--http-port", str(NODE_HTTP_PORT)),
+                    *("--http-host", NODE_FOR_HOST, "--http-port", str(NODE_HTTP_PORT)),
                 ],
                 env={
                     **os.environ,
@@ -141,6 +142,10 @@ async def one_run(messages: int, folder: Path) -> dict[str, float]:
         part.close()
 
 
+def _stop_on_sigterm(*_: object) -> None:
+    raise SystemExit(143)  # so that the namespaces and servers are removed on the way out
+
+
 async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -185,4 +190,5 @@ async def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     asyncio.run(main())

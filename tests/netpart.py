@@ -1,7 +1,7 @@
 """A real network partition between a worker and Postgres, with namespaces of our own.
 
-Three places joined by two veth pairs each way, all addresses in 10.218.7x.0/30 links that exist
-only on this machine, inside namespaces this module makes and deletes:
+Three places joined by three veth pairs, all addresses in 10.218.x.0/30 links that exist only
+on this machine, inside namespaces this module makes and deletes:
 
 * namespace ``pg``: a Postgres of its own (:class:`pgcluster.Cluster`) listening on
   ``PG_FOR_HOST`` (reached from the host, where the test and a second worker run) and
@@ -22,9 +22,12 @@ import os
 import shutil
 import subprocess
 
-PG_FOR_HOST, HOST_FOR_PG = "10.218.71.1", "10.218.71.2"
-PG_FOR_NODE, NODE_FOR_PG = "10.218.72.1", "10.218.72.2"
-NODE_FOR_HOST, HOST_FOR_NODE = "10.218.73.1", "10.218.73.2"
+#: Third octet of the first link: per process, so that a run killed before its cleanup (its links
+#: and namespaces left behind) never shares addresses with the next one.
+_BASE = 20 + 3 * (os.getpid() % 70)
+PG_FOR_HOST, HOST_FOR_PG = f"10.218.{_BASE}.1", f"10.218.{_BASE}.2"
+PG_FOR_NODE, NODE_FOR_PG = f"10.218.{_BASE + 1}.1", f"10.218.{_BASE + 1}.2"
+NODE_FOR_HOST, HOST_FOR_NODE = f"10.218.{_BASE + 2}.1", f"10.218.{_BASE + 2}.2"
 
 
 def missing() -> str | None:
