@@ -1,5 +1,5 @@
 """Ingest under a real memory limit: ``inturn ingest`` runs as its own process inside a memory
-cgroup of 256 MiB (the chart's limit for 16 MiB messages and 2 at once), and peers push it the
+cgroup of 225 MiB (the chart's formula for 16 MiB messages, 2 at once), and peers push it the
 way that used to take it to 370-443 MiB: 20 senders of 12 MiB at once, and 24 connections that
 send 15 MiB of a frame and stall before finishing it. The process must live (no OOM kill), every
 peer must get an answer (AA, or AE with ERR "busy"), and every AA must be stored."""

@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 from helm_chart import find, lint, render
 
-from inturn.worker.ingest.budget import BASE_BYTES, COPIES, budget_for, limit_for
+from inturn.worker.ingest.budget import (
+    BASE_BYTES,
+    CONNECTION_BYTES,
+    COPIES,
+    budget_for,
+    limit_for,
+)
 
 MIB = 1024 * 1024
 
@@ -33,18 +39,21 @@ def test_memory_request_and_limit_follow_the_formula(max_mib: int, count: int) -
     resources = container["resources"]
     limit = mebibytes(resources["limits"]["memory"]) * MIB
     request = mebibytes(resources["requests"]["memory"]) * MIB
-    assert limit == limit_for(max_mib * MIB, count) == BASE_BYTES + COPIES * count * max_mib * MIB
+    assert limit == limit_for(max_mib * MIB, count)
+    assert limit - BASE_BYTES - COPIES * count * max_mib * MIB == -(-count // 4) * MIB
     assert request == limit_for(max_mib * MIB, 1)
-    # the budget ingest derives from that limit holds `count` messages of the largest size
-    assert budget_for(limit) == count * max_mib * MIB
+    # the budget ingest derives from that limit holds `count` messages of the largest size,
+    # each with its connection's own bytes
+    assert budget_for(limit) >= count * (max_mib * MIB + CONNECTION_BYTES)
+    assert budget_for(request) >= max_mib * MIB + CONNECTION_BYTES
     assert f"--max-frame-bytes={max_mib}Mi" in container["args"]
     assert resources["requests"]["cpu"] == "50m"
 
 
-def test_defaults_give_four_16_mib_messages_in_352_mib() -> None:
+def test_defaults_give_four_16_mib_messages_in_353_mib() -> None:
     resources = ingest_container()["resources"]
-    assert resources["limits"]["memory"] == "352Mi"
-    assert resources["requests"]["memory"] == "160Mi"
+    assert resources["limits"]["memory"] == "353Mi"
+    assert resources["requests"]["memory"] == "161Mi"
 
 
 def test_ingest_is_told_its_limit() -> None:

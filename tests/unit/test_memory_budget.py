@@ -11,6 +11,7 @@ import pytest
 from inturn.worker.hl7.mllp import Dropped, Frame, FrameReader, frame
 from inturn.worker.ingest.budget import (
     BASE_BYTES,
+    CONNECTION_BYTES,
     COPIES,
     Busy,
     MemoryBudget,
@@ -109,9 +110,10 @@ async def test_a_request_larger_than_the_budget_is_an_error() -> None:
 
 
 def test_the_limit_formula_and_the_budget_it_leaves_agree() -> None:
-    assert limit_for(16 * MIB, 4) == BASE_BYTES + COPIES * 4 * 16 * MIB
-    for size, count in ((16 * MIB, 1), (16 * MIB, 4), (1 * MIB, 50)):
-        assert budget_for(limit_for(size, count)) == count * size
+    assert limit_for(16 * MIB, 4) == BASE_BYTES + COPIES * 4 * 16 * MIB + MIB
+    for size, count in ((16 * MIB, 1), (16 * MIB, 4), (1 * MIB, 50), (3 * MIB, 7)):
+        assert budget_for(limit_for(size, count)) >= count * (size + CONNECTION_BYTES)
+        assert limit_for(size, count) % MIB == 0
     assert budget_for(BASE_BYTES - 1) == 0
     assert memory_limit(300 * MIB) == 300 * MIB
 
@@ -137,3 +139,19 @@ def test_a_dropped_frame_keeps_its_head_and_ends_at_its_end_byte() -> None:
     events = reader.feed(wire[300:] + frame(b"MSH|^~\\&|next"))
     assert events == [Dropped(payload[:40], len(payload)), Frame(b"MSH|^~\\&|next")]
     assert not reader.dropping
+
+
+async def test_a_new_connection_is_served_before_waiting_frames() -> None:
+    """A connection's own bytes come first: a waiting frame that began later gives its room up
+    (and is answered busy), so new connections are not closed unanswered behind a crowd."""
+    budget = MemoryBudget(10, wait_seconds=5)
+    full, waiting = budget.hold(), budget.hold()
+    await full.grow(6)
+    await waiting.grow(4)
+    stuck = asyncio.create_task(waiting.grow(3))
+    await asyncio.sleep(0)
+    connection = budget.hold(priority=True)
+    await connection.grow(2)
+    with pytest.raises(Busy):
+        await stuck
+    assert (connection.held, waiting.held, budget.used) == (2, 0, 8)

@@ -42,9 +42,9 @@ BASE_BYTES = 96 * 1024 * 1024
 
 #: How many times the process's memory grows per byte of message held, at the worst moment:
 #: the frame, its payload copy, the terminators' and identifier scan's working copies, the
-#: statement's parameters and libpq's send buffer. Under a limit of 96 MiB + 4 x 32 MiB (224 MiB),
-#: 20 senders of 12 MiB at once and 24 stalled 15 MiB frames peaked at 146 and 182 MiB
-#: (``tests/integration/test_ingest_memory.py``).
+#: statement's parameters and libpq's send buffer. Under the limit for two 16 MiB messages
+#: (225 MiB), 20 senders of 12 MiB at once and 24 stalled 15 MiB frames peaked at most at 160
+#: and 182 MiB (``tests/integration/test_ingest_memory.py``).
 COPIES = 4
 
 #: Default memory an ingest process may use when neither ``--memory-limit`` nor a cgroup says.
@@ -109,9 +109,13 @@ def budget_for(limit: int) -> int:
 
 def limit_for(max_message_bytes: int, concurrent_messages: int) -> int:
     """The memory limit that lets ``concurrent_messages`` messages of ``max_message_bytes``
-    be held at once: ``BASE_BYTES + COPIES * concurrent_messages * max_message_bytes`` (the
-    chart's formula; see the sizing guide)."""
-    return BASE_BYTES + COPIES * concurrent_messages * max_message_bytes
+    be held at once, each with its connection's :data:`CONNECTION_BYTES`, in whole MiB:
+    ``BASE_BYTES + COPIES * N * (max_message_bytes + 64 KiB)`` rounded up to a MiB, which is
+    ``96 MiB + 4 x N x S + ceil(N / 4) MiB`` for ``S`` in whole MiB (the chart's formula; see
+    the sizing guide)."""
+    exact = BASE_BYTES + COPIES * concurrent_messages * (max_message_bytes + CONNECTION_BYTES)
+    mib = 1024 * 1024
+    return -(-exact // mib) * mib
 
 
 @dataclass(eq=False)
@@ -128,6 +132,7 @@ class Hold:
     held: int = 0
     evicted: bool = False
     age: int = 0
+    priority: bool = False
     _want: int = 0
     _future: asyncio.Future[None] | None = field(default=None, repr=False)
 
@@ -172,9 +177,12 @@ class MemoryBudget:
         self._ages = itertools.count(1)
         self._waiting: list[Hold] = []
 
-    def hold(self) -> Hold:
-        """A new, empty hold."""
-        return Hold(self)
+    def hold(self, priority: bool = False) -> Hold:
+        """A new, empty hold. A ``priority`` hold (a connection's own few bytes) is served
+        before every frame, as if older than all of them: a new connection is admitted by
+        taking room from waiting frames (which are answered busy) rather than waiting behind
+        them and being closed unanswered."""
+        return Hold(self, age=-1 if priority else 0, priority=priority)
 
     @property
     def free(self) -> int:
@@ -182,7 +190,7 @@ class MemoryBudget:
         return self.capacity - self.used
 
     def _take(self, hold: Hold, size: int) -> None:
-        if hold.age == 0:
+        if hold.age == 0 and not hold.priority:
             hold.age = next(self._ages)
         hold.held += size
         self.used += size
@@ -198,7 +206,7 @@ class MemoryBudget:
         if not self._waiting and self.used + size <= self.capacity:
             self._take(hold, size)
             return
-        if hold.age == 0:
+        if hold.age == 0 and not hold.priority:
             hold.age = next(self._ages)  # a new frame queues behind the frames already begun
         hold._want = size
         hold._future = asyncio.get_running_loop().create_future()
@@ -223,14 +231,14 @@ class MemoryBudget:
             hold.held = size
         if size == 0:
             hold.evicted = False
-            hold.age = 0
+            hold.age = -1 if hold.priority else 0
         self._rebalance()
 
     def _evict(self, hold: Hold) -> None:
         self.used -= hold.held
         hold.held = 0
         hold.evicted = True
-        hold.age = 0
+        hold.age = -1 if hold.priority else 0
         self.evictions += 1
         if hold in self._waiting:
             self._waiting.remove(hold)

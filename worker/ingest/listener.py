@@ -16,12 +16,12 @@ Timeouts, in seconds:
   the connection the same way, however steadily it trickles in.
 
 Memory (:mod:`inturn.worker.ingest.budget`): each connection holds
-:data:`~inturn.worker.ingest.budget.CONNECTION_BYTES` of the process's budget while open (a
-connection that cannot get it in time is closed at once), and every frame holds its bytes from
-the read that brings them until its answer is written. A frame that finds no room waits, not
-reading, so TCP holds its sender back; one whose room is taken for an older frame, or that waits
-too long, is dropped as it arrives (its first 4 KiB kept for its MSH) and answered AE with ERR
-207 "busy" at its end, and the connection goes on.
+:data:`~inturn.worker.ingest.budget.CONNECTION_BYTES` of the process's budget while open
+(served before any frame: waiting frames give theirs up for it), and every frame holds its
+bytes from the read that brings them until its answer is written. A frame that finds no room
+waits, not reading, so TCP holds its sender back; one whose room is taken for an older frame,
+or that waits too long, is dropped as it arrives (its first 4 KiB kept for its MSH) and
+answered AE with ERR 207 "busy" at its end, and the connection goes on.
 
 Who may connect: a channel's :class:`inturn.worker.ingest.access.AllowList` is checked as soon as
 a connection is accepted: the source network before the TLS handshake, the client certificate's
@@ -285,7 +285,7 @@ class MllpListener:
         self, task: asyncio.Task[None], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> str:
         """Run the read-store-answer loop; return why it ended."""
-        room = self.budget.hold()  # the connection's own reads
+        room = self.budget.hold(priority=True)  # the connection's own reads
         try:
             await room.grow(CONNECTION_BYTES)
         except Busy:

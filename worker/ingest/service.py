@@ -177,10 +177,11 @@ class IngestConfig:
         budget = budget_for(limit)
         need = self.max_frame_bytes + CONNECTION_BYTES
         if budget < need:
+            needed = limit_for(self.max_frame_bytes, 1) // 2**20
             raise ValueError(
                 f"a memory limit of {limit // 2**20} MiB leaves {budget // 2**20} MiB for"
                 f" messages, less than one message of {self.max_frame_bytes // 2**20} MiB"
-                f" (--max-frame-bytes): give ingest at least {-(-limit_for(need, 1) // 2**20)} MiB"
+                f" (--max-frame-bytes): give ingest at least {needed} MiB"
                 " (--memory-limit, or the container's limit)"
             )
         return budget

@@ -113,8 +113,9 @@ key: {{ $own.key | default $db.key }}
 
 {{/*
 Ingest's resources: the memory request and limit follow from the largest message and how many
-are held at once (docs/explanation/memory.md): 96 MiB + 4 x maxMessageMiB x concurrentMessages
-for the limit, 96 MiB + 4 x maxMessageMiB for the request; values set in ingest.resources win.
+are held at once (docs/explanation/memory.md): 96 MiB + 4 x N x (S + 64 KiB) rounded up to a
+MiB, i.e. 96 + 4 x maxMessageMiB x concurrentMessages + ceil(concurrentMessages / 4) MiB, for
+the limit, the same with N = 1 for the request; values set in ingest.resources win.
 */}}
 {{- define "inturn.ingestResources" -}}
 {{- $mib := int .Values.ingest.maxMessageMiB -}}
@@ -122,8 +123,8 @@ for the limit, 96 MiB + 4 x maxMessageMiB for the request; values set in ingest.
 {{- $resources := deepCopy (.Values.ingest.resources | default dict) -}}
 {{- $requests := $resources.requests | default dict -}}
 {{- $limits := $resources.limits | default dict -}}
-{{- if not $requests.memory }}{{ $_ := set $requests "memory" (printf "%dMi" (add 96 (mul 4 $mib))) }}{{ end -}}
-{{- if not $limits.memory }}{{ $_ := set $limits "memory" (printf "%dMi" (add 96 (mul 4 $mib $count))) }}{{ end -}}
+{{- if not $requests.memory }}{{ $_ := set $requests "memory" (printf "%dMi" (add 96 (mul 4 $mib) 1)) }}{{ end -}}
+{{- if not $limits.memory }}{{ $_ := set $limits "memory" (printf "%dMi" (add 96 (mul 4 $mib $count) (div (add $count 3) 4))) }}{{ end -}}
 {{- $_ := set $resources "requests" $requests -}}
 {{- $_ := set $resources "limits" $limits -}}
 {{- toYaml $resources -}}
