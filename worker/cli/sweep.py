@@ -25,7 +25,7 @@ from inturn.worker.operations import packs
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worklist.publishers import close_all, from_env
 from inturn.worker.worklist.rules import PackOption, RulePack
-from inturn.worker.worklist.sweep import DEFAULT_LIMIT, SweepReport, sweep
+from inturn.worker.worklist.sweep import DEFAULT_LIMIT, SweepReport
 
 #: Where :class:`SweepCommand` keeps the chosen packs' click options for one invocation.
 _PACK_OPTIONS = "inturn.sweep.pack_options"
@@ -146,7 +146,7 @@ def sweep_command(
     settings = {
         p.name: {o.field: pack_values[_param_name(p, o)] for o in p.options} for p in chosen
     }
-    selected = packs.select(only, settings)
+    packs.select(only, settings)  # a setting the pack does not have fails here, before connecting
     target = resolve_dsn(dsn)
     try:
         publishers = [] if dry_run else from_env(os.environ, target)
@@ -155,7 +155,9 @@ def sweep_command(
 
     async def go(conn: AsyncConnection[Any]) -> SweepReport:
         try:
-            return await sweep(conn, selected, limit=limit, dry_run=dry_run, publishers=publishers)
+            return await packs.sweep(
+                conn, only, settings, limit=limit, dry_run=dry_run, publishers=publishers
+            )
         finally:
             await close_all(publishers)
 

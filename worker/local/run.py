@@ -339,7 +339,6 @@ async def sweep_loop(
     overlap (the sweep lock), so an ``inturn sweep`` run by hand at the same time is harmless.
     """
     from inturn.worker.operations import packs
-    from inturn.worker.worklist.sweep import sweep
 
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
@@ -350,7 +349,7 @@ async def sweep_loop(
             async with await AsyncConnection.connect(
                 dsn, autocommit=True, application_name="inturn-local-sweep"
             ) as conn:
-                report = await sweep(conn, packs.select(), publishers=list(publishers))
+                report = await packs.sweep(conn, publishers=list(publishers))
         except Exception as exc:  # a sweep that fails is retried at the next interval
             log.error("sweep failed (next run in %gs): %s", every, exc)
             continue

@@ -28,12 +28,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from psycopg import AsyncConnection
+
 from inturn.worker.errors import Invalid
 from inturn.worker.feeds import rules as feed_rules
 from inturn.worker.orders import rules as order_rules
 from inturn.worker.reservations import sweep as reservation_rules
 from inturn.worker.worklist import delivery_rules
+from inturn.worker.worklist.publish import Publisher
 from inturn.worker.worklist.rules import Rule, RulePack
+from inturn.worker.worklist.sweep import DEFAULT_LIMIT, SweepReport
+from inturn.worker.worklist.sweep import sweep as run_rules
 
 #: Every rule pack, in the order ``inturn sweep`` runs them.
 PACKS: tuple[RulePack[Any], ...] = (
@@ -94,3 +99,26 @@ def select(
     """
     given = settings or {}
     return [r for p in chosen(only) for r in p.configured(**given.get(p.name, {}))]
+
+
+async def sweep(
+    conn: AsyncConnection[Any],
+    only: Sequence[str] = (),
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    limit: int = DEFAULT_LIMIT,
+    dry_run: bool = False,
+    publishers: list[Publisher] | None = None,
+) -> SweepReport:
+    """One sweep, the sweeper's action: the rules of the :func:`chosen` packs (with
+    ``settings``, see :func:`select`) once each under the sweep lock, announcing what they
+    created (:func:`inturn.worker.worklist.sweep.sweep`). ``inturn sweep`` and ``inturn
+    local``'s sweeper call it and only format the report.
+
+    Raises:
+        UnknownPack: a name no pack has.
+        ValueError: ``limit`` below 1.
+        psycopg.OperationalError: the database went away.
+    """
+    rules = select(only, settings)
+    return await run_rules(conn, rules, limit=limit, dry_run=dry_run, publishers=publishers)
