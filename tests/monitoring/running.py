@@ -43,6 +43,22 @@ def manifest(path: Path, name: str, sender: str, *, max_attempts: int = 0) -> Pa
     return path
 
 
+def accepting_and_refusing(directory: Path, http_url: str, mllp_port: int) -> list[str]:
+    """Manifests of two destinations of channel ``adt`` in ``directory``: ``to-http`` (an HTTP
+    receiver at ``http_url``) and ``to-mllp`` (an MLLP receiver on ``mllp_port`` that refuses,
+    given up after 2 attempts); ``inturn local``'s ``-f`` arguments for them."""
+    files = [
+        manifest(directory / "http.yaml", "to-http", f"{{http: {{url: '{http_url}'}}}}"),
+        manifest(
+            directory / "mllp.yaml",
+            "to-mllp",
+            f"{{mllp: {{host: {HOST}, port: {mllp_port}}}}}",
+            max_attempts=2,
+        ),
+    ]
+    return [a for f in files for a in ("-f", str(f))]
+
+
 def message(n: int) -> bytes:
     """An ADT^A01 of a made-up patient whose MSH-10 is ``M<n>``."""
     return (

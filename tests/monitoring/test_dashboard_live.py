@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from running import HOST, LocalProcess, free_port, manifest, message, send
+from running import HOST, LocalProcess, accepting_and_refusing, free_port, message, send
 
 from inturn.worker.testing import HttpReceiver, MllpReceiver
 
@@ -129,16 +129,7 @@ async def test_every_dashboard_query_of_inturns_metrics_returns_data(
 
     async with HttpReceiver() as accepting, MllpReceiver(ack_code="AE") as refusing:
         listen, ops = free_port(), free_port()
-        files = [
-            manifest(tmp_path / "http.yaml", "to-http", f"{{http: {{url: '{accepting.url}hl7'}}}}"),
-            manifest(
-                tmp_path / "mllp.yaml",
-                "to-mllp",
-                f"{{mllp: {{host: {HOST}, port: {refusing.port}}}}}",
-                max_attempts=2,
-            ),
-        ]
-        args = [a for f in files for a in ("-f", str(f))]
+        args = accepting_and_refusing(tmp_path, f"{accepting.url}hl7", refusing.port)
         local = LocalProcess(
             tmp_path / "local.log",
             [*args, "--listen", f"adt={listen}", "--ops", f"{HOST}:{ops}", "--dsn", fresh_db],

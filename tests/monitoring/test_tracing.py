@@ -10,6 +10,8 @@ receiver (which answers AE until the message is marked failed).
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from running import HOST, LocalProcess, free_port, manifest, message, send
+from running import (
+    HOST,
+    INTURN,
+    LocalProcess,
+    accepting_and_refusing,
+    free_port,
+    manifest,
+    message,
+    send,
+)
 
 from inturn.worker import tracing
 from inturn.worker.testing import HttpReceiver, MllpReceiver
@@ -128,21 +139,12 @@ async def test_a_trace_per_message_from_ingest_to_each_receiver(
 ) -> None:
     async with HttpReceiver() as http, MllpReceiver(ack_code="AE") as refusing:
         listen = free_port()
-        files = [
-            manifest(tmp_path / "http.yaml", "to-http", f"{{http: {{url: '{http.url}hl7'}}}}"),
-            manifest(
-                tmp_path / "mllp.yaml",
-                "to-mllp",
-                f"{{mllp: {{host: {HOST}, port: {refusing.port}}}}}",
-                max_attempts=2,
-            ),
-        ]
+        args = accepting_and_refusing(tmp_path, f"{http.url}hl7", refusing.port)
         env = {
             "OTEL_TRACES_EXPORTER": "otlp",
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{HOST}:{otlp.port}",
             "OTEL_BSP_SCHEDULE_DELAY": "100",
         }
-        args = [a for f in files for a in ("-f", str(f))]
         local = LocalProcess(
             tmp_path / "local.log", [*args, "--listen", f"adt={listen}", "--dsn", fresh_db], env
         )
@@ -306,3 +308,28 @@ def test_hooks_are_no_ops_when_off() -> None:
     tracing.attempt_ended(attempt, None)
     tracing.finished(attempt, "delivered", 1)
     assert headers == {}
+
+
+@pytest.mark.parametrize("command", ["ingest", "worker"])
+def test_ingest_and_worker_refuse_an_exporter_they_lack_at_start(
+    command: str, tmp_path: Path
+) -> None:
+    """Both processes read the variables before anything else (no database is reached)."""
+    f = manifest(tmp_path / "d.yaml", "to-http", "{http: {url: 'http://127.0.0.1:9/hl7'}}")
+    args = {
+        "ingest": ["--listen", f"adt={free_port()}"],
+        "worker": ["-f", str(f), "--http-port", "0"],
+    }[command]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_TRACES_EXPORTER"] = "zipkin"
+    done = subprocess.run(
+        [str(INTURN), command, *args, "--dsn", "postgresql://nobody@127.0.0.1:1/none"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "OTEL_TRACES_EXPORTER='zipkin'" in lines[0], done.stderr

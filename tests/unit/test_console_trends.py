@@ -129,3 +129,17 @@ def test_the_day_chart_marks_attempts_and_names_the_hours() -> None:
     assert classes.count("mark mark-failed") == 1
     hours = [t.text for t in svg.iter(f"{SVG}text") if t.text and ":" in t.text]
     assert len(hours) == 8 and all(len(h) == 5 for h in hours)  # every 3 h, HH:MM
+
+
+def test_a_picture_is_drawn_again_only_when_its_series_or_interval_changes() -> None:
+    history = History()
+    history.add("ward/lab", NOW, 2, 10.0)
+    first = history.hour_picture("ward/lab", NOW + 1, label="ward/lab")
+    assert history.hour_picture("ward/lab", NOW + 2, label="ward/lab") is first
+    history.add("ward/lab", NOW + 3, 1, 5.0)  # smaller than the interval's maxima: no change
+    assert history.hour_picture("ward/lab", NOW + 4, label="ward/lab") is first
+    history.add("ward/lab", NOW + 5, 3, 5.0)  # a new maximum
+    second = history.hour_picture("ward/lab", NOW + 6, label="ward/lab")
+    assert second is not first and "pending max 3" in second
+    assert history.hour_picture("ward/lab", NOW + 31, label="ward/lab") is not second  # next 30 s
+    assert "no snapshot yet" in history.hour_picture("ward/none", NOW, label="ward/none")

@@ -90,18 +90,15 @@ def overview_table(request: web.Request, snapshot: Snapshot) -> str:
     now = snapshot.taken_at.timestamp()
 
     def destination_trend(row: OverviewRow) -> Markup:
-        return trends.hour_sparkline(
-            history.hour(row.destination, now),
-            now=now,
-            label=f"{row.destination}, last hour",
-            threshold=row.stuck_after,
+        return history.hour_picture(
+            row.destination, now, label=f"{row.destination}, last hour", threshold=row.stuck_after
         )
 
     def feed_trend(row: FeedOverviewRow) -> Markup:
         name = trends.feed_name(row.channel, row.sender)
-        return trends.hour_sparkline(
-            history.hour(trends.feed_key(name), now),
-            now=now,
+        return history.hour_picture(
+            trends.feed_key(name),
+            now,
             label=f"feed {name}, last hour",
             threshold=row.silent_after,
             area_name="",

@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from markupsafe import Markup, escape
 
@@ -64,7 +65,7 @@ class Point:
 class Ring:
     """A fixed-capacity ring of samples, one per ``step`` seconds, max-merged within a step."""
 
-    __slots__ = ("_a", "_at", "_b", "_next", "_size", "capacity", "step")
+    __slots__ = ("_a", "_at", "_b", "_next", "_size", "capacity", "step", "version")
 
     def __init__(self, step: float, capacity: int) -> None:
         self.step = step
@@ -74,14 +75,18 @@ class Ring:
         self._b = array("d", bytes(8 * capacity))
         self._next = 0
         self._size = 0
+        #: Counts the changes, so that a picture of the ring can be reused until it changes.
+        self.version = 0
 
     def add(self, now: float, a: float, b: float) -> None:
         """Record values seen at ``now`` (seconds since the epoch)."""
         bucket = math.floor(now / self.step) * self.step
         last = (self._next - 1) % self.capacity
         if self._size and self._at[last] == bucket:
-            self._a[last] = max(self._a[last], a)
-            self._b[last] = max(self._b[last], b)
+            if a > self._a[last] or b > self._b[last]:
+                self._a[last] = max(self._a[last], a)
+                self._b[last] = max(self._b[last], b)
+                self.version += 1
             return
         if self._size and bucket < self._at[last]:
             return  # the clock went back: keep the order
@@ -89,6 +94,7 @@ class Ring:
         self._at[i], self._a[i], self._b[i] = bucket, a, b
         self._next = (i + 1) % self.capacity
         self._size = min(self._size + 1, self.capacity)
+        self.version += 1
 
     def points(self, since: float = -math.inf) -> list[Point]:
         """The samples whose interval starts at or after ``since``, oldest first."""
@@ -102,13 +108,14 @@ class Ring:
 
 
 class Series:
-    """One destination's or feed's hour and day rings."""
+    """One destination's or feed's hour and day rings, and its last hour's picture."""
 
-    __slots__ = ("day", "hour")
+    __slots__ = ("day", "hour", "picture")
 
     def __init__(self) -> None:
         self.hour = Ring(HOUR_STEP, HOUR_SAMPLES)
         self.day = Ring(DAY_STEP, DAY_SAMPLES)
+        self.picture: tuple[Any, Markup] | None = None
 
     def add(self, now: float, a: float, b: float) -> None:
         self.hour.add(now, a, b)
@@ -164,6 +171,38 @@ class History:
         series = self._series.get(key)
         return series.day.points(now - 86400.0) if series else []
 
+    def hour_picture(
+        self,
+        key: str,
+        now: float,
+        *,
+        label: str,
+        threshold: float | None = None,
+        area_name: str = "pending",
+        line_name: str = "oldest",
+    ) -> Markup:
+        """:func:`hour_sparkline` of ``key``'s last hour, ending with the interval that holds
+        ``now``. Drawn again only when the series or the interval changes: a thousand idle
+        destinations cost a thousand lookups per snapshot, not a thousand drawings."""
+        end = (math.floor(now / HOUR_STEP) + 1) * HOUR_STEP
+        series = self._series.get(key)
+        style = (label, threshold, area_name, line_name)
+        if series is None:
+            return hour_sparkline([], now=end, label=label, line_name=line_name)
+        signature = (series.hour.version, end, style)
+        if series.picture is not None and series.picture[0] == signature:
+            return series.picture[1]
+        picture = hour_sparkline(
+            series.hour.points(end - 3600.0),
+            now=end,
+            label=label,
+            threshold=threshold,
+            area_name=area_name,
+            line_name=line_name,
+        )
+        series.picture = (signature, picture)
+        return picture
+
 
 def feed_key(feed: str) -> str:
     """The history key of a feed (``channel`` or ``channel/sender``)."""
@@ -188,7 +227,13 @@ class Mark:
 
 
 def _num(value: float) -> str:
+    """A number as the pictures write it: to a tenth, without trailing zeros."""
     return f"{value:.1f}".rstrip("0").rstrip(".")
+
+
+def _px(value: float) -> str:
+    """A coordinate, to the whole pixel (the pictures are drawn at their size)."""
+    return str(round(value))
 
 
 def _runs(points: Sequence[Point], step: float) -> list[list[Point]]:
@@ -296,23 +341,22 @@ def chart(
                 f"{escape(format_age(b_scale))}</text>"
             )
     for run in _runs(points, step):
-        xs = [x(p.at + step / 2) for p in run]
+        xs = [_px(x(p.at + step / 2)) for p in run]
         if len(run) == 1:  # a lone sample: a short bar
-            xs = [xs[0] - 1.0, xs[0] + 1.0]
+            mid = x(run[0].at + step / 2)
+            xs = [_px(mid - 1.0), _px(mid + 1.0)]
             run = [run[0], run[0]]
-        top_edge = " ".join(
-            f"{_num(px)},{_num(y(p.a, a_scale))}" for px, p in zip(xs, run, strict=True)
-        )
         if area_name:
+            top_edge = " ".join(
+                f"{px},{_px(y(p.a, a_scale))}" for px, p in zip(xs, run, strict=True)
+            )
             parts.append(
-                f'<polygon points="{_num(xs[0])},{_num(bottom)} {top_edge}'
-                f' {_num(xs[-1])},{_num(bottom)}" fill="{PENDING_FILL}"'
-                f' stroke="{PENDING_STROKE}" stroke-width="0.75" class="pending"/>'
+                f'<polygon points="{xs[0]},{_px(bottom)} {top_edge} {xs[-1]},{_px(bottom)}"'
+                f' fill="{PENDING_FILL}" stroke="{PENDING_STROKE}" stroke-width="0.75"'
+                ' class="pending"/>'
             )
         if line_name:
-            line = " ".join(
-                f"{_num(px)},{_num(y(p.b, b_scale))}" for px, p in zip(xs, run, strict=True)
-            )
+            line = " ".join(f"{px},{_px(y(p.b, b_scale))}" for px, p in zip(xs, run, strict=True))
             parts.append(
                 f'<polyline points="{line}" fill="none" stroke="{AGE_STROKE}"'
                 ' stroke-width="1.25" class="age"/>'
