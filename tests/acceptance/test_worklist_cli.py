@@ -85,6 +85,7 @@ def test_sweep_then_list_count_show_clear(fresh_db: str) -> None:
     shown = run("worklist", "show", str(item["id"]), dsn=fresh_db)
     assert shown.returncode == 0 and "orphaned-queue" in shown.stdout
     assert "history:" in shown.stdout
+    assert "what:       Messages wait for a destination that is not registered" in shown.stdout
 
     missing_note = run("worklist", "clear", str(item["id"]), "--who", "alice", dsn=fresh_db)
     assert missing_note.returncode == 2 and "--note" in missing_note.stderr

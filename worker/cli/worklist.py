@@ -20,8 +20,9 @@ from inturn.worker.operations import worklist as worklist_actions
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.store import worklist as store
 from inturn.worker.store.worklist_model import ITEM_STATES, CountRow, Page, WorklistItem
-from inturn.worker.text.display import table
+from inturn.worker.text.display import printable, table
 from inturn.worker.text.durations import format_age
+from inturn.worker.worklist.describe import sentence
 
 T = TypeVar("T")
 
@@ -71,7 +72,8 @@ def format_counts(rows: list[CountRow], now: datetime) -> str:
 
 
 def format_item(item: WorklistItem) -> str:
-    """One item, field by field (details as compact JSON)."""
+    """One item, field by field: what it is about as a sentence, then its details as compact
+    JSON."""
     lines = [
         f"id:         {item.id}",
         f"queue:      {item.queue}",
@@ -83,6 +85,7 @@ def format_item(item: WorklistItem) -> str:
     if item.cleared_at is not None:
         lines.append(f"cleared:    {_when(item.cleared_at)} by {item.cleared_by}")
         lines.append(f"note:       {item.note}")
+    lines.append(f"what:       {printable(sentence(item.to_json()))}")
     lines.append(f"details:    {json.dumps(item.details, sort_keys=True)}")
     return "\n".join(lines)
 
