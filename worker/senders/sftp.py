@@ -11,6 +11,11 @@ The server is authenticated by a known-hosts file (never trust on first use); th
 private key or a password, each a key of one Secret. One SSH connection is kept open between
 messages and dropped after any failure or cancellation. asyncssh (a maintained SSHv2 and SFTP
 library) is imported by the sender only, so a worker of another kind never loads it.
+
+What the server sends is bounded by asyncssh itself (asyncssh 2.x, ``sftp.py`` and
+``connection.py``): an SFTP reply packet over 4 MiB + 1 KiB is refused (``SFTPBadMessage``), SSH
+packets by the negotiated packet size, buffered channel data by its 2 MiB window, and the
+server's banner to 1,024 lines of 8 KiB; the attempt as a whole by ``retry.timeoutSeconds``.
 """
 
 from __future__ import annotations
