@@ -34,9 +34,14 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from .ack import new_control_id
-from .delimiters import DEFAULT_DELIMITERS, Delimiters, read_delimiters, strip_preamble
-from .errors import HeaderError, HL7Error
+from inturn.worker.hl7.ack import new_control_id
+from inturn.worker.hl7.delimiters import (
+    DEFAULT_DELIMITERS,
+    Delimiters,
+    read_delimiters,
+    strip_preamble,
+)
+from inturn.worker.hl7.errors import HeaderError, HL7Error
 
 __all__ = [
     "Batch",

@@ -22,8 +22,7 @@ import re
 from dataclasses import dataclass
 
 from inturn.worker.errors import Invalid
-
-from .mllp import SB, Frame, FrameReader, FrameTooLarge, Garbage
+from inturn.worker.hl7.mllp import SB, Frame, FrameReader, FrameTooLarge, Garbage
 
 #: A segment named MSH at the start of the text or after a terminator.
 _MSH_START = re.compile(rb"(?:^|(?<=[\r\n]))MSH")
