@@ -22,8 +22,9 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.store import feeds as store
-from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
+from inturn.worker.store.worklist import NewPlacement, place_many
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
+from inturn.worker.worklist.stale import clear_stale
 from inturn.worker.worklist.windows import open_windows
 
 #: The pack (``inturn sweep --only feeds``) and the rule's group.
@@ -48,15 +49,9 @@ async def feed_silent(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) 
         outcome.placed = len(due)
         outcome.cleared = len(stale)
         return outcome
-    by_why: dict[str, list[str]] = {}
-    for row in stale:
-        by_why.setdefault(row["why"], []).append(row["record_key"])
-    for why, keys in sorted(by_why.items()):
-        cleared = await clear_where(
-            conn, record_kind="feed", record_keys=keys, queue=QUEUE, reason=REASON, note=why
-        )
-        outcome.cleared += len(cleared)
-        outcome.already -= len(cleared)
+    cleared = await clear_stale(conn, stale, record_kind="feed", queue=QUEUE, reason=REASON)
+    outcome.cleared += cleared
+    outcome.already -= cleared
     placements = await place_many(
         conn,
         [

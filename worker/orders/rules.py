@@ -21,8 +21,9 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.store import orders as store
-from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
+from inturn.worker.store.worklist import NewPlacement, place_many
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
+from inturn.worker.worklist.stale import clear_stale
 
 #: The pack (``inturn sweep --only orders``) and the rule's group.
 GROUP = "orders"
@@ -44,15 +45,9 @@ async def unanswered_order(conn: AsyncConnection[Any], *, limit: int, dry_run: b
     if dry_run:
         outcome.placed, outcome.cleared = len(due), len(stale)
         return outcome
-    by_why: dict[str, list[str]] = {}
-    for row in stale:
-        by_why.setdefault(row["why"], []).append(row["record_key"])
-    for why, keys in sorted(by_why.items()):
-        cleared = await clear_where(
-            conn, record_kind="order", record_keys=keys, queue=QUEUE, reason=REASON, note=why
-        )
-        outcome.cleared += len(cleared)
-        outcome.already -= len(cleared)
+    cleared = await clear_stale(conn, stale, record_kind="order", queue=QUEUE, reason=REASON)
+    outcome.cleared += cleared
+    outcome.already -= cleared
     if not due:
         return outcome
     async with conn.transaction():
