@@ -383,7 +383,7 @@ def payload_command(dsn: str | None, item_id: int, who: str, why: str | None) ->
     is audited).
 
     These are the stored bytes: ingest stores a message with its segment terminators already
-    normalised (see :mod:`inturn.worker.hl7.terminators`); the rule is applied here too, and
+    normalised (HL7 terminators: LF and CRLF become CR); the rule is applied here too, and
     changes nothing, so that rows stored before it print what is sent.
     """
     shown = act(dsn, lambda conn: actions.view_payload(conn, Trusted(who), item_id, why))
@@ -523,10 +523,13 @@ def resend_command(
 ) -> None:
     """Queue copies of finished items at the tail of their queues, in their original order.
 
-    Give item ids and ranges (``inturn queue resend 120 125-130``), or ``--destination`` for
+    Give item ids and ranges ('inturn queue resend 120 125-130'), or --destination for
     every failed item of a destination that still needs a person. One transaction, audited
     once; the originals keep their history and are shown as resent. Items pending or already
     resent are listed and skipped.
+
+    A copy goes out after everything queued since its original: it can reach the receiver
+    after later messages about the same patient. A delivered item is sent again.
     """
     if bool(items) == bool(destination):
         raise click.UsageError("give item ids or ranges, or --destination (not both)")

@@ -572,7 +572,14 @@ def local_command(
             lock.release()
             raise click.ClickException(str(exc)) from None
         dsn = embedded.dsn
-        log.info("embedded Postgres ready; `inturn queue ...` run in this folder uses it")
+        if data_dir.resolve() == Path(".inturn").resolve():
+            log.info("embedded Postgres ready; `inturn queue ...` run in this folder uses it")
+        else:  # the other commands look for ./.inturn only: tell them where this one is
+            log.info(
+                "embedded Postgres ready; other inturn commands reach it with"
+                " --dsn '%s' (or INTURN_DSN)",
+                dsn,
+            )
     try:
         applied = migrate(dsn)
         if applied:
