@@ -104,13 +104,19 @@ class Clock:
 
 
 @contextlib.contextmanager
-def processes(commands: Sequence[list[str]], env: dict[str, str]) -> Iterator[None]:
-    procs = [
-        subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for c in commands
-    ]
+def processes(commands: Sequence[list[str]], env: dict[str, str], log: Path) -> Iterator[None]:
+    """Run ``commands`` for the block, their standard error appended to ``log`` (a pipe
+    nobody reads would stall a process that logs more than the pipe holds); stopped after."""
+    with log.open("ab") as sink:
+        procs = [
+            subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=sink) for c in commands
+        ]
     try:
         yield
+    except BaseException:
+        tail = log.read_text(errors="replace")[-3000:]
+        print(f"(the end of ingest's and the workers' log:)\n{tail}", file=sys.stderr)
+        raise
     finally:
         for p in procs:
             p.terminate()
@@ -230,7 +236,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 for n, rx in enumerate(receivers)
             ]
             env = {**os.environ, "INTURN_DSN": dsn}
-            with processes([ingest, *workers], env):
+            with processes([ingest, *workers], env, Path(tmp) / "processes.log"):
                 await wait_ready_ops(ops)
                 # two seconds at a slow pace, every channel delivered, before anything counts
                 await one_rate(CONNECTIONS, 0.0, ports, templates, clock)
