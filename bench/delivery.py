@@ -463,8 +463,11 @@ async def drain(
         cmd = command(rx.port)
         before = await wal_counters(conn)
         t_start = time.perf_counter()
+        # Its log goes to a file: a pipe read only at the end would stall a worker that logs
+        # more than the pipe holds (a long run of failures). Standard output is one line.
+        errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
         proc = await asyncio.create_subprocess_exec(
-            *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            *cmd, env=env, stdout=asyncio.subprocess.PIPE, stderr=errors
         )
         deadline = t_start + cap
         complete = False
@@ -500,10 +503,13 @@ async def drain(
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
             try:
-                out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+                out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
             except TimeoutError:
                 proc.kill()
-                out, err = await proc.communicate()
+                out, _ = await proc.communicate()
+            errors.seek(0)
+            err = errors.read()
+            errors.close()
         # Backends report their WAL statistics at exit (at most once a second before that).
         await asyncio.sleep(STATS_SETTLE_SECONDS)
         result.wal = delta(await wal_counters(conn), before)

@@ -116,7 +116,7 @@ def start_worker(config: Path, dsn: str) -> subprocess.Popen[bytes]:
          "--http-port", "0", "--log-level", "WARNING"],
         env={**os.environ, "INTURN_DSN": dsn},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # never read: a pipe would stall a worker that logs a lot
     )  # fmt: skip
 
 
