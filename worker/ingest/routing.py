@@ -16,6 +16,11 @@ Filters (``spec.filter.messageTypes``) are patterns on ``MSH-9.1^MSH-9.2`` such 
   ``CODE^`` so that ``ACK^*`` takes every ACK, with or without a trigger;
 * an empty list of patterns takes every message type.
 
+Field conditions (``spec.filter.fields``, :mod:`inturn.worker.hl7.filter`) test HL7 fields
+such as ``MSH-4`` or ``PV1-3``: a destination takes a message when its type passes and every
+condition holds. The message is split into fields only when a destination of its channel whose
+type filter passed has conditions, and once for all of them.
+
 A suspended destination still receives: suspension only stops its worker from sending.
 """
 
@@ -30,6 +35,13 @@ from typing import Any, Literal
 
 from psycopg_pool import AsyncConnectionPool
 
+from inturn.worker.hl7.filter import (
+    FieldCondition,
+    FieldRef,
+    MessageFields,
+    conditions_of,
+    holds,
+)
 from inturn.worker.hl7.types import type_matches
 from inturn.worker.spec.replies import ReplyRule, rules_of
 from inturn.worker.store import ingest as ingest_store
@@ -79,6 +91,8 @@ class Route:
         destination: ``namespace/name``.
         channel: the ingest channel it takes messages from.
         message_types: its filter patterns; empty takes every type.
+        field_conditions: its conditions on HL7 fields (``spec.filter.fields``), all of which
+            must hold; empty: none.
         suspended: its worker does not send; it still receives.
         sender_kind: ``mllp``, ``http``, ... (None when the registry does not say).
         replies: the replies its orders expect (``spec.replies``).
@@ -90,6 +104,7 @@ class Route:
     suspended: bool = False
     sender_kind: str | None = None
     replies: tuple[ReplyRule, ...] = ()
+    field_conditions: tuple[FieldCondition, ...] = ()
 
 
 RouteReason = Literal["routed", "no_destinations", "filtered"]
@@ -102,7 +117,7 @@ class RouteDecision:
     Attributes:
         destinations: sorted ``namespace/name`` values; empty when nothing takes it.
         reason: ``routed``; ``no_destinations`` (the channel has none at all); ``filtered``
-            (it has some, but no filter matches this message type).
+            (it has some, but no filter takes this message: its type, or a field condition).
         kinds: ``{destination: sender kind}`` of the chosen destinations whose kind is known.
     """
 
@@ -144,12 +159,30 @@ class RouteTable:
         """The destinations of ``channel`` (sorted by name; empty for an unknown channel)."""
         return self._by_channel.get(channel, ())
 
-    def route(self, channel: str, code: str, trigger: str) -> RouteDecision:
-        """Decide the destinations of a message of type ``code^trigger`` on ``channel``."""
+    def route(
+        self, channel: str, code: str, trigger: str, payload: bytes | None = None
+    ) -> RouteDecision:
+        """Decide the destinations of a message of type ``code^trigger`` on ``channel``.
+
+        Args:
+            payload: the message, read only when a destination has field conditions; None
+                reads as a message without fields (only ``NotIn``, ``NotMatches`` and
+                ``DoesNotExist`` hold then).
+        """
         routes = self._by_channel.get(channel)
         if not routes:
             return RouteDecision((), "no_destinations")
-        matching = [r for r in routes if type_matches(r.message_types, code, trigger)]
+        fields: MessageFields | None = None
+        matching = []
+        for r in routes:
+            if not type_matches(r.message_types, code, trigger):
+                continue
+            if r.field_conditions:
+                if fields is None:
+                    fields = MessageFields(payload or b"")
+                if not holds(r.field_conditions, fields):
+                    continue
+            matching.append(r)
         chosen = tuple(r.destination for r in matching)
         kinds = {r.destination: r.sender_kind for r in matching if r.sender_kind}
         return RouteDecision(chosen, "routed" if chosen else "filtered", kinds)
@@ -163,7 +196,19 @@ def _row_route(row: Mapping[str, Any]) -> Route:
         suspended=bool(row["suspended"]),
         sender_kind=row.get("sender_kind"),
         replies=_replies(row),
+        field_conditions=_conditions(row),
     )
+
+
+def _conditions(row: Mapping[str, Any]) -> tuple[FieldCondition, ...]:
+    """The registered ``spec.filter.fields`` (checked when registered). An unreadable one is
+    logged and the destination takes nothing (a filter that cannot be read must not widen
+    into "everything"), so that one bad row never stops routing for the others."""
+    try:
+        return conditions_of(row.get("filter_fields"))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        log.warning("destination %s: spec.filter.fields unreadable (%s)", row["destination"], exc)
+        return (_NOTHING,)
 
 
 def _replies(row: Mapping[str, Any]) -> tuple[ReplyRule, ...]:
@@ -174,6 +219,11 @@ def _replies(row: Mapping[str, Any]) -> tuple[ReplyRule, ...]:
     except (KeyError, TypeError, ValueError) as exc:
         log.warning("destination %s: spec.replies unreadable (%s)", row["destination"], exc)
         return ()
+
+
+#: The condition of a destination whose registered field filter cannot be read: it holds for
+#: no message (``In`` with no values: no value equals one of none).
+_NOTHING = FieldCondition("MSH-3", FieldRef("MSH", 3), "In", ())
 
 
 class Router:

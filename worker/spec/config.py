@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from inturn.worker.hl7.filter import FieldCondition, conditions_of
 from inturn.worker.senders import registry as senders
 from inturn.worker.senders.kind import SenderConfig
 from inturn.worker.spec.replies import ReplyRule, rules_of
@@ -89,6 +90,8 @@ class WorkerConfig:
             notification wakes it (seconds).
         suspend: hold the lock and send nothing.
         message_types: MSH-9 patterns the destination accepts (routing, used by ingest).
+        field_conditions: conditions on HL7 fields a message must meet as well
+            (``spec.filter.fields``; routing, used by ingest).
         carriers: IATA airline designators this destination serves (reservation notices).
         stuck_after_seconds: how long the head may wait before the sweeper raises the
             destination as stuck (``spec.alerting.stuckAfterSeconds``).
@@ -108,6 +111,7 @@ class WorkerConfig:
     suspend: bool = False
     message_types: tuple[str, ...] = ()
     carriers: tuple[str, ...] = ()
+    field_conditions: tuple[FieldCondition, ...] = ()
     stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS
     expire_after_seconds: int | None = None
     schedule: Schedule | None = None
@@ -132,6 +136,11 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
         "destination": cfg.destination,
         "channel": cfg.channel,
         "messageTypes": list(cfg.message_types),
+        **(
+            {"filterFields": [c.to_spec() for c in cfg.field_conditions]}
+            if cfg.field_conditions
+            else {}
+        ),
         "carriers": list(cfg.carriers),
         "sender": senders.to_dict(cfg.sender),
         "retry": {
@@ -176,6 +185,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
 
     Raises:
         KeyError, TypeError: a required key is missing or has the wrong shape.
+        ValueError: a ``filterFields`` item is not a condition.
         inturn.worker.spec.schedule.ScheduleError: ``schedule`` names an unknown time zone.
     """
     r = doc["retry"]
@@ -195,6 +205,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
         idle_seconds=int(doc.get("idleSeconds", DEFAULT_IDLE_SECONDS)),
         suspend=bool(doc.get("suspend", False)),
         message_types=tuple(doc.get("messageTypes", ())),
+        field_conditions=conditions_of(doc.get("filterFields")),
         carriers=tuple(doc.get("carriers", ())),
         stuck_after_seconds=int(
             (doc.get("alerting") or {}).get("stuckAfterSeconds", DEFAULT_STUCK_AFTER_SECONDS)

@@ -342,6 +342,11 @@ def render_from_manifest(
         "destination": destination_key(doc),
         "channel": spec["channel"],
         "messageTypes": list((spec.get("filter") or {}).get("messageTypes", [])),
+        **(
+            {"filterFields": list(spec["filter"]["fields"])}
+            if (spec.get("filter") or {}).get("fields")
+            else {}
+        ),
         "carriers": list(spec.get("carriers", [])),
         "sender": {kind.name: kind.render(node, secret_file)},
         "retry": dict(spec["retry"]),

@@ -52,6 +52,8 @@ class RegisteredDestination:
             sweeper (``spec.expireAfterSeconds``); None never expires them.
         schedule: its delivery window as the spec writes it (``spec.schedule``), or None.
         replies: the replies its orders expect, as the spec writes them (``spec.replies``).
+        filter_fields: its conditions on HL7 fields, as the spec writes them
+            (``spec.filter.fields``), or None.
     """
 
     destination: str
@@ -69,6 +71,7 @@ class RegisteredDestination:
     expire_after_seconds: int | None = None
     schedule: dict[str, Any] | None = None
     replies: list[dict[str, Any]] | None = None
+    filter_fields: list[dict[str, Any]] | None = None
 
 
 class CarrierTaken(Conflict, ValueError):
@@ -126,6 +129,7 @@ def _row(r: Mapping[str, Any]) -> RegisteredDestination:
         ),
         schedule=r.get("schedule"),
         replies=r.get("replies"),
+        filter_fields=r.get("filter_fields"),
     )
 
 
@@ -146,6 +150,7 @@ async def register(
     expire_after_seconds: int | None = None,
     schedule: Mapping[str, Any] | None = None,
     replies: Sequence[Mapping[str, Any]] | None = None,
+    filter_fields: Sequence[Mapping[str, Any]] | None = None,
 ) -> bool:
     """Insert or update a destination (and un-delete it) and its carriers, in one transaction.
 
@@ -154,7 +159,8 @@ async def register(
     primary key, so two registrations racing for one carrier cannot both win). Idempotent.
     ``sender_kind`` (``mllp``, ``http``) lets ingest refuse what that kind can never send.
 
-    ``sender`` is the credential-free sender summary shown by the console.
+    ``sender`` is the credential-free sender summary shown by the console. ``filter_fields``
+    is ``spec.filter.fields`` as the spec writes it (None or empty: none); ingest routes by it.
 
     Returns:
         True when anything was written, False when it was already exactly so.
@@ -181,6 +187,9 @@ async def register(
                 "expire_after_seconds": expire_after_seconds,
                 "schedule": None if schedule is None else Jsonb(dict(schedule)),
                 "replies": Jsonb([dict(r) for r in replies]) if replies else None,
+                "filter_fields": (
+                    Jsonb([dict(f) for f in filter_fields]) if filter_fields else None
+                ),
             },
             row=dict_row,
         )

@@ -5,10 +5,12 @@
 -- Upsert one destination; a row marked deleted comes back to life. Only a real change writes.
 INSERT INTO inturn_destination
        (destination, namespace, name, channel, message_types, generation, suspended,
-        sender_kind, sender, stuck_after_seconds, expire_after_seconds, schedule, replies)
+        sender_kind, sender, stuck_after_seconds, expire_after_seconds, schedule, replies,
+        filter_fields)
 VALUES (%(destination)s, %(namespace)s, %(name)s, %(channel)s, %(message_types)s,
         %(generation)s, %(suspended)s, %(sender_kind)s, %(sender)s, %(stuck_after_seconds)s,
-        %(expire_after_seconds)s, %(schedule)s::jsonb, %(replies)s::jsonb)
+        %(expire_after_seconds)s, %(schedule)s::jsonb, %(replies)s::jsonb,
+        %(filter_fields)s::jsonb)
 ON CONFLICT (destination) DO UPDATE
    SET namespace = EXCLUDED.namespace,
        name = EXCLUDED.name,
@@ -22,6 +24,7 @@ ON CONFLICT (destination) DO UPDATE
        expire_after_seconds = EXCLUDED.expire_after_seconds,
        schedule = EXCLUDED.schedule,
        replies = EXCLUDED.replies,
+       filter_fields = EXCLUDED.filter_fields,
        updated_at = now(),
        deleted_at = NULL
  WHERE inturn_destination.deleted_at IS NOT NULL
@@ -29,12 +32,13 @@ ON CONFLICT (destination) DO UPDATE
         inturn_destination.message_types, inturn_destination.generation,
         inturn_destination.suspended, inturn_destination.sender_kind, inturn_destination.sender,
         inturn_destination.stuck_after_seconds, inturn_destination.expire_after_seconds,
-        inturn_destination.schedule, inturn_destination.replies)
+        inturn_destination.schedule, inturn_destination.replies,
+        inturn_destination.filter_fields)
        IS DISTINCT FROM
        (EXCLUDED.namespace, EXCLUDED.name, EXCLUDED.channel, EXCLUDED.message_types,
         EXCLUDED.generation, EXCLUDED.suspended, EXCLUDED.sender_kind, EXCLUDED.sender,
         EXCLUDED.stuck_after_seconds, EXCLUDED.expire_after_seconds, EXCLUDED.schedule,
-        EXCLUDED.replies)
+        EXCLUDED.replies, EXCLUDED.filter_fields)
 RETURNING destination;
 
 -- name: mark_deleted
@@ -75,7 +79,7 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
        ARRAY(SELECT carrier FROM inturn_destination_carrier c
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
            AS carriers,
-       sender, stuck_after_seconds, expire_after_seconds, schedule, replies
+       sender, stuck_after_seconds, expire_after_seconds, schedule, replies, filter_fields
   FROM inturn_destination
  WHERE channel = %(channel)s AND deleted_at IS NULL
  ORDER BY destination;
@@ -86,7 +90,7 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
        ARRAY(SELECT carrier FROM inturn_destination_carrier c
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
            AS carriers,
-       sender, stuck_after_seconds, expire_after_seconds, schedule, replies
+       sender, stuck_after_seconds, expire_after_seconds, schedule, replies, filter_fields
   FROM inturn_destination
  ORDER BY destination;
 
