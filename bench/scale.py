@@ -55,7 +55,7 @@ from figures import emit, parse_args  # noqa: E402
 from inturn.worker.hl7.pid import lookup_key  # noqa: E402
 from inturn.worker.senders.mllp import MllpSenderConfig  # noqa: E402
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig, to_dict  # noqa: E402
-from inturn.worker.store import queue  # noqa: E402
+from inturn.worker.store import queue, reads  # noqa: E402
 from inturn.worker.store.migrate import migrate  # noqa: E402
 from inturn.worker.store.model import NewItem  # noqa: E402
 from inturn.worker.testing import MllpReceiver  # noqa: E402
@@ -277,7 +277,7 @@ async def drains(
                     if time.perf_counter() - started > 900:
                         raise SystemExit("drain did not finish in 900 s")
                     await asyncio.sleep(0.02)
-                while await queue.pending_destinations(conn):  # the last delivered marks
+                while await reads.pending_destinations(conn):  # the last delivered marks
                     await asyncio.sleep(0.02)
                 worker_cpu = sum(cpu_seconds(p.pid) for p in procs) - worker_cpu0
                 rss = [rss_mib(p.pid) for p in procs]
@@ -528,12 +528,12 @@ async def query_times(db: str, control_id: str, patient: str) -> dict[str, float
 
     async with await AsyncConnection.connect(db, autocommit=True) as conn:
         calls = {
-            "queue list --control-id": lambda: queue.list_items(conn, control_id=control_id),
-            "queue list --patient-id": lambda: queue.list_items(
+            "queue list --control-id": lambda: reads.list_items(conn, control_id=control_id),
+            "queue list --patient-id": lambda: reads.list_items(
                 conn, patient_key=lookup_key(patient, "HOSP")
             ),
             "queue erase --patient-id --dry-run": lambda: identifiers.find_patient(conn, patient),
-            "queue depth": lambda: queue.depth(conn),
+            "queue depth": lambda: reads.depth(conn),
         }
         out = {}
         for label, call in calls.items():

@@ -46,7 +46,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.local.embedded import start_embedded
-from inturn.worker.store import queue
+from inturn.worker.store import reads
 from inturn.worker.testing import HttpReceiver, MllpReceiver
 
 HERE = Path(__file__).resolve().parent
@@ -130,7 +130,7 @@ async def queue_depth(dsn: str) -> str:
 
 async def pending(dsn: str) -> int:
     async with await AsyncConnection.connect(dsn) as conn:
-        return sum(row.pending for row in await queue.depth(conn))
+        return sum(row.pending for row in await reads.depth(conn))
 
 
 @dataclass
@@ -144,7 +144,7 @@ class Outage:
 
 async def mllp_pending(dsn: str) -> int:
     async with await AsyncConnection.connect(dsn) as conn:
-        return sum(r.pending for r in await queue.depth(conn) if r.destination.endswith("mllp"))
+        return sum(r.pending for r in await reads.depth(conn) if r.destination.endswith("mllp"))
 
 
 async def outage(receiver: MllpReceiver, dsn: str, begin: asyncio.Event, seen: Outage) -> None:

@@ -13,8 +13,8 @@ from pipeline import until
 from psycopg import AsyncConnection
 
 from inturn.worker.console.server import ConsoleServer
+from inturn.worker.store import actions, queue
 from inturn.worker.store import feeds as feeds_store
-from inturn.worker.store import queue
 from inturn.worker.testing import MllpReceiver
 
 DEST = "ward/lab"
@@ -109,7 +109,7 @@ async def test_items_newest_first_cursor_paged_capped_and_without_payloads(
     _, last = await viewer.get(ITEMS + f"?limit=1000&cursor={big['nextCursor']}")
     assert len(last["items"]) == 105 and last["nextCursor"] is None
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await queue.skip(conn, ids[5], who="t")
+        await actions.skip(conn, ids[5], who="t")
     _, skipped = await viewer.get(ITEMS + "?state=skipped")
     assert [i["id"] for i in skipped["items"]] == [ids[5]]
     assert (await viewer.get(ITEMS + "?state=nonsense"))[1]["error"]["code"] == "invalid_request"

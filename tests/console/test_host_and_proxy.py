@@ -20,7 +20,7 @@ from multidict import CIMultiDict
 from inturn.worker.console.auth import AuthConfig, Identity, parse_auth
 from inturn.worker.console.names import ServerNames
 from inturn.worker.console.server import ConsoleServer, start_console
-from inturn.worker.store import queue
+from inturn.worker.store import reads
 
 DEST = "ward/lab"
 OPEN = AuthConfig(loopback=Identity("local", frozenset({"viewer", "operator", "privacy"})))
@@ -71,8 +71,8 @@ async def test_a_foreign_host_gets_421_and_nothing_else(
         async with session.get(base + "/healthz", headers={"Host": "10.0.0.7:8080"}) as r:
             assert r.status == 200  # probes name the pod's address; nothing to read there
     async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
-        shown = await queue.get_item(conn, item)
-        audit = await queue.audit_log(conn)
+        shown = await reads.get_item(conn, item)
+        audit = await reads.audit_log(conn)
     assert shown is not None and shown.state == "pending" and audit == []
 
 

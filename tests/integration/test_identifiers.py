@@ -12,7 +12,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.hl7.pid import lookup_key
 from inturn.worker.ingest.batch import Message, store_batch
-from inturn.worker.store import identifiers, queue
+from inturn.worker.store import actions, identifiers, queue, reads
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import NewItem
 
@@ -59,7 +59,7 @@ async def test_ingest_indexes_each_patient_field(conn: AsyncConnection[Any], fie
     control_id = BY_FIELD[field].split(b"|")[9].decode()
     assert [(i.control_id, i.destination) for i in found] == [(control_id, d) for d in DESTS]
     assert await identifiers.find_patient(conn, wanted, "NOT-THE-AUTHORITY") == []
-    items, total = await queue.list_items(conn, patient_key=lookup_key(wanted))
+    items, total = await reads.list_items(conn, patient_key=lookup_key(wanted))
     assert total == 2 and {i.id for i in items} == {i.id for i in found}
     # MRN-0 is in every message's PID-3.
     assert len(await identifiers.find_patient(conn, "MRN-0", "HOSP")) == 2 * len(BY_FIELD)
@@ -69,7 +69,7 @@ async def test_queue_enqueue_and_resend_write_the_keys(conn: AsyncConnection[Any
     payload = BY_FIELD["MRG-1"]
     [first] = await queue.enqueue(conn, [NewItem("hospital/lab", "adt", "F5", "ADT^A40", payload)])
     await queue.succeeded(conn, first, 1)
-    copy = await queue.resend(conn, first, who="t")
+    copy = await actions.resend(conn, first, who="t")
     found = await identifiers.find_patient(conn, "P-MRG1", "HOSP")
     assert [i.id for i in found] == [first, copy]
     assert await identifiers.unindexed_count(conn) == 0
@@ -77,9 +77,9 @@ async def test_queue_enqueue_and_resend_write_the_keys(conn: AsyncConnection[Any
 
 async def test_list_by_control_id(conn: AsyncConnection[Any]) -> None:
     await ingest(conn, [BY_FIELD["PID-2"], BY_FIELD["PID-3"]])
-    items, total = await queue.list_items(conn, control_id="F3", destination="hospital/ris")
+    items, total = await reads.list_items(conn, control_id="F3", destination="hospital/ris")
     assert total == 1 and [(i.control_id, i.destination) for i in items] == [("F3", "hospital/ris")]
-    assert await queue.list_items(conn, control_id="F") == ([], 0)
+    assert await reads.list_items(conn, control_id="F") == ([], 0)
 
 
 async def test_rows_not_indexed_yet_are_found_then_backfilled(fresh_db: str) -> None:
@@ -90,12 +90,12 @@ async def test_rows_not_indexed_yet_are_found_then_backfilled(fresh_db: str) -> 
         await conn.execute("UPDATE inturn_delivery SET patient_keys = NULL WHERE id = %s", [ids[0]])
         assert await identifiers.unindexed_count(conn) == 1
         assert [i.id for i in await identifiers.find_patient(conn, "P-PID4", "CLINIC")] == ids[:2]
-        _, total = await queue.list_items(conn, patient_key=lookup_key("P-PID4"))
+        _, total = await reads.list_items(conn, patient_key=lookup_key("P-PID4"))
         assert total == 1  # the listing reads only the index
     migrate(fresh_db)  # every run backfills
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         assert await identifiers.unindexed_count(conn) == 0
-        _, total = await queue.list_items(conn, patient_key=lookup_key("P-PID4"))
+        _, total = await reads.list_items(conn, patient_key=lookup_key("P-PID4"))
         assert total == 2
 
 

@@ -17,7 +17,7 @@ from inturn.worker.ingest.service import Ingest
 from inturn.worker.operations import packs
 from inturn.worker.orders.rules import unanswered_order
 from inturn.worker.spec.replies import ReplyRule, key_digest, to_spec
-from inturn.worker.store import queue, registry
+from inturn.worker.store import actions, queue, registry
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 
@@ -178,7 +178,7 @@ async def test_erasure_reaches_the_expectations(fresh_db: str) -> None:
             (DEST, item_id, key_digest(DEST, "PL-1")),
         )
         assert (await unanswered_order(conn, limit=10, dry_run=False)).placed == 1
-        await queue.erase(conn, [item_id], who="dpo", why="erasure request 42")
+        await actions.erase(conn, [item_id], who="dpo", why="erasure request 42")
         assert await expectations(conn) == []
         outcome = await unanswered_order(conn, limit=10, dry_run=False)
         assert outcome.cleared == 1

@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 from inturn.worker.errors import Conflict
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
-from inturn.worker.store import queue
+from inturn.worker.store import queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.worklist.delivery_failed import give_up
 from inturn.worker.worklist.delivery_rules import resent_delivered
@@ -37,7 +37,7 @@ async def failed(conn: AsyncConnection[Any], *control_ids: str, kind: str = "ORU
     """Enqueue messages and give each up as a worker would (failed mark + delivery-failed)."""
     ids = await queue.enqueue(conn, [message(c, kind) for c in control_ids])
     for item_id in ids:
-        item = await queue.get_item(conn, item_id)
+        item = await reads.get_item(conn, item_id)
         assert item is not None
         await give_up(conn, item, attempts=3, cause="AR: no", outcome="AR", exhausted=True)
     return ids
@@ -55,7 +55,7 @@ async def test_copies_keep_the_original_order_and_link_both_ways(
     conn: AsyncConnection[Any],
 ) -> None:
     a, b, c = await failed(conn, "A", "B", "C")
-    [(depth,)] = [(d.failed,) for d in await queue.depth(conn)]
+    [(depth,)] = [(d.failed,) for d in await reads.depth(conn)]
     assert depth == 3
     # asked newest first, as `queue list -s failed` shows them: resent oldest first anyway
     done = await actions.resend_many(conn, Trusted("alice"), [c, b, a], "receiver fixed")
@@ -63,7 +63,7 @@ async def test_copies_keep_the_original_order_and_link_both_ways(
     assert [original for original, _ in done.copies] == [a, b, c]
     assert copies == sorted(copies) and copies[0] > c
     for original, copy in done.copies:
-        before, after = await queue.get_item(conn, original), await queue.get_item(conn, copy)
+        before, after = await reads.get_item(conn, original), await reads.get_item(conn, copy)
         assert before is not None and after is not None
         assert (before.state, before.resent_as) == ("failed", copy)
         assert (after.state, after.resent_from, after.control_id) == (
@@ -72,7 +72,7 @@ async def test_copies_keep_the_original_order_and_link_both_ways(
             before.control_id,
         )
     # what still needs a person: nothing failed any more; three copies wait
-    [row] = await queue.depth(conn)
+    [row] = await reads.depth(conn)
     assert (row.pending, row.failed) == (3, 0)
     # one audit entry names every original and copy
     cur = await conn.execute("SELECT who, item_ids, why FROM inturn_audit WHERE action = 'resend'")
@@ -124,7 +124,7 @@ async def test_delivery_failed_is_cleared_by_the_system_once_a_copy_is_delivered
         "UPDATE inturn_delivery SET state = 'delivered', finished_at = now() WHERE id = %s",
         (copy_a,),
     )
-    item_b = await queue.get_item(conn, copy_b)
+    item_b = await reads.get_item(conn, copy_b)
     assert item_b is not None
     await give_up(conn, item_b, attempts=3, cause="AR: no", outcome="AR", exhausted=True)
     outcome = await resent_delivered(conn, limit=10, dry_run=False)

@@ -28,7 +28,7 @@ from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
-from inturn.worker.store import locks, lockwatch, queue, registry, roles, worklist
+from inturn.worker.store import actions, locks, lockwatch, queue, reads, registry, roles, worklist
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.sweep import sweep as run_sweep
@@ -219,7 +219,9 @@ async def test_purge_role_deletes_finished_items_by_age(
         )
     cutoff = datetime.now(UTC) - timedelta(days=7)
     async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
-        counts = await queue.purge(conn, {"delivered": cutoff, "failed": cutoff, "skipped": cutoff})
+        counts = await actions.purge(
+            conn, {"delivered": cutoff, "failed": cutoff, "skipped": cutoff}
+        )
         assert await worklist.purge(conn, 7 * 86400) == 0
     assert counts == {"delivered": 1, "failed": 0, "skipped": 0}
     with psycopg.connect(fresh_db) as conn:
@@ -261,7 +263,7 @@ async def test_sweeper_role_runs_its_rules_and_an_auto_cancel(
             conn, record_kind="destination", record_keys=[DEST], who="sweeper", note="drained"
         )
         assert len(cleared) == 1
-        depth = await queue.depth(conn)
+        depth = await reads.depth(conn)
         assert depth[0].pending == 1
     # the reservation rules, and an automatic cancellation that tells the carrier
     booking = {
@@ -302,13 +304,13 @@ async def test_sweeper_role_runs_its_rules_and_an_auto_cancel(
 async def test_admin_role_decides(fresh_db: str, role_dsns: dict[str, str]) -> None:
     [a, b, c] = await aseed(fresh_db, "ROLE-A-1", "ROLE-A-2", "ROLE-A-3")
     async with await AsyncConnection.connect(role_dsns["admin"], autocommit=True) as conn:
-        assert await queue.skip(conn, a, who="ops", why="test")
-        assert await queue.payload(conn, b) == message("ROLE-A-2")
-        assert await queue.erase(conn, [b], who="ops", why="test") == [b]
-        assert await queue.drain(conn, DEST, who="ops", why="test") == [c]
-        assert await queue.remove(conn, [a], who="ops") == [a]
-        actions = [row["action"] for row in await queue.audit_log(conn)]
-        assert actions == ["remove", "drain", "erase", "skip"]
+        assert await actions.skip(conn, a, who="ops", why="test")
+        assert await reads.payload(conn, b) == message("ROLE-A-2")
+        assert await actions.erase(conn, [b], who="ops", why="test") == [b]
+        assert await actions.drain(conn, DEST, who="ops", why="test") == [c]
+        assert await actions.remove(conn, [a], who="ops") == [a]
+        done = [row["action"] for row in await reads.audit_log(conn)]
+        assert done == ["remove", "drain", "erase", "skip"]
     with psycopg.connect(fresh_db) as conn:
         assert conn.execute("SELECT id, state FROM inturn_delivery").fetchall() == [(c, "skipped")]
 
@@ -318,11 +320,11 @@ async def test_reader_role_lists_but_cannot_read_a_payload(
 ) -> None:
     [item] = await aseed(fresh_db, "ROLE-R-1")
     async with await AsyncConnection.connect(role_dsns["reader"], autocommit=True) as conn:
-        shown = await queue.get_item(conn, item)
+        shown = await reads.get_item(conn, item)
         assert shown is not None and shown.control_id == "ROLE-R-1"
-        assert [d.destination for d in await queue.depth(conn)] == [DEST]
+        assert [d.destination for d in await reads.depth(conn)] == [DEST]
         with pytest.raises(Denied):
-            await queue.payload(conn, item)
+            await reads.payload(conn, item)
 
 
 #: What each role must be refused (besides what its job test shows it can do).
@@ -484,7 +486,7 @@ async def test_worker_records_attempts_and_honours_a_hold_the_admin_role_sets(
     async with await AsyncConnection.connect(worker_dsn, autocommit=True) as conn:
         assert await queue.retry(conn, item, 1, 0, "application: AE")
     async with await AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
-        assert [a.outcome for a in await queue.attempts(conn, item)] == ["retry"]
+        assert [a.outcome for a in await reads.attempts(conn, item)] == ["retry"]
         assert await registry.suspend(conn, DEST, who="jo", why="upgrade")
     async with await AsyncConnection.connect(worker_dsn, autocommit=True) as conn:
         assert await queue.next_head(conn, DEST) == (None, None)  # held: no head

@@ -20,7 +20,7 @@ from inturn.worker.senders.registry import make_sender
 from inturn.worker.senders.sftp import SftpSender, SftpSenderConfig, file_name
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.spec.destination import ManifestError, load_manifest
-from inturn.worker.store import queue
+from inturn.worker.store import queue, reads
 from inturn.worker.store.model import NewItem
 
 DEST = "hospital/billing-drop"
@@ -189,7 +189,7 @@ async def test_a_worker_drains_its_queue_into_files_in_order(fresh_db: str, tmp_
                     while await _attempts(conn, ids[1]) < 2:
                         await asyncio.sleep(0.1)
                 assert server.files() == sorted(names[:2])  # the third waits behind the second
-                item = await queue.get_item(conn, ids[1])
+                item = await reads.get_item(conn, ids[1])
                 assert item is not None and item.last_error is not None
                 assert item.last_error.startswith("rejected: ")
                 (server.inbox / names[1]).unlink()  # the partner removes the stale file
@@ -205,12 +205,12 @@ async def test_a_worker_drains_its_queue_into_files_in_order(fresh_db: str, tmp_
 
 
 async def _attempts(conn: AsyncConnection[Any], item_id: int) -> int:
-    item = await queue.get_item(conn, item_id)
+    item = await reads.get_item(conn, item_id)
     return item.attempts if item else 0
 
 
 async def _all_delivered(conn: AsyncConnection[Any], ids: list[int]) -> bool:
-    items = [await queue.get_item(conn, i) for i in ids]
+    items = [await reads.get_item(conn, i) for i in ids]
     return all(i is not None and i.state == "delivered" for i in items)
 
 

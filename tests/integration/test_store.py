@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.store import locks, queue
+from inturn.worker.store import actions, locks, queue, reads
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.model import NewItem
 
@@ -35,8 +35,8 @@ async def test_enqueue_returns_ids_in_order_and_keeps_bytes(conn: AsyncConnectio
     raw = "MSH|^~\\&|É|x\nPID|1\r\n".encode()
     ids = await queue.enqueue(conn, [item(1, payload=raw), item(2)])
     assert ids == sorted(ids) and len(ids) == 2
-    assert await queue.payload(conn, ids[0]) == raw
-    got = await queue.get_item(conn, ids[0])
+    assert await reads.payload(conn, ids[0]) == raw
+    got = await reads.get_item(conn, ids[0])
     assert got is not None
     assert (got.state, got.attempts, got.size, got.control_id) == ("pending", 0, len(raw), "CTRL1")
 
@@ -53,7 +53,7 @@ async def test_head_that_backs_off_blocks_later_items(conn: AsyncConnection[Any]
     assert wait is not None and 25 < wait <= 30
     assert await queue.blocked(conn, DEST) is True
     # Once due, the first one (not the second) is the head.
-    await queue.retry_now(conn, who="ops", item_id=first)
+    await actions.retry_now(conn, who="ops", item_id=first)
     head, wait = await queue.next_head(conn, DEST)
     assert head is not None and head.item.id == first and head.item.attempts == 0
     assert second > first
@@ -68,7 +68,7 @@ async def test_retry_keeps_first_reason(conn: AsyncConnection[Any]) -> None:
     [i] = await queue.enqueue(conn, [item(1)])
     await queue.retry(conn, i, 1, 0, "connection: refused")
     await queue.retry(conn, i, 2, 0, "AE: database locked")
-    got = await queue.get_item(conn, i)
+    got = await reads.get_item(conn, i)
     assert got is not None
     assert (got.attempts, got.reason, got.last_error) == (
         2,
@@ -84,7 +84,7 @@ async def test_succeeded_and_gave_up_let_the_next_head_go(conn: AsyncConnection[
     assert await queue.gave_up(conn, b, 5, "AR: unknown patient")
     head, _ = await queue.next_head(conn, DEST)
     assert head is not None and head.item.id == c
-    failed = await queue.get_item(conn, b)
+    failed = await reads.get_item(conn, b)
     assert failed is not None
     assert (failed.state, failed.attempts, failed.reason) == ("failed", 5, "AR: unknown patient")
     assert failed.finished_at is not None
@@ -98,20 +98,20 @@ async def test_retry_now_for_a_destination_resets_every_pending_item(
     ids = await queue.enqueue(conn, [item(1), item(2)])
     for i in ids:
         await queue.retry(conn, i, 7, 3600, "timeout")
-    changed = await queue.retry_now(conn, who="nurse.it", destination=DEST, why="receiver fixed")
+    changed = await actions.retry_now(conn, who="nurse.it", destination=DEST, why="receiver fixed")
     assert changed == ids
-    items, _ = await queue.list_items(conn, destination=DEST)
+    items, _ = await reads.list_items(conn, destination=DEST)
     assert {(x.attempts, x.state) for x in items} == {(0, "pending")}
     with pytest.raises(ValueError):
-        await queue.retry_now(conn, who="x")
+        await actions.retry_now(conn, who="x")
 
 
 async def test_skip_and_drain_are_audited_with_who(conn: AsyncConnection[Any]) -> None:
     a, b, c = await queue.enqueue(conn, [item(1), item(2), item(3)])
-    assert await queue.skip(conn, a, who="alice", why="duplicate") is True
-    assert await queue.skip(conn, a, who="alice") is False  # no longer pending
-    assert await queue.drain(conn, DEST, who="bob", why="stale backlog") == [b, c]
-    skipped = await queue.get_item(conn, a)
+    assert await actions.skip(conn, a, who="alice", why="duplicate") is True
+    assert await actions.skip(conn, a, who="alice") is False  # no longer pending
+    assert await actions.drain(conn, DEST, who="bob", why="stale backlog") == [b, c]
+    skipped = await reads.get_item(conn, a)
     assert skipped is not None and (skipped.state, skipped.decided_by) == ("skipped", "alice")
     cur = await conn.execute(
         "SELECT who, action, destination, item_ids, why FROM inturn_audit ORDER BY id"
@@ -125,8 +125,8 @@ async def test_skip_and_drain_are_audited_with_who(conn: AsyncConnection[Any]) -
 async def test_remove_touches_finished_items_only(conn: AsyncConnection[Any]) -> None:
     a, b = await queue.enqueue(conn, [item(1), item(2)])
     await queue.succeeded(conn, a, 1)
-    assert await queue.remove(conn, [a, b], who="ops") == [a]
-    assert await queue.get_item(conn, b) is not None
+    assert await actions.remove(conn, [a, b], who="ops") == [a]
+    assert await reads.get_item(conn, b) is not None
 
 
 async def test_purge_never_touches_pending_and_batches(conn: AsyncConnection[Any]) -> None:
@@ -135,39 +135,39 @@ async def test_purge_never_touches_pending_and_batches(conn: AsyncConnection[Any
         await queue.succeeded(conn, i, 1)
     await queue.gave_up(conn, ids[10], 3, "AR")
     future = datetime.now(UTC) + timedelta(seconds=5)
-    counts = await queue.purge(conn, {"delivered": future, "failed": future}, batch=3)
+    counts = await actions.purge(conn, {"delivered": future, "failed": future}, batch=3)
     assert counts == {"delivered": 10, "failed": 1}
-    remaining, total = await queue.list_items(conn, destination=DEST)
+    remaining, total = await reads.list_items(conn, destination=DEST)
     assert total == 1 and remaining[0].id == ids[11] and remaining[0].state == "pending"
     with pytest.raises(ValueError):
-        await queue.purge(conn, {"pending": future})
+        await actions.purge(conn, {"pending": future})
     with pytest.raises(ValueError):
-        await queue.purge(conn, {"delivered": future}, batch=5001)
+        await actions.purge(conn, {"delivered": future}, batch=5001)
 
 
 async def test_purge_keeps_recent_finished_items(conn: AsyncConnection[Any]) -> None:
     [a] = await queue.enqueue(conn, [item(1)])
     await queue.succeeded(conn, a, 1)
     past = datetime.now(UTC) - timedelta(days=7)
-    assert await queue.purge(conn, {"delivered": past}) == {"delivered": 0}
+    assert await actions.purge(conn, {"delivered": past}) == {"delivered": 0}
 
 
 async def test_purge_is_a_singleton(conn: AsyncConnection[Any], fresh_db: str) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as other:
         assert await locks.try_component_lock(other, "purge")
-        assert await queue.purge(conn, {"delivered": datetime.now(UTC)}) is None
+        assert await actions.purge(conn, {"delivered": datetime.now(UTC)}) is None
 
 
 async def test_list_is_newest_first_capped_and_has_no_payload(conn: AsyncConnection[Any]) -> None:
     ids = await queue.enqueue(conn, [item(n) for n in range(5)])
-    items, total = await queue.list_items(conn, destination=DEST, limit=2)
+    items, total = await reads.list_items(conn, destination=DEST, limit=2)
     assert total == 5 and [x.id for x in items] == ids[::-1][:2]
     assert "payload" not in items[0].to_json() and not hasattr(items[0], "payload")
-    items, total = await queue.list_items(conn, limit=5000)
+    items, total = await reads.list_items(conn, limit=5000)
     assert total == 5 and len(items) == 5
-    assert queue.LIST_LIMIT_MAX == 1000
+    assert reads.LIST_LIMIT_MAX == 1000
     with pytest.raises(ValueError):
-        await queue.list_items(conn, state="stuck")
+        await reads.list_items(conn, state="stuck")
 
 
 async def test_depth_reports_pending_failed_oldest_and_attempts(conn: AsyncConnection[Any]) -> None:
@@ -175,19 +175,19 @@ async def test_depth_reports_pending_failed_oldest_and_attempts(conn: AsyncConne
     await queue.enqueue(conn, [item(9, destination="hospital/pharmacy")])
     await queue.gave_up(conn, a, 2, "AR")
     await queue.retry(conn, b, 4, 60, "timeout")
-    rows = {r.destination: r for r in await queue.depth(conn)}
+    rows = {r.destination: r for r in await reads.depth(conn)}
     lab = rows[DEST]
     assert (lab.pending, lab.failed, lab.max_attempts, lab.channel) == (2, 1, 4, "adt")
     assert lab.oldest is not None and lab.oldest_seconds >= 0
     assert rows["hospital/pharmacy"].pending == 1
-    assert [r.destination for r in await queue.depth(conn, DEST)] == [DEST]
-    assert await queue.pending_destinations(conn) == ["hospital/lab", "hospital/pharmacy"]
+    assert [r.destination for r in await reads.depth(conn, DEST)] == [DEST]
+    assert await reads.pending_destinations(conn) == ["hospital/lab", "hospital/pharmacy"]
 
 
 async def test_erase_removes_any_state_and_is_audited(conn: AsyncConnection[Any]) -> None:
     a, b = await queue.enqueue(conn, [item(1), item(2)])
     await queue.succeeded(conn, a, 1)
-    assert sorted(await queue.erase(conn, [a, b], who="dpo", why="GDPR art. 17")) == [a, b]
+    assert sorted(await actions.erase(conn, [a, b], who="dpo", why="GDPR art. 17")) == [a, b]
     cur = await conn.execute("SELECT action, item_ids, who FROM inturn_audit")
     assert await cur.fetchall() == [("erase", [a, b], "dpo")]
 
@@ -195,21 +195,21 @@ async def test_erase_removes_any_state_and_is_audited(conn: AsyncConnection[Any]
 async def test_resend_puts_a_copy_at_the_tail(conn: AsyncConnection[Any]) -> None:
     a, b = await queue.enqueue(conn, [item(1), item(2)])
     await queue.gave_up(conn, a, 3, "AR")
-    new = await queue.resend(conn, a, who="ops")
+    new = await actions.resend(conn, a, who="ops")
     assert new is not None and new > b
-    copy = await queue.get_item(conn, new)
-    original = await queue.get_item(conn, a)
+    copy = await reads.get_item(conn, new)
+    original = await reads.get_item(conn, a)
     assert copy is not None and original is not None
     assert (copy.state, copy.control_id, original.state) == ("pending", "CTRL1", "failed")
-    assert await queue.payload(conn, new) == await queue.payload(conn, a)
+    assert await reads.payload(conn, new) == await reads.payload(conn, a)
     with pytest.raises(ValueError):
-        await queue.resend(conn, b, who="ops")
-    assert await queue.resend(conn, 999_999, who="ops") is None
+        await actions.resend(conn, b, who="ops")
+    assert await actions.resend(conn, 999_999, who="ops") is None
 
 
 async def test_scan_payloads_reads_every_held_item(conn: AsyncConnection[Any]) -> None:
     ids = await queue.enqueue(conn, [item(n) for n in range(7)])
-    seen = [s.id async for s in queue.scan_payloads(conn, batch=3)]
+    seen = [s.id async for s in reads.scan_payloads(conn, batch=3)]
     assert seen == ids
 
 
@@ -256,9 +256,9 @@ async def test_store_pools_read_only_and_write(fresh_db: str) -> None:
         async with pools.write.connection() as conn:
             [i] = await queue.enqueue(conn, [item(1)])
         async with pools.read.connection() as conn:
-            items, total = await queue.list_items(conn, destination=DEST)
+            items, total = await reads.list_items(conn, destination=DEST)
             assert total == 1 and items[0].id == i
-            assert [r.pending for r in await queue.depth(conn)] == [1]
+            assert [r.pending for r in await reads.depth(conn)] == [1]
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                 await conn.execute("DELETE FROM inturn_delivery")
 
@@ -292,20 +292,20 @@ async def test_succeeded_next_marks_and_reads_the_next_head_at_once(
     assert head is not None and head.item.id == a
     waited, (following, wait) = await queue.succeeded_next(conn, head.item, 1)
     assert waited is not None and following is not None and following.item.id == b
-    assert wait is None and following.payload == await queue.payload(conn, b)
+    assert wait is None and following.payload == await reads.payload(conn, b)
     await queue.retry(conn, c, 1, 60, "timeout")
     waited, (following, wait) = await queue.succeeded_next(conn, following.item, 1)
     assert following is None and wait is not None and wait > 50  # c is backing off
     # A skip that raced with the send loses: the receiver has the message.
-    assert await queue.skip(conn, c, who="ops")
-    raced = await queue.get_item(conn, c)
+    assert await actions.skip(conn, c, who="ops")
+    raced = await reads.get_item(conn, c)
     assert raced is not None
     waited, (following, wait) = await queue.succeeded_next(conn, raced, 2)
     assert waited is not None and (following, wait) == (None, None)
-    delivered = await queue.get_item(conn, c)
+    delivered = await reads.get_item(conn, c)
     assert delivered is not None and (delivered.state, delivered.decided_by) == ("delivered", "ops")
     # An erased head is simply gone.
-    assert await queue.erase(conn, [c], who="dpo")
+    assert await actions.erase(conn, [c], who="dpo")
     waited, (following, wait) = await queue.succeeded_next(conn, raced, 3)
     assert (waited, following, wait) == (None, None, None)
 

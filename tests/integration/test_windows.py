@@ -13,7 +13,7 @@ from test_worker import DEST, config, control_ids, enqueue, running, states, unt
 
 from inturn.operator import status
 from inturn.worker.spec.schedule import DAYS, parse
-from inturn.worker.store import queue, registry
+from inturn.worker.store import reads, registry
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.delivery_rules import destination_stuck
 
@@ -78,7 +78,7 @@ async def test_queue_depth_says_until_when_it_is_held(fresh_db: str) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         await _register(conn, spec, stuck_after=60)
         await enqueue(fresh_db, [1])
-        [row] = await queue.depth(conn)
+        [row] = await reads.depth(conn)
     assert row.schedule == spec
     assert row.held_until(now) == parse(spec).state(now).until
     assert row.to_json(now)["heldUntil"] == parse(spec).state(now).until.isoformat()  # type: ignore[union-attr]

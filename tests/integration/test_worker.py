@@ -20,7 +20,7 @@ from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import AckPolicy, RetryPolicy, WorkerConfig
-from inturn.worker.store import queue
+from inturn.worker.store import actions, queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 
@@ -126,7 +126,7 @@ async def test_gives_up_after_max_attempts_and_moves_on(fresh_db: str) -> None:
     assert [(r[1], r[2]) for r in rows] == [("failed", 2), ("failed", 2)]
     assert control_ids(rx.received) == ["MSG00001", "MSG00001", "MSG00002", "MSG00002"]
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        item = await queue.get_item(conn, rows[0][0])
+        item = await reads.get_item(conn, rows[0][0])
         assert item is not None and item.reason is not None and item.reason.startswith("AR")
         page = await worklist.list_items(conn, queue="delivery-failed")
     assert [(i.record_key, i.reason, i.placed_by) for i in page.items] == [
@@ -162,7 +162,7 @@ async def test_control_id_mismatch_is_retried_by_default(fresh_db: str) -> None:
         rx.ack_control_id_override = None
         await until(lambda: _all_delivered(fresh_db, 1))
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        [item], _ = await queue.list_items(conn)
+        [item], _ = await reads.list_items(conn)
     assert item.reason is not None and item.reason.startswith("controlIdMismatch")
 
 
@@ -297,7 +297,7 @@ async def test_a_drain_wakes_a_worker_waiting_out_a_backoff(fresh_db: str) -> No
             await enqueue(fresh_db, [1, 2])
             await rx.wait_for(1)
             async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-                assert len(await queue.drain(conn, DEST, who="t")) == 2
+                assert len(await actions.drain(conn, DEST, who="t")) == 2
             await until(lambda: _true(seen.depths[-1] == (0, 0)))
         finally:
             stop.set()

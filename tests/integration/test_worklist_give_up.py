@@ -9,7 +9,7 @@ import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker import worklist
-from inturn.worker.store import queue
+from inturn.worker.store import queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.worklist.delivery_failed import failure_reason, give_up
 
@@ -41,7 +41,7 @@ async def test_a_kill_between_the_two_writes_leaves_neither(fresh_db: str) -> No
         [item_id] = await queue.enqueue(
             conn, [NewItem("ward/lab", "adt", "MSG1", "ADT^A01", b"MSH|^~\\&|x\r")]
         )
-        item = await queue.get_item(conn, item_id)
+        item = await reads.get_item(conn, item_id)
     assert item is not None
 
     # Another session holds the same pending key uncommitted, so the placement waits on it
@@ -97,7 +97,7 @@ async def test_a_failed_placement_undoes_the_failed_mark(fresh_db: str) -> None:
         [item_id] = await queue.enqueue(
             conn, [NewItem("ward/lab", "adt", "MSG1", "ADT^A01", b"MSH|^~\\&|x\r")]
         )
-        item = await queue.get_item(conn, item_id)
+        item = await reads.get_item(conn, item_id)
         assert item is not None
         await conn.execute(
             "ALTER TABLE inturn_worklist_item ADD CONSTRAINT refuse_all CHECK (false) NOT VALID"

@@ -6,7 +6,7 @@ import pytest
 
 from inturn.worker import errors
 from inturn.worker.console.auth import AuthConfigError
-from inturn.worker.drain.runner import SessionLost
+from inturn.worker.drain.steps import SessionLost
 from inturn.worker.feeds.declare import FeedsError
 from inturn.worker.hl7.errors import AckParseError, HeaderError, HL7Error
 from inturn.worker.ingest.batch import OutcomeUnknown, StoreTimeout

@@ -32,7 +32,7 @@ from inturn.worker.errors import InturnError, ReasonRequired
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted, permit
-from inturn.worker.store import identifiers, lockwatch, queue, roles
+from inturn.worker.store import identifiers, lockwatch, reads, roles
 from inturn.worker.store.connect import (
     READ_STATEMENT_TIMEOUT_MS,
     Pools,
@@ -269,7 +269,7 @@ def queue_group() -> None:
 def depth_command(dsn: str | None, as_json: bool) -> None:
     """Per destination: pending, failed, age of the oldest, highest attempt count, and until
     when it is held outside its delivery window."""
-    rows = run_read(dsn, queue.depth)
+    rows = run_read(dsn, reads.depth)
     if as_json:
         now = datetime.now(UTC)
         _echo_json([r.to_json(now) for r in rows])
@@ -312,7 +312,7 @@ def list_command(
     patient_key = _patient_key(patient_id, authority)
 
     async def go(conn: AsyncConnection[Any]) -> tuple[list[Item], int, int]:
-        items, total = await queue.list_items(
+        items, total = await reads.list_items(
             conn,
             destination=destination,
             channel=channel,
@@ -362,7 +362,7 @@ def list_command(
 @click.argument("item_id", type=int)
 def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
     """One item's fields (not its payload)."""
-    item = run_read(dsn, lambda conn: queue.get_item(conn, item_id))
+    item = run_read(dsn, lambda conn: reads.get_item(conn, item_id))
     if item is None:
         raise click.ClickException(f"no item {item_id}")
     data = item.to_json()
@@ -662,7 +662,7 @@ def _patient_key(patient_id: str | None, authority: str | None) -> str | None:
 )
 def audit_command(dsn: str | None, as_json: bool, limit: int) -> None:
     """Who decided what (skip, drain, erase, retry-now, resend, remove), when, and why."""
-    entries = run_read(dsn, lambda conn: queue.audit_log(conn, limit))
+    entries = run_read(dsn, lambda conn: reads.audit_log(conn, limit))
     if as_json:
         _echo_json(entries)
         return

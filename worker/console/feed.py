@@ -35,7 +35,7 @@ from inturn.worker.console.overview import (
 )
 from inturn.worker.console.trends import History, feed_name
 from inturn.worker.store import feeds as feeds_store
-from inturn.worker.store import queue, registry
+from inturn.worker.store import queue, reads, registry
 from inturn.worker.store.connect import write_target
 
 log = logging.getLogger("inturn.console")
@@ -87,9 +87,9 @@ async def take(
     destination rows and the feed rows."""
     async with read.connection() as conn:
         listed = await registry.listed(conn)
-        depth = await queue.depth(conn)
+        depth = await reads.depth(conn)
         names = sorted({e.destination for e in listed} | {d.destination for d in depth})
-        heads = await queue.heads(conn, names)
+        heads = await reads.heads(conn, names)
         declared = await feeds_store.overview(conn)
     rows = build(
         listed, depth, heads, stuck_after=stuck_after, default_stuck_after=default_stuck_after

@@ -24,7 +24,7 @@ from inturn.worker.errors import InturnError
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations import worklist as worklist_actions
 from inturn.worker.operations.actor import permit
-from inturn.worker.store import queue
+from inturn.worker.store import reads
 from inturn.worker.store.model import STATES
 from inturn.worker.store.worklist_model import ITEM_STATES
 
@@ -93,7 +93,7 @@ def capped(limit: int) -> int:
     """
     if limit < 1:
         raise ConsoleError(400, "invalid_request", "limit must be at least 1")
-    return min(limit, queue.LIST_LIMIT_MAX)
+    return min(limit, reads.LIST_LIMIT_MAX)
 
 
 async def list_items(
@@ -113,7 +113,7 @@ async def list_items(
     require(identity, "viewer")
     limit = capped(limit)
     async with console.read.connection() as conn:
-        items, total = await queue.list_items(
+        items, total = await reads.list_items(
             conn, destination=destination, state=check_state(state), limit=limit, before=before
         )
     more = len(items) == limit
@@ -135,7 +135,7 @@ async def attempt_marks(
     :data:`MAX_ATTEMPT_MARKS`: ``(at, outcome)``, outcome ``retry`` or ``failed``."""
     require(identity, "viewer")
     async with console.read.connection() as conn:
-        return await queue.destination_attempts(
+        return await reads.destination_attempts(
             conn, destination, seconds=seconds, limit=MAX_ATTEMPT_MARKS
         )
 
@@ -147,7 +147,7 @@ async def head_item(
     an item's JSON; None when nothing is pending."""
     require(identity, "viewer")
     async with console.read.connection() as conn:
-        head = await queue.oldest_pending(conn, destination)
+        head = await reads.oldest_pending(conn, destination)
     return head.to_json() if head is not None else None
 
 
@@ -159,11 +159,11 @@ async def item_detail(console: Console, identity: Identity, item_id: int) -> dic
     """
     require(identity, "viewer")
     async with console.read.connection() as conn:
-        item = await queue.get_item(conn, item_id)
+        item = await reads.get_item(conn, item_id)
         if item is None:
             raise ConsoleError(404, "not_found", f"no item {item_id}")
-        attempts = await queue.attempts(conn, item_id)
-        audit = await queue.audit_log(conn, 100, item_id=item_id)
+        attempts = await reads.attempts(conn, item_id)
+        audit = await reads.audit_log(conn, 100, item_id=item_id)
     return {
         "item": item.to_json(),
         "attempts": [a.to_json() for a in attempts],
@@ -285,7 +285,7 @@ async def audit(
     require(identity, "viewer")
     limit = capped(limit)
     async with console.read.connection() as conn:
-        entries = await queue.audit_log(
+        entries = await reads.audit_log(
             conn, limit, destination=destination or None, item_id=item_id, before=before
         )
     more = len(entries) == limit

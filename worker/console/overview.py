@@ -1,8 +1,8 @@
 """The overview: one row per destination, worst first (pure; no I/O).
 
 Built from three things the store already answers: the registry (:func:`registry.listed`), the
-queue depth (:func:`queue.depth`, the very function behind ``inturn queue depth``, so the counts
-match it) and each destination's head (:func:`queue.heads`).
+queue depth (:func:`reads.depth`, the very function behind ``inturn queue depth``, so the counts
+match it) and each destination's head (:func:`reads.heads`).
 """
 
 from __future__ import annotations

@@ -10,15 +10,8 @@ There is no in-flight state: a crash between the receiver's ACK and the delivere
 the head pending, so the next lock holder sends it again (at most one duplicate per lost
 session, never a reorder).
 
-Every statement of the loop goes through :meth:`DestinationWorker._step`, which applies the one
-fault table of :func:`inturn.worker.store.faults.classify_step`: while the session lives (a full
-disk, ``lock_timeout``, ``statement_timeout``...), the failed step alone is repeated after a
-backoff, with ``/readyz`` saying why and liveness kept (a restart would lose what the worker
-knows); only a lost session makes it reconnect. A delivered message whose mark cannot be
-written is therefore marked again, never sent again. Each statement also runs under a lock
-watch (:mod:`inturn.worker.store.lockwatch`): a wait on another session's lock longer than
-the threshold is logged with the blocking session, shown on ``/readyz`` and counted in
-``inturn_lock_wait_seconds``.
+Every statement of the loop goes through :class:`inturn.worker.drain.steps.StepRunner` (the
+step-fault policy and the lock watch); waiting for a notification is its :meth:`wait` too.
 """
 
 from __future__ import annotations
@@ -27,8 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
@@ -41,14 +33,14 @@ from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.gate import Gate, may_send
 from inturn.worker.drain.observer import NullObserver, Observer
 from inturn.worker.drain.retry import decide
-from inturn.worker.errors import Unavailable
+from inturn.worker.drain.state import WorkerHealth
+from inturn.worker.drain.steps import SessionLost, StepRunner, Stopped, sleep_or_stop
 from inturn.worker.orders.keys import expectations
 from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
 from inturn.worker.senders.fingerprint import fingerprint
 from inturn.worker.spec.config import WorkerConfig
-from inturn.worker.store import locks, lockwatch, queue
-from inturn.worker.store.connect import connect_worker, write_target
-from inturn.worker.store.faults import Step, StepFault, classify_step
+from inturn.worker.store import locks, lockwatch, queue, reads
+from inturn.worker.store.connect import connect_worker
 from inturn.worker.store.model import Head
 from inturn.worker.worklist.delivery_failed import give_up
 from inturn.worker.worklist.publish import Publisher, announce
@@ -75,66 +67,6 @@ STEP_RETRY_MAX_SECONDS = 10.0
 LOCK_WAIT_LOG_EVERY_SECONDS = 60.0
 
 T = TypeVar("T")
-
-
-class SessionLost(Unavailable):
-    """The worker's session, and the destination's lock with it, is gone (see
-    :func:`inturn.worker.store.faults.classify_step`); the worker reconnects.
-
-    Attributes:
-        fault: the classified error.
-    """
-
-    def __init__(self, fault: StepFault) -> None:
-        super().__init__(fault.text)
-        self.fault = fault
-
-
-class _Stopped(Exception):
-    """Stop was asked while a failed step waited to be repeated."""
-
-
-@dataclass
-class WorkerHealth:
-    """What the health endpoints read.
-
-    Attributes:
-        lock_held: this worker holds the destination's lock.
-        db_ok: the last database round trip succeeded.
-        connected_once: the worker has reached the database at least once.
-        last_tick: ``time.monotonic()`` of the last loop turn.
-        sending_since: monotonic start of the attempt in flight, or None.
-        trouble: why a step is being repeated on a live session (e.g. the delivered mark on a
-            full disk), or None.
-        lock_wait: the lock wait in progress past the threshold (blocking sessions), or None.
-    """
-
-    lock_held: bool = False
-    db_ok: bool = False
-    connected_once: bool = False
-    last_tick: float = field(default_factory=time.monotonic)
-    sending_since: float | None = None
-    trouble: str | None = None
-    lock_wait: str | None = None
-
-    def alive(self, stale_after: float) -> bool:
-        """Whether the loop turned within ``stale_after`` seconds (the attempt in flight counts)."""
-        now = time.monotonic()
-        if self.sending_since is not None:
-            return True
-        return now - self.last_tick <= stale_after
-
-    def ready(self) -> bool:
-        """Holds the lock, the database answered, no step is being repeated, no lock wait."""
-        return self.not_ready() is None
-
-    def not_ready(self) -> str | None:
-        """Why the worker is not ready (one line), or None when it is."""
-        if not self.lock_held or not self.db_ok:
-            return "not holding the lock or no database"
-        if self.lock_wait is not None:
-            return self.lock_wait
-        return self.trouble
 
 
 class DestinationWorker:
@@ -174,7 +106,10 @@ class DestinationWorker:
         self.lock_wait_seconds = (
             lockwatch.threshold_from_env() if lock_wait_seconds is None else lock_wait_seconds
         )
-        self._lock_wait_logged = 0.0
+        #: Runs every statement of the loop under the step-fault policy (:mod:`.steps`).
+        self.steps = StepRunner(
+            config.destination, dsn, self.state, self.observer, self.lock_wait_seconds
+        )
         #: ``time.monotonic()`` when the last attempt started (the throttle paces from it).
         self._last_send: float | None = None
         #: While held outside the window: when it opens (for saying so once).
@@ -214,7 +149,7 @@ class DestinationWorker:
                         _first_line(exc),
                         delay,
                     )
-                    await _sleep_or_stop(stop, delay)
+                    await sleep_or_stop(stop, delay)
         finally:
             self._set_lock(False)
             await self.sender.close()
@@ -234,8 +169,10 @@ class DestinationWorker:
         try:
             if not await self._acquire(conn, stop):
                 return
-            await self._step(conn, stop, "session", lambda: queue.listen(conn, self.destination))
-            changed, made_due = await self._step(
+            await self.steps.run(
+                conn, stop, "session", lambda: queue.listen(conn, self.destination)
+            )
+            changed, made_due = await self.steps.run(
                 conn,
                 stop,
                 "session",
@@ -255,7 +192,7 @@ class DestinationWorker:
                 self.sender.describe(),
             )
             await self._drain(conn, stop)
-        except _Stopped:
+        except Stopped:
             pass
         finally:
             self.state.trouble = self.state.lock_wait = None
@@ -269,7 +206,7 @@ class DestinationWorker:
         announced = False
         while not stop.is_set():
             self._tick()
-            if await self._step(
+            if await self.steps.run(
                 conn,
                 stop,
                 "session",
@@ -280,7 +217,7 @@ class DestinationWorker:
             if not announced:
                 log.info("destination %s: another worker holds the lock; waiting", self.destination)
                 announced = True
-            await _sleep_or_stop(stop, min(float(self.config.idle_seconds), STANDBY_POLL_SECONDS))
+            await sleep_or_stop(stop, min(float(self.config.idle_seconds), STANDBY_POLL_SECONDS))
         return False
 
     async def _drain(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> None:
@@ -303,19 +240,19 @@ class DestinationWorker:
             self._tick()
             if self.config.suspend:
                 await self._report_depth(conn, stop)
-                await self._wait(conn, stop, idle)
+                await self.steps.wait(conn, stop, idle)
                 continue
             gate = self._gate()
             if gate.hold == "window":  # outside spec.schedule: hold, spend no attempt
                 self._say_held(gate)
                 await self._report_depth(conn, stop)
-                await self._wait(conn, stop, gate.wait_seconds)
+                await self.steps.wait(conn, stop, gate.wait_seconds)
                 continue
             self._say_held(None)
             if prefetched is not None:
                 (head, wait), prefetched = prefetched, None
             else:
-                head, wait = await self._step(
+                head, wait = await self.steps.run(
                     conn,
                     stop,
                     "head",
@@ -323,21 +260,21 @@ class DestinationWorker:
                 )
                 if head is None and wait is None and after:
                     after = 0
-                    head, wait = await self._step(
+                    head, wait = await self.steps.run(
                         conn, stop, "head", lambda: queue.next_head(conn, self.destination)
                     )
             self.state.db_ok = True
             if head is None and wait is None:
                 self._report_empty()
-                await self._wait(conn, stop, idle)
+                await self.steps.wait(conn, stop, idle)
                 continue
             await self._report_depth(conn, stop)
             if head is None:
-                await self._wait(conn, stop, idle if wait is None else min(wait, idle))
+                await self.steps.wait(conn, stop, idle if wait is None else min(wait, idle))
                 continue
             gate = self._gate()
             if gate.hold == "throttle":  # spec.throttle: the head waits, nothing overtakes it
-                await _sleep_or_stop(stop, gate.wait_seconds)
+                await sleep_or_stop(stop, gate.wait_seconds)
                 if stop.is_set():
                     break
             elif gate.hold == "window":
@@ -389,57 +326,12 @@ class DestinationWorker:
         if not force and now < self._next_depth:
             return
         self._next_depth = now + DEPTH_EVERY_SECONDS
-        rows = await self._step(conn, stop, "head", lambda: queue.depth(conn, self.destination))
+        rows = await self.steps.run(conn, stop, "head", lambda: reads.depth(conn, self.destination))
         if rows:
             r = rows[0]
             self.observer.depth(self.destination, r.pending, r.oldest_seconds, r.max_attempts)
         else:
             self.observer.depth(self.destination, 0, 0.0, 0)
-
-    async def _wait(self, conn: AsyncConnection[Any], stop: asyncio.Event, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for a NOTIFY, or until stopped.
-
-        The wait is on the connection's socket becoming readable (the event loop's own reader
-        callback), not in psycopg's ``notifies()``, whose wait wakes ten times a second to check
-        for interrupts: that alone cost an idle worker 0.2% of a core. Notifications already
-        received (during an earlier query) are taken first, without waiting.
-
-        Raises:
-            SessionLost: the connection is lost (the caller reconnects).
-        """
-        try:
-            await self._wait_readable(conn, stop, timeout)
-        except psycopg.Error as exc:
-            fault = classify_step("head", exc, connection_closed=conn.closed or conn.broken)
-            if fault.action == "reconnect":
-                raise SessionLost(fault) from exc
-            log.info("destination %s: waiting for a notification: %s", self.destination, fault.text)
-
-    async def _wait_readable(
-        self, conn: AsyncConnection[Any], stop: asyncio.Event, timeout: float
-    ) -> None:
-        if timeout <= 0 or await _take_notifies(conn):
-            return
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[None] = loop.create_future()
-
-        def on_readable() -> None:
-            if not readable.done():
-                readable.set_result(None)
-
-        fd = conn.fileno()
-        loop.add_reader(fd, on_readable)
-        stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-        waiting: set[asyncio.Future[Any]] = {readable, stopped}
-        try:
-            await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            loop.remove_reader(fd)
-            stopped.cancel()
-        if readable.done():
-            await _take_notifies(conn)  # consume them (or surface a lost connection)
-        else:
-            readable.cancel()
 
     async def _attempt(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, head: Head
@@ -479,7 +371,7 @@ class DestinationWorker:
                 if self.config.replies
                 else []
             )
-            waited, following = await self._step(
+            waited, following = await self.steps.run(
                 conn,
                 stop,
                 "mark",
@@ -538,7 +430,7 @@ class DestinationWorker:
             unreachable_run=max(1, self._unreachable_run),
         )
         if decision.give_up:
-            placement = await self._step(
+            placement = await self.steps.run(
                 conn,
                 stop,
                 "give_up",
@@ -565,7 +457,7 @@ class DestinationWorker:
                 cause,
             )
             return True
-        await self._step(
+        await self.steps.run(
             conn,
             stop,
             "attempt",
@@ -594,144 +486,6 @@ class DestinationWorker:
             decision.delay_seconds,
         )
         return False
-
-    async def _step(
-        self,
-        conn: AsyncConnection[Any],
-        stop: asyncio.Event,
-        step: Step,
-        call: Callable[[], Awaitable[T]],
-        item_id: int | None = None,
-    ) -> T:
-        """Run one statement (or transaction) of the loop; repeat it alone while the session
-        lives (:func:`inturn.worker.store.faults.classify_step`).
-
-        A failure on a live session sets ``state.trouble`` (``/readyz`` answers 503 with it),
-        is logged, and the step is run again after a backoff from
-        :data:`STEP_RETRY_BASE_SECONDS` doubling to :data:`STEP_RETRY_MAX_SECONDS`; the loop
-        keeps turning (liveness holds). Each run is under a lock watch (:meth:`_watch`).
-
-        Raises:
-            SessionLost: the session is gone; for a ``mark`` step the head may be sent once more
-                by the next lock holder.
-            _Stopped: stop was asked while the step waited to be repeated (never for the
-                delivered mark: a stop waits for it, as for the attempt in flight, and only
-                abandoning cancels it).
-        """
-        failures = 0
-        while True:
-            self._tick()
-            try:
-                async with self._watch(conn):
-                    result = await call()
-            except (psycopg.Error, lockwatch.LockWaitError) as exc:
-                error = exc.__cause__ if isinstance(exc, lockwatch.LockWaitError) else exc
-                assert isinstance(error, BaseException)
-                fault = classify_step(step, error, connection_closed=conn.closed or conn.broken)
-                about = "" if item_id is None else f" of id={item_id}"
-                if fault.action == "stop":
-                    raise error from None  # no schema: the command line says to migrate
-                if fault.action == "reconnect":
-                    if fault.meaning == "may_resend":
-                        log.warning(
-                            "destination %s: the session was lost while marking id=%d delivered;"
-                            " if the mark did not commit, the next lock holder sends it again",
-                            self.destination,
-                            item_id,
-                        )
-                    raise SessionLost(fault) from exc
-                failures += 1
-                delay = backoff_seconds(failures, STEP_RETRY_BASE_SECONDS, STEP_RETRY_MAX_SECONDS)
-                self.state.trouble = f"{_STEP_WORDS[step]}{about} failed: {fault.text}"
-                self.observer.step_failed(self.destination, step)
-                log.warning(
-                    "destination %s: %s%s failed (%s: %s); the session and the lock are kept,"
-                    " so only this step is repeated%s: try %d, next in %.1fs",
-                    self.destination,
-                    _STEP_WORDS[step],
-                    about,
-                    fault.text,
-                    _first_line(exc),
-                    ", the message is not sent again" if fault.meaning == "delivered" else "",
-                    failures + 1,
-                    delay,
-                )
-                if fault.meaning == "delivered":
-                    # Part of the attempt in flight, which a stop lets finish: stopping now would
-                    # send the message again. Only abandoning (a second signal) cancels it.
-                    await asyncio.sleep(delay)
-                    continue
-                await _sleep_or_stop(stop, delay)
-                if stop.is_set():
-                    raise _Stopped from exc
-                continue
-            if failures:
-                log.info(
-                    "destination %s: %s%s succeeded after %d failed tries",
-                    self.destination,
-                    _STEP_WORDS[step],
-                    "" if item_id is None else f" of id={item_id}",
-                    failures,
-                )
-                self.state.trouble = None
-            return result
-
-    def _watch(self, conn: AsyncConnection[Any]) -> Any:
-        """The lock watch of one step (:func:`inturn.worker.store.lockwatch.watch`)."""
-
-        async def side() -> AsyncConnection[Any]:
-            return await psycopg.AsyncConnection.connect(
-                self.dsn,
-                autocommit=True,
-                application_name=f"inturn-worker {self.destination} lock watch",
-                connect_timeout=lockwatch.CONNECT_TIMEOUT_SECONDS,
-                **write_target(self.dsn),  # the locks are the primary's
-            )
-
-        return lockwatch.watch(
-            conn, side, threshold=self.lock_wait_seconds, on_wait=self._on_lock_wait
-        )
-
-    def _on_lock_wait(self, wait: lockwatch.LockWait, added_seconds: float) -> None:
-        self._tick()  # the loop is not wedged: it waits for another session, and says so
-        self.observer.lock_wait(self.destination, added_seconds)
-        now = time.monotonic()
-        if wait.ended:
-            self.state.lock_wait = None
-            log.info(
-                "destination %s: the lock wait is over after %.1fs",
-                self.destination,
-                wait.waited_seconds,
-            )
-            self._lock_wait_logged = 0.0
-            return
-        self.state.lock_wait = wait.describe()
-        if now - self._lock_wait_logged >= LOCK_WAIT_LOG_EVERY_SECONDS:
-            self._lock_wait_logged = now
-            log.warning("destination %s: %s", self.destination, wait.describe())
-
-
-#: How the log and ``/readyz`` name each step.
-_STEP_WORDS: dict[Step, str] = {
-    "session": "setting up the session",
-    "head": "reading the head",
-    "attempt": "recording the failed attempt",
-    "mark": "the delivered mark",
-    "give_up": "marking the head failed",
-}
-
-
-async def _take_notifies(conn: AsyncConnection[Any]) -> int:
-    """Consume the notifications already received or readable now, without waiting; count."""
-    taken = 0
-    async for _ in conn.notifies(timeout=0):
-        taken += 1
-    return taken
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -46,7 +46,7 @@ from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.spec.destination import ManifestError, load_file
 from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.spec.schedule import to_spec
-from inturn.worker.store import locks, queue, registry
+from inturn.worker.store import locks, reads, registry
 from inturn.worker.store.connect import DsnError, connect_worker, normalize_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.text.logs import configure
@@ -216,7 +216,7 @@ class LocalRunner:
             for dest in sorted(set(self.applied) - set(desired)):
                 await self._stop(dest)
                 await registry.mark_deleted(conn, dest)
-                rows = await queue.depth(conn, dest)
+                rows = await reads.depth(conn, dest)
                 kept = rows[0].pending if rows else 0
                 log.info("destination %s removed: worker stopped, %d pending kept", dest, kept)
             changed = {d: c for d, c in sorted(desired.items()) if self.applied.get(d) != c}

@@ -38,7 +38,7 @@ from psycopg import AsyncConnection
 from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.hl7.pid import has_patient_id
 from inturn.worker.operations.actor import Actor, permit
-from inturn.worker.store import identifiers, queue, registry
+from inturn.worker.store import actions, identifiers, reads, registry
 from inturn.worker.store import worklist as worklist_store
 from inturn.worker.store.model import Item
 
@@ -126,7 +126,7 @@ async def why_not(conn: AsyncConnection[Any], item_id: int, action: str) -> NotF
     """The error that says why ``action`` changed nothing on ``item_id``: NotFound when there
     is no such item, else a Conflict naming its state (and, for a failed item that cannot be
     retried, the resend that can)."""
-    item = await queue.get_item(conn, item_id)
+    item = await reads.get_item(conn, item_id)
     if item is None:
         return NotFound(f"no item {item_id}")
     if item.state == "failed" and action == "retry":
@@ -143,7 +143,7 @@ async def known_destination(conn: AsyncConnection[Any], destination: str) -> boo
     """Whether ``destination`` is registered or has items in any state."""
     if any(r.destination == destination for r in await registry.list_all(conn)):
         return True
-    items, _ = await queue.list_items(conn, destination=destination, limit=1)
+    items, _ = await reads.list_items(conn, destination=destination, limit=1)
     return bool(items)
 
 
@@ -163,7 +163,7 @@ async def retry_item(
         NotFound, Conflict: nothing changed (see :func:`why_not`).
     """
     reason = permit(actor, "retry", why)
-    ids = await queue.retry_now(conn, who=actor.name, item_id=item_id, why=reason)
+    ids = await actions.retry_now(conn, who=actor.name, item_id=item_id, why=reason)
     if not ids:
         raise await why_not(conn, item_id, "retry")
     return Changed("retry", tuple(ids))
@@ -175,7 +175,7 @@ async def retry_destination(
     """Make every pending item of ``destination`` due now (attempts reset); audited. An empty
     result means nothing was pending."""
     reason = permit(actor, "retry", why)
-    ids = await queue.retry_now(conn, who=actor.name, destination=destination, why=reason)
+    ids = await actions.retry_now(conn, who=actor.name, destination=destination, why=reason)
     return Changed("retry", tuple(ids), destination)
 
 
@@ -187,7 +187,7 @@ async def skip(conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str 
         NotFound, Conflict: nothing changed (see :func:`why_not`).
     """
     reason = permit(actor, "skip", why)
-    if not await queue.skip(conn, item_id, who=actor.name, why=reason):
+    if not await actions.skip(conn, item_id, who=actor.name, why=reason):
         raise await why_not(conn, item_id, "skip")
     return Changed("skip", (item_id,))
 
@@ -203,7 +203,7 @@ async def drain(
         NotFound: nothing was pending and the destination is neither registered nor has items.
     """
     reason = permit(actor, "drain", why)
-    ids = await queue.drain(conn, destination, who=actor.name, why=reason)
+    ids = await actions.drain(conn, destination, who=actor.name, why=reason)
     if not ids:
         await _no_destination(conn, destination)
     return Changed("drain", tuple(ids), destination)
@@ -220,7 +220,7 @@ async def resend(
     """
     reason = permit(actor, "resend", why)
     try:
-        copy = await queue.resend(conn, item_id, who=actor.name, why=reason)
+        copy = await actions.resend(conn, item_id, who=actor.name, why=reason)
     except ValueError as exc:
         raise Conflict(str(exc)) from None
     if copy is None:
@@ -244,7 +244,7 @@ async def resend_many(
         raise Invalid("nothing to resend: give item ids, a range, or a destination")
     if len(set(item_ids)) > RESEND_MAX:
         raise Invalid(f"at most {RESEND_MAX} items per resend")
-    outcome = await queue.resend_many(conn, item_ids, who=actor.name, why=reason)
+    outcome = await actions.resend_many(conn, item_ids, who=actor.name, why=reason)
     if not outcome.copies and all(w == "no such item" for _, w in outcome.refused):
         raise NotFound("no such item: " + ", ".join(str(i) for i, _ in outcome.refused))
     return ResentMany(outcome.copies, outcome.refused)
@@ -272,7 +272,7 @@ async def resend_failed(
     if message_type:
         escaped = message_type.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         like = escaped.replace("*", "%").replace("?", "_")
-    ids = await queue.resend_candidates(conn, destination, type_like=like, limit=RESEND_MAX)
+    ids = await actions.resend_candidates(conn, destination, type_like=like, limit=RESEND_MAX)
     if not ids:
         which = f" of type {message_type}" if message_type else ""
         raise Conflict(f"{destination} has no failed item{which} left to resend")
@@ -284,7 +284,7 @@ async def remove(
 ) -> Removed:
     """Delete finished items; pending and missing ones are kept (listed in the result)."""
     reason = permit(actor, "remove", why)
-    ids = await queue.remove(conn, list(item_ids), who=actor.name, why=reason)
+    ids = await actions.remove(conn, list(item_ids), who=actor.name, why=reason)
     return Removed(tuple(ids), tuple(sorted(set(item_ids) - set(ids))))
 
 
@@ -345,7 +345,7 @@ async def erase(
         ReasonRequired: no reason.
     """
     reason = permit(actor, "erase", why)
-    ids = await queue.erase(conn, list(item_ids), who=actor.name, why=reason)
+    ids = await actions.erase(conn, list(item_ids), who=actor.name, why=reason)
     return Changed("erase", tuple(ids))
 
 
@@ -415,7 +415,7 @@ async def find_for_erasure(
         return [Match(i.id, i.destination, i.state, i.message_type) for i in found]
     matched: list[Match] = []
     for item_id in item_ids:
-        item = await queue.get_item(conn, item_id)
+        item = await reads.get_item(conn, item_id)
         if item is not None:
             matched.append(Match.of(item))
     return matched
@@ -440,7 +440,7 @@ async def _scan_for_patient(
     started = time.monotonic()
     seen = 0
     for_rate = True
-    async for held in queue.scan_payloads(conn):
+    async for held in reads.scan_payloads(conn):
         seen += 1
         if for_rate and seen == SCAN_RATE_SAMPLE:
             for_rate = False
@@ -462,7 +462,7 @@ async def view_payload(
         NotFound: no such item.
     """
     reason = permit(actor, "view-payload", why)
-    data = await queue.view_payload(conn, item_id, who=actor.name, why=reason)
+    data = await reads.view_payload(conn, item_id, who=actor.name, why=reason)
     if data is None:
         raise NotFound(f"no item {item_id}")
     return Payload(item_id, data)
@@ -485,7 +485,7 @@ async def purge(
     """
     permit(actor, "purge", None)
     try:
-        counts = await queue.purge(conn, cutoffs, batch=batch)
+        counts = await actions.purge(conn, cutoffs, batch=batch)
     except ValueError as exc:
         raise Invalid(str(exc)) from None
     if counts is None:

@@ -292,11 +292,11 @@ async def connect_worker(dsn: str, application_name: str = "inturn-worker") -> A
 @dataclass(frozen=True)
 class Pools:
     """The write pool and the read-only pool: where ingest, the CLI and the operator take a
-    connection from, and hand it to a store function (:mod:`inturn.worker.store.queue`, ...)::
+    connection from, and hand it to a store function (:mod:`inturn.worker.store.actions`, ...)::
 
         async with await Pools.open(dsn) as pools:
             async with pools.write.connection() as conn:
-                await queue.skip(conn, item_id, who="cli")
+                await actions.skip(conn, item_id, who="cli")
 
     Both pools hold autocommit connections with ``synchronous_commit`` on and the session-loss
     settings of :func:`session_kwargs`; the write pool's reach the primary; the read pool's

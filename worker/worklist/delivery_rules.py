@@ -33,7 +33,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from inturn.worker.store import queue as delivery_queue
+from inturn.worker.store import actions as delivery_actions
 from inturn.worker.store import sweep as store
 from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
@@ -163,7 +163,7 @@ FAILED_QUEUE = "delivery-failed"
 async def resent_delivered(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Clear ``delivery-failed`` items whose message was resent and whose copy was delivered."""
     outcome = RuleOutcome()
-    keys = await delivery_queue.resent_delivered(conn, limit)
+    keys = await delivery_actions.resent_delivered(conn, limit)
     if dry_run:
         outcome.cleared = len(keys)
         return outcome

@@ -1,0 +1,49 @@
+"""What a worker knows of itself, for its health endpoints (:mod:`inturn.worker.drain.health`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorkerHealth:
+    """What the health endpoints read.
+
+    Attributes:
+        lock_held: this worker holds the destination's lock.
+        db_ok: the last database round trip succeeded.
+        connected_once: the worker has reached the database at least once.
+        last_tick: ``time.monotonic()`` of the last loop turn.
+        sending_since: monotonic start of the attempt in flight, or None.
+        trouble: why a step is being repeated on a live session (e.g. the delivered mark on a
+            full disk), or None.
+        lock_wait: the lock wait in progress past the threshold (blocking sessions), or None.
+    """
+
+    lock_held: bool = False
+    db_ok: bool = False
+    connected_once: bool = False
+    last_tick: float = field(default_factory=time.monotonic)
+    sending_since: float | None = None
+    trouble: str | None = None
+    lock_wait: str | None = None
+
+    def alive(self, stale_after: float) -> bool:
+        """Whether the loop turned within ``stale_after`` seconds (the attempt in flight counts)."""
+        now = time.monotonic()
+        if self.sending_since is not None:
+            return True
+        return now - self.last_tick <= stale_after
+
+    def ready(self) -> bool:
+        """Holds the lock, the database answered, no step is being repeated, no lock wait."""
+        return self.not_ready() is None
+
+    def not_ready(self) -> str | None:
+        """Why the worker is not ready (one line), or None when it is."""
+        if not self.lock_held or not self.db_ok:
+            return "not holding the lock or no database"
+        if self.lock_wait is not None:
+            return self.lock_wait
+        return self.trouble

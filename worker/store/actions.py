@@ -1,0 +1,299 @@
+"""People's (and robots') actions on the delivery queue: retry now, skip, drain, remove, erase,
+resend and purge.
+
+Each function takes an open ``psycopg.AsyncConnection`` in autocommit mode and runs its own
+transaction; every decision is written to the audit trail in the same transaction by
+:func:`inturn.worker.store.queue.record`, and a destination whose queue changed is woken with
+:func:`inturn.worker.store.queue.wake`. Statements are named queries of ``sql/queue.sql``. The
+rules (who may, with what reason) are the operations layer's (:mod:`inturn.worker.operations`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, LiteralString
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from inturn.worker.store import locks, queue
+from inturn.worker.store.model import (
+    FINISHED_STATES,
+    NewItem,
+)
+from inturn.worker.store.queries import fetch_all, fetch_one, load
+
+Q = load("queue.sql")
+
+#: Rows deleted per purge transaction, at most.
+PURGE_BATCH_MAX = 5000
+
+
+async def retry_now(
+    conn: AsyncConnection[Any],
+    *,
+    who: str,
+    item_id: int | None = None,
+    destination: str | None = None,
+    why: str | None = None,
+) -> list[int]:
+    """Make one pending item (``item_id``) or every pending item of ``destination`` due now.
+
+    Resets attempts to 0: whoever retries by hand has usually just fixed the cause, and the
+    failures before the fix should not eat the new attempt budget. Audited; wakes the worker.
+    Returns the ids changed.
+
+    Raises:
+        ValueError: neither or both of ``item_id`` and ``destination`` given.
+    """
+    if (item_id is None) == (destination is None):
+        raise ValueError("give exactly one of item_id or destination")
+    async with conn.transaction():
+        if item_id is not None:
+            rows = await fetch_all(conn, Q["retry_now_one"], {"id": item_id}, row=dict_row)
+        else:
+            params = {"destination": destination}
+            rows = await fetch_all(conn, Q["retry_now_all"], params, row=dict_row)
+        ids = sorted(int(r["id"]) for r in rows)
+        touched = {str(r["destination"]) for r in rows}
+        if ids:
+            await queue.record(
+                conn,
+                who=who,
+                action="retry-now",
+                destination=destination or min(touched),
+                ids=ids,
+                why=why,
+            )
+            await queue.wake(conn, touched)
+    return ids
+
+
+async def skip(
+    conn: AsyncConnection[Any], item_id: int, *, who: str, why: str | None = None
+) -> bool:
+    """Abandon one pending item on purpose: state ``skipped``, ``decided_by`` = ``who``; audited.
+
+    Returns False when the item is not pending (nothing changed, nothing audited).
+    """
+    async with conn.transaction():
+        row = await fetch_one(conn, Q["skip"], {"id": item_id, "who": who}, row=dict_row)
+        if row is None:
+            return False
+        await queue.record(
+            conn, who=who, action="skip", destination=row["destination"], ids=[item_id], why=why
+        )
+        await queue.wake(conn, [row["destination"]])
+    return True
+
+
+async def drain(
+    conn: AsyncConnection[Any], destination: str, *, who: str, why: str | None = None
+) -> list[int]:
+    """Skip every pending item of ``destination`` (a backlog too stale to be useful); audited."""
+    async with conn.transaction():
+        params = {"destination": destination, "who": who}
+        ids = sorted(int(r["id"]) for r in await fetch_all(conn, Q["drain"], params, row=dict_row))
+        if ids:
+            await queue.record(
+                conn, who=who, action="drain", destination=destination, ids=ids, why=why
+            )
+            await queue.wake(conn, [destination])  # its gauges change
+    return ids
+
+
+async def remove(
+    conn: AsyncConnection[Any], item_ids: Sequence[int], *, who: str, why: str | None = None
+) -> list[int]:
+    """Delete finished items (delivered, failed, skipped); pending ones are never touched.
+
+    Returns the ids actually deleted. Audited when anything was deleted.
+    """
+    return await _delete(conn, Q["remove"], "remove", item_ids, who=who, why=why)
+
+
+async def erase(
+    conn: AsyncConnection[Any], item_ids: Sequence[int], *, who: str, why: str | None = None
+) -> list[int]:
+    """Delete items whatever their state (data-subject erasure); audited with ids, no payload.
+
+    A pending item erased while its worker is sending it is simply gone when the worker reports
+    back (its update matches no row). Returns the ids deleted.
+    """
+    return await _delete(conn, Q["erase"], "erase", item_ids, who=who, why=why)
+
+
+async def _delete(
+    conn: AsyncConnection[Any],
+    query: LiteralString,
+    action: str,
+    item_ids: Sequence[int],
+    *,
+    who: str,
+    why: str | None,
+) -> list[int]:
+    """Run a DELETE returning ``id, destination, state`` and audit what it deleted, in one
+    transaction; wake the workers of destinations that lost a pending item.
+
+    The audit names the destination when every deleted item had the same one.
+    """
+    async with conn.transaction():
+        rows = await fetch_all(conn, query, {"ids": list(item_ids)}, row=dict_row)
+        ids = sorted(int(r["id"]) for r in rows)
+        if ids:
+            touched = {r["destination"] for r in rows}
+            dest = touched.pop() if len(touched) == 1 else None
+            await queue.record(conn, who=who, action=action, destination=dest, ids=ids, why=why)
+            # An erased pending item changes its worker's head and gauges.
+            await queue.wake(conn, {r["destination"] for r in rows if r["state"] == "pending"})
+    return ids
+
+
+@dataclass(frozen=True)
+class ResendOutcome:
+    """What a resend of several items did, in the original order.
+
+    Attributes:
+        copies: ``(original, copy)`` for every item resent, oldest original first; the copies'
+            ids grow in the same order, so they go out in the original order.
+        refused: ``(id, why)`` for every item not resent: still pending, already resent (the
+            copy is named), or no such item.
+    """
+
+    copies: tuple[tuple[int, int], ...]
+    refused: tuple[tuple[int, str], ...]
+
+
+async def resend_many(
+    conn: AsyncConnection[Any], item_ids: Sequence[int], *, who: str, why: str | None = None
+) -> ResendOutcome:
+    """Put a copy of each finished item at the tail of its destination's queue, in id order.
+
+    One transaction: the copies are enqueued oldest original first (so they keep the original
+    order behind everything already queued), each original records its copy (``resent_as``)
+    and each copy its original (``resent_from``), and one audit entry names every original and
+    copy. An item already resent is refused with its copy's id (resend the copy if it failed
+    too): a second copy of the same message is never queued by mistake. Pending items are
+    refused (they will be sent anyway); so are ids that do not exist.
+    """
+    ids = sorted(set(item_ids))
+    async with conn.transaction():
+        await conn.execute(Q["synchronous_commit"])
+        rows = await fetch_all(conn, Q["get_for_resend"], {"ids": ids}, row=dict_row)
+        found = {int(r["id"]) for r in rows}
+        refused = [(i, "no such item") for i in ids if i not in found]
+        chosen = []
+        for row in rows:
+            if row["state"] == "pending":
+                refused.append((row["id"], "still pending (it will be sent anyway)"))
+            elif row["resent_as"] is not None:
+                refused.append((row["id"], f"already resent as {row['resent_as']}"))
+            else:
+                chosen.append(row)
+        news = [
+            NewItem(
+                destination=r["destination"],
+                channel=r["channel"],
+                control_id=r["control_id"],
+                message_type=r["message_type"],
+                payload=bytes(r["payload"]),
+            )
+            for r in chosen
+        ]
+        new_ids = await queue.enqueue_in_transaction(conn, news)
+        copies = list(zip([int(r["id"]) for r in chosen], new_ids, strict=True))
+        for original, copy in copies:
+            await conn.execute(Q["mark_resent"], {"id": original, "copy": copy})
+            await conn.execute(Q["mark_copy"], {"original": original, "copy": copy})
+        if copies:
+            touched = {r["destination"] for r in chosen}
+            dest = touched.pop() if len(touched) == 1 else None
+            audited = sorted(i for pair in copies for i in pair)
+            await queue.record(
+                conn, who=who, action="resend", destination=dest, ids=audited, why=why
+            )
+    return ResendOutcome(tuple(copies), tuple(sorted(refused)))
+
+
+async def resend(
+    conn: AsyncConnection[Any], item_id: int, *, who: str, why: str | None = None
+) -> int | None:
+    """Put a copy of one finished item at the tail of its queue (see :func:`resend_many`);
+    return the copy's id, or None when the item does not exist.
+
+    Raises:
+        ValueError: the item is still pending, or was already resent (the message says which).
+    """
+    outcome = await resend_many(conn, [item_id], who=who, why=why)
+    if outcome.copies:
+        return outcome.copies[0][1]
+    [(_, why_not)] = outcome.refused
+    if why_not == "no such item":
+        return None
+    if why_not.startswith("still pending"):
+        raise ValueError(f"item {item_id} is still pending; only finished items can be resent")
+    raise ValueError(f"item {item_id} was {why_not}: resend the copy if it failed too")
+
+
+async def resend_candidates(
+    conn: AsyncConnection[Any], destination: str, *, type_like: str | None = None, limit: int
+) -> list[int]:
+    """Ids of the failed items of ``destination`` never resent (what still needs a person),
+    oldest first, at most ``limit``; ``type_like`` is a LIKE pattern on MSH-9."""
+    rows = await fetch_all(
+        conn,
+        Q["resend_candidates"],
+        {"destination": destination, "type_like": type_like, "limit": limit},
+        row=dict_row,
+    )
+    return [int(r["id"]) for r in rows]
+
+
+async def resent_delivered(conn: AsyncConnection[Any], limit: int) -> list[str]:
+    """Record keys (delivery ids) of pending ``delivery-failed`` worklist items whose message
+    was resent and whose latest copy was delivered, oldest first, at most ``limit``."""
+    rows = await fetch_all(conn, Q["resent_delivered"], {"limit": limit}, row=dict_row)
+    return [str(r["record_key"]) for r in rows]
+
+
+async def purge(
+    conn: AsyncConnection[Any],
+    cutoffs: dict[str, datetime],
+    *,
+    batch: int = PURGE_BATCH_MAX,
+) -> dict[str, int] | None:
+    """Delete finished items older than a cutoff per state, in batches of at most 5,000 rows.
+
+    Args:
+        cutoffs: ``{"delivered": t1, "failed": t2, "skipped": t3}``; states left out are kept.
+            ``pending`` is refused: purge never touches pending items.
+        batch: rows per transaction (1..5000).
+
+    Returns:
+        Rows deleted per state, or None when another purge holds the purge lock (singleton).
+
+    Raises:
+        ValueError: a cutoff for ``pending`` or an unknown state, or a batch out of range.
+    """
+    for state in cutoffs:
+        if state not in FINISHED_STATES:
+            raise ValueError(f"purge only removes finished states {FINISHED_STATES}, not {state!r}")
+    if not 1 <= batch <= PURGE_BATCH_MAX:
+        raise ValueError(f"batch must be 1..{PURGE_BATCH_MAX}, got {batch}")
+    if not await locks.try_component_lock(conn, "purge"):
+        return None
+    counts = {state: 0 for state in cutoffs}
+    try:
+        for state, cutoff in cutoffs.items():
+            while True:
+                cur = await conn.execute(
+                    Q["purge_batch"], {"state": state, "cutoff": cutoff, "batch": batch}
+                )
+                counts[state] += cur.rowcount
+                if cur.rowcount < batch:
+                    break
+    finally:
+        await locks.release_component_lock(conn, "purge")
+    return counts

@@ -1,0 +1,226 @@
+"""Reads of the delivery queue: listings, one item, its attempts, a payload view, depth, heads and
+the audit trail.
+
+Listings never carry payloads; :func:`view_payload` is the one audited way to read one. Each
+function takes an open ``psycopg.AsyncConnection`` (a read pool's, for the console and the CLI);
+statements are named queries of ``sql/queue.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import class_row, dict_row
+
+from inturn.worker.store import queue
+from inturn.worker.store.model import (
+    STATES,
+    Attempt,
+    DepthRow,
+    HeadInfo,
+    Item,
+    ScannedPayload,
+)
+from inturn.worker.store.queries import fetch_all, fetch_one, load
+
+Q = load("queue.sql")
+
+#: Largest page :func:`list_items` returns, whatever the caller asks for.
+LIST_LIMIT_MAX = 1000
+#: Page size when the caller does not say.
+LIST_LIMIT_DEFAULT = 100
+
+
+async def scan_payloads(
+    conn: AsyncConnection[Any], *, batch: int = 500
+) -> AsyncIterator[ScannedPayload]:
+    """Yield every held item with its payload, in id order, reading ``batch`` rows at a time.
+
+    For finding a data subject's messages, which have no index: the queue is short-lived, so
+    reading it whole is acceptable. Uses keyset pagination, so no transaction stays open.
+    """
+    last = 0
+    while True:
+        params = {"after": last, "batch": batch}
+        rows = await fetch_all(conn, Q["scan_payloads"], params, row=class_row(ScannedPayload))
+        for held in rows:
+            yield held
+        if len(rows) < batch:
+            return
+        last = rows[-1].id
+
+
+async def list_items(
+    conn: AsyncConnection[Any],
+    *,
+    destination: str | None = None,
+    channel: str | None = None,
+    state: str | None = None,
+    control_id: str | None = None,
+    patient_key: str | None = None,
+    limit: int = LIST_LIMIT_DEFAULT,
+    offset: int = 0,
+    before: int | None = None,
+) -> tuple[list[Item], int]:
+    """Return matching items newest first (never payloads) and the total count of matches.
+
+    ``control_id`` (MSH-10, exact) and ``patient_key`` (an identifier index key, from
+    :func:`inturn.worker.hl7.pid.lookup_key`) are answered by their indexes, so such a listing
+    costs what it finds whatever the table holds. Rows not indexed yet (see
+    :mod:`inturn.worker.store.identifiers`) are not found by ``patient_key``.
+
+    ``limit`` defaults to 100 and is capped at 1,000: this feeds a page, and an unbounded query
+    over a large backlog would be a denial of service on ourselves. ``before`` is a keyset
+    cursor: only items with a smaller id (the last id of the previous page); it keeps a deep
+    page as cheap as the first, where ``offset`` does not.
+
+    Raises:
+        ValueError: unknown ``state``, negative ``limit`` or ``offset``.
+    """
+    if state is not None and state not in STATES:
+        raise ValueError(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
+    if limit < 0 or offset < 0:
+        raise ValueError("limit and offset must be >= 0")
+    params = {
+        "destination": destination,
+        "channel": channel,
+        "state": state,
+        "control_id": control_id,
+        "patient_key": patient_key,
+        "before": before,
+        "limit": min(limit, LIST_LIMIT_MAX),
+        "offset": offset,
+    }
+    # Only a patient search reads the patient keys (which the reader role may not read).
+    by = "_by_patient" if patient_key is not None else ""
+    items = await fetch_all(conn, Q["list_items" + by], params, row=class_row(Item), prepare=False)
+    row = await fetch_one(conn, Q["count_items" + by], params, row=dict_row, prepare=False)
+    return items, int(row["total"]) if row else 0
+
+
+async def get_item(conn: AsyncConnection[Any], item_id: int) -> Item | None:
+    """One item without its payload, or None."""
+    return await fetch_one(conn, Q["get_item"], {"id": item_id}, row=class_row(Item))
+
+
+async def payload(conn: AsyncConnection[Any], item_id: int) -> bytes | None:
+    """The stored bytes of one item, for the inspector; None when it does not exist."""
+    row = await fetch_one(conn, Q["payload"], {"id": item_id}, row=dict_row)
+    return bytes(row["payload"]) if row else None
+
+
+async def view_payload(
+    conn: AsyncConnection[Any], item_id: int, *, who: str, why: str | None = None
+) -> bytes | None:
+    """Return one item's stored bytes for a person to read, and record that ``who`` read them.
+
+    The audit entry (action ``view-payload``) is committed in the same transaction as the read,
+    so no viewing goes unrecorded. Needs a writable connection. None when the item does not
+    exist (nothing is audited then).
+    """
+    async with conn.transaction():
+        row = await fetch_one(conn, Q["payload_of"], {"id": item_id}, row=dict_row)
+        if row is None:
+            return None
+        await queue.record(
+            conn,
+            who=who,
+            action="view-payload",
+            destination=row["destination"],
+            ids=[item_id],
+            why=why,
+        )
+    return bytes(row["payload"])
+
+
+async def attempts(conn: AsyncConnection[Any], item_id: int) -> list[Attempt]:
+    """One item's failed attempts, oldest first (its delivery, if any, is its own state)."""
+    return await fetch_all(conn, Q["attempts"], {"id": item_id}, row=class_row(Attempt))
+
+
+async def destination_attempts(
+    conn: AsyncConnection[Any], destination: str, *, seconds: float, limit: int
+) -> list[tuple[datetime, str]]:
+    """``destination``'s failed attempts of the last ``seconds`` seconds, newest first, at most
+    ``limit``: ``(at, outcome)`` with outcome ``retry`` or ``failed`` (no error text)."""
+    rows = await fetch_all(
+        conn,
+        Q["destination_attempts"],
+        {"destination": destination, "seconds": float(seconds), "limit": limit},
+        row=dict_row,
+    )
+    return [(r["at"], str(r["outcome"])) for r in rows]
+
+
+async def heads(conn: AsyncConnection[Any], destinations: Sequence[str]) -> dict[str, HeadInfo]:
+    """The head (oldest pending item, due or not) of each destination that has one.
+
+    One index probe per destination, so the cost follows the number of destinations, not the
+    number of pending rows.
+    """
+    rows = await fetch_all(conn, Q["heads"], {"destinations": list(destinations)}, row=dict_row)
+    return {
+        r["destination"]: HeadInfo(
+            item_id=int(r["id"]),
+            attempts=int(r["attempts"]),
+            wait_seconds=float(r["wait_seconds"]),
+            last_error=r["last_error"],
+        )
+        for r in rows
+    }
+
+
+async def depth(conn: AsyncConnection[Any], destination: str | None = None) -> list[DepthRow]:
+    """Per-destination summary (pending, failed, oldest, oldest seconds, max attempts).
+
+    Only destinations with something pending or failed appear. One grouped query for all.
+    """
+    return await fetch_all(conn, Q["depth"], {"destination": destination}, row=class_row(DepthRow))
+
+
+async def pending_destinations(conn: AsyncConnection[Any]) -> list[str]:
+    """Every destination with work waiting, so a process starting up knows what to drain."""
+    rows = await fetch_all(conn, Q["pending_destinations"], row=dict_row)
+    return [str(r["destination"]) for r in rows]
+
+
+async def audit_log(
+    conn: AsyncConnection[Any],
+    limit: int = 100,
+    *,
+    destination: str | None = None,
+    item_id: int | None = None,
+    before: int | None = None,
+) -> list[dict[str, Any]]:
+    """The newest ``limit`` audit entries (who, when, what, which items, why), newest first.
+
+    Optional filters: one destination, entries naming one item, entries with an id below
+    ``before`` (a keyset cursor). Entries never carry payloads. ``at`` is an ISO 8601 string.
+    """
+    params = {
+        "limit": min(max(limit, 1), LIST_LIMIT_MAX),
+        "destination": destination,
+        "item_id": item_id,
+        "before": before,
+    }
+    return [
+        {
+            "id": r["id"],
+            "at": r["at"].isoformat(),
+            "who": r["who"],
+            "action": r["action"],
+            "destination": r["destination"],
+            "itemIds": list(r["item_ids"]),
+            "why": r["why"],
+        }
+        for r in await fetch_all(conn, Q["audit_list"], params, row=dict_row)
+    ]
+
+
+async def oldest_pending(conn: AsyncConnection[Any], destination: str) -> Item | None:
+    """The oldest pending item of ``destination`` (its head, whether held or not), or None."""
+    row = await fetch_one(conn, Q["oldest_pending"], {"destination": destination}, row=dict_row)
+    return Item.from_row(row) if row is not None else None
