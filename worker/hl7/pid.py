@@ -18,6 +18,7 @@ Everything here is pure: bytes in, values out, and nothing raises on any input.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from inturn.worker.hl7.delimiters import Delimiters, delimiters_of, split_segments, strip_preamble
@@ -137,18 +138,37 @@ def has_patient_id(payload: bytes, ident: str, authority: str | None = None) -> 
     return any(p.matches(ident, authority) for p in patient_identifiers(payload))
 
 
-def lookup_key(ident: str, authority: str | None = None) -> str:
+#: A function from key text (bytes) to an index key (32 hex digits): plain SHA-256 here, a keyed
+#: HMAC with payload keys (:class:`inturn.worker.crypto.blind.BlindIndex`).
+Digest = Callable[[bytes], str]
+
+
+def plain_digest(text: bytes) -> str:
+    """The unkeyed index key of ``text``: the first 32 hex digits (128 bits) of its SHA-256
+    (the form of installations without payload keys)."""
+    return hashlib.sha256(text).hexdigest()[:32]
+
+
+def key_text(ident: str, authority: str | None = None) -> bytes:
+    """What an index key is the digest of: the stripped ID, or the ID, a NUL and the stripped
+    authority, as UTF-8."""
+    text = ident.strip() if authority is None else f"{ident.strip()}\x00{authority.strip()}"
+    return text.encode("utf-8", "surrogatepass")
+
+
+def lookup_key(ident: str, authority: str | None = None, digest: Digest = plain_digest) -> str:
     """The index key of an identifier, alone or qualified by one assigning authority.
 
-    A key is the first 32 hex digits (128 bits) of the SHA-256 of the stripped ID, or of the
-    ID, a NUL and the stripped authority: bounded in size whatever a message holds, free of
-    separators, and not the identifier in clear.
+    A key is ``digest`` (by default the first 32 hex digits, 128 bits, of SHA-256) of
+    :func:`key_text`: bounded in size whatever a message holds, free of separators, and not
+    the identifier in clear. With payload keys the digest is keyed (a blind index).
     """
-    text = ident.strip() if authority is None else f"{ident.strip()}\x00{authority.strip()}"
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return digest(key_text(ident, authority))
 
 
-def index_keys(payload: bytes, limit: int = MAX_INDEXED_IDENTIFIERS) -> list[str]:
+def index_keys(
+    payload: bytes, limit: int = MAX_INDEXED_IDENTIFIERS, digest: Digest = plain_digest
+) -> list[str]:
     """The keys under which a message is found by :func:`lookup_key`, sorted, no repeats.
 
     For each identifier: the key of its ID alone and one per assigning authority, so that a
@@ -167,6 +187,12 @@ def index_keys(payload: bytes, limit: int = MAX_INDEXED_IDENTIFIERS) -> list[str
         raise ValueError("limit must be at least 1")
     keys: set[str] = set()
     for patient in patient_identifiers(payload, limit):
-        keys.add(lookup_key(patient.id))
-        keys.update(lookup_key(patient.id, a) for a in patient.authorities)
+        keys.update(patient_lookups(patient, digest))
     return sorted(keys)
+
+
+def patient_lookups(patient: PatientId, digest: Digest = plain_digest) -> list[str]:
+    """The index keys of one identifier: of its ID alone, then one per assigning authority."""
+    keys = [lookup_key(patient.id, None, digest)]
+    keys.extend(lookup_key(patient.id, a, digest) for a in patient.authorities)
+    return keys

@@ -1,0 +1,34 @@
+"""Payloads encrypted at rest, under a key per patient (issue 31).
+
+Pure cores and seams, no database and no network:
+
+* :mod:`~inturn.worker.crypto.envelope`: the AES-256-GCM envelope (a fresh data key per
+  message, wrapped under a combination of every key it names; row ID and destination bound);
+* :mod:`~inturn.worker.crypto.blind`: HMAC-SHA-256 digests for ``patient_keys``, order keys
+  and the duplicate window (a blind index);
+* :mod:`~inturn.worker.crypto.masterkeys`: master keys from a folder, the ``KeyProvider`` seam;
+* :mod:`~inturn.worker.crypto.keystore`: the ``KeyStore`` seam (wrapped keys by reference);
+* :mod:`~inturn.worker.crypto.codec`: ``PayloadCodec``, the one object that seals and opens.
+
+The store keeps and returns payloads as stored; only the codec sees keys.
+"""
+
+from inturn.worker.crypto.codec import (
+    PayloadCodec,
+    PayloadErased,
+    PayloadKeysMissing,
+    PayloadUnreadable,
+)
+from inturn.worker.crypto.envelope import is_envelope
+from inturn.worker.crypto.masterkeys import FileKeyProvider, KeyProvider, MasterKeyError
+
+__all__ = [
+    "FileKeyProvider",
+    "KeyProvider",
+    "MasterKeyError",
+    "PayloadCodec",
+    "PayloadErased",
+    "PayloadKeysMissing",
+    "PayloadUnreadable",
+    "is_envelope",
+]

@@ -1,0 +1,341 @@
+"""The one object that seals and opens payloads (shared interface 3 of the round-4 plan).
+
+A :class:`PayloadCodec` without keys passes plaintext through and refuses envelopes with one
+line naming ``--payload-keys``; with a :class:`~inturn.worker.crypto.masterkeys.KeyProvider`
+and a :class:`~inturn.worker.crypto.keystore.KeyStore` it seals every payload under the keys
+of the patients it names (or its destination's key when it names none) and opens envelopes,
+keeping a bounded cache of unwrapped keys (one key store read and one unwrap per miss).
+
+Which keys a message is wrapped under: one per distinct patient identifier in PID-2, PID-3,
+PID-4 and MRG-1 (:func:`inturn.worker.hl7.pid.patient_identifiers`, the identifiers erasure
+reads), at most ``max_identifiers`` (ingest's ``--max-indexed-identifiers``), each identified
+by its ID and its set of assigning authorities. Erasing ``--patient-id X [--authority A]``
+destroys exactly the keys of the identifiers that request matches
+(:meth:`inturn.worker.hl7.pid.PatientId.matches`), found through their blind index keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inturn.worker.crypto import envelope
+from inturn.worker.crypto.blind import INDEX_INFO, BlindIndex
+from inturn.worker.crypto.cache import DEFAULT_CACHE_KEYS, KeyCache
+from inturn.worker.crypto.keystore import KeyStore, NewKey, StoredKey
+from inturn.worker.crypto.masterkeys import KeyProvider, MasterKeyError, UnwrapFailed
+from inturn.worker.errors import InturnError
+from inturn.worker.hl7.pid import (
+    MAX_INDEXED_IDENTIFIERS,
+    Digest,
+    PatientId,
+    index_keys,
+    lookup_key,
+    patient_identifiers,
+    patient_lookups,
+    plain_digest,
+)
+
+#: Key store settings: the master key the blind index key derives from, and its check value.
+INDEX_MASTER = "index_master"
+INDEX_CHECK = "index_check"
+#: Label of a patient key's wrap (with its reference as associated data).
+_WRAP_LABEL = b"inturn key v1\x00"
+
+
+class PayloadKeysMissing(InturnError):
+    """An envelope was met by a process started without ``--payload-keys``: it must stop
+    rather than pass ciphertext on."""
+
+    kind = "payload_keys"
+
+
+class PayloadUnreadable(InturnError):
+    """An envelope does not open: a key it names was erased, or the master keys given are
+    not the ones it was sealed with, or the row was changed."""
+
+    kind = "payload_unreadable"
+
+
+class PayloadErased(PayloadUnreadable):
+    """A key the envelope names is no longer in the key store (erased by patient)."""
+
+    kind = "payload_erased"
+
+
+@dataclass(frozen=True)
+class Keying:
+    """Which keys one message is sealed under.
+
+    Attributes:
+        kind: :data:`~inturn.worker.crypto.envelope.PATIENTS` or ``DESTINATION``.
+        refs: the key references, sorted.
+        lookups: per reference, the blind index keys that find it for erasure.
+    """
+
+    kind: bytes
+    refs: tuple[bytes, ...]
+    lookups: tuple[tuple[str, ...], ...]
+
+
+def _patient_text(patient: PatientId) -> bytes:
+    text = patient.id + "\x00" + "\x1f".join(sorted(patient.authorities))
+    return text.encode("utf-8", "surrogatepass")
+
+
+class PayloadCodec:
+    """Seals and opens payloads; computes the index digests.
+
+    Args:
+        provider: the master keys (None: encryption off, plaintext passes).
+        store: the key store (required with ``provider``).
+        cache_keys: most unwrapped keys kept (:data:`DEFAULT_CACHE_KEYS`).
+        max_identifiers: most patient identifiers a message is wrapped under.
+        dual_index: also write the plain (unkeyed) index digests beside the blind ones, while
+            pending rows indexed the old way remain (see ``inturn keys encrypt-existing``).
+
+    Call :meth:`start` once before use when keys are given.
+
+    Raises:
+        ValueError: a provider without a store.
+    """
+
+    def __init__(
+        self,
+        provider: KeyProvider | None = None,
+        store: KeyStore | None = None,
+        *,
+        cache_keys: int = DEFAULT_CACHE_KEYS,
+        max_identifiers: int = MAX_INDEXED_IDENTIFIERS,
+        dual_index: bool = False,
+    ) -> None:
+        if provider is not None and store is None:
+            raise ValueError("payload keys need a key store")
+        self.provider = provider
+        self.store = store
+        self.cache = KeyCache(cache_keys)
+        self.max_identifiers = max_identifiers
+        self.dual_index = dual_index
+        self.index: BlindIndex | None = None
+        self.unwraps = 0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this codec seals (it has master keys)."""
+        return self.provider is not None
+
+    async def start(self) -> None:
+        """Derive the blind index key from the master key the key store names (recording the
+        newest one on first use) and check it against the key store's check value.
+
+        Raises:
+            MasterKeyError: the folder lacks that master key, or it is a different key.
+        """
+        if self.provider is None or self.store is None:
+            return
+        master = await self.store.setting(INDEX_MASTER, self.provider.newest())
+        index = BlindIndex(self.provider.derive(master, INDEX_INFO))
+        check = await self.store.setting(INDEX_CHECK, index.check())
+        if check != index.check():
+            raise MasterKeyError(
+                f"--payload-keys: master key {master!r} is not the one the key store was made"
+                " with (a wrong key file under that name)"
+            )
+        self.index = index
+
+    def _index(self) -> BlindIndex:
+        if self.index is None:
+            raise RuntimeError("PayloadCodec.start() was not awaited")
+        return self.index
+
+    # The index -------------------------------------------------------------------------
+
+    @property
+    def digest(self) -> Digest:
+        """The digest ``patient_keys`` hold: the blind index's with keys, plain SHA without."""
+        return self._index().identifier if self.enabled else plain_digest
+
+    def index_keys(self, plaintext: bytes, limit: int | None = None) -> list[str]:
+        """A message's ``patient_keys`` (sorted): blind, plus plain ones in dual mode."""
+        cap = self.max_identifiers if limit is None else limit
+        keys = index_keys(plaintext, cap, self.digest)
+        if self.enabled and self.dual_index:
+            keys = sorted({*keys, *index_keys(plaintext, cap)})
+        return keys
+
+    def lookup_keys(self, ident: str, authority: str | None = None) -> list[str]:
+        """The keys to search ``patient_keys`` for: the plain one, and the blind one with keys
+        (rows indexed before the keys were given hold the plain form until re-keyed)."""
+        keys = [lookup_key(ident, authority)]
+        if self.enabled:
+            keys.append(lookup_key(ident, authority, self.digest))
+        return keys
+
+    def order_digest(self, destination: str, key: str) -> str:
+        """The stored form of an order key (``spec.replies``): blind with keys, plain without."""
+        text = f"{destination}\x00{key.strip()}".encode("utf-8", "surrogatepass")
+        return self._index().order_key(text) if self.enabled else plain_digest(text)
+
+    def window_digest(self, payload: bytes) -> bytes:
+        """The duplicate window's digest of a message: keyed with keys, SHA-256 without."""
+        if self.enabled:
+            return self._index().payload(payload)
+        return hashlib.sha256(payload).digest()
+
+    # Keys ------------------------------------------------------------------------------
+
+    def keying(self, plaintext: bytes, destination: str) -> Keying:
+        """The keys ``plaintext`` is sealed under when stored for ``destination``."""
+        index = self._index()
+        found: dict[bytes, tuple[str, ...]] = {}
+        for patient in patient_identifiers(plaintext, self.max_identifiers):
+            ref = index.ref(b"patient", _patient_text(patient))
+            found[ref] = tuple(patient_lookups(patient, index.identifier))
+        if found:
+            refs = tuple(sorted(found))
+            return Keying(envelope.PATIENTS, refs, tuple(found[r] for r in refs))
+        ref = index.ref(b"destination", destination.encode("utf-8", "surrogatepass"))
+        return Keying(envelope.DESTINATION, (ref,), ((),))
+
+    async def _unwrap(self, stored: StoredKey) -> bytes:
+        assert self.provider is not None
+        key = await self.provider.unwrap(stored.master_id, stored.wrapped, _WRAP_LABEL + stored.ref)
+        self.unwraps += 1
+        self.cache.put(stored.ref, key)
+        return key
+
+    async def _keys(
+        self, refs: Sequence[bytes], *, item_id: int | None = None
+    ) -> dict[bytes, bytes]:
+        """Unwrapped keys of ``refs`` from the cache, the rest from the key store.
+
+        Raises:
+            PayloadErased: a reference has no key (erased).
+            PayloadUnreadable: a key does not unwrap under its master key.
+        """
+        assert self.store is not None
+        out: dict[bytes, bytes] = {}
+        missing: list[bytes] = []
+        for ref in refs:
+            key = self.cache.get(ref)
+            if key is None:
+                missing.append(ref)
+            else:
+                out[ref] = key
+        if missing:
+            stored = await self.store.fetch(missing)
+            for ref in missing:
+                if ref not in stored:
+                    what = "a message" if item_id is None else f"item {item_id}"
+                    raise PayloadErased(
+                        f"{what} does not decrypt: a key it is sealed under was erased"
+                    )
+                try:
+                    out[ref] = await self._unwrap(stored[ref])
+                except UnwrapFailed:
+                    raise PayloadUnreadable(
+                        f"master key {stored[ref].master_id!r} does not unwrap the keys of the"
+                        " key store (a wrong key file in --payload-keys)"
+                    ) from None
+        return out
+
+    async def ensure(self, keyings: Sequence[Keying]) -> dict[bytes, bytes]:
+        """The keys of every reference of ``keyings``, creating those that do not exist yet
+        (one key store read for the misses, one write for the new ones)."""
+        assert self.provider is not None and self.store is not None
+        lookups: dict[bytes, tuple[str, ...]] = {}
+        for k in keyings:
+            lookups.update(zip(k.refs, k.lookups, strict=True))
+        out: dict[bytes, bytes] = {}
+        missing: list[bytes] = []
+        for ref in lookups:
+            key = self.cache.get(ref)
+            if key is None:
+                missing.append(ref)
+            else:
+                out[ref] = key
+        if not missing:
+            return out
+        stored = dict(await self.store.fetch(missing))
+        fresh: dict[bytes, bytes] = {}
+        new: list[NewKey] = []
+        for ref in missing:
+            if ref in stored:
+                continue
+            key = envelope.new_key()
+            master_id, wrapped = await self.provider.wrap(key, _WRAP_LABEL + ref)
+            fresh[ref] = key
+            new.append(NewKey(ref, master_id, wrapped, lookups[ref]))
+        if new:
+            stored.update(await self.store.create(new))
+        proposed = {k.ref: k.wrapped for k in new}
+        for ref in missing:
+            s = stored[ref]
+            if ref in fresh and s.wrapped == proposed[ref]:
+                out[ref] = fresh[ref]
+                self.cache.put(ref, fresh[ref])
+            else:
+                try:
+                    out[ref] = await self._unwrap(s)
+                except UnwrapFailed:
+                    raise PayloadUnreadable(
+                        f"master key {s.master_id!r} does not unwrap the keys of the key store"
+                        " (a wrong key file in --payload-keys)"
+                    ) from None
+        return out
+
+    # Payloads --------------------------------------------------------------------------
+
+    async def seal_many(self, rows: Sequence[tuple[int, str, bytes]]) -> list[bytes]:
+        """Seal each ``(row id, destination, plaintext)``; plaintext as is without keys."""
+        if not self.enabled:
+            return [p for _, _, p in rows]
+        keyings = [self.keying(p, d) for _, d, p in rows]
+        keys = await self.ensure(keyings)
+        return [
+            envelope.seal(
+                p,
+                message_id=i,
+                destination=d,
+                kind=k.kind,
+                keys={r: keys[r] for r in k.refs},
+            )
+            for (i, d, p), k in zip(rows, keyings, strict=True)
+        ]
+
+    async def seal(self, item_id: int, destination: str, plaintext: bytes) -> bytes:
+        """The stored form of ``plaintext`` for row ``item_id`` of ``destination``."""
+        return (await self.seal_many([(item_id, destination, plaintext)]))[0]
+
+    async def open(self, item_id: int, destination: str, stored: bytes) -> bytes:
+        """The plaintext of a stored payload: a plaintext row unchanged, an envelope opened.
+
+        Raises:
+            PayloadKeysMissing: an envelope, and this process has no payload keys.
+            PayloadErased: a key the envelope names was erased.
+            PayloadUnreadable: a key is wrong, or the envelope does not belong to this row.
+            EnvelopeError: the envelope is malformed.
+        """
+        if not envelope.is_envelope(stored):
+            return stored
+        if not self.enabled:
+            raise PayloadKeysMissing(
+                f"item {item_id} is encrypted and this process has no payload keys:"
+                " give --payload-keys DIR (or INTURN_PAYLOAD_KEYS)"
+            )
+        head = envelope.header(stored)
+        keys = await self._keys(head.refs, item_id=item_id)
+        try:
+            return envelope.open_envelope(
+                stored, message_id=item_id, destination=destination, keys=keys, head=head
+            )
+        except envelope.Undecryptable:
+            raise PayloadUnreadable(
+                f"item {item_id} does not decrypt: its envelope does not belong to this row"
+                " or its keys differ (check --payload-keys)"
+            ) from None
+
+    def forget(self, refs: Sequence[bytes]) -> None:
+        """Drop erased keys from the cache."""
+        self.cache.drop(refs)
