@@ -82,7 +82,7 @@ def fresh_db(dsn: str) -> str:
             "TRUNCATE inturn_delivery, inturn_attempt, inturn_audit, inturn_destination,"
             " inturn_received, inturn_destination_carrier, inturn_booking, inturn_segment,"
             " inturn_segment_event, inturn_worklist_item, inturn_feed, inturn_feed_sender,"
-            " inturn_order_expectation"
+            " inturn_order_expectation, inturn_lease"
             " RESTART IDENTITY"
         )
     return dsn

@@ -166,6 +166,13 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
+    # Who holds a destination (migration 0019): the worker acquires, renews and releases its
+    # lease, and its guarded statements renew it; people may see who holds what.
+    "inturn_lease": {
+        "worker": (SELECT, INSERT, UPDATE),
+        "admin": (SELECT,),
+        "reader": (SELECT,),
+    },
     "inturn_destination": {
         "ingest": (SELECT,),
         # The head query honours a hold (suspend from the console or the CLI).

@@ -1,0 +1,130 @@
+"""The destination lease (inturn.worker.store.lease) against a real Postgres: acquire, renew,
+release, takeover only after expiry with the epoch raised, and the plans of its statements."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection
+
+from inturn.worker.store import lease
+from inturn.worker.store.lease import Lease, LeaseLost
+
+pytestmark = pytest.mark.store
+
+DEST = "hospital/lab"
+
+
+async def test_acquire_a_free_destination_gives_epoch_one(conn: AsyncConnection[Any]) -> None:
+    got = await lease.acquire(conn, DEST, "a", 30)
+    assert got == Lease(DEST, "a", 1)
+    info = await lease.holder(conn, DEST)
+    assert info is not None
+    assert (info.holder, info.epoch) == ("a", 1)
+    assert 29 < info.seconds_left <= 30
+
+
+async def test_a_live_lease_is_never_taken_over(conn: AsyncConnection[Any]) -> None:
+    assert await lease.acquire(conn, DEST, "a", 30) is not None
+    assert await lease.acquire(conn, DEST, "b", 30) is None
+    info = await lease.holder(conn, DEST)
+    assert info is not None and (info.holder, info.epoch) == ("a", 1)
+
+
+async def test_takeover_after_expiry_raises_the_epoch_and_fences_the_old_holder(
+    conn: AsyncConnection[Any],
+) -> None:
+    old = await lease.acquire(conn, DEST, "a", 0.2)
+    assert old is not None
+    await asyncio.sleep(0.3)
+    new = await lease.acquire(conn, DEST, "b", 30)
+    assert new == Lease(DEST, "b", 2)
+    with pytest.raises(LeaseLost, match="epoch 1 of a"):
+        await lease.renew(conn, old, 30)
+    await lease.release(conn, old)  # a stale release changes nothing
+    info = await lease.holder(conn, DEST)
+    assert info is not None and (info.holder, info.epoch) == ("b", 2) and info.seconds_left > 29
+
+
+async def test_an_expired_lease_cannot_be_renewed(conn: AsyncConnection[Any]) -> None:
+    mine = await lease.acquire(conn, DEST, "a", 0.1)
+    assert mine is not None
+    await asyncio.sleep(0.2)
+    with pytest.raises(LeaseLost):
+        await lease.renew(conn, mine, 30)
+
+
+async def test_renew_extends_and_says_what_is_left(conn: AsyncConnection[Any]) -> None:
+    mine = await lease.acquire(conn, DEST, "a", 1)
+    assert mine is not None
+    left = await lease.renew(conn, mine, 45)
+    assert 44 < left <= 45
+
+
+async def test_release_lets_a_successor_in_at_once_with_a_higher_epoch(
+    conn: AsyncConnection[Any],
+) -> None:
+    first = await lease.acquire(conn, DEST, "a", 30)
+    assert first is not None
+    await lease.release(conn, first)
+    second = await lease.acquire(conn, DEST, "b", 30)
+    assert second == Lease(DEST, "b", 2)  # the row and its epoch outlive the release
+
+
+async def test_the_same_holder_reacquires_its_own_lease_with_a_new_epoch(
+    conn: AsyncConnection[Any],
+) -> None:
+    """After a reconnect the holder need not wait out its own lease; its earlier statements
+    are fenced all the same."""
+    first = await lease.acquire(conn, DEST, "a", 30)
+    again = await lease.acquire(conn, DEST, "a", 30)
+    assert first is not None and again == Lease(DEST, "a", 2)
+    with pytest.raises(LeaseLost):
+        await lease.renew(conn, first, 30)
+
+
+async def test_destinations_are_leased_apart(conn: AsyncConnection[Any]) -> None:
+    assert await lease.acquire(conn, DEST, "a", 30) == Lease(DEST, "a", 1)
+    assert await lease.acquire(conn, "hospital/rad", "b", 30) == Lease("hospital/rad", "b", 1)
+
+
+async def test_racing_acquirers_get_one_lease(fresh_db: str) -> None:
+    """Ten sessions acquire an expired lease at once: exactly one wins, one epoch raised."""
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as c:
+        assert await lease.acquire(c, DEST, "old", 0.05) is not None
+    await asyncio.sleep(0.1)
+    conns = [await AsyncConnection.connect(fresh_db, autocommit=True) for _ in range(10)]
+    try:
+        got = await asyncio.gather(
+            *(lease.acquire(c, DEST, f"h{i}", 30) for i, c in enumerate(conns))
+        )
+    finally:
+        for c in conns:
+            await c.close()
+    won = [g for g in got if g is not None]
+    assert len(won) == 1 and won[0].epoch == 2
+
+
+async def test_bad_ttl_is_refused(conn: AsyncConnection[Any]) -> None:
+    with pytest.raises(ValueError, match="ttl"):
+        await lease.acquire(conn, DEST, "a", 0)
+
+
+def test_holder_ids_are_unique_and_name_the_process() -> None:
+    a, b = lease.holder_id(), lease.holder_id("lab")
+    assert a != b and b.endswith(":lab")
+    assert re.fullmatch(r".+:\d+:[0-9a-f]{8}", a)
+
+
+def test_lease_statements_use_the_primary_key(dsn: str) -> None:
+    """Each statement finds its row by the primary key, whatever the table holds."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SET enable_seqscan = off")
+        for name in ("renew", "release", "holder"):
+            params = {"destination": DEST, "holder": "a", "epoch": 1, "ttl_seconds": 30}
+            plan = "\n".join(r[0] for r in c.execute(f"EXPLAIN {lease.Q[name]}", params).fetchall())  # type: ignore[call-overload]
+            assert "inturn_lease_pkey" in plan, (name, plan)

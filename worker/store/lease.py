@@ -1,0 +1,173 @@
+"""Who holds a destination: a lease row with an epoch, on the database's clock.
+
+Fencing that does not depend on the session, so that it holds whatever sits between inturn and
+Postgres (a transaction-mode pooler hands each transaction to any server connection, so a
+session advisory lock there belongs to whichever backend the pooler picked). The model is
+Medplum's durable queue (medplum/medplum PR #9346: acquire, heartbeat, takeover after expiry,
+demotion enforced in the data layer) with a fencing token (Kleppmann, "How to do distributed
+locking", 2016): every write a holder makes carries its epoch, and a takeover raises it.
+
+Table ``inturn_lease`` (migration 0019): one row per destination, ``holder``, ``epoch`` (raised
+on every acquisition, never lowered: a released lease keeps its row) and ``expires_at`` on the
+database's clock (``clock_timestamp()``), with the ``ttl_seconds`` that renewals extend it by.
+
+* :func:`acquire` takes a lease that is free, expired, or already this holder's (the epoch
+  raised each time); a live lease of another holder is never taken.
+* :func:`renew` extends a lease still held; the idle worker calls it on an interval shorter than
+  the lease. The statements a worker runs per message (the head query, the marks:
+  :mod:`inturn.worker.store.queue`) carry the same guard inline and renew the lease in the same
+  statement, so the hot path costs no extra round trip.
+* :func:`release` expires it now (a clean stop), so that a successor need not wait.
+
+The rule, and its bound. A holder starts an attempt only while its lease is valid for longer
+than the attempt's timeout; a takeover happens only after expiry; a statement whose guard fails
+changes nothing and raises :class:`LeaseLost`, and the worker stops sending. So at most the
+message in flight of a lost holder is sent twice (as with the session lock before), and a
+holder that dies is replaced within ``ttl_seconds`` plus the standby's acquire interval.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from inturn.worker.errors import Unavailable
+from inturn.worker.store.queries import fetch_one, load
+
+Q = load("lease.sql")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease held on one destination: the fencing token every guarded statement carries.
+
+    Attributes:
+        destination: ``namespace/name``.
+        holder: the holder's identity (:func:`holder_id`).
+        epoch: raised on every acquisition of the destination (1, 2, ...).
+    """
+
+    destination: str
+    holder: str
+    epoch: int
+
+
+class LeaseLost(Unavailable):
+    """A guarded statement found the lease no longer this holder's (another holder took it over
+    after it expired, or it was released): the statement changed nothing. The worker stops
+    sending and goes back to acquiring.
+
+    Attributes:
+        lease: the lease that was lost.
+    """
+
+    def __init__(self, lease: Lease, what: str = "") -> None:
+        doing = f" ({what})" if what else ""
+        super().__init__(
+            f"lease of {lease.destination} lost{doing}: epoch {lease.epoch} of {lease.holder}"
+            " is no longer current; nothing was changed"
+        )
+        self.lease = lease
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """Who holds a destination's lease, as :func:`holder` reads it.
+
+    Attributes:
+        destination: ``namespace/name``.
+        holder: the last holder's identity.
+        epoch: the current epoch.
+        seconds_left: seconds until expiry on the database's clock (negative: expired).
+    """
+
+    destination: str
+    holder: str
+    epoch: int
+    seconds_left: float
+
+
+def holder_id(name: str = "") -> str:
+    """A holder identity unique to this process and call: ``host:pid:random[:name]``.
+
+    The host is the pod name on Kubernetes, so the lease names the pod that holds it.
+    """
+    suffix = f":{name}" if name else ""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}{suffix}"
+
+
+def _check_ttl(ttl_seconds: float) -> float:
+    ttl = float(ttl_seconds)
+    if not ttl > 0:
+        raise ValueError(f"a lease's ttl must be > 0 seconds, got {ttl_seconds}")
+    return ttl
+
+
+async def acquire(
+    conn: AsyncConnection[Any], destination: str, holder: str, ttl_seconds: float
+) -> Lease | None:
+    """Take the lease of ``destination`` for ``ttl_seconds``, or None when another holder's
+    lease is still valid.
+
+    A free destination gets epoch 1; an expired lease (anyone's) or this holder's own is taken
+    with its epoch raised by one, so that every statement of an earlier holding matches nothing.
+    One autocommit statement (pooler-safe: no session state).
+
+    Raises:
+        ValueError: ``ttl_seconds`` is not positive.
+        psycopg.Error: the database failed.
+    """
+    params = {"destination": destination, "holder": holder, "ttl_seconds": _check_ttl(ttl_seconds)}
+    row = await fetch_one(conn, Q["acquire"], params, row=dict_row)
+    return None if row is None else Lease(destination, holder, int(row["epoch"]))
+
+
+async def renew(conn: AsyncConnection[Any], lease: Lease, ttl_seconds: float) -> float:
+    """Extend ``lease`` to ``ttl_seconds`` from now; return the seconds left (database clock).
+
+    Raises:
+        LeaseLost: the lease expired or another holder took it (nothing changed).
+        ValueError: ``ttl_seconds`` is not positive.
+        psycopg.Error: the database failed.
+    """
+    params = {
+        "destination": lease.destination,
+        "holder": lease.holder,
+        "epoch": lease.epoch,
+        "ttl_seconds": _check_ttl(ttl_seconds),
+    }
+    row = await fetch_one(conn, Q["renew"], params, row=dict_row)
+    if row is None:
+        raise LeaseLost(lease, "renewing")
+    return float(row["seconds_left"])
+
+
+async def release(conn: AsyncConnection[Any], lease: Lease) -> None:
+    """Give ``lease`` up now (it expires at once; nothing happens if it was already lost).
+
+    Raises:
+        psycopg.Error: the database failed.
+    """
+    await conn.execute(
+        Q["release"],
+        {"destination": lease.destination, "holder": lease.holder, "epoch": lease.epoch},
+    )
+
+
+async def holder(conn: AsyncConnection[Any], destination: str) -> LeaseInfo | None:
+    """Who holds (or last held) ``destination``'s lease, or None when nobody ever did."""
+    row = await fetch_one(conn, Q["holder"], {"destination": destination}, row=dict_row)
+    if row is None:
+        return None
+    return LeaseInfo(
+        destination=str(row["destination"]),
+        holder=str(row["holder"]),
+        epoch=int(row["epoch"]),
+        seconds_left=float(row["seconds_left"]),
+    )
