@@ -21,6 +21,7 @@ import psycopg.errors
 
 from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.store.connect import DsnError, permission_denied, schema_missing
+from inturn.worker.store.faults import connection_gone
 from inturn.worker.store.lockwatch import LockWaitError
 
 #: name -> "module:attribute" of each subcommand.
@@ -96,6 +97,39 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def database_error(exc: psycopg.Error) -> str:
+    """The one-line error of a command for a database error ``exc``: a timeout; a server that
+    cannot be reached or a connection psycopg lost (no SQLSTATE); a session the server ended,
+    whatever the class of its code (:func:`inturn.worker.store.faults.connection_gone`: 57P05
+    or 25P03 after a DBA's idle timeout read like a restart, not as "database error"); then a
+    missing schema, a missing privilege, an unusable DSN, anything else."""
+    if isinstance(exc, psycopg.errors.QueryCanceled):  # reached, but outlasted a timeout
+        return f"the database did not finish in time: {_first_line(exc)}"
+    if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:
+        # psycopg's own words say which: refused, unknown host, closed unexpectedly, ...
+        return f"cannot reach the database: {_first_line(exc)}"
+    if connection_gone(exc):
+        code = f", SQLSTATE {exc.sqlstate}" if exc.sqlstate else ""
+        return (
+            f"the database connection was lost ({type(exc).__name__}{code}):"
+            f" {_first_line(exc)}; run the command again"
+        )
+    if isinstance(exc, psycopg.OperationalError):
+        return f"cannot reach the database: {_first_line(exc)}"
+    if isinstance(
+        exc,
+        psycopg.errors.UndefinedTable
+        | psycopg.errors.UndefinedColumn
+        | psycopg.errors.UndefinedFunction,
+    ):
+        return schema_missing(exc)
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return permission_denied(exc)
+    if isinstance(exc, psycopg.ProgrammingError) and exc.sqlstate is None:
+        return f"invalid database connection string: {_first_line(exc)}"  # refused by psycopg
+    return f"database error: {_first_line(exc)}"
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point: run the command line, one-line errors, exit codes 0/1/2."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
@@ -119,36 +153,10 @@ def main(argv: list[str] | None = None) -> Any:
         if debug:
             raise
         fail(str(exc))
-    except psycopg.errors.QueryCanceled as exc:  # reached, but a statement outlasted a timeout
-        if debug:
-            raise
-        fail(f"the database did not finish in time: {_first_line(exc)}")
-    except psycopg.OperationalError as exc:
-        if debug:
-            raise
-        fail(f"cannot reach the database: {_first_line(exc)}")
-    except (
-        psycopg.errors.UndefinedTable,
-        psycopg.errors.UndefinedColumn,
-        psycopg.errors.UndefinedFunction,
-    ) as exc:
-        if debug:
-            raise
-        fail(schema_missing(exc))
-    except psycopg.errors.InsufficientPrivilege as exc:
-        if debug:
-            raise
-        fail(permission_denied(exc))
-    except psycopg.ProgrammingError as exc:
-        if debug:
-            raise
-        if exc.sqlstate is None:  # refused by psycopg before reaching a server: the DSN itself
-            fail(f"invalid database connection string: {_first_line(exc)}")
-        fail(f"database error: {_first_line(exc)}")
     except psycopg.Error as exc:
         if debug:
             raise
-        fail(f"database error: {_first_line(exc)}")
+        fail(database_error(exc))
     except OSError as exc:
         # Ports already taken, unresolvable hosts, unreadable files: the system's own words.
         if debug:

@@ -8,11 +8,11 @@ name the class.
 =================  ==========================================  ==============================
 fault              what                                        answer
 =================  ==========================================  ==============================
-``dead``           the connection is gone: no SQLSTATE (socket  retried at once on a fresh
-                   closed, server restarted), class 08          connection; AE only if that
-                   (connection exception), 57P01 admin          fails as well
-                   shutdown, 57P02 crash shutdown,
-                   ``psycopg.InterfaceError``
+``dead``           the connection is gone                      retried at once on a fresh
+                   (:func:`connection_gone`: psycopg lost the  connection; AE only if that
+                   socket, class 08, a code with which the     fails as well
+                   server ends a session such as 57P05 idle
+                   session timeout, or a FATAL report)
 ``permanent``      the database refuses the message's own       AR with ERR (HTTP 400); never
                    content: class 22 (data exception: bad       retried
                    encoding, value too long, ...), 54
@@ -50,9 +50,73 @@ PERMANENT_CLASSES: dict[str, tuple[int, str]] = {
     "22": (ErrorCode.DATA_TYPE_ERROR, "the database cannot hold a value of this message"),
     "54": (ErrorCode.VALUE_TOO_LONG, "a value of this message is too large to index"),
 }
-#: SQLSTATE codes and classes that mean the connection itself is gone.
-DEAD_CLASSES = frozenset({"08"})
-DEAD_CODES = frozenset({"57P01", "57P02"})
+#: SQLSTATE classes whose every code means the connection itself is gone: class 08,
+#: "Connection Exception" (PostgreSQL manual, Appendix A).
+GONE_CLASSES = frozenset({"08"})
+#: SQLSTATE codes of other classes with which the server ends the session (it reports them
+#: with severity FATAL, then closes the socket): 57P01 admin shutdown (``pg_terminate_backend``,
+#: a fast shutdown), 57P02 crash shutdown, 57P04 database dropped, 57P05 idle session timeout
+#: (``idle_session_timeout``), 25P03 idle-in-transaction timeout
+#: (``idle_in_transaction_session_timeout``), 25P04 transaction timeout
+#: (``transaction_timeout``, PostgreSQL 17).
+GONE_CODES = frozenset({"57P01", "57P02", "57P04", "57P05", "25P03", "25P04"})
+#: Severities after which the server has ended the session, whatever the SQLSTATE
+#: (PostgreSQL manual, "Message Severity Levels" and "Error and Notice Message Fields").
+GONE_SEVERITIES = frozenset({"FATAL", "PANIC"})
+
+
+def connection_gone(exc: BaseException, *, closed: bool = False) -> bool:
+    """Whether ``exc`` means the database connection it came from is gone: the one
+    classification of a lost session, used by ingest's store (retry on a fresh connection),
+    the pools, the worker's loop (:func:`classify_step`: reconnect and take the lock again)
+    and every command's one-line error.
+
+    Gone when any of these holds:
+
+    * ``closed``: the caller saw ``conn.closed or conn.broken`` after the error;
+    * psycopg lost the connection: :class:`psycopg.InterfaceError` (used after close), or an
+      :class:`psycopg.OperationalError` with no SQLSTATE (socket closed, server restarted);
+    * the SQLSTATE's class is in :data:`GONE_CLASSES` or the code in :data:`GONE_CODES`;
+    * the server reported the error with severity ``FATAL`` or ``PANIC``: it ends the session
+      after such a report whatever the code, so a code that a later PostgreSQL adds is gone too.
+
+    A statement that failed while the session lives (a lock or statement timeout 55P03/57014,
+    a full disk 53100, 57P03 at connect, a refused grant) is not gone, nor is a pool's own
+    error (``PoolTimeout``, ``TooManyRequests``, ``PoolClosed``: no connection was handed out).
+
+    Args:
+        exc: the exception a statement, a connect or a pool raised.
+        closed: the connection's own state after the error, when the caller has it.
+    """
+    if closed or isinstance(exc, psycopg.InterfaceError):
+        return True
+    if not isinstance(exc, psycopg.Error) or _pool_error(exc):
+        return False
+    sqlstate = exc.sqlstate
+    if sqlstate is None:
+        return isinstance(exc, psycopg.OperationalError)
+    if sqlstate[:2] in GONE_CLASSES or sqlstate in GONE_CODES:
+        return True
+    return _severity(exc) in GONE_SEVERITIES
+
+
+def _pool_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is psycopg_pool's own (they subclass ``OperationalError`` without a
+    SQLSTATE). Only a process that loaded psycopg_pool can raise one; the worker, which has no
+    pool, is spared loading it (about 0.5 MiB of its resident set)."""
+    pool = sys.modules.get("psycopg_pool")
+    return pool is not None and isinstance(
+        exc, pool.PoolTimeout | pool.TooManyRequests | pool.PoolClosed
+    )
+
+
+def _severity(exc: psycopg.Error) -> str | None:
+    """The server's untranslated severity of ``exc`` (``ERROR``, ``FATAL``, ...), or None for an
+    error that did not come from a server's report (psycopg's own, or one made in a test)."""
+    try:
+        return exc.diag.severity_nonlocalized or exc.diag.severity
+    except Exception:  # a diagnostic without a result behind it
+        return None
 
 
 @dataclass(frozen=True)
@@ -76,17 +140,11 @@ def classify(exc: BaseException) -> Classified:
     """Classify an exception raised while storing a message (see the module table)."""
     sqlstate = exc.sqlstate if isinstance(exc, psycopg.Error) else None
     name = type(exc).__name__
-    # A pool error can only come from a process that loaded psycopg_pool; the worker, which
-    # has no pool, is spared loading it (about 0.5 MiB of its resident set).
-    pool = sys.modules.get("psycopg_pool")
-    if pool is not None and isinstance(exc, pool.PoolTimeout | pool.TooManyRequests):
+    if _pool_error(exc):
         return Classified(
             "transient", None, ErrorCode.APPLICATION_INTERNAL_ERROR, f"storage failed: {name}"
         )
-    if isinstance(exc, psycopg.InterfaceError) or (
-        isinstance(exc, psycopg.OperationalError)
-        and (sqlstate is None or sqlstate[:2] in DEAD_CLASSES or sqlstate in DEAD_CODES)
-    ):
+    if connection_gone(exc):
         return Classified(
             "dead", sqlstate, ErrorCode.APPLICATION_INTERNAL_ERROR, f"connection lost ({name})"
         )
@@ -119,11 +177,6 @@ StepAction = Literal["retry", "reconnect", "stop"]
 #: ``may_resend`` (the next lock holder sends the head again if the mark did not commit: the
 #: one duplicate a lost session can cost).
 SendMeaning = Literal["not_sent", "sent_failed", "delivered", "may_resend"]
-
-#: SQLSTATE codes after which the server ends the session (FATAL), besides class 08, 57P01 and
-#: 57P02: 57P04 database dropped, 57P05 idle session timeout, 25P03 idle-in-transaction
-#: timeout.
-SESSION_ENDING_CODES = frozenset({"57P04", "57P05", "25P03"})
 
 #: SQLSTATE codes that say the database has no inturn schema (or an old one): undefined
 #: table, column, function or object (a type), invalid schema name.
@@ -182,29 +235,18 @@ class StepFault:
     text: str
 
 
-def session_ended(exc: BaseException, connection_closed: bool) -> bool:
-    """Whether ``exc`` (raised by a statement) ended the session: the connection is closed or
-    broken, or the error is one after which the server closes it."""
-    if connection_closed:
-        return True
-    if classify(exc).fault == "dead":
-        return True
-    return isinstance(exc, psycopg.Error) and exc.sqlstate in SESSION_ENDING_CODES
-
-
 def classify_step(step: Step, exc: BaseException, *, connection_closed: bool) -> StepFault:
     """Classify an error raised by ``step`` of the worker's loop.
 
     The rule: the session decides. While it lives (whatever the error: a full disk, a lock or
     statement timeout, a refused grant), the worker still holds the destination's lock and
     knows what happened to the head, so the step alone is retried: a delivered mark is written
-    again, never the message sent again. When the session is gone (``connection_closed``: psycopg
-    says the connection is closed or broken; or the error is one that ends it: no SQLSTATE,
-    class 08, 57P01, 57P02, 57P04, 57P05, 25P03), the lock is gone too; the worker reconnects and
-    takes the lock again, and a delivered mark whose COMMIT it did not see may be lost: the head
-    is then sent once more (:data:`SendMeaning` ``may_resend``). One exception: before any send
-    (``session``, ``head``), a database without the inturn schema (:data:`SCHEMA_CODES`) is not
-    waited for: the action is ``stop``.
+    again, never the message sent again. When the session is gone
+    (:func:`connection_gone`, with ``connection_closed``), the lock is gone too; the worker
+    reconnects and takes the lock again, and a delivered mark whose COMMIT it did not see may be
+    lost: the head is then sent once more (:data:`SendMeaning` ``may_resend``). One exception:
+    before any send (``session``, ``head``), a database without the inturn schema
+    (:data:`SCHEMA_CODES`) is not waited for: the action is ``stop``.
 
     Args:
         step: ``session`` (connect, lock, LISTEN, settings), ``head`` (the head query, the
@@ -214,7 +256,7 @@ def classify_step(step: Step, exc: BaseException, *, connection_closed: bool) ->
         connection_closed: ``conn.closed or conn.broken`` after the error.
     """
     sqlstate = exc.sqlstate if isinstance(exc, psycopg.Error) else None
-    ended = session_ended(exc, connection_closed)
+    ended = connection_gone(exc, closed=connection_closed)
     if ended:
         text = f"connection lost ({type(exc).__name__}"
         text += f", SQLSTATE {sqlstate})" if sqlstate else ")"

@@ -8,17 +8,29 @@ caps every later wait at :data:`RECONNECT_MAX_DELAY_SECONDS`, so the pool is who
 that time of the server accepting connections, however long it was away. The cost is one
 connection attempt per lost connection every two seconds while the server is down.
 
+**A lost session is a lost session, whatever its code.** When a statement on a pooled
+connection fails with an error :func:`inturn.worker.store.faults.connection_gone` calls gone
+(a restart, ``pg_terminate_backend``, a DBA's ``idle_session_timeout`` or
+``idle_in_transaction_session_timeout``: their siblings idle in the pool died of the same
+cause), the connection is discarded and the pool's idle connections are checked at once
+(``check()``), before the error reaches the caller: a caller that tries again gets a live
+connection, not the next dead one.
+
 Imported only where a pool is made (:func:`inturn.worker.store.connect.Pools.open`), so that a
 worker, which has one connection and no pool, never loads psycopg_pool.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
+
+from inturn.worker.store.faults import connection_gone
 
 #: Longest wait, in seconds, between two tries to replace a lost pooled connection.
 RECONNECT_MAX_DELAY_SECONDS = 2.0
@@ -37,7 +49,25 @@ class CappedAttempt(AttemptWithBackoff):
 
 class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
     """An :class:`psycopg_pool.AsyncConnectionPool` whose lost connections are replaced with
-    :class:`CappedAttempt` delays; same arguments, same behaviour otherwise."""
+    :class:`CappedAttempt` delays, and whose idle connections are checked as soon as one is found
+    gone (see the module docstring); same arguments, same behaviour otherwise."""
+
+    @asynccontextmanager
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection from the pool, as :meth:`AsyncConnectionPool.connection` gives it.
+
+        Raises:
+            psycopg_pool.PoolTimeout: no connection within ``timeout`` seconds.
+            Exception: whatever the body raised; when it says the connection is gone, the
+                pool's idle connections were checked (dead ones replaced) first.
+        """
+        try:
+            async with super().connection(timeout) as conn:
+                yield conn
+        except Exception as exc:
+            if connection_gone(exc):
+                await self.check()
+            raise
 
     async def _add_connection(
         self, attempt: AttemptWithBackoff | None, growing: bool = False
