@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from test_ingest import HOST, Client, config, msg, register
 
-from inturn.worker.hl7.pid import lookup_key
+from inturn.worker.hl7.pid import CAPPED_KEY, lookup_key
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.testing import SHAPE_MSH, worst_shapes
 
@@ -68,7 +68,8 @@ async def test_healthz_and_other_channels_answer_while_a_huge_repetition_list_is
     assert statuses == [200] * 20
     assert lab_codes == ["AA"] * 20
     keys = stored_keys(fresh_db, "BIG0")
-    assert len(keys) == 100  # 50 identifiers, each alone and with its authority
+    # 50 identifiers, each alone and with its authority, and the capped mark (a lane barrier)
+    assert len(keys) == 101 and CAPPED_KEY in keys
     assert lookup_key("MRN49", "HOSP") in keys
     assert lookup_key("MRN50") not in keys
 

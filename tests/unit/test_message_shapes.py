@@ -10,6 +10,7 @@ import pytest
 
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.pid import (
+    CAPPED_KEY,
     MAX_ID_CHARS,
     PatientId,
     has_patient_id,
@@ -43,8 +44,11 @@ def test_identifiers_indexed_per_message_are_capped() -> None:
     payload = repetitions(12_000)
     assert patient_identifiers(payload, limit=100) == patient_identifiers(payload)[:100]
     keys = index_keys(payload, limit=100)
-    # each identifier: its ID alone and its ID with its one authority
-    assert len(keys) == 200
+    # each identifier: its ID alone and its ID with its one authority, and the capped mark
+    # (lanes make such a message a barrier)
+    assert len(keys) == 201
+    assert CAPPED_KEY in keys
+    assert CAPPED_KEY not in index_keys(repetitions(100), limit=100)
     assert lookup_key("ID99") in keys and lookup_key("ID99", "AUTH1") in keys
     assert lookup_key("ID100") not in keys
     # the uncapped search still sees every identifier (erase --patient-id reads payloads)
@@ -95,7 +99,7 @@ def test_every_worst_shape_prepares_as_stored(name: str) -> None:
     assert message.digest == hashlib.sha256(message.payload).digest()
     keys = message.patient_keys.split(",") if message.patient_keys else []
     assert keys == index_keys(message.payload, 100)
-    assert len(keys) <= 300
+    assert len(keys) <= 301  # 100 identifiers with two authorities each, and the capped mark
 
 
 def test_worst_shapes_name_what_they_hold() -> None:

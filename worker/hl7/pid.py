@@ -32,6 +32,12 @@ MAX_INDEXED_IDENTIFIERS = 100
 #: v2.7+ gives CX-1 199 characters, so this leaves room for escapes.
 MAX_ID_CHARS = 1024
 
+#: The key :func:`index_keys` adds when a message names more identifiers than it indexes. Not a
+#: lookup key (those are 32 hex digits), so no lookup ever finds it; lanes
+#: (:mod:`inturn.worker.drain.lanes`) read it as "some of this message's patients are unknown",
+#: which makes the message a barrier: it cannot be ordered by the keys that were kept.
+CAPPED_KEY = "capped"
+
 #: The fields read, as (segment, field number).
 PATIENT_FIELDS: tuple[tuple[str, int], ...] = (("PID", 2), ("PID", 3), ("PID", 4), ("MRG", 1))
 
@@ -176,9 +182,11 @@ def index_keys(
     when that authority assigned it (:meth:`PatientId.matches`).
 
     Only the first ``limit`` distinct identifiers (message order) are indexed, so a message
-    yields at most ``3 * limit`` keys however many repetitions it carries; identifiers past the
-    cap are not in the index, so ``--patient-id`` listings miss them (``inturn queue erase
-    --patient-id`` reads payloads with :func:`has_patient_id`, which has no cap).
+    yields at most ``3 * limit + 1`` keys however many repetitions it carries; identifiers past
+    the cap are not in the index, so ``--patient-id`` listings miss them (``inturn queue erase
+    --patient-id`` reads payloads with :func:`has_patient_id`, which has no cap). A message that
+    names more than ``limit`` identifiers also gets :data:`CAPPED_KEY`, which lanes read as a
+    barrier.
 
     Raises:
         ValueError: ``limit`` is below 1.
@@ -186,8 +194,11 @@ def index_keys(
     if limit < 1:
         raise ValueError("limit must be at least 1")
     keys: set[str] = set()
-    for patient in patient_identifiers(payload, limit):
+    found = patient_identifiers(payload, limit + 1)
+    for patient in found[:limit]:
         keys.update(patient_lookups(patient, digest))
+    if len(found) > limit:
+        keys.add(CAPPED_KEY)
     return sorted(keys)
 
 
