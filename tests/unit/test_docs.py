@@ -30,6 +30,7 @@ from inturn.worker.console.auth import parse_auth
 from inturn.worker.feeds.declare import parse_feeds
 from inturn.worker.ingest.credentials import Credentials
 from inturn.worker.reservations.records import parse_bookings
+from inturn.worker.spec.channels import parse_channels
 from inturn.worker.spec.destination import load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,6 +140,11 @@ def validate_yaml(doc: Any) -> str:
     if set(doc) == {"feeds"}:
         parse_feeds(doc)
         return "feed declarations"
+    if "channels" in doc and set(doc) <= {"feeds", "channels"}:
+        parse_channels(doc["channels"])
+        if "feeds" in doc:
+            parse_feeds({"feeds": doc["feeds"]})
+        return "channel declarations"
     if doc.get("kind") in {"Application", "HelmRelease"}:
         values = doc["spec"].get("values") or doc["spec"]["source"]["helm"]["valuesObject"]
         jsonschema.validate(values, _chart_values_schema())

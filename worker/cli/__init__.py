@@ -41,6 +41,7 @@ COMMANDS: dict[str, str] = {
     "crd": "inturn.operator.cli:crd_command",
     "receiver": "inturn.worker.cli.receiver:receiver_command",
     "send": "inturn.worker.cli.send:send_command",
+    "validate": "inturn.worker.cli.validate:validate_command",
 }
 
 #: Libraries of optional extras (pyproject.toml) -> the extra that installs them.

@@ -105,6 +105,33 @@ def _closed(node: Any) -> Any:
 _VALIDATOR = jsonschema.Draft7Validator(_closed(FILE_SCHEMA))
 
 
+def _path(parts: Any) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def feed_problems(doc: Any) -> list[str]:
+    """Every problem of a declaration document (parsed YAML), as ``path: problem`` lines
+    (``feeds[1].channel: adt is declared twice``), sorted; empty when it is valid."""
+    problems = sorted(f"{_path(e.absolute_path)}: {e.message}" for e in _VALIDATOR.iter_errors(doc))
+    if problems:
+        return problems
+    seen: set[str] = set()
+    for i, node in enumerate(doc["feeds"]):
+        channel = node["channel"]
+        if channel in seen:
+            problems.append(f"feeds[{i}].channel: {channel} is declared twice")
+        seen.add(channel)
+        if "schedule" in node:
+            try:
+                parse(node["schedule"])
+            except ScheduleError as exc:
+                problems.append(f"feeds[{i}].schedule.{exc}")
+    return problems
+
+
 def parse_feeds(doc: Any, *, source: str = "feeds") -> list[Feed]:
     """Check a declaration document (parsed YAML) and return its feeds, in order.
 
@@ -112,34 +139,18 @@ def parse_feeds(doc: Any, *, source: str = "feeds") -> list[Feed]:
         FeedsError: not valid (every problem, by field path), a channel declared twice, or a
             time zone this process does not know.
     """
-    problems = sorted(
-        f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
-        for e in _VALIDATOR.iter_errors(doc)
-    )
+    problems = feed_problems(doc)
     if problems:
         raise FeedsError(f"{source}: " + "; ".join(problems))
-    feeds: list[Feed] = []
-    seen: set[str] = set()
-    for i, node in enumerate(doc["feeds"]):
-        channel = node["channel"]
-        if channel in seen:
-            raise FeedsError(f"{source}: feeds.{i}.channel: {channel} is declared twice")
-        seen.add(channel)
-        schedule = None
-        if "schedule" in node:
-            try:
-                schedule = parse(node["schedule"])
-            except ScheduleError as exc:
-                raise FeedsError(f"{source}: feeds.{i}.schedule.{exc}") from None
-        feeds.append(
-            Feed(
-                channel=channel,
-                silent_after_seconds=int(node["silentAfterSeconds"]),
-                per_sender=bool(node.get("perSender", False)),
-                schedule=schedule,
-            )
+    return [
+        Feed(
+            channel=node["channel"],
+            silent_after_seconds=int(node["silentAfterSeconds"]),
+            per_sender=bool(node.get("perSender", False)),
+            schedule=parse(node["schedule"]) if "schedule" in node else None,
         )
-    return feeds
+        for node in doc["feeds"]
+    ]
 
 
 def load_feeds(path: str | Path) -> list[Feed]:

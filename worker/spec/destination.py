@@ -140,11 +140,13 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> list[str]:
     value = error.validator_value
     if v == "required":
         instance = error.instance if isinstance(error.instance, Mapping) else {}
-        return [f"{_path(where, [k])}: required" for k in value if k not in instance]
+        at = list(error.absolute_path)
+        return [f"{_path(prefix, [*at, k])}: required" for k in value if k not in instance]
     if v == "additionalProperties":
         instance = error.instance if isinstance(error.instance, Mapping) else {}
         known = set(error.schema.get("properties", {}))
-        return [f"{_path(where, [k])}: unknown field" for k in instance if k not in known]
+        at = list(error.absolute_path)
+        return [f"{_path(prefix, [*at, k])}: unknown field" for k in instance if k not in known]
     messages: dict[str, Callable[[], str]] = {
         "type": lambda: f"must be {'an' if str(value)[0] in 'aeiou' else 'a'} {value}",
         "minimum": lambda: f"must be >= {value}",

@@ -1,0 +1,198 @@
+"""``inturn validate``: every problem of Destination manifests, feeds files and channel
+declarations, by file, document and field path, offline; its exit statuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from inturn.worker.spec.channels import CHANNEL_SCHEMA, parse_channels
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LIS_NORTH = """\
+apiVersion: inturn.dev/v1alpha1
+kind: Destination
+metadata: {name: lis-north, namespace: lab}
+spec:
+  channel: lab
+  sender: {mllp: {host: lis-north, port: 2575}}
+  retry: {maxAttempts: 0}
+  carriers: [LH]
+  filter:
+    messageTypes: [ORU^R01]
+    fields:
+      - {field: MSH-4, operator: In, values: [NORTH]}
+"""
+
+BROKEN = """\
+apiVersion: inturn.dev/v1alpha1
+kind: Destination
+metadata: {name: Bad}
+spec:
+  channel: adt
+  sender: {mllp: {host: lis, port: 99999}}
+  retry: {maxAttemps: 0}
+"""
+
+BAD_FILTER = """\
+apiVersion: inturn.dev/v1alpha1
+kind: Destination
+metadata: {name: bed-board}
+spec:
+  channel: adt
+  sender: {mllp: {host: bb, port: 2575}}
+  retry: {maxAttempts: 0}
+  carriers: [LH]
+  filter:
+    fields:
+      - {field: PV1-3, operator: In}
+      - {field: MSH-2, operator: Exists}
+"""
+
+
+MAIN = "import sys; from inturn.worker.cli import main; sys.argv[0] = 'inturn'; main()"
+
+
+def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_")}
+    return subprocess.run(
+        [sys.executable, "-c", MAIN, "validate", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_valid_files_exit_zero(tmp_path: Path) -> None:
+    (tmp_path / "lis.yaml").write_text(LIS_NORTH)
+    (tmp_path / "decl.yaml").write_text(
+        "channels:\n  - {name: lab, port: 2576}\n"
+        "feeds:\n  - {channel: lab, silentAfterSeconds: 600}\n"
+    )
+    done = run("lis.yaml", "decl.yaml", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "2 document(s) in 2 file(s): valid\n")
+
+
+def test_every_problem_is_reported_with_file_document_and_path(tmp_path: Path) -> None:
+    (tmp_path / "dest.yaml").write_text(
+        f"{LIS_NORTH}---\n{LIS_NORTH}---\n{BROKEN}---\n{BAD_FILTER}"
+    )
+    (tmp_path / "values.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "ingest": {
+                    "channels": [
+                        {"name": "adt", "port": 2575},
+                        {"name": "lab", "port": 2575},
+                        {"name": "rad", "port": 2577, "allowedNetworks": ["everyone"]},
+                    ],
+                    "feeds": [{"channel": "adt", "silentAfterSeconds": 10}],
+                }
+            }
+        )
+    )
+    (tmp_path / "worker.json").write_text(json.dumps({"destination": "a/b", "channel": "x"}))
+    (tmp_path / "odd.yaml").write_text("kind: Service\n---\n- a list\n")
+    done = run("dest.yaml", "values.yaml", "worker.json", "odd.yaml", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        "dest.yaml#2: metadata.name: lab/lis-north is declared twice (also dest.yaml#1)",
+        "dest.yaml#3: metadata.name: 'Bad' does not match ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        "dest.yaml#3: spec.retry.maxAttemps: unknown field",
+        "dest.yaml#3: spec.retry.maxAttempts: required",
+        "dest.yaml#3: spec.sender.mllp.port: must be <= 65535",
+        "dest.yaml#4: spec.filter.fields[0].values: In, NotIn, Matches and NotMatches need at"
+        " least one value",
+        "dest.yaml#4: spec.filter.fields[1].field: MSH-1 and MSH-2 are the delimiters; filters"
+        " read MSH-3 and later",
+        "values.yaml#1: ingest.channels[2].allowedNetworks[0]: 'everyone' does not match"
+        " '^[0-9a-fA-F:.]+/[0-9]{1,3}$'",
+        "values.yaml#1: ingest.channels[1].port: 2575 is used twice (also ingest.channels[0])",
+        "values.yaml#1: ingest.feeds[0].silentAfterSeconds: 10 is less than the minimum of 60",
+        "worker.json#1: retry: required",
+        "worker.json#1: sender: required",
+        "odd.yaml#1: kind: must be Destination or WorkerConfig, not 'Service' (or a file of"
+        " feeds or channels, or the chart's values)",
+        "odd.yaml#2: <root>: must be a mapping",
+        "8 document(s) in 4 file(s): 14 problem(s)",
+    ]
+
+
+def test_cross_document_checks(tmp_path: Path) -> None:
+    fixed = BAD_FILTER.replace("operator: In}", "operator: In, values: [4W]}").replace(
+        "      - {field: MSH-2, operator: Exists}\n", ""
+    )
+    (tmp_path / "a.yaml").write_text(LIS_NORTH)
+    (tmp_path / "b.yaml").write_text(fixed)
+    (tmp_path / "c.yaml").write_text(
+        "channels:\n  - {name: adt, port: 2575}\n  - {name: adt, port: 2576}\n"
+        "feeds:\n  - {channel: rad, silentAfterSeconds: 600}\n"
+    )
+    done = run("a.yaml", "b.yaml", "c.yaml", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        "b.yaml#1: spec.carriers: LH is already served by lab/lis-north (a.yaml#1)",
+        "c.yaml#1: channels[1].name: adt is declared twice (also channels[0])",
+        "warning: a.yaml#1: spec.channel: lab/lis-north takes channel lab, which no channel"
+        " declaration names (declared: adt); only HTTP ingest can feed it",
+        "warning: c.yaml#1: feeds[0].channel: rad is not a declared channel (declared: adt);"
+        " only HTTP ingest can feed it",
+        "3 document(s) in 3 file(s): 2 problem(s)",
+    ]
+
+
+def test_unreadable_files_and_yaml(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("spec: [unclosed\n")
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe")
+    done = run("bad.yaml", "bin.yaml", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[:2] == [
+        "bad.yaml: line 2: not valid YAML (expected ',' or ']', but got '<stream end>')",
+        "bin.yaml: byte 0: not UTF-8 text",
+    ]
+
+
+def test_usage_errors_exit_two(tmp_path: Path) -> None:
+    missing = run("missing.yaml", cwd=tmp_path)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    none = run(cwd=tmp_path)
+    assert none.returncode == 2 and "Missing argument 'FILES...'" in none.stderr
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").rglob("*.yaml")), ids=lambda p: p.name)
+def test_the_examples_are_valid(path: Path) -> None:
+    done = run(path, cwd=ROOT)
+    assert done.returncode == 0, done.stdout
+
+
+def test_the_chart_values_are_valid() -> None:
+    done = run(ROOT / "charts/inturn/values.yaml", cwd=ROOT)
+    assert done.returncode == 0, done.stdout
+
+
+def test_the_channel_schema_is_the_charts() -> None:
+    values = json.loads((ROOT / "charts/inturn/values.schema.json").read_text())
+    chart = values["properties"]["ingest"]["properties"]["channels"]["items"]
+    assert chart == CHANNEL_SCHEMA
+
+
+def test_parse_channels() -> None:
+    [adt] = parse_channels([{"name": "adt", "port": 2575, "allowedNetworks": ["10.0.0.0/8"]}])
+    assert (adt.name, adt.port, adt.allowed_networks, adt.unrouted) == (
+        "adt",
+        2575,
+        ("10.0.0.0/8",),
+        "reject",
+    )
+    with pytest.raises(ValueError, match=r"channels\[1\].port: 2575 is used twice"):
+        parse_channels([{"name": "adt", "port": 2575}, {"name": "lab", "port": 2575}])
