@@ -42,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "receiver": "inturn.worker.cli.receiver:receiver_command",
     "send": "inturn.worker.cli.send:send_command",
     "validate": "inturn.worker.cli.validate:validate_command",
+    "keys": "inturn.worker.cli.keys:keys_group",
 }
 
 #: Libraries of optional extras (pyproject.toml) -> the extra that installs them.

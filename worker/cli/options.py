@@ -28,6 +28,30 @@ def dsn_option(help: str = "Postgres connection string, libpq DSN or URI.") -> C
     return click.option("--dsn", envvar="INTURN_DSN", show_envvar=True, help=help)
 
 
+def payload_keys_options(command: F) -> F:
+    """``--payload-keys DIR`` (``$INTURN_PAYLOAD_KEYS``) and ``--key-dsn``
+    (``$INTURN_KEY_DSN``): the master keys and the key store, for every command that stores
+    or reads payloads (see :mod:`inturn.worker.operations.payload_keys`)."""
+    keys = click.option(
+        "--payload-keys",
+        envvar="INTURN_PAYLOAD_KEYS",
+        show_envvar=True,
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Folder of master keys (one file per key ID, the newest wraps new keys): payloads"
+        " are encrypted at rest. Without it payloads are stored in clear and an encrypted one"
+        " is refused.",
+    )
+    key_dsn = click.option(
+        "--key-dsn",
+        envvar="INTURN_KEY_DSN",
+        show_envvar=True,
+        default=None,
+        help="The key store: a Postgres database apart from the queue's (with --payload-keys).",
+    )
+    return keys(key_dsn(command))
+
+
 def logging_options(command: F) -> F:
     """``--log-level`` (``$INTURN_LOG_LEVEL``) and ``--log-json`` (``$INTURN_LOG_JSON``)."""
     level = click.option(

@@ -25,7 +25,7 @@ from inturn.worker.crypto.blind import INDEX_INFO, BlindIndex
 from inturn.worker.crypto.cache import DEFAULT_CACHE_KEYS, KeyCache
 from inturn.worker.crypto.keystore import KeyStore, NewKey, StoredKey
 from inturn.worker.crypto.masterkeys import KeyProvider, MasterKeyError, UnwrapFailed
-from inturn.worker.errors import InturnError
+from inturn.worker.errors import Conflict, Invalid
 from inturn.worker.hl7.pid import (
     MAX_INDEXED_IDENTIFIERS,
     Digest,
@@ -44,22 +44,23 @@ INDEX_CHECK = "index_check"
 _WRAP_LABEL = b"inturn key v1\x00"
 
 
-class PayloadKeysMissing(InturnError):
+class PayloadKeysMissing(Invalid):
     """An envelope was met by a process started without ``--payload-keys``: it must stop
     rather than pass ciphertext on."""
 
     kind = "payload_keys"
 
 
-class PayloadUnreadable(InturnError):
+class PayloadUnreadable(Invalid):
     """An envelope does not open: a key it names was erased, or the master keys given are
     not the ones it was sealed with, or the row was changed."""
 
     kind = "payload_unreadable"
 
 
-class PayloadErased(PayloadUnreadable):
-    """A key the envelope names is no longer in the key store (erased by patient)."""
+class PayloadErased(PayloadUnreadable, Conflict):
+    """A key the envelope names is no longer in the key store (erased by patient): the row
+    exists, its payload is gone for good."""
 
     kind = "payload_erased"
 
@@ -336,6 +337,70 @@ class PayloadCodec:
                 " or its keys differ (check --payload-keys)"
             ) from None
 
-    def forget(self, refs: Sequence[bytes]) -> None:
-        """Drop erased keys from the cache."""
-        self.cache.drop(refs)
+    # Erasure and rotation ---------------------------------------------------------------
+
+    def erasure_lookups(self, ident: str, authority: str | None = None) -> list[str]:
+        """The blind index keys whose patient keys an erasure of ``ident`` (assigned by
+        ``authority``, when given) destroys."""
+        return [lookup_key(ident, authority, self._index().identifier)]
+
+    async def erase_patient(
+        self, ident: str, authority: str | None = None, *, actor: str, reason: str
+    ) -> int:
+        """Destroy the keys of every identifier an erasure of ``ident`` (``authority``)
+        matches; every message sealed under one of them can no longer be read, wherever a
+        copy of it lies (a restored dump included). Records the erasure in the key store
+        without identifiers. Running it again destroys nothing more and returns 0.
+
+        Raises:
+            ValueError: ``ident`` is empty.
+        """
+        if not ident.strip():
+            raise ValueError("the patient ID is empty")
+        assert self.store is not None
+        lookups = self.erasure_lookups(ident, authority)
+        return await self.store.erase(lookups, actor=actor, reason=reason)
+
+    async def rotate(self, *, batch: int = 500) -> int:
+        """Re-wrap every key not under the newest master key under it, ``batch`` at a time
+        (payloads untouched). Resumable: what is done stays done. Returns how many keys were
+        re-wrapped by this call.
+
+        Raises:
+            MasterKeyError: a key is wrapped under a master key the folder no longer has.
+            PayloadUnreadable: a key does not unwrap under its master key.
+        """
+        assert self.provider is not None and self.store is not None
+        newest = self.provider.newest()
+        done, after = 0, b""
+        while True:
+            keys = await self.store.not_under(newest, after=after, limit=batch)
+            if not keys:
+                return done
+            for old in keys:
+                aad = _WRAP_LABEL + old.ref
+                try:
+                    key = await self.provider.unwrap(old.master_id, old.wrapped, aad)
+                except UnwrapFailed:
+                    raise PayloadUnreadable(
+                        f"master key {old.master_id!r} does not unwrap the keys of the key"
+                        " store (a wrong key file in --payload-keys)"
+                    ) from None
+                master_id, wrapped = await self.provider.wrap(key, aad)
+                done += await self.store.rewrap(old, master_id, wrapped)
+            after = keys[-1].ref
+
+    async def status(self) -> dict[str, object]:
+        """Which master keys are in use: ``{"newest", "index_master", "folder": [ids],
+        "wrapping": {id: keys}, "missing": [ids the key store needs that the folder lacks]}``."""
+        assert self.provider is not None and self.store is not None
+        wrapping = dict(await self.store.masters())
+        index_master = await self.store.setting(INDEX_MASTER, self.provider.newest())
+        needed = set(wrapping) | {index_master}
+        return {
+            "newest": self.provider.newest(),
+            "index_master": index_master,
+            "folder": list(self.provider.ids()),
+            "wrapping": wrapping,
+            "missing": sorted(needed - set(self.provider.ids())),
+        }

@@ -1,0 +1,119 @@
+"""``inturn keys ...``: the key store and the master keys of payload encryption (issue 31).
+
+``init`` makes the key store's tables (and, with ``--new-key``, a first master key file);
+``new`` writes a master key file; ``status`` says which master keys are in use; ``rotate``
+re-wraps every patient and destination key under the newest master key (payloads untouched,
+resumable); ``encrypt-existing`` seals the rows written before the keys were given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+
+from inturn.worker.cli.options import payload_keys_options
+from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.crypto.masterkeys import MasterKeyError, new_key_file
+from inturn.worker.operations.payload_keys import close_codec, open_codec
+from inturn.worker.store.keystore import create_schema
+
+T = TypeVar("T")
+
+
+def _with_codec(
+    payload_keys: str | None, key_dsn: str | None, use: Callable[[PayloadCodec], Awaitable[T]]
+) -> T:
+    if not payload_keys or not key_dsn:
+        raise MasterKeyError("this command needs --payload-keys and --key-dsn")
+
+    async def go() -> T:
+        codec = await open_codec(payload_keys, key_dsn, application_name="inturn-keys-cli")
+        try:
+            return await use(codec)
+        finally:
+            await close_codec(codec)
+
+    return asyncio.run(go())
+
+
+@click.group("keys")
+def keys_group() -> None:
+    """Payload encryption: the key store and the master keys."""
+
+
+@keys_group.command("init")
+@click.option(
+    "--key-dsn", envvar="INTURN_KEY_DSN", show_envvar=True, required=True, help="The key store."
+)
+@click.option(
+    "--new-key",
+    "new_key",
+    default=None,
+    metavar="DIR/ID",
+    help="Also write a fresh master key file there (refused if it exists).",
+)
+def init_command(key_dsn: str, new_key: str | None) -> None:
+    """Make the key store's tables (idempotent); run it with a role that may create them."""
+    create_schema(key_dsn)
+    click.echo("key store ready")
+    if new_key:
+        folder, _, key_id = new_key.rpartition("/")
+        click.echo(f"master key written: {new_key_file(folder or '.', key_id)}")
+
+
+@keys_group.command("new")
+@click.option(
+    "--payload-keys",
+    envvar="INTURN_PAYLOAD_KEYS",
+    show_envvar=True,
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Folder of master keys.",
+)
+@click.argument("key_id")
+def new_command(payload_keys: str, key_id: str) -> None:
+    """Write a fresh master key KEY_ID into the folder (name it to sort after the others:
+    the newest wraps new keys; then ``inturn keys rotate``)."""
+    click.echo(f"master key written: {new_key_file(payload_keys, key_id)}")
+
+
+@keys_group.command("status")
+@payload_keys_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status_command(payload_keys: str | None, key_dsn: str | None, as_json: bool) -> None:
+    """Which master keys are in use: how many keys each wraps, which derives the blind index
+    (keep it), and whether the folder lacks one the key store needs."""
+    status: dict[str, Any] = _with_codec(payload_keys, key_dsn, lambda c: c.status())
+    if as_json:
+        click.echo(json.dumps(status, sort_keys=True))
+        return
+    wrapping: dict[str, int] = status["wrapping"]
+    for key_id in sorted({*status["folder"], *wrapping, status["index_master"]}):
+        uses = []
+        if wrapping.get(key_id):
+            uses.append(f"wraps {wrapping[key_id]} keys")
+        if key_id == status["index_master"]:
+            uses.append("derives the blind index (keep it)")
+        if key_id == status["newest"]:
+            uses.append("newest: new wraps")
+        where = "MISSING from the folder" if key_id in status["missing"] else "in the folder"
+        click.echo(f"{key_id}: {where}; " + ("; ".join(uses) or "not in use: may be removed"))
+
+
+@keys_group.command("rotate")
+@payload_keys_options
+@click.option(
+    "--batch",
+    default=500,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Keys re-wrapped per round trip to the key store.",
+)
+def rotate_command(payload_keys: str | None, key_dsn: str | None, batch: int) -> None:
+    """Re-wrap every key under the newest master key (resumable; payloads untouched)."""
+    done = _with_codec(payload_keys, key_dsn, lambda c: c.rotate(batch=batch))
+    click.echo(f"re-wrapped {done} keys")

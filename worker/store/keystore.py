@@ -1,0 +1,155 @@
+"""The key store in Postgres: a second database, apart from the queue's (``--key-dsn``).
+
+Why apart: a key kept in the queue's database comes back with every restored backup of it, and
+erasure by key destruction would then reach nothing. This database is small (one row of about
+150 bytes per patient identifier and destination), is backed up on its own with a retention
+shorter than the erasure deadline, and is reached with its own role. It holds wrapped keys only
+(:class:`inturn.worker.crypto.keystore.StoredKey`); unwrapping is the codec's.
+
+:class:`PgKeyStore` keeps one connection (a worker has no pool), opened on first use, replaced
+once when a call finds it broken; calls are serialised on it, which is fine because the codec
+calls it only on a cache miss. Statements are in ``sql/keystore.sql``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from inturn.worker.crypto.keystore import NewKey, StoredKey
+from inturn.worker.store.connect import session_kwargs
+from inturn.worker.store.queries import fetch_all, fetch_one, load
+
+Q = load("keystore.sql")
+
+#: The key store's environment variable (``--key-dsn``).
+KEY_DSN_ENV = "INTURN_KEY_DSN"
+
+
+def create_schema(dsn: str) -> None:
+    """Make the key store's tables at ``dsn`` (idempotent; ``inturn migrate --key-dsn``).
+
+    Raises:
+        psycopg.Error: the database cannot be reached or the role may not create tables.
+    """
+    with psycopg.connect(dsn, autocommit=True, **session_kwargs(dsn, writes=True)) as conn:
+        conn.execute(Q["schema"].encode())
+
+
+def _stored(row: Mapping[str, Any]) -> StoredKey:
+    return StoredKey(bytes(row["ref"]), str(row["master_id"]), bytes(row["wrapped"]))
+
+
+class PgKeyStore:
+    """The :class:`~inturn.worker.crypto.keystore.KeyStore` on a Postgres database.
+
+    Args:
+        dsn: the key store's DSN (not the queue's).
+        application_name: as Postgres shows the session.
+    """
+
+    def __init__(self, dsn: str, *, application_name: str = "inturn-keys") -> None:
+        self.dsn = dsn
+        self.application_name = application_name
+        self._conn: AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
+        self.round_trips = 0
+
+    async def _connection(self) -> AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await AsyncConnection.connect(
+                self.dsn,
+                autocommit=True,
+                application_name=self.application_name,
+                **session_kwargs(self.dsn, writes=True),
+            )
+        return self._conn
+
+    async def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        async with self._lock:
+            for attempt in (1, 2):
+                conn = await self._connection()
+                try:
+                    self.round_trips += 1
+                    return await fetch_all(conn, Q[name], params, row=dict_row)
+                except psycopg.OperationalError:
+                    await conn.close()
+                    if attempt == 2:
+                        raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def close(self) -> None:
+        """Close the connection (it is opened again on next use)."""
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def setting(self, name: str, default: str) -> str:
+        rows = await self._rows("setting", {"name": name, "value": default})
+        return str(rows[0]["value"])
+
+    async def fetch(self, refs: Sequence[bytes]) -> Mapping[bytes, StoredKey]:
+        rows = await self._rows("fetch", {"refs": list(refs)})
+        return {k.ref: k for k in map(_stored, rows)}
+
+    async def create(self, keys: Sequence[NewKey]) -> Mapping[bytes, StoredKey]:
+        params = {
+            "refs": [k.ref for k in keys],
+            "masters": [k.master_id for k in keys],
+            "wrapped": [k.wrapped for k in keys],
+            "lookups": [",".join(k.lookups) for k in keys],
+        }
+        out = {k.ref: k for k in map(_stored, await self._rows("create", params))}
+        raced = [k.ref for k in keys if k.ref not in out]
+        if raced:  # another process stored these first: theirs stand
+            out.update(await self.fetch(raced))
+        return out
+
+    async def erase(self, lookups: Sequence[str], *, actor: str, reason: str) -> int:
+        params = {"lookups": list(lookups), "actor": actor, "reason": reason}
+        rows = await self._rows("erase", params)
+        return int(rows[0]["keys"])
+
+    async def not_under(self, master_id: str, *, after: bytes, limit: int) -> list[StoredKey]:
+        params = {"master_id": master_id, "after": after, "limit": limit}
+        return [_stored(r) for r in await self._rows("not_under", params)]
+
+    async def rewrap(self, old: StoredKey, master_id: str, wrapped: bytes) -> bool:
+        async with self._lock:
+            conn = await self._connection()
+            self.round_trips += 1
+            cur = await conn.execute(
+                Q["rewrap"],
+                {
+                    "ref": old.ref,
+                    "old_master": old.master_id,
+                    "old_wrapped": old.wrapped,
+                    "master_id": master_id,
+                    "wrapped": wrapped,
+                },
+            )
+            return cur.rowcount == 1
+
+    async def masters(self) -> Mapping[str, int]:
+        return {str(r["master_id"]): int(r["keys"]) for r in await self._rows("masters", {})}
+
+    async def erasures(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The latest erasures recorded (id, erased_at, actor, reason, keys), newest first."""
+        return await self._rows("erasures", {"limit": limit})
+
+
+async def probe(dsn: str) -> None:
+    """Connect to the key store and read one setting table row (its schema exists).
+
+    Raises:
+        psycopg.Error: unreachable, or the schema is missing (``inturn migrate --key-dsn``).
+    """
+    async with await AsyncConnection.connect(
+        dsn, autocommit=True, **session_kwargs(dsn, writes=True)
+    ) as conn:
+        await fetch_one(conn, Q["masters"], {}, row=dict_row)

@@ -1,0 +1,88 @@
+-- Named queries of the key store: a database apart from the queue's (--key-dsn), holding the
+-- patients' and destinations' keys wrapped by a master key (inturn.worker.crypto). Nothing
+-- here is ever unwrapped: the store keeps bytes. Loaded by inturn.worker.store.keystore.
+
+-- name: schema
+-- The key store's tables, made by `inturn migrate --key-dsn` and `inturn local` (idempotent).
+-- inturn_key: one row per key; ref names it in envelopes; lookups are the blind index keys
+-- that find a patient's key for erasure (empty for a destination's key). inturn_key_erasure:
+-- what each erasure destroyed, without identifiers. inturn_key_setting: the master key the
+-- blind index derives from, and its check value.
+CREATE TABLE IF NOT EXISTS inturn_key (
+    ref bytea PRIMARY KEY CHECK (length(ref) = 16),
+    lookups text[] NOT NULL DEFAULT '{}',
+    master_id text NOT NULL,
+    wrapped bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    rewrapped_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS inturn_key_lookups ON inturn_key USING gin (lookups);
+CREATE INDEX IF NOT EXISTS inturn_key_master ON inturn_key (master_id, ref);
+CREATE TABLE IF NOT EXISTS inturn_key_setting (
+    name text PRIMARY KEY,
+    value text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS inturn_key_erasure (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    erased_at timestamptz NOT NULL DEFAULT now(),
+    actor text NOT NULL,
+    reason text NOT NULL,
+    keys integer NOT NULL
+);
+
+-- name: setting
+-- Record the default when the setting has none, and return what is recorded (one statement:
+-- two processes starting together agree).
+WITH ins AS (
+    INSERT INTO inturn_key_setting (name, value) VALUES (%(name)s, %(value)s)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING value
+)
+SELECT value FROM ins
+UNION ALL
+SELECT value FROM inturn_key_setting WHERE name = %(name)s
+LIMIT 1;
+
+-- name: fetch
+SELECT ref, master_id, wrapped FROM inturn_key WHERE ref = ANY (%(refs)s::bytea[]);
+
+-- name: create
+-- Keys for references that have none; then every reference's stored key (the winner's when
+-- another process stored one first: this statement's snapshot does not see a concurrent
+-- insert, so the caller reads again for those, see PgKeyStore.create).
+WITH ins AS (
+    INSERT INTO inturn_key (ref, master_id, wrapped, lookups)
+    SELECT k.ref, k.master_id, k.wrapped, string_to_array(k.lookups, ',')
+      FROM unnest(%(refs)s::bytea[], %(masters)s::text[], %(wrapped)s::bytea[],
+                  %(lookups)s::text[]) AS k(ref, master_id, wrapped, lookups)
+    ON CONFLICT (ref) DO NOTHING
+    RETURNING ref, master_id, wrapped
+)
+SELECT ref, master_id, wrapped FROM ins;
+
+-- name: erase
+-- Destroy every key a lookup finds, and record how many, who and why (no identifier).
+WITH gone AS (
+    DELETE FROM inturn_key WHERE lookups && %(lookups)s::text[] RETURNING ref
+)
+INSERT INTO inturn_key_erasure (actor, reason, keys)
+SELECT %(actor)s, %(reason)s, count(*) FROM gone
+RETURNING keys;
+
+-- name: not_under
+SELECT ref, master_id, wrapped
+  FROM inturn_key
+ WHERE master_id <> %(master_id)s AND ref > %(after)s
+ ORDER BY ref
+ LIMIT %(limit)s;
+
+-- name: rewrap
+UPDATE inturn_key
+   SET master_id = %(master_id)s, wrapped = %(wrapped)s, rewrapped_at = now()
+ WHERE ref = %(ref)s AND master_id = %(old_master)s AND wrapped = %(old_wrapped)s;
+
+-- name: masters
+SELECT master_id, count(*)::int AS keys FROM inturn_key GROUP BY master_id ORDER BY master_id;
+
+-- name: erasures
+SELECT id, erased_at, actor, reason, keys FROM inturn_key_erasure ORDER BY id DESC LIMIT %(limit)s;
