@@ -277,3 +277,42 @@ def test_sweeper_thresholds_default_and_carry_through() -> None:
 def test_sweeper_thresholds_are_validated(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ManifestError, match=message):
         load_manifest(manifest(**changes))
+
+
+def test_lanes_default_to_one_and_carry_through() -> None:
+    cfg = load_manifest(BASE)
+    assert (cfg.lanes, cfg.lanes_window) == (1, 10_000)
+    assert "lanes" not in to_dict(cfg)  # one lane renders as it did before lanes existed
+    cfg = load_manifest(manifest(lanes={"count": 8}))
+    assert (cfg.lanes, cfg.lanes_window) == (8, 10_000)
+    assert from_dict(to_dict(cfg)) == cfg
+    assert to_dict(cfg)["lanes"] == {"count": 8, "key": "patient", "window": 10_000}
+    cfg = load_manifest(manifest(lanes={"count": 32, "key": "patient", "window": 500}))
+    assert (cfg.lanes, cfg.lanes_window) == (32, 500)
+    assert load_worker_config(render_worker_config(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    ("lanes", "message"),
+    [
+        ({"count": 0}, r"spec\.lanes\.count: .*1"),
+        ({"count": 33}, r"spec\.lanes\.count: .*32"),
+        ({"key": "visit"}, r"spec\.lanes\.key: .*patient"),
+        ({"window": 0}, r"spec\.lanes\.window: .*1"),
+        ({"window": 100_001}, r"spec\.lanes\.window: .*100000"),
+    ],
+)
+def test_lanes_are_bounded(lanes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ManifestError, match=message):
+        load_manifest(manifest(lanes=lanes))
+
+
+def test_sftp_refuses_lanes_with_a_reason() -> None:
+    ref = {"name": "drop", "knownHostsKey": "known_hosts", "privateKeyKey": "id_ed25519"}
+    sftp = {
+        "sftp": {"host": "files.example", "username": "drop", "directory": "/in", "secretRef": ref}
+    }
+    with pytest.raises(ManifestError, match=r"spec\.lanes\.count: sftp takes one lane only"):
+        load_manifest(manifest(sender=sftp, lanes={"count": 2}))
+    assert load_manifest(manifest(sender=sftp, lanes={"count": 1})).lanes == 1
+    assert load_manifest(manifest(sender=sftp)).lanes == 1

@@ -29,6 +29,8 @@ DEFAULT_TIMEOUT_SECONDS = 30
 DEFAULT_IDLE_SECONDS = 60
 #: Default of ``spec.alerting.stuckAfterSeconds``: the head may wait 15 minutes.
 DEFAULT_STUCK_AFTER_SECONDS = 900
+#: Default of ``spec.lanes.window``: the lanes look over the 10,000 oldest pending messages.
+DEFAULT_LANES_WINDOW = 10_000
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,11 @@ class WorkerConfig:
         schedule: when messages may be sent (``spec.schedule``); None: at any time.
         messages_per_second: the throttle (``spec.throttle.messagesPerSecond``); None: none.
         replies: the replies its orders expect (``spec.replies``).
+        lanes: messages in flight at once (``spec.lanes.count``, 1 to 32); 1 is the single
+            stream (:mod:`inturn.worker.drain.runner`), more the lanes
+            (:mod:`inturn.worker.drain.lane_runner`).
+        lanes_window: how many of the oldest pending messages the lanes look over
+            (``spec.lanes.window``).
     """
 
     destination: str
@@ -117,6 +124,8 @@ class WorkerConfig:
     schedule: Schedule | None = None
     messages_per_second: int | None = None
     replies: tuple[ReplyRule, ...] = ()
+    lanes: int = 1
+    lanes_window: int = DEFAULT_LANES_WINDOW
 
 
 # --- the rendered form (JSON) -----------------------------------------------------------------
@@ -174,6 +183,11 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
             else {}
         ),
         **({"replies": [reply_spec(r) for r in cfg.replies]} if cfg.replies else {}),
+        **(
+            {"lanes": {"count": cfg.lanes, "key": "patient", "window": cfg.lanes_window}}
+            if cfg.lanes != 1 or cfg.lanes_window != DEFAULT_LANES_WINDOW
+            else {}
+        ),
     }
 
 
@@ -218,6 +232,8 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
             None if doc.get("throttle") is None else int(doc["throttle"]["messagesPerSecond"])
         ),
         replies=rules_of(doc.get("replies")),
+        lanes=int((doc.get("lanes") or {}).get("count", 1)),
+        lanes_window=int((doc.get("lanes") or {}).get("window", DEFAULT_LANES_WINDOW)),
     )
 
 

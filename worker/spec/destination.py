@@ -362,6 +362,7 @@ def render_from_manifest(
             else {}
         ),
         **{key: spec[key] for key in ("schedule", "throttle", "replies") if spec.get(key)},
+        **({"lanes": dict(spec["lanes"])} if spec.get("lanes") else {}),
     }
     return render_worker_config(from_dict(rendered))
 

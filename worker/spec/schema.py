@@ -33,7 +33,7 @@ from inturn.worker.hl7 import filter as field_filter
 from inturn.worker.hl7.fields import FIELD_PATTERN
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec import openapi
-from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
+from inturn.worker.spec.config import DEFAULT_LANES_WINDOW, DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.spec.openapi import DNS_SUBDOMAIN as _DNS_SUBDOMAIN
 from inturn.worker.spec.openapi import Rule, Schema
 from inturn.worker.spec.openapi import boolean as _bool
@@ -96,6 +96,24 @@ RULE_CARRIERS_DISTINCT = Rule(
     message="each carrier may be listed once",
     check=lambda node: len(set(node.get("carriers", ()))) == len(node.get("carriers", ())),
     field_path=".carriers",
+)
+
+#: Most messages a destination may have in flight at once (``spec.lanes.count``).
+MAX_LANES = 32
+#: Most messages the lanes may look over (``spec.lanes.window``).
+MAX_LANES_WINDOW = 100_000
+
+RULE_SFTP_ONE_LANE = Rule(
+    cel="!has(self.sender.sftp) || !has(self.lanes) || !has(self.lanes.count)"
+    " || self.lanes.count == 1",
+    message=(
+        "sftp takes one lane only (lanes.count 1): a receiver reads an SFTP folder in the order"
+        " of its file names, so files written at once could be read out of order"
+    ),
+    check=lambda node: (
+        "sftp" not in node.get("sender", {}) or int(node.get("lanes", {}).get("count", 1)) == 1
+    ),
+    field_path=".lanes.count",
 )
 
 #: Every rule, keyed by its CEL text: how a schema node's ``x-kubernetes-validations`` item is
@@ -338,6 +356,7 @@ def spec_schema() -> Schema:
                 required=("messagesPerSecond",),
                 description="How fast messages may be sent. Unset: as fast as the receiver acks.",
             ),
+            "lanes": _lanes(),
             "expireAfterSeconds": _int(
                 "Pending messages older than this are skipped as expired by the sweeper (audited,"
                 " and listed on the delivery-expired worklist). Unset: messages never expire;"
@@ -348,7 +367,44 @@ def spec_schema() -> Schema:
         },
         required=("channel", "sender", "retry"),
         description="The desired state of a delivery destination.",
-        rules=(RULE_CARRIERS_DISTINCT,),
+        rules=(RULE_CARRIERS_DISTINCT, RULE_SFTP_ONE_LANE),
+    )
+
+
+def _lanes() -> Schema:
+    return _obj(
+        {
+            "count": _int(
+                "Messages in flight to the receiver at once (MLLP connections, concurrent HTTP"
+                " requests); each key's messages still go one at a time, in enqueue order."
+                " 1 is the single stream. Ask the receiver's vendor first: it must process"
+                " its connections independently.",
+                minimum=1,
+                maximum=MAX_LANES,
+                default=1,
+            ),
+            "key": _str(
+                "What must keep its order: patient (every patient identifier a message names,"
+                " PID-2/3/4 and MRG-1 of every PID segment). A message naming several patients"
+                " (a merge, a link, a swap) binds them; one naming none is a barrier.",
+                max_length=16,
+                enum=("patient",),
+                default="patient",
+            ),
+            "window": _int(
+                "How many of the oldest pending messages the worker looks over to find ones"
+                " that may go while earlier ones wait; it says so when the window is full of"
+                " waiting messages.",
+                minimum=1,
+                maximum=MAX_LANES_WINDOW,
+                default=DEFAULT_LANES_WINDOW,
+            ),
+        },
+        description=(
+            "Several messages in flight at once, keeping each patient's order. Unset: one"
+            " message at a time."
+        ),
+        default={},
     )
 
 
@@ -672,6 +728,7 @@ def worker_config_schema() -> Schema:
             "schedule": spec["schedule"],
             "throttle": spec["throttle"],
             "replies": spec["replies"],
+            "lanes": spec["lanes"],
         },
         required=("destination", "channel", "sender", "retry"),
         description="Everything one worker needs to drain one destination.",
