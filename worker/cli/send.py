@@ -49,6 +49,8 @@ from inturn.worker.text.display import printable
 TRANSPORT_CAUSES = frozenset({"connection", "unreachable", "timeout"})
 #: Content type of an HL7 v2 message over HTTP, as ingest answers with it.
 HL7_CONTENT_TYPE = "application/hl7-v2"
+#: Most bytes of an HTTP answer read (an ACK is far smaller; the rest is not read).
+MAX_ANSWER_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,8 @@ async def send_http(
     """
     import aiohttp  # the HTTP client is needed only here
 
+    from inturn.worker.senders.outbound import client_session, read_bounded
+
     context: ssl.SSLContext | bool = True
     if url.startswith("https://"):
         context = client_context(tls or TlsConfig())
@@ -207,7 +211,7 @@ async def send_http(
     answers: list[Answer] = []
     bound = aiohttp.ClientTimeout(total=timeout)
     server_hostname = tls.server_name if tls is not None else None
-    async with aiohttp.ClientSession(timeout=bound) as session:
+    async with client_session(timeout=bound) as session:
         for message in messages:
             try:
                 async with session.post(
@@ -216,8 +220,9 @@ async def send_http(
                     headers=headers,
                     ssl=context,
                     server_hostname=server_hostname,
+                    allow_redirects=False,
                 ) as response:
-                    body = await response.content.read(1024 * 1024)
+                    body, _ = await read_bounded(response, MAX_ANSWER_BYTES)
                     status, reason = response.status, response.reason or ""
             except TimeoutError:
                 answer = Answer("--", False, f"timeout: no answer within {timeout:g}s", True)

@@ -1,7 +1,9 @@
 """HTTP sender: POST one message to a URL; any 2xx status is acceptance (``spec.sender.http``).
 
 One ``aiohttp.ClientSession`` (and so one connection pool) is kept for the sender's life and
-released by ``close()``. Redirects are not followed: a 3xx is reported like any other non-2xx.
+released by ``close()``; it is made by :func:`inturn.worker.senders.outbound.client_session`,
+like every outbound HTTP client. Redirects are not followed: a 3xx is reported like any other
+non-2xx.
 aiohttp is imported by the sender itself, so a worker of another kind never loads it (about
 12 MiB of a worker's memory).
 """
@@ -173,10 +175,13 @@ class HttpSender:
         """One POST on the session's pool (a new session after a close)."""
         import aiohttp
 
+        from inturn.worker.senders.outbound import client_session
+
         if self._session is None or self._session.closed:
             trace = aiohttp.TraceConfig()
             trace.on_request_headers_sent.append(self._on_headers_sent)
-            self._session = aiohttp.ClientSession(
+            # each send is bounded by timeout_seconds (or the caller), not by the session
+            self._session = client_session(
                 timeout=aiohttp.ClientTimeout(total=None), trace_configs=[trace]
             )
             self._posted = 0

@@ -4,7 +4,9 @@ Each item is one POST of ``WorklistItem.to_json()`` (``Content-Type: application
 secret, the body is signed with HMAC-SHA256 (RFC 2104) and the signature sent as
 ``X-Inturn-Signature: sha256=<hex>``, so a receiver can check that the announcement is ours and
 unchanged. A connection error, a timeout, 429 or a 5xx is retried with exponential backoff, at
-most ``attempts`` tries in all; any other status is final.
+most ``attempts`` tries in all; any other status is final. A redirect (3xx) is a final answer
+too, never followed: the signed body goes nowhere but ``url``
+(:mod:`inturn.worker.senders.outbound`, the one construction of outbound HTTP clients).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import aiohttp
 from aiohttp_retry import ExponentialRetry, RetryClient
 
 from inturn.worker.errors import Unavailable
+from inturn.worker.senders.outbound import client_session
 from inturn.worker.store.worklist_model import WorklistItem
 
 #: Header carrying the body's HMAC-SHA256, as ``sha256=<hex>``.
@@ -80,14 +83,16 @@ class WebhookPublisher:
         """
         if self._client is None:
             self._client = RetryClient(
-                client_session=aiohttp.ClientSession(timeout=self.timeout),
+                client_session=client_session(timeout=self.timeout),
                 retry_options=self.retry,
             )
         body = json.dumps(item.to_json(), separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json"}
         if self.secret is not None:
             headers[SIGNATURE_HEADER] = sign(self.secret, body)
-        async with self._client.post(self.url, data=body, headers=headers) as response:
+        async with self._client.post(
+            self.url, data=body, headers=headers, allow_redirects=False
+        ) as response:
             if not 200 <= response.status < 300:
                 raise WebhookError(f"webhook answered HTTP {response.status}")
 
