@@ -34,7 +34,7 @@ typecheck: $(STAMP)
 
 lint: $(STAMP) typecheck docs
 	$(BIN)/lint-imports
-	$(BIN)/python tests/prometheus_rules.py check
+	$(BIN)/python -m tests.support.prometheus_rules check
 	$(BIN)/ruff check worker operator tests bench examples image docs
 	$(BIN)/ruff format --check worker operator tests bench examples image docs
 

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 
 from figures import emit, parse_args
-from pgcluster import Cluster, missing
 
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
@@ -40,6 +39,7 @@ from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.store.migrate import migrate
 from inturn.worker.testing import MllpReceiver
+from tests.support.pgcluster import Cluster, missing
 
 DEST = "bench/failover"
 CHANNEL = "failover"

@@ -20,6 +20,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 
 from inturn.worker.store.migrate import migrate
+from tests.support.db import empty_tables
 
 #: The shared sample messages, read in place: ../shared/samples/hl7 beside the repository, or
 #: wherever INTURN_SAMPLES points.
@@ -76,15 +77,9 @@ def empty_db(pg_server_dsn: str) -> Iterator[str]:
 
 @pytest.fixture
 def fresh_db(dsn: str) -> str:
-    """The session database with every queue table emptied before the test."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "TRUNCATE inturn_delivery, inturn_attempt, inturn_audit, inturn_destination,"
-            " inturn_received, inturn_destination_carrier, inturn_booking, inturn_segment,"
-            " inturn_segment_event, inturn_worklist_item, inturn_feed, inturn_feed_sender,"
-            " inturn_order_expectation, inturn_lease"
-            " RESTART IDENTITY"
-        )
+    """The session database with every table emptied before the test (the list read from the
+    catalog: :func:`tests.support.db.empty_tables`)."""
+    empty_tables(dsn)
     return dsn
 
 

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from asyncio.subprocess import PIPE
@@ -28,50 +27,19 @@ from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.testing import HttpReceiver, MllpReceiver
+from tests.support.local import (
+    HOST,
+    INTURN,
+    LocalProcess,
+    free_port,
+    http_sender,
+    manifest,
+    message,
+    mllp_sender,
+)
 
 BIN = Path(sys.executable).parent
-INTURN = BIN / "inturn"
 MLLP_SEND = BIN / "mllp_send"
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def manifest(
-    path: Path,
-    name: str,
-    *,
-    mllp_port: int | None = None,
-    http_url: str | None = None,
-    suspend: bool = False,
-) -> Path:
-    """Write a Destination of channel ``adt`` that retries every second or two."""
-    sender = f"{{mllp: {{host: {HOST}, port: {mllp_port}}}}}" if mllp_port else ""
-    sender = sender or f"{{http: {{url: '{http_url}'}}}}"
-    path.write_text(
-        "apiVersion: inturn.dev/v1alpha1\n"
-        "kind: Destination\n"
-        f"metadata: {{name: {name}}}\n"
-        "spec:\n"
-        "  channel: adt\n"
-        f"  sender: {sender}\n"
-        "  retry: {maxAttempts: 0, backoffSeconds: 1, maxBackoffSeconds: 2, timeoutSeconds: 5}\n"
-        "  idleSeconds: 1\n"
-        f"  suspend: {'true' if suspend else 'false'}\n"
-    )
-    return path
-
-
-def message(n: int) -> bytes:
-    """A small ADT^A01 whose MSH-10 is ``L<n>``."""
-    return (
-        f"MSH|^~\\&|TEST|LOCAL|INTURN|LOCAL|20260302120000||ADT^A01^ADT_A01|L{n:05d}|P|2.5\r"
-        f"PID|1||P{n:05d}^^^LOCAL^MR||Testperson^Number{n}\r"
-    ).encode()
 
 
 def ids(received: list[bytes]) -> list[str]:
@@ -90,7 +58,7 @@ def without_repeats(values: list[str]) -> list[str]:
 async def mllp_send(port: int, numbers: range, tmp_path: Path) -> list[str]:
     """Send ``message(n)`` for each n with ``mllp_send``; return the ACK codes (MSA-1)."""
     batch = tmp_path / f"batch-{numbers.start}.mllp"
-    batch.write_bytes(b"".join(frame(message(n)) for n in numbers))
+    batch.write_bytes(b"".join(frame(message(n, "L")) for n in numbers))
     proc = await asyncio.create_subprocess_exec(
         str(MLLP_SEND),
         "-p",
@@ -107,53 +75,10 @@ async def mllp_send(port: int, numbers: range, tmp_path: Path) -> list[str]:
     return [parse_ack(r).code for r in replies]
 
 
-class Local:
-    """An ``inturn local`` subprocess whose log goes to a file."""
-
-    def __init__(self, tmp_path: Path, args: list[str], cwd: Path | None = None) -> None:
-        self.args = args
-        self.cwd = cwd
-        self.log_path = tmp_path / "local.log"
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def start(self, listen_port: int) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "INTURN_DSN"}
-        with self.log_path.open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                str(INTURN), "local", *self.args, env=env, stdout=log, stderr=log, cwd=self.cwd
-            )
-        async with asyncio.timeout(60):
-            while True:
-                assert self.proc.returncode is None, f"inturn local exited:\n{self.log()}"
-                try:
-                    _, writer = await asyncio.open_connection(HOST, listen_port)
-                except OSError:
-                    await asyncio.sleep(0.1)
-                    continue
-                writer.close()
-                return
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    async def wait_log(self, text: str, timeout: float = 15) -> None:
-        """Wait until the log contains ``text`` (a manifest poll takes up to 2 s)."""
-        async with asyncio.timeout(timeout):
-            while text not in self.log():
-                await asyncio.sleep(0.2)
-
-    async def interrupt(self) -> int:
-        """Ctrl-C: SIGINT, then the exit status."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGINT)
-        async with asyncio.timeout(30):
-            return await self.proc.wait()
-
-
 @pytest.fixture
-async def local_runs() -> AsyncIterator[list[Local]]:
+async def local_runs() -> AsyncIterator[list[LocalProcess]]:
     """Every ``inturn local`` a test starts is interrupted at the end if it still runs."""
-    runs: list[Local] = []
+    runs: list[LocalProcess] = []
     yield runs
     for run in runs:
         if run.proc is not None and run.proc.returncode is None:
@@ -183,17 +108,21 @@ def assert_clean(log: str) -> None:
 
 
 async def test_outage_every_message_once_and_in_order(
-    fresh_db: str, tmp_path: Path, local_runs: list[Local]
+    fresh_db: str, tmp_path: Path, local_runs: list[LocalProcess]
 ) -> None:
     """Two destinations on one channel; the MLLP receiver is down for the middle third."""
     async with MllpReceiver() as mllp, HttpReceiver() as http:
         port = free_port()
         manifests = [
-            manifest(tmp_path / "mllp.yaml", "to-mllp", mllp_port=mllp.port),
-            manifest(tmp_path / "http.yaml", "to-http", http_url=f"{http.url}hl7"),
+            manifest(tmp_path / "mllp.yaml", "to-mllp", mllp_sender(mllp.port), max_backoff=2),
+            manifest(
+                tmp_path / "http.yaml", "to-http", http_sender(f"{http.url}hl7"), max_backoff=2
+            ),
         ]
         args = [a for m in manifests for a in ("-f", str(m))]
-        local = Local(tmp_path, [*args, "--listen", f"adt={port}", "--dsn", fresh_db])
+        local = LocalProcess(
+            tmp_path / "local.log", [*args, "--listen", f"adt={port}", "--dsn", fresh_db]
+        )
         local_runs.append(local)
         await local.start(port)
 
@@ -225,7 +154,7 @@ async def pending_is(dsn: str, n: int) -> bool:
 
 
 async def test_manifest_changes_apply_without_restart(
-    fresh_db: str, tmp_path: Path, local_runs: list[Local]
+    fresh_db: str, tmp_path: Path, local_runs: list[LocalProcess]
 ) -> None:
     """Suspend, remove (messages kept, worker gone), restore on another port, bad edit ignored."""
     watched = tmp_path / "manifests"
@@ -236,8 +165,11 @@ async def test_manifest_changes_apply_without_restart(
     app = "inturn-worker default/moving"
     async with MllpReceiver() as first, MllpReceiver() as second:
         port = free_port()
-        manifest(path, "moving", mllp_port=first.port)
-        local = Local(tmp_path, ["-f", str(watched), "--listen", f"adt={port}", "--dsn", fresh_db])
+        manifest(path, "moving", mllp_sender(first.port), max_backoff=2)
+        local = LocalProcess(
+            tmp_path / "local.log",
+            ["-f", str(watched), "--listen", f"adt={port}", "--dsn", fresh_db],
+        )
         local_runs.append(local)
         await local.start(port)
         assert await mllp_send(port, range(0, 5), tmp_path) == ["AA"] * 5
@@ -245,7 +177,7 @@ async def test_manifest_changes_apply_without_restart(
         assert await count(fresh_db, worker_connections, app) == 1
 
         # suspend: true -> messages are accepted and kept, nothing is sent
-        manifest(path, "moving", mllp_port=first.port, suspend=True)
+        manifest(path, "moving", mllp_sender(first.port), max_backoff=2, suspend=True)
         await local.wait_log("default/moving changed: worker restarted")
         assert await mllp_send(port, range(5, 10), tmp_path) == ["AA"] * 5
         await asyncio.sleep(3)
@@ -259,7 +191,7 @@ async def test_manifest_changes_apply_without_restart(
         assert await pending(fresh_db) == 5
 
         # file back, unsuspended, pointing at another receiver -> the kept messages go there
-        manifest(path, "moving", mllp_port=second.port)
+        manifest(path, "moving", mllp_sender(second.port), max_backoff=2)
         await second.wait_for(5, timeout=30)
         assert ids(second.received) == expected(range(5, 10))
         assert len(first.received) == 5
@@ -270,7 +202,7 @@ async def test_manifest_changes_apply_without_restart(
         assert await mllp_send(port, range(10, 15), tmp_path) == ["AA"] * 5
         await second.wait_for(10, timeout=30)
         assert ids(second.received) == expected(range(5, 15))
-        manifest(path, "moving", mllp_port=second.port)  # fixed: said so
+        manifest(path, "moving", mllp_sender(second.port), max_backoff=2)  # fixed: said so
         await local.wait_log("manifests valid again")
         code = await local.interrupt()
     assert code == 0
@@ -282,13 +214,15 @@ async def count_is(dsn: str, n: int, sql: str, *params: Any) -> bool:
 
 
 async def test_ctrl_c_mid_delivery_exits_zero_and_loses_nothing(
-    fresh_db: str, tmp_path: Path, local_runs: list[Local]
+    fresh_db: str, tmp_path: Path, local_runs: list[LocalProcess]
 ) -> None:
     async with MllpReceiver() as rx:
         rx.delay_seconds = 1.0  # an attempt is in flight when Ctrl-C comes
         port = free_port()
-        path = manifest(tmp_path / "slow.yaml", "slow", mllp_port=rx.port)
-        local = Local(tmp_path, ["-f", str(path), "--listen", f"adt={port}", "--dsn", fresh_db])
+        path = manifest(tmp_path / "slow.yaml", "slow", mllp_sender(rx.port), max_backoff=2)
+        local = LocalProcess(
+            tmp_path / "local.log", ["-f", str(path), "--listen", f"adt={port}", "--dsn", fresh_db]
+        )
         local_runs.append(local)
         await local.start(port)
         assert await mllp_send(port, range(0, 10), tmp_path) == ["AA"] * 10
@@ -319,7 +253,7 @@ async def test_ctrl_c_mid_delivery_exits_zero_and_loses_nothing(
 async def test_bad_manifest_one_line_naming_the_field_exit_2(
     tmp_path: Path, edit: tuple[str, str], field: str
 ) -> None:
-    path = manifest(tmp_path / "bad.yaml", "bad", mllp_port=2576)
+    path = manifest(tmp_path / "bad.yaml", "bad", mllp_sender(2576), max_backoff=2)
     path.write_text(path.read_text().replace(*edit))
     proc = await asyncio.create_subprocess_exec(
         str(INTURN),
@@ -354,17 +288,17 @@ def pg_home() -> Iterator[Path]:
 
 
 async def test_embedded_postgres_keeps_the_backlog_across_restarts(
-    tmp_path: Path, local_runs: list[Local], pg_home: Path
+    tmp_path: Path, local_runs: list[LocalProcess], pg_home: Path
 ) -> None:
     """No --dsn: the embedded Postgres under --data-dir holds what was accepted while the
     receiver was down, and a restarted ``inturn local`` delivers it."""
     data = pg_home / "d"  # short: the server's Unix socket lives under it
     rx = MllpReceiver(port=free_port())  # down for now
     port = free_port()
-    path = manifest(tmp_path / "dest.yaml", "later", mllp_port=rx.port)
+    path = manifest(tmp_path / "dest.yaml", "later", mllp_sender(rx.port), max_backoff=2)
     args = ["-f", str(path), "--listen", f"adt={port}", "--data-dir", str(data)]
 
-    first = Local(tmp_path, args)
+    first = LocalProcess(tmp_path / "local.log", args)
     local_runs.append(first)
     await first.start(port)
     assert await mllp_send(port, range(0, 20), tmp_path) == ["AA"] * 20
@@ -372,7 +306,7 @@ async def test_embedded_postgres_keeps_the_backlog_across_restarts(
     assert "embedded Postgres stopped" in first.log()
     assert not (data / "pg" / "postmaster.pid").exists()
 
-    second = Local(tmp_path, args)
+    second = LocalProcess(tmp_path / "local.log", args)
     local_runs.append(second)
     async with rx:
         await second.start(port)
@@ -396,14 +330,16 @@ async def run_inturn(*args: str, cwd: Path) -> tuple[int, str, str]:
 
 
 async def test_one_local_per_data_dir_queue_finds_it_and_sighup_stops_postgres(
-    tmp_path: Path, local_runs: list[Local], pg_home: Path
+    tmp_path: Path, local_runs: list[LocalProcess], pg_home: Path
 ) -> None:
     """In a folder where ``inturn local`` runs on its default ./.inturn: a second one is refused
     naming the first one's pid, ``inturn queue`` needs no --dsn, and closing the terminal
     (SIGHUP) stops both inturn local and its embedded Postgres."""
     port = free_port()
-    path = manifest(tmp_path / "dest.yaml", "here", mllp_port=free_port())
-    first = Local(tmp_path, ["-f", str(path), "--listen", f"adt={port}"], cwd=pg_home)
+    path = manifest(tmp_path / "dest.yaml", "here", mllp_sender(free_port()), max_backoff=2)
+    first = LocalProcess(
+        tmp_path / "local.log", ["-f", str(path), "--listen", f"adt={port}"], cwd=pg_home
+    )
     local_runs.append(first)
     await first.start(port)
     assert first.proc is not None
@@ -433,18 +369,20 @@ async def test_one_local_per_data_dir_queue_finds_it_and_sighup_stops_postgres(
 
 
 async def test_warns_of_no_manifest_and_of_a_channel_without_listener(
-    tmp_path: Path, fresh_db: str, local_runs: list[Local]
+    tmp_path: Path, fresh_db: str, local_runs: list[LocalProcess]
 ) -> None:
     empty = tmp_path / "none"
     empty.mkdir()
     port = free_port()
-    local = Local(tmp_path, ["-f", str(empty), "--listen", f"adt={port}", "--dsn", fresh_db])
+    local = LocalProcess(
+        tmp_path / "local.log", ["-f", str(empty), "--listen", f"adt={port}", "--dsn", fresh_db]
+    )
     local_runs.append(local)
     await local.start(port)
     await local.wait_log(f"no Destination manifest found in {empty}: nothing will be delivered")
     # a manifest on channel "lab", which nothing listens to
     (empty / "lab.yaml").write_text(
-        manifest(tmp_path / "x.yaml", "lab-dest", mllp_port=free_port())
+        manifest(tmp_path / "x.yaml", "lab-dest", mllp_sender(free_port()), max_backoff=2)
         .read_text()
         .replace("channel: adt", "channel: lab")
     )
@@ -457,14 +395,16 @@ async def test_warns_of_no_manifest_and_of_a_channel_without_listener(
 
 
 async def test_ctrl_c_says_what_it_waits_for_and_a_second_abandons(
-    tmp_path: Path, fresh_db: str, local_runs: list[Local]
+    tmp_path: Path, fresh_db: str, local_runs: list[LocalProcess]
 ) -> None:
     async with MllpReceiver() as rx:
         rx.reply = False  # the attempt stays in flight until its 120 s timeout
         port = free_port()
-        path = manifest(tmp_path / "slow.yaml", "slow", mllp_port=rx.port)
+        path = manifest(tmp_path / "slow.yaml", "slow", mllp_sender(rx.port), max_backoff=2)
         path.write_text(path.read_text().replace("timeoutSeconds: 5", "timeoutSeconds: 120"))
-        local = Local(tmp_path, ["-f", str(path), "--listen", f"adt={port}", "--dsn", fresh_db])
+        local = LocalProcess(
+            tmp_path / "local.log", ["-f", str(path), "--listen", f"adt={port}", "--dsn", fresh_db]
+        )
         local_runs.append(local)
         await local.start(port)
         assert await mllp_send(port, range(0, 1), tmp_path) == ["AA"]
@@ -484,7 +424,7 @@ async def test_ctrl_c_says_what_it_waits_for_and_a_second_abandons(
 
 
 async def test_console_beside_the_local_run(
-    fresh_db: str, tmp_path: Path, local_runs: list[Local]
+    fresh_db: str, tmp_path: Path, local_runs: list[LocalProcess]
 ) -> None:
     """``--console PORT``: the console serves the local run; without an auth file every local
     caller is ``<user>@local`` with every role, and the log says the console is open."""
@@ -492,8 +432,8 @@ async def test_console_beside_the_local_run(
 
     async with MllpReceiver() as mllp:
         port, console = free_port(), free_port()
-        m = manifest(tmp_path / "m.yaml", "to-mllp", mllp_port=mllp.port)
-        local = Local(
+        m = manifest(tmp_path / "m.yaml", "to-mllp", mllp_sender(mllp.port), max_backoff=2)
+        local = LocalProcess(
             tmp_path,
             ["-f", str(m), "--listen", f"adt={port}", "--dsn", fresh_db, "--console", str(console)],
         )

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import psycopg
-from booking_data import LH400, UA960, booking, segment
+
+from tests.support.booking_data import LH400, UA960, booking, segment
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
 

@@ -10,13 +10,13 @@ import signal
 from pathlib import Path
 
 import psycopg
-from sftp_server import USER, SftpServer
 from test_local import INTURN, Local, assert_clean, free_port, local_runs, mllp_send
 
 from inturn.operator.manifests import WorkerPodSettings, render
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
+from tests.support.sftp_server import USER, SftpServer
 
 __all__ = ["local_runs"]  # the fixture, shared with test_local
 

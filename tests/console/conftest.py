@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from console_helpers import AUTH, TOKENS, Client
 
 from inturn.worker.console.server import ConsoleServer, start_console
+from tests.support.console import AUTH, TOKENS, Client
 
 
 @pytest.fixture

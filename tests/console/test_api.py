@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from console_helpers import Client, enqueue, place_work, register, worker
-from pipeline import until
 from psycopg import AsyncConnection
 
 from inturn.worker.console.server import ConsoleServer
 from inturn.worker.store import actions, queue
 from inturn.worker.store import feeds as feeds_store
 from inturn.worker.testing import MllpReceiver
+from tests.support.console import Client, enqueue, place_work, register, worker
+from tests.support.pipeline import until
 
 DEST = "ward/lab"
 ITEMS = f"/api/v1/destinations/{DEST}/items"

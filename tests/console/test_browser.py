@@ -17,11 +17,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from console_helpers import TOKENS, enqueue, message, place_work, register, worker
-from pipeline import until
 
 from inturn.worker.console.server import ConsoleServer
 from inturn.worker.testing import MllpReceiver
+from tests.support.console import TOKENS, enqueue, message, place_work, register, worker
+from tests.support.pipeline import until
 
 CHROMIUM = os.environ.get("INTURN_CHROMIUM", "/usr/bin/chromium")
 SHOTS = Path(

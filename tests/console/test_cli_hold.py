@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from console_helpers import enqueue, message, register
+from tests.support.console import enqueue, message, register
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
 

@@ -14,13 +14,13 @@ from typing import Any
 import aiohttp
 import psycopg
 import pytest
-from console_helpers import AUTH, TOKENS, enqueue, register
 from multidict import CIMultiDict
 
 from inturn.worker.console.auth import AuthConfig, Identity, parse_auth
 from inturn.worker.console.names import ServerNames
 from inturn.worker.console.server import ConsoleServer, start_console
 from inturn.worker.store import reads
+from tests.support.console import AUTH, TOKENS, enqueue, register
 
 DEST = "ward/lab"
 OPEN = AuthConfig(loopback=Identity("local", frozenset({"viewer", "operator", "privacy"})))

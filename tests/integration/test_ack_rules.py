@@ -12,7 +12,6 @@ import asyncio
 import itertools
 
 import pytest
-from pipeline import register, rows, until, worker, worker_config
 from psycopg import AsyncConnection
 
 from inturn.worker.hl7.header import parse_header
@@ -23,6 +22,7 @@ from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.pipeline import register, rows, until, worker, worker_config
 
 pytestmark = pytest.mark.store
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from booking_data import booking
 
 from inturn.worker.reservations import bookings
 from inturn.worker.reservations.records import BookingFileError
+from tests.support.booking_data import booking
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from pipeline import cli, register, rows, until, worker, worker_config
 
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
@@ -20,6 +19,7 @@ from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.senders.http import HttpSenderConfig
 from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.testing import HttpReceiver, MllpReceiver
+from tests.support.pipeline import cli, register, rows, until, worker, worker_config
 
 pytestmark = pytest.mark.store
 

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from pgcluster import Cluster, Server, missing
 from psycopg import AsyncConnection
 
 from inturn.worker.drain.metrics import PrometheusObserver
@@ -22,6 +21,7 @@ from inturn.worker.store.connect import Pools, connect_worker, write_target
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.pgcluster import Cluster, Server, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 

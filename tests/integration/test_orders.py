@@ -17,9 +17,10 @@ from inturn.worker.ingest.service import Ingest
 from inturn.worker.operations import packs
 from inturn.worker.orders.rules import unanswered_order
 from inturn.worker.spec.replies import ReplyRule, key_digest, to_spec
-from inturn.worker.store import actions, queue, registry
+from inturn.worker.store import actions, queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.db import register
 
 pytestmark = pytest.mark.store
 
@@ -77,28 +78,8 @@ async def test_ingest_answers_with_the_reply_and_the_sweeper_raises_the_rest(
     fresh_db: str,
 ) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        namespace, name = DEST.split("/")
-        await registry.register(
-            conn,
-            destination=DEST,
-            namespace=namespace,
-            name=name,
-            channel="orders",
-            message_types=[],
-            generation=1,
-            suspended=False,
-            replies=[to_spec(RULE)],
-        )
-        await registry.register(
-            conn,
-            destination="ward/ehr",
-            namespace="ward",
-            name="ehr",
-            channel="results",
-            message_types=[],
-            generation=1,
-            suspended=False,
-        )
+        await register(conn, DEST, "orders", replies=[to_spec(RULE)])
+        await register(conn, "ward/ehr", "results")
         delivered = await queue.enqueue(
             conn,
             [NewItem(DEST, "orders", f"ORD{n}", "ORM^O01", order(n, f"PL-{n}")) for n in (1, 2)],

@@ -10,7 +10,6 @@ import logging
 import re
 
 import pytest
-from pipeline import cli, rows, until, worker, worker_config
 from psycopg import AsyncConnection
 
 from inturn.worker.hl7.header import parse_header
@@ -19,6 +18,7 @@ from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.text import logs
+from tests.support.pipeline import cli, rows, until, worker, worker_config
 
 pytestmark = pytest.mark.store
 

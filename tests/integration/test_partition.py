@@ -23,18 +23,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from netpart import (
-    HOST_FOR_NODE,
-    HOST_FOR_PG,
-    NODE_FOR_HOST,
-    NODE_FOR_PG,
-    PG_FOR_HOST,
-    PG_FOR_NODE,
-    Partition,
-)
-from netpart import missing as no_partition
-from pgcluster import Cluster
-from pgcluster import missing as no_cluster
 from psycopg import AsyncConnection
 
 from inturn.worker.drain.metrics import PrometheusObserver
@@ -54,6 +42,18 @@ from inturn.worker.store.connect import (
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.netpart import (
+    HOST_FOR_NODE,
+    HOST_FOR_PG,
+    NODE_FOR_HOST,
+    NODE_FOR_PG,
+    PG_FOR_HOST,
+    PG_FOR_NODE,
+    Partition,
+)
+from tests.support.netpart import missing as no_partition
+from tests.support.pgcluster import Cluster
+from tests.support.pgcluster import missing as no_cluster
 
 DEST = "ward/split"
 #: The server-side settings and the values every session must carry.

@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import booking_data as data
 import psycopg
 import pytest
 
 from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.store import registry
+from tests.support import booking_data as data
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 SECOND = timedelta(seconds=1)

@@ -9,10 +9,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from booking_data import LH400, UA960, booking, segment
 
 from inturn.worker.reservations import bookings
 from inturn.worker.reservations.bookings import SegmentNotFound, apply_status
+from tests.support.booking_data import LH400, UA960, booking, segment
 
 BOOKING = booking("ABC123", LH400, segment(UA960, status="HN"))
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import socket
 
 import pytest
-from pipeline import rows, until, worker, worker_config
 from psycopg import AsyncConnection
 
 from inturn.worker.senders.mllp import MllpSenderConfig
@@ -19,6 +18,7 @@ from inturn.worker.spec.config import RetryPolicy
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.pipeline import rows, until, worker, worker_config
 
 pytestmark = pytest.mark.store
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from psycopg import AsyncConnection
-from sftp_server import USER, SftpServer
 
 from inturn.operator.manifests import WorkerPodSettings, render, sender_summary
 from inturn.worker.drain.metrics import PrometheusObserver
@@ -22,6 +21,7 @@ from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.spec.destination import ManifestError, load_manifest
 from inturn.worker.store import queue, reads
 from inturn.worker.store.model import NewItem
+from tests.support.sftp_server import USER, SftpServer
 
 DEST = "hospital/billing-drop"
 

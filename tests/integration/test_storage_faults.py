@@ -14,12 +14,12 @@ import aiohttp
 import psycopg
 import pytest
 import pytest_asyncio
-from pipeline import register, rows
 
 from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
+from tests.support.pipeline import register, rows
 
 pytestmark = pytest.mark.store
 

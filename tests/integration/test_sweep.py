@@ -24,32 +24,11 @@ from inturn.worker.worklist.delivery_rules import (
 )
 from inturn.worker.worklist.rules import Rule, RuleOutcome
 from inturn.worker.worklist.sweep import sweep
+from tests.support.db import register
 
 pytestmark = pytest.mark.store
 
 DEST = "ward/lab"
-
-
-async def register(
-    conn: AsyncConnection[Any],
-    destination: str = DEST,
-    *,
-    stuck_after: int = 900,
-    expire_after: int | None = None,
-) -> None:
-    namespace, name = destination.split("/")
-    await registry.register(
-        conn,
-        destination=destination,
-        namespace=namespace,
-        name=name,
-        channel="adt",
-        message_types=[],
-        generation=1,
-        suspended=False,
-        stuck_after_seconds=stuck_after,
-        expire_after_seconds=expire_after,
-    )
 
 
 async def insert(
@@ -81,7 +60,7 @@ async def pending_items(conn: AsyncConnection[Any], queue: str) -> list[worklist
 async def test_destination_stuck_threshold(
     conn: AsyncConnection[Any], age: float, due: bool
 ) -> None:
-    await register(conn)
+    await register(conn, DEST)
     async with conn.transaction():
         await insert(conn, [age, 10.0])
         outcome = await destination_stuck(conn, limit=10, dry_run=False)
@@ -93,7 +72,7 @@ async def test_destination_stuck_threshold(
 
 
 async def test_stuck_is_cleared_by_system_when_the_head_moves(conn: AsyncConnection[Any]) -> None:
-    await register(conn, stuck_after=60)
+    await register(conn, DEST, stuck_after_seconds=60)
     [head, _] = await insert(conn, [120.0, 5.0])
     assert counts(await destination_stuck(conn, limit=10, dry_run=False)) == (1, 0, 0)
     assert counts(await destination_stuck(conn, limit=10, dry_run=False)) == (0, 1, 0)
@@ -110,7 +89,7 @@ async def test_stuck_is_cleared_by_system_when_the_head_moves(conn: AsyncConnect
 
 async def test_orphaned_queue_placed_and_cleared(conn: AsyncConnection[Any]) -> None:
     await insert(conn, [30.0], destination="gone/lab")
-    await register(conn)
+    await register(conn, DEST)
     await insert(conn, [30.0])
     assert counts(await orphaned_queue(conn, limit=10, dry_run=False)) == (1, 0, 0)
     [item] = await pending_items(conn, "delivery-stuck")
@@ -130,7 +109,7 @@ async def test_orphaned_queue_placed_and_cleared(conn: AsyncConnection[Any]) -> 
 async def test_delivery_expired_threshold(
     conn: AsyncConnection[Any], age: float, due: bool
 ) -> None:
-    await register(conn, expire_after=60)
+    await register(conn, DEST, expire_after_seconds=60)
     async with conn.transaction():
         [first, second] = await insert(conn, [age, 1.0])
         outcome = await delivery_expired(conn, limit=10, dry_run=False)
@@ -147,7 +126,7 @@ async def test_delivery_expired_threshold(
 
 
 async def test_nothing_expires_unless_the_destination_asks(conn: AsyncConnection[Any]) -> None:
-    await register(conn)
+    await register(conn, DEST)
     await insert(conn, [10 * 86400.0])
     assert counts(await delivery_expired(conn, limit=10, dry_run=False)) == (0, 0, 0)
     cur = await conn.execute("SELECT state FROM inturn_delivery")
@@ -159,7 +138,7 @@ async def test_limit_takes_the_most_overdue_first(conn: AsyncConnection[Any]) ->
     thresholds = {"a/one": 60, "b/two": 600, "c/three": 3600, "d/four": 120}
     overdue: dict[int, float] = {}
     for destination, expire in thresholds.items():
-        await register(conn, destination, expire_after=expire)
+        await register(conn, destination, expire_after_seconds=expire)
         # 500 due per destination, in enqueue order (oldest first), plus 5 not yet due.
         lateness = sorted((rng.uniform(1, 86400) for _ in range(500)), reverse=True)
         ids = await insert(conn, [expire + x for x in lateness] + [1.0] * 5, destination)
@@ -182,7 +161,7 @@ async def test_limit_takes_the_most_overdue_first(conn: AsyncConnection[Any]) ->
 async def test_a_sweep_killed_half_way_is_consistent_and_the_next_finishes(
     fresh_db: str, conn: AsyncConnection[Any]
 ) -> None:
-    await register(conn, expire_after=60)
+    await register(conn, DEST, expire_after_seconds=60)
     ids = await insert(conn, [3600.0 - n for n in range(250)])
     # Hold a row of the second batch so that the sweep stops there, then kill its session.
     holder = await AsyncConnection.connect(fresh_db)
@@ -231,7 +210,7 @@ async def test_a_sweep_killed_half_way_is_consistent_and_the_next_finishes(
 async def test_a_second_sweep_does_nothing_while_one_runs(
     fresh_db: str, conn: AsyncConnection[Any]
 ) -> None:
-    await register(conn, stuck_after=1)
+    await register(conn, DEST, stuck_after_seconds=1)
     await insert(conn, [10.0])
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as other:
         await other.execute("SELECT pg_advisory_lock(hashtextextended('inturn:sweep', 0))")
@@ -248,7 +227,7 @@ async def test_a_second_sweep_does_nothing_while_one_runs(
 
 
 async def test_dry_run_changes_nothing(conn: AsyncConnection[Any]) -> None:
-    await register(conn, stuck_after=1, expire_after=60)
+    await register(conn, DEST, stuck_after_seconds=1, expire_after_seconds=60)
     await insert(conn, [120.0, 90.0, 30.0])
     await insert(conn, [10.0], destination="gone/lab")
     report = await sweep(conn, select(("delivery",)), limit=10, dry_run=True)
@@ -269,7 +248,7 @@ async def test_a_failing_rule_is_reported_and_the_others_run(conn: AsyncConnecti
     async def broken(c: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
         raise RuntimeError("rule bug\nsecond line")
 
-    await register(conn, stuck_after=1)
+    await register(conn, DEST, stuck_after_seconds=1)
     await insert(conn, [10.0])
     rules = [Rule("broken", "test", broken), *select(("delivery",))]
     report = await sweep(conn, rules, limit=10)

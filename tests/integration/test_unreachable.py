@@ -14,8 +14,6 @@ from contextlib import AbstractAsyncContextManager
 from typing import LiteralString
 
 import pytest
-from pipeline import register, until
-from pipeline import worker as running
 from psycopg import AsyncConnection
 
 from inturn.worker.drain.runner import DestinationWorker
@@ -28,6 +26,8 @@ from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.delivery_rules import destination_stuck
+from tests.support.pipeline import register, until
+from tests.support.pipeline import worker as running
 
 DEST = "ward/down"
 MESSAGES = 5

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
-from pipeline import register, rows, until, worker, worker_config
 from psycopg import AsyncConnection
 
 from inturn.worker.hl7.ack import Ack, parse_ack
@@ -20,6 +19,7 @@ from inturn.worker.spec.config import AckPolicy
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.pipeline import register, rows, until, worker, worker_config
 
 pytestmark = pytest.mark.store
 

@@ -19,7 +19,6 @@ import aiohttp
 import psycopg
 import pytest
 import pytest_asyncio
-from pipeline import register, rows
 from psycopg import AsyncConnection
 
 from inturn.worker.drain.metrics import PrometheusObserver
@@ -31,6 +30,7 @@ from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.testing import MllpReceiver
+from tests.support.pipeline import register, rows
 
 pytestmark = pytest.mark.store
 

@@ -13,9 +13,10 @@ from test_worker import DEST, config, control_ids, enqueue, running, states, unt
 
 from inturn.operator import status
 from inturn.worker.spec.schedule import DAYS, parse
-from inturn.worker.store import reads, registry
+from inturn.worker.store import reads
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.delivery_rules import destination_stuck
+from tests.support.db import register
 
 pytestmark = pytest.mark.store
 
@@ -76,7 +77,7 @@ async def test_queue_depth_says_until_when_it_is_held(fresh_db: str) -> None:
     now = datetime.now(UTC)
     spec = closed_now(now)
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await _register(conn, spec, stuck_after=60)
+        await register(conn, DEST, schedule=spec, stuck_after_seconds=60)
         await enqueue(fresh_db, [1])
         [row] = await reads.depth(conn)
     assert row.schedule == spec
@@ -98,19 +99,19 @@ async def test_the_sweeper_counts_only_time_inside_the_window(fresh_db: str) -> 
             (DEST,),
         )
         # outside the window: not stuck, however long the head has waited
-        await _register(conn, closed_now(now), stuck_after=300)
+        await register(conn, DEST, schedule=closed_now(now), stuck_after_seconds=300)
         outcome = await destination_stuck(conn, limit=10, dry_run=False)
         assert outcome.placed == 0
         # the window opened 3 minutes ago: the wait counts from the opening, under 5 minutes
-        await _register(conn, opened_minutes_ago(now, 3), stuck_after=300)
+        await register(conn, DEST, schedule=opened_minutes_ago(now, 3), stuck_after_seconds=300)
         outcome = await destination_stuck(conn, limit=10, dry_run=False)
         assert outcome.placed == 0
         # opened 10 minutes ago: 10 minutes inside the window is over the threshold
-        await _register(conn, opened_minutes_ago(now, 10), stuck_after=300)
+        await register(conn, DEST, schedule=opened_minutes_ago(now, 10), stuck_after_seconds=300)
         outcome = await destination_stuck(conn, limit=10, dry_run=False)
         assert outcome.placed == 1
         # the window closes: the item is cleared by system (holding is deliberate now)
-        await _register(conn, closed_now(now), stuck_after=300)
+        await register(conn, DEST, schedule=closed_now(now), stuck_after_seconds=300)
         outcome = await destination_stuck(conn, limit=10, dry_run=False)
         assert (outcome.placed, outcome.cleared) == (0, 1)
         cur = await conn.execute(
@@ -147,22 +148,6 @@ def test_the_status_says_outside_window_until_when() -> None:
     )
     assert status.status_patch(out, opened) is not None
     assert "heldUntil" not in opened
-
-
-async def _register(conn: AsyncConnection[Any], schedule: dict[str, Any], stuck_after: int) -> None:
-    namespace, name = DEST.split("/")
-    await registry.register(
-        conn,
-        destination=DEST,
-        namespace=namespace,
-        name=name,
-        channel="adt",
-        message_types=[],
-        generation=1,
-        suspended=False,
-        stuck_after_seconds=stuck_after,
-        schedule=schedule,
-    )
 
 
 def _said(caplog: pytest.LogCaptureFixture, text: str) -> Any:

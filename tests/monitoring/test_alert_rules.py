@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_rules import PROMTOOL, alerts, promtool, rule_file, write
+
+from tests.support.prometheus_rules import PROMTOOL, alerts, promtool, rule_file, write
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE / "rules-test.yaml"

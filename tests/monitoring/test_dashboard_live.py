@@ -26,9 +26,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from running import HOST, LocalProcess, accepting_and_refusing, free_port, message, send
 
 from inturn.worker.testing import HttpReceiver, MllpReceiver
+from tests.support.local import HOST, LocalProcess, accepting_and_refusing, free_port, message, send
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "inturn" / "dashboards" / "inturn.json"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helm_chart import CHART, find, lint, of_kind, render
+
+from tests.support.helm_chart import CHART, find, lint, of_kind, render
 
 DASHBOARD = CHART / "dashboards" / "inturn.json"
 

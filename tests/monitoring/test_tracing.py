@@ -24,7 +24,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from running import (
+
+from inturn.worker import tracing
+from inturn.worker.testing import HttpReceiver, MllpReceiver
+from tests.support.local import (
     HOST,
     INTURN,
     LocalProcess,
@@ -34,9 +37,6 @@ from running import (
     message,
     send,
 )
-
-from inturn.worker import tracing
-from inturn.worker.testing import HttpReceiver, MllpReceiver
 
 
 @dataclass

@@ -7,13 +7,13 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
-from booking_data import LH400, booking
 
 from inturn.worker.reservations.records import (
     BookingFileError,
     local_deadline,
     parse_bookings,
 )
+from tests.support.booking_data import LH400, booking
 
 ENTRY = booking("ABC123", LH400)
 

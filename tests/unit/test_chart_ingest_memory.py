@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helm_chart import find, lint, render
 
 from inturn.worker.ingest.budget import (
     BASE_BYTES,
@@ -16,6 +15,7 @@ from inturn.worker.ingest.budget import (
     budget_for,
     limit_for,
 )
+from tests.support.helm_chart import find, lint, render
 
 MIB = 1024 * 1024
 

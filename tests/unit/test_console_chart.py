@@ -3,7 +3,7 @@ default; on, it serves `inturn console` with the auth file and CSRF secret from 
 
 from __future__ import annotations
 
-from helm_chart import find, of_kind, render
+from tests.support.helm_chart import find, of_kind, render
 
 
 def test_the_console_is_off_by_default() -> None:

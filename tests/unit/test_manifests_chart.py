@@ -14,7 +14,11 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from helm_chart import (
+from kubernetes_validate import utils as kv_utils
+
+from inturn.worker.feeds.declare import parse_feeds
+from inturn.worker.spec import schema
+from tests.support.helm_chart import (
     ROOT,
     find,
     lint,
@@ -24,10 +28,6 @@ from helm_chart import (
     render_templates,
     values_files,
 )
-from kubernetes_validate import utils as kv_utils
-
-from inturn.worker.feeds.declare import parse_feeds
-from inturn.worker.spec import schema
 
 #: "default" plus every values file under charts/inturn/ci/.
 VALUE_SETS = ["default", *values_files()]

@@ -1,0 +1,16 @@
+"""Helpers the tests share, as one package: import them as ``from tests.support.pipeline import
+...`` (pytest puts the repository's root on ``sys.path``: ``pythonpath`` in ``pyproject.toml``;
+a benchmark inserts it itself).
+
+- :mod:`tests.support.db`: the session database emptied from the catalog, destinations
+  registered as the operator registers them;
+- :mod:`tests.support.pipeline`: registry rows, workers, the CLI, ``until``;
+- :mod:`tests.support.console`: the console's roles, clients and seeded work;
+- :mod:`tests.support.local`: a live ``inturn local`` subprocess, manifests, MLLP sends;
+- :mod:`tests.support.helm_chart`, :mod:`tests.support.prometheus_rules`: the chart rendered by
+  the real Helm, its alert rules as Prometheus reads them;
+- :mod:`tests.support.pgcluster`, :mod:`tests.support.netpart`: a primary and a standby
+  Postgres, network partitions between namespaces;
+- :mod:`tests.support.sftp_server`, :mod:`tests.support.booking_data`: a real SFTP server,
+  bookings in the import file's shape.
+"""

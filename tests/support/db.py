@@ -1,0 +1,62 @@
+"""The session database for tests: every table emptied (the list read from the catalog, so a
+table a new migration adds is emptied too), and destinations registered as the operator
+registers them.
+
+``fresh_db`` (the root conftest) calls :func:`empty_tables` before each test that asks for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, sql
+
+from inturn.worker.store import registry
+
+#: The one table that keeps its rows: the migrations that made the schema.
+KEPT = ("inturn_schema_migrations",)
+
+
+def tables(conn: psycopg.Connection[Any]) -> list[str]:
+    """The names of the tables (plain and partitioned) in the connection's current schema, but
+    :data:`KEPT`, sorted."""
+    rows = conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+        " AND NOT tablename = ANY(%s) ORDER BY tablename",
+        (list(KEPT),),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def empty_tables(dsn: str) -> list[str]:
+    """Empty every table of the database at ``dsn`` but :data:`KEPT`, in one ``TRUNCATE ...
+    RESTART IDENTITY`` (ids start again at 1); returns the tables emptied."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        names = tables(conn)
+        if names:
+            conn.execute(
+                sql.SQL("TRUNCATE {} RESTART IDENTITY").format(
+                    sql.SQL(", ").join(sql.Identifier(n) for n in names)
+                )
+            )
+    return names
+
+
+async def register(
+    conn: AsyncConnection[Any],
+    destination: str,
+    channel: str = "adt",
+    **fields: Any,
+) -> None:
+    """Register ``destination`` (``namespace/name``) on ``channel`` as the operator would, at
+    generation 1, live, for every message type; ``fields`` are more of
+    :func:`inturn.worker.store.registry.register`'s keywords (``stuck_after_seconds``,
+    ``schedule``, ``replies``, ...)."""
+    namespace, name = destination.split("/")
+    fields.setdefault("message_types", [])
+    fields.setdefault("generation", 1)
+    fields.setdefault("suspended", False)
+    await registry.register(
+        conn, destination=destination, namespace=namespace, name=name, channel=channel, **fields
+    )

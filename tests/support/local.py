@@ -1,0 +1,169 @@
+"""A live ``inturn local`` for the monitoring tests: a subprocess on the session database, real
+receivers, messages over a real MLLP connection (imported as ``tests.support.local``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from inturn.worker.hl7.ack import parse_ack
+from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+
+INTURN = Path(sys.executable).parent / "inturn"
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address now."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def mllp_sender(port: int) -> str:
+    """The ``spec.sender`` (YAML flow text) of an MLLP receiver on ``port`` of :data:`HOST`."""
+    return f"{{mllp: {{host: {HOST}, port: {port}}}}}"
+
+
+def http_sender(url: str) -> str:
+    """The ``spec.sender`` (YAML flow text) of an HTTP receiver at ``url``."""
+    return f"{{http: {{url: '{url}'}}}}"
+
+
+def manifest(
+    path: Path,
+    name: str,
+    sender: str,
+    *,
+    max_attempts: int = 0,
+    max_backoff: int = 1,
+    suspend: bool = False,
+) -> Path:
+    """Write a Destination of channel ``adt`` with ``sender`` (YAML flow text) retrying after
+    1 s, then up to every ``max_backoff`` s, giving up after ``max_attempts`` (0: never),
+    suspended or not."""
+    path.write_text(
+        "apiVersion: inturn.dev/v1alpha1\n"
+        "kind: Destination\n"
+        f"metadata: {{name: {name}}}\n"
+        "spec:\n"
+        "  channel: adt\n"
+        f"  sender: {sender}\n"
+        f"  retry: {{maxAttempts: {max_attempts}, backoffSeconds: 1,"
+        f" maxBackoffSeconds: {max_backoff}, timeoutSeconds: 5}}\n"
+        "  idleSeconds: 1\n"
+        f"  suspend: {'true' if suspend else 'false'}\n"
+    )
+    return path
+
+
+def accepting_and_refusing(directory: Path, http_url: str, mllp_port: int) -> list[str]:
+    """Manifests of two destinations of channel ``adt`` in ``directory``: ``to-http`` (an HTTP
+    receiver at ``http_url``) and ``to-mllp`` (an MLLP receiver on ``mllp_port`` that refuses,
+    given up after 2 attempts); ``inturn local``'s ``-f`` arguments for them."""
+    files = [
+        manifest(directory / "http.yaml", "to-http", http_sender(http_url)),
+        manifest(directory / "mllp.yaml", "to-mllp", mllp_sender(mllp_port), max_attempts=2),
+    ]
+    return [a for f in files for a in ("-f", str(f))]
+
+
+def message(n: int, prefix: str = "M") -> bytes:
+    """An ADT^A01 of a made-up patient whose MSH-10 is ``<prefix><n>`` (five digits)."""
+    return (
+        f"MSH|^~\\&|TEST|LOCAL|INTURN|LOCAL|20260302120000||ADT^A01^ADT_A01|{prefix}{n:05d}|P|2.5\r"
+        f"PID|1||P{n:05d}^^^LOCAL^MR||Testperson^Number{n}\r"
+    ).encode()
+
+
+async def send(port: int, payloads: list[bytes]) -> list[str]:
+    """Send each payload over one MLLP connection, one at a time; the ACK codes (MSA-1)."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    frames = FrameReader(1 << 20)
+    codes: list[str] = []
+    try:
+        for payload in payloads:
+            writer.write(frame(payload))
+            await writer.drain()
+            got: list[Frame] = []
+            while not got:
+                data = await asyncio.wait_for(reader.read(65536), 30)
+                assert data, "ingest closed the connection"
+                got = [e for e in frames.feed(data) if isinstance(e, Frame)]
+            codes.append(parse_ack(got[0].payload).code)
+    finally:
+        writer.close()
+    return codes
+
+
+class LocalProcess:
+    """``inturn local ARGS`` (run in ``cwd``) with its log in a file; started by :meth:`start`,
+    stopped with Ctrl-C by :meth:`interrupt` (or killed by :meth:`kill`)."""
+
+    def __init__(
+        self,
+        log_path: Path,
+        args: list[str],
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.args = args
+        self.cwd = cwd
+        self.env = {
+            k: v for k, v in os.environ.items() if k != "INTURN_DSN" and not k.startswith("OTEL_")
+        }
+        self.env.update(env or {})
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, listen_port: int) -> None:
+        """Start it and wait until ``listen_port`` accepts connections."""
+        with self.log_path.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                str(INTURN),
+                "local",
+                *self.args,
+                env=self.env,
+                stdout=log,
+                stderr=log,
+                cwd=self.cwd,
+            )
+        async with asyncio.timeout(60):
+            while True:
+                assert self.proc.returncode is None, f"inturn local exited:\n{self.log()}"
+                try:
+                    _, writer = await asyncio.open_connection(HOST, listen_port)
+                except OSError:
+                    await asyncio.sleep(0.1)
+                    continue
+                writer.close()
+                return
+
+    def log(self) -> str:
+        """Everything it wrote so far."""
+        return self.log_path.read_text(errors="replace")
+
+    async def wait_log(self, text: str, timeout: float = 15) -> None:
+        """Wait until the log contains ``text`` (a manifest poll takes up to 2 s)."""
+        async with asyncio.timeout(timeout):
+            while text not in self.log():
+                await asyncio.sleep(0.2)
+
+    async def interrupt(self) -> int:
+        """Ctrl-C (SIGINT), then its exit status."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(60):
+            return await self.proc.wait()
+
+    async def kill(self) -> None:
+        """Kill it if it still runs."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
