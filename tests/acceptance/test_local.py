@@ -434,7 +434,7 @@ async def test_console_beside_the_local_run(
         port, console = free_port(), free_port()
         m = manifest(tmp_path / "m.yaml", "to-mllp", mllp_sender(mllp.port), max_backoff=2)
         local = LocalProcess(
-            tmp_path,
+            tmp_path / "local.log",
             ["-f", str(m), "--listen", f"adt={port}", "--dsn", fresh_db, "--console", str(console)],
         )
         local_runs.append(local)

@@ -10,12 +10,13 @@ import signal
 from pathlib import Path
 
 import psycopg
-from test_local import INTURN, Local, assert_clean, free_port, local_runs, mllp_send
+from test_local import assert_clean, local_runs, mllp_send
 
 from inturn.operator.manifests import WorkerPodSettings, render
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
+from tests.support.local import INTURN, LocalProcess, free_port
 from tests.support.sftp_server import USER, SftpServer
 
 __all__ = ["local_runs"]  # the fixture, shared with test_local
@@ -49,13 +50,13 @@ def sftp_manifest(path: Path, port: int) -> Path:
 
 
 async def test_messages_become_whole_files(
-    fresh_db: str, tmp_path: Path, local_runs: list[Local]
+    fresh_db: str, tmp_path: Path, local_runs: list[LocalProcess]
 ) -> None:
     async with SftpServer(tmp_path) as server:
         listen = free_port()
         manifest = sftp_manifest(tmp_path / "sftp.yaml", server.port)
-        local = Local(
-            tmp_path,
+        local = LocalProcess(
+            tmp_path / "local.log",
             [
                 "-f",
                 str(manifest),
