@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 import pytest_asyncio
-from pipeline import register, rows
 from psycopg.conninfo import make_conninfo
 from test_storage_faults import http_post, mllp_ack, msg
 
@@ -22,6 +21,7 @@ from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, IngestConfig
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.faults import classify, connection_gone
+from tests.support.pipeline import register, rows
 
 pytestmark = pytest.mark.store
 
