@@ -23,7 +23,7 @@ from figures import emit, parse_args
 
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
-from inturn.worker.ingest.accept import prepare
+from inturn.worker.ingest.prepare import prepare
 from inturn.worker.senders.registry import refusal
 from inturn.worker.testing import worst_shapes
 

@@ -19,7 +19,7 @@ from inturn.worker.hl7.pid import (
     patient_identifiers,
 )
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.ingest.accept import prepare
+from inturn.worker.ingest.prepare import prepare
 from inturn.worker.testing import SHAPE_MSH, worst_shapes
 
 #: The size of the message that froze every channel for 16-25 s (12,000 PID-3 repetitions).

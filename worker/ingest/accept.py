@@ -63,11 +63,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import time
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Collection
+from dataclasses import replace
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -76,59 +75,43 @@ from psycopg_pool import AsyncConnectionPool
 from inturn.worker import tracing
 from inturn.worker.hl7.ack import (
     AckErrorDetail,
-    ack_code,
-    build_ack,
     build_reject,
 )
-from inturn.worker.hl7.batch import Batch, BatchError, build_batch_ack, is_batch, split_batch
+from inturn.worker.hl7.batch import Batch, BatchError, is_batch, split_batch
 from inturn.worker.hl7.errors import ErrorCode, HeaderError
-from inturn.worker.hl7.expect import Kind, answer_codes
 from inturn.worker.hl7.header import Header, parse_header
-from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS, index_keys
-from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest import envelope, metrics
+from inturn.worker.ingest.answer import (
+    UNKNOWN,
+    Reply,
+    answer,
+    answer_batch,
+    error_detail,
+    refuse_batch,
+    storage_failed,
+    unknown,
+    unrouted,
+)
 from inturn.worker.ingest.batch import (
     Committer,
-    Message,
     OutcomeUnknown,
     StoreResult,
-    StoreTimeout,
 )
 from inturn.worker.ingest.feeds import FeedRecorder
+from inturn.worker.ingest.prepare import (
+    FIELD_LOCATION,
+    OFFLOAD_BYTES,
+    Prepared,
+    over_bound,
+    prepare,
+)
 from inturn.worker.ingest.routing import Router, hold_destination
 from inturn.worker.orders.keys import reply_digests
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store import ingest as ingest_store
-from inturn.worker.store.faults import classify
 
 log = logging.getLogger("inturn.ingest")
-
-#: Longest MSH-10 accepted, in characters: the length HL7 v2.7 and later give the field (ST 199);
-#: MSH-10 is part of the duplicate window's unique index.
-MAX_CONTROL_ID_CHARS = 199
-#: Longest MSH-9 key (``CODE^TRIGGER``) accepted, in characters; it is stored and filtered on.
-MAX_MESSAGE_TYPE_CHARS = 64
-#: ERR-2 location of each bounded field.
-FIELD_LOCATION = {"MSH-10": "MSH^1^10", "MSH-9": "MSH^1^9"}
-
-
-def over_bound(header: Header) -> tuple[str, int] | None:
-    """``(field, limit)`` of the first keyed field of ``header`` over its bound, or None.
-
-    Every field that goes into a key or an index is bounded here, at the door, so that the
-    database never refuses a message for its size (channel names are bounded where they are
-    configured and in the HTTP path: :func:`inturn.worker.ingest.routing.check_channel`).
-    """
-    if len(header.control_id) > MAX_CONTROL_ID_CHARS:
-        return "MSH-10", MAX_CONTROL_ID_CHARS
-    if len(header.message_type.type_key) > MAX_MESSAGE_TYPE_CHARS:
-        return "MSH-9", MAX_MESSAGE_TYPE_CHARS
-    return None
-
-
-#: Messages larger than this (bytes) are prepared for storage (terminators, digest, index keys)
-#: in a worker thread, so the event loop keeps serving every other connection meanwhile.
-OFFLOAD_BYTES = 64 * 1024
 
 #: Default duplicate window: 24 hours, in seconds.
 DEFAULT_DUPLICATE_WINDOW_SECONDS = 24 * 3600.0
@@ -136,61 +119,6 @@ DEFAULT_DUPLICATE_WINDOW_SECONDS = 24 * 3600.0
 DEFAULT_MAX_BATCH_MESSAGES = 1000
 #: Default bound, in seconds, on storing one message (pool wait + transaction).
 DEFAULT_STORE_TIMEOUT_SECONDS = 10.0
-
-#: The code of a :class:`Reply` that is no acknowledgement: the store's outcome is unknown.
-UNKNOWN = "unknown"
-
-_CODE_STATUS = {
-    "AA": 200,
-    "CA": 200,
-    "AR": 400,
-    "CR": 400,
-    "AE": 503,
-    "CE": 503,
-    UNKNOWN: 504,
-}
-
-
-@dataclass(frozen=True)
-class Reply:
-    """The answer to one message.
-
-    Attributes:
-        code: MSA-1 of the answer: AA, AE, AR (original mode) or CA, CE, CR (enhanced mode);
-            or :data:`UNKNOWN` when whether the message was stored cannot be known (its
-            transaction was cancelled and its end not seen): then no acknowledgement is sent,
-            the MLLP connection is closed (the sender sends again, as after any lost answer)
-            and HTTP answers 504.
-        ack: the acknowledgement message, unframed (segments end with CR).
-        send: whether MSH-15/MSH-16 ask for this answer to be sent (see
-            :func:`inturn.worker.hl7.expect.answer_codes`). HTTP ignores it and always answers.
-        followup: a second acknowledgement sent right after ``ack`` over MLLP (the AA of an
-            enhanced-mode message whose MSH-16 asks for an application acknowledgement as well
-            as the CA), or empty.
-        ids: the ``inturn_delivery`` ids stored, in destination order (empty unless stored).
-        duplicate: the message was already stored inside the duplicate window.
-        held: the message was stored for ``_unrouted/<channel>``.
-        reason: a short, payload-free description for logs.
-    """
-
-    code: str
-    ack: bytes
-    send: bool
-    followup: bytes = b""
-    ids: tuple[int, ...] = ()
-    duplicate: bool = False
-    held: bool = False
-    reason: str = ""
-
-    @property
-    def accepted(self) -> bool:
-        """True for AA and CA: the message is durably stored (now or earlier)."""
-        return self.code in ("AA", "CA")
-
-    @property
-    def http_status(self) -> int:
-        """200 for AA/CA, 400 for AR/CR, 503 for AE/CE, 504 when the outcome is unknown."""
-        return _CODE_STATUS[self.code]
 
 
 async def forget_old(
@@ -206,57 +134,6 @@ async def forget_old(
         total += done
         if done < batch:
             return total
-
-
-def _unknown(why: str) -> Reply:
-    """The :data:`UNKNOWN` reply: no acknowledgement; the body HTTP carries says why."""
-    return Reply(code=UNKNOWN, ack=f"outcome unknown: {why}\n".encode(), send=False, reason=why)
-
-
-def _error(code: int, user_message: str) -> AckErrorDetail:
-    return AckErrorDetail(code=code, user_message=user_message)
-
-
-def _answer(
-    header: Header,
-    kind: Kind,
-    *,
-    text: str | None = None,
-    error: AckErrorDetail | None = None,
-    **fields: Any,
-) -> Reply:
-    """The outcome carrying the acknowledgement(s) MSH-15/MSH-16 ask for (see
-    :func:`inturn.worker.hl7.expect.answer_codes`); when none is due, the accept-level answer
-    is built all the same (HTTP answers with it) and not sent over MLLP."""
-    codes = answer_codes(header, kind)
-    code = codes[0] if codes else ack_code(header, kind)
-    followup = build_ack(header, codes[1], text=text) if len(codes) > 1 else b""
-    return Reply(
-        code=code,
-        ack=build_ack(header, code, text=text, error=error),
-        send=bool(codes),
-        followup=followup,
-        **fields,
-    )
-
-
-def prepare(header: Header, payload: bytes, max_identifiers: int) -> Message:
-    """The :class:`Message` to store for ``payload``: its terminators normalised, its SHA-256
-    and its patient index keys (at most ``max_identifiers`` identifiers, see
-    :func:`inturn.worker.hl7.pid.index_keys`).
-
-    Linear in the size of ``payload`` whatever its shape (repetitions, segments, components,
-    field lengths); ``bench/shapes.py`` prints the cost per MiB. Pure, so the acceptor runs it
-    in a thread for messages over :data:`OFFLOAD_BYTES`.
-    """
-    stored = normalise_terminators(payload)
-    return Message(
-        control_id=header.control_id,
-        message_type=header.message_type.type_key,
-        payload=stored,
-        digest=hashlib.sha256(stored).digest(),
-        patient_keys=",".join(index_keys(stored, max_identifiers)),
-    )
 
 
 class Acceptor:
@@ -340,15 +217,15 @@ class Acceptor:
             result = await self.committer.store(channel, destinations, message)
         except OutcomeUnknown as exc:
             tracing.stored(destinations, began, False)
-            return self._done(channel, header, _unknown(str(exc)))
+            return self._done(channel, header, unknown(str(exc)))
         except Exception as exc:  # any other failure to store: AE, nothing kept
             tracing.stored(destinations, began, False)
-            return self._done(channel, header, self._storage_failed(header, exc))
+            return self._done(channel, header, storage_failed(header, exc))
         tracing.stored(destinations, began, True)
         metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
         return self._stored(channel, prepared, result)
 
-    async def _prepare(self, channel: str, payload: bytes) -> Reply | _Prepared:
+    async def _prepare(self, channel: str, payload: bytes) -> Reply | Prepared:
         """Everything before storing: parse, bound, route, refuse; a refusal is the
         :class:`Reply` (already counted and logged)."""
         try:
@@ -356,7 +233,7 @@ class Acceptor:
         except HeaderError as exc:
             outcome = Reply(
                 code="AR",
-                ack=build_reject(payload, "AR", _error(exc.code, exc.text)),
+                ack=build_reject(payload, "AR", error_detail(exc.code, exc.text)),
                 send=True,
                 reason=f"unreadable header: {exc.text}",
             )
@@ -388,7 +265,7 @@ class Acceptor:
                 ack=build_reject(
                     payload,
                     "AR",
-                    _error(ErrorCode.DATA_TYPE_ERROR, "MSH-9 or MSH-10 contains a NUL byte"),
+                    error_detail(ErrorCode.DATA_TYPE_ERROR, "MSH-9 or MSH-10 contains a NUL byte"),
                 ),
                 send=True,
                 reason="NUL byte in MSH-9 or MSH-10",
@@ -400,16 +277,16 @@ class Acceptor:
             kind = decision.kinds.get(destination)
             why = refusal(kind, payload)
             if why is not None:
-                error = _error(
+                error = error_detail(
                     ErrorCode.DATA_TYPE_ERROR,
                     f"destination {destination} ({kind}) could never send it: {why}",
                 )
-                outcome = _answer(header, "reject", error=error, reason=f"unsendable: {why}")
+                outcome = answer(header, "reject", error=error, reason=f"unsendable: {why}")
                 return self._done(channel, header, outcome)
         held = False
         if not destinations:
             if channel not in self.hold_unrouted:
-                return self._done(channel, header, self._unrouted(channel, header, decision.reason))
+                return self._done(channel, header, unrouted(channel, header, decision.reason))
             destinations = (hold_destination(channel),)
             held = True
 
@@ -424,9 +301,9 @@ class Acceptor:
             keys = reply_digests(answering, channel, message.message_type, message.payload)
             if keys:
                 message = dataclasses.replace(message, reply_keys=",".join(keys))
-        return _Prepared(header, tuple(destinations), held, message)
+        return Prepared(header, tuple(destinations), held, message)
 
-    def _stored(self, channel: str, prepared: _Prepared, result: StoreResult) -> Reply:
+    def _stored(self, channel: str, prepared: Prepared, result: StoreResult) -> Reply:
         """The answer to a message whose transaction has committed."""
         header, destinations, held = prepared.header, prepared.destinations, prepared.held
         if prepared.message.reply_keys and not result.duplicate:
@@ -444,7 +321,7 @@ class Acceptor:
             )
         if result.duplicate:
             metrics.DUPLICATES.labels(channel, "identical").inc()
-            outcome = _answer(
+            outcome = answer(
                 header,
                 "accept",
                 text="duplicate of a message already accepted",
@@ -453,7 +330,7 @@ class Acceptor:
             )
             return self._done(channel, header, outcome)
 
-        outcome = _answer(
+        outcome = answer(
             header,
             "accept",
             ids=result.ids,
@@ -470,7 +347,7 @@ class Acceptor:
         except BatchError as exc:
             outcome = Reply(
                 code="AR",
-                ack=build_reject(b"", "AR", _error(exc.code, f"batch refused: {exc.text}")),
+                ack=build_reject(b"", "AR", error_detail(exc.code, f"batch refused: {exc.text}")),
                 send=True,
                 reason=f"batch refused: {exc.text}",
             )
@@ -478,10 +355,10 @@ class Acceptor:
         prepared = [await self._prepare(channel, m) for m in batch.messages]
         refused = next((i for i, p in enumerate(prepared) if isinstance(p, Reply)), None)
         if refused is not None:
-            return self._done_batch(channel, batch, _refuse_batch(batch, prepared, refused))
-        ready = [p for p in prepared if isinstance(p, _Prepared)]
+            return self._done_batch(channel, batch, refuse_batch(batch, prepared, refused))
+        ready = [p for p in prepared if isinstance(p, Prepared)]
         if not ready:
-            return self._done_batch(channel, batch, _answer_batch(batch, []))
+            return self._done_batch(channel, batch, answer_batch(batch, []))
         try:
             results = await envelope.store_all(
                 self.pool,
@@ -491,13 +368,13 @@ class Acceptor:
                 store_timeout=self.store_timeout_seconds,
             )
         except OutcomeUnknown as exc:  # it may have been kept: no answer at all
-            return self._done_batch(channel, batch, _unknown(str(exc)))
+            return self._done_batch(channel, batch, unknown(str(exc)))
         except Exception as exc:  # nothing of the batch was kept
-            failed = [self._storage_failed(p.header, exc) for p in ready]
-            return self._done_batch(channel, batch, _answer_batch(batch, failed))
+            failed = [storage_failed(p.header, exc) for p in ready]
+            return self._done_batch(channel, batch, answer_batch(batch, failed))
         metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
         replies = [self._stored(channel, p, r) for p, r in zip(ready, results, strict=True)]
-        return self._done_batch(channel, batch, _answer_batch(batch, replies))
+        return self._done_batch(channel, batch, answer_batch(batch, replies))
 
     def _done_batch(self, channel: str, batch: Batch, outcome: Reply) -> Reply:
         log.info(
@@ -521,7 +398,9 @@ class Acceptor:
             ack=build_reject(
                 b"",
                 "AR",
-                _error(ErrorCode.VALUE_TOO_LONG, f"message larger than the limit of {limit} bytes"),
+                error_detail(
+                    ErrorCode.VALUE_TOO_LONG, f"message larger than the limit of {limit} bytes"
+                ),
             ),
             send=True,
             reason=f"message over {limit} bytes",
@@ -540,7 +419,7 @@ class Acceptor:
         memory for (:mod:`inturn.worker.ingest.budget`); nothing of it was kept and the sender
         should send it again. ``head`` is what was kept of its start: its MSH, when readable,
         gives the answer's MSA-2 and mode."""
-        error = _error(
+        error = error_detail(
             ErrorCode.APPLICATION_INTERNAL_ERROR,
             "ingest is busy: no memory for this message now; nothing of it was kept; send it again",
         )
@@ -550,43 +429,12 @@ class Acceptor:
         except HeaderError:
             header = None
         if header is not None:
-            outcome = _answer(header, "error", error=error, reason=reason)
+            outcome = answer(header, "error", error=error, reason=reason)
         else:
             outcome = Reply(
                 code="AE", ack=build_reject(head, "AE", error), send=True, reason=reason
             )
         return self._done(channel, header, outcome)
-
-    def _unrouted(self, channel: str, header: Header, reason: str) -> Reply:
-        if reason == "filtered":
-            error = _error(
-                ErrorCode.UNSUPPORTED_MESSAGE_TYPE,
-                f"no destination of channel {channel} takes message type "
-                f"{header.message_type.type_key}",
-            )
-            why = "no destination filter matches"
-        else:
-            error = _error(
-                ErrorCode.APPLICATION_INTERNAL_ERROR, f"channel {channel} has no destinations"
-            )
-            why = "channel has no destinations"
-        return _answer(header, "reject", error=error, reason=why)
-
-    def _storage_failed(self, header: Header, exc: BaseException) -> Reply:
-        """AE for what a later attempt can store, AR for content the database refuses
-        (:mod:`inturn.worker.store.faults`)."""
-        fault = classify(exc)
-        if fault.fault == "permanent":
-            error = _error(
-                fault.hl7_code, f"{fault.text}; sending it again will not help, nothing was kept"
-            )
-            return _answer(header, "reject", error=error, reason=f"refused: {fault.text}")
-        error = _error(
-            ErrorCode.APPLICATION_INTERNAL_ERROR,
-            "the message could not be stored and nothing of it was kept; send it again",
-        )
-        reason = str(exc) if isinstance(exc, StoreTimeout) else fault.text
-        return _answer(header, "error", error=error, reason=reason)
 
     def _label(self, channel: str) -> str:
         """``channel`` as a metrics label: names nobody configured (an HTTP client can post to
@@ -632,59 +480,3 @@ class Acceptor:
                 list(outcome.ids),
             )
         return outcome
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A message that passed every check and is ready to store."""
-
-    header: Header
-    destinations: tuple[str, ...]
-    held: bool
-    message: Message
-
-
-def _batch_reply(batch: Batch, code: str, acks: list[bytes], reason: str, **fields: Any) -> Reply:
-    return Reply(
-        code=code,
-        ack=build_batch_ack(batch, acks, comment=reason),
-        send=True,
-        reason=reason,
-        **fields,
-    )
-
-
-def _answer_batch(batch: Batch, replies: Sequence[Reply]) -> Reply:
-    """The answering batch of ``replies`` (one per message, in order): AA when every message
-    was accepted (an empty batch too), AE when any answer is an error (AE/CE), else AR."""
-    codes = {r.code for r in replies}
-    if codes <= {"AA", "CA"}:
-        code, reason = "AA", f"{len(replies)} message(s) accepted"
-    elif codes & {"AE", "CE"}:
-        code, reason = "AE", "not stored: send the batch again"
-    else:
-        code, reason = "AR", "refused: the database refused its content"
-    ids = tuple(i for r in replies for i in r.ids)
-    return _batch_reply(batch, code, [r.ack for r in replies], reason, ids=ids)
-
-
-def _refuse_batch(batch: Batch, prepared: Sequence[Reply | _Prepared], refused: int) -> Reply:
-    """The answering batch of a batch refused whole because message ``refused`` (0-based)
-    would be refused: its own ACK, and AR (CR) with ERR 207 naming it for every other message.
-    Nothing was stored."""
-    try:
-        control_id = parse_header(batch.messages[refused]).control_id
-    except HeaderError:
-        control_id = ""
-    named = f"message {refused + 1} of the batch" + (
-        f" (MSH-10 {control_id})" if control_id else ""
-    )
-    why = f"batch refused whole: {named} was refused; nothing of the batch was stored"
-    error = _error(ErrorCode.APPLICATION_INTERNAL_ERROR, why)
-    acks = [
-        p.ack
-        if isinstance(p, Reply)
-        else build_ack(p.header, ack_code(p.header, "reject"), error=error)
-        for p in prepared
-    ]
-    return _batch_reply(batch, "AR", acks, f"refused: {named} was refused")

@@ -55,8 +55,9 @@ from inturn.worker.hl7.mllp import (
     frame,
 )
 from inturn.worker.ingest import metrics
-from inturn.worker.ingest.accept import UNKNOWN, Acceptor
+from inturn.worker.ingest.accept import Acceptor
 from inturn.worker.ingest.access import AllowList, certificate_names
+from inturn.worker.ingest.answer import UNKNOWN
 from inturn.worker.ingest.budget import CONNECTION_BYTES, Busy, Hold, MemoryBudget
 from inturn.worker.ingest.quiet import LogThrottle
 
