@@ -198,6 +198,34 @@ async def audit(request: web.Request) -> web.Response:
     return web.json_response(result)
 
 
+async def search(request: web.Request) -> web.Response:
+    """``GET /api/v1/search?controlId=...``: the items of that MSH-10, every destination."""
+    only_query(request, "controlId", "limit")
+    result = await ops.search_control_id(
+        console(request),
+        identity(request),
+        request.query.get("controlId", ""),
+        limit=int_param(request, "limit", ops.SEARCH_LIMIT) or ops.SEARCH_LIMIT,
+    )
+    return web.json_response(result)
+
+
+async def search_patient(request: web.Request) -> web.Response:
+    """``POST /api/v1/search/patient``: the items naming a patient, for the privacy role;
+    audited. A POST, so that the identifier is never in a URL (nor a proxy's access log) and
+    the search carries a reason."""
+    only_query(request)
+    doc = await body(request, "PatientSearchBody")
+    result = await ops.search_patient(
+        console(request),
+        identity(request),
+        doc.get("patientId"),
+        doc.get("authority"),
+        doc.get("why"),
+    )
+    return web.json_response(result)
+
+
 async def worklist_counts(request: web.Request) -> web.Response:
     """``GET /api/v1/worklists/counts``: items per queue and reason."""
     only_query(request, "state")
@@ -271,6 +299,8 @@ def add_routes(router: web.UrlDispatcher) -> None:
         item_action,
     )
     router.add_get(prefix + "/audit", audit)
+    router.add_get(prefix + "/search", search)
+    router.add_post(prefix + "/search/patient", search_patient)
     router.add_get(prefix + "/worklists/counts", worklist_counts)
     router.add_get(prefix + "/worklists/items", worklist_items)
     router.add_post(prefix + "/worklists/items/{item_id:[0-9]{1,19}}/clear", worklist_clear)

@@ -27,6 +27,7 @@ from inturn.worker.operations.actor import permit
 from inturn.worker.store import reads
 from inturn.worker.store.model import STATES
 from inturn.worker.store.worklist_model import ITEM_STATES
+from inturn.worker.worklist.delivery_failed import RECORD_KIND as DELIVERY_RECORD
 
 #: The actions the console offers on one item (their rules: ``operations.actor.ACTIONS``).
 ITEM_ACTIONS = ("retry", "skip", "remove", "resend", "erase")
@@ -151,8 +152,19 @@ async def head_item(
     return head.to_json() if head is not None else None
 
 
+#: Longest control ID searched for: ingest refuses a longer MSH-10, so none is stored.
+MAX_CONTROL_ID_CHARS = 199
+#: Most items a search shows (the total is counted all the same).
+SEARCH_LIMIT = 100
+#: Most related items and worklist items an item's page lists.
+RELATED_LIMIT = 100
+
+
 async def item_detail(console: Console, identity: Identity, item_id: int) -> dict[str, Any]:
-    """One item's metadata, failed attempts and audit entries (no payload).
+    """One item's whole life, without its payload: metadata, failed attempts, its resend chain
+    (first original to latest copy, itself included), the other items of its channel with its
+    control ID (the same message for other destinations, or an MSH-10 reused), the worklist
+    items about it and the audit entries naming it.
 
     Raises:
         ConsoleError: 404 ``not_found``.
@@ -164,10 +176,85 @@ async def item_detail(console: Console, identity: Identity, item_id: int) -> dic
             raise ConsoleError(404, "not_found", f"no item {item_id}")
         attempts = await reads.attempts(conn, item_id)
         audit = await reads.audit_log(conn, 100, item_id=item_id)
+        chain = await reads.resend_chain(conn, item_id)
+        same, _ = await reads.list_items(
+            conn, channel=item.channel, control_id=item.control_id, limit=RELATED_LIMIT + 1
+        )
+        work = await worklist.list_items(
+            conn,
+            record_kind=DELIVERY_RECORD,
+            record_key=str(item_id),
+            state=None,
+            limit=RELATED_LIMIT,
+        )
     return {
         "item": item.to_json(),
         "attempts": [a.to_json() for a in attempts],
         "audit": audit,
+        "resends": [i.to_json() for i in chain] if len(chain) > 1 else [],
+        "sameControlId": [i.to_json() for i in same if i.id != item_id][:RELATED_LIMIT],
+        "worklist": [w.to_json() for w in work.items],
+    }
+
+
+async def search_control_id(
+    console: Console, identity: Identity, control_id: str, *, limit: int = SEARCH_LIMIT
+) -> dict[str, Any]:
+    """Items of every destination whose MSH-10 is ``control_id`` (exact, through its index),
+    newest first: ``{"total", "items"}``; any role may search so.
+
+    Raises:
+        ConsoleError: 400 ``invalid_request`` for an empty control ID or one longer than
+            :data:`MAX_CONTROL_ID_CHARS`.
+    """
+    require(identity, "viewer")
+    text = control_id.strip()
+    if not text:
+        raise ConsoleError(400, "invalid_request", "give a control ID (MSH-10) to search for")
+    if len(control_id) > MAX_CONTROL_ID_CHARS:
+        raise ConsoleError(
+            400, "invalid_request", f"a control ID is at most {MAX_CONTROL_ID_CHARS} characters"
+        )
+    async with console.read.connection() as conn:
+        items, total = await reads.list_items(conn, control_id=text, limit=capped(limit))
+    return {"total": total, "items": [i.to_json() for i in items]}
+
+
+async def search_patient(
+    console: Console,
+    identity: Identity,
+    patient_id: str | None,
+    authority: str | None,
+    why: str | None,
+    *,
+    limit: int = SEARCH_LIMIT,
+) -> dict[str, Any]:
+    """Items naming a patient, newest first, for the privacy role, through the identifier index
+    ``inturn queue list --patient-id`` reads; audited (``search-patient``, with the reason and
+    the items shown, never the identifier) as a payload viewing is.
+
+    Returns ``{"total", "items", "unindexed"}`` (``unindexed``: items not indexed yet, which
+    the search could not look at).
+
+    Raises:
+        ConsoleError: 403 without the privacy role, 400 without a reason or a patient ID.
+    """
+    try:
+        async with console.write.connection() as conn:
+            found = await actions.search_patient(
+                conn,
+                identity,
+                patient_id or "",
+                authority or None,
+                why,
+                limit=capped(limit),
+            )
+    except InturnError as exc:
+        raise ConsoleError.of(exc) from None
+    return {
+        "total": found.total,
+        "items": [i.to_json() for i in found.items],
+        "unindexed": found.unindexed,
     }
 
 

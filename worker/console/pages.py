@@ -260,6 +260,42 @@ async def audit_page(request: web.Request) -> dict[str, Any]:
     return _base(request, **result, destination=dest, item_id=item)
 
 
+@aiohttp_jinja2.template("search.html")
+async def search_page(request: web.Request) -> dict[str, Any]:
+    """``GET /search?controlId=...``: the items of that control ID, every destination (the
+    search box of every page); without ``controlId``, the search forms alone."""
+    control_id = (request.query.get("controlId") or "").strip()
+    result = None
+    if control_id:
+        result = await ops.search_control_id(console(request), identity(request), control_id)
+    else:
+        ops.require(identity(request), "viewer")
+    return _base(
+        request,
+        control_id=control_id,
+        result=result,
+        by_patient=False,
+        heading=f"Control ID {printable(control_id)}",
+    )
+
+
+@aiohttp_jinja2.template("search.html")
+async def search_patient_post(request: web.Request) -> dict[str, Any]:
+    """``POST /search`` from a form: a patient's items, for the privacy role; audited. The
+    identifier travels in the body only, never in a URL, and is not shown back."""
+    form = await request.post()
+    result = await ops.search_patient(
+        console(request),
+        identity(request),
+        _text(form.get("patientId")),
+        _text(form.get("authority")) or None,
+        _text(form.get("why")),
+    )
+    return _base(
+        request, control_id="", result=result, by_patient=True, heading="A patient's messages"
+    )
+
+
 @aiohttp_jinja2.template("worklists.html")
 async def worklists_page(request: web.Request) -> dict[str, Any]:
     """``GET /worklists``: counts by queue and reason, and the items, filtered."""
@@ -301,5 +337,7 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post(item + "/payload", payload_page)
     router.add_post(item + "/{action:" + "|".join(ops.ITEM_ACTIONS) + "}", item_post)
     router.add_get("/audit", audit_page)
+    router.add_get("/search", search_page)
+    router.add_post("/search", search_patient_post)
     router.add_get("/worklists", worklists_page)
     router.add_post("/worklists/items/{item_id:[0-9]{1,19}}/clear", worklist_clear_post)

@@ -42,6 +42,7 @@ ACTIONS: Mapping[str, Action] = {
         Action("resume", "operator"),
         Action("erase", "privacy", reason_required=True),
         Action("view-payload", "privacy", reason_required=True),
+        Action("search-patient", "privacy", reason_required=True),
         Action("purge", "operator"),
         Action("clear", "operator", reason_required=True, word="note", longest=NOTE_MAX),
     )

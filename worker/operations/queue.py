@@ -36,7 +36,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.errors import Conflict, Invalid, NotFound
-from inturn.worker.hl7.pid import has_patient_id
+from inturn.worker.hl7.pid import has_patient_id, lookup_key
 from inturn.worker.operations.actor import Actor, permit
 from inturn.worker.store import actions, identifiers, reads, registry
 from inturn.worker.store import worklist as worklist_store
@@ -466,6 +466,53 @@ async def view_payload(
     if data is None:
         raise NotFound(f"no item {item_id}")
     return Payload(item_id, data)
+
+
+@dataclass(frozen=True)
+class PatientSearch:
+    """What a search by patient identifier found.
+
+    Attributes:
+        items: the items, newest first (one page).
+        total: how many items match in all.
+        unindexed: items not indexed yet, which the search could not look at (``inturn
+            migrate`` indexes them).
+    """
+
+    items: list[Item]
+    total: int
+    unindexed: int
+
+
+async def search_patient(
+    conn: AsyncConnection[Any],
+    actor: Actor,
+    patient_id: str,
+    authority: str | None,
+    why: str | None,
+    *,
+    limit: int = reads.LIST_LIMIT_DEFAULT,
+) -> PatientSearch:
+    """Items naming a patient (PID-2, PID-3, PID-4 or MRG-1; with ``authority``, only
+    identifiers it assigned), found through the identifier index that ``inturn queue list
+    --patient-id`` reads; the search is audited (``search-patient``, its reason and the items
+    shown; never the identifier) in the same transaction.
+
+    Raises:
+        Forbidden: the actor lacks the privacy role.
+        ReasonRequired: no reason.
+        Invalid: an empty patient ID or authority, or one holding a NUL character.
+    """
+    reason = permit(actor, "search-patient", why)
+    if not patient_id.strip():
+        raise Invalid("the patient ID is empty")
+    if authority is not None and not authority.strip():
+        raise Invalid("the authority is empty")
+    if "\x00" in patient_id or (authority and "\x00" in authority):
+        raise Invalid("a patient ID cannot hold a NUL character")
+    key = lookup_key(patient_id, authority)
+    items, total = await reads.search_patient(conn, key, who=actor.name, why=reason, limit=limit)
+    return PatientSearch(items, total, await identifiers.unindexed_count(conn))
 
 
 async def purge(

@@ -136,6 +136,63 @@ async def view_payload(
     return bytes(row["payload"])
 
 
+#: Audit action of a search by patient identifier (the identifier itself is never recorded).
+SEARCH_PATIENT_ACTION = "search-patient"
+
+
+async def search_patient(
+    conn: AsyncConnection[Any],
+    patient_key: str,
+    *,
+    who: str,
+    why: str | None = None,
+    limit: int = LIST_LIMIT_DEFAULT,
+) -> tuple[list[Item], int]:
+    """Items naming a patient, newest first, through the identifier index (as
+    :func:`list_items` with ``patient_key``), and an audit entry saying that ``who`` searched,
+    why, and which items were shown.
+
+    The entry (action ``search-patient``) names the items found, not the identifier, and is
+    committed in the same transaction as the read: a search is recorded even when it finds
+    nothing. Needs a writable connection.
+
+    Returns:
+        The page (at most ``limit``, capped at 1,000) and the total count of matches.
+    """
+    async with conn.transaction():
+        items, total = await list_items(conn, patient_key=patient_key, limit=limit)
+        await queue.record(
+            conn, who=who, action=SEARCH_PATIENT_ACTION, ids=[i.id for i in items], why=why
+        )
+    return items, total
+
+
+async def resend_chain(conn: AsyncConnection[Any], item_id: int, *, limit: int = 50) -> list[Item]:
+    """The resend chain an item belongs to: its first original, each copy a resend queued for
+    it, and so on to the latest copy (the item itself included), oldest first; at most
+    ``limit`` links on each side. Empty when the item does not exist."""
+    item = await get_item(conn, item_id)
+    if item is None:
+        return []
+    before: list[Item] = []
+    link = item.resent_from
+    while link is not None and len(before) < limit:
+        original = await get_item(conn, link)
+        if original is None:  # purged or erased: the chain starts at what is left
+            break
+        before.append(original)
+        link = original.resent_from
+    after: list[Item] = []
+    link = item.resent_as
+    while link is not None and len(after) < limit:
+        copy = await get_item(conn, link)
+        if copy is None:
+            break
+        after.append(copy)
+        link = copy.resent_as
+    return [*reversed(before), item, *after]
+
+
 async def attempts(conn: AsyncConnection[Any], item_id: int) -> list[Attempt]:
     """One item's failed attempts, oldest first (its delivery, if any, is its own state)."""
     return await fetch_all(conn, Q["attempts"], {"id": item_id}, row=class_row(Attempt))

@@ -1,0 +1,204 @@
+"""Finding a message in the console, through real HTTP: by control ID for any role, by patient
+identifier for the privacy role only (audited, through the identifier index), and each message's
+page with its whole life (attempts, resends, the same control ID elsewhere, worklist items,
+audit entries)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import aiohttp
+import pytest
+from console_helpers import TOKENS, Client, message, place_work, register
+from psycopg import AsyncConnection
+
+from inturn.worker.console.server import ConsoleServer
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+
+pytestmark = pytest.mark.store
+
+LAB, RIS = "ward/lab", "ward/ris"
+
+
+async def seed(dsn: str) -> dict[str, int]:
+    """MSG00001 (patient P1) for both destinations, MSG00002 (patient P2) for the lab, and
+    MSG00003 (P1 again, assigned by OTHER) for the lab; their ids by a short name."""
+    await register(dsn, LAB)
+    await register(dsn, RIS)
+    other = message(3).replace(b"P3^^^HOSP^MR", b"P1^^^OTHER^MR")
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        ids = await queue.enqueue(
+            conn,
+            [
+                NewItem(LAB, "adt", "MSG00001", "ADT^A01", message(1)),
+                NewItem(RIS, "adt", "MSG00001", "ADT^A01", message(1)),
+                NewItem(LAB, "adt", "MSG00002", "ADT^A01", message(2)),
+                NewItem(LAB, "adt", "MSG00003", "ADT^A01", other),
+            ],
+        )
+    return dict(zip(("lab1", "ris1", "lab2", "lab3"), ids, strict=True))
+
+
+async def audit_entries(client: Client) -> list[dict[str, Any]]:
+    status, body = await client.get("/api/v1/audit")
+    assert status == 200
+    return list(body["entries"])
+
+
+async def test_by_control_id_for_every_role(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    ids = await seed(fresh_db)
+    for role in ("viewer", "operator", "privacy"):
+        status, body = await clients[role].get("/api/v1/search?controlId=MSG00001")
+        assert status == 200
+        assert body["total"] == 2
+        assert [(i["id"], i["destination"]) for i in body["items"]] == [
+            (ids["ris1"], RIS),
+            (ids["lab1"], LAB),
+        ]
+    status, body = await clients["viewer"].get("/api/v1/search?controlId=NOPE")
+    assert (status, body) == (200, {"total": 0, "items": []})
+    status, body = await clients["viewer"].get("/api/v1/search?controlId=%20")
+    assert status == 400 and body["error"]["code"] == "invalid_request"
+    assert (await clients["viewer"].get("/api/v1/search"))[0] == 400
+    assert (await clients["viewer"].get("/api/v1/search?controlId=X&other=1"))[0] == 400
+    assert (await clients[None].get("/api/v1/search?controlId=MSG00001"))[0] == 401
+    # a search by control ID reads no payload and is not audited
+    assert await audit_entries(clients["viewer"]) == []
+
+
+async def test_the_search_box_is_on_every_page_and_leads_to_the_items(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    ids = await seed(fresh_db)
+    for path in ("/", f"/destinations/{LAB}", f"/items/{ids['lab1']}", "/audit", "/worklists"):
+        status, page = await clients["viewer"].get(path)
+        assert status == 200, path
+        assert '<form method="get" action="/search" class="search" id="find"' in page, path
+        assert 'id="find-patient-form"' not in page, path  # viewers cannot search patients
+        status, page = await clients["privacy"].get(path)
+        assert 'id="find-patient-form"' in page, path
+    status, page = await clients["viewer"].get("/search?controlId=MSG00001")
+    assert status == 200
+    listed = re.findall(r'<tr data-item="(\d+)"', page)
+    assert listed == [str(ids["ris1"]), str(ids["lab1"])]
+    assert "2 of 2 item(s)" in page
+    status, page = await clients["viewer"].get("/search")
+    assert status == 200 and 'id="search-results"' not in page
+
+
+async def test_by_patient_only_for_privacy_with_a_reason_and_audited(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    ids = await seed(fresh_db)
+    path = "/api/v1/search/patient"
+    for role in ("viewer", "operator"):
+        status, body = await clients[role].post(path, {"patientId": "P1", "why": "ticket 9"})
+        assert status == 403 and body["error"]["code"] == "forbidden"
+    status, body = await clients["privacy"].post(path, {"patientId": "P1"})
+    assert status == 400 and body["error"]["code"] == "reason_required"
+    status, body = await clients["privacy"].post(path, {"patientId": " ", "why": "ticket 9"})
+    assert status == 400 and body["error"]["code"] == "invalid_request"
+    assert (await clients["privacy"].post(path, {"patientId": "P1", "why": "x"}, csrf=False))[
+        0
+    ] == 403
+    assert await audit_entries(clients["viewer"]) == []  # nothing refused was audited
+
+    status, body = await clients["privacy"].post(path, {"patientId": "P1", "why": "ticket 9"})
+    assert status == 200
+    assert body == {
+        "total": 3,
+        "items": body["items"],
+        "unindexed": 0,
+    }
+    assert [i["id"] for i in body["items"]] == [ids["lab3"], ids["ris1"], ids["lab1"]]
+    status, body = await clients["privacy"].post(
+        path, {"patientId": "P1", "authority": "OTHER", "why": "ticket 9"}
+    )
+    assert [i["id"] for i in body["items"]] == [ids["lab3"]]
+    status, body = await clients["privacy"].post(path, {"patientId": "P9", "why": "ticket 10"})
+    assert body["total"] == 0
+
+    entries = await audit_entries(clients["viewer"])
+    assert [(e["who"], e["action"], e["itemIds"], e["why"]) for e in entries] == [
+        ("pia", "search-patient", [], "ticket 10"),
+        ("pia", "search-patient", [ids["lab3"]], "ticket 9"),
+        ("pia", "search-patient", [ids["lab3"], ids["ris1"], ids["lab1"]], "ticket 9"),
+    ]
+    assert "P1" not in json.dumps(entries) and "OTHER" not in json.dumps(entries)
+    # and each item found shows the search on its own page
+    status, detail = await clients["viewer"].get(f"/api/v1/items/{ids['ris1']}")
+    assert [e["action"] for e in detail["audit"]] == ["search-patient"]
+
+
+async def test_the_patient_form_posts_the_identifier_never_in_a_url(
+    fresh_db: str, console: ConsoleServer
+) -> None:
+    ids = await seed(fresh_db)
+    base = f"http://127.0.0.1:{console.port}"
+    headers = {"Authorization": f"Bearer {TOKENS['privacy'][1]}"}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(base + "/api/v1/me", headers=headers) as r:
+            csrf = (await r.json())["csrfToken"]
+        form = {"csrf_token": csrf, "patientId": "P2", "why": "ticket 11"}
+        async with session.post(base + "/search", data=form, headers=headers) as r:
+            assert r.status == 200
+            assert "P2" not in str(r.url)
+            page = await r.text()
+        assert re.findall(r'<tr data-item="(\d+)"', page) == [str(ids["lab2"])]
+        assert "This search is in the audit" in page
+        assert "P2" not in page.split('id="search-results"')[0].split("</header>")[1]
+        viewer = {"Authorization": f"Bearer {TOKENS['viewer'][1]}"}
+        async with session.get(base + "/api/v1/me", headers=viewer) as r:
+            viewer_csrf = (await r.json())["csrfToken"]
+        form = {"csrf_token": viewer_csrf, "patientId": "P2", "why": "ticket 11"}
+        async with session.post(base + "/search", data=form, headers=viewer) as r:
+            assert r.status == 403
+
+
+async def test_an_items_page_tells_its_whole_life(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    ids = await seed(fresh_db)
+    lab1 = ids["lab1"]
+    operator = clients["operator"]
+    assert (await operator.post(f"/api/v1/items/{lab1}/skip", {"why": "lab down"}))[0] == 200
+    status, resent = await operator.post(f"/api/v1/items/{lab1}/resend", {"why": "lab back"})
+    assert status == 200
+    copy = resent["changed"][1]
+    [work] = await place_work(fresh_db, [("delivery-failed", "delivery", str(lab1), "gave-up")])
+
+    for item in (lab1, copy):
+        status, detail = await clients["viewer"].get(f"/api/v1/items/{item}")
+        assert status == 200
+        assert [(r["id"], r["state"]) for r in detail["resends"]] == [
+            (lab1, "skipped"),
+            (copy, "pending"),
+        ]
+        # the same message for the other destination (and, for the copy, its original)
+        same = [i["id"] for i in detail["sameControlId"]]
+        assert same == [i for i in (copy, ids["ris1"], lab1) if i != item]
+    status, detail = await clients["viewer"].get(f"/api/v1/items/{lab1}")
+    assert [(w["id"], w["queue"], w["reason"], w["state"]) for w in detail["worklist"]] == [
+        (work, "delivery-failed", "gave-up", "pending")
+    ]
+    assert [(e["action"], e["why"]) for e in detail["audit"]] == [
+        ("resend", "lab back"),
+        ("skip", "lab down"),
+    ]
+    status, detail = await clients["viewer"].get(f"/api/v1/items/{ids['lab2']}")
+    assert (detail["resends"], detail["sameControlId"], detail["worklist"]) == ([], [], [])
+
+    status, page = await clients["viewer"].get(f"/items/{lab1}")
+    assert status == 200
+    resends = page.split('id="resends"')[1].split("</ol>")[0]
+    assert re.findall(r'data-item="(\d+)"', resends) == [str(lab1), str(copy)]
+    assert "(this one)" in resends
+    same = page.split('id="same-control-id"')[1].split("</table>")[0]
+    assert re.findall(r'<tr data-item="(\d+)"', same) == [str(copy), str(ids["ris1"])]
+    worklist = page.split('id="item-worklist"')[1].split("</table>")[0]
+    assert f'data-work="{work}"' in worklist and "gave-up" in worklist
