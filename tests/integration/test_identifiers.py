@@ -11,10 +11,10 @@ import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker.hl7.pid import lookup_key
-from inturn.worker.ingest.batch import Message, store_batch
 from inturn.worker.store import actions, identifiers, queue, reads
+from inturn.worker.store.ingest import store_batch
 from inturn.worker.store.migrate import migrate
-from inturn.worker.store.model import NewItem
+from inturn.worker.store.model import Message, NewItem
 
 pytestmark = pytest.mark.store
 

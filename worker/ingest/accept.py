@@ -93,11 +93,7 @@ from inturn.worker.ingest.answer import (
     unknown,
     unrouted,
 )
-from inturn.worker.ingest.batch import (
-    Committer,
-    OutcomeUnknown,
-    StoreResult,
-)
+from inturn.worker.ingest.batch import Committer, OutcomeUnknown
 from inturn.worker.ingest.feeds import FeedRecorder
 from inturn.worker.ingest.prepare import (
     FIELD_LOCATION,
@@ -110,6 +106,7 @@ from inturn.worker.ingest.routing import Router, hold_destination
 from inturn.worker.orders.keys import reply_digests
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store import ingest as ingest_store
+from inturn.worker.store.model import StoreResult
 
 log = logging.getLogger("inturn.ingest")
 

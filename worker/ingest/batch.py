@@ -1,4 +1,7 @@
-"""Storing messages: one statement per batch, and group commit across connections.
+"""Group commit across connections, and the store timeout kept where the outcome is known.
+
+The statement that stores a transaction's messages is the store's
+(:func:`inturn.worker.store.ingest.store_batch`); this module decides what goes into one.
 
 Every destination's enqueues are serialised until COMMIT by the delivery queue's advisory lock
 (that is what makes id order equal commit order). With one transaction per message, N
@@ -42,10 +45,9 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from inturn.worker.errors import Unavailable
-from inturn.worker.store import ingest as ingest_store
-from inturn.worker.store import queue
 from inturn.worker.store.faults import classify
-from inturn.worker.store.identifiers import keys_text
+from inturn.worker.store.ingest import store_batch
+from inturn.worker.store.model import Message, StoreResult
 
 log = logging.getLogger("inturn.ingest")
 
@@ -71,189 +73,6 @@ class OutcomeUnknown(Unavailable):
     """A cancelled storing statement did not end within the confirmation bound; its connection
     was closed. Its transaction may have committed: the message must not be answered as
     refused."""
-
-
-@dataclass(frozen=True)
-class Message:
-    """One received message, ready to store.
-
-    Attributes:
-        control_id: MSH-10.
-        message_type: MSH-9 as ``CODE^TRIGGER``.
-        payload: the bytes exactly as received.
-        digest: SHA-256 of ``payload`` (32 bytes), the duplicate-window key with MSH-10.
-        patient_keys: its identifier index keys, comma-separated (see
-            :func:`inturn.worker.store.identifiers.keys_text`), computed by the caller off the
-            event loop; None computes them here (capped at the default).
-        traceparent: the W3C trace context of its receive span when traced, else None.
-        reply_keys: when it is a reply (``spec.replies``), the digests of its keys,
-            comma-separated (:func:`inturn.worker.orders.keys.reply_digests`); else empty.
-    """
-
-    control_id: str
-    message_type: str
-    payload: bytes
-    digest: bytes
-    patient_keys: str | None = None
-    traceparent: str | None = None
-    reply_keys: str = ""
-
-
-@dataclass(frozen=True)
-class StoreResult:
-    """What storing one message did.
-
-    Attributes:
-        ids: its ``inturn_delivery`` ids, one per destination in sorted destination order
-            (empty for a duplicate).
-        duplicate: the same channel, MSH-10 and bytes were already stored inside the window
-            (or earlier in the same batch); nothing new was stored for it.
-        control_id_reused: another message with this MSH-10 and different bytes was received
-            on the channel inside the window.
-        answered: it is a reply (``reply_keys``) and answered at least one open expectation.
-    """
-
-    ids: tuple[int, ...]
-    duplicate: bool = False
-    control_id_reused: bool = False
-    answered: bool = False
-
-
-async def store_batch(
-    conn: AsyncConnection[Any],
-    *,
-    channel: str,
-    destinations: Sequence[str],
-    messages: Sequence[Message],
-    window_seconds: float,
-) -> list[StoreResult]:
-    """Store ``messages`` for every one of ``destinations`` in one transaction (one statement).
-
-    The statement (``store`` in ``ingest.sql``) runs in autocommit mode, so its implicit COMMIT
-    (with ``synchronous_commit`` on, which the pool's connections set) has happened when the
-    result arrives: one round trip. Its steps are ordered by data dependencies, not by text:
-
-    1. ``remembered``: one duplicate-window row per message (when the window is on). A copy of
-       the same bytes with the same MSH-10 on the same channel inside the window conflicts on
-       ``inturn_received_key``, is left alone and yields no row: that message is a duplicate
-       and nothing further is done for it. An older copy is outside the window: its row is
-       recycled. A concurrent copy waits on the unique index until the first commits (then it
-       is a duplicate) or rolls back (then it is stored).
-    2. ``locked``: the per-destination enqueue locks in sorted order, with the delivery queue's
-       own function (``enqueue_lock`` in ``queue.sql``, as
-       :func:`inturn.worker.store.queue.enqueue_in_transaction` takes it), so that id order is
-       commit order per destination. The aggregate returns only once every lock is held, and
-       only when at least one message is fresh.
-    3. ``inserted``: one ``inturn_delivery`` row per fresh message and destination, in message
-       order then destination order (so ids ascend in that order), each with its message's
-       identifier index keys (:mod:`inturn.worker.store.identifiers`): the index is written in
-       the same transaction as the message.
-    4. ``notified``: one NOTIFY per destination, delivered at COMMIT.
-
-    The statement also reports, per message, whether its MSH-10 was used on the channel inside
-    the window by a message with different bytes. A destination's lock is held only for the
-    server's own work and the commit, never across a round trip to Python. Identical copies
-    inside one batch are removed here first (the later ones are duplicates of the first).
-
-    Args:
-        conn: an autocommit connection with ``synchronous_commit`` on, outside a transaction.
-        channel: the channel all the messages arrived on.
-        destinations: ``namespace/name`` values (at least one; repeats are ignored).
-        messages: at least one.
-        window_seconds: the duplicate window; 0 or less turns duplicate detection off.
-
-    Returns:
-        One :class:`StoreResult` per message, in input order.
-
-    Raises:
-        psycopg.Error: nothing of the batch was stored.
-        ValueError: no destination or no message.
-        RuntimeError: ``conn`` is inside a transaction.
-    """
-    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        raise RuntimeError("store_batch needs an autocommit connection outside a transaction")
-    return await store_statement(
-        conn,
-        channel=channel,
-        destinations=destinations,
-        messages=messages,
-        window_seconds=window_seconds,
-    )
-
-
-async def store_statement(
-    conn: AsyncConnection[Any],
-    *,
-    channel: str,
-    destinations: Sequence[str],
-    messages: Sequence[Message],
-    window_seconds: float,
-) -> list[StoreResult]:
-    """Run the ``store`` statement of :func:`store_batch` in ``conn``'s current state: on an
-    autocommit connection outside a transaction it commits on its own (what
-    :func:`store_batch` checks); inside the caller's transaction it commits with it (an HL7
-    batch stored whole, :mod:`inturn.worker.ingest.envelope`). Same arguments, results and
-    errors (``ValueError`` for no destination or no message).
-    """
-    ordered = sorted(set(destinations))
-    if not ordered or not messages:
-        raise ValueError("nothing to store")
-    remember = window_seconds > 0
-    # Identical copies inside one batch: only the first is sent; the others are its duplicates.
-    first: dict[tuple[str, bytes], int] = {}
-    unique: list[Message] = []
-    slot: list[int] = []
-    copy: list[bool] = []
-    for message in messages:
-        key = (message.control_id, message.digest)
-        if remember and key in first:
-            slot.append(first[key])
-            copy.append(True)
-            continue
-        first[key] = len(unique)
-        slot.append(len(unique))
-        copy.append(False)
-        unique.append(message)
-    params = {
-        "channel": channel,
-        "control_ids": [m.control_id for m in unique],
-        "message_types": [m.message_type for m in unique],
-        "payloads": [m.payload for m in unique],
-        "digests": [m.digest for m in unique],
-        "patient_keys": [
-            keys_text(m.payload) if m.patient_keys is None else m.patient_keys for m in unique
-        ],
-        "traceparents": [m.traceparent for m in unique],
-        "reply_keys": [m.reply_keys for m in unique],
-        "window_seconds": float(max(window_seconds, 0.0)),
-        "remember": remember,
-        "destinations": ordered,
-        "channels": [queue.notify_channel(d) for d in ordered],
-    }
-    row = await ingest_store.store_messages(conn, params)
-    fresh_positions, ids, reused_positions = row["fresh"], row["ids"], row["reused"]
-    fresh = [int(n) - 1 for n in fresh_positions or ()]
-    reused = {int(n) - 1 for n in reused_positions or ()}
-    answered = {int(n) - 1 for n in row["answered"] or ()}
-    all_ids = [int(i) for i in ids or ()]
-    width = len(ordered)
-    if len(all_ids) != width * len(fresh):
-        raise RuntimeError("the store statement returned an unexpected number of rows")
-    by_unique: list[StoreResult] = [
-        StoreResult((), duplicate=True, control_id_reused=i in reused) for i in range(len(unique))
-    ]
-    for k, index in enumerate(fresh):
-        chunk = tuple(all_ids[k * width : (k + 1) * width])
-        by_unique[index] = StoreResult(
-            chunk, control_id_reused=index in reused, answered=index in answered
-        )
-    results = []
-    for index, is_copy in zip(slot, copy, strict=True):
-        result = by_unique[index]
-        if is_copy:
-            result = StoreResult((), duplicate=True, control_id_reused=result.control_id_reused)
-        results.append(result)
-    return results
 
 
 @dataclass

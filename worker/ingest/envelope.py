@@ -32,15 +32,10 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from inturn.worker.ingest.batch import (
-    DEFAULT_CONFIRM_SECONDS,
-    Message,
-    StoreResult,
-    StoreTimeout,
-    run_bounded,
-    store_statement,
-)
+from inturn.worker.ingest.batch import DEFAULT_CONFIRM_SECONDS, StoreTimeout, run_bounded
 from inturn.worker.store import queue
+from inturn.worker.store.ingest import store_statement
+from inturn.worker.store.model import Message, StoreResult
 
 
 async def store_all(

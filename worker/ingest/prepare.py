@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from inturn.worker.hl7.header import Header
 from inturn.worker.hl7.pid import index_keys
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.ingest.batch import Message
+from inturn.worker.store.model import Message
 
 #: Longest MSH-10 accepted, in characters: the length HL7 v2.7 and later give the field (ST 199);
 #: MSH-10 is part of the duplicate window's unique index.

@@ -316,3 +316,49 @@ class Booking:
 def iso_utc(value: datetime) -> str:
     """``value`` in UTC as RFC 3339 text ending in ``Z``."""
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One received message, ready to store.
+
+    Attributes:
+        control_id: MSH-10.
+        message_type: MSH-9 as ``CODE^TRIGGER``.
+        payload: the bytes exactly as received.
+        digest: SHA-256 of ``payload`` (32 bytes), the duplicate-window key with MSH-10.
+        patient_keys: its identifier index keys, comma-separated (see
+            :func:`inturn.worker.store.identifiers.keys_text`), computed by the caller off the
+            event loop; None computes them here (capped at the default).
+        traceparent: the W3C trace context of its receive span when traced, else None.
+        reply_keys: when it is a reply (``spec.replies``), the digests of its keys,
+            comma-separated (:func:`inturn.worker.orders.keys.reply_digests`); else empty.
+    """
+
+    control_id: str
+    message_type: str
+    payload: bytes
+    digest: bytes
+    patient_keys: str | None = None
+    traceparent: str | None = None
+    reply_keys: str = ""
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    """What storing one message did.
+
+    Attributes:
+        ids: its ``inturn_delivery`` ids, one per destination in sorted destination order
+            (empty for a duplicate).
+        duplicate: the same channel, MSH-10 and bytes were already stored inside the window
+            (or earlier in the same batch); nothing new was stored for it.
+        control_id_reused: another message with this MSH-10 and different bytes was received
+            on the channel inside the window.
+        answered: it is a reply (``reply_keys``) and answered at least one open expectation.
+    """
+
+    ids: tuple[int, ...]
+    duplicate: bool = False
+    control_id_reused: bool = False
+    answered: bool = False
