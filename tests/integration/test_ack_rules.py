@@ -16,8 +16,9 @@ from psycopg import AsyncConnection
 
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.ingest.service import Ingest
 from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem

@@ -14,8 +14,9 @@ import pytest
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.ingest.service import Ingest
 from inturn.worker.senders.http import HttpSenderConfig
 from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.testing import HttpReceiver, MllpReceiver

@@ -25,8 +25,9 @@ from inturn.worker.hl7.expect import answer_codes
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.ingest.service import Ingest
 
 pytestmark = pytest.mark.store
 

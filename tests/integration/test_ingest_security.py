@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.access import AllowList
+from inturn.worker.ingest.config import IngestConfig, server_tls_context
 from inturn.worker.ingest.credentials import (
     Credential,
     Credentials,
@@ -27,7 +28,7 @@ from inturn.worker.ingest.credentials import (
     token_digest,
 )
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest, IngestConfig, server_tls_context
+from inturn.worker.ingest.service import Ingest
 
 pytestmark = pytest.mark.store
 

@@ -9,8 +9,8 @@ import click
 import psycopg
 import pytest
 
+from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import IngestConfig
 from inturn.worker.local.run import DatabaseInUse, LocalRunner, check_sender, load_all, run_local
 from inturn.worker.store import locks, queue, registry
 from inturn.worker.store.model import NewItem

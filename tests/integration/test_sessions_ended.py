@@ -17,8 +17,9 @@ import pytest_asyncio
 from psycopg.conninfo import make_conninfo
 from test_storage_faults import http_post, mllp_ack, msg
 
+from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.ingest.service import Ingest
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.faults import classify, connection_gone
 from tests.support.pipeline import register, rows

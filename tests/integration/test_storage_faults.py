@@ -17,8 +17,9 @@ import pytest_asyncio
 
 from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.ingest.service import Ingest
 from tests.support.pipeline import register, rows
 
 pytestmark = pytest.mark.store

@@ -12,8 +12,9 @@ from psycopg import AsyncConnection
 
 from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.ingest.service import Ingest
 from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.spec.config import AckPolicy
 from inturn.worker.store import queue

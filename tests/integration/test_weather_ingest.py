@@ -25,8 +25,9 @@ from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.ingest.service import Ingest
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.testing import MllpReceiver

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inturn.worker.cli.ingest import parse_address, parse_listen
+from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.routing import (
     Route,
@@ -13,7 +14,6 @@ from inturn.worker.ingest.routing import (
     hold_destination,
     type_matches,
 )
-from inturn.worker.ingest.service import IngestConfig
 
 
 @pytest.mark.parametrize(

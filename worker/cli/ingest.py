@@ -21,6 +21,7 @@ from inturn.worker.ingest.accept import (
 )
 from inturn.worker.ingest.access import AllowList
 from inturn.worker.ingest.budget import DEFAULT_WAIT_SECONDS
+from inturn.worker.ingest.config import IngestConfig, server_tls_context
 from inturn.worker.ingest.credentials import (
     ANY_CHANNEL,
     CredentialsError,
@@ -36,12 +37,7 @@ from inturn.worker.ingest.listener import (
     ListenerConfig,
 )
 from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, check_channel
-from inturn.worker.ingest.service import (
-    Ingest,
-    IngestConfig,
-    run_until_signal,
-    server_tls_context,
-)
+from inturn.worker.ingest.service import Ingest, run_until_signal
 from inturn.worker.store.connect import DsnError, probe, resolve_dsn
 from inturn.worker.text.logs import configure
 

@@ -8,7 +8,8 @@ Layer: front end (a long-running process). It may use worklists, the store, send
 and orders' keys, the Destination API and hl7; its SQL runs from ``store/ingest.py``.
 """
 
+from inturn.worker.ingest.config import IngestConfig, server_tls_context
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest, IngestConfig, server_tls_context
+from inturn.worker.ingest.service import Ingest
 
 __all__ = ["Ingest", "IngestConfig", "ListenerConfig", "server_tls_context"]

@@ -17,43 +17,27 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 
 from aiohttp import web
 
-from inturn.worker.feeds.declare import Feed
-from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import (
-    DEFAULT_DUPLICATE_WINDOW_SECONDS,
-    DEFAULT_MAX_BATCH_MESSAGES,
-    DEFAULT_STORE_TIMEOUT_SECONDS,
     Acceptor,
     forget_old,
 )
 from inturn.worker.ingest.budget import (
-    CONNECTION_BYTES,
-    DEFAULT_WAIT_SECONDS,
     MemoryBudget,
-    budget_for,
-    limit_for,
     memory_limit,
 )
-from inturn.worker.ingest.credentials import CredentialSource
-from inturn.worker.ingest.feeds import DEFAULT_FLUSH_SECONDS, DEFAULT_MAX_SENDERS, FeedRecorder
+from inturn.worker.ingest.config import IngestConfig
+from inturn.worker.ingest.feeds import FeedRecorder
 from inturn.worker.ingest.http import make_message_app, make_ops_app
 from inturn.worker.ingest.listener import (
-    DEFAULT_FRAME_DEADLINE,
-    DEFAULT_FRAME_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_FRAME_BYTES,
-    ListenerConfig,
     MllpListener,
 )
 from inturn.worker.ingest.quiet import QuietAppRunner
-from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, Router, check_channel
+from inturn.worker.ingest.routing import Router
 from inturn.worker.store.connect import Pools
 from inturn.worker.worklist.metrics import refresh_pending_forever
 
@@ -61,160 +45,6 @@ log = logging.getLogger("inturn.ingest")
 
 #: Seconds between two purges of the duplicate window.
 PURGE_INTERVAL_SECONDS = 300.0
-
-
-@dataclass(frozen=True)
-class IngestConfig:
-    """Everything an ingest process needs besides its database.
-
-    Attributes:
-        listeners: one MLLP listener per channel (channels must be distinct).
-        http: ``(host, port)`` of the HTTP message server, or None.
-        http_ssl: a server TLS context for the HTTP message server, or None (plain HTTP).
-        credentials: who may post to which channel over HTTP (fixed, or a file re-read as it
-            changes); required with ``http`` unless ``http_insecure``.
-        http_insecure: accept unauthenticated HTTP message requests (local use only).
-        ops: ``(host, port)`` of the operations server (``/healthz``, ``/readyz``,
-            ``/metrics``), or None.
-        max_frame_bytes: largest message accepted over MLLP or HTTP, in bytes.
-        idle_timeout: seconds without a byte between frames before a connection is closed.
-        frame_timeout: seconds without a byte inside a frame before a connection is closed.
-        duplicate_window: seconds a received message is remembered for duplicate detection;
-            0 turns it off. All replicas of one deployment should use the same value (each
-            purges rows older than its own window).
-        hold_unrouted: channels whose messages without a destination are held in
-            ``_unrouted/<channel>`` instead of answered AR.
-        refresh_seconds: seconds between reads of the destination registry.
-        store_timeout: seconds one message may take to store (pool wait + transaction);
-            past it the transaction is cancelled and answered by its own end: AE once rolled
-            back, AA if it committed first, no answer if its end cannot be seen.
-        pool_size: connections in the write pool (concurrent stores; more connections
-            than this wait for a free one).
-        shutdown_grace: seconds a message being stored at shutdown gets to finish.
-        max_indexed_identifiers: most distinct patient identifiers (PID-2/3/4, MRG-1) indexed
-            per message; the rest are stored but not indexed.
-        max_batch_messages: most messages in one HL7 batch (FHS/BHS); a larger one is
-            refused whole (AR, ERR 104).
-        feeds: declared feeds (:mod:`inturn.worker.feeds.declare`), or None to leave the
-            declarations in the database alone. Given (even empty), they are written at start
-            and ingest records when each last received a message.
-        feed_flush_seconds: seconds between two writes of the last-message times.
-        max_feed_senders: most senders recorded per per-sender feed.
-        memory_limit: bytes the process may use; its message budget is derived from it
-            (:func:`inturn.worker.ingest.budget.budget_for`). None: the cgroup's limit, else
-            512 MiB.
-        busy_wait: longest seconds a message waits for memory before it is answered AE busy.
-        frame_deadline: seconds an MLLP frame may take from its first byte to its last.
-    """
-
-    listeners: Sequence[ListenerConfig] = ()
-    http: tuple[str, int] | None = None
-    http_ssl: ssl.SSLContext | None = None
-    credentials: CredentialSource | None = None
-    http_insecure: bool = False
-    ops: tuple[str, int] | None = None
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
-    frame_timeout: float = DEFAULT_FRAME_TIMEOUT
-    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_SECONDS
-    hold_unrouted: frozenset[str] = field(default_factory=frozenset)
-    refresh_seconds: float = DEFAULT_REFRESH_SECONDS
-    store_timeout: float = DEFAULT_STORE_TIMEOUT_SECONDS
-    pool_size: int = 16
-    shutdown_grace: float = 10.0
-    max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS
-    max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES
-    feeds: tuple[Feed, ...] | None = None
-    feed_flush_seconds: float = DEFAULT_FLUSH_SECONDS
-    max_feed_senders: int = DEFAULT_MAX_SENDERS
-    memory_limit: int | None = None
-    busy_wait: float = DEFAULT_WAIT_SECONDS
-    frame_deadline: float = DEFAULT_FRAME_DEADLINE
-
-    def __post_init__(self) -> None:
-        channels = [listener.channel for listener in self.listeners]
-        if len(set(channels)) != len(channels):
-            raise ValueError("each channel may have only one MLLP listener")
-        for channel in channels:
-            check_channel(channel)
-        if self.http is not None and self.credentials is None and not self.http_insecure:
-            raise ValueError(
-                "HTTP ingest needs credentials (--http-credentials), or --http-insecure to"
-                " accept unauthenticated messages"
-            )
-        if self.http_insecure and self.credentials is not None:
-            raise ValueError("--http-insecure and --http-credentials exclude each other")
-        if self.max_frame_bytes <= 0:
-            raise ValueError("max_frame_bytes must be positive")
-        if self.idle_timeout <= 0 or self.frame_timeout <= 0:
-            raise ValueError("timeouts must be positive")
-        if self.duplicate_window < 0:
-            raise ValueError("duplicate_window must not be negative")
-        if self.pool_size < 1:
-            raise ValueError("pool_size must be at least 1")
-        if self.max_indexed_identifiers < 1:
-            raise ValueError("max_indexed_identifiers must be at least 1")
-        if self.max_batch_messages < 1:
-            raise ValueError("max_batch_messages must be at least 1")
-        if self.feed_flush_seconds <= 0:
-            raise ValueError("feed_flush_seconds must be positive")
-        if self.max_feed_senders < 0:
-            raise ValueError("max_feed_senders must not be negative")
-        if self.busy_wait <= 0 or self.frame_deadline <= 0:
-            raise ValueError("busy_wait and frame_deadline must be positive")
-        if self.memory_limit is not None:
-            self.message_budget()
-
-    def message_budget(self) -> int:
-        """Bytes of messages the process may hold at once, from ``memory_limit`` (or the
-        cgroup's limit, or 512 MiB).
-
-        Raises:
-            ValueError: the budget cannot hold one message of ``max_frame_bytes`` (and its
-                connection): the limit needed is named.
-        """
-        limit = memory_limit(self.memory_limit)
-        budget = budget_for(limit)
-        need = self.max_frame_bytes + CONNECTION_BYTES
-        if budget < need:
-            needed = limit_for(self.max_frame_bytes, 1) // 2**20
-            raise ValueError(
-                f"a memory limit of {limit // 2**20} MiB leaves {budget // 2**20} MiB for"
-                f" messages, less than one message of {self.max_frame_bytes // 2**20} MiB"
-                f" (--max-frame-bytes): give ingest at least {needed} MiB"
-                " (--memory-limit, or the container's limit)"
-            )
-        return budget
-
-
-def server_tls_context(
-    cert_file: str,
-    key_file: str,
-    client_ca_file: str | None = None,
-    *,
-    client_cert_required: bool = True,
-) -> ssl.SSLContext:
-    """A TLS server context (TLS 1.2 or later) for an MLLP listener or the HTTP server.
-
-    Args:
-        cert_file: PEM certificate chain of the listener.
-        key_file: PEM private key.
-        client_ca_file: PEM bundle of CAs; when given, a client certificate must be signed by
-            one of them (mutual TLS).
-        client_cert_required: with ``client_ca_file``, refuse clients without a certificate
-            (MLLP); False asks for one but lets the request authenticate by token instead
-            (HTTP).
-
-    Raises:
-        OSError, ssl.SSLError: a file is missing or unusable.
-    """
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_file, key_file)
-    if client_ca_file:
-        context.load_verify_locations(client_ca_file)
-        context.verify_mode = ssl.CERT_REQUIRED if client_cert_required else ssl.CERT_OPTIONAL
-    return context
 
 
 class Ingest:

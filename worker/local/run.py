@@ -38,8 +38,9 @@ from inturn.worker.drain import shutdown
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.errors import Conflict
+from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest, IngestConfig
+from inturn.worker.ingest.service import Ingest
 from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedded
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec.config import WorkerConfig
