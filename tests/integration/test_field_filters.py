@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
+from test_ingest import Client, config, rows
 
 from inturn.worker.ingest.routing import Router
+from inturn.worker.ingest.service import Ingest
 from inturn.worker.store import registry
 
 pytestmark = pytest.mark.store
@@ -77,3 +79,35 @@ async def test_the_registry_keeps_field_filters_and_the_router_reads_them(fresh_
                 "lab/archive",
                 "lab/lis-north",
             )
+
+
+async def test_ingest_stores_a_message_only_for_the_destinations_its_fields_pass(
+    fresh_db: str,
+) -> None:
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await put(conn, "lab/lis-north", "lab", ["ORU^R01"], NORTH)
+        await put(
+            conn,
+            "lab/lis-south",
+            "lab",
+            ["ORU^R01"],
+            [{"field": "MSH-4", "operator": "In", "values": ["SOUTH"]}],
+        )
+        await put(conn, "ward/bed-board-4w", "adt", ["ADT^*"], WARD_4W)
+    async with Ingest(config(), dsn=fresh_db) as ingest:
+        lab = await Client.connect(ingest.mllp_ports["lab"])
+        assert (await lab.send(oru("N1", "NORTH"))).code == "AA"
+        assert (await lab.send(oru("S1", "SOUTH"))).code == "AA"
+        east = await lab.send(oru("E1", "EAST"))  # no facility's LIS: refused, as a type is
+        await lab.close()
+        adt_client = await Client.connect(ingest.mllp_ports["adt"])
+        assert (await adt_client.send(adt("W1", "4W"))).code == "AA"
+        other_ward = await adt_client.send(adt("W2", "5E"))
+        await adt_client.close()
+    assert (east.code, east.error_code, other_ward.code) == ("AR", "200", "AR")
+    assert east.error_text == "no destination of channel lab takes this message of type ORU^R01"
+    assert [(r[1], r[3]) for r in rows(fresh_db)] == [
+        ("lab/lis-north", "N1"),
+        ("lab/lis-south", "S1"),
+        ("ward/bed-board-4w", "W1"),
+    ]

@@ -29,11 +29,13 @@ acknowledgment modes"; codes from table 0008, error codes from table 0357):
 * A message that a destination it is routed to could never send (for an MLLP destination: the
   bytes 0x0B or 0x1C inside it, :func:`inturn.worker.senders.registry.refusal`) answers AR (CR)
   with ERR 102 naming the destination, and is not stored for any of them.
-* A message for a channel without destinations answers AR (CR) with ERR 207; one whose type no
-  destination's filter takes answers AR (CR) with ERR 200 (unsupported message type). When the
-  channel is configured to hold unrouted messages, both are instead stored for the destination
+* A message for a channel without destinations answers AR (CR) with ERR 207; one that no
+  destination's filter takes (its type, or a condition on its fields) answers AR (CR) with ERR
+  200 (unsupported message type). A channel may declare otherwise (``unrouted``,
+  :mod:`inturn.worker.spec.channels`): ``hold`` stores both for the destination
   ``_unrouted/<channel>`` (see :func:`inturn.worker.ingest.routing.hold_destination`) and
-  accepted.
+  accepts them; ``accept`` answers AA (CA) and stores nothing (Mirth Connect's FILTERED). Each
+  is counted (``inturn_ingest_unrouted_total``).
 * MSH-15 and MSH-16 (table 0155: AL, NE, ER, SU) decide which answers are sent
   (:mod:`inturn.worker.hl7.expect`, the same rule the MLLP sender waits by): in enhanced mode a
   CA when the accept level is due, then an AA when the application level is due; a refusal is
@@ -87,6 +89,7 @@ from inturn.worker.ingest.answer import (
     Reply,
     answer,
     answer_batch,
+    dropped,
     error_detail,
     refuse_batch,
     storage_failed,
@@ -141,6 +144,8 @@ class Acceptor:
         router: the routing table to consult.
         hold_unrouted: channels whose unrouted messages are held in ``_unrouted/<channel>``
             instead of rejected.
+        accept_unrouted: channels whose unrouted messages are answered AA (CA) and dropped,
+            not stored, instead of rejected (a channel in both holds).
         duplicate_window_seconds: the duplicate window; 0 turns duplicate detection off.
         store_timeout_seconds: bound on waiting for a connection plus the transaction; past it
             the transaction is cancelled and its end awaited: AE once it rolled back (nothing
@@ -158,6 +163,7 @@ class Acceptor:
         router: Router,
         *,
         hold_unrouted: Collection[str] = (),
+        accept_unrouted: Collection[str] = (),
         duplicate_window_seconds: float = DEFAULT_DUPLICATE_WINDOW_SECONDS,
         store_timeout_seconds: float = DEFAULT_STORE_TIMEOUT_SECONDS,
         max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS,
@@ -174,6 +180,7 @@ class Acceptor:
         self.pool = pool
         self.router = router
         self.hold_unrouted = frozenset(hold_unrouted)
+        self.accept_unrouted = frozenset(accept_unrouted) - self.hold_unrouted
         self.duplicate_window_seconds = duplicate_window_seconds
         self.store_timeout_seconds = store_timeout_seconds
         self.committer = Committer(
@@ -268,7 +275,9 @@ class Acceptor:
                 reason="NUL byte in MSH-9 or MSH-10",
             )
             return self._done(channel, None, outcome, len(payload))
-        decision = self.router.table.route(channel, message_type.code, message_type.trigger)
+        decision = self.router.table.route(
+            channel, message_type.code, message_type.trigger, payload
+        )
         destinations = decision.destinations
         for destination in destinations:
             kind = decision.kinds.get(destination)
@@ -282,8 +291,13 @@ class Acceptor:
                 return self._done(channel, header, outcome)
         held = False
         if not destinations:
+            if channel in self.accept_unrouted:
+                metrics.UNROUTED.labels(self._label(channel), decision.reason, "dropped").inc()
+                return self._done(channel, header, dropped(channel, header, decision.reason))
             if channel not in self.hold_unrouted:
+                metrics.UNROUTED.labels(self._label(channel), decision.reason, "rejected").inc()
                 return self._done(channel, header, unrouted(channel, header, decision.reason))
+            metrics.UNROUTED.labels(channel, decision.reason, "held").inc()
             destinations = (hold_destination(channel),)
             held = True
 
@@ -350,12 +364,16 @@ class Acceptor:
             )
             return self._done(channel, None, outcome, len(payload))
         prepared = [await self._prepare(channel, m) for m in batch.messages]
-        refused = next((i for i, p in enumerate(prepared) if isinstance(p, Reply)), None)
+        # a message accepted without being stored (dropped: unrouted) refuses nothing
+        refused = next(
+            (i for i, p in enumerate(prepared) if isinstance(p, Reply) and not p.accepted), None
+        )
         if refused is not None:
             return self._done_batch(channel, batch, refuse_batch(batch, prepared, refused))
         ready = [p for p in prepared if isinstance(p, Prepared)]
         if not ready:
-            return self._done_batch(channel, batch, answer_batch(batch, []))
+            answered = [p for p in prepared if isinstance(p, Reply)]
+            return self._done_batch(channel, batch, answer_batch(batch, answered))
         try:
             results = await envelope.store_all(
                 self.pool,
@@ -367,10 +385,16 @@ class Acceptor:
         except OutcomeUnknown as exc:  # it may have been kept: no answer at all
             return self._done_batch(channel, batch, unknown(str(exc)))
         except Exception as exc:  # nothing of the batch was kept
-            failed = [storage_failed(p.header, exc) for p in ready]
+            failed = [
+                storage_failed(p.header, exc) if isinstance(p, Prepared) else p for p in prepared
+            ]
             return self._done_batch(channel, batch, answer_batch(batch, failed))
         metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
-        replies = [self._stored(channel, p, r) for p, r in zip(ready, results, strict=True)]
+        stored = iter(results)
+        replies = [
+            self._stored(channel, p, next(stored)) if isinstance(p, Prepared) else p
+            for p in prepared
+        ]
         return self._done_batch(channel, batch, answer_batch(batch, replies))
 
     def _done_batch(self, channel: str, batch: Batch, outcome: Reply) -> Reply:
@@ -436,7 +460,11 @@ class Acceptor:
     def _label(self, channel: str) -> str:
         """``channel`` as a metrics label: names nobody configured (an HTTP client can post to
         any path) are counted together as ``_other`` so the label set stays bounded."""
-        if channel in self.hold_unrouted or self.router.table.routes(channel):
+        if (
+            channel in self.hold_unrouted
+            or channel in self.accept_unrouted
+            or self.router.table.routes(channel)
+        ):
             return channel
         return "_other"
 

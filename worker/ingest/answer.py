@@ -111,12 +111,12 @@ def answer(
 
 def unrouted(channel: str, header: Header, reason: str) -> Reply:
     """AR (CR) for a message of ``channel`` no destination takes: ERR 200 when every
-    destination's filter refused its type (``reason`` ``filtered``), else ERR 207 (the channel
-    has no destinations)."""
+    destination's filter refused it, by its type or its fields (``reason`` ``filtered``), else
+    ERR 207 (the channel has no destinations)."""
     if reason == "filtered":
         error = error_detail(
             ErrorCode.UNSUPPORTED_MESSAGE_TYPE,
-            f"no destination of channel {channel} takes message type "
+            f"no destination of channel {channel} takes this message of type "
             f"{header.message_type.type_key}",
         )
         why = "no destination filter matches"
@@ -126,6 +126,19 @@ def unrouted(channel: str, header: Header, reason: str) -> Reply:
         )
         why = "channel has no destinations"
     return answer(header, "reject", error=error, reason=why)
+
+
+def dropped(channel: str, header: Header, reason: str) -> Reply:
+    """AA (CA) for a message of ``channel`` that no destination takes, on a channel that
+    declares such messages accepted and dropped (``unrouted: accept``): nothing is stored;
+    MSA-3 says so."""
+    why = "no destination filter matches" if reason == "filtered" else "channel has no destinations"
+    return answer(
+        header,
+        "accept",
+        text=f"accepted, not stored: no destination of channel {channel} takes it",
+        reason=f"dropped: {why}",
+    )
 
 
 def storage_failed(header: Header, exc: BaseException) -> Reply:

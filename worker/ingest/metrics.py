@@ -53,6 +53,14 @@ REFUSED_CONNECTIONS = Counter(
     ["channel", "reason"],
 )
 
+UNROUTED = Counter(
+    "inturn_ingest_unrouted",
+    "Messages no destination takes, by channel, reason ('no_destinations': the channel has none;"
+    " 'filtered': no destination's filter, on its type or its fields, takes it) and outcome, as"
+    " the channel declares: 'rejected' (AR), 'held' (stored for _unrouted/CHANNEL, AA) or"
+    " 'dropped' (AA, not stored: Mirth Connect's FILTERED).",
+    ["channel", "reason", "outcome"],
+)
 REPLIES = Counter(
     "inturn_ingest_replies",
     "Replies (spec.replies) stored, by whether they answered an open order: matched, unmatched"
