@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from inturn.worker import tracing
 from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.senders import shape
 from inturn.worker.senders import tls as tls_node
 from inturn.worker.senders.base import DeliveryError, FailureCause
 from inturn.worker.senders.kind import SecretFile, SenderConfig, SenderKind
@@ -54,7 +55,8 @@ def read_headers_file(path: str) -> dict[str, str]:
     Raises:
         OSError: the file cannot be read.
         ValueError: a line has no colon or an empty name (the message names the line number,
-            never its content, which may be a credential).
+            never its content, which may be a credential), or a header cannot be sent
+            (:func:`inturn.worker.senders.shape.header_problems`: the name, never the value).
     """
     headers: dict[str, str] = {}
     text = Path(path).read_text(encoding="utf-8")
@@ -66,6 +68,9 @@ def read_headers_file(path: str) -> dict[str, str]:
         if not colon or not name.strip():
             raise ValueError(f"{path}:{number}: expected 'Name: value'")
         headers[name.strip()] = value.strip()
+    problems = shape.header_problems(headers, where=f"{path}: header")
+    if problems:
+        raise ValueError(problems[0])
     return headers
 
 
@@ -271,9 +276,13 @@ class HttpKind(SenderKind[HttpSenderConfig]):
                 pattern=r"^https?://[^\s]+$",
             ),
             "headers": str_map(
-                "Extra request headers (not secret; put credentials in secretRef).",
+                "Extra request headers (not secret; put credentials in secretRef). Names are"
+                " HTTP tokens, values hold no control character (CR, LF, NUL, ...); framing"
+                " headers (Content-Length, Transfer-Encoding, Host, Connection, ...) are the"
+                " sender's own.",
                 max_properties=32,
                 max_value=4096,
+                value_pattern=shape.HEADER_VALUE_PATTERN,
             ),
             "maxResponseBytes": integer(
                 "Most bytes of a response body read (and dropped; only the status counts);"
@@ -378,8 +387,23 @@ class HttpKind(SenderKind[HttpSenderConfig]):
         tls = list(config.tls.files()) if config.tls is not None else []
         return [config.headers_file, *tls] if config.headers_file else tls
 
+    def problems(self, node: Mapping[str, Any]) -> list[str]:
+        """The URL (scheme, host, port), every header (an HTTP token for a name, not one the
+        sender sets itself, no control character in a value) and the TLS server name
+        (:mod:`inturn.worker.senders.shape`)."""
+        return [
+            *shape.field("url", shape.url_problem(node.get("url"))),
+            *shape.header_problems(node.get("headers", {})),
+            *tls_node.problems(node.get("tls")),
+        ]
+
     def build(self, config: HttpSenderConfig) -> HttpSender:
-        """An :class:`HttpSender` (loads the TLS files now, aiohttp at the first send)."""
+        """An :class:`HttpSender` (loads the TLS files now, aiohttp at the first send).
+
+        Raises:
+            ValueError: :meth:`problems` finds one (or the TLS files are unusable).
+        """
+        self.refuse_shape(config)
         return HttpSender(config)
 
 

@@ -92,6 +92,25 @@ class SenderKind(ABC, Generic[C]):
             OSError, ValueError: a file it needs cannot be read or is not valid.
         """
 
+    def problems(self, node: Mapping[str, Any]) -> list[str]:
+        """What a sender of this kind would refuse about a (schema-valid, defaulted)
+        ``spec.sender.<name>`` or rendered ``sender.<name>`` node, beyond what the schema
+        says: ``field: problem`` lines relative to the node, empty when it can send
+        (:mod:`inturn.worker.senders.shape`). The manifest's validation reports them, and
+        :meth:`build` refuses the same (:meth:`refuse_shape`). The default: none."""
+        return []
+
+    def refuse_shape(self, config: C) -> None:
+        """Raise what :meth:`problems` says of ``config``'s rendered node; :meth:`build` calls
+        it first, so that validation and construction decide alike.
+
+        Raises:
+            ValueError: the first problem, as ``field: problem``.
+        """
+        problems = self.problems(self.to_dict(config))
+        if problems:
+            raise ValueError(problems[0])
+
     def refusal(self, payload: bytes) -> str | None:
         """Why this kind could never send ``payload`` (no retry could help), or None.
 

@@ -24,6 +24,7 @@ from inturn.worker.hl7.expect import due, enhanced
 from inturn.worker.hl7.header import Header, parse_header
 from inturn.worker.hl7.mllp import Frame, FrameTooLarge, Garbage, frame
 from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.senders import shape
 from inturn.worker.senders import tls as tls_node
 from inturn.worker.senders.base import DeliveryError, FailureCause
 from inturn.worker.senders.kind import SecretFile, SenderConfig, SenderKind
@@ -395,7 +396,10 @@ class MllpKind(SenderKind[MllpSenderConfig]):
         return obj(
             {
                 "host": string(
-                    "Host name or IP address of the receiver.", max_length=253, min_length=1
+                    "Host name or IP address of the receiver.",
+                    max_length=253,
+                    min_length=1,
+                    pattern=shape.HOST_PATTERN,
                 ),
                 "port": integer("TCP port of the receiver.", minimum=1, maximum=65535),
                 "tls": tls,
@@ -462,8 +466,21 @@ class MllpKind(SenderKind[MllpSenderConfig]):
         """The TLS PEM files."""
         return config.tls.files() if config.tls is not None else []
 
+    def problems(self, node: Mapping[str, Any]) -> list[str]:
+        """The host (IDNA, labels, NUL) and the TLS server name
+        (:mod:`inturn.worker.senders.shape`)."""
+        return [
+            *shape.field("host", shape.host_problem(node.get("host"))),
+            *tls_node.problems(node.get("tls")),
+        ]
+
     def build(self, config: MllpSenderConfig) -> MllpSender:
-        """An :class:`MllpSender` (loads the TLS files now)."""
+        """An :class:`MllpSender` (loads the TLS files now).
+
+        Raises:
+            ValueError: :meth:`problems` finds one (or the TLS files are unusable).
+        """
+        self.refuse_shape(config)
         return MllpSender(config)
 
     def refusal(self, payload: bytes) -> str | None:

@@ -97,6 +97,17 @@ def summary(sender: Mapping[str, Any]) -> str:
     return found[0].summary(found[1]) if found else "none"
 
 
+def problems(sender: Mapping[str, Any], prefix: str) -> list[str]:
+    """What the sender of a (schema-valid, defaulted) ``spec.sender`` or rendered ``sender``
+    node would refuse (:meth:`SenderKind.problems`), as ``prefix.<kind>.field: problem``
+    lines; empty when it can send or no kind is set (the schema reports that)."""
+    found = of_spec(sender)
+    if found is None:
+        return []
+    kind, node = found
+    return [f"{prefix}.{kind.name}.{line}" for line in kind.problems(node)]
+
+
 def check(config: SenderConfig) -> list[str]:
     """Start-up problems of a sender configuration (empty when it can start)."""
     return of_config(config).check(config)

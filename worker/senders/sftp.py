@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.senders import shape
 from inturn.worker.senders.base import DeliveryError, FailureCause
 from inturn.worker.senders.kind import SecretFile, SenderConfig, SenderKind
 from inturn.worker.spec.openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, integer, obj, string
@@ -269,7 +270,10 @@ class SftpKind(SenderKind[SftpSenderConfig]):
         return obj(
             {
                 "host": string(
-                    "Host name or IP address of the server.", max_length=253, min_length=1
+                    "Host name or IP address of the server.",
+                    max_length=253,
+                    min_length=1,
+                    pattern=shape.HOST_PATTERN,
                 ),
                 "port": integer(
                     "TCP port of the server.", minimum=1, maximum=65535, default=DEFAULT_PORT
@@ -438,8 +442,22 @@ class SftpKind(SenderKind[SftpSenderConfig]):
             if p is not None
         ]
 
+    def problems(self, node: Mapping[str, Any]) -> list[str]:
+        """The host (IDNA, labels, NUL), and no control character in the user name or the
+        directory (:mod:`inturn.worker.senders.shape`)."""
+        return [
+            *shape.field("host", shape.host_problem(node.get("host"))),
+            *shape.field("username", shape.text_problem(node.get("username"))),
+            *shape.field("directory", shape.text_problem(node.get("directory", "."))),
+        ]
+
     def build(self, config: SftpSenderConfig) -> SftpSender:
-        """An :class:`SftpSender` (it connects at the first send)."""
+        """An :class:`SftpSender` (it connects at the first send).
+
+        Raises:
+            ValueError: :meth:`problems` finds one.
+        """
+        self.refuse_shape(config)
         return SftpSender(config)
 
 

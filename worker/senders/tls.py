@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from inturn.worker.senders import shape
 from inturn.worker.senders.kind import SecretFile
 from inturn.worker.spec.openapi import DNS_SUBDOMAIN, SECRET_KEY, Rule, Schema, boolean, obj, string
 
@@ -81,6 +82,14 @@ def _secret_ref() -> Schema:
     )
 
 
+def problems(node: Mapping[str, Any] | None) -> list[str]:
+    """What a ``tls`` node (spec or rendered) holds that ``ssl`` would refuse at the handshake:
+    a server name that is no host name (:func:`inturn.worker.senders.shape.server_name_problem`)."""
+    if not node or node.get("serverName") is None:
+        return []
+    return shape.field("tls.serverName", shape.server_name_problem(node.get("serverName")))
+
+
 def spec_schema() -> Schema:
     """The ``tls`` node of a sender's spec (a Secret by reference)."""
     return obj(
@@ -90,6 +99,7 @@ def spec_schema() -> Schema:
                 "Name to verify in the receiver's certificate and to send as SNI;"
                 " defaults to the host.",
                 max_length=253,
+                pattern=shape.HOST_PATTERN,
             ),
             "insecureSkipVerify": boolean(
                 "Do not verify the receiver's certificate. For tests only.", default=False
@@ -110,7 +120,9 @@ def worker_schema() -> Schema:
             "caFile": string(path, max_length=4096, min_length=1),
             "certFile": string(path, max_length=4096, min_length=1),
             "keyFile": string(path, max_length=4096, min_length=1),
-            "serverName": string("Name to verify and send as SNI.", max_length=253),
+            "serverName": string(
+                "Name to verify and send as SNI.", max_length=253, pattern=shape.HOST_PATTERN
+            ),
             "insecureSkipVerify": boolean("Do not verify the certificate.", default=False),
         },
         description="Client TLS with the Secret keys resolved to file paths.",

@@ -244,8 +244,10 @@ def validate_manifest(doc: Mapping[str, Any], *, source: str | None = None) -> d
     :func:`load_manifest`.
 
     Raises:
-        ManifestError: wrong apiVersion/kind, a bad ``metadata.name``/``namespace``, or a spec
-            that the CRD would reject; the message lists every problem with its field path.
+        ManifestError: wrong apiVersion/kind, a bad ``metadata.name``/``namespace``, a spec
+            that the CRD would reject, or a sender its kind would refuse to build
+            (:func:`inturn.worker.senders.registry.problems`: a header with CR/LF, a host IDNA
+            cannot encode, ...); the message lists every problem with its field path.
     """
     if not isinstance(doc, Mapping):
         raise ManifestError(["<root>: must be a mapping"], source)
@@ -297,6 +299,7 @@ def validate_manifest(doc: Mapping[str, Any], *, source: str | None = None) -> d
         )
     if not problems:
         problems.extend(_schedule_problems(spec, "spec.schedule"))
+        problems.extend(senders.problems(spec.get("sender") or {}, "spec.sender"))
     if problems:
         raise ManifestError(
             sorted(set(problems)), source or (destination_key(doc) if name else None)
@@ -406,7 +409,8 @@ def load_worker_config(doc: Mapping[str, Any], *, source: str | None = None) -> 
     ``WorkerConfig``. Defaults of the schema apply to omitted optional fields.
 
     Raises:
-        ManifestError: a field is missing, unknown, mistyped or out of bounds (by field path).
+        ManifestError: a field is missing, unknown, mistyped or out of bounds, or the sender's
+            kind would refuse it (by field path).
     """
     if not isinstance(doc, Mapping):
         raise ManifestError(["<root>: must be a mapping"], source)
@@ -415,6 +419,7 @@ def load_worker_config(doc: Mapping[str, Any], *, source: str | None = None) -> 
     problems = validate(compiled["worker"], value, validator=compiled["worker_validator"])
     if not problems:
         problems = _schedule_problems(value, "schedule")
+        problems += senders.problems(value.get("sender") or {}, "sender")
     if problems:
         raise ManifestError(
             problems, source or (str(doc.get("destination")) if doc.get("destination") else None)

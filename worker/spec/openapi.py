@@ -104,13 +104,19 @@ def boolean(description: str, *, default: bool | None = None) -> Schema:
     return node
 
 
-def str_map(description: str, *, max_properties: int, max_value: int) -> Schema:
-    """An object of string values (``additionalProperties``), bounded in size."""
+def str_map(
+    description: str, *, max_properties: int, max_value: int, value_pattern: str | None = None
+) -> Schema:
+    """An object of string values (``additionalProperties``), bounded in size, each value
+    matching ``value_pattern`` when given."""
+    values: Schema = {"type": "string", "maxLength": max_value}
+    if value_pattern is not None:
+        values["pattern"] = value_pattern
     return {
         "type": "object",
         "description": description,
         "maxProperties": max_properties,
-        "additionalProperties": {"type": "string", "maxLength": max_value},
+        "additionalProperties": values,
     }
 
 
