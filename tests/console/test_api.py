@@ -13,6 +13,7 @@ from psycopg import AsyncConnection
 from inturn.worker.console.server import ConsoleServer
 from inturn.worker.store import actions, queue
 from inturn.worker.store import feeds as feeds_store
+from inturn.worker.store import lease as leases
 from inturn.worker.testing import MllpReceiver
 from tests.support.console import Client, enqueue, place_work, register, worker
 from tests.support.pipeline import until
@@ -54,8 +55,17 @@ async def test_overview_counts_match_queue_depth(
     ids = await enqueue(fresh_db, DEST, [1, 2, 3])
     await enqueue(fresh_db, "gone/orphan", [4])
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await queue.retry(conn, ids[0], 2, 60, "connection: refused")
-        await queue.gave_up(conn, ids[2], 1, "application: AR")
+        await queue.retry(
+            conn,
+            ids[0],
+            2,
+            60,
+            "connection: refused",
+            lease=await leases.acquire(conn, DEST, "test", 600),
+        )
+        await queue.gave_up(
+            conn, ids[2], 1, "application: AR", lease=await leases.acquire(conn, DEST, "test", 600)
+        )
     console.console.feed.poke()
 
     async def settled() -> bool:
@@ -215,7 +225,14 @@ async def test_last_error_control_characters_are_escaped(
 ) -> None:
     [item] = await enqueue(fresh_db, DEST, [1])
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await queue.retry(conn, item, 1, 60, "application: AE \x1b[31mred\x07<b>")
+        await queue.retry(
+            conn,
+            item,
+            1,
+            60,
+            "application: AE \x1b[31mred\x07<b>",
+            lease=await leases.acquire(conn, DEST, "test", 600),
+        )
     status, html = await clients["viewer"].get(f"/items/{item}")
     assert status == 200
     assert "AE \\x1b[31mred\\x07&lt;b&gt;" in html

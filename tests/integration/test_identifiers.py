@@ -12,6 +12,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.hl7.pid import lookup_key
 from inturn.worker.store import actions, identifiers, queue, reads
+from inturn.worker.store import lease as leases
 from inturn.worker.store.ingest import store_batch
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import Message, NewItem
@@ -68,7 +69,9 @@ async def test_ingest_indexes_each_patient_field(conn: AsyncConnection[Any], fie
 async def test_queue_enqueue_and_resend_write_the_keys(conn: AsyncConnection[Any]) -> None:
     payload = BY_FIELD["MRG-1"]
     [first] = await queue.enqueue(conn, [NewItem("hospital/lab", "adt", "F5", "ADT^A40", payload)])
-    await queue.succeeded(conn, first, 1)
+    await queue.succeeded(
+        conn, first, 1, lease=await leases.acquire(conn, "hospital/lab", "test", 600)
+    )
     copy = await actions.resend(conn, first, who="t")
     found = await identifiers.find_patient(conn, "P-MRG1", "HOSP")
     assert [i.id for i in found] == [first, copy]

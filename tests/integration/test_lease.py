@@ -11,8 +11,10 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.store import lease
+from inturn.worker.store import lease, queue
 from inturn.worker.store.lease import Lease, LeaseLost
+from inturn.worker.store.model import NewItem
+from inturn.worker.worklist.delivery_failed import give_up
 
 pytestmark = pytest.mark.store
 
@@ -128,3 +130,102 @@ def test_lease_statements_use_the_primary_key(dsn: str) -> None:
             params = {"destination": DEST, "holder": "a", "epoch": 1, "ttl_seconds": 30}
             plan = "\n".join(r[0] for r in c.execute(f"EXPLAIN {lease.Q[name]}", params).fetchall())  # type: ignore[call-overload]
             assert "inturn_lease_pkey" in plan, (name, plan)
+
+
+# --- the guard in the worker's statements (inturn.worker.store.queue) ---------------------------
+
+
+def _item(n: int) -> NewItem:
+    payload = f"MSH|^~\\&|A|B|C|D|||ADT^A01|G{n}|P|2.5\r".encode()
+    return NewItem(DEST, "adt", f"G{n}", "ADT^A01", payload)
+
+
+async def _row(conn: AsyncConnection[Any], item_id: int) -> tuple[str, int]:
+    cur = await conn.execute(
+        "SELECT state, attempts FROM inturn_delivery WHERE id = %s", (item_id,)
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return str(row[0]), int(row[1])
+
+
+async def test_a_stale_epoch_changes_nothing_in_any_guarded_statement(
+    conn: AsyncConnection[Any],
+) -> None:
+    [a, b] = await queue.enqueue(conn, [_item(1), _item(2)])
+    stale = await lease.acquire(conn, DEST, "old", 0.1)
+    assert stale is not None
+    head, _ = await queue.next_head(conn, DEST, lease=stale)
+    assert head is not None and head.item.id == a
+    await asyncio.sleep(0.2)
+    assert await lease.acquire(conn, DEST, "new", 30) is not None  # takeover: epoch 2
+    with pytest.raises(LeaseLost, match="reading the head"):
+        await queue.next_head(conn, DEST, lease=stale)
+    with pytest.raises(LeaseLost, match=f"marking id={a} delivered"):
+        await queue.succeeded_next(conn, head.item, 1, lease=stale)
+    with pytest.raises(LeaseLost):
+        await queue.succeeded(conn, a, 1, lease=stale)
+    with pytest.raises(LeaseLost):
+        await queue.retry(conn, a, 1, 60, "timeout", lease=stale)
+    with pytest.raises(LeaseLost):
+        await queue.gave_up(conn, b, 1, "AR", lease=stale)
+    with pytest.raises(LeaseLost):
+        await give_up(conn, head.item, attempts=1, cause="AR", outcome="AR", exhausted=False,
+                      lease=stale)  # fmt: skip
+    with pytest.raises(LeaseLost):
+        await queue.sender_changed(conn, DEST, "fingerprint", lease=stale)
+    assert [await _row(conn, a), await _row(conn, b)] == [("pending", 0), ("pending", 0)]
+    cur = await conn.execute("SELECT count(*) FROM inturn_attempt")
+    assert await cur.fetchone() == (0,)
+    cur = await conn.execute("SELECT count(*) FROM inturn_worklist_item")
+    assert await cur.fetchone() == (0,)
+    cur = await conn.execute("SELECT count(*) FROM inturn_worker_sender")
+    assert await cur.fetchone() == (0,)
+
+
+async def test_the_guarded_statements_renew_the_lease(conn: AsyncConnection[Any]) -> None:
+    [a] = await queue.enqueue(conn, [_item(1)])
+    mine = await lease.acquire(conn, DEST, "a", 30)
+    assert mine is not None
+    await conn.execute("UPDATE inturn_lease SET expires_at = clock_timestamp() + interval '1 s'")
+    head, _ = await queue.next_head(conn, DEST, lease=mine)
+    assert head is not None
+    info = await lease.holder(conn, DEST)
+    assert info is not None and info.seconds_left > 29  # renewed to its ttl
+    await conn.execute("UPDATE inturn_lease SET expires_at = clock_timestamp() + interval '1 s'")
+    waited, (following, wait) = await queue.succeeded_next(conn, head.item, 1, lease=mine)
+    assert waited is not None and following is None and wait is None
+    info = await lease.holder(conn, DEST)
+    assert info is not None and info.seconds_left > 29
+    assert await _row(conn, a) == ("delivered", 1)
+
+
+async def test_an_expired_lease_nobody_took_is_renewed_by_its_holder(
+    conn: AsyncConnection[Any],
+) -> None:
+    """Nobody else can have sent: a takeover would have raised the epoch. So the late mark of
+    a paused holder is kept rather than sent again."""
+    [a] = await queue.enqueue(conn, [_item(1)])
+    mine = await lease.acquire(conn, DEST, "a", 0.1)
+    assert mine is not None
+    await asyncio.sleep(0.2)
+    assert await queue.succeeded(conn, a, 1, lease=mine) is not None
+    info = await lease.holder(conn, DEST)
+    assert info is not None and info.epoch == 1 and info.seconds_left > 0
+
+
+async def test_a_lease_covers_its_own_destination_only(conn: AsyncConnection[Any]) -> None:
+    mine = await lease.acquire(conn, "hospital/rad", "a", 30)
+    assert mine is not None
+    with pytest.raises(ValueError, match="does not cover"):
+        await queue.next_head(conn, DEST, lease=mine)
+    [a] = await queue.enqueue(conn, [_item(1)])  # hospital/lab's item
+    assert await queue.succeeded(conn, a, 1, lease=mine) is None  # not its destination's
+    assert await _row(conn, a) == ("pending", 0)
+
+
+def test_the_guarded_head_query_still_walks_the_pending_index(dsn: str) -> None:
+    params = {"destination": DEST, "holder": "a", "epoch": 1, "after": 0}
+    with psycopg.connect(dsn, autocommit=True) as c:
+        plan = "\n".join(r[0] for r in c.execute(f"EXPLAIN {queue.Q['head']}", params).fetchall())  # type: ignore[call-overload]
+    assert "inturn_lease_pkey" in plan and "Seq Scan on inturn_delivery" not in plan, plan

@@ -16,6 +16,7 @@ from psycopg import AsyncConnection
 from inturn.worker.errors import Conflict
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
+from inturn.worker.store import lease as leases
 from inturn.worker.store import queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.worklist.delivery_failed import give_up
@@ -39,7 +40,15 @@ async def failed(conn: AsyncConnection[Any], *control_ids: str, kind: str = "ORU
     for item_id in ids:
         item = await reads.get_item(conn, item_id)
         assert item is not None
-        await give_up(conn, item, attempts=3, cause="AR: no", outcome="AR", exhausted=True)
+        await give_up(
+            conn,
+            item,
+            attempts=3,
+            cause="AR: no",
+            outcome="AR",
+            exhausted=True,
+            lease=await leases.acquire(conn, item.destination, "test", 600),
+        )
     return ids
 
 
@@ -126,7 +135,15 @@ async def test_delivery_failed_is_cleared_by_the_system_once_a_copy_is_delivered
     )
     item_b = await reads.get_item(conn, copy_b)
     assert item_b is not None
-    await give_up(conn, item_b, attempts=3, cause="AR: no", outcome="AR", exhausted=True)
+    await give_up(
+        conn,
+        item_b,
+        attempts=3,
+        cause="AR: no",
+        outcome="AR",
+        exhausted=True,
+        lease=await leases.acquire(conn, item_b.destination, "test", 600),
+    )
     outcome = await resent_delivered(conn, limit=10, dry_run=False)
     assert outcome.cleared == 1
     assert await pending_work(conn) == [str(b), str(copy_b)]

@@ -48,7 +48,9 @@ async def test_a_corrected_address_is_tried_at_once(fresh_db: str) -> None:
     async with worker(worker_config("ward/moved", wrong, retry=HOUR), fresh_db) as again:
         await until(lambda: again.state.lock_held)
         async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-            assert await queue.sender_changed(conn, "ward/moved", again.sender_fingerprint) == (
+            assert await queue.sender_changed(
+                conn, "ward/moved", again.sender_fingerprint, lease=again.lease
+            ) == (
                 False,
                 0,
             )

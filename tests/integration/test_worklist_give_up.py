@@ -9,6 +9,7 @@ import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker import worklist
+from inturn.worker.store import lease as leases
 from inturn.worker.store import queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.worklist.delivery_failed import failure_reason, give_up
@@ -54,8 +55,9 @@ async def test_a_kill_between_the_two_writes_leaves_neither(fresh_db: str) -> No
     )
     worker = await AsyncConnection.connect(fresh_db, autocommit=True)
     pid = worker.info.backend_pid
+    held = await leases.acquire(worker, item.destination, "test", 600)
     task = asyncio.create_task(
-        give_up(worker, item, attempts=3, cause="AR: no", outcome="AR", exhausted=True)
+        give_up(worker, item, attempts=3, cause="AR: no", outcome="AR", exhausted=True, lease=held)
     )
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as watcher:
         async with asyncio.timeout(20):
@@ -79,13 +81,27 @@ async def test_a_kill_between_the_two_writes_leaves_neither(fresh_db: str) -> No
     # Run again to the end: both writes are there.
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         placement = await give_up(
-            conn, item, attempts=3, cause="AR: no", outcome="AR", exhausted=True
+            conn,
+            item,
+            attempts=3,
+            cause="AR: no",
+            outcome="AR",
+            exhausted=True,
+            lease=await leases.acquire(conn, item.destination, "test", 600),
         )
         assert placement is not None and placement.created
         assert await observed(fresh_db) == ("failed", 1)
         # An item no longer pending is not failed again, and nothing is placed.
         assert (
-            await give_up(conn, item, attempts=4, cause="AR: no", outcome="AR", exhausted=True)
+            await give_up(
+                conn,
+                item,
+                attempts=4,
+                cause="AR: no",
+                outcome="AR",
+                exhausted=True,
+                lease=await leases.acquire(conn, item.destination, "test", 600),
+            )
             is None
         )
         shown = await worklist.show(conn, placement.item_id)
@@ -104,7 +120,15 @@ async def test_a_failed_placement_undoes_the_failed_mark(fresh_db: str) -> None:
         )
         try:
             with pytest.raises(psycopg.errors.CheckViolation):
-                await give_up(conn, item, attempts=1, cause="AR", outcome="AR", exhausted=False)
+                await give_up(
+                    conn,
+                    item,
+                    attempts=1,
+                    cause="AR",
+                    outcome="AR",
+                    exhausted=False,
+                    lease=await leases.acquire(conn, item.destination, "test", 600),
+                )
         finally:
             await conn.execute("ALTER TABLE inturn_worklist_item DROP CONSTRAINT refuse_all")
     assert await observed(fresh_db) == ("pending", 0)

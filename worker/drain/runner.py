@@ -1,14 +1,26 @@
-"""The per-destination worker: holds the destination's lock and drains its head, in order.
+"""The per-destination worker: holds the destination's lease and drains its head, in order.
 
 One worker drains exactly one destination, one message at a time, through the destination's
-real sender. Its single Postgres connection carries everything: the session advisory lock
-(only the holder sends), LISTEN for enqueue notifications, the head query, the marks and the
-depth gauge. Without the lock it sends nothing; when the connection is lost it stops sending,
-reconnects with backoff and takes the lock again before the next send.
+real sender. Its single Postgres connection carries everything: the lease
+(:mod:`inturn.worker.store.lease`: only its holder sends), LISTEN for enqueue notifications, the
+head query, the marks and the depth gauge.
+
+The lease. The worker takes it (a standby tries every ``acquire_seconds``), and every statement
+it runs per message (the head query, the marks) carries the lease's epoch and renews it; an idle
+worker renews it at least every ``renew_seconds``. An attempt starts only while the lease is
+valid for longer than the attempt's timeout (counted from the moment the statement that renewed
+it was sent, so the worker's estimate is never later than the database's expiry). A statement
+whose guard fails raises :class:`~inturn.worker.store.lease.LeaseLost`: the worker sends
+nothing more and goes back to acquiring. When the connection is lost it reconnects with backoff
+and acquires again (its own lease at once, with a new epoch).
+
+The session advisory lock is kept only on a direct connection (never behind a pooler, where it
+would belong to whichever backend the pooler picked): a worker of an earlier version fences
+with it alone, and this keeps the two apart during an upgrade.
 
 There is no in-flight state: a crash between the receiver's ACK and the delivered mark leaves
-the head pending, so the next lock holder sends it again (at most one duplicate per lost
-session, never a reorder).
+the head pending, so the next lease holder sends it again (at most one duplicate per lost
+holder, never a reorder).
 
 Every statement of the loop goes through :class:`inturn.worker.drain.steps.StepRunner` (the
 step-fault policy and the lock watch); waiting for a notification is its :meth:`wait` too.
@@ -19,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
@@ -38,9 +51,12 @@ from inturn.worker.drain.steps import SessionLost, StepRunner, Stopped, sleep_or
 from inturn.worker.orders.keys import expectations
 from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
 from inturn.worker.senders.fingerprint import fingerprint
-from inturn.worker.spec.config import WorkerConfig
+from inturn.worker.spec.config import LeaseSettings, WorkerConfig, lease_settings
+from inturn.worker.store import lease as leases
 from inturn.worker.store import locks, lockwatch, queue, reads
 from inturn.worker.store.connect import connect_worker
+from inturn.worker.store.faults import Step
+from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.store.model import Head
 from inturn.worker.worklist.delivery_failed import give_up
 from inturn.worker.worklist.publish import Publisher, announce
@@ -52,8 +68,6 @@ CAUSE_MAX_CHARS = 500
 #: Seconds between two depth queries while the queue holds something (an empty queue is known
 #: from the head query alone and costs none).
 DEPTH_EVERY_SECONDS = 5.0
-#: Most seconds between two tries of a standby worker (another holds the lock) to take it.
-STANDBY_POLL_SECONDS = 5.0
 #: Reconnect backoff after a lost database connection: first delay and ceiling, seconds. The
 #: ceiling is short so that a worker resumes within it of Postgres accepting connections again,
 #: however long the outage (one connection attempt every 2 s while it lasts costs nothing).
@@ -80,6 +94,11 @@ class DestinationWorker:
         publishers: told of each message placed on ``delivery-failed``, after its COMMIT.
         lock_wait_seconds: the lock-wait threshold (seconds > 0); default
             :func:`inturn.worker.store.lockwatch.threshold_from_env`.
+        lease: how the destination's lease is held; default
+            :func:`inturn.worker.spec.config.lease_settings` of the environment. Its lifetime is
+            raised to outlive the attempt timeout when it is shorter (said once at start).
+        pooled: whether statements go through a pooler that moves sessions between backends
+            (then no session advisory lock is taken); None: the worker finds out at start.
     """
 
     def __init__(
@@ -90,6 +109,8 @@ class DestinationWorker:
         observer: Observer | None = None,
         publishers: Sequence[Publisher] = (),
         lock_wait_seconds: float | None = None,
+        lease: LeaseSettings | None = None,
+        pooled: bool | None = None,
     ) -> None:
         self.config = config
         self.dsn = dsn
@@ -117,6 +138,27 @@ class DestinationWorker:
         #: Consecutive failures that said the destination is unreachable (the backoff of a held
         #: queue grows with it; any answer from the receiver ends the run).
         self._unreachable_run = 0
+        wanted = lease or lease_settings(os.environ)
+        #: The lease settings in force (lifetime raised for the attempt timeout if need be).
+        self.lease_settings = wanted.for_timeout(config.retry.timeout_seconds)
+        if self.lease_settings != wanted:
+            log.info(
+                "destination %s: lease lifetime %.0fs (raised from %.0fs to outlive the attempt"
+                " timeout of %ds); takeover within %.0fs",
+                config.destination,
+                self.lease_settings.ttl_seconds,
+                wanted.ttl_seconds,
+                config.retry.timeout_seconds,
+                self.lease_settings.takeover_bound_seconds(),
+            )
+        #: This worker's identity in the lease table.
+        self.holder = leases.holder_id()
+        #: The lease held now, or None.
+        self.lease: Lease | None = None
+        #: Monotonic time before which the lease is surely valid, and when to renew it.
+        self._lease_until = 0.0
+        self._renew_at = 0.0
+        self.pooled = pooled
 
     @property
     def destination(self) -> str:
@@ -167,61 +209,159 @@ class DestinationWorker:
         self.state.db_ok = True
         self.state.connected_once = True
         try:
-            if not await self._acquire(conn, stop):
-                return
             await self.steps.run(
                 conn, stop, "session", lambda: queue.listen(conn, self.destination)
             )
-            changed, made_due = await self.steps.run(
-                conn,
-                stop,
-                "session",
-                lambda: queue.sender_changed(conn, self.destination, self.sender_fingerprint),
-            )
-            if changed:
-                log.info(
-                    "destination %s: sender settings changed since the last worker;"
-                    " %d backing-off item(s) made due now (attempts and last error kept)",
-                    self.destination,
-                    made_due,
-                )
-            log.info(
-                "destination %s: lock held, %s %s",
-                self.destination,
-                "suspended, sending nothing to" if self.config.suspend else "draining via",
-                self.sender.describe(),
-            )
-            await self._drain(conn, stop)
+            while not stop.is_set():
+                lease = await self._acquire(conn, stop)
+                if lease is None:
+                    return
+                try:
+                    await self._hold(conn, stop, lease)
+                except LeaseLost as exc:
+                    self._lost(exc)
         except Stopped:
             pass
         finally:
             self.state.trouble = self.state.lock_wait = None
+            held, self.lease = self.lease, None
             self._set_lock(False)
+            if held is not None and not (conn.closed or conn.broken):
+                with contextlib.suppress(Exception):  # a clean stop: the successor need not wait
+                    await leases.release(conn, held)
             # Closing the session releases the advisory lock on the server.
             with contextlib.suppress(Exception):
                 await conn.close()
 
-    async def _acquire(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> bool:
-        """Wait for the destination's session lock; False when stopped first."""
+    def _lost(self, exc: LeaseLost) -> None:
+        """The lease was taken over (this worker was cut off or paused past its expiry)."""
+        self.lease = None
+        self._lease_until = self._renew_at = 0.0
+        self._set_lock(False)
+        log.warning(
+            "destination %s: %s; sending nothing more, taking the lease again when it is free",
+            self.destination,
+            exc,
+        )
+
+    async def _hold(self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease) -> None:
+        """Drain while holding ``lease``.
+
+        Raises:
+            LeaseLost: a guarded statement found the lease taken over.
+        """
+        changed, made_due = await self._guarded(
+            conn,
+            stop,
+            "session",
+            lambda: queue.sender_changed(
+                conn, self.destination, self.sender_fingerprint, lease=lease
+            ),
+        )
+        if changed:
+            log.info(
+                "destination %s: sender settings changed since the last worker;"
+                " %d backing-off item(s) made due now (attempts and last error kept)",
+                self.destination,
+                made_due,
+            )
+        log.info(
+            "destination %s: lease held (epoch %d, %.0fs, takeover within %.0fs), %s %s",
+            self.destination,
+            lease.epoch,
+            self.lease_settings.ttl_seconds,
+            self.lease_settings.takeover_bound_seconds(),
+            "suspended, sending nothing to" if self.config.suspend else "draining via",
+            self.sender.describe(),
+        )
+        await self._drain(conn, stop, lease)
+
+    async def _acquire(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> Lease | None:
+        """Wait for the destination's lease (and, on a direct connection, its session lock);
+        None when stopped first."""
         announced = False
+        settings = self.lease_settings
         while not stop.is_set():
             self._tick()
-            if await self.steps.run(
+            started = time.monotonic()
+            lease = await self.steps.run(
+                conn,
+                stop,
+                "session",
+                partial(leases.acquire, conn, self.destination, self.holder, settings.ttl_seconds),
+            )
+            if lease is not None and not await self._session_lock(conn, stop):
+                await self.steps.run(conn, stop, "session", partial(leases.release, conn, lease))
+                lease = None
+            if lease is not None:
+                self.lease = lease
+                self._renewed(started)
+                self._set_lock(True)
+                return lease
+            if not announced:
+                log.info(
+                    "destination %s: another worker holds the lease; trying every %.0fs",
+                    self.destination,
+                    settings.acquire_seconds,
+                )
+                announced = True
+            await sleep_or_stop(stop, settings.acquire_seconds)
+        return None
+
+    async def _session_lock(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> bool:
+        """On a direct connection, the destination's session advisory lock as well (what a
+        worker of an earlier version fences with); always True behind a pooler."""
+        if self.pooled:
+            return True
+        return bool(
+            await self.steps.run(
                 conn,
                 stop,
                 "session",
                 partial(locks.try_component_lock, conn, "worker", self.destination),
-            ):
-                self._set_lock(True)
-                return True
-            if not announced:
-                log.info("destination %s: another worker holds the lock; waiting", self.destination)
-                announced = True
-            await sleep_or_stop(stop, min(float(self.config.idle_seconds), STANDBY_POLL_SECONDS))
-        return False
+            )
+        )
 
-    async def _drain(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> None:
-        """Send heads until stopped.
+    def _renewed(self, sent: float) -> None:
+        """A statement sent at ``sent`` (monotonic) renewed the lease: it is valid for its
+        lifetime from then at least (the database renewed it later than that)."""
+        self._lease_until = sent + self.lease_settings.ttl_seconds
+        self._renew_at = sent + self.lease_settings.renew_seconds
+
+    async def _guarded(
+        self,
+        conn: AsyncConnection[Any],
+        stop: asyncio.Event,
+        step: Step,
+        call: Callable[[], Awaitable[T]],
+        item_id: int | None = None,
+    ) -> T:
+        """Run a statement guarded by (and renewing) the lease under the step policy.
+
+        Raises:
+            LeaseLost: the lease was taken over.
+        """
+        sent = time.monotonic()
+        result = await self.steps.run(conn, stop, step, call, item_id)
+        self._renewed(sent)
+        return result
+
+    async def _keep_lease(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease
+    ) -> None:
+        """Renew the lease when it is due (a worker that holds without reading its head:
+        suspended, or outside its delivery window)."""
+        if time.monotonic() < self._renew_at:
+            return
+        ttl = self.lease_settings.ttl_seconds
+        await self._guarded(conn, stop, "head", partial(leases.renew, conn, lease, ttl))
+
+    def _idle_for(self, seconds: float) -> float:
+        """``seconds`` capped at the next renewal (an idle worker renews by reading its head)."""
+        return max(0.0, min(seconds, self._renew_at - time.monotonic()))
+
+    async def _drain(self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease) -> None:
+        """Send heads until stopped, holding ``lease``.
 
         ``after`` is the id this lock holder finished last: the head query starts above it, so
         its cost stays flat however many rows were delivered since the statistics were taken.
@@ -230,8 +370,12 @@ class DestinationWorker:
 
         Idle cost. An enqueue's NOTIFY (sent in its transaction, delivered at COMMIT to this
         session, which LISTENs before its first head query) wakes the worker at once; without
-        one, an idle worker looks at its queue every ``idle_seconds`` (60 by default): one head
-        query, and no depth query, since "nothing pending" is what the head query said.
+        one, an idle worker looks at its queue every ``idle_seconds`` (60 by default) or when its
+        lease is due for renewal, whichever comes first: one head query (which renews the lease),
+        and no depth query, since "nothing pending" is what the head query said.
+
+        Raises:
+            LeaseLost: a guarded statement found the lease taken over.
         """
         idle = float(self.config.idle_seconds)
         after = 0
@@ -239,38 +383,45 @@ class DestinationWorker:
         while not stop.is_set():
             self._tick()
             if self.config.suspend:
+                await self._keep_lease(conn, stop, lease)
                 await self._report_depth(conn, stop)
-                await self.steps.wait(conn, stop, idle)
+                await self.steps.wait(conn, stop, self._idle_for(idle))
                 continue
             gate = self._gate()
             if gate.hold == "window":  # outside spec.schedule: hold, spend no attempt
                 self._say_held(gate)
+                await self._keep_lease(conn, stop, lease)
                 await self._report_depth(conn, stop)
-                await self.steps.wait(conn, stop, gate.wait_seconds)
+                await self.steps.wait(conn, stop, self._idle_for(gate.wait_seconds))
                 continue
             self._say_held(None)
             if prefetched is not None:
                 (head, wait), prefetched = prefetched, None
             else:
-                head, wait = await self.steps.run(
+                head, wait = await self._guarded(
                     conn,
                     stop,
                     "head",
-                    partial(queue.next_head, conn, self.destination, after=after),
+                    partial(queue.next_head, conn, self.destination, after=after, lease=lease),
                 )
                 if head is None and wait is None and after:
                     after = 0
-                    head, wait = await self.steps.run(
-                        conn, stop, "head", lambda: queue.next_head(conn, self.destination)
+                    head, wait = await self._guarded(
+                        conn,
+                        stop,
+                        "head",
+                        partial(queue.next_head, conn, self.destination, lease=lease),
                     )
             self.state.db_ok = True
             if head is None and wait is None:
                 self._report_empty()
-                await self.steps.wait(conn, stop, idle)
+                await self.steps.wait(conn, stop, self._idle_for(idle))
                 continue
             await self._report_depth(conn, stop)
             if head is None:
-                await self.steps.wait(conn, stop, idle if wait is None else min(wait, idle))
+                await self.steps.wait(
+                    conn, stop, self._idle_for(idle if wait is None else min(wait, idle))
+                )
                 continue
             gate = self._gate()
             if gate.hold == "throttle":  # spec.throttle: the head waits, nothing overtakes it
@@ -280,8 +431,16 @@ class DestinationWorker:
             elif gate.hold == "window":
                 prefetched = (head, wait)  # the window closed meanwhile: keep the head
                 continue
+            timeout = float(self.config.retry.timeout_seconds)
+            if self._lease_until - time.monotonic() <= timeout:
+                # The attempt could outlive the lease (a throttle wait, a slow mark): renew first.
+                ttl = self.lease_settings.ttl_seconds
+                await self._guarded(conn, stop, "head", partial(leases.renew, conn, lease, ttl))
+                if self._lease_until - time.monotonic() <= timeout:
+                    prefetched = (head, wait)  # the renewal itself was too slow: look again
+                    continue
             self._last_send = time.monotonic()
-            finished, prefetched = await self._attempt(conn, stop, head)
+            finished, prefetched = await self._attempt(conn, stop, head, lease)
             if finished:
                 after = head.item.id
 
@@ -334,9 +493,9 @@ class DestinationWorker:
             self.observer.depth(self.destination, 0, 0.0, 0)
 
     async def _attempt(
-        self, conn: AsyncConnection[Any], stop: asyncio.Event, head: Head
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, head: Head, lease: Lease
     ) -> tuple[bool, queue.HeadResult | None]:
-        """Send ``head`` once and record the outcome.
+        """Send ``head`` once and record the outcome (the marks guarded by ``lease``).
 
         Returns whether the head is finished (delivered or given up) and, after a delivery,
         the next head read in the same round trip as the delivered mark.
@@ -371,11 +530,11 @@ class DestinationWorker:
                 if self.config.replies
                 else []
             )
-            waited, following = await self.steps.run(
+            waited, following = await self._guarded(
                 conn,
                 stop,
                 "mark",
-                lambda: queue.succeeded_next(conn, item, attempts, expecting),
+                lambda: queue.succeeded_next(conn, item, attempts, expecting, lease=lease),
                 item.id,
             )
             if attempts > 1 or held:  # the recovery is news as much as the failures were
@@ -396,7 +555,7 @@ class DestinationWorker:
         finally:
             self.state.sending_since = None
         self._attempted(trace, outcome, sent)
-        gave_up = await self._failed(conn, stop, head, attempts, outcome, detail)
+        gave_up = await self._failed(conn, stop, head, attempts, outcome, detail, lease)
         if gave_up:
             tracing.finished(trace, "failed", attempts)
         return gave_up, None
@@ -416,6 +575,7 @@ class DestinationWorker:
         attempts: int,
         outcome: FailureCause,
         detail: str,
+        lease: Lease,
     ) -> bool:
         """Apply the retry decision (:func:`inturn.worker.drain.retry.decide`) to a failed attempt:
         give up (returns True) or schedule a retry (False)."""
@@ -430,7 +590,7 @@ class DestinationWorker:
             unreachable_run=max(1, self._unreachable_run),
         )
         if decision.give_up:
-            placement = await self.steps.run(
+            placement = await self._guarded(
                 conn,
                 stop,
                 "give_up",
@@ -441,6 +601,7 @@ class DestinationWorker:
                     cause=cause,
                     outcome=outcome,
                     exhausted=decision.why == "maxAttempts",
+                    lease=lease,
                 ),
                 item.id,
             )
@@ -457,11 +618,13 @@ class DestinationWorker:
                 cause,
             )
             return True
-        await self.steps.run(
+        await self._guarded(
             conn,
             stop,
             "attempt",
-            lambda: queue.retry(conn, item.id, decision.attempts, decision.delay_seconds, cause),
+            lambda: queue.retry(
+                conn, item.id, decision.attempts, decision.delay_seconds, cause, lease=lease
+            ),
             item.id,
         )
         self.observer.retried(self.destination, decision.attempts, outcome)

@@ -238,3 +238,87 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
 
 
 _ACK_KEYS = ("AE", "AR", "CE", "CR", "invalidAck", "controlIdMismatch", "unsendable")
+
+
+# --- the destination lease (a process setting, not part of a Destination) ---------------------
+
+#: Default lease lifetime, seconds: longer than the default attempt timeout
+#: (:data:`DEFAULT_TIMEOUT_SECONDS`), since an attempt starts only while the lease outlives it.
+DEFAULT_LEASE_TTL_SECONDS = 45.0
+#: Default renewal interval of an idle holder, seconds (a third of the lifetime).
+DEFAULT_LEASE_RENEW_SECONDS = 15.0
+#: Default interval of a standby's tries to take the lease, seconds.
+DEFAULT_LEASE_ACQUIRE_SECONDS = 5.0
+#: Seconds an attempt's lease must outlive its timeout by, at least (the statement that
+#: renewed it and the mark after the attempt).
+LEASE_MARGIN_SECONDS = 5.0
+#: Environment variables of the lease settings (the chart sets them from ``worker.lease``).
+LEASE_ENV = {
+    "ttl_seconds": "INTURN_LEASE_TTL_SECONDS",
+    "renew_seconds": "INTURN_LEASE_RENEW_SECONDS",
+    "acquire_seconds": "INTURN_LEASE_ACQUIRE_SECONDS",
+}
+
+
+class LeaseSettingsError(ValueError):
+    """Lease settings that cannot work (the message names the setting)."""
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """How a worker holds its destination's lease (:mod:`inturn.worker.store.lease`).
+
+    Attributes:
+        ttl_seconds: the lease's lifetime; every statement the worker runs per message renews
+            it, and so does an idle worker every ``renew_seconds``.
+        renew_seconds: the longest an idle holder goes without renewing (< ``ttl_seconds``).
+        acquire_seconds: how often a standby tries to take the lease.
+    """
+
+    ttl_seconds: float = DEFAULT_LEASE_TTL_SECONDS
+    renew_seconds: float = DEFAULT_LEASE_RENEW_SECONDS
+    acquire_seconds: float = DEFAULT_LEASE_ACQUIRE_SECONDS
+
+    def __post_init__(self) -> None:
+        for name in ("ttl_seconds", "renew_seconds", "acquire_seconds"):
+            if not getattr(self, name) > 0:
+                raise LeaseSettingsError(f"{LEASE_ENV[name]} must be > 0 seconds")
+        if self.renew_seconds >= self.ttl_seconds:
+            raise LeaseSettingsError(
+                f"{LEASE_ENV['renew_seconds']} ({self.renew_seconds:g}) must be shorter than"
+                f" {LEASE_ENV['ttl_seconds']} ({self.ttl_seconds:g})"
+            )
+
+    def for_timeout(self, timeout_seconds: float) -> LeaseSettings:
+        """These settings with a lifetime long enough for attempts of ``timeout_seconds``: an
+        attempt starts only while the lease outlives its timeout, so the lifetime is raised to
+        ``timeout_seconds`` + :data:`LEASE_MARGIN_SECONDS` when it is shorter."""
+        needed = float(timeout_seconds) + LEASE_MARGIN_SECONDS
+        if self.ttl_seconds >= needed:
+            return self
+        return LeaseSettings(needed, self.renew_seconds, self.acquire_seconds)
+
+    def takeover_bound_seconds(self) -> float:
+        """The longest a destination waits for a new holder after its holder died or was cut
+        off: the lease's lifetime (it was renewed at most then) plus a standby's interval."""
+        return self.ttl_seconds + self.acquire_seconds
+
+
+def lease_settings(environ: Mapping[str, str]) -> LeaseSettings:
+    """The lease settings of the ``INTURN_LEASE_*`` variables (:data:`LEASE_ENV`), defaults for
+    the ones not set.
+
+    Raises:
+        LeaseSettingsError: a value is not a number, not positive, or renewal is not shorter
+            than the lifetime.
+    """
+    values: dict[str, float] = {}
+    for name, var in LEASE_ENV.items():
+        text = environ.get(var, "").strip()
+        if not text:
+            continue
+        try:
+            values[name] = float(text)
+        except ValueError:
+            raise LeaseSettingsError(f"{var} must be a number of seconds, not {text!r}") from None
+    return LeaseSettings(**values)

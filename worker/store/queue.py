@@ -13,7 +13,15 @@ Ordering rests on three rules, each enforced here:
 * enqueues for one destination are serialised until COMMIT by a transaction-level advisory lock
   (taken in sorted order for fan-out), so identity order equals commit order (:func:`enqueue`);
 * there is no in-flight state: the head stays pending while being sent, so a crash leaves it to
-  be sent again by the next lock holder (at most one duplicate, never a reorder).
+  be sent again by the next lease holder (at most one duplicate, never a reorder).
+
+Fencing. Every statement a worker runs that reads the head or writes a row takes its ``lease``
+(:class:`inturn.worker.store.lease.Lease`, keyword) and is guarded in SQL by the lease row: the
+same destination, holder and epoch, renewed to its ``ttl_seconds`` by the same statement (no
+extra round trip). A guard that fails changes nothing and raises
+:class:`~inturn.worker.store.lease.LeaseLost`. A lease that expired but that nobody took over is
+renewed by its holder's next statement: nobody else can have sent meanwhile, since a takeover
+raises the epoch.
 
 This module is also the only writer of the audit trail (:func:`record`) and the only sender of a
 destination's NOTIFY (:func:`wake`).
@@ -29,6 +37,7 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 
 from inturn.worker.hl7.pid import index_keys
+from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.store.model import (
     Head,
     Item,
@@ -144,20 +153,41 @@ def _head_result(row: Mapping[str, Any] | None) -> HeadResult:
     )
 
 
-async def next_head(conn: AsyncConnection[Any], destination: str, *, after: int = 0) -> HeadResult:
-    """Return the head of ``destination`` if it is due, else how long to wait.
+def _guard(destination: str, lease: Lease) -> dict[str, Any]:
+    """The lease guard's parameters (``destination``, ``holder``, ``epoch``).
+
+    Raises:
+        ValueError: ``lease`` is another destination's.
+    """
+    if lease.destination != destination:
+        raise ValueError(f"the lease of {lease.destination} does not cover {destination}")
+    return {"destination": destination, "holder": lease.holder, "epoch": lease.epoch}
+
+
+async def next_head(
+    conn: AsyncConnection[Any], destination: str, *, after: int = 0, lease: Lease
+) -> HeadResult:
+    """Return the head of ``destination`` if it is due, else how long to wait; renews ``lease``.
 
     Args:
         after: a keyset bound: only items with a larger id are considered. A worker passes the
             id it finished last (everything at or below it is finished, because enqueues commit
             in id order); 0 considers every item.
+        lease: the worker's lease of ``destination`` (see the module docstring).
 
     Returns:
         ``(head, None)`` when the oldest pending item is due now; ``(None, seconds)`` when it is
         backing off (nothing behind it may go first); ``(None, None)`` when nothing is pending.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was read.
+        ValueError: ``lease`` is another destination's.
     """
-    params = {"destination": destination, "after": after}
-    return _head_result(await fetch_one(conn, Q["head"], params, row=dict_row))
+    params = {**_guard(destination, lease), "after": after}
+    row = await fetch_one(conn, Q["head"], params, row=dict_row)
+    if row is None:
+        raise LeaseLost(lease, "reading the head")
+    return _head_result(row)
 
 
 class ExpectedReply(Protocol):
@@ -181,6 +211,8 @@ async def succeeded_next(
     head: Item,
     attempts: int,
     expecting: Sequence[ExpectedReply] = (),
+    *,
+    lease: Lease,
 ) -> tuple[float | None, HeadResult]:
     """Mark ``head`` delivered and return the next head, in one statement (one round trip).
 
@@ -190,12 +222,15 @@ async def succeeded_next(
     Committed synchronously like :func:`succeeded`. Returns ``(waited_seconds, next)`` where
     ``waited_seconds`` is None when ``head`` was no longer pending, and ``next`` is as from
     :func:`next_head` with ``after=head.id``.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was marked or recorded.
     """
     opened = list(expecting)
     params = {
+        **_guard(head.destination, lease),
         "id": head.id,
         "attempts": attempts,
-        "destination": head.destination,
         "keys": [e.key for e in opened],
         "digests": [e.digest for e in opened],
         "channels": [e.channel for e in opened],
@@ -204,27 +239,59 @@ async def succeeded_next(
     }
     row = await fetch_one(conn, Q["succeeded_next"], params, row=dict_row)
     assert row is not None  # the statement always returns one row
+    if row["held"] is None:
+        raise LeaseLost(lease, f"marking id={head.id} delivered")
     waited = None if row["waited_seconds"] is None else float(row["waited_seconds"])
     return waited, _head_result(row)
 
 
+async def _guarded(
+    conn: AsyncConnection[Any], name: str, params: dict[str, Any], lease: Lease, what: str
+) -> Mapping[str, Any]:
+    """Run the guarded statement ``name`` (it returns one row with ``held``).
+
+    Raises:
+        LeaseLost: the guard failed: nothing changed.
+    """
+    row = await fetch_one(conn, Q[name], params, row=dict_row)
+    assert row is not None  # the statement always returns one row
+    if not row["held"]:
+        raise LeaseLost(lease, what)
+    return row
+
+
 async def retry(
-    conn: AsyncConnection[Any], item_id: int, attempts: int, delay_seconds: float, cause: str
+    conn: AsyncConnection[Any],
+    item_id: int,
+    attempts: int,
+    delay_seconds: float,
+    cause: str,
+    *,
+    lease: Lease,
 ) -> bool:
     """Record a failed attempt: ``attempts`` so far, next attempt in ``delay_seconds``.
 
     ``cause`` becomes ``last_error``, and ``reason`` if it was still empty. Returns False when
     the item is no longer pending (skipped or erased meanwhile).
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing changed.
     """
-    cur = await conn.execute(
-        Q["retry"],
-        {"id": item_id, "attempts": attempts, "delay_seconds": delay_seconds, "cause": cause},
+    params = {
+        **_guard(lease.destination, lease),
+        "id": item_id,
+        "attempts": attempts,
+        "delay_seconds": delay_seconds,
+        "cause": cause,
+    }
+    row = await _guarded(
+        conn, "retry", params, lease, f"recording a failed attempt of id={item_id}"
     )
-    return cur.rowcount == 1
+    return bool(row["changed"])
 
 
 async def sender_changed(
-    conn: AsyncConnection[Any], destination: str, fingerprint: str
+    conn: AsyncConnection[Any], destination: str, fingerprint: str, *, lease: Lease
 ) -> tuple[bool, int]:
     """Record the sender fingerprint of a worker that took the destination's lock.
 
@@ -235,14 +302,18 @@ async def sender_changed(
 
     Returns:
         ``(changed, made_due)``: whether the settings changed, and how many items were made due.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was recorded.
     """
-    params = {"destination": destination, "fingerprint": fingerprint}
-    row = await fetch_one(conn, Q["sender_changed"], params, row=dict_row)
-    assert row is not None
+    params = {**_guard(destination, lease), "fingerprint": fingerprint}
+    row = await _guarded(conn, "sender_changed", params, lease, "recording the sender")
     return bool(row["changed"]), int(row["made_due"])
 
 
-async def succeeded(conn: AsyncConnection[Any], item_id: int, attempts: int) -> float | None:
+async def succeeded(
+    conn: AsyncConnection[Any], item_id: int, attempts: int, *, lease: Lease
+) -> float | None:
     """Mark an item delivered; return seconds from enqueue to delivery.
 
     One autocommit statement. It must commit synchronously: a delivered mark lost in a database
@@ -251,19 +322,34 @@ async def succeeded(conn: AsyncConnection[Any], item_id: int, attempts: int) -> 
     ``synchronous_commit=on`` for their whole session, which saves a round trip per message.
 
     Returns None when the item was no longer pending (skipped or erased during the attempt).
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing changed.
     """
-    params = {"id": item_id, "attempts": attempts}
-    row = await fetch_one(conn, Q["succeeded"], params, row=dict_row)
-    return float(row["waited_seconds"]) if row else None
+    params = {**_guard(lease.destination, lease), "id": item_id, "attempts": attempts}
+    row = await _guarded(conn, "succeeded", params, lease, f"marking id={item_id} delivered")
+    return None if row["waited_seconds"] is None else float(row["waited_seconds"])
 
 
-async def gave_up(conn: AsyncConnection[Any], item_id: int, attempts: int, cause: str) -> bool:
+async def gave_up(
+    conn: AsyncConnection[Any], item_id: int, attempts: int, cause: str, *, lease: Lease
+) -> bool:
     """Mark an item failed (attempts exhausted or a ``fail`` ACK policy); the next head goes.
 
-    One autocommit statement, synchronous like :func:`succeeded`.
+    One statement, synchronous like :func:`succeeded`. Returns False when the item was no
+    longer pending.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing changed.
     """
-    cur = await conn.execute(Q["gave_up"], {"id": item_id, "attempts": attempts, "cause": cause})
-    return cur.rowcount == 1
+    params = {
+        **_guard(lease.destination, lease),
+        "id": item_id,
+        "attempts": attempts,
+        "cause": cause,
+    }
+    row = await _guarded(conn, "gave_up", params, lease, f"marking id={item_id} failed")
+    return bool(row["changed"])
 
 
 async def wake(conn: AsyncConnection[Any], destinations: Iterable[str]) -> None:

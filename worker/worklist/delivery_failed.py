@@ -12,6 +12,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.store import queue
+from inturn.worker.store.lease import Lease
 from inturn.worker.store.model import Item
 from inturn.worker.store.worklist import place
 from inturn.worker.store.worklist_model import Placement
@@ -41,6 +42,7 @@ async def give_up(
     cause: str,
     outcome: str,
     exhausted: bool,
+    lease: Lease,
     placed_by: str = "worker",
 ) -> Placement | None:
     """Mark ``item`` failed and place it on ``delivery-failed``, in one transaction.
@@ -50,13 +52,18 @@ async def give_up(
         cause: the failure's description, stored as ``last_error`` (never a payload).
         outcome: the sender's outcome class (``AR``, ``timeout``...).
         exhausted: whether the attempt budget ran out (else the policy failed it at once).
+        lease: the worker's lease of the item's destination: the failed mark is guarded by it.
 
     Returns:
         The placement (announce it after this returns), or None when the item was no longer
         pending (skipped or erased during the attempt): then nothing changed.
+
+    Raises:
+        inturn.worker.store.lease.LeaseLost: another holder took the destination over; the
+            transaction is rolled back and nothing changed.
     """
     async with conn.transaction():
-        if not await queue.gave_up(conn, item.id, attempts, cause):
+        if not await queue.gave_up(conn, item.id, attempts, cause, lease=lease):
             return None
         return await place(
             conn,

@@ -32,28 +32,51 @@ SELECT EXISTS (
 -- scan starts there instead of stepping over every row delivered since the statistics were
 -- taken (the planner may walk the primary key when it believes every row is pending).
 -- A destination on hold (held_at set by `queue suspend` or the console) has no head.
-SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
-       payload, traceparent,
-       greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
-  FROM inturn_delivery
- WHERE destination = %(destination)s AND state = 'pending' AND id > %(after)s
-   AND NOT EXISTS (SELECT 1 FROM inturn_destination held
-                    WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
- ORDER BY id
- LIMIT 1;
+-- Guarded by the lease (and renewing it): no row at all when the lease is lost; "held" and
+-- NULL columns when nothing is pending.
+WITH lease AS (
+    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
+    -- renewed by the same statement; no row when another holder took it over.
+    UPDATE inturn_lease
+       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+    RETURNING 1 AS held
+)
+SELECT lease.held, h.*
+  FROM lease
+  LEFT JOIN LATERAL (
+       SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+              enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by,
+              finished_at, payload, traceparent,
+              greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
+                  AS wait_seconds
+         FROM inturn_delivery
+        WHERE destination = %(destination)s AND state = 'pending' AND id > %(after)s
+          AND NOT EXISTS (SELECT 1 FROM inturn_destination held
+                           WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
+        ORDER BY id
+        LIMIT 1) AS h ON TRUE;
 
 -- name: succeeded_next
 -- Mark the head delivered and read the next head, in one round trip and one commit. The SELECT
 -- sees the snapshot from before the UPDATE, in which the head is still pending: "id > head"
 -- skips it. A skip or drain that landed while the head was being sent lost the race: the
--- receiver has it, so it is marked delivered (decided_by keeps who tried). The first column is
--- NULL when the head is gone (erased).
-WITH done AS (
+-- receiver has it, so it is marked delivered (decided_by keeps who tried). waited_seconds is
+-- NULL when the head is gone (erased); held is NULL when the lease is lost (nothing changed).
+WITH lease AS (
+    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
+    -- renewed by the same statement; no row when another holder took it over.
+    UPDATE inturn_lease
+       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+    RETURNING 1 AS held
+),
+done AS (
     UPDATE inturn_delivery
        SET state = 'delivered', attempts = %(attempts)s,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp()
-     WHERE id = %(id)s AND state IN ('pending', 'skipped')
+     WHERE id = %(id)s AND destination = %(destination)s AND state IN ('pending', 'skipped')
+       AND EXISTS (SELECT 1 FROM lease)
     RETURNING id, control_id, message_type,
               extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
 ),
@@ -69,7 +92,8 @@ expected AS (
      CROSS JOIN unnest(%(keys)s::text[], %(digests)s::text[], %(channels)s::text[],
                        %(types)s::text[], %(within)s::int[]) AS e(k, d, c, t, w)
 )
-SELECT (SELECT waited_seconds FROM done) AS waited_seconds, h.*
+SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS waited_seconds,
+       h.*
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (
        SELECT id, channel, destination, control_id, message_type, size, state, attempts,
@@ -79,6 +103,7 @@ SELECT (SELECT waited_seconds FROM done) AS waited_seconds, h.*
                   AS wait_seconds
          FROM inturn_delivery
         WHERE destination = %(destination)s AND state = 'pending' AND id > %(id)s
+          AND EXISTS (SELECT 1 FROM lease)
           AND NOT EXISTS (SELECT 1 FROM inturn_destination held
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
         ORDER BY id
@@ -86,39 +111,80 @@ SELECT (SELECT waited_seconds FROM done) AS waited_seconds, h.*
 
 -- name: retry
 -- Touches no indexed column, so the update can stay heap-only. The attempt is kept in the item's
--- history (inturn_attempt) by the same statement; the row count is the history row's.
-WITH failed AS (
+-- history (inturn_attempt) by the same statement. Guarded by the lease: held 0 when it is lost
+-- (nothing changed); changed 0 when the item is no longer pending.
+WITH lease AS (
+    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
+    -- renewed by the same statement; no row when another holder took it over.
+    UPDATE inturn_lease
+       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+    RETURNING 1 AS held
+),
+failed AS (
     UPDATE inturn_delivery
        SET attempts = %(attempts)s,
            next_attempt = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
            last_attempt = clock_timestamp(),
            last_error = %(cause)s,
            reason = coalesce(reason, %(cause)s)
-     WHERE id = %(id)s AND state = 'pending'
+     WHERE id = %(id)s AND destination = %(destination)s AND state = 'pending'
+       AND EXISTS (SELECT 1 FROM lease)
     RETURNING id
+),
+history AS (
+    INSERT INTO inturn_attempt (item_id, attempt, outcome, error)
+    SELECT id, %(attempts)s, 'retry', %(cause)s FROM failed
+    RETURNING 1
 )
-INSERT INTO inturn_attempt (item_id, attempt, outcome, error)
-SELECT id, %(attempts)s, 'retry', %(cause)s FROM failed;
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM history) AS changed;
 
 -- name: succeeded
--- As succeeded_next: a skip that raced with the send loses, the item was delivered.
-UPDATE inturn_delivery
-   SET state = 'delivered', attempts = %(attempts)s,
-       last_attempt = clock_timestamp(), finished_at = clock_timestamp()
- WHERE id = %(id)s AND state IN ('pending', 'skipped')
-RETURNING extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds;
+-- As succeeded_next: a skip that raced with the send loses, the item was delivered. Guarded by
+-- the lease: held 0 when it is lost; waited_seconds NULL when the item is gone.
+WITH lease AS (
+    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
+    -- renewed by the same statement; no row when another holder took it over.
+    UPDATE inturn_lease
+       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+    RETURNING 1 AS held
+),
+done AS (
+    UPDATE inturn_delivery
+       SET state = 'delivered', attempts = %(attempts)s,
+           last_attempt = clock_timestamp(), finished_at = clock_timestamp()
+     WHERE id = %(id)s AND destination = %(destination)s AND state IN ('pending', 'skipped')
+       AND EXISTS (SELECT 1 FROM lease)
+    RETURNING extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT waited_seconds FROM done) AS waited_seconds;
 
 -- name: gave_up
-WITH failed AS (
+-- Guarded by the lease like retry: held 0 when it is lost; changed 0 when no longer pending.
+WITH lease AS (
+    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
+    -- renewed by the same statement; no row when another holder took it over.
+    UPDATE inturn_lease
+       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+    RETURNING 1 AS held
+),
+failed AS (
     UPDATE inturn_delivery
        SET state = 'failed', attempts = %(attempts)s,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp(),
            last_error = %(cause)s, reason = coalesce(reason, %(cause)s)
-     WHERE id = %(id)s AND state = 'pending'
+     WHERE id = %(id)s AND destination = %(destination)s AND state = 'pending'
+       AND EXISTS (SELECT 1 FROM lease)
     RETURNING id
+),
+history AS (
+    INSERT INTO inturn_attempt (item_id, attempt, outcome, error)
+    SELECT id, %(attempts)s, 'failed', %(cause)s FROM failed
+    RETURNING 1
 )
-INSERT INTO inturn_attempt (item_id, attempt, outcome, error)
-SELECT id, %(attempts)s, 'failed', %(cause)s FROM failed;
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM history) AS changed;
 
 -- name: retry_now_one
 UPDATE inturn_delivery
@@ -397,13 +463,22 @@ SELECT greatest(c.reltuples, 0)::bigint AS rows, pg_total_relation_size(c.oid) A
 -- Record the sender fingerprint a starting worker uses. When an earlier worker of the
 -- destination recorded another one, its pending items waiting out a backoff become due now:
 -- the head is tried at once with the new settings (attempts, last_error and reason are kept).
--- Returns whether the fingerprint changed and how many items were made due.
-WITH previous AS (
+-- Returns whether the fingerprint changed and how many items were made due; guarded by the
+-- lease (held 0 when it is lost: nothing recorded, nothing made due).
+WITH lease AS (
+    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
+    -- renewed by the same statement; no row when another holder took it over.
+    UPDATE inturn_lease
+       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+    RETURNING 1 AS held
+),
+previous AS (
     SELECT fingerprint FROM inturn_worker_sender WHERE destination = %(destination)s
 ),
 recorded AS (
     INSERT INTO inturn_worker_sender AS w (destination, fingerprint)
-    VALUES (%(destination)s, %(fingerprint)s)
+    SELECT %(destination)s, %(fingerprint)s WHERE EXISTS (SELECT 1 FROM lease)
     ON CONFLICT (destination) DO UPDATE
        SET fingerprint = excluded.fingerprint, changed_at = now()
      WHERE w.fingerprint IS DISTINCT FROM excluded.fingerprint
@@ -415,8 +490,10 @@ due AS (
      WHERE destination = %(destination)s AND state = 'pending'
        AND next_attempt > clock_timestamp()
        AND EXISTS (SELECT 1 FROM previous WHERE fingerprint <> %(fingerprint)s)
+       AND EXISTS (SELECT 1 FROM lease)
     RETURNING id
 )
-SELECT EXISTS (SELECT 1 FROM previous WHERE fingerprint <> %(fingerprint)s) AS changed,
+SELECT (SELECT count(*) FROM lease) AS held,
+       EXISTS (SELECT 1 FROM previous WHERE fingerprint <> %(fingerprint)s) AS changed,
        (SELECT count(*) FROM due) AS made_due,
        (SELECT count(*) FROM recorded) AS recorded;

@@ -1,0 +1,187 @@
+"""Fencing by the lease in the drain loop (issue 29): a worker whose lease was taken over sends
+nothing more; a successor takes over only after expiry, with a higher epoch, and delivers what
+is left in order; the lease settings come from configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from psycopg import AsyncConnection
+
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.spec.config import LeaseSettings, RetryPolicy, WorkerConfig
+from inturn.worker.store import lease as leases
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
+
+DEST = "ward/fenced"
+#: Short leases, so that the tests wait seconds for an expiry, not the default 45.
+QUICK = LeaseSettings(ttl_seconds=3, renew_seconds=1, acquire_seconds=0.2)
+
+
+def message(n: int) -> bytes:
+    return f"MSH|^~\\&|ADT|HOSP|LAB|HOSP|20261129120000||ADT^A01|MSG{n:05d}|P|2.5\r".encode()
+
+
+def config(port: int, **changes: Any) -> WorkerConfig:
+    return WorkerConfig(
+        destination=DEST,
+        channel="adt",
+        sender=MllpSenderConfig("127.0.0.1", port),
+        retry=changes.pop(
+            "retry",
+            RetryPolicy(
+                max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=1
+            ),
+        ),
+        idle_seconds=changes.pop("idle_seconds", 30),
+        **changes,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(
+    cfg: WorkerConfig, dsn: str, settings: LeaseSettings = QUICK
+) -> AsyncIterator[DestinationWorker]:
+    stop = asyncio.Event()
+    assert isinstance(cfg.sender, MllpSenderConfig)
+    worker = DestinationWorker(
+        cfg, dsn, MllpSender(cfg.sender), PrometheusObserver(), lease=settings
+    )
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield worker
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def enqueue(dsn: str, numbers: list[int]) -> list[int]:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return await queue.enqueue(
+            conn, [NewItem(DEST, "adt", f"MSG{n:05d}", "ADT^A01", message(n)) for n in numbers]
+        )
+
+
+async def delivered(dsn: str) -> int:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM inturn_delivery WHERE destination = %s AND state = 'delivered'",
+            (DEST,),
+        )
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+async def until(predicate: Any, timeout: float = 20.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await predicate():
+            await asyncio.sleep(0.05)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def control_ids(payloads: list[bytes]) -> list[str]:
+    return [p.split(b"|")[9].decode() for p in payloads]
+
+
+async def test_a_worker_whose_lease_is_taken_over_sends_nothing_more(fresh_db: str) -> None:
+    async with MllpReceiver() as rx, running(config(rx.port, idle_seconds=1), fresh_db) as w:
+        await until(lambda: _true(w.state.lock_held))
+        first = w.lease
+        assert first is not None
+        await enqueue(fresh_db, [1])
+        await until(lambda: delivered_is(fresh_db, 1))
+        # Another holder takes the destination (as after this worker was paused past expiry).
+        async with await AsyncConnection.connect(fresh_db, autocommit=True) as admin:
+            await admin.execute(
+                "UPDATE inturn_lease SET holder = 'thief', epoch = epoch + 1,"
+                " expires_at = clock_timestamp() + interval '4 s' WHERE destination = %s",
+                (DEST,),
+            )
+            await enqueue(fresh_db, [2, 3])
+            await until(lambda: _true(not w.state.lock_held))
+            assert control_ids(rx.received) == ["MSG00001"]  # nothing sent under a stale epoch
+            # The thief's lease expires unrenewed: the worker takes it back, epoch raised again.
+            await until(lambda: delivered_is(fresh_db, 3))
+        assert w.lease is not None and w.lease.epoch == first.epoch + 2
+    assert control_ids(rx.received) == ["MSG00001", "MSG00002", "MSG00003"]
+
+
+async def delivered_is(dsn: str, n: int) -> bool:
+    return await delivered(dsn) == n
+
+
+async def test_a_dead_holders_lease_is_taken_over_after_expiry_only(fresh_db: str) -> None:
+    """A holder that stopped renewing (killed, cut off) keeps the destination until its lease
+    expires; then a standby takes it with a higher epoch and sends what is pending, in order."""
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        dead = await leases.acquire(conn, DEST, "dead-pod:1:0", 2)
+        assert dead is not None
+    await enqueue(fresh_db, [1, 2, 3])
+    async with MllpReceiver() as rx, running(config(rx.port), fresh_db) as w:
+        await asyncio.sleep(1)
+        assert rx.received == [] and not w.state.lock_held  # the dead lease is still valid
+        await until(lambda: delivered_is(fresh_db, 3), timeout=10)
+        assert w.lease is not None and w.lease.epoch == dead.epoch + 1
+    assert control_ids(rx.received) == ["MSG00001", "MSG00002", "MSG00003"]
+
+
+async def test_two_workers_never_both_send(fresh_db: str) -> None:
+    """Two workers for one destination, two receivers: every message arrives once, in order,
+    at one of them (the other worker never holds the lease meanwhile)."""
+    async with MllpReceiver() as rx_a, MllpReceiver() as rx_b:
+        async with (
+            running(config(rx_a.port), fresh_db) as a,
+            running(config(rx_b.port), fresh_db) as b,
+        ):
+            await until(lambda: _true(a.state.lock_held or b.state.lock_held))
+            await enqueue(fresh_db, list(range(40)))
+            await until(lambda: delivered_is(fresh_db, 40))
+            assert [a.state.lock_held, b.state.lock_held].count(True) == 1
+        got = control_ids(rx_a.received) + control_ids(rx_b.received)
+    assert [] in (rx_a.received, rx_b.received)
+    assert got == [f"MSG{n:05d}" for n in range(40)]
+
+
+async def test_a_clean_stop_releases_the_lease_for_the_successor(fresh_db: str) -> None:
+    slow = LeaseSettings(ttl_seconds=600, renew_seconds=60, acquire_seconds=0.2)
+    async with MllpReceiver() as rx:
+        async with running(config(rx.port), fresh_db, slow) as first:
+            await until(lambda: _true(first.state.lock_held))
+        async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            info = await leases.holder(conn, DEST)
+        assert info is not None and info.seconds_left <= 0  # released, not left to expire
+        async with running(config(rx.port), fresh_db, slow) as second:
+            await until(lambda: _true(second.state.lock_held), timeout=5)
+
+
+def test_the_lease_outlives_the_attempt_timeout() -> None:
+    cfg = config(1, retry=RetryPolicy(max_attempts=0, timeout_seconds=60))
+    worker = DestinationWorker(
+        cfg, "host=x", MllpSender(cfg.sender), lease=LeaseSettings(ttl_seconds=45)
+    )
+    assert worker.lease_settings.ttl_seconds == 65  # 60 s attempts + the margin
+    assert worker.lease_settings.takeover_bound_seconds() == 70
+
+
+def test_lease_settings_from_the_environment() -> None:
+    from inturn.worker.spec.config import LeaseSettingsError, lease_settings
+
+    assert lease_settings({}) == LeaseSettings(45, 15, 5)
+    assert lease_settings({}).takeover_bound_seconds() < 60
+    env = {"INTURN_LEASE_TTL_SECONDS": "20", "INTURN_LEASE_RENEW_SECONDS": "5"}
+    assert lease_settings(env) == LeaseSettings(20, 5, 5)
+    with pytest.raises(LeaseSettingsError, match="INTURN_LEASE_RENEW_SECONDS"):
+        lease_settings({"INTURN_LEASE_TTL_SECONDS": "10", "INTURN_LEASE_RENEW_SECONDS": "10"})
+    with pytest.raises(LeaseSettingsError, match="number of seconds"):
+        lease_settings({"INTURN_LEASE_TTL_SECONDS": "soon"})
