@@ -11,7 +11,8 @@ import pytest
 
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.local.run import DatabaseInUse, LocalRunner, check_sender, load_all, run_local
+from inturn.worker.local.manifests import check_sender, load_all
+from inturn.worker.local.run import DatabaseInUse, LocalRunner, run_local
 from inturn.worker.store import locks, queue, registry
 from inturn.worker.store.model import NewItem
 

@@ -5,8 +5,8 @@ never imports the operator. Bad arguments print one line and exit 2; so does an 
 database or a missing DSN. Nothing prints a traceback except ``--debug``.
 
 Layer: front end (with ``local``, ``console``, ``drain`` and ``ingest``). It parses, formats and
-calls ``operations`` for every action; it may use any layer below. Nothing imports it but
-``local`` (and the console-script entry point, ``inturn.worker.entry``).
+calls ``operations`` for every action; it may use any layer below. Nothing imports it but the
+console-script entry point, ``inturn.worker.entry``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ COMMANDS: dict[str, str] = {
     "worker": "inturn.worker.cli.worker:worker_command",
     "ingest": "inturn.worker.cli.ingest:ingest_command",
     "token": "inturn.worker.cli.ingest:token_command",
-    "local": "inturn.worker.local.run:local_command",
+    "local": "inturn.worker.cli.local:local_command",
     "console": "inturn.worker.cli.console:console_command",
     "operator": "inturn.operator.cli:operator_command",
     "crd": "inturn.operator.cli:crd_command",

@@ -1,0 +1,266 @@
+"""``inturn local``: the command line of a whole installation in one process (ingest, one
+worker per Destination manifest, the sweeper, optionally the console), run by
+:func:`inturn.worker.local.run.run_local`.
+
+Without ``--dsn``/``INTURN_DSN`` an embedded Postgres is started under ``--data-dir`` and kept
+between runs; Ctrl-C (or SIGHUP, SIGTERM) stops everything in order, the embedded Postgres last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from inturn.worker.cli.ingest import parse_address, parse_listen
+from inturn.worker.cli.options import (
+    DURATION,
+    dsn_option,
+    feeds_option,
+    load_feeds_file,
+    logging_options,
+    start_tracing,
+)
+from inturn.worker.drain import shutdown
+from inturn.worker.ingest.config import IngestConfig
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedded
+from inturn.worker.local.manifests import check_sender, load_all
+from inturn.worker.local.run import DatabaseInUse, run_local
+from inturn.worker.spec.destination import ManifestError
+from inturn.worker.store.connect import DsnError, normalize_dsn
+from inturn.worker.store.migrate import migrate
+from inturn.worker.text.logs import configure
+from inturn.worker.worklist.publishers import from_env
+
+if TYPE_CHECKING:
+    from inturn.worker.console.auth import AuthConfig
+
+log = logging.getLogger("inturn.local")
+
+
+def local_console_auth(path: Path | None) -> AuthConfig:
+    """The console's identities for ``inturn local``: the auth file when given, else every
+    caller on the loopback interface is ``<user>@local`` with every role (logged as open).
+
+    Raises:
+        click.ClickException: the auth file is invalid.
+    """
+    from inturn.worker.console.auth import ROLES, AuthConfig, AuthConfigError, Identity, load_auth
+
+    if path is not None:
+        try:
+            return load_auth(path)
+        except AuthConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+    name = f"{getpass.getuser()}@local"
+    log.warning("console: OPEN to every local user as %s (pass --console-auth to restrict)", name)
+    return AuthConfig(loopback=Identity(name=name, roles=frozenset(ROLES)))
+
+
+@click.command("local")
+@click.option(
+    "-f",
+    "--filename",
+    "paths",
+    multiple=True,
+    required=True,
+    type=click.Path(path_type=Path, exists=True),
+    help="Destination manifest file or directory (repeatable).",
+)
+@click.option(
+    "--listen",
+    "listen",
+    multiple=True,
+    required=True,
+    metavar="CHANNEL=[HOST:]PORT",
+    help="An MLLP listener for a channel (repeatable).",
+)
+@click.option(
+    "--http",
+    "http",
+    metavar="[HOST:]PORT",
+    help="HTTP ingest, OPEN: no TLS, no authentication (local use).",
+)
+@click.option("--ops", "ops", metavar="[HOST:]PORT", help="/healthz, /readyz and /metrics.")
+@dsn_option("Postgres connection string; default: an embedded Postgres under --data-dir.")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path(".inturn"),
+    show_default=True,
+    help="Where the embedded Postgres keeps its data between runs.",
+)
+@click.option(
+    "--secrets-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("secrets"),
+    show_default=True,
+    help="Where <secret>/<key> files for secretRefs are (relative: to each manifest).",
+)
+@click.option(
+    "--hold-unrouted",
+    multiple=True,
+    metavar="CHANNEL",
+    help="Hold messages of CHANNEL that match no destination instead of answering AR.",
+)
+@click.option(
+    "--console",
+    "console",
+    metavar="[HOST:]PORT",
+    help="Serve the web console and its API here (host default 127.0.0.1).",
+)
+@click.option(
+    "--console-auth",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="The console's auth file; without it every caller on this machine's loopback is a"
+    " local user with every role.",
+)
+@click.option(
+    "--sweep-every",
+    type=DURATION,
+    default="1m",
+    show_default=True,
+    help="Run the sweeper's rules (as `inturn sweep` does) this often; 0 never.",
+)
+@feeds_option
+@logging_options
+def local_command(
+    paths: tuple[Path, ...],
+    listen: tuple[str, ...],
+    http: str | None,
+    ops: str | None,
+    dsn: str | None,
+    data_dir: Path,
+    secrets_dir: Path | None,
+    hold_unrouted: tuple[str, ...],
+    console: str | None,
+    console_auth: Path | None,
+    sweep_every: float,
+    feeds_file: str | None,
+    log_level: str,
+    log_json: bool,
+) -> None:
+    """Run ingest and one worker per Destination manifest in one process, without a cluster."""
+    listeners = []
+    for spec in listen:
+        try:
+            channel, host, port = parse_listen(spec)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--listen") from None
+        listeners.append(ListenerConfig(channel=channel, host=host, port=port))
+    addresses: dict[str, tuple[str, int] | None] = {"--http": None, "--ops": None}
+    for hint, value in (("--http", http), ("--ops", ops)):
+        try:
+            addresses[hint] = parse_address(value) if value else None
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=hint) from None
+    try:
+        console_at = parse_address(console, "127.0.0.1") if console else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--console") from None
+    try:
+        # Local use: HTTP ingest is open (the log says so when it starts).
+        ingest_config = IngestConfig(
+            listeners=listeners,
+            http=addresses["--http"],
+            http_insecure=True,
+            ops=addresses["--ops"],
+            hold_unrouted=frozenset(hold_unrouted),
+            pool_size=4,
+            feeds=load_feeds_file(feeds_file),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:  # fail before starting anything
+        for cfg in load_all(list(paths), secrets_dir).values():
+            check_sender(cfg)
+    except ManifestError as exc:
+        raise click.ClickException(str(exc)) from None
+    if dsn:
+        try:
+            dsn = normalize_dsn(dsn)
+        except DsnError as exc:
+            raise click.UsageError(str(exc)) from None
+    try:
+        from_env(os.environ, "")
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    configure(log_level, log_json)
+    start_tracing("inturn-local")
+    console_auth_config = local_console_auth(console_auth) if console_at else None
+    # Closing the terminal (SIGHUP) or a kill (SIGTERM) stops like Ctrl-C, before the event
+    # loop runs too, so that the embedded Postgres is always stopped on the way out.
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
+    embedded = None
+    lock = None
+    if not dsn:
+        try:
+            lock = DataDirLock.acquire(data_dir)
+        except DataDirInUse as exc:
+            raise click.ClickException(str(exc)) from None
+        log.info("starting embedded Postgres in %s", (data_dir / "pg").resolve())
+        try:
+            embedded = start_embedded(data_dir)
+        except RuntimeError as exc:
+            lock.release()
+            raise click.ClickException(str(exc)) from None
+        dsn = embedded.dsn
+        if data_dir.resolve() == Path(".inturn").resolve():
+            log.info("embedded Postgres ready; `inturn queue ...` run in this folder uses it")
+        else:  # the other commands look for ./.inturn only: tell them where this one is
+            log.info(
+                "embedded Postgres ready; other inturn commands reach it with"
+                " --dsn '%s' (or INTURN_DSN)",
+                dsn,
+            )
+    try:
+        applied = migrate(dsn)
+        if applied:
+            log.info("schema migrated (%d migration(s))", len(applied))
+
+        async def main() -> None:
+            stop, abandon = asyncio.Event(), asyncio.Event()
+            shutdown.install(stop, abandon)
+            served = None
+            if console_at is not None and console_auth_config is not None:
+                from inturn.worker.console.server import start_console
+
+                served = await start_console(
+                    dsn, host=console_at[0], port=console_at[1], auth=console_auth_config
+                )
+            try:
+                await run_local(
+                    dsn,
+                    list(paths),
+                    ingest_config,
+                    secrets_dir,
+                    stop,
+                    abandon,
+                    sweep_every=sweep_every or None,
+                )
+            finally:
+                if served is not None:
+                    await served.stop()
+
+        asyncio.run(main())
+    except DatabaseInUse as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        log.info("stopped before the workers started")
+    finally:
+        if embedded is not None:
+            still = embedded.stop()
+            if still is None:
+                log.info("embedded Postgres stopped")
+            else:
+                log.warning("embedded Postgres still running (pid %d)", still)
+        if lock is not None:
+            lock.release()
