@@ -5,11 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from test_ingest import Client, config, rows
+from test_ingest_batches import acks, batch
 
+from inturn.worker.hl7.ack import parse_ack
+from inturn.worker.hl7.mllp import frame
 from inturn.worker.ingest.routing import Router
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.store import registry
@@ -111,3 +116,45 @@ async def test_ingest_stores_a_message_only_for_the_destinations_its_fields_pass
         ("lab/lis-south", "S1"),
         ("ward/bed-board-4w", "W1"),
     ]
+
+
+async def test_a_channel_that_accepts_unrouted_messages_answers_aa_and_counts_them(
+    fresh_db: str,
+) -> None:
+    """Mirth's FILTERED: AA, nothing stored, counted; over MLLP, HTTP and in a batch (where
+    the other messages are stored); a channel without the declaration still answers AR."""
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await put(conn, "lab/lis-north", "lab", ["ORU^R01"], NORTH)
+
+    def dropped(channel: str, reason: str) -> float:
+        labels = {"channel": channel, "reason": reason, "outcome": "dropped"}
+        return REGISTRY.get_sample_value("inturn_ingest_unrouted_total", labels) or 0.0
+
+    before = (dropped("lab", "filtered"), dropped("adt", "no_destinations"))
+    cfg = config(accept_unrouted=frozenset({"lab", "adt"}))
+    async with Ingest(cfg, dsn=fresh_db) as ingest:
+        lab = await Client.connect(ingest.mllp_ports["lab"])
+        south = await lab.send(oru("S1", "SOUTH"))
+        assert (await lab.send(oru("N1", "NORTH"))).code == "AA"
+        await lab.write(frame(batch(oru("N2", "NORTH"), oru("S2", "SOUTH"))))
+        answered = await lab.reply()
+        await lab.close()
+        adt_client = await Client.connect(ingest.mllp_ports["adt"])
+        nowhere = await adt_client.send(adt("W1", "4W"))
+        await adt_client.close()
+        url = f"http://127.0.0.1:{ingest.http_port}/channels/lab/messages"
+        async with aiohttp.ClientSession() as http, http.post(url, data=oru("S3", "SOUTH")) as r:
+            assert r.status == 200
+            over_http = parse_ack(await r.read())
+    assert (south.code, south.text) == (
+        "AA",
+        "accepted, not stored: no destination of channel lab takes it",
+    )
+    assert (nowhere.code, over_http.code) == ("AA", "AA")
+    assert [a[:2] for a in acks(answered)] == [("AA", "N2"), ("AA", "S2")]
+    assert [(r[1], r[3]) for r in rows(fresh_db)] == [
+        ("lab/lis-north", "N1"),
+        ("lab/lis-north", "N2"),
+    ]
+    after = (dropped("lab", "filtered"), dropped("adt", "no_destinations"))
+    assert (after[0] - before[0], after[1] - before[1]) == (3, 1)

@@ -315,6 +315,25 @@ def test_ingest_listens_on_every_channel() -> None:
     assert "--ops=0.0.0.0:9090" in args and not [a for a in args if a.startswith("--http")]
 
 
+def test_a_channel_declares_what_an_unrouted_message_gets() -> None:
+    channels = [
+        {"name": "adt", "port": 2575},
+        {"name": "lab", "port": 2576, "unrouted": "hold"},
+        {"name": "rad", "port": 2577, "unrouted": "accept"},
+        {"name": "ris", "port": 2578, "unrouted": "reject"},
+    ]
+    objs = render({"ingest": {"channels": channels}})
+    args = find(objs, "Deployment", "inturn-ingest")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert [a for a in args if "unrouted" in a] == [
+        "--hold-unrouted=lab",
+        "--accept-unrouted=rad",
+    ]
+    with pytest.raises(helm.HelmValuesError, match="unrouted"):
+        render({"ingest": {"channels": [{"name": "adt", "port": 2575, "unrouted": "drop"}]}})
+
+
 def test_secured_ingest_mounts_tls_and_credentials_and_keeps_ops_apart() -> None:
     objs = render(files=["ingest-secure"])
     pod = find(objs, "Deployment", "inturn-ingest")["spec"]["template"]["spec"]

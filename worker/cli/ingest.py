@@ -209,6 +209,13 @@ def _size(value: str) -> int:
     " instead of answering AR (repeatable).",
 )
 @click.option(
+    "--accept-unrouted",
+    multiple=True,
+    metavar="CHANNEL",
+    help="Answer AA to messages no destination takes and drop them, counted in"
+    " inturn_ingest_unrouted_total (Mirth's FILTERED), instead of answering AR (repeatable).",
+)
+@click.option(
     "--refresh",
     type=float,
     default=DEFAULT_REFRESH_SECONDS,
@@ -301,6 +308,7 @@ def ingest_command(
     frame_timeout: float,
     duplicate_window: float,
     hold_unrouted: tuple[str, ...],
+    accept_unrouted: tuple[str, ...],
     refresh: float,
     store_timeout: float,
     pool_size: int,
@@ -341,8 +349,11 @@ def ingest_command(
         ops_address = parse_address(ops) if ops else None
         frame_limit = _size(max_frame_bytes)
         memory = _size(memory_limit) if memory_limit else None
-        for channel in hold_unrouted:
+        for channel in (*hold_unrouted, *accept_unrouted):
             check_channel(channel)
+        both = sorted(set(hold_unrouted) & set(accept_unrouted))
+        if both:
+            raise ValueError(f"--hold-unrouted and --accept-unrouted both name {both[0]}")
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     context = http_context = None
@@ -372,6 +383,7 @@ def ingest_command(
             frame_timeout=frame_timeout,
             duplicate_window=duplicate_window,
             hold_unrouted=frozenset(hold_unrouted),
+            accept_unrouted=frozenset(accept_unrouted),
             refresh_seconds=refresh,
             store_timeout=store_timeout,
             pool_size=pool_size,

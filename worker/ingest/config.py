@@ -58,6 +58,8 @@ class IngestConfig:
             purges rows older than its own window).
         hold_unrouted: channels whose messages without a destination are held in
             ``_unrouted/<channel>`` instead of answered AR.
+        accept_unrouted: channels whose messages without a destination are answered AA and
+            dropped (not stored, counted) instead of answered AR (a channel in both holds).
         refresh_seconds: seconds between reads of the destination registry.
         store_timeout: seconds one message may take to store (pool wait + transaction);
             past it the transaction is cancelled and answered by its own end: AE once rolled
@@ -92,6 +94,7 @@ class IngestConfig:
     frame_timeout: float = DEFAULT_FRAME_TIMEOUT
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_SECONDS
     hold_unrouted: frozenset[str] = field(default_factory=frozenset)
+    accept_unrouted: frozenset[str] = field(default_factory=frozenset)
     refresh_seconds: float = DEFAULT_REFRESH_SECONDS
     store_timeout: float = DEFAULT_STORE_TIMEOUT_SECONDS
     pool_size: int = 16

@@ -164,6 +164,7 @@ class Ingest:
                 pools.write,
                 self.router,
                 hold_unrouted=config.hold_unrouted,
+                accept_unrouted=config.accept_unrouted,
                 duplicate_window_seconds=config.duplicate_window,
                 store_timeout_seconds=config.store_timeout,
                 max_indexed_identifiers=config.max_indexed_identifiers,

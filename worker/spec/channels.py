@@ -53,6 +53,7 @@ CHANNEL_SCHEMA: dict[str, Any] = {
             "items": {"type": "string", "pattern": "^[0-9a-fA-F:.]+/[0-9]{1,3}$"},
         },
         "allowedSubjects": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "unrouted": {"type": "string", "enum": list(UNROUTED)},
     },
     "additionalProperties": False,
     "required": ["name", "port"],
