@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import corpus
 import psycopg
 from figures import emit, parse_args
 from psycopg import AsyncConnection
@@ -68,7 +69,6 @@ from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 
 BENCH_DIR = Path(__file__).resolve().parent
-SAMPLES = BENCH_DIR.parents[1] / "shared" / "samples" / "hl7"
 INTURN = Path(sys.executable).with_name("inturn")
 NAMESPACE, NAME = "bench", "delivery"
 DESTINATION = f"{NAMESPACE}/{NAME}"
@@ -99,19 +99,19 @@ class Template:
     size: int  # the sample's own size, bytes
 
 
-def load_templates(directory: Path) -> tuple[list[Template], list[str]]:
-    """The usable samples, sorted by name, and the names of those skipped (with why)."""
+def load_templates(source: corpus.Messages) -> tuple[list[Template], list[str]]:
+    """The usable messages of ``source``, sorted by name, and the names of those skipped (with
+    why)."""
     templates: list[Template] = []
     skipped: list[str] = []
-    for path in sorted(directory.glob("*.hl7")):
-        data = path.read_bytes()
+    for name, data in source.items:
         try:
             header = parse_header(data)
         except HeaderError as exc:
-            skipped.append(f"{path.name} ({exc})")
+            skipped.append(f"{name} ({exc})")
             continue
         if b"\x1c" in data or b"\x00" in data:
-            skipped.append(f"{path.name} (contains 0x1C or NUL)")
+            skipped.append(f"{name} (contains 0x1C or NUL)")
             continue
         text = data.decode("latin-1")
         start = text.find("MSH")
@@ -122,12 +122,12 @@ def load_templates(directory: Path) -> tuple[list[Template], list[str]]:
         sep = segment[3]
         fields = segment.split(sep)
         if len(fields) < 10:
-            skipped.append(f"{path.name} (no MSH-10)")
+            skipped.append(f"{name} (no MSH-10)")
             continue
         offset = start + len(sep.join(fields[:9])) + 1
         old = fields[9]
         head, tail = data[:offset], data[offset + len(old) :]
-        templates.append(Template(path.name, head, tail, header.message_type.type_key, len(data)))
+        templates.append(Template(name, head, tail, header.message_type.type_key, len(data)))
     return templates, skipped
 
 
@@ -786,13 +786,15 @@ def fsync_probe(data_dir: Path | None) -> str | None:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    templates, skipped = load_templates(args.samples)
+    source = corpus.load(args.samples)
+    templates, skipped = load_templates(source)
     if not templates:
-        print(f"no usable samples under {args.samples}", file=sys.stderr)
+        print(f"no usable messages: {source.where}", file=sys.stderr)
         return 2
     sizes = [t.size for t in templates]
+    print(source.describe())
     print(
-        f"samples: {len(templates)} used from {args.samples} (sizes {min(sizes)}..{max(sizes)} B,"
+        f"messages: {len(templates)} used (sizes {min(sizes)}..{max(sizes)} B,"
         f" mean {statistics.mean(sizes):,.0f} B); skipped {len(skipped)}"
         + (f": {', '.join(skipped)}" if skipped else "")
     )
@@ -880,6 +882,7 @@ async def main_async(args: argparse.Namespace) -> int:
             f" {args.ack_delay_ms:g} ms): {catchup:.3f} of the simplest loop's time (target 1.10)"
         )
     figures = {
+        "messages": source.source,
         "delivery_msg_s": rate("delivery"),
         "floor_msg_s": round(floor_rate, 1) if floors else None,
         "ratio_to_floor": None if ratio is None else round(ratio, 3),
@@ -913,7 +916,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=os.environ.get("INTURN_DSN"), help="Postgres server DSN")
     parser.add_argument("--messages", type=int, default=20000, help="messages per run")
-    parser.add_argument("--samples", type=Path, default=SAMPLES, help="directory of *.hl7")
+    parser.add_argument(
+        "--samples",
+        type=Path,
+        default=None,
+        help="directory of *.hl7 (default $INTURN_SAMPLES or ../shared/samples/hl7; without"
+        " them, the demo's made-up messages)",
+    )
     parser.add_argument(
         "--large-rows", type=int, default=LARGE_TABLE_ROWS, help="finished rows for large-table"
     )

@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import corpus
 import psycopg
 from figures import emit, parse_args
 from psycopg.conninfo import make_conninfo
@@ -41,18 +42,16 @@ from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.store.migrate import migrate
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "hl7"
 HOST = "127.0.0.1"
 SB, TRAILER = b"\x0b", b"\x1c\r"
 CONNECTIONS = (1, 8, 32)
 FANOUTS = {"one": 1, "fan5": 5}
 
 
-def templates() -> list[tuple[bytes, bytes]]:
-    """Each usable sample split around its MSH-10: (before, after)."""
+def templates(source: corpus.Messages) -> list[tuple[bytes, bytes]]:
+    """Each usable message of ``source`` split around its MSH-10: (before, after)."""
     out = []
-    for path in sorted(SAMPLES.glob("*.hl7")):
-        raw = path.read_bytes()
+    for _, raw in source.items:
         try:
             header = parse_header(raw)
         except HeaderError:
@@ -242,7 +241,9 @@ async def wait_ready(http_port: int, process: subprocess.Popen[bytes]) -> None:
 
 
 async def main_async(args: argparse.Namespace, db: str) -> None:
-    msgs = templates()
+    source = corpus.load()
+    print(source.describe(), flush=True)
+    msgs = templates(source)
     register(db)
     ports = {channel: free_port() for channel in FANOUTS}
     http_port = free_port()
@@ -322,6 +323,7 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
     emit(
         "ingest",
         {
+            "messages": source.source,
             "ingest_msg_s_8_connections": round(ingest8, 1),
             "pgbench_tps_8_clients": round(tps[8], 1),
             "ratio_to_pgbench": None if ratio != ratio else round(ratio, 3),

@@ -29,9 +29,9 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import corpus
 import psycopg
 from delivery import (
-    SAMPLES,
     Template,
     fresh_database,
     load_templates,
@@ -200,10 +200,12 @@ async def one_rate(
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    templates, _ = load_templates(Path(os.environ.get("INTURN_SAMPLES") or SAMPLES))
+    source = corpus.load()
+    templates, _ = load_templates(source)
     if not templates:
-        print("no usable samples (set INTURN_SAMPLES)", file=sys.stderr)
+        print(f"no usable messages: {source.where}", file=sys.stderr)
         return 2
+    print(source.describe(), flush=True)
     rates = [float(r) for r in args.rates.split(",")]
     results = []
     with (
@@ -260,6 +262,7 @@ async def main_async(args: argparse.Namespace) -> int:
     emit(
         "latency",
         {
+            "messages": source.source,
             "runs": [
                 {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
                 for r in results

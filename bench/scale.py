@@ -22,8 +22,9 @@ Five parts, each printing its figures:
 
     python bench/scale.py [--dsn DSN] [--rows 1000000] [--idle-workers 20] [--skip PART ...]
 
-Without ``--dsn`` (or ``INTURN_DSN``) an embedded Postgres is started (pgserver). Samples come
-from ``INTURN_SAMPLES`` or ``../shared/samples/hl7``. Asserts nothing; the last line is
+Without ``--dsn`` (or ``INTURN_DSN``) an embedded Postgres is started (pgserver). Messages come
+from ``INTURN_SAMPLES`` or ``../shared/samples/hl7``, else the demo's made-up ones
+(``bench/corpus.py``). Asserts nothing; the last line is
 ``scale: idle tx/s per worker X; idle CPU per worker Y%; worker RSS Z MiB; fan-out-5 ratio R``.
 """
 
@@ -48,6 +49,7 @@ from psycopg import AsyncConnection
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
+import corpus  # noqa: E402
 import delivery  # noqa: E402  (the sibling benchmark's helpers)
 import ingest as ingest_bench  # noqa: E402
 from figures import emit, parse_args  # noqa: E402
@@ -394,9 +396,11 @@ async def ingest_run(
     return out
 
 
-async def fan_out(db: str, seconds: float, profile: bool) -> tuple[float, float, float]:
+async def fan_out(
+    db: str, source: corpus.Messages, seconds: float, profile: bool
+) -> tuple[float, float, float]:
     """Return (one-destination msg/s, fan-out-5 msg/s, pgbench sample-sized INSERT tps), 8 each."""
-    msgs = ingest_bench.templates()
+    msgs = ingest_bench.templates(source)
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("TRUNCATE inturn_destination CASCADE")
     ingest_bench.register(db)
@@ -554,11 +558,11 @@ async def main_async(args: argparse.Namespace, server: str) -> None:
         migrate(db)
         if "idle" not in skip:
             tx_rate, cpu, _ = await idle(db, args.idle_workers, args.idle_window)
-        samples = Path(os.environ.get("INTURN_SAMPLES") or delivery.SAMPLES)
-        ingest_bench.SAMPLES = samples
-        templates, _ = delivery.load_templates(samples)
+        source = corpus.load()
+        print(source.describe(), flush=True)
+        templates, _ = delivery.load_templates(source)
         if not templates:
-            raise SystemExit(f"no samples under {samples} (set INTURN_SAMPLES)")
+            raise SystemExit(f"no usable messages: {source.where}")
         if "drain" not in skip:
             one = await drains(db, templates, ["drain"], args.drain)
             rss = one["rss"][0]
@@ -577,7 +581,7 @@ async def main_async(args: argparse.Namespace, server: str) -> None:
             describe("10 destinations at once", many)
             print(f"  aggregate / alone              {many['aggregate'] / alone['aggregate']:.2f}")
         if "ingest" not in skip:
-            one_rate, fan5, _ = await fan_out(db, args.ingest_seconds, args.profile)
+            one_rate, fan5, _ = await fan_out(db, source, args.ingest_seconds, args.profile)
             ratio = fan5 / one_rate
         if "lookup" not in skip:
             await lookups(db, args.rows)
@@ -592,6 +596,7 @@ async def main_async(args: argparse.Namespace, server: str) -> None:
     emit(
         "scale",
         {
+            "messages": source.source,
             "idle_tx_per_s_per_worker": num(tx_rate, 4),
             "idle_cpu_percent_per_worker": num(cpu, 4),
             "worker_rss_mib": num(rss, 1),

@@ -3,11 +3,18 @@
 ``INTURN_TEST_DSN`` names a server to use (CI sets it to the system Postgres); otherwise an
 embedded server is started with ``pgserver``. Either way each test session gets its own fresh
 database, migrated with the real migrations, and drops it at the end.
+
+Tests never find or touch what belongs to the person running them: the tests run from a
+temporary working folder (never the clone, where a tutorial's ``inturn local`` may keep
+``./.inturn``), with ``./.inturn`` discovery off (``INTURN_LOCAL_DISCOVERY=off``) and without the
+user's ``INTURN_*`` settings (``INTURN_DSN`` above all); only the test suite's own knobs
+(:data:`TEST_KNOBS`) pass through. ``tests/unit/test_isolation.py`` holds these rules.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -19,8 +26,17 @@ import pytest
 from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 
+from inturn.worker.store.connect import LOCAL_DISCOVERY_ENV
 from inturn.worker.store.migrate import migrate
 from tests.support.db import empty_tables
+
+#: The ``INTURN_*`` variables that steer the test suite itself (every other ``INTURN_*`` variable
+#: is a setting of the user's installation, and is removed before any test runs).
+TEST_KNOBS = ("INTURN_TEST_", "INTURN_REQUIRE_", "INTURN_SAMPLES", "INTURN_PG_BIN")
+TEST_KNOBS += ("INTURN_CHROMIUM", "INTURN_SCREENSHOTS", LOCAL_DISCOVERY_ENV)
+for _name in [n for n in os.environ if n.startswith("INTURN_") and not n.startswith(TEST_KNOBS)]:
+    del os.environ[_name]
+os.environ[LOCAL_DISCOVERY_ENV] = "off"
 
 #: The shared sample messages, read in place: ../shared/samples/hl7 beside the repository, or
 #: wherever INTURN_SAMPLES points.
@@ -28,6 +44,19 @@ SAMPLES = Path(
     os.environ.get("INTURN_SAMPLES")
     or Path(__file__).resolve().parents[2] / "shared" / "samples" / "hl7"
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def away_from_the_user() -> Iterator[Path]:
+    """Run the whole session from a temporary working folder of its own (removed after)."""
+    before = os.getcwd()
+    home = Path(tempfile.mkdtemp(prefix="inturn-tests-cwd-"))
+    os.chdir(home)
+    try:
+        yield home
+    finally:
+        os.chdir(before)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

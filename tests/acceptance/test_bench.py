@@ -4,7 +4,9 @@ A benchmark nobody runs rots (``bench/scale.py`` once failed on a table added el
 nothing noticed). Here each one runs as ``make bench`` runs it, but at a toy size, against this
 session's Postgres server, and must exit 0 with its last line the JSON object of its figures
 (``bench/figures.py``). The figures themselves are never asserted: timing on a shared machine
-says nothing, and the full-size run is ``make bench``'s.
+says nothing, and the full-size run is ``make bench``'s. A benchmark that sends messages
+(``bench/corpus.py``) runs on a fresh clone too, with the demo's made-up messages when the
+samples are absent, and its ``messages`` figure says which it sent.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def test_every_benchmark_is_in_make_bench() -> None:
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=[p.stem for p in BENCHMARKS])
-def test_benchmark_runs_tiny(script: Path, pg_server_dsn: str) -> None:
+def test_benchmark_runs_tiny(script: Path, pg_server_dsn: str, tmp_path: Path) -> None:
     env = {
         **os.environ,
         "INTURN_DSN": pg_server_dsn,
@@ -45,7 +47,7 @@ def test_benchmark_runs_tiny(script: Path, pg_server_dsn: str) -> None:
     }
     run = subprocess.run(
         [sys.executable, str(script), "--tiny"],
-        cwd=BENCH.parent,
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
@@ -55,3 +57,7 @@ def test_benchmark_runs_tiny(script: Path, pg_server_dsn: str) -> None:
     last = run.stdout.strip().splitlines()[-1]
     figures = json.loads(last)
     assert figures["bench"] == script.stem
+    if "import corpus" in script.read_text():
+        expected = "samples" if any(SAMPLES.glob("*.hl7")) else "made-up"
+        assert figures["messages"] == expected
+        assert "messages: " in run.stdout

@@ -26,6 +26,7 @@ import pytest
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.store.connect import LOCAL_DISCOVERY_ENV
 from inturn.worker.testing import HttpReceiver, MllpReceiver
 from tests.support.local import (
     HOST,
@@ -320,7 +321,10 @@ async def test_embedded_postgres_keeps_the_backlog_across_restarts(
 
 
 async def run_inturn(*args: str, cwd: Path) -> tuple[int, str, str]:
+    """Run ``inturn ARGS`` in ``cwd`` (a test's own folder) as a user would: no ``INTURN_DSN``,
+    ``./.inturn`` discovery on."""
     env = {k: v for k, v in os.environ.items() if k != "INTURN_DSN"}
+    env[LOCAL_DISCOVERY_ENV] = "on"
     proc = await asyncio.create_subprocess_exec(
         str(INTURN), *args, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE
     )

@@ -5,6 +5,7 @@ this run's), in a folder holding a copy of ``examples/``."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -16,9 +17,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from inturn.worker.store.connect import LOCAL_DISCOVERY_ENV
+
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "tutorial" / "first-hour.md"
 INTURN = str(Path(sys.executable).with_name("inturn"))
+#: The reader's environment: commands find the tutorial's ``./.inturn`` (in this test's own
+#: folder), which the test suite otherwise never looks for.
+ENV = {**os.environ, LOCAL_DISCOVERY_ENV: "on"}
 FENCE = re.compile(r"^```sh\n(.*?)^```", re.M | re.S)
 #: The ports the tutorial names: ingest's MLLP and HTTP listeners, the console, the receivers.
 PORTS = (2575, 2576, 8080, 8081, 8090)
@@ -44,6 +50,7 @@ def shell(text: str, cwd: Path, ports: dict[int, int]) -> subprocess.CompletedPr
     return subprocess.run(
         ["bash", "-euo", "pipefail", "-c", adapt(text, ports)],
         cwd=cwd,
+        env=ENV,
         capture_output=True,
         text=True,
         timeout=120,
@@ -67,6 +74,7 @@ def background(
     proc = subprocess.Popen(
         ["bash", "-c", "exec " + adapt(text, ports).replace("\\\n", " ")],
         cwd=cwd,
+        env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -91,7 +99,12 @@ def background(
 
 def depth(cwd: Path) -> dict[str, dict[str, int]]:
     out = subprocess.run(
-        [INTURN, "queue", "depth", "--json"], cwd=cwd, capture_output=True, text=True, timeout=60
+        [INTURN, "queue", "depth", "--json"],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     return {r["destination"]: r for r in json.loads(out.stdout)}

@@ -139,6 +139,18 @@ class DsnMissing(DsnError):
 #: Where ``inturn local`` keeps its embedded Postgres by default (relative to the working folder).
 LOCAL_DATA_DIR = Path(".inturn")
 
+#: Set to ``off`` (or ``0``, ``no``, ``false``), commands never look for ``./.inturn``: only
+#: ``--dsn`` or ``INTURN_DSN`` name a database. The test suite sets it, so that a tutorial's
+#: ``inturn local`` running in the same folder is never found by a test.
+LOCAL_DISCOVERY_ENV = "INTURN_LOCAL_DISCOVERY"
+
+
+def local_discovery() -> bool:
+    """Whether :func:`resolve_dsn` may fall back to a running ``./.inturn`` (see
+    :data:`LOCAL_DISCOVERY_ENV`); on unless that variable says off."""
+    value = os.environ.get(LOCAL_DISCOVERY_ENV, "").strip().lower()
+    return value not in ("off", "0", "no", "false")
+
 
 def schema_missing(exc: BaseException) -> str:
     """The one-line error for a query that found no inturn table or column: the database was
@@ -241,17 +253,18 @@ def normalize_dsn(dsn: str) -> str:
 
 
 def resolve_dsn(dsn: str | None) -> str:
-    """Return ``dsn``, ``$INTURN_DSN`` or the running embedded Postgres of ``./.inturn``,
-    checked and normalized by :func:`normalize_dsn`.
+    """Return ``dsn``, ``$INTURN_DSN`` or the running embedded Postgres of ``./.inturn`` (unless
+    :func:`local_discovery` is off), checked and normalized by :func:`normalize_dsn`.
 
     Raises:
         DsnMissing: none of them is there.
         DsnError: the one given is unusable.
     """
-    value = dsn or os.environ.get("INTURN_DSN") or local_dsn()
+    discover = local_discovery()
+    value = dsn or os.environ.get("INTURN_DSN") or (local_dsn() if discover else None)
     if not value:
         hint = ""
-        if (LOCAL_DATA_DIR / "pg").is_dir():
+        if discover and (LOCAL_DATA_DIR / "pg").is_dir():
             hint = " (./.inturn holds an embedded Postgres that is not running: start inturn local)"
         raise DsnMissing(f"no database: pass --dsn or set INTURN_DSN{hint}")
     normalized = normalize_dsn(value)
