@@ -71,6 +71,7 @@ def test_depth_list_show_and_payload(fresh_db: str) -> None:
         [INTURN, "queue", "payload", str(a), "--why", "ticket 7", "--dsn", fresh_db],
         capture_output=True,
         check=True,
+        timeout=60,
     )
     assert out.stdout == raw
     unsaid = run(

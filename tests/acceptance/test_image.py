@@ -53,7 +53,7 @@ def test_image_builds_and_holds_what_every_component_needs() -> None:
         assert "compilers: none" in built.stdout
         facts = _checker().inspect(IMAGE)
     finally:
-        subprocess.run(["podman", "untag", IMAGE, IMAGE], capture_output=True)
+        subprocess.run(["podman", "untag", IMAGE, IMAGE], capture_output=True, timeout=120)
     assert facts["entrypoint"] == ["inturn"]
     assert facts["version"] == f"inturn, version {version}"
     assert facts["help"]["worker"] == "Usage: inturn worker [OPTIONS]"

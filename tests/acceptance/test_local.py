@@ -84,7 +84,7 @@ async def local_runs() -> AsyncIterator[list[LocalProcess]]:
     for run in runs:
         if run.proc is not None and run.proc.returncode is None:
             run.proc.kill()
-            await run.proc.wait()
+            await asyncio.wait_for(run.proc.wait(), 30)
 
 
 async def wait_until(check: Callable[[], Any], timeout: float = 30) -> None:

@@ -86,7 +86,7 @@ def background(
                 socket.create_connection(("127.0.0.1", ready), timeout=1).close()
                 break
             except OSError:
-                assert proc.poll() is None, proc.communicate()[0]
+                assert proc.poll() is None, proc.communicate(timeout=10)[0]
                 time.sleep(0.2)
         else:
             raise AssertionError(f"nothing listens on {ready}")

@@ -79,7 +79,7 @@ async def test_sigkill_mid_stream_loses_nothing_and_keeps_order(
         proc = await start_worker(path, fresh_db)
         await rx.wait_for(120, timeout=60)
         proc.send_signal(signal.SIGKILL)
-        await proc.wait()
+        await asyncio.wait_for(proc.wait(), 30)
         killed_at = len(rx.received)
         proc = await start_worker(path, fresh_db)
         try:
@@ -88,7 +88,7 @@ async def test_sigkill_mid_stream_loses_nothing_and_keeps_order(
                     await asyncio.sleep(0.1)
         finally:
             proc.terminate()
-            await proc.wait()
+            await asyncio.wait_for(proc.wait(), 60)
     ids = [p.split(b"|")[9].decode() for p in rx.received]
     expected = [f"M{n:06d}" for n in range(total)]
     deduplicated = [x for i, x in enumerate(ids) if i == 0 or ids[i - 1] != x]
@@ -142,7 +142,7 @@ async def test_the_runtime_refuses_to_start_alone() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-P", "-m", "inturn.worker.drain.main", stderr=asyncio.subprocess.PIPE
     )
-    _, err = await proc.communicate()
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
     assert err.decode().strip() == "inturn: error: start workers with `inturn worker`"
 

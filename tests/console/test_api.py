@@ -87,6 +87,7 @@ async def test_overview_counts_match_queue_depth(
         capture_output=True,
         text=True,
         check=True,
+        timeout=60,
     )
     depth = {d["destination"]: d for d in json.loads(cli.stdout)}
     for name, d in depth.items():

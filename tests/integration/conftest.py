@@ -10,7 +10,7 @@ import pytest
 
 
 def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
 
 #: Certificates of the test PKI: file stem -> (subject CN, subjectAltName).

@@ -142,7 +142,7 @@ def ingest(fresh_db: str, tmp_path: Path) -> Iterator[Running]:
                 process.wait(20)
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait()
+                process.wait(30)
         cgroup.remove()
 
 

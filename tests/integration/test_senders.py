@@ -319,7 +319,7 @@ async def test_late_ack_after_a_timeout_is_never_taken_for_the_next_message() ->
             payload = await server.read_message(n, reader)
             control_id = parse_header(payload).control_id
             if n == 1:
-                await release.wait()
+                await asyncio.wait_for(release.wait(), 30)
                 writer.write(frame(ack_for(control_id)))
                 with contextlib.suppress(OSError):
                     await writer.drain()
@@ -335,7 +335,7 @@ async def test_late_ack_after_a_timeout_is_never_taken_for_the_next_message() ->
                 await sender.send(MSG1)
         assert not sender.connected
         release.set()
-        await late_ack_written.wait()
+        await asyncio.wait_for(late_ack_written.wait(), 30)
         await sender.send(MSG2)  # would fail with controlIdMismatch on the old connection
         await sender.close()
     assert server.connections == 2
@@ -486,7 +486,7 @@ class Pki:
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="session")

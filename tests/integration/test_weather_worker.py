@@ -214,7 +214,7 @@ def small_tablespace(dsn: str) -> Iterator[tuple[str, Path]]:
         ["mount", "-t", "tmpfs", "-o",
          f"size=2m,uid={owner.st_uid},gid={owner.st_gid},mode=0700", "inturn-full",
          str(mount_point)],
-        check=True, capture_output=True,
+        check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     name = f"inturn_full_{uuid.uuid4().hex[:8]}"
     try:
@@ -227,7 +227,7 @@ def small_tablespace(dsn: str) -> Iterator[tuple[str, Path]]:
                 admin.execute("ALTER TABLE inturn_delivery SET TABLESPACE pg_default")
                 admin.execute(f"DROP TABLESPACE {name}")
     finally:
-        subprocess.run(["umount", str(mount_point)], check=False, capture_output=True)
+        subprocess.run(["umount", str(mount_point)], check=False, capture_output=True, timeout=60)
         mount_point.rmdir()
 
 

@@ -106,7 +106,7 @@ async def prometheus(tmp_path: Path, target: str) -> AsyncIterator[str]:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            proc.wait(30)
         log.close()
 
 

@@ -166,4 +166,4 @@ class LocalProcess:
         """Kill it if it still runs."""
         if self.proc is not None and self.proc.returncode is None:
             self.proc.kill()
-            await self.proc.wait()
+            await asyncio.wait_for(self.proc.wait(), 30)

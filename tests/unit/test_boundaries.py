@@ -22,7 +22,12 @@ print(json.dumps(sorted(roots)))
 
 def test_inturn_worker_help_loads_no_kopf_kubernetes_or_operator(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=tmp_path, capture_output=True, text=True, check=True
+        [sys.executable, "-c", PROBE],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     )
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert "inturn.worker.cli.worker" in loaded  # the probe did load the command

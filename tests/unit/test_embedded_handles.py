@@ -17,6 +17,7 @@ def dead_pid() -> int:
         check=True,
         capture_output=True,
         text=True,
+        timeout=60,
     )
     return int(done.stdout)
 

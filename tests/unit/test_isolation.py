@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 
@@ -73,3 +74,81 @@ def test_the_ingest_command_without_a_database_says_so_beside_a_running_local(
     result = CliRunner().invoke(ingest_command, ["--listen", "adt=1"], env={"INTURN_DSN": ""})
     assert result.exit_code == 2
     assert "no database: pass --dsn or set INTURN_DSN" in result.output
+
+
+#: The functions that run a command to its end, and so need a timeout.
+RUNNERS = {"run", "call", "check_call", "check_output"}
+
+
+def _bounded(parents: dict[ast.AST, ast.AST], node: ast.AST) -> bool:
+    """Whether ``node`` sits inside ``asyncio.wait_for(...)`` or ``async with
+    asyncio.timeout(...)`` within its function."""
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "asyncio.wait_for":
+            return True
+        if isinstance(node, (ast.With, ast.AsyncWith)) and any(
+            ast.unparse(i.context_expr).startswith("asyncio.timeout") for i in node.items
+        ):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+    return False
+
+
+def unbounded_commands(source: str) -> list[str]:
+    """The calls of ``source`` that may wait for ever on a command: ``subprocess.run`` (and
+    friends) without ``timeout=``, and a bare ``.wait()`` or ``.communicate()`` (a process's, or
+    an event's) outside ``asyncio.wait_for`` and ``asyncio.timeout``."""
+    tree = ast.parse(source)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        name, keywords = node.func.attr, {k.arg for k in node.keywords}
+        if "timeout" in keywords:
+            continue
+        runs = ast.unparse(node.func.value) == "subprocess" and name in RUNNERS
+        waits = name in ("wait", "communicate") and not node.args
+        if runs or (waits and not _bounded(parents, node)):
+            found.append(f"{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_every_command_a_test_runs_has_a_timeout() -> None:
+    unbounded = {
+        str(path.relative_to(ROOT)): found
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if (found := unbounded_commands(path.read_text()))
+    }
+    assert unbounded == {}
+
+
+def test_the_timeout_check_sees_what_it_must() -> None:
+    source = (
+        "async def f(proc, ev):\n"
+        "    subprocess.run(['x'])\n"
+        "    subprocess.run(['x'], timeout=5)\n"
+        "    await proc.wait()\n"
+        "    await asyncio.wait_for(proc.communicate(), 5)\n"
+        "    async with asyncio.timeout(5):\n"
+        "        await ev.wait()\n"
+        "    proc.wait(30)\n"
+    )
+    assert unbounded_commands(source) == ["2: subprocess.run(['x'])", "4: proc.wait()"]
+
+
+def test_a_test_that_hangs_is_interrupted_not_waited_for(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-test bound of tests/conftest.py, in a pytest run of its own: a test that sleeps
+    past it is interrupted and the run fails, saying which test it was."""
+    monkeypatch.setenv("INTURN_TEST_TIMEOUT_SECONDS", "2")
+    pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
+    pytester.makepyfile(
+        test_hang="import time\n\ndef test_forever():\n    time.sleep(600)\n",
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*test_forever: still running after 2 s: interrupting the run*"])
