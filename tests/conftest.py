@@ -9,9 +9,9 @@ temporary working folder (never the clone, where a tutorial's ``inturn local`` m
 ``./.inturn``), with ``./.inturn`` discovery off (``INTURN_LOCAL_DISCOVERY=off``) and without the
 user's ``INTURN_*`` settings (``INTURN_DSN`` above all); only the test suite's own knobs
 (:data:`TEST_KNOBS`) pass through. Every command a test runs has a timeout (a subprocess its
-``timeout``, ``tests/unit/test_isolation.py`` checks them all), and every test as a whole has
-:data:`TEST_TIMEOUT_SECONDS` (for the commands run in-process, such as click's ``CliRunner``):
-past it the run is interrupted, failing, rather than hanging for good.
+``timeout``, ``tests/unit/test_isolation.py`` checks them all), and every test as a whole has a
+bound (:mod:`tests.support.watchdog`, for the commands run in-process, such as click's
+``CliRunner``): past it the run is interrupted, failing, rather than hanging for good.
 ``tests/unit/test_isolation.py`` holds these rules.
 """
 
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
-import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,7 +34,9 @@ from inturn.worker.store.connect import LOCAL_DISCOVERY_ENV
 from inturn.worker.store.migrate import migrate
 from tests.support.db import empty_tables
 
-pytest_plugins = ["pytester"]  # tests/unit/test_isolation.py runs pytest on a hanging test
+#: pytester: tests/unit/test_isolation.py runs pytest on a hanging test; the watchdog: a bound
+#: on every test.
+pytest_plugins = ["pytester", "tests.support.watchdog"]
 
 #: The ``INTURN_*`` variables that steer the test suite itself (every other ``INTURN_*`` variable
 #: is a setting of the user's installation, and is removed before any test runs).
@@ -45,35 +45,6 @@ TEST_KNOBS += ("INTURN_CHROMIUM", "INTURN_SCREENSHOTS", LOCAL_DISCOVERY_ENV)
 for _name in [n for n in os.environ if n.startswith("INTURN_") and not n.startswith(TEST_KNOBS)]:
     del os.environ[_name]
 os.environ[LOCAL_DISCOVERY_ENV] = "off"
-
-#: The longest one test may take, setup and teardown included, seconds: longer than the longest
-#: command a test runs (the image build's 1,500 s), so that only a hang reaches it.
-TEST_TIMEOUT_SECONDS = float(os.environ.get("INTURN_TEST_TIMEOUT_SECONDS") or 1800)
-
-
-def _interrupt(item: pytest.Item) -> None:
-    said = f"{item.nodeid}: still running after {TEST_TIMEOUT_SECONDS:g} s: interrupting the run"
-    plugins = item.config.pluginmanager
-    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:  # to the terminal, past the test's capture
-        with capture.global_and_fixture_disabled():
-            reporter.write_line("")
-            reporter.write_line(said, red=True)
-    os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes a blocked select() too
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
-    """Interrupt the run (as Ctrl-C would: pytest reports where it stood, and fails) when one
-    test outlasts :data:`TEST_TIMEOUT_SECONDS`."""
-    watchdog = threading.Timer(TEST_TIMEOUT_SECONDS, _interrupt, args=(item,))
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        return (yield)
-    finally:
-        watchdog.cancel()
-
 
 #: The shared sample messages, read in place: ../shared/samples/hl7 beside the repository, or
 #: wherever INTURN_SAMPLES points.

@@ -162,7 +162,7 @@ class Bouncer:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait()
+                self.process.wait(timeout=10)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> Bouncer:

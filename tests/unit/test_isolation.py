@@ -145,7 +145,9 @@ def test_a_test_that_hangs_is_interrupted_not_waited_for(
     """The per-test bound of tests/conftest.py, in a pytest run of its own: a test that sleeps
     past it is interrupted and the run fails, saying which test it was."""
     monkeypatch.setenv("INTURN_TEST_TIMEOUT_SECONDS", "2")
-    pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
+    pytester.makeconftest(
+        f"import sys\nsys.path.append({str(ROOT)!r})\npytest_plugins = ['tests.support.watchdog']\n"
+    )
     pytester.makepyfile(
         test_hang="import time\n\ndef test_forever():\n    time.sleep(600)\n",
     )
