@@ -16,7 +16,7 @@ from test_worker import config as worker_config
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.operations import packs
 from inturn.worker.orders.rules import unanswered_order
-from inturn.worker.spec.replies import ReplyRule, key_digest, to_spec
+from inturn.worker.spec.replies import ReplyRule, key_digest, owner_scope, to_spec
 from inturn.worker.store import actions, queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
@@ -25,6 +25,8 @@ from tests.support.db import register
 pytestmark = pytest.mark.store
 
 RULE = ReplyRule(("ORM^O01", "OML^O21"), ("ORU^R01", "ORR^O02"), "results", 3600)
+#: The owner of DEST's orders: they are addressed to LIS at LAB (MSH-5/MSH-6).
+OWNER = owner_scope(DEST, "LIS^LAB")
 
 
 def order(n: int, placer: str | None) -> bytes:
@@ -70,7 +72,7 @@ async def test_the_worker_records_what_a_delivered_order_expects(fresh_db: str) 
 
             await until(delivered)
         rows = await expectations(conn)
-    assert [r[:5] for r in rows] == [("ORD1", "PL-1", key_digest(DEST, "PL-1"), "results", None)]
+    assert [r[:5] for r in rows] == [("ORD1", "PL-1", key_digest(OWNER, "PL-1"), "results", None)]
     assert rows[0][5].total_seconds() == pytest.approx(3600, abs=5)
 
 
@@ -95,11 +97,11 @@ async def test_ingest_answers_with_the_reply_and_the_sweeper_raises_the_rest(
         )
         await conn.execute(
             "UPDATE inturn_order_expectation SET key_digest = %s WHERE order_key = 'PL-1'",
-            (key_digest(DEST, "PL-1"),),
+            (key_digest(OWNER, "PL-1"),),
         )
         await conn.execute(
             "UPDATE inturn_order_expectation SET key_digest = %s WHERE order_key = 'PL-2'",
-            (key_digest(DEST, "PL-2"),),
+            (key_digest(OWNER, "PL-2"),),
         )
         unmatched_before = (
             REGISTRY.get_sample_value(
@@ -156,7 +158,7 @@ async def test_erasure_reaches_the_expectations(fresh_db: str) -> None:
             " message_type, order_key, key_digest, reply_channel, reply_types, due_at)"
             " VALUES (%s, %s, 'ORD1', 'ORM^O01', 'PL-1', %s, 'results', '{ORU^R01}',"
             " now() - interval '1 minute')",
-            (DEST, item_id, key_digest(DEST, "PL-1")),
+            (DEST, item_id, key_digest(OWNER, "PL-1")),
         )
         assert (await unanswered_order(conn, limit=10, dry_run=False)).placed == 1
         await actions.erase(conn, [item_id], who="dpo", why="erasure request 42")

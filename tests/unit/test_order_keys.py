@@ -6,7 +6,7 @@ import pytest
 
 from inturn.worker.hl7.fields import first_components, parse_field
 from inturn.worker.orders.keys import expectations, reply_digests
-from inturn.worker.spec.replies import ReplyRule, key_digest, parse, to_spec
+from inturn.worker.spec.replies import ReplyRule, key_digest, owner_scope, parse, to_spec
 
 ORDER = (
     b"MSH|^~\\&|EHR|HOSP|LIS|LAB|20261201||ORM^O01|O1|P|2.5\r"
@@ -51,10 +51,11 @@ def test_an_order_opens_one_expectation_per_key_and_a_result_answers_it() -> Non
         ("PL-1", "results", 3600),
         ("PL-2", "results", 3600),
     ]
-    assert opened[0].digest == key_digest("lab/lis", "PL-1") and len(opened[0].digest) == 32
+    owner = owner_scope("lab/lis", "LIS^LAB")  # the order is addressed to LIS at LAB
+    assert opened[0].digest == key_digest(owner, "PL-1") and len(opened[0].digest) == 32
     assert expectations("lab/lis", [RULE], "ADT^A01", ORDER) == []  # not an order type
     answered = reply_digests([("lab/lis", RULE)], "results", "ORU^R01", RESULT)
-    assert answered == [key_digest("lab/lis", "PL-1")]  # stripped, first component
+    assert answered == [key_digest(owner, "PL-1")]  # stripped, first component
     assert reply_digests([("lab/lis", RULE)], "adt", "ORU^R01", RESULT) == []  # other channel
     assert reply_digests([("lab/lis", RULE)], "results", "ADT^A08", RESULT) == []  # other type
     # the key names one destination's orders only
@@ -71,3 +72,23 @@ def test_spec_round_trip_and_defaults() -> None:
     rule = parse(node)
     assert (rule.order_field, rule.reply_fields) == ("ORC-2", ("ORC-2", "OBR-2"))
     assert parse(to_spec(rule)) == rule
+
+
+def test_from_round_trips_and_decides_who_answers() -> None:
+    node = {
+        "orderTypes": ["ORM^O01"],
+        "replyTypes": ["ORU^R01"],
+        "channel": "results",
+        "withinSeconds": 600,
+        "from": [{"application": "LIS"}, {"application": "LIS2", "facility": "B"}],
+    }
+    rule = parse(node)
+    assert rule.senders == (("LIS", None), ("LIS2", "B"))
+    assert parse(to_spec(rule)) == rule
+    assert rule.order_peer("ANYONE", "ANYWHERE") == rule.reply_peer("LIS", "X")
+    assert rule.order_peer("ANYONE", "ANYWHERE") == rule.reply_peer("LIS2", "B")
+    assert rule.order_peer("LIS2", "C") != rule.reply_peer("LIS2", "C")
+    assert rule.order_peer("ANYONE", "ANYWHERE") != rule.reply_peer("ANYONE", "ANYWHERE")
+    plain = parse({k: v for k, v in node.items() if k != "from"})
+    assert plain.order_peer("LIS", "LAB") == plain.reply_peer(" LIS", "LAB ")
+    assert plain.order_peer("LIS", "LAB") != plain.reply_peer("LIS", "LAB2")

@@ -4,7 +4,9 @@ Pure: the worker calls :func:`expectations` with the head it just delivered; ing
 :func:`reply_digests` with each message it stores. Types are matched as destination filters are
 (:func:`inturn.worker.ingest.routing.type_matches`); keys are first components of the fields
 the rule names (:func:`inturn.worker.hl7.fields.first_components`), stored as digests
-(:func:`inturn.worker.spec.replies.key_digest`).
+(:func:`inturn.worker.spec.replies.key_digest`) under their owner
+(:func:`inturn.worker.spec.replies.owner_scope`): the destination and the peer, so that a reply
+answers only orders addressed to its sender (or to a sender ``from`` declares).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.fields import first_components
+from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.types import type_matches
-from inturn.worker.spec.replies import MAX_KEYS_PER_MESSAGE, ReplyRule, key_digest
+from inturn.worker.spec.replies import MAX_KEYS_PER_MESSAGE, ReplyRule, key_digest, owner_scope
 
 
 @dataclass(frozen=True)
@@ -41,25 +45,44 @@ def _split(message_type: str) -> tuple[str, str]:
     return code, trigger
 
 
+def _parties(payload: bytes) -> tuple[str, str, str, str]:
+    """MSH-3, MSH-4, MSH-5, MSH-6 of ``payload``, first components ('' each when unreadable)."""
+    try:
+        header = parse_header(payload)
+    except HeaderError:
+        return "", "", "", ""
+    comp = header.delimiters.component
+    return (
+        header.sending_application.split(comp, 1)[0],
+        header.sending_facility.split(comp, 1)[0],
+        header.receiving_application.split(comp, 1)[0],
+        header.receiving_facility.split(comp, 1)[0],
+    )
+
+
 def expectations(
     destination: str, rules: Iterable[ReplyRule], message_type: str, payload: bytes
 ) -> list[Expectation]:
     """The expectations an order of ``message_type`` (``CODE^TRIGGER``) delivered to
     ``destination`` opens: one per rule whose ``orderTypes`` match and per key found in its
     ``orderField`` (an order without a key opens none), at most
-    :data:`~inturn.worker.spec.replies.MAX_KEYS_PER_MESSAGE`."""
+    :data:`~inturn.worker.spec.replies.MAX_KEYS_PER_MESSAGE`; each digest is under the order's
+    owner (the destination and the peer it is addressed to, MSH-5/MSH-6, or ``from``)."""
     code, trigger = _split(message_type)
     out: list[Expectation] = []
+    parties: tuple[str, str, str, str] | None = None
     for rule in rules:
         if not type_matches(rule.order_types, code, trigger):
             continue
+        parties = parties or _parties(payload)
+        owner = owner_scope(destination, rule.order_peer(parties[2], parties[3]))
         for key in first_components(payload, rule.order_field, limit=MAX_KEYS_PER_MESSAGE):
             if len(out) >= MAX_KEYS_PER_MESSAGE:
                 return out
             out.append(
                 Expectation(
                     key=key,
-                    digest=key_digest(destination, key),
+                    digest=key_digest(owner, key),
                     channel=rule.channel,
                     reply_types=rule.reply_types,
                     within_seconds=rule.within_seconds,
@@ -73,14 +96,19 @@ def reply_digests(
 ) -> list[str]:
     """The key digests a message of ``message_type`` received on ``channel`` answers: for
     every ``(destination, rule)`` whose reply ``channel`` and ``replyTypes`` match, each key
-    found in its ``replyFields``; sorted, no repeats, at most
+    found in its ``replyFields``, under the owner the reply speaks for (the destination, and
+    its sender MSH-3/MSH-4 as :meth:`ReplyRule.reply_peer` sees it): it can match only the
+    orders addressed to that sender. Sorted, no repeats, at most
     :data:`~inturn.worker.spec.replies.MAX_KEYS_PER_MESSAGE`. Empty: not a reply."""
     code, trigger = _split(message_type)
     found: set[str] = set()
+    parties: tuple[str, str, str, str] | None = None
     for destination, rule in rules:
         if rule.channel != channel or not type_matches(rule.reply_types, code, trigger):
             continue
+        parties = parties or _parties(payload)
+        owner = owner_scope(destination, rule.reply_peer(parties[0], parties[1]))
         for ref in rule.reply_fields:
             for key in first_components(payload, ref, limit=MAX_KEYS_PER_MESSAGE):
-                found.add(key_digest(destination, key))
+                found.add(key_digest(owner, key))
     return sorted(found)[:MAX_KEYS_PER_MESSAGE]

@@ -6,9 +6,21 @@ by a key: the first component of ``orderField`` of the order (default ``ORC-2``,
 order number) equal to the first component of one of ``replyFields`` of the reply (default
 ``ORC-2`` and ``OBR-2``). Types are MSH-9 patterns as in ``spec.filter.messageTypes``.
 
+**A reply answers only what it belongs to.** What ties a reply to an order is its owner, three
+things at once: the destination the order was delivered to, the key, and the peer the order
+was addressed to. Without ``from``, the peer is the order's receiving application and facility
+(MSH-5, MSH-6, first components) and a reply answers it only if it was sent by that same
+application and facility (its MSH-3, MSH-4); with ``from``, only a reply whose MSH-3 (and MSH-4,
+when the entry names one) is one of the declared senders answers. Two labs with overlapping
+placer numbers, two destinations expecting replies on one channel, a stranger who guesses a
+placer number: none of them answers another's order. A reply that answers nothing is counted
+(``inturn_ingest_replies_total{result="unmatched"}``).
+
 Keys are never stored or compared in clear: :func:`key_digest` is the first 32 hex digits of
-SHA-256 over the destination, a NUL and the key (the same form as the patient identifier index,
-:mod:`inturn.worker.store.identifiers`), so one key names one destination's orders only.
+SHA-256 over the owner (:func:`owner_scope`: the destination, a NUL, the peer), a NUL and the
+key (the same form as the patient identifier index, :mod:`inturn.worker.store.identifiers`);
+the statement that answers (``ingest.sql``, ``answered``) matches digests only, so it can only
+answer the owner's own orders.
 
 Pure: no I/O.
 """
@@ -26,6 +38,8 @@ DEFAULT_ORDER_FIELD = "ORC-2"
 DEFAULT_REPLY_FIELDS = ("ORC-2", "OBR-2")
 #: Most keys taken from one message (a bound on what a peer's message can make us store).
 MAX_KEYS_PER_MESSAGE = 50
+#: The peer of an order whose rule declares ``from``: any declared sender answers it.
+DECLARED = "\x01from"
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,8 @@ class ReplyRule:
         within_seconds: how long a reply may take after the order was delivered.
         order_field: where the key is in the order (``ORC-2``).
         reply_fields: where the key may be in a reply (``ORC-2``, ``OBR-2``).
+        senders: ``from``: ``(application, facility or None)`` of the senders whose replies
+            answer; empty: the application and facility each order was addressed to.
     """
 
     order_types: tuple[str, ...]
@@ -47,6 +63,24 @@ class ReplyRule:
     within_seconds: int
     order_field: str = DEFAULT_ORDER_FIELD
     reply_fields: tuple[str, ...] = DEFAULT_REPLY_FIELDS
+    senders: tuple[tuple[str, str | None], ...] = ()
+
+    def order_peer(self, receiving_application: str, receiving_facility: str) -> str:
+        """The peer an order addressed to ``receiving_application``/``receiving_facility``
+        (MSH-5/MSH-6 first components) belongs to: :data:`DECLARED` with ``from``, else the
+        pair."""
+        if self.senders:
+            return DECLARED
+        return f"{receiving_application.strip()}^{receiving_facility.strip()}"
+
+    def reply_peer(self, sending_application: str, sending_facility: str) -> str:
+        """The peer a reply sent by ``sending_application``/``sending_facility`` (MSH-3/MSH-4
+        first components) speaks for: with ``from``, :data:`DECLARED` when it is a declared
+        sender (else its own pair, which no order has); without, the pair."""
+        app, facility = sending_application.strip(), sending_facility.strip()
+        if self.senders and any(app == a and (f is None or facility == f) for a, f in self.senders):
+            return DECLARED
+        return f"{app}^{facility}"
 
 
 def parse(node: Mapping[str, Any]) -> ReplyRule:
@@ -58,6 +92,7 @@ def parse(node: Mapping[str, Any]) -> ReplyRule:
         within_seconds=int(node["withinSeconds"]),
         order_field=node.get("orderField", DEFAULT_ORDER_FIELD),
         reply_fields=tuple(node.get("replyFields", DEFAULT_REPLY_FIELDS)),
+        senders=tuple((f["application"], f.get("facility")) for f in node.get("from", ())),
     )
 
 
@@ -70,12 +105,28 @@ def to_spec(rule: ReplyRule) -> dict[str, Any]:
         "withinSeconds": rule.within_seconds,
         "orderField": rule.order_field,
         "replyFields": list(rule.reply_fields),
+        **(
+            {
+                "from": [
+                    {"application": a, **({"facility": f} if f is not None else {})}
+                    for a, f in rule.senders
+                ]
+            }
+            if rule.senders
+            else {}
+        ),
     }
+
+
+def owner_scope(destination: str, peer: str) -> str:
+    """The owner of an order key, as the first argument of :func:`key_digest`: the
+    destination, a NUL and the peer (:meth:`ReplyRule.order_peer`, :meth:`ReplyRule.reply_peer`)."""
+    return f"{destination}\x00{peer}"
 
 
 def key_digest(destination: str, key: str) -> str:
     """The stored form of an order key: 32 hex digits (128 bits) of SHA-256 of
-    ``destination``, NUL, ``key``."""
+    ``destination`` (its owner: :func:`owner_scope`), NUL, ``key``."""
     text = f"{destination}\x00{key.strip()}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 

@@ -475,6 +475,10 @@ def _types(description: str) -> Schema:
     }
 
 
+#: An HD first component as it appears in MSH-3/MSH-4: no separator, no control character.
+_HD_PATTERN = r"^[^|^~\\&\x00-\x1f\x7f]+$"
+
+
 def _replies() -> Schema:
     field = _str("A field, e.g. ORC-2.", max_length=7, pattern=FIELD_PATTERN)
     return {
@@ -514,6 +518,35 @@ def _replies() -> Schema:
                     "maxItems": 4,
                     "items": field,
                     "default": list(DEFAULT_REPLY_FIELDS),
+                },
+                "from": {
+                    "type": "array",
+                    "description": (
+                        "The senders whose replies may answer these orders (MSH-3 and MSH-4,"
+                        " first components). Without it, a reply answers an order only when"
+                        " it comes from the application and facility the order was addressed"
+                        " to (the reply's MSH-3/MSH-4 equal to the order's MSH-5/MSH-6)."
+                    ),
+                    "minItems": 1,
+                    "maxItems": 16,
+                    "items": _obj(
+                        {
+                            "application": _str(
+                                "MSH-3 of the replies (first component).",
+                                max_length=180,
+                                min_length=1,
+                                pattern=_HD_PATTERN,
+                            ),
+                            "facility": _str(
+                                "MSH-4 of the replies (first component); any when absent.",
+                                max_length=180,
+                                min_length=1,
+                                pattern=_HD_PATTERN,
+                            ),
+                        },
+                        required=("application",),
+                        description="One sender of replies.",
+                    ),
                 },
             },
             required=("orderTypes", "replyTypes", "channel", "withinSeconds"),
