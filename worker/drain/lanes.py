@@ -32,6 +32,7 @@ Everything here is pure and deterministic; the property test
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -138,6 +139,7 @@ def plan(
     """
     if limit < 1:
         raise ValueError("the window bound must be at least 1")
+    _check_order(window)
     free = max(0, free)
     start: list[int] = []
     wake_in: float | None = None
@@ -147,15 +149,15 @@ def plan(
             full = len(window) >= limit and free > 0
             return Plan((), None, full, _waiting(window, in_flight))
         held.update(keys)
+    if free == 0:  # nothing can start: an answer, not time, changes that
+        return Plan((), None, False, _waiting(window, in_flight))
     earlier = bool(in_flight)  # something before (or beside) the message being looked at
-    last = None
     waiting = 0
     for entry in window:
-        if last is not None and entry.id <= last:
-            raise ValueError("the window must be in increasing id order")
-        last = entry.id
         if entry.id in in_flight:
             continue
+        if len(start) == free:  # every free lane has a message: the rest wait for one
+            return Plan(tuple(start), wake_in, False, _waiting(window, in_flight) - len(start))
         if is_barrier(entry.keys):
             if not earlier:
                 if entry.due <= now and len(start) < free:
@@ -226,6 +228,12 @@ def _first_conflict(
     return min(candidates, key=lambda c: c[0]) if candidates else None
 
 
+def _check_order(window: Sequence[Entry]) -> None:
+    for before, after in itertools.pairwise(window):
+        if after.id <= before.id:
+            raise ValueError("the window must be in increasing id order")
+
+
 def _count_after(window: Sequence[Entry], after: int, in_flight: Mapping[int, object]) -> int:
     return sum(1 for e in window if e.id > after and e.id not in in_flight)
 
@@ -236,3 +244,48 @@ def _waiting(window: Sequence[Entry], in_flight: Mapping[int, object]) -> int:
 
 def _sooner(a: float | None, b: float) -> float:
     return b if a is None else min(a, b)
+
+
+@dataclass(frozen=True)
+class LaneView:
+    """What the lanes are doing, for ``/readyz``, the metrics and the logs.
+
+    Attributes:
+        count: the lanes; busy: lane -> (item id, seconds in flight) of the lanes sending.
+        hold: why the oldest waiting message waits (None when none waits).
+        waiting: messages of the window neither in flight nor starting.
+        window_full: the window is full of waiting messages (messages past it cannot be seen).
+    """
+
+    count: int
+    busy: dict[int, tuple[int, float]]
+    hold: Hold | None
+    waiting: int
+    window_full: bool
+
+    def describe(self) -> str:
+        """One line: the lanes' heads and what holds the oldest waiting message."""
+        heads = ", ".join(f"lane {lane}: id={i}" for lane, (i, _) in sorted(self.busy.items()))
+        text = f"{len(self.busy)} of {self.count} lanes sending" + (f" ({heads})" if heads else "")
+        if self.hold is not None:
+            text += f"; oldest waiting id={self.hold.item_id} ({describe_hold(self.hold, self)})"
+        if self.window_full:
+            text += "; the window is full of waiting messages"
+        return text
+
+
+def describe_hold(why: Hold, view: LaneView | None = None) -> str:
+    """Why a message waits, in words (the lane of the message it waits for when known)."""
+    lanes = {} if view is None else {i: lane for lane, (i, _) in view.busy.items()}
+    behind = ""
+    if why.behind is not None:
+        where = f", in flight on lane {lanes[why.behind]}" if why.behind in lanes else ""
+        behind = f"id={why.behind}{where}"
+    return {
+        "backoff": "its last attempt failed; it waits for its next one",
+        "key": f"behind {behind}, an earlier message of its patient",
+        "binding": f"behind {behind}: a message naming several patients binds them",
+        "barrier": f"behind {behind}: a message without patient keys is a barrier",
+        "lanes": "every lane is busy",
+        "window": "past the window",
+    }[why.reason]

@@ -44,6 +44,7 @@ from psycopg import AsyncConnection
 from inturn.worker import tracing
 from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.gate import Gate, may_send
+from inturn.worker.drain.lane_runner import LaneDrain
 from inturn.worker.drain.observer import NullObserver, Observer
 from inturn.worker.drain.retry import decide
 from inturn.worker.drain.state import WorkerHealth
@@ -377,6 +378,9 @@ class DestinationWorker:
         Raises:
             LeaseLost: a guarded statement found the lease taken over.
         """
+        if self.config.lanes > 1:  # spec.lanes: several in flight, each key in order
+            await LaneDrain(self, conn, stop).run()
+            return
         idle = float(self.config.idle_seconds)
         after = 0
         prefetched: queue.HeadResult | None = None

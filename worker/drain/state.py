@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from inturn.worker.drain.lanes import LaneView
+
 
 @dataclass
 class WorkerHealth:
@@ -19,6 +21,7 @@ class WorkerHealth:
         trouble: why a step is being repeated on a live session (e.g. the delivered mark on a
             full disk), or None.
         lock_wait: the lock wait in progress past the threshold (blocking sessions), or None.
+        lanes: what the lanes are doing (``spec.lanes.count`` above 1), or None.
     """
 
     lock_held: bool = False
@@ -28,6 +31,7 @@ class WorkerHealth:
     sending_since: float | None = None
     trouble: str | None = None
     lock_wait: str | None = None
+    lanes: LaneView | None = None
 
     def alive(self, stale_after: float) -> bool:
         """Whether the loop turned within ``stale_after`` seconds (the attempt in flight counts)."""

@@ -115,6 +115,26 @@ class Head:
     item: Item
     payload: bytes
     traceparent: str | None = None
+    #: The row's ``patient_keys`` (its lane keys, see :mod:`inturn.worker.drain.lanes`); empty
+    #: when the row has none, or when the head was read by the single stream's head query.
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One pending item as the lanes' scheduler needs it (no payload).
+
+    Attributes:
+        id: the row id (enqueue order).
+        keys: its ``patient_keys`` (empty when it has none or was not indexed yet: a barrier).
+        attempts: failed attempts so far.
+        wait_seconds: until its next attempt, 0 when due now (database clock).
+    """
+
+    id: int
+    keys: tuple[str, ...]
+    attempts: int
+    wait_seconds: float
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,9 @@ from inturn.worker.store.model import (
     Head,
     Item,
     NewItem,
+    Pending,
 )
-from inturn.worker.store.queries import fetch_one, load
+from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("queue.sql")
 
@@ -379,3 +380,95 @@ async def record(
         Q["audit"],
         {"who": who, "action": action, "destination": destination, "ids": list(ids), "why": why},
     )
+
+
+# --- lanes (spec.lanes.count > 1) -------------------------------------------------------------
+
+
+async def pending_window(
+    conn: AsyncConnection[Any],
+    destination: str,
+    *,
+    limit: int,
+    after: int = 0,
+    lease: object | None = None,
+) -> list[Pending]:
+    """The oldest pending items of ``destination`` (at most ``limit``), due or not, in id order,
+    with their lane keys and no payload: the window the lanes' scheduler looks over
+    (:mod:`inturn.worker.drain.lanes`). Empty while the destination is on hold.
+
+    Args:
+        limit: the window bound (``spec.lanes.window``), at least 1.
+        after: a keyset bound: only ids above it (0: all), to read the tail of a window.
+        lease: the worker's lease (interface 1 of the fencing work; not checked yet).
+
+    Raises:
+        ValueError: ``limit`` is below 1.
+    """
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    params = {"destination": destination, "after": after, "limit": limit}
+    rows = await fetch_all(conn, Q["pending_window"], params, row=dict_row)
+    return [
+        Pending(r["id"], tuple(r["patient_keys"] or ()), r["attempts"], r["wait_seconds"])
+        for r in rows
+    ]
+
+
+async def take(
+    conn: AsyncConnection[Any],
+    destination: str,
+    ids: Sequence[int],
+    *,
+    lease: object | None = None,
+) -> list[Head]:
+    """The heads (with payloads and lane keys) of those of ``ids`` still pending, in id order;
+    an item skipped or erased since the window was read is left out, and nothing is returned
+    while the destination is on hold.
+
+    Args:
+        lease: the worker's lease (interface 1 of the fencing work; not checked yet).
+    """
+    if not ids:
+        return []
+    params = {"destination": destination, "ids": list(ids)}
+    rows = await fetch_all(conn, Q["take"], params, row=dict_row)
+    return [
+        Head(
+            item=Item.from_row(r),
+            payload=bytes(r["payload"]),
+            traceparent=r.get("traceparent"),
+            keys=tuple(r["patient_keys"] or ()),
+        )
+        for r in rows
+    ]
+
+
+async def succeeded_expecting(
+    conn: AsyncConnection[Any],
+    item: Item,
+    attempts: int,
+    expecting: Sequence[ExpectedReply] = (),
+    *,
+    lease: object | None = None,
+) -> float | None:
+    """Mark one item delivered and record the replies it now waits for (``spec.replies``) in
+    the same statement: the lanes' delivered mark (:func:`succeeded_next` without the next
+    head). Synchronous like :func:`succeeded`.
+
+    Returns:
+        Seconds from enqueue to delivery, or None when the item was gone (erased).
+    """
+    opened = list(expecting)
+    params = {
+        "id": item.id,
+        "attempts": attempts,
+        "destination": item.destination,
+        "keys": [e.key for e in opened],
+        "digests": [e.digest for e in opened],
+        "channels": [e.channel for e in opened],
+        "types": [",".join(e.reply_types) for e in opened],
+        "within": [e.within_seconds for e in opened],
+    }
+    row = await fetch_one(conn, Q["succeeded_expecting"], params, row=dict_row)
+    return None if row is None else float(row["waited_seconds"])

@@ -497,3 +497,52 @@ SELECT (SELECT count(*) FROM lease) AS held,
        EXISTS (SELECT 1 FROM previous WHERE fingerprint <> %(fingerprint)s) AS changed,
        (SELECT count(*) FROM due) AS made_due,
        (SELECT count(*) FROM recorded) AS recorded;
+
+-- name: pending_window
+-- Lanes (spec.lanes.count > 1): the oldest pending items of a destination, due or not, with
+-- their lane keys and no payload, for the scheduler (inturn.worker.drain.lanes). "after" is a
+-- keyset bound as in head (0 for none). A destination on hold has no window.
+SELECT id, patient_keys, attempts,
+       greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
+  FROM inturn_delivery
+ WHERE destination = %(destination)s AND state = 'pending' AND id > %(after)s
+   AND NOT EXISTS (SELECT 1 FROM inturn_destination held
+                    WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: take
+-- Lanes: the chosen items, with their payloads, if they are still pending (a skip or an erasure
+-- since the window was read leaves one out) and the destination is not on hold.
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+       payload, traceparent, patient_keys
+  FROM inturn_delivery
+ WHERE id = ANY(%(ids)s::bigint[]) AND destination = %(destination)s AND state = 'pending'
+   AND NOT EXISTS (SELECT 1 FROM inturn_destination held
+                    WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
+ ORDER BY id;
+
+-- name: succeeded_expecting
+-- Lanes: mark one item delivered and record the replies it expects (spec.replies), in one
+-- statement, as succeeded_next does without reading the next head. A skip that raced with the
+-- send loses. No row when the item is gone (erased).
+WITH done AS (
+    UPDATE inturn_delivery
+       SET state = 'delivered', attempts = %(attempts)s,
+           last_attempt = clock_timestamp(), finished_at = clock_timestamp()
+     WHERE id = %(id)s AND state IN ('pending', 'skipped')
+    RETURNING id, control_id, message_type,
+              extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
+),
+expected AS (
+    INSERT INTO inturn_order_expectation
+           (destination, delivery_id, control_id, message_type, order_key, key_digest,
+            reply_channel, reply_types, due_at)
+    SELECT %(destination)s, done.id, done.control_id, done.message_type, e.k, e.d, e.c,
+           string_to_array(e.t, ','), clock_timestamp() + make_interval(secs => e.w)
+      FROM done
+     CROSS JOIN unnest(%(keys)s::text[], %(digests)s::text[], %(channels)s::text[],
+                       %(types)s::text[], %(within)s::int[]) AS e(k, d, c, t, w)
+)
+SELECT waited_seconds FROM done;

@@ -1,0 +1,300 @@
+"""Lanes (spec.lanes.count above 1) end to end: a real Postgres, real MLLP receivers over real
+sockets, and the worker's lane path (inturn.worker.drain.lane_runner).
+
+Every test checks the receiver's arrival order against the enqueue order: for each patient, its
+messages arrive in enqueue order, and a merge (A40) arrives after every earlier message of both
+patients it names and before every later one; a message without a patient identifier arrives
+after everything enqueued before it and before everything after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from inturn.worker.drain.lanes import conflict
+from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.runner import DestinationWorker
+from inturn.worker.hl7.pid import index_keys
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.store import actions, queue
+from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
+
+DEST = "ward/lanes"
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One enqueued message: its MSH-10 and its payload."""
+
+    control_id: str
+    payload: bytes
+
+
+def adt(n: int, patient: int, event: str = "A08") -> Sent:
+    cid = f"M{n:06d}"
+    return Sent(
+        cid,
+        (
+            f"MSH|^~\\&|ADT|HOSP|EHR|HOSP|20261201080000||ADT^{event}|{cid}|P|2.5\r"
+            f"PID|1||P{patient}^^^HOSP^MR||DOE^JANE\r"
+        ).encode(),
+    )
+
+
+def merge(n: int, survivor: int, retired: int) -> Sent:
+    cid = f"M{n:06d}"
+    return Sent(
+        cid,
+        (
+            f"MSH|^~\\&|ADT|HOSP|EHR|HOSP|20261201080000||ADT^A40|{cid}|P|2.5\r"
+            f"PID|1||P{survivor}^^^HOSP^MR||DOE^JANE\r"
+            f"MRG|P{retired}^^^HOSP^MR\r"
+        ).encode(),
+    )
+
+
+def master_file(n: int) -> Sent:
+    cid = f"M{n:06d}"
+    return Sent(
+        cid,
+        (
+            f"MSH|^~\\&|ADT|HOSP|EHR|HOSP|20261201080000||MFN^M02|{cid}|P|2.5\rMFI|PRA||UPD|||NE\r"
+        ).encode(),
+    )
+
+
+def feed(count: int, patients: int, merge_every: int = 0) -> list[Sent]:
+    """``count`` messages over ``patients`` patients, a merge every ``merge_every`` messages."""
+    out = []
+    for n in range(count):
+        if merge_every and n % merge_every == merge_every - 1:
+            # the retired patient had the message just before: the merge must wait for it
+            out.append(merge(n, n % patients, (n - 1) % patients))
+        else:
+            out.append(adt(n, n % patients))
+    return out
+
+
+class Receiver(MllpReceiver):
+    """An MLLP receiver that processes its connections independently, as a receiver that may
+    take lanes does: each message takes ``base`` seconds plus a random part up to ``jitter``,
+    and is applied (recorded in :attr:`applied`) when it is answered AA, so two messages in
+    flight at once are applied in either order. It counts the connections open at once and
+    can fail the messages of chosen patients (AE) for a while."""
+
+    def __init__(self, base: float = 0.0, jitter: float = 0.0) -> None:
+        super().__init__()
+        self.base, self.jitter = base, jitter
+        self.failing: set[str] = set()
+        self.applied: list[bytes] = []
+        self.busy = 0
+        self.most_busy = 0
+        self.random = random.Random(30)
+
+    @property  # type: ignore[override]
+    def delay_seconds(self) -> float:
+        return self.base + self.random.random() * self.jitter
+
+    @delay_seconds.setter
+    def delay_seconds(self, value: float) -> None:
+        self.base = value
+
+    def answer(self, payload: bytes) -> bytes:
+        if any(f"|{p}^".encode() in payload for p in self.failing):
+            code, self.ack_code = self.ack_code, "AE"
+            try:
+                return super().answer(payload)
+            finally:
+                self.ack_code = code
+        self.applied.append(payload)
+        return super().answer(payload)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.busy += 1
+        self.most_busy = max(self.most_busy, self.busy)
+        try:
+            await super()._handle(reader, writer)
+        finally:
+            self.busy -= 1
+
+
+def config(port: int, lanes: int, **changes: Any) -> WorkerConfig:
+    return WorkerConfig(
+        destination=DEST,
+        channel="adt",
+        sender=MllpSenderConfig("127.0.0.1", port),
+        retry=RetryPolicy(
+            max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5
+        ),
+        idle_seconds=1,
+        lanes=lanes,
+        **changes,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(cfg: WorkerConfig, dsn: str) -> AsyncIterator[DestinationWorker]:
+    stop = asyncio.Event()
+    assert isinstance(cfg.sender, MllpSenderConfig)
+    worker = DestinationWorker(cfg, dsn, MllpSender(cfg.sender), PrometheusObserver())
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield worker
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def enqueue(dsn: str, sent: Sequence[Sent]) -> list[int]:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return await queue.enqueue(
+            conn, [NewItem(DEST, "adt", s.control_id, "ADT^A08", s.payload) for s in sent]
+        )
+
+
+async def count_states(dsn: str) -> dict[str, int]:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT state, count(*) FROM inturn_delivery GROUP BY state")
+        return {str(r[0]): int(r[1]) for r in await cur.fetchall()}
+
+
+async def until_delivered(dsn: str, n: int, timeout: float = 60.0) -> None:
+    async with asyncio.timeout(timeout):
+        while (await count_states(dsn)).get("delivered", 0) < n:
+            await asyncio.sleep(0.05)
+
+
+def control_id(payload: bytes) -> str:
+    return payload.split(b"|")[9].decode()
+
+
+def reorders(sent: Sequence[Sent], received: Sequence[bytes]) -> list[tuple[str, str]]:
+    """Pairs of messages that must keep their order but arrived the other way round (every
+    arrival of the earlier one must come before every arrival of the later one)."""
+    order = {s.control_id: i for i, s in enumerate(sent)}
+    keys = {s.control_id: tuple(index_keys(s.payload)) for s in sent}
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for position, payload in enumerate(received):
+        cid = control_id(payload)
+        first.setdefault(cid, position)
+        last[cid] = position
+    arrived = sorted(first, key=order.__getitem__)
+    wrong = []
+    for i, a in enumerate(arrived):
+        for b in arrived[i + 1 :]:
+            if conflict(keys[a], keys[b]) and last[a] > first[b]:
+                wrong.append((a, b))
+    return wrong
+
+
+async def test_eight_lanes_keep_every_patients_order_through_merges(fresh_db: str) -> None:
+    sent = feed(400, patients=40, merge_every=50)
+    async with Receiver(0.01, 0.02) as rx:
+        await enqueue(fresh_db, sent)
+        async with running(config(rx.port, 8), fresh_db):
+            await until_delivered(fresh_db, len(sent))
+    assert sorted(map(control_id, rx.applied)) == sorted(s.control_id for s in sent)
+    assert reorders(sent, rx.applied) == []
+    assert rx.connections == 8 and rx.most_busy == 8  # eight lanes, eight connections
+
+
+async def test_a_failing_patient_holds_only_its_own_messages(fresh_db: str) -> None:
+    sent = feed(120, patients=12)
+    async with Receiver(0.0, 0.01) as rx:
+        rx.failing = {"P7"}
+        await enqueue(fresh_db, sent)
+        async with running(config(rx.port, 4), fresh_db) as worker:
+            # every other patient's messages go while P7's first one fails and backs off
+            await until_delivered(fresh_db, 110)
+            assert (await count_states(fresh_db)) == {"delivered": 110, "pending": 10}
+            view = worker.state.lanes
+            assert view is not None and view.hold is not None
+            assert view.hold.reason in ("backoff", "key")
+            rx.failing = set()
+            await until_delivered(fresh_db, 120)
+    assert reorders(sent, rx.applied) == []
+    p7 = [control_id(p) for p in rx.applied if b"|P7^" in p]
+    assert p7 == [s.control_id for s in sent if b"|P7^" in s.payload]
+
+
+async def test_a_barrier_and_a_merge_are_ordered_against_everything_they_must_be(
+    fresh_db: str,
+) -> None:
+    sent = [
+        *(adt(n, n % 5) for n in range(20)),
+        master_file(20),  # no patient: a barrier
+        *(adt(n, n % 5) for n in range(21, 40)),
+        merge(40, 1, 2),
+        *(adt(n, n % 5) for n in range(41, 60)),
+    ]
+    async with Receiver(0.0, 0.02) as rx:
+        await enqueue(fresh_db, sent)
+        async with running(config(rx.port, 8), fresh_db):
+            await until_delivered(fresh_db, len(sent))
+    got = [control_id(p) for p in rx.applied]
+    assert reorders(sent, rx.applied) == []
+    barrier = got.index("M000020")
+    assert sorted(got[:barrier]) == [f"M{n:06d}" for n in range(20)]
+    assert rx.most_busy > 1
+
+
+async def test_a_worker_killed_mid_flight_resends_at_most_one_per_lane(fresh_db: str) -> None:
+    sent = feed(200, patients=30, merge_every=50)
+    async with Receiver(0.02, 0.05) as rx:
+        await enqueue(fresh_db, sent)
+        cfg = config(rx.port, 8)
+        worker = DestinationWorker(cfg, fresh_db, MllpSender(cfg.sender), PrometheusObserver())
+        task = asyncio.create_task(worker.run(asyncio.Event()))
+        await rx.wait_for(60)
+        task.cancel()  # killed: no answer of the attempts in flight is recorded
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        async with running(config(rx.port, 8), fresh_db):
+            await until_delivered(fresh_db, len(sent))
+    assert reorders(sent, rx.applied) == []
+    duplicates = len(rx.applied) - len(sent)
+    assert 0 <= duplicates <= 8
+
+
+async def test_changing_the_lane_count_while_a_backlog_waits_keeps_every_keys_order(
+    fresh_db: str,
+) -> None:
+    sent = feed(300, patients=25, merge_every=50)
+    async with Receiver(0.0, 0.02) as rx:
+        await enqueue(fresh_db, sent)
+        delivered = 0
+        for lanes in (8, 3, 1, 5):
+            async with running(config(rx.port, lanes), fresh_db):
+                delivered += 50
+                await until_delivered(fresh_db, min(delivered, len(sent)))
+        async with running(config(rx.port, 8), fresh_db):
+            await until_delivered(fresh_db, len(sent))
+    assert reorders(sent, rx.applied) == []
+    assert len(rx.applied) == len(sent)  # a clean stop marks what it sent: no duplicate
+
+
+async def test_skip_and_erase_while_lanes_run(fresh_db: str) -> None:
+    sent = feed(60, patients=6)
+    async with Receiver(0.0, 0.01) as rx:
+        rx.failing = {"P0"}
+        ids = await enqueue(fresh_db, sent)
+        async with running(config(rx.port, 4), fresh_db):
+            await until_delivered(fresh_db, 50)
+            async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+                skipped = await actions.skip(conn, ids[0], who="test", why="wrong patient")
+            assert skipped
+            rx.failing = set()
+            await until_delivered(fresh_db, 59)
+    assert (await count_states(fresh_db)) == {"delivered": 59, "skipped": 1}
+    assert reorders(sent[1:], rx.applied) == []
+    assert "M000000" not in map(control_id, rx.applied)

@@ -1,0 +1,383 @@
+"""The drain loop of a destination with several lanes (``spec.lanes.count`` above 1).
+
+One worker still holds the destination (its lock, and its lease); the lanes are tasks of that
+worker. Each lane has its own sender (an MLLP connection, an HTTP client), and sends one message
+at a time; the loop here is the only user of the worker's database connection, so every
+statement stays in order on one session:
+
+1. read the window: the oldest pending messages with their lane keys
+   (:func:`inturn.worker.store.queue.pending_window`), kept in memory between turns and read
+   again after a notification (the tail at once, the whole window at most every
+   :data:`FULL_REFRESH_SECONDS`, so that a skip, a retry-now or an erasure is seen);
+2. ask the scheduler (:func:`inturn.worker.drain.lanes.plan`) which messages may start on the
+   free lanes; take their payloads (:func:`inturn.worker.store.queue.take`) and start them;
+3. wait for an answer, a notification, a message coming due, or the idle poll;
+4. record each answer with the per-id marks: delivered
+   (:func:`inturn.worker.store.queue.succeeded_expecting`), a retry or a give-up
+   (the worker's own retry decision, :meth:`DestinationWorker._failed`).
+
+What stays as with one lane: the throttle paces the destination as a whole; outside its
+delivery window, or suspended, or on hold, nothing new starts (what is in flight finishes); a
+stop lets the attempts in flight finish and be marked, a second signal abandons them (they stay
+pending). There is no in-flight state in the database: a worker killed mid-flight leaves every
+lane's message pending, so each may be sent once more by the next holder (at most one duplicate
+per lane and lost session, never a reorder: a message's key stays held while it is pending).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from psycopg import AsyncConnection
+
+from inturn.worker import tracing
+from inturn.worker.drain.attempt import send_once
+from inturn.worker.drain.lanes import Entry, LaneView, Plan, hold, plan
+from inturn.worker.drain.retry import decide
+from inturn.worker.orders.keys import expectations
+from inturn.worker.senders.base import FailureCause, Sender
+from inturn.worker.senders.registry import make_sender
+from inturn.worker.store import queue
+from inturn.worker.store.model import Head, Pending
+
+if TYPE_CHECKING:
+    from inturn.worker.drain.runner import DestinationWorker
+
+log = logging.getLogger("inturn.drain")
+
+#: Most seconds between two full reads of the window while messages are pending (a notification
+#: or a message coming due asks for one; in between only the window's tail is read).
+FULL_REFRESH_SECONDS = 1.0
+#: Seconds between two warnings that the window is full of waiting messages.
+WINDOW_FULL_LOG_EVERY_SECONDS = 60.0
+
+
+@dataclass
+class Flight:
+    """One message being sent on one lane.
+
+    Attributes:
+        lane: the lane (0 to count - 1); head: the message; started: ``time.monotonic()`` at
+        its start; task: the send, whose result is None (accepted) or ``(outcome, detail)``.
+    """
+
+    lane: int
+    head: Head
+    started: float
+    task: asyncio.Task[tuple[FailureCause, str] | None]
+    trace: tracing.Attempt | None
+
+
+class LaneDrain:
+    """Drains one destination on ``config.lanes`` lanes until stopped.
+
+    Args:
+        worker: the destination's worker (its configuration, sender, step runner, observer,
+            retry decision and health).
+        conn: the worker's session (holding the destination's lock).
+        stop: set to stop: nothing new starts; the attempts in flight finish and are marked.
+        lease: the worker's lease, passed to every statement (interface 1 of the fencing work).
+    """
+
+    def __init__(
+        self,
+        worker: DestinationWorker,
+        conn: AsyncConnection[Any],
+        stop: asyncio.Event,
+        *,
+        lease: object | None = None,
+    ) -> None:
+        self.w = worker
+        self.conn = conn
+        self.stop = stop
+        self.lease = lease
+        self.count = worker.config.lanes
+        self.limit = worker.config.lanes_window
+        #: Lane 0 is the worker's own sender; the others are made from the same settings.
+        self.senders: list[Sender] = [worker.sender]
+        self.window: dict[int, Entry] = {}
+        #: The last read of the window returned fewer rows than asked: it holds every pending item.
+        self.complete = False
+        self.flights: dict[int, Flight] = {}
+        self.wake = asyncio.Event()
+        self._last_full = 0.0
+        self._want_full = True
+        self._full_logged = 0.0
+
+    async def run(self) -> None:
+        """Drain until stopped (and the attempts in flight are marked), or the session is lost.
+
+        Raises:
+            inturn.worker.drain.steps.SessionLost: the session is gone (the worker reconnects;
+                the messages in flight stay pending and are sent again by the next holder).
+        """
+        watcher = asyncio.create_task(self._watch_stop())
+        try:
+            self.senders += [make_sender(self.w.config.sender) for _ in range(self.count - 1)]
+            await self._loop()
+        finally:
+            watcher.cancel()
+            for flight in self.flights.values():
+                flight.task.cancel()
+            for flight in list(self.flights.values()):
+                with contextlib.suppress(BaseException):
+                    await flight.task
+            self.flights.clear()
+            self.w.state.sending_since = None
+            self.w.state.lanes = None
+            for sender in self.senders[1:]:
+                with contextlib.suppress(Exception):
+                    await sender.close()
+
+    async def _watch_stop(self) -> None:
+        await self.stop.wait()
+        self.wake.set()
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        idle = float(self.w.config.idle_seconds)
+        while True:
+            self.w.state.last_tick = time.monotonic()
+            await self._record_answers()
+            if self.stop.is_set():
+                if not self.flights:
+                    return
+                await self._wait(None)
+                continue
+            gate = self.w._gate()
+            if self.w.config.suspend or gate.hold == "window":
+                self.w._say_held(gate if gate.hold == "window" else None)
+                await self.w._report_depth(self.conn, self.stop)
+                self._publish(None)
+                await self._wait(idle if self.w.config.suspend else gate.wait_seconds)
+                continue
+            self.w._say_held(None)
+            later = await self._read_window()
+            self.w.state.db_ok = True
+            timeout = await self._start()
+            if not self.window and not self.flights:
+                self.w._report_empty()
+            else:
+                await self.w._report_depth(self.conn, self.stop)
+            await self._wait(min(t for t in (idle, timeout, later) if t is not None))
+
+    async def _start(self) -> float | None:
+        """Plan, take and start what may go now; the seconds after which to look again."""
+        now = time.monotonic()
+        if self._free() <= 0:  # every lane is sending: an answer wakes the loop
+            self._publish(None)
+            return None
+        in_flight = {i: f.head.keys for i, f in self.flights.items()}
+        chosen = plan(list(self.window.values()), in_flight, self._free(), now, self.limit)
+        timeout = chosen.wake_in
+        ids = list(chosen.start)
+        if ids and self.w.config.messages_per_second is not None:
+            ids, wait = self._throttled(ids)
+            if wait is not None:
+                timeout = wait if timeout is None else min(timeout, wait)
+        if ids:
+            heads = await self.w.steps.run(
+                self.conn,
+                self.stop,
+                "head",
+                lambda: queue.take(self.conn, self.w.destination, ids, lease=self.lease),
+            )
+            taken = {h.item.id for h in heads}
+            for item_id in ids:
+                if item_id not in taken:  # skipped or erased since the window was read
+                    self.window.pop(item_id, None)
+            for head in heads:
+                self._launch(head)
+        self._publish(chosen)
+        if chosen.window_full:
+            self._say_window_full()
+        return timeout
+
+    def _throttled(self, ids: list[int]) -> tuple[list[int], float | None]:
+        """``spec.throttle`` for the destination as a whole: at most one start per gate opening;
+        the rest wait in order (they stay first in the window)."""
+        gate = self.w._gate()
+        if gate.hold == "throttle":
+            return [], gate.wait_seconds
+        self.w._last_send = time.monotonic()
+        return ids[:1], (self.w._gate().wait_seconds if len(ids) > 1 else None)
+
+    def _free(self) -> int:
+        return self.count - len(self.flights)
+
+    def _launch(self, head: Head) -> None:
+        busy = {f.lane for f in self.flights.values()}
+        lane = min(set(range(self.count)) - busy)
+        item = head.item
+        trace = tracing.attempt_started(
+            self.w.destination,
+            item.id,
+            item.control_id,
+            head.traceparent,
+            item.attempts + 1,
+            self.w.peer,
+        )
+        task = asyncio.create_task(
+            send_once(
+                self.senders[lane], head.payload, item.id, self.w.config.retry.timeout_seconds
+            )
+        )
+        task.add_done_callback(lambda _: self.wake.set())
+        self.flights[item.id] = Flight(lane, head, time.monotonic(), task, trace)
+        self._sending()
+
+    def _sending(self) -> None:
+        starts = [f.started for f in self.flights.values()]
+        self.w.state.sending_since = min(starts) if starts else None
+
+    async def _wait(self, timeout: float | None) -> None:
+        """Wait for an answer, a notification (the window is read again), stop, or
+        ``timeout`` seconds (None: until an answer or stop)."""
+        if not self.wake.is_set():
+            limit = 3600.0 if timeout is None else timeout
+            await self.w.steps.wait(self.conn, self.wake, limit)
+            if not self.wake.is_set():  # a notification, or the time it waited for
+                self._want_full = True
+        self.wake.clear()
+
+    # --- the window -------------------------------------------------------------------------
+
+    async def _read_window(self) -> float | None:
+        """Read the window again, whole or its tail; returns the seconds after which a full
+        read that is due but was put off may run (None when none is)."""
+        now = time.monotonic()
+        full = self._want_full and now - self._last_full >= FULL_REFRESH_SECONDS
+        if not full and not self.window and not self.complete:
+            full = True
+        if full:
+            rows = await self._read(0, self.limit)
+            self.window = {p.id: self._entry(p, now) for p in rows}
+            self.complete = len(rows) < self.limit
+            self._last_full, self._want_full = now, False
+            return None
+        room = self.limit - len(self.window)
+        # the tail is read when a notification came, or the window ran low (not per message)
+        low = room >= self.limit // 2 or len(self.window) <= 4 * self.count
+        if room > 0 and (self._want_full or (low and not self.complete)):
+            after = max([0, *self.window, *self.flights])
+            rows = await self._read(after, room)
+            for p in rows:
+                self.window[p.id] = self._entry(p, now)
+            self.complete = len(rows) < room
+        if self._want_full:
+            return max(0.0, self._last_full + FULL_REFRESH_SECONDS - now)
+        return None
+
+    async def _read(self, after: int, limit: int) -> list[Pending]:
+        return await self.w.steps.run(
+            self.conn,
+            self.stop,
+            "head",
+            lambda: queue.pending_window(
+                self.conn, self.w.destination, limit=limit, after=after, lease=self.lease
+            ),
+        )
+
+    @staticmethod
+    def _entry(p: Pending, now: float) -> Entry:
+        return Entry(p.id, p.keys, now + p.wait_seconds)
+
+    # --- answers ----------------------------------------------------------------------------
+
+    async def _record_answers(self) -> None:
+        done = [f for f in self.flights.values() if f.task.done()]
+        for flight in sorted(done, key=lambda f: f.head.item.id):
+            await self._record(flight)
+            del self.flights[flight.head.item.id]
+        self._sending()
+
+    async def _record(self, flight: Flight) -> None:
+        head, item = flight.head, flight.head.item
+        attempts = item.attempts + 1
+        failure = flight.task.result()
+        outcome: FailureCause | None = None if failure is None else failure[0]
+        self.w._attempted(flight.trace, outcome, flight.started)
+        if failure is None:
+            held, self.w._unreachable_run = self.w._unreachable_run, 0
+            expecting = (
+                expectations(self.w.destination, self.w.config.replies, item.message_type,
+                             head.payload)
+                if self.w.config.replies
+                else []
+            )  # fmt: skip
+            waited = await self.w.steps.run(
+                self.conn,
+                self.stop,
+                "mark",
+                lambda: queue.succeeded_expecting(
+                    self.conn, item, attempts, expecting, lease=self.lease
+                ),
+                item.id,
+            )
+            self.window.pop(item.id, None)
+            if attempts > 1 or held:
+                log.info(
+                    "destination %s: delivering again after %d failed attempt(s)%s"
+                    " (id=%d, lane %d)",
+                    self.w.destination,
+                    attempts - 1,
+                    f" and {held} unreachable" if held else "",
+                    item.id,
+                    flight.lane,
+                )
+            if waited is not None:
+                self.w.observer.delivered(self.w.destination, attempts, waited)
+            tracing.finished(flight.trace, "delivered", attempts)
+            return
+        cause, detail = failure
+        if await self.w._failed(self.conn, self.stop, head, attempts, cause, detail):
+            self.window.pop(item.id, None)
+            tracing.finished(flight.trace, "failed", attempts)
+            return
+        decision = decide(
+            cause,
+            attempts,
+            self.w.config.retry,
+            self.w.config.ack_policy,
+            unreachable_run=max(1, self.w._unreachable_run),
+        )
+        entry = self.window.get(item.id)
+        if entry is not None:  # its key stays held while it backs off
+            self.window[item.id] = Entry(
+                item.id, entry.keys, time.monotonic() + decision.delay_seconds
+            )
+        # the item object carries its attempts: the next take reads them again
+
+    # --- what is seen -----------------------------------------------------------------------
+
+    def _publish(self, chosen: Plan | None) -> None:
+        now = time.monotonic()
+        in_flight = {i: f.head.keys for i, f in self.flights.items()}
+        entries = list(self.window.values())
+        why = hold(entries, in_flight, now) if entries else None
+        self.w.state.lanes = LaneView(
+            count=self.count,
+            busy={f.lane: (i, now - f.started) for i, f in self.flights.items()},
+            hold=why,
+            waiting=len(entries) - len(in_flight) if chosen is None else chosen.waiting,
+            window_full=False if chosen is None else chosen.window_full,
+        )
+
+    def _say_window_full(self) -> None:
+        now = time.monotonic()
+        if now - self._full_logged < WINDOW_FULL_LOG_EVERY_SECONDS:
+            return
+        self._full_logged = now
+        log.warning(
+            "destination %s: the lanes' window (%d oldest pending messages) is full of messages"
+            " that wait for earlier ones; messages past it cannot go until it moves"
+            " (spec.lanes.window)",
+            self.w.destination,
+            self.limit,
+        )
