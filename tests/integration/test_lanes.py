@@ -23,7 +23,7 @@ from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.pid import index_keys
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.spec.config import LeaseSettings, RetryPolicy, WorkerConfig
 from inturn.worker.store import actions, queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
@@ -298,3 +298,35 @@ async def test_skip_and_erase_while_lanes_run(fresh_db: str) -> None:
     assert (await count_states(fresh_db)) == {"delivered": 59, "skipped": 1}
     assert reorders(sent[1:], rx.applied) == []
     assert "M000000" not in map(control_id, rx.applied)
+
+
+async def test_lanes_whose_lease_is_taken_over_send_nothing_more(fresh_db: str) -> None:
+    """The lanes share the worker's one lease: taken over, no lane starts another message; the
+    answers in flight are not recorded (they stay pending for the holder)."""
+    quick = LeaseSettings(ttl_seconds=3, renew_seconds=1, acquire_seconds=0.2)
+    sent = feed(40, patients=10)
+    async with Receiver(0.3, 0.0) as rx:
+        cfg = config(rx.port, 4)
+        assert isinstance(cfg.sender, MllpSenderConfig)
+        worker = DestinationWorker(
+            cfg, fresh_db, MllpSender(cfg.sender), PrometheusObserver(), lease=quick
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        await enqueue(fresh_db, sent)
+        await rx.wait_for(4)  # four lanes in flight
+        async with await AsyncConnection.connect(fresh_db, autocommit=True) as admin:
+            await admin.execute(
+                "UPDATE inturn_lease SET holder = 'thief', epoch = epoch + 1,"
+                " expires_at = clock_timestamp() + interval '60 s' WHERE destination = %s",
+                (DEST,),
+            )
+            async with asyncio.timeout(10):
+                while worker.state.lock_held:
+                    await asyncio.sleep(0.05)
+            arrived = len(rx.received)
+            await asyncio.sleep(1.0)
+            assert len(rx.received) == arrived <= 8  # nothing started under a stale epoch
+            assert (await count_states(fresh_db)).get("delivered", 0) <= 4
+        stop.set()
+        await asyncio.wait_for(task, 15)

@@ -42,7 +42,9 @@ from inturn.worker.drain.retry import decide
 from inturn.worker.orders.keys import expectations
 from inturn.worker.senders.base import FailureCause, Sender
 from inturn.worker.senders.registry import make_sender
+from inturn.worker.store import lease as leases
 from inturn.worker.store import queue
+from inturn.worker.store.lease import Lease
 from inturn.worker.store.model import Head, Pending
 
 if TYPE_CHECKING:
@@ -81,7 +83,8 @@ class LaneDrain:
             retry decision and health).
         conn: the worker's session (holding the destination's lock).
         stop: set to stop: nothing new starts; the attempts in flight finish and are marked.
-        lease: the worker's lease, passed to every statement (interface 1 of the fencing work).
+        lease: the worker's lease of the destination: every statement is guarded by it and
+            renews it; an attempt starts only while it outlives the attempt timeout.
     """
 
     def __init__(
@@ -90,7 +93,7 @@ class LaneDrain:
         conn: AsyncConnection[Any],
         stop: asyncio.Event,
         *,
-        lease: object | None = None,
+        lease: Lease,
     ) -> None:
         self.w = worker
         self.conn = conn
@@ -115,6 +118,8 @@ class LaneDrain:
         Raises:
             inturn.worker.drain.steps.SessionLost: the session is gone (the worker reconnects;
                 the messages in flight stay pending and are sent again by the next holder).
+            inturn.worker.store.lease.LeaseLost: another worker took the destination over
+                (nothing more is sent; the answers still in flight are not recorded).
         """
         watcher = asyncio.create_task(self._watch_stop())
         try:
@@ -153,11 +158,14 @@ class LaneDrain:
             gate = self.w._gate()
             if self.w.config.suspend or gate.hold == "window":
                 self.w._say_held(gate if gate.hold == "window" else None)
+                await self.w._keep_lease(self.conn, self.stop, self.lease)
                 await self.w._report_depth(self.conn, self.stop)
                 self._publish(None)
-                await self._wait(idle if self.w.config.suspend else gate.wait_seconds)
+                held = idle if self.w.config.suspend else gate.wait_seconds
+                await self._wait(self.w._idle_for(held))
                 continue
             self.w._say_held(None)
+            await self.w._keep_lease(self.conn, self.stop, self.lease)  # when it is due
             later = await self._read_window()
             self.w.state.db_ok = True
             timeout = await self._start()
@@ -165,7 +173,8 @@ class LaneDrain:
                 self.w._report_empty()
             else:
                 await self.w._report_depth(self.conn, self.stop)
-            await self._wait(min(t for t in (idle, timeout, later) if t is not None))
+            soonest = min(t for t in (idle, timeout, later) if t is not None)
+            await self._wait(self.w._idle_for(soonest) if not self.flights else soonest)
 
     async def _start(self) -> float | None:
         """Plan, take and start what may go now; the seconds after which to look again."""
@@ -181,8 +190,11 @@ class LaneDrain:
             ids, wait = self._throttled(ids)
             if wait is not None:
                 timeout = wait if timeout is None else min(timeout, wait)
+        if ids and not await self._lease_outlives_attempt():
+            ids = []
+            timeout = 0.0  # the renewal itself was too slow: look again at once
         if ids:
-            heads = await self.w.steps.run(
+            heads = await self.w._guarded(
                 self.conn,
                 self.stop,
                 "head",
@@ -198,6 +210,18 @@ class LaneDrain:
         if chosen.window_full:
             self._say_window_full()
         return timeout
+
+    async def _lease_outlives_attempt(self) -> bool:
+        """Whether the lease is surely valid for longer than an attempt (renewed first when
+        not), as a single stream's attempt requires."""
+        timeout = float(self.w.config.retry.timeout_seconds)
+        if self.w._lease_until - time.monotonic() > timeout:
+            return True
+        ttl = self.w.lease_settings.ttl_seconds
+        await self.w._guarded(
+            self.conn, self.stop, "head", lambda: leases.renew(self.conn, self.lease, ttl)
+        )
+        return self.w._lease_until - time.monotonic() > timeout
 
     def _throttled(self, ids: list[int]) -> tuple[list[int], float | None]:
         """``spec.throttle`` for the destination as a whole: at most one start per gate opening;
@@ -275,7 +299,7 @@ class LaneDrain:
         return None
 
     async def _read(self, after: int, limit: int) -> list[Pending]:
-        return await self.w.steps.run(
+        return await self.w._guarded(
             self.conn,
             self.stop,
             "head",
@@ -311,7 +335,7 @@ class LaneDrain:
                 if self.w.config.replies
                 else []
             )  # fmt: skip
-            waited = await self.w.steps.run(
+            waited = await self.w._guarded(
                 self.conn,
                 self.stop,
                 "mark",
@@ -336,7 +360,7 @@ class LaneDrain:
             tracing.finished(flight.trace, "delivered", attempts)
             return
         cause, detail = failure
-        if await self.w._failed(self.conn, self.stop, head, attempts, cause, detail):
+        if await self.w._failed(self.conn, self.stop, head, attempts, cause, detail, self.lease):
             self.window.pop(item.id, None)
             tracing.finished(flight.trace, "failed", attempts)
             return

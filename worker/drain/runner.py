@@ -379,7 +379,7 @@ class DestinationWorker:
             LeaseLost: a guarded statement found the lease taken over.
         """
         if self.config.lanes > 1:  # spec.lanes: several in flight, each key in order
-            await LaneDrain(self, conn, stop).run()
+            await LaneDrain(self, conn, stop, lease=lease).run()
             return
         idle = float(self.config.idle_seconds)
         after = 0

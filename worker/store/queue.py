@@ -391,27 +391,31 @@ async def pending_window(
     *,
     limit: int,
     after: int = 0,
-    lease: object | None = None,
+    lease: Lease,
 ) -> list[Pending]:
     """The oldest pending items of ``destination`` (at most ``limit``), due or not, in id order,
     with their lane keys and no payload: the window the lanes' scheduler looks over
-    (:mod:`inturn.worker.drain.lanes`). Empty while the destination is on hold.
+    (:mod:`inturn.worker.drain.lanes`). Empty while the destination is on hold. Renews ``lease``.
 
     Args:
         limit: the window bound (``spec.lanes.window``), at least 1.
         after: a keyset bound: only ids above it (0: all), to read the tail of a window.
-        lease: the worker's lease (interface 1 of the fencing work; not checked yet).
+        lease: the worker's lease of ``destination`` (see the module docstring).
 
     Raises:
-        ValueError: ``limit`` is below 1.
+        LeaseLost: another holder took the destination over; nothing was read.
+        ValueError: ``limit`` is below 1, or ``lease`` is another destination's.
     """
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    params = {"destination": destination, "after": after, "limit": limit}
+    params = {**_guard(destination, lease), "after": after, "limit": limit}
     rows = await fetch_all(conn, Q["pending_window"], params, row=dict_row)
+    if not rows:
+        raise LeaseLost(lease, "reading the lanes' window")
     return [
         Pending(r["id"], tuple(r["patient_keys"] or ()), r["attempts"], r["wait_seconds"])
         for r in rows
+        if r["id"] is not None
     ]
 
 
@@ -420,19 +424,20 @@ async def take(
     destination: str,
     ids: Sequence[int],
     *,
-    lease: object | None = None,
+    lease: Lease,
 ) -> list[Head]:
     """The heads (with payloads and lane keys) of those of ``ids`` still pending, in id order;
     an item skipped or erased since the window was read is left out, and nothing is returned
-    while the destination is on hold.
+    while the destination is on hold. Renews ``lease``.
 
-    Args:
-        lease: the worker's lease (interface 1 of the fencing work; not checked yet).
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was read.
+        ValueError: ``lease`` is another destination's.
     """
-    if not ids:
-        return []
-    params = {"destination": destination, "ids": list(ids)}
+    params = {**_guard(destination, lease), "ids": list(ids)}
     rows = await fetch_all(conn, Q["take"], params, row=dict_row)
+    if not rows:
+        raise LeaseLost(lease, "taking the lanes' messages")
     return [
         Head(
             item=Item.from_row(r),
@@ -441,6 +446,7 @@ async def take(
             keys=tuple(r["patient_keys"] or ()),
         )
         for r in rows
+        if r["id"] is not None
     ]
 
 
@@ -450,25 +456,29 @@ async def succeeded_expecting(
     attempts: int,
     expecting: Sequence[ExpectedReply] = (),
     *,
-    lease: object | None = None,
+    lease: Lease,
 ) -> float | None:
     """Mark one item delivered and record the replies it now waits for (``spec.replies``) in
     the same statement: the lanes' delivered mark (:func:`succeeded_next` without the next
-    head). Synchronous like :func:`succeeded`.
+    head). Synchronous like :func:`succeeded`; renews ``lease``.
 
     Returns:
         Seconds from enqueue to delivery, or None when the item was gone (erased).
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was marked or recorded.
     """
     opened = list(expecting)
     params = {
+        **_guard(item.destination, lease),
         "id": item.id,
         "attempts": attempts,
-        "destination": item.destination,
         "keys": [e.key for e in opened],
         "digests": [e.digest for e in opened],
         "channels": [e.channel for e in opened],
         "types": [",".join(e.reply_types) for e in opened],
         "within": [e.within_seconds for e in opened],
     }
-    row = await fetch_one(conn, Q["succeeded_expecting"], params, row=dict_row)
-    return None if row is None else float(row["waited_seconds"])
+    what = f"marking id={item.id} delivered"
+    row = await _guarded(conn, "succeeded_expecting", params, lease, what)
+    return None if row["waited_seconds"] is None else float(row["waited_seconds"])

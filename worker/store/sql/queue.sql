@@ -501,37 +501,67 @@ SELECT (SELECT count(*) FROM lease) AS held,
 -- name: pending_window
 -- Lanes (spec.lanes.count > 1): the oldest pending items of a destination, due or not, with
 -- their lane keys and no payload, for the scheduler (inturn.worker.drain.lanes). "after" is a
--- keyset bound as in head (0 for none). A destination on hold has no window.
-SELECT id, patient_keys, attempts,
-       greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
-  FROM inturn_delivery
- WHERE destination = %(destination)s AND state = 'pending' AND id > %(after)s
-   AND NOT EXISTS (SELECT 1 FROM inturn_destination held
-                    WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
- ORDER BY id
- LIMIT %(limit)s;
+-- keyset bound as in head (0 for none). A destination on hold has no window. Guarded by the
+-- lease as head is: no row at all when it is lost; one row of NULLs when nothing is pending.
+WITH lease AS (
+    UPDATE inturn_lease
+       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+    RETURNING 1 AS held
+)
+SELECT lease.held, w.*
+  FROM lease
+  LEFT JOIN LATERAL (
+       SELECT id, patient_keys, attempts,
+              greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
+                  AS wait_seconds
+         FROM inturn_delivery
+        WHERE destination = %(destination)s AND state = 'pending' AND id > %(after)s
+          AND NOT EXISTS (SELECT 1 FROM inturn_destination held
+                           WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
+        ORDER BY id
+        LIMIT %(limit)s) AS w ON TRUE;
 
 -- name: take
 -- Lanes: the chosen items, with their payloads, if they are still pending (a skip or an erasure
--- since the window was read leaves one out) and the destination is not on hold.
-SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
-       payload, traceparent, patient_keys
-  FROM inturn_delivery
- WHERE id = ANY(%(ids)s::bigint[]) AND destination = %(destination)s AND state = 'pending'
-   AND NOT EXISTS (SELECT 1 FROM inturn_destination held
-                    WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
- ORDER BY id;
+-- since the window was read leaves one out) and the destination is not on hold. Guarded by the
+-- lease: no row at all when it is lost; one row of NULLs when none of them is left.
+WITH lease AS (
+    UPDATE inturn_lease
+       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+    RETURNING 1 AS held
+)
+SELECT lease.held, t.*
+  FROM lease
+  LEFT JOIN LATERAL (
+       SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+              enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by,
+              finished_at, payload, traceparent, patient_keys
+         FROM inturn_delivery
+        WHERE id = ANY(%(ids)s::bigint[]) AND destination = %(destination)s
+          AND state = 'pending'
+          AND NOT EXISTS (SELECT 1 FROM inturn_destination held
+                           WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
+        ORDER BY id) AS t ON TRUE;
 
 -- name: succeeded_expecting
 -- Lanes: mark one item delivered and record the replies it expects (spec.replies), in one
 -- statement, as succeeded_next does without reading the next head. A skip that raced with the
--- send loses. No row when the item is gone (erased).
-WITH done AS (
+-- send loses. Guarded by the lease: held 0 when it is lost; waited_seconds NULL when the item
+-- is gone (erased).
+WITH lease AS (
+    UPDATE inturn_lease
+       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+    RETURNING 1 AS held
+),
+done AS (
     UPDATE inturn_delivery
        SET state = 'delivered', attempts = %(attempts)s,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp()
-     WHERE id = %(id)s AND state IN ('pending', 'skipped')
+     WHERE id = %(id)s AND destination = %(destination)s AND state IN ('pending', 'skipped')
+       AND EXISTS (SELECT 1 FROM lease)
     RETURNING id, control_id, message_type,
               extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
 ),
@@ -545,4 +575,4 @@ expected AS (
      CROSS JOIN unnest(%(keys)s::text[], %(digests)s::text[], %(channels)s::text[],
                        %(types)s::text[], %(within)s::int[]) AS e(k, d, c, t, w)
 )
-SELECT waited_seconds FROM done;
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT waited_seconds FROM done) AS waited_seconds;
