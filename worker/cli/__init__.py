@@ -26,9 +26,9 @@ from inturn.worker.store.lockwatch import LockWaitError
 
 #: name -> "module:attribute" of each subcommand.
 COMMANDS: dict[str, str] = {
-    "migrate": "inturn.worker.cli.queue:migrate_command",
+    "migrate": "inturn.worker.cli.maintenance:migrate_command",
     "queue": "inturn.worker.cli.queue:queue_group",
-    "purge": "inturn.worker.cli.queue:purge_command",
+    "purge": "inturn.worker.cli.maintenance:purge_command",
     "bookings": "inturn.worker.cli.reservations:bookings_group",
     "worklist": "inturn.worker.cli.worklist:worklist_group",
     "sweep": "inturn.worker.cli.sweep:sweep_command",

@@ -1,4 +1,4 @@
-"""``inturn migrate``, ``inturn queue ...`` and ``inturn purge``: the operators' command line.
+"""``inturn queue ...``: the operators' command line for the delivery queue.
 
 Each command opens the store with the DSN from ``--dsn`` or ``INTURN_DSN``, runs one operation
 and exits. Listings never show payloads; ``payload`` writes one item's bytes on purpose.
@@ -9,43 +9,38 @@ Decisions that abandon, delete or expose messages require ``--who`` (skip, drain
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import sys
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from datetime import UTC, datetime
+from typing import Any
 
 import click
 from psycopg import AsyncConnection
 
+from inturn.worker.cli.db import act, run_db, run_read
+from inturn.worker.cli.formats import (
+    echo_json,
+    format_depth,
+    ids_text,
+    item_rows,
+    parse_ids,
+    patient_key_for,
+)
 from inturn.worker.cli.options import (
-    DURATION,
     dsn_option,
     json_option,
     who_option,
     why_for,
     why_option,
 )
-from inturn.worker.errors import InturnError, ReasonRequired
+from inturn.worker.errors import ReasonRequired
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted, permit
-from inturn.worker.store import identifiers, lockwatch, reads, roles
-from inturn.worker.store.connect import (
-    READ_STATEMENT_TIMEOUT_MS,
-    Pools,
-    probe,
-    resolve_dsn,
-    write_target,
-)
-from inturn.worker.store.migrate import migrate
-from inturn.worker.store.model import STATES, DepthRow, Item
-from inturn.worker.text.display import printable, printable_values, table
-from inturn.worker.text.durations import format_age
-
-T = TypeVar("T")
+from inturn.worker.store import identifiers, reads
+from inturn.worker.store.connect import Pools
+from inturn.worker.store.model import STATES, Item
+from inturn.worker.text.display import printable, table
 
 patient_id_option = click.option(
     "--patient-id",
@@ -56,206 +51,6 @@ authority_option = click.option(
     help="With --patient-id: only identifiers assigned by this authority (CX-4 namespace or"
     " universal ID).",
 )
-
-
-def run_db(dsn: str | None, action: Callable[[Pools], Awaitable[T]]) -> T:
-    """Open the pools on ``dsn`` (or ``$INTURN_DSN``), run ``action`` with them, close them.
-
-    Raises:
-        click.ClickException: ``INTURN_LOCK_WAIT_SECONDS`` is not a number of seconds.
-    """
-    target = resolve_dsn(dsn)
-    try:
-        lockwatch.threshold_from_env()
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    # The probe fails fast with the server's own words; the pool would retry for 10 s.
-    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
-
-    async def go() -> T:
-        await probe(target)
-        async with await Pools.open(target, write_size=1, read_size=1) as pools:
-            return await action(pools)
-
-    return asyncio.run(go())
-
-
-def run_read(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
-    """Run ``action`` on a connection of the read-only pool (see :func:`run_db`), under a lock
-    watch (:func:`watched`)."""
-
-    async def go(pools: Pools) -> T:
-        async with pools.read.connection() as conn:
-            return await watched(_conninfo(pools), conn, action)
-
-    return run_db(dsn, go)
-
-
-def run_write(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
-    """Run ``action`` on a connection of the write pool (see :func:`run_db`), under a lock
-    watch (:func:`watched`)."""
-
-    async def go(pools: Pools) -> T:
-        async with pools.write.connection() as conn:
-            return await watched(_conninfo(pools), conn, action)
-
-    return run_db(dsn, go)
-
-
-def _conninfo(pools: Pools) -> str:
-    conninfo = pools.write.conninfo
-    assert isinstance(conninfo, str)  # Pools.open gives the pools the DSN itself
-    return conninfo
-
-
-async def watched(
-    conninfo: str,
-    conn: AsyncConnection[Any],
-    action: Callable[[AsyncConnection[Any]], Awaitable[T]],
-) -> T:
-    """Run ``action(conn)`` under a lock watch (:mod:`inturn.worker.store.lockwatch`): past the
-    threshold (``INTURN_LOCK_WAIT_SECONDS``, and at most half the read pool's statement
-    timeout, so that the look comes before the timeout), a line on stderr names the session
-    the command waits for; a statement cancelled by its timeout after such a wait fails with
-    :class:`~inturn.worker.store.lockwatch.LockWaitError` naming it, not as an unreachable
-    database. ``conninfo`` is the DSN the look connects with (only when a wait is that long).
-    """
-    threshold = min(lockwatch.threshold_from_env(), READ_STATEMENT_TIMEOUT_MS / 2000)
-
-    async def side() -> AsyncConnection[Any]:
-        return await AsyncConnection.connect(
-            conninfo,
-            autocommit=True,
-            application_name="inturn lock watch",
-            connect_timeout=lockwatch.CONNECT_TIMEOUT_SECONDS,
-            **write_target(conninfo),  # the locks are the primary's
-        )
-
-    said = False
-
-    def on_wait(wait: lockwatch.LockWait, added_seconds: float) -> None:
-        nonlocal said
-        if not said and not wait.ended:
-            said = True
-            click.echo(f"inturn: {wait.describe()}", err=True)
-
-    async with lockwatch.watch(conn, side, threshold=threshold, on_wait=on_wait):
-        return await action(conn)
-
-
-def act(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
-    """Run one action of :mod:`inturn.worker.operations.queue` on a write connection; its
-    refusals (no such item, its state, a missing reason) become one-line errors (exit 2)."""
-    try:
-        return run_write(dsn, action)
-    except ReasonRequired as exc:
-        raise click.UsageError(f"{exc} (--why)") from None
-    except InturnError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-@click.command("migrate")
-@dsn_option()
-@click.option(
-    "--create-roles",
-    is_flag=True,
-    help="Also create one least-privilege role per component and (re)set their grants.",
-)
-@click.option(
-    "--role-prefix",
-    default=roles.DEFAULT_PREFIX,
-    show_default=True,
-    help="Prefix of the role names (<prefix>ingest, <prefix>worker, ...).",
-)
-def migrate_command(dsn: str | None, create_roles: bool, role_prefix: str) -> None:
-    """Apply the schema migrations (safe to run twice, or from two pods at once)."""
-    if create_roles:
-        try:
-            roles.role_name(roles.COMPONENTS[0], role_prefix)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--role-prefix") from None
-    target = resolve_dsn(dsn)
-    applied = migrate(target)
-    if applied:
-        for m in applied:
-            click.echo(f"applied {m.version:04d}_{m.name}")
-    else:
-        click.echo("schema is up to date")
-    if create_roles:
-        try:
-            report = roles.apply_roles(target, role_prefix)
-        except roles.RolesError as exc:
-            raise click.ClickException(str(exc)) from None
-        for role in report.created:
-            click.echo(f"created role {role}")
-        for warning in report.warnings:
-            click.echo(f"warning: {warning}", err=True)
-        names = ", ".join(roles.role_name(c, role_prefix) for c in roles.COMPONENTS)
-        click.echo(f"grants set for {names}")
-
-
-def _echo_json(data: Any) -> None:
-    """Print ``data`` as indented JSON, every string in it made printable first (text from
-    outside, such as a receiver's error text, cannot carry a line break into the output)."""
-    click.echo(json.dumps(printable_values(data), indent=2))
-
-
-def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
-    """The depth table: one line per destination with anything pending or failed; HELD-UNTIL
-    says when a destination outside its delivery window (``spec.schedule``) sends again."""
-    if not rows:
-        return "nothing pending or failed"
-    now = at or datetime.now(UTC)
-
-    def held(r: DepthRow) -> str:
-        until = r.held_until(now)
-        return "-" if until is None else until.strftime("%Y-%m-%d %H:%M UTC")
-
-    return table(
-        ["DESTINATION", "CHANNEL", "PENDING", "FAILED", "OLDEST", "MAX-ATTEMPTS", "HELD-UNTIL"],
-        [
-            [
-                r.destination,
-                r.channel,
-                str(r.pending),
-                str(r.failed),
-                format_age(r.oldest_seconds) if r.pending else "-",
-                str(r.max_attempts),
-                held(r),
-            ]
-            for r in rows
-        ],
-    )
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def state_text(item: Item) -> str:
-    """An item's state, with its resend link: ``failed (resent as 12)``, ``pending (copy of 7)``."""
-    if item.resent_as is not None:
-        return f"{item.state} (resent as {item.resent_as})"
-    if item.resent_from is not None:
-        return f"{item.state} (copy of {item.resent_from})"
-    return item.state
-
-
-def _item_rows(items: list[Item]) -> list[list[str]]:
-    now = datetime.now(UTC)
-    return [
-        [
-            str(i.id),
-            i.destination,
-            state_text(i),
-            _clip(printable(i.message_type), 20),
-            _clip(printable(i.control_id), 30),
-            str(i.attempts),
-            format_age(i.age_seconds(now)),
-            _clip(printable(i.last_error or ""), 60),
-        ]
-        for i in items
-    ]
 
 
 @click.group("queue")
@@ -272,7 +67,7 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
     rows = run_read(dsn, reads.depth)
     if as_json:
         now = datetime.now(UTC)
-        _echo_json([r.to_json(now) for r in rows])
+        echo_json([r.to_json(now) for r in rows])
     else:
         click.echo(format_depth(rows))
 
@@ -309,7 +104,7 @@ def list_command(
     before: int | None,
 ) -> None:
     """Items newest first (never payloads), with the total count."""
-    patient_key = _patient_key(patient_id, authority)
+    patient_key = patient_key_for(patient_id, authority)
 
     async def go(conn: AsyncConnection[Any]) -> tuple[list[Item], int, int]:
         items, total = await reads.list_items(
@@ -336,7 +131,7 @@ def list_command(
             err=True,
         )
     if as_json:
-        _echo_json({"total": total, "items": [i.to_json() for i in items]})
+        echo_json({"total": total, "items": [i.to_json() for i in items]})
         return
     click.echo(
         table(
@@ -350,7 +145,7 @@ def list_command(
                 "IN-QUEUE",
                 "LAST-ERROR",
             ],
-            _item_rows(items),
+            item_rows(items),
         )
     )
     click.echo(f"{len(items)} of {total}")
@@ -367,7 +162,7 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
         raise click.ClickException(f"no item {item_id}")
     data = item.to_json()
     if as_json:
-        _echo_json(data)
+        echo_json(data)
     else:
         for key, value in data.items():
             click.echo(f"{key + ':':14} {'' if value is None else printable(str(value))}")
@@ -475,27 +270,6 @@ def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: st
         raise click.ClickException(f"not removed (pending or missing): {kept}")
 
 
-def parse_ids(values: tuple[str, ...]) -> list[int]:
-    """Item ids from ``ID`` and ``FIRST-LAST`` arguments (a range includes both ends).
-
-    Raises:
-        click.BadParameter: not a number or a range, or a range backwards or too long.
-    """
-    ids: list[int] = []
-    for value in values:
-        first, sep, last = value.partition("-")
-        try:
-            low, high = (int(first), int(last)) if sep else (int(value), int(value))
-        except ValueError:
-            raise click.BadParameter(f"{value!r}: an item id or a range FIRST-LAST") from None
-        if high < low:
-            raise click.BadParameter(f"{value!r}: the range ends before it starts")
-        if high - low >= actions.RESEND_MAX:
-            raise click.BadParameter(f"{value!r}: at most {actions.RESEND_MAX} items per resend")
-        ids.extend(range(low, high + 1))
-    return ids
-
-
 @queue_group.command("resend")
 @dsn_option()
 @click.argument("items", nargs=-1, metavar="[ID|FIRST-LAST]...")
@@ -595,7 +369,7 @@ def erase_command(
         raise click.UsageError("give exactly one of ITEM_IDS or a non-empty --patient-id")
     if (authority is not None or scan) and not patient_id:
         raise click.UsageError("--authority and --scan go with --patient-id")
-    _patient_key(patient_id, authority)  # a blank --authority is a usage error
+    patient_key_for(patient_id, authority)  # a blank --authority is a usage error
     actor = Trusted(who or "")
     if not dry_run:
         try:
@@ -621,7 +395,7 @@ def erase_command(
 
     matched, erased = run_db(dsn, go)
     if as_json:
-        _echo_json(
+        echo_json(
             {"matched": [m.to_json() for m in matched], "erased": list(erased), "dryRun": dry_run}
         )
         return
@@ -633,21 +407,6 @@ def erase_command(
     missing = sorted(set(item_ids) - {m.id for m in matched})
     if missing:
         raise click.ClickException(f"no item {', '.join(map(str, missing))}")
-
-
-def _patient_key(patient_id: str | None, authority: str | None) -> str | None:
-    """The identifier index key of ``--patient-id`` (and ``--authority``), or None."""
-    if patient_id is None:
-        if authority is not None:
-            raise click.UsageError("--authority goes with --patient-id")
-        return None
-    if not patient_id.strip():
-        raise click.UsageError("--patient-id is empty")
-    if authority is not None and not authority.strip():
-        raise click.UsageError("--authority is empty")
-    from inturn.worker.hl7.pid import lookup_key
-
-    return lookup_key(patient_id, authority)
 
 
 @queue_group.command("audit")
@@ -664,7 +423,7 @@ def audit_command(dsn: str | None, as_json: bool, limit: int) -> None:
     """Who decided what (skip, drain, erase, retry-now, resend, remove), when, and why."""
     entries = run_read(dsn, lambda conn: reads.audit_log(conn, limit))
     if as_json:
-        _echo_json(entries)
+        echo_json(entries)
         return
     click.echo(
         table(
@@ -675,72 +434,10 @@ def audit_command(dsn: str | None, as_json: bool, limit: int) -> None:
                     e["who"],
                     e["action"],
                     e["destination"] or "-",
-                    _ids(e["itemIds"]),
+                    ids_text(e["itemIds"]),
                     e["why"] or "",
                 ]
                 for e in entries
             ],
         )
     )
-
-
-def _ids(ids: list[int]) -> str:
-    text = ",".join(map(str, ids[:5]))
-    return text + (f",... ({len(ids)})" if len(ids) > 5 else "")
-
-
-@click.command("purge")
-@dsn_option()
-@click.option(
-    "--older-than",
-    type=DURATION,
-    default="7d",
-    show_default=True,
-    help="Age of finished items to delete, for every finished state.",
-)
-@click.option("--delivered", type=DURATION, help="Override the age for delivered items.")
-@click.option("--failed", type=DURATION, help="Override the age for failed items.")
-@click.option("--skipped", type=DURATION, help="Override the age for skipped items.")
-@click.option(
-    "--worklist-cleared",
-    type=DURATION,
-    default="90d",
-    show_default=True,
-    help="Age (since cleared) of cleared worklist items to delete; pending ones are kept.",
-)
-@click.option(
-    "--batch",
-    type=click.IntRange(1, 5000),
-    default=5000,
-    show_default=True,
-    help="Rows deleted per transaction.",
-)
-def purge_command(
-    dsn: str | None,
-    older_than: int,
-    delivered: int | None,
-    failed: int | None,
-    skipped: int | None,
-    worklist_cleared: int,
-    batch: int,
-) -> None:
-    """Delete finished items and cleared worklist items older than their retention, in
-    batches. Pending items and pending worklist items are never touched. Exits 0 without doing
-    anything when another purge is running."""
-    now = datetime.now(UTC)
-    ages = {"delivered": delivered, "failed": failed, "skipped": skipped}
-    cutoffs = {
-        state: now - timedelta(seconds=older_than if age is None else age)
-        for state, age in ages.items()
-    }
-
-    done = act(
-        dsn,
-        lambda conn: actions.purge(
-            conn, Trusted("purge"), cutoffs, worklist_cleared_after=worklist_cleared, batch=batch
-        ),
-    )
-    if not done.ran:
-        click.echo("another purge is running; nothing done")
-        return
-    click.echo("purged " + ", ".join(f"{state} {n}" for state, n in done.counts.items()))

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
+from inturn.worker.cli.db import watched
 from inturn.worker.cli.options import dsn_option, json_option
-from inturn.worker.cli.queue import watched
 from inturn.worker.reservations import bookings as api
 from inturn.worker.reservations.bookings import Applied
 from inturn.worker.reservations.codes import is_status_code
@@ -34,7 +34,7 @@ T = TypeVar("T")
 
 def run_conn(dsn: str | None, action: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
     """Open one autocommit connection on ``dsn`` (or ``$INTURN_DSN``), run ``action`` under a
-    lock watch (:func:`inturn.worker.cli.queue.watched`), close it."""
+    lock watch (:func:`inturn.worker.cli.db.watched`), close it."""
     target = resolve_dsn(dsn)
 
     async def go() -> T:

@@ -19,8 +19,8 @@ from typing import Any
 import click
 from psycopg import AsyncConnection
 
+from inturn.worker.cli.db import run_write
 from inturn.worker.cli.options import DURATION, dsn_option, json_option
-from inturn.worker.cli.queue import run_write
 from inturn.worker.operations import packs
 from inturn.worker.store.connect import resolve_dsn
 from inturn.worker.worklist.publishers import close_all, from_env

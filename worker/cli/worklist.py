@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import click
 from psycopg import AsyncConnection
 
+from inturn.worker.cli.db import run_read, run_write
 from inturn.worker.cli.options import dsn_option, json_option
-from inturn.worker.cli.queue import run_read, run_write
 from inturn.worker.errors import Conflict, NotFound
 from inturn.worker.operations import worklist as worklist_actions
 from inturn.worker.operations.actor import Trusted

@@ -1,0 +1,121 @@
+"""What the queue commands print and parse: the depth table, item rows and states, JSON output,
+id lists and ranges (``3 5-9``), and the patient key a ``--patient-id`` looks up.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from inturn.worker.operations import queue as actions
+from inturn.worker.store.model import DepthRow, Item
+from inturn.worker.text.display import printable, printable_values, table
+from inturn.worker.text.durations import format_age
+
+
+def echo_json(data: Any) -> None:
+    """Print ``data`` as indented JSON, every string in it made printable first (text from
+    outside, such as a receiver's error text, cannot carry a line break into the output)."""
+    click.echo(json.dumps(printable_values(data), indent=2))
+
+
+def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
+    """The depth table: one line per destination with anything pending or failed; HELD-UNTIL
+    says when a destination outside its delivery window (``spec.schedule``) sends again."""
+    if not rows:
+        return "nothing pending or failed"
+    now = at or datetime.now(UTC)
+
+    def held(r: DepthRow) -> str:
+        until = r.held_until(now)
+        return "-" if until is None else until.strftime("%Y-%m-%d %H:%M UTC")
+
+    return table(
+        ["DESTINATION", "CHANNEL", "PENDING", "FAILED", "OLDEST", "MAX-ATTEMPTS", "HELD-UNTIL"],
+        [
+            [
+                r.destination,
+                r.channel,
+                str(r.pending),
+                str(r.failed),
+                format_age(r.oldest_seconds) if r.pending else "-",
+                str(r.max_attempts),
+                held(r),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def state_text(item: Item) -> str:
+    """An item's state, with its resend link: ``failed (resent as 12)``, ``pending (copy of 7)``."""
+    if item.resent_as is not None:
+        return f"{item.state} (resent as {item.resent_as})"
+    if item.resent_from is not None:
+        return f"{item.state} (copy of {item.resent_from})"
+    return item.state
+
+
+def item_rows(items: list[Item]) -> list[list[str]]:
+    now = datetime.now(UTC)
+    return [
+        [
+            str(i.id),
+            i.destination,
+            state_text(i),
+            clip(printable(i.message_type), 20),
+            clip(printable(i.control_id), 30),
+            str(i.attempts),
+            format_age(i.age_seconds(now)),
+            clip(printable(i.last_error or ""), 60),
+        ]
+        for i in items
+    ]
+
+
+def parse_ids(values: tuple[str, ...]) -> list[int]:
+    """Item ids from ``ID`` and ``FIRST-LAST`` arguments (a range includes both ends).
+
+    Raises:
+        click.BadParameter: not a number or a range, or a range backwards or too long.
+    """
+    ids: list[int] = []
+    for value in values:
+        first, sep, last = value.partition("-")
+        try:
+            low, high = (int(first), int(last)) if sep else (int(value), int(value))
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: an item id or a range FIRST-LAST") from None
+        if high < low:
+            raise click.BadParameter(f"{value!r}: the range ends before it starts")
+        if high - low >= actions.RESEND_MAX:
+            raise click.BadParameter(f"{value!r}: at most {actions.RESEND_MAX} items per resend")
+        ids.extend(range(low, high + 1))
+    return ids
+
+
+def patient_key_for(patient_id: str | None, authority: str | None) -> str | None:
+    """The identifier index key of ``--patient-id`` (and ``--authority``), or None."""
+    if patient_id is None:
+        if authority is not None:
+            raise click.UsageError("--authority goes with --patient-id")
+        return None
+    if not patient_id.strip():
+        raise click.UsageError("--patient-id is empty")
+    if authority is not None and not authority.strip():
+        raise click.UsageError("--authority is empty")
+    from inturn.worker.hl7.pid import lookup_key
+
+    return lookup_key(patient_id, authority)
+
+
+def ids_text(ids: list[int]) -> str:
+    text = ",".join(map(str, ids[:5]))
+    return text + (f",... ({len(ids)})" if len(ids) > 5 else "")
