@@ -19,6 +19,7 @@ from inturn.worker.crypto.codec import PayloadCodec, PayloadErased, PayloadUnrea
 from inturn.worker.crypto.masterkeys import FileKeyProvider, MasterKeyError, new_key_file
 from inturn.worker.hl7.pid import index_keys, lookup_key
 from inturn.worker.store.keystore import PgKeyStore, create_schema
+from tests.support import keys
 
 pytestmark = pytest.mark.store
 
@@ -36,17 +37,9 @@ NOBODY = b"MSH|^~\\&|A|B|C|D|2024||MFN^M02|2|P|2.5\rMFE|MAD|1\r"
 @pytest.fixture
 def key_dsn(pg_server_dsn: str) -> Iterator[str]:
     """A fresh key store database (its schema made), dropped after the test."""
-    name = f"inturn_keys_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = make_conninfo(pg_server_dsn, dbname=name)
-    create_schema(dsn)
-    create_schema(dsn)  # idempotent
-    try:
+    with keys.key_store(pg_server_dsn) as dsn:
+        create_schema(dsn)  # idempotent
         yield dsn
-    finally:
-        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -56,9 +49,7 @@ def keys_dir(tmp_path: Path) -> Path:
 
 
 async def codec_for(keys_dir: Path, key_dsn: str, **kw: int) -> PayloadCodec:
-    codec = PayloadCodec(FileKeyProvider(keys_dir), PgKeyStore(key_dsn), **kw)
-    await codec.start()
-    return codec
+    return await keys.codec(keys_dir, key_dsn, **kw)
 
 
 async def test_a_message_is_sealed_under_its_patients_keys_and_opens_in_another_process(

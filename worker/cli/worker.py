@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from inturn.worker.cli.options import dsn_option, logging_options
+from inturn.worker.cli.options import dsn_option, logging_options, payload_keys_options
 from inturn.worker.drain.main import exec_runtime, run, runtime_settings
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec.config import WorkerConfig
@@ -81,6 +81,7 @@ def load_one(path: Path, secrets_dir: Path | None) -> WorkerConfig:
     show_default=True,
     help="Port of /healthz, /readyz and /metrics.",
 )
+@payload_keys_options
 @logging_options
 def worker_command(
     config_path: Path | None,
@@ -89,6 +90,8 @@ def worker_command(
     dsn: str | None,
     http_host: str,
     http_port: int,
+    payload_keys: str | None,
+    key_dsn: str | None,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -107,7 +110,9 @@ def worker_command(
         lockwatch.threshold_from_env()
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    settings = runtime_settings(config, target, http_host, http_port, log_level, log_json)
+    settings = runtime_settings(
+        config, target, http_host, http_port, log_level, log_json, payload_keys, key_dsn
+    )
     # exec_runtime does not return; if the interpreter cannot be executed (an unusual setup),
     # the worker runs here, with the validation's modules resident.
     with contextlib.suppress(OSError):

@@ -10,20 +10,23 @@ Pure cores and seams, no database and no network:
 * :mod:`~inturn.worker.crypto.keystore`: the ``KeyStore`` seam (wrapped keys by reference);
 * :mod:`~inturn.worker.crypto.codec`: ``PayloadCodec``, the one object that seals and opens.
 
-The store keeps and returns payloads as stored; only the codec sees keys.
+The store keeps and returns payloads as stored; only the codec sees keys. pyca
+``cryptography`` is imported only once a payload is sealed or opened or master keys are read
+(:class:`~inturn.worker.crypto.masterkeys.FileKeyProvider`), so a process without keys does not
+carry it.
 """
 
-from inturn.worker.crypto.codec import (
-    PayloadCodec,
+from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.crypto.envelope import is_envelope
+from inturn.worker.crypto.errors import (
+    MasterKeyError,
     PayloadErased,
     PayloadKeysMissing,
     PayloadUnreadable,
 )
-from inturn.worker.crypto.envelope import is_envelope
-from inturn.worker.crypto.masterkeys import FileKeyProvider, KeyProvider, MasterKeyError
+from inturn.worker.crypto.keystore import KeyProvider
 
 __all__ = [
-    "FileKeyProvider",
     "KeyProvider",
     "MasterKeyError",
     "PayloadCodec",

@@ -17,15 +17,20 @@ destroys exactly the keys of the identifiers that request matches
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from inturn.worker.crypto import envelope
 from inturn.worker.crypto.blind import INDEX_INFO, BlindIndex
 from inturn.worker.crypto.cache import DEFAULT_CACHE_KEYS, KeyCache
-from inturn.worker.crypto.keystore import KeyStore, NewKey, StoredKey
-from inturn.worker.crypto.masterkeys import KeyProvider, MasterKeyError, UnwrapFailed
-from inturn.worker.errors import Conflict, Invalid
+from inturn.worker.crypto.errors import (
+    MasterKeyError,
+    PayloadErased,
+    PayloadKeysMissing,
+    PayloadUnreadable,
+    UnwrapFailed,
+)
+from inturn.worker.crypto.keystore import KeyProvider, KeyStore, NewKey, StoredKey
 from inturn.worker.hl7.pid import (
     MAX_INDEXED_IDENTIFIERS,
     Digest,
@@ -42,27 +47,6 @@ INDEX_MASTER = "index_master"
 INDEX_CHECK = "index_check"
 #: Label of a patient key's wrap (with its reference as associated data).
 _WRAP_LABEL = b"inturn key v1\x00"
-
-
-class PayloadKeysMissing(Invalid):
-    """An envelope was met by a process started without ``--payload-keys``: it must stop
-    rather than pass ciphertext on."""
-
-    kind = "payload_keys"
-
-
-class PayloadUnreadable(Invalid):
-    """An envelope does not open: a key it names was erased, or the master keys given are
-    not the ones it was sealed with, or the row was changed."""
-
-    kind = "payload_unreadable"
-
-
-class PayloadErased(PayloadUnreadable, Conflict):
-    """A key the envelope names is no longer in the key store (erased by patient): the row
-    exists, its payload is gone for good."""
-
-    kind = "payload_erased"
 
 
 @dataclass(frozen=True)
@@ -177,6 +161,12 @@ class PayloadCodec:
         """The stored form of an order key (``spec.replies``): blind with keys, plain without."""
         text = f"{destination}\x00{key.strip()}".encode("utf-8", "surrogatepass")
         return self._index().order_key(text) if self.enabled else plain_digest(text)
+
+    def order_digests(self) -> list[Callable[[str, str], str]]:
+        """Every stored form a reply's keys are looked for under: the blind one with keys, and
+        the plain one (orders delivered before the keys were given)."""
+        plain = PayloadCodec().order_digest
+        return [self.order_digest, plain] if self.enabled else [plain]
 
     def window_digest(self, payload: bytes) -> bytes:
         """The duplicate window's digest of a message: keyed with keys, SHA-256 without."""

@@ -28,11 +28,10 @@ import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-from inturn.worker.errors import Invalid
+from inturn.worker.crypto.errors import EnvelopeError, Undecryptable
 
 #: What every envelope starts with (and no plaintext payload does).
 PREFIX = b"\x00ie1"
@@ -54,15 +53,17 @@ _HEAD = len(PREFIX) + 1 + 2
 MAX_REFS = 0xFFFF
 
 
-class EnvelopeError(Invalid):
-    """The stored bytes start like an envelope but are not a well-formed one."""
-
-    kind = "invalid_envelope"
+__all__ = ["EnvelopeError", "Undecryptable"]
 
 
-class Undecryptable(Exception):
-    """A key is not the one the envelope was sealed with, or the envelope, its row ID or its
-    destination was changed (the GCM tag does not verify)."""
+@cache
+def _lib() -> tuple[Any, type[Exception]]:
+    """pyca ``cryptography``'s AESGCM and InvalidTag, imported on first use (about 9 MiB that a
+    process without payload keys never loads)."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM, InvalidTag
 
 
 def is_envelope(stored: bytes) -> bool:
@@ -95,7 +96,7 @@ def _aad(header: bytes, message_id: int, destination: str) -> bytes:
 
 def new_key() -> bytes:
     """A fresh random 32-byte key (a data key, a patient's or a destination's key)."""
-    return AESGCM.generate_key(bit_length=256)
+    return os.urandom(KEY_BYTES)
 
 
 def combine(keys: Sequence[bytes], refs: Sequence[bytes]) -> bytes:
@@ -142,11 +143,12 @@ def seal(
         raise ValueError(f"keys are {KEY_BYTES} bytes")
     header = _header_bytes(kind, refs)
     aad = _aad(header, message_id, destination)
+    aesgcm = _lib()[0]
     data_key = new_key()
     wrap_nonce = os.urandom(NONCE_BYTES)
-    wrapped = AESGCM(combine(chosen, refs)).encrypt(wrap_nonce, data_key, aad)
+    wrapped = aesgcm(combine(chosen, refs)).encrypt(wrap_nonce, data_key, aad)
     nonce = os.urandom(NONCE_BYTES)
-    body = AESGCM(data_key).encrypt(nonce, plaintext, aad)
+    body = aesgcm(data_key).encrypt(nonce, plaintext, aad)
     return b"".join((header, wrap_nonce, wrapped, nonce, body))
 
 
@@ -196,10 +198,10 @@ def open_envelope(
     at = h.size
     wrap_nonce, wrapped = stored[at : at + NONCE_BYTES], stored[at + NONCE_BYTES : at + _WRAPPED]
     at += _WRAPPED
+    aesgcm, invalid_tag = _lib()
     try:
-        data_key = AESGCM(kek).decrypt(wrap_nonce, wrapped, aad)
-        return AESGCM(data_key).decrypt(
-            stored[at : at + NONCE_BYTES], stored[at + NONCE_BYTES :], aad
-        )
-    except InvalidTag:
+        data_key = aesgcm(kek).decrypt(wrap_nonce, wrapped, aad)
+        nonce, body = stored[at : at + NONCE_BYTES], stored[at + NONCE_BYTES :]
+        return bytes(aesgcm(data_key).decrypt(nonce, body, aad))
+    except invalid_tag:
         raise Undecryptable("the envelope does not open with these keys") from None

@@ -1,4 +1,5 @@
-"""The key store seam: where wrapped patient and destination keys live.
+"""The seams: where wrapped patient and destination keys live (``KeyStore``) and what wraps
+them (``KeyProvider``).
 
 The shipped implementation is a second Postgres database
 (:class:`inturn.worker.store.keystore.PgKeyStore`); Vault or a cloud KMS with a key table can
@@ -78,4 +79,38 @@ class KeyStore(Protocol):
 
     async def masters(self) -> Mapping[str, int]:
         """How many keys each master key wraps."""
+        ...
+
+
+class KeyProvider(Protocol):
+    """What wraps patient keys (a folder of master keys, or a KMS).
+
+    ``wrap`` and ``unwrap`` are coroutines so that a KMS can call out; ``aad`` binds a wrapped
+    key to what it is the key of (its reference), so wrapped keys cannot be swapped.
+    """
+
+    def ids(self) -> tuple[str, ...]:
+        """The master key IDs available, oldest first (natural order)."""
+        ...
+
+    def newest(self) -> str:
+        """The ID new wraps use."""
+        ...
+
+    async def wrap(self, key: bytes, aad: bytes) -> tuple[str, bytes]:
+        """``key`` wrapped under the newest master key: (master key ID, wrapped bytes)."""
+        ...
+
+    async def unwrap(self, master_id: str, wrapped: bytes, aad: bytes) -> bytes:
+        """The key ``wrapped`` holds.
+
+        Raises:
+            MasterKeyError: ``master_id`` is not available here.
+            UnwrapFailed: it does not unwrap (another key under that ID, or changed bytes).
+        """
+        ...
+
+    def derive(self, master_id: str, info: bytes) -> bytes:
+        """32 bytes derived from master key ``master_id`` for the purpose ``info`` (the blind
+        index key). Raises :class:`MasterKeyError` when that key is not available."""
         ...

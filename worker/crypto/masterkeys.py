@@ -18,14 +18,16 @@ import binascii
 import os
 import re
 from pathlib import Path
-from typing import Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from inturn.worker.errors import Invalid
+from inturn.worker.crypto.errors import MasterKeyError, UnwrapFailed
+from inturn.worker.crypto.keystore import KeyProvider
+
+__all__ = ["FileKeyProvider", "KeyProvider", "MasterKeyError", "UnwrapFailed", "new_key_file"]
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -35,57 +37,10 @@ KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_FILE_BYTES = 256
 
 
-class MasterKeyError(Invalid):
-    """The master keys cannot be used: a missing or empty folder, a file that is no key, a key
-    ID the key store needs and the folder lacks, or a key that differs from the one used.
-    The message is one line and names ``--payload-keys``."""
-
-    kind = "payload_keys"
-
-
-class UnwrapFailed(Exception):
-    """A wrapped key does not unwrap under the master key it names (a different key behind
-    the same ID, or the wrapped bytes were changed)."""
-
-
 def natural_order(key_id: str) -> tuple[tuple[int, int | str], ...]:
     """Sort key of a key ID: digit runs compare as numbers, other runs as text."""
     parts = re.split(r"(\d+)", key_id)
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in parts if p)
-
-
-class KeyProvider(Protocol):
-    """What wraps patient keys (a folder of master keys, or a KMS).
-
-    ``wrap`` and ``unwrap`` are coroutines so that a KMS can call out; ``aad`` binds a wrapped
-    key to what it is the key of (its reference), so wrapped keys cannot be swapped.
-    """
-
-    def ids(self) -> tuple[str, ...]:
-        """The master key IDs available, oldest first (natural order)."""
-        ...
-
-    def newest(self) -> str:
-        """The ID new wraps use."""
-        ...
-
-    async def wrap(self, key: bytes, aad: bytes) -> tuple[str, bytes]:
-        """``key`` wrapped under the newest master key: (master key ID, wrapped bytes)."""
-        ...
-
-    async def unwrap(self, master_id: str, wrapped: bytes, aad: bytes) -> bytes:
-        """The key ``wrapped`` holds.
-
-        Raises:
-            MasterKeyError: ``master_id`` is not available here.
-            UnwrapFailed: it does not unwrap (another key under that ID, or changed bytes).
-        """
-        ...
-
-    def derive(self, master_id: str, info: bytes) -> bytes:
-        """32 bytes derived from master key ``master_id`` for the purpose ``info`` (the blind
-        index key). Raises :class:`MasterKeyError` when that key is not available."""
-        ...
 
 
 def _decode(raw: bytes, name: str) -> bytes:

@@ -25,10 +25,12 @@ from typing import Any
 import psycopg.errors
 
 from inturn.worker import tracing
+from inturn.worker.crypto.errors import REFUSALS
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.health import make_app, serve
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
+from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.spec.config import WorkerConfig, from_dict, to_dict
 from inturn.worker.store.connect import schema_missing
@@ -43,9 +45,17 @@ RUNTIME_ENV = "INTURN_WORKER_RUNTIME"
 
 
 def runtime_settings(
-    config: WorkerConfig, dsn: str, http_host: str, http_port: int, log_level: str, log_json: bool
+    config: WorkerConfig,
+    dsn: str,
+    http_host: str,
+    http_port: int,
+    log_level: str,
+    log_json: bool,
+    payload_keys: str | None = None,
+    key_dsn: str | None = None,
 ) -> str:
-    """The JSON text :func:`main` reads back: the configuration and the process's options."""
+    """The JSON text :func:`main` reads back: the configuration and the process's options
+    (the master keys' folder and the key store's DSN, not keys)."""
     return json.dumps(
         {
             "config": to_dict(config),
@@ -54,6 +64,8 @@ def runtime_settings(
             "httpPort": http_port,
             "logLevel": log_level,
             "logJson": log_json,
+            "payloadKeys": payload_keys,
+            "keyDsn": key_dsn,
         }
     )
 
@@ -72,18 +84,33 @@ def exec_runtime(settings: str) -> None:
     os.execve(sys.executable, [sys.executable, "-P", "-m", "inturn.worker.drain.main"], env)
 
 
-async def run_worker(config: WorkerConfig, dsn: str, http_host: str, http_port: int) -> None:
+async def run_worker(
+    config: WorkerConfig,
+    dsn: str,
+    http_host: str,
+    http_port: int,
+    payload_keys: str | None = None,
+    key_dsn: str | None = None,
+) -> None:
     """Run one worker and its HTTP endpoints until SIGTERM, SIGINT or SIGHUP (a second one
     abandons the attempt in flight: see :mod:`inturn.worker.drain.shutdown`).
 
     Raises:
         OSError: the HTTP port is taken.
+        MasterKeyError, PayloadKeysMissing, PayloadUnreadable, EnvelopeError: the payload keys
+            are unusable, or a payload met cannot be opened (the worker stopped unsent).
     """
     stop, abandon = asyncio.Event(), asyncio.Event()
     shutdown.install(stop, abandon)
+    payloads = await open_codec(payload_keys, key_dsn, application_name="inturn-worker-keys")
     publishers = from_env(os.environ, dsn)
     worker = DestinationWorker(
-        config, dsn, make_sender(config.sender), PrometheusObserver(), publishers
+        config,
+        dsn,
+        make_sender(config.sender),
+        PrometheusObserver(),
+        publishers,
+        payloads=payloads,
     )
     runner = await serve(make_app([worker]), http_host, http_port)
     log.info("worker for %s started (http %s:%d)", config.destination, http_host, http_port)
@@ -98,6 +125,7 @@ async def run_worker(config: WorkerConfig, dsn: str, http_host: str, http_port: 
         stopping.cancel()
         await runner.cleanup()
         await close_all(publishers)
+        await close_codec(payloads)
         log.info("worker for %s stopped", config.destination)
 
 
@@ -112,8 +140,18 @@ def run(settings: dict[str, Any]) -> int:
     config = from_dict(settings["config"])
     try:
         asyncio.run(
-            run_worker(config, str(settings["dsn"]), settings["httpHost"], settings["httpPort"])
+            run_worker(
+                config,
+                str(settings["dsn"]),
+                settings["httpHost"],
+                settings["httpPort"],
+                settings.get("payloadKeys"),
+                settings.get("keyDsn"),
+            )
         )
+    except REFUSALS as exc:  # never sent: the message stays at the head
+        print(f"inturn: error: destination {config.destination}: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"inturn: error: {exc.strerror or exc}", file=sys.stderr)
         return 2

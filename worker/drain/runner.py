@@ -42,6 +42,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from inturn.worker import tracing
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.gate import Gate, may_send
 from inturn.worker.drain.lane_runner import LaneDrain
@@ -100,6 +101,9 @@ class DestinationWorker:
             raised to outlive the attempt timeout when it is shorter (said once at start).
         pooled: whether statements go through a pooler that moves sessions between backends
             (then no session advisory lock is taken); None: the worker finds out at start.
+        payloads: opens stored payloads right before the send (default: no keys, plaintext
+            passes and an envelope stops the worker with one line naming ``--payload-keys``:
+            :data:`inturn.worker.crypto.errors.REFUSALS` end :meth:`run`).
     """
 
     def __init__(
@@ -112,8 +116,10 @@ class DestinationWorker:
         lock_wait_seconds: float | None = None,
         lease: LeaseSettings | None = None,
         pooled: bool | None = None,
+        payloads: PayloadCodec | None = None,
     ) -> None:
         self.config = config
+        self.payloads = payloads or PayloadCodec()
         self.dsn = dsn
         self.sender = sender
         self.observer: Observer = observer or NullObserver()
@@ -507,13 +513,16 @@ class DestinationWorker:
         item = head.item
         attempts = item.attempts + 1
         outcome: FailureCause
+        # Opened here, right before the send (an envelope this process cannot open ends the
+        # worker: ciphertext is never sent). Plaintext rows pass unchanged.
+        payload = await self.payloads.open(item.id, item.destination, head.payload)
         sent = self.state.sending_since = time.monotonic()
         trace = tracing.attempt_started(
             self.destination, item.id, item.control_id, head.traceparent, attempts, self.peer
         )
         try:
             async with asyncio.timeout(self.config.retry.timeout_seconds):
-                await self.sender.send(head.payload, item_id=item.id)
+                await self.sender.send(payload, item_id=item.id)
         except DeliveryError as exc:
             outcome, detail = exc.outcome, exc.detail
         except TimeoutError:
@@ -530,7 +539,13 @@ class DestinationWorker:
             held, self._unreachable_run = self._unreachable_run, 0
             # spec.replies: the replies this order now waits for, recorded with its mark
             expecting = (
-                expectations(self.destination, self.config.replies, item.message_type, head.payload)
+                expectations(
+                    self.destination,
+                    self.config.replies,
+                    item.message_type,
+                    payload,
+                    self.payloads.order_digest,
+                )
                 if self.config.replies
                 else []
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from inturn.worker.crypto.cache import DEFAULT_CACHE_KEYS
 from inturn.worker.crypto.codec import PayloadCodec
-from inturn.worker.crypto.masterkeys import FileKeyProvider, MasterKeyError
+from inturn.worker.crypto.errors import MasterKeyError
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.store.keystore import PgKeyStore
 
@@ -44,6 +44,8 @@ async def open_codec(
         raise MasterKeyError(
             "--payload-keys needs --key-dsn (INTURN_KEY_DSN): the key store's database"
         )
+    from inturn.worker.crypto.masterkeys import FileKeyProvider  # cryptography: only with keys
+
     codec = PayloadCodec(
         FileKeyProvider(payload_keys),
         PgKeyStore(key_dsn, application_name=application_name),

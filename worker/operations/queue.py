@@ -35,7 +35,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from inturn.worker.errors import Conflict, Invalid, NotFound
+from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.crypto.errors import PayloadKeysMissing, PayloadUnreadable
+from inturn.worker.errors import Conflict, Invalid, NotFound, Unavailable
 from inturn.worker.hl7.pid import has_patient_id, lookup_key
 from inturn.worker.operations.actor import Actor, permit
 from inturn.worker.store import actions, identifiers, reads, registry
@@ -210,7 +212,11 @@ async def drain(
 
 
 async def resend(
-    conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str | None = None
+    conn: AsyncConnection[Any],
+    actor: Actor,
+    item_id: int,
+    why: str | None = None,
+    payloads: PayloadCodec | None = None,
 ) -> Resent:
     """Queue a copy of a finished item at the tail of its destination's queue; audited.
 
@@ -220,7 +226,9 @@ async def resend(
     """
     reason = permit(actor, "resend", why)
     try:
-        copy = await actions.resend(conn, item_id, who=actor.name, why=reason)
+        copy = await actions.resend(conn, item_id, who=actor.name, why=reason, payloads=payloads)
+    except (PayloadKeysMissing, PayloadUnreadable):
+        raise
     except ValueError as exc:
         raise Conflict(str(exc)) from None
     if copy is None:
@@ -229,7 +237,11 @@ async def resend(
 
 
 async def resend_many(
-    conn: AsyncConnection[Any], actor: Actor, item_ids: Sequence[int], why: str | None = None
+    conn: AsyncConnection[Any],
+    actor: Actor,
+    item_ids: Sequence[int],
+    why: str | None = None,
+    payloads: PayloadCodec | None = None,
 ) -> ResentMany:
     """Queue copies of several finished items, in their original (id) order, in one
     transaction; audited once. Items that are pending, already resent or missing are refused
@@ -244,7 +256,9 @@ async def resend_many(
         raise Invalid("nothing to resend: give item ids, a range, or a destination")
     if len(set(item_ids)) > RESEND_MAX:
         raise Invalid(f"at most {RESEND_MAX} items per resend")
-    outcome = await actions.resend_many(conn, item_ids, who=actor.name, why=reason)
+    outcome = await actions.resend_many(
+        conn, item_ids, who=actor.name, why=reason, payloads=payloads
+    )
     if not outcome.copies and all(w == "no such item" for _, w in outcome.refused):
         raise NotFound("no such item: " + ", ".join(str(i) for i, _ in outcome.refused))
     return ResentMany(outcome.copies, outcome.refused)
@@ -257,6 +271,7 @@ async def resend_failed(
     why: str | None = None,
     *,
     message_type: str | None = None,
+    payloads: PayloadCodec | None = None,
 ) -> ResentMany:
     """Queue copies of every failed item of ``destination`` that was never resent (what
     still needs a person), oldest first; ``message_type`` narrows them by MSH-9 (``*`` and
@@ -276,7 +291,7 @@ async def resend_failed(
     if not ids:
         which = f" of type {message_type}" if message_type else ""
         raise Conflict(f"{destination} has no failed item{which} left to resend")
-    return await resend_many(conn, actor, ids, why)
+    return await resend_many(conn, actor, ids, why, payloads)
 
 
 async def remove(
@@ -364,6 +379,48 @@ async def erase_item(
     return done
 
 
+class KeysNotDestroyed(Unavailable):
+    """The rows were erased but the key store did not destroy the patient's keys (unreachable,
+    or refused): copies in backups stay readable until the erasure is run again, which finds
+    no rows and destroys the keys."""
+
+    kind = "keys_not_destroyed"
+
+
+async def erase_patient_keys(
+    actor: Actor,
+    patient_id: str,
+    authority: str | None,
+    why: str | None,
+    payloads: PayloadCodec | None,
+    *,
+    erased: int = 0,
+) -> int | None:
+    """Destroy the keys of every identifier an erasure of ``patient_id`` (``authority``)
+    matches, after its rows were erased: every copy of its messages elsewhere (a dump, a
+    backup, a replica) can no longer be read. The key store records it without identifiers.
+    Safe to run again (0 keys the second time). None without payload keys (nothing to do).
+
+    Raises:
+        ReasonRequired: no reason.
+        KeysNotDestroyed: the key store failed; the message says the ``erased`` rows are gone
+            and that running the erasure again finishes it.
+    """
+    reason = permit(actor, "erase", why)
+    if payloads is None or not payloads.enabled:
+        return None
+    try:
+        return await payloads.erase_patient(
+            patient_id, authority, actor=actor.name, reason=reason or ""
+        )
+    except Exception as exc:  # the key store's failure, whatever it is: say what is left
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise KeysNotDestroyed(
+            f"{erased} item(s) erased, but the patient's keys were not destroyed ({first}):"
+            " copies in backups stay readable until the erasure is run again"
+        ) from exc
+
+
 @dataclass(frozen=True)
 class Match:
     """An item found for erasure (never its payload)."""
@@ -396,6 +453,7 @@ async def find_for_erasure(
     authority: str | None = None,
     scan: bool = False,
     progress: Callable[[str], None] | None = None,
+    payloads: PayloadCodec | None = None,
 ) -> list[Match]:
     """What an erasure would erase: the items among ``item_ids`` that exist, or every held
     message naming ``patient_id`` (PID-2, PID-3, PID-4, MRG-1; with ``authority``, only
@@ -409,9 +467,11 @@ async def find_for_erasure(
     if bool(item_ids) == bool(patient_id and patient_id.strip()):
         raise Invalid("give exactly one of item ids or a non-empty patient id")
     if patient_id and scan:
-        return await _scan_for_patient(conn, patient_id, authority, progress or (lambda _: None))
+        return await _scan_for_patient(
+            conn, patient_id, authority, progress or (lambda _: None), payloads or PayloadCodec()
+        )
     if patient_id:
-        found = await identifiers.find_patient(conn, patient_id, authority)
+        found = await identifiers.find_patient(conn, patient_id, authority, payloads=payloads)
         return [Match(i.id, i.destination, i.state, i.message_type) for i in found]
     matched: list[Match] = []
     for item_id in item_ids:
@@ -430,6 +490,7 @@ async def _scan_for_patient(
     patient_id: str,
     authority: str | None,
     progress: Callable[[str], None],
+    payloads: PayloadCodec,
 ) -> list[Match]:
     rows, size = await identifiers.scan_estimate(conn)
     progress(
@@ -447,25 +508,34 @@ async def _scan_for_patient(
             elapsed = time.monotonic() - started
             left = max(rows - seen, 0) * elapsed / seen
             progress(f"at the rate of the first {seen} items: about {left:.0f}s more")
-        if has_patient_id(held.payload, patient_id, authority):
+        plain = await payloads.open(held.id, held.destination, held.payload)
+        if has_patient_id(plain, patient_id, authority):
             matched.append(Match(held.id, held.destination, held.state, held.message_type))
     return matched
 
 
 async def view_payload(
-    conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str | None
+    conn: AsyncConnection[Any],
+    actor: Actor,
+    item_id: int,
+    why: str | None,
+    payloads: PayloadCodec | None = None,
 ) -> Payload:
-    """One item's stored bytes; the viewing is audited with its reason.
+    """One item's message (decrypted on demand with ``payloads``); the viewing is audited
+    with its reason, before the payload is opened.
 
     Raises:
         ReasonRequired: no reason.
         NotFound: no such item.
+        PayloadKeysMissing: the payload is encrypted and ``payloads`` has no keys.
+        PayloadErased: its patient's key was erased (Conflict).
     """
     reason = permit(actor, "view-payload", why)
-    data = await reads.view_payload(conn, item_id, who=actor.name, why=reason)
-    if data is None:
+    found = await reads.view_payload(conn, item_id, who=actor.name, why=reason)
+    if found is None:
         raise NotFound(f"no item {item_id}")
-    return Payload(item_id, data)
+    destination, stored = found
+    return Payload(item_id, await (payloads or PayloadCodec()).open(item_id, destination, stored))
 
 
 @dataclass(frozen=True)

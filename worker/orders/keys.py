@@ -11,7 +11,7 @@ answers only orders addressed to its sender (or to a sender ``from`` declares).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from inturn.worker.hl7.errors import HeaderError
@@ -60,8 +60,18 @@ def _parties(payload: bytes) -> tuple[str, str, str, str]:
     )
 
 
+#: The stored form of an order key, ``(owner, key) -> 32 hex digits``: plain SHA-256
+#: (:func:`key_digest`) or, with payload keys, the blind index's
+#: (:meth:`inturn.worker.crypto.codec.PayloadCodec.order_digest`).
+OrderDigest = Callable[[str, str], str]
+
+
 def expectations(
-    destination: str, rules: Iterable[ReplyRule], message_type: str, payload: bytes
+    destination: str,
+    rules: Iterable[ReplyRule],
+    message_type: str,
+    payload: bytes,
+    digest: OrderDigest = key_digest,
 ) -> list[Expectation]:
     """The expectations an order of ``message_type`` (``CODE^TRIGGER``) delivered to
     ``destination`` opens: one per rule whose ``orderTypes`` match and per key found in its
@@ -82,7 +92,7 @@ def expectations(
             out.append(
                 Expectation(
                     key=key,
-                    digest=key_digest(owner, key),
+                    digest=digest(owner, key),
                     channel=rule.channel,
                     reply_types=rule.reply_types,
                     within_seconds=rule.within_seconds,
@@ -92,14 +102,21 @@ def expectations(
 
 
 def reply_digests(
-    rules: Iterable[tuple[str, ReplyRule]], channel: str, message_type: str, payload: bytes
+    rules: Iterable[tuple[str, ReplyRule]],
+    channel: str,
+    message_type: str,
+    payload: bytes,
+    digests: Sequence[OrderDigest] = (key_digest,),
 ) -> list[str]:
     """The key digests a message of ``message_type`` received on ``channel`` answers: for
     every ``(destination, rule)`` whose reply ``channel`` and ``replyTypes`` match, each key
     found in its ``replyFields``, under the owner the reply speaks for (the destination, and
     its sender MSH-3/MSH-4 as :meth:`ReplyRule.reply_peer` sees it): it can match only the
     orders addressed to that sender. Sorted, no repeats, at most
-    :data:`~inturn.worker.spec.replies.MAX_KEYS_PER_MESSAGE`. Empty: not a reply."""
+    :data:`~inturn.worker.spec.replies.MAX_KEYS_PER_MESSAGE` per form. Empty: not a reply.
+
+    ``digests``: every stored form an open expectation may have (with payload keys, the blind
+    one and the plain one of orders delivered before the keys were given)."""
     code, trigger = _split(message_type)
     found: set[str] = set()
     parties: tuple[str, str, str, str] | None = None
@@ -110,5 +127,5 @@ def reply_digests(
         owner = owner_scope(destination, rule.reply_peer(parties[0], parties[1]))
         for ref in rule.reply_fields:
             for key in first_components(payload, ref, limit=MAX_KEYS_PER_MESSAGE):
-                found.add(key_digest(owner, key))
-    return sorted(found)[:MAX_KEYS_PER_MESSAGE]
+                found.update(d(owner, key) for d in digests)
+    return sorted(found)[: MAX_KEYS_PER_MESSAGE * len(digests)]

@@ -18,6 +18,7 @@ from typing import Any, LiteralString
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.store import locks, queue
 from inturn.worker.store.model import (
     FINISHED_STATES,
@@ -167,7 +168,12 @@ class ResendOutcome:
 
 
 async def resend_many(
-    conn: AsyncConnection[Any], item_ids: Sequence[int], *, who: str, why: str | None = None
+    conn: AsyncConnection[Any],
+    item_ids: Sequence[int],
+    *,
+    who: str,
+    why: str | None = None,
+    payloads: PayloadCodec | None = None,
 ) -> ResendOutcome:
     """Put a copy of each finished item at the tail of its destination's queue, in id order.
 
@@ -177,8 +183,16 @@ async def resend_many(
     copy. An item already resent is refused with its copy's id (resend the copy if it failed
     too): a second copy of the same message is never queued by mistake. Pending items are
     refused (they will be sent anyway); so are ids that do not exist.
+
+    A copy is a new row: an encrypted original is opened with ``payloads`` and the copy sealed
+    for its own row ID (an envelope opens only in the row it was sealed for).
+
+    Raises:
+        PayloadKeysMissing, PayloadUnreadable: an original is an envelope this codec cannot
+            open; nothing is queued.
     """
     ids = sorted(set(item_ids))
+    codec = payloads or PayloadCodec()
     async with conn.transaction():
         await conn.execute(Q["synchronous_commit"])
         rows = await fetch_all(conn, Q["get_for_resend"], {"ids": ids}, row=dict_row)
@@ -198,11 +212,11 @@ async def resend_many(
                 channel=r["channel"],
                 control_id=r["control_id"],
                 message_type=r["message_type"],
-                payload=bytes(r["payload"]),
+                payload=await codec.open(int(r["id"]), r["destination"], bytes(r["payload"])),
             )
             for r in chosen
         ]
-        new_ids = await queue.enqueue_in_transaction(conn, news)
+        new_ids = await queue.enqueue_in_transaction(conn, news, codec)
         copies = list(zip([int(r["id"]) for r in chosen], new_ids, strict=True))
         for original, copy in copies:
             await conn.execute(Q["mark_resent"], {"id": original, "copy": copy})
@@ -218,7 +232,12 @@ async def resend_many(
 
 
 async def resend(
-    conn: AsyncConnection[Any], item_id: int, *, who: str, why: str | None = None
+    conn: AsyncConnection[Any],
+    item_id: int,
+    *,
+    who: str,
+    why: str | None = None,
+    payloads: PayloadCodec | None = None,
 ) -> int | None:
     """Put a copy of one finished item at the tail of its queue (see :func:`resend_many`);
     return the copy's id, or None when the item does not exist.
@@ -226,7 +245,7 @@ async def resend(
     Raises:
         ValueError: the item is still pending, or was already resent (the message says which).
     """
-    outcome = await resend_many(conn, [item_id], who=who, why=why)
+    outcome = await resend_many(conn, [item_id], who=who, why=why, payloads=payloads)
     if outcome.copies:
         return outcome.copies[0][1]
     [(_, why_not)] = outcome.refused

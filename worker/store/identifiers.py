@@ -18,6 +18,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.hl7.pid import has_patient_id, index_keys, lookup_key
 from inturn.worker.store.model import Item
 from inturn.worker.store.queries import fetch_all, fetch_one, load
@@ -77,32 +78,48 @@ async def unindexed_count(conn: AsyncConnection[Any]) -> int:
     return int(row["unindexed"]) if row else 0
 
 
+def lookup_text(
+    ident: str, authority: str | None = None, payloads: PayloadCodec | None = None
+) -> str:
+    """The ``patient_key`` parameter of the listings and :func:`find_patient`: every stored
+    form of the identifier's index key, comma-separated (with payload keys, the blind one and
+    the plain one of rows indexed before the keys were given)."""
+    if payloads is None:
+        return lookup_key(ident, authority)
+    return ",".join(payloads.lookup_keys(ident, authority))
+
+
 async def find_patient(
     conn: AsyncConnection[Any],
     ident: str,
     authority: str | None = None,
     *,
     batch: int = 500,
+    payloads: PayloadCodec | None = None,
 ) -> list[Item]:
     """Every held item whose message names ``ident`` (assigned by ``authority``, when given) in
     PID-2, PID-3, PID-4 or MRG-1, oldest first, without payloads.
 
-    Indexed rows are found by their key (one GIN probe); rows not indexed yet are read and
-    matched with :func:`inturn.worker.hl7.pid.has_patient_id`, ``batch`` at a time.
+    Indexed rows are found by their key (one GIN probe, every stored form of it); rows not
+    indexed yet are read, opened with ``payloads`` and matched with
+    :func:`inturn.worker.hl7.pid.has_patient_id`, ``batch`` at a time.
 
     Raises:
         ValueError: ``ident`` is empty.
+        PayloadKeysMissing: an unindexed row is an envelope and ``payloads`` has no keys.
     """
     if not ident.strip():
         raise ValueError("the patient ID is empty")
-    key = {"key": lookup_key(ident, authority)}
+    codec = payloads or PayloadCodec()
+    key = {"key": lookup_text(ident, authority, payloads)}
     found = {i.id: i for i in await fetch_all(conn, Q["find_patient"], key, row=class_row(Item))}
     after = 0
     while True:
         page = {"after": after, "batch": batch}
         rows = await fetch_all(conn, Q["unindexed_batch"], page, row=dict_row)
         for r in rows:
-            if has_patient_id(bytes(r["payload"]), ident, authority):
+            plain = await codec.open(int(r["id"]), str(r["destination"]), bytes(r["payload"]))
+            if has_patient_id(plain, ident, authority):
                 found[int(r["id"])] = Item.from_row(r)
         if len(rows) < batch:
             break

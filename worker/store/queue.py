@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.hl7.pid import index_keys
 from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.store.model import (
@@ -80,7 +81,17 @@ async def lock_for_enqueue(conn: AsyncConnection[Any], destinations: Iterable[st
         await conn.execute(Q["enqueue_lock"], {"destination": destination})
 
 
-async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[NewItem]) -> list[int]:
+async def draw_ids(conn: AsyncConnection[Any], n: int) -> list[int]:
+    """``n`` new row IDs of ``inturn_delivery``, increasing. Call it after taking the
+    destinations' enqueue locks (:func:`lock_for_enqueue`), so that ID order stays commit
+    order."""
+    rows = await fetch_all(conn, Q["draw_ids"], {"n": n}, row=dict_row)
+    return [int(r["id"]) for r in rows]
+
+
+async def enqueue_in_transaction(
+    conn: AsyncConnection[Any], items: Sequence[NewItem], payloads: PayloadCodec | None = None
+) -> list[int]:
     """Insert ``items`` inside the caller's open transaction; return their ids in input order.
 
     Takes each touched destination's enqueue lock in sorted order (no deadlock between two
@@ -88,24 +99,40 @@ async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[New
     :mod:`inturn.worker.store.identifiers`), and queues one NOTIFY per destination, delivered at
     COMMIT. The caller
     commits, and must only acknowledge the sender after its COMMIT has returned.
+
+    With ``payloads`` that seal (payload keys given), the row IDs are drawn first
+    (:func:`draw_ids`, under the locks) and each payload is stored as the envelope the codec
+    makes for its row; its index keys are the codec's (blind). The store hands the codec
+    plaintext and row IDs and stores what it returns: it never holds a key.
     """
     destinations = sorted({item.destination for item in items})
     await lock_for_enqueue(conn, destinations)
+    sealing = payloads is not None and payloads.enabled
+    stored = [item.payload for item in items]
+    drawn: list[int] = []
+    if sealing:
+        assert payloads is not None
+        drawn = await draw_ids(conn, len(items))
+        stored = await payloads.seal_many(
+            [(i, item.destination, item.payload) for i, item in zip(drawn, items, strict=True)]
+        )
     ids: list[int] = []
     async with conn.cursor(row_factory=dict_row) as cur:
-        for item in items:
-            await cur.execute(
-                Q["enqueue_insert"],
-                {
-                    "destination": item.destination,
-                    "channel": item.channel,
-                    "control_id": item.control_id,
-                    "message_type": item.message_type,
-                    "payload": item.payload,
-                    "size": len(item.payload),
-                    "patient_keys": index_keys(item.payload),
-                },
-            )
+        for n, item in enumerate(items):
+            params = {
+                "destination": item.destination,
+                "channel": item.channel,
+                "control_id": item.control_id,
+                "message_type": item.message_type,
+                "payload": stored[n],
+                "size": len(item.payload),
+                "patient_keys": (
+                    payloads.index_keys(item.payload) if payloads else index_keys(item.payload)
+                ),
+            }
+            if sealing:
+                params["id"] = drawn[n]
+            await cur.execute(Q["enqueue_insert_with_id" if sealing else "enqueue_insert"], params)
             row = await cur.fetchone()
             assert row is not None
             ids.append(int(row["id"]))
@@ -113,7 +140,9 @@ async def enqueue_in_transaction(conn: AsyncConnection[Any], items: Sequence[New
     return ids
 
 
-async def enqueue(conn: AsyncConnection[Any], items: Sequence[NewItem]) -> list[int]:
+async def enqueue(
+    conn: AsyncConnection[Any], items: Sequence[NewItem], payloads: PayloadCodec | None = None
+) -> list[int]:
     """Store ``items`` durably in one transaction and return their ids, after COMMIT.
 
     ``synchronous_commit`` is forced on for the transaction: when this returns, the rows survive
@@ -126,7 +155,7 @@ async def enqueue(conn: AsyncConnection[Any], items: Sequence[NewItem]) -> list[
         return []
     async with conn.transaction():
         await conn.execute(Q["synchronous_commit"])
-        return await enqueue_in_transaction(conn, items)
+        return await enqueue_in_transaction(conn, items, payloads)
 
 
 async def blocked(conn: AsyncConnection[Any], destination: str) -> bool:

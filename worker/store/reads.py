@@ -114,8 +114,9 @@ async def payload(conn: AsyncConnection[Any], item_id: int) -> bytes | None:
 
 async def view_payload(
     conn: AsyncConnection[Any], item_id: int, *, who: str, why: str | None = None
-) -> bytes | None:
-    """Return one item's stored bytes for a person to read, and record that ``who`` read them.
+) -> tuple[str, bytes] | None:
+    """Return one item's destination and stored bytes (an envelope when encrypted: the caller
+    opens it) for a person to read, and record that ``who`` read them.
 
     The audit entry (action ``view-payload``) is committed in the same transaction as the read,
     so no viewing goes unrecorded. Needs a writable connection. None when the item does not
@@ -133,7 +134,7 @@ async def view_payload(
             ids=[item_id],
             why=why,
         )
-    return bytes(row["payload"])
+    return str(row["destination"]), bytes(row["payload"])
 
 
 #: Audit action of a search by patient identifier (the identifier itself is never recorded).

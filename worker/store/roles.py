@@ -35,7 +35,9 @@ reader     the CLI's listings and dashboards: read everything except payloads an
 Privileges are table privileges (PostgreSQL "Privileges", ``GRANT``); a column list limits one
 to those columns, and ``except`` grants it on every column but those named (resolved against
 the table when the grants are applied, so a new column is covered by the next run). Identity
-columns need no sequence privilege.
+columns need no sequence privilege to be filled in; with payload encryption the roles that
+enqueue draw row IDs first (the ID is bound into each envelope), so :data:`SEQUENCES` grants
+them ``USAGE`` on the delivery table's sequence.
 
 Our functions (migration 0011: the component locks and purge's deletions, ``SECURITY DEFINER``
 with a fixed ``search_path``) are executable only by the components :data:`FUNCTIONS` names.
@@ -101,6 +103,12 @@ ALL_DML = (SELECT, INSERT, UPDATE, DELETE)
 #: Delivery columns that hold patient data: the payload, and digests of its patient IDs.
 PATIENT_DATA = ("payload", "patient_keys")
 NO_PATIENT_DATA = Grant("SELECT", but=PATIENT_DATA)
+
+#: Sequences whose next values a component draws itself (``USAGE``): the delivery table's, for
+#: the components that enqueue encrypted payloads (see ``queue.draw_ids``).
+SEQUENCES: dict[str, tuple[str, ...]] = {
+    "inturn_delivery_id_seq": ("ingest", "admin", "sweeper"),
+}
 
 #: Every table of the schema -> role -> its privileges. A table missing here fails
 #: tests/integration/test_roles.py: each new table needs a decision (an empty mapping is one).
@@ -463,6 +471,13 @@ def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> RolesReport:
                         )
                         for grant in GRANTS[table].get(component, ()):
                             conn.execute(_grant_sql(grant, table, role, columns))
+                for sequence, components in SEQUENCES.items():
+                    for component in components:
+                        conn.execute(
+                            sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(
+                                sql.Identifier(sequence), sql.Identifier(names[component])
+                            )
+                        )
                 _grant_functions(conn, present_functions, names)
                 warnings = _revoke_advisory_locks(conn, names)
         except psycopg.errors.InsufficientPrivilege as exc:

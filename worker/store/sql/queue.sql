@@ -18,6 +18,23 @@ VALUES (%(destination)s, %(channel)s, %(control_id)s, %(message_type)s, %(payloa
         %(patient_keys)s::text[])
 RETURNING id;
 
+-- name: draw_ids
+-- Row IDs drawn ahead of the INSERT, for payloads sealed with their row ID as associated data
+-- (inturn.worker.crypto). Drawn after the destinations' enqueue locks, so that ID order stays
+-- commit order; an ID drawn and not used (a rollback) is a gap, as with any sequence.
+SELECT nextval(pg_get_serial_sequence('inturn_delivery', 'id')) AS id
+  FROM generate_series(1, %(n)s::int) AS g(n)
+ ORDER BY g.n;
+
+-- name: enqueue_insert_with_id
+-- enqueue_insert with an ID drawn by draw_ids.
+INSERT INTO inturn_delivery
+       (id, destination, channel, control_id, message_type, payload, size, patient_keys)
+OVERRIDING SYSTEM VALUE
+VALUES (%(id)s, %(destination)s, %(channel)s, %(control_id)s, %(message_type)s, %(payload)s,
+        %(size)s, %(patient_keys)s::text[])
+RETURNING id;
+
 -- name: notify
 SELECT pg_notify(%(channel)s, %(destination)s);
 
@@ -264,10 +281,11 @@ SELECT count(*) AS total
 
 -- name: list_items_by_patient
 -- list_items of one patient identifier index key (its GIN index finds them; "id + 0" as above).
+-- patient_key: the key's forms, comma-separated (plain and blind while both exist; any matches).
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
   FROM inturn_delivery
- WHERE patient_keys @> ARRAY[%(patient_key)s::text]
+ WHERE patient_keys && string_to_array(%(patient_key)s::text, ',')
    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
    AND (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -279,7 +297,7 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
 -- name: count_items_by_patient
 SELECT count(*) AS total
   FROM inturn_delivery
- WHERE patient_keys @> ARRAY[%(patient_key)s::text]
+ WHERE patient_keys && string_to_array(%(patient_key)s::text, ',')
    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
    AND (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -424,10 +442,11 @@ SELECT d.destination, h.id, h.attempts,
 
 -- name: find_patient
 -- Every held item whose identifier index holds the key (GIN), oldest first. Never a payload.
+-- key: the key's forms, comma-separated (plain and blind while both exist; any matches).
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
   FROM inturn_delivery
- WHERE patient_keys @> ARRAY[%(key)s::text]
+ WHERE patient_keys && string_to_array(%(key)s::text, ',')
  ORDER BY id;
 
 -- name: unindexed_batch
