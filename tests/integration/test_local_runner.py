@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import click
@@ -154,3 +155,23 @@ async def test_the_sweeper_runs_inside_inturn_local(fresh_db: str, tmp_path: Pat
     finally:
         stop.set()
         await run
+
+
+async def test_field_filters_of_a_manifest_reach_the_registry(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    examples = Path(__file__).resolve().parents[2] / "examples" / "engine"
+    shutil.copy(examples / "bed-board-4w.yaml", tmp_path)
+    runner = LocalRunner(fresh_db, [tmp_path])
+    await runner.start()
+    try:
+        async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            [row] = await registry.list_all(conn)
+        assert row.destination == "wards/bed-board-4w"
+        assert row.filter_fields == [
+            {"field": "PV1-3", "operator": "Matches", "values": ["4W*"]},
+            {"field": "MSH-3", "operator": "In", "values": ["PAS"]},
+            {"field": "PID-3.4", "operator": "NotIn", "values": ["TEST"]},
+        ]
+    finally:
+        await runner.stop()

@@ -111,6 +111,13 @@ def local_console_auth(path: Path | None) -> AuthConfig:
     help="Hold messages of CHANNEL that match no destination instead of answering AR.",
 )
 @click.option(
+    "--accept-unrouted",
+    multiple=True,
+    metavar="CHANNEL",
+    help="Answer AA to messages of CHANNEL that match no destination and drop them (counted)"
+    " instead of answering AR.",
+)
+@click.option(
     "--console",
     "console",
     metavar="[HOST:]PORT",
@@ -140,6 +147,7 @@ def local_command(
     data_dir: Path,
     secrets_dir: Path | None,
     hold_unrouted: tuple[str, ...],
+    accept_unrouted: tuple[str, ...],
     console: str | None,
     console_auth: Path | None,
     sweep_every: float,
@@ -173,6 +181,7 @@ def local_command(
             http_insecure=True,
             ops=addresses["--ops"],
             hold_unrouted=frozenset(hold_unrouted),
+            accept_unrouted=frozenset(accept_unrouted),
             pool_size=4,
             feeds=load_feeds_file(feeds_file),
         )
