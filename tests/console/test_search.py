@@ -11,12 +11,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from console_helpers import TOKENS, Client, message, place_work, register
 from psycopg import AsyncConnection
 
 from inturn.worker.console.server import ConsoleServer
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
+from tests.support.console import TOKENS, Client, message, place_work, register
 
 pytestmark = pytest.mark.store
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
-from inturn.worker.cli.ingest import parse_address, parse_listen
+from inturn.worker.cli.ingest import ingest_command, parse_address, parse_listen
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.routing import (
@@ -100,3 +101,13 @@ def test_config_checks() -> None:
         IngestConfig(max_frame_bytes=0)
     with pytest.raises(ValueError):
         check_channel("has space")
+
+
+def test_a_channel_cannot_both_hold_and_drop_unrouted_messages() -> None:
+    args = ["--listen", "adt=127.0.0.1:0", "--hold-unrouted", "adt", "--accept-unrouted", "adt"]
+    done = CliRunner().invoke(ingest_command, args, env={"INTURN_DSN": "postgresql://nowhere/x"})
+    assert done.exit_code == 2
+    assert "--hold-unrouted and --accept-unrouted both name adt" in done.output
+    bad = ["--listen", "adt=127.0.0.1:0", "--accept-unrouted", "a/b"]
+    done = CliRunner().invoke(ingest_command, bad, env={"INTURN_DSN": "postgresql://nowhere/x"})
+    assert done.exit_code == 2 and "invalid channel name 'a/b'" in done.output
