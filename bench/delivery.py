@@ -1,15 +1,25 @@
 """Delivery benchmark: one destination, one worker, a receiver that ACKs at once.
 
-    .venv/bin/python bench/delivery.py [--dsn DSN] [--messages 20000]
+    .venv/bin/python bench/delivery.py [--dsn DSN] [--messages 20000] [--rounds 1]
 
-Prints figures and asserts nothing about time. Three runs on the same Postgres server, each in
-a fresh database of its own:
+Prints figures and asserts nothing about time. Every run is on the same Postgres server, each
+in a fresh database of its own, against a ``MllpReceiver`` in this process:
 
 * ``delivery``: N messages (the sizes of the samples in ``../shared/samples/hl7``, each with a
-  unique MSH-10) are enqueued first with ``queue.enqueue`` (not timed as delivery); then one
-  ``inturn worker -f <manifest>`` process drains them through the real ``MllpSender`` into a
-  local ``MllpReceiver``. The rate is N over the time from the first message's arrival at the
-  receiver to the queue being empty (so the worker's process start-up is left out).
+  unique MSH-10, terminators normalised as ingest stores them) are enqueued first with
+  ``queue.enqueue`` (not timed as delivery); then one ``inturn worker -f <manifest>`` process
+  drains them through the real ``MllpSender``. The rate is N over the time from the first
+  message's arrival at the receiver to the queue being empty (so the worker's process start-up
+  is left out).
+* ``floor`` and ``floor-after``: the yardstick, the simplest correct loop
+  (:func:`floor_worker_main`), drains the same messages before and after each ``delivery``:
+  the head query with its keyset bound, the message written on a plain asyncio stream and its
+  AA read back, the delivered mark committed synchronously, on inturn's own table. The ratio
+  is taken pair by pair (``--rounds`` pairs; the median is reported).
+* ``floor-round4``: the yardstick of round 4, once, for comparison: its head query had no
+  lower bound (each scan stepped over the dead entries every delivered row leaves in the
+  partial head index until a vacuum) and it sent with inturn's ``MllpSender``.
+  ``--yardstick-parts`` adds the two loops that take one of those two corrections each.
 * ``large-table``: the same after 1,000,000 finished rows (state ``delivered``) were put in the
   table, half for the same destination and half for 99 others, then ``VACUUM ANALYZE``.
 * ``traced``: as ``delivery``, with OpenTelemetry traces on in the worker
@@ -21,12 +31,20 @@ a fresh database of its own:
   ``lock=<destination>`` (one at a time, in id order), drained by one worker process
   (``run_worker_async(concurrency=1, wait=False)``) whose task sends each payload with the same
   ``MllpSender``, one connection kept across jobs.
+* ``catch-up`` and ``catch-up-floor``: a larger backlog drained by inturn and by the yardstick
+  against a receiver that waits before each ACK.
 
+A new case is one more entry in ``main_async``'s ``runs`` (a label and a coroutine that returns
+a :class:`Result`) and its figures in ``figures``.
+
+CPU per message (user + system, after the first arrival) is printed beside each rate: the
+draining process's own, its Postgres backend's (read from ``/proc``, so only for a server on
+this host) and this process's (the receiver's); and the transactions committed per message.
 Per-message latency is the time between consecutive message arrivals at the receiver, which
 answers each one at once: one full delivery cycle (head query, send, ACK, delivered mark).
 Peak RSS is the worker process's own ``VmHWM``. The receiver counts lost, duplicated and
 out-of-order messages by MSH-10. Each drain is capped (``--cap``, 75 s) so that the whole run
-stays within about five minutes; a capped run says so and its rate counts what arrived.
+stays within a few minutes; a capped run says so and its rate counts what arrived.
 
 The database is ``--dsn`` / ``INTURN_DSN`` (a server; the benchmark creates and drops its own
 databases there), else an embedded Postgres started with ``pgserver`` in a temporary directory.
@@ -62,6 +80,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
+from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.store import queue
 from inturn.worker.store.migrate import migrate
@@ -142,9 +161,8 @@ def build_messages(templates: Sequence[Template], run: str, count: int) -> list[
     for n in range(count):
         t = templates[n % len(templates)]
         cid = control_id(run, n)
-        items.append(
-            NewItem(DESTINATION, CHANNEL, cid, t.message_type, t.head + cid.encode() + t.tail)
-        )
+        payload = normalise_terminators(t.head + cid.encode() + t.tail)  # as ingest stores it
+        items.append(NewItem(DESTINATION, CHANNEL, cid, t.message_type, payload))
     return items
 
 
@@ -230,6 +248,9 @@ class Result:
     wal: dict[str, float] = field(default_factory=dict)
     plan: str = ""
     cpu_us: float = 0.0  # the worker process's CPU (user + system) per message, microseconds
+    backend_cpu_us: float = 0.0  # its Postgres backends' CPU per message (a local server only)
+    receiver_cpu_us: float = 0.0  # this process's CPU per message: the receiver and the polls
+    commits: float = 0.0  # transactions committed in the run's database per message
 
     @property
     def rate(self) -> float:
@@ -253,9 +274,10 @@ class Result:
         p50, p99 = percentile(gaps, 0.50), percentile(gaps, 0.99)
         c = self.check
         note = f"  (CAPPED: stopped with {c.undelivered} still queued)" if self.capped else ""
+        cpu = f" (CPU per message {self.cpu_us:,.0f} us)" if self.cpu_us else ""
         yield (
             f"{self.label}: {c.delivered} of {self.messages} messages in {self.seconds:.2f}s"
-            f" = {self.rate:,.0f} msg/s{note}"
+            f" = {self.rate:,.0f} msg/s{cpu}{note}"
         )
         if len(self.times) > 10:
             yield (
@@ -269,7 +291,11 @@ class Result:
             f" max {max(gaps, default=0) * 1e3:.1f} ms"
         )
         if self.cpu_us:
-            yield f"  worker CPU per message (user + system, after the first): {self.cpu_us:.0f} us"
+            yield (
+                f"  CPU per message (user + system, after the first): loop {self.cpu_us:.0f} us,"
+                f" its Postgres backend {self.backend_cpu_us:.0f} us, the receiver's process"
+                f" {self.receiver_cpu_us:.0f} us; commits per message {self.commits:.2f}"
+            )
         yield (
             f"  worker peak RSS (VmHWM) {self.peak_rss_kib / 1024:.1f} MiB;"
             f" start-up to first arrival {self.startup_seconds:.2f}s;"
@@ -422,9 +448,12 @@ async def enqueue_all(dsn: str, items: Sequence[NewItem]) -> float:
 
 async def head_plan(conn: AsyncConnection[Any]) -> str:
     """The access path the planner picks for the head query now (its scan node)."""
-    cur = await conn.execute("EXPLAIN " + queue.Q["head"], {"destination": DESTINATION, "after": 0})
+    params = {"destination": DESTINATION, "after": 0, "holder": "bench", "epoch": 0}
+    cur = await conn.execute("EXPLAIN " + queue.Q["head"], params)
     lines = [str(r[0]).strip() for r in await cur.fetchall()]
-    scans = [line.removeprefix("->  ") for line in lines if "Scan" in line]
+    scans = [
+        line.removeprefix("->  ") for line in lines if "Scan" in line and "inturn_delivery" in line
+    ]
     return (scans[0] if scans else lines[0]).split("  (cost")[0]
 
 
@@ -440,6 +469,69 @@ async def receiver(ack_delay: float = 0.0) -> AsyncIterator[tuple[MllpReceiver, 
         timed = TimedList()
         rx.received = timed
         yield rx, timed
+
+
+class BackendCpu:
+    """The CPU the run's Postgres backends spend, read from ``/proc`` (a server on this host).
+
+    :meth:`start` (at the first arrival) finds the client backends of the run's database other
+    than the benchmark's own connection and reads their CPU; :meth:`sample` reads it again (a
+    backend's last reading is kept after it exits); :meth:`ended` takes the final figure a
+    child reported for its own backend just before it closed. :meth:`commits` counts the
+    transactions committed in the database since :meth:`start`, the benchmark's own polls
+    left out. Readings are 0 for a server on another host.
+    """
+
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        self.conn = conn
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.polls = 0
+        self.commits_at_start = 0.0
+
+    async def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        self.polls += 1
+        cur = await self.conn.execute(sql)  # type: ignore[arg-type]
+        return await cur.fetchall()
+
+    async def start(self) -> None:
+        rows = await self._query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        self.first = {int(pid): cpu_seconds(int(pid)) for (pid,) in rows}
+        self.last = dict(self.first)
+        self.commits_at_start = await self._xact_commit()
+        self.polls = 0
+
+    async def sample(self) -> None:
+        for pid in self.first:
+            now = cpu_seconds(pid)
+            if now > 0:
+                self.last[pid] = now
+
+    def ended(self, report: dict[str, Any]) -> None:
+        pid = int(report["pid"])
+        if pid in self.first:
+            self.last[pid] = max(self.last[pid], float(report["cpu_seconds"]))
+
+    def used(self) -> float:
+        return sum(self.last[pid] - self.first[pid] for pid in self.first)
+
+    async def _xact_commit(self) -> float:
+        # pg_stat_database as of this transaction: a new snapshot each time
+        await self.conn.execute("SELECT pg_stat_clear_snapshot()")
+        rows = await self._query(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return float(rows[0][0]) if rows else 0.0
+
+    async def commits(self) -> float:
+        """Commits since :meth:`start` by the others (call after the stats have settled)."""
+        if not self.first:
+            return 0.0
+        polls = self.polls + 3  # the WAL counters' query, this one and its snapshot reset
+        return max(0.0, await self._xact_commit() - self.commits_at_start - polls)
 
 
 async def drain(
@@ -472,23 +564,32 @@ async def drain(
         deadline = t_start + cap
         complete = False
         cpu_at_first: list[float] = []
+        backends = BackendCpu(conn)
 
         async def first_arrival_cpu() -> None:
             # the worker's CPU seconds when the first message arrives: its start-up left out
             while not timed:
                 await asyncio.sleep(0.002)
             cpu_at_first.append(cpu_seconds(proc.pid))
+            cpu_at_first.append(time.process_time())
+            await backends.start()
+
+        async def polled(check: Callable[[AsyncConnection[Any]], Awaitable[bool]]) -> bool:
+            backends.polls += 1  # one transaction of this process's own in the database
+            return await check(conn)
 
         sampler = asyncio.create_task(first_arrival_cpu())
         cpu_at_end = 0.0
         try:
             while time.perf_counter() < deadline:
-                if len(timed) >= len(expected) and not await pending(conn):
+                if len(timed) >= len(expected) and not await polled(pending):
                     complete = True
                     break
-                if proc.returncode is not None and not await pending(conn):
+                if proc.returncode is not None and not await polled(pending):
                     complete = True
                     break
+                if cpu_at_first:
+                    await backends.sample()
                 with contextlib.suppress(TimeoutError):
                     if len(timed) < len(expected):
                         await rx.wait_for(len(expected), timeout=min(0.5, cap))
@@ -497,6 +598,8 @@ async def drain(
             t_end = time.perf_counter()
             result.peak_rss_kib = vm_hwm_kib(proc.pid)
             cpu_at_end = cpu_seconds(proc.pid)
+            receiver_cpu = time.process_time() - (cpu_at_first[1] if cpu_at_first else 0.0)
+            await backends.sample()
         finally:
             sampler.cancel()
             if proc.returncode is None:
@@ -513,11 +616,14 @@ async def drain(
         # Backends report their WAL statistics at exit (at most once a second before that).
         await asyncio.sleep(STATS_SETTLE_SECONDS)
         result.wal = delta(await wal_counters(conn), before)
+        commits = await backends.commits()
         for line in out.decode(errors="replace").splitlines():
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 result.peak_rss_kib = max(result.peak_rss_kib, int(json.loads(line)["vm_hwm_kib"]))
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 cpu_at_end = max(cpu_at_end, float(json.loads(line)["cpu_seconds"]))
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                backends.ended(json.loads(line)["backend"])
         result.capped = not complete
         tail = err.decode(errors="replace").strip()[-1500:]
         if tail and (result.capped or proc.returncode not in (0, -signal.SIGTERM)):
@@ -528,7 +634,11 @@ async def drain(
             result.seconds = t_end - timed.times[0]
         result.check = check_order(list(timed), expected, complete=complete)
         if cpu_at_first and cpu_at_end > cpu_at_first[0] and result.check.delivered > 1:
-            result.cpu_us = (cpu_at_end - cpu_at_first[0]) / (result.check.delivered - 1) * 1e6
+            per = 1e6 / (result.check.delivered - 1)
+            result.cpu_us = (cpu_at_end - cpu_at_first[0]) * per
+            result.backend_cpu_us = backends.used() * per
+            result.receiver_cpu_us = receiver_cpu * per
+            result.commits = commits / (result.check.delivered - 1)
 
 
 # --- the inturn runs -----------------------------------------------------------------------
@@ -561,11 +671,11 @@ async def run_inturn(
     cap: float,
     prefill: int = 0,
     ack_delay: float = 0.0,
-    floor: bool = False,
+    yardstick: str | None = None,
     traced: bool = False,
 ) -> Result:
-    """One drain of ``count`` messages by ``inturn worker`` (or, with ``floor``, by the
-    yardstick loop of :func:`floor_worker_main`) in a fresh database."""
+    """One drain of ``count`` messages by ``inturn worker`` (or, with ``yardstick`` naming one
+    of :data:`YARDSTICKS`, by that loop of :func:`floor_worker_main`) in a fresh database."""
     result = Result(label, count)
     items = build_messages(templates, "L" if prefill else "D", count)
     with (
@@ -581,8 +691,11 @@ async def run_inturn(
             result.plan = await head_plan(conn)
 
         def command(port: int) -> list[str]:
-            if floor:
-                return [sys.executable, str(Path(__file__).resolve()), "--floor-worker", dsn]
+            if yardstick is not None:
+                return [
+                    *(sys.executable, str(Path(__file__).resolve())),
+                    *("--floor-worker", dsn, "--yardstick", yardstick),
+                ]
             manifest = write_manifest(Path(tmp), port)
             return [
                 *(str(INTURN), "worker", "-f", str(manifest)),
@@ -637,44 +750,132 @@ async def otlp_sink() -> AsyncIterator[int]:
         await runner.cleanup()
 
 
-# --- the yardstick -------------------------------------------------------------------------
+# --- the yardsticks ------------------------------------------------------------------------
 
-#: The simplest correct loop's two statements: the head (oldest pending), then its mark.
+#: The corrected yardstick's head: the oldest pending row above the id finished last (a keyset
+#: bound, as the worker's head query has), so that the scan starts there instead of stepping
+#: over the dead entries every delivered row leaves in the partial head index until a vacuum.
 FLOOR_HEAD = (
-    "SELECT id, payload FROM inturn_delivery"
+    "SELECT id, control_id, payload FROM inturn_delivery"
+    " WHERE destination = %s AND state = 'pending' AND id > %s ORDER BY id LIMIT 1"
+)
+#: Round 4's yardstick head, without a lower bound (kept for one round, to show the change).
+ROUND4_HEAD = (
+    "SELECT id, control_id, payload FROM inturn_delivery"
     " WHERE destination = %s AND state = 'pending' ORDER BY id LIMIT 1"
 )
+#: Both yardsticks' mark, committed synchronously (autocommit, ``synchronous_commit = on``).
 FLOOR_MARK = (
     "UPDATE inturn_delivery SET state = 'delivered', finished_at = clock_timestamp() WHERE id = %s"
 )
 
 
-async def floor_worker_main(conninfo: str) -> None:
+@dataclass(frozen=True)
+class Yardstick:
+    """One shape of the simplest correct loop (:func:`floor_worker_main`).
+
+    Attributes:
+        keyset: the head query has the keyset bound (``id > the id finished last``).
+        stream: the message goes on a plain asyncio stream (write one block, read one block,
+            check its MSA) instead of inturn's ``MllpSender``.
+    """
+
+    keyset: bool
+    stream: bool
+
+
+#: The yardsticks by name: ``corrected`` is the floor the worker is held to; ``round4`` is the
+#: one the performance page used until issue 33; the other two take one change each, so that
+#: a run with ``--yardstick-parts`` says which of the two changes moved the rate.
+YARDSTICKS = {
+    "corrected": Yardstick(keyset=True, stream=True),
+    "round4": Yardstick(keyset=False, stream=False),
+    "keyset-only": Yardstick(keyset=True, stream=False),
+    "stream-only": Yardstick(keyset=False, stream=True),
+}
+
+
+class StreamLink:
+    """The yardstick's MLLP: one plain asyncio connection, one block written and one read.
+
+    It checks what correctness needs of an answer (HL7 v2.5 chapter 2, the MSA segment): MSA-1
+    is AA and MSA-2 the message's MSH-10. No framing tolerance, no matching of late answers, no
+    reconnect: the benchmark's receiver answers every message at once on one connection.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> StreamLink:
+        reader, writer = await asyncio.open_connection(host, port)
+        return cls(reader, writer)
+
+    async def send(self, payload: bytes, control_id: str) -> None:
+        """Write ``payload`` as one block and wait for its AA.
+
+        Raises:
+            RuntimeError: the answer is not an AA naming ``control_id``.
+        """
+        self.writer.write(b"\x0b" + payload + b"\x1c\r")
+        await self.writer.drain()
+        answer = await self.reader.readuntil(b"\x1c\r")
+        at = answer.find(b"\rMSA")
+        if at < 0:
+            raise RuntimeError(f"no MSA in the answer to {control_id!r}")
+        segment = answer[at + 1 :].split(b"\r", 1)[0]
+        fields = segment.split(segment[3:4])
+        if fields[1:3] != [b"AA", control_id.encode()]:
+            raise RuntimeError(f"answer {segment[:80]!r} to {control_id!r}")
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+async def floor_worker_main(conninfo: str, shape: Yardstick) -> None:
     """The yardstick (a child process, like the worker): the simplest correct loop.
 
-    Take the head, send it with the same ``MllpSender`` (one connection kept), mark it
-    delivered with a synchronous commit, repeat until the queue is empty. No lock, no LISTEN,
-    no backoff, no metrics, no logging: what is left is the floor of the design's cost per
-    message (two round trips, one commit flush, one MLLP exchange), which inturn's worker is
-    measured against.
+    Take the head, send it, mark it delivered with a synchronous commit, repeat until the queue
+    is empty; on inturn's own table (every index its migrations create), against the same
+    receiver in the benchmark's process. No lock, no LISTEN, no backoff, no metrics, no
+    logging: what is left is the floor of the design's cost per message (two round trips, one
+    commit flush, one MLLP exchange), which inturn's worker is measured against. ``shape``
+    picks the head query (with or without its keyset bound) and the sender (a plain stream or
+    inturn's ``MllpSender``); see :data:`YARDSTICKS`.
     """
-    sender = MllpSender(
-        MllpSenderConfig(os.environ["BENCH_MLLP_HOST"], int(os.environ["BENCH_MLLP_PORT"]))
-    )
+    host, port = os.environ["BENCH_MLLP_HOST"], int(os.environ["BENCH_MLLP_PORT"])
+    link = await StreamLink.open(host, port) if shape.stream else None
+    sender = MllpSender(MllpSenderConfig(host, port))
+    after = 0
     async with await AsyncConnection.connect(conninfo, autocommit=True) as conn:
         await conn.execute("SET synchronous_commit = on")
         while True:
-            cur = await conn.execute(FLOOR_HEAD, (DESTINATION,))
+            if shape.keyset:
+                cur = await conn.execute(FLOOR_HEAD, (DESTINATION, after))
+            else:
+                cur = await conn.execute(ROUND4_HEAD, (DESTINATION,))
             row = await cur.fetchone()
             if row is None:
                 break
-            await sender.send(bytes(row[1]))
-            await conn.execute(FLOOR_MARK, (row[0],))
+            after, cid, payload = row
+            if link is not None:
+                await link.send(payload, cid)
+            else:
+                await sender.send(bytes(payload))
+            await conn.execute(FLOOR_MARK, (after,))
+        backend = conn.info.backend_pid
+        backend_cpu = cpu_seconds(backend)  # its last reading, for the benchmark's figures
     await sender.close()
-    print(
-        json.dumps({"vm_hwm_kib": vm_hwm_kib(os.getpid()), "cpu_seconds": time.process_time()}),
-        flush=True,
-    )
+    if link is not None:
+        await link.close()
+    report = {
+        "vm_hwm_kib": vm_hwm_kib(os.getpid()),
+        "cpu_seconds": time.process_time(),
+        "backend": {"pid": backend, "cpu_seconds": backend_cpu},
+    }
+    print(json.dumps(report), flush=True)
 
 
 # --- the Procrastinate run -----------------------------------------------------------------
@@ -785,6 +986,55 @@ def fsync_probe(data_dir: Path | None) -> str | None:
     return None
 
 
+def round_label(kind: str, n: int) -> str:
+    """``delivery``, ``delivery-2``, ...: the label of ``kind``'s run in round ``n``."""
+    return kind if n == 1 else f"{kind}-{n}"
+
+
+def left_out(label: str, args: argparse.Namespace) -> bool:
+    """Whether ``--skip`` (or ``--catchup-messages 0``) leaves the run ``label`` out."""
+    if label.startswith("catch-up"):
+        return "catch-up" in args.skip or not args.catchup_messages
+    if label.startswith("floor"):
+        return "floor" in args.skip
+    return label.split("-")[0] in args.skip or label in args.skip
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One of inturn's drains and the yardstick drains either side of it."""
+
+    label: str
+    worker: Result
+    floors: tuple[Result, ...]
+
+    @property
+    def floor_rate(self) -> float:
+        return statistics.mean(f.rate for f in self.floors)
+
+    @property
+    def floor_cpu_us(self) -> float:
+        return statistics.mean(f.cpu_us for f in self.floors)
+
+    @property
+    def ratio(self) -> float:
+        return self.worker.rate / self.floor_rate if self.floor_rate else 0.0
+
+
+def yardstick_pairs(results: dict[str, Result], rounds: int) -> list[Pair]:
+    """Each round's ``delivery`` with the yardstick runs before and after it."""
+    pairs = []
+    for n in range(1, rounds + 1):
+        worker = results.get(round_label("delivery", n))
+        after = "floor-after" if n == rounds else round_label("floor", n + 1)
+        floors = tuple(
+            results[k] for k in (round_label("floor", n), after) if k in results and results[k].rate
+        )
+        if worker is not None and floors:
+            pairs.append(Pair(round_label("delivery", n), worker, floors))
+    return pairs
+
+
 async def main_async(args: argparse.Namespace) -> int:
     source = corpus.load(args.samples)
     templates, skipped = load_templates(source)
@@ -820,25 +1070,35 @@ async def main_async(args: argparse.Namespace) -> int:
             cap = args.catchup_cap if label.startswith("catch-up") else args.cap
             return lambda: run_inturn(server_dsn, label, templates, messages, cap, **kw)
 
-        # The yardstick runs before and after inturn's, so that a machine whose speed drifts
-        # during the benchmark moves both sides of the ratio alike.
-        runs: dict[str, Callable[[], Awaitable[Result]]] = {
-            "floor": inturn_run("floor", floor=True),
-            "delivery": inturn_run("delivery"),
-            "floor-after": inturn_run("floor-after", floor=True),
+        # The yardstick runs before and after each of inturn's drains (--rounds of them), so
+        # that a machine whose speed drifts during the benchmark moves both sides of each
+        # ratio alike; the ratio is taken pair by pair and its median reported.
+        runs: dict[str, Callable[[], Awaitable[Result]]] = {}
+        for n in range(1, args.rounds + 1):
+            runs[round_label("floor", n)] = inturn_run(
+                round_label("floor", n), yardstick="corrected"
+            )
+            runs[round_label("delivery", n)] = inturn_run(round_label("delivery", n))
+        runs["floor-after"] = inturn_run("floor-after", yardstick="corrected")
+        # Round 4's yardstick, once, so that the correction shows in the figures (issue 33).
+        runs["floor-round4"] = inturn_run("floor-round4", yardstick="round4")
+        if args.yardstick_parts:
+            for name in ("keyset-only", "stream-only"):
+                runs[f"floor-{name}"] = inturn_run(f"floor-{name}", yardstick=name)
+        runs |= {
             "traced": inturn_run("traced", traced=True),
             "procrastinate": lambda: run_procrastinate(
                 server_dsn, templates, args.messages, args.cap
             ),
             "large-table": inturn_run("large-table", prefill=args.large_rows),
-            "catch-up-floor": inturn_run("catch-up-floor", floor=True, ack_delay=ack_delay),
+            "catch-up-floor": inturn_run(
+                "catch-up-floor", yardstick="corrected", ack_delay=ack_delay
+            ),
             "catch-up": inturn_run("catch-up", ack_delay=ack_delay),
         }
         results: dict[str, Result] = {}
         for label, run in runs.items():
-            if label in args.skip or (label.startswith("catch-up") and not args.catchup_messages):
-                continue
-            if label.startswith("floor") and "floor" in args.skip:
+            if left_out(label, args):
                 continue
             results[label] = await run()
             for line in results[label].lines():
@@ -847,13 +1107,21 @@ async def main_async(args: argparse.Namespace) -> int:
     def rate(label: str) -> float | None:
         return round(results[label].rate, 1) if label in results else None
 
-    inturn_runs = [r for k, r in results.items() if k in ("delivery", "large-table", "catch-up")]
+    def cpu(label: str) -> float | None:
+        return round(results[label].cpu_us) if label in results and results[label].cpu_us else None
+
+    inturn_runs = [
+        r for k, r in results.items() if k.startswith(("delivery", "large-table", "catch-up"))
+    ]
     lost = sum(r.check.lost for r in inturn_runs)
     dup = sum(r.check.duplicated for r in inturn_runs)
     ooo = sum(r.check.out_of_order for r in inturn_runs)
-    floors = [results[k].rate for k in ("floor", "floor-after") if k in results]
-    floor_rate = statistics.mean(floors) if floors else 0.0
-    ratio = results["delivery"].rate / floor_rate if "delivery" in results and floor_rate else None
+    pairs = yardstick_pairs(results, args.rounds)
+    ratio = statistics.median(p.ratio for p in pairs) if pairs else None
+    delivery_rate = statistics.median(p.worker.rate for p in pairs) if pairs else None
+    floor_rate = statistics.median(p.floor_rate for p in pairs) if pairs else None
+    worker_cpu = statistics.median(p.worker.cpu_us for p in pairs) if pairs else None
+    floor_cpu = statistics.median(p.floor_cpu_us for p in pairs) if pairs else None
     catchup = None
     if "catch-up" in results and "catch-up-floor" in results and results["catch-up"].seconds:
         # time per message, so that a capped run compares like with like
@@ -871,36 +1139,56 @@ async def main_async(args: argparse.Namespace) -> int:
     if "delivery" in results and "procrastinate" in results and results["procrastinate"].rate:
         times = results["delivery"].rate / results["procrastinate"].rate
         print(f"delivery vs procrastinate: {times:.2f}x")
+    for p in pairs:
+        print(
+            f"  pair {p.label}: worker {p.worker.rate:,.0f} msg/s ({p.worker.cpu_us:,.0f} us CPU"
+            f" per message) against the yardstick's {p.floor_rate:,.0f} msg/s"
+            f" ({p.floor_cpu_us:,.0f} us): {p.ratio:.3f}"
+        )
     if ratio is not None:
         print(
-            f"delivery vs the simplest correct loop: {ratio:.2f} of its rate"
-            f" ({results['delivery'].rate:,.0f} vs {floor_rate:,.0f} msg/s; target 0.90)"
+            f"delivery vs the simplest correct loop: {ratio:.3f} of its rate"
+            f" ({delivery_rate:,.0f} vs {floor_rate:,.0f} msg/s; CPU per message {worker_cpu:,.0f}"
+            f" vs {floor_cpu:,.0f} us; target 0.90)"
+        )
+    old_ratio = None
+    if "floor-round4" in results and results["floor-round4"].rate and delivery_rate:
+        old_ratio = delivery_rate / results["floor-round4"].rate
+        print(
+            f"round 4's yardstick (no keyset bound, inturn's MllpSender):"
+            f" {results['floor-round4'].rate:,.0f} msg/s; the worker at {old_ratio:.2f} of it"
         )
     if catchup is not None:
         print(
             f"catch-up ({args.catchup_messages:,} messages, receiver answering after"
             f" {args.ack_delay_ms:g} ms): {catchup:.3f} of the simplest loop's time (target 1.10)"
         )
+
+    def rounded(value: float | None, digits: int = 1) -> float | None:
+        return None if value is None else round(value, digits)
+
     figures = {
         "messages": source.source,
-        "delivery_msg_s": rate("delivery"),
-        "floor_msg_s": round(floor_rate, 1) if floors else None,
-        "ratio_to_floor": None if ratio is None else round(ratio, 3),
+        "delivery_msg_s": rounded(delivery_rate),
+        "floor_msg_s": rounded(floor_rate),
+        "ratio_to_floor": rounded(ratio, 3),
         "ratio_target": 0.9,
+        "pair_ratios": [round(p.ratio, 3) for p in pairs],
+        "worker_cpu_us_per_message": rounded(worker_cpu, 0),
+        "floor_cpu_us_per_message": rounded(floor_cpu, 0),
+        "round4_floor_msg_s": rate("floor-round4"),
+        "round4_floor_cpu_us_per_message": cpu("floor-round4"),
+        "ratio_to_round4_floor": rounded(old_ratio, 3),
+        "keyset_only_floor_msg_s": rate("floor-keyset-only"),
+        "stream_only_floor_msg_s": rate("floor-stream-only"),
         "catchup_messages": args.catchup_messages,
-        "catchup_time_ratio": None if catchup is None else round(catchup, 3),
+        "catchup_time_ratio": rounded(catchup, 3),
         "catchup_target": 1.1,
         "procrastinate_msg_s": rate("procrastinate"),
         "traced_msg_s": rate("traced"),
-        "traced_rate_ratio": None if traced is None else round(traced, 3),
+        "traced_rate_ratio": rounded(traced, 3),
         "tracing_off_ns_per_message": round(hooks_ns),
         "large_table_msg_s": rate("large-table"),
-        "worker_cpu_us_per_message": (
-            round(results["delivery"].cpu_us) if "delivery" in results else None
-        ),
-        "floor_cpu_us_per_message": (
-            round(results["floor"].cpu_us) if "floor" in results else None
-        ),
         "worker_peak_rss_mib": (
             round(results["delivery"].peak_rss_kib / 1024, 1) if "delivery" in results else None
         ),
@@ -922,6 +1210,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="directory of *.hl7 (default $INTURN_SAMPLES or ../shared/samples/hl7; without"
         " them, the demo's made-up messages)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="drains of inturn's worker, each between two of the yardstick's (pair ratios)",
     )
     parser.add_argument(
         "--large-rows", type=int, default=LARGE_TABLE_ROWS, help="finished rows for large-table"
@@ -953,6 +1247,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--floor-worker", metavar="CONNINFO", help=argparse.SUPPRESS)
     parser.add_argument(
+        "--yardstick", choices=sorted(YARDSTICKS), default="corrected", help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--yardstick-parts",
+        action="store_true",
+        help="also run the two yardsticks that take one of the corrections each",
+    )
+    parser.add_argument(
         "--fsync-test", action="store_true", help="also run pg_test_fsync on the data volume"
     )
     parser.add_argument("--procrastinate-worker", metavar="CONNINFO", help=argparse.SUPPRESS)
@@ -965,7 +1267,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(procrastinate_worker_main(args.procrastinate_worker))
         return 0
     if args.floor_worker:
-        asyncio.run(floor_worker_main(args.floor_worker))
+        asyncio.run(floor_worker_main(args.floor_worker, YARDSTICKS[args.yardstick]))
         return 0
     if args.messages < 1:
         parser.error("--messages must be at least 1")
