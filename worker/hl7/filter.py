@@ -12,9 +12,10 @@ and as ``spec.replies`` reads ``ORC-2``: ``PV1-3`` is the point of care, ``PID-3
 authority's namespace ID.
 
 The values of a reference in a message are those of every segment of that ID (a message may
-carry several OBX or PID segments) and every repetition of the field, escape sequences undone
-(``\\F\\``, ``\\S\\``, ``\\T\\``, ``\\R\\``, ``\\E\\``, ``\\Xhh\\``), decoded as UTF-8 (invalid
-bytes replaced), stripped of surrounding white space; empty values are not values. A condition:
+carry several OBX or PID segments; MSH is the header, the first segment) and every repetition
+of the field, escape sequences undone (``\\F\\``, ``\\S\\``, ``\\T\\``, ``\\R\\``,
+``\\E\\``, ``\\Xhh\\``), decoded as UTF-8 (invalid bytes replaced), stripped of surrounding
+white space; empty values are not values. A condition:
 
 * ``In``: some value equals one of ``values`` (case-sensitive);
 * ``NotIn``: no value equals any of ``values`` (a message without the field passes);
@@ -38,7 +39,7 @@ from typing import Any, Literal
 from inturn.worker.hl7.delimiters import (
     Delimiters,
     delimiters_of,
-    split_segments,
+    first_segment_of,
     strip_preamble,
 )
 from inturn.worker.hl7.types import compile_pattern
@@ -187,11 +188,11 @@ def holds(conditions: Sequence[FieldCondition], message: MessageFields) -> bool:
 
 
 class MessageFields:
-    """One message, split into segments on first use, for reading field values.
+    """One message, read for field values on first use.
 
-    Reading costs one pass over the message for the first reference and one pass over the
-    segments of its ID for each further reference; the results are kept, so many destinations
-    testing ``MSH-4`` read it once.
+    The message is cut into segments once (for the first reference), and only the segments of
+    a referenced ID are split into fields, once per ID; values are kept per reference, so many
+    destinations testing ``MSH-4`` read it once.
 
     Args:
         payload: the message bytes (unframed; a preamble and a byte-order mark are skipped).
@@ -199,25 +200,46 @@ class MessageFields:
 
     def __init__(self, payload: bytes) -> None:
         self._payload = payload
-        self._segments: dict[str, list[list[str]]] | None = None
+        self._segments: dict[str, list[str]] | None = None
         self._delimiters: Delimiters | None = None
+        self._fields: dict[str, list[list[str]]] = {}
         self._values: dict[FieldRef, tuple[str, ...]] = {}
 
-    def _split(self) -> tuple[dict[str, list[list[str]]], Delimiters]:
-        if self._segments is None or self._delimiters is None:
-            d = delimiters_of(self._payload)
-            text = strip_preamble(self._payload).decode("latin-1")
-            by_id: dict[str, list[list[str]]] = {}
-            for segment in split_segments(text):
-                sid = segment[:3]
+    def _segments_of(self, segment_id: str) -> tuple[list[list[str]], Delimiters]:
+        """The fields of every segment ``segment_id`` (index n is field n, for MSH too)."""
+        if self._delimiters is None:
+            self._delimiters = delimiters_of(self._payload)
+        d = self._delimiters
+        found = self._fields.get(segment_id)
+        if found is None:
+            if segment_id == "MSH":
+                # the header: the first segment alone, decoding only its bytes
+                texts: Sequence[str] = [first_segment_of(self._payload)]
+            else:
+                texts = self._all().get(segment_id, ())
+            found = []
+            for segment in texts:
+                if not segment.startswith(segment_id):
+                    continue
                 if segment[3:4] not in (d.field, ""):
                     continue
                 fields = segment.split(d.field)
-                if sid == "MSH":  # MSH-1 is the separator itself: MSH-n at index n, as others
-                    fields = [sid, d.field, *fields[1:]]
-                by_id.setdefault(sid, []).append(fields)
-            self._segments, self._delimiters = by_id, d
-        return self._segments, self._delimiters
+                if segment_id == "MSH":  # MSH-1 is the separator itself: MSH-n at index n
+                    fields = [segment_id, d.field, *fields[1:]]
+                found.append(fields)
+            self._fields[segment_id] = found
+        return found, d
+
+    def _all(self) -> dict[str, list[str]]:
+        """Every segment by its ID (the message cut once, on CR, LF or CRLF)."""
+        if self._segments is None:
+            text = strip_preamble(self._payload).decode("latin-1")
+            by_id: dict[str, list[str]] = {}
+            for segment in text.replace("\r\n", "\r").replace("\n", "\r").split("\r"):
+                if segment:
+                    by_id.setdefault(segment[:3], []).append(segment)
+            self._segments = by_id
+        return self._segments
 
     def values(self, ref: FieldRef) -> tuple[str, ...]:
         """The distinct non-empty values of ``ref`` in message order, at most
@@ -225,10 +247,10 @@ class MessageFields:
         cached = self._values.get(ref)
         if cached is not None:
             return cached
-        segments, d = self._split()
+        segments, d = self._segments_of(ref.segment)
         out: list[str] = []
         seen: set[str] = set()
-        for fields in segments.get(ref.segment, ()):
+        for fields in segments:
             if ref.field >= len(fields) or len(out) >= MAX_VALUES_PER_REFERENCE:
                 continue
             for repetition in fields[ref.field].split(d.repetition):
