@@ -130,8 +130,8 @@ def operator_command(
     import kopf
 
     from inturn.operator import handlers
+    from inturn.operator.config import OperatorConfig
     from inturn.operator.manifests import WorkerPodSettings, parse_worker_env
-    from inturn.operator.reconcile import OperatorConfig
 
     try:
         plain_env, secret_env = parse_worker_env(worker_env, worker_secret_env)

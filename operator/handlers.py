@@ -2,7 +2,7 @@
 
 Run it with ``inturn operator`` (see :mod:`inturn.operator.cli`) or, for development,
 ``kopf run -m inturn.operator.handlers`` with the ``INTURN_*`` environment variables of
-:meth:`~inturn.operator.reconcile.OperatorConfig.from_env`.
+:meth:`~inturn.operator.config.OperatorConfig.from_env`.
 
 Decisions fixed from the first release (changing them later risks duplicated children):
 
@@ -29,17 +29,17 @@ from typing import Any
 import kopf
 
 from inturn.operator import manifests
+from inturn.operator.config import OperatorConfig
+from inturn.operator.errors import TransientError
 from inturn.operator.kube import KubeApi, load_configuration
 from inturn.operator.metrics import RECONCILE_ERRORS
-from inturn.operator.reconcile import (
-    OperatorConfig,
-    Runtime,
-    TransientError,
+from inturn.operator.observed import (
     configmap_state,
     deployment_state,
     destination_snapshot,
     drift_of,
 )
+from inturn.operator.reconcile import Runtime
 from inturn.worker.spec import schema
 
 log = logging.getLogger("inturn.operator")

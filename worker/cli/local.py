@@ -42,7 +42,7 @@ from inturn.worker.worklist.publishers import from_env
 if TYPE_CHECKING:
     from inturn.worker.console.auth import AuthConfig
 
-log = logging.getLogger("inturn.local")
+log = logging.getLogger("inturn.cli.local")
 
 
 def local_console_auth(path: Path | None) -> AuthConfig:

@@ -1,0 +1,199 @@
+"""The operator's rows in Postgres: the destination registry (one row per Destination, written
+only when it differs from what is there), the carrier check before a Destination's children are
+made, and the grouped depth query its statuses show.
+
+One :class:`Registrar` per operator process, on a small pool of its own (opened without waiting:
+the operator runs, and converges the cluster, while the database is away). Every failure of the
+database is logged and reported as a value, never raised: the periodic pass retries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from inturn.operator import manifests
+from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
+from inturn.worker.store import registry
+
+log = logging.getLogger("inturn.operator")
+
+#: What the database can fail with, as the operator sees it (logged, retried by the pass).
+DB_ERRORS = (psycopg.Error, OSError, TimeoutError)
+
+
+class Registrar:
+    """The registry rows, carrier claims and queue depth of one operator (see the module
+    docstring).
+
+    Args:
+        dsn: the operator's own Postgres DSN; None disables the registry and the depth (every
+            method then does nothing and returns None).
+    """
+
+    def __init__(self, dsn: str | None) -> None:
+        self.dsn = dsn
+        self.pool: AsyncConnectionPool | None = None
+        self._registered: dict[str, tuple[Any, ...]] = {}
+
+    async def open(self) -> None:
+        """Open the pool (without waiting for the database: calls fail fast meanwhile)."""
+        if not self.dsn:
+            return
+        self.pool = AsyncConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=4,
+            open=False,
+            kwargs={"autocommit": True},
+            timeout=10,
+            reconnect_timeout=0,  # keep trying for ever; calls fail fast meanwhile
+        )
+        await self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        """Close the pool."""
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def carriers_taken(self, children: manifests.Children) -> registry.CarrierTaken | None:
+        """Whether another live Destination already serves one of this one's carriers.
+
+        At most one live Destination may serve a carrier; the API server cannot check that
+        across objects, so the operator does before it creates anything, and reports the
+        second one as an invalid spec. The registry enforces it again when registering.
+        """
+        carriers = children.spec.get("carriers") or []
+        if self.pool is None or not carriers:
+            return None
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                holders = await registry.carrier_holders(conn, children.key, carriers)
+        except DB_ERRORS as exc:
+            log.warning("carrier check for %s failed: %s", children.key, exc)
+            return None  # the registration checks again
+        return registry.CarrierTaken(children.key, holders) if holders else None
+
+    async def register(
+        self,
+        snap: Mapping[str, Any],
+        children: manifests.Children,
+        registered: Mapping[str, registry.RegisteredDestination] | None,
+    ) -> str | None:
+        """Upsert the registry row if it differs; return an error text when the DB failed.
+
+        Raises:
+            registry.CarrierTaken: another live destination claimed one of its carriers.
+        """
+        if self.pool is None:
+            return None
+        meta = snap["metadata"]
+        spec = children.spec
+        row = registry.RegisteredDestination(
+            destination=children.key,
+            namespace=meta["namespace"],
+            name=meta["name"],
+            channel=spec["channel"],
+            message_types=tuple((spec.get("filter") or {}).get("messageTypes", [])),
+            generation=int(meta.get("generation") or 0),
+            suspended=bool(spec["suspend"]),
+            carriers=tuple(sorted(spec.get("carriers") or ())),
+            sender_kind=next(iter(spec["sender"]), None),  # the one key: mllp, http, sftp
+            sender=manifests.sender_summary(spec),
+            stuck_after_seconds=int(
+                (spec.get("alerting") or {}).get("stuckAfterSeconds", DEFAULT_STUCK_AFTER_SECONDS)
+            ),
+            expire_after_seconds=spec.get("expireAfterSeconds"),
+            schedule=spec.get("schedule"),
+            replies=spec.get("replies") or None,
+        )
+        if registered is not None and registered.get(children.key) == row:
+            return None
+        if registered is None and self._registered.get(children.key) == _row_tuple(row):
+            return None
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                await registry.register(
+                    conn,
+                    destination=row.destination,
+                    namespace=row.namespace,
+                    name=row.name,
+                    channel=row.channel,
+                    message_types=row.message_types,
+                    generation=row.generation,
+                    suspended=row.suspended,
+                    carriers=row.carriers,
+                    sender_kind=row.sender_kind,
+                    sender=row.sender,
+                    stuck_after_seconds=row.stuck_after_seconds,
+                    expire_after_seconds=row.expire_after_seconds,
+                    schedule=row.schedule,
+                    replies=row.replies,
+                )
+        except DB_ERRORS as exc:
+            log.warning("registry update for %s failed: %s", children.key, exc)
+            return f"the database is unavailable: {type(exc).__name__}"
+        self._registered[children.key] = _row_tuple(row)
+        return None
+
+    async def mark_deleted(self, destination: str) -> None:
+        """The Destination ``namespace/name`` is gone: mark its row deleted (its messages are
+        kept); a failure is logged (the periodic pass marks it later)."""
+        self._registered.pop(destination, None)
+        if self.pool is None:
+            return
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                if await registry.mark_deleted(conn, destination):
+                    log.info(
+                        "registry: %s marked deleted; its queued messages are kept", destination
+                    )
+        except DB_ERRORS as exc:
+            log.warning("could not mark %s deleted (the periodic pass will): %s", destination, exc)
+
+    async def depth(self) -> dict[str, registry.DestinationDepth] | None:
+        """The one grouped depth query, by ``namespace/name``; None when the database failed
+        (logged) or there is none."""
+        if self.pool is None:
+            return None
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                return await registry.status_depth(conn)
+        except DB_ERRORS as exc:
+            log.warning("queue depth unavailable: %s", exc)
+            return None
+
+    async def rows(self) -> dict[str, registry.RegisteredDestination] | None:
+        """Every registry row by ``namespace/name``; None when the database failed (logged) or
+        there is none."""
+        if self.pool is None:
+            return None
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                return {r.destination: r for r in await registry.list_all(conn)}
+        except DB_ERRORS as exc:
+            log.warning("registry unavailable: %s", exc)
+            return None
+
+
+def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
+    return (
+        row.namespace,
+        row.name,
+        row.channel,
+        row.message_types,
+        row.generation,
+        row.suspended,
+        row.carriers,
+        row.sender_kind,
+        row.sender,
+        row.stuck_after_seconds,
+        row.expire_after_seconds,
+        json.dumps(row.schedule, sort_keys=True),
+        json.dumps(row.replies, sort_keys=True),
+    )
