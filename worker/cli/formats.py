@@ -111,9 +111,9 @@ def patient_key_for(patient_id: str | None, authority: str | None) -> str | None
         raise click.UsageError("--patient-id is empty")
     if authority is not None and not authority.strip():
         raise click.UsageError("--authority is empty")
-    from inturn.worker.hl7.pid import lookup_key
+    from inturn.worker.operations.queue import patient_lookup_key  # the console's key too
 
-    return lookup_key(patient_id, authority)
+    return patient_lookup_key(patient_id, authority)
 
 
 def ids_text(ids: list[int]) -> str:

@@ -538,6 +538,23 @@ async def view_payload(
     return Payload(item_id, await (payloads or PayloadCodec()).open(item_id, destination, stored))
 
 
+def patient_lookup_key(patient_id: str, authority: str | None = None) -> str:
+    """The identifier index key a search for ``patient_id`` (and ``authority``) reads: the one
+    place where a search's key is made (``inturn queue list --patient-id`` and the console's
+    patient search both call it), so that both find what ingest indexed.
+
+    Raises:
+        Invalid: an empty patient ID or authority, or one holding a NUL character.
+    """
+    if not patient_id.strip():
+        raise Invalid("the patient ID is empty")
+    if authority is not None and not authority.strip():
+        raise Invalid("the authority is empty")
+    if "\x00" in patient_id or (authority and "\x00" in authority):
+        raise Invalid("a patient ID cannot hold a NUL character")
+    return lookup_key(patient_id, authority)
+
+
 @dataclass(frozen=True)
 class PatientSearch:
     """What a search by patient identifier found.
@@ -574,13 +591,7 @@ async def search_patient(
         Invalid: an empty patient ID or authority, or one holding a NUL character.
     """
     reason = permit(actor, "search-patient", why)
-    if not patient_id.strip():
-        raise Invalid("the patient ID is empty")
-    if authority is not None and not authority.strip():
-        raise Invalid("the authority is empty")
-    if "\x00" in patient_id or (authority and "\x00" in authority):
-        raise Invalid("a patient ID cannot hold a NUL character")
-    key = lookup_key(patient_id, authority)
+    key = patient_lookup_key(patient_id, authority)
     items, total = await reads.search_patient(conn, key, who=actor.name, why=reason, limit=limit)
     return PatientSearch(items, total, await identifiers.unindexed_count(conn))
 
