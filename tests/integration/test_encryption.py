@@ -5,6 +5,7 @@ find the same rows, copies are sealed for their own row (issue 31)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,9 @@ from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.pid import lookup_key, patient_identifiers
+from inturn.worker.ingest.config import IngestConfig
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.ingest.service import Ingest
 from inturn.worker.operations import queue as ops
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
@@ -26,6 +30,7 @@ from inturn.worker.store import identifiers, queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys
+from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
 
@@ -245,3 +250,48 @@ async def test_a_resent_copy_is_sealed_for_its_own_row_and_the_view_decrypts_on_
         assert shown.data == adt(1, "MRN-R")
         with pytest.raises(PayloadKeysMissing):
             await ops.view_payload(conn, Trusted("ops"), copy, "check")
+
+
+async def test_ingest_seals_every_payload_with_its_row_id_and_the_window_keeps_working(
+    fresh_db: str, keys_dir: Path, key_dsn: str
+) -> None:
+    register(fresh_db, DEST, "adt")
+    register(fresh_db, "ward/pharmacy", "adt")
+    config = IngestConfig(
+        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
+        refresh_seconds=0.2,
+        store_timeout=5.0,
+        shutdown_grace=2.0,
+        payload_keys=str(keys_dir),
+        key_dsn=key_dsn,
+    )
+    sent = [adt(n, f"ING-{n % 2}") for n in range(4)]
+    async with Ingest(config, dsn=fresh_db) as running:
+        client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
+        try:
+            for payload in [*sent, sent[0]]:  # the last one is a duplicate inside the window
+                await client.send(payload)
+        finally:
+            await client.close()
+    with psycopg.connect(fresh_db) as conn:
+        stored = conn.execute(
+            "SELECT id, destination, payload, size, patient_keys FROM inturn_delivery ORDER BY id"
+        ).fetchall()
+        window = conn.execute("SELECT digest FROM inturn_received").fetchall()
+    assert len(stored) == 8  # four messages, two destinations, the duplicate dropped
+    reader = await keys.codec(keys_dir, key_dsn)
+    opened = [await reader.open(i, d, bytes(p)) for i, d, p, _, _ in stored]
+    assert opened == [m for m in sent for _ in range(2)]
+    assert all(
+        NAME not in bytes(p) and size == len(m)
+        for (_, _, p, size, _), m in zip(stored, opened, strict=True)
+    )
+    blind = reader.lookup_keys("ING-1", "HOSP")[1]
+    assert [i for i, _, _, _, k in stored if blind in k] == [
+        stored[2][0],
+        stored[3][0],
+        stored[6][0],
+        stored[7][0],
+    ]
+    assert all(lookup_key("ING-1") not in k for *_, k in stored)  # no plain digest
+    assert hashlib.sha256(sent[0]).digest() not in {bytes(w[0]) for w in window}

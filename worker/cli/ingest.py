@@ -11,6 +11,7 @@ from inturn.worker.cli.options import (
     feeds_option,
     load_feeds_file,
     logging_options,
+    payload_keys_options,
     start_tracing,
 )
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
@@ -290,6 +291,7 @@ def _size(value: str) -> int:
     show_default=True,
     help="Most senders (MSH-3/MSH-4) recorded per per-sender feed; others count for the channel.",
 )
+@payload_keys_options
 @logging_options
 def ingest_command(
     listen: tuple[str, ...],
@@ -320,6 +322,8 @@ def ingest_command(
     memory_limit: str | None,
     busy_wait: float,
     frame_deadline: float,
+    payload_keys: str | None,
+    key_dsn: str | None,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -395,6 +399,8 @@ def ingest_command(
             memory_limit=memory,
             busy_wait=busy_wait,
             frame_deadline=frame_deadline,
+            payload_keys=payload_keys,
+            key_dsn=key_dsn,
         )
         config.message_budget()
     except ValueError as exc:

@@ -75,6 +75,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from inturn.worker import tracing
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.hl7.ack import (
     AckErrorDetail,
     build_reject,
@@ -169,8 +170,11 @@ class Acceptor:
         max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS,
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
         feeds: FeedRecorder | None = None,
+        payloads: PayloadCodec | None = None,
     ) -> None:
         self.feeds = feeds
+        #: Seals every payload stored (payload keys) or passes it in clear (none).
+        self.payloads = payloads or PayloadCodec(max_identifiers=max_indexed_identifiers)
         if max_indexed_identifiers < 1:
             raise ValueError("max_indexed_identifiers must be at least 1")
         if max_batch_messages < 1:
@@ -184,7 +188,10 @@ class Acceptor:
         self.duplicate_window_seconds = duplicate_window_seconds
         self.store_timeout_seconds = store_timeout_seconds
         self.committer = Committer(
-            pool, window_seconds=duplicate_window_seconds, store_timeout=store_timeout_seconds
+            pool,
+            window_seconds=duplicate_window_seconds,
+            store_timeout=store_timeout_seconds,
+            payloads=self.payloads,
         )
 
     async def handle(self, channel: str, payload: bytes, received_at: float | None = None) -> Reply:
@@ -303,13 +310,19 @@ class Acceptor:
 
         if len(payload) > OFFLOAD_BYTES:  # linear work, but not on the loop every channel shares
             message = await asyncio.to_thread(
-                prepare, header, payload, self.max_indexed_identifiers
+                prepare, header, payload, self.max_indexed_identifiers, self.payloads
             )
         else:
-            message = prepare(header, payload, self.max_indexed_identifiers)
+            message = prepare(header, payload, self.max_indexed_identifiers, self.payloads)
         answering = self.router.table.reply_rules(channel)
         if answering:  # spec.replies: which orders this message may answer
-            keys = reply_digests(answering, channel, message.message_type, message.payload)
+            keys = reply_digests(
+                answering,
+                channel,
+                message.message_type,
+                message.payload,
+                self.payloads.order_digests(),
+            )
             if keys:
                 message = dataclasses.replace(message, reply_keys=",".join(keys))
         return Prepared(header, tuple(destinations), held, message)
@@ -381,6 +394,7 @@ class Acceptor:
                 [(p.destinations, p.message) for p in ready],
                 window_seconds=self.duplicate_window_seconds,
                 store_timeout=self.store_timeout_seconds,
+                payloads=self.payloads,
             )
         except OutcomeUnknown as exc:  # it may have been kept: no answer at all
             return self._done_batch(channel, batch, unknown(str(exc)))

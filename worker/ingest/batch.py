@@ -44,6 +44,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Unavailable
 from inturn.worker.store.faults import classify
 from inturn.worker.store.ingest import store_batch
@@ -98,6 +99,7 @@ class Committer:
             pool wait included; past it the statement is cancelled (see the module docstring).
         confirm_seconds: seconds to wait for a cancelled statement's end.
         max_messages, max_bytes: bounds of one batch.
+        payloads: seals payloads (with payload keys) in the batch's transaction.
     """
 
     def __init__(
@@ -109,8 +111,11 @@ class Committer:
         confirm_seconds: float = DEFAULT_CONFIRM_SECONDS,
         max_messages: int = MAX_BATCH_MESSAGES,
         max_bytes: int = MAX_BATCH_BYTES,
+        payloads: PayloadCodec | None = None,
     ) -> None:
         self.pool = pool
+        #: Seals the payloads of each batch (payload keys given) or passes them (none).
+        self.payloads = payloads
         self.window_seconds = window_seconds
         self.store_timeout = store_timeout
         self.confirm_seconds = confirm_seconds
@@ -255,6 +260,7 @@ class Committer:
                         destinations=destinations,
                         messages=[w.message for w in batch],
                         window_seconds=self.window_seconds,
+                        payloads=self.payloads,
                     ),
                 )
         except PoolTimeout as exc:  # no connection in time: nothing was sent

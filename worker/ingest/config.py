@@ -81,6 +81,9 @@ class IngestConfig:
             512 MiB.
         busy_wait: longest seconds a message waits for memory before it is answered AE busy.
         frame_deadline: seconds an MLLP frame may take from its first byte to its last.
+        payload_keys: the master keys' folder (``--payload-keys``): payloads are sealed
+            before they are stored. None: stored in clear.
+        key_dsn: the key store (``--key-dsn``), with ``payload_keys``.
     """
 
     listeners: Sequence[ListenerConfig] = ()
@@ -107,6 +110,8 @@ class IngestConfig:
     memory_limit: int | None = None
     busy_wait: float = DEFAULT_WAIT_SECONDS
     frame_deadline: float = DEFAULT_FRAME_DEADLINE
+    payload_keys: str | None = None
+    key_dsn: str | None = None
 
     def __post_init__(self) -> None:
         channels = [listener.channel for listener in self.listeners]

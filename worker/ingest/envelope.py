@@ -32,6 +32,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.ingest.batch import DEFAULT_CONFIRM_SECONDS, StoreTimeout, run_bounded
 from inturn.worker.store import queue
 from inturn.worker.store.ingest import store_statement
@@ -46,6 +47,7 @@ async def store_all(
     window_seconds: float,
     store_timeout: float,
     confirm_seconds: float = DEFAULT_CONFIRM_SECONDS,
+    payloads: PayloadCodec | None = None,
 ) -> list[StoreResult]:
     """Store every message for its destinations in one transaction, in order.
 
@@ -84,6 +86,7 @@ async def store_all(
                     destinations=destinations,
                     messages=[message],
                     window_seconds=window_seconds,
+                    payloads=payloads,
                 )
                 results.append(result)
             return results

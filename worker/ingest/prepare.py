@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.hl7.header import Header
 from inturn.worker.hl7.pid import index_keys
 from inturn.worker.hl7.terminators import normalise_terminators
@@ -41,16 +42,28 @@ def over_bound(header: Header) -> tuple[str, int] | None:
 OFFLOAD_BYTES = 64 * 1024
 
 
-def prepare(header: Header, payload: bytes, max_identifiers: int) -> Message:
+def prepare(
+    header: Header, payload: bytes, max_identifiers: int, payloads: PayloadCodec | None = None
+) -> Message:
     """The :class:`Message` to store for ``payload``: its terminators normalised, its SHA-256
     and its patient index keys (at most ``max_identifiers`` identifiers, see
-    :func:`inturn.worker.hl7.pid.index_keys`).
+    :func:`inturn.worker.hl7.pid.index_keys`); with payload keys (``payloads`` that seal), the
+    keyed forms of both (the blind index, :meth:`PayloadCodec.window_digest`). The payload
+    itself is sealed when its row IDs are known (:func:`inturn.worker.store.ingest.store_sealed`).
 
     Linear in the size of ``payload`` whatever its shape (repetitions, segments, components,
     field lengths); ``bench/shapes.py`` prints the cost per MiB. Pure, so the acceptor runs it
     in a thread for messages over :data:`OFFLOAD_BYTES`.
     """
     stored = normalise_terminators(payload)
+    if payloads is not None and payloads.enabled:
+        return Message(
+            control_id=header.control_id,
+            message_type=header.message_type.type_key,
+            payload=stored,
+            digest=payloads.window_digest(stored),
+            patient_keys=",".join(payloads.index_keys(stored, max_identifiers)),
+        )
     return Message(
         control_id=header.control_id,
         message_type=header.message_type.type_key,

@@ -21,6 +21,7 @@ from types import TracebackType
 
 from aiohttp import web
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import (
     Acceptor,
@@ -38,6 +39,7 @@ from inturn.worker.ingest.listener import (
 )
 from inturn.worker.ingest.quiet import QuietAppRunner
 from inturn.worker.ingest.routing import Router
+from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.store.connect import Pools
 from inturn.worker.worklist.metrics import refresh_pending_forever
 
@@ -84,6 +86,8 @@ class Ingest:
         self._started = False
         self._stopping = False
         self._closed = asyncio.Event()
+        #: Seals payloads (set by :meth:`start` from ``payload_keys``/``key_dsn``).
+        self.payloads: PayloadCodec | None = None
 
     @property
     def pools(self) -> Pools:
@@ -155,6 +159,12 @@ class Ingest:
                     application_name="inturn-ingest",
                 )
             pools = self._pools
+            self.payloads = await open_codec(
+                config.payload_keys,
+                config.key_dsn,
+                max_identifiers=config.max_indexed_identifiers,
+                application_name="inturn-ingest-keys",
+            )
             self.router = Router(pools.read, config.refresh_seconds)
             await self.router.refresh()
             if config.feeds is not None:
@@ -170,6 +180,7 @@ class Ingest:
                 max_indexed_identifiers=config.max_indexed_identifiers,
                 max_batch_messages=config.max_batch_messages,
                 feeds=self.feeds,
+                payloads=self.payloads,
             )
             self.budget = MemoryBudget(config.message_budget(), config.busy_wait)
             metrics.BUDGET_BYTES.set(self.budget.capacity)
@@ -290,6 +301,8 @@ class Ingest:
                 await self.feeds.close(self._pools.write)
             if self._own_pools and self._pools is not None:
                 await self._pools.close()
+            if self.payloads is not None:
+                await close_codec(self.payloads)
         finally:
             self._closed.set()
 

@@ -16,6 +16,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.array import ListBinaryDumper
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.store.identifiers import keys_text
 from inturn.worker.store.model import Message, StoreResult
 from inturn.worker.store.queries import fetch_all, load
@@ -49,8 +50,10 @@ async def store_batch(
     destinations: Sequence[str],
     messages: Sequence[Message],
     window_seconds: float,
+    payloads: PayloadCodec | None = None,
 ) -> list[StoreResult]:
-    """Store ``messages`` for every one of ``destinations`` in one transaction (one statement).
+    """Store ``messages`` for every one of ``destinations`` in one transaction (one statement;
+    two with payload keys, see :func:`store_sealed`).
 
     The statement (``store`` in ``ingest.sql``) runs in autocommit mode, so its implicit COMMIT
     (with ``synchronous_commit`` on, which the pool's connections set) has happened when the
@@ -95,6 +98,16 @@ async def store_batch(
     """
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise RuntimeError("store_batch needs an autocommit connection outside a transaction")
+    if payloads is not None and payloads.enabled:
+        async with conn.transaction():
+            return await store_statement(
+                conn,
+                channel=channel,
+                destinations=destinations,
+                messages=messages,
+                window_seconds=window_seconds,
+                payloads=payloads,
+            )
     return await store_statement(
         conn,
         channel=channel,
@@ -111,12 +124,14 @@ async def store_statement(
     destinations: Sequence[str],
     messages: Sequence[Message],
     window_seconds: float,
+    payloads: PayloadCodec | None = None,
 ) -> list[StoreResult]:
     """Run the ``store`` statement of :func:`store_batch` in ``conn``'s current state: on an
     autocommit connection outside a transaction it commits on its own (what
     :func:`store_batch` checks); inside the caller's transaction it commits with it (an HL7
     batch stored whole, :mod:`inturn.worker.ingest.envelope`). Same arguments, results and
-    errors (``ValueError`` for no destination or no message).
+    errors (``ValueError`` for no destination or no message). With ``payloads`` that seal, the
+    caller's transaction is required: see :func:`store_sealed`.
     """
     ordered = sorted(set(destinations))
     if not ordered or not messages:
@@ -137,7 +152,31 @@ async def store_statement(
         slot.append(len(unique))
         copy.append(False)
         unique.append(message)
-    params = {
+    if payloads is not None and payloads.enabled:
+        row = await store_sealed(
+            conn,
+            channel=channel,
+            ordered=ordered,
+            unique=unique,
+            remember=remember,
+            window_seconds=window_seconds,
+            payloads=payloads,
+        )
+    else:
+        row = await store_messages(
+            conn, _plain_params(channel, ordered, unique, remember, window_seconds)
+        )
+    return _results(row, ordered, unique, slot, copy)
+
+
+def _plain_params(
+    channel: str,
+    ordered: Sequence[str],
+    unique: Sequence[Message],
+    remember: bool,
+    window_seconds: float,
+) -> dict[str, Any]:
+    return {
         "channel": channel,
         "control_ids": [m.control_id for m in unique],
         "message_types": [m.message_type for m in unique],
@@ -150,10 +189,18 @@ async def store_statement(
         "reply_keys": [m.reply_keys for m in unique],
         "window_seconds": float(max(window_seconds, 0.0)),
         "remember": remember,
-        "destinations": ordered,
+        "destinations": list(ordered),
         "channels": [notify_channel(d) for d in ordered],
     }
-    row = await store_messages(conn, params)
+
+
+def _results(
+    row: dict[str, Any],
+    ordered: Sequence[str],
+    unique: Sequence[Message],
+    slot: Sequence[int],
+    copy: Sequence[bool],
+) -> list[StoreResult]:
     fresh_positions, ids, reused_positions = row["fresh"], row["ids"], row["reused"]
     fresh = [int(n) - 1 for n in fresh_positions or ()]
     reused = {int(n) - 1 for n in reused_positions or ()}
@@ -177,6 +224,93 @@ async def store_statement(
             result = StoreResult((), duplicate=True, control_id_reused=result.control_id_reused)
         results.append(result)
     return results
+
+
+async def store_sealed(
+    conn: AsyncConnection[Any],
+    *,
+    channel: str,
+    ordered: Sequence[str],
+    unique: Sequence[Message],
+    remember: bool,
+    window_seconds: float,
+    payloads: PayloadCodec,
+) -> dict[str, Any]:
+    """Store a batch with its payloads sealed (payload keys given), inside the caller's
+    transaction, in two statements: ``reserve`` (window rows, the enqueue locks, then one row
+    ID per fresh message and destination, drawn under the locks so that ID order stays commit
+    order) and, once the codec has sealed each payload for its row ID and destination (the
+    associated data of its envelope), ``store_sealed`` (the rows, NOTIFY, answered orders).
+    The locks are held across the one round trip between them and the sealing (microseconds
+    per message). No payload in clear reaches the database: ``reserve`` gets sizes, not bytes.
+
+    Returns:
+        The row :func:`store_statement` decodes (``fresh``, ``ids``, ``reused``, ``answered``).
+
+    Raises:
+        RuntimeError: ``conn`` is not inside a transaction.
+        psycopg.Error: nothing was stored (the caller's transaction rolls back).
+    """
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+        raise RuntimeError("store_sealed runs inside the caller's transaction")
+    window = float(max(window_seconds, 0.0))
+    reserve = {
+        "channel": channel,
+        "control_ids": [m.control_id for m in unique],
+        "digests": [m.digest for m in unique],
+        "sizes": [len(m.payload) for m in unique],
+        "window_seconds": window,
+        "remember": remember,
+        "destinations": list(ordered),
+    }
+    got = await _one(conn, Q["reserve"], reserve)
+    fresh = [int(n) - 1 for n in got["fresh"] or ()]
+    drawn = sorted(int(i) for i in got["ids"] or ())
+    got["ids"] = drawn
+    got["answered"] = None
+    if not fresh:
+        return got
+    rows: list[tuple[int, str, Message]] = []
+    at = 0
+    for index in fresh:  # message order, then destination order: IDs ascend that way
+        for destination in ordered:
+            rows.append((drawn[at], destination, unique[index]))
+            at += 1
+    sealed = await payloads.seal_many([(i, d, m.payload) for i, d, m in rows])
+    fresh_messages = [unique[i] for i in fresh]
+    params = {
+        "channel": channel,
+        "ids": [i for i, _, _ in rows],
+        "row_destinations": [d for _, d, _ in rows],
+        "row_control_ids": [m.control_id for _, _, m in rows],
+        "row_types": [m.message_type for _, _, m in rows],
+        "row_payloads": sealed,
+        "row_sizes": [len(m.payload) for _, _, m in rows],
+        "row_keys": [
+            ",".join(payloads.index_keys(m.payload)) if m.patient_keys is None else m.patient_keys
+            for _, _, m in rows
+        ],
+        "row_traceparents": [m.traceparent for _, _, m in rows],
+        "destinations": list(ordered),
+        "channels": [notify_channel(d) for d in ordered],
+        "control_ids": [m.control_id for m in fresh_messages],
+        "reply_keys": [m.reply_keys for m in fresh_messages],
+        "positions": [i + 1 for i in fresh],
+    }
+    stored = await _one(conn, Q["store_sealed"], params)
+    if int(stored["inserted"]) != len(rows):
+        raise RuntimeError("the store statement returned an unexpected number of rows")
+    got["answered"] = stored["answered"]
+    return got
+
+
+async def _one(conn: AsyncConnection[Any], query: Any, params: dict[str, Any]) -> dict[str, Any]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        cur.adapters.register_dumper(list, ListBinaryDumper)
+        await cur.execute(query, params)
+        row = await cur.fetchone()
+    assert row is not None
+    return row
 
 
 async def forget_old(conn: AsyncConnection[Any], window_seconds: float, batch: int) -> int:
