@@ -111,6 +111,7 @@ class Registrar:
             expire_after_seconds=spec.get("expireAfterSeconds"),
             schedule=spec.get("schedule"),
             replies=spec.get("replies") or None,
+            filter_fields=(spec.get("filter") or {}).get("fields") or None,
         )
         if registered is not None and registered.get(children.key) == row:
             return None
@@ -134,6 +135,7 @@ class Registrar:
                     expire_after_seconds=row.expire_after_seconds,
                     schedule=row.schedule,
                     replies=row.replies,
+                    filter_fields=row.filter_fields,
                 )
         except DB_ERRORS as exc:
             log.warning("registry update for %s failed: %s", children.key, exc)
@@ -196,4 +198,5 @@ def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
         row.expire_after_seconds,
         json.dumps(row.schedule, sort_keys=True),
         json.dumps(row.replies, sort_keys=True),
+        json.dumps(row.filter_fields, sort_keys=True),
     )

@@ -310,6 +310,39 @@ async def test_delete_keeps_messages_and_marks_registry(
     assert count == 3
 
 
+async def test_field_filters_reach_the_registry_and_follow_the_spec(
+    env: kmock.KubernetesEmulator, fresh_db: str
+) -> None:
+    env.objects[DEST, NS, "bed-board"] = destination("bed-board", "engine/bed-board-4w.yaml")
+
+    def fields() -> Any:
+        with psycopg.connect(fresh_db) as conn:
+            row = conn.execute(
+                "SELECT filter_fields FROM inturn_destination WHERE destination = %s",
+                (f"{NS}/bed-board",),
+            ).fetchone()
+        return row[0] if row else "absent"
+
+    async with operator():
+        await eventually(lambda: fields() != "absent")
+        assert fields() == [
+            {"field": "PV1-3", "operator": "Matches", "values": ["4W*"]},
+            {"field": "MSH-3", "operator": "In", "values": ["PAS"]},
+            {"field": "PID-3.4", "operator": "NotIn", "values": ["TEST"]},
+        ]
+        await env.patch(
+            f"/apis/inturn.dev/v1alpha1/namespaces/{NS}/destinations/bed-board",
+            json={
+                "spec": {
+                    "filter": {"fields": [{"field": "PV1-3", "operator": "In", "values": ["5E"]}]}
+                }
+            },
+        )
+        await eventually(
+            lambda: fields() == [{"field": "PV1-3", "operator": "In", "values": ["5E"]}]
+        )
+
+
 async def test_deletion_missed_while_down_is_caught_by_the_periodic_pass(
     env: kmock.KubernetesEmulator, fresh_db: str
 ) -> None:

@@ -242,7 +242,8 @@ def check_command(words: list[str]) -> None:
 
 
 @pytest.mark.parametrize("where,text", SHELL, ids=_ids(SHELL))
-def test_shell_example_is_valid(where: str, text: str) -> None:
+def test_shell_example_is_valid(where: str, text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the examples run from a clone's root (tests run elsewhere)
     for words in commands(text):
         check_command(words)
 
