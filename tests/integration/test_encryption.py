@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 
+from inturn.worker.cli import main
 from inturn.worker.crypto import envelope
 from inturn.worker.crypto.codec import PayloadCodec, PayloadErased, PayloadKeysMissing
 from inturn.worker.drain.metrics import PrometheusObserver
@@ -295,3 +297,32 @@ async def test_ingest_seals_every_payload_with_its_row_id_and_the_window_keeps_w
     ]
     assert all(lookup_key("ING-1") not in k for *_, k in stored)  # no plain digest
     assert hashlib.sha256(sent[0]).digest() not in {bytes(w[0]) for w in window}
+
+
+def test_the_queue_commands_open_list_and_erase_with_the_keys_and_refuse_without(
+    fresh_db: str, keys_dir: Path, key_dsn: str, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    async def seal() -> list[int]:
+        codec = await keys.codec(keys_dir, key_dsn)
+        return await sealed_queue(fresh_db, codec, [adt(1, "CLI-1"), adt(2, "CLI-2")])
+
+    first, second = asyncio.run(seal())
+    keyed = ["--payload-keys", str(keys_dir), "--key-dsn", key_dsn]
+    payload = ["queue", "payload", str(first), "--dsn", fresh_db, "--why", "support call"]
+    with pytest.raises(SystemExit) as exited:
+        main(payload)
+    assert exited.value.code == 2
+    err = capsysbinary.readouterr().err.decode().strip()
+    assert len(err.splitlines()) == 1 and "--payload-keys" in err
+    main([*payload, *keyed])
+    assert capsysbinary.readouterr().out == adt(1, "CLI-1")
+    main(["queue", "list", "--dsn", fresh_db, "--patient-id", "CLI-2", "--json", *keyed])
+    listed = json.loads(capsysbinary.readouterr().out)
+    assert [i["id"] for i in listed["items"]] == [second]
+    erase = ["queue", "erase", "--dsn", fresh_db, "--patient-id", "CLI-2", "--who", "dpo"]
+    main([*erase, "--why", "request 9", "--json", *keyed])
+    done = json.loads(capsysbinary.readouterr().out)
+    assert (done["erased"], done["keysDestroyed"]) == ([second], 1)
+    main([*erase, "--why", "request 9", "--json", *keyed])  # again: nothing left, no more keys
+    again = json.loads(capsysbinary.readouterr().out)
+    assert (again["erased"], again["keysDestroyed"]) == ([], 0)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import click
 from psycopg import AsyncConnection
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import InturnError, ReasonRequired
 from inturn.worker.store import lockwatch
 from inturn.worker.store.connect import (
@@ -120,3 +121,19 @@ def act(dsn: str | None, action: Callable[[AsyncConnection[Any]], Awaitable[T]])
         raise click.UsageError(f"{exc} (--why)") from None
     except InturnError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+async def with_payloads(
+    payload_keys: str | None,
+    key_dsn: str | None,
+    use: Callable[[PayloadCodec], Awaitable[T]],
+) -> T:
+    """Run ``use`` with the codec of ``--payload-keys``/``--key-dsn`` (plaintext without
+    them: an envelope met is refused in one line naming ``--payload-keys``), then close it."""
+    from inturn.worker.operations.payload_keys import close_codec, open_codec
+
+    codec = await open_codec(payload_keys, key_dsn, application_name="inturn-cli-keys")
+    try:
+        return await use(codec)
+    finally:
+        await close_codec(codec)

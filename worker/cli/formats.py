@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from inturn.worker.crypto.codec import PayloadCodec
 
 from inturn.worker.operations import queue as actions
 from inturn.worker.store.model import DepthRow, Item
@@ -101,8 +104,11 @@ def parse_ids(values: tuple[str, ...]) -> list[int]:
     return ids
 
 
-def patient_key_for(patient_id: str | None, authority: str | None) -> str | None:
-    """The identifier index key of ``--patient-id`` (and ``--authority``), or None."""
+def patient_key_for(
+    patient_id: str | None, authority: str | None, payloads: PayloadCodec | None = None
+) -> str | None:
+    """The identifier index key of ``--patient-id`` (and ``--authority``), or None; with
+    payload keys, its stored forms comma-separated (what the listings' SQL takes)."""
     if patient_id is None:
         if authority is not None:
             raise click.UsageError("--authority goes with --patient-id")
@@ -113,7 +119,7 @@ def patient_key_for(patient_id: str | None, authority: str | None) -> str | None
         raise click.UsageError("--authority is empty")
     from inturn.worker.operations.queue import patient_lookup_key  # the console's key too
 
-    return patient_lookup_key(patient_id, authority)
+    return patient_lookup_key(patient_id, authority, payloads)
 
 
 def ids_text(ids: list[int]) -> str:

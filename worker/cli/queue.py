@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from psycopg import AsyncConnection
 
-from inturn.worker.cli.db import act, run_db, run_read
+from inturn.worker.cli.db import act, run_db, run_read, with_payloads
 from inturn.worker.cli.formats import (
     echo_json,
     format_depth,
@@ -29,10 +30,12 @@ from inturn.worker.cli.formats import (
 from inturn.worker.cli.options import (
     dsn_option,
     json_option,
+    payload_keys_options,
     who_option,
     why_for,
     why_option,
 )
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import ReasonRequired
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.operations import queue as actions
@@ -51,6 +54,15 @@ authority_option = click.option(
     help="With --patient-id: only identifiers assigned by this authority (CX-4 namespace or"
     " universal ID).",
 )
+
+T = TypeVar("T")
+
+
+def _async(call: Callable[[PayloadCodec], T]) -> Callable[[PayloadCodec], Awaitable[T]]:
+    async def run(codec: PayloadCodec) -> T:
+        return call(codec)
+
+    return run
 
 
 @click.group("queue")
@@ -81,6 +93,7 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
 @click.option("--control-id", help="Only the items of this MSH-10 (exact match; indexed).")
 @patient_id_option
 @authority_option
+@payload_keys_options
 @click.option(
     "--limit",
     type=click.IntRange(1, 1000),
@@ -99,14 +112,22 @@ def list_command(
     control_id: str | None,
     patient_id: str | None,
     authority: str | None,
+    payload_keys: str | None,
+    key_dsn: str | None,
     limit: int,
     offset: int,
     before: int | None,
 ) -> None:
-    """Items newest first (never payloads), with the total count."""
-    patient_key = patient_key_for(patient_id, authority)
+    """Items newest first (never payloads), with the total count. With --payload-keys, a
+    --patient-id search finds rows under the blind index too."""
+    patient_key = patient_key_for(patient_id, authority)  # usage errors before connecting
 
     async def go(conn: AsyncConnection[Any]) -> tuple[list[Item], int, int]:
+        nonlocal patient_key
+        if patient_key is not None and payload_keys:
+            patient_key = await with_payloads(
+                payload_keys, key_dsn, _async(lambda c: patient_key_for(patient_id, authority, c))
+            )
         items, total = await reads.list_items(
             conn,
             destination=destination,
@@ -173,15 +194,31 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
 @click.argument("item_id", type=int)
 @click.option("--who", default="cli", show_default=True, help="Recorded in the audit.")
 @why_for("view-payload")
-def payload_command(dsn: str | None, item_id: int, who: str, why: str | None) -> None:
+@payload_keys_options
+def payload_command(
+    dsn: str | None,
+    item_id: int,
+    who: str,
+    why: str | None,
+    payload_keys: str | None,
+    key_dsn: str | None,
+) -> None:
     """Write one item's bytes to standard output exactly as its sender sends them (the viewing
     is audited).
 
     These are the stored bytes: ingest stores a message with its segment terminators already
     normalised (HL7 terminators: LF and CRLF become CR); the rule is applied here too, and
-    changes nothing, so that rows stored before it print what is sent.
+    changes nothing, so that rows stored before it print what is sent. An encrypted payload is
+    decrypted with --payload-keys (and refused in one line without them).
     """
-    shown = act(dsn, lambda conn: actions.view_payload(conn, Trusted(who), item_id, why))
+    shown = act(
+        dsn,
+        lambda conn: with_payloads(
+            payload_keys,
+            key_dsn,
+            lambda codec: actions.view_payload(conn, Trusted(who), item_id, why, codec),
+        ),
+    )
     sys.stdout.buffer.write(normalise_terminators(shown.data))
     sys.stdout.buffer.flush()
 
@@ -286,6 +323,7 @@ def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: st
 @who_option
 @why_option
 @json_option
+@payload_keys_options
 def resend_command(
     dsn: str | None,
     items: tuple[str, ...],
@@ -294,6 +332,8 @@ def resend_command(
     who: str,
     why: str | None,
     as_json: bool,
+    payload_keys: str | None,
+    key_dsn: str | None,
 ) -> None:
     """Queue copies of finished items at the tail of their queues, in their original order.
 
@@ -309,20 +349,32 @@ def resend_command(
         raise click.UsageError("give item ids or ranges, or --destination (not both)")
     if message_type and not destination:
         raise click.UsageError("--message-type goes with --destination")
+
+    def keyed(call: Callable[[PayloadCodec], Awaitable[T]]) -> Awaitable[T]:
+        return with_payloads(payload_keys, key_dsn, call)
+
     if destination:
         done = act(
             dsn,
-            lambda conn: actions.resend_failed(
-                conn, Trusted(who), destination, why, message_type=message_type
+            lambda conn: keyed(
+                lambda c: actions.resend_failed(
+                    conn, Trusted(who), destination, why, message_type=message_type, payloads=c
+                )
             ),
         )
     else:
         ids = parse_ids(items)
         if len(ids) == 1:  # one item: its refusal is the command's error
-            one = act(dsn, lambda conn: actions.resend(conn, Trusted(who), ids[0], why))
+            one = act(
+                dsn,
+                lambda conn: keyed(lambda c: actions.resend(conn, Trusted(who), ids[0], why, c)),
+            )
             done = actions.ResentMany(((one.original, one.copy),), ())
         else:
-            done = act(dsn, lambda conn: actions.resend_many(conn, Trusted(who), ids, why))
+            done = act(
+                dsn,
+                lambda conn: keyed(lambda c: actions.resend_many(conn, Trusted(who), ids, why, c)),
+            )
     if as_json:
         click.echo(json.dumps(done.to_json(), indent=2))
     else:
@@ -351,6 +403,7 @@ def resend_command(
 @click.option("--why", help="Why (recorded in the audit); required unless --dry-run.")
 @click.option("--dry-run", is_flag=True, help="Show what would be erased; erase nothing.")
 @json_option
+@payload_keys_options
 def erase_command(
     dsn: str | None,
     item_ids: tuple[int, ...],
@@ -361,8 +414,16 @@ def erase_command(
     why: str | None,
     dry_run: bool,
     as_json: bool,
+    payload_keys: str | None,
+    key_dsn: str | None,
 ) -> None:
-    """Erase items in any state (data-subject erasure), by id or by patient identifier."""
+    """Erase items in any state (data-subject erasure), by id or by patient identifier.
+
+    With --payload-keys, erasing by --patient-id also destroys the patient's keys in the key
+    store, after the rows: every copy of their messages elsewhere (a backup, a dump, a
+    replica) can no longer be read. If the key store fails, the rows are gone and the command
+    says so; run it again to destroy the keys (it finds no rows and destroys them).
+    """
     if who is None and not dry_run:
         raise click.UsageError("missing option '--who' (it is recorded in the audit)")
     if bool(item_ids) == bool(patient_id and patient_id.strip()):
@@ -377,7 +438,12 @@ def erase_command(
         except ReasonRequired as exc:
             raise click.UsageError(f"{exc} (--why)") from None
 
-    async def go(pools: Pools) -> tuple[list[actions.Match], tuple[int, ...]]:
+    destroyed: int | None = None
+
+    async def find_and_erase(
+        pools: Pools, codec: PayloadCodec
+    ) -> tuple[list[actions.Match], tuple[int, ...]]:
+        nonlocal destroyed
         async with pools.read.connection() as conn:
             matched = await actions.find_for_erasure(
                 conn,
@@ -386,17 +452,35 @@ def erase_command(
                 authority=authority,
                 scan=scan,
                 progress=lambda text: click.echo(text, err=True),
+                payloads=codec,
             )
-        if dry_run or not matched:
+        if dry_run:
             return matched, ()
-        async with pools.write.connection() as conn:
-            done = await actions.erase(conn, actor, [m.id for m in matched], why)
-        return matched, done.ids
+        ids: tuple[int, ...] = ()
+        if matched:
+            async with pools.write.connection() as conn:
+                ids = (await actions.erase(conn, actor, [m.id for m in matched], why)).ids
+        if patient_id:  # even with no row left: copies elsewhere are read with the keys
+            destroyed = await actions.erase_patient_keys(
+                actor, patient_id, authority, why, codec, erased=len(ids)
+            )
+        return matched, ids
 
-    matched, erased = run_db(dsn, go)
+    def go(pools: Pools) -> Awaitable[tuple[list[actions.Match], tuple[int, ...]]]:
+        return with_payloads(payload_keys, key_dsn, lambda codec: find_and_erase(pools, codec))
+
+    try:
+        matched, erased = run_db(dsn, go)
+    except actions.KeysNotDestroyed as exc:
+        raise click.ClickException(str(exc)) from None
     if as_json:
         echo_json(
-            {"matched": [m.to_json() for m in matched], "erased": list(erased), "dryRun": dry_run}
+            {
+                "matched": [m.to_json() for m in matched],
+                "erased": list(erased),
+                "dryRun": dry_run,
+                "keysDestroyed": destroyed,
+            }
         )
         return
     for m in matched:
@@ -404,6 +488,8 @@ def erase_command(
     verb = "would erase" if dry_run else "erased"
     if matched or not item_ids:
         click.echo(f"{verb} {len(matched) if dry_run else len(erased)} item(s)")
+    if destroyed is not None:
+        click.echo(f"destroyed {destroyed} patient key(s) (recorded in the key store)")
     missing = sorted(set(item_ids) - {m.id for m in matched})
     if missing:
         raise click.ClickException(f"no item {', '.join(map(str, missing))}")

@@ -538,10 +538,14 @@ async def view_payload(
     return Payload(item_id, await (payloads or PayloadCodec()).open(item_id, destination, stored))
 
 
-def patient_lookup_key(patient_id: str, authority: str | None = None) -> str:
+def patient_lookup_key(
+    patient_id: str, authority: str | None = None, payloads: PayloadCodec | None = None
+) -> str:
     """The identifier index key a search for ``patient_id`` (and ``authority``) reads: the one
     place where a search's key is made (``inturn queue list --patient-id`` and the console's
-    patient search both call it), so that both find what ingest indexed.
+    patient search both call it), so that both find what ingest indexed. With payload keys,
+    every stored form of it, comma-separated (the blind one, and the plain one of rows indexed
+    before the keys were given: :func:`inturn.worker.store.identifiers.lookup_text`).
 
     Raises:
         Invalid: an empty patient ID or authority, or one holding a NUL character.
@@ -552,6 +556,8 @@ def patient_lookup_key(patient_id: str, authority: str | None = None) -> str:
         raise Invalid("the authority is empty")
     if "\x00" in patient_id or (authority and "\x00" in authority):
         raise Invalid("a patient ID cannot hold a NUL character")
+    if payloads is not None and payloads.enabled:
+        return identifiers.lookup_text(patient_id, authority, payloads)
     return lookup_key(patient_id, authority)
 
 
@@ -579,6 +585,7 @@ async def search_patient(
     why: str | None,
     *,
     limit: int = reads.LIST_LIMIT_DEFAULT,
+    payloads: PayloadCodec | None = None,
 ) -> PatientSearch:
     """Items naming a patient (PID-2, PID-3, PID-4 or MRG-1; with ``authority``, only
     identifiers it assigned), found through the identifier index that ``inturn queue list
@@ -591,7 +598,7 @@ async def search_patient(
         Invalid: an empty patient ID or authority, or one holding a NUL character.
     """
     reason = permit(actor, "search-patient", why)
-    key = patient_lookup_key(patient_id, authority)
+    key = patient_lookup_key(patient_id, authority, payloads)
     items, total = await reads.search_patient(conn, key, who=actor.name, why=reason, limit=limit)
     return PatientSearch(items, total, await identifiers.unindexed_count(conn))
 
