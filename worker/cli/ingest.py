@@ -289,7 +289,10 @@ def _size(value: str) -> int:
     type=click.IntRange(min=0),
     default=DEFAULT_MAX_SENDERS,
     show_default=True,
-    help="Most senders (MSH-3/MSH-4) recorded per per-sender feed; others count for the channel.",
+    help=(
+        "Most senders (MSH-3/MSH-4) recorded per per-sender feed, kept by the database for"
+        " every replica; others count for the channel."
+    ),
 )
 @payload_keys_options
 @logging_options

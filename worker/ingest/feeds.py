@@ -7,9 +7,14 @@ the senders), so recording costs no write per message. A crash loses at most one
 times: a feed then looks quieter than it was by that much, and the sweeper may raise it that
 much early only if the interval is longer than its ``silentAfterSeconds`` (keep it shorter).
 
-Senders are bounded per channel (``max_senders``): a sender beyond the bound is recorded for the
-channel only and counted in ``inturn_ingest_feed_senders_over_bound_total``, so a peer that
-writes a new MSH-3 into every message costs neither memory nor rows.
+Senders are bounded per channel (``max_senders``) twice: in memory, per process (a sender beyond
+the bound is recorded for the channel only), and in the table, whatever the process: the table
+refuses a new sender over its channel's bound (migration 0017, under a lock of the feed's row),
+so restarts and several ingest replicas cannot multiply it. Either refusal is counted in
+``inturn_ingest_feed_senders_over_bound_total``; a peer that writes a new MSH-3 into every
+message costs neither memory nor rows. The messages of each sender are counted too: a sender
+seen once is noise, which the sweeper never raises as silent and which is the first to give
+its place to a newcomer over the bound; a sender seen more than once keeps its place.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class FeedRecorder:
         self.max_senders = max_senders
         self.clock = clock
         self._pending: dict[tuple[str, str], float] = {}
+        self._counts: dict[tuple[str, str], int] = {}
         self._senders: dict[str, set[str]] = {}
 
     def seen(self, channel: str, sending_application: str, sending_facility: str) -> None:
@@ -84,6 +90,7 @@ class FeedRecorder:
                 return
             known.add(sender)
         self._pending[(channel, sender)] = now
+        self._counts[(channel, sender)] = self._counts.get((channel, sender), 0) + 1
 
     def take(self) -> list[tuple[str, str, datetime]]:
         """The times noted since the last take, and forget them: ``(channel, sender, at)``."""
@@ -92,6 +99,11 @@ class FeedRecorder:
             (channel, sender, datetime.fromtimestamp(at, UTC))
             for (channel, sender), at in sorted(pending.items())
         ]
+
+    def take_counts(self) -> dict[tuple[str, str], int]:
+        """The messages per ``(channel, sender)`` noted since the last take, and forget them."""
+        counts, self._counts = self._counts, {}
+        return counts
 
     async def declare(self, pool: AsyncConnectionPool) -> None:
         """Write the declarations: the declared feeds become exactly these."""
@@ -104,25 +116,33 @@ class FeedRecorder:
                         silent_after_seconds=f.silent_after_seconds,
                         per_sender=f.per_sender,
                         schedule=None if f.schedule is None else to_spec(f.schedule),
+                        max_senders=self.max_senders,
                     )
                     for f in self.feeds.values()
                 ],
             )
 
     async def flush(self, pool: AsyncConnectionPool) -> int:
-        """Write the noted times (one transaction); return how many. On failure they are
-        kept for the next flush (a later time noted meanwhile wins)."""
+        """Write the noted times and counts (one transaction); return how many times. On
+        failure they are kept for the next flush (a later time noted meanwhile wins). Senders
+        the table refused (over the bound) are counted and forgotten."""
         rows = self.take()
+        counts = self.take_counts()
         if not rows:
             return 0
         try:
             async with pool.connection() as conn:
-                await store.record_seen(conn, rows)
+                refused = await store.record_seen(conn, rows, counts=counts)
         except BaseException:
             for channel, sender, at in rows:
                 key = (channel, sender)
                 self._pending[key] = max(self._pending.get(key, 0.0), at.timestamp())
+            for key, n in counts.items():
+                self._counts[key] = self._counts.get(key, 0) + n
             raise
+        for channel, sender in refused:
+            SENDERS_OVER_BOUND.labels(channel).inc(counts.get((channel, sender), 1))
+            self._senders.get(channel, set()).discard(sender)
         return len(rows)
 
     async def run(self, pool: AsyncConnectionPool, every: float) -> None:

@@ -12,7 +12,11 @@ to ask for it. One booking is cancelled in one transaction:
    booking cancelled;
 3. for each carrier of a withdrawn segment other than the host carriers, enqueue a
    cancellation notice (:mod:`.notice`) on the delivery queue of the Destination that serves
-   that carrier (``spec.carriers``), each enqueue in a savepoint of its own;
+   that carrier (``spec.carriers``), each enqueue in a savepoint of its own. The database
+   builds the notice from the booking record (:func:`inturn.worker.store.bookings.
+   enqueue_cancel_notice`): the sweeper passes the locator and the carrier, never a payload,
+   and its role may insert no delivery of its own, so a stolen sweeper DSN cannot put any
+   other message into a queue;
 4. place the booking on its owner's worklist: ``ticketing-expired`` (details say it was
    cancelled) and, if any carrier could not be told (no live Destination serves it, or the
    enqueue failed), ``cancel-not-delivered`` naming those carriers.
@@ -40,10 +44,8 @@ from inturn.worker.reservations.codes import (
     office_queue,
     segment_key,
 )
-from inturn.worker.reservations.notice import TYPE_KEY, build_notice, control_id
 from inturn.worker.store import bookings as store
-from inturn.worker.store.model import NewItem
-from inturn.worker.store.queue import enqueue_in_transaction
+from inturn.worker.store.queue import wake
 from inturn.worker.worklist import Placement, clear_where, place
 
 #: Why an auto-cancelled booking was cancelled (``cancel_reason``, notice ZRB-3).
@@ -112,34 +114,23 @@ async def cancel_expired(
         out.withdrawn = [w.number for w in withdrawn]
         carriers = sorted({w.carrier for w in withdrawn} - set(host_carriers))
         served = await store.carrier_destinations(conn, carriers)
+        woken: set[str] = set()
         for carrier in carriers:
             target = served.get(carrier)
             if target is None:
                 out.not_told[carrier] = "no Destination serves it"
                 continue
-            item = NewItem(
-                destination=target.destination,
-                channel=target.channel,
-                control_id=control_id(locator, carrier),
-                message_type=TYPE_KEY,
-                payload=build_notice(
-                    locator=locator,
-                    owner=locked.owner,
-                    carrier=carrier,
-                    reason=CANCEL_REASON,
-                    cancelled_at=cancelled.cancelled_at,
-                    segments=withdrawn,
-                ),
-            )
             try:
                 async with conn.transaction():  # a savepoint: a failed enqueue undoes only itself
-                    [item_id] = await enqueue_in_transaction(conn, [item])
+                    item_id, destination = await store.enqueue_cancel_notice(conn, locator, carrier)
             except psycopg.Error as exc:
                 out.not_told[carrier] = (
                     f"enqueue on {target.destination} failed: {type(exc).__name__}"
                 )
                 continue
             out.told[carrier] = item_id
+            woken.add(destination)
+        await wake(conn, woken)  # delivered at COMMIT
         # Whatever was pending about its segments is moot now.
         await clear_where(
             conn,

@@ -293,3 +293,30 @@ async def carrier_destinations(
         row=class_row(CarrierDestination),
     )
     return {r.carrier: r for r in rows}
+
+
+async def enqueue_cancel_notice(
+    conn: AsyncConnection[Any], locator: str, carrier: str
+) -> tuple[int, str]:
+    """Enqueue the cancellation notice of the cancelled booking ``locator`` to ``carrier`` on
+    the live Destination that serves it, built by the database from the booking record
+    (``inturn_enqueue_cancel_notice``, migration 0017; the bytes of
+    :func:`inturn.worker.reservations.notice.build_notice`), in the caller's transaction. The
+    caller wakes the destination's worker (:func:`inturn.worker.store.queue.wake`).
+
+    Returns:
+        ``(delivery id, destination)``; a notice already enqueued for the booking and carrier
+        is returned, never made twice.
+
+    Raises:
+        psycopg.errors.NoDataFound: no such booking, or no live Destination serves ``carrier``.
+        psycopg.errors.ObjectNotInPrerequisiteState: the booking is not cancelled, or has no
+            withdrawn segment of ``carrier``.
+        psycopg.errors.InvalidParameterValue: a value of the record is not ASCII letters,
+            digits or '-' (a notice cannot carry it).
+    """
+    row = await fetch_one(
+        conn, Q["enqueue_cancel_notice"], {"locator": locator, "carrier": carrier}, row=dict_row
+    )
+    assert row is not None
+    return int(row["id"]), str(row["destination"])

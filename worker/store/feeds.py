@@ -6,13 +6,13 @@ Ingest writes (:func:`declare`, :func:`record_seen`); the sweeper and the consol
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, LiteralString
 
 from psycopg import AsyncConnection
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import class_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from inturn.worker.store.queries import fetch_all, load
@@ -29,6 +29,8 @@ class DeclaredFeed:
     silent_after_seconds: int
     per_sender: bool
     schedule: dict[str, Any] | None
+    #: Most senders the table keeps for a per-sender feed (ingest's ``--max-feed-senders``).
+    max_senders: int = 100
 
 
 async def declare(conn: AsyncConnection[Any], feeds: Sequence[DeclaredFeed]) -> None:
@@ -42,18 +44,34 @@ async def declare(conn: AsyncConnection[Any], feeds: Sequence[DeclaredFeed]) -> 
                 "silent_after": [f.silent_after_seconds for f in feeds],
                 "per_sender": [f.per_sender for f in feeds],
                 "schedules": [None if f.schedule is None else Jsonb(f.schedule) for f in feeds],
+                "max_senders": [f.max_senders for f in feeds],
             },
         )
         await conn.execute(Q["undeclare"], {"channels": [f.channel for f in feeds]})
 
 
 async def record_seen(
-    conn: AsyncConnection[Any], seen: Sequence[tuple[str, str, datetime]]
-) -> None:
+    conn: AsyncConnection[Any],
+    seen: Sequence[tuple[str, str, datetime]],
+    *,
+    counts: Mapping[tuple[str, str], int] | None = None,
+) -> list[tuple[str, str]]:
     """Record last message times ``(channel, sender, at)``; sender ``''`` is the channel as a
-    whole. Two statements in one transaction; times only move forward."""
+    whole. Two statements in one transaction; times only move forward.
+
+    Args:
+        counts: messages per ``(channel, sender)`` since the last record (1 when absent): a
+            sender whose total stays 1 is noise (never raised as silent, and the first to give
+            its place to a newcomer over the bound).
+
+    Returns:
+        The ``(channel, sender)`` pairs not recorded: new senders over their channel's
+        ``max_senders``, which the table refuses whichever process or replica sends them
+        (migration 0017).
+    """
     channels = [(c, at) for c, sender, at in seen if not sender]
     senders = [(c, sender, at) for c, sender, at in seen if sender]
+    refused: list[tuple[str, str]] = []
     async with conn.transaction():
         if channels:
             await conn.execute(
@@ -61,14 +79,20 @@ async def record_seen(
                 {"channels": [c for c, _ in channels], "ats": [at for _, at in channels]},
             )
         if senders:
-            await conn.execute(
+            rows = await fetch_all(
+                conn,
                 Q["seen_senders"],
                 {
                     "channels": [c for c, _, _ in senders],
                     "senders": [s for _, s, _ in senders],
                     "ats": [at for _, _, at in senders],
+                    "counts": [(counts or {}).get((c, s), 1) for c, s, _ in senders],
                 },
+                row=tuple_row,
             )
+            written = {(str(r[0]), str(r[1])) for r in rows}
+            refused = [(c, s) for c, s, _ in senders if (c, s) not in written]
+    return refused
 
 
 @dataclass(frozen=True)

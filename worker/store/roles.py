@@ -22,8 +22,10 @@ operator   write the destination registry and its carrier claims; read queue dep
            metadata, never the payload or patient keys).
 sweeper    read delivery metadata, the registry and the reservation records; skip expired
            messages (state and decider only); cancel expired bookings (withdraw their
-           segments, record the events, enqueue the carriers' cancellation notices); place and
-           clear worklist items; write the audit trail. It reads no payload and deletes nothing.
+           segments, record the events, enqueue the carriers' cancellation notices through
+           ``inturn_enqueue_cancel_notice``, which builds each from the booking record: it
+           cannot insert a delivery of its own); place and clear worklist items; write the
+           audit trail. It reads no payload, writes none and deletes nothing.
 purge      delete finished deliveries and cleared worklist items, through the functions of
            migration 0011 only: it has no table privilege at all.
 admin      the CLI's destructive commands (skip, drain, remove, resend, erase, imports, suspend
@@ -149,11 +151,11 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
                 ),
             ),
         ),
-        # cancellation notices of auto-cancelled bookings are enqueued by the sweeper;
         # delivery-expired skips a message: its state and who decided, never its content.
+        # No INSERT: the only delivery the sweeper makes is a booking's cancellation notice,
+        # built by inturn_enqueue_cancel_notice (FUNCTIONS) from the booking record.
         "sweeper": (
             NO_PATIENT_DATA,
-            INSERT,
             Grant("UPDATE", ("state", "decided_by", "finished_at", "reason")),
         ),
         # purge deletes through inturn_purge_deliveries (FUNCTIONS) and holds no privilege here
@@ -237,12 +239,18 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "admin": (SELECT, DELETE),
         "reader": (Grant("SELECT", but=("order_key", "key_digest")),),
     },
+    # The sweeper cancels a booking and withdraws its segments: only those columns (the
+    # notice function checks every value it puts into a message all the same).
     "inturn_booking": {
-        "sweeper": (SELECT, UPDATE),
+        "sweeper": (SELECT, Grant("UPDATE", ("cancelled_at", "cancel_reason", "updated_at"))),
         "admin": ALL_DML,
         "reader": (SELECT,),
     },
-    "inturn_segment": {"sweeper": (SELECT, UPDATE), "admin": ALL_DML, "reader": (SELECT,)},
+    "inturn_segment": {
+        "sweeper": (SELECT, Grant("UPDATE", ("status", "status_changed_at"))),
+        "admin": ALL_DML,
+        "reader": (SELECT,),
+    },
     "inturn_segment_event": {
         "sweeper": (SELECT, INSERT),
         "admin": ALL_DML,
@@ -257,8 +265,12 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_worker_lock(text)": ("worker",),
     "inturn_worker_unlock(text)": ("worker",),
-    # ingest stores, the sweeper enqueues cancellation notices, the admin resends
-    "inturn_enqueue_lock(text)": ("ingest", "sweeper", "admin"),
+    # ingest stores, the admin resends (the notice function takes it as its owner)
+    "inturn_enqueue_lock(text)": ("ingest", "admin"),
+    # the sweeper's one way to enqueue: a cancelled booking's notice to a carrier (0017)
+    "inturn_enqueue_cancel_notice(text,text)": ("sweeper",),
+    # the bound on feed senders, a trigger of inturn_feed_sender: nobody calls it (0017)
+    "inturn_feed_sender_admit()": (),
     "inturn_purge_lock()": ("purge",),
     "inturn_purge_unlock()": ("purge",),
     "inturn_sweep_lock()": ("sweeper",),
@@ -306,7 +318,8 @@ def privilege_tables() -> str:
         lines.append(f"| `{table}` | " + " | ".join(cells) + " |")
     lines += ["", "| function | may be executed by |", "|---|---|"]
     for function in sorted(FUNCTIONS):
-        lines.append(f"| `{function}` | {', '.join(FUNCTIONS[function])} |")
+        who = ", ".join(FUNCTIONS[function]) or "– (a trigger: fired, never called)"
+        lines.append(f"| `{function}` | {who} |")
     return "\n".join(lines) + "\n"
 
 

@@ -133,3 +133,9 @@ SELECT c.carrier, d.destination, d.channel
   FROM inturn_destination_carrier c
   JOIN inturn_destination d ON d.destination = c.destination AND d.deleted_at IS NULL
  WHERE c.carrier = ANY (%(carriers)s::text[]);
+
+-- name: enqueue_cancel_notice
+-- The cancellation notice of a cancelled booking to one carrier, built and enqueued by the
+-- database from the booking record (migration 0017): the sweeper's only way to write a
+-- delivery. Returns the delivery id and its destination (an existing notice, if one was made).
+SELECT id, destination FROM inturn_enqueue_cancel_notice(%(locator)s, %(carrier)s);

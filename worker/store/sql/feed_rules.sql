@@ -21,7 +21,7 @@ feed AS (
            s.last_message_at, f.silent_after_seconds, f.schedule
       FROM inturn_feed f
       JOIN inturn_feed_sender s ON s.channel = f.channel
-     WHERE f.per_sender
+     WHERE f.per_sender AND s.messages > 1  -- a sender seen once is noise, never a feed
 ),
 quiet AS (
     SELECT x.*, greatest(x.heard, win.since) AS quiet_since
@@ -55,10 +55,14 @@ feed AS (
     SELECT s.channel || '/' || s.sender, s.last_message_at, f.silent_after_seconds, f.schedule
       FROM inturn_feed f
       JOIN inturn_feed_sender s ON s.channel = f.channel
-     WHERE f.per_sender
+     WHERE f.per_sender AND s.messages > 1
 )
 SELECT w.record_key,
-       CASE WHEN x.record_key IS NULL THEN 'the feed is no longer declared'
+       CASE WHEN x.record_key IS NULL AND EXISTS (
+                     SELECT 1 FROM inturn_feed_sender n
+                      WHERE n.channel || '/' || n.sender = w.record_key)
+                 THEN 'a sender seen only once (noise, not a feed)'
+            WHEN x.record_key IS NULL THEN 'the feed is no longer declared'
             WHEN x.schedule IS NOT NULL AND win.schedule IS NULL
                  THEN 'outside its busy hours (schedule)'
             ELSE 'messages flow again' END AS why
