@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/shapes.py
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/latency.py
+	$(BIN)/python bench/lanes.py
 
 # The container image, built with podman from the Containerfile on a base made here by
 # debootstrap, then checked inside (version, every command's help, user, no compiler, size).

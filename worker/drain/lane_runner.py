@@ -12,9 +12,10 @@ statement stays in order on one session:
 2. ask the scheduler (:func:`inturn.worker.drain.lanes.plan`) which messages may start on the
    free lanes; take their payloads (:func:`inturn.worker.store.queue.take`) and start them;
 3. wait for an answer, a notification, a message coming due, or the idle poll;
-4. record each answer with the per-id marks: delivered
-   (:func:`inturn.worker.store.queue.succeeded_expecting`), a retry or a give-up
-   (the worker's own retry decision, :meth:`DestinationWorker._failed`).
+4. record each answer: a failure at once, per id (the worker's own retry decision and marks,
+   :meth:`DestinationWorker._failed`); the deliveries of a turn with the next take, in the same
+   statement (:func:`inturn.worker.store.queue.take`), which commits them before anything it
+   takes is sent: one round trip per turn, however many lanes answered.
 
 What stays as with one lane: the throttle paces the destination as a whole; outside its
 delivery window, or suspended, or on hold, nothing new starts (what is in flight finishes); a
@@ -111,6 +112,9 @@ class LaneDrain:
         self._last_full = 0.0
         self._want_full = True
         self._full_logged = 0.0
+        #: Deliveries answered but not marked yet: (flight, attempts, expected replies, the
+        #: unreachable run it ended); marked by the next :meth:`_take`, before any send.
+        self._answered: list[tuple[Flight, int, list[Any], int]] = []
 
     async def run(self) -> None:
         """Drain until stopped (and the attempts in flight are marked), or the session is lost.
@@ -151,6 +155,7 @@ class LaneDrain:
             self.w.state.last_tick = time.monotonic()
             await self._record_answers()
             if self.stop.is_set():
+                await self._flush()
                 if not self.flights:
                     return
                 await self._wait(None)
@@ -158,6 +163,7 @@ class LaneDrain:
             gate = self.w._gate()
             if self.w.config.suspend or gate.hold == "window":
                 self.w._say_held(gate if gate.hold == "window" else None)
+                await self._flush()
                 await self.w._keep_lease(self.conn, self.stop, self.lease)
                 await self.w._report_depth(self.conn, self.stop)
                 self._publish(None)
@@ -180,6 +186,7 @@ class LaneDrain:
         """Plan, take and start what may go now; the seconds after which to look again."""
         now = time.monotonic()
         if self._free() <= 0:  # every lane is sending: an answer wakes the loop
+            await self._flush()
             self._publish(None)
             return None
         in_flight = {i: f.head.keys for i, f in self.flights.items()}
@@ -193,13 +200,9 @@ class LaneDrain:
         if ids and not await self._lease_outlives_attempt():
             ids = []
             timeout = 0.0  # the renewal itself was too slow: look again at once
-        if ids:
-            heads = await self.w._guarded(
-                self.conn,
-                self.stop,
-                "head",
-                lambda: queue.take(self.conn, self.w.destination, ids, lease=self.lease),
-            )
+            await self._flush()
+        if ids or self._answered:
+            heads = await self._take(ids)
             taken = {h.item.id for h in heads}
             for item_id in ids:
                 if item_id not in taken:  # skipped or erased since the window was read
@@ -279,9 +282,10 @@ class LaneDrain:
         full = self._want_full and now - self._last_full >= FULL_REFRESH_SECONDS
         if not full and not self.window and not self.complete:
             full = True
+        answered = {f.head.item.id for f, *_ in self._answered}  # delivered, mark to come
         if full:
             rows = await self._read(0, self.limit)
-            self.window = {p.id: self._entry(p, now) for p in rows}
+            self.window = {p.id: self._entry(p, now) for p in rows if p.id not in answered}
             self.complete = len(rows) < self.limit
             self._last_full, self._want_full = now, False
             return None
@@ -289,10 +293,11 @@ class LaneDrain:
         # the tail is read when a notification came, or the window ran low (not per message)
         low = room >= self.limit // 2 or len(self.window) <= 4 * self.count
         if room > 0 and (self._want_full or (low and not self.complete)):
-            after = max([0, *self.window, *self.flights])
+            after = max([0, *self.window, *self.flights, *answered])
             rows = await self._read(after, room)
             for p in rows:
-                self.window[p.id] = self._entry(p, now)
+                if p.id not in answered:
+                    self.window[p.id] = self._entry(p, now)
             self.complete = len(rows) < room
         if self._want_full:
             return max(0.0, self._last_full + FULL_REFRESH_SECONDS - now)
@@ -321,7 +326,47 @@ class LaneDrain:
             del self.flights[flight.head.item.id]
         self._sending()
 
+    async def _take(self, ids: list[int]) -> list[Head]:
+        """Mark the answers of the turn delivered and take ``ids``, in one statement
+        (:func:`inturn.worker.store.queue.take`): the marks commit before anything taken is
+        sent, so a message's successor never goes before its delivered mark is durable."""
+        answered = self._answered
+        delivered = [queue.Delivered(f.head.item, a, e) for f, a, e, _ in answered]
+        waited, heads = await self.w._guarded(
+            self.conn,
+            self.stop,
+            "mark" if delivered else "head",
+            lambda: queue.take(
+                self.conn, self.w.destination, ids, delivered=delivered, lease=self.lease
+            ),
+            delivered[0].item.id if len(delivered) == 1 else None,
+        )
+        self._answered = []
+        for flight, attempts, _, held in answered:
+            item = flight.head.item
+            if attempts > 1 or held:
+                log.info(
+                    "destination %s: delivering again after %d failed attempt(s)%s"
+                    " (id=%d, lane %d)",
+                    self.w.destination,
+                    attempts - 1,
+                    f" and {held} unreachable" if held else "",
+                    item.id,
+                    flight.lane,
+                )
+            if waited.get(item.id) is not None:
+                self.w.observer.delivered(self.w.destination, attempts, waited[item.id] or 0.0)
+            tracing.finished(flight.trace, "delivered", attempts)
+        return heads
+
+    async def _flush(self) -> None:
+        """Mark the answers not marked yet (nothing is taken)."""
+        if self._answered:
+            await self._take([])
+
     async def _record(self, flight: Flight) -> None:
+        """Record one answer: a delivery is marked with the next take (:meth:`_take`); a
+        failure is recorded now (a retry or a give-up)."""
         head, item = flight.head, flight.head.item
         attempts = item.attempts + 1
         failure = flight.task.result()
@@ -335,29 +380,8 @@ class LaneDrain:
                 if self.w.config.replies
                 else []
             )  # fmt: skip
-            waited = await self.w._guarded(
-                self.conn,
-                self.stop,
-                "mark",
-                lambda: queue.succeeded_expecting(
-                    self.conn, item, attempts, expecting, lease=self.lease
-                ),
-                item.id,
-            )
+            self._answered.append((flight, attempts, expecting, held))
             self.window.pop(item.id, None)
-            if attempts > 1 or held:
-                log.info(
-                    "destination %s: delivering again after %d failed attempt(s)%s"
-                    " (id=%d, lane %d)",
-                    self.w.destination,
-                    attempts - 1,
-                    f" and {held} unreachable" if held else "",
-                    item.id,
-                    flight.lane,
-                )
-            if waited is not None:
-                self.w.observer.delivered(self.w.destination, attempts, waited)
-            tracing.finished(flight.trace, "delivered", attempts)
             return
         cause, detail = failure
         if await self.w._failed(self.conn, self.stop, head, attempts, cause, detail, self.lease):
@@ -389,7 +413,7 @@ class LaneDrain:
             count=self.count,
             busy={f.lane: (i, now - f.started) for i, f in self.flights.items()},
             hold=why,
-            waiting=len(entries) - len(in_flight) if chosen is None else chosen.waiting,
+            waiting=len(entries) - sum(1 for i in in_flight if i in self.window),
             window_full=False if chosen is None else chosen.window_full,
         )
 

@@ -32,7 +32,6 @@ Everything here is pure and deterministic; the property test
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -68,13 +67,11 @@ class Plan:
             caller looks again then), or None when no such message was seen.
         window_full: the window holds as many messages as it may and fewer could start than
             there were free lanes: messages past it may be waiting for no reason but the bound.
-        waiting: messages of the window that neither are in flight nor start now.
     """
 
     start: tuple[int, ...]
     wake_in: float | None
     window_full: bool
-    waiting: int
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,9 @@ def plan(
 ) -> Plan:
     """Choose the messages that may start now.
 
-    Linear in the window times the keys per message.
+    Linear in the part of the window looked at (until every free lane has a message, or a
+    pending barrier) times the keys per message: a turn with one free lane usually looks at a
+    few messages, not the window.
 
     Args:
         window: the oldest pending messages of the destination, in enqueue (id) order, at most
@@ -135,52 +134,45 @@ def plan(
         The :class:`Plan`: the first startable messages in enqueue order, up to ``free``.
 
     Raises:
-        ValueError: the window is not in strictly increasing id order, or ``limit`` is below 1.
+        ValueError: the part of the window looked at is not in strictly increasing id order,
+            or ``limit`` is below 1.
     """
     if limit < 1:
         raise ValueError("the window bound must be at least 1")
-    _check_order(window)
     free = max(0, free)
     start: list[int] = []
     wake_in: float | None = None
     held: set[str] = set()
     for keys in in_flight.values():
         if is_barrier(keys):
-            full = len(window) >= limit and free > 0
-            return Plan((), None, full, _waiting(window, in_flight))
+            return Plan((), None, len(window) >= limit and free > 0)
         held.update(keys)
     if free == 0:  # nothing can start: an answer, not time, changes that
-        return Plan((), None, False, _waiting(window, in_flight))
+        return Plan((), None, False)
     earlier = bool(in_flight)  # something before (or beside) the message being looked at
-    waiting = 0
+    last = -1
     for entry in window:
+        if entry.id <= last:
+            raise ValueError("the window must be in increasing id order")
+        last = entry.id
         if entry.id in in_flight:
             continue
         if len(start) == free:  # every free lane has a message: the rest wait for one
-            return Plan(tuple(start), wake_in, False, _waiting(window, in_flight) - len(start))
+            return Plan(tuple(start), wake_in, False)
         if is_barrier(entry.keys):
-            if not earlier:
-                if entry.due <= now and len(start) < free:
-                    start.append(entry.id)
-                    waiting += _count_after(window, entry.id, in_flight)
-                    break
-                if entry.due > now:
-                    wake_in = entry.due - now
-            waiting += 1 + _count_after(window, entry.id, in_flight)
-            break
+            if not earlier and entry.due <= now:
+                start.append(entry.id)
+            elif not earlier:
+                wake_in = entry.due - now
+            break  # nothing after a pending barrier may go
         if held.isdisjoint(entry.keys):
-            if entry.due <= now and len(start) < free:
+            if entry.due <= now:
                 start.append(entry.id)
             else:
-                waiting += 1
-                if entry.due > now:
-                    wake_in = _sooner(wake_in, entry.due - now)
-        else:
-            waiting += 1
+                wake_in = _sooner(wake_in, entry.due - now)
         held.update(entry.keys)
         earlier = True
-    full = len(window) >= limit and len(start) < free
-    return Plan(tuple(start), wake_in, full, waiting)
+    return Plan(tuple(start), wake_in, len(window) >= limit and len(start) < free)
 
 
 def hold(
@@ -226,20 +218,6 @@ def _first_conflict(
             candidates.append((other.id, other.keys))
             break
     return min(candidates, key=lambda c: c[0]) if candidates else None
-
-
-def _check_order(window: Sequence[Entry]) -> None:
-    for before, after in itertools.pairwise(window):
-        if after.id <= before.id:
-            raise ValueError("the window must be in increasing id order")
-
-
-def _count_after(window: Sequence[Entry], after: int, in_flight: Mapping[int, object]) -> int:
-    return sum(1 for e in window if e.id > after and e.id not in in_flight)
-
-
-def _waiting(window: Sequence[Entry], in_flight: Mapping[int, object]) -> int:
-    return sum(1 for e in window if e.id not in in_flight)
 
 
 def _sooner(a: float | None, b: float) -> float:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from psycopg import AsyncConnection, sql
@@ -448,26 +449,58 @@ async def pending_window(
     ]
 
 
+@dataclass(frozen=True)
+class Delivered:
+    """An answer to mark delivered with :func:`take`: the item, its attempts (this one
+    included) and the replies it now waits for (``spec.replies``)."""
+
+    item: Item
+    attempts: int
+    expecting: Sequence[ExpectedReply] = ()
+
+
 async def take(
     conn: AsyncConnection[Any],
     destination: str,
     ids: Sequence[int],
     *,
+    delivered: Sequence[Delivered] = (),
     lease: Lease,
-) -> list[Head]:
-    """The heads (with payloads and lane keys) of those of ``ids`` still pending, in id order;
-    an item skipped or erased since the window was read is left out, and nothing is returned
-    while the destination is on hold. Renews ``lease``.
+) -> tuple[dict[int, float | None], list[Head]]:
+    """Mark ``delivered`` delivered, then return the heads (with payloads and lane keys) of
+    those of ``ids`` still pending, in id order, in one statement: one round trip per turn of
+    the lanes. The marks commit (synchronously, like :func:`succeeded`) before this returns, so
+    before any of the heads is sent. An item skipped or erased since the window was read is
+    left out of the heads; nothing is returned while the destination is on hold. Renews
+    ``lease``.
+
+    Returns:
+        ``(waited, heads)``: seconds from enqueue to delivery per marked id (an item gone, i.e.
+        erased, is absent), and the heads.
 
     Raises:
-        LeaseLost: another holder took the destination over; nothing was read.
+        LeaseLost: another holder took the destination over; nothing was marked or read.
         ValueError: ``lease`` is another destination's.
     """
-    params = {**_guard(destination, lease), "ids": list(ids)}
+    opened = [(d.item.id, e) for d in delivered for e in d.expecting]
+    params = {
+        **_guard(destination, lease),
+        "ids": list(ids),
+        "done_ids": [d.item.id for d in delivered],
+        "done_attempts": [d.attempts for d in delivered],
+        "exp_ids": [i for i, _ in opened],
+        "keys": [e.key for _, e in opened],
+        "digests": [e.digest for _, e in opened],
+        "channels": [e.channel for _, e in opened],
+        "types": [",".join(e.reply_types) for _, e in opened],
+        "within": [e.within_seconds for _, e in opened],
+    }
     rows = await fetch_all(conn, Q["take"], params, row=dict_row)
     if not rows:
-        raise LeaseLost(lease, "taking the lanes' messages")
-    return [
+        what = "marking delivered and taking" if delivered else "taking"
+        raise LeaseLost(lease, f"{what} the lanes' messages")
+    waited = {int(i): None if w is None else float(w) for i, w in rows[0]["done"]}
+    heads = [
         Head(
             item=Item.from_row(r),
             payload=bytes(r["payload"]),
@@ -477,37 +510,4 @@ async def take(
         for r in rows
         if r["id"] is not None
     ]
-
-
-async def succeeded_expecting(
-    conn: AsyncConnection[Any],
-    item: Item,
-    attempts: int,
-    expecting: Sequence[ExpectedReply] = (),
-    *,
-    lease: Lease,
-) -> float | None:
-    """Mark one item delivered and record the replies it now waits for (``spec.replies``) in
-    the same statement: the lanes' delivered mark (:func:`succeeded_next` without the next
-    head). Synchronous like :func:`succeeded`; renews ``lease``.
-
-    Returns:
-        Seconds from enqueue to delivery, or None when the item was gone (erased).
-
-    Raises:
-        LeaseLost: another holder took the destination over; nothing was marked or recorded.
-    """
-    opened = list(expecting)
-    params = {
-        **_guard(item.destination, lease),
-        "id": item.id,
-        "attempts": attempts,
-        "keys": [e.key for e in opened],
-        "digests": [e.digest for e in opened],
-        "channels": [e.channel for e in opened],
-        "types": [",".join(e.reply_types) for e in opened],
-        "within": [e.within_seconds for e in opened],
-    }
-    what = f"marking id={item.id} delivered"
-    row = await _guarded(conn, "succeeded_expecting", params, lease, what)
-    return None if row["waited_seconds"] is None else float(row["waited_seconds"])
+    return waited, heads

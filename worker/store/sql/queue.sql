@@ -542,16 +542,44 @@ SELECT lease.held, w.*
         LIMIT %(limit)s) AS w ON TRUE;
 
 -- name: take
--- Lanes: the chosen items, with their payloads, if they are still pending (a skip or an erasure
--- since the window was read leaves one out) and the destination is not on hold. Guarded by the
--- lease: no row at all when it is lost; one row of NULLs when none of them is left.
+-- Lanes, one round trip per turn: mark the answers of the turn delivered (and record the replies
+-- they expect, spec.replies), then read the chosen items, with their payloads, if they are
+-- still pending (a skip or an erasure since the window was read leaves one out) and the
+-- destination is not on hold. The marks commit with the statement, before any chosen item is
+-- sent. A skip that raced with a send loses, as in succeeded. Guarded by the lease: no row at
+-- all when it is lost (nothing marked); else one row per chosen item, or one row of NULLs, each
+-- with "done" (id, waited seconds) of the items marked.
 WITH lease AS (
     UPDATE inturn_lease
        SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
      WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
     RETURNING 1 AS held
+),
+done AS (
+    UPDATE inturn_delivery d
+       SET state = 'delivered', attempts = m.attempts,
+           last_attempt = clock_timestamp(), finished_at = clock_timestamp()
+      FROM unnest(%(done_ids)s::bigint[], %(done_attempts)s::int[]) AS m(id, attempts)
+     WHERE d.id = m.id AND d.destination = %(destination)s AND d.state IN ('pending', 'skipped')
+       AND EXISTS (SELECT 1 FROM lease)
+    RETURNING d.id, d.control_id, d.message_type,
+              extract(epoch FROM d.finished_at - d.enqueued_at)::float8 AS waited_seconds
+),
+expected AS (
+    INSERT INTO inturn_order_expectation
+           (destination, delivery_id, control_id, message_type, order_key, key_digest,
+            reply_channel, reply_types, due_at)
+    SELECT %(destination)s, done.id, done.control_id, done.message_type, e.k, e.d, e.c,
+           string_to_array(e.t, ','), clock_timestamp() + make_interval(secs => e.w)
+      FROM done
+      JOIN unnest(%(exp_ids)s::bigint[], %(keys)s::text[], %(digests)s::text[],
+                  %(channels)s::text[], %(types)s::text[], %(within)s::int[])
+           AS e(i, k, d, c, t, w) ON e.i = done.id
 )
-SELECT lease.held, t.*
+SELECT lease.held,
+       (SELECT coalesce(json_agg(json_build_array(done.id, done.waited_seconds)), '[]'::json)
+          FROM done) AS done,
+       t.*
   FROM lease
   LEFT JOIN LATERAL (
        SELECT id, channel, destination, control_id, message_type, size, state, attempts,
@@ -563,35 +591,3 @@ SELECT lease.held, t.*
           AND NOT EXISTS (SELECT 1 FROM inturn_destination held
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
         ORDER BY id) AS t ON TRUE;
-
--- name: succeeded_expecting
--- Lanes: mark one item delivered and record the replies it expects (spec.replies), in one
--- statement, as succeeded_next does without reading the next head. A skip that raced with the
--- send loses. Guarded by the lease: held 0 when it is lost; waited_seconds NULL when the item
--- is gone (erased).
-WITH lease AS (
-    UPDATE inturn_lease
-       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
-     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-    RETURNING 1 AS held
-),
-done AS (
-    UPDATE inturn_delivery
-       SET state = 'delivered', attempts = %(attempts)s,
-           last_attempt = clock_timestamp(), finished_at = clock_timestamp()
-     WHERE id = %(id)s AND destination = %(destination)s AND state IN ('pending', 'skipped')
-       AND EXISTS (SELECT 1 FROM lease)
-    RETURNING id, control_id, message_type,
-              extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
-),
-expected AS (
-    INSERT INTO inturn_order_expectation
-           (destination, delivery_id, control_id, message_type, order_key, key_digest,
-            reply_channel, reply_types, due_at)
-    SELECT %(destination)s, done.id, done.control_id, done.message_type, e.k, e.d, e.c,
-           string_to_array(e.t, ','), clock_timestamp() + make_interval(secs => e.w)
-      FROM done
-     CROSS JOIN unnest(%(keys)s::text[], %(digests)s::text[], %(channels)s::text[],
-                       %(types)s::text[], %(within)s::int[]) AS e(k, d, c, t, w)
-)
-SELECT (SELECT count(*) FROM lease) AS held, (SELECT waited_seconds FROM done) AS waited_seconds;
