@@ -21,6 +21,7 @@ from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.hl7.pid import lookup_key
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
@@ -327,6 +328,33 @@ async def test_reader_role_lists_but_cannot_read_a_payload(
         assert [d.destination for d in await reads.depth(conn)] == [DEST]
         with pytest.raises(Denied):
             await reads.payload(conn, item)
+
+
+async def test_the_consoles_searches_run_with_its_roles(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """The console reads with the reader role and acts with the admin role: a control-ID search
+    and an item's relatives need no patient data; the audited patient search runs as admin."""
+    [first, second] = await aseed(fresh_db, "ROLE-S-1", "ROLE-S-2")
+    async with await AsyncConnection.connect(role_dsns["reader"], autocommit=True) as conn:
+        items, total = await reads.list_items(conn, control_id="ROLE-S-1")
+        assert ([i.id for i in items], total) == ([first], 1)
+        assert [i.id for i in await reads.resend_chain(conn, first)] == [first]
+        page = await worklist.list_items(
+            conn, record_kind="delivery", record_key=str(first), state=None
+        )
+        assert page.items == []
+        with pytest.raises(Denied):
+            await reads.search_patient(conn, lookup_key("P1"), who="pia", why="ticket")
+    async with await AsyncConnection.connect(role_dsns["admin"], autocommit=True) as conn:
+        items, total = await reads.search_patient(conn, lookup_key("P1"), who="pia", why="ticket")
+        assert ([i.id for i in items], total) == ([second, first], 2)
+        [entry] = await reads.audit_log(conn)
+        assert (entry["action"], entry["itemIds"], entry["why"]) == (
+            "search-patient",
+            [second, first],
+            "ticket",
+        )
 
 
 #: What each role must be refused (besides what its job test shows it can do).
