@@ -85,7 +85,7 @@ async def test_pools_open_with_every_target_session_attrs(
             await conn.execute("SELECT count(*) FROM inturn_delivery")
             assert await show(conn, "default_transaction_read_only") == "off"
         async with pools.read.connection() as conn:
-            assert await show(conn, "default_transaction_read_only") == "on"
+            assert await show(conn, "transaction_read_only") == "on"
             expected = READS_ON_STANDBY[attrs]
             if expected is None:
                 expected = standby_first

@@ -37,7 +37,9 @@ def test_two_pods_starting_together_apply_each_migration_once(empty_db: str) -> 
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(results) == [0, len(available())]
+    # Each migration once, by whichever pod reached it first (each takes the lock per migration,
+    # so that nothing is held across transactions: pooler-safe), in version order.
+    assert sum(results) == len(available())
     with psycopg.connect(empty_db) as conn:
         rows = conn.execute("SELECT version FROM inturn_schema_migrations ORDER BY 1").fetchall()
     assert [r[0] for r in rows] == [m.version for m in available()]

@@ -451,15 +451,27 @@ REFUSED["purge"] += [
     "DELETE FROM inturn_worklist_item WHERE state = 'pending'",
     "SELECT id FROM inturn_delivery",
     "SELECT inturn_sweep_lock()",
+    "SELECT inturn_sweep_lease('x', 60)",
+    # the destinations' leases are the workers'
+    "UPDATE inturn_lease SET epoch = epoch + 1",
 ]
 REFUSED["reader"] += [
+    "UPDATE inturn_lease SET epoch = epoch + 1",
     "SELECT patient_keys FROM inturn_delivery",
     "SELECT inturn_purge_lock()",
     "SELECT inturn_enqueue_lock('ward/lab')",
 ]
 for _component in roles.COMPONENTS:
+    if _component != "sweeper":
+        REFUSED[_component] += ["SELECT inturn_sweep_lease('x', 60)"]
+    if _component != "worker":
+        REFUSED[_component] += [
+            "INSERT INTO inturn_lease (destination, holder, epoch, expires_at, ttl_seconds)"
+            " VALUES ('ward/lab', 'x', 9, now() + interval '1 h', 60)"
+        ]
     if _component != "purge":
         REFUSED[_component] += [
+            "SELECT inturn_purge_lease('x', 60)",
             "SELECT * FROM inturn_purge_deliveries('delivered', now() + interval '1 day', 10)",
             "SELECT * FROM inturn_purge_worklist(0, 10)",
         ]

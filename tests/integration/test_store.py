@@ -163,8 +163,13 @@ async def test_purge_keeps_recent_finished_items(conn: AsyncConnection[Any]) -> 
 
 async def test_purge_is_a_singleton(conn: AsyncConnection[Any], fresh_db: str) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as other:
-        assert await locks.try_component_lock(other, "purge")
+        running = await locks.take_singleton(other, "purge", "another-purge")
+        assert running is not None
         assert await actions.purge(conn, {"delivered": datetime.now(UTC)}) is None
+        await locks.release_singleton(other, running)
+    assert await actions.purge(conn, {"delivered": datetime.now(UTC)}) == {"delivered": 0}
+    # the purge released it: another takes it at once
+    assert await locks.take_singleton(conn, "purge", "next") is not None
 
 
 async def test_list_is_newest_first_capped_and_has_no_payload(conn: AsyncConnection[Any]) -> None:

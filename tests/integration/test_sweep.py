@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker import worklist
 from inturn.worker.operations.packs import select
-from inturn.worker.store import registry
+from inturn.worker.store import locks, registry
 from inturn.worker.worklist.delivery_rules import (
     delivery_expired,
     destination_stuck,
@@ -213,10 +213,11 @@ async def test_a_second_sweep_does_nothing_while_one_runs(
     await register(conn, DEST, stuck_after_seconds=1)
     await insert(conn, [10.0])
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as other:
-        await other.execute("SELECT pg_advisory_lock(hashtextextended('inturn:sweep', 0))")
+        running = await locks.take_singleton(other, "sweep", "another-sweep")
+        assert running is not None
         report = await sweep(conn, select(), limit=10)
         assert not report.locked and report.results == []
-        await other.execute("SELECT pg_advisory_unlock(hashtextextended('inturn:sweep', 0))")
+        await locks.release_singleton(other, running)
     report = await sweep(conn, select(), limit=10)
     assert report.locked and report.ok
     assert [r.summary(False) for r in report.results][:3] == [

@@ -59,9 +59,10 @@ def make_app(workers: Sequence[DestinationWorker]) -> App:
     def readyz() -> Answer:
         reasons = [(w.destination, w.state.not_ready()) for w in workers]
         waiting = [f"{destination}: {why}" for destination, why in reasons if why is not None]
+        notes = sorted({w.state.pooling for w in workers if w.state.pooling})
         if waiting:
-            return 503, _TEXT, ("\n".join(waiting) + "\n").encode()
-        return 200, _TEXT, b"ok\n"
+            return 503, _TEXT, ("\n".join([*waiting, *notes]) + "\n").encode()
+        return 200, _TEXT, ("\n".join(["ok", *notes]) + "\n").encode()
 
     def metrics() -> Answer:
         return 200, CONTENT_TYPE_LATEST, generate_latest()

@@ -53,10 +53,16 @@ from inturn.worker.drain.steps import SessionLost, StepRunner, Stopped, sleep_or
 from inturn.worker.orders.keys import expectations
 from inturn.worker.senders.base import DeliveryError, FailureCause, Sender
 from inturn.worker.senders.fingerprint import fingerprint
-from inturn.worker.spec.config import LeaseSettings, WorkerConfig, lease_settings
+from inturn.worker.spec.config import (
+    LISTEN_DSN_ENV,
+    LeaseSettings,
+    WorkerConfig,
+    lease_settings,
+)
+from inturn.worker.spec.config import poll_seconds as poll_env
 from inturn.worker.store import lease as leases
 from inturn.worker.store import locks, lockwatch, queue, reads
-from inturn.worker.store.connect import connect_worker
+from inturn.worker.store.connect import connect_worker, detect_pooling
 from inturn.worker.store.faults import Step
 from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.store.model import Head
@@ -100,10 +106,16 @@ class DestinationWorker:
             :func:`inturn.worker.spec.config.lease_settings` of the environment. Its lifetime is
             raised to outlive the attempt timeout when it is shorter (said once at start).
         pooled: whether statements go through a pooler that moves sessions between backends
-            (then no session advisory lock is taken); None: the worker finds out at start.
+            (then no session advisory lock is taken, no statement is prepared, and LISTEN runs
+            on ``listen_dsn`` or not at all); None: the worker finds out at start
+            (:func:`inturn.worker.store.connect.detect_pooling`).
         payloads: opens stored payloads right before the send (default: no keys, plaintext
             passes and an envelope stops the worker with one line naming ``--payload-keys``:
             :data:`inturn.worker.crypto.errors.REFUSALS` end :meth:`run`).
+        listen_dsn: a direct DSN for LISTEN when ``dsn`` is pooled (``--listen-dsn``); default
+            ``$INTURN_LISTEN_DSN``. Without one a pooled worker polls.
+        poll_seconds: how often a pooled worker without ``listen_dsn`` looks for work; default
+            :func:`inturn.worker.spec.config.poll_seconds` of the environment.
     """
 
     def __init__(
@@ -117,6 +129,8 @@ class DestinationWorker:
         lease: LeaseSettings | None = None,
         pooled: bool | None = None,
         payloads: PayloadCodec | None = None,
+        listen_dsn: str | None = None,
+        poll_seconds: float | None = None,
     ) -> None:
         self.config = config
         self.payloads = payloads or PayloadCodec()
@@ -166,6 +180,10 @@ class DestinationWorker:
         self._lease_until = 0.0
         self._renew_at = 0.0
         self.pooled = pooled
+        self.listen_dsn = listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None
+        self.poll_seconds = poll_seconds if poll_seconds is not None else poll_env(os.environ)
+        #: The direct LISTEN connection of a pooled worker, while a session lasts.
+        self._listen: AsyncConnection[Any] | None = None
 
     @property
     def destination(self) -> str:
@@ -212,13 +230,29 @@ class DestinationWorker:
         self.state.last_tick = time.monotonic()
 
     async def _session(self, stop: asyncio.Event) -> None:
-        conn = await connect_worker(self.dsn, application_name=f"inturn-worker {self.destination}")
+        if self.pooled is None:
+            pooling = await detect_pooling(self.dsn)
+            self.pooled = pooling.pooled
+            self.state.pooling = pooling.note or None
+        name = f"inturn-worker {self.destination}"
+        conn = await connect_worker(self.dsn, application_name=name, pooled=self.pooled)
         self.state.db_ok = True
         self.state.connected_once = True
         try:
-            await self.steps.run(
-                conn, stop, "session", lambda: queue.listen(conn, self.destination)
-            )
+            if not self.pooled:
+                await self.steps.run(
+                    conn, stop, "session", lambda: queue.listen(conn, self.destination)
+                )
+            elif self.listen_dsn:
+                # LISTEN needs a session: a direct connection of its own (the chart's -rw
+                # service), while every statement goes through the pooler.
+                self._listen = await connect_worker(
+                    self.listen_dsn, application_name=f"{name} listen", pooled=False
+                )
+                listening = self._listen
+                await self.steps.run(
+                    listening, stop, "session", lambda: queue.listen(listening, self.destination)
+                )
             while not stop.is_set():
                 lease = await self._acquire(conn, stop)
                 if lease is None:
@@ -239,6 +273,48 @@ class DestinationWorker:
             # Closing the session releases the advisory lock on the server.
             with contextlib.suppress(Exception):
                 await conn.close()
+            listener, self._listen = self._listen, None
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await listener.close()
+
+    async def _wait(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, timeout: float, *, empty: bool
+    ) -> None:
+        """Wait up to ``timeout`` seconds for something to send (``empty``: the head query found
+        nothing pending), or until stopped.
+
+        On a direct connection, and with a LISTEN connection of its own behind a pooler, a
+        NOTIFY wakes the worker (:meth:`StepRunner.wait`). Behind a pooler without one, it
+        polls every ``poll_seconds`` with a read that changes nothing
+        (:func:`inturn.worker.store.queue.poll_head`) and wakes when the head is new or due.
+
+        Raises:
+            SessionLost: a connection was lost (the caller reconnects).
+        """
+        if not self.pooled:
+            await self.steps.wait(conn, stop, timeout)
+            return
+        if self._listen is not None:
+            await self.steps.wait(self._listen, stop, timeout)
+            return
+        deadline = time.monotonic() + timeout
+        seen: int | None = None
+        first = True
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if not first:
+                await sleep_or_stop(stop, min(left, self.poll_seconds))
+                if stop.is_set() or time.monotonic() >= deadline:
+                    return
+            head_id, due = await self.steps.run(
+                conn, stop, "head", partial(queue.poll_head, conn, self.destination)
+            )
+            if due or (head_id is not None and (empty or (not first and head_id != seen))):
+                return
+            seen, first = head_id, False
 
     def _lost(self, exc: LeaseLost) -> None:
         """The lease was taken over (this worker was cut off or paused past its expiry)."""
@@ -363,6 +439,17 @@ class DestinationWorker:
         ttl = self.lease_settings.ttl_seconds
         await self._guarded(conn, stop, "head", partial(leases.renew, conn, lease, ttl))
 
+    async def _hold_still(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, timeout: float
+    ) -> None:
+        """Wait while sending nothing (suspended, outside the window): a notification may still
+        end it early on a connection that LISTENs; behind a pooler without one, a plain sleep
+        (a poll would find nothing to do)."""
+        if self.pooled and self._listen is None:
+            await sleep_or_stop(stop, timeout)
+        else:
+            await self._wait(conn, stop, timeout, empty=False)
+
     def _idle_for(self, seconds: float) -> float:
         """``seconds`` capped at the next renewal (an idle worker renews by reading its head)."""
         return max(0.0, min(seconds, self._renew_at - time.monotonic()))
@@ -395,14 +482,14 @@ class DestinationWorker:
             if self.config.suspend:
                 await self._keep_lease(conn, stop, lease)
                 await self._report_depth(conn, stop)
-                await self.steps.wait(conn, stop, self._idle_for(idle))
+                await self._hold_still(conn, stop, self._idle_for(idle))
                 continue
             gate = self._gate()
             if gate.hold == "window":  # outside spec.schedule: hold, spend no attempt
                 self._say_held(gate)
                 await self._keep_lease(conn, stop, lease)
                 await self._report_depth(conn, stop)
-                await self.steps.wait(conn, stop, self._idle_for(gate.wait_seconds))
+                await self._hold_still(conn, stop, self._idle_for(gate.wait_seconds))
                 continue
             self._say_held(None)
             if prefetched is not None:
@@ -425,12 +512,15 @@ class DestinationWorker:
             self.state.db_ok = True
             if head is None and wait is None:
                 self._report_empty()
-                await self.steps.wait(conn, stop, self._idle_for(idle))
+                await self._wait(conn, stop, self._idle_for(idle), empty=True)
                 continue
             await self._report_depth(conn, stop)
             if head is None:
-                await self.steps.wait(
-                    conn, stop, self._idle_for(idle if wait is None else min(wait, idle))
+                await self._wait(
+                    conn,
+                    stop,
+                    self._idle_for(idle if wait is None else min(wait, idle)),
+                    empty=False,
                 )
                 continue
             gate = self._gate()

@@ -22,6 +22,8 @@ class WorkerHealth:
             full disk), or None.
         lock_wait: the lock wait in progress past the threshold (blocking sessions), or None.
         lanes: what the lanes are doing (``spec.lanes.count`` above 1), or None.
+        pooling: the one line saying the worker's DSN is pooled (and what is not used then),
+            or None on a direct connection; ``/readyz`` shows it.
     """
 
     lock_held: bool = False
@@ -32,6 +34,7 @@ class WorkerHealth:
     trouble: str | None = None
     lock_wait: str | None = None
     lanes: LaneView | None = None
+    pooling: str | None = None
 
     def alive(self, stale_after: float) -> bool:
         """Whether the loop turned within ``stale_after`` seconds (the attempt in flight counts)."""

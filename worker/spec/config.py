@@ -322,3 +322,32 @@ def lease_settings(environ: Mapping[str, str]) -> LeaseSettings:
         except ValueError:
             raise LeaseSettingsError(f"{var} must be a number of seconds, not {text!r}") from None
     return LeaseSettings(**values)
+
+
+# --- wake-ups behind a pooler (process settings) ---------------------------------------------
+
+#: A direct DSN for LISTEN when the worker's DSN goes through a pooler (``--listen-dsn``).
+LISTEN_DSN_ENV = "INTURN_LISTEN_DSN"
+#: How often a pooled worker without a LISTEN connection looks for work (``INTURN_POLL_SECONDS``).
+POLL_SECONDS_ENV = "INTURN_POLL_SECONDS"
+DEFAULT_POLL_SECONDS = 1.0
+
+
+def poll_seconds(environ: Mapping[str, str]) -> float:
+    """The poll interval of :data:`POLL_SECONDS_ENV`, or :data:`DEFAULT_POLL_SECONDS`.
+
+    Raises:
+        LeaseSettingsError: the value is not a positive number.
+    """
+    text = environ.get(POLL_SECONDS_ENV, "").strip()
+    if not text:
+        return DEFAULT_POLL_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        raise LeaseSettingsError(
+            f"{POLL_SECONDS_ENV} must be a number of seconds, not {text!r}"
+        ) from None
+    if not value > 0:
+        raise LeaseSettingsError(f"{POLL_SECONDS_ENV} must be > 0 seconds")
+    return value

@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.store import locks, queue
+from inturn.worker.store.lease import holder_id
 from inturn.worker.store.model import (
     FINISHED_STATES,
     NewItem,
@@ -301,7 +302,9 @@ async def purge(
             raise ValueError(f"purge only removes finished states {FINISHED_STATES}, not {state!r}")
     if not 1 <= batch <= PURGE_BATCH_MAX:
         raise ValueError(f"batch must be 1..{PURGE_BATCH_MAX}, got {batch}")
-    if not await locks.try_component_lock(conn, "purge"):
+    holder = holder_id("purge")
+    held = await locks.take_singleton(conn, "purge", holder)
+    if held is None:
         return None
     counts = {state: 0 for state in cutoffs}
     try:
@@ -313,6 +316,12 @@ async def purge(
                 counts[state] += cur.rowcount
                 if cur.rowcount < batch:
                     break
+                # renewed per batch: a purge that died holds the singleton no longer than its ttl
+                renewed = await locks.take_singleton(conn, "purge", holder)
+                if renewed is None:
+                    return counts  # another purge took over meanwhile: it does the rest
+                held = renewed
     finally:
-        await locks.release_component_lock(conn, "purge")
+        if not (conn.closed or conn.broken):
+            await locks.release_singleton(conn, held)
     return counts

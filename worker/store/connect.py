@@ -1,16 +1,29 @@
 """Connections and pools: how every process talks to Postgres.
 
-* ``connect_worker``: the one dedicated connection a worker uses for everything (its advisory
-  lock, LISTEN, the head query, its updates and its depth gauge).
+* ``connect_worker``: the one dedicated connection a worker uses for everything (its lease,
+  LISTEN on a direct connection, the head query, its updates and its depth gauge).
 * :class:`Pools`: two pools for ingest, the CLI and the operator: one for writes, and one
   read-only with a short statement timeout for listings and dashboards, so that a slow page
   never holds up a delivery.
 
+**No session state a pooler can leak or lose.** A connection pooler in front of Postgres
+(PgBouncer, CloudNativePG's ``Pooler``) refuses the startup parameter ``options`` by default, and
+in transaction mode it hands each transaction to any server connection: a session ``SET`` then
+leaks into other clients, and a session lock or LISTEN belongs to whichever backend it picked.
+So no session sends startup ``options`` (a DSN's own are passed as given); what a statement
+needs is set per transaction: synchronous commit by the statements that must be durable
+(``set_config(..., true)`` or ``SET LOCAL``), read-only and the statement timeout by the read
+pool's ``BEGIN READ ONLY`` and ``SET LOCAL``. :func:`detect_pooling` finds a pooler that moves
+sessions (two statements of one session on different backends, ``pg_backend_pid()``), says so
+in one line and names what is then not used; on such a DSN psycopg never prepares statements
+(``prepare_threshold=None``), and on a direct one each session also sets the server-side
+keepalives below with a session ``SET`` right after connecting (harmless there).
+
 The DSN comes from ``--dsn`` or ``INTURN_DSN`` (libpq connection string or URI) or, when
 neither is given, from the embedded Postgres that ``inturn local`` runs under ``./.inturn``.
 
-**A session that loses its peer ends within a bound.** Every session (the worker's and both
-pools') sets TCP keepalives and a TCP user timeout on both ends: on the server, per session
+**A session that loses its peer ends within a bound.** Every direct session (the worker's and
+both pools') sets TCP keepalives and a TCP user timeout on both ends: on the server, per session
 (``tcp_keepalives_idle``, ``tcp_keepalives_interval``, ``tcp_keepalives_count``,
 ``tcp_user_timeout``; PostgreSQL manual, "Connections and Authentication"), so that Postgres
 ends the session of a worker cut off by a network partition (and so frees its advisory lock)
@@ -30,17 +43,22 @@ never by a startup option, which would make every server, the primary too, look 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
 
 from inturn.worker.errors import Invalid
+from inturn.worker.store.queries import fetch_one, load
 
 if TYPE_CHECKING:  # imported where a pool is made: a worker (one connection) never loads it
     from psycopg_pool import AsyncConnectionPool
@@ -68,25 +86,49 @@ SESSION_LOSS_BOUND_SECONDS = (
 #: ``target_session_attrs`` values under which a writer would not find the primary.
 _NOT_FOR_WRITING = frozenset({"read-only", "standby", "prefer-standby"})
 
+Q = load("session.sql")
+log = logging.getLogger("inturn.store")
 
-def session_options(extra: str = "") -> str:
-    """The ``options`` every session starts with: ``synchronous_commit`` on and the server-side
-    keepalive and user-timeout settings (see the module docstring), then ``extra``."""
-    return (
-        "-c synchronous_commit=on"
-        f" -c tcp_keepalives_idle={KEEPALIVE_IDLE_SECONDS}"
-        f" -c tcp_keepalives_interval={KEEPALIVE_INTERVAL_SECONDS}"
-        f" -c tcp_keepalives_count={KEEPALIVE_COUNT}"
-        f" -c tcp_user_timeout={TCP_USER_TIMEOUT_MS}" + extra
-    )
+#: The server-side settings a direct session sets after connecting (never as startup options).
+SESSION_SETTINGS = {
+    "synchronous_commit": "on",
+    "tcp_keepalives_idle": str(KEEPALIVE_IDLE_SECONDS),
+    "tcp_keepalives_interval": str(KEEPALIVE_INTERVAL_SECONDS),
+    "tcp_keepalives_count": str(KEEPALIVE_COUNT),
+    "tcp_user_timeout": str(TCP_USER_TIMEOUT_MS),
+}
+#: Seconds the pooling probe waits for its second statement while another session holds a
+#: transaction (a pooler with one server connection makes it wait: that is pooling too).
+POOLING_PROBE_SECONDS = 2.0
 
 
-def session_kwargs(dsn: str, *, writes: bool, options: str = "") -> dict[str, Any]:
-    """libpq keyword arguments for a session on ``dsn``: the client-side keepalives, user
-    timeout and connect timeout (unless the DSN sets them), ``options`` from
-    :func:`session_options` followed by ``options`` and the DSN's own (later ``-c`` win), and
-    for a session that ``writes``, a ``target_session_attrs`` that finds the primary (see the
-    module docstring).
+@dataclass(frozen=True)
+class Pooling:
+    """What :func:`detect_pooling` found about a DSN.
+
+    Attributes:
+        pooled: two statements of one session ran on different backends (or the second waited
+            for another session's transaction): a transaction- or statement-mode pooler.
+        note: one line saying so and naming what is then not used, or "" for a direct one.
+    """
+
+    pooled: bool
+    note: str = ""
+
+
+#: Detections made by this process, per DSN (a process checks each DSN once).
+_detected: dict[str, Pooling] = {}
+
+
+def session_kwargs(
+    dsn: str, *, writes: bool, pooled: bool = False, options: str = ""
+) -> dict[str, Any]:
+    """Keyword arguments for a session on ``dsn``: libpq's client-side keepalives, user timeout
+    and connect timeout (unless the DSN sets them), no startup ``options`` of our own (the DSN's
+    own, and ``options``, are passed as given: a stock PgBouncer refuses them), psycopg's
+    ``prepare_threshold=None`` when ``pooled`` (no server-side prepared statements, which a
+    transaction-mode pooler would mix up), and for a session that ``writes``, a
+    ``target_session_attrs`` that finds the primary (see the module docstring).
 
     Raises:
         psycopg.ProgrammingError: ``dsn`` cannot be parsed.
@@ -104,11 +146,87 @@ def session_kwargs(dsn: str, *, writes: bool, options: str = "") -> dict[str, An
         )
         if key not in params
     }
-    own = str(params.get("options") or "")
-    kwargs["options"] = session_options(options) + (f" {own}" if own else "")
+    own = " ".join(o for o in (options, str(params.get("options") or "")) if o)
+    if own:
+        kwargs["options"] = own
+    if pooled:
+        kwargs["prepare_threshold"] = None
     if writes:
         kwargs.update(write_target(dsn))
     return kwargs
+
+
+async def set_session(conn: AsyncConnection[Any]) -> None:
+    """Set :data:`SESSION_SETTINGS` on a direct session with one statement (never on a pooled
+    one: it would leak into other clients); a setting the DSN's own ``options`` give is kept."""
+    own = str(conn.info.get_parameters().get("options") or "")
+    given = set(re.findall(r"(?:-c\s*|--)([a-z_]+)\s*=", own))
+    params = {name: None if name in given else value for name, value in SESSION_SETTINGS.items()}
+    await conn.execute(Q["session_settings"], params)
+
+
+async def detect_pooling(dsn: str) -> Pooling:
+    """Whether ``dsn`` reaches Postgres through a pooler that moves sessions between backends,
+    found once per process and DSN, and said once in the log (one line, naming what is not
+    used then).
+
+    Two sessions: the first runs ``pg_backend_pid()``; the second opens a transaction, which
+    holds a server connection; the first asks again. On a direct connection (or a session-mode
+    pooler, which keeps a session on one backend) the answer is the same backend; a
+    transaction-mode pooler gives another one, or makes the statement wait for the held one.
+
+    Raises:
+        psycopg.OperationalError: the database cannot be reached.
+    """
+    known = _detected.get(dsn)
+    if known is not None:
+        return known
+    kwargs = session_kwargs(dsn, writes=False, pooled=True)
+    first = await AsyncConnection.connect(dsn, autocommit=True, **kwargs)
+    try:
+        second = await AsyncConnection.connect(dsn, **kwargs)
+        try:
+            server = await fetch_one(first, Q["server_settings"], row=dict_row)
+            before = await _backend(first)
+            await _backend(second)  # its transaction now holds a server connection
+            try:
+                after = await asyncio.wait_for(_backend(first), POOLING_PROBE_SECONDS)
+            except TimeoutError:
+                after = -1  # it waited for the held server connection: pooled
+        finally:
+            await second.close()
+    finally:
+        await first.close()
+    pooled = after != before
+    result = Pooling(pooled, _pooled_note(dsn, server) if pooled else "")
+    _detected[dsn] = result
+    if pooled:
+        log.warning("%s", result.note)
+    return result
+
+
+async def _backend(conn: AsyncConnection[Any]) -> int:
+    row = await fetch_one(conn, Q["backend_pid"], row=dict_row)
+    assert row is not None
+    return int(row["pid"])
+
+
+def _pooled_note(dsn: str, server: dict[str, Any] | None) -> str:
+    """The one line a pooled process says: what it does instead, and what is lost."""
+    lost = ["server-side TCP keepalives (tcp_keepalives_*, tcp_user_timeout: the pooler's own)"]
+    if str(conninfo_to_dict(dsn).get("options") or ""):
+        lost.append("the DSN's options= (a transaction pooler applies them to no later backend)")
+    if server is not None and str(server.get("synchronous_commit")) not in ("on", "remote_apply"):
+        lost.append(
+            f"synchronous_commit={server.get('synchronous_commit')} on the server for other"
+            " statements (inturn's durable writes set it per transaction)"
+        )
+    return (
+        "pooled connection: statements of one session run on different backends (a"
+        " transaction-mode pooler); settings are set per transaction, prepared statements are"
+        " off, LISTEN needs a direct --listen-dsn (else the worker polls); not used: "
+        + "; ".join(lost)
+    )
 
 
 def write_target(dsn: str) -> dict[str, Any]:
@@ -283,23 +401,39 @@ async def probe(dsn: str, timeout_seconds: int = 5) -> None:
     await conn.close()
 
 
-async def connect_worker(dsn: str, application_name: str = "inturn-worker") -> AsyncConnection[Any]:
-    """Open one autocommit connection to the primary, with synchronous commit on and the
-    session-loss settings of :func:`session_kwargs`.
+async def connect_worker(
+    dsn: str, application_name: str = "inturn-worker", *, pooled: bool | None = None
+) -> AsyncConnection[Any]:
+    """Open one autocommit connection to the primary with the client-side session-loss
+    settings of :func:`session_kwargs`; on a direct DSN, synchronous commit on and the
+    server-side ones too (:func:`set_session`).
 
-    Cut off from its peer, the session ends on both sides within
-    :data:`SESSION_LOSS_BOUND_SECONDS`: the server frees the worker's advisory lock for a
-    replacement, and the worker sees its connection fail instead of waiting on it.
+    Cut off from its peer, a direct session ends on both sides within
+    :data:`SESSION_LOSS_BOUND_SECONDS`: the server frees the worker's advisory lock, and the
+    worker sees its connection fail instead of waiting on it.
+
+    Args:
+        pooled: whether ``dsn`` goes through a pooler that moves sessions; None:
+            :func:`detect_pooling` says.
 
     Raises:
         psycopg.OperationalError: the database cannot be reached.
     """
-    return await AsyncConnection.connect(
+    if pooled is None:
+        pooled = (await detect_pooling(dsn)).pooled
+    conn = await AsyncConnection.connect(
         dsn,
         autocommit=True,
         application_name=application_name,
-        **session_kwargs(dsn, writes=True),
+        **session_kwargs(dsn, writes=True, pooled=pooled),
     )
+    if not pooled:
+        try:
+            await set_session(conn)
+        except BaseException:
+            await conn.close()
+            raise
+    return conn
 
 
 @dataclass(frozen=True)
@@ -311,11 +445,11 @@ class Pools:
             async with pools.write.connection() as conn:
                 await actions.skip(conn, item_id, who="cli")
 
-    Both pools hold autocommit connections with ``synchronous_commit`` on and the session-loss
-    settings of :func:`session_kwargs`; the write pool's reach the primary; the read pool's
-    are made read-only once connected (``SET default_transaction_read_only``, not a startup
-    option: see the module docstring) with a statement timeout of
-    :data:`READ_STATEMENT_TIMEOUT_MS`, for listings and dashboards.
+    Both pools hold autocommit connections with the session-loss settings of
+    :func:`session_kwargs` (and, on a direct DSN, :func:`set_session`); the write pool's reach
+    the primary. Each use of a read pool's connection is one transaction, ``BEGIN READ ONLY``
+    with a statement timeout of :data:`READ_STATEMENT_TIMEOUT_MS` (``SET LOCAL``), for
+    listings and dashboards: no session state, so nothing leaks through a pooler.
     """
 
     write: AsyncConnectionPool
@@ -335,8 +469,9 @@ class Pools:
         Raises:
             psycopg_pool.PoolTimeout: the database could not be reached within 10 seconds.
         """
-        write = _pool(dsn, "inturn-write", write_size, application_name, writes=True)
-        read = _pool(dsn, "inturn-read", read_size, application_name, writes=False)
+        pooled = (await detect_pooling(dsn)).pooled
+        write = _pool(dsn, "inturn-write", write_size, application_name, True, pooled)
+        read = _pool(dsn, "inturn-read", read_size, application_name, False, pooled)
         await write.open(wait=True, timeout=10)
         try:
             await read.open(wait=True, timeout=10)
@@ -362,28 +497,32 @@ class Pools:
         await self.close()
 
 
-async def _read_only(conn: AsyncConnection[Any]) -> None:
-    """Make a read pool's new session read-only (after connecting: see the module docstring)."""
-    await conn.execute("SET default_transaction_read_only = on")
+def begin_read() -> sql.Composed:
+    """The statement that opens a read pool's transaction: ``BEGIN READ ONLY`` and its
+    statement timeout (a utility statement with a constant, composed here, not a named query:
+    there is nothing in it to plan)."""
+    return sql.SQL("BEGIN READ ONLY; SET LOCAL statement_timeout = {}").format(
+        sql.Literal(READ_STATEMENT_TIMEOUT_MS)
+    )
 
 
 def _pool(
-    dsn: str, name: str, size: int, application_name: str, *, writes: bool
+    dsn: str, name: str, size: int, application_name: str, writes: bool, pooled: bool
 ) -> AsyncConnectionPool:
     from inturn.worker.store.pool import Pool
 
-    extra = "" if writes else f" -c statement_timeout={READ_STATEMENT_TIMEOUT_MS}"
     kwargs = {
         "application_name": application_name,
         "autocommit": True,
-        **session_kwargs(dsn, writes=writes, options=extra),
+        **session_kwargs(dsn, writes=writes, pooled=pooled),
     }
     return Pool(
         dsn,
         min_size=1,
         max_size=size,
         kwargs=kwargs,
-        configure=None if writes else _read_only,
+        configure=None if pooled else set_session,
         open=False,
         name=name,
+        read_only=not writes,
     )

@@ -9,8 +9,10 @@ role cannot take a worker's lock and stop its destination; their keys live in th
   sends; losing the connection releases it;
 * enqueue (``inturn_enqueue_lock``, transaction lock, one per destination): enqueues commit in
   id order;
-* purge (``inturn_purge_lock``, session lock, try only): one purge at a time;
-* sweep (``inturn_sweep_lock``, session lock, try only): ``inturn sweep`` runs never overlap.
+* purge and sweep (``inturn_purge_lease``, ``inturn_sweep_lease``: lease rows of migration
+  0019, :func:`take_singleton`): one purge, one sweep at a time, pooler-safe (a session lock
+  behind a transaction-mode pooler belongs to whichever backend ran it, and outlives the run).
+  Their session locks of migration 0011 are kept for older versions only.
 
 The owner's locks take a key of this module through ``sql/locks.sql``:
 
@@ -22,6 +24,7 @@ The owner's locks take a key of this module through ``sql/locks.sql``:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -84,3 +87,44 @@ async def release_component_lock(
     """Release a lock taken with :func:`try_component_lock` (nothing if it was not held)."""
     _, release = _COMPONENT_LOCKS[name]
     await conn.execute(Q[release], {"destination": destination})
+
+
+#: Seconds a purge or sweep singleton lasts unless taken again (each batch or rule takes it
+#: again); a run that died holds it no longer than this.
+SINGLETON_TTL_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class Singleton:
+    """A purge or sweep singleton held: its name, holder and epoch."""
+
+    name: str
+    holder: str
+    epoch: int
+
+
+async def take_singleton(
+    conn: AsyncConnection[Any],
+    name: str,
+    holder: str,
+    ttl_seconds: float = SINGLETON_TTL_SECONDS,
+) -> Singleton | None:
+    """Take (or take again, renewed) the ``purge`` or ``sweep`` singleton for ``holder``; None
+    when another holder's is live. One statement, no session state.
+
+    Raises:
+        KeyError: not ``purge`` or ``sweep``.
+        psycopg.errors.InsufficientPrivilege: the connected role may not take it.
+    """
+    query = {"purge": "purge_lease", "sweep": "sweep_lease"}[name]
+    params = {"holder": holder, "ttl_seconds": float(ttl_seconds)}
+    row = await fetch_one(conn, Q[query], params, row=dict_row)
+    if row is None or row["epoch"] is None:
+        return None
+    return Singleton(name, holder, int(row["epoch"]))
+
+
+async def release_singleton(conn: AsyncConnection[Any], held: Singleton) -> None:
+    """Give a singleton up now (nothing if another holder has it)."""
+    query = {"purge": "purge_release", "sweep": "sweep_release"}[held.name]
+    await conn.execute(Q[query], {"holder": held.holder, "epoch": held.epoch})

@@ -1,10 +1,12 @@
 """Versioned schema migrations kept as ``.sql`` files in ``inturn.worker.store.migrations``.
 
 Each file is named ``NNNN_description.sql`` and is applied once, in version order, inside its own
-transaction, and recorded in ``inturn_schema_migrations``. The whole run holds a session advisory
-lock, so two pods starting together apply each migration exactly once: the second waits, then finds
-nothing left to do. Running it again changes nothing. Every run then indexes the rows whose
-identifier index keys are still missing (:func:`inturn.worker.store.identifiers.backfill`).
+transaction, and recorded in ``inturn_schema_migrations``. Each transaction holds the migrate
+advisory lock (transaction level) and checks what is applied inside it, so two pods starting
+together apply each migration exactly once: the second waits, then finds nothing left to do.
+Nothing is held across transactions, so it works behind a transaction-mode pooler. Running it
+again changes nothing. Every run then indexes the rows whose identifier index keys are still
+missing (:func:`inturn.worker.store.identifiers.backfill`).
 """
 
 from __future__ import annotations
@@ -66,23 +68,24 @@ def migrate(dsn: str) -> list[Migration]:
         psycopg.Error: a migration failed; its transaction is rolled back and nothing after it runs.
     """
     applied_now: list[Migration] = []
-    with psycopg.connect(dsn, autocommit=True, **write_target(dsn)) as conn:
-        conn.execute(locks.Q["lock"], {"key": locks.MIGRATE})
-        try:
+    # One transaction per migration, each under the transaction-level migrate lock and checking
+    # what is applied inside it: two pods migrating at once apply each migration once, and
+    # nothing is held across transactions, so it works through a transaction-mode pooler too
+    # (never a prepared statement: a pooler would hand it to another backend).
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None, **write_target(dsn)) as conn:
+        with conn.transaction():
+            conn.execute(locks.Q["xact_lock"], {"key": locks.MIGRATE})
             conn.execute(Q["ensure_table"])
-            with conn.cursor(row_factory=dict_row) as cur:
-                done = {row["version"] for row in cur.execute(Q["applied"]).fetchall()}
-            for migration in available():
+        for migration in available():
+            with conn.transaction():
+                conn.execute(locks.Q["xact_lock"], {"key": locks.MIGRATE})
+                with conn.cursor(row_factory=dict_row) as cur:
+                    done = {row["version"] for row in cur.execute(Q["applied"]).fetchall()}
                 if migration.version in done:
                     continue
-                with conn.transaction():
-                    conn.execute(migration.sql.encode())
-                    conn.execute(
-                        Q["record"], {"version": migration.version, "name": migration.name}
-                    )
-                applied_now.append(migration)
-            # Rows stored before the identifier index, or by an older ingest since.
-            backfill(conn)
-        finally:
-            conn.execute(locks.Q["unlock"], {"key": locks.MIGRATE})
+                conn.execute(migration.sql.encode())
+                conn.execute(Q["record"], {"version": migration.version, "name": migration.name})
+            applied_now.append(migration)
+        # Rows stored before the identifier index, or by an older ingest since.
+        backfill(conn)
     return applied_now

@@ -50,11 +50,22 @@ class CappedAttempt(AttemptWithBackoff):
 class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
     """An :class:`psycopg_pool.AsyncConnectionPool` whose lost connections are replaced with
     :class:`CappedAttempt` delays, and whose idle connections are checked as soon as one is found
-    gone (see the module docstring); same arguments, same behaviour otherwise."""
+    gone (see the module docstring); same arguments, same behaviour otherwise.
+
+    Args:
+        read_only: each use of a connection (:meth:`connection`) is one read-only transaction
+            with the read statement timeout (:func:`inturn.worker.store.connect.begin_read`),
+            committed when the body returns, rolled back when it raises: no session state.
+    """
+
+    def __init__(self, *args: Any, read_only: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read_only = read_only
 
     @asynccontextmanager
     async def connection(self, timeout: float | None = None) -> AsyncIterator[AsyncConnection[Any]]:
-        """A connection from the pool, as :meth:`AsyncConnectionPool.connection` gives it.
+        """A connection from the pool, as :meth:`AsyncConnectionPool.connection` gives it (in a
+        read-only transaction for a ``read_only`` pool).
 
         Raises:
             psycopg_pool.PoolTimeout: no connection within ``timeout`` seconds.
@@ -63,7 +74,19 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
         """
         try:
             async with super().connection(timeout) as conn:
-                yield conn
+                if not self.read_only:
+                    yield conn
+                    return
+                from inturn.worker.store.connect import begin_read
+
+                await conn.execute(begin_read())
+                try:
+                    yield conn
+                except BaseException:
+                    if not (conn.closed or conn.broken):
+                        await conn.rollback()
+                    raise
+                await conn.commit()
         except Exception as exc:
             if connection_gone(exc):
                 await self.check()

@@ -221,6 +221,19 @@ async def next_head(
     return _head_result(row)
 
 
+async def poll_head(conn: AsyncConnection[Any], destination: str) -> tuple[int | None, bool]:
+    """The id of ``destination``'s head (None: nothing pending or on hold) and whether it is due:
+    how a worker behind a pooler, which cannot LISTEN, looks for work between head queries.
+
+    A read that changes nothing and reads no payload: nothing is sent on its word (the guarded
+    :func:`next_head` comes next), so it needs no lease.
+    """
+    row = await fetch_one(conn, Q["poll_head"], {"destination": destination}, row=dict_row)
+    if row is None:
+        return None, False
+    return int(row["id"]), bool(row["due"])
+
+
 class ExpectedReply(Protocol):
     """What :func:`succeeded_next` records of one expected reply
     (:class:`inturn.worker.orders.keys.Expectation` has these attributes)."""

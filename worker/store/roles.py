@@ -275,6 +275,10 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_purge_unlock()": ("purge",),
     "inturn_sweep_lock()": ("sweeper",),
     "inturn_sweep_unlock()": ("sweeper",),
+    "inturn_purge_lease(text,double precision)": ("purge",),
+    "inturn_purge_release(text,bigint)": ("purge",),
+    "inturn_sweep_lease(text,double precision)": ("sweeper",),
+    "inturn_sweep_release(text,bigint)": ("sweeper",),
     "inturn_purge_deliveries(text,timestamp with time zone,integer)": ("purge",),
     "inturn_purge_worklist(double precision,integer)": ("purge",),
 }

@@ -16,6 +16,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.store import locks
+from inturn.worker.store.lease import holder_id
 from inturn.worker.worklist.publish import Publisher, announce
 from inturn.worker.worklist.rules import Rule, RuleOutcome
 
@@ -80,11 +81,18 @@ async def sweep(
     """
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    if not await locks.try_component_lock(conn, "sweep"):
+    holder = holder_id("sweep")
+    held = await locks.take_singleton(conn, "sweep", holder)
+    if held is None:
         return SweepReport(locked=False)
     report = SweepReport(locked=True)
     try:
         for rule in rules:
+            # renewed per rule: a sweep that died holds the singleton no longer than its ttl
+            renewed = await locks.take_singleton(conn, "sweep", holder)
+            if renewed is None:
+                break  # another sweep took over meanwhile: it runs the rest
+            held = renewed
             result = RuleResult(rule)
             try:
                 result.outcome = await rule(conn, limit=limit, dry_run=dry_run)
@@ -97,5 +105,5 @@ async def sweep(
             await announce(result.outcome.placements, publishers or [])
     finally:
         if not (conn.closed or conn.broken):
-            await locks.release_component_lock(conn, "sweep")
+            await locks.release_singleton(conn, held)
     return report

@@ -44,9 +44,10 @@ fresh AS MATERIALIZED (
                     WHERE x.control_id = m.control_id AND x.digest = m.digest)
 ),
 locked AS MATERIALIZED (
+    -- set_config: this transaction commits synchronously (no session setting: pooler-safe)
     SELECT count(inturn_enqueue_lock(s.d)) AS n
       FROM (SELECT d FROM unnest(%(destinations)s::text[]) AS d ORDER BY d) AS s
-     WHERE EXISTS (SELECT 1 FROM fresh)
+     WHERE EXISTS (SELECT 1 FROM fresh) AND set_config('synchronous_commit', 'on', true) = 'on'
 ),
 inserted AS (
     INSERT INTO inturn_delivery

@@ -47,3 +47,17 @@ SELECT inturn_sweep_lock() AS locked;
 
 -- name: sweep_unlock
 SELECT inturn_sweep_unlock() AS unlocked;
+
+-- name: purge_lease
+-- The purge singleton as a lease row (pooler-safe): the epoch, or NULL when another purge holds
+-- it (the functions of migration 0019).
+SELECT inturn_purge_lease(%(holder)s, %(ttl_seconds)s) AS epoch;
+
+-- name: purge_release
+SELECT inturn_purge_release(%(holder)s, %(epoch)s);
+
+-- name: sweep_lease
+SELECT inturn_sweep_lease(%(holder)s, %(ttl_seconds)s) AS epoch;
+
+-- name: sweep_release
+SELECT inturn_sweep_release(%(holder)s, %(epoch)s);

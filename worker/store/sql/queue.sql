@@ -53,10 +53,12 @@ SELECT EXISTS (
 -- NULL columns when nothing is pending.
 WITH lease AS (
     -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over.
+    -- renewed by the same statement; no row when another holder took it over. set_config:
+    -- the transaction commits synchronously, whatever the session (pooler-safe).
     UPDATE inturn_lease
        SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
      WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+       AND set_config('synchronous_commit', 'on', true) = 'on'
     RETURNING 1 AS held
 )
 SELECT lease.held, h.*
@@ -74,6 +76,17 @@ SELECT lease.held, h.*
         ORDER BY id
         LIMIT 1) AS h ON TRUE;
 
+-- name: poll_head
+-- A pooled worker's wake-up probe (no LISTEN behind a transaction pooler): the head's id and
+-- whether it is due, nothing else (no payload, no write). A destination on hold has no head.
+SELECT id, next_attempt <= clock_timestamp() AS due
+  FROM inturn_delivery
+ WHERE destination = %(destination)s AND state = 'pending'
+   AND NOT EXISTS (SELECT 1 FROM inturn_destination held
+                    WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
+ ORDER BY id
+ LIMIT 1;
+
 -- name: succeeded_next
 -- Mark the head delivered and read the next head, in one round trip and one commit. The SELECT
 -- sees the snapshot from before the UPDATE, in which the head is still pending: "id > head"
@@ -82,10 +95,12 @@ SELECT lease.held, h.*
 -- NULL when the head is gone (erased); held is NULL when the lease is lost (nothing changed).
 WITH lease AS (
     -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over.
+    -- renewed by the same statement; no row when another holder took it over. set_config:
+    -- the transaction commits synchronously, whatever the session (pooler-safe).
     UPDATE inturn_lease
        SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
      WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+       AND set_config('synchronous_commit', 'on', true) = 'on'
     RETURNING 1 AS held
 ),
 done AS (
@@ -132,10 +147,12 @@ SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS wa
 -- (nothing changed); changed 0 when the item is no longer pending.
 WITH lease AS (
     -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over.
+    -- renewed by the same statement; no row when another holder took it over. set_config:
+    -- the transaction commits synchronously, whatever the session (pooler-safe).
     UPDATE inturn_lease
        SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
      WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+       AND set_config('synchronous_commit', 'on', true) = 'on'
     RETURNING 1 AS held
 ),
 failed AS (
@@ -161,10 +178,12 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM history) AS c
 -- the lease: held 0 when it is lost; waited_seconds NULL when the item is gone.
 WITH lease AS (
     -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over.
+    -- renewed by the same statement; no row when another holder took it over. set_config:
+    -- the transaction commits synchronously, whatever the session (pooler-safe).
     UPDATE inturn_lease
        SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
      WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+       AND set_config('synchronous_commit', 'on', true) = 'on'
     RETURNING 1 AS held
 ),
 done AS (
@@ -181,10 +200,12 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT waited_seconds FROM done) A
 -- Guarded by the lease like retry: held 0 when it is lost; changed 0 when no longer pending.
 WITH lease AS (
     -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over.
+    -- renewed by the same statement; no row when another holder took it over. set_config:
+    -- the transaction commits synchronously, whatever the session (pooler-safe).
     UPDATE inturn_lease
        SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
      WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+       AND set_config('synchronous_commit', 'on', true) = 'on'
     RETURNING 1 AS held
 ),
 failed AS (
@@ -486,10 +507,12 @@ SELECT greatest(c.reltuples, 0)::bigint AS rows, pg_total_relation_size(c.oid) A
 -- lease (held 0 when it is lost: nothing recorded, nothing made due).
 WITH lease AS (
     -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over.
+    -- renewed by the same statement; no row when another holder took it over. set_config:
+    -- the transaction commits synchronously, whatever the session (pooler-safe).
     UPDATE inturn_lease
        SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
      WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+       AND set_config('synchronous_commit', 'on', true) = 'on'
     RETURNING 1 AS held
 ),
 previous AS (
