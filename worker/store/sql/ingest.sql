@@ -135,9 +135,10 @@ fresh AS MATERIALIZED (
                     WHERE x.control_id = m.control_id AND x.digest = m.digest)
 ),
 locked AS MATERIALIZED (
+    -- set_config: the transaction (this and store_sealed) commits synchronously, pooler-safe
     SELECT count(inturn_enqueue_lock(s.d)) AS n
       FROM (SELECT d FROM unnest(%(destinations)s::text[]) AS d ORDER BY d) AS s
-     WHERE EXISTS (SELECT 1 FROM fresh)
+     WHERE EXISTS (SELECT 1 FROM fresh) AND set_config('synchronous_commit', 'on', true) = 'on'
 ),
 drawn AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('inturn_delivery', 'id')) AS id
