@@ -117,3 +117,31 @@ async def test_the_pool_replaces_a_session_the_server_ended(
             for x in (a, b, c):
                 assert x.info.backend_pid not in pids
                 await x.execute("SELECT 1")
+
+
+async def test_the_worker_reconnects_after_the_server_ends_its_idle_session(
+    fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from test_worker import DEST, message, running, until
+    from test_worker import config as worker_config
+
+    from inturn.worker.store import queue
+    from inturn.worker.store.model import NewItem
+    from inturn.worker.testing import MllpReceiver
+
+    dsn = make_conninfo(fresh_db, options=f"-c idle_session_timeout={IDLE_MS}")
+    async with (
+        MllpReceiver() as rx,
+        running(worker_config(rx.port), dsn),
+        await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn,
+    ):
+        for n in range(3):  # each after a quiet spell longer than the server allows
+            await asyncio.sleep(IDLE_MS / 1000 * 4)
+            await queue.enqueue(conn, [NewItem(DEST, "adt", f"MSG{n:05d}", "ADT^A01", message(n))])
+
+            async def delivered(count: int = n + 1) -> bool:
+                return len(rx.received) >= count
+
+            await until(delivered)
+    assert [p.split(b"|")[9] for p in rx.received] == [b"MSG00000", b"MSG00001", b"MSG00002"]
+    assert "connection lost" in caplog.text  # it was ended, and it came back each time

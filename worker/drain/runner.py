@@ -63,7 +63,7 @@ from inturn.worker.spec.config import poll_seconds as poll_env
 from inturn.worker.store import lease as leases
 from inturn.worker.store import locks, lockwatch, queue, reads
 from inturn.worker.store.connect import connect_worker, detect_pooling
-from inturn.worker.store.faults import Step
+from inturn.worker.store.faults import Step, connection_gone
 from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.store.model import Head
 from inturn.worker.worklist.delivery_failed import give_up
@@ -203,7 +203,11 @@ class DestinationWorker:
                 try:
                     await self._session(stop)
                     failures = 0
-                except (psycopg.OperationalError, psycopg.InterfaceError, SessionLost) as exc:
+                except (psycopg.Error, SessionLost) as exc:
+                    if not isinstance(exc, SessionLost | psycopg.OperationalError) and not (
+                        connection_gone(exc)  # e.g. 25P03, an InternalError: the session ended
+                    ):
+                        raise
                     failures += 1
                     self._set_lock(False)
                     self.state.db_ok = False
