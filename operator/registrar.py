@@ -9,6 +9,7 @@ database is logged and reported as a value, never raised: the periodic pass retr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -18,8 +19,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from inturn.operator import manifests
+from inturn.worker.drain.lanes import summarize
 from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
-from inturn.worker.store import registry
+from inturn.worker.store import reads, registry
 
 log = logging.getLogger("inturn.operator")
 
@@ -112,6 +114,7 @@ class Registrar:
             schedule=spec.get("schedule"),
             replies=spec.get("replies") or None,
             filter_fields=(spec.get("filter") or {}).get("fields") or None,
+            lanes=int((spec.get("lanes") or {}).get("count", 1)),
         )
         if registered is not None and registered.get(children.key) == row:
             return None
@@ -136,6 +139,7 @@ class Registrar:
                     schedule=row.schedule,
                     replies=row.replies,
                     filter_fields=row.filter_fields,
+                    lanes=row.lanes,
                 )
         except DB_ERRORS as exc:
             log.warning("registry update for %s failed: %s", children.key, exc)
@@ -165,7 +169,13 @@ class Registrar:
             return None
         try:
             async with self.pool.connection(timeout=5) as conn:
-                return await registry.status_depth(conn)
+                depths = await registry.status_depth(conn)
+                for key, row in depths.items():
+                    if row.lanes > 1 and row.pending:  # what its lanes hold (spec.lanes)
+                        window = await reads.lane_window(conn, key)
+                        view = summarize(window, row.lanes, reads.LANE_VIEW_LIMIT).to_json()
+                        depths[key] = dataclasses.replace(row, lane_view=view)
+                return depths
         except DB_ERRORS as exc:
             log.warning("queue depth unavailable: %s", exc)
             return None
@@ -199,4 +209,5 @@ def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
         json.dumps(row.schedule, sort_keys=True),
         json.dumps(row.replies, sort_keys=True),
         json.dumps(row.filter_fields, sort_keys=True),
+        row.lanes,
     )

@@ -45,6 +45,8 @@ class QueueDepth:
         max_attempts: most attempts on a waiting message.
         head_attempts: attempts made on the head (0: it has not failed yet).
         head_error: the head's ``last_error`` (``"<class>: <detail>"``); only its class is shown.
+        lanes: what its lanes hold (``spec.lanes.count`` above 1 and something pending), as
+            ``status.lanes`` shows it, or None.
     """
 
     pending: int = 0
@@ -53,6 +55,7 @@ class QueueDepth:
     max_attempts: int = 0
     head_attempts: int = 0
     head_error: str | None = None
+    lanes: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,16 @@ def delivering_condition(
             "The receiver cannot be reached (last error class: unreachable); no attempt is"
             f" spent while it is down and {_plural(depth.pending, 'message')} wait in order.",
         )
+    if depth.head_attempts > 0 and depth.lanes is not None and depth.lanes.get("heads"):
+        # lanes: the failing message holds its own patient (and what names it), not the rest
+        return (
+            "True",
+            "Draining",
+            f"{_plural(depth.pending, 'message')} waiting on {depth.lanes.get('count')} lanes;"
+            f" the oldest failed {_plural(depth.head_attempts, 'attempt')}"
+            f" (last error class: {error_class(depth.head_error)}) and holds only the messages"
+            " that must wait for it (status.lanes).",
+        )
     if depth.head_attempts > 0:
         return (
             "False",
@@ -248,8 +261,10 @@ def desired_status(
         out["maxAttempts"] = depth.max_attempts
         if depth.oldest is not None:
             out["oldestPendingTime"] = rfc3339(depth.oldest)
+        if depth.lanes is not None:
+            out["lanes"] = dict(depth.lanes)
     else:
-        for key in ("pending", "failed", "maxAttempts", "oldestPendingTime"):
+        for key in ("pending", "failed", "maxAttempts", "oldestPendingTime", "lanes"):
             if key in previous:
                 out[key] = previous[key]
     return out
@@ -266,6 +281,7 @@ OWNED_FIELDS = (
     "heldUntil",
     "sender",
     "worker",
+    "lanes",
 )
 
 

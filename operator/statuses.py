@@ -76,6 +76,7 @@ class StatusWriter:
                     max_attempts=row.max_attempts,
                     head_attempts=row.head_attempts,
                     head_error=row.head_error,
+                    lanes=row.lane_view,
                 )
                 if row is not None
                 else status.QueueDepth()

@@ -11,24 +11,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
 
-from inturn.worker.drain.lanes import conflict
+from inturn.worker.drain.lanes import Hold, conflict, summarize
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.pid import index_keys
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import LeaseSettings, RetryPolicy, WorkerConfig
-from inturn.worker.store import actions, queue
+from inturn.worker.store import actions, queue, reads, registry
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 
 DEST = "ward/lanes"
+INTURN = str(Path(sys.executable).with_name("inturn"))
 
 
 @dataclass(frozen=True)
@@ -212,7 +218,7 @@ async def test_a_failing_patient_holds_only_its_own_messages(fresh_db: str) -> N
     sent = feed(120, patients=12)
     async with Receiver(0.0, 0.01) as rx:
         rx.failing = {"P7"}
-        await enqueue(fresh_db, sent)
+        ids = await enqueue(fresh_db, sent)
         async with running(config(rx.port, 4), fresh_db) as worker:
             # every other patient's messages go while P7's first one fails and backs off
             await until_delivered(fresh_db, 110)
@@ -220,6 +226,18 @@ async def test_a_failing_patient_holds_only_its_own_messages(fresh_db: str) -> N
             view = worker.state.lanes
             assert view is not None and view.hold is not None
             assert view.hold.reason in ("backoff", "key")
+            # /metrics: P7's ten messages wait (the first backs off, the others behind it)
+            async with asyncio.timeout(10):
+                while (
+                    REGISTRY.get_sample_value("inturn_lanes_waiting", {"destination": DEST}) != 10
+                ):
+                    await asyncio.sleep(0.05)
+            # what people see, from the rows alone: no head; the oldest waiting is P7's first
+            async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+                summary = summarize(await reads.lane_window(conn, DEST), 4, 1000)
+            first = min(i for i, s in zip(ids, sent, strict=True) if b"|P7^" in s.payload)
+            assert summary.heads == () and summary.hold == Hold(first, "backoff")
+            assert "its last attempt failed" in summary.describe()
             rx.failing = set()
             await until_delivered(fresh_db, 120)
     assert reorders(sent, rx.applied) == []
@@ -330,3 +348,61 @@ async def test_lanes_whose_lease_is_taken_over_send_nothing_more(fresh_db: str) 
             assert (await count_states(fresh_db)).get("delivered", 0) <= 4
         stop.set()
         await asyncio.wait_for(task, 15)
+
+
+async def test_what_the_lanes_hold_is_shown_to_people(fresh_db: str) -> None:
+    """``queue depth`` (the registry's lane count, the lanes' heads and what holds the oldest
+    waiting message) and the Destination status's depth, from the rows alone."""
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await registry.register(
+            conn,
+            destination=DEST,
+            namespace="ward",
+            name="lanes",
+            channel="adt",
+            message_types=[],
+            generation=1,
+            suspended=False,
+            lanes=4,
+        )
+    sent = [adt(0, 1), adt(1, 2), merge(2, 2, 3), adt(3, 3), adt(4, 4), master_file(5), adt(6, 5)]
+    ids = await enqueue(fresh_db, sent)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        [row] = await reads.depth(conn)
+        assert row.lanes == 4
+        summary = summarize(await reads.lane_window(conn, DEST), row.lanes, 1000)
+        depth = (await registry.status_depth(conn))[DEST]
+    assert depth.lanes == 4
+    # P1 and P2 go; the merge of P2 and P3 waits for P2's message; P3's waits for the merge;
+    # P4 goes; the master file waits for everything before it, and P5's for the master file
+    assert summary.heads == (ids[0], ids[1], ids[4])
+    assert summary.hold == Hold(ids[2], "binding", ids[1])
+    assert summary.to_json() == {
+        "count": 4,
+        "heads": [ids[0], ids[1], ids[4]],
+        "windowFull": False,
+        "oldestWaiting": {
+            "id": ids[2],
+            "reason": "binding",
+            "behind": ids[1],
+            "text": f"behind id={ids[1]}: a message naming several patients binds them",
+        },
+    }
+    out = subprocess.run(
+        [INTURN, "queue", "depth", "--dsn", fresh_db],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert f"{DEST}: 4 lanes: heads {ids[0]}, {ids[1]}, {ids[4]}; oldest waiting id={ids[2]}" in out
+    listed = json.loads(
+        subprocess.run(
+            [INTURN, "queue", "depth", "--json", "--dsn", fresh_db],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    )
+    assert listed[0]["lanes"] == 4 and listed[0]["laneView"] == summary.to_json()

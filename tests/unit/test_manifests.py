@@ -389,3 +389,26 @@ def test_a_destination_s_own_node_loss_toleration_wins() -> None:
     keys = [t["key"] for t in pod["tolerations"]]
     assert keys == ["dedicated", "node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]
     assert pod["tolerations"][1] == own  # no tolerationSeconds: the Destination's choice
+
+
+def test_lanes_are_in_the_status_and_a_failing_patient_does_not_block_them() -> None:
+    view = {
+        "count": 8,
+        "heads": [12, 14],
+        "windowFull": False,
+        "oldestWaiting": {"id": 11, "reason": "backoff", "text": "its last attempt failed"},
+    }
+    depth = status.QueueDepth(
+        pending=40, oldest=T0, max_attempts=3, head_attempts=3, head_error="AE: x", lanes=view
+    )
+    st = desired(depth=depth)
+    assert st["lanes"] == view
+    c = cond(st, "Delivering")
+    assert (c["status"], c["reason"]) == ("True", "Draining")
+    assert "8 lanes" in c["message"] and "AE" in c["message"]
+    # every lane held (no head): blocked, as with one stream
+    held = status.QueueDepth(pending=3, head_attempts=2, lanes={**view, "heads": []})
+    assert cond(desired(depth=held), "Delivering")["reason"] == "Blocked"
+    # lanes gone from the depth: the field is removed from the status
+    patch = status.status_patch(st, desired(depth=status.QueueDepth(pending=1)))
+    assert patch is not None and patch["lanes"] is None

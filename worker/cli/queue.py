@@ -36,13 +36,14 @@ from inturn.worker.cli.options import (
     why_option,
 )
 from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.drain.lanes import LaneSummary, summarize
 from inturn.worker.errors import ReasonRequired
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted, permit
 from inturn.worker.store import identifiers, reads
 from inturn.worker.store.connect import Pools
-from inturn.worker.store.model import STATES, Item
+from inturn.worker.store.model import STATES, DepthRow, Item
 from inturn.worker.text.display import printable, table
 
 patient_id_option = click.option(
@@ -75,13 +76,35 @@ def queue_group() -> None:
 @json_option
 def depth_command(dsn: str | None, as_json: bool) -> None:
     """Per destination: pending, failed, age of the oldest, highest attempt count, and until
-    when it is held outside its delivery window."""
-    rows = run_read(dsn, reads.depth)
+    when it is held outside its delivery window; for a destination with lanes
+    (``spec.lanes.count`` above 1), what its lanes send and what holds its oldest waiting
+    message."""
+
+    async def read(conn: AsyncConnection[Any]) -> tuple[list[DepthRow], dict[str, LaneSummary]]:
+        rows = await reads.depth(conn)
+        lanes = {
+            r.destination: summarize(
+                await reads.lane_window(conn, r.destination), r.lanes, reads.LANE_VIEW_LIMIT
+            )
+            for r in rows
+            if r.lanes > 1 and r.pending
+        }
+        return rows, lanes
+
+    rows, lanes = run_read(dsn, read)
     if as_json:
         now = datetime.now(UTC)
-        echo_json([r.to_json(now) for r in rows])
+        echo_json(
+            [
+                {**r.to_json(now), **({"laneView": lanes[r.destination].to_json()}
+                                      if r.destination in lanes else {})}
+                for r in rows
+            ]
+        )  # fmt: skip
     else:
         click.echo(format_depth(rows))
+        for destination, summary in lanes.items():
+            click.echo(f"{destination}: {summary.describe()}")
 
 
 @queue_group.command("list")

@@ -409,13 +409,14 @@ class LaneDrain:
         in_flight = {i: f.head.keys for i, f in self.flights.items()}
         entries = list(self.window.values())
         why = hold(entries, in_flight, now) if entries else None
-        self.w.state.lanes = LaneView(
+        view = self.w.state.lanes = LaneView(
             count=self.count,
             busy={f.lane: (i, now - f.started) for i, f in self.flights.items()},
             hold=why,
             waiting=len(entries) - sum(1 for i in in_flight if i in self.window),
             window_full=False if chosen is None else chosen.window_full,
         )
+        self.w.observer.lanes(self.w.destination, len(view.busy), view.waiting, view.window_full)
 
     def _say_window_full(self) -> None:
         now = time.monotonic()

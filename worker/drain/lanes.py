@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from inturn.worker.hl7.pid import CAPPED_KEY
 
@@ -267,3 +267,78 @@ def describe_hold(why: Hold, view: LaneView | None = None) -> str:
         "lanes": "every lane is busy",
         "window": "past the window",
     }[why.reason]
+
+
+class Waiting(Protocol):
+    """A pending message as a reader has it (:class:`inturn.worker.store.model.Pending`)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def keys(self) -> tuple[str, ...]: ...
+    @property
+    def wait_seconds(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class LaneSummary:
+    """What a destination's lanes hold, as seen from its pending rows (no worker asked).
+
+    Attributes:
+        count: its lanes (``spec.lanes.count``).
+        heads: the messages its lanes send now or next, oldest first (at most ``count``): the
+            first messages no earlier one holds. A message being sent is still pending, so it
+            is among them.
+        hold: why the oldest message that is not a head waits (None when none waits).
+        looked: pending messages looked at; window_full: that many were looked at and fewer
+            heads than lanes found (the rest of the backlog was not seen).
+    """
+
+    count: int
+    heads: tuple[int, ...]
+    hold: Hold | None
+    looked: int
+    window_full: bool
+
+    def describe(self) -> str:
+        """One line, e.g. ``8 lanes: heads 12, 14, 15; oldest waiting id=13 (behind id=12...)``."""
+        text = f"{self.count} lanes: " + (
+            "heads " + ", ".join(map(str, self.heads)) if self.heads else "no head"
+        )
+        if self.hold is not None:
+            text += f"; oldest waiting id={self.hold.item_id} ({describe_hold(self.hold)})"
+        if self.window_full:
+            text += f"; the {self.looked} oldest messages all wait"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready, camelCase (the Destination's ``status.lanes``): ``count``, ``heads``,
+        ``windowFull`` and, when a message waits, ``oldestWaiting`` (``id``, ``reason``,
+        ``text`` and, when it waits for one, ``behind``); no nulls."""
+        out: dict[str, Any] = {
+            "count": self.count,
+            "heads": list(self.heads),
+            "windowFull": self.window_full,
+        }
+        if self.hold is not None:
+            waiting: dict[str, Any] = {"id": self.hold.item_id, "reason": self.hold.reason}
+            if self.hold.behind is not None:
+                waiting["behind"] = self.hold.behind
+            waiting["text"] = describe_hold(self.hold)
+            out["oldestWaiting"] = waiting
+        return out
+
+
+def summarize(pending: Sequence[Waiting], count: int, limit: int) -> LaneSummary:
+    """What the lanes of a destination hold, from its oldest pending messages (at most
+    ``limit``, in id order): the heads are what :func:`plan` would start with every lane free,
+    and the hold is :func:`hold` of the oldest message that is not one of them."""
+    window = [Entry(p.id, p.keys, p.wait_seconds) for p in pending]
+    chosen = plan(window, {}, count, 0.0, limit)
+    return LaneSummary(
+        count=count,
+        heads=chosen.start,
+        hold=hold(window, {}, 0.0, chosen.start),
+        looked=len(window),
+        window_full=chosen.window_full,
+    )

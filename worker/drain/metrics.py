@@ -60,6 +60,24 @@ LOCK_WAIT = Counter(
     ["destination"],
 )
 
+LANES_SENDING = Gauge(
+    "inturn_lanes_sending",
+    "Lanes sending a message now (spec.lanes.count above 1).",
+    ["destination"],
+)
+LANES_WAITING = Gauge(
+    "inturn_lanes_waiting",
+    "Messages of the lanes' window that wait for an earlier message of a patient they name, a"
+    " barrier, or their own backoff (spec.lanes.count above 1).",
+    ["destination"],
+)
+LANES_WINDOW_FULL = Gauge(
+    "inturn_lanes_window_full",
+    "1 while the lanes' window (spec.lanes.window) is full of waiting messages: messages past"
+    " it cannot go until it moves.",
+    ["destination"],
+)
+
 
 def _oldest_age(destination: str) -> float:
     since = _OLDEST_SINCE.get(destination)
@@ -107,3 +125,9 @@ class PrometheusObserver:
     def lock_wait(self, destination: str, seconds: float) -> None:
         """Count seconds of lock waiting."""
         LOCK_WAIT.labels(destination).inc(max(seconds, 0.0))
+
+    def lanes(self, destination: str, sending: int, waiting: int, window_full: bool) -> None:
+        """Set the lanes' gauges."""
+        LANES_SENDING.labels(destination).set(sending)
+        LANES_WAITING.labels(destination).set(waiting)
+        LANES_WINDOW_FULL.labels(destination).set(1 if window_full else 0)

@@ -43,6 +43,11 @@ class Observer(Protocol):
         """A statement waited ``seconds`` more on another session's lock (counted once it
         waited longer than the lock-wait threshold)."""
 
+    def lanes(self, destination: str, sending: int, waiting: int, window_full: bool) -> None:
+        """With ``spec.lanes.count`` above 1, after each turn: lanes sending, messages of the
+        window that wait for an earlier one or for their backoff, and whether the window is
+        full of waiting messages."""
+
 
 class NullObserver:
     """An observer that ignores everything."""
@@ -71,4 +76,7 @@ class NullObserver:
         """Ignore."""
 
     def lock_wait(self, destination: str, seconds: float) -> None:
+        """Ignore."""
+
+    def lanes(self, destination: str, sending: int, waiting: int, window_full: bool) -> None:
         """Ignore."""

@@ -147,6 +147,7 @@ class LocalRunner:
                         schedule=None if cfg.schedule is None else to_spec(cfg.schedule),
                         replies=[reply_spec(r) for r in cfg.replies] or None,
                         filter_fields=[c.to_spec() for c in cfg.field_conditions] or None,
+                        lanes=cfg.lanes,
                     )
                 except registry.CarrierTaken as exc:
                     log.error("destination %s: not applied: %s", dest, exc)

@@ -713,6 +713,47 @@ def status_schema() -> Schema:
             "sender": _str(
                 "Summary of the sender, e.g. mllp://host:2575 (no credentials).", max_length=2100
             ),
+            "lanes": _obj(
+                {
+                    "count": _int("Its lanes (spec.lanes.count).", minimum=1, maximum=MAX_LANES),
+                    "heads": {
+                        "type": "array",
+                        "description": (
+                            "The messages its lanes send now or next (ids, oldest first): the"
+                            " first that no earlier message holds."
+                        ),
+                        "maxItems": MAX_LANES,
+                        "items": {"type": "integer", "format": "int64"},
+                    },
+                    "oldestWaiting": _obj(
+                        {
+                            "id": _int("Its id.", minimum=0, maximum=2**63 - 1, fmt="int64"),
+                            "reason": _str(
+                                "backoff (its own attempt failed), key (an earlier message of"
+                                " its patient), binding (a message naming several patients),"
+                                " barrier (a message naming none) or lanes (every lane busy).",
+                                max_length=16,
+                            ),
+                            "behind": _int(
+                                "The message it waits for, if any.",
+                                minimum=0,
+                                maximum=2**63 - 1,
+                                fmt="int64",
+                            ),
+                            "text": _str("The same in words.", max_length=256),
+                        },
+                        description="The oldest message that is not a head, and what holds it.",
+                    ),
+                    "windowFull": _bool(
+                        "The oldest pending messages looked at all wait (the backlog past them"
+                        " was not seen)."
+                    ),
+                },
+                description=(
+                    "What its lanes hold (spec.lanes.count above 1, something pending); absent"
+                    " otherwise."
+                ),
+            ),
             "worker": _obj(
                 {
                     "deployment": _str("Name of the worker Deployment.", max_length=253),

@@ -148,6 +148,7 @@ class DepthRow:
         oldest_seconds: its age in seconds, the number to alert on.
         max_attempts: the highest attempt count among pending items ("retried, not progressing").
         schedule: the destination's delivery window as registered (``spec.schedule``), or None.
+        lanes: messages it may have in flight at once, as registered (``spec.lanes.count``).
     """
 
     destination: str
@@ -158,6 +159,7 @@ class DepthRow:
     oldest_seconds: float
     max_attempts: int
     schedule: dict[str, Any] | None = None
+    lanes: int = 1
 
     def held_until(self, at: datetime) -> datetime | None:
         """When its delivery window next opens, if ``at`` is outside it; else None."""
@@ -174,6 +176,7 @@ class DepthRow:
             "oldest": self.oldest.isoformat() if self.oldest else None,
             "oldestSeconds": round(self.oldest_seconds, 3),
             "maxAttempts": self.max_attempts,
+            "lanes": self.lanes,
         }
         if at is not None:
             until = self.held_until(at)

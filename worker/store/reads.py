@@ -22,6 +22,7 @@ from inturn.worker.store.model import (
     DepthRow,
     HeadInfo,
     Item,
+    Pending,
     ScannedPayload,
 )
 from inturn.worker.store.queries import fetch_all, fetch_one, load
@@ -282,3 +283,21 @@ async def oldest_pending(conn: AsyncConnection[Any], destination: str) -> Item |
     """The oldest pending item of ``destination`` (its head, whether held or not), or None."""
     row = await fetch_one(conn, Q["oldest_pending"], {"destination": destination}, row=dict_row)
     return Item.from_row(row) if row is not None else None
+
+
+#: Most pending items a reader looks over to say what a destination's lanes hold.
+LANE_VIEW_LIMIT = 1000
+
+
+async def lane_window(
+    conn: AsyncConnection[Any], destination: str, limit: int = LANE_VIEW_LIMIT
+) -> list[Pending]:
+    """The oldest pending items of ``destination`` (at most ``limit``) with their lane keys,
+    read-only and without payloads: what :func:`inturn.worker.drain.lanes.summarize` reads to
+    say what each lane holds."""
+    params = {"destination": destination, "limit": limit}
+    rows = await fetch_all(conn, Q["lane_window"], params, row=dict_row)
+    return [
+        Pending(r["id"], tuple(r["patient_keys"] or ()), r["attempts"], r["wait_seconds"])
+        for r in rows
+    ]

@@ -54,6 +54,7 @@ class RegisteredDestination:
         replies: the replies its orders expect, as the spec writes them (``spec.replies``).
         filter_fields: its conditions on HL7 fields, as the spec writes them
             (``spec.filter.fields``), or None.
+        lanes: messages it may have in flight at once (``spec.lanes.count``; 1: one stream).
     """
 
     destination: str
@@ -72,6 +73,7 @@ class RegisteredDestination:
     schedule: dict[str, Any] | None = None
     replies: list[dict[str, Any]] | None = None
     filter_fields: list[dict[str, Any]] | None = None
+    lanes: int = 1
 
 
 class CarrierTaken(Conflict, ValueError):
@@ -99,6 +101,9 @@ class DestinationDepth:
         max_attempts: most attempts on a pending message.
         head_attempts: attempts on the head (the oldest pending message by id).
         head_error: the head's ``last_error`` (``"<class>: <detail>"``), or None.
+        lanes: its lanes as registered (``spec.lanes.count``).
+        lane_view: what its lanes hold, as JSON (``LaneSummary.to_json`` of
+            :mod:`inturn.worker.drain.lanes`), when the reader worked it out; else None.
     """
 
     destination: str
@@ -108,6 +113,8 @@ class DestinationDepth:
     max_attempts: int
     head_attempts: int
     head_error: str | None
+    lanes: int = 1
+    lane_view: dict[str, Any] | None = None
 
 
 def _row(r: Mapping[str, Any]) -> RegisteredDestination:
@@ -130,6 +137,7 @@ def _row(r: Mapping[str, Any]) -> RegisteredDestination:
         schedule=r.get("schedule"),
         replies=r.get("replies"),
         filter_fields=r.get("filter_fields"),
+        lanes=int(r.get("lanes") or 1),
     )
 
 
@@ -151,6 +159,7 @@ async def register(
     schedule: Mapping[str, Any] | None = None,
     replies: Sequence[Mapping[str, Any]] | None = None,
     filter_fields: Sequence[Mapping[str, Any]] | None = None,
+    lanes: int = 1,
 ) -> bool:
     """Insert or update a destination (and un-delete it) and its carriers, in one transaction.
 
@@ -161,6 +170,7 @@ async def register(
 
     ``sender`` is the credential-free sender summary shown by the console. ``filter_fields``
     is ``spec.filter.fields`` as the spec writes it (None or empty: none); ingest routes by it.
+    ``lanes`` is ``spec.lanes.count`` (1 to 32).
 
     Returns:
         True when anything was written, False when it was already exactly so.
@@ -190,6 +200,7 @@ async def register(
                 "filter_fields": (
                     Jsonb([dict(f) for f in filter_fields]) if filter_fields else None
                 ),
+                "lanes": lanes,
             },
             row=dict_row,
         )
@@ -276,6 +287,7 @@ class Listed:
         hold: the console's or CLI's hold, or None; deleted: the Destination is gone.
         stuck_after_seconds: how long its oldest message may wait before it counts as stuck
             (``spec.alerting.stuckAfterSeconds``; the sweeper's ``destination-stuck`` too).
+        lanes: messages it may have in flight at once (``spec.lanes.count``).
     """
 
     destination: str
@@ -285,6 +297,7 @@ class Listed:
     hold: Hold | None
     deleted: bool
     stuck_after_seconds: int = DEFAULT_STUCK_AFTER_SECONDS
+    lanes: int = 1
 
 
 async def listed(conn: AsyncConnection[Any]) -> list[Listed]:
@@ -298,6 +311,7 @@ async def listed(conn: AsyncConnection[Any]) -> list[Listed]:
             hold=Hold(r["held_at"], r["held_by"], r["held_why"]) if r["held_at"] else None,
             deleted=bool(r["deleted"]),
             stuck_after_seconds=int(r["stuck_after_seconds"]),
+            lanes=int(r["lanes"]),
         )
         for r in await fetch_all(conn, Q["overview"], row=dict_row)
     ]

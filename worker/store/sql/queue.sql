@@ -412,7 +412,9 @@ SELECT destination,
                 - min(enqueued_at) FILTER (WHERE state = 'pending')), 0)::float8 AS oldest_seconds,
        coalesce(max(attempts) FILTER (WHERE state = 'pending'), 0) AS max_attempts,
        (SELECT r.schedule FROM inturn_destination r
-         WHERE r.destination = q.destination AND r.deleted_at IS NULL) AS schedule
+         WHERE r.destination = q.destination AND r.deleted_at IS NULL) AS schedule,
+       coalesce((SELECT r.lanes FROM inturn_destination r
+                  WHERE r.destination = q.destination AND r.deleted_at IS NULL), 1) AS lanes
   FROM inturn_delivery q
  WHERE state IN ('pending', 'failed')
    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
@@ -614,3 +616,14 @@ SELECT lease.held,
           AND NOT EXISTS (SELECT 1 FROM inturn_destination held
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
         ORDER BY id) AS t ON TRUE;
+
+-- name: lane_window
+-- What a destination's lanes hold, for people (the console, `queue depth`, the status): its
+-- oldest pending items with their lane keys, no payload, read-only (the worker's own window is
+-- pending_window, guarded by its lease).
+SELECT id, patient_keys, attempts,
+       greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
+  FROM inturn_delivery
+ WHERE destination = %(destination)s AND state = 'pending'
+ ORDER BY id
+ LIMIT %(limit)s;

@@ -6,11 +6,11 @@
 INSERT INTO inturn_destination
        (destination, namespace, name, channel, message_types, generation, suspended,
         sender_kind, sender, stuck_after_seconds, expire_after_seconds, schedule, replies,
-        filter_fields)
+        filter_fields, lanes)
 VALUES (%(destination)s, %(namespace)s, %(name)s, %(channel)s, %(message_types)s,
         %(generation)s, %(suspended)s, %(sender_kind)s, %(sender)s, %(stuck_after_seconds)s,
         %(expire_after_seconds)s, %(schedule)s::jsonb, %(replies)s::jsonb,
-        %(filter_fields)s::jsonb)
+        %(filter_fields)s::jsonb, %(lanes)s)
 ON CONFLICT (destination) DO UPDATE
    SET namespace = EXCLUDED.namespace,
        name = EXCLUDED.name,
@@ -25,6 +25,7 @@ ON CONFLICT (destination) DO UPDATE
        schedule = EXCLUDED.schedule,
        replies = EXCLUDED.replies,
        filter_fields = EXCLUDED.filter_fields,
+       lanes = EXCLUDED.lanes,
        updated_at = now(),
        deleted_at = NULL
  WHERE inturn_destination.deleted_at IS NOT NULL
@@ -33,12 +34,12 @@ ON CONFLICT (destination) DO UPDATE
         inturn_destination.suspended, inturn_destination.sender_kind, inturn_destination.sender,
         inturn_destination.stuck_after_seconds, inturn_destination.expire_after_seconds,
         inturn_destination.schedule, inturn_destination.replies,
-        inturn_destination.filter_fields)
+        inturn_destination.filter_fields, inturn_destination.lanes)
        IS DISTINCT FROM
        (EXCLUDED.namespace, EXCLUDED.name, EXCLUDED.channel, EXCLUDED.message_types,
         EXCLUDED.generation, EXCLUDED.suspended, EXCLUDED.sender_kind, EXCLUDED.sender,
         EXCLUDED.stuck_after_seconds, EXCLUDED.expire_after_seconds, EXCLUDED.schedule,
-        EXCLUDED.replies, EXCLUDED.filter_fields)
+        EXCLUDED.replies, EXCLUDED.filter_fields, EXCLUDED.lanes)
 RETURNING destination;
 
 -- name: mark_deleted
@@ -79,7 +80,8 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
        ARRAY(SELECT carrier FROM inturn_destination_carrier c
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
            AS carriers,
-       sender, stuck_after_seconds, expire_after_seconds, schedule, replies, filter_fields
+       sender, stuck_after_seconds, expire_after_seconds, schedule, replies, filter_fields,
+       lanes
   FROM inturn_destination
  WHERE channel = %(channel)s AND deleted_at IS NULL
  ORDER BY destination;
@@ -90,7 +92,8 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
        ARRAY(SELECT carrier FROM inturn_destination_carrier c
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
            AS carriers,
-       sender, stuck_after_seconds, expire_after_seconds, schedule, replies, filter_fields
+       sender, stuck_after_seconds, expire_after_seconds, schedule, replies, filter_fields,
+       lanes
   FROM inturn_destination
  ORDER BY destination;
 
@@ -109,9 +112,11 @@ WITH d AS (
      GROUP BY destination
 )
 SELECT d.destination, d.pending, d.failed, d.oldest, d.max_attempts,
-       coalesce(h.attempts, 0) AS head_attempts, h.last_error AS head_error
+       coalesce(h.attempts, 0) AS head_attempts, h.last_error AS head_error,
+       coalesce(r.lanes, 1) AS lanes
   FROM d
-  LEFT JOIN inturn_delivery h ON h.id = d.head_id;
+  LEFT JOIN inturn_delivery h ON h.id = d.head_id
+  LEFT JOIN inturn_destination r ON r.destination = d.destination AND r.deleted_at IS NULL;
 
 -- name: hold
 -- Suspend delivery from the console or the CLI (see migration 0008). Returns the row when the
@@ -133,6 +138,6 @@ RETURNING destination;
 -- name: overview
 -- Every registered destination with its hold and sender, for the console's overview.
 SELECT destination, channel, sender, suspended, held_at, held_by, held_why,
-       deleted_at IS NOT NULL AS deleted, stuck_after_seconds
+       deleted_at IS NOT NULL AS deleted, stuck_after_seconds, lanes
   FROM inturn_destination
  ORDER BY destination;
