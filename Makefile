@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo test test-store lint typecheck docs bench crd clean image
+.PHONY: demo test test-fast test-store lint typecheck docs bench crd clean image
 
 $(STAMP): pyproject.toml
 	@echo "installing inturn and its dependencies into $(VENV) (once; about a minute, quiet)"
@@ -18,6 +18,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# The edit-test loop: unit and integration tests, without the acceptance tier (tests that start
+# whole processes: inturn subprocesses, a browser, podman; marked `acceptance`).
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not acceptance"
 
 # The store tests alone, e.g. against the system Postgres:
 #   INTURN_TEST_DSN=postgresql://postgres@127.0.0.1:5432/postgres make test-store

@@ -67,6 +67,18 @@ def away_from_the_user() -> Iterator[Path]:
         shutil.rmtree(home, ignore_errors=True)
 
 
+#: The folder of the acceptance tier: tests that start whole processes.
+ACCEPTANCE = Path(__file__).resolve().parent / "acceptance"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test under ``tests/acceptance`` ``acceptance`` (the tier ``make test-fast``
+    leaves out); tests elsewhere that start whole processes mark themselves."""
+    for item in items:
+        if ACCEPTANCE in item.path.parents:
+            item.add_marker(pytest.mark.acceptance)
+
+
 @pytest.fixture(scope="session")
 def pg_server_dsn() -> Iterator[str]:
     """DSN of a Postgres server (not a database of our own yet)."""

@@ -30,9 +30,13 @@ SHOTS = Path(
 )
 DEST = "ward/lab"
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(CHROMIUM) is None, reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which(CHROMIUM) is None,
+        reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)",
+    ),
+    pytest.mark.acceptance,  # a browser
+]
 
 playwright_api = pytest.importorskip("playwright.async_api")
 

@@ -117,6 +117,7 @@ async def api(http: aiohttp.ClientSession, base: str, path: str, **params: str) 
     return body["data"]
 
 
+@pytest.mark.acceptance  # a live inturn local and Prometheus
 async def test_every_dashboard_query_of_inturns_metrics_returns_data(
     fresh_db: str, tmp_path: Path
 ) -> None:

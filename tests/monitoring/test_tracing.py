@@ -134,6 +134,7 @@ def sampled(traceparent: str) -> str:
     return version_trace_span
 
 
+@pytest.mark.acceptance  # a live inturn local
 async def test_a_trace_per_message_from_ingest_to_each_receiver(
     fresh_db: str, tmp_path: Path, otlp: OtlpReceiver
 ) -> None:
@@ -237,6 +238,7 @@ async def test_a_trace_per_message_from_ingest_to_each_receiver(
             assert "Testperson" not in text and "PID" not in text and "P0000" not in text, span
 
 
+@pytest.mark.acceptance  # a live inturn local
 async def test_off_without_the_variables_nothing_is_stored_or_exported(
     fresh_db: str, tmp_path: Path, otlp: OtlpReceiver
 ) -> None:
