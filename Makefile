@@ -62,6 +62,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/latency.py
 	$(BIN)/python bench/lanes.py
+	$(BIN)/python bench/resend.py
 
 # The container image, built with podman from the Containerfile on a base made here by
 # debootstrap, then checked inside (version, every command's help, user, no compiler, size).

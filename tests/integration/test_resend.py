@@ -212,3 +212,45 @@ async def main(dsn):
 
 asyncio.run(main(sys.argv[1]))
 """
+
+
+async def test_a_bulk_resend_over_two_destinations_is_one_set_in_the_original_order(
+    conn: AsyncConnection[Any],
+) -> None:
+    """The set-based resend: every copy in the original order with ascending ids, each copy
+    pointing at its original and back, the identifier index keys copied with it, one NOTIFY
+    per destination, one audit entry naming every original and copy."""
+    other = [
+        NewItem("ward/other", "adt", f"O{n}", "ADT^A01", message(f"O{n}").payload) for n in (1, 2)
+    ]
+    ids = await failed(conn, "R1", "R2", "R3")
+    for item_id in await queue.enqueue(conn, other):
+        await conn.execute(
+            "UPDATE inturn_delivery SET state = 'failed', finished_at = now() WHERE id = %s",
+            (item_id,),
+        )
+        ids.append(item_id)
+    for destination in (DEST, "ward/other"):
+        await conn.execute(f'LISTEN "{queue.notify_channel(destination)}"')
+    done = await actions.resend_many(conn, Trusted("ops"), [*ids, 999_999], "again")
+    assert [o for o, _ in done.copies] == sorted(ids)
+    copies = [c for _, c in done.copies]
+    assert copies == sorted(copies) and min(copies) > max(ids)
+    assert done.refused == ((999_999, "no such item"),)
+    cur = await conn.execute(
+        "SELECT c.id, c.resent_from, o.resent_as, c.state, c.destination, c.control_id,"
+        "       c.payload = o.payload, c.patient_keys = o.patient_keys, c.size = o.size"
+        "  FROM inturn_delivery c JOIN inturn_delivery o ON o.id = c.resent_from"
+        " ORDER BY c.id"
+    )
+    rows = await cur.fetchall()
+    assert [(r[0], r[1], r[2]) for r in rows] == [(c, o, c) for o, c in done.copies]
+    assert {(r[3], r[6], r[7], r[8]) for r in rows} == {("pending", True, True, True)}
+    assert [r[5] for r in rows] == ["R1", "R2", "R3", "O1", "O2"]
+    heard = {n.payload async for n in conn.notifies(timeout=1, stop_after=2)}
+    assert heard == {DEST, "ward/other"}
+    cur = await conn.execute(
+        "SELECT item_ids, destination FROM inturn_audit WHERE action = 'resend'"
+    )
+    [(audited, destination)] = await cur.fetchall()
+    assert sorted(audited) == sorted([*ids, *copies]) and destination is None

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 
+from inturn.worker.errors import Conflict
 from inturn.worker.store import actions, locks, queue, reads
 from inturn.worker.store import lease as leases
 from inturn.worker.store.connect import Pools
@@ -216,7 +217,7 @@ async def test_resend_puts_a_copy_at_the_tail(conn: AsyncConnection[Any]) -> Non
     assert copy is not None and original is not None
     assert (copy.state, copy.control_id, original.state) == ("pending", "CTRL1", "failed")
     assert await reads.payload(conn, new) == await reads.payload(conn, a)
-    with pytest.raises(ValueError):
+    with pytest.raises(Conflict, match="still pending"):
         await actions.resend(conn, b, who="ops")
     assert await actions.resend(conn, 999_999, who="ops") is None
 

@@ -23,7 +23,6 @@ from inturn.worker.console.text import segments
 from inturn.worker.errors import InturnError
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations import worklist as worklist_actions
-from inturn.worker.operations.actor import permit
 from inturn.worker.store import reads
 from inturn.worker.store.model import STATES
 from inturn.worker.store.worklist_model import ITEM_STATES
@@ -40,6 +39,7 @@ STATUS = {
     "reason_required": 400,
     "forbidden": 403,
     "invalid_request": 400,
+    "confirmation_mismatch": 400,
 }
 
 
@@ -314,18 +314,16 @@ async def destination_action(
     if action not in DESTINATION_ACTIONS:
         raise ConsoleError(404, "not_found", f"no destination action {action!r}")
     try:
-        # role and reason before the confirmation; resend-failed is a resend
-        permit(identity, "resend" if action == "resend-failed" else action, why)
-        if action == "drain" and (confirm or "").strip() != destination:
-            raise ConsoleError(
-                400, "confirmation_mismatch", "type the destination's name exactly to drain it"
-            )
+        # the operation checks its rule once (role, reason, then drain's confirmation)
         async with console.write.connection() as conn:
             if action == "retry":
                 done = await actions.retry_destination(conn, identity, destination, why)
                 changed = len(done.ids)
             elif action == "drain":
-                changed = len((await actions.drain(conn, identity, destination, why)).ids)
+                drained = await actions.drain(
+                    conn, identity, destination, why, confirm=confirm or ""
+                )
+                changed = len(drained.ids)
             elif action == "resend-failed":
                 resent = await actions.resend_failed(
                     conn, identity, destination, why, message_type=message_type or None

@@ -36,7 +36,6 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
-from inturn.worker.crypto.errors import PayloadKeysMissing, PayloadUnreadable
 from inturn.worker.errors import Conflict, Invalid, NotFound, Unavailable
 from inturn.worker.hl7.pid import has_patient_id, lookup_key
 from inturn.worker.operations.actor import Actor, permit
@@ -194,17 +193,32 @@ async def skip(conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str 
     return Changed("skip", (item_id,))
 
 
+class ConfirmationMismatch(Invalid):
+    """A drain whose typed confirmation is not the destination's name; nothing changed."""
+
+    kind = "confirmation_mismatch"
+
+
 async def drain(
-    conn: AsyncConnection[Any], actor: Actor, destination: str, why: str | None
+    conn: AsyncConnection[Any],
+    actor: Actor,
+    destination: str,
+    why: str | None,
+    *,
+    confirm: str | None = None,
 ) -> Changed:
     """Skip every pending item of ``destination``; audited. An empty result means nothing was
-    pending.
+    pending. ``confirm``, when given (the console asks the person to type the name), must be
+    the destination's name; it is checked after the role and the reason.
 
     Raises:
-        ReasonRequired: no reason.
+        Forbidden, ReasonRequired: the rule of ``drain`` refuses the actor or the reason.
+        ConfirmationMismatch: ``confirm`` is given and is not ``destination``.
         NotFound: nothing was pending and the destination is neither registered nor has items.
     """
     reason = permit(actor, "drain", why)
+    if confirm is not None and confirm.strip() != destination:
+        raise ConfirmationMismatch("type the destination's name exactly to drain it")
     ids = await actions.drain(conn, destination, who=actor.name, why=reason)
     if not ids:
         await _no_destination(conn, destination)
@@ -225,12 +239,7 @@ async def resend(
         Conflict: the item is still pending (it will be sent anyway).
     """
     reason = permit(actor, "resend", why)
-    try:
-        copy = await actions.resend(conn, item_id, who=actor.name, why=reason, payloads=payloads)
-    except (PayloadKeysMissing, PayloadUnreadable):
-        raise
-    except ValueError as exc:
-        raise Conflict(str(exc)) from None
+    copy = await actions.resend(conn, item_id, who=actor.name, why=reason, payloads=payloads)
     if copy is None:
         raise NotFound(f"no item {item_id}")
     return Resent(item_id, copy)
@@ -252,6 +261,17 @@ async def resend_many(
         NotFound: none of the ids exists.
     """
     reason = permit(actor, "resend", why)
+    return await _resend_many(conn, actor, item_ids, reason, payloads)
+
+
+async def _resend_many(
+    conn: AsyncConnection[Any],
+    actor: Actor,
+    item_ids: Sequence[int],
+    reason: str | None,
+    payloads: PayloadCodec | None,
+) -> ResentMany:
+    """:func:`resend_many` once ``permit`` has said yes (``reason`` is its answer)."""
     if not item_ids:
         raise Invalid("nothing to resend: give item ids, a range, or a destination")
     if len(set(item_ids)) > RESEND_MAX:
@@ -281,7 +301,7 @@ async def resend_failed(
         NotFound: no such destination.
         Conflict: it has no failed item left to resend.
     """
-    permit(actor, "resend", why)
+    reason = permit(actor, "resend", why)
     await _no_destination(conn, destination)
     like = None
     if message_type:
@@ -291,7 +311,7 @@ async def resend_failed(
     if not ids:
         which = f" of type {message_type}" if message_type else ""
         raise Conflict(f"{destination} has no failed item{which} left to resend")
-    return await resend_many(conn, actor, ids, why, payloads)
+    return await _resend_many(conn, actor, ids, reason, payloads)
 
 
 async def remove(

@@ -19,6 +19,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
 from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.errors import Invalid
 from inturn.worker.hl7.pid import has_patient_id, index_keys, lookup_key
 from inturn.worker.store.model import Item
 from inturn.worker.store.queries import fetch_all, fetch_one, load
@@ -105,11 +106,11 @@ async def find_patient(
     :func:`inturn.worker.hl7.pid.has_patient_id`, ``batch`` at a time.
 
     Raises:
-        ValueError: ``ident`` is empty.
+        Invalid: ``ident`` is empty.
         PayloadKeysMissing: an unindexed row is an envelope and ``payloads`` has no keys.
     """
     if not ident.strip():
-        raise ValueError("the patient ID is empty")
+        raise Invalid("the patient ID is empty")
     codec = payloads or PayloadCodec()
     key = {"key": lookup_text(ident, authority, payloads)}
     found = {i.id: i for i in await fetch_all(conn, Q["find_patient"], key, row=class_row(Item))}

@@ -17,6 +17,7 @@ from psycopg.rows import dict_row
 from psycopg.types.array import ListBinaryDumper
 
 from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.errors import Invalid
 from inturn.worker.store.identifiers import keys_text
 from inturn.worker.store.model import Message, StoreResult
 from inturn.worker.store.queries import fetch_all, load
@@ -93,7 +94,7 @@ async def store_batch(
 
     Raises:
         psycopg.Error: nothing of the batch was stored.
-        ValueError: no destination or no message.
+        Invalid: no destination or no message.
         RuntimeError: ``conn`` is inside a transaction.
     """
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -130,12 +131,12 @@ async def store_statement(
     autocommit connection outside a transaction it commits on its own (what
     :func:`store_batch` checks); inside the caller's transaction it commits with it (an HL7
     batch stored whole, :mod:`inturn.worker.ingest.envelope`). Same arguments, results and
-    errors (``ValueError`` for no destination or no message). With ``payloads`` that seal, the
-    caller's transaction is required: see :func:`store_sealed`.
+    errors (:class:`~inturn.worker.errors.Invalid` for no destination or no message). With
+    ``payloads`` that seal, the caller's transaction is required: see :func:`store_sealed`.
     """
     ordered = sorted(set(destinations))
     if not ordered or not messages:
-        raise ValueError("nothing to store")
+        raise Invalid("nothing to store")
     remember = window_seconds > 0
     # Identical copies inside one batch: only the first is sent; the others are its duplicates.
     first: dict[tuple[str, bytes], int] = {}

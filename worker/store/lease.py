@@ -37,7 +37,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from inturn.worker.errors import Unavailable
+from inturn.worker.errors import Invalid, Unavailable
 from inturn.worker.store.queries import fetch_one, load
 
 Q = load("lease.sql")
@@ -105,7 +105,7 @@ def holder_id(name: str = "") -> str:
 def _check_ttl(ttl_seconds: float) -> float:
     ttl = float(ttl_seconds)
     if not ttl > 0:
-        raise ValueError(f"a lease's ttl must be > 0 seconds, got {ttl_seconds}")
+        raise Invalid(f"a lease's ttl must be > 0 seconds, got {ttl_seconds}")
     return ttl
 
 
@@ -120,7 +120,7 @@ async def acquire(
     One autocommit statement (pooler-safe: no session state).
 
     Raises:
-        ValueError: ``ttl_seconds`` is not positive.
+        Invalid: ``ttl_seconds`` is not positive.
         psycopg.Error: the database failed.
     """
     params = {"destination": destination, "holder": holder, "ttl_seconds": _check_ttl(ttl_seconds)}
@@ -133,7 +133,7 @@ async def renew(conn: AsyncConnection[Any], lease: Lease, ttl_seconds: float) ->
 
     Raises:
         LeaseLost: the lease expired or another holder took it (nothing changed).
-        ValueError: ``ttl_seconds`` is not positive.
+        Invalid: ``ttl_seconds`` is not positive.
         psycopg.Error: the database failed.
     """
     params = {

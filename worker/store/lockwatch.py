@@ -32,7 +32,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from inturn.worker.errors import Unavailable
+from inturn.worker.errors import Invalid, Unavailable
 from inturn.worker.store.queries import fetch_all, load
 
 log = logging.getLogger("inturn.store")
@@ -52,7 +52,7 @@ def threshold_from_env(environ: Mapping[str, str] | None = None) -> float:
     :data:`DEFAULT_THRESHOLD_SECONDS`.
 
     Raises:
-        ValueError: the variable is set but not a number of seconds above 0.
+        Invalid: the variable is set but not a number of seconds above 0.
     """
     env = os.environ if environ is None else environ
     text = env.get(THRESHOLD_ENV, "").strip()
@@ -63,7 +63,7 @@ def threshold_from_env(environ: Mapping[str, str] | None = None) -> float:
     except ValueError:
         value = -1.0
     if not value > 0 or value != value or value == float("inf"):
-        raise ValueError(f"{THRESHOLD_ENV} must be a number of seconds above 0, got {text!r}")
+        raise Invalid(f"{THRESHOLD_ENV} must be a number of seconds above 0, got {text!r}")
     return value
 
 

@@ -18,6 +18,7 @@ from importlib import resources
 import psycopg
 from psycopg.rows import dict_row
 
+from inturn.worker.errors import Invalid
 from inturn.worker.store import locks
 from inturn.worker.store.connect import write_target
 from inturn.worker.store.identifiers import backfill
@@ -41,7 +42,7 @@ def available() -> list[Migration]:
     """Return every migration shipped in the package, sorted by version.
 
     Raises:
-        ValueError: a file in the migrations folder is misnamed, or two share a version.
+        Invalid: a file in the migrations folder is misnamed, or two share a version.
     """
     found: dict[int, Migration] = {}
     for entry in resources.files("inturn.worker.store").joinpath("migrations").iterdir():
@@ -49,10 +50,10 @@ def available() -> list[Migration]:
             continue
         match = _NAME.match(entry.name)
         if match is None:
-            raise ValueError(f"migration file {entry.name!r} is not named NNNN_description.sql")
+            raise Invalid(f"migration file {entry.name!r} is not named NNNN_description.sql")
         version = int(match.group(1))
         if version in found:
-            raise ValueError(f"two migrations share version {version}")
+            raise Invalid(f"two migrations share version {version}")
         found[version] = Migration(version, match.group(2), entry.read_text(encoding="utf-8"))
     return [found[v] for v in sorted(found)]
 

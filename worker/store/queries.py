@@ -18,6 +18,8 @@ from typing import Any, LiteralString, TypeVar
 from psycopg import AsyncConnection
 from psycopg.rows import BaseRowFactory
 
+from inturn.worker.errors import Invalid
+
 R = TypeVar("R")
 
 _HEADER = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
@@ -27,13 +29,13 @@ def parse(text: str) -> dict[str, str]:
     """Split a ``.sql`` file's text into ``{name: query}``.
 
     Raises:
-        ValueError: a name appears twice.
+        Invalid: a name appears twice.
     """
     parts = _HEADER.split(text)
     queries: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
-            raise ValueError(f"query {name!r} is defined twice")
+            raise Invalid(f"query {name!r} is defined twice")
         queries[name] = body.strip()
     return queries
 

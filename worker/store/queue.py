@@ -38,6 +38,7 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 
 from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.errors import Invalid
 from inturn.worker.hl7.pid import index_keys
 from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.store.model import (
@@ -188,10 +189,10 @@ def _guard(destination: str, lease: Lease) -> dict[str, Any]:
     """The lease guard's parameters (``destination``, ``holder``, ``epoch``).
 
     Raises:
-        ValueError: ``lease`` is another destination's.
+        Invalid: ``lease`` is another destination's.
     """
     if lease.destination != destination:
-        raise ValueError(f"the lease of {lease.destination} does not cover {destination}")
+        raise Invalid(f"the lease of {lease.destination} does not cover {destination}")
     return {"destination": destination, "holder": lease.holder, "epoch": lease.epoch}
 
 
@@ -212,7 +213,7 @@ async def next_head(
 
     Raises:
         LeaseLost: another holder took the destination over; nothing was read.
-        ValueError: ``lease`` is another destination's.
+        Invalid: ``lease`` is another destination's.
     """
     params = {**_guard(destination, lease), "after": after}
     row = await fetch_one(conn, Q["head"], params, row=dict_row)
@@ -447,10 +448,10 @@ async def pending_window(
 
     Raises:
         LeaseLost: another holder took the destination over; nothing was read.
-        ValueError: ``limit`` is below 1, or ``lease`` is another destination's.
+        Invalid: ``limit`` is below 1, or ``lease`` is another destination's.
     """
     if limit < 1:
-        raise ValueError("limit must be at least 1")
+        raise Invalid("limit must be at least 1")
     params = {**_guard(destination, lease), "after": after, "limit": limit}
     rows = await fetch_all(conn, Q["pending_window"], params, row=dict_row)
     if not rows:
@@ -493,7 +494,7 @@ async def take(
 
     Raises:
         LeaseLost: another holder took the destination over; nothing was marked or read.
-        ValueError: ``lease`` is another destination's.
+        Invalid: ``lease`` is another destination's.
     """
     opened = [(d.item.id, e) for d in delivered for e in d.expecting]
     params = {

@@ -15,6 +15,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
+from inturn.worker.errors import Invalid
 from inturn.worker.store import queue
 from inturn.worker.store.model import (
     STATES,
@@ -79,12 +80,12 @@ async def list_items(
     page as cheap as the first, where ``offset`` does not.
 
     Raises:
-        ValueError: unknown ``state``, negative ``limit`` or ``offset``.
+        Invalid: unknown ``state``, negative ``limit`` or ``offset``.
     """
     if state is not None and state not in STATES:
-        raise ValueError(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
+        raise Invalid(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
     if limit < 0 or offset < 0:
-        raise ValueError("limit and offset must be >= 0")
+        raise Invalid("limit and offset must be >= 0")
     params = {
         "destination": destination,
         "channel": channel,

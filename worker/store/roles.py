@@ -62,7 +62,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from inturn.worker.errors import InturnError
+from inturn.worker.errors import InturnError, Invalid
 from inturn.worker.store import locks
 from inturn.worker.store.connect import write_target
 from inturn.worker.store.queries import load
@@ -92,9 +92,9 @@ class Grant:
 
     def __post_init__(self) -> None:
         if self.privilege not in ("SELECT", "INSERT", "UPDATE", "DELETE"):
-            raise ValueError(f"unknown privilege {self.privilege!r}")
+            raise Invalid(f"unknown privilege {self.privilege!r}")
         if self.columns and self.but:
-            raise ValueError("columns and but exclude each other")
+            raise Invalid("columns and but exclude each other")
 
 
 SELECT = Grant("SELECT")
@@ -331,12 +331,12 @@ def role_name(component: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The role of ``component``: ``prefix + component``.
 
     Raises:
-        ValueError: an unknown component, or a prefix that is not a lower-case identifier.
+        Invalid: an unknown component, or a prefix that is not a lower-case identifier.
     """
     if component not in COMPONENTS:
-        raise ValueError(f"unknown component {component!r}; one of {', '.join(COMPONENTS)}")
+        raise Invalid(f"unknown component {component!r}; one of {', '.join(COMPONENTS)}")
     if not _PREFIX.match(prefix):
-        raise ValueError(f"role prefix {prefix!r}: lower-case letters, digits and _ only")
+        raise Invalid(f"role prefix {prefix!r}: lower-case letters, digits and _ only")
     return prefix + component
 
 
@@ -442,7 +442,7 @@ def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> RolesReport:
         The roles created by this call, and what could not be protected (warnings).
 
     Raises:
-        ValueError: a bad prefix.
+        Invalid: a bad prefix.
         RolesError: the connecting role may not create roles or grant on the tables, or a
             table or function of the schema has no entry in :data:`GRANTS` / :data:`FUNCTIONS`.
         psycopg.OperationalError: the database cannot be reached.

@@ -20,7 +20,7 @@ from typing import Any, LiteralString
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
-from inturn.worker.errors import Conflict, NotFound
+from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.store import queue
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 from inturn.worker.store.worklist_model import (
@@ -102,7 +102,7 @@ async def place(
         The pending item and whether this call created it.
 
     Raises:
-        ValueError: a bad code, key or details (nothing is written).
+        Invalid: a bad code, key or details (nothing is written).
         psycopg.Error: the database refused; in a caller's transaction, that transaction fails.
     """
     params = {
@@ -146,7 +146,7 @@ async def place_many(conn: AsyncConnection[Any], items: Sequence[NewPlacement]) 
         One placement per item, in the order given.
 
     Raises:
-        ValueError: a bad code, key or details in any item (nothing is written).
+        Invalid: a bad code, key or details in any item (nothing is written).
     """
     if not items:
         return []
@@ -203,7 +203,7 @@ async def clear(conn: AsyncConnection[Any], item_id: int, *, who: str, note: str
         The item as cleared.
 
     Raises:
-        ValueError: ``who`` or ``note`` blank.
+        Invalid: ``who`` or ``note`` blank.
         ItemNotFound: no item has this id.
         AlreadyCleared: it was cleared before; the message says by whom and when.
     """
@@ -241,7 +241,7 @@ async def clear_where(
         The items cleared (none is not an error).
 
     Raises:
-        ValueError: ``who`` or ``note`` blank.
+        Invalid: ``who`` or ``note`` blank.
     """
     check_clear(who, note)
     if not record_keys:
@@ -305,12 +305,12 @@ async def list_items(
         The page; its ``next_cursor`` is None when nothing follows.
 
     Raises:
-        ValueError: unknown state, or a limit below 1.
+        Invalid: unknown state, or a limit below 1.
     """
     if state is not None and state not in ITEM_STATES:
-        raise ValueError(f"unknown state {state!r}; expected one of {', '.join(ITEM_STATES)}")
+        raise Invalid(f"unknown state {state!r}; expected one of {', '.join(ITEM_STATES)}")
     if limit < 1:
-        raise ValueError("limit must be at least 1")
+        raise Invalid("limit must be at least 1")
     limit = min(limit, LIST_LIMIT_MAX)
     params = {
         "queue": queue,
@@ -338,10 +338,10 @@ async def count(
     """Items per queue and reason in ``state`` (default pending), sorted by queue and reason.
 
     Raises:
-        ValueError: unknown state.
+        Invalid: unknown state.
     """
     if state not in ITEM_STATES:
-        raise ValueError(f"unknown state {state!r}; expected one of {', '.join(ITEM_STATES)}")
+        raise Invalid(f"unknown state {state!r}; expected one of {', '.join(ITEM_STATES)}")
     return await fetch_all(
         conn, Q["count"], {"state": state, "queue": queue}, row=class_row(CountRow)
     )
@@ -380,10 +380,10 @@ async def purge(
         The number of items deleted.
 
     Raises:
-        ValueError: ``batch`` outside 1..5,000.
+        Invalid: ``batch`` outside 1..5,000.
     """
     if not 1 <= batch <= PURGE_BATCH_MAX:
-        raise ValueError(f"batch must be 1..{PURGE_BATCH_MAX}, got {batch}")
+        raise Invalid(f"batch must be 1..{PURGE_BATCH_MAX}, got {batch}")
     deleted = 0
     while True:
         async with conn.transaction():

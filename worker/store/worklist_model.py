@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from inturn.worker.errors import Invalid
+
 ItemState = Literal["pending", "cleared"]
 ITEM_STATES: tuple[ItemState, ...] = ("pending", "cleared")
 
@@ -30,10 +32,10 @@ def check_code(field: str, value: str) -> str:
     """Return ``value`` if it is a valid code for ``field`` (queue, record kind, reason).
 
     Raises:
-        ValueError: naming the field, when the value is empty, too long or not lowercase.
+        Invalid: naming the field, when the value is empty, too long or not lowercase.
     """
     if not CODE.match(value):
-        raise ValueError(
+        raise Invalid(
             f"{field} {value!r} is not a code (lowercase letters, digits, '-', '_', '.';"
             " at most 63 characters)"
         )
@@ -44,10 +46,10 @@ def check_record_key(value: str) -> str:
     """Return ``value`` if it is a non-empty record key of at most 256 characters.
 
     Raises:
-        ValueError: empty or too long.
+        Invalid: empty or too long.
     """
     if not value or len(value) > RECORD_KEY_MAX:
-        raise ValueError(f"record key must be 1..{RECORD_KEY_MAX} characters")
+        raise Invalid(f"record key must be 1..{RECORD_KEY_MAX} characters")
     return value
 
 
@@ -55,16 +57,16 @@ def encode_details(details: dict[str, Any]) -> str:
     """Compact JSON of ``details``, at most 4,096 bytes.
 
     Raises:
-        ValueError: not a JSON object, not serialisable, or too large.
+        Invalid: not a JSON object, not serialisable, or too large.
     """
     if not isinstance(details, dict):
-        raise ValueError("details must be a JSON object")
+        raise Invalid("details must be a JSON object")
     try:
         text = json.dumps(details, separators=(",", ":"), sort_keys=True, default=str)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"details are not JSON: {exc}") from None
+        raise Invalid(f"details are not JSON: {exc}") from None
     if len(text.encode()) > DETAILS_MAX_BYTES:
-        raise ValueError(f"details exceed {DETAILS_MAX_BYTES} bytes; keep them small")
+        raise Invalid(f"details exceed {DETAILS_MAX_BYTES} bytes; keep them small")
     return text
 
 
@@ -72,14 +74,14 @@ def check_clear(who: str, note: str) -> None:
     """Check the two things every clear must say: who, and why.
 
     Raises:
-        ValueError: ``who`` or ``note`` is blank, or the note is longer than 1,000 characters.
+        Invalid: ``who`` or ``note`` is blank, or the note is longer than 1,000 characters.
     """
     if not who.strip():
-        raise ValueError("who must be given to clear an item")
+        raise Invalid("who must be given to clear an item")
     if not note.strip():
-        raise ValueError("a note must be given to clear an item")
+        raise Invalid("a note must be given to clear an item")
     if len(note) > NOTE_MAX:
-        raise ValueError(f"note must be at most {NOTE_MAX} characters")
+        raise Invalid(f"note must be at most {NOTE_MAX} characters")
 
 
 @dataclass(frozen=True)

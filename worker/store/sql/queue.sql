@@ -345,11 +345,50 @@ SELECT id, channel, destination, control_id, message_type, payload, state, resen
  ORDER BY id
    FOR UPDATE;
 
--- name: mark_resent
-UPDATE inturn_delivery SET resent_as = %(copy)s WHERE id = %(id)s;
+-- name: lock_and_draw_ids
+-- A resend's first write: the enqueue locks of its destinations (sorted, as every enqueue takes
+-- them), then n row IDs drawn under them, so that ID order stays commit order.
+WITH locked AS MATERIALIZED (
+    SELECT count(inturn_enqueue_lock(s.d)) AS n
+      FROM (SELECT d FROM unnest(%(destinations)s::text[]) AS d ORDER BY d) AS s
+)
+SELECT nextval(pg_get_serial_sequence('inturn_delivery', 'id')) AS id
+  FROM generate_series(1, %(n)s) AS g(i)
+ WHERE (SELECT n FROM locked) >= 0
+ ORDER BY g.i;
 
--- name: mark_copy
-UPDATE inturn_delivery SET resent_from = %(original)s WHERE id = %(copy)s;
+-- name: resend_copies
+-- Every copy of a resend in ONE statement: the copies inserted with their drawn IDs (each
+-- pointing at its original), each original pointing at its copy, one NOTIFY per destination.
+-- keys: each copy's identifier index keys, one comma-separated string per copy.
+WITH copy AS (
+    SELECT c.id, c.original, c.payload, c.size, c.keys
+      FROM unnest(%(ids)s::bigint[], %(originals)s::bigint[], %(payloads)s::bytea[],
+                  %(sizes)s::int[], %(keys)s::text[]) AS c(id, original, payload, size, keys)
+),
+inserted AS (
+    INSERT INTO inturn_delivery
+           (id, destination, channel, control_id, message_type, payload, size, patient_keys,
+            resent_from)
+    OVERRIDING SYSTEM VALUE
+    SELECT c.id, o.destination, o.channel, o.control_id, o.message_type, c.payload, c.size,
+           string_to_array(c.keys, ','), c.original
+      FROM copy c JOIN inturn_delivery o ON o.id = c.original
+     ORDER BY c.id
+    RETURNING id
+),
+marked AS (
+    UPDATE inturn_delivery o SET resent_as = c.id
+      FROM copy c
+     WHERE o.id = c.original
+    RETURNING o.id
+),
+notified AS (
+    SELECT count(pg_notify(u.c, u.d)) AS n
+      FROM unnest(%(channels)s::text[], %(destinations)s::text[]) AS u(c, d)
+)
+SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM marked) AS marked,
+       (SELECT n FROM notified) AS notified;
 
 -- name: oldest_pending
 -- A destination's head as a person sees it: its oldest pending item (on hold or not), with the
