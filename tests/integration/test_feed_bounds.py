@@ -21,6 +21,7 @@ from psycopg import AsyncConnection
 from inturn.worker.feeds.declare import parse_feeds
 from inturn.worker.feeds.rules import feed_silent
 from inturn.worker.ingest.feeds import FeedRecorder
+from inturn.worker.store import feeds as store
 from inturn.worker.store.connect import Pools
 
 pytestmark = pytest.mark.store
@@ -125,3 +126,8 @@ async def test_the_sweeper_does_not_raise_a_sender_seen_once(
     await conn.execute("UPDATE inturn_feed_sender SET last_message_at = now() - interval '1 hour'")
     placed = await feed_silent(conn, limit=100, dry_run=False)
     assert sorted(p.item.record_key for p in placed.placements) == ["lab", "lab/REAL^SITE"]
+    # nor does the console or the CLI list noise as a feed
+    assert [(r.channel, r.sender) for r in await store.overview(conn)] == [
+        ("lab", ""),
+        ("lab", "REAL^SITE"),
+    ]

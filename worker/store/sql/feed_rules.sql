@@ -89,7 +89,8 @@ SELECT count(*) AS n FROM inturn_worklist_item
 SELECT now() AS now;
 
 -- name: overview
--- Every declared feed and each seen sender of per-sender feeds, for the console and the CLI.
+-- Every declared feed and each sender of per-sender feeds heard more than once (one heard once
+-- is noise, not a feed), for the console and the CLI.
 SELECT f.channel, ''::text AS sender, f.last_message_at, f.declared_at,
        f.silent_after_seconds, f.schedule, f.per_sender
   FROM inturn_feed f
@@ -97,5 +98,5 @@ UNION ALL
 SELECT s.channel, s.sender, s.last_message_at, s.first_message_at, f.silent_after_seconds,
        f.schedule, true
   FROM inturn_feed f JOIN inturn_feed_sender s ON s.channel = f.channel
- WHERE f.per_sender
+ WHERE f.per_sender AND s.messages > 1
  ORDER BY 1, 2;
