@@ -147,3 +147,17 @@ def test_a_rendered_worker_configuration_is_checked_alike() -> None:
     }
     with pytest.raises(ManifestError, match=r"sender\.http\.headers"):
         load_worker_config(doc)
+
+
+def test_the_refusal_is_said_in_words() -> None:
+    with pytest.raises(ManifestError) as info:
+        validate_manifest(manifest(http(headers={"X-Tenant": "a\r\nX-Evil: 1"})))
+    assert info.value.errors == (
+        "spec.sender.http.headers.X-Tenant: must not contain control characters (CR, LF, NUL, ...)",
+    )
+    with pytest.raises(ManifestError) as info:
+        validate_manifest(manifest(http(headers={"Bad Name": "x"})))
+    assert info.value.errors == (
+        "spec.sender.http.headers: a header name is not an HTTP field name"
+        " (letters, digits and !#$%&'*+-.^_`|~ only)",
+    )

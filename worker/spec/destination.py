@@ -36,6 +36,7 @@ import yaml
 
 from inturn.worker.errors import Invalid
 from inturn.worker.senders import registry as senders
+from inturn.worker.senders import shape
 from inturn.worker.spec import schema
 from inturn.worker.spec.config import (
     WorkerConfig,
@@ -128,6 +129,13 @@ def _path(prefix: str, parts: Any) -> str:
     return out or "<root>"
 
 
+#: Plain words for a pattern whose regular expression says little to a reader.
+PATTERN_WORDS: dict[str, str] = {
+    shape.HEADER_VALUE_PATTERN: "must not contain control characters (CR, LF, NUL, ...)",
+    shape.HOST_PATTERN: "must not contain whitespace, control characters or '/'",
+}
+
+
 def _short(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 64 else text[:61] + "..."
@@ -155,7 +163,9 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> list[str]:
             "must not be empty" if value == 1 else f"must be at least {value} characters"
         ),
         "maxLength": lambda: f"must be at most {value} characters",
-        "pattern": lambda: f"{_short(error.instance)} does not match {value}",
+        "pattern": lambda: PATTERN_WORDS.get(
+            str(value), f"{_short(error.instance)} does not match {value}"
+        ),
         "enum": lambda: "must be one of " + ", ".join(str(x) for x in value),
         "maxItems": lambda: f"must have at most {value} items",
         "maxProperties": lambda: f"must have at most {value} entries",
