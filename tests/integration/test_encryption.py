@@ -299,6 +299,44 @@ async def test_ingest_seals_every_payload_with_its_row_id_and_the_window_keeps_w
     assert hashlib.sha256(sent[0]).digest() not in {bytes(w[0]) for w in window}
 
 
+async def test_ingest_with_keys_queues_a_resend_after_a_failure_sealed_for_its_own_row(
+    fresh_db: str, keys_dir: Path, key_dsn: str
+) -> None:
+    """Issue 28, item 2 on the sealed path (reserve, store_sealed): the same bytes again while
+    the first copy is pending are a duplicate; after it failed, a re-send sealed for its own
+    row and linked to the failed one."""
+    register(fresh_db, DEST, "adt")
+    config = IngestConfig(
+        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
+        refresh_seconds=0.2,
+        store_timeout=5.0,
+        shutdown_grace=2.0,
+        payload_keys=str(keys_dir),
+        key_dsn=key_dsn,
+    )
+    payload = adt(7, "RESEND-1")
+    async with Ingest(config, dsn=fresh_db) as running:
+        client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
+        try:
+            await client.send(payload)
+            await client.send(payload)  # pending: a duplicate
+            with psycopg.connect(fresh_db, autocommit=True) as conn:
+                conn.execute("UPDATE inturn_delivery SET state = 'failed', finished_at = now()")
+            await client.send(payload)  # failed: a re-send
+        finally:
+            await client.close()
+    with psycopg.connect(fresh_db) as conn:
+        stored = conn.execute(
+            "SELECT id, destination, payload, state, resent_from, resent_as"
+            " FROM inturn_delivery ORDER BY id"
+        ).fetchall()
+    [(first, _, _, _, _, resent_as), (copy, _, sealed, state, resent_from, _)] = stored
+    assert (state, resent_from, resent_as) == ("pending", first, copy)
+    reader = await keys.codec(keys_dir, key_dsn)
+    assert await reader.open(copy, DEST, bytes(sealed)) == payload
+    assert NAME not in bytes(sealed)
+
+
 def test_the_queue_commands_open_list_and_erase_with_the_keys_and_refuse_without(
     fresh_db: str, keys_dir: Path, key_dsn: str, capsysbinary: pytest.CaptureFixture[bytes]
 ) -> None:

@@ -607,6 +607,150 @@ async def test_concurrent_copies_are_stored_once(ingest: Ingest, fresh_db: str) 
     assert len(rows(fresh_db)) == 1
 
 
+def finish(dsn: str, ids: Sequence[int], state: str, ago_seconds: float = 0.0) -> None:
+    """Mark delivery rows finished in ``state`` (as the worker or a person would),
+    ``ago_seconds`` ago."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE inturn_delivery SET state = %s,"
+            " finished_at = now() - make_interval(secs => %s) WHERE id = ANY(%s)",
+            (state, ago_seconds, list(ids)),
+        )
+
+
+def links(dsn: str) -> list[tuple[int, str, str, int | None, int | None]]:
+    """(id, destination, state, resent_from, resent_as) of every delivery row."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT id, destination, state, resent_from, resent_as FROM inturn_delivery ORDER BY id"
+        ).fetchall()
+
+
+def duplicates(kind: str) -> float:
+    return counter("inturn_ingest_duplicates_total", channel="adt", kind=kind)
+
+
+async def test_a_copy_received_again_after_a_failure_is_queued_as_a_resend(
+    ingest: Ingest, fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The "please resend it" an analyst asks of a sender: the same bytes after the first copy
+    failed are a new message, linked to the failed one, logged and counted; while that copy is
+    pending, the same bytes are a duplicate (a lost ACK), logged with its id."""
+    identical, resent = duplicates("identical"), duplicates("resent")
+    c = await client(ingest)
+    caplog.set_level(logging.INFO, logger="inturn.ingest")
+    assert (await c.send(msg("R1"))).code == "AA"
+    [(first, *_)] = rows(fresh_db)
+    again = await c.send(msg("R1"))  # pending: the sender lost our ACK
+    assert again.code == "AA" and again.text is not None and "duplicate" in again.text
+    assert [r[0] for r in rows(fresh_db)] == [first]
+    assert (
+        f"channel adt: MSH-10 'R1' received again; earlier copy #{first} at hospital/adt-out"
+        " (pending): acknowledged, not queued again"
+    ) in caplog.messages
+    finish(fresh_db, [first], "failed")
+    resend = await c.send(msg("R1"))  # after the failure: a re-send
+    assert resend.code == "AA" and (resend.text is None or "duplicate" not in resend.text)
+    [_, (copy, *_)] = rows(fresh_db)
+    assert links(fresh_db) == [
+        (first, "hospital/adt-out", "failed", None, copy),
+        (copy, "hospital/adt-out", "pending", first, None),
+    ]
+    assert (
+        f"channel adt: MSH-10 'R1' received again; earlier copy #{first} at hospital/adt-out"
+        f" (failed): queued again as #{copy} (a re-send)"
+    ) in caplog.messages
+    # the copy is now the latest: pending, so the same bytes are a duplicate of it
+    assert "duplicate" in ((await c.send(msg("R1"))).text or "")
+    assert len(rows(fresh_db)) == 2
+    assert (duplicates("identical"), duplicates("resent")) == (identical + 2, resent + 1)
+    # skipped: a re-send too, linked to the copy (the end of the chain)
+    finish(fresh_db, [copy], "skipped")
+    assert (await c.send(msg("R1"))).code == "AA"
+    third = links(fresh_db)[-1]
+    assert third[2:] == ("pending", copy, None) and links(fresh_db)[1][4] == third[0]
+    await c.close()
+
+
+async def test_delivered_copies_are_duplicates_only_inside_the_lost_ack_window(
+    fresh_db: str,
+) -> None:
+    register(fresh_db, "hospital/adt-out", "adt")
+    async with Ingest(config(duplicate_delivered_window=60), dsn=fresh_db) as ingest:
+        c = await client(ingest)
+        assert (await c.send(msg("L1"))).code == "AA"
+        assert (await c.send(msg("L2"))).code == "AA"
+        [(one, *_), (two, *_)] = rows(fresh_db)
+        finish(fresh_db, [one], "delivered", ago_seconds=5)  # ACK lost a moment ago
+        finish(fresh_db, [two], "delivered", ago_seconds=3600)  # delivered an hour ago
+        assert "duplicate" in ((await c.send(msg("L1"))).text or "")
+        assert "duplicate" not in ((await c.send(msg("L2"))).text or "")
+        await c.close()
+    assert [(r[0], r[3]) for r in links(fresh_db)] == [(one, None), (two, None), (two + 1, two)]
+
+
+async def test_a_copy_of_an_erased_message_is_queued_unlinked(
+    ingest: Ingest, fresh_db: str
+) -> None:
+    c = await client(ingest)
+    assert (await c.send(msg("E1"))).code == "AA"
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM inturn_delivery")  # what erasure does to the rows
+    assert (await c.send(msg("E1"))).code == "AA"
+    await c.close()
+    [(_, destination, state, resent_from, _)] = links(fresh_db)
+    assert (destination, state, resent_from) == ("hospital/adt-out", "pending", None)
+
+
+async def test_a_fanned_out_copy_is_queued_only_where_its_earlier_copy_failed(
+    fresh_db: str,
+) -> None:
+    register(fresh_db, "hospital/a", "adt")
+    register(fresh_db, "hospital/b", "adt")
+    async with Ingest(config(), dsn=fresh_db) as ingest:
+        c = await client(ingest)
+        assert (await c.send(msg("F1"))).code == "AA"
+        [(a, *_), (b, *_)] = rows(fresh_db)
+        finish(fresh_db, [b], "failed")
+        assert (await c.send(msg("F1"))).code == "AA"
+        await c.close()
+    assert links(fresh_db) == [
+        (a, "hospital/a", "pending", None, None),
+        (b, "hospital/b", "failed", None, b + 1),
+        (b + 1, "hospital/b", "pending", b, None),
+    ]
+
+
+async def test_concurrent_resends_of_a_failed_message_queue_one_copy(fresh_db: str) -> None:
+    """Two replicas receive the re-send at the same moment: both statements wait on the window
+    row (held here by a third session) with snapshots that see neither copy; one copy."""
+    register(fresh_db, "hospital/adt-out", "adt")
+    async with Ingest(config(), dsn=fresh_db) as one, Ingest(config(), dsn=fresh_db) as two:
+        c = await client(one)
+        assert (await c.send(msg("C9"))).code == "AA"
+        await c.close()
+        [(first, *_)] = rows(fresh_db)
+        finish(fresh_db, [first], "failed")
+        async with await AsyncConnection.connect(fresh_db) as holder:
+            await holder.execute("SELECT 1 FROM inturn_received FOR UPDATE")
+            clients = [await client(one), await client(two)]
+            sends = [asyncio.create_task(k.send(msg("C9"))) for k in clients]
+            async with asyncio.timeout(10):
+                while True:  # both statements are waiting on the row
+                    cur = await holder.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    )
+                    if (await cur.fetchone()) == (2,):
+                        break
+                    await asyncio.sleep(0.05)
+            await holder.commit()
+        acks = await asyncio.gather(*sends)
+        await asyncio.gather(*(k.close() for k in clients))
+    assert [a.code for a in acks] == ["AA", "AA"]
+    assert [r[3] for r in links(fresh_db)] == [None, first]
+
+
 # --- routing -------------------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from inturn.worker.cli.options import (
 )
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
+    DEFAULT_DELIVERED_WINDOW_SECONDS,
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
     DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_STORE_TIMEOUT_SECONDS,
@@ -200,7 +201,16 @@ def _size(value: str) -> int:
     type=float,
     default=DEFAULT_DUPLICATE_WINDOW_SECONDS,
     show_default=True,
-    help="Seconds a message is remembered to recognise a resend (0: off).",
+    help="Seconds a message is remembered to recognise a copy received again (0: off).",
+)
+@click.option(
+    "--duplicate-delivered-window",
+    type=float,
+    default=DEFAULT_DELIVERED_WINDOW_SECONDS,
+    show_default=True,
+    help="Seconds after its earlier copy's delivery during which a copy received again is"
+    " taken for a sender that lost our ACK (AA, not queued); later, or after a failure,"
+    " skip or erasure, it is queued again as a re-send.",
 )
 @click.option(
     "--hold-unrouted",
@@ -312,6 +322,7 @@ def ingest_command(
     idle_timeout: float,
     frame_timeout: float,
     duplicate_window: float,
+    duplicate_delivered_window: float,
     hold_unrouted: tuple[str, ...],
     accept_unrouted: tuple[str, ...],
     refresh: float,
@@ -389,6 +400,7 @@ def ingest_command(
             idle_timeout=idle_timeout,
             frame_timeout=frame_timeout,
             duplicate_window=duplicate_window,
+            duplicate_delivered_window=duplicate_delivered_window,
             hold_unrouted=frozenset(hold_unrouted),
             accept_unrouted=frozenset(accept_unrouted),
             refresh_seconds=refresh,

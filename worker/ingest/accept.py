@@ -49,8 +49,14 @@ with LF or CRLF has them turned into CR (:mod:`inturn.worker.hl7.terminators`); 
 segments end with CR is stored, sent and printed byte for byte.
 
 Duplicates: within the window (default 24 h), a message with the same channel, MSH-10 and
-identical bytes as one already stored is acknowledged again (AA, MSA-3 says so) without a second
-copy. The same MSH-10 with different bytes is a different message: it is stored and counted.
+identical bytes as one already stored is *received again*. It is a duplicate, acknowledged
+again (AA, MSA-3 says so) without a second copy, logged with the earlier copy's id and counted,
+only while that copy is pending or was delivered within the lost-ACK window (default 10
+minutes): the window exists for a sender that lost our ACK. After a failure, a skip, an erasure
+or an older delivery it is the "please resend it" an analyst asks for: queued again as a
+re-send linked to the earlier copy, as ``queue resend`` links them
+(:func:`inturn.worker.store.ingest.store_batch`). The same MSH-10 with different bytes is a
+different message: it is stored and counted.
 
 Batches: a payload starting with FHS or BHS is an HL7 batch (v2.5 chapter 2, 2.10.3). Its
 messages are checked one by one as above and stored all in one transaction, in order; the
@@ -67,7 +73,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -110,16 +116,33 @@ from inturn.worker.ingest.routing import Router, hold_destination
 from inturn.worker.orders.keys import reply_digests
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store import ingest as ingest_store
-from inturn.worker.store.model import StoreResult
+from inturn.worker.store.model import Earlier, StoreResult
 
 log = logging.getLogger("inturn.ingest")
 
 #: Default duplicate window: 24 hours, in seconds.
 DEFAULT_DUPLICATE_WINDOW_SECONDS = 24 * 3600.0
+#: Default lost-ACK window, seconds (see :mod:`inturn.worker.store.ingest`).
+DEFAULT_DELIVERED_WINDOW_SECONDS = ingest_store.DEFAULT_DELIVERED_WINDOW_SECONDS
 #: Default bound on the messages of one HL7 batch (FHS/BHS ... BTS/FTS).
 DEFAULT_MAX_BATCH_MESSAGES = 1000
 #: Default bound, in seconds, on storing one message (pool wait + transaction).
 DEFAULT_STORE_TIMEOUT_SECONDS = 10.0
+
+
+def _earlier(earlier: Sequence[Earlier]) -> str:
+    """``#12 at ward/lab (pending), at ward/ris gone (erased or purged)``: the earlier copies a
+    message received again found, for the log (ids, destinations and states, never payload
+    text)."""
+    parts = []
+    for e in earlier:
+        if e.state == "arriving":
+            parts.append(f"at {e.destination} arriving at the same moment")
+        elif e.id is None:
+            parts.append(f"at {e.destination} gone (erased or purged)")
+        else:
+            parts.append(f"#{e.id} at {e.destination} ({e.state})")
+    return ", ".join(parts)
 
 
 async def forget_old(
@@ -148,6 +171,8 @@ class Acceptor:
         accept_unrouted: channels whose unrouted messages are answered AA (CA) and dropped,
             not stored, instead of rejected (a channel in both holds).
         duplicate_window_seconds: the duplicate window; 0 turns duplicate detection off.
+        delivered_window_seconds: the lost-ACK window: a message received again within this
+            time of its earlier copy's delivery is acknowledged without being queued again.
         store_timeout_seconds: bound on waiting for a connection plus the transaction; past it
             the transaction is cancelled and its end awaited: AE once it rolled back (nothing
             kept), AA if it committed first, and no answer at all when its end cannot be seen
@@ -166,6 +191,7 @@ class Acceptor:
         hold_unrouted: Collection[str] = (),
         accept_unrouted: Collection[str] = (),
         duplicate_window_seconds: float = DEFAULT_DUPLICATE_WINDOW_SECONDS,
+        delivered_window_seconds: float = DEFAULT_DELIVERED_WINDOW_SECONDS,
         store_timeout_seconds: float = DEFAULT_STORE_TIMEOUT_SECONDS,
         max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS,
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
@@ -186,10 +212,12 @@ class Acceptor:
         self.hold_unrouted = frozenset(hold_unrouted)
         self.accept_unrouted = frozenset(accept_unrouted) - self.hold_unrouted
         self.duplicate_window_seconds = duplicate_window_seconds
+        self.delivered_window_seconds = delivered_window_seconds
         self.store_timeout_seconds = store_timeout_seconds
         self.committer = Committer(
             pool,
             window_seconds=duplicate_window_seconds,
+            delivered_seconds=delivered_window_seconds,
             store_timeout=store_timeout_seconds,
             payloads=self.payloads,
         )
@@ -343,8 +371,28 @@ class Acceptor:
                 channel,
                 header.control_id,
             )
-        if result.duplicate:
+        kept = [e for e in result.earlier if not e.queued]
+        if kept or (result.duplicate and not result.earlier):
             metrics.DUPLICATES.labels(channel, "identical").inc()
+            log.info(
+                "channel %s: MSH-10 %r received again; earlier copy %s: acknowledged, not"
+                " queued again",
+                channel,
+                header.control_id,
+                _earlier(kept) if kept else "earlier in the same batch",
+            )
+        queued = [e for e in result.earlier if e.queued]
+        if queued:
+            metrics.DUPLICATES.labels(channel, "resent").inc()
+            log.info(
+                "channel %s: MSH-10 %r received again; earlier copy %s: queued again as %s"
+                " (a re-send)",
+                channel,
+                header.control_id,
+                _earlier(queued),
+                ", ".join(f"#{i}" for i in result.ids),
+            )
+        if result.duplicate:
             outcome = answer(
                 header,
                 "accept",
@@ -393,6 +441,7 @@ class Acceptor:
                 channel,
                 [(p.destinations, p.message) for p in ready],
                 window_seconds=self.duplicate_window_seconds,
+                delivered_seconds=self.delivered_window_seconds,
                 store_timeout=self.store_timeout_seconds,
                 payloads=self.payloads,
             )

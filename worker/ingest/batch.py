@@ -47,7 +47,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Unavailable
 from inturn.worker.store.faults import classify
-from inturn.worker.store.ingest import store_batch
+from inturn.worker.store.ingest import DEFAULT_DELIVERED_WINDOW_SECONDS, store_batch
 from inturn.worker.store.model import Message, StoreResult
 
 log = logging.getLogger("inturn.ingest")
@@ -95,6 +95,8 @@ class Committer:
     Args:
         pool: the write pool (autocommit connections, ``synchronous_commit`` on).
         window_seconds: the duplicate window (0 turns it off).
+        delivered_seconds: the lost-ACK window (see
+            :func:`inturn.worker.store.ingest.store_batch`).
         store_timeout: seconds (> 0) from handing a message over to the end of its storing,
             pool wait included; past it the statement is cancelled (see the module docstring).
         confirm_seconds: seconds to wait for a cancelled statement's end.
@@ -107,6 +109,7 @@ class Committer:
         pool: AsyncConnectionPool,
         *,
         window_seconds: float,
+        delivered_seconds: float = DEFAULT_DELIVERED_WINDOW_SECONDS,
         store_timeout: float = DEFAULT_STORE_TIMEOUT_SECONDS,
         confirm_seconds: float = DEFAULT_CONFIRM_SECONDS,
         max_messages: int = MAX_BATCH_MESSAGES,
@@ -117,6 +120,7 @@ class Committer:
         #: Seals the payloads of each batch (payload keys given) or passes them (none).
         self.payloads = payloads
         self.window_seconds = window_seconds
+        self.delivered_seconds = delivered_seconds
         self.store_timeout = store_timeout
         self.confirm_seconds = confirm_seconds
         self.max_messages = max_messages
@@ -261,6 +265,7 @@ class Committer:
                         messages=[w.message for w in batch],
                         window_seconds=self.window_seconds,
                         payloads=self.payloads,
+                        delivered_seconds=self.delivered_seconds,
                     ),
                 )
         except PoolTimeout as exc:  # no connection in time: nothing was sent

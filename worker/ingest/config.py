@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from inturn.worker.feeds.declare import Feed
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
+    DEFAULT_DELIVERED_WINDOW_SECONDS,
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
     DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_STORE_TIMEOUT_SECONDS,
@@ -56,6 +57,10 @@ class IngestConfig:
         duplicate_window: seconds a received message is remembered for duplicate detection;
             0 turns it off. All replicas of one deployment should use the same value (each
             purges rows older than its own window).
+        duplicate_delivered_window: the lost-ACK window, seconds: a message received again
+            (inside ``duplicate_window``) within this time of its earlier copy's delivery is
+            acknowledged without being queued; after a failure, a skip, an erasure or an older
+            delivery it is queued again, as a re-send linked to that copy.
         hold_unrouted: channels whose messages without a destination are held in
             ``_unrouted/<channel>`` instead of answered AR.
         accept_unrouted: channels whose messages without a destination are answered AA and
@@ -96,6 +101,7 @@ class IngestConfig:
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     frame_timeout: float = DEFAULT_FRAME_TIMEOUT
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_SECONDS
+    duplicate_delivered_window: float = DEFAULT_DELIVERED_WINDOW_SECONDS
     hold_unrouted: frozenset[str] = field(default_factory=frozenset)
     accept_unrouted: frozenset[str] = field(default_factory=frozenset)
     refresh_seconds: float = DEFAULT_REFRESH_SECONDS
@@ -132,6 +138,8 @@ class IngestConfig:
             raise ValueError("timeouts must be positive")
         if self.duplicate_window < 0:
             raise ValueError("duplicate_window must not be negative")
+        if self.duplicate_delivered_window < 0:
+            raise ValueError("duplicate_delivered_window must not be negative")
         if self.pool_size < 1:
             raise ValueError("pool_size must be at least 1")
         if self.max_indexed_identifiers < 1:

@@ -35,7 +35,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.ingest.batch import DEFAULT_CONFIRM_SECONDS, StoreTimeout, run_bounded
 from inturn.worker.store import queue
-from inturn.worker.store.ingest import store_statement
+from inturn.worker.store.ingest import DEFAULT_DELIVERED_WINDOW_SECONDS, store_statement
 from inturn.worker.store.model import Message, StoreResult
 
 
@@ -45,6 +45,7 @@ async def store_all(
     items: Sequence[tuple[Sequence[str], Message]],
     *,
     window_seconds: float,
+    delivered_seconds: float = DEFAULT_DELIVERED_WINDOW_SECONDS,
     store_timeout: float,
     confirm_seconds: float = DEFAULT_CONFIRM_SECONDS,
     payloads: PayloadCodec | None = None,
@@ -60,6 +61,7 @@ async def store_all(
         channel: where the batch arrived.
         items: ``(destinations, message)`` per message of the batch, in batch order.
         window_seconds: the duplicate window (0 turns it off).
+        delivered_seconds: the lost-ACK window (:func:`inturn.worker.store.ingest.store_batch`).
         store_timeout: seconds for the pool wait and the transaction together.
         confirm_seconds: seconds to wait for a cancelled transaction's end.
 
@@ -87,6 +89,7 @@ async def store_all(
                     messages=[message],
                     window_seconds=window_seconds,
                     payloads=payloads,
+                    delivered_seconds=delivered_seconds,
                 )
                 results.append(result)
             return results

@@ -18,8 +18,11 @@ MESSAGES = Counter(
 DUPLICATES = Counter(
     "inturn_ingest_duplicates",
     "Messages seen again inside the duplicate window, by kind: 'identical' (same MSH-10 and"
-    " bytes: acknowledged, not stored again) or 'control_id_reused' (same MSH-10, other bytes:"
-    " stored, since it is a different message).",
+    " bytes while the earlier copy is pending or was just delivered: acknowledged, not stored"
+    " again, logged with the earlier copy's id), 'resent' (same MSH-10 and bytes after the"
+    " earlier copy failed, was skipped or erased, or was delivered longer ago: queued again,"
+    " linked to it) or 'control_id_reused' (same MSH-10, other bytes: stored, since it is a"
+    " different message).",
     ["channel", "kind"],
 )
 STORE_SECONDS = Histogram(

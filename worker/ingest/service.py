@@ -176,6 +176,7 @@ class Ingest:
                 hold_unrouted=config.hold_unrouted,
                 accept_unrouted=config.accept_unrouted,
                 duplicate_window_seconds=config.duplicate_window,
+                delivered_window_seconds=config.duplicate_delivered_window,
                 store_timeout_seconds=config.store_timeout,
                 max_indexed_identifiers=config.max_indexed_identifiers,
                 max_batch_messages=config.max_batch_messages,

@@ -8,8 +8,9 @@ parameters and result rows stay here. The routing table's rows are dicts read by
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import AsyncConnection
@@ -19,11 +20,28 @@ from psycopg.types.array import ListBinaryDumper
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Invalid
 from inturn.worker.store.identifiers import keys_text
-from inturn.worker.store.model import Message, StoreResult
+from inturn.worker.store.model import Earlier, Message, StoreResult
 from inturn.worker.store.queries import fetch_all, load
 from inturn.worker.store.queue import notify_channel
 
 Q = load("ingest.sql")
+
+#: Default lost-ACK window, seconds: a message received again within this time of its earlier
+#: copy's delivery is taken for a sender that lost our ACK, and not queued again.
+DEFAULT_DELIVERED_WINDOW_SECONDS = 600.0
+
+
+def _compact(query: str) -> LiteralString:
+    """``query`` without its comment lines and runs of blanks: psycopg caches its conversion
+    of a query only under 4 KiB (``MAX_CACHED_STATEMENT_LENGTH``), and the store statements run
+    for every batch. Only for statements whose string literals hold no blank runs and no
+    newline (those of ``ingest.sql``: ``','``, ``'pending'``, ``'delivered'``, ``'arriving'``)."""
+    lines = (" ".join(line.split()) for line in query.splitlines())
+    return "\n".join(x for x in lines if x and not x.startswith("--"))
+
+
+#: The statements as sent (``sql/ingest.sql``, compacted).
+STORE, RESERVE, STORE_SEALED = (_compact(Q[n]) for n in ("store", "reserve", "store_sealed"))
 
 
 async def routes(conn: AsyncConnection[Any]) -> list[dict[str, Any]]:
@@ -33,12 +51,14 @@ async def routes(conn: AsyncConnection[Any]) -> list[dict[str, Any]]:
 
 async def store_messages(conn: AsyncConnection[Any], params: dict[str, Any]) -> dict[str, Any]:
     """Run the store statement (see ``sql/ingest.sql``, ``store``) with ``params`` and return
-    its one row: ``fresh`` (1-based positions stored), ``ids``, ``reused`` (positions whose
-    control ID was seen with another payload). Arrays are sent in binary (the text form would
+    its one row: ``fresh`` (1-based positions stored as new messages), ``ids``, ``repeated``
+    (JSON: ``[position, destination, earlier id, earlier state, queued]`` per message received
+    again and destination), ``reused`` (positions whose control ID was seen with another
+    payload). Arrays are sent in binary (the text form would
     hex-escape every payload in Python)."""
     async with conn.cursor(row_factory=dict_row) as cur:
         cur.adapters.register_dumper(list, ListBinaryDumper)
-        await cur.execute(Q["store"], params)
+        await cur.execute(STORE, params)
         row = await cur.fetchone()
     assert row is not None
     return row
@@ -51,6 +71,7 @@ async def store_batch(
     destinations: Sequence[str],
     messages: Sequence[Message],
     window_seconds: float,
+    delivered_seconds: float = DEFAULT_DELIVERED_WINDOW_SECONDS,
     payloads: PayloadCodec | None = None,
 ) -> list[StoreResult]:
     """Store ``messages`` for every one of ``destinations`` in one transaction (one statement;
@@ -60,22 +81,34 @@ async def store_batch(
     (with ``synchronous_commit`` on, which the pool's connections set) has happened when the
     result arrives: one round trip. Its steps are ordered by data dependencies, not by text:
 
-    1. ``remembered``: one duplicate-window row per message (when the window is on). A copy of
-       the same bytes with the same MSH-10 on the same channel inside the window conflicts on
-       ``inturn_received_key``, is left alone and yields no row: that message is a duplicate
-       and nothing further is done for it. An older copy is outside the window: its row is
-       recycled. A concurrent copy waits on the unique index until the first commits (then it
-       is a duplicate) or rolls back (then it is stored).
-    2. ``locked``: the per-destination enqueue locks in sorted order, with the delivery queue's
+    1. ``remembered``: one duplicate-window row per message (when the window is on), upserted
+       on ``inturn_received_key``. A new message, or one whose row is older than the window
+       (recycled), is stored as new (``repeats`` 0). An identical copy inside the window (the
+       same channel, MSH-10 and bytes) only counts itself (``repeats`` + 1): it is a message
+       *received again*. A concurrent copy waits on the unique index until the first commits.
+    2. ``latest``: for a message received again, per destination, its latest earlier copy
+       there (the newest row of the channel, MSH-10 and destination enqueued since the window
+       row's ``received_at``: the original, a person's ``queue resend`` or an earlier re-send;
+       a message's rows share the transaction's ``now()`` with its window row). The new copy is
+       acknowledged without being queued while that copy is pending, or was delivered within
+       ``delivered_seconds`` (the lost-ACK window: a sender that lost our ACK sends again within
+       minutes). It is queued as a re-send, linked to that copy (``resent_from`` on the new
+       row, ``resent_as`` on the earlier one, as ``queue resend`` links them), when that copy
+       failed, was skipped, was delivered longer ago, or is gone (erased, purged: nothing to
+       link). A copy whose window row another transaction counted after this statement's
+       snapshot (``prior`` disagrees with ``remembered``) arrived at the same moment as another:
+       it is never queued, so that two replicas given the same re-send queue it once.
+    3. ``locked``: the per-destination enqueue locks in sorted order, with the delivery queue's
        own function (``enqueue_lock`` in ``queue.sql``, as
        :func:`inturn.worker.store.queue.enqueue_in_transaction` takes it), so that id order is
        commit order per destination. The aggregate returns only once every lock is held, and
-       only when at least one message is fresh.
-    3. ``inserted``: one ``inturn_delivery`` row per fresh message and destination, in message
-       order then destination order (so ids ascend in that order), each with its message's
-       identifier index keys (:mod:`inturn.worker.store.identifiers`): the index is written in
-       the same transaction as the message.
-    4. ``notified``: one NOTIFY per destination, delivered at COMMIT.
+       only when at least one row is to be inserted.
+    4. ``inserted``: one ``inturn_delivery`` row per new message and destination and one per
+       re-send, in message order then destination order (so ids ascend in that order), each
+       with its message's identifier index keys (:mod:`inturn.worker.store.identifiers`): the
+       index is written in the same transaction as the message. ``linked`` marks the earlier
+       copies re-sent.
+    5. ``notified``: one NOTIFY per destination, delivered at COMMIT.
 
     The statement also reports, per message, whether its MSH-10 was used on the channel inside
     the window by a message with different bytes. A destination's lock is held only for the
@@ -88,6 +121,7 @@ async def store_batch(
         destinations: ``namespace/name`` values (at least one; repeats are ignored).
         messages: at least one.
         window_seconds: the duplicate window; 0 or less turns duplicate detection off.
+        delivered_seconds: the lost-ACK window (see step 2), seconds.
 
     Returns:
         One :class:`StoreResult` per message, in input order.
@@ -107,6 +141,7 @@ async def store_batch(
                 destinations=destinations,
                 messages=messages,
                 window_seconds=window_seconds,
+                delivered_seconds=delivered_seconds,
                 payloads=payloads,
             )
     return await store_statement(
@@ -115,6 +150,7 @@ async def store_batch(
         destinations=destinations,
         messages=messages,
         window_seconds=window_seconds,
+        delivered_seconds=delivered_seconds,
     )
 
 
@@ -125,6 +161,7 @@ async def store_statement(
     destinations: Sequence[str],
     messages: Sequence[Message],
     window_seconds: float,
+    delivered_seconds: float = DEFAULT_DELIVERED_WINDOW_SECONDS,
     payloads: PayloadCodec | None = None,
 ) -> list[StoreResult]:
     """Run the ``store`` statement of :func:`store_batch` in ``conn``'s current state: on an
@@ -161,11 +198,13 @@ async def store_statement(
             unique=unique,
             remember=remember,
             window_seconds=window_seconds,
+            delivered_seconds=delivered_seconds,
             payloads=payloads,
         )
     else:
         row = await store_messages(
-            conn, _plain_params(channel, ordered, unique, remember, window_seconds)
+            conn,
+            _plain_params(channel, ordered, unique, remember, window_seconds, delivered_seconds),
         )
     return _results(row, ordered, unique, slot, copy)
 
@@ -176,6 +215,7 @@ def _plain_params(
     unique: Sequence[Message],
     remember: bool,
     window_seconds: float,
+    delivered_seconds: float,
 ) -> dict[str, Any]:
     return {
         "channel": channel,
@@ -189,10 +229,41 @@ def _plain_params(
         "traceparents": [m.traceparent for m in unique],
         "reply_keys": [m.reply_keys for m in unique],
         "window_seconds": float(max(window_seconds, 0.0)),
+        "delivered_seconds": float(max(delivered_seconds, 0.0)),
         "remember": remember,
         "destinations": list(ordered),
         "channels": [notify_channel(d) for d in ordered],
     }
+
+
+def _repeated(row: dict[str, Any]) -> dict[int, list[Earlier]]:
+    """The ``repeated`` column of ``store`` or ``reserve``: per 0-based position of a message
+    received again, its earlier copies by destination, in destination order."""
+    repeated = row["repeated"]
+    if isinstance(repeated, str):
+        repeated = json.loads(repeated)
+    earlier: dict[int, list[Earlier]] = {}
+    for n, destination, earlier_id, state, queued in repeated or ():
+        earlier.setdefault(int(n) - 1, []).append(
+            Earlier(str(destination), earlier_id, state, bool(queued))
+        )
+    return earlier
+
+
+def _rows(
+    row: dict[str, Any], ordered: Sequence[str], count: int
+) -> list[list[tuple[str, int | None]]]:
+    """Per unique message, the rows stored for it: ``(destination, resent_from)``, in the
+    order their ids ascend (message order, then destination order). A new message has one per
+    destination; a message received again one per destination it was queued again for."""
+    fresh = {int(n) - 1 for n in row["fresh"] or ()}
+    earlier = _repeated(row)
+    return [
+        [(d, None) for d in ordered]
+        if i in fresh
+        else [(e.destination, e.id) for e in earlier.get(i, ()) if e.queued]
+        for i in range(count)
+    ]
 
 
 def _results(
@@ -202,21 +273,26 @@ def _results(
     slot: Sequence[int],
     copy: Sequence[bool],
 ) -> list[StoreResult]:
-    fresh_positions, ids, reused_positions = row["fresh"], row["ids"], row["reused"]
-    fresh = [int(n) - 1 for n in fresh_positions or ()]
-    reused = {int(n) - 1 for n in reused_positions or ()}
+    reused = {int(n) - 1 for n in row["reused"] or ()}
     answered = {int(n) - 1 for n in row["answered"] or ()}
-    all_ids = [int(i) for i in ids or ()]
-    width = len(ordered)
-    if len(all_ids) != width * len(fresh):
+    all_ids = [int(i) for i in row["ids"] or ()]
+    earlier = _repeated(row)
+    wanted = [len(r) for r in _rows(row, ordered, len(unique))]
+    if len(all_ids) != sum(wanted):
         raise RuntimeError("the store statement returned an unexpected number of rows")
-    by_unique: list[StoreResult] = [
-        StoreResult((), duplicate=True, control_id_reused=i in reused) for i in range(len(unique))
-    ]
-    for k, index in enumerate(fresh):
-        chunk = tuple(all_ids[k * width : (k + 1) * width])
-        by_unique[index] = StoreResult(
-            chunk, control_id_reused=index in reused, answered=index in answered
+    by_unique: list[StoreResult] = []
+    start = 0
+    for i, count in enumerate(wanted):
+        chunk = tuple(all_ids[start : start + count])
+        start += count
+        by_unique.append(
+            StoreResult(
+                chunk,
+                duplicate=not chunk,
+                control_id_reused=i in reused,
+                answered=i in answered,
+                earlier=tuple(earlier.get(i, ())),
+            )
         )
     results = []
     for index, is_copy in zip(slot, copy, strict=True):
@@ -235,6 +311,7 @@ async def store_sealed(
     unique: Sequence[Message],
     remember: bool,
     window_seconds: float,
+    delivered_seconds: float = DEFAULT_DELIVERED_WINDOW_SECONDS,
     payloads: PayloadCodec,
 ) -> dict[str, Any]:
     """Store a batch with its payloads sealed (payload keys given), inside the caller's
@@ -261,22 +338,28 @@ async def store_sealed(
         "digests": [m.digest for m in unique],
         "sizes": [len(m.payload) for m in unique],
         "window_seconds": window,
+        "delivered_seconds": float(max(delivered_seconds, 0.0)),
         "remember": remember,
         "destinations": list(ordered),
     }
-    got = await _one(conn, Q["reserve"], reserve)
+    got = await _one(conn, RESERVE, reserve)
     fresh = [int(n) - 1 for n in got["fresh"] or ()]
     drawn = sorted(int(i) for i in got["ids"] or ())
     got["ids"] = drawn
     got["answered"] = None
-    if not fresh:
-        return got
     rows: list[tuple[int, str, Message]] = []
+    resent_from: list[int | None] = []
     at = 0
-    for index in fresh:  # message order, then destination order: IDs ascend that way
-        for destination in ordered:
+    # message order, then destination order: IDs ascend that way (new messages and re-sends)
+    for index, placed in enumerate(_rows(got, ordered, len(unique))):
+        for destination, earlier_id in placed:
             rows.append((drawn[at], destination, unique[index]))
+            resent_from.append(earlier_id)
             at += 1
+    if len(rows) != len(drawn):
+        raise RuntimeError("the store statement returned an unexpected number of rows")
+    if not rows:
+        return got
     sealed = await payloads.seal_many([(i, d, m.payload) for i, d, m in rows])
     fresh_messages = [unique[i] for i in fresh]
     params = {
@@ -292,13 +375,14 @@ async def store_sealed(
             for _, _, m in rows
         ],
         "row_traceparents": [m.traceparent for _, _, m in rows],
+        "row_resent_from": resent_from,
         "destinations": list(ordered),
         "channels": [notify_channel(d) for d in ordered],
         "control_ids": [m.control_id for m in fresh_messages],
         "reply_keys": [m.reply_keys for m in fresh_messages],
         "positions": [i + 1 for i in fresh],
     }
-    stored = await _one(conn, Q["store_sealed"], params)
+    stored = await _one(conn, STORE_SEALED, params)
     if int(stored["inserted"]) != len(rows):
         raise RuntimeError("the store statement returned an unexpected number of rows")
     got["answered"] = stored["answered"]

@@ -368,20 +368,49 @@ class Message:
 
 
 @dataclass(frozen=True)
+class Earlier:
+    """A destination's latest copy of a message received again (the same channel, MSH-10 and
+    bytes inside the duplicate window), and what was decided for the new copy there.
+
+    Attributes:
+        destination: ``namespace/name``.
+        id: the ``inturn_delivery`` id of the latest earlier copy there (the original, or the
+            last re-send of it); None when there is none any more (erased, purged) or none this
+            transaction can see yet.
+        state: that copy's state (``pending``, ``delivered``, ``failed``, ``skipped``); None
+            when there is none; ``arriving`` when an identical copy was being stored by another
+            transaction at the same moment (this one is then never queued).
+        queued: True when the new copy was queued there as a re-send (linked to ``id``), False
+            when it was acknowledged without being queued (the earlier copy is pending, was
+            delivered within the lost-ACK window, or is arriving in a concurrent transaction).
+    """
+
+    destination: str
+    id: int | None
+    state: str | None
+    queued: bool
+
+
+@dataclass(frozen=True)
 class StoreResult:
     """What storing one message did.
 
     Attributes:
-        ids: its ``inturn_delivery`` ids, one per destination in sorted destination order
-            (empty for a duplicate).
-        duplicate: the same channel, MSH-10 and bytes were already stored inside the window
-            (or earlier in the same batch); nothing new was stored for it.
+        ids: the ``inturn_delivery`` ids stored for it in sorted destination order: one per
+            destination for a new message; for a message received again, one per destination
+            it was queued again for (a re-send); empty when nothing was stored.
+        duplicate: nothing was stored for it: an identical copy (the same channel, MSH-10 and
+            bytes) is pending, was delivered within the lost-ACK window, is arriving at the same
+            moment, or came earlier in the same batch.
         control_id_reused: another message with this MSH-10 and different bytes was received
             on the channel inside the window.
         answered: it is a reply (``reply_keys``) and answered at least one open expectation.
+        earlier: for a message received again, per destination, its latest earlier copy and
+            what was decided (:class:`Earlier`); empty for a new message.
     """
 
     ids: tuple[int, ...]
     duplicate: bool = False
     control_id_reused: bool = False
     answered: bool = False
+    earlier: tuple[Earlier, ...] = ()

@@ -11,7 +11,8 @@ new tables; it never touches other roles.
 role       may
 =========  ==================================================================================
 ingest     read the destination registry; insert delivery rows (and read back their ids); keep
-           its duplicate window; declare feeds and record their last message times. It cannot
+           its duplicate window (reading the state of a message's earlier copies and linking a
+           re-send to them); declare feeds and record their last message times. It cannot
            read payloads back, change a delivery's state or delete one.
 worker     read delivery rows but their patient keys (it sends payloads, so it reads them);
            change only their state, attempts, times and errors; record failed attempts; place
@@ -117,8 +118,25 @@ SEQUENCES: dict[str, tuple[str, ...]] = {
 GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     "inturn_schema_migrations": {"reader": (SELECT,)},
     "inturn_delivery": {
-        # RETURNING id needs SELECT on id; nothing else is readable.
-        "ingest": (INSERT, Grant("SELECT", ("id",))),
+        # RETURNING id needs SELECT on id. A message received again reads its earlier copies'
+        # state (never their payload) and links a re-send to them (resent_as).
+        "ingest": (
+            INSERT,
+            Grant(
+                "SELECT",
+                (
+                    "id",
+                    "channel",
+                    "control_id",
+                    "destination",
+                    "state",
+                    "enqueued_at",
+                    "finished_at",
+                    "resent_from",
+                ),
+            ),
+            Grant("UPDATE", ("resent_as",)),
+        ),
         # It reads the head (payload included) and records an outcome: state, attempts, times,
         # errors. Never the payload, the destination or the patient keys.
         "worker": (
@@ -164,7 +182,7 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     },
     # ingest's own duplicate window (it purges it itself); nobody else uses it
     "inturn_received": {
-        "ingest": (SELECT, INSERT, Grant("UPDATE", ("received_at", "size")), DELETE),
+        "ingest": (SELECT, INSERT, Grant("UPDATE", ("received_at", "size", "repeats")), DELETE),
     },
     "inturn_audit": {
         "sweeper": (INSERT,),

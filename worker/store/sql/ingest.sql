@@ -10,56 +10,77 @@ SELECT destination, channel, message_types, suspended, sender_kind, replies, fil
  ORDER BY channel, destination;
 
 -- name: store
--- A batch of messages for one channel and one set of destinations, stored by ONE statement in
--- autocommit mode (its implicit COMMIT returns with the result). The steps are ordered by data
--- dependencies: window rows, then the enqueue locks (queue.sql's enqueue_lock, in sorted order),
--- then the delivery rows with their identifier index keys (patient_keys: one comma-separated
--- string per message), then one NOTIFY per destination; a reply (reply_keys) answers its orders. A message whose window
--- row conflicts is a duplicate: nothing is done for it. Explained in full in
--- inturn.worker.ingest.batch.store_batch; keep this text short (psycopg caches only queries
--- under 4 KiB).
+-- One batch for one channel and destination set, in one autocommit statement: explained in
+-- inturn.worker.store.ingest.store_batch (psycopg caches it only under 4 KiB: keep it short).
 WITH msg AS (
-    SELECT m.control_id, m.message_type, m.payload, m.digest, m.keys, m.tp, m.rk, m.n
+    SELECT m.*
       FROM unnest(%(control_ids)s::text[], %(message_types)s::text[], %(payloads)s::bytea[],
                   %(digests)s::bytea[], %(patient_keys)s::text[], %(traceparents)s::text[],
                   %(reply_keys)s::text[])
            WITH ORDINALITY AS m(control_id, message_type, payload, digest, keys, tp, rk, n)
 ),
+w AS (SELECT now() - make_interval(secs => %(window_seconds)s) AS since,
+             now() - make_interval(secs => %(delivered_seconds)s) AS done),
+prior AS (
+    SELECT m.n, r.received_at, r.repeats
+      FROM msg m JOIN inturn_received r
+        ON r.channel = %(channel)s AND r.control_id = m.control_id AND r.digest = m.digest
+     WHERE %(remember)s
+),
 remembered AS (
     INSERT INTO inturn_received AS r (channel, control_id, digest, size)
-    SELECT %(channel)s, control_id, digest, length(payload)
-      FROM msg
-     WHERE %(remember)s
-     ORDER BY n
+    SELECT %(channel)s, control_id, digest, length(payload) FROM msg WHERE %(remember)s ORDER BY n
     ON CONFLICT (channel, control_id, digest) DO UPDATE
-       SET received_at = now(), size = excluded.size
-     WHERE r.received_at < now() - make_interval(secs => %(window_seconds)s)
-    RETURNING r.control_id, r.digest
+       SET (received_at, repeats, size) = (SELECT CASE WHEN r.received_at < w.since THEN now()
+           ELSE r.received_at END, CASE WHEN r.received_at < w.since THEN 0 ELSE r.repeats + 1
+           END, excluded.size FROM w)
+    RETURNING r.control_id, r.digest, r.received_at, r.repeats
+),
+seen AS MATERIALIZED (
+    SELECT m.n, x.received_at, x.repeats, p.repeats = x.repeats - 1 AS settled
+      FROM msg m JOIN remembered x ON x.control_id = m.control_id AND x.digest = m.digest
+      LEFT JOIN prior p ON p.n = m.n AND p.received_at = x.received_at
 ),
 fresh AS MATERIALIZED (
-    SELECT m.*
-      FROM msg m
-     WHERE NOT %(remember)s
-        OR EXISTS (SELECT 1 FROM remembered x
-                    WHERE x.control_id = m.control_id AND x.digest = m.digest)
+    SELECT m.* FROM msg m
+     WHERE NOT %(remember)s OR EXISTS (SELECT 1 FROM seen s WHERE s.n = m.n AND s.repeats = 0)
+),
+latest AS MATERIALIZED (
+    SELECT s.n, t.d, t.k, o.id, CASE WHEN s.settled THEN o.state ELSE 'arriving' END AS state,
+           s.settled AND NOT coalesce(o.state = 'pending'
+           OR (o.state = 'delivered' AND o.finished_at >= w.done), false) AS copy
+      FROM seen s JOIN msg m USING (n) CROSS JOIN w
+     CROSS JOIN unnest(%(destinations)s::text[]) WITH ORDINALITY AS t(d, k)
+      LEFT JOIN LATERAL (
+           SELECT id, state, finished_at FROM inturn_delivery o
+            WHERE o.control_id = m.control_id AND o.channel = %(channel)s
+              AND o.destination = t.d AND o.enqueued_at >= s.received_at
+            ORDER BY o.id DESC LIMIT 1) o ON true
+     WHERE s.repeats > 0
 ),
 locked AS MATERIALIZED (
     -- set_config: this transaction commits synchronously (no session setting: pooler-safe)
     SELECT count(inturn_enqueue_lock(s.d)) AS n
       FROM (SELECT d FROM unnest(%(destinations)s::text[]) AS d ORDER BY d) AS s
-     WHERE EXISTS (SELECT 1 FROM fresh) AND set_config('synchronous_commit', 'on', true) = 'on'
+     WHERE (EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM latest WHERE copy))
+       AND set_config('synchronous_commit', 'on', true) = 'on'
 ),
 inserted AS (
     INSERT INTO inturn_delivery
            (destination, channel, control_id, message_type, payload, size, patient_keys,
-            traceparent)
-    SELECT t.d, %(channel)s, f.control_id, f.message_type, f.payload, length(f.payload),
-           string_to_array(f.keys, ','), f.tp
-      FROM fresh f
-     CROSS JOIN unnest(%(destinations)s::text[]) WITH ORDINALITY AS t(d, k)
+            traceparent, resent_from)
+    SELECT r.d, %(channel)s, f.control_id, f.message_type, f.payload, length(f.payload),
+           string_to_array(f.keys, ','), f.tp, r.id
+      FROM (SELECT f.n, t.d, t.k, NULL::bigint AS id
+              FROM fresh f CROSS JOIN unnest(%(destinations)s::text[]) WITH ORDINALITY AS t(d, k)
+            UNION ALL SELECT n, d, k, id FROM latest WHERE copy) AS r
+      JOIN msg f USING (n)
      WHERE (SELECT n FROM locked) > 0
-     ORDER BY f.n, t.k
-    RETURNING id
+     ORDER BY r.n, r.k
+    RETURNING id, resent_from
+),
+linked AS (
+    UPDATE inturn_delivery o SET resent_as = i.id FROM inserted i WHERE o.id = i.resent_from
 ),
 notified AS (
     SELECT count(pg_notify(u.c, u.d)) AS n
@@ -67,7 +88,6 @@ notified AS (
      WHERE EXISTS (SELECT 1 FROM inserted)
 ),
 answered AS (
-    -- spec.replies: a reply answers the open expectations of its keys (rk: digests)
     UPDATE inturn_order_expectation e
        SET answered_at = now(), answered_control_id = f.control_id
       FROM fresh f
@@ -80,19 +100,13 @@ SELECT (SELECT array_agg(n ORDER BY n) FROM fresh) AS fresh,
        (SELECT array_agg(DISTINCT n) FROM answered) AS answered,
        (SELECT array_agg(id ORDER BY id) FROM inserted) AS ids,
        (SELECT n FROM notified) AS notified,
-       (SELECT array_agg(m.n ORDER BY m.n)
-          FROM msg m
-         CROSS JOIN LATERAL (
-               -- LIMIT: an index probe per message
-               SELECT 1
-                 FROM inturn_received o
-                WHERE o.channel = %(channel)s
-                  AND o.control_id = m.control_id
-                  AND o.digest <> m.digest
-                  AND o.received_at >= now() - make_interval(secs => %(window_seconds)s)
-                LIMIT 1) AS other
-         WHERE %(remember)s
-       ) AS reused;
+       (SELECT json_agg(json_build_array(n, d, id, state, copy) ORDER BY n, k) FROM latest)
+           AS repeated,
+       (SELECT array_agg(m.n ORDER BY m.n) FROM msg m CROSS JOIN w
+         WHERE %(remember)s AND EXISTS (
+               SELECT FROM inturn_received o
+                WHERE o.channel = %(channel)s AND o.control_id = m.control_id
+                  AND o.digest <> m.digest AND o.received_at >= w.since)) AS reused;
 
 -- name: forget_old
 -- Purge one batch of window rows older than the window. Returns the number deleted.
@@ -108,76 +122,100 @@ DELETE FROM inturn_received r USING old WHERE r.id = old.id;
 
 -- name: reserve
 -- With payload keys, the first of the two statements that store a batch (in one transaction):
--- the window rows (sizes, never payloads, reach this statement), the enqueue locks as in
--- store, then one row ID per fresh message and destination, drawn after the locks so that ID
--- order stays commit order. The caller seals each payload for its row ID and runs store_sealed.
+-- the window rows and the re-send decisions as in store (sizes, never payloads, reach this
+-- statement), the enqueue locks, then one row ID per fresh message and destination and per
+-- re-send, drawn after the locks so that ID order stays commit order. The caller seals each
+-- payload for its row ID and runs store_sealed.
 WITH msg AS (
-    SELECT m.control_id, m.digest, m.size, m.n
+    SELECT m.*
       FROM unnest(%(control_ids)s::text[], %(digests)s::bytea[], %(sizes)s::int[])
            WITH ORDINALITY AS m(control_id, digest, size, n)
 ),
+w AS (SELECT now() - make_interval(secs => %(window_seconds)s) AS since,
+             now() - make_interval(secs => %(delivered_seconds)s) AS done),
+prior AS (
+    SELECT m.n, r.received_at, r.repeats
+      FROM msg m JOIN inturn_received r
+        ON r.channel = %(channel)s AND r.control_id = m.control_id AND r.digest = m.digest
+     WHERE %(remember)s
+),
 remembered AS (
     INSERT INTO inturn_received AS r (channel, control_id, digest, size)
-    SELECT %(channel)s, control_id, digest, size
-      FROM msg
-     WHERE %(remember)s
-     ORDER BY n
+    SELECT %(channel)s, control_id, digest, size FROM msg WHERE %(remember)s ORDER BY n
     ON CONFLICT (channel, control_id, digest) DO UPDATE
-       SET received_at = now(), size = excluded.size
-     WHERE r.received_at < now() - make_interval(secs => %(window_seconds)s)
-    RETURNING r.control_id, r.digest
+       SET (received_at, repeats, size) = (SELECT CASE WHEN r.received_at < w.since THEN now()
+           ELSE r.received_at END, CASE WHEN r.received_at < w.since THEN 0 ELSE r.repeats + 1
+           END, excluded.size FROM w)
+    RETURNING r.control_id, r.digest, r.received_at, r.repeats
+),
+seen AS MATERIALIZED (
+    SELECT m.n, x.received_at, x.repeats, p.repeats = x.repeats - 1 AS settled
+      FROM msg m JOIN remembered x ON x.control_id = m.control_id AND x.digest = m.digest
+      LEFT JOIN prior p ON p.n = m.n AND p.received_at = x.received_at
 ),
 fresh AS MATERIALIZED (
-    SELECT m.*
-      FROM msg m
-     WHERE NOT %(remember)s
-        OR EXISTS (SELECT 1 FROM remembered x
-                    WHERE x.control_id = m.control_id AND x.digest = m.digest)
+    SELECT m.* FROM msg m
+     WHERE NOT %(remember)s OR EXISTS (SELECT 1 FROM seen s WHERE s.n = m.n AND s.repeats = 0)
+),
+latest AS MATERIALIZED (
+    SELECT s.n, t.d, t.k, o.id, CASE WHEN s.settled THEN o.state ELSE 'arriving' END AS state,
+           s.settled AND NOT coalesce(o.state = 'pending'
+           OR (o.state = 'delivered' AND o.finished_at >= w.done), false) AS copy
+      FROM seen s JOIN msg m USING (n) CROSS JOIN w
+     CROSS JOIN unnest(%(destinations)s::text[]) WITH ORDINALITY AS t(d, k)
+      LEFT JOIN LATERAL (
+           SELECT id, state, finished_at FROM inturn_delivery o
+            WHERE o.control_id = m.control_id AND o.channel = %(channel)s
+              AND o.destination = t.d AND o.enqueued_at >= s.received_at
+            ORDER BY o.id DESC LIMIT 1) o ON true
+     WHERE s.repeats > 0
 ),
 locked AS MATERIALIZED (
     -- set_config: the transaction (this and store_sealed) commits synchronously, pooler-safe
     SELECT count(inturn_enqueue_lock(s.d)) AS n
       FROM (SELECT d FROM unnest(%(destinations)s::text[]) AS d ORDER BY d) AS s
-     WHERE EXISTS (SELECT 1 FROM fresh) AND set_config('synchronous_commit', 'on', true) = 'on'
+     WHERE (EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM latest WHERE copy))
+       AND set_config('synchronous_commit', 'on', true) = 'on'
 ),
 drawn AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('inturn_delivery', 'id')) AS id
       FROM generate_series(1, (SELECT count(*) FROM fresh)
-                              * cardinality(%(destinations)s::text[]))
+                              * cardinality(%(destinations)s::text[])
+                              + (SELECT count(*) FROM latest WHERE copy))
      WHERE (SELECT n FROM locked) > 0
 )
 SELECT (SELECT array_agg(n ORDER BY n) FROM fresh) AS fresh,
        (SELECT array_agg(id ORDER BY id) FROM drawn) AS ids,
-       (SELECT array_agg(m.n ORDER BY m.n)
-          FROM msg m
-         CROSS JOIN LATERAL (
-               SELECT 1
-                 FROM inturn_received o
-                WHERE o.channel = %(channel)s
-                  AND o.control_id = m.control_id
-                  AND o.digest <> m.digest
-                  AND o.received_at >= now() - make_interval(secs => %(window_seconds)s)
-                LIMIT 1) AS other
-         WHERE %(remember)s
-       ) AS reused;
+       (SELECT json_agg(json_build_array(n, d, id, state, copy) ORDER BY n, k) FROM latest)
+           AS repeated,
+       (SELECT array_agg(m.n ORDER BY m.n) FROM msg m CROSS JOIN w
+         WHERE %(remember)s AND EXISTS (
+               SELECT FROM inturn_received o
+                WHERE o.channel = %(channel)s AND o.control_id = m.control_id
+                  AND o.digest <> m.digest AND o.received_at >= w.since)) AS reused;
 
 -- name: store_sealed
 -- The second statement: the rows reserve drew IDs for, each payload sealed for its own row
--- (inturn.worker.crypto), one NOTIFY per destination, and the orders a reply answers (as in
+-- (inturn.worker.crypto), re-sends linked to their earlier copies, one NOTIFY per destination, and the orders a reply answers (as in
 -- store; positions n are the messages' 1-based positions in the batch).
 WITH inserted AS (
     INSERT INTO inturn_delivery
            (id, destination, channel, control_id, message_type, payload, size, patient_keys,
-            traceparent)
+            traceparent, resent_from)
     OVERRIDING SYSTEM VALUE
     SELECT r.id, r.d, %(channel)s, r.control_id, r.message_type, r.payload, r.size,
-           string_to_array(r.keys, ','), r.tp
+           string_to_array(r.keys, ','), r.tp, r.resent_from
       FROM unnest(%(ids)s::bigint[], %(row_destinations)s::text[], %(row_control_ids)s::text[],
                   %(row_types)s::text[], %(row_payloads)s::bytea[], %(row_sizes)s::int[],
-                  %(row_keys)s::text[], %(row_traceparents)s::text[])
-           AS r(id, d, control_id, message_type, payload, size, keys, tp)
+                  %(row_keys)s::text[], %(row_traceparents)s::text[],
+                  %(row_resent_from)s::bigint[])
+           AS r(id, d, control_id, message_type, payload, size, keys, tp, resent_from)
      ORDER BY r.id
-    RETURNING id
+    RETURNING id, resent_from
+),
+linked AS (
+    -- a re-send: its earlier copy points to it (as in store)
+    UPDATE inturn_delivery o SET resent_as = i.id FROM inserted i WHERE o.id = i.resent_from
 ),
 notified AS (
     SELECT count(pg_notify(u.c, u.d)) AS n
