@@ -76,6 +76,7 @@ def dump(dsn: str) -> bytes:
         [pg_tool("pg_dump"), "--no-owner", "--no-privileges", "-d", dsn],
         check=True,
         capture_output=True,
+        timeout=120,
     ).stdout
 
 
@@ -86,4 +87,5 @@ def restore(sql_text: bytes, dsn: str) -> None:
         input=sql_text,
         check=True,
         capture_output=True,
+        timeout=120,
     )

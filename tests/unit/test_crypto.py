@@ -202,5 +202,7 @@ def test_a_process_without_keys_never_loads_the_cryptography_library() -> None:
         "import sys; import inturn.worker.drain.runner, inturn.worker.drain.main;"
         " print('cryptography' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
     assert out.stdout.strip() == "False"
