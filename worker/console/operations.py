@@ -20,6 +20,7 @@ from inturn.worker import worklist
 from inturn.worker.console.auth import Identity
 from inturn.worker.console.feed import Feed
 from inturn.worker.console.text import segments
+from inturn.worker.drain.lanes import summarize
 from inturn.worker.errors import InturnError
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations import worklist as worklist_actions
@@ -150,6 +151,21 @@ async def head_item(
     async with console.read.connection() as conn:
         head = await reads.oldest_pending(conn, destination)
     return head.to_json() if head is not None else None
+
+
+async def lane_view(
+    console: Console, identity: Identity, destination: str
+) -> dict[str, Any] | None:
+    """What the destination's lanes hold (``spec.lanes.count`` above 1, something pending):
+    :meth:`inturn.worker.drain.lanes.LaneSummary.to_json` of its oldest pending rows (at most
+    :data:`inturn.worker.store.reads.LANE_VIEW_LIMIT`); None for one lane or nothing pending."""
+    require(identity, "viewer")
+    async with console.read.connection() as conn:
+        rows = await reads.depth(conn, destination)
+        if not rows or rows[0].lanes <= 1 or not rows[0].pending:
+            return None
+        window = await reads.lane_window(conn, destination)
+    return summarize(window, rows[0].lanes, reads.LANE_VIEW_LIMIT).to_json()
 
 
 #: Longest control ID searched for: ingest refuses a longer MSH-10, so none is stored.

@@ -169,10 +169,12 @@ async def destination_page(request: web.Request) -> dict[str, Any]:
         threshold=row.stuck_after if row else None,
     )
     head = await ops.head_item(console(request), identity(request), name)
+    lanes = await ops.lane_view(console(request), identity(request), name)
     return _base(
         request,
         destination=name,
         row=row,
+        lanes=lanes,
         day=day,
         marks=len(marks),
         head=head,
