@@ -31,6 +31,10 @@ in a fresh database of its own, against a ``MllpReceiver`` in this process:
   ``lock=<destination>`` (one at a time, in id order), drained by one worker process
   (``run_worker_async(concurrency=1, wait=False)``) whose task sends each payload with the same
   ``MllpSender``, one connection kept across jobs.
+* ``encrypted``: as ``delivery``, with payloads sealed at enqueue (a key store database and a
+  master key folder made for the run) and the worker started with ``--payload-keys``: it opens
+  each envelope right before the send, keys cached after the first message of each patient.
+  ``encrypted_rate_ratio`` is its rate over ``delivery``'s (:func:`run_encrypted`; target 0.9).
 * ``catch-up`` and ``catch-up-floor``: a larger backlog drained by inturn and by the yardstick
   against a receiver that waits before each ACK.
 
@@ -73,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 import corpus
+import encryption
 import psycopg
 from figures import emit, parse_args
 from psycopg import AsyncConnection
@@ -434,12 +439,20 @@ async def fill_finished(dsn: str, rows: int) -> float:
     return time.perf_counter() - t0
 
 
-async def enqueue_all(dsn: str, items: Sequence[NewItem]) -> float:
-    """Enqueue ``items`` in batches; return the seconds it took. Then analyse and checkpoint."""
+async def enqueue_all(
+    dsn: str, items: Sequence[NewItem], keys: tuple[str, str] | None = None
+) -> float:
+    """Enqueue ``items`` in batches; return the seconds it took. Then analyse and checkpoint.
+    With ``keys`` (``(payload_keys_dir, key_dsn)``), each payload is sealed for its row."""
+    codec = None
+    if keys is not None:
+        from inturn.worker.operations.payload_keys import open_codec
+
+        codec = await open_codec(*keys)
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
         t0 = time.perf_counter()
         for i in range(0, len(items), ENQUEUE_BATCH):
-            await queue.enqueue(conn, items[i : i + ENQUEUE_BATCH])
+            await queue.enqueue(conn, items[i : i + ENQUEUE_BATCH], codec)
         took = time.perf_counter() - t0
         await conn.execute("VACUUM ANALYZE inturn_delivery")
         await checkpoint(conn)
@@ -673,6 +686,7 @@ async def run_inturn(
     ack_delay: float = 0.0,
     yardstick: str | None = None,
     traced: bool = False,
+    keys: tuple[str, str] | None = None,
 ) -> Result:
     """One drain of ``count`` messages by ``inturn worker`` (or, with ``yardstick`` naming one
     of :data:`YARDSTICKS`, by that loop of :func:`floor_worker_main`) in a fresh database."""
@@ -686,7 +700,7 @@ async def run_inturn(
         if prefill:
             took = await fill_finished(dsn, prefill)
             print(f"  ({label}: {prefill:,} finished rows inserted and vacuumed in {took:.1f}s)")
-        result.enqueue_seconds = await enqueue_all(dsn, items)
+        result.enqueue_seconds = await enqueue_all(dsn, items, keys)
         async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
             result.plan = await head_plan(conn)
 
@@ -700,6 +714,7 @@ async def run_inturn(
             return [
                 *(str(INTURN), "worker", "-f", str(manifest)),
                 *("--http-host", "127.0.0.1", "--http-port", "0", "--log-level", "WARNING"),
+                *(("--payload-keys", keys[0], "--key-dsn", keys[1]) if keys else ()),
             ]
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -1035,6 +1050,15 @@ def yardstick_pairs(results: dict[str, Result], rounds: int) -> list[Pair]:
     return pairs
 
 
+async def run_encrypted(
+    server_dsn: str, templates: Sequence[Template], count: int, cap: float
+) -> Result:
+    """The ``delivery`` case with payloads encrypted at rest (issue 31): sealed at enqueue,
+    opened by the worker (``--payload-keys``) right before each send."""
+    with encryption.key_store(server_dsn) as keys:
+        return await run_inturn(server_dsn, "encrypted", templates, count, cap, keys=keys)
+
+
 async def main_async(args: argparse.Namespace) -> int:
     source = corpus.load(args.samples)
     templates, skipped = load_templates(source)
@@ -1079,6 +1103,10 @@ async def main_async(args: argparse.Namespace) -> int:
                 round_label("floor", n), yardstick="corrected"
             )
             runs[round_label("delivery", n)] = inturn_run(round_label("delivery", n))
+            if n == 1:  # beside the first delivery, so that both meet the same machine
+                runs["encrypted"] = lambda: run_encrypted(
+                    server_dsn, templates, args.messages, args.cap
+                )
         runs["floor-after"] = inturn_run("floor-after", yardstick="corrected")
         # Round 4's yardstick, once, so that the correction shows in the figures (issue 33).
         runs["floor-round4"] = inturn_run("floor-round4", yardstick="round4")
@@ -1111,7 +1139,9 @@ async def main_async(args: argparse.Namespace) -> int:
         return round(results[label].cpu_us) if label in results and results[label].cpu_us else None
 
     inturn_runs = [
-        r for k, r in results.items() if k.startswith(("delivery", "large-table", "catch-up"))
+        r
+        for k, r in results.items()
+        if k.startswith(("delivery", "encrypted", "large-table", "catch-up"))
     ]
     lost = sum(r.check.lost for r in inturn_runs)
     dup = sum(r.check.duplicated for r in inturn_runs)
@@ -1133,6 +1163,9 @@ async def main_async(args: argparse.Namespace) -> int:
     hooks_ns = hooks_off_ns()
     print(f"tracing hooks when off: {hooks_ns:.0f} ns per delivered message")
     traced = None
+    if "delivery" in results and "encrypted" in results and results["delivery"].rate:
+        sealed = results["encrypted"].rate / results["delivery"].rate
+        print(f"encrypted payloads (--payload-keys) vs delivery in clear: {sealed - 1:+.1%}")
     if "delivery" in results and "traced" in results and results["delivery"].rate:
         traced = results["traced"].rate / results["delivery"].rate
         print(f"traced rate vs delivery (tracing off): {traced - 1:+.1%}")
@@ -1185,6 +1218,13 @@ async def main_async(args: argparse.Namespace) -> int:
         "catchup_time_ratio": rounded(catchup, 3),
         "catchup_target": 1.1,
         "procrastinate_msg_s": rate("procrastinate"),
+        "encrypted_msg_s": rate("encrypted"),
+        "encrypted_rate_ratio": (
+            rounded(results["encrypted"].rate / results["delivery"].rate, 3)
+            if "encrypted" in results and "delivery" in results and results["delivery"].rate
+            else None
+        ),
+        "encrypted_rate_ratio_target": encryption.RATIO_TARGET,
         "traced_msg_s": rate("traced"),
         "traced_rate_ratio": rounded(traced, 3),
         "tracing_off_ns_per_message": round(hooks_ns),
@@ -1227,7 +1267,15 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=["floor", "delivery", "traced", "procrastinate", "large-table", "catch-up"],
+        choices=[
+            "floor",
+            "delivery",
+            "encrypted",
+            "traced",
+            "procrastinate",
+            "large-table",
+            "catch-up",
+        ],
         help="leave a run out (repeatable; floor leaves out both yardstick runs)",
     )
     parser.add_argument(

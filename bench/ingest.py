@@ -10,6 +10,11 @@ ingest is compared with.
 
     python bench/ingest.py [--dsn DSN] [--seconds 5]
 
+The same 8-connection, one-destination case then runs against a second ingest started with
+``--payload-keys`` (a master key folder and a key store database made for the run): every
+payload sealed before it is stored. ``encrypted_rate_ratio`` is its rate over the plaintext one
+(target 0.9 or more).
+
 Without ``--dsn`` (or ``INTURN_DSN``) an embedded Postgres is started (pgserver). Prints figures
 and asserts nothing; the last line is
 ``ingest: N msg/s at 8 connections; pgbench: M tps at 8 clients; ratio R``.
@@ -34,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import corpus
+import encryption
 import psycopg
 from figures import emit, parse_args
 from psycopg.conninfo import make_conninfo
@@ -256,6 +262,7 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
     for channel, port in ports.items():
         command += ["--listen", f"{channel}={HOST}:{port}"]
     process = subprocess.Popen(command, env={**os.environ, "INTURN_DSN": db})
+    base_command = list(command)
     rates: dict[tuple[str, int], float] = {}
     cpu: dict[tuple[str, int], float] = {}
     try:
@@ -286,6 +293,13 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
     finally:
         process.terminate()
         process.wait(timeout=30)
+    sealed_rate, plain_again = await encrypted_case(args, db, base_command, ports, msgs)
+    plain8 = (rates[("one", 8)] + plain_again) / 2  # before and after: the machine drifts
+    encrypted_ratio = encryption.ratio(sealed_rate, plain8)
+    print(
+        f"encrypted payloads (--payload-keys), 1 destination, 8 connections: {sealed_rate:.0f}"
+        f" msg/s against {plain8:.0f} in clear (ratio {encrypted_ratio})"
+    )
 
     average = sum(len(b) + len(a) + 16 for b, a in msgs) // len(msgs)
     typical = min(msgs, key=lambda m: abs(len(m[0]) + len(m[1]) + 16 - average))
@@ -330,8 +344,42 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
             "ratio_target": 0.4,
             "ingest_cpu_us_per_message_8_connections": round(cpu8),
             "one_process_ceiling_msg_s": round(1e6 / cpu8),
+            "encrypted_msg_s_8_connections": round(sealed_rate, 1),
+            "encrypted_rate_ratio": encrypted_ratio,
+            "encrypted_rate_ratio_target": encryption.RATIO_TARGET,
         },
     )
+
+
+async def encrypted_case(
+    args: argparse.Namespace,
+    db: str,
+    command: list[str],
+    ports: dict[str, int],
+    msgs: list[tuple[bytes, bytes]],
+) -> tuple[float, float]:
+    """The 8-connection, one-destination rate with payloads sealed (a second ingest with
+    ``--payload-keys``), then once more in clear: ``(encrypted, plaintext)`` msg/s."""
+    out: list[float] = []
+    with encryption.key_store(db) as (folder, key_dsn):
+        for keyed in (True, False):
+            http_port = free_port()
+            run = [*command]
+            run[run.index("--ops") + 1] = f"{HOST}:{http_port}"
+            if keyed:
+                run += ["--payload-keys", folder, "--key-dsn", key_dsn]
+            process = subprocess.Popen(run, env={**os.environ, "INTURN_DSN": db})
+            try:
+                await wait_ready(http_port, process)
+                reset(db)
+                rate, _, _, bad = await drive(ports["one"], 8, args.seconds, msgs)
+                if bad:
+                    print(f"  ({bad} not accepted)")
+                out.append(rate)
+            finally:
+                process.terminate()
+                process.wait(timeout=30)
+    return out[0], out[1]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,6 +24,7 @@ from inturn.worker.hl7.pid import lookup_key, patient_identifiers
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
+from inturn.worker.operations import payload_keys
 from inturn.worker.operations import queue as ops
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
@@ -364,3 +365,78 @@ def test_the_queue_commands_open_list_and_erase_with_the_keys_and_refuse_without
     main([*erase, "--why", "request 9", "--json", *keyed])  # again: nothing left, no more keys
     again = json.loads(capsysbinary.readouterr().out)
     assert (again["erased"], again["keysDestroyed"]) == ([], 0)
+
+
+async def test_encrypt_existing_under_load_loses_nothing_and_keeps_order(
+    fresh_db: str, keys_dir: Path, key_dsn: str
+) -> None:
+    """Rows in clear are sealed in batches while a worker drains them and ingest adds sealed
+    ones: every message arrives once, in order; every row ends sealed and found by patient,
+    under the blind index alone."""
+    register(fresh_db, DEST, "adt")
+    before = [adt(n, f"LOAD-{n % 7}") for n in range(400)]
+    during = [adt(n, f"LOAD-{n % 7}") for n in range(400, 600)]
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await queue.enqueue(conn, [item(p) for p in before])  # stored in clear, no keys yet
+    config = IngestConfig(
+        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
+        refresh_seconds=0.2,
+        store_timeout=5.0,
+        shutdown_grace=2.0,
+        payload_keys=str(keys_dir),
+        key_dsn=key_dsn,
+    )
+    async with MllpReceiver() as rx, Ingest(config, dsn=fresh_db) as running:
+        assert running.payloads is not None and running.payloads.dual_index  # rows in clear
+        cfg = worker_config(rx.port)
+        assert isinstance(cfg.sender, MllpSenderConfig)
+        stop = asyncio.Event()
+        worker = DestinationWorker(
+            cfg,
+            fresh_db,
+            MllpSender(cfg.sender),
+            PrometheusObserver(),
+            payloads=await keys.codec(keys_dir, key_dsn),
+        )
+        drained = asyncio.create_task(worker.run(stop))
+
+        async def send() -> None:
+            client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
+            try:
+                for payload in during:
+                    await client.send(payload)
+            finally:
+                await client.close()
+
+        async def seal() -> payload_keys.Sealed:
+            codec = await keys.codec(keys_dir, key_dsn)
+            async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+                first = await payload_keys.encrypt_existing(conn, codec, batch=37)
+                while first.pending_in_clear:  # the worker has not reached them all yet
+                    await asyncio.sleep(0.2)
+                    first = await payload_keys.encrypt_existing(conn, codec, batch=37)
+                return first
+
+        sent, done = await asyncio.gather(send(), seal())
+        del sent
+        await rx.wait_for(len(before) + len(during), timeout=60)
+        async with asyncio.timeout(20):
+            while any(s != "delivered" for _, s, _, _ in await rows(fresh_db)):
+                await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(drained, 15)
+    assert rx.received == before + during  # once each, in order
+    assert done.rekeyed > 0
+    stored = await rows(fresh_db)
+    assert all(envelope.is_envelope(p) for _, _, p, _ in stored)
+    codec = await keys.codec(keys_dir, key_dsn)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        found = 0
+        for n in range(7):
+            found += len(await identifiers.find_patient(conn, f"LOAD-{n}", payloads=codec))
+        assert found == 600
+        cur = await conn.execute(
+            "SELECT count(*) FROM inturn_delivery WHERE patient_keys && %s",
+            ([lookup_key(f"LOAD-{n}") for n in range(7)],),
+        )
+        assert (await cur.fetchone()) == (0,)  # no plain digest is left

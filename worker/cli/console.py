@@ -11,7 +11,12 @@ from pathlib import Path
 import click
 
 from inturn.worker.cli.ingest import parse_address
-from inturn.worker.cli.options import DURATION, dsn_option, logging_options
+from inturn.worker.cli.options import (
+    DURATION,
+    dsn_option,
+    logging_options,
+    payload_keys_options,
+)
 from inturn.worker.console.auth import AuthConfigError, load_auth
 from inturn.worker.console.names import LOOPBACK_NAMES, ServerNames
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
@@ -78,6 +83,7 @@ def read_secret(path: Path | None) -> bytes | None:
     show_default=True,
     help="Age of the oldest pending message that makes a destination stand out.",
 )
+@payload_keys_options
 @logging_options
 def console_command(
     dsn: str | None,
@@ -86,6 +92,8 @@ def console_command(
     csrf_secret_file: Path | None,
     server_names: tuple[str, ...],
     stuck_after: int,
+    payload_keys: str | None,
+    key_dsn: str | None,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -108,6 +116,9 @@ def console_command(
     configure(log_level, json_logs=log_json)
 
     async def main() -> None:
+        from inturn.worker.operations.payload_keys import close_codec, open_codec
+
+        payloads = await open_codec(payload_keys, key_dsn, application_name="inturn-console-keys")
         server = await start_console(
             target,
             host=host,
@@ -116,6 +127,7 @@ def console_command(
             csrf_secret=secret,
             stuck_after=stuck_after,
             server_names=names,
+            payloads=payloads,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -126,5 +138,6 @@ def console_command(
             await stop.wait()
         finally:
             await server.stop()
+            await close_codec(payloads)
 
     asyncio.run(main())

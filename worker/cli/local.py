@@ -9,6 +9,7 @@ between runs; Ctrl-C (or SIGHUP, SIGTERM) stops everything in order, the embedde
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import getpass
 import logging
 import os
@@ -25,6 +26,7 @@ from inturn.worker.cli.options import (
     feeds_option,
     load_feeds_file,
     logging_options,
+    payload_keys_options,
     start_tracing,
 )
 from inturn.worker.drain import shutdown
@@ -136,6 +138,13 @@ def local_console_auth(path: Path | None) -> AuthConfig:
     show_default=True,
     help="Run the sweeper's rules (as `inturn sweep` does) this often; 0 never.",
 )
+@click.option(
+    "--encrypt",
+    is_flag=True,
+    help="Encrypt payloads at rest with a master key made in DATA_DIR/payload-keys and a key"
+    " store database made in the embedded server (same as --payload-keys and --key-dsn).",
+)
+@payload_keys_options
 @feeds_option
 @logging_options
 def local_command(
@@ -151,6 +160,9 @@ def local_command(
     console: str | None,
     console_auth: Path | None,
     sweep_every: float,
+    encrypt: bool,
+    payload_keys: str | None,
+    key_dsn: str | None,
     feeds_file: str | None,
     log_level: str,
     log_json: bool,
@@ -234,6 +246,12 @@ def local_command(
         applied = migrate(dsn)
         if applied:
             log.info("schema migrated (%d migration(s))", len(applied))
+        if encrypt or payload_keys:
+            payload_keys, key_dsn = local_keys(data_dir, dsn, payload_keys, key_dsn)
+            ingest_config = dataclasses.replace(
+                ingest_config, payload_keys=payload_keys, key_dsn=key_dsn
+            )
+            log.info("payloads are encrypted at rest (master keys in %s)", payload_keys)
 
         async def main() -> None:
             stop, abandon = asyncio.Event(), asyncio.Event()
@@ -241,9 +259,14 @@ def local_command(
             served = None
             if console_at is not None and console_auth_config is not None:
                 from inturn.worker.console.server import start_console
+                from inturn.worker.operations.payload_keys import open_codec
 
                 served = await start_console(
-                    dsn, host=console_at[0], port=console_at[1], auth=console_auth_config
+                    dsn,
+                    host=console_at[0],
+                    port=console_at[1],
+                    auth=console_auth_config,
+                    payloads=await open_codec(payload_keys, key_dsn),
                 )
             try:
                 await run_local(
@@ -273,3 +296,27 @@ def local_command(
                 log.warning("embedded Postgres still running (pid %d)", still)
         if lock is not None:
             lock.release()
+
+
+#: The key store database ``inturn local --encrypt`` makes in its Postgres.
+LOCAL_KEY_DATABASE = "inturn_keys"
+
+
+def local_keys(
+    data_dir: Path, dsn: str, payload_keys: str | None, key_dsn: str | None
+) -> tuple[str, str]:
+    """The master keys and the key store of ``inturn local --encrypt``: the folder given (or
+    ``DATA_DIR/payload-keys``), made with a first key ``k1`` when it holds none, and the key
+    store given (or database :data:`LOCAL_KEY_DATABASE` on the same server, made when
+    missing), its tables made."""
+    from inturn.worker.crypto.masterkeys import new_key_file
+    from inturn.worker.store.keystore import create_schema, ensure_database
+
+    folder = Path(payload_keys) if payload_keys else data_dir / "payload-keys"
+    if not folder.is_dir() or not any(p.is_file() for p in folder.iterdir()):
+        written = new_key_file(folder, "k1")
+        log.info("master key made: %s (keep it: without it the payloads cannot be read)", written)
+    if key_dsn is None:
+        key_dsn = ensure_database(dsn, LOCAL_KEY_DATABASE)
+    create_schema(key_dsn)
+    return str(folder), key_dsn

@@ -10,7 +10,7 @@ JSON and pokes the overview feed. Failures are :class:`~inturn.worker.errors.Int
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +20,7 @@ from inturn.worker import worklist
 from inturn.worker.console.auth import Identity
 from inturn.worker.console.feed import Feed
 from inturn.worker.console.text import segments
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain.lanes import summarize
 from inturn.worker.errors import InturnError
 from inturn.worker.operations import queue as actions
@@ -64,11 +65,13 @@ class ConsoleError(InturnError):
 
 @dataclass
 class Console:
-    """The console's handles: the write pool, the read pool and the overview feed."""
+    """The console's handles: the write pool, the read pool, the overview feed, and the codec
+    that opens encrypted payloads for the audited view (no keys: an envelope is refused)."""
 
     write: AsyncConnectionPool
     read: AsyncConnectionPool
     feed: Feed
+    payloads: PayloadCodec = field(default_factory=PayloadCodec)
 
 
 def require(identity: Identity, role: str) -> None:
@@ -264,6 +267,7 @@ async def search_patient(
                 authority or None,
                 why,
                 limit=capped(limit),
+                payloads=console.payloads,
             )
     except InturnError as exc:
         raise ConsoleError.of(exc) from None
@@ -299,7 +303,7 @@ async def item_action(
             elif action == "erase":
                 changed = (await actions.erase_item(conn, identity, item_id, why)).ids
             else:
-                resent = await actions.resend(conn, identity, item_id, why)
+                resent = await actions.resend(conn, identity, item_id, why, console.payloads)
                 changed = (resent.original, resent.copy)
     except InturnError as exc:
         raise ConsoleError.of(exc) from None
@@ -342,7 +346,12 @@ async def destination_action(
                 changed = len(drained.ids)
             elif action == "resend-failed":
                 resent = await actions.resend_failed(
-                    conn, identity, destination, why, message_type=message_type or None
+                    conn,
+                    identity,
+                    destination,
+                    why,
+                    message_type=message_type or None,
+                    payloads=console.payloads,
                 )
                 changed = len(resent.copies)
             else:
@@ -367,7 +376,7 @@ async def view_payload(
     """
     try:
         async with console.write.connection() as conn:
-            shown = await actions.view_payload(conn, identity, item_id, why)
+            shown = await actions.view_payload(conn, identity, item_id, why, console.payloads)
     except InturnError as exc:
         raise ConsoleError.of(exc) from None
     return {"itemId": item_id, "segments": segments(shown.data)}

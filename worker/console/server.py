@@ -17,6 +17,7 @@ from inturn.worker.console.feed import Feed
 from inturn.worker.console.names import ServerNames
 from inturn.worker.console.operations import Console
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.ingest.quiet import QuietAppRunner
 from inturn.worker.store.connect import Pools
 
@@ -49,6 +50,7 @@ async def start_console(
     stuck_after: float = DEFAULT_STUCK_AFTER,
     refresh_seconds: float = 2.0,
     server_names: ServerNames | None = None,
+    payloads: PayloadCodec | None = None,
 ) -> ConsoleServer:
     """Open the pools (writes: 2 connections; reads: 2, read-only, short statement timeout),
     take the first overview, and serve on ``host:port`` the requests whose ``Host`` is one of
@@ -61,7 +63,7 @@ async def start_console(
     pools = await Pools.open(dsn, write_size=2, read_size=2, application_name="inturn-console")
     write, read = pools.write, pools.read
     feed = Feed(dsn, read, default_stuck_after=stuck_after, refresh_seconds=refresh_seconds)
-    console = Console(write=write, read=read, feed=feed)
+    console = Console(write=write, read=read, feed=feed, payloads=payloads or PayloadCodec())
     try:
         await feed.start()
         app = make_app(console, auth, Csrf(csrf_secret), server_names)

@@ -40,6 +40,7 @@ from inturn.worker.ingest.listener import (
 from inturn.worker.ingest.quiet import QuietAppRunner
 from inturn.worker.ingest.routing import Router
 from inturn.worker.operations.payload_keys import close_codec, open_codec
+from inturn.worker.store import sealing
 from inturn.worker.store.connect import Pools
 from inturn.worker.worklist.metrics import refresh_pending_forever
 
@@ -81,6 +82,7 @@ class Ingest:
         self._purge_task: asyncio.Task[None] | None = None
         self._gauge_task: asyncio.Task[None] | None = None
         self._feeds_task: asyncio.Task[None] | None = None
+        self._index_task: asyncio.Task[None] | None = None
         #: When feeds are declared: when each last received a message.
         self.feeds: FeedRecorder | None = None
         self._started = False
@@ -165,6 +167,8 @@ class Ingest:
                 max_identifiers=config.max_indexed_identifiers,
                 application_name="inturn-ingest-keys",
             )
+            if self.payloads.enabled:
+                await self._watch_index_form(pools)
             self.router = Router(pools.read, config.refresh_seconds)
             await self.router.refresh()
             if config.feeds is not None:
@@ -246,6 +250,10 @@ class Ingest:
                     self.feeds.run(pools.write, config.feed_flush_seconds),
                     name="inturn-ingest-feeds",
                 )
+            if self.payloads.enabled:
+                self._index_task = asyncio.create_task(
+                    self._index_form_loop(pools), name="inturn-ingest-index-form"
+                )
             if config.ops is not None:
                 self._gauge_task = asyncio.create_task(
                     refresh_pending_forever(self.pools.read), name="inturn-worklist-gauge"
@@ -284,11 +292,11 @@ class Ingest:
         try:
             if self.router is not None:
                 await self.router.stop()
-            for task in (self._purge_task, self._gauge_task, self._feeds_task):
+            for task in (self._purge_task, self._gauge_task, self._feeds_task, self._index_task):
                 if task is not None:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
-            self._purge_task = self._gauge_task = self._feeds_task = None
+            self._purge_task = self._gauge_task = self._feeds_task = self._index_task = None
             await asyncio.gather(
                 *(listener.stop(self.config.shutdown_grace) for listener in self.listeners),
                 return_exceptions=True,
@@ -306,6 +314,30 @@ class Ingest:
                 await close_codec(self.payloads)
         finally:
             self._closed.set()
+
+    async def _watch_index_form(self, pools: Pools) -> None:
+        """Write both index forms (blind and plain) while a pending row is still in clear
+        (stored before the keys were given): lanes compare keys, and one patient's pending
+        rows must never hold disjoint ones. ``inturn keys encrypt-existing`` seals those rows."""
+        assert self.payloads is not None
+        async with pools.read.connection() as conn:
+            dual = await sealing.plaintext_pending(conn)
+        if dual != self.payloads.dual_index:
+            log.info(
+                "patient index: %s",
+                "both forms while pending rows in clear remain (run `inturn keys encrypt-existing`)"
+                if dual
+                else "the blind form alone",
+            )
+        self.payloads.dual_index = dual
+
+    async def _index_form_loop(self, pools: Pools) -> None:
+        while True:
+            await asyncio.sleep(sealing.INDEX_FORM_EVERY_SECONDS)
+            try:
+                await self._watch_index_form(pools)
+            except Exception as exc:  # the database away: keep the form in use, look again
+                log.debug("index form not checked: %s", exc)
 
     async def _purge_loop(self) -> None:
         interval = min(PURGE_INTERVAL_SECONDS, max(1.0, self.config.duplicate_window / 4))

@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 from psycopg import AsyncConnection
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
@@ -29,6 +30,7 @@ from inturn.worker.errors import Conflict
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.local.manifests import fingerprint, load_all, manifest_files
+from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.spec.destination import ManifestError
@@ -82,8 +84,10 @@ class LocalRunner:
         secrets_dir: Path | None = None,
         channels: frozenset[str] | None = None,
         publishers: Sequence[Publisher] = (),
+        payloads: PayloadCodec | None = None,
     ) -> None:
         self.dsn = dsn
+        self.payloads = payloads
         self.publishers = publishers
         self.paths = paths
         self.secrets_dir = secrets_dir
@@ -168,7 +172,9 @@ class LocalRunner:
             )
             return
         stop = asyncio.Event()
-        worker = DestinationWorker(cfg, self.dsn, sender, self.observer, self.publishers)
+        worker = DestinationWorker(
+            cfg, self.dsn, sender, self.observer, self.publishers, payloads=self.payloads
+        )
         task = asyncio.create_task(worker.run(stop), name=f"worker {cfg.destination}")
         self.running[cfg.destination] = _Running(cfg, worker, stop, task)
         log.info(
@@ -298,7 +304,12 @@ async def run_local(
             )
         channels = frozenset(listener.channel for listener in ingest_config.listeners)
         publishers = from_env(os.environ, dsn)
-        runner = LocalRunner(dsn, paths, secrets_dir, channels, publishers)
+        payloads = await open_codec(
+            ingest_config.payload_keys,
+            ingest_config.key_dsn,
+            application_name="inturn-local-keys",
+        )
+        runner = LocalRunner(dsn, paths, secrets_dir, channels, publishers, payloads)
         await runner.start()
         ingest = Ingest(ingest_config, dsn=dsn)
         sweeper = None
@@ -323,6 +334,7 @@ async def run_local(
             await ingest.stop()
             await runner.stop(abandon)
             await close_all(publishers)
+            await close_codec(payloads)
     finally:
         # Closing the session releases the lock.
         with contextlib.suppress(Exception):

@@ -8,10 +8,19 @@ envelope it meets with one line naming ``--payload-keys``.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+
 from inturn.worker.crypto.cache import DEFAULT_CACHE_KEYS
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.crypto.errors import MasterKeyError
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
+from inturn.worker.store import sealing
 from inturn.worker.store.keystore import PgKeyStore
 
 #: The environment variables of the two options.
@@ -61,3 +70,91 @@ async def close_codec(codec: PayloadCodec) -> None:
     """Close the codec's key store connection, if it has one."""
     if isinstance(codec.store, PgKeyStore):
         await codec.store.close()
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """What ``inturn keys encrypt-existing`` did.
+
+    Attributes:
+        sealed: rows whose payload it encrypted (clear before).
+        rekeyed: sealed rows whose plain index forms it dropped (the second pass).
+        pending_in_clear: whether a pending row in clear remained at the end (ingest or a
+            worker without keys still writing): run it again once every process has keys.
+    """
+
+    sealed: int
+    rekeyed: int
+    pending_in_clear: bool
+
+
+async def encrypt_existing(
+    conn: AsyncConnection[Any],
+    codec: PayloadCodec,
+    *,
+    batch: int = 500,
+    progress: Callable[[str], None] = lambda _: None,
+    settle_seconds: float = sealing.INDEX_FORM_EVERY_SECONDS + 1,
+) -> Sealed:
+    """Seal every row stored in clear, ``batch`` rows per transaction, while ingest and the
+    workers run; then drop the plain index forms once no pending row is in clear.
+
+    Pass 1 reads rows in clear by id and stores each as the envelope sealed for its row ID
+    and destination, with the blind index keys *and* the plain ones: a pending row sealed here
+    still shares its keys with pending rows of the same patient not sealed yet (lanes compare
+    keys; they must never see one patient under disjoint keys). Every reader opens both forms,
+    so a message is readable throughout. Pass 2, only when no pending row is left in clear
+    (then ingest, which watches for that, writes the blind form alone), rewrites the keys of
+    sealed rows to the blind form alone, and keeps sweeping the rows stored since until
+    ``settle_seconds`` have passed (ingest notices within
+    :data:`~inturn.worker.store.sealing.INDEX_FORM_EVERY_SECONDS` that it may write the blind
+    form alone) and a sweep changed nothing. Resumable: a run stopped anywhere is finished by the
+    next (a row sealed is never sealed again; pass 2 is idempotent).
+
+    Raises:
+        MasterKeyError: ``codec`` has no keys.
+        psycopg.Error: the batch in progress is rolled back; earlier ones stay done.
+    """
+    if not codec.enabled:
+        raise MasterKeyError("encrypt-existing needs --payload-keys and --key-dsn")
+    plain = PayloadCodec(max_identifiers=codec.max_identifiers)
+    sealed, after = 0, 0
+    while True:
+        rows = await sealing.plaintext_batch(conn, after=after, limit=batch)
+        if not rows:
+            break
+        envelopes = await codec.seal_many(rows)
+        keys = [",".join(sorted({*codec.index_keys(p), *plain.index_keys(p)})) for _, _, p in rows]
+        async with conn.transaction():
+            sealed += await sealing.seal_rows(
+                conn, [(r[0], e, k) for r, e, k in zip(rows, envelopes, keys, strict=True)]
+            )
+        after = rows[-1][0]
+        progress(f"sealed {sealed} row(s), up to id {after}")
+    if await sealing.plaintext_pending(conn):
+        progress("pending rows in clear remain (a process without keys?): run it again later")
+        return Sealed(sealed, 0, True)
+    rekeyed, after = 0, 0
+    codec.dual_index = False
+    settled = time.monotonic() + settle_seconds
+    changed_in_sweep = False
+    while True:
+        found = await sealing.sealed_batch(conn, after=after, limit=batch)
+        if not found:
+            if time.monotonic() >= settled and not changed_in_sweep:
+                break
+            changed_in_sweep = False
+            await asyncio.sleep(min(1.0, settle_seconds))
+            continue
+        changes = []
+        for item_id, destination, stored, keys_now in found:
+            blind = ",".join(codec.index_keys(await codec.open(item_id, destination, stored)))
+            if blind != keys_now:
+                changes.append((item_id, blind))
+        if changes:
+            changed_in_sweep = True
+            async with conn.transaction():
+                rekeyed += await sealing.set_keys(conn, changes)
+        after = found[-1][0]
+    progress(f"index keys of {rekeyed} sealed row(s) now in the blind form alone")
+    return Sealed(sealed, rekeyed, False)

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from inturn.worker.crypto.keystore import NewKey, StoredKey
@@ -39,6 +40,19 @@ def create_schema(dsn: str) -> None:
     """
     with psycopg.connect(dsn, autocommit=True, **session_kwargs(dsn, writes=True)) as conn:
         conn.execute(Q["schema"].encode())
+
+
+def ensure_database(server_dsn: str, name: str) -> str:
+    """The DSN of database ``name`` on ``server_dsn``'s server, made when missing (``inturn
+    local --encrypt``'s key store in its embedded server).
+
+    Raises:
+        psycopg.Error: unreachable, or the role may not create databases.
+    """
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        if conn.execute(Q["database_exists"], {"name": name}).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return make_conninfo(server_dsn, dbname=name)
 
 
 def _stored(row: Mapping[str, Any]) -> StoredKey:

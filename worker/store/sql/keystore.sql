@@ -30,6 +30,10 @@ CREATE TABLE IF NOT EXISTS inturn_key_erasure (
     keys integer NOT NULL
 );
 
+-- name: database_exists
+-- (run on the queue's server, by inturn local --encrypt, before it makes the key store)
+SELECT 1 AS found FROM pg_database WHERE datname = %(name)s;
+
 -- name: setting
 -- Record the default when the setting has none, and return what is recorded (one statement:
 -- two processes starting together agree).

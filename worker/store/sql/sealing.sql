@@ -1,0 +1,44 @@
+-- Named queries of `inturn keys encrypt-existing` and of ingest's index form (issue 31):
+-- sealing the rows stored in clear before payload keys were given. Loaded by
+-- inturn.worker.store.sealing.
+
+-- name: plaintext_batch
+-- Rows whose payload is still in clear (stored before payload keys were given), by id after
+-- a keyset bound: what `inturn keys encrypt-existing` seals next. An envelope starts with the
+-- bytes 00 69 65 31 (inturn.worker.crypto.envelope.PREFIX).
+SELECT id, destination, payload
+  FROM inturn_delivery
+ WHERE id > %(after)s AND substring(payload FROM 1 FOR 4) <> '\x00696531'::bytea
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: seal_rows
+-- Replace clear payloads by their envelopes and their index keys by the given ones, unless
+-- another run sealed them first (the payload is never changed otherwise). Returns the count.
+UPDATE inturn_delivery d
+   SET payload = u.payload, patient_keys = string_to_array(u.keys, ',')
+  FROM unnest(%(ids)s::bigint[], %(payloads)s::bytea[], %(keys)s::text[]) AS u(id, payload, keys)
+ WHERE d.id = u.id AND substring(d.payload FROM 1 FOR 4) <> '\x00696531'::bytea;
+
+-- name: sealed_batch
+-- Sealed rows by id after a keyset bound, with their index keys: the pass of
+-- `inturn keys encrypt-existing` that drops the plain index forms once no pending row needs them.
+SELECT id, destination, payload, array_to_string(patient_keys, ',') AS keys
+  FROM inturn_delivery
+ WHERE id > %(after)s AND substring(payload FROM 1 FOR 4) = '\x00696531'::bytea
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: set_keys
+UPDATE inturn_delivery d
+   SET patient_keys = string_to_array(u.keys, ',')
+  FROM unnest(%(ids)s::bigint[], %(keys)s::text[]) AS u(id, keys)
+ WHERE d.id = u.id;
+
+-- name: plaintext_pending
+-- Whether any pending row still holds its payload in clear (and so its plain index keys):
+-- while one does, ingest with payload keys writes both index forms (lanes compare keys).
+SELECT EXISTS (
+    SELECT 1 FROM inturn_delivery
+     WHERE state = 'pending' AND substring(payload FROM 1 FOR 4) <> '\x00696531'::bytea
+) AS found;
