@@ -20,7 +20,7 @@ from test_ingest import Client, config
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.orders.keys import expectations
-from inturn.worker.spec.replies import ReplyRule, parse, to_spec
+from inturn.worker.spec.replies import ReplyRule, key_digest, parse, to_spec
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from tests.support.db import register
@@ -121,3 +121,70 @@ async def test_each_reply_answers_its_own_orders_only(fresh_db: str) -> None:
             "SELECT control_id FROM inturn_order_expectation WHERE answered_at IS NULL"
         )
         assert {r[0] for r in await cur.fetchall()} == {"A2", "A8"}
+
+
+async def test_an_upgrade_keeps_open_orders_answerable(empty_db: str) -> None:
+    """Expectations recorded before migration 0017 (a digest of destination and key only) are
+    re-keyed under their owner from their order's MSH segment, so their replies still answer
+    them; one whose order row is gone keeps the old digest (and is raised when due)."""
+    import psycopg
+
+    from inturn.worker.store.migrate import Q as MQ
+    from inturn.worker.store.migrate import available, migrate
+
+    with psycopg.connect(empty_db, autocommit=True) as conn:  # the release before this one
+        conn.execute(MQ["ensure_table"])
+        for m in available():
+            if m.version < 17:
+                conn.execute(m.sql.encode())
+                conn.execute(MQ["record"], {"version": m.version, "name": m.name})
+        orders = [
+            (
+                "lab/a",
+                "U1",
+                "K1",
+                b"MSH|^~\\&|EHR|HOSP|LIS|LAB|2026||ORM^O01|U1|P|2.5\rORC|NW|K1\r",
+            ),
+            (
+                "lab/a",
+                "U2",
+                "K2",
+                b"MSH|^~\\&|EHR|HOSP| LIS2 ^1.2^ISO|LAB2&x|2026||ORM^O01|U2|P|2.5\rORC|NW|K2\r",
+            ),
+            (
+                "lab/b",
+                "U3",
+                "K3",
+                "MSH#^~\\&#EHR#HOSP#LÏS#LAB#2026##ORM^O01#U3#P#2.5\rORC#NW#K3\r".encode("latin-1"),
+            ),
+        ]
+        for destination, control_id, key, payload in orders:
+            [(item_id,)] = conn.execute(
+                "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+                " payload, size) VALUES (%s, 'orders', %s, 'ORM^O01', %s, %s) RETURNING id",
+                (destination, control_id, payload, len(payload)),
+            ).fetchall()
+            legacy = key_digest(destination, key)
+            conn.execute(
+                "INSERT INTO inturn_order_expectation (destination, delivery_id, control_id,"
+                " message_type, order_key, key_digest, reply_channel, reply_types, due_at)"
+                " VALUES (%s, %s, %s, 'ORM^O01', %s, %s, 'results', '{ORU^R01}',"
+                " now() + interval '1 hour')",
+                (destination, item_id, control_id, key, legacy),
+            )
+        conn.execute(  # an order whose row was purged: nothing to re-key it from
+            "INSERT INTO inturn_order_expectation (destination, delivery_id, control_id,"
+            " message_type, order_key, key_digest, reply_channel, reply_types, due_at)"
+            " VALUES ('lab/a', 999999, 'GONE', 'ORM^O01', 'K9', %s, 'results', '{ORU^R01}',"
+            " now() + interval '1 hour')",
+            (key_digest("lab/a", "K9"),),
+        )
+    migrate(empty_db)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        got = dict(
+            conn.execute("SELECT control_id, key_digest FROM inturn_order_expectation").fetchall()
+        )
+    for destination, control_id, _, payload in orders:
+        [expected] = expectations(destination, [RULE], "ORM^O01", payload)
+        assert got[control_id] == expected.digest, control_id
+    assert got["GONE"] == key_digest("lab/a", "K9")

@@ -167,3 +167,37 @@ CREATE TRIGGER inturn_feed_sender_admit BEFORE INSERT ON inturn_feed_sender
 
 REVOKE EXECUTE ON FUNCTION inturn_feed_sender_admit(), inturn_enqueue_cancel_notice(text, text)
     FROM PUBLIC;
+
+-- 3. An order key is matched under its owner now (issue 27, item 1): the destination and the
+--    peer the order was addressed to, MSH-5^MSH-6 first components (inturn.worker.spec.replies.
+--    owner_scope). Open expectations recorded before this release get their digest under that
+--    owner from their order's MSH segment, so the replies they wait for still answer them: the
+--    bytes hashed are those of key_digest(owner_scope(destination, peer), key). Orders whose
+--    row is gone, or is not plain HL7 (no MSH, a NUL byte), keep the old digest: no reply
+--    answers them any more, and the sweeper raises them when due, as a missing reply.
+WITH head AS (
+    SELECT e.id, e.destination, e.order_key,
+           split_part(convert_from(substring(d.payload FROM 1 FOR 4096), 'LATIN1'),
+                      E'\r', 1) AS seg
+      FROM inturn_order_expectation e
+      JOIN inturn_delivery d ON d.id = e.delivery_id
+     WHERE e.answered_at IS NULL
+       AND substring(d.payload FROM 1 FOR 3) = '\x4d5348'::bytea
+       AND position('\x00'::bytea IN substring(d.payload FROM 1 FOR 4096)) = 0
+),
+parts AS (
+    SELECT h.id, h.destination, h.order_key,
+           split_part(split_part(h.seg, substr(h.seg, 4, 1), 5), substr(h.seg, 5, 1), 1) AS app,
+           split_part(split_part(h.seg, substr(h.seg, 4, 1), 6), substr(h.seg, 5, 1), 1) AS fac
+      FROM head h
+     WHERE length(h.seg) >= 8
+)
+UPDATE inturn_order_expectation e
+   SET key_digest = left(encode(sha256(
+           convert_to(p.destination, 'UTF8') || '\x00'::bytea
+           || convert_to(btrim(p.app, E' \t\n\r\f' || chr(11)) || '^'
+                         || btrim(p.fac, E' \t\n\r\f' || chr(11)), 'UTF8')
+           || '\x00'::bytea
+           || convert_to(btrim(p.order_key, E' \t\n\r\f' || chr(11)), 'UTF8')), 'hex'), 32)
+  FROM parts p
+ WHERE e.id = p.id;
