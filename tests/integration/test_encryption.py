@@ -79,7 +79,7 @@ async def rows(dsn: str) -> list[tuple[int, str, bytes, int]]:
         return [(r[0], r[1], bytes(r[2]), r[3]) for r in await cur.fetchall()]
 
 
-def worker_config(port: int) -> WorkerConfig:
+def worker_config(port: int, lanes: int = 1) -> WorkerConfig:
     return WorkerConfig(
         destination=DEST,
         channel="adt",
@@ -88,11 +88,13 @@ def worker_config(port: int) -> WorkerConfig:
             max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5
         ),
         idle_seconds=1,
+        lanes=lanes,
     )
 
 
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
 async def test_the_worker_opens_right_before_the_send_and_delivers_the_message_unchanged(
-    fresh_db: str, keys_dir: Path, key_dsn: str
+    fresh_db: str, keys_dir: Path, key_dsn: str, lanes: int
 ) -> None:
     codec = await keys.codec(keys_dir, key_dsn)
     sent = [adt(n, f"MRN-{n % 3}") for n in range(6)]
@@ -102,7 +104,7 @@ async def test_the_worker_opens_right_before_the_send_and_delivers_the_message_u
     assert all(envelope.is_envelope(p) and NAME not in p for _, _, p, _ in stored)
     reader = await keys.codec(keys_dir, key_dsn)  # the worker's own process: a cold cache
     async with MllpReceiver() as rx:
-        cfg = worker_config(rx.port)
+        cfg = worker_config(rx.port, lanes)
         assert isinstance(cfg.sender, MllpSenderConfig)
         stop = asyncio.Event()
         worker = DestinationWorker(
@@ -115,17 +117,22 @@ async def test_the_worker_opens_right_before_the_send_and_delivers_the_message_u
                 await asyncio.sleep(0.05)
         stop.set()
         await asyncio.wait_for(task, 15)
-    assert rx.received == sent
+    if lanes == 1:
+        assert rx.received == sent
+    else:  # each patient's messages in order (lanes: patients may interleave)
+        for mrn in (b"MRN-0", b"MRN-1", b"MRN-2"):
+            assert [p for p in rx.received if mrn in p] == [p for p in sent if mrn in p]
     assert reader.unwraps == 3  # one per patient, then the cache
 
 
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
 async def test_a_worker_without_keys_stops_in_one_line_and_sends_no_ciphertext(
-    fresh_db: str, keys_dir: Path, key_dsn: str
+    fresh_db: str, keys_dir: Path, key_dsn: str, lanes: int
 ) -> None:
     codec = await keys.codec(keys_dir, key_dsn)
     [only] = await sealed_queue(fresh_db, codec, [adt(1, "MRN-1")])
     async with MllpReceiver() as rx:
-        cfg = worker_config(rx.port)
+        cfg = worker_config(rx.port, lanes)
         assert isinstance(cfg.sender, MllpSenderConfig)
         worker = DestinationWorker(cfg, fresh_db, MllpSender(cfg.sender), PrometheusObserver())
         with pytest.raises(PayloadKeysMissing) as caught:

@@ -65,12 +65,14 @@ class Flight:
     """One message being sent on one lane.
 
     Attributes:
-        lane: the lane (0 to count - 1); head: the message; started: ``time.monotonic()`` at
-        its start; task: the send, whose result is None (accepted) or ``(outcome, detail)``.
+        lane: the lane (0 to count - 1); head: the message; payload: its bytes as sent (opened,
+        when the row holds an envelope); started: ``time.monotonic()`` at its start; task: the
+        send, whose result is None (accepted) or ``(outcome, detail)``.
     """
 
     lane: int
     head: Head
+    payload: bytes
     started: float
     task: asyncio.Task[tuple[FailureCause, str] | None]
     trace: tracing.Attempt | None
@@ -208,7 +210,11 @@ class LaneDrain:
                 if item_id not in taken:  # skipped or erased since the window was read
                     self.window.pop(item_id, None)
             for head in heads:
-                self._launch(head)
+                # opened right before its send (ciphertext is never sent: an envelope this
+                # process cannot open ends the worker); plaintext rows pass unchanged
+                item = head.item
+                payload = await self.w.payloads.open(item.id, item.destination, head.payload)
+                self._launch(head, payload)
         self._publish(chosen)
         if chosen.window_full:
             self._say_window_full()
@@ -238,7 +244,7 @@ class LaneDrain:
     def _free(self) -> int:
         return self.count - len(self.flights)
 
-    def _launch(self, head: Head) -> None:
+    def _launch(self, head: Head, payload: bytes) -> None:
         busy = {f.lane for f in self.flights.values()}
         lane = min(set(range(self.count)) - busy)
         item = head.item
@@ -251,12 +257,10 @@ class LaneDrain:
             self.w.peer,
         )
         task = asyncio.create_task(
-            send_once(
-                self.senders[lane], head.payload, item.id, self.w.config.retry.timeout_seconds
-            )
+            send_once(self.senders[lane], payload, item.id, self.w.config.retry.timeout_seconds)
         )
         task.add_done_callback(lambda _: self.wake.set())
-        self.flights[item.id] = Flight(lane, head, time.monotonic(), task, trace)
+        self.flights[item.id] = Flight(lane, head, payload, time.monotonic(), task, trace)
         self._sending()
 
     def _sending(self) -> None:
@@ -376,7 +380,7 @@ class LaneDrain:
             held, self.w._unreachable_run = self.w._unreachable_run, 0
             expecting = (
                 expectations(self.w.destination, self.w.config.replies, item.message_type,
-                             head.payload)
+                             flight.payload, self.w.payloads.order_digest)
                 if self.w.config.replies
                 else []
             )  # fmt: skip
