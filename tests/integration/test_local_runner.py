@@ -115,7 +115,8 @@ async def test_a_second_inturn_local_on_the_same_database_is_refused(
     write(second, "other")
     config = IngestConfig(listeners=[ListenerConfig(channel="adt", host="127.0.0.1", port=0)])
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as holder:
-        assert await locks.try_lock(holder, locks.LOCAL)  # the first inturn local's session
+        # the first inturn local's lease, its session alive
+        assert await locks.take_singleton(holder, "local", "first-local", 30) is not None
         with pytest.raises(DatabaseInUse, match="in use by another inturn local"):
             await run_local(fresh_db, [second], config, None, asyncio.Event())
     assert await active(fresh_db) == ["default/running"]  # nothing retired, nothing added

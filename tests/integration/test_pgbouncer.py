@@ -1,4 +1,4 @@
-"""The PgBouncer harness (tests/pgbouncer.py) and the lease through a real PgBouncer, in
+"""The PgBouncer harness (tests/support/pgbouncer.py) and the lease through a real PgBouncer, in
 session and in transaction mode, with PgBouncer's defaults everywhere but the pool mode."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-import pgbouncer
 import psycopg
 import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker.store import lease
+from tests.support import pgbouncer
 
 pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
 

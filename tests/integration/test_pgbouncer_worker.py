@@ -1,7 +1,7 @@
-"""Every inturn path through a real PgBouncer (tests/pgbouncer.py) in session and transaction
-mode, with PgBouncer's defaults but the pool mode (issue 29): the pools (ingest, CLI, console)
-leak no setting, the worker delivers in order and never two senders, wake-ups by LISTEN on a
-direct connection or by polling, and a dead holder is replaced after its lease expires."""
+"""Every inturn path through a real PgBouncer (tests/support/pgbouncer.py) in session and
+transaction mode, with PgBouncer's defaults but the pool mode (issue 29): the pools (ingest, CLI,
+console) leak no setting, the worker delivers in order and never two senders, wake-ups by LISTEN
+on a direct connection or by polling, and a dead holder is replaced after its lease expires."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import pgbouncer
 import psycopg
 import pytest
 from psycopg import AsyncConnection
@@ -24,6 +23,7 @@ from inturn.worker.store import queue, reads
 from inturn.worker.store.connect import Pools, detect_pooling
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support import pgbouncer
 
 pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
 

@@ -21,9 +21,9 @@ import click
 from inturn.worker.cli.options import dsn_option, logging_options, payload_keys_options
 from inturn.worker.drain.main import exec_runtime, run, runtime_settings
 from inturn.worker.senders import registry as senders
-from inturn.worker.spec.config import WorkerConfig
+from inturn.worker.spec.config import LISTEN_DSN_ENV, WorkerConfig, lease_settings, poll_seconds
 from inturn.worker.store import lockwatch
-from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.store.connect import normalize_dsn, resolve_dsn
 from inturn.worker.worklist.publishers import from_env
 
 
@@ -81,6 +81,13 @@ def load_one(path: Path, secrets_dir: Path | None) -> WorkerConfig:
     show_default=True,
     help="Port of /healthz, /readyz and /metrics.",
 )
+@click.option(
+    "--listen-dsn",
+    envvar=LISTEN_DSN_ENV,
+    show_envvar=True,
+    help="A direct DSN (not through a pooler) for LISTEN when --dsn goes through a"
+    " transaction-mode pooler; without it a pooled worker polls every INTURN_POLL_SECONDS.",
+)
 @payload_keys_options
 @logging_options
 def worker_command(
@@ -90,6 +97,7 @@ def worker_command(
     dsn: str | None,
     http_host: str,
     http_port: int,
+    listen_dsn: str | None,
     payload_keys: str | None,
     key_dsn: str | None,
     log_level: str,
@@ -108,6 +116,10 @@ def worker_command(
     try:
         from_env(os.environ, target)  # only checked here; the runtime builds its own
         lockwatch.threshold_from_env()
+        lease_settings(os.environ)  # INTURN_LEASE_*, INTURN_POLL_SECONDS: one-line errors here
+        poll_seconds(os.environ)
+        if listen_dsn:  # the runtime reads it from its environment
+            os.environ[LISTEN_DSN_ENV] = normalize_dsn(listen_dsn)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     settings = runtime_settings(

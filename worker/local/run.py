@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 from psycopg import AsyncConnection
@@ -38,6 +39,7 @@ from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.spec.schedule import to_spec
 from inturn.worker.store import locks, reads, registry
 from inturn.worker.store.connect import connect_worker
+from inturn.worker.store.lease import holder_id
 from inturn.worker.worklist.publish import Publisher
 from inturn.worker.worklist.publishers import close_all, from_env
 
@@ -45,6 +47,10 @@ log = logging.getLogger("inturn.local")
 
 #: Seconds between two looks at the manifest files.
 POLL_SECONDS = 2.0
+#: Lifetime of the database's ``inturn local`` lease, renewed every :data:`POLL_SECONDS`; a run
+#: that died on a direct connection is replaced at once (its session is gone), behind a pooler
+#: after this.
+LOCAL_LEASE_SECONDS = 30.0
 #: How often ``inturn local`` runs the sweeper's default rule packs, by default (seconds):
 #: often enough that a stuck destination reaches its worklist within a minute of its threshold.
 SWEEP_EVERY_SECONDS = 60.0
@@ -288,7 +294,7 @@ async def run_local(
     until ``stop`` is set, then shut them down in order (``abandon``, set while stopping,
     cancels the attempts still in flight).
 
-    The run holds the database's ``inturn local`` session lock from start to end: a second
+    The run holds the database's ``inturn local`` lease from start to end: a second
     ``inturn local`` on the same database would retire this one's destinations (they are not
     in its manifests), and messages for them would no longer be routed.
 
@@ -296,8 +302,11 @@ async def run_local(
         DatabaseInUse: another ``inturn local`` holds the lock; nothing was started.
     """
     owner = await connect_worker(dsn, application_name="inturn-local")
+    holder = holder_id("local")
+    held: locks.Singleton | None = None
     try:
-        if not await locks.try_lock(owner, locks.LOCAL):
+        held = await locks.take_singleton(owner, "local", holder, LOCAL_LEASE_SECONDS)
+        if held is None:
             raise DatabaseInUse(
                 "this database is in use by another inturn local (it owns the destination"
                 " registry): stop it, or give this one a database of its own"
@@ -324,6 +333,7 @@ async def run_local(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), POLL_SECONDS)
                 if not stop.is_set():
+                    held = await _keep_local(owner, holder, held, stop)
                     await runner.poll()
             log.info("stopping: listeners first, then workers")
         finally:
@@ -336,6 +346,20 @@ async def run_local(
             await close_all(publishers)
             await close_codec(payloads)
     finally:
-        # Closing the session releases the lock.
         with contextlib.suppress(Exception):
+            if held is not None:
+                await locks.release_singleton(owner, held)
             await owner.close()
+
+
+async def _keep_local(
+    owner: AsyncConnection[Any], holder: str, held: locks.Singleton | None, stop: asyncio.Event
+) -> locks.Singleton | None:
+    """Renew the database's ``inturn local`` lease; stop the run if another took it over (this
+    one stalled past its lifetime)."""
+    renewed = await locks.take_singleton(owner, "local", holder, LOCAL_LEASE_SECONDS)
+    if renewed is None:
+        log.error("another inturn local took this database over; stopping")
+        stop.set()
+        return held
+    return renewed

@@ -18,8 +18,9 @@ The owner's locks take a key of this module through ``sql/locks.sql``:
 
 * migrate (session lock): two pods migrating at once apply each migration once;
 * roles (transaction lock): two ``migrate --create-roles`` runs do not race on CREATE ROLE;
-* local (session lock, try only): one ``inturn local`` per database, since each one owns the
-  destination registry of its database and retires the destinations it has no manifest for.
+* local (a lease row, :func:`take_singleton`, renewed while it runs): one ``inturn local`` per
+  database, since each one owns the destination registry of its database and retires the
+  destinations it has no manifest for.
 """
 
 from __future__ import annotations
@@ -109,14 +110,15 @@ async def take_singleton(
     holder: str,
     ttl_seconds: float = SINGLETON_TTL_SECONDS,
 ) -> Singleton | None:
-    """Take (or take again, renewed) the ``purge`` or ``sweep`` singleton for ``holder``; None
-    when another holder's is live. One statement, no session state.
+    """Take (or take again, renewed) the ``purge``, ``sweep`` or ``local`` singleton for
+    ``holder``; None when another holder's is live (and its session is not gone). One statement,
+    no session state.
 
     Raises:
-        KeyError: not ``purge`` or ``sweep``.
+        KeyError: not ``purge``, ``sweep`` or ``local``.
         psycopg.errors.InsufficientPrivilege: the connected role may not take it.
     """
-    query = {"purge": "purge_lease", "sweep": "sweep_lease"}[name]
+    query = {"purge": "purge_lease", "sweep": "sweep_lease", "local": "local_lease"}[name]
     params = {"holder": holder, "ttl_seconds": float(ttl_seconds)}
     row = await fetch_one(conn, Q[query], params, row=dict_row)
     if row is None or row["epoch"] is None:
@@ -126,5 +128,7 @@ async def take_singleton(
 
 async def release_singleton(conn: AsyncConnection[Any], held: Singleton) -> None:
     """Give a singleton up now (nothing if another holder has it)."""
-    query = {"purge": "purge_release", "sweep": "sweep_release"}[held.name]
+    query = {"purge": "purge_release", "sweep": "sweep_release", "local": "local_release"}[
+        held.name
+    ]
     await conn.execute(Q[query], {"holder": held.holder, "epoch": held.epoch})

@@ -71,6 +71,25 @@ seccompProfile:
 {{/* The worklist publishers of the workers, as operator arguments: the webhook's HMAC key by
      reference to a Secret of that name in each Destination's namespace (as for the DSN). */}}
 {{- define "inturn.worklistWorkerArgs" -}}
+{{- with .Values.workers.lease }}
+{{- if .ttlSeconds }}
+- --worker-env=INTURN_LEASE_TTL_SECONDS={{ .ttlSeconds }}
+{{- end }}
+{{- if .renewSeconds }}
+- --worker-env=INTURN_LEASE_RENEW_SECONDS={{ .renewSeconds }}
+{{- end }}
+{{- if .acquireSeconds }}
+- --worker-env=INTURN_LEASE_ACQUIRE_SECONDS={{ .acquireSeconds }}
+{{- end }}
+{{- end }}
+{{- with .Values.workers.pollSeconds }}
+- --worker-env=INTURN_POLL_SECONDS={{ . }}
+{{- end }}
+{{- with .Values.workers.listenSecret }}
+{{- if .name }}
+- --worker-secret-env=INTURN_LISTEN_DSN={{ .name }}/{{ .key }}
+{{- end }}
+{{- end }}
 {{- range $name, $value := .Values.tracing.env }}
 - --worker-env={{ $name }}={{ $value }}
 {{- end }}

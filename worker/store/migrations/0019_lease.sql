@@ -17,8 +17,9 @@ CREATE TABLE inturn_lease (
     backend_pid integer
 );
 
--- The singletons (one purge, one sweep at a time) as lease rows too ('inturn:purge',
--- 'inturn:sweep': a destination is namespace/name and never has a colon), through functions
+-- The singletons (one purge, one sweep, one inturn local per database at a time) as lease rows
+-- too ('inturn:purge', 'inturn:sweep', 'inturn:local': a destination is namespace/name and never
+-- has a colon), through functions
 -- granted only to their component, as the session locks of migration 0011 were: a session lock
 -- behind a transaction-mode pooler belongs to whichever backend ran it, and outlives the run.
 -- Take: the epoch, or NULL when another holder's lease is live, unless the session that took
@@ -29,7 +30,7 @@ DO $migration$
 DECLARE
     component text;
 BEGIN
-    FOREACH component IN ARRAY ARRAY['purge', 'sweep'] LOOP
+    FOREACH component IN ARRAY ARRAY['purge', 'sweep', 'local'] LOOP
         EXECUTE format($f$
             CREATE FUNCTION inturn_%s_lease(holder text, ttl_seconds float8) RETURNS bigint
                 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = %I, pg_temp
@@ -63,5 +64,6 @@ $migration$;
 
 REVOKE EXECUTE ON FUNCTION
     inturn_purge_lease(text, float8), inturn_purge_release(text, bigint),
-    inturn_sweep_lease(text, float8), inturn_sweep_release(text, bigint)
+    inturn_sweep_lease(text, float8), inturn_sweep_release(text, bigint),
+    inturn_local_lease(text, float8), inturn_local_release(text, bigint)
   FROM PUBLIC;

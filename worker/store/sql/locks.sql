@@ -61,3 +61,10 @@ SELECT inturn_sweep_lease(%(holder)s, %(ttl_seconds)s) AS epoch;
 
 -- name: sweep_release
 SELECT inturn_sweep_release(%(holder)s, %(epoch)s);
+
+-- name: local_lease
+-- The one inturn local of a database (it owns the destination registry), renewed while it runs.
+SELECT inturn_local_lease(%(holder)s, %(ttl_seconds)s) AS epoch;
+
+-- name: local_release
+SELECT inturn_local_release(%(holder)s, %(epoch)s);
