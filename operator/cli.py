@@ -49,6 +49,27 @@ from inturn.worker.spec import schema
     help="Key of --dsn-secret holding the DSN.",
 )
 @click.option(
+    "--payload-keys-secret",
+    envvar="INTURN_PAYLOAD_KEYS_SECRET",
+    default=None,
+    help="Secret of master keys (in each Destination's namespace) mounted in every worker:"
+    " payloads are encrypted at rest (the chart's encryption.secretName).",
+)
+@click.option(
+    "--key-dsn-secret",
+    envvar="INTURN_KEY_DSN_SECRET",
+    default="inturn-keys",
+    show_default=True,
+    help="Secret (in each Destination's namespace) holding the key store's DSN.",
+)
+@click.option(
+    "--key-dsn-secret-key",
+    envvar="INTURN_KEY_DSN_SECRET_KEY",
+    default="dsn",
+    show_default=True,
+    help="Key of --key-dsn-secret holding the DSN.",
+)
+@click.option(
     "--worker-service-account",
     envvar="INTURN_WORKER_SERVICE_ACCOUNT",
     default=None,
@@ -113,6 +134,9 @@ def operator_command(
     dsn: str | None,
     dsn_secret: str,
     dsn_secret_key: str,
+    payload_keys_secret: str | None,
+    key_dsn_secret: str,
+    key_dsn_secret_key: str,
     worker_service_account: str | None,
     status_interval: float,
     liveness: str,
@@ -152,6 +176,9 @@ def operator_command(
             log_json=log_format == "json",
             env=plain_env,
             secret_env=secret_env,
+            payload_keys_secret=payload_keys_secret or None,
+            key_dsn_secret=key_dsn_secret,
+            key_dsn_secret_key=key_dsn_secret_key,
         ),
         dsn=dsn,
         namespaces=names,

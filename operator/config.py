@@ -44,7 +44,8 @@ class OperatorConfig:
 
         ``INTURN_WORKER_IMAGE`` (required), ``INTURN_DSN``, ``INTURN_DSN_SECRET``,
         ``INTURN_DSN_SECRET_KEY``, ``INTURN_WORKER_SERVICE_ACCOUNT``,
-        ``INTURN_STATUS_INTERVAL`` (seconds), ``INTURN_WATCH_NAMESPACES`` (comma-separated).
+        ``INTURN_STATUS_INTERVAL`` (seconds), ``INTURN_WATCH_NAMESPACES`` (comma-separated),
+        ``INTURN_PAYLOAD_KEYS_SECRET``, ``INTURN_KEY_DSN_SECRET``, ``INTURN_KEY_DSN_SECRET_KEY``.
 
         Raises:
             ValueError: ``INTURN_WORKER_IMAGE`` is missing or a number is malformed.
@@ -59,6 +60,9 @@ class OperatorConfig:
                 dsn_secret_name=env.get("INTURN_DSN_SECRET", "inturn-db"),
                 dsn_secret_key=env.get("INTURN_DSN_SECRET_KEY", "dsn"),
                 service_account_name=env.get("INTURN_WORKER_SERVICE_ACCOUNT") or None,
+                payload_keys_secret=env.get("INTURN_PAYLOAD_KEYS_SECRET") or None,
+                key_dsn_secret=env.get("INTURN_KEY_DSN_SECRET", "inturn-keys"),
+                key_dsn_secret_key=env.get("INTURN_KEY_DSN_SECRET_KEY", "dsn"),
             ),
             dsn=env.get("INTURN_DSN") or None,
             namespaces=tuple(

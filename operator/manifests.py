@@ -77,6 +77,11 @@ class WorkerPodSettings:
             publishers' ``INTURN_WORKLIST_*``).
         secret_env: extra environment variables from Secrets in the Destination's namespace,
             ``(name, secret, key)`` (e.g. the worklist webhook's HMAC key).
+        payload_keys_secret: the Secret of master keys (one key per master key ID) mounted
+            as a folder at :data:`PAYLOAD_KEYS_DIR` and named by ``INTURN_PAYLOAD_KEYS``: the
+            worker opens encrypted payloads (None: encryption off).
+        key_dsn_secret, key_dsn_secret_key: the Secret and key of the key store's DSN, given
+            as ``INTURN_KEY_DSN`` (with ``payload_keys_secret``).
     """
 
     image: str
@@ -91,10 +96,16 @@ class WorkerPodSettings:
     secrets_dir: str = DEFAULT_SECRETS_DIR
     env: tuple[tuple[str, str], ...] = ()
     secret_env: tuple[tuple[str, str, str], ...] = ()
+    payload_keys_secret: str | None = None
+    key_dsn_secret: str = "inturn-keys"
+    key_dsn_secret_key: str = "dsn"
 
+
+#: Where a worker finds its master keys (``INTURN_PAYLOAD_KEYS``), when encryption is on.
+PAYLOAD_KEYS_DIR = "/etc/inturn/payload-keys"
 
 #: Variables the operator sets itself and that ``--worker-env`` may not replace.
-_RESERVED_ENV = ("INTURN_DSN", "INTURN_WORKER_RUNTIME")
+_RESERVED_ENV = ("INTURN_DSN", "INTURN_WORKER_RUNTIME", "INTURN_PAYLOAD_KEYS", "INTURN_KEY_DSN")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -298,6 +309,27 @@ def deployment(
         mounts.append(
             {"name": volume, "mountPath": f"{settings.secrets_dir}/{secret}", "readOnly": True}
         )
+    encryption: list[dict[str, Any]] = []
+    if settings.payload_keys_secret:
+        volumes.append(
+            {
+                "name": "payload-keys",
+                "secret": {"secretName": settings.payload_keys_secret, "defaultMode": 0o440},
+            }
+        )
+        mounts.append({"name": "payload-keys", "mountPath": PAYLOAD_KEYS_DIR, "readOnly": True})
+        encryption = [
+            {"name": "INTURN_PAYLOAD_KEYS", "value": PAYLOAD_KEYS_DIR},
+            {
+                "name": "INTURN_KEY_DSN",
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": settings.key_dsn_secret,
+                        "key": settings.key_dsn_secret_key,
+                    }
+                },
+            },
+        ]
     command = ["inturn", "worker", "--config", CONFIG_PATH, "--http-port", str(settings.http_port)]
     if settings.log_json:
         command.append("--log-json")
@@ -316,6 +348,7 @@ def deployment(
                     }
                 },
             },
+            *encryption,
             *({"name": name, "value": value} for name, value in settings.env),
             *(
                 {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}

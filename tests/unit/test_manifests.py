@@ -412,3 +412,24 @@ def test_lanes_are_in_the_status_and_a_failing_patient_does_not_block_them() -> 
     # lanes gone from the depth: the field is removed from the status
     patch = status.status_patch(st, desired(depth=status.QueueDepth(pending=1)))
     assert patch is not None and patch["lanes"] is None
+
+
+def test_workers_get_the_master_keys_folder_and_the_key_store_when_encryption_is_on() -> None:
+    settings = WorkerPodSettings(
+        image="i", payload_keys_secret="payload-keys", key_dsn_secret="ks", key_dsn_secret_key="u"
+    )
+    pod = render(example("local-mllp.yaml"), settings).deployment["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["env"][1:3] == [
+        {"name": "INTURN_PAYLOAD_KEYS", "value": manifests.PAYLOAD_KEYS_DIR},
+        {"name": "INTURN_KEY_DSN", "valueFrom": {"secretKeyRef": {"name": "ks", "key": "u"}}},
+    ]
+    assert {"name": "payload-keys", "mountPath": manifests.PAYLOAD_KEYS_DIR, "readOnly": True} in c[
+        "volumeMounts"
+    ]
+    assert {
+        "name": "payload-keys",
+        "secret": {"secretName": "payload-keys", "defaultMode": 0o440},
+    } in pod["volumes"]
+    plain = render(example("local-mllp.yaml"), WorkerPodSettings(image="i")).deployment
+    assert "INTURN_PAYLOAD_KEYS" not in str(plain)

@@ -732,3 +732,30 @@ def test_ingest_declares_the_feeds_of_its_values() -> None:
     assert parse_feeds(yaml.safe_load(default["data"]["feeds.yaml"])) == []
     with pytest.raises(Exception, match="silentAfterSeconds"):
         render({"ingest": {"feeds": [{"channel": "adt", "silentAfterSeconds": 5}]}})
+
+
+def test_encryption_secret_is_mounted_where_payloads_are_stored_or_read() -> None:
+    objs = render(
+        {"encryption": {"secretName": "inturn-payload-keys"}, "console": {"enabled": True}}
+    )
+    for name in ("inturn-ingest", "inturn-console"):
+        pod = find(objs, "Deployment", name)["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["INTURN_PAYLOAD_KEYS"]["value"] == "/etc/inturn/payload-keys"
+        assert env["INTURN_KEY_DSN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "inturn-keys",
+            "key": "dsn",
+        }
+        assert {
+            "name": "payload-keys",
+            "mountPath": "/etc/inturn/payload-keys",
+            "readOnly": True,
+        } in c["volumeMounts"]
+        assert any(
+            v.get("secret", {}).get("secretName") == "inturn-payload-keys" for v in pod["volumes"]
+        )
+    (op,) = find(objs, "Deployment", "inturn-operator")["spec"]["template"]["spec"]["containers"]
+    assert "--payload-keys-secret=inturn-payload-keys" in op["args"]
+    off = render()
+    assert "INTURN_PAYLOAD_KEYS" not in str(off) and "payload-keys-secret" not in str(off)

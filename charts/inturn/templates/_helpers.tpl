@@ -130,6 +130,37 @@ key: {{ $own.key | default $db.key }}
       {{- include "inturn.dsnSecret" . | nindent 6 }}
 {{- end }}
 
+{{/* Payload encryption (encryption.secretName): the variables, mount and volume of a component
+     that stores or reads payloads (ingest, the console; the operator gives workers theirs). */}}
+{{- define "inturn.payloadKeysEnv" -}}
+{{- if .Values.encryption.secretName }}
+- name: INTURN_PAYLOAD_KEYS
+  value: /etc/inturn/payload-keys
+- name: INTURN_KEY_DSN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.encryption.keyStore.existingSecret }}
+      key: {{ .Values.encryption.keyStore.key }}
+{{- end }}
+{{- end }}
+
+{{- define "inturn.payloadKeysMount" -}}
+{{- if .Values.encryption.secretName }}
+- name: payload-keys
+  mountPath: /etc/inturn/payload-keys
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "inturn.payloadKeysVolume" -}}
+{{- if .Values.encryption.secretName }}
+- name: payload-keys
+  secret:
+    secretName: {{ .Values.encryption.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
 {{/*
 Ingest's resources: the memory request and limit follow from the largest message and how many
 are held at once (docs/explanation/memory.md): 96 MiB + 4 x N x (S + 64 KiB) rounded up to a

@@ -36,9 +36,12 @@ UPDATE inturn_delivery d
  WHERE d.id = u.id;
 
 -- name: plaintext_pending
--- Whether any pending row still holds its payload in clear (and so its plain index keys):
--- while one does, ingest with payload keys writes both index forms (lanes compare keys).
+-- Whether any pending row still holds its payload in clear with patient index keys (plain
+-- ones): while one does, ingest with payload keys writes both index forms (lanes compare
+-- keys). A row naming nobody (a booking's cancellation notice, built in the database) has
+-- no keys to share and does not count.
 SELECT EXISTS (
     SELECT 1 FROM inturn_delivery
      WHERE state = 'pending' AND substring(payload FROM 1 FOR 4) <> '\x00696531'::bytea
+       AND patient_keys <> '{}'
 ) AS found;
