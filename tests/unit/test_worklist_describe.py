@@ -41,6 +41,11 @@ def test_a_stuck_destination_says_since_when() -> None:
         "The head (item 7, queued 2026-12-01 08:00 UTC) has waited 30m, past the threshold of"
         " 15m, after 4 attempt(s). Delivery is suspended (spec.suspend)."
     )
+    item["details"] = {**item["details"], "suspended": False, "lanes": 8}
+    assert sentence(item).endswith(
+        "after 4 attempt(s). The destination has 8 lanes: this message holds its patient's later"
+        " messages (and the merges and barriers that name it); other patients go on."
+    )
 
 
 def test_a_partner_reply_and_an_unanswered_segment() -> None:

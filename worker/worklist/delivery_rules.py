@@ -130,6 +130,7 @@ async def destination_stuck(
             "stuckAfterSeconds": r["stuck_after_seconds"],
             "headAttempts": r["attempts"],
             "suspended": r["suspended"],
+            **({"lanes": r["lanes"]} if r["lanes"] > 1 else {}),
         },
         note=(
             "no longer stuck: the head is within its threshold, nothing waits, or its delivery"

@@ -63,6 +63,11 @@ def _stuck(d: Details) -> str:
     )
     if d.get("suspended"):
         text += " Delivery is suspended (spec.suspend)."
+    if d.get("lanes"):
+        text += (
+            f" The destination has {d['lanes']} lanes: this message holds its patient's later"
+            " messages (and the merges and barriers that name it); other patients go on."
+        )
     return text
 
 

@@ -6,6 +6,8 @@
 
 -- name: stuck_due
 -- Live destinations whose head (oldest pending message) has waited at least their threshold.
+-- With lanes (d.lanes > 1) the oldest pending message holds only what must wait for it (its
+-- patient's later messages, the merges and barriers naming it): it is stuck all the same.
 -- A destination with a delivery window (spec.schedule) is judged only while its window is open,
 -- and its head's wait counts from the later of its enqueue and the window's opening: %(schedules)s
 -- lists the schedules open now and %(since)s when each opened (NULL: open at all times), as
@@ -14,7 +16,7 @@ WITH win AS (
     SELECT w.schedule, w.since
       FROM unnest(%(schedules)s::jsonb[], %(since)s::timestamptz[]) AS w(schedule, since)
 )
-SELECT d.destination, d.stuck_after_seconds, d.suspended,
+SELECT d.destination, d.stuck_after_seconds, d.suspended, d.lanes,
        h.id AS head_id, h.enqueued_at, h.attempts, h.last_error,
        extract(epoch FROM now() - h.enqueued_at)::float8 AS waiting_seconds
   FROM inturn_destination d
