@@ -401,6 +401,29 @@ async def test_status_from_the_real_queue(env: kmock.KubernetesEmulator, fresh_d
         assert st["pending"] == 0 and "oldestPendingTime" not in st
 
 
+@pytest.mark.parametrize(
+    ("sender", "field"),
+    [
+        ({"headers": {"X-Tenant": "a\r\nX-Injected: 1"}}, "spec.sender.http.headers.X-Tenant"),
+        ({"headers": {"Bad Name": "x"}}, "spec.sender.http.headers"),
+        ({"url": "http://a..b/hl7"}, "spec.sender.http.url"),
+    ],
+    ids=["crlf-value", "bad-name", "bad-host"],
+)
+async def test_a_sender_the_worker_would_refuse_is_an_invalid_spec(
+    env: kmock.KubernetesEmulator, sender: dict[str, Any], field: str
+) -> None:
+    bad = destination("refused", "local-http.yaml")
+    bad["spec"]["sender"]["http"].update(sender)
+    env.objects[DEST, NS, "refused"] = bad  # stored as an older API server would have
+    async with operator():
+        await eventually(
+            lambda: condition(obj(env, DEST, "refused"), "Ready")["reason"] == "InvalidSpec"
+        )
+        assert field in condition(obj(env, DEST, "refused"), "Ready")["message"]
+    assert not any(k[0] == DEPLOY for k in env.objects if not env.objects[k].deleted)
+
+
 async def test_invalid_spec_is_reported_without_a_retry_storm(
     env: kmock.KubernetesEmulator,
 ) -> None:
