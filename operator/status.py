@@ -258,13 +258,13 @@ def desired_status(
     if depth is not None:
         out["pending"] = depth.pending
         out["failed"] = depth.failed
-        out["maxAttempts"] = depth.max_attempts
+        out["mostAttempts"] = depth.max_attempts
         if depth.oldest is not None:
             out["oldestPendingTime"] = rfc3339(depth.oldest)
         if depth.lanes is not None:
             out["lanes"] = dict(depth.lanes)
     else:
-        for key in ("pending", "failed", "maxAttempts", "oldestPendingTime", "lanes"):
+        for key in ("pending", "failed", "mostAttempts", "oldestPendingTime", "lanes"):
             if key in previous:
                 out[key] = previous[key]
     return out
@@ -277,7 +277,8 @@ OWNED_FIELDS = (
     "pending",
     "failed",
     "oldestPendingTime",
-    "maxAttempts",
+    "mostAttempts",
+    "maxAttempts",  # the old name of mostAttempts: owned, so that a patch removes it
     "heldUntil",
     "sender",
     "worker",

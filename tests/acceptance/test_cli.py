@@ -85,7 +85,7 @@ def test_depth_list_show_and_payload(fresh_db: str) -> None:
         "PENDING",
         "FAILED",
         "OLDEST",
-        "MAX-ATTEMPTS",
+        "MOST-ATTEMPTS",
         "HELD-UNTIL",
     ]
 

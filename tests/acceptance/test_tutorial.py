@@ -136,11 +136,13 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
         # 5. the receiver goes down; more messages are still answered AA and wait
         first.send_signal(signal.SIGINT)
         first.wait(timeout=30)
-        more = shell(block("mkdir -p more"), tmp_path, ports)
+        more = shell(block("mktemp -d"), tmp_path, ports)
         assert more.returncode == 0, more.stdout + more.stderr
         assert more.stdout.count("AA  TUT010") == 3
         waiting = depth(tmp_path)
         assert waiting["default/local-mllp"]["pending"] >= 1
+        # as the page says: an unreachable receiver spends no attempt
+        assert waiting["default/local-mllp"]["mostAttempts"] == 0
 
         # 6. it comes back: everything goes out
         with background(receiver, tmp_path, ports, ready=ports[2576]):
@@ -152,3 +154,5 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
             assert all(r["pending"] == 0 for r in depth(tmp_path).values())
     # 7. Ctrl-C stops it whole
     assert local.returncode == 0
+    # the reader's folder holds what they brought and inturn local's data, nothing else
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".inturn", "examples"]

@@ -70,7 +70,7 @@ async def test_overview_counts_match_queue_depth(
 
     async def settled() -> bool:
         _, body = await clients["viewer"].get("/api/v1/overview")
-        return any(r["maxAttempts"] == 2 for r in body["destinations"])
+        return any(r["mostAttempts"] == 2 for r in body["destinations"])
 
     await until(settled)
     _, body = await clients["viewer"].get("/api/v1/overview")
@@ -91,10 +91,10 @@ async def test_overview_counts_match_queue_depth(
     )
     depth = {d["destination"]: d for d in json.loads(cli.stdout)}
     for name, d in depth.items():
-        assert (rows[name]["pending"], rows[name]["failed"], rows[name]["maxAttempts"]) == (
+        assert (rows[name]["pending"], rows[name]["failed"], rows[name]["mostAttempts"]) == (
             d["pending"],
             d["failed"],
-            d["maxAttempts"],
+            d["mostAttempts"],
         )
     lab = rows[DEST]
     assert lab["state"] == "failing" and lab["ready"] == 0 and lab["headWaitSeconds"] > 50

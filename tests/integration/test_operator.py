@@ -375,7 +375,7 @@ async def test_status_from_the_real_queue(env: kmock.KubernetesEmulator, fresh_d
     async with operator():
         await eventually(lambda: obj(env, DEST, "lis")["status"].get("pending") == 2)
         st = obj(env, DEST, "lis")["status"]
-        assert st["failed"] == 1 and st["maxAttempts"] == 4
+        assert st["failed"] == 1 and st["mostAttempts"] == 4
         assert st["oldestPendingTime"] == "2026-01-01T10:00:00Z"
         delivering = condition(obj(env, DEST, "lis"), "Delivering")
         assert (delivering["status"], delivering["reason"]) == ("False", "Blocked")

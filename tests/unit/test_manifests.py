@@ -279,7 +279,7 @@ def test_idle_and_ready() -> None:
         "message": "The worker Deployment d-worker is available.",
     }
     assert cond(st, "Delivering")["reason"] == "Idle"
-    assert (st["pending"], st["failed"], st["maxAttempts"]) == (0, 0, 0)
+    assert (st["pending"], st["failed"], st["mostAttempts"]) == (0, 0, 0)
     assert "oldestPendingTime" not in st
 
 
@@ -297,7 +297,7 @@ def test_blocked_head_shows_the_error_class_only() -> None:
     assert "connection" in c["message"] and "refused" not in c["message"]
     assert "MSH" not in json.dumps(st)
     assert st["oldestPendingTime"] == "2026-01-02T02:59:05Z"
-    assert st["maxAttempts"] == 6
+    assert st["mostAttempts"] == 6
 
 
 def test_an_unreachable_receiver_is_not_draining() -> None:

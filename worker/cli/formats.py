@@ -37,7 +37,7 @@ def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
         return "-" if until is None else until.strftime("%Y-%m-%d %H:%M UTC")
 
     return table(
-        ["DESTINATION", "CHANNEL", "PENDING", "FAILED", "OLDEST", "MAX-ATTEMPTS", "HELD-UNTIL"],
+        ["DESTINATION", "CHANNEL", "PENDING", "FAILED", "OLDEST", "MOST-ATTEMPTS", "HELD-UNTIL"],
         [
             [
                 r.destination,

@@ -53,7 +53,9 @@ class OverviewRow:
             and nothing wrong), ``idle`` (nothing pending).
         ready: pending messages that may go now: all of them when the head is due and nothing
             holds the destination, else 0 (nothing overtakes the head).
-        pending, failed, oldest_seconds, max_attempts: as ``inturn queue depth``.
+        pending, failed, oldest_seconds, max_attempts: as ``inturn queue depth``
+            (``max_attempts`` is its ``MOST-ATTEMPTS``: the most attempts made on any pending
+            message, not ``retry.maxAttempts``).
         head_wait_seconds: until the head's next attempt (0 when due or nothing pending).
         last_error_class: the class part of the head's last error (``"connection"``), or None.
         over_threshold: ``oldest_seconds`` exceeds ``stuck_after``.
@@ -99,7 +101,7 @@ class OverviewRow:
             "pending": self.pending,
             "failed": self.failed,
             "oldestSeconds": round(self.oldest_seconds, 3),
-            "maxAttempts": self.max_attempts,
+            "mostAttempts": self.max_attempts,
             "headWaitSeconds": round(self.head_wait_seconds, 3),
             "lastErrorClass": self.last_error_class,
             "overThreshold": self.over_threshold,

@@ -698,8 +698,9 @@ def status_schema() -> Schema:
                 max_length=64,
                 fmt="date-time",
             ),
-            "maxAttempts": _int(
-                "Most attempts made on any waiting message (normally the head).",
+            "mostAttempts": _int(
+                "Most attempts made so far on any waiting message (normally the head); the"
+                " limit is spec.retry.maxAttempts.",
                 minimum=0,
                 maximum=2**31,
                 fmt="int64",

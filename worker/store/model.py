@@ -146,7 +146,9 @@ class DepthRow:
             still needs a person: a failed item whose copy was queued is not counted).
         oldest: enqueue time of the oldest pending item (None when nothing is pending).
         oldest_seconds: its age in seconds, the number to alert on.
-        max_attempts: the highest attempt count among pending items ("retried, not progressing").
+        max_attempts: the most attempts made so far on any one pending item ("retried, not
+            progressing"; normally the head's), shown as ``MOST-ATTEMPTS`` and ``mostAttempts``
+            (never the limit, ``retry.maxAttempts``).
         schedule: the destination's delivery window as registered (``spec.schedule``), or None.
         lanes: messages it may have in flight at once, as registered (``spec.lanes.count``).
     """
@@ -175,7 +177,7 @@ class DepthRow:
             "failed": self.failed,
             "oldest": self.oldest.isoformat() if self.oldest else None,
             "oldestSeconds": round(self.oldest_seconds, 3),
-            "maxAttempts": self.max_attempts,
+            "mostAttempts": self.max_attempts,
             "lanes": self.lanes,
         }
         if at is not None:
