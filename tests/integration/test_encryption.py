@@ -447,3 +447,35 @@ async def test_encrypt_existing_under_load_loses_nothing_and_keeps_order(
             ([lookup_key(f"LOAD-{n}") for n in range(7)],),
         )
         assert (await cur.fetchone()) == (0,)  # no plain digest is left
+
+
+async def test_with_keys_a_receivers_error_text_that_quotes_the_message_is_not_stored(
+    fresh_db: str, keys_dir: Path, key_dsn: str
+) -> None:
+    codec = await keys.codec(keys_dir, key_dsn)
+    [only] = await sealed_queue(fresh_db, codec, [adt(1, "MRN-AE")])
+    async with MllpReceiver(ack_code="AE") as rx:
+        rx.ack_text = "bad name ZYZZYVA in PID-5"
+        cfg = worker_config(rx.port)
+        assert isinstance(cfg.sender, MllpSenderConfig)
+        stop = asyncio.Event()
+        worker = DestinationWorker(
+            cfg, fresh_db, MllpSender(cfg.sender), PrometheusObserver(), payloads=codec
+        )
+        task = asyncio.create_task(worker.run(stop))
+        await rx.wait_for(1)
+        async with asyncio.timeout(10):
+            while True:
+                with psycopg.connect(fresh_db) as conn:
+                    row = conn.execute(
+                        "SELECT last_error, (SELECT string_agg(error, '|') FROM inturn_attempt)"
+                        " FROM inturn_delivery WHERE id = %s",
+                        (only,),
+                    ).fetchone()
+                if row and row[0]:
+                    break
+                await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    assert row[0].startswith("AE: the receiver's text is not stored")
+    assert "ZYZZYVA" not in str(row)

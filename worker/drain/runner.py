@@ -71,6 +71,10 @@ from inturn.worker.worklist.publish import Publisher, announce
 
 log = logging.getLogger("inturn.drain")
 
+#: Outcomes whose detail is the receiver's own text (MSA-3, ERR-8, ERR-3.2 of its ACK), which
+#: may quote the message: with payload keys it is not stored (``WITHHELD`` instead).
+RECEIVER_TEXT = frozenset({"AE", "AR", "CE", "CR"})
+WITHHELD = "the receiver's text is not stored (payload keys are on: it may quote the message)"
 #: Most characters of a failure cause stored in ``last_error``.
 CAUSE_MAX_CHARS = 500
 #: Seconds between two depth queries while the queue holds something (an empty queue is known
@@ -693,6 +697,8 @@ class DestinationWorker:
         """Apply the retry decision (:func:`inturn.worker.drain.retry.decide`) to a failed attempt:
         give up (returns True) or schedule a retry (False)."""
         item = head.item
+        if self.payloads.enabled and outcome in RECEIVER_TEXT:
+            detail = WITHHELD  # a receiver's AE text can quote the message: not kept in clear
         cause = f"{outcome}: {detail}"[:CAUSE_MAX_CHARS]
         self._unreachable_run = self._unreachable_run + 1 if outcome == "unreachable" else 0
         decision = decide(
