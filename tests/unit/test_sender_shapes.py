@@ -11,11 +11,13 @@ decides all three.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from inturn.worker.senders import registry
+from inturn.worker.senders.http import HttpSenderConfig
 from inturn.worker.spec.destination import (
     ManifestError,
     apply_defaults,
@@ -161,3 +163,27 @@ def test_the_refusal_is_said_in_words() -> None:
         "spec.sender.http.headers: a header name is not an HTTP field name"
         " (letters, digits and !#$%&'*+-.^_`|~ only)",
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("X-Tenant: a\x00b\n", "X-Tenant: the value must not contain control characters"),
+        ("X-Tenant: a\x7fb\n", "X-Tenant: the value must not contain control characters"),
+        ("Bad Name: x\n", "a header name is not an HTTP field name"),
+        ("Content-Length: 5\n", "Content-Length: is set by the sender itself"),
+        ("no colon\n", ":1: expected 'Name: value'"),
+    ],
+    ids=["nul", "del", "bad-name", "framing", "no-colon"],
+)
+def test_a_headers_file_the_sender_would_refuse_stops_it_at_start(
+    tmp_path: Path, text: str, words: str
+) -> None:
+    """The headers file is a Secret's content (the operator never reads it): checked when the
+    worker or inturn local starts, by the function every send reads it with."""
+    path = tmp_path / "headers"
+    path.write_text("Authorization: Bearer s3cret\n" + text if "colon" not in text else text)
+    config = HttpSenderConfig("https://lab.example/", headers_file=str(path))
+    problems = registry.check(config)
+    assert len(problems) == 1 and words in problems[0], problems
+    assert "s3cret" not in problems[0] and "a\x00b" not in problems[0]

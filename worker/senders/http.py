@@ -401,9 +401,13 @@ class HttpKind(SenderKind[HttpSenderConfig]):
         """An :class:`HttpSender` (loads the TLS files now, aiohttp at the first send).
 
         Raises:
-            ValueError: :meth:`problems` finds one (or the TLS files are unusable).
+            ValueError: :meth:`problems` finds one, a line of the headers file cannot be sent
+                (:func:`read_headers_file`), or the TLS files are unusable.
+            OSError: the headers file or a TLS file cannot be read.
         """
         self.refuse_shape(config)
+        if config.headers_file is not None:  # its content is the Secret's: checked at start
+            read_headers_file(config.headers_file)
         return HttpSender(config)
 
 
