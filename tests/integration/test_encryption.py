@@ -17,6 +17,7 @@ from psycopg import AsyncConnection
 from inturn.worker.cli import main
 from inturn.worker.crypto import envelope
 from inturn.worker.crypto.codec import PayloadCodec, PayloadErased, PayloadKeysMissing
+from inturn.worker.drain.main import run, runtime_settings
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.header import parse_header
@@ -479,3 +480,32 @@ async def test_with_keys_a_receivers_error_text_that_quotes_the_message_is_not_s
         await asyncio.wait_for(task, 15)
     assert row[0].startswith("AE: the receiver's text is not stored")
     assert "ZYZZYVA" not in str(row)
+
+
+@pytest.mark.parametrize("which", ["wrong key", "no key store"])
+def test_a_worker_started_with_unusable_keys_refuses_in_one_line(
+    fresh_db: str,
+    keys_dir: Path,
+    key_dsn: str,
+    tmp_path: Path,
+    which: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    asyncio.run(keys.codec(keys_dir, key_dsn))  # the key store knows k1
+    other = keys.master_keys(tmp_path / "other")  # another k1
+    settings = json.loads(
+        runtime_settings(
+            worker_config(9),
+            fresh_db,
+            "127.0.0.1",
+            0,
+            "INFO",
+            False,
+            str(other if which == "wrong key" else keys_dir),
+            key_dsn if which == "wrong key" else key_dsn + " port=1",
+        )
+    )
+    assert run(settings) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("inturn: error: ")
+    assert ("--payload-keys" if which == "wrong key" else "--key-dsn") in err[0]

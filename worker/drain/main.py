@@ -25,7 +25,7 @@ from typing import Any
 import psycopg.errors
 
 from inturn.worker import tracing
-from inturn.worker.crypto.errors import REFUSALS
+from inturn.worker.crypto.errors import REFUSALS, MasterKeyError
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.health import make_app, serve
 from inturn.worker.drain.metrics import PrometheusObserver
@@ -102,7 +102,11 @@ async def run_worker(
     """
     stop, abandon = asyncio.Event(), asyncio.Event()
     shutdown.install(stop, abandon)
-    payloads = await open_codec(payload_keys, key_dsn, application_name="inturn-worker-keys")
+    try:
+        payloads = await open_codec(payload_keys, key_dsn, application_name="inturn-worker-keys")
+    except psycopg.Error as exc:  # the key store, at start: one line, as for wrong keys
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise MasterKeyError(f"--key-dsn: the key store cannot be used: {first}") from None
     publishers = from_env(os.environ, dsn)
     worker = DestinationWorker(
         config,
