@@ -5,8 +5,6 @@ Registered lazily by :mod:`inturn.worker.cli`, so the worker never imports kopf.
 
 from __future__ import annotations
 
-import random
-import socket
 from pathlib import Path
 
 import click
@@ -149,45 +147,36 @@ def operator_command(
     verbose: bool,
 ) -> None:
     """Run the Destination operator (kopf): one worker Deployment per Destination."""
-    import os
 
     import kopf
 
     from inturn.operator import handlers
     from inturn.operator.config import OperatorConfig
-    from inturn.operator.manifests import WorkerPodSettings, parse_worker_env
+    from inturn.worker.errors import Invalid
 
     try:
-        plain_env, secret_env = parse_worker_env(worker_env, worker_secret_env)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--worker-env") from None
-    names = tuple(n for item in namespaces for n in item.replace(",", " ").split())
-    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-    if priority is None:
-        priority = random.randint(1, 2**30)  # equal priorities would freeze every peer
-    config = OperatorConfig(
-        pod=WorkerPodSettings(
+        config = OperatorConfig.from_options(
             image=image,
             image_pull_policy=image_pull_policy,
-            dsn_secret_name=dsn_secret,
-            dsn_secret_key=dsn_secret_key,
-            service_account_name=worker_service_account,
             image_pull_secrets=image_pull_secret,
+            dsn=dsn,
+            dsn_secret=dsn_secret,
+            dsn_secret_key=dsn_secret_key,
+            worker_service_account=worker_service_account,
+            status_interval=status_interval,
+            namespaces=namespaces,
+            peering=peering,
+            priority=priority,
             log_json=log_format == "json",
-            env=plain_env,
-            secret_env=secret_env,
-            payload_keys_secret=payload_keys_secret or None,
+            worker_env=worker_env,
+            worker_secret_env=worker_secret_env,
+            payload_keys_secret=payload_keys_secret,
             key_dsn_secret=key_dsn_secret,
             key_dsn_secret_key=key_dsn_secret_key,
-        ),
-        dsn=dsn,
-        namespaces=names,
-        status_interval=status_interval,
-        peering=peering,
-        priority=priority,
-        identity=identity,
-        operator_namespace=os.environ.get("POD_NAMESPACE") or None,
-    )
+        )
+    except Invalid as exc:
+        raise click.BadParameter(str(exc)) from None
+    names, identity, priority = config.namespaces, config.identity, config.priority
     if metrics:
         from inturn.operator.metrics import serve
 

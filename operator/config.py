@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from inturn.operator.manifests import WorkerPodSettings
+from inturn.operator.manifests import WorkerPodSettings, parse_worker_env
+from inturn.worker.errors import Invalid
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,78 @@ class OperatorConfig:
     api_concurrency: int = 16
 
     @classmethod
+    def from_options(
+        cls,
+        *,
+        image: str | None,
+        image_pull_policy: str = "IfNotPresent",
+        image_pull_secrets: Sequence[str] = (),
+        dsn: str | None = None,
+        dsn_secret: str = "inturn-db",
+        dsn_secret_key: str = "dsn",
+        worker_service_account: str | None = None,
+        status_interval: float = 15.0,
+        namespaces: Sequence[str] = (),
+        peering: str | None = None,
+        priority: int | None = None,
+        log_json: bool = False,
+        worker_env: Sequence[str] = (),
+        worker_secret_env: Sequence[str] = (),
+        payload_keys_secret: str | None = None,
+        key_dsn_secret: str = "inturn-keys",
+        key_dsn_secret_key: str = "dsn",
+        env: Mapping[str, str] | None = None,
+    ) -> OperatorConfig:
+        """The one place an operator's settings are built: from ``inturn operator``'s options
+        (:mod:`inturn.operator.cli`) and, under ``kopf run``, from the environment
+        (:meth:`from_env`).
+
+        ``namespaces`` items may hold several names, separated by commas or spaces; without
+        ``priority`` a peering operator draws one at random (equal priorities would freeze
+        every peer, as kopf decides). The identity is ``POD_NAME`` from ``env`` (the process
+        environment by default), else ``<host>-<pid>``.
+
+        Raises:
+            Invalid: no ``image``, or a malformed ``worker_env``/``worker_secret_env`` item
+                (the message names the option).
+        """
+        env = os.environ if env is None else env
+        if not image:
+            raise Invalid("the worker image is required (--image, INTURN_WORKER_IMAGE)")
+        try:
+            plain_env, secret_env = parse_worker_env(worker_env, worker_secret_env)
+        except ValueError as exc:
+            raise Invalid(f"--worker-env: {exc}") from None
+        if priority is None:
+            priority = random.randint(1, 2**30) if peering else 0
+        return cls(
+            pod=WorkerPodSettings(
+                image=image,
+                image_pull_policy=image_pull_policy,
+                dsn_secret_name=dsn_secret,
+                dsn_secret_key=dsn_secret_key,
+                service_account_name=worker_service_account or None,
+                image_pull_secrets=tuple(image_pull_secrets),
+                log_json=log_json,
+                env=plain_env,
+                secret_env=secret_env,
+                payload_keys_secret=payload_keys_secret or None,
+                key_dsn_secret=key_dsn_secret,
+                key_dsn_secret_key=key_dsn_secret_key,
+            ),
+            dsn=dsn or None,
+            namespaces=tuple(n for item in namespaces for n in item.replace(",", " ").split()),
+            status_interval=status_interval,
+            peering=peering,
+            priority=priority,
+            identity=env.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+            operator_namespace=env.get("POD_NAMESPACE") or None,
+        )
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
-        """Build the settings from ``INTURN_*`` environment variables (used by ``kopf run``).
+        """Build the settings from ``INTURN_*`` environment variables (used by ``kopf run``),
+        through :meth:`from_options`.
 
         ``INTURN_WORKER_IMAGE`` (required), ``INTURN_DSN``, ``INTURN_DSN_SECRET``,
         ``INTURN_DSN_SECRET_KEY``, ``INTURN_WORKER_SERVICE_ACCOUNT``,
@@ -48,26 +120,23 @@ class OperatorConfig:
         ``INTURN_PAYLOAD_KEYS_SECRET``, ``INTURN_KEY_DSN_SECRET``, ``INTURN_KEY_DSN_SECRET_KEY``.
 
         Raises:
-            ValueError: ``INTURN_WORKER_IMAGE`` is missing or a number is malformed.
+            Invalid: ``INTURN_WORKER_IMAGE`` is missing or a number is malformed.
         """
         env = os.environ if env is None else env
-        image = env.get("INTURN_WORKER_IMAGE")
-        if not image:
-            raise ValueError("INTURN_WORKER_IMAGE is not set: the worker image is required")
-        return cls(
-            pod=WorkerPodSettings(
-                image=image,
-                dsn_secret_name=env.get("INTURN_DSN_SECRET", "inturn-db"),
-                dsn_secret_key=env.get("INTURN_DSN_SECRET_KEY", "dsn"),
-                service_account_name=env.get("INTURN_WORKER_SERVICE_ACCOUNT") or None,
-                payload_keys_secret=env.get("INTURN_PAYLOAD_KEYS_SECRET") or None,
-                key_dsn_secret=env.get("INTURN_KEY_DSN_SECRET", "inturn-keys"),
-                key_dsn_secret_key=env.get("INTURN_KEY_DSN_SECRET_KEY", "dsn"),
-            ),
-            dsn=env.get("INTURN_DSN") or None,
-            namespaces=tuple(
-                n.strip() for n in env.get("INTURN_WATCH_NAMESPACES", "").split(",") if n.strip()
-            ),
-            status_interval=float(env.get("INTURN_STATUS_INTERVAL", "15")),
-            operator_namespace=env.get("POD_NAMESPACE") or None,
+        try:
+            interval = float(env.get("INTURN_STATUS_INTERVAL", "15"))
+        except ValueError:
+            raise Invalid("INTURN_STATUS_INTERVAL must be a number of seconds") from None
+        return cls.from_options(
+            image=env.get("INTURN_WORKER_IMAGE"),
+            dsn=env.get("INTURN_DSN"),
+            dsn_secret=env.get("INTURN_DSN_SECRET", "inturn-db"),
+            dsn_secret_key=env.get("INTURN_DSN_SECRET_KEY", "dsn"),
+            worker_service_account=env.get("INTURN_WORKER_SERVICE_ACCOUNT"),
+            status_interval=interval,
+            namespaces=(env.get("INTURN_WATCH_NAMESPACES", ""),),
+            payload_keys_secret=env.get("INTURN_PAYLOAD_KEYS_SECRET"),
+            key_dsn_secret=env.get("INTURN_KEY_DSN_SECRET", "inturn-keys"),
+            key_dsn_secret_key=env.get("INTURN_KEY_DSN_SECRET_KEY", "dsn"),
+            env=env,
         )

@@ -63,3 +63,12 @@ class Invalid(InturnError, ValueError):
     """Input that no state of the data could make right (a malformed argument or file)."""
 
     kind = "invalid_request"
+
+
+class OptionInvalid(Invalid):
+    """A setting of a process's configuration that is wrong, named as its command line names
+    it (``option``: ``--listen``; None when the fault is a combination of settings)."""
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option

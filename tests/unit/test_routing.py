@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from inturn.worker.cli.ingest import ingest_command, parse_address, parse_listen
-from inturn.worker.ingest.config import IngestConfig
+from inturn.worker.cli.ingest import ingest_command
+from inturn.worker.ingest.config import IngestConfig, parse_listen
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.routing import (
     Route,
@@ -15,6 +15,7 @@ from inturn.worker.ingest.routing import (
     hold_destination,
     type_matches,
 )
+from inturn.worker.text.addresses import parse_address
 
 
 @pytest.mark.parametrize(

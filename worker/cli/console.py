@@ -10,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from inturn.worker.cli.ingest import parse_address
 from inturn.worker.cli.options import (
     DURATION,
     dsn_option,
@@ -22,6 +21,7 @@ from inturn.worker.console.names import LOOPBACK_NAMES, ServerNames
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
 from inturn.worker.console.server import start_console
 from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.text.addresses import parse_address
 from inturn.worker.text.logs import configure
 
 log = logging.getLogger("inturn.cli.console")

@@ -19,25 +19,26 @@ from typing import TYPE_CHECKING
 
 import click
 
-from inturn.worker.cli.ingest import parse_address, parse_listen
 from inturn.worker.cli.options import (
     DURATION,
     dsn_option,
     feeds_option,
-    load_feeds_file,
     logging_options,
+    option_error,
     payload_keys_options,
+    serving_options,
     start_tracing,
 )
 from inturn.worker.drain import shutdown
+from inturn.worker.errors import OptionInvalid
 from inturn.worker.ingest.config import IngestConfig
-from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedded
 from inturn.worker.local.manifests import check_sender, load_all
 from inturn.worker.local.run import DatabaseInUse, run_local
 from inturn.worker.spec.destination import ManifestError
 from inturn.worker.store.connect import DsnError, normalize_dsn
 from inturn.worker.store.migrate import migrate
+from inturn.worker.text.addresses import parse_address
 from inturn.worker.text.logs import configure
 from inturn.worker.worklist.publishers import from_env
 
@@ -76,21 +77,7 @@ def local_console_auth(path: Path | None) -> AuthConfig:
     type=click.Path(path_type=Path, exists=True),
     help="Destination manifest file or directory (repeatable).",
 )
-@click.option(
-    "--listen",
-    "listen",
-    multiple=True,
-    required=True,
-    metavar="CHANNEL=[HOST:]PORT",
-    help="An MLLP listener for a channel (repeatable).",
-)
-@click.option(
-    "--http",
-    "http",
-    metavar="[HOST:]PORT",
-    help="HTTP ingest, OPEN: no TLS, no authentication (local use).",
-)
-@click.option("--ops", "ops", metavar="[HOST:]PORT", help="/healthz, /readyz and /metrics.")
+@serving_options(listen_required=True, http_help="OPEN: no TLS, no authentication (local use)")
 @dsn_option("Postgres connection string; default: an embedded Postgres under --data-dir.")
 @click.option(
     "--data-dir",
@@ -105,19 +92,6 @@ def local_console_auth(path: Path | None) -> AuthConfig:
     default=Path("secrets"),
     show_default=True,
     help="Where <secret>/<key> files for secretRefs are (relative: to each manifest).",
-)
-@click.option(
-    "--hold-unrouted",
-    multiple=True,
-    metavar="CHANNEL",
-    help="Hold messages of CHANNEL that match no destination instead of answering AR.",
-)
-@click.option(
-    "--accept-unrouted",
-    multiple=True,
-    metavar="CHANNEL",
-    help="Answer AA to messages of CHANNEL that match no destination and drop them (counted)"
-    " instead of answering AR.",
 )
 @click.option(
     "--console",
@@ -168,37 +142,24 @@ def local_command(
     log_json: bool,
 ) -> None:
     """Run ingest and one worker per Destination manifest in one process, without a cluster."""
-    listeners = []
-    for spec in listen:
-        try:
-            channel, host, port = parse_listen(spec)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--listen") from None
-        listeners.append(ListenerConfig(channel=channel, host=host, port=port))
-    addresses: dict[str, tuple[str, int] | None] = {"--http": None, "--ops": None}
-    for hint, value in (("--http", http), ("--ops", ops)):
-        try:
-            addresses[hint] = parse_address(value) if value else None
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint=hint) from None
     try:
         console_at = parse_address(console, "127.0.0.1") if console else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--console") from None
     try:
         # Local use: HTTP ingest is open (the log says so when it starts).
-        ingest_config = IngestConfig(
-            listeners=listeners,
-            http=addresses["--http"],
+        ingest_config = IngestConfig.from_options(
+            listen=listen,
+            http=http,
             http_insecure=True,
-            ops=addresses["--ops"],
-            hold_unrouted=frozenset(hold_unrouted),
-            accept_unrouted=frozenset(accept_unrouted),
+            ops=ops,
+            hold_unrouted=hold_unrouted,
+            accept_unrouted=accept_unrouted,
             pool_size=4,
-            feeds=load_feeds_file(feeds_file),
+            feeds_file=feeds_file,
         )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    except OptionInvalid as exc:
+        raise option_error(exc) from None
     try:  # fail before starting anything
         for cfg in load_all(list(paths), secrets_dir).values():
             check_sender(cfg)

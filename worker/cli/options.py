@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
+from inturn.worker.errors import OptionInvalid
 from inturn.worker.operations.actor import ACTIONS
 from inturn.worker.text.durations import parse_duration
 
@@ -145,3 +146,64 @@ def start_tracing(service_name: str) -> None:
         tracing.configure(service_name)
     except tracing.TracingError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def option_error(exc: OptionInvalid) -> click.ClickException:
+    """The one-line click error (exit 2) for a configuration's :class:`OptionInvalid`: a bad
+    value of the option it names, else a usage error."""
+    if exc.option:
+        return click.BadParameter(str(exc), param_hint=exc.option)
+    return click.UsageError(str(exc))
+
+
+def serving_options(*, listen_required: bool, http_help: str) -> Callable[[F], F]:
+    """The options of a process that serves ingest, declared once for ``inturn ingest`` and
+    ``inturn local``: ``--listen CHANNEL=[HOST:]PORT`` (repeatable), ``--http [HOST:]PORT``
+    (``http_help`` says how it is protected there), ``--ops [HOST:]PORT`` and
+    ``--hold-unrouted``/``--accept-unrouted CHANNEL`` (repeatable); parsed by
+    :meth:`inturn.worker.ingest.config.IngestConfig.from_options`."""
+
+    def apply(command: F) -> F:
+        for option in reversed(
+            (
+                click.option(
+                    "--listen",
+                    "listen",
+                    multiple=True,
+                    required=listen_required,
+                    metavar="CHANNEL=[HOST:]PORT",
+                    help="An MLLP listener for CHANNEL (repeatable; one per channel).",
+                ),
+                click.option(
+                    "--http",
+                    "http",
+                    metavar="[HOST:]PORT",
+                    help=f"HTTP messages (POST /channels/CHANNEL/messages), {http_help}.",
+                ),
+                click.option(
+                    "--ops",
+                    "ops",
+                    metavar="[HOST:]PORT",
+                    help="/healthz, /readyz and /metrics (own port).",
+                ),
+                click.option(
+                    "--hold-unrouted",
+                    multiple=True,
+                    metavar="CHANNEL",
+                    help="Accept and hold (in _unrouted/CHANNEL) messages no destination takes,"
+                    " instead of answering AR (repeatable).",
+                ),
+                click.option(
+                    "--accept-unrouted",
+                    multiple=True,
+                    metavar="CHANNEL",
+                    help="Answer AA to messages no destination takes and drop them, counted in"
+                    " inturn_ingest_unrouted_total (Mirth's FILTERED), instead of answering AR"
+                    " (repeatable).",
+                ),
+            )
+        ):
+            command = option(command)
+        return command
+
+    return apply

@@ -15,10 +15,10 @@ from typing import Any
 
 import click
 
-from inturn.worker.cli.ingest import parse_address
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.testing import HttpReceiver, MllpReceiver
+from inturn.worker.text.addresses import parse_address
 
 
 def describe(payload: bytes) -> str:

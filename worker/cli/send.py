@@ -34,7 +34,6 @@ from urllib.parse import urlsplit
 
 import click
 
-from inturn.worker.cli.ingest import parse_address
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.errors import AckParseError, HeaderError
 from inturn.worker.hl7.header import parse_header
@@ -43,6 +42,7 @@ from inturn.worker.ingest.listener import DEFAULT_MAX_FRAME_BYTES
 from inturn.worker.senders.base import DeliveryError
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.senders.tls import TlsConfig, client_context
+from inturn.worker.text.addresses import parse_address
 from inturn.worker.text.display import printable
 
 #: Failure causes after which the connection is gone: the rest is not sent.

@@ -11,6 +11,7 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from inturn.worker.errors import OptionInvalid
 from inturn.worker.feeds.declare import Feed
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
@@ -19,6 +20,7 @@ from inturn.worker.ingest.accept import (
     DEFAULT_MAX_BATCH_MESSAGES,
     DEFAULT_STORE_TIMEOUT_SECONDS,
 )
+from inturn.worker.ingest.access import AllowList
 from inturn.worker.ingest.budget import (
     CONNECTION_BYTES,
     DEFAULT_WAIT_SECONDS,
@@ -26,7 +28,7 @@ from inturn.worker.ingest.budget import (
     limit_for,
     memory_limit,
 )
-from inturn.worker.ingest.credentials import CredentialSource
+from inturn.worker.ingest.credentials import CredentialsError, CredentialsFile, CredentialSource
 from inturn.worker.ingest.feeds import DEFAULT_FLUSH_SECONDS, DEFAULT_MAX_SENDERS
 from inturn.worker.ingest.listener import (
     DEFAULT_FRAME_DEADLINE,
@@ -36,6 +38,7 @@ from inturn.worker.ingest.listener import (
     ListenerConfig,
 )
 from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, check_channel
+from inturn.worker.text.addresses import parse_address
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,144 @@ class IngestConfig:
         if self.memory_limit is not None:
             self.message_budget()
 
+    @classmethod
+    def from_options(
+        cls,
+        *,
+        listen: Sequence[str] = (),
+        allow_network: Sequence[str] = (),
+        allow_subject: Sequence[str] = (),
+        http: str | None = None,
+        http_credentials: str | None = None,
+        http_insecure: bool = False,
+        ops: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
+        max_frame_bytes: str | int = DEFAULT_MAX_FRAME_BYTES,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+        duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_SECONDS,
+        duplicate_delivered_window: float = DEFAULT_DELIVERED_WINDOW_SECONDS,
+        hold_unrouted: Sequence[str] = (),
+        accept_unrouted: Sequence[str] = (),
+        refresh_seconds: float = DEFAULT_REFRESH_SECONDS,
+        store_timeout: float = DEFAULT_STORE_TIMEOUT_SECONDS,
+        pool_size: int = 16,
+        max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS,
+        max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
+        feeds_file: str | None = None,
+        feed_flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+        max_feed_senders: int = DEFAULT_MAX_SENDERS,
+        memory_limit: str | None = None,
+        busy_wait: float = DEFAULT_WAIT_SECONDS,
+        frame_deadline: float = DEFAULT_FRAME_DEADLINE,
+        payload_keys: str | None = None,
+        key_dsn: str | None = None,
+    ) -> IngestConfig:
+        """The one place an ingest process's configuration is built from its settings as a
+        person writes them (``inturn ingest``'s and ``inturn local``'s options: addresses as
+        ``[HOST:]PORT``, listeners as ``CHANNEL=[HOST:]PORT``, sizes with k/M/G suffixes, file
+        names); every argument is the option of the same name.
+
+        Raises:
+            OptionInvalid: a setting or a combination is wrong (``option`` names the option
+                when one is to blame); nothing was started. The TLS and credentials files are
+                read here, so a missing or unusable one is reported before anything listens.
+        """
+        if not listen and not http:
+            raise OptionInvalid("nothing to serve: give --listen and/or --http")
+        if http and not http_credentials and not http_insecure:
+            raise OptionInvalid(
+                "--http needs --http-credentials (or --http-insecure to accept anyone)"
+            )
+        if http_credentials and http_insecure:
+            raise OptionInvalid("--http-credentials and --http-insecure exclude each other")
+        if bool(tls_cert) != bool(tls_key):
+            raise OptionInvalid("--tls-cert and --tls-key go together")
+        if tls_client_ca and not tls_cert:
+            raise OptionInvalid("--tls-client-ca needs --tls-cert and --tls-key")
+        hint = "--listen"
+        try:
+            listeners = [parse_listen(value) for value in listen]
+            hint = "--allow-network/--allow-subject"
+            allows = allow_lists([ch for ch, _, _ in listeners], allow_network, allow_subject)
+            hint = "--http"
+            http_address = parse_address(http) if http else None
+            hint = "--ops"
+            ops_address = parse_address(ops) if ops else None
+            hint = "--max-frame-bytes"
+            frame_limit = parse_size(max_frame_bytes)
+            hint = "--memory-limit"
+            memory = parse_size(memory_limit) if memory_limit else None
+            hint = "--hold-unrouted/--accept-unrouted"
+            for channel in (*hold_unrouted, *accept_unrouted):
+                check_channel(channel)
+            both = sorted(set(hold_unrouted) & set(accept_unrouted))
+            if both:
+                raise ValueError(f"--hold-unrouted and --accept-unrouted both name {both[0]}")
+        except ValueError as exc:
+            raise OptionInvalid(str(exc), hint) from None
+        context = http_context = None
+        if tls_cert and tls_key:
+            try:
+                context = server_tls_context(tls_cert, tls_key, tls_client_ca)
+                http_context = server_tls_context(
+                    tls_cert, tls_key, tls_client_ca, client_cert_required=False
+                )
+            except (OSError, ssl.SSLError) as exc:
+                raise OptionInvalid(f"the TLS files cannot be used: {exc}", "--tls-cert") from None
+        try:
+            credentials = CredentialsFile(http_credentials) if http_credentials else None
+        except CredentialsError as exc:
+            raise OptionInvalid(str(exc), "--http-credentials") from None
+        if credentials and credentials.wants_certificates and not tls_client_ca:
+            raise OptionInvalid("client-certificate credentials need --tls-client-ca")
+        feeds = None
+        if feeds_file is not None:
+            from inturn.worker.feeds.declare import FeedsError, load_feeds
+
+            try:
+                feeds = tuple(load_feeds(feeds_file))
+            except (FeedsError, OSError) as exc:
+                raise OptionInvalid(str(exc), "--feeds") from None
+        try:
+            config = cls(
+                listeners=[
+                    ListenerConfig(ch, host, port, context, allows[ch])
+                    for ch, host, port in listeners
+                ],
+                http=http_address,
+                http_ssl=http_context,
+                credentials=credentials,
+                http_insecure=http_insecure,
+                ops=ops_address,
+                max_frame_bytes=frame_limit,
+                idle_timeout=idle_timeout,
+                frame_timeout=frame_timeout,
+                duplicate_window=duplicate_window,
+                duplicate_delivered_window=duplicate_delivered_window,
+                hold_unrouted=frozenset(hold_unrouted),
+                accept_unrouted=frozenset(accept_unrouted),
+                refresh_seconds=refresh_seconds,
+                store_timeout=store_timeout,
+                pool_size=pool_size,
+                max_indexed_identifiers=max_indexed_identifiers,
+                max_batch_messages=max_batch_messages,
+                feeds=feeds,
+                feed_flush_seconds=feed_flush_seconds,
+                max_feed_senders=max_feed_senders,
+                memory_limit=memory,
+                busy_wait=busy_wait,
+                frame_deadline=frame_deadline,
+                payload_keys=payload_keys,
+                key_dsn=key_dsn,
+            )
+            config.message_budget()
+        except ValueError as exc:
+            raise OptionInvalid(str(exc)) from None
+        return config
+
     def message_budget(self) -> int:
         """Bytes of messages the process may hold at once, from ``memory_limit`` (or the
         cgroup's limit, or 512 MiB).
@@ -175,6 +316,70 @@ class IngestConfig:
                 " (--memory-limit, or the container's limit)"
             )
         return budget
+
+
+def parse_listen(value: str) -> tuple[str, str, int]:
+    """Parse ``CHANNEL=[HOST:]PORT`` into ``(channel, host, port)``.
+
+    Raises:
+        ValueError: no ``=``, an invalid channel name or an invalid address.
+    """
+    channel, sep, address = value.partition("=")
+    if not sep:
+        raise ValueError(f"{value!r}: expected CHANNEL=[HOST:]PORT")
+    host, port = parse_address(address)
+    return check_channel(channel.strip()), host, port
+
+
+def parse_allow(values: Sequence[str], option: str) -> dict[str, list[str]]:
+    """Parse repeated ``CHANNEL=VALUE`` options into ``{channel: [value, ...]}``.
+
+    Raises:
+        ValueError: no ``=``, an invalid channel name or an empty value.
+    """
+    found: dict[str, list[str]] = {}
+    for value in values:
+        channel, sep, item = value.partition("=")
+        if not sep or not item.strip():
+            raise ValueError(f"{option} {value!r}: expected CHANNEL=VALUE")
+        found.setdefault(check_channel(channel.strip()), []).append(item.strip())
+    return found
+
+
+def allow_lists(
+    channels: list[str], networks: Sequence[str], subjects: Sequence[str]
+) -> dict[str, AllowList]:
+    """Each listened channel's allow-list from ``--allow-network`` / ``--allow-subject``.
+
+    Raises:
+        ValueError: a malformed option, an invalid CIDR, or a channel without a listener.
+    """
+    by_network = parse_allow(networks, "--allow-network")
+    by_subject = parse_allow(subjects, "--allow-subject")
+    for channel in sorted(set(by_network) | set(by_subject)):
+        if channel not in channels:
+            raise ValueError(f"channel {channel!r} has an allow-list but no --listen")
+    return {
+        channel: AllowList.build(by_network.get(channel, ()), by_subject.get(channel, ()))
+        for channel in channels
+    }
+
+
+def parse_size(value: str | int) -> int:
+    """Bytes from ``SIZE`` (suffixes k, M, G and Ki, Mi, Gi are powers of 1024; a trailing B
+    is allowed).
+
+    Raises:
+        ValueError: not a size.
+    """
+    if isinstance(value, int):
+        return value
+    units = {"k": 1024, "ki": 1024, "m": 1024**2, "mi": 1024**2, "g": 1024**3, "gi": 1024**3}
+    text = value.strip().lower().removesuffix("b")
+    for suffix in sorted(units, key=len, reverse=True):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * units[suffix])
+    return int(text)
 
 
 def server_tls_context(
