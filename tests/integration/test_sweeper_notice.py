@@ -10,6 +10,7 @@ segment. Of every role, only ingest and admin (resend) may write a payload.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -224,3 +225,30 @@ def test_only_ingest_and_admin_may_write_a_payload(
             may[component] = (bool(row[0]), bool(row[1]))
     assert {c for c, (ins, upd) in may.items() if ins or upd} == {"ingest", "admin"}
     assert may["ingest"] == (True, False)  # ingest inserts; nobody but admin rewrites
+
+
+async def test_two_calls_at_once_make_one_notice(
+    fresh_db: str,
+    role_dsns: dict[str, str],  # noqa: F811
+) -> None:
+    await setup(fresh_db, role_dsns, "TWICE1")
+    async with await AsyncConnection.connect(role_dsns["sweeper"], autocommit=True) as conn:
+        done = await cancel_expired(conn, "TWICE1", host_carriers=["UA"], at=LATER)
+        assert sorted(done.told) == ["LH"]  # UA is a host carrier here: not told yet
+    a = await AsyncConnection.connect(role_dsns["sweeper"])
+    b = await AsyncConnection.connect(role_dsns["sweeper"])
+    try:
+        first = await store.enqueue_cancel_notice(a, "TWICE1", "UA")  # a's transaction open
+        second = asyncio.create_task(store.enqueue_cancel_notice(b, "TWICE1", "UA"))
+        await asyncio.sleep(0.3)
+        assert not second.done()  # waits for a's lock on the booking
+        await a.commit()
+        assert await second == first
+        await b.commit()
+    finally:
+        await a.close()
+        await b.close()
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM inturn_delivery WHERE control_id = 'XXTWICE1UA'"
+        ).fetchone() == (1,)

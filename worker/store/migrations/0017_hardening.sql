@@ -82,7 +82,8 @@ BEGIN
                 body text;
                 found_id bigint;
             BEGIN
-                SELECT * INTO b FROM inturn_booking k WHERE k.locator = notice_locator;
+                SELECT * INTO b FROM inturn_booking k WHERE k.locator = notice_locator
+                   FOR UPDATE;  -- two calls for one booking take turns: one notice
                 IF NOT FOUND THEN
                     RAISE EXCEPTION 'no booking %%', notice_locator USING ERRCODE = 'P0002';
                 END IF;
