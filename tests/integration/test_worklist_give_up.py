@@ -132,3 +132,43 @@ async def test_a_failed_placement_undoes_the_failed_mark(fresh_db: str) -> None:
         finally:
             await conn.execute("ALTER TABLE inturn_worklist_item DROP CONSTRAINT refuse_all")
     assert await observed(fresh_db) == ("pending", 0)
+
+
+async def test_erasing_a_failed_message_clears_its_work_item_in_the_same_transaction(
+    fresh_db: str,
+) -> None:
+    """A person is never told to resend a message that is gone (issue 28, item 3): erasure
+    clears the item by ``system``, with a note, or, if the erasure rolls back, leaves both."""
+    from inturn.worker.store import actions
+
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        ids = await queue.enqueue(
+            conn,
+            [NewItem("ward/lab", "adt", f"E{n}", "ADT^A01", b"MSH|^~\\&|x\r") for n in range(2)],
+        )
+        held = await leases.acquire(conn, "ward/lab", "test", 600)
+        for item_id in ids:
+            item = await reads.get_item(conn, item_id)
+            assert item is not None
+            await give_up(
+                conn, item, attempts=3, cause="AR: no", outcome="AR", exhausted=True, lease=held
+            )
+        async with conn.transaction(force_rollback=True):  # an erasure that does not commit
+            await actions.erase(conn, [ids[0]], who="dpo", why="ticket 7")
+        pending = await worklist.list_items(conn, queue="delivery-failed", state="pending")
+        assert [i.record_key for i in pending.items] == [str(ids[0]), str(ids[1])]
+
+        assert await actions.erase(conn, [ids[0]], who="dpo", why="ticket 7") == [ids[0]]
+        [cleared] = (await worklist.list_items(conn, queue="delivery-failed", state="cleared")).items
+        assert (cleared.record_key, cleared.cleared_by, cleared.note) == (
+            str(ids[0]),
+            "system",
+            actions.ERASED_NOTE,
+        )
+        still = await worklist.list_items(conn, queue="delivery-failed", state="pending")
+        assert [i.record_key for i in still.items] == [str(ids[1])]
+        cur = await conn.execute("SELECT who, action FROM inturn_audit ORDER BY id")
+        assert [tuple(r) for r in await cur.fetchall()][-2:] == [
+            ("dpo", "erase"),
+            ("system", "worklist-clear"),
+        ]

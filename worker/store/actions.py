@@ -21,7 +21,7 @@ from psycopg.types.array import ListBinaryDumper
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Conflict, Invalid
-from inturn.worker.store import locks, queue
+from inturn.worker.store import locks, queue, worklist
 from inturn.worker.store.lease import holder_id
 from inturn.worker.store.model import (
     FINISHED_STATES,
@@ -117,15 +117,31 @@ async def remove(
     return await _delete(conn, Q["remove"], "remove", item_ids, who=who, why=why)
 
 
+#: The note on a ``delivery-failed`` item cleared because its message was erased.
+ERASED_NOTE = "its message was erased (data-subject erasure): nothing is left to resend"
+
+
 async def erase(
     conn: AsyncConnection[Any], item_ids: Sequence[int], *, who: str, why: str | None = None
 ) -> list[int]:
     """Delete items whatever their state (data-subject erasure); audited with ids, no payload.
 
-    A pending item erased while its worker is sending it is simply gone when the worker reports
-    back (its update matches no row). Returns the ids deleted.
+    In the same transaction, the erased items' pending ``delivery-failed`` worklist items are
+    cleared by ``system`` with a note (:data:`ERASED_NOTE`): nothing is left for a person to
+    resend or open. A pending item erased while its worker is sending it is simply gone when the
+    worker reports back (its update matches no row). Returns the ids deleted.
     """
-    return await _delete(conn, Q["erase"], "erase", item_ids, who=who, why=why)
+    async with conn.transaction():
+        ids = await _delete(conn, Q["erase"], "erase", item_ids, who=who, why=why)
+        await worklist.clear_where(
+            conn,
+            record_kind="delivery",  # inturn.worker.worklist.delivery_failed's items
+            record_keys=[str(i) for i in ids],
+            queue="delivery-failed",
+            who=worklist.SYSTEM,
+            note=ERASED_NOTE,
+        )
+    return ids
 
 
 async def _delete(
