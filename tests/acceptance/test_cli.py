@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -67,13 +68,30 @@ def test_depth_list_show_and_payload(fresh_db: str) -> None:
     assert "payload" not in listed["items"][0]
     shown = json.loads(run("queue", "show", str(a), "--json", dsn=fresh_db).stdout)
     assert shown["controlId"] == "M0" and shown["state"] == "pending"
+    # no --who: the audit names the operating-system user (here, as a login sets it)
+    person = {k: v for k, v in os.environ.items() if k != "SUDO_USER"} | {"LOGNAME": "a.nurse"}
     out = subprocess.run(
         [INTURN, "queue", "payload", str(a), "--why", "ticket 7", "--dsn", fresh_db],
         capture_output=True,
         check=True,
         timeout=60,
+        env=person,
     )
     assert out.stdout == raw
+    if os.geteuid() == 0:  # through sudo, the person who ran sudo
+        subprocess.run(
+            [INTURN, "queue", "payload", str(a), "--why", "ticket 8", "--dsn", fresh_db],
+            capture_output=True,
+            check=True,
+            timeout=60,
+            env=person | {"SUDO_USER": "b.admin"},
+        )
+    with psycopg.connect(fresh_db) as conn:
+        viewed = conn.execute(
+            "SELECT who, why FROM inturn_audit WHERE action = 'view-payload' ORDER BY id"
+        ).fetchall()
+    assert viewed[0] == ("a.nurse", "ticket 7")
+    assert viewed[1:] == ([("b.admin", "ticket 8")] if os.geteuid() == 0 else [])
     unsaid = run(
         "queue", "payload", str(a), dsn=fresh_db
     )  # viewing needs a reason, as in the console

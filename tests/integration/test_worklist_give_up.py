@@ -159,7 +159,8 @@ async def test_erasing_a_failed_message_clears_its_work_item_in_the_same_transac
         assert [i.record_key for i in pending.items] == [str(ids[0]), str(ids[1])]
 
         assert await actions.erase(conn, [ids[0]], who="dpo", why="ticket 7") == [ids[0]]
-        [cleared] = (await worklist.list_items(conn, queue="delivery-failed", state="cleared")).items
+        done = await worklist.list_items(conn, queue="delivery-failed", state="cleared")
+        [cleared] = done.items
         assert (cleared.record_key, cleared.cleared_by, cleared.note) == (
             str(ids[0]),
             "system",

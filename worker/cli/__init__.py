@@ -46,7 +46,27 @@ COMMANDS: dict[str, str] = {
 }
 
 #: Libraries of optional extras (pyproject.toml) -> the extra that installs them.
-EXTRAS: dict[str, str] = {"kopf": "operator", "kubernetes": "operator", "pgserver": "local"}
+EXTRAS: dict[str, str] = {
+    "kopf": "operator",
+    "kubernetes": "operator",
+    "pgserver": "local",
+    "opentelemetry": "tracing",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError, command: str) -> str | None:
+    """The one-line error for ``inturn COMMAND`` failing on ``exc``, a library of an optional
+    extra that is not installed (``inturn operator needs kopf: pip install 'inturn[operator]'``),
+    or None when the missing module is not one of :data:`EXTRAS`'s."""
+    extra = EXTRAS.get((exc.name or "").split(".")[0])
+    if extra is None:
+        return None
+    return f"inturn {command} needs {exc.name}: pip install 'inturn[{extra}]'"
+
+
+def _command_name(argv: list[str]) -> str:
+    """The subcommand ``argv`` names (its first word that is one of :data:`COMMANDS`)."""
+    return next((a for a in argv if a in COMMANDS), "")
 
 
 class LazyGroup(click.Group):
@@ -67,12 +87,10 @@ class LazyGroup(click.Group):
         except ModuleNotFoundError as exc:
             if exc.name and module_name.startswith(exc.name):
                 return None  # not built yet
-            extra = EXTRAS.get((exc.name or "").split(".")[0])
-            if extra is None:
+            said = missing_extra(exc, cmd_name)
+            if said is None:
                 raise
-            raise click.ClickException(
-                f"inturn {cmd_name} needs {exc.name}: pip install 'inturn[{extra}]'"
-            ) from None
+            raise click.ClickException(said) from None
         command = getattr(module, attr, None)
         return command if isinstance(command, click.Command) else None
 
@@ -134,7 +152,8 @@ def database_error(exc: psycopg.Error) -> str:
 
 def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point: run the command line, one-line errors, exit codes 0/1/2."""
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    args = argv if argv is not None else sys.argv[1:]
+    debug = "--debug" in args
     try:
         return cli.main(args=argv, prog_name="inturn", standalone_mode=False)
     except click.exceptions.Abort:
@@ -164,6 +183,12 @@ def main(argv: list[str] | None = None) -> Any:
         if debug:
             raise
         fail(_first_line(exc))
+    except ModuleNotFoundError as exc:
+        # an extra's library imported when the command runs (inturn operator's kopf)
+        said = missing_extra(exc, _command_name(args))
+        if said is None or debug:
+            raise
+        fail(said)
     except KeyboardInterrupt:
         sys.exit(130)
     return None

@@ -9,6 +9,7 @@ calls :func:`inturn.worker.text.logs.configure`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -76,6 +77,31 @@ def logging_options(command: F) -> F:
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 who_option = click.option("--who", required=True, help="Who decides (recorded in the audit).")
+
+
+def os_user() -> str:
+    """Who runs this command, as an audit trail should name them: the user who ran ``sudo``
+    (``$SUDO_USER``) when run through it as root, else the operating-system user
+    (:func:`getpass.getuser`: ``$LOGNAME``, ``$USER``, ... then the password database), else
+    ``uid N`` when the user has no name (a container's arbitrary uid)."""
+    import getpass
+
+    if os.environ.get("SUDO_USER") and hasattr(os, "geteuid") and os.geteuid() == 0:
+        return os.environ["SUDO_USER"]
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
+
+
+#: ``--who`` for actions a person may take without naming themselves (viewing a payload,
+#: retrying, removing): the audit records the operating-system user (:func:`os_user`).
+audit_who_option = click.option(
+    "--who",
+    default=os_user,
+    show_default="the operating-system user",
+    help="Recorded in the audit.",
+)
 why_option = click.option("--why", default=None, help="Why (recorded in the audit).")
 
 

@@ -28,6 +28,7 @@ from inturn.worker.cli.formats import (
     patient_key_for,
 )
 from inturn.worker.cli.options import (
+    audit_who_option,
     dsn_option,
     json_option,
     payload_keys_options,
@@ -215,7 +216,7 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
 @queue_group.command("payload")
 @dsn_option()
 @click.argument("item_id", type=int)
-@click.option("--who", default="cli", show_default=True, help="Recorded in the audit.")
+@audit_who_option
 @why_for("view-payload")
 @payload_keys_options
 def payload_command(
@@ -250,7 +251,7 @@ def payload_command(
 @dsn_option()
 @click.argument("item_id", type=int, required=False)
 @click.option("--destination", "-d", help="Retry every pending item of this destination.")
-@click.option("--who", default="cli", show_default=True, help="Recorded in the audit.")
+@audit_who_option
 @why_option
 def retry_command(
     dsn: str | None, item_id: int | None, destination: str | None, who: str, why: str | None
@@ -319,7 +320,7 @@ queue_group.add_command(_hold_command("resume"))
 @queue_group.command("remove")
 @dsn_option()
 @click.argument("item_ids", type=int, nargs=-1, required=True)
-@click.option("--who", default="cli", show_default=True, help="Recorded in the audit.")
+@audit_who_option
 @why_option
 def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: str | None) -> None:
     """Delete finished items (delivered, failed, skipped); pending ones are refused."""
