@@ -406,3 +406,34 @@ async def test_what_the_lanes_hold_is_shown_to_people(fresh_db: str) -> None:
         ).stdout
     )
     assert listed[0]["lanes"] == 4 and listed[0]["laneView"] == summary.to_json()
+
+
+async def test_a_hold_stops_every_lane_and_resuming_keeps_the_order(fresh_db: str) -> None:
+    """``queue suspend`` (the console's hold) with lanes: nothing new starts on any lane after
+    the messages in flight and those taken ahead; resumed, the rest go, each patient in order."""
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await registry.register(
+            conn,
+            destination=DEST,
+            namespace="ward",
+            name="lanes",
+            channel="adt",
+            message_types=[],
+            generation=1,
+            suspended=False,
+            lanes=4,
+        )
+    sent = feed(200, patients=20, merge_every=25)
+    async with Receiver(0.02, 0.01) as rx:
+        await enqueue(fresh_db, sent)
+        async with running(config(rx.port, 4), fresh_db):
+            await rx.wait_for(20)
+            async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+                assert await registry.suspend(conn, DEST, who="test", why="upgrade")
+                await asyncio.sleep(1.0)  # in flight and taken ahead finish
+                arrived = len(rx.received)
+                await asyncio.sleep(1.5)
+                assert len(rx.received) == arrived < len(sent)
+                assert await registry.resume(conn, DEST, who="test")
+            await until_delivered(fresh_db, len(sent))
+    assert reorders(sent, rx.applied) == []

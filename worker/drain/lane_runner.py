@@ -10,7 +10,10 @@ statement stays in order on one session:
    again after a notification (the tail at once, the whole window at most every
    :data:`FULL_REFRESH_SECONDS`, so that a skip, a retry-now or an erasure is seen);
 2. ask the scheduler (:func:`inturn.worker.drain.lanes.plan`) which messages may start on the
-   free lanes; take their payloads (:func:`inturn.worker.store.queue.take`) and start them;
+   free lanes; take their payloads (:func:`inturn.worker.store.queue.take`) and start them.
+   The same take reads the messages that may go next (at most one per lane, kept
+   :data:`AHEAD_SECONDS`), so that a lane that answers gets its next message without waiting
+   for a round trip;
 3. wait for an answer, a notification, a message coming due, or the idle poll;
 4. record each answer: a failure at once, per id (the worker's own retry decision and marks,
    :meth:`DestinationWorker._failed`); the deliveries of a turn with the next take, in the same
@@ -56,6 +59,11 @@ log = logging.getLogger("inturn.drain")
 #: Most seconds between two full reads of the window while messages are pending (a notification
 #: or a message coming due asks for one; in between only the window's tail is read).
 FULL_REFRESH_SECONDS = 1.0
+#: Longest a head taken ahead (with the previous take) may wait to be sent without being read
+#: again. A skip, an erasure or a hold that lands within it may miss such a message, as it
+#: misses a message already being sent (the single stream's next head, read with the delivered
+#: mark, has the same race, for less time).
+AHEAD_SECONDS = 0.25
 #: Seconds between two warnings that the window is full of waiting messages.
 WINDOW_FULL_LOG_EVERY_SECONDS = 60.0
 
@@ -117,6 +125,9 @@ class LaneDrain:
         #: Deliveries answered but not marked yet: (flight, attempts, expected replies, the
         #: unreachable run it ended); marked by the next :meth:`_take`, before any send.
         self._answered: list[tuple[Flight, int, list[Any], int]] = []
+        #: Heads taken ahead (at most ``count``): the messages that may go next, read with the
+        #: previous take, so that a lane that answers is given its next message at once.
+        self.ahead: dict[int, tuple[float, Head]] = {}
 
     async def run(self) -> None:
         """Drain until stopped (and the attempts in flight are marked), or the session is lost.
@@ -191,8 +202,11 @@ class LaneDrain:
             await self._flush()
             self._publish(None)
             return None
-        in_flight = {i: f.head.keys for i, f in self.flights.items()}
-        chosen = plan(list(self.window.values()), in_flight, self._free(), now, self.limit)
+        # a delivered message's keys stay held until its mark is durable (the next take)
+        held = {i: f.head.keys for i, f in self.flights.items()}
+        held.update((f.head.item.id, f.head.keys) for f, *_ in self._answered)
+        entries = list(self.window.values())
+        chosen = plan(entries, held, self._free(), now, self.limit)
         timeout = chosen.wake_in
         ids = list(chosen.start)
         if ids and self.w.config.messages_per_second is not None:
@@ -203,22 +217,41 @@ class LaneDrain:
             ids = []
             timeout = 0.0  # the renewal itself was too slow: look again at once
             await self._flush()
-        if ids or self._answered:
-            heads = await self._take(ids)
+        for item_id, (taken_at, _) in list(self.ahead.items()):
+            if now - taken_at > AHEAD_SECONDS:  # too old to trust: taken again if chosen
+                del self.ahead[item_id]
+        for item_id in [i for i in ids if i in self.ahead]:  # taken ahead: go now
+            await self._open_and_launch(self.ahead.pop(item_id)[1])
+        rest = [i for i in ids if i not in self.flights]
+        if rest or self._answered:
+            going = {**held, **{i: self.window[i].keys for i in rest}}
+            going.update((i, f.head.keys) for i, f in self.flights.items())
+            later = plan(entries, going, self.count, now, self.limit).start
+            ahead = [i for i in later if i not in self.ahead][: self.count - len(self.ahead)]
+            marked = bool(self._answered)
+            heads = await self._take(rest + ahead)
             taken = {h.item.id for h in heads}
-            for item_id in ids:
+            for item_id in rest + ahead:
                 if item_id not in taken:  # skipped or erased since the window was read
                     self.window.pop(item_id, None)
             for head in heads:
-                # opened right before its send (ciphertext is never sent: an envelope this
-                # process cannot open ends the worker); plaintext rows pass unchanged
-                item = head.item
-                payload = await self.w.payloads.open(item.id, item.destination, head.payload)
-                self._launch(head, payload)
+                if head.item.id in rest:
+                    await self._open_and_launch(head)
+                else:
+                    self.ahead[head.item.id] = (now, head)
+            if marked and self._free() > 0:
+                self.wake.set()  # their keys are free now: look again at once
         self._publish(chosen)
         if chosen.window_full:
             self._say_window_full()
         return timeout
+
+    async def _open_and_launch(self, head: Head) -> None:
+        """Open ``head``'s payload right before its send (ciphertext is never sent: an envelope
+        this process cannot open ends the worker; a plaintext row passes unchanged), and send
+        it on a free lane."""
+        item = head.item
+        self._launch(head, await self.w.payloads.open(item.id, item.destination, head.payload))
 
     async def _lease_outlives_attempt(self) -> bool:
         """Whether the lease is surely valid for longer than an attempt (renewed first when
@@ -275,6 +308,7 @@ class LaneDrain:
             await self.w.steps.wait(self.conn, self.wake, limit)
             if not self.wake.is_set():  # a notification, or the time it waited for
                 self._want_full = True
+                self.ahead.clear()
         self.wake.clear()
 
     # --- the window -------------------------------------------------------------------------
@@ -290,6 +324,7 @@ class LaneDrain:
         if full:
             rows = await self._read(0, self.limit)
             self.window = {p.id: self._entry(p, now) for p in rows if p.id not in answered}
+            self.ahead.clear()  # read again: a skip, a retry-now or an erasure may be why
             self.complete = len(rows) < self.limit
             self._last_full, self._want_full = now, False
             return None
