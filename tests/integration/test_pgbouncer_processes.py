@@ -136,7 +136,7 @@ async def test_a_killed_worker_is_replaced_once_its_lease_expires(
         first = await worker()
         await rx.wait_for(60, timeout=60)
         first.send_signal(signal.SIGKILL)  # mid-stream, holding the lease
-        await first.wait()
+        await asyncio.wait_for(first.wait(), 30)
         second = await worker()
         try:
             await until(lambda: _is(count(pooled, "state = 'delivered'"), total), timeout=120)
