@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
 
@@ -27,11 +28,12 @@ from inturn.worker.drain.lanes import Hold, conflict, summarize
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.pid import index_keys
+from inturn.worker.senders.http import HttpSender, HttpSenderConfig
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import LeaseSettings, RetryPolicy, WorkerConfig
 from inturn.worker.store import actions, queue, reads, registry
 from inturn.worker.store.model import NewItem
-from inturn.worker.testing import MllpReceiver
+from inturn.worker.testing import HttpReceiver, MllpReceiver
 
 DEST = "ward/lanes"
 INTURN = str(Path(sys.executable).with_name("inturn"))
@@ -437,3 +439,51 @@ async def test_a_hold_stops_every_lane_and_resuming_keeps_the_order(fresh_db: st
                 assert await registry.resume(conn, DEST, who="test")
             await until_delivered(fresh_db, len(sent))
     assert reorders(sent, rx.applied) == []
+
+
+class SlowHttp(HttpReceiver):
+    """An HTTP receiver answering each request after a random 0-20 ms, applying it then, and
+    counting the requests it holds at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[bytes] = []
+        self.busy = self.most_busy = 0
+        self.random = random.Random(31)
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.busy += 1
+        self.most_busy = max(self.most_busy, self.busy)
+        try:
+            body = await request.read()
+            await asyncio.sleep(self.random.random() * 0.02)
+            self.applied.append(body)
+            return web.Response(status=200)
+        finally:
+            self.busy -= 1
+
+
+async def test_http_sends_up_to_count_requests_at_once_in_each_patients_order(
+    fresh_db: str,
+) -> None:
+    sent = feed(150, patients=15, merge_every=30)
+    async with SlowHttp() as rx:
+        await enqueue(fresh_db, sent)
+        cfg = WorkerConfig(
+            destination=DEST,
+            channel="adt",
+            sender=HttpSenderConfig(rx.url),
+            retry=RetryPolicy(
+                max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5
+            ),
+            idle_seconds=1,
+            lanes=4,
+        )
+        stop = asyncio.Event()
+        worker = DestinationWorker(cfg, fresh_db, HttpSender(cfg.sender), PrometheusObserver())
+        task = asyncio.create_task(worker.run(stop))
+        await until_delivered(fresh_db, len(sent))
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    assert reorders(sent, rx.applied) == []
+    assert rx.most_busy == 4  # four requests at once, never more
