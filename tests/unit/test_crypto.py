@@ -206,3 +206,18 @@ def test_a_process_without_keys_never_loads_the_cryptography_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "False"
+
+
+def test_a_body_spliced_under_another_rows_wrap_does_not_open() -> None:
+    keys = {R1: K1}
+    a = envelope.seal(MSG, message_id=1, destination="lab", kind=envelope.PATIENTS, keys=keys)
+    b = envelope.seal(MSG, message_id=2, destination="lab", kind=envelope.PATIENTS, keys=keys)
+    size = envelope.header(a).size + 60  # header and wrap, then the body
+    spliced = b[:size] + a[size:]
+    with pytest.raises(envelope.Undecryptable):
+        envelope.open_envelope(spliced, message_id=2, destination="lab", keys=keys)
+    body = envelope.seal_body(MSG, destination="lab", kind=envelope.PATIENTS, keys=keys)
+    bound = envelope.bind(body, 7)
+    assert envelope.open_envelope(bound, message_id=7, destination="lab", keys=keys) == MSG
+    with pytest.raises(envelope.Undecryptable):
+        envelope.open_envelope(bound, message_id=8, destination="lab", keys=keys)

@@ -189,6 +189,13 @@ class PayloadCodec:
         ref = index.ref(b"destination", destination.encode("utf-8", "surrogatepass"))
         return Keying(envelope.DESTINATION, (ref,), ((),))
 
+    def keyings(self, plaintext: bytes, destinations: Sequence[str]) -> list[Keying]:
+        """:meth:`keying` of one message for each of ``destinations`` (the message read once)."""
+        first = self.keying(plaintext, destinations[0])
+        if first.kind == envelope.PATIENTS:
+            return [first] * len(destinations)
+        return [first, *(self.keying(plaintext, d) for d in destinations[1:])]
+
     async def _unwrap(self, stored: StoredKey) -> bytes:
         assert self.provider is not None
         key = await self.provider.unwrap(stored.master_id, stored.wrapped, _WRAP_LABEL + stored.ref)
@@ -282,17 +289,25 @@ class PayloadCodec:
         """Seal each ``(row id, destination, plaintext)``; plaintext as is without keys."""
         if not self.enabled:
             return [p for _, _, p in rows]
-        keyings = [self.keying(p, d) for _, d, p in rows]
-        keys = await self.ensure(keyings)
+        bodies = await self.seal_bodies([(d, p) for _, d, p in rows])
+        return [envelope.bind(b, i) for b, (i, _, _) in zip(bodies, rows, strict=True)]
+
+    async def seal_bodies(
+        self,
+        rows: Sequence[tuple[str, bytes]],
+        keyings: Sequence[Keying | None] | None = None,
+    ) -> list[envelope.Body]:
+        """Encrypt each ``(destination, plaintext)`` before its row ID is known (the keys
+        made or fetched as needed); :func:`inturn.worker.crypto.envelope.bind` then finishes
+        each for its row. ``keyings``: each row's :meth:`keying` when already known."""
+        chosen = [
+            k if k is not None else self.keying(p, d)
+            for (d, p), k in zip(rows, keyings or [None] * len(rows), strict=True)
+        ]
+        keys = await self.ensure(chosen)
         return [
-            envelope.seal(
-                p,
-                message_id=i,
-                destination=d,
-                kind=k.kind,
-                keys={r: keys[r] for r in k.refs},
-            )
-            for (i, d, p), k in zip(rows, keyings, strict=True)
+            envelope.seal_body(p, destination=d, kind=k.kind, keys={r: keys[r] for r in k.refs})
+            for (d, p), k in zip(rows, chosen, strict=True)
         ]
 
     async def seal(self, item_id: int, destination: str, plaintext: bytes) -> bytes:

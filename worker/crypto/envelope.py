@@ -15,9 +15,12 @@ Layout (big-endian), version 1::
 The data key is wrapped under one key-encryption key combined from *every* referenced key
 (HMAC-SHA-256 keyed by their concatenation, over the references): without any one of them the
 combination cannot be computed, so destroying one patient's key leaves the message unreadable
-(n-of-n, as an XOR split of the data key would be, with one wrap instead of n). Both the wrap
-and the payload bind the header, the message (row) ID and the destination as associated data:
-an envelope copied into another row, or another destination's queue, does not open.
+(n-of-n, as an XOR split of the data key would be, with one wrap instead of n). The payload
+binds the header and the destination as associated data; the wrap binds them and the message
+(row) ID: an envelope copied into another row, or another destination's queue, does not open,
+and neither does a payload spliced under another row's wrap (its data key differs). So the
+payload can be encrypted before its row ID is known (:func:`seal_body`, ingest does it before it
+takes the enqueue locks) and only the 48-byte wrap made once it is (:func:`bind`).
 """
 
 from __future__ import annotations
@@ -94,6 +97,30 @@ def _aad(header: bytes, message_id: int, destination: str) -> bytes:
     return header + struct.pack(">q", message_id) + destination.encode("utf-8", "surrogatepass")
 
 
+def _body_aad(header: bytes, destination: str) -> bytes:
+    return header + b"\xff" + destination.encode("utf-8", "surrogatepass")
+
+
+@dataclass(frozen=True)
+class Body:
+    """A payload encrypted before its row ID is known (:func:`seal_body`): what :func:`bind`
+    completes into an envelope. Holds the data key: keep it in memory only, briefly.
+
+    Attributes:
+        header: the envelope's clear header (prefix, kind, references).
+        kek: the key-encryption key combined from the referenced keys.
+        data_key: the fresh data key the body is encrypted under.
+        destination: the destination bound in.
+        body: nonce and ciphertext of the payload.
+    """
+
+    header: bytes
+    kek: bytes
+    data_key: bytes
+    destination: str
+    body: bytes
+
+
 def new_key() -> bytes:
     """A fresh random 32-byte key (a data key, a patient's or a destination's key)."""
     return os.urandom(KEY_BYTES)
@@ -137,19 +164,36 @@ def seal(
     Raises:
         ValueError: no keys, a key not 32 bytes, or a reference not 16 bytes.
     """
+    return bind(seal_body(plaintext, destination=destination, kind=kind, keys=keys), message_id)
+
+
+def seal_body(
+    plaintext: bytes, *, destination: str, kind: bytes, keys: Mapping[bytes, bytes]
+) -> Body:
+    """The bulk of :func:`seal`, before the row ID is known: ``plaintext`` encrypted under a
+    fresh data key, bound to ``destination``.
+
+    Raises:
+        ValueError: no keys, a key not 32 bytes, or a reference not 16 bytes.
+    """
     refs = canonical_refs(list(keys))
     chosen = [keys[r] for r in refs]
     if any(len(k) != KEY_BYTES for k in chosen):
         raise ValueError(f"keys are {KEY_BYTES} bytes")
     header = _header_bytes(kind, refs)
-    aad = _aad(header, message_id, destination)
-    aesgcm = _lib()[0]
     data_key = new_key()
-    wrap_nonce = os.urandom(NONCE_BYTES)
-    wrapped = aesgcm(combine(chosen, refs)).encrypt(wrap_nonce, data_key, aad)
     nonce = os.urandom(NONCE_BYTES)
-    body = aesgcm(data_key).encrypt(nonce, plaintext, aad)
-    return b"".join((header, wrap_nonce, wrapped, nonce, body))
+    body = _lib()[0](data_key).encrypt(nonce, plaintext, _body_aad(header, destination))
+    return Body(header, combine(chosen, refs), data_key, destination, nonce + body)
+
+
+def bind(body: Body, message_id: int) -> bytes:
+    """The envelope of ``body`` for row ``message_id``: the data key wrapped, bound to the row
+    ID and the destination (a few microseconds: ingest does it under the enqueue locks)."""
+    wrap_nonce = os.urandom(NONCE_BYTES)
+    aad = _aad(body.header, message_id, body.destination)
+    wrapped = _lib()[0](body.kek).encrypt(wrap_nonce, body.data_key, aad)
+    return b"".join((body.header, wrap_nonce, wrapped, body.body))
 
 
 def header(stored: bytes) -> Header:
@@ -194,6 +238,7 @@ def open_envelope(
     h = head or header(stored)
     prefix = stored[: h.size]
     aad = _aad(prefix, message_id, destination)
+    body_aad = _body_aad(prefix, destination)
     kek = combine([keys[r] for r in h.refs], h.refs)
     at = h.size
     wrap_nonce, wrapped = stored[at : at + NONCE_BYTES], stored[at + NONCE_BYTES : at + _WRAPPED]
@@ -202,6 +247,6 @@ def open_envelope(
     try:
         data_key = aesgcm(kek).decrypt(wrap_nonce, wrapped, aad)
         nonce, body = stored[at : at + NONCE_BYTES], stored[at + NONCE_BYTES :]
-        return bytes(aesgcm(data_key).decrypt(nonce, body, aad))
+        return bytes(aesgcm(data_key).decrypt(nonce, body, body_aad))
     except invalid_tag:
         raise Undecryptable("the envelope does not open with these keys") from None

@@ -17,6 +17,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.array import ListBinaryDumper
 
+from inturn.worker.crypto import envelope
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Invalid
 from inturn.worker.store.identifiers import keys_text
@@ -332,6 +333,16 @@ async def store_sealed(
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
         raise RuntimeError("store_sealed runs inside the caller's transaction")
     window = float(max(window_seconds, 0.0))
+    # The bulk of the sealing before the enqueue locks (reserve takes them): every payload
+    # encrypted for each destination, the keys fetched or made; under the locks only each
+    # data key's wrap, bound to the row ID drawn there (microseconds a row).
+    keyings = [k for m in unique for k in payloads.keyings(m.payload, ordered)]
+    bodies = await payloads.seal_bodies([(d, m.payload) for m in unique for d in ordered], keyings)
+    body_of = {
+        (index, destination): bodies[index * len(ordered) + k]
+        for index in range(len(unique))
+        for k, destination in enumerate(ordered)
+    }
     reserve = {
         "channel": channel,
         "control_ids": [m.control_id for m in unique],
@@ -349,18 +360,20 @@ async def store_sealed(
     got["answered"] = None
     rows: list[tuple[int, str, Message]] = []
     resent_from: list[int | None] = []
+    sealed: list[bytes] = []
     at = 0
     # message order, then destination order: IDs ascend that way (new messages and re-sends)
     for index, placed in enumerate(_rows(got, ordered, len(unique))):
         for destination, earlier_id in placed:
-            rows.append((drawn[at], destination, unique[index]))
+            if at < len(drawn):
+                sealed.append(envelope.bind(body_of[(index, destination)], drawn[at]))
+            rows.append((drawn[at] if at < len(drawn) else 0, destination, unique[index]))
             resent_from.append(earlier_id)
             at += 1
     if len(rows) != len(drawn):
         raise RuntimeError("the store statement returned an unexpected number of rows")
     if not rows:
         return got
-    sealed = await payloads.seal_many([(i, d, m.payload) for i, d, m in rows])
     fresh_messages = [unique[i] for i in fresh]
     params = {
         "channel": channel,
