@@ -42,9 +42,10 @@ def order(control_id: str, placer: str, to: tuple[str, str]) -> bytes:
 
 
 def result(control_id: str, placer: str, sender: tuple[str, str]) -> bytes:
+    obr = f"OBR|1|{placer}^EHR|F1|CBC\r" if placer else "OBR|1||F1|CBC\r"
     return (
         f"MSH|^~\\&|{sender[0]}|{sender[1]}|EHR|HOSP|20261201||ORU^R01|{control_id}|P|2.5\r"
-        f"PID|1||P1^^^H^MR\rOBR|1|{placer}^EHR|F1|CBC\r"
+        f"PID|1||P1^^^H^MR\r{obr}"
     ).encode()
 
 
@@ -71,6 +72,7 @@ REPLIES: list[tuple[tuple[str, str, tuple[str, str]], set[str]]] = [
     (("R8", "K4", ("LIS4", "F4")), {"D1"}),
     (("R9", "K1", ("LIS2", "LAB2")), {"B1"}),  # lab/b's own lab, at last
     (("R10", "K404", ("LIS", "LAB")), set()),  # no such order
+    (("R11", "", ("LIS", "LAB")), set()),  # a result without a placer number: answers nothing
 ]
 
 

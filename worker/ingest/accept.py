@@ -113,7 +113,7 @@ from inturn.worker.ingest.prepare import (
     prepare,
 )
 from inturn.worker.ingest.routing import Router, hold_destination
-from inturn.worker.orders.keys import reply_digests
+from inturn.worker.orders.keys import is_reply, reply_digests
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store.model import Earlier, StoreResult
@@ -343,7 +343,9 @@ class Acceptor:
         else:
             message = prepare(header, payload, self.max_indexed_identifiers, self.payloads)
         answering = self.router.table.reply_rules(channel)
+        reply = False
         if answering:  # spec.replies: which orders this message may answer
+            reply = is_reply(answering, channel, message.message_type)
             keys = reply_digests(
                 answering,
                 channel,
@@ -353,12 +355,12 @@ class Acceptor:
             )
             if keys:
                 message = dataclasses.replace(message, reply_keys=",".join(keys))
-        return Prepared(header, tuple(destinations), held, message)
+        return Prepared(header, tuple(destinations), held, message, reply)
 
     def _stored(self, channel: str, prepared: Prepared, result: StoreResult) -> Reply:
         """The answer to a message whose transaction has committed."""
         header, destinations, held = prepared.header, prepared.destinations, prepared.held
-        if prepared.message.reply_keys and not result.duplicate:
+        if (prepared.reply or prepared.message.reply_keys) and not result.duplicate:
             matched = "matched" if result.answered else "unmatched"
             metrics.REPLIES.labels(channel, matched).inc()
         if self.feeds is not None:  # a feed is alive whether the message is new or a copy

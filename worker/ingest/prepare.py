@@ -81,3 +81,6 @@ class Prepared:
     destinations: tuple[str, ...]
     held: bool
     message: Message
+    #: Of a reply type on a reply channel (``spec.replies``), keys found or not: counted as
+    #: matched or unmatched once stored.
+    reply: bool = False
