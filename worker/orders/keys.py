@@ -101,9 +101,7 @@ def expectations(
     return out
 
 
-def is_reply(
-    rules: Iterable[tuple[str, ReplyRule]], channel: str, message_type: str
-) -> bool:
+def is_reply(rules: Iterable[tuple[str, ReplyRule]], channel: str, message_type: str) -> bool:
     """Whether a message of ``message_type`` received on ``channel`` is a reply to some
     destination's orders (its ``channel`` and ``replyTypes`` match), whether or not it carries
     a key: one that answers nothing is counted as unmatched all the same."""
