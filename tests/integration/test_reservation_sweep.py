@@ -79,9 +79,12 @@ async def test_unanswered_is_not_placed_twice_or_after_a_clear_and_goes_on_answe
     again = await sweep.unanswered(conn, limit=500, at=at)
     assert (again.placed, again.already) == (0, 1)
     # a person clears it: the same request is not handed back
+    # (placed and cleared at times of the test's own clock, not the machine's: a request
+    # re-imported later is judged against them, and now() made this test fail from 2026-12-01)
     await conn.execute(
-        "UPDATE inturn_worklist_item SET state = 'cleared', cleared_at = now(),"
-        " cleared_by = 'ana', note = 'chased by phone'"
+        "UPDATE inturn_worklist_item SET state = 'cleared', placed_at = %s, cleared_at = %s,"
+        " cleared_by = 'ana', note = 'chased by phone'",
+        (at - timedelta(hours=2), at - timedelta(hours=1)),
     )
     assert (await sweep.unanswered(conn, limit=500, at=at)).placed == 0
     # a new request (re-imported with a new request time) is new work
