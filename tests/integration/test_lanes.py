@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
 
+from inturn.worker.drain.health import make_app
 from inturn.worker.drain.lanes import Hold, conflict, summarize
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
@@ -228,6 +229,9 @@ async def test_a_failing_patient_holds_only_its_own_messages(fresh_db: str) -> N
             view = worker.state.lanes
             assert view is not None and view.hold is not None
             assert view.hold.reason in ("backoff", "key")
+            code, _, body = make_app([worker]).answer("/lanes")
+            assert code == 200 and body.decode().startswith(f"{DEST}: 0 of 4 lanes sending")
+            assert "oldest waiting id=" in body.decode()
             # /metrics: P7's ten messages wait (the first backs off, the others behind it)
             async with asyncio.timeout(10):
                 while (

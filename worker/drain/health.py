@@ -1,11 +1,15 @@
-"""The worker's HTTP endpoints on one port: ``/healthz``, ``/readyz`` and ``/metrics``.
+"""The worker's HTTP endpoints on one port: ``/healthz``, ``/readyz``, ``/metrics`` and
+``/lanes``.
 
 ``/healthz`` answers 200 while the process is alive and every worker's loop keeps turning (a
 wedged loop makes Kubernetes restart the pod); ``/readyz`` answers 200 while every worker holds
 its lock, reached the database, and no step is being repeated nor waits on another session's
 lock (the body says why, one line per destination); ``/metrics`` is prometheus-client's text
-exposition. A worker repeating its delivered mark, or waiting on a lock, stays alive on
-``/healthz``: a restart would lose what it knows and send the message again.
+exposition; ``/lanes`` says, for a destination with lanes, what each lane sends now and what
+holds the oldest waiting message (one line per destination, as the worker sees it: the lane a
+blocking message is in flight on). A worker repeating its delivered mark, or waiting on a
+lock, stays alive on ``/healthz``: a restart would lose what it knows and send the message
+again.
 
 Served by the standard library's ``http.server`` on a thread of its own, not by aiohttp: three
 fixed answers to probes and scrapes need no web framework, prometheus-client imports
@@ -67,7 +71,15 @@ def make_app(workers: Sequence[DestinationWorker]) -> App:
     def metrics() -> Answer:
         return 200, CONTENT_TYPE_LATEST, generate_latest()
 
-    return App({"/healthz": healthz, "/readyz": readyz, "/metrics": metrics})
+    def lanes() -> Answer:
+        lines = [
+            f"{w.destination}: {view.describe()}"
+            for w in workers
+            if (view := w.state.lanes) is not None
+        ]
+        return 200, _TEXT, ("\n".join(lines or ["no lanes"]) + "\n").encode()
+
+    return App({"/healthz": healthz, "/readyz": readyz, "/metrics": metrics, "/lanes": lanes})
 
 
 class Runner:
