@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-#: The subcommands every component runs; each must load (its imports are installed).
+#: The subcommands every component runs; each must load (its imports are installed). A rule
+#: pack's commands (``bookings``) are there only in an image built with its extra.
 COMMANDS = (
     "worker",
     "operator",
@@ -30,7 +31,6 @@ COMMANDS = (
     "sweep",
     "worklist",
     "queue",
-    "bookings",
     "console",
     "receiver",
     "send",

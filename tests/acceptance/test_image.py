@@ -29,10 +29,12 @@ pytestmark = [
 
 
 def cli_commands() -> list[str]:
-    """The subcommands of the ``inturn`` CLI in this checkout."""
+    """The subcommands of the ``inturn`` CLI in this checkout, but the optional packs' (the
+    image is built without the reservations extra)."""
     from inturn.worker.cli import cli
+    from inturn.worker.operations import packs
 
-    return sorted(cli.list_commands(click.Context(cli)))
+    return sorted(set(cli.list_commands(click.Context(cli))) - set(packs.commands()))
 
 
 def _checker() -> ModuleType:

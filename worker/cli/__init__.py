@@ -29,7 +29,6 @@ COMMANDS: dict[str, str] = {
     "migrate": "inturn.worker.cli.maintenance:migrate_command",
     "queue": "inturn.worker.cli.queue:queue_group",
     "purge": "inturn.worker.cli.maintenance:purge_command",
-    "bookings": "inturn.worker.cli.reservations:bookings_group",
     "worklist": "inturn.worker.cli.worklist:worklist_group",
     "sweep": "inturn.worker.cli.sweep:sweep_command",
     "worker": "inturn.worker.cli.worker:worker_command",
@@ -73,13 +72,27 @@ class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        """Every subcommand name, sorted (nothing is imported)."""
-        return sorted(COMMANDS)
+        """Every subcommand name, sorted: inturn's own and the active rule packs' (their
+        modules are not imported)."""
+        return sorted({*COMMANDS, *_pack_commands()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        """Import and return the subcommand ``cmd_name``; None for an unknown name."""
-        target = COMMANDS.get(cmd_name)
+        """Import and return the subcommand ``cmd_name``; None for an unknown name.
+
+        Raises:
+            click.ClickException: ``cmd_name`` is a command of a pack that is not installed
+                (the message says which extra installs it).
+        """
+        target = COMMANDS.get(cmd_name) or _pack_commands().get(cmd_name)
         if target is None:
+            from inturn.worker.operations import packs
+
+            pack = packs.inactive_command(cmd_name)
+            if pack is not None:
+                raise click.ClickException(
+                    f"inturn {cmd_name} is the {pack.name} pack's, not installed here:"
+                    f" {pack.install_hint()}"
+                )
             return None
         module_name, attr = target.split(":")
         try:
@@ -93,6 +106,14 @@ class LazyGroup(click.Group):
             raise click.ClickException(said) from None
         command = getattr(module, attr, None)
         return command if isinstance(command, click.Command) else None
+
+
+def _pack_commands() -> dict[str, str]:
+    """The command groups of the active rule packs (:mod:`inturn.worker.operations.packs`),
+    found only when a name is not inturn's own or the list is asked for."""
+    from inturn.worker.operations import packs
+
+    return packs.commands()
 
 
 @click.group(cls=LazyGroup, invoke_without_command=True)

@@ -23,6 +23,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.store import feeds as store
 from inturn.worker.store.worklist import NewPlacement, place_many
+from inturn.worker.worklist.pack import Pack
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
 from inturn.worker.worklist.stale import clear_stale
 from inturn.worker.worklist.windows import open_windows
@@ -86,3 +87,6 @@ PACK: RulePack[None] = RulePack(
     rules=lambda _: (Rule(REASON, GROUP, feed_silent),),
     settings=None,
 )
+
+#: This pack as an installation finds it (entry point ``inturn.packs``).
+PLUGIN = Pack(name="feeds", sweep=PACK)

@@ -1,54 +1,107 @@
-"""The sweeper's rule packs, listed once.
+"""The rule packs of this installation, found once: their sweep rules and their commands.
 
-``inturn sweep`` (and anything else that sweeps) asks this module which packs exist, which run
-by default, what options each takes and which rules they contribute; nothing else names a pack.
-Each pack is a :class:`~inturn.worker.worklist.rules.RulePack` named ``PACK`` in the module
-that holds its rules, imported here as an object (import-linter and mypy follow it).
+Packs are found through the entry-point group ``inturn.packs``
+(:data:`~inturn.worker.worklist.pack.ENTRY_POINT_GROUP`): each entry point names a
+:class:`~inturn.worker.worklist.pack.Pack`. inturn's own four are declared in its
+``pyproject.toml``; a pack of another distribution declares its own entry point and needs no
+change here or in any front end. A pack whose required modules are missing (its extra is not
+installed) is kept apart in :data:`INACTIVE`: its rules do not run, its options and commands
+are not offered, and asking for it says which extra to install. Nothing else names a pack:
+``inturn sweep``, ``inturn local``'s sweeper and ``inturn``'s command list ask this module.
 
 Adding a pack (e.g. ``feeds``):
 
 1. Write its rules in the package of its subject (``worker/<subject>/...``), each an
    ``async def run(conn, *, limit, dry_run, <settings...>) -> RuleOutcome`` that is
    level-triggered, idempotent, most overdue first and bounded by ``limit`` (see
-   :mod:`inturn.worker.worklist.rules`); their statements go in ``store/sql/<pack>_rules.sql``
-   and run from functions of ``store/<pack>.py`` (only the store runs SQL: an import
-   contract says so).
+   :mod:`inturn.worker.worklist.rules`); their statements go in
+   ``store/sql/<pack>_rules.sql`` and run from functions of ``store/<pack>.py`` (only the
+   store runs SQL: an import contract says so).
 2. In that module declare ``PACK = RulePack(name=..., about=..., rules=..., settings=...,
-   options=(PackOption(...), ...), default=...)``: ``rules`` binds the settings to the run
-   functions (``functools.partial``), ``options`` lists what ``inturn sweep --only <name>``
-   takes (flag, environment variable, default), ``default`` says whether a plain
-   ``inturn sweep`` runs it.
-3. Add ``<module>.PACK`` to :data:`PACKS` below.
+   options=(PackOption(...), ...), default=...)`` (``rules`` binds the settings to the run
+   functions, ``options`` lists what ``inturn sweep --only <name>`` takes, ``default`` says
+   whether a plain ``inturn sweep`` runs it) and ``PLUGIN = Pack(name=..., sweep=PACK, ...)``
+   with its command groups, required modules and extra, if any.
+3. Name ``PLUGIN`` in the ``[project.entry-points."inturn.packs"]`` table of
+   ``pyproject.toml`` (then reinstall: entry points are package metadata).
 4. Tests: ``tests/integration/test_<pack>_sweep.py`` (the rules on a real Postgres), and a
    line in ``tests/unit/test_sweep_packs.py`` if the pack has options.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
 from typing import Any
 
 from psycopg import AsyncConnection
 
 from inturn.worker.errors import Invalid
-from inturn.worker.feeds import rules as feed_rules
-from inturn.worker.orders import rules as order_rules
-from inturn.worker.reservations import sweep as reservation_rules
-from inturn.worker.worklist import delivery_rules
+from inturn.worker.worklist.pack import ENTRY_POINT_GROUP, Pack
 from inturn.worker.worklist.publish import Publisher
 from inturn.worker.worklist.rules import Rule, RulePack
 from inturn.worker.worklist.sweep import DEFAULT_LIMIT, SweepReport
 from inturn.worker.worklist.sweep import sweep as run_rules
 
-#: Every rule pack, in the order ``inturn sweep`` runs them.
-PACKS: tuple[RulePack[Any], ...] = (
-    delivery_rules.PACK,
-    feed_rules.PACK,
-    order_rules.PACK,
-    reservation_rules.PACK,
-)
+log = logging.getLogger("inturn.operations.packs")
+
+
+class PacksMissing(RuntimeError):
+    """No pack is registered: the installed metadata of inturn predates its entry points (an
+    editable install made before they were added); reinstalling fixes it."""
+
+
+def discover() -> tuple[tuple[Pack, ...], dict[str, Pack]]:
+    """Load every entry point of ``inturn.packs``: ``(active packs in run order, inactive
+    packs by name)``. The delivery rules run first, the others in name order.
+
+    An entry point that fails to load, or names something that is not a
+    :class:`~inturn.worker.worklist.pack.Pack`, is logged and left out (one broken plug-in
+    must not take the sweeper down).
+
+    Raises:
+        PacksMissing: the group is empty (stale metadata: reinstall inturn).
+    """
+    found: dict[str, Pack] = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            plugin = point.load()
+        except Exception as exc:  # a broken plug-in, not ours to crash on
+            log.error("rule pack %s (%s) cannot be loaded: %s", point.name, point.value, exc)
+            continue
+        if not isinstance(plugin, Pack) or plugin.name != point.name:
+            log.error("entry point %s (%s) is not a Pack of that name", point.name, point.value)
+            continue
+        found.setdefault(plugin.name, plugin)
+    if not found:
+        raise PacksMissing(
+            f"no rule pack is registered under the entry-point group {ENTRY_POINT_GROUP}: this"
+            " installation's metadata is older than its code; reinstall inturn"
+            " (pip install -e . or make .venv/.installed)"
+        )
+    ordered = sorted(found.values(), key=lambda p: (p.name != "delivery", p.name))
+    active = tuple(p for p in ordered if not p.missing())
+    inactive = {p.name: p for p in ordered if p.missing()}
+    return active, inactive
+
+
+#: The active packs, in the order ``inturn sweep`` runs them.
+PLUGINS, INACTIVE = discover()
+#: Their sweep rules, in run order.
+PACKS: tuple[RulePack[Any], ...] = tuple(p.sweep for p in PLUGINS if p.sweep is not None)
 
 _BY_NAME: dict[str, RulePack[Any]] = {pack.name: pack for pack in PACKS}
+
+
+def commands() -> dict[str, str]:
+    """The command groups of the active packs: ``{name: "module:attribute"}``."""
+    return {name: target for p in PLUGINS for name, target in p.commands.items()}
+
+
+def inactive_command(name: str) -> Pack | None:
+    """The inactive pack whose command ``name`` is, or None."""
+    return next((p for p in INACTIVE.values() if name in p.commands), None)
 
 
 class UnknownPack(Invalid):
@@ -68,7 +121,7 @@ def get(name: str) -> RulePack[Any]:
     """
     pack = _BY_NAME.get(name)
     if pack is None:
-        raise UnknownPack(f"unknown rule pack {name}; expected one of {', '.join(names())}")
+        raise UnknownPack(_unknown([name]))
     return pack
 
 
@@ -81,9 +134,7 @@ def chosen(only: Sequence[str] = ()) -> tuple[RulePack[Any], ...]:
     """
     unknown = sorted(set(only) - set(_BY_NAME))
     if unknown:
-        raise UnknownPack(
-            f"unknown rule pack {', '.join(unknown)}; expected one of {', '.join(names())}"
-        )
+        raise UnknownPack(_unknown(unknown))
     return tuple(p for p in PACKS if (p.name in only if only else p.default))
 
 
@@ -122,3 +173,12 @@ async def sweep(
     """
     rules = select(only, settings)
     return await run_rules(conn, rules, limit=limit, dry_run=dry_run, publishers=publishers)
+
+
+def _unknown(names_asked: Sequence[str]) -> str:
+    """Why ``names_asked`` name no pack: the active ones, and the extra of an inactive one."""
+    text = f"unknown rule pack {', '.join(names_asked)}; expected one of {', '.join(names())}"
+    for name in names_asked:
+        if name in INACTIVE:
+            text += f" ({name} is not installed: {INACTIVE[name].install_hint()})"
+    return text

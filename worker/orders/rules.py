@@ -22,6 +22,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.store import orders as store
 from inturn.worker.store.worklist import NewPlacement, place_many
+from inturn.worker.worklist.pack import Pack
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
 from inturn.worker.worklist.stale import clear_stale
 
@@ -87,3 +88,6 @@ PACK: RulePack[None] = RulePack(
     rules=lambda _: (Rule(REASON, GROUP, unanswered_order),),
     settings=None,
 )
+
+#: This pack as an installation finds it (entry point ``inturn.packs``).
+PLUGIN = Pack(name="orders", sweep=PACK, spec_fields=("replies",))

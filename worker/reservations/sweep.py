@@ -42,6 +42,7 @@ from inturn.worker.spec.schema import CARRIER_PATTERN
 from inturn.worker.store import bookings as store
 from inturn.worker.store import reservation_rules as rules_store
 from inturn.worker.worklist import PackOption, Rule, RuleOutcome, RulePack, clear_where, place
+from inturn.worker.worklist.pack import Pack
 
 log = logging.getLogger("inturn.reservations.sweep")
 
@@ -334,4 +335,14 @@ PACK = RulePack(
         ),
     ),
     default=False,
+)
+
+#: This pack as an installation finds it (entry point ``inturn.packs``).
+PLUGIN = Pack(
+    name=GROUP,
+    sweep=PACK,
+    commands={"bookings": "inturn.worker.cli.reservations:bookings_group"},
+    requires=("airportsdata",),
+    extra="reservations",
+    spec_fields=("carriers",),
 )

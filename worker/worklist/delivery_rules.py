@@ -36,6 +36,7 @@ from psycopg import AsyncConnection
 from inturn.worker.store import actions as delivery_actions
 from inturn.worker.store import sweep as store
 from inturn.worker.store.worklist import NewPlacement, clear_where, place_many
+from inturn.worker.worklist.pack import Pack
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
 from inturn.worker.worklist.windows import open_windows
 
@@ -236,3 +237,6 @@ PACK: RulePack[None] = RulePack(
     ),
     settings=None,
 )
+
+#: This pack as an installation finds it (entry point ``inturn.packs``).
+PLUGIN = Pack(name="delivery", sweep=PACK)

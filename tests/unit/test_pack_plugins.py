@@ -1,0 +1,94 @@
+"""Rule packs plug in (issue 32, item 4): found through the entry-point group ``inturn.packs``,
+and a pack whose extra is not installed is absent: a hospital install (no ``airportsdata``)
+has no ``bookings`` command, no reservation options and never imports the library."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+from inturn.worker.feeds import rules as feed_rules
+from inturn.worker.operations import packs
+from inturn.worker.orders import rules as order_rules
+from inturn.worker.reservations import sweep as reservation_rules
+from inturn.worker.worklist import delivery_rules
+from inturn.worker.worklist.pack import ENTRY_POINT_GROUP, Pack
+
+#: ``inturn ARGS`` in a process where ``airportsdata`` cannot be imported, as on an install
+#: without the reservations extra (a finder refuses it, as a missing distribution would).
+HOSPITAL = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "airportsdata":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Refuse())
+from inturn.worker.cli import cli
+try:
+    cli(sys.argv[1:], prog_name="inturn")
+finally:
+    assert "airportsdata" not in sys.modules
+"""
+
+#: Words of the airline pack that a hospital's command line must never show.
+AIRLINE_WORDS = ("bookings", "carrier", "ticketing", "pending-after", "auto-cancel")
+
+
+def hospital(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", HOSPITAL, *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_packs_are_the_entry_points_of_one_group() -> None:
+    named = {p.name: p.value for p in entry_points(group=ENTRY_POINT_GROUP)}
+    assert named == {
+        "delivery": "inturn.worker.worklist.delivery_rules:PLUGIN",
+        "feeds": "inturn.worker.feeds.rules:PLUGIN",
+        "orders": "inturn.worker.orders.rules:PLUGIN",
+        "reservations": "inturn.worker.reservations.sweep:PLUGIN",
+    }
+    assert packs.PLUGINS == (
+        delivery_rules.PLUGIN,
+        feed_rules.PLUGIN,
+        order_rules.PLUGIN,
+        reservation_rules.PLUGIN,
+    )
+    assert packs.INACTIVE == {}
+    assert packs.commands() == {"bookings": "inturn.worker.cli.reservations:bookings_group"}
+
+
+def test_a_pack_whose_module_is_missing_says_which_extra_installs_it() -> None:
+    pack = Pack(name="cargo", requires=("inturn_no_such_module", "json"), extra="cargo")
+    assert pack.missing() == ["inturn_no_such_module"]
+    assert pack.install_hint() == "pip install 'inturn[cargo]'"
+    assert Pack(name="x", requires=("json",)).missing() == []
+
+
+def test_a_hospital_install_has_no_bookings_command_and_no_airline_options() -> None:
+    listed = hospital("--help")
+    assert listed.returncode == 0, listed.stderr
+    assert "bookings" not in listed.stdout and "sweep" in listed.stdout
+    swept = hospital("sweep", "--help")
+    assert swept.returncode == 0, swept.stderr
+    assert not [w for w in AIRLINE_WORDS if w in swept.stdout]
+    asked = hospital("bookings", "show", "ABC123")
+    assert asked.returncode == 1
+    assert asked.stderr.strip().splitlines() == [
+        "Error: inturn bookings is the reservations pack's, not installed here:"
+        " pip install 'inturn[reservations]'"
+    ]
+    only = hospital("sweep", "--only", "reservations", "--dry-run")
+    assert only.returncode == 2
+    assert "reservations is not installed: pip install 'inturn[reservations]'" in only.stderr
+
+
+def test_with_the_extra_the_pack_is_there() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "from inturn.worker.cli import cli; cli(['--help'])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "bookings" in done.stdout
