@@ -7,6 +7,7 @@ All metrics live in prometheus-client's default registry, so several workers in 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -85,16 +86,32 @@ def _oldest_age(destination: str) -> float:
 
 
 class PrometheusObserver:
-    """Drives the metrics above from the worker's events."""
+    """Drives the metrics above from the worker's events.
+
+    The labelled children of the per-message metrics are looked up once per label set and
+    kept (a worker has one destination and a handful of outcomes), not on every message.
+    """
+
+    _children: dict[tuple[object, tuple[str, ...]], Any] | None = None
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        children = self._children
+        if children is None:
+            children = self._children = {}
+        key = (metric, labels)
+        child = children.get(key)
+        if child is None:
+            child = children[key] = metric.labels(*labels)
+        return child
 
     def delivered(self, destination: str, attempts: int, waited_seconds: float) -> None:
         """Count a delivery and observe its wait."""
-        DELIVERED.labels(destination).inc()
-        DELIVERY_WAIT.labels(destination).observe(waited_seconds)
+        self._child(DELIVERED, destination).inc()
+        self._child(DELIVERY_WAIT, destination).observe(waited_seconds)
 
     def attempted(self, destination: str, outcome: str, seconds: float) -> None:
         """Observe an attempt's duration."""
-        ATTEMPT_SECONDS.labels(destination, outcome).observe(seconds)
+        self._child(ATTEMPT_SECONDS, destination, outcome).observe(seconds)
 
     def retried(self, destination: str, attempts: int, cause: str) -> None:
         """Count a retried failure by cause class."""

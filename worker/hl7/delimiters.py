@@ -13,6 +13,7 @@ ASCII, and no byte of a UTF-8 multi-byte character is ASCII, so splitting such t
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -154,8 +155,12 @@ def first_segment_of(payload: bytes) -> str:
     """The first segment of ``payload`` as text (preamble skipped, latin-1), decoding only that
     segment: reading a header costs the header's size, not the message's."""
     data = strip_preamble(payload)
-    ends = [n for n in (data.find(b"\r"), data.find(b"\n")) if n >= 0]
-    return data[: min(ends)].decode("latin-1") if ends else data.decode("latin-1")
+    # An LF is looked for only before the first CR: a CR-terminated message is not scanned
+    # to its end for an LF that cannot end its first segment.
+    cr = data.find(b"\r")
+    lf = data.find(b"\n", 0, cr) if cr >= 0 else data.find(b"\n")
+    end = lf if lf >= 0 else cr
+    return data[:end].decode("latin-1") if end >= 0 else data.decode("latin-1")
 
 
 def _usable_delimiter(ch: str) -> bool:
@@ -182,10 +187,21 @@ def read_delimiters(msh: str) -> Delimiters:
     if len(msh) < 4:
         raise HeaderError(101, "MSH-1 (field separator) is missing")
     field = msh[3]
-    if not _usable_delimiter(field):
-        raise HeaderError(102, "MSH-1 (field separator) is not a usable separator")
     end = msh.find(field, 4)
     encoding = msh[4:] if end < 0 else msh[4:end]
+    return _delimiters(field, encoding)
+
+
+@functools.lru_cache(maxsize=64)
+def _delimiters(field: str, encoding: str) -> Delimiters:
+    """MSH-1 ``field`` and MSH-2 ``encoding`` checked, as :class:`Delimiters` (most messages
+    share a handful of pairs: each is checked once; at most 64 are remembered).
+
+    Raises:
+        HeaderError: as :func:`read_delimiters` (a refusal is not remembered).
+    """
+    if not _usable_delimiter(field):
+        raise HeaderError(102, "MSH-1 (field separator) is not a usable separator")
     if not encoding:
         raise HeaderError(101, "MSH-2 (encoding characters) is missing")
     if len(encoding) not in (4, 5):

@@ -36,7 +36,8 @@ def terminator(payload: bytes) -> Terminator | None:
     while start < len(payload) and payload[start] in (_CR, _LF):
         start += 1
     cr = payload.find(b"\r", start)
-    lf = payload.find(b"\n", start)
+    # an LF matters only before the first CR or right after it (CRLF): no scan to the end
+    lf = payload.find(b"\n", start, cr + 2) if cr >= 0 else payload.find(b"\n", start)
     if cr < 0 and lf < 0:
         return None
     if cr >= 0 and (lf < 0 or cr < lf):

@@ -22,13 +22,13 @@ from inturn.worker.hl7.ack import ACK_CODES, Ack, parse_ack
 from inturn.worker.hl7.errors import AckParseError, HeaderError
 from inturn.worker.hl7.expect import due, enhanced
 from inturn.worker.hl7.header import Header, parse_header
-from inturn.worker.hl7.mllp import Frame, FrameTooLarge, Garbage, frame
+from inturn.worker.hl7.mllp import Frame, FrameTooLarge, Garbage
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.senders import shape
 from inturn.worker.senders import tls as tls_node
 from inturn.worker.senders.base import DeliveryError, FailureCause
 from inturn.worker.senders.kind import SecretFile, SenderConfig, SenderKind
-from inturn.worker.senders.mllp_link import READ_CHUNK, Closed, Link
+from inturn.worker.senders.mllp_link import Closed, Link
 from inturn.worker.senders.tls import TlsConfig, client_context
 from inturn.worker.spec.openapi import Schema, boolean, integer, obj, string
 
@@ -43,10 +43,14 @@ KEEPALIVE = (60, 15, 4)
 DEFAULT_MAX_ACK_BYTES = 1024 * 1024
 
 _NACK_OUTCOMES: dict[str, FailureCause] = {"AE": "AE", "AR": "AR", "CE": "CE", "CR": "CR"}
+#: A block's start and end (HL7 v2 Appendix C); :func:`_checked` has made sure that the
+#: payload holds neither byte, so it is framed without the second scan ``mllp.frame`` makes.
+_SB = b"\x0b"
+_TRAILER = b"\x1c\r"
 
 
-def _enable_keepalive(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
+def _enable_keepalive(transport: asyncio.BaseTransport | None) -> None:
+    sock = None if transport is None else transport.get_extra_info("socket")
     if sock is None:
         return
     with contextlib.suppress(OSError):
@@ -79,16 +83,20 @@ def unsendable(payload: bytes) -> str | None:
     never be matched to an acknowledgement. No retry changes either, so ingest refuses such a
     message at the door for an MLLP destination, and a stored one fails as ``unsendable``.
     """
+    return _checked(payload)[1]
+
+
+def _checked(payload: bytes) -> tuple[Header | None, str | None]:
+    """``payload``'s MSH and None, or None and why it is unsendable (:func:`unsendable`)."""
     for byte, name in ((0x0B, "start-block"), (0x1C, "end-block")):
         if byte in payload:
-            return (
+            return None, (
                 f"the message contains the MLLP {name} byte 0x{byte:02X}, which MLLP cannot carry"
             )
     try:
-        parse_header(payload)
+        return parse_header(payload), None
     except HeaderError as exc:
-        return f"the message has no usable MSH: {exc}"
-    return None
+        return None, f"the message has no usable MSH: {exc}"
 
 
 class _Answered(Exception):
@@ -186,8 +194,11 @@ class MllpSender:
         self.written = False
         try:
             header, data = self._prepare(payload)
+            if self.timeout_seconds is None:  # no bound of our own: the caller's
+                await self._deliver(header, data)
+                return
             try:
-                async with asyncio.timeout(self.timeout_seconds):  # None: no bound of our own
+                async with asyncio.timeout(self.timeout_seconds):
                     await self._deliver(header, data)
             except TimeoutError:
                 if not self.written:
@@ -234,10 +245,10 @@ class MllpSender:
         Raises:
             DeliveryError: ``unsendable`` (see :func:`unsendable`); nothing was sent.
         """
-        reason = unsendable(payload)
-        if reason is not None:
-            raise DeliveryError("unsendable", reason)
-        return parse_header(payload), frame(normalise_terminators(payload))
+        header, reason = _checked(payload)  # the MSH is read once, the bytes scanned once
+        if header is None:
+            raise DeliveryError("unsendable", reason or "unsendable")
+        return header, _SB + normalise_terminators(payload) + _TRAILER
 
     async def _exchange(self, link: Link, control_id: str, data: bytes, awaited: set[str]) -> None:
         """Write ``data`` on ``link`` and read until every awaited level has answered.
@@ -335,17 +346,21 @@ class MllpSender:
         if self._ssl is not None:
             server_hostname = (self.config.tls and self.config.tls.server_name) or host
         try:
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=self._ssl, server_hostname=server_hostname, limit=READ_CHUNK
+            link = await Link.open(
+                host,
+                port,
+                self.config.max_ack_bytes,
+                ssl_context=self._ssl,
+                server_hostname=server_hostname,
             )
         except (OSError, EOFError) as exc:  # refused, DNS, TLS handshake (ssl.SSLError is one)
             raise DeliveryError(
                 "unreachable", f"connect {host}:{port}: {_error_text(exc)}"
             ) from None
         self.connections_opened += 1
-        _enable_keepalive(writer)
-        self._link = Link(reader, writer, self.config.max_ack_bytes)
-        return self._link
+        _enable_keepalive(link.transport)
+        self._link = link
+        return link
 
     def _abort(self) -> None:
         link, self._link = self._link, None

@@ -68,9 +68,8 @@ class Item:
         Raises:
             KeyError: a column of the item is missing from ``row``.
         """
-        return cls(
-            **{f.name: row[f.name] for f in fields(cls) if f.name in row or f.default is MISSING}
-        )
+        wanted = _row_fields(cls)
+        return cls(**{name: row[name] for name, required in wanted if required or name in row})
 
     def age_seconds(self, now: datetime) -> float:
         """Seconds the item has been (or was, until finished) waiting, as of ``now``."""
@@ -416,3 +415,14 @@ class StoreResult:
     control_id_reused: bool = False
     answered: bool = False
     earlier: tuple[Earlier, ...] = ()
+
+
+_ROW_FIELDS: dict[type[Item], tuple[tuple[str, bool], ...]] = {}
+
+
+def _row_fields(cls: type[Item]) -> tuple[tuple[str, bool], ...]:
+    """``cls``'s fields as (name, required), read once: ``from_row`` runs for every head."""
+    known = _ROW_FIELDS.get(cls)
+    if known is None:
+        known = _ROW_FIELDS[cls] = tuple((f.name, f.default is MISSING) for f in fields(cls))
+    return known

@@ -59,17 +59,20 @@ async def fetch_one(
     *,
     row: BaseRowFactory[R],
     prepare: bool | None = None,
+    binary: bool = False,
 ) -> R | None:
     """Run ``query`` and return its first row built by ``row`` (``dict_row``, ``class_row(X)``),
     or None when it returned no row. Columns are read by name, never by position.
 
     ``prepare=False`` plans the query with the values given each time (for the static queries
-    with optional filters, whose best plan depends on which filters are set).
+    with optional filters, whose best plan depends on which filters are set). ``binary=True``
+    has the row sent in binary form (the same Python values): a payload travels as its own
+    bytes, not as twice as many hex digits that the server writes and the client reads back.
 
     Raises:
         psycopg.Error: the query failed.
     """
-    async with conn.cursor(row_factory=row) as cur:
+    async with conn.cursor(row_factory=row, binary=binary) as cur:
         await cur.execute(query, params, prepare=prepare)
         return await cur.fetchone()
 

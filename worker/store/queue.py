@@ -216,7 +216,7 @@ async def next_head(
         Invalid: ``lease`` is another destination's.
     """
     params = {**_guard(destination, lease), "after": after}
-    row = await fetch_one(conn, Q["head"], params, row=dict_row)
+    row = await fetch_one(conn, Q["head"], params, row=dict_row, binary=True)  # the payload
     if row is None:
         raise LeaseLost(lease, "reading the head")
     return _head_result(row)
@@ -271,23 +271,34 @@ async def succeeded_next(
     Raises:
         LeaseLost: another holder took the destination over; nothing was marked or recorded.
     """
+    params = {**_guard(head.destination, lease), "id": head.id, "attempts": attempts}
+    params |= _expected_params(expecting)
+    row = await fetch_one(conn, Q["succeeded_next"], params, row=dict_row, binary=True)
+    assert row is not None  # the statement always returns one row
+    if row["held"] is None:
+        raise LeaseLost(lease, f"marking id={head.id} delivered")
+    waited = None if row["waited_seconds"] is None else float(row["waited_seconds"])
+    return waited, _head_result(row)
+
+
+#: No expected replies: NULL arrays, which ``unnest`` reads as no rows. The statement is the
+#: same; what is saved is adapting five empty lists on every delivered mark.
+_NO_EXPECTATIONS: dict[str, Any] = dict.fromkeys(("keys", "digests", "channels", "types", "within"))
+
+
+def _expected_params(expecting: Sequence[ExpectedReply]) -> dict[str, Any]:
+    """The ``keys``, ``digests``, ``channels``, ``types`` and ``within`` arrays of the replies
+    ``expecting`` (``spec.replies``) for the delivered marks' ``unnest``."""
     opened = list(expecting)
-    params = {
-        **_guard(head.destination, lease),
-        "id": head.id,
-        "attempts": attempts,
+    if not opened:
+        return _NO_EXPECTATIONS
+    return {
         "keys": [e.key for e in opened],
         "digests": [e.digest for e in opened],
         "channels": [e.channel for e in opened],
         "types": [",".join(e.reply_types) for e in opened],
         "within": [e.within_seconds for e in opened],
     }
-    row = await fetch_one(conn, Q["succeeded_next"], params, row=dict_row)
-    assert row is not None  # the statement always returns one row
-    if row["held"] is None:
-        raise LeaseLost(lease, f"marking id={head.id} delivered")
-    waited = None if row["waited_seconds"] is None else float(row["waited_seconds"])
-    return waited, _head_result(row)
 
 
 async def _guarded(
