@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
@@ -491,3 +493,50 @@ async def test_http_sends_up_to_count_requests_at_once_in_each_patients_order(
         await asyncio.wait_for(task, 15)
     assert reorders(sent, rx.applied) == []
     assert rx.most_busy == 4  # four requests at once, never more
+
+
+def lanes_manifest(directory: Path, port: int, lanes: int) -> Path:
+    path = directory / "destination.yaml"
+    path.write_text(
+        "apiVersion: inturn.dev/v1alpha1\n"
+        "kind: Destination\n"
+        "metadata: {name: lanes, namespace: ward}\n"
+        "spec:\n"
+        "  channel: adt\n"
+        f"  sender: {{mllp: {{host: 127.0.0.1, port: {port}}}}}\n"
+        "  retry: {maxAttempts: 0, backoffSeconds: 1, maxBackoffSeconds: 1, timeoutSeconds: 2}\n"
+        "  idleSeconds: 1\n"
+        f"  lanes: {{count: {lanes}}}\n"
+    )
+    return path
+
+
+@pytest.mark.acceptance  # whole worker processes
+async def test_a_worker_process_killed_mid_flight_resends_at_most_one_per_lane(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """``inturn worker`` with 8 lanes, killed (SIGKILL) while its lanes are sending: the next
+    process sends what was in flight again (at most one duplicate per lane) and every patient's
+    order holds through the merges."""
+    sent = feed(300, patients=40, merge_every=50)
+    env = {**os.environ, "INTURN_DSN": fresh_db, "INTURN_LEASE_TTL_SECONDS": "3",
+           "INTURN_LEASE_RENEW_SECONDS": "1", "INTURN_LEASE_ACQUIRE_SECONDS": "0.5"}  # fmt: skip
+    async with Receiver(0.03, 0.03) as rx:
+        await enqueue(fresh_db, sent)
+        path = lanes_manifest(tmp_path, rx.port, 8)
+        command = [INTURN, "worker", "-f", str(path), "--http-port", "0", "--log-level", "WARNING"]
+        first = await asyncio.create_subprocess_exec(*command, env=env)
+        try:
+            await rx.wait_for(80, timeout=60)
+        finally:
+            first.kill()  # mid-flight: the answers of what its lanes were sending are lost
+            await asyncio.wait_for(first.wait(), 30)
+        second = await asyncio.create_subprocess_exec(*command, env=env)
+        try:
+            await until_delivered(fresh_db, len(sent), timeout=120)
+        finally:
+            second.terminate()
+            await asyncio.wait_for(second.wait(), 30)
+    assert reorders(sent, rx.applied) == []
+    assert sorted(set(map(control_id, rx.applied))) == sorted(s.control_id for s in sent)
+    assert 0 <= len(rx.applied) - len(sent) <= 8
