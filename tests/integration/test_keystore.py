@@ -235,3 +235,14 @@ async def _seal_some(keys: Path, dsn: str) -> None:
     codec = await codec_for(keys, dsn)
     for i in range(3):
         await codec.seal(i, "lab", adt(f"S{i}^^^H"))
+
+
+async def test_one_reading_gives_the_same_index_keys_and_keying_as_two(
+    keys_dir: Path, key_dsn: str
+) -> None:
+    codec = await codec_for(keys_dir, key_dsn)
+    for msg in (adt("A^^^H", "B"), MERGE, NOBODY, adt(*[f"C{i}" for i in range(120)])):
+        keys, keying = codec.index_and_keying(msg, codec.max_identifiers)
+        assert keys == codec.index_keys(msg)
+        expected = codec.keying(msg, "lab")
+        assert keying == (None if expected.kind == envelope.DESTINATION else expected)

@@ -32,6 +32,7 @@ from inturn.worker.crypto.errors import (
 )
 from inturn.worker.crypto.keystore import KeyProvider, KeyStore, NewKey, StoredKey
 from inturn.worker.hl7.pid import (
+    CAPPED_KEY,
     MAX_INDEXED_IDENTIFIERS,
     Digest,
     PatientId,
@@ -149,6 +150,37 @@ class PayloadCodec:
             keys = sorted({*keys, *index_keys(plaintext, cap)})
         return keys
 
+    def index_and_keying(self, plaintext: bytes, limit: int) -> tuple[list[str], Keying | None]:
+        """:meth:`index_keys` and the patients' :meth:`keying` of one message from one reading
+        of its identifiers (ingest's work per message). The keying is None when the message
+        names nobody (it is then sealed under each destination's key) or without keys."""
+        found = patient_identifiers(plaintext, limit + 1)
+        kept = found[:limit]
+        keys: set[str] = set()
+        for patient in kept:
+            keys.update(patient_lookups(patient, self.digest))
+            if self.enabled and self.dual_index:
+                keys.update(patient_lookups(patient))
+        if len(found) > limit:
+            keys.add(CAPPED_KEY)
+        if not self.enabled or not kept:
+            return sorted(keys), None
+        return sorted(keys), self._patients_keying(kept[: self.max_identifiers])
+
+    def _patients_keying(self, patients: Sequence[PatientId]) -> Keying:
+        index = self._index()
+        found: dict[bytes, tuple[str, ...]] = {}
+        for patient in patients:
+            ref = index.ref(b"patient", _patient_text(patient))
+            found[ref] = tuple(patient_lookups(patient, index.identifier))
+        refs = tuple(sorted(found))
+        return Keying(envelope.PATIENTS, refs, tuple(found[r] for r in refs))
+
+    def destination_keying(self, destination: str) -> Keying:
+        """The keying of a message that names nobody: its destination's key."""
+        ref = self._index().ref(b"destination", destination.encode("utf-8", "surrogatepass"))
+        return Keying(envelope.DESTINATION, (ref,), ((),))
+
     def lookup_keys(self, ident: str, authority: str | None = None) -> list[str]:
         """The keys to search ``patient_keys`` for: the plain one, and the blind one with keys
         (rows indexed before the keys were given hold the plain form until re-keyed)."""
@@ -178,16 +210,10 @@ class PayloadCodec:
 
     def keying(self, plaintext: bytes, destination: str) -> Keying:
         """The keys ``plaintext`` is sealed under when stored for ``destination``."""
-        index = self._index()
-        found: dict[bytes, tuple[str, ...]] = {}
-        for patient in patient_identifiers(plaintext, self.max_identifiers):
-            ref = index.ref(b"patient", _patient_text(patient))
-            found[ref] = tuple(patient_lookups(patient, index.identifier))
-        if found:
-            refs = tuple(sorted(found))
-            return Keying(envelope.PATIENTS, refs, tuple(found[r] for r in refs))
-        ref = index.ref(b"destination", destination.encode("utf-8", "surrogatepass"))
-        return Keying(envelope.DESTINATION, (ref,), ((),))
+        patients = patient_identifiers(plaintext, self.max_identifiers)
+        if patients:
+            return self._patients_keying(patients)
+        return self.destination_keying(destination)
 
     def keyings(self, plaintext: bytes, destinations: Sequence[str]) -> list[Keying]:
         """:meth:`keying` of one message for each of ``destinations`` (the message read once)."""

@@ -57,12 +57,14 @@ def prepare(
     """
     stored = normalise_terminators(payload)
     if payloads is not None and payloads.enabled:
+        keys, keying = payloads.index_and_keying(stored, max_identifiers)
         return Message(
             control_id=header.control_id,
             message_type=header.message_type.type_key,
             payload=stored,
             digest=payloads.window_digest(stored),
-            patient_keys=",".join(payloads.index_keys(stored, max_identifiers)),
+            patient_keys=",".join(keys),
+            keying=keying,
         )
     return Message(
         control_id=header.control_id,

@@ -336,7 +336,17 @@ async def store_sealed(
     # The bulk of the sealing before the enqueue locks (reserve takes them): every payload
     # encrypted for each destination, the keys fetched or made; under the locks only each
     # data key's wrap, bound to the row ID drawn there (microseconds a row).
-    keyings = [k for m in unique for k in payloads.keyings(m.payload, ordered)]
+    keyings = [
+        k
+        for m in unique
+        for k in (
+            [m.keying] * len(ordered)
+            if m.keying is not None
+            else [payloads.destination_keying(d) for d in ordered]
+            if m.patient_keys == ""
+            else payloads.keyings(m.payload, ordered)
+        )
+    ]
     bodies = await payloads.seal_bodies([(d, m.payload) for m in unique for d in ordered], keyings)
     body_of = {
         (index, destination): bodies[index * len(ordered) + k]

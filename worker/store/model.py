@@ -357,6 +357,9 @@ class Message:
         traceparent: the W3C trace context of its receive span when traced, else None.
         reply_keys: when it is a reply (``spec.replies``), the digests of its keys,
             comma-separated (:func:`inturn.worker.orders.keys.reply_digests`); else empty.
+        keying: with payload keys, which patients' keys it is sealed under
+            (:class:`inturn.worker.crypto.codec.Keying`), found when its index keys were (the
+            message read once); None: not known yet, or it names nobody.
     """
 
     control_id: str
@@ -366,6 +369,7 @@ class Message:
     patient_keys: str | None = None
     traceparent: str | None = None
     reply_keys: str = ""
+    keying: Any = None
 
 
 @dataclass(frozen=True)
