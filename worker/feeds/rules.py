@@ -22,63 +22,40 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.store import feeds as store
-from inturn.worker.store.worklist import NewPlacement, place_many
 from inturn.worker.worklist.pack import Pack
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
-from inturn.worker.worklist.stale import clear_stale
+from inturn.worker.worklist.stale import RuleWorklist
 from inturn.worker.worklist.windows import open_windows
 
 #: The pack (``inturn sweep --only feeds``) and the rule's group.
 GROUP = "feeds"
-#: The worklist of silent feeds.
-QUEUE = "feeds"
+#: The rule's worklist: silent feeds on ``feeds``, reason ``feed-silent``.
+SILENT = RuleWorklist(queue="feeds", record_kind="feed", reason="feed-silent")
 #: The reason code.
-REASON = "feed-silent"
-#: Who places the items.
-SWEEPER = "sweeper"
+REASON = SILENT.reason
+
+
+def _silent_item(r: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return r["record_key"], {
+        "channel": r["channel"],
+        "sender": r["sender"] or None,
+        "lastMessageAt": r["last_message_at"].isoformat() if r["last_message_at"] else None,
+        "silentSince": r["quiet_since"].isoformat(),
+        "silentSeconds": round(r["silent_seconds"]),
+        "silentAfterSeconds": r["silent_after_seconds"],
+    }
 
 
 async def feed_silent(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Place silent feeds on ``feeds``; clear those that are no longer silent (see the module
     docstring)."""
     windows = open_windows(await store.rule_schedules(conn), await store.rule_now(conn))
-    outcome = RuleOutcome()
     stale = await store.silent_stale(conn, limit=limit, windows=windows)
-    outcome.already = await store.silent_pending(conn)
+    pending = await store.silent_pending(conn)
     due = await store.silent_due(conn, limit=limit, windows=windows)
-    if dry_run:
-        outcome.placed = len(due)
-        outcome.cleared = len(stale)
-        return outcome
-    cleared = await clear_stale(conn, stale, record_kind="feed", queue=QUEUE, reason=REASON)
-    outcome.cleared += cleared
-    outcome.already -= cleared
-    placements = await place_many(
-        conn,
-        [
-            NewPlacement(
-                queue=QUEUE,
-                record_kind="feed",
-                record_key=r["record_key"],
-                reason=REASON,
-                details={
-                    "channel": r["channel"],
-                    "sender": r["sender"] or None,
-                    "lastMessageAt": (
-                        r["last_message_at"].isoformat() if r["last_message_at"] else None
-                    ),
-                    "silentSince": r["quiet_since"].isoformat(),
-                    "silentSeconds": round(r["silent_seconds"]),
-                    "silentAfterSeconds": r["silent_after_seconds"],
-                },
-                placed_by=SWEEPER,
-            )
-            for r in due
-        ],
+    return await SILENT.place_and_clear(
+        conn, dry_run=dry_run, stale=stale, pending=pending, due=due, item=_silent_item
     )
-    for placement in placements:
-        outcome.add(placement)
-    return outcome
 
 
 PACK: RulePack[None] = RulePack(

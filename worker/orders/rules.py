@@ -16,70 +16,57 @@ query (``store/sql/order_rules.sql``), most overdue first, at most ``limit`` per
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
 
 from inturn.worker.store import orders as store
-from inturn.worker.store.worklist import NewPlacement, place_many
 from inturn.worker.worklist.pack import Pack
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
-from inturn.worker.worklist.stale import clear_stale
+from inturn.worker.worklist.stale import RuleWorklist
 
 #: The pack (``inturn sweep --only orders``) and the rule's group.
 GROUP = "orders"
-#: The worklist of unanswered orders.
-QUEUE = "orders"
+#: The rule's worklist: unanswered orders on ``orders``, reason ``unanswered-order``.
+UNANSWERED = RuleWorklist(queue="orders", record_kind="order", reason="unanswered-order")
 #: The reason code.
-REASON = "unanswered-order"
-#: Who places the items.
-SWEEPER = "sweeper"
+REASON = UNANSWERED.reason
+
+
+def _unanswered_item(r: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return str(r["id"]), {
+        "destination": r["destination"],
+        "controlId": r["control_id"],
+        "messageType": r["message_type"],
+        "orderKey": r["order_key"],
+        "replyChannel": r["reply_channel"],
+        "replyTypes": list(r["reply_types"]),
+        "deliveredAt": r["delivered_at"].isoformat(),
+        "dueAt": r["due_at"].isoformat(),
+        "overdueSeconds": round(r["overdue_seconds"]),
+    }
 
 
 async def unanswered_order(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Place orders past their reply's due time; clear those answered since (see the module
-    docstring)."""
-    outcome = RuleOutcome()
+    docstring). Placing an order marks its expectation raised, in the same transaction."""
     stale = await store.unanswered_stale(conn, limit=limit)
-    outcome.already = await store.pending_count(conn)
+    pending = await store.pending_count(conn)
     due = await store.unanswered_due(conn, limit=limit)
-    if dry_run:
-        outcome.placed, outcome.cleared = len(due), len(stale)
-        return outcome
-    cleared = await clear_stale(conn, stale, record_kind="order", queue=QUEUE, reason=REASON)
-    outcome.cleared += cleared
-    outcome.already -= cleared
-    if not due:
-        return outcome
-    async with conn.transaction():
-        placements = await place_many(
-            conn,
-            [
-                NewPlacement(
-                    queue=QUEUE,
-                    record_kind="order",
-                    record_key=str(r["id"]),
-                    reason=REASON,
-                    details={
-                        "destination": r["destination"],
-                        "controlId": r["control_id"],
-                        "messageType": r["message_type"],
-                        "orderKey": r["order_key"],
-                        "replyChannel": r["reply_channel"],
-                        "replyTypes": list(r["reply_types"]),
-                        "deliveredAt": r["delivered_at"].isoformat(),
-                        "dueAt": r["due_at"].isoformat(),
-                        "overdueSeconds": round(r["overdue_seconds"]),
-                    },
-                    placed_by=SWEEPER,
-                )
-                for r in due
-            ],
-        )
-        await store.mark_raised(conn, [r["id"] for r in due])
-    for placement in placements:
-        outcome.add(placement)
-    return outcome
+
+    async def raised(rows: Sequence[dict[str, Any]]) -> None:
+        await store.mark_raised(conn, [r["id"] for r in rows])
+
+    return await UNANSWERED.place_and_clear(
+        conn,
+        dry_run=dry_run,
+        stale=stale,
+        pending=pending,
+        due=due,
+        item=_unanswered_item,
+        then=raised,
+    )
 
 
 PACK: RulePack[None] = RulePack(
