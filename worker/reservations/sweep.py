@@ -41,7 +41,15 @@ from inturn.worker.reservations.codes import (
 from inturn.worker.spec.schema import CARRIER_PATTERN
 from inturn.worker.store import bookings as store
 from inturn.worker.store import reservation_rules as rules_store
-from inturn.worker.worklist import PackOption, Rule, RuleOutcome, RulePack, clear_where, place
+from inturn.worker.worklist import (
+    PackOption,
+    Placement,
+    Rule,
+    RuleOutcome,
+    RulePack,
+    clear_where,
+    place,
+)
 from inturn.worker.worklist.pack import Pack
 
 log = logging.getLogger("inturn.reservations.sweep")
@@ -168,6 +176,41 @@ async def _clear_ticketing(
     return cleared
 
 
+async def _ticketing_turn(
+    conn: AsyncConnection[Any],
+    reason: str,
+    due: list[dict[str, Any]],
+    *,
+    lead: int,
+    dry_run: bool,
+    at: datetime | None,
+) -> tuple[RuleOutcome, list[dict[str, Any]]]:
+    """What both ticketing rules do first: clear their items that no longer hold, count those
+    still pending; then the due bookings to place (none in a dry run, which only counts)."""
+    out = RuleOutcome()
+    out.cleared = await _clear_ticketing(conn, reason, lead=lead, dry_run=dry_run, at=at)
+    out.already = await _already(conn, BOOKING_KIND, reason)
+    if dry_run:
+        out.placed = len(due)
+        return out, []
+    return out, due
+
+
+async def _place_booking(
+    conn: AsyncConnection[Any], row: dict[str, Any], reason: str, **details: Any
+) -> Placement:
+    """Place the booking of ``row`` on its office's worklist for ``reason``."""
+    return await place(
+        conn,
+        queue=office_queue(row["owner"]),
+        record_kind=BOOKING_KIND,
+        record_key=row["locator"],
+        reason=reason,
+        details={"deadline": row["ticketing_deadline"].isoformat(), **details},
+        placed_by=PLACED_BY,
+    )
+
+
 async def ticketing_due(
     conn: AsyncConnection[Any],
     *,
@@ -177,27 +220,12 @@ async def ticketing_due(
     at: datetime | None = None,
 ) -> RuleOutcome:
     """Place open bookings whose ticketing deadline is within ``ticketing_lead`` seconds."""
-    out = RuleOutcome()
-    out.cleared = await _clear_ticketing(
-        conn, "ticketing-due", lead=ticketing_lead, dry_run=dry_run, at=at
-    )
-    out.already = await _already(conn, BOOKING_KIND, "ticketing-due")
     due = await rules_store.ticketing_due(conn, lead=ticketing_lead, limit=limit, at=at)
-    if dry_run:
-        out.placed = len(due)
-        return out
+    out, due = await _ticketing_turn(
+        conn, "ticketing-due", due, lead=ticketing_lead, dry_run=dry_run, at=at
+    )
     for row in due:
-        out.add(
-            await place(
-                conn,
-                queue=office_queue(row["owner"]),
-                record_kind=BOOKING_KIND,
-                record_key=row["locator"],
-                reason="ticketing-due",
-                details={"deadline": row["ticketing_deadline"].isoformat()},
-                placed_by=PLACED_BY,
-            )
-        )
+        out.add(await _place_booking(conn, row, "ticketing-due"))
     return out
 
 
@@ -216,41 +244,26 @@ async def ticketing_expired(
     A cancellation re-checks the booking under its row lock (a ticket issued meanwhile wins)
     and reports the carriers it could not tell on ``cancel-not-delivered``.
     """
-    out = RuleOutcome()
-    out.cleared = await _clear_ticketing(
-        conn, "ticketing-expired", lead=ticketing_lead, dry_run=dry_run, at=at
-    )
-    out.already = await _already(conn, BOOKING_KIND, "ticketing-expired")
     due = await rules_store.ticketing_expired(conn, limit=limit, at=at)
-    if dry_run:
-        out.placed = len(due)
-        return out
+    out, due = await _ticketing_turn(
+        conn, "ticketing-expired", due, lead=ticketing_lead, dry_run=dry_run, at=at
+    )
     for row in due:
-        if auto_cancel:
-            done = await cancel_expired(conn, row["locator"], host_carriers=host_carriers, at=at)
-            if done.cancelled:
-                log.info(
-                    "booking %s cancelled (ticketing deadline passed): segments %s withdrawn,"
-                    " carriers told %s, not told %s",
-                    row["locator"],
-                    done.withdrawn,
-                    sorted(done.told) or "-",
-                    sorted(done.not_told) or "-",
-                )
-            for placement in done.placements:
-                out.add(placement)
+        if not auto_cancel:
+            out.add(await _place_booking(conn, row, "ticketing-expired", cancelled=False))
             continue
-        out.add(
-            await place(
-                conn,
-                queue=office_queue(row["owner"]),
-                record_kind=BOOKING_KIND,
-                record_key=row["locator"],
-                reason="ticketing-expired",
-                details={"deadline": row["ticketing_deadline"].isoformat(), "cancelled": False},
-                placed_by=PLACED_BY,
+        done = await cancel_expired(conn, row["locator"], host_carriers=host_carriers, at=at)
+        if done.cancelled:
+            log.info(
+                "booking %s cancelled (ticketing deadline passed): segments %s withdrawn,"
+                " carriers told %s, not told %s",
+                row["locator"],
+                done.withdrawn,
+                sorted(done.told) or "-",
+                sorted(done.not_told) or "-",
             )
-        )
+        for placement in done.placements:
+            out.add(placement)
     return out
 
 
