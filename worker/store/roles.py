@@ -204,7 +204,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     "inturn_destination": {
         "ingest": (SELECT,),
         # The head query honours a hold (suspend from the console or the CLI).
-        # Its depth gauge shows the delivery window (spec.schedule) and lanes of a live registration.
+        # Its depth gauge shows the delivery window (spec.schedule) and lanes of a live
+        # registration.
         "worker": (Grant("SELECT", ("destination", "held_at", "schedule", "lanes", "deleted_at")),),
         "operator": (SELECT, INSERT, UPDATE),
         "sweeper": (SELECT,),
