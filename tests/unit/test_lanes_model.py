@@ -296,3 +296,35 @@ def test_bad_windows_are_refused() -> None:
         plan([Entry(2, ("a",), 0.0), Entry(1, ("b",), 0.0)], {}, 2, 0.0, 10)
     with pytest.raises(ValueError, match="at least 1"):
         plan([], {}, 2, 0.0, 0)
+
+
+def test_what_is_taken_ahead_is_bounded_by_lanes_and_bytes() -> None:
+    """The lanes hold at most one payload per lane ahead, and at most AHEAD_MAX_BYTES of them
+    (a larger message is read only when it goes)."""
+    import asyncio
+
+    from inturn.worker.drain import lane_runner
+    from inturn.worker.drain.runner import DestinationWorker
+    from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+    from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+    from inturn.worker.store.lease import Lease
+
+    cfg = WorkerConfig(
+        destination="ward/lanes",
+        channel="adt",
+        sender=MllpSenderConfig("127.0.0.1", 9),
+        retry=RetryPolicy(max_attempts=0),
+        lanes=3,
+    )
+    worker = DestinationWorker(cfg, "postgresql:///nowhere", MllpSender(cfg.sender))
+    drain = lane_runner.LaneDrain(
+        worker,
+        None,
+        asyncio.Event(),
+        lease=Lease("ward/lanes", "me", 1),  # type: ignore[arg-type]
+    )
+    mib = 1024 * 1024
+    drain.sizes = {1: 100, 2: 3 * mib, 3: 2 * mib, 4: 100, 5: 100, 6: 100}
+    assert drain._ahead_of([1, 2, 3, 4, 5, 6]) == [1, 2, 4]  # 3 would pass the 4 MiB
+    assert drain._ahead_of([7]) == []  # size unknown: not taken ahead
+    assert 4 * mib == lane_runner.AHEAD_MAX_BYTES

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,10 @@ FULL_REFRESH_SECONDS = 1.0
 #: misses a message already being sent (the single stream's next head, read with the delivered
 #: mark, has the same race, for less time).
 AHEAD_SECONDS = 0.25
+#: Most payload bytes held taken ahead, all lanes together (a message larger than what is left
+#: of it is not taken ahead, only when it goes): the worker holds at most the payloads in
+#: flight (one per lane) and this.
+AHEAD_MAX_BYTES = 4 * 1024 * 1024
 #: Seconds between two warnings that the window is full of waiting messages.
 WINDOW_FULL_LOG_EVERY_SECONDS = 60.0
 
@@ -115,6 +120,8 @@ class LaneDrain:
         #: Lane 0 is the worker's own sender; the others are made from the same settings.
         self.senders: list[Sender] = [worker.sender]
         self.window: dict[int, Entry] = {}
+        #: Payload sizes of the window's messages (bytes), for the take-ahead budget.
+        self.sizes: dict[int, int] = {}
         #: The last read of the window returned fewer rows than asked: it holds every pending item.
         self.complete = False
         self.flights: dict[int, Flight] = {}
@@ -227,13 +234,13 @@ class LaneDrain:
             going = {**held, **{i: self.window[i].keys for i in rest}}
             going.update((i, f.head.keys) for i, f in self.flights.items())
             later = plan(entries, going, self.count, now, self.limit).start
-            ahead = [i for i in later if i not in self.ahead][: self.count - len(self.ahead)]
+            ahead = self._ahead_of(later)
             marked = bool(self._answered)
             heads = await self._take(rest + ahead)
             taken = {h.item.id for h in heads}
             for item_id in rest + ahead:
                 if item_id not in taken:  # skipped or erased since the window was read
-                    self.window.pop(item_id, None)
+                    self._forget(item_id)
             for head in heads:
                 if head.item.id in rest:
                     await self._open_and_launch(head)
@@ -245,6 +252,26 @@ class LaneDrain:
         if chosen.window_full:
             self._say_window_full()
         return timeout
+
+    def _forget(self, item_id: int) -> None:
+        """``item_id`` left the window (delivered, given up, skipped or erased)."""
+        self.window.pop(item_id, None)
+        self.sizes.pop(item_id, None)
+
+    def _ahead_of(self, later: Sequence[int]) -> list[int]:
+        """Which of ``later`` to take ahead: at most one per lane in all, within
+        :data:`AHEAD_MAX_BYTES`."""
+        room = AHEAD_MAX_BYTES - sum(len(h.payload) for _, h in self.ahead.values())
+        chosen: list[int] = []
+        for item_id in later:
+            if len(self.ahead) + len(chosen) >= self.count:
+                break
+            size = self.sizes.get(item_id, AHEAD_MAX_BYTES + 1)
+            if item_id in self.ahead or size > room:
+                continue
+            chosen.append(item_id)
+            room -= size
+        return chosen
 
     async def _open_and_launch(self, head: Head) -> None:
         """Open ``head``'s payload right before its send (ciphertext is never sent: an envelope
@@ -324,6 +351,7 @@ class LaneDrain:
         if full:
             rows = await self._read(0, self.limit)
             self.window = {p.id: self._entry(p, now) for p in rows if p.id not in answered}
+            self.sizes = {p.id: p.size for p in rows}
             self.ahead.clear()  # read again: a skip, a retry-now or an erasure may be why
             self.complete = len(rows) < self.limit
             self._last_full, self._want_full = now, False
@@ -337,6 +365,7 @@ class LaneDrain:
             for p in rows:
                 if p.id not in answered:
                     self.window[p.id] = self._entry(p, now)
+                    self.sizes[p.id] = p.size
             self.complete = len(rows) < room
         if self._want_full:
             return max(0.0, self._last_full + FULL_REFRESH_SECONDS - now)
@@ -420,11 +449,11 @@ class LaneDrain:
                 else []
             )  # fmt: skip
             self._answered.append((flight, attempts, expecting, held))
-            self.window.pop(item.id, None)
+            self._forget(item.id)
             return
         cause, detail = failure
         if await self.w._failed(self.conn, self.stop, head, attempts, cause, detail, self.lease):
-            self.window.pop(item.id, None)
+            self._forget(item.id)
             tracing.finished(flight.trace, "failed", attempts)
             return
         decision = decide(

@@ -128,12 +128,14 @@ class Pending:
         keys: its ``patient_keys`` (empty when it has none or was not indexed yet: a barrier).
         attempts: failed attempts so far.
         wait_seconds: until its next attempt, 0 when due now (database clock).
+        size: its payload's size in bytes, as stored.
     """
 
     id: int
     keys: tuple[str, ...]
     attempts: int
     wait_seconds: float
+    size: int = 0
 
 
 @dataclass(frozen=True)

@@ -468,7 +468,9 @@ async def pending_window(
     if not rows:
         raise LeaseLost(lease, "reading the lanes' window")
     return [
-        Pending(r["id"], tuple(r["patient_keys"] or ()), r["attempts"], r["wait_seconds"])
+        Pending(
+            r["id"], tuple(r["patient_keys"] or ()), r["attempts"], r["wait_seconds"], r["size"]
+        )
         for r in rows
         if r["id"] is not None
     ]

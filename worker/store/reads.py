@@ -299,6 +299,8 @@ async def lane_window(
     params = {"destination": destination, "limit": limit}
     rows = await fetch_all(conn, Q["lane_window"], params, row=dict_row)
     return [
-        Pending(r["id"], tuple(r["patient_keys"] or ()), r["attempts"], r["wait_seconds"])
+        Pending(
+            r["id"], tuple(r["patient_keys"] or ()), r["attempts"], r["wait_seconds"], r["size"]
+        )
         for r in rows
     ]

@@ -595,7 +595,7 @@ WITH lease AS (
 SELECT lease.held, w.*
   FROM lease
   LEFT JOIN LATERAL (
-       SELECT id, patient_keys, attempts,
+       SELECT id, patient_keys, attempts, size,
               greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
                   AS wait_seconds
          FROM inturn_delivery
@@ -660,7 +660,7 @@ SELECT lease.held,
 -- What a destination's lanes hold, for people (the console, `queue depth`, the status): its
 -- oldest pending items with their lane keys, no payload, read-only (the worker's own window is
 -- pending_window, guarded by its lease).
-SELECT id, patient_keys, attempts,
+SELECT id, patient_keys, attempts, size,
        greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
   FROM inturn_delivery
  WHERE destination = %(destination)s AND state = 'pending'
