@@ -59,6 +59,9 @@ WITH ins AS (
     SELECT k.ref, k.master_id, k.wrapped, string_to_array(k.lookups, ',')
       FROM unnest(%(refs)s::bytea[], %(masters)s::text[], %(wrapped)s::bytea[],
                   %(lookups)s::text[]) AS k(ref, master_id, wrapped, lookups)
+     -- durable before the message sealed under it is acknowledged (no startup options: a
+     -- pooler may refuse them), as the queue's own writes
+     WHERE set_config('synchronous_commit', 'on', true) = 'on'
     ON CONFLICT (ref) DO NOTHING
     RETURNING ref, master_id, wrapped
 )
@@ -67,7 +70,10 @@ SELECT ref, master_id, wrapped FROM ins;
 -- name: erase
 -- Destroy every key a lookup finds, and record how many, who and why (no identifier).
 WITH gone AS (
-    DELETE FROM inturn_key WHERE lookups && %(lookups)s::text[] RETURNING ref
+    DELETE FROM inturn_key
+     WHERE lookups && %(lookups)s::text[]
+       AND set_config('synchronous_commit', 'on', true) = 'on'
+    RETURNING ref
 )
 INSERT INTO inturn_key_erasure (actor, reason, keys)
 SELECT %(actor)s, %(reason)s, count(*) FROM gone
@@ -83,7 +89,8 @@ SELECT ref, master_id, wrapped
 -- name: rewrap
 UPDATE inturn_key
    SET master_id = %(master_id)s, wrapped = %(wrapped)s, rewrapped_at = now()
- WHERE ref = %(ref)s AND master_id = %(old_master)s AND wrapped = %(old_wrapped)s;
+ WHERE ref = %(ref)s AND master_id = %(old_master)s AND wrapped = %(old_wrapped)s
+   AND set_config('synchronous_commit', 'on', true) = 'on';
 
 -- name: masters
 SELECT master_id, count(*)::int AS keys FROM inturn_key GROUP BY master_id ORDER BY master_id;
