@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/operator.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/pooler.py
 	$(BIN)/python bench/console.py
 	$(BIN)/python bench/sweep.py
 	$(BIN)/python bench/weather.py

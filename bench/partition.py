@@ -4,13 +4,15 @@
 
 Needs root, ``ip`` and ``nft`` and the PostgreSQL 15 binaries. Postgres runs in a network
 namespace of its own, worker A (``inturn worker``) in another (the "node"), worker B (the
-replacement) on the host waiting on the lock (``tests/netpart.py``, ``tests/pgcluster.py``).
-Each run: A drains ``--messages`` messages and sits idle holding the lock; the node is cut off
-from Postgres by nftables drop rules (no RST, no ICMP); ``--messages`` more are enqueued from
-the host. Printed per run, in seconds from the cut: the server ending A's session (its advisory
-lock free), A's ``/readyz`` answering 503, B holding the lock, and B delivering the first
-message enqueued after the cut; then the copies delivered (duplicates) and the order. Prints
-figures and asserts nothing about time.
+replacement) on the host waiting for the destination's lease (``tests/support/netpart.py``,
+``tests/support/pgcluster.py``). Each run: A drains ``--messages`` messages and sits idle
+holding the lease; the node is cut off from Postgres by nftables drop rules (no RST, no ICMP);
+``--messages`` more are enqueued from the host. Printed per run, in seconds from the cut: the
+server ending A's session (its advisory lock free), A's ``/readyz`` answering 503, B holding the
+lease (after A's lease expired unrenewed: the fencing rule's takeover bound, lease lifetime plus
+a standby's interval, 50 s by default), and B delivering the first message enqueued after the
+cut; then the copies delivered (duplicates) and the order. Prints figures and asserts nothing
+about time.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from test_partition import NODE_HTTP_PORT, config, message, probe, sessions_from
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.spec.config import lease_settings
 from inturn.worker.spec.destination import render_worker_config
 from inturn.worker.store import queue
 from inturn.worker.store.connect import SESSION_LOSS_BOUND_SECONDS
@@ -113,7 +116,7 @@ async def one_run(messages: int, folder: Path) -> dict[str, float]:
                 pending = {
                     "session ended on the server": lambda: sessions_from_node(host_dsn) == 0,
                     "A's /readyz 503": lambda: probe("/readyz") == 503,
-                    "B holds the lock": lambda: b.state.lock_held,
+                    "B holds the lease": lambda: b.state.lock_held,
                     "B delivered the first new one": lambda: len(receiver.received) > messages,
                 }
                 async with asyncio.timeout(600):
@@ -156,7 +159,11 @@ async def main(argv: list[str] | None = None) -> None:
         print(f"partition: skipped ({reason})")
         emit("partition", {"skipped": reason})
         return
-    print(f"partition: worker A cut off from Postgres; stated bound {SESSION_LOSS_BOUND_SECONDS} s")
+    bound = lease_settings(os.environ).takeover_bound_seconds()
+    print(
+        f"partition: worker A cut off from Postgres; stated takeover bound {bound:g} s (lease),"
+        f" session loss {SESSION_LOSS_BOUND_SECONDS} s"
+    )
     runs = []
     for run in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as folder:
@@ -178,10 +185,11 @@ async def main(argv: list[str] | None = None) -> None:
     emit(
         "partition",
         {
-            "bound_s": SESSION_LOSS_BOUND_SECONDS,
+            "bound_s": bound,
+            "session_bound_s": SESSION_LOSS_BOUND_SECONDS,
             "session_ended_s": worst("session ended on the server"),
             "readyz_503_s": worst("A's /readyz 503"),
-            "replacement_locked_s": worst("B holds the lock"),
+            "replacement_locked_s": worst("B holds the lease"),
             "replacement_delivered_s": worst("B delivered the first new one"),
             "duplicates": sum(int(r["duplicates"]) for r in runs),
             "in_order": all(bool(r["in order"]) for r in runs),

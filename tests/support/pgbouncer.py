@@ -62,14 +62,21 @@ class Bouncer:
         pool_mode: ``session`` or ``transaction``.
         users: the user names clients log in as (each gets :data:`PASSWORD`); the backend's
             user by default.
+        settings: further ``[pgbouncer]`` settings, for benchmarks only (``bench/pooler.py``
+            raises ``max_client_conn`` for its 200 workers); the tests keep every default.
     """
 
     def __init__(
-        self, backend_dsn: str, pool_mode: str, users: tuple[str, ...] | None = None
+        self,
+        backend_dsn: str,
+        pool_mode: str,
+        users: tuple[str, ...] | None = None,
+        settings: dict[str, str] | None = None,
     ) -> None:
         if pool_mode not in POOL_MODES:
             raise ValueError(f"pool_mode must be one of {POOL_MODES}, got {pool_mode!r}")
         self.pool_mode = pool_mode
+        self.settings = dict(settings or {})
         params = conninfo_to_dict(backend_dsn)
         self.backend_user = str(params.get("user") or "postgres")
         self.users = users or (self.backend_user,)
@@ -101,6 +108,7 @@ class Bouncer:
             f"logfile = {self.log}\n"
             f"pidfile = {self.root / 'pgbouncer.pid'}\n"
             f"pool_mode = {self.pool_mode}\n"
+            + "".join(f"{key} = {value}\n" for key, value in self.settings.items())
         )
 
     def start(self) -> Bouncer:

@@ -145,6 +145,13 @@ def validate_yaml(doc: Any) -> str:
         if "feeds" in doc:
             parse_feeds({"feeds": doc["feeds"]})
         return "channel declarations"
+    if str(doc.get("apiVersion", "")).startswith("postgresql.cnpg.io/"):
+        # CloudNativePG's own resources (no schema here): the fields inturn's recipe relies on
+        assert doc["kind"] == "Pooler", doc.get("kind")
+        spec = doc["spec"]
+        assert spec["cluster"]["name"] and spec["type"] in {"rw", "ro"}
+        assert spec["pgbouncer"]["poolMode"] in {"session", "transaction"}
+        return "CloudNativePG Pooler"
     if doc.get("kind") in {"Application", "HelmRelease"}:
         values = doc["spec"].get("values") or doc["spec"]["source"]["helm"]["valuesObject"]
         jsonschema.validate(values, _chart_values_schema())

@@ -243,7 +243,10 @@ class DestinationWorker:
             self.pooled = pooling.pooled
             self.state.pooling = pooling.note or None
         name = f"inturn-worker {self.destination}"
-        conn = await connect_worker(self.dsn, application_name=name, pooled=self.pooled)
+        # Behind a pooler one name for every worker: PgBouncer sets a server connection's
+        # application_name again whenever it passes to a client with another (a statement more).
+        shared = "inturn-worker" if self.pooled else name
+        conn = await connect_worker(self.dsn, application_name=shared, pooled=self.pooled)
         self.state.db_ok = True
         self.state.connected_once = True
         try:
@@ -433,9 +436,25 @@ class DestinationWorker:
             LeaseLost: the lease was taken over.
         """
         sent = time.monotonic()
-        result = await self.steps.run(conn, stop, step, call, item_id)
+        result = await self.steps.run(
+            conn, stop, step, call, item_id, between=partial(self._renew_between, conn)
+        )
         self._renewed(sent)
         return result
+
+    async def _renew_between(self, conn: AsyncConnection[Any]) -> None:
+        """Between two tries of a failed guarded statement (which renewed nothing): renew the
+        lease on its own, so that a mark repeated on a full disk or behind a lock is not taken
+        over meanwhile.
+
+        Raises:
+            LeaseLost: another worker took the destination over (the repeats stop).
+        """
+        if self.lease is None:
+            return
+        sent = time.monotonic()
+        await leases.renew(conn, self.lease, self.lease_settings.ttl_seconds)
+        self._renewed(sent)
 
     async def _keep_lease(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease

@@ -100,6 +100,7 @@ class StepRunner:
         step: Step,
         call: Callable[[], Awaitable[T]],
         item_id: int | None = None,
+        between: Callable[[], Awaitable[object]] | None = None,
     ) -> T:
         """Run one statement (or transaction) of the loop; repeat it alone while the session
         lives (:func:`inturn.worker.store.faults.classify_step`).
@@ -108,6 +109,10 @@ class StepRunner:
         is logged, and the step is run again after a backoff from
         :data:`STEP_RETRY_BASE_SECONDS` doubling to :data:`STEP_RETRY_MAX_SECONDS`; the loop
         keeps turning (liveness holds). Each run is under a lock watch (:meth:`watch`).
+
+        ``between`` runs before each repeat (the worker renews its lease there: a failed
+        statement renewed nothing); its database errors are ignored, anything else propagates
+        (``LeaseLost``: another worker took over, so repeating is over).
 
         Raises:
             SessionLost: the session is gone; for a ``mark`` step the head may be sent once more
@@ -154,6 +159,9 @@ class StepRunner:
                     failures + 1,
                     delay,
                 )
+                if between is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        await between()
                 if fault.meaning == "delivered":
                     # Part of the attempt in flight, which a stop lets finish: stopping now would
                     # send the message again. Only abandoning (a second signal) cancels it.

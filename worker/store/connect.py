@@ -116,8 +116,9 @@ class Pooling:
     note: str = ""
 
 
-#: Detections made by this process, per DSN (a process checks each DSN once).
+#: Detections made by this process, per DSN (a process checks each DSN once), and those under way.
 _detected: dict[str, Pooling] = {}
+_detecting: dict[str, asyncio.Future[Pooling]] = {}
 
 
 def session_kwargs(
@@ -181,6 +182,18 @@ async def detect_pooling(dsn: str) -> Pooling:
     known = _detected.get(dsn)
     if known is not None:
         return known
+    running = _detecting.get(dsn)
+    if running is None or running.get_loop() is not asyncio.get_running_loop():
+        # one probe per DSN however many callers start at once (200 workers of one process)
+        running = _detecting[dsn] = asyncio.ensure_future(_detect(dsn))
+    try:
+        return await asyncio.shield(running)
+    finally:
+        if running.done():
+            _detecting.pop(dsn, None)
+
+
+async def _detect(dsn: str) -> Pooling:
     kwargs = session_kwargs(dsn, writes=False, pooled=True)
     first = await AsyncConnection.connect(dsn, autocommit=True, **kwargs)
     try:
