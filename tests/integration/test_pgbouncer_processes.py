@@ -71,15 +71,15 @@ async def until(check: object, timeout: float = 60) -> None:
 
 
 async def test_inturn_local_ingests_delivers_sweeps_and_serves_the_console(
-    pooled: str, tmp_path: Path
+    bouncer: pgbouncer.Bouncer, pooled: str, tmp_path: Path
 ) -> None:
-    listen, console = free_port(), free_port()
+    listen, console, ops = free_port(), free_port(), free_port()
     async with MllpReceiver() as rx:
         path = manifest(tmp_path / "lab.yaml", "lab", mllp_sender(rx.port))
         local = LocalProcess(
             tmp_path / "local.log",
             ["-f", str(path), "--listen", f"adt={listen}", "--console", f"127.0.0.1:{console}",
-             "--sweep-every", "1s", "--dsn", pooled],
+             "--sweep-every", "1s", "--ops", f"127.0.0.1:{ops}", "--dsn", pooled],
             env=QUICK_LEASE,
         )  # fmt: skip
         try:
@@ -93,6 +93,12 @@ async def test_inturn_local_ingests_delivers_sweeps_and_serves_the_console(
             ) as r:
                 assert r.status == 200
             await local.wait_log("sweep", timeout=30)
+            with urllib.request.urlopen(f"http://127.0.0.1:{ops}/readyz", timeout=10) as r:
+                ready = r.read().decode()
+            # detection: said at start and on /readyz when the pooler moves sessions
+            pooled_mode = bouncer.pool_mode == "transaction"
+            assert ("pooled connection" in ready) == pooled_mode, ready
+            assert ("pooled connection" in local.log()) == pooled_mode
             assert await local.interrupt() == 0
         finally:
             await local.kill()

@@ -43,6 +43,7 @@ from inturn.worker.ingest.budget import Busy, Hold, MemoryBudget
 from inturn.worker.ingest.credentials import CredentialSource
 from inturn.worker.ingest.listener import DEFAULT_FRAME_DEADLINE
 from inturn.worker.ingest.routing import check_channel
+from inturn.worker.store.connect import pooling_notes
 
 log = logging.getLogger("inturn.ingest.http")
 
@@ -181,9 +182,10 @@ def make_ops_app(readiness: Callable[[], str | None]) -> web.Application:
 
     async def readyz(request: web.Request) -> web.Response:
         reason = readiness()
+        notes = "".join(f"{note}\n" for note in pooling_notes())  # behind a pooler: says so
         if reason is None:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text=f"not ready: {reason}\n")
+            return web.Response(text=f"ready\n{notes}")
+        return web.Response(status=503, text=f"not ready: {reason}\n{notes}")
 
     async def metrics_page(request: web.Request) -> web.Response:
         return web.Response(

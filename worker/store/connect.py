@@ -218,6 +218,11 @@ async def _detect(dsn: str) -> Pooling:
     return result
 
 
+def pooling_notes() -> list[str]:
+    """The lines :func:`detect_pooling` said in this process for pooled DSNs (for ``/readyz``)."""
+    return sorted({found.note for found in _detected.values() if found.note})
+
+
 async def _backend(conn: AsyncConnection[Any]) -> int:
     row = await fetch_one(conn, Q["backend_pid"], row=dict_row)
     assert row is not None
