@@ -509,3 +509,22 @@ def test_a_worker_started_with_unusable_keys_refuses_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("inturn: error: ")
     assert ("--payload-keys" if which == "wrong key" else "--key-dsn") in err[0]
+
+
+def test_inturn_local_encrypt_makes_a_master_key_and_a_key_store_once(
+    pg_server_dsn: str, tmp_path: Path
+) -> None:
+    from inturn.worker.cli.local import LOCAL_KEY_DATABASE, local_keys
+
+    with keys.database(pg_server_dsn, "inturn_local") as queue_dsn:
+        try:
+            folder, key_dsn = local_keys(tmp_path, queue_dsn, None, None)
+            assert Path(folder) == tmp_path / "payload-keys"
+            assert (tmp_path / "payload-keys" / "k1").stat().st_mode & 0o777 == 0o600
+            again = local_keys(tmp_path, queue_dsn, None, None)  # a second start: the same
+            assert again == (folder, key_dsn)
+            assert sorted(p.name for p in (tmp_path / "payload-keys").iterdir()) == ["k1"]
+            asyncio.run(keys.codec(Path(folder), key_dsn))
+        finally:
+            with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{LOCAL_KEY_DATABASE}" WITH (FORCE)')
