@@ -180,6 +180,9 @@ class DestinationWorker:
         self.holder = leases.holder_id()
         #: The lease held now, or None.
         self.lease: Lease | None = None
+        #: This process has held the destination's lease before (a later acquisition, after a
+        #: lost connection, keeps the backoff it persisted itself).
+        self._held_once = False
         #: Monotonic time before which the lease is surely valid, and when to renew it.
         self._lease_until = 0.0
         self._renew_at = 0.0
@@ -344,18 +347,27 @@ class DestinationWorker:
         Raises:
             LeaseLost: a guarded statement found the lease taken over.
         """
+        starting = not self._held_once  # a backoff on the rows is a previous process's
         changed, made_due = await self._guarded(
             conn,
             stop,
             "session",
             lambda: queue.sender_changed(
-                conn, self.destination, self.sender_fingerprint, lease=lease
+                conn, self.destination, self.sender_fingerprint, lease=lease, starting=starting
             ),
         )
+        self._held_once = True
         if changed:
             log.info(
                 "destination %s: sender settings changed since the last worker;"
                 " %d backing-off item(s) made due now (attempts and last error kept)",
+                self.destination,
+                made_due,
+            )
+        elif made_due:
+            log.info(
+                "destination %s: a starting worker tries its head at once: %d item(s) were"
+                " waiting out a backoff of an earlier process (attempts and last error kept)",
                 self.destination,
                 made_due,
             )

@@ -347,14 +347,21 @@ async def retry(
 
 
 async def sender_changed(
-    conn: AsyncConnection[Any], destination: str, fingerprint: str, *, lease: Lease
+    conn: AsyncConnection[Any],
+    destination: str,
+    fingerprint: str,
+    *,
+    lease: Lease,
+    starting: bool = False,
 ) -> tuple[bool, int]:
     """Record the sender fingerprint of a worker that took the destination's lock.
 
     When the last worker of the destination recorded another fingerprint (its sender settings
-    were changed: address, TLS, headers), every pending item waiting out a backoff is made due
-    now, so the head is tried at once with the new settings; its attempts, ``last_error`` and
-    ``reason`` are kept for the audit. A restart with the same settings changes nothing.
+    were changed: address, TLS, headers), or when ``starting`` (this worker process takes the
+    destination for the first time, so any backoff on its rows was persisted by a process that
+    stopped or died), every pending item waiting out a backoff is made due now: the head is
+    tried at once; its attempts, ``last_error`` and ``reason`` are kept for the audit. The same
+    process taking the lease again (after a lost connection) keeps its own backoff.
 
     Returns:
         ``(changed, made_due)``: whether the settings changed, and how many items were made due.
@@ -362,7 +369,7 @@ async def sender_changed(
     Raises:
         LeaseLost: another holder took the destination over; nothing was recorded.
     """
-    params = {**_guard(destination, lease), "fingerprint": fingerprint}
+    params = {**_guard(destination, lease), "fingerprint": fingerprint, "starting": starting}
     row = await _guarded(conn, "sender_changed", params, lease, "recording the sender")
     return bool(row["changed"]), int(row["made_due"])
 

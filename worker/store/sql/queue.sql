@@ -542,8 +542,10 @@ SELECT greatest(c.reltuples, 0)::bigint AS rows, pg_total_relation_size(c.oid) A
 
 -- name: sender_changed
 -- Record the sender fingerprint a starting worker uses. When an earlier worker of the
--- destination recorded another one, its pending items waiting out a backoff become due now:
--- the head is tried at once with the new settings (attempts, last_error and reason are kept).
+-- destination recorded another one, or when this worker process takes the destination for the
+-- first time (starting: the backoff was persisted by a process that stopped or died), its
+-- pending items waiting out a backoff become due now: the head is tried at once (attempts,
+-- last_error and reason are kept).
 -- Returns whether the fingerprint changed and how many items were made due; guarded by the
 -- lease (held 0 when it is lost: nothing recorded, nothing made due).
 WITH lease AS (
@@ -572,7 +574,7 @@ due AS (
        SET next_attempt = clock_timestamp()
      WHERE destination = %(destination)s AND state = 'pending'
        AND next_attempt > clock_timestamp()
-       AND EXISTS (SELECT 1 FROM previous WHERE fingerprint <> %(fingerprint)s)
+       AND (%(starting)s OR EXISTS (SELECT 1 FROM previous WHERE fingerprint <> %(fingerprint)s))
        AND EXISTS (SELECT 1 FROM lease)
     RETURNING id
 )
