@@ -39,6 +39,26 @@ class Conflict(InturnError):
     kind = "conflict"
 
 
+class AddressInUse(Conflict):
+    """An address a process was told to listen on is taken by another program; the message
+    names the option that asked for it (``--console 127.0.0.1:8081 is in use``)."""
+
+
+def address_in_use(exc: OSError, option: str, host: str | None, port: int) -> Exception:
+    """``exc`` from binding ``host:port`` as :class:`AddressInUse` naming ``option`` (the
+    command-line form, e.g. ``--listen adt=``) when the address is taken (``EADDRINUSE``);
+    ``exc`` itself otherwise. Use as ``raise address_in_use(exc, ...) from None``."""
+    import errno
+
+    if exc.errno != errno.EADDRINUSE:
+        return exc
+    where = f"{host or '*'}:{port}"
+    joined = f"{option}{where}" if option.endswith("=") else f"{option} {where}"
+    return AddressInUse(
+        f"{joined} is in use (another program listens there): stop it, or choose another port"
+    )
+
+
 class ReasonRequired(InturnError, ValueError):
     """The action abandons or exposes something and needs a reason, recorded in the audit."""
 

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from asyncio.subprocess import PIPE
@@ -26,7 +27,9 @@ import pytest
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.store import queue
 from inturn.worker.store.connect import LOCAL_DISCOVERY_ENV
+from inturn.worker.store.model import NewItem
 from inturn.worker.testing import HttpReceiver, MllpReceiver
 from tests.support.local import (
     HOST,
@@ -468,3 +471,39 @@ async def test_console_beside_the_local_run(
         assert "console: OPEN to every local user" in local.log()
         assert await local.interrupt() == 0
         assert_clean(local.log())
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--http", "--console"])
+async def test_a_busy_port_names_its_flag_and_no_worker_starts(
+    tmp_path: Path, fresh_db: str, flag: str
+) -> None:
+    """Issue 28, item 4: every listener binds before any worker starts, and a port another
+    program holds stops ``inturn local`` in one line naming the option (exit 2), before a
+    waiting message was sent."""
+    async with MllpReceiver() as rx:
+        path = manifest(tmp_path / "dest.yaml", "busy", mllp_sender(rx.port))
+        async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            await queue.enqueue(conn, [NewItem("default/busy", "adt", "B1", "ADT^A01", message(1))])
+        with socket.socket() as taken:
+            taken.bind((HOST, 0))
+            taken.listen()
+            busy = taken.getsockname()[1]
+            ports = {"--listen": f"adt={HOST}:{free_port()}", "--http": f"{HOST}:{free_port()}"}
+            ports[flag] = f"adt={HOST}:{busy}" if flag == "--listen" else f"{HOST}:{busy}"
+            args = ["--listen", ports["--listen"], "--http", ports["--http"]]
+            if flag == "--console":
+                args += ["--console", f"{HOST}:{busy}"]
+            proc = await asyncio.create_subprocess_exec(
+                str(INTURN), "local", "-f", str(path), "--dsn", fresh_db, *args,
+                env={k: v for k, v in os.environ.items() if k != "INTURN_DSN"},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 2 and out == b"", err.decode()
+        assert err.decode().splitlines()[-1] == (
+            f"inturn: error: {flag} {ports[flag]} is in use (another program listens there):"
+            " stop it, or choose another port"
+        )
+        assert "lease held" not in err.decode()  # no worker started
+        await asyncio.sleep(1)
+        assert rx.received == []

@@ -228,6 +228,7 @@ def local_command(
                     port=console_at[1],
                     auth=console_auth_config,
                     payloads=await open_codec(payload_keys, key_dsn),
+                    option="--console",
                 )
             try:
                 await run_local(

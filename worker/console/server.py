@@ -18,6 +18,7 @@ from inturn.worker.console.names import ServerNames
 from inturn.worker.console.operations import Console
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
 from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.errors import address_in_use
 from inturn.worker.ingest.quiet import QuietAppRunner
 from inturn.worker.store.connect import Pools
 
@@ -51,6 +52,7 @@ async def start_console(
     refresh_seconds: float = 2.0,
     server_names: ServerNames | None = None,
     payloads: PayloadCodec | None = None,
+    option: str = "--listen",
 ) -> ConsoleServer:
     """Open the pools (writes: 2 connections; reads: 2, read-only, short statement timeout),
     take the first overview, and serve on ``host:port`` the requests whose ``Host`` is one of
@@ -58,7 +60,10 @@ async def start_console(
 
     Raises:
         psycopg_pool.PoolTimeout: the database could not be reached.
-        OSError: the port is taken.
+        AddressInUse: the port is taken (the message names ``option``, the command-line option
+            that gave ``host:port``: ``--listen`` of ``inturn console``, ``--console`` of
+            ``inturn local``).
+        OSError: the address cannot be bound otherwise.
     """
     pools = await Pools.open(dsn, write_size=2, read_size=2, application_name="inturn-console")
     write, read = pools.write, pools.read
@@ -70,7 +75,10 @@ async def start_console(
         runner = QuietAppRunner(app, name="console")
         await runner.setup()
         site = web.TCPSite(runner, host, port, shutdown_timeout=2.0)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise address_in_use(exc, option, host, port) from None
     except BaseException:
         await feed.stop()
         await write.close()

@@ -44,6 +44,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from inturn.worker.errors import address_in_use
 from inturn.worker.hl7.mllp import (
     EB,
     Dropped,
@@ -169,15 +170,22 @@ class MllpListener:
         """Bind and start accepting connections.
 
         Raises:
-            OSError: the address cannot be bound.
+            AddressInUse: another program listens there (the message names
+                ``--listen CHANNEL=HOST:PORT``).
+            OSError: the address cannot be bound otherwise.
         """
-        self._server = await asyncio.start_server(
-            self._serve,
-            host=self.config.host or None,
-            port=self.config.port,
-            backlog=1024,
-            limit=_STREAM_LIMIT,
-        )
+        try:
+            self._server = await asyncio.start_server(
+                self._serve,
+                host=self.config.host or None,
+                port=self.config.port,
+                backlog=1024,
+                limit=_STREAM_LIMIT,
+            )
+        except OSError as exc:
+            raise address_in_use(
+                exc, f"--listen {self.channel}=", self.config.host, self.config.port
+            ) from None
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop accepting, close idle connections, let busy ones finish their message.

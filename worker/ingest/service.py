@@ -22,6 +22,7 @@ from types import TracebackType
 from aiohttp import web
 
 from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.errors import address_in_use
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import (
     Acceptor,
@@ -114,13 +115,25 @@ class Ingest:
         return self._ops_port
 
     async def _serve_http(
-        self, app: web.Application, address: tuple[str, int], context: ssl.SSLContext | None
+        self,
+        app: web.Application,
+        address: tuple[str, int],
+        context: ssl.SSLContext | None,
+        option: str,
     ) -> int:
+        """Serve ``app`` on ``address``; the bound port.
+
+        Raises:
+            AddressInUse: another program listens there (the message names ``option``).
+        """
         runner = QuietAppRunner(app, name="ingest-http", access_log=None, handle_signals=False)
         await runner.setup()
         self._runners.append(runner)
         host, port = address
-        await web.TCPSite(runner, host or None, port, ssl_context=context).start()
+        try:
+            await web.TCPSite(runner, host or None, port, ssl_context=context).start()
+        except OSError as exc:
+            raise address_in_use(exc, option, host, port) from None
         return _bound_port(runner, port)
 
     def readiness(self) -> str | None:
@@ -225,7 +238,9 @@ class Ingest:
                     budget,
                     body_deadline=config.frame_deadline,
                 )
-                self._http_port = await self._serve_http(app, config.http, config.http_ssl)
+                self._http_port = await self._serve_http(
+                    app, config.http, config.http_ssl, "--http"
+                )
                 log.log(
                     logging.INFO if config.credentials and config.http_ssl else logging.WARNING,
                     "HTTP messages on %s:%d%s",
@@ -235,7 +250,7 @@ class Ingest:
                 )
             if config.ops is not None:
                 self._ops_port = await self._serve_http(
-                    make_ops_app(self.readiness), config.ops, None
+                    make_ops_app(self.readiness), config.ops, None, "--ops"
                 )
                 log.info(
                     "/healthz, /readyz and /metrics on %s:%d", config.ops[0] or "*", self._ops_port

@@ -103,6 +103,9 @@ class LocalRunner:
         self.applied: dict[str, WorkerConfig] = {}
         self._seen: tuple[tuple[str, int, int], ...] = ()
         self.observer = PrometheusObserver()
+        #: Workers registered but not started yet (``start(launch=False)``), until
+        #: :meth:`launch`; None once launched.
+        self._deferred: list[WorkerConfig] | None = None
 
     async def apply(self, desired: dict[str, WorkerConfig]) -> None:
         """Start, restart and stop workers (and register destinations) to match ``desired``.
@@ -170,6 +173,9 @@ class LocalRunner:
         self.applied = dict(desired)
 
     def _start(self, cfg: WorkerConfig) -> None:
+        if self._deferred is not None:
+            self._deferred.append(cfg)
+            return
         try:
             sender = senders.make_sender(cfg.sender)
         except (OSError, ValueError) as exc:  # e.g. a TLS file named by a secretRef is missing
@@ -216,8 +222,11 @@ class LocalRunner:
             log.info("manifests valid again: applying them")
         await self.apply(desired)
 
-    async def start(self) -> None:
-        """Load the manifests (failing on an invalid one) and start their workers.
+    async def start(self, *, launch: bool = True) -> None:
+        """Load the manifests (failing on an invalid one), register their destinations and start
+        their workers (with ``launch`` False, only once :meth:`launch` is called: ``inturn
+        local`` binds its listeners in between, so that a taken port stops it before any worker
+        has sent anything).
 
         ``inturn local`` owns the destination registry of its database: destinations registered
         by an earlier run whose manifests are gone are marked deleted, so ingest stops queueing
@@ -233,7 +242,15 @@ class LocalRunner:
                         "destination %s: no manifest any more, not routed (messages kept)",
                         row.destination,
                     )
+        if not launch:
+            self._deferred = []
         await self.apply(desired)
+
+    def launch(self) -> None:
+        """Start the workers :meth:`start` registered without starting (idempotent)."""
+        deferred, self._deferred = self._deferred or [], None
+        for cfg in deferred:
+            self._start(cfg)
 
     async def stop(self, abandon: asyncio.Event | None = None) -> None:
         """Stop every worker: each finishes its attempt in flight (saying so), unless
@@ -319,7 +336,7 @@ async def run_local(
             application_name="inturn-local-keys",
         )
         runner = LocalRunner(dsn, paths, secrets_dir, channels, publishers, payloads)
-        await runner.start()
+        await runner.start(launch=False)  # registered: ingest routes to them from its start
         ingest = Ingest(ingest_config, dsn=dsn)
         sweeper = None
         if sweep_every is not None:
@@ -328,7 +345,8 @@ async def run_local(
             )
             log.info("the sweeper runs every %gs (--sweep-every)", sweep_every)
         try:
-            await ingest.start()
+            await ingest.start()  # every listener bound (or AddressInUse) before any worker
+            runner.launch()
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), POLL_SECONDS)
