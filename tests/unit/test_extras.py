@@ -11,7 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inturn.worker.cli import COMMANDS, EXTRAS
+import click
+
+from inturn.worker.cli import EXTRAS, cli
+
+#: Every top-level command: inturn's own and the rule packs'.
+COMMANDS = cli.list_commands(click.Context(cli))
 
 #: Run in a Python without the extras: walks every command and subcommand, runs each with
 #: ``--help`` and with no arguments, and prints what each printed and its exit status.

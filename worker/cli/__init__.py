@@ -64,8 +64,9 @@ def missing_extra(exc: ModuleNotFoundError, command: str) -> str | None:
 
 
 def _command_name(argv: list[str]) -> str:
-    """The subcommand ``argv`` names (its first word that is one of :data:`COMMANDS`)."""
-    return next((a for a in argv if a in COMMANDS), "")
+    """The subcommand ``argv`` names (its first word that is one of :data:`COMMANDS` or of an
+    active rule pack's commands)."""
+    return next((a for a in argv if a in COMMANDS or a in _pack_commands()), "")
 
 
 class LazyGroup(click.Group):
