@@ -25,7 +25,7 @@ from inturn.worker.hl7.pid import lookup_key, patient_identifiers
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
-from inturn.worker.operations import payload_keys
+from inturn.worker.operations import payload_keys, privacy
 from inturn.worker.operations import queue as ops
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
@@ -187,16 +187,16 @@ async def test_erasure_defeats_a_restored_older_dump_read_with_the_live_key_stor
     last_night = keys.dump(fresh_db)
     actor = Trusted("dpo")
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        found = await ops.find_for_erasure(conn, patient_id="ERASE-ME", payloads=codec)
+        found = await privacy.find_for_erasure(conn, patient_id="ERASE-ME", payloads=codec)
         assert [m.id for m in found] == [ids[0], ids[2]]
-        done = await ops.erase(conn, actor, [m.id for m in found], "request 7")
-        destroyed = await ops.erase_patient_keys(
+        done = await privacy.erase(conn, actor, [m.id for m in found], "request 7")
+        destroyed = await privacy.erase_patient_keys(
             actor, "ERASE-ME", None, "request 7", codec, erased=len(done.ids)
         )
         assert destroyed == 1
         # run again (as after a half failure): nothing left to find, nothing more destroyed
-        assert await ops.find_for_erasure(conn, patient_id="ERASE-ME", payloads=codec) == []
-        assert await ops.erase_patient_keys(actor, "ERASE-ME", None, "request 7", codec) == 0
+        assert await privacy.find_for_erasure(conn, patient_id="ERASE-ME", payloads=codec) == []
+        assert await privacy.erase_patient_keys(actor, "ERASE-ME", None, "request 7", codec) == 0
         audit = await conn.execute("SELECT to_jsonb(a)::text FROM inturn_audit a")
         assert "ERASE-ME" not in str(await audit.fetchall())
     with keys.database(pg_server_dsn, "inturn_restored") as restored:
@@ -257,10 +257,10 @@ async def test_a_resent_copy_is_sealed_for_its_own_row_and_the_view_decrypts_on_
         copy = (await ops.resend(conn, Trusted("ops"), original, "again", codec)).copy
         stored = {i: p for i, _, p, _ in await rows(fresh_db)}
         assert envelope.is_envelope(stored[copy]) and stored[copy] != stored[original]
-        shown = await ops.view_payload(conn, Trusted("ops"), copy, "check", codec)
+        shown = await privacy.view_payload(conn, Trusted("ops"), copy, "check", codec)
         assert shown.data == adt(1, "MRN-R")
         with pytest.raises(PayloadKeysMissing):
-            await ops.view_payload(conn, Trusted("ops"), copy, "check")
+            await privacy.view_payload(conn, Trusted("ops"), copy, "check")
 
 
 async def test_ingest_seals_every_payload_with_its_row_id_and_the_window_keeps_working(

@@ -17,6 +17,7 @@ from inturn.worker.errors import (
     NotFound,
     ReasonRequired,
 )
+from inturn.worker.operations import privacy
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations import worklist as worklist_actions
 from inturn.worker.operations.actor import ACTIONS, Trusted, permit
@@ -111,15 +112,15 @@ async def test_each_action_says_what_happened_or_why_not(conn: AsyncConnection[A
         await actions.drain(conn, CLI, "nobody/x", "stale")
     with pytest.raises(NotFound, match="no registered destination"):
         await actions.suspend(conn, CLI, DEST)
-    shown = await actions.view_payload(conn, PRIVACY, b, "ticket 7")
+    shown = await privacy.view_payload(conn, PRIVACY, b, "ticket 7")
     assert shown.item_id == b and shown.data.startswith(b"MSH|")
-    matched = await actions.find_for_erasure(conn, item_ids=[b, 999999])
+    matched = await privacy.find_for_erasure(conn, item_ids=[b, 999999])
     assert [m.id for m in matched] == [b]
-    assert (await actions.erase_item(conn, PRIVACY, b, "request 9")).ids == (b,)
+    assert (await privacy.erase_item(conn, PRIVACY, b, "request 9")).ids == (b,)
     with pytest.raises(NotFound):
-        await actions.erase_item(conn, PRIVACY, b, "request 9")
+        await privacy.erase_item(conn, PRIVACY, b, "request 9")
     with pytest.raises(Invalid):
-        await actions.find_for_erasure(conn)
+        await privacy.find_for_erasure(conn)
 
 
 async def test_clearing_a_worklist_item_needs_a_note_and_says_who_was_first(

@@ -117,7 +117,7 @@ def patient_key_for(
         raise click.UsageError("--patient-id is empty")
     if authority is not None and not authority.strip():
         raise click.UsageError("--authority is empty")
-    from inturn.worker.operations.queue import patient_lookup_key  # the console's key too
+    from inturn.worker.operations.privacy import patient_lookup_key  # the console's key too
 
     return patient_lookup_key(patient_id, authority, payloads)
 

@@ -40,6 +40,7 @@ from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain.lanes import LaneSummary, summarize
 from inturn.worker.errors import ReasonRequired
 from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.operations import privacy
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted, permit
 from inturn.worker.store import identifiers, reads
@@ -240,7 +241,7 @@ def payload_command(
         lambda conn: with_payloads(
             payload_keys,
             key_dsn,
-            lambda codec: actions.view_payload(conn, Trusted(who), item_id, why, codec),
+            lambda codec: privacy.view_payload(conn, Trusted(who), item_id, why, codec),
         ),
     )
     sys.stdout.buffer.write(normalise_terminators(shown.data))
@@ -466,10 +467,10 @@ def erase_command(
 
     async def find_and_erase(
         pools: Pools, codec: PayloadCodec
-    ) -> tuple[list[actions.Match], tuple[int, ...]]:
+    ) -> tuple[list[privacy.Match], tuple[int, ...]]:
         nonlocal destroyed
         async with pools.read.connection() as conn:
-            matched = await actions.find_for_erasure(
+            matched = await privacy.find_for_erasure(
                 conn,
                 item_ids=item_ids,
                 patient_id=patient_id,
@@ -483,19 +484,19 @@ def erase_command(
         ids: tuple[int, ...] = ()
         if matched:
             async with pools.write.connection() as conn:
-                ids = (await actions.erase(conn, actor, [m.id for m in matched], why)).ids
+                ids = (await privacy.erase(conn, actor, [m.id for m in matched], why)).ids
         if patient_id:  # even with no row left: copies elsewhere are read with the keys
-            destroyed = await actions.erase_patient_keys(
+            destroyed = await privacy.erase_patient_keys(
                 actor, patient_id, authority, why, codec, erased=len(ids)
             )
         return matched, ids
 
-    def go(pools: Pools) -> Awaitable[tuple[list[actions.Match], tuple[int, ...]]]:
+    def go(pools: Pools) -> Awaitable[tuple[list[privacy.Match], tuple[int, ...]]]:
         return with_payloads(payload_keys, key_dsn, lambda codec: find_and_erase(pools, codec))
 
     try:
         matched, erased = run_db(dsn, go)
-    except actions.KeysNotDestroyed as exc:
+    except privacy.KeysNotDestroyed as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
         echo_json(

@@ -23,6 +23,7 @@ from inturn.worker.console.text import segments
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain.lanes import summarize
 from inturn.worker.errors import InturnError
+from inturn.worker.operations import privacy
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations import worklist as worklist_actions
 from inturn.worker.store import reads
@@ -260,7 +261,7 @@ async def search_patient(
     """
     try:
         async with console.write.connection() as conn:
-            found = await actions.search_patient(
+            found = await privacy.search_patient(
                 conn,
                 identity,
                 patient_id or "",
@@ -301,7 +302,7 @@ async def item_action(
             elif action == "remove":
                 changed = (await actions.remove_item(conn, identity, item_id, why)).ids
             elif action == "erase":
-                changed = (await actions.erase_item(conn, identity, item_id, why)).ids
+                changed = (await privacy.erase_item(conn, identity, item_id, why)).ids
             else:
                 resent = await actions.resend(conn, identity, item_id, why, console.payloads)
                 changed = (resent.original, resent.copy)
@@ -376,7 +377,7 @@ async def view_payload(
     """
     try:
         async with console.write.connection() as conn:
-            shown = await actions.view_payload(conn, identity, item_id, why, console.payloads)
+            shown = await privacy.view_payload(conn, identity, item_id, why, console.payloads)
     except InturnError as exc:
         raise ConsoleError.of(exc) from None
     return {"itemId": item_id, "segments": segments(shown.data)}

@@ -27,8 +27,7 @@ format it (``cli/queue.py``, ``console/operations.py``).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -36,12 +35,10 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
-from inturn.worker.errors import Conflict, Invalid, NotFound, Unavailable
-from inturn.worker.hl7.pid import has_patient_id, lookup_key
+from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.operations.actor import Actor, permit
-from inturn.worker.store import actions, identifiers, reads, registry
+from inturn.worker.store import actions, reads, registry
 from inturn.worker.store import worklist as worklist_store
-from inturn.worker.store.model import Item
 
 
 @dataclass(frozen=True)
@@ -104,14 +101,6 @@ class Held:
 
     destination: str
     suspended: bool
-
-
-@dataclass(frozen=True)
-class Payload:
-    """One item's stored bytes, and that their viewing was audited."""
-
-    item_id: int
-    data: bytes
 
 
 @dataclass(frozen=True)
@@ -368,259 +357,6 @@ async def resume(
         NotFound: the destination is not registered.
     """
     return await _hold(conn, actor, destination, why, "resume")
-
-
-async def erase(
-    conn: AsyncConnection[Any], actor: Actor, item_ids: Sequence[int], why: str | None
-) -> Changed:
-    """Delete items whatever their state (data-subject erasure); audited with ids, no payload.
-    The result lists the ids erased (missing ones are not in it).
-
-    Raises:
-        ReasonRequired: no reason.
-    """
-    reason = permit(actor, "erase", why)
-    ids = await actions.erase(conn, list(item_ids), who=actor.name, why=reason)
-    return Changed("erase", tuple(ids))
-
-
-async def erase_item(
-    conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str | None
-) -> Changed:
-    """Erase one item.
-
-    Raises:
-        ReasonRequired: no reason.
-        NotFound: no such item.
-    """
-    done = await erase(conn, actor, [item_id], why)
-    if not done.ids:
-        raise NotFound(f"no item {item_id}")
-    return done
-
-
-class KeysNotDestroyed(Unavailable):
-    """The rows were erased but the key store did not destroy the patient's keys (unreachable,
-    or refused): copies in backups stay readable until the erasure is run again, which finds
-    no rows and destroys the keys."""
-
-    kind = "keys_not_destroyed"
-
-
-async def erase_patient_keys(
-    actor: Actor,
-    patient_id: str,
-    authority: str | None,
-    why: str | None,
-    payloads: PayloadCodec | None,
-    *,
-    erased: int = 0,
-) -> int | None:
-    """Destroy the keys of every identifier an erasure of ``patient_id`` (``authority``)
-    matches, after its rows were erased: every copy of its messages elsewhere (a dump, a
-    backup, a replica) can no longer be read. The key store records it without identifiers.
-    Safe to run again (0 keys the second time). None without payload keys (nothing to do).
-
-    Raises:
-        ReasonRequired: no reason.
-        KeysNotDestroyed: the key store failed; the message says the ``erased`` rows are gone
-            and that running the erasure again finishes it.
-    """
-    reason = permit(actor, "erase", why)
-    if payloads is None or not payloads.enabled:
-        return None
-    try:
-        return await payloads.erase_patient(
-            patient_id, authority, actor=actor.name, reason=reason or ""
-        )
-    except Exception as exc:  # the key store's failure, whatever it is: say what is left
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise KeysNotDestroyed(
-            f"{erased} item(s) erased, but the patient's keys were not destroyed ({first}):"
-            " copies in backups stay readable until the erasure is run again"
-        ) from exc
-
-
-@dataclass(frozen=True)
-class Match:
-    """An item found for erasure (never its payload)."""
-
-    id: int
-    destination: str
-    state: str
-    message_type: str
-
-    @classmethod
-    def of(cls, item: Item) -> Match:
-        """The match of a listed item."""
-        return cls(item.id, item.destination, item.state, item.message_type)
-
-    def to_json(self) -> dict[str, Any]:
-        """``{"id", "destination", "state", "messageType"}``."""
-        return {
-            "id": self.id,
-            "destination": self.destination,
-            "state": self.state,
-            "messageType": self.message_type,
-        }
-
-
-async def find_for_erasure(
-    conn: AsyncConnection[Any],
-    *,
-    item_ids: Sequence[int] = (),
-    patient_id: str | None = None,
-    authority: str | None = None,
-    scan: bool = False,
-    progress: Callable[[str], None] | None = None,
-    payloads: PayloadCodec | None = None,
-) -> list[Match]:
-    """What an erasure would erase: the items among ``item_ids`` that exist, or every held
-    message naming ``patient_id`` (PID-2, PID-3, PID-4, MRG-1; with ``authority``, only
-    identifiers it assigned), from the identifier index, or with ``scan`` by reading every
-    payload (slow: ``progress`` is told how much there is and, after
-    :data:`SCAN_RATE_SAMPLE` items, how long the rest will take).
-
-    Raises:
-        Invalid: neither or both of ``item_ids`` and a non-empty ``patient_id``.
-    """
-    if bool(item_ids) == bool(patient_id and patient_id.strip()):
-        raise Invalid("give exactly one of item ids or a non-empty patient id")
-    if patient_id and scan:
-        return await _scan_for_patient(
-            conn, patient_id, authority, progress or (lambda _: None), payloads or PayloadCodec()
-        )
-    if patient_id:
-        found = await identifiers.find_patient(conn, patient_id, authority, payloads=payloads)
-        return [Match(i.id, i.destination, i.state, i.message_type) for i in found]
-    matched: list[Match] = []
-    for item_id in item_ids:
-        item = await reads.get_item(conn, item_id)
-        if item is not None:
-            matched.append(Match.of(item))
-    return matched
-
-
-#: Items read by a scan for a patient before it tells how long the rest will take.
-SCAN_RATE_SAMPLE = 2000
-
-
-async def _scan_for_patient(
-    conn: AsyncConnection[Any],
-    patient_id: str,
-    authority: str | None,
-    progress: Callable[[str], None],
-    payloads: PayloadCodec,
-) -> list[Match]:
-    rows, size = await identifiers.scan_estimate(conn)
-    progress(
-        f"scanning every payload: about {rows} item(s), {size / 1e6:.0f} MB; the index answers"
-        " the same question without --scan"
-    )
-    matched: list[Match] = []
-    started = time.monotonic()
-    seen = 0
-    for_rate = True
-    async for held in reads.scan_payloads(conn):
-        seen += 1
-        if for_rate and seen == SCAN_RATE_SAMPLE:
-            for_rate = False
-            elapsed = time.monotonic() - started
-            left = max(rows - seen, 0) * elapsed / seen
-            progress(f"at the rate of the first {seen} items: about {left:.0f}s more")
-        plain = await payloads.open(held.id, held.destination, held.payload)
-        if has_patient_id(plain, patient_id, authority):
-            matched.append(Match(held.id, held.destination, held.state, held.message_type))
-    return matched
-
-
-async def view_payload(
-    conn: AsyncConnection[Any],
-    actor: Actor,
-    item_id: int,
-    why: str | None,
-    payloads: PayloadCodec | None = None,
-) -> Payload:
-    """One item's message (decrypted on demand with ``payloads``); the viewing is audited
-    with its reason, before the payload is opened.
-
-    Raises:
-        ReasonRequired: no reason.
-        NotFound: no such item.
-        PayloadKeysMissing: the payload is encrypted and ``payloads`` has no keys.
-        PayloadErased: its patient's key was erased (Conflict).
-    """
-    reason = permit(actor, "view-payload", why)
-    found = await reads.view_payload(conn, item_id, who=actor.name, why=reason)
-    if found is None:
-        raise NotFound(f"no item {item_id}")
-    destination, stored = found
-    return Payload(item_id, await (payloads or PayloadCodec()).open(item_id, destination, stored))
-
-
-def patient_lookup_key(
-    patient_id: str, authority: str | None = None, payloads: PayloadCodec | None = None
-) -> str:
-    """The identifier index key a search for ``patient_id`` (and ``authority``) reads: the one
-    place where a search's key is made (``inturn queue list --patient-id`` and the console's
-    patient search both call it), so that both find what ingest indexed. With payload keys,
-    every stored form of it, comma-separated (the blind one, and the plain one of rows indexed
-    before the keys were given: :func:`inturn.worker.store.identifiers.lookup_text`).
-
-    Raises:
-        Invalid: an empty patient ID or authority, or one holding a NUL character.
-    """
-    if not patient_id.strip():
-        raise Invalid("the patient ID is empty")
-    if authority is not None and not authority.strip():
-        raise Invalid("the authority is empty")
-    if "\x00" in patient_id or (authority and "\x00" in authority):
-        raise Invalid("a patient ID cannot hold a NUL character")
-    if payloads is not None and payloads.enabled:
-        return identifiers.lookup_text(patient_id, authority, payloads)
-    return lookup_key(patient_id, authority)
-
-
-@dataclass(frozen=True)
-class PatientSearch:
-    """What a search by patient identifier found.
-
-    Attributes:
-        items: the items, newest first (one page).
-        total: how many items match in all.
-        unindexed: items not indexed yet, which the search could not look at (``inturn
-            migrate`` indexes them).
-    """
-
-    items: list[Item]
-    total: int
-    unindexed: int
-
-
-async def search_patient(
-    conn: AsyncConnection[Any],
-    actor: Actor,
-    patient_id: str,
-    authority: str | None,
-    why: str | None,
-    *,
-    limit: int = reads.LIST_LIMIT_DEFAULT,
-    payloads: PayloadCodec | None = None,
-) -> PatientSearch:
-    """Items naming a patient (PID-2, PID-3, PID-4 or MRG-1; with ``authority``, only
-    identifiers it assigned), found through the identifier index that ``inturn queue list
-    --patient-id`` reads; the search is audited (``search-patient``, its reason and the items
-    shown; never the identifier) in the same transaction.
-
-    Raises:
-        Forbidden: the actor lacks the privacy role.
-        ReasonRequired: no reason.
-        Invalid: an empty patient ID or authority, or one holding a NUL character.
-    """
-    reason = permit(actor, "search-patient", why)
-    key = patient_lookup_key(patient_id, authority, payloads)
-    items, total = await reads.search_patient(conn, key, who=actor.name, why=reason, limit=limit)
-    return PatientSearch(items, total, await identifiers.unindexed_count(conn))
 
 
 async def purge(
