@@ -176,14 +176,16 @@ async def test_ingest_role_stores_a_message(fresh_db: str, role_dsns: dict[str, 
         assert conn.execute("SELECT control_id FROM inturn_delivery").fetchall() == [("ROLE-IN-1",)]
 
 
-async def test_worker_role_delivers(fresh_db: str, role_dsns: dict[str, str]) -> None:
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
+async def test_worker_role_delivers(fresh_db: str, role_dsns: dict[str, str], lanes: int) -> None:
     await aseed(fresh_db, "ROLE-W-1", "ROLE-W-2")
     retry = RetryPolicy(max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5)
     async with MllpReceiver() as rx:
         sender = MllpSenderConfig(HOST, rx.port)
         cfg = WorkerConfig(
-            destination=DEST, channel="adt", sender=sender, retry=retry, idle_seconds=1
-        )
+            destination=DEST, channel="adt", sender=sender, retry=retry, idle_seconds=1,
+            lanes=lanes,
+        )  # fmt: skip
         stop = asyncio.Event()
         worker = DestinationWorker(
             cfg, role_dsns["worker"], MllpSender(sender), PrometheusObserver()
@@ -207,7 +209,13 @@ async def test_operator_role_registers_and_reads_depth(
         assert await register(conn, DEST, "adt", carriers=["LH"])
         depth = await registry.status_depth(conn)
         assert depth[DEST].pending == 1
+        # what a destination's lanes hold, through inturn_lane_window (keys made anonymous)
+        [waiting] = await reads.lane_window(conn, DEST)
+        assert waiting.keys and all(k.isdigit() for k in waiting.keys)
         assert await registry.mark_deleted(conn, DEST)
+    async with await AsyncConnection.connect(role_dsns["reader"], autocommit=True) as conn:
+        [seen] = await reads.lane_window(conn, DEST)
+        assert seen.id == waiting.id and len(seen.keys) == len(waiting.keys)
 
 
 async def test_purge_role_deletes_finished_items_by_age(
@@ -433,12 +441,12 @@ for _component in roles.COMPONENTS:
     if _component != "worker":
         REFUSED[_component] += TAKE_WORKER_LOCK
 REFUSED["worker"] += [
-    # a worker changes only state, attempts, times and errors, and reads no patient key
+    # a worker changes only state, attempts, times and errors (it reads the patient keys: they
+    # are its lanes' keys)
     "UPDATE inturn_delivery SET payload = convert_to('MSH|FORGED', 'UTF8')",
     "UPDATE inturn_delivery SET destination = 'ward/other'",
     "UPDATE inturn_delivery SET control_id = 'X', channel = 'x'",
     "UPDATE inturn_delivery SET patient_keys = NULL",
-    "SELECT patient_keys FROM inturn_delivery",
     # it takes its own lock through its function, no other key
     f"SELECT pg_try_advisory_lock({WORKER_LOCK_KEY})",
     "SELECT pg_try_advisory_lock(hashtextextended('inturn:purge', 0))",

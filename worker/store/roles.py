@@ -137,10 +137,12 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
             ),
             Grant("UPDATE", ("resent_as",)),
         ),
-        # It reads the head (payload included) and records an outcome: state, attempts, times,
-        # errors. Never the payload, the destination or the patient keys.
+        # It reads the head (payload included) and the patient keys (with lanes, a message's
+        # keys say which others it must wait for; the payload it sends names the same patients)
+        # and records an outcome: state, attempts, times, errors. It never changes the payload,
+        # the destination or the patient keys.
         "worker": (
-            Grant("SELECT", but=("patient_keys",)),
+            SELECT,
             Grant(
                 "UPDATE",
                 (
@@ -303,6 +305,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_local_release(text,bigint)": (),
     "inturn_purge_deliveries(text,timestamp with time zone,integer)": ("purge",),
     "inturn_purge_worklist(double precision,integer)": ("purge",),
+    # what a destination's lanes hold, keys made anonymous, for those who may not read them
+    "inturn_lane_window(text,integer)": ("reader", "operator"),
 }
 
 #: What the docs say of a function no component may execute, when it is not a trigger.

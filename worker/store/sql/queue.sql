@@ -660,11 +660,8 @@ SELECT lease.held,
 
 -- name: lane_window
 -- What a destination's lanes hold, for people (the console, `queue depth`, the status): its
--- oldest pending items with their lane keys, no payload, read-only (the worker's own window is
--- pending_window, guarded by its lease).
-SELECT id, patient_keys, attempts, size,
-       greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
-  FROM inturn_delivery
- WHERE destination = %(destination)s AND state = 'pending'
- ORDER BY id
- LIMIT %(limit)s;
+-- oldest pending items, no payload, read-only, their keys replaced by numbers equal where the
+-- keys are (inturn_lane_window, migration 0020: readers may not read patient keys). The
+-- worker's own window is pending_window, guarded by its lease.
+SELECT id, lane_keys AS patient_keys, attempts, size, wait_seconds
+  FROM inturn_lane_window(%(destination)s, %(limit)s);
