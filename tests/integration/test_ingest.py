@@ -22,10 +22,9 @@ from psycopg.conninfo import make_conninfo
 from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest import metrics
-from inturn.worker.ingest.accept import forget_old
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
-from inturn.worker.ingest.service import Ingest
+from inturn.worker.ingest.service import Ingest, forget_old
 from inturn.worker.store.queries import load
 from inturn.worker.store.queue import notify_channel
 

@@ -8,18 +8,22 @@ The rules that decide which answer a message gets are :mod:`inturn.worker.ingest
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inturn.worker import tracing
 from inturn.worker.hl7.ack import AckErrorDetail, ack_code, build_ack
 from inturn.worker.hl7.batch import Batch, build_batch_ack
 from inturn.worker.hl7.errors import ErrorCode, HeaderError
 from inturn.worker.hl7.expect import Kind, answer_codes
 from inturn.worker.hl7.header import Header, parse_header
+from inturn.worker.ingest import metrics
 from inturn.worker.ingest.batch import StoreTimeout
 from inturn.worker.ingest.prepare import Prepared
 from inturn.worker.store.faults import classify
+from inturn.worker.store.model import Earlier
 
 #: The code of a :class:`Reply` that is no acknowledgement: the store's outcome is unknown.
 UNKNOWN = "unknown"
@@ -33,6 +37,9 @@ _CODE_STATUS = {
     "CE": 503,
     UNKNOWN: 504,
 }
+
+
+log = logging.getLogger("inturn.ingest")
 
 
 @dataclass(frozen=True)
@@ -202,3 +209,59 @@ def refuse_batch(batch: Batch, prepared: Sequence[Reply | Prepared], refused: in
         for p in prepared
     ]
     return _batch_reply(batch, "AR", acks, f"refused: {named} was refused")
+
+
+def earlier_copies(earlier: Sequence[Earlier]) -> str:
+    """``#12 at ward/lab (pending), at ward/ris gone (erased or purged)``: the earlier copies a
+    message received again found, for the log (ids, destinations and states, never payload
+    text)."""
+    parts = []
+    for e in earlier:
+        if e.state == "arriving":
+            parts.append(f"at {e.destination} arriving at the same moment")
+        elif e.id is None:
+            parts.append(f"at {e.destination} gone (erased or purged)")
+        else:
+            parts.append(f"#{e.id} at {e.destination} ({e.state})")
+    return ", ".join(parts)
+
+
+def answered(
+    label: str,
+    channel: str,
+    header: Header | None,
+    outcome: Reply,
+    size: int | None = None,
+    *,
+    logged: bool = False,
+) -> Reply:
+    """Count ``outcome`` (``inturn_ingest_messages_total`` under ``label``, the channel or
+    ``_other``), end its trace span, and log it as its code deserves: AE/CE and unknown
+    outcomes as warnings, AR/CR as information (with ``size`` when given), AA at debug; with
+    ``logged`` the caller has said it already. Returns ``outcome``."""
+    metrics.MESSAGES.labels(label, outcome.code).inc()
+    tracing.answered(
+        outcome.code,
+        header.control_id if header is not None else None,
+        header.message_type.type_key if header is not None else None,
+    )
+    if logged:  # the caller said it its own way
+        return outcome
+    control_id = header.control_id if header is not None else None
+    # what the log names: never a placeholder for what is not known
+    about = f"MSH-10 {control_id!r}" if control_id else "a message without a readable MSH"
+    if outcome.code in ("AE", "CE", UNKNOWN):
+        log.warning("channel %s: %s for %s: %s", channel, outcome.code, about, outcome.reason)
+    elif outcome.code in ("AR", "CR"):
+        sized = f" ({size} bytes)" if size is not None else ""
+        log.info("channel %s: %s for %s%s: %s", channel, outcome.code, about, sized, outcome.reason)
+    elif log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "channel %s: %s for MSH-10 %r: %s ids=%s",
+            channel,
+            outcome.code,
+            control_id,
+            outcome.reason,
+            list(outcome.ids),
+        )
+    return outcome

@@ -18,15 +18,16 @@ import contextlib
 import logging
 import ssl
 from types import TracebackType
+from typing import Any
 
 from aiohttp import web
+from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import address_in_use
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.accept import (
     Acceptor,
-    forget_old,
 )
 from inturn.worker.ingest.budget import (
     MemoryBudget,
@@ -41,6 +42,7 @@ from inturn.worker.ingest.listener import (
 from inturn.worker.ingest.quiet import QuietAppRunner
 from inturn.worker.ingest.routing import Router
 from inturn.worker.operations.payload_keys import close_codec, open_codec
+from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store import sealing
 from inturn.worker.store.connect import Pools
 from inturn.worker.worklist.metrics import refresh_pending_forever
@@ -49,6 +51,21 @@ log = logging.getLogger("inturn.ingest")
 
 #: Seconds between two purges of the duplicate window.
 PURGE_INTERVAL_SECONDS = 300.0
+
+
+async def forget_old(
+    conn: AsyncConnection[Any], window_seconds: float, *, batch: int = 5000
+) -> int:
+    """Delete duplicate-window rows older than ``window_seconds``, in batches; return the count.
+
+    Safe to run from several replicas at once (rows locked by another purge are skipped).
+    """
+    total = 0
+    while True:
+        done = await ingest_store.forget_old(conn, window_seconds, batch)
+        total += done
+        if done < batch:
+            return total
 
 
 class Ingest:

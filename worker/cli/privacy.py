@@ -1,0 +1,184 @@
+"""``inturn queue payload`` and ``inturn queue erase``: the privacy role's commands (viewing a
+payload, data-subject erasure by item or by patient identifier), part of the ``queue`` group
+(:mod:`inturn.worker.cli.queue` adds them). Their rules are
+:mod:`inturn.worker.operations.privacy`'s.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable
+
+import click
+
+from inturn.worker.cli.db import act, run_db, with_payloads
+from inturn.worker.cli.formats import (
+    echo_json,
+    patient_key_for,
+)
+from inturn.worker.cli.options import (
+    audit_who_option,
+    dsn_option,
+    json_option,
+    payload_keys_options,
+    why_for,
+)
+from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.errors import ReasonRequired
+from inturn.worker.hl7.terminators import normalise_terminators
+from inturn.worker.operations import privacy
+from inturn.worker.operations.actor import Trusted, permit
+from inturn.worker.store.connect import Pools
+
+patient_id_option = click.option(
+    "--patient-id",
+    help="Only the items naming this patient ID in PID-2, PID-3, PID-4 or MRG-1 (indexed).",
+)
+authority_option = click.option(
+    "--authority",
+    help="With --patient-id: only identifiers assigned by this authority (CX-4 namespace or"
+    " universal ID).",
+)
+
+
+@click.command("payload")
+@dsn_option()
+@click.argument("item_id", type=int)
+@audit_who_option
+@why_for("view-payload")
+@payload_keys_options
+def payload_command(
+    dsn: str | None,
+    item_id: int,
+    who: str,
+    why: str | None,
+    payload_keys: str | None,
+    key_dsn: str | None,
+) -> None:
+    """Write one item's bytes to standard output exactly as its sender sends them (the viewing
+    is audited).
+
+    These are the stored bytes: ingest stores a message with its segment terminators already
+    normalised (HL7 terminators: LF and CRLF become CR); the rule is applied here too, and
+    changes nothing, so that rows stored before it print what is sent. An encrypted payload is
+    decrypted with --payload-keys (and refused in one line without them).
+    """
+    shown = act(
+        dsn,
+        lambda conn: with_payloads(
+            payload_keys,
+            key_dsn,
+            lambda codec: privacy.view_payload(conn, Trusted(who), item_id, why, codec),
+        ),
+    )
+    sys.stdout.buffer.write(normalise_terminators(shown.data))
+    sys.stdout.buffer.flush()
+
+
+@click.command("erase")
+@dsn_option()
+@click.argument("item_ids", type=int, nargs=-1)
+@click.option(
+    "--patient-id",
+    help="Erase every held message naming this ID in PID-2, PID-3, PID-4 or MRG-1.",
+)
+@authority_option
+@click.option(
+    "--scan",
+    is_flag=True,
+    help="Find the patient by reading every payload instead of the index (slow: says how long).",
+)
+@click.option("--who", help="Who decides (recorded in the audit); not needed with --dry-run.")
+@click.option("--why", help="Why (recorded in the audit); required unless --dry-run.")
+@click.option("--dry-run", is_flag=True, help="Show what would be erased; erase nothing.")
+@json_option
+@payload_keys_options
+def erase_command(
+    dsn: str | None,
+    item_ids: tuple[int, ...],
+    patient_id: str | None,
+    authority: str | None,
+    scan: bool,
+    who: str | None,
+    why: str | None,
+    dry_run: bool,
+    as_json: bool,
+    payload_keys: str | None,
+    key_dsn: str | None,
+) -> None:
+    """Erase items in any state (data-subject erasure), by id or by patient identifier.
+
+    With --payload-keys, erasing by --patient-id also destroys the patient's keys in the key
+    store, after the rows: every copy of their messages elsewhere (a backup, a dump, a
+    replica) can no longer be read. If the key store fails, the rows are gone and the command
+    says so; run it again to destroy the keys (it finds no rows and destroys them).
+    """
+    if who is None and not dry_run:
+        raise click.UsageError("missing option '--who' (it is recorded in the audit)")
+    if bool(item_ids) == bool(patient_id and patient_id.strip()):
+        raise click.UsageError("give exactly one of ITEM_IDS or a non-empty --patient-id")
+    if (authority is not None or scan) and not patient_id:
+        raise click.UsageError("--authority and --scan go with --patient-id")
+    patient_key_for(patient_id, authority)  # a blank --authority is a usage error
+    actor = Trusted(who or "")
+    if not dry_run:
+        try:
+            permit(actor, "erase", why)  # before a scan, not after it
+        except ReasonRequired as exc:
+            raise click.UsageError(f"{exc} (--why)") from None
+
+    destroyed: int | None = None
+
+    async def find_and_erase(
+        pools: Pools, codec: PayloadCodec
+    ) -> tuple[list[privacy.Match], tuple[int, ...]]:
+        nonlocal destroyed
+        async with pools.read.connection() as conn:
+            matched = await privacy.find_for_erasure(
+                conn,
+                item_ids=item_ids,
+                patient_id=patient_id,
+                authority=authority,
+                scan=scan,
+                progress=lambda text: click.echo(text, err=True),
+                payloads=codec,
+            )
+        if dry_run:
+            return matched, ()
+        ids: tuple[int, ...] = ()
+        if matched:
+            async with pools.write.connection() as conn:
+                ids = (await privacy.erase(conn, actor, [m.id for m in matched], why)).ids
+        if patient_id:  # even with no row left: copies elsewhere are read with the keys
+            destroyed = await privacy.erase_patient_keys(
+                actor, patient_id, authority, why, codec, erased=len(ids)
+            )
+        return matched, ids
+
+    def go(pools: Pools) -> Awaitable[tuple[list[privacy.Match], tuple[int, ...]]]:
+        return with_payloads(payload_keys, key_dsn, lambda codec: find_and_erase(pools, codec))
+
+    try:
+        matched, erased = run_db(dsn, go)
+    except privacy.KeysNotDestroyed as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        echo_json(
+            {
+                "matched": [m.to_json() for m in matched],
+                "erased": list(erased),
+                "dryRun": dry_run,
+                "keysDestroyed": destroyed,
+            }
+        )
+        return
+    for m in matched:
+        click.echo(f"{m.id}  {m.destination}  {m.state}  {m.message_type}")
+    verb = "would erase" if dry_run else "erased"
+    if matched or not item_ids:
+        click.echo(f"{verb} {len(matched) if dry_run else len(erased)} item(s)")
+    if destroyed is not None:
+        click.echo(f"destroyed {destroyed} patient key(s) (recorded in the key store)")
+    missing = sorted(set(item_ids) - {m.id for m in matched})
+    if missing:
+        raise click.ClickException(f"no item {', '.join(map(str, missing))}")
