@@ -61,6 +61,7 @@ class NotifyPublisher:
                 self.dsn,
                 autocommit=True,
                 application_name="inturn-worklist-notify",
+                prepare_threshold=None,  # behind a transaction pooler a prepared one would be lost
                 **write_target(self.dsn),  # NOTIFY needs the primary
             )
         try:
