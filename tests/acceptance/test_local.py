@@ -507,3 +507,70 @@ async def test_a_busy_port_names_its_flag_and_no_worker_starts(
         assert "lease held" not in err.decode()  # no worker started
         await asyncio.sleep(1)
         assert rx.received == []
+
+
+def postmaster_pid(data: Path) -> int:
+    return int((data / "pg" / "postmaster.pid").read_text().split("\n", 1)[0])
+
+
+async def test_a_killed_embedded_postgres_is_restarted_and_nothing_is_lost(
+    tmp_path: Path, local_runs: list[LocalProcess], pg_home: Path
+) -> None:
+    """Issue 28, item 4: SIGKILL to the embedded Postgres; inturn local starts it again (logged,
+    bounded tries) and goes on: what was accepted before and after is delivered, in order."""
+    data = pg_home / "d"
+    port = free_port()
+    async with MllpReceiver() as rx:
+        path = manifest(tmp_path / "dest.yaml", "kept", mllp_sender(rx.port), max_backoff=1)
+        run = LocalProcess(
+            tmp_path / "local.log",
+            ["-f", str(path), "--listen", f"adt={port}", "--data-dir", str(data)],
+        )
+        local_runs.append(run)
+        await run.start(port)
+        assert await mllp_send(port, range(0, 5), tmp_path) == ["AA"] * 5
+        await rx.wait_for(5, timeout=30)
+        killed = postmaster_pid(data)
+        os.kill(killed, signal.SIGKILL)
+        await run.wait_log("embedded Postgres restarted (try 1 of 3)", timeout=60)
+        assert "is not running (killed or crashed)" in run.log()
+        assert postmaster_pid(data) != killed
+        async with asyncio.timeout(60):  # ingest's pool reconnects: AA again
+            while (await mllp_send(port, range(5, 6), tmp_path)) != ["AA"]:
+                await asyncio.sleep(0.5)
+        assert await mllp_send(port, range(6, 10), tmp_path) == ["AA"] * 4
+        await rx.wait_for(10, timeout=60)
+        assert await run.interrupt() == 0
+    assert without_repeats(ids(rx.received))[-5:] == expected(range(5, 10))
+    assert without_repeats(ids(rx.received))[:5] == expected(range(5))
+
+
+async def test_an_embedded_postgres_that_cannot_come_back_stops_inturn_local_non_zero(
+    tmp_path: Path, local_runs: list[LocalProcess], pg_home: Path
+) -> None:
+    """Its data directory damaged after a kill: three tries, each logged, then inturn local
+    stops (listeners, workers) and exits 1 with one line, for a supervisor to act on."""
+    data = pg_home / "d"
+    port = free_port()
+    path = manifest(tmp_path / "dest.yaml", "gone", mllp_sender(free_port()))
+    run = LocalProcess(
+        tmp_path / "local.log",
+        ["-f", str(path), "--listen", f"adt={port}", "--data-dir", str(data)],
+    )
+    local_runs.append(run)
+    await run.start(port)
+    (data / "pg" / "PG_VERSION").write_text("7\n")  # a server of another major version's
+    os.kill(postmaster_pid(data), signal.SIGKILL)
+    assert run.proc is not None
+    async with asyncio.timeout(90):
+        code = await run.proc.wait()
+    log = run.log()
+    assert code == 1
+    assert [n for n in (1, 2, 3) if f"embedded Postgres restart {n} of 3 failed" in log] == [
+        1,
+        2,
+        3,
+    ]
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("inturn: error: the embedded Postgres could not be restarted (3 tries):")
+    assert "stopping: listeners first, then workers" in log

@@ -14,6 +14,7 @@ import getpass
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -182,6 +183,7 @@ def local_command(
     for sig in (signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.default_int_handler)
     embedded = None
+    gave_up: list[str] = []  # why the embedded Postgres could not be kept running
     lock = None
     if not dsn:
         try:
@@ -218,6 +220,9 @@ def local_command(
             stop, abandon = asyncio.Event(), asyncio.Event()
             shutdown.install(stop, abandon)
             served = None
+            watch = None
+            if embedded is not None:  # restarted if killed; else stop, and exit non-zero
+                watch = asyncio.create_task(embedded.keep_running(stop), name="embedded")
             if console_at is not None and console_auth_config is not None:
                 from inturn.worker.console.server import start_console
                 from inturn.worker.operations.payload_keys import open_codec
@@ -243,8 +248,15 @@ def local_command(
             finally:
                 if served is not None:
                     await served.stop()
+                if watch is not None:
+                    stop.set()
+                    problem = await watch
+                    if problem is not None:
+                        gave_up.append(problem)
 
         asyncio.run(main())
+        if gave_up:
+            log.error("stopping: %s", gave_up[0])
     except DatabaseInUse as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
@@ -258,6 +270,9 @@ def local_command(
                 log.warning("embedded Postgres still running (pid %d)", still)
         if lock is not None:
             lock.release()
+    if gave_up:  # a supervisor (or the user) starts it again whole
+        click.echo(f"inturn: error: {gave_up[0]}", err=True)
+        sys.exit(1)
 
 
 #: The key store database ``inturn local --encrypt`` makes in its Postgres.

@@ -6,6 +6,8 @@ backlog. pgserver ships its own Postgres binaries; nothing needs to be installed
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fcntl
 import json
 import logging
@@ -18,6 +20,13 @@ from typing import Any
 from inturn.worker.errors import Conflict
 
 log = logging.getLogger("inturn.local")
+
+#: Seconds between two looks at the embedded Postgres (a file read and a signal 0).
+WATCH_SECONDS = 1.0
+#: Restarts tried in a row when it stopped unasked, before ``inturn local`` gives up.
+RESTART_TRIES = 3
+#: Seconds before the second try (doubling before each later one).
+RESTART_PAUSE_SECONDS = 2.0
 
 
 @dataclass
@@ -41,6 +50,119 @@ class EmbeddedPostgres:
         """
         self._server.cleanup()
         return running_pid(self.data_dir)
+
+    def alive(self) -> bool:
+        """Whether its postmaster runs (``postmaster.pid`` names a live process)."""
+        return running_pid(self.data_dir) is not None
+
+    def restart(self) -> str:
+        """Start the server again on its data directory after it stopped unasked (killed,
+        crashed); blocking (run it in a thread). Returns the DSN it answers on (normally
+        :attr:`dsn`: the same socket folder).
+
+        Raises:
+            RuntimeError: it did not start (the first line of pgserver's reason), e.g. while
+                the killed server's backends still hold its shared memory; try again later.
+        """
+        server = self._server
+        chatty = logging.getLogger("pgserver")  # it logs the whole server log on a failure
+        level = chatty.level
+        chatty.setLevel(logging.CRITICAL)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with server._lock:  # pgserver's own inter-process lock around a start
+                    server.ensure_postgres_running()
+            return str(server.get_uri())
+        except Exception as exc:  # pgserver raises plain exceptions, CalledProcessError, ...
+            why = (
+                server_said(self.data_dir)
+                or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            )
+            raise RuntimeError(
+                f"embedded Postgres in {self.data_dir} did not start: {why}"
+            ) from None
+        finally:
+            chatty.setLevel(level)
+
+    async def keep_running(
+        self,
+        stop: asyncio.Event,
+        *,
+        every: float = WATCH_SECONDS,
+        tries: int = RESTART_TRIES,
+        pause: float = RESTART_PAUSE_SECONDS,
+    ) -> str | None:
+        """Watch the server until ``stop`` is set, restarting it when it stops unasked.
+
+        Looks every ``every`` seconds (``postmaster.pid`` and a signal 0: no connection). A
+        server found gone is started again, at most ``tries`` times in a row ``pause``, then
+        twice as long, seconds apart, each try logged; a later outage gets its tries afresh.
+        When every try failed, or the server came back on another address, ``stop`` is set and
+        the reason returned (the caller exits non-zero, so that a supervisor restarts it whole);
+        None when stopped by the caller.
+        """
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every)
+            if stop.is_set() or self.alive():
+                continue
+            log.error(
+                "embedded Postgres in %s is not running (killed or crashed): ingest answers AE"
+                " and the workers wait until it is back; restarting it",
+                self.data_dir,
+            )
+            problem = await self._restart(stop, tries, pause)
+            if problem is not None:
+                stop.set()
+                return problem
+        return None
+
+    async def _restart(self, stop: asyncio.Event, tries: int, pause: float) -> str | None:
+        """Up to ``tries`` restarts; None once one worked (or stopped meanwhile), else why not."""
+        last = ""
+        for attempt in range(1, tries + 1):
+            if stop.is_set():
+                return None
+            try:
+                dsn = await asyncio.to_thread(self.restart)
+            except RuntimeError as exc:
+                last = str(exc)
+                log.error("embedded Postgres restart %d of %d failed: %s", attempt, tries, last)
+                if attempt < tries:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), pause * 2 ** (attempt - 1))
+                continue
+            if dsn != self.dsn:
+                return (
+                    "the embedded Postgres came back on another address; stop and start"
+                    " inturn local again"
+                )
+            log.warning(
+                "embedded Postgres restarted (try %d of %d): ingest and the workers reconnect"
+                " on their own",
+                attempt,
+                tries,
+            )
+            return None
+        return f"the embedded Postgres could not be restarted ({tries} tries): {last}"
+
+
+def server_said(pgdata: Path) -> str | None:
+    """The server's last ``FATAL`` or ``PANIC`` line in its log (``<pgdata>/log``, pgserver's
+    ``pg_ctl -l``), without its time stamp: why it did not start; None when there is none."""
+    try:
+        with (pgdata / "log").open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            tail = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(tail):
+        for level in ("FATAL:", "PANIC:"):
+            if level in line:
+                return level + line.split(level, 1)[1].rstrip()
+    return None
 
 
 def running_pid(pgdata: Path) -> int | None:

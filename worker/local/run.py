@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+import psycopg
+import psycopg.errors
 from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
@@ -220,7 +222,11 @@ class LocalRunner:
         if self._invalid:
             self._invalid = False
             log.info("manifests valid again: applying them")
-        await self.apply(desired)
+        try:
+            await self.apply(desired)
+        except psycopg.OperationalError:  # the database is away: apply them at the next look
+            self._seen = ()
+            raise
 
     async def start(self, *, launch: bool = True) -> None:
         """Load the manifests (failing on an invalid one), register their destinations and start
@@ -351,8 +357,9 @@ async def run_local(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), POLL_SECONDS)
                 if not stop.is_set():
-                    held = await _keep_local(owner, holder, held, stop)
-                    await runner.poll()
+                    owner, held = await _keep_local(dsn, owner, holder, held, stop)
+                    with contextlib.suppress(*DATABASE_AWAY):  # logged by _keep_local
+                        await runner.poll()
             log.info("stopping: listeners first, then workers")
         finally:
             if sweeper is not None:
@@ -370,14 +377,36 @@ async def run_local(
             await owner.close()
 
 
+#: What a lost or unreachable database raises here (the embedded Postgres restarting, a
+#: failover): the run waits for it rather than ending.
+DATABASE_AWAY = (psycopg.OperationalError, psycopg.errors.AdminShutdown)
+
+
 async def _keep_local(
-    owner: AsyncConnection[Any], holder: str, held: locks.Singleton | None, stop: asyncio.Event
-) -> locks.Singleton | None:
-    """Renew the database's ``inturn local`` lease; stop the run if another took it over (this
-    one stalled past its lifetime)."""
-    renewed = await locks.take_singleton(owner, "local", holder, LOCAL_LEASE_SECONDS)
+    dsn: str,
+    owner: AsyncConnection[Any],
+    holder: str,
+    held: locks.Singleton | None,
+    stop: asyncio.Event,
+) -> tuple[AsyncConnection[Any], locks.Singleton | None]:
+    """Renew the database's ``inturn local`` lease (on a new connection when the last one was
+    lost: the database restarted); stop the run if another took it over (this one stalled past
+    its lifetime). A database that cannot be reached is logged and looked at again next time:
+    ingest and the workers wait for it on their own."""
+    try:
+        if owner.closed or owner.broken:
+            owner = await connect_worker(dsn, application_name="inturn-local")
+        renewed = await locks.take_singleton(owner, "local", holder, LOCAL_LEASE_SECONDS)
+    except DATABASE_AWAY as exc:
+        if not (owner.closed or owner.broken):
+            with contextlib.suppress(Exception):
+                await owner.close()
+        log.warning(
+            "the database is away (%s); looking again in %gs", type(exc).__name__, POLL_SECONDS
+        )
+        return owner, held
     if renewed is None:
         log.error("another inturn local took this database over; stopping")
         stop.set()
-        return held
-    return renewed
+        return owner, held
+    return owner, renewed

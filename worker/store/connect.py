@@ -354,6 +354,28 @@ def local_dsn(data_dir: Path = LOCAL_DATA_DIR) -> str | None:
     )
 
 
+def local_runner_pid(data_dir: Path = LOCAL_DATA_DIR) -> int | None:
+    """The pid of the ``inturn local`` running on ``data_dir`` (it holds the ``flock`` of
+    ``<data_dir>/inturn-local.lock``, :class:`inturn.worker.local.embedded.DataDirLock`), or
+    None when none does. Takes and drops the lock to find out; never creates the file."""
+    import fcntl
+
+    try:
+        fd = os.open(data_dir / "inturn-local.lock", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def normalize_dsn(dsn: str) -> str:
     """Check ``dsn`` and make relative socket folders absolute (``?host=.inturn/pg`` works).
 
@@ -401,7 +423,17 @@ def resolve_dsn(dsn: str | None) -> str:
     if not value:
         hint = ""
         if discover and (LOCAL_DATA_DIR / "pg").is_dir():
-            hint = " (./.inturn holds an embedded Postgres that is not running: start inturn local)"
+            runner = local_runner_pid()
+            if runner is None:
+                hint = (
+                    " (./.inturn holds an embedded Postgres that is not running:"
+                    " start inturn local)"
+                )
+            else:
+                hint = (
+                    f" (inturn local, pid {runner}, runs on ./.inturn but its embedded Postgres"
+                    " is down: it restarts it, or exits if it cannot; see its log)"
+                )
         raise DsnMissing(f"no database: pass --dsn or set INTURN_DSN{hint}")
     normalized = normalize_dsn(value)
     _last_role[:] = [dsn_role(normalized)]
