@@ -23,11 +23,10 @@ from inturn.worker.cli.options import (
     payload_keys_options,
     why_for,
 )
-from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import ReasonRequired
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.operations import privacy
-from inturn.worker.operations.actor import Trusted, permit
+from inturn.worker.operations.actor import Trusted
 from inturn.worker.store.connect import Pools
 
 patient_id_option = click.option(
@@ -121,47 +120,32 @@ def erase_command(
         raise click.UsageError("--authority and --scan go with --patient-id")
     patient_key_for(patient_id, authority)  # a blank --authority is a usage error
     actor = Trusted(who or "")
-    if not dry_run:
-        try:
-            permit(actor, "erase", why)  # before a scan, not after it
-        except ReasonRequired as exc:
-            raise click.UsageError(f"{exc} (--why)") from None
 
-    destroyed: int | None = None
-
-    async def find_and_erase(
-        pools: Pools, codec: PayloadCodec
-    ) -> tuple[list[privacy.Match], tuple[int, ...]]:
-        nonlocal destroyed
-        async with pools.read.connection() as conn:
-            matched = await privacy.find_for_erasure(
-                conn,
+    def go(pools: Pools) -> Awaitable[privacy.Erasure]:
+        return with_payloads(
+            payload_keys,
+            key_dsn,
+            lambda codec: privacy.erase_data_subject(
+                pools,
+                actor,
+                why,
                 item_ids=item_ids,
                 patient_id=patient_id,
                 authority=authority,
                 scan=scan,
                 progress=lambda text: click.echo(text, err=True),
                 payloads=codec,
-            )
-        if dry_run:
-            return matched, ()
-        ids: tuple[int, ...] = ()
-        if matched:
-            async with pools.write.connection() as conn:
-                ids = (await privacy.erase(conn, actor, [m.id for m in matched], why)).ids
-        if patient_id:  # even with no row left: copies elsewhere are read with the keys
-            destroyed = await privacy.erase_patient_keys(
-                actor, patient_id, authority, why, codec, erased=len(ids)
-            )
-        return matched, ids
-
-    def go(pools: Pools) -> Awaitable[tuple[list[privacy.Match], tuple[int, ...]]]:
-        return with_payloads(payload_keys, key_dsn, lambda codec: find_and_erase(pools, codec))
+                dry_run=dry_run,
+            ),
+        )
 
     try:
-        matched, erased = run_db(dsn, go)
+        done = run_db(dsn, go)
+    except ReasonRequired as exc:
+        raise click.UsageError(f"{exc} (--why)") from None
     except privacy.KeysNotDestroyed as exc:
         raise click.ClickException(str(exc)) from None
+    matched, erased, destroyed = list(done.matched), done.erased, done.keys_destroyed
     if as_json:
         echo_json(
             {

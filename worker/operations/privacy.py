@@ -19,6 +19,7 @@ from inturn.worker.hl7.pid import has_patient_id, lookup_key
 from inturn.worker.operations.actor import Actor, permit
 from inturn.worker.operations.queue import Changed
 from inturn.worker.store import actions, identifiers, reads
+from inturn.worker.store.connect import Pools
 from inturn.worker.store.model import Item
 
 
@@ -87,6 +88,19 @@ async def erase_patient_keys(
             and that running the erasure again finishes it.
     """
     reason = permit(actor, "erase", why)
+    return await _destroy_keys(actor, patient_id, authority, reason, payloads, erased=erased)
+
+
+async def _destroy_keys(
+    actor: Actor,
+    patient_id: str,
+    authority: str | None,
+    reason: str | None,
+    payloads: PayloadCodec | None,
+    *,
+    erased: int,
+) -> int | None:
+    """:func:`erase_patient_keys` once ``permit`` has said yes (``reason`` is its answer)."""
     if payloads is None or not payloads.enabled:
         return None
     try:
@@ -281,3 +295,70 @@ async def search_patient(
     key = patient_lookup_key(patient_id, authority, payloads)
     items, total = await reads.search_patient(conn, key, who=actor.name, why=reason, limit=limit)
     return PatientSearch(items, total, await identifiers.unindexed_count(conn))
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """What a data-subject erasure found and did.
+
+    Attributes:
+        matched: the items it found (all of them, also in a dry run).
+        erased: the ids it erased (empty in a dry run).
+        keys_destroyed: the patient's keys destroyed in the key store; None when it did not
+            try (a dry run, an erasure by ids, or no payload keys).
+        dry_run: nothing was changed.
+    """
+
+    matched: tuple[Match, ...]
+    erased: tuple[int, ...]
+    keys_destroyed: int | None
+    dry_run: bool
+
+
+async def erase_data_subject(
+    pools: Pools,
+    actor: Actor,
+    why: str | None,
+    *,
+    item_ids: Sequence[int] = (),
+    patient_id: str | None = None,
+    authority: str | None = None,
+    scan: bool = False,
+    progress: Callable[[str], None] | None = None,
+    payloads: PayloadCodec | None = None,
+    dry_run: bool = False,
+) -> Erasure:
+    """The erasure action whole, as ``inturn queue erase`` takes it: its rule checked once,
+    before anything is read (a scan is slow: refuse first), not at all for a dry run; the
+    matches found on the read pool (:func:`find_for_erasure`), erased on the write pool in one
+    audited statement, then, for an erasure by patient, that patient's keys destroyed
+    (even with no row left: copies elsewhere are read with the keys).
+
+    Raises:
+        Forbidden, ReasonRequired, Invalid: the rule of ``erase`` refuses; nothing was read.
+        KeysNotDestroyed: the rows were erased and the key store failed (run it again).
+    """
+    reason = None if dry_run else permit(actor, "erase", why)
+    async with pools.read.connection() as conn:
+        matched = await find_for_erasure(
+            conn,
+            item_ids=item_ids,
+            patient_id=patient_id,
+            authority=authority,
+            scan=scan,
+            progress=progress,
+            payloads=payloads,
+        )
+    if dry_run:
+        return Erasure(tuple(matched), (), None, True)
+    ids: tuple[int, ...] = ()
+    if matched:
+        async with pools.write.connection() as conn:
+            erased = await actions.erase(conn, [m.id for m in matched], who=actor.name, why=reason)
+            ids = tuple(erased)
+    destroyed = None
+    if patient_id:
+        destroyed = await _destroy_keys(
+            actor, patient_id, authority, reason, payloads, erased=len(ids)
+        )
+    return Erasure(tuple(matched), ids, destroyed, False)
