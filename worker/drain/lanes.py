@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol
 from inturn.worker.hl7.pid import CAPPED_KEY
 
 #: Why the oldest waiting message waits (see :class:`Hold`).
-HoldReason = Literal["backoff", "key", "binding", "barrier", "lanes", "window"]
+HoldReason = Literal["backoff", "key", "binding", "barrier", "lanes"]
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,8 @@ class Hold:
         reason: ``backoff`` (its own last attempt failed; it is not due yet), ``key`` (an earlier
             message of its patient is pending or in flight), ``binding`` (the message it waits
             for, or itself, names several patients: a merge, a link, a swap), ``barrier`` (it,
-            or the message it waits for, has no key), ``lanes`` (it could go, but every lane is
-            busy) or ``window`` (reserved for the caller: beyond the window).
+            or the message it waits for, has no key) or ``lanes`` (it could go, but every lane
+            is busy).
         behind: the id of the earliest message it waits for (``key``, ``binding``, ``barrier``),
             else None.
     """
@@ -265,7 +265,6 @@ def describe_hold(why: Hold, view: LaneView | None = None) -> str:
         "binding": f"behind {behind}: a message naming several patients binds them",
         "barrier": f"behind {behind}: a message without patient keys is a barrier",
         "lanes": "every lane is busy",
-        "window": "past the window",
     }[why.reason]
 
 
