@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker.console.server import ConsoleServer
@@ -374,3 +375,37 @@ async def test_resend_failed_copies_in_order_and_the_failed_count_drops(
     # nothing is left to resend: a conflict that says so
     status, body = await clients["operator"].post(path, {})
     assert status == 409 and "no failed item left to resend" in body["error"]["message"]
+
+
+async def test_a_live_view_closed_by_its_browser_is_logged_at_info_without_a_traceback(
+    console: ConsoleServer, fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 28, item 7: a browser closing the overview's event stream is ordinary; the
+    console logs it at INFO at most, never ERROR with a traceback."""
+    import logging
+    import socket
+
+    from tests.support.console import TOKENS
+
+    caplog.set_level(logging.DEBUG)
+    await register(fresh_db, DEST)
+    reader, writer = await asyncio.open_connection("127.0.0.1", console.port)
+    writer.write(
+        f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{console.port}\r\n"
+        f"Authorization: Bearer {TOKENS['viewer'][1]}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    await writer.drain()
+    async with asyncio.timeout(10):
+        seen = b""
+        while b"event: overview" not in seen:
+            seen += await reader.read(65536)
+    # the browser goes away abruptly (RST, as a closed tab often does)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    writer.transport.abort()
+    for n in range(3):  # new snapshots: the stream would have more to send
+        await enqueue(fresh_db, DEST, [n])
+        await asyncio.sleep(0.8)
+    loud = [r for r in caplog.records if r.levelno > logging.INFO]
+    assert [(r.name, r.getMessage()) for r in loud] == []
+    assert not any(r.exc_info for r in caplog.records)

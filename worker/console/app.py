@@ -38,6 +38,10 @@ from inturn.worker.text.display import printable
 
 log = logging.getLogger("inturn.console")
 
+#: The status recorded (in the access log) for an answer whose client went away first: the
+#: "client closed request" of nginx; nothing is sent.
+CLIENT_GONE = 499
+
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -119,6 +123,11 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
         if "Allow" in exc.headers:  # a 405 names the methods that are allowed (RFC 9110)
             response.headers["Allow"] = exc.headers["Allow"]
         return response
+    except ConnectionError:
+        # The client went away mid-answer (a closed tab ends its live view's event stream):
+        # ordinary, and nobody is left to answer. aiohttp writes the answer below to nothing.
+        log.info("console: %s %s: the client went away", request.method, printable(request.path))
+        return web.Response(status=CLIENT_GONE)
     except Exception:
         # The traceback goes to the log (no request body is ever in it); the client gets a code.
         log.exception("console: %s %s failed", request.method, printable(request.path))
