@@ -93,6 +93,19 @@ def worker_config(port: int, lanes: int = 1) -> WorkerConfig:
     )
 
 
+def start_worker(
+    port: int, dsn: str, payloads: PayloadCodec | None, lanes: int = 1
+) -> tuple[asyncio.Event, asyncio.Task[None]]:
+    """A worker draining DEST into the receiver on ``port``: its stop event and its task."""
+    cfg = worker_config(port, lanes)
+    assert isinstance(cfg.sender, MllpSenderConfig)
+    stop = asyncio.Event()
+    worker = DestinationWorker(
+        cfg, dsn, MllpSender(cfg.sender), PrometheusObserver(), payloads=payloads
+    )
+    return stop, asyncio.create_task(worker.run(stop))
+
+
 @pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
 async def test_the_worker_opens_right_before_the_send_and_delivers_the_message_unchanged(
     fresh_db: str, keys_dir: Path, key_dsn: str, lanes: int
@@ -105,13 +118,7 @@ async def test_the_worker_opens_right_before_the_send_and_delivers_the_message_u
     assert all(envelope.is_envelope(p) and NAME not in p for _, _, p, _ in stored)
     reader = await keys.codec(keys_dir, key_dsn)  # the worker's own process: a cold cache
     async with MllpReceiver() as rx:
-        cfg = worker_config(rx.port, lanes)
-        assert isinstance(cfg.sender, MllpSenderConfig)
-        stop = asyncio.Event()
-        worker = DestinationWorker(
-            cfg, fresh_db, MllpSender(cfg.sender), PrometheusObserver(), payloads=reader
-        )
-        task = asyncio.create_task(worker.run(stop))
+        stop, task = start_worker(rx.port, fresh_db, reader, lanes)
         await rx.wait_for(6)
         async with asyncio.timeout(10):
             while any(s != "delivered" for _, s, _, _ in await rows(fresh_db)):
@@ -396,17 +403,7 @@ async def test_encrypt_existing_under_load_loses_nothing_and_keeps_order(
     )
     async with MllpReceiver() as rx, Ingest(config, dsn=fresh_db) as running:
         assert running.payloads is not None and running.payloads.dual_index  # rows in clear
-        cfg = worker_config(rx.port)
-        assert isinstance(cfg.sender, MllpSenderConfig)
-        stop = asyncio.Event()
-        worker = DestinationWorker(
-            cfg,
-            fresh_db,
-            MllpSender(cfg.sender),
-            PrometheusObserver(),
-            payloads=await keys.codec(keys_dir, key_dsn),
-        )
-        drained = asyncio.create_task(worker.run(stop))
+        stop, drained = start_worker(rx.port, fresh_db, await keys.codec(keys_dir, key_dsn))
 
         async def send() -> None:
             client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
@@ -457,13 +454,7 @@ async def test_with_keys_a_receivers_error_text_that_quotes_the_message_is_not_s
     [only] = await sealed_queue(fresh_db, codec, [adt(1, "MRN-AE")])
     async with MllpReceiver(ack_code="AE") as rx:
         rx.ack_text = "bad name ZYZZYVA in PID-5"
-        cfg = worker_config(rx.port)
-        assert isinstance(cfg.sender, MllpSenderConfig)
-        stop = asyncio.Event()
-        worker = DestinationWorker(
-            cfg, fresh_db, MllpSender(cfg.sender), PrometheusObserver(), payloads=codec
-        )
-        task = asyncio.create_task(worker.run(stop))
+        stop, task = start_worker(rx.port, fresh_db, codec)
         await rx.wait_for(1)
         async with asyncio.timeout(10):
             while True:

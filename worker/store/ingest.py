@@ -8,6 +8,7 @@ parameters and result rows stay here. The routing table's rows are dicts read by
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any, LiteralString
@@ -134,25 +135,18 @@ async def store_batch(
     """
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise RuntimeError("store_batch needs an autocommit connection outside a transaction")
-    if payloads is not None and payloads.enabled:
-        async with conn.transaction():
-            return await store_statement(
-                conn,
-                channel=channel,
-                destinations=destinations,
-                messages=messages,
-                window_seconds=window_seconds,
-                delivered_seconds=delivered_seconds,
-                payloads=payloads,
-            )
-    return await store_statement(
-        conn,
-        channel=channel,
-        destinations=destinations,
-        messages=messages,
-        window_seconds=window_seconds,
-        delivered_seconds=delivered_seconds,
-    )
+    sealing = payloads is not None and payloads.enabled
+    # sealed: two statements, so one transaction of them; in clear: one autocommit statement
+    async with conn.transaction() if sealing else contextlib.nullcontext():
+        return await store_statement(
+            conn,
+            channel=channel,
+            destinations=destinations,
+            messages=messages,
+            window_seconds=window_seconds,
+            delivered_seconds=delivered_seconds,
+            payloads=payloads,
+        )
 
 
 async def store_statement(
