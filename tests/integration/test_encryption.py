@@ -196,6 +196,13 @@ async def test_erasure_defeats_a_restored_older_dump_read_with_the_live_key_stor
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         found = await privacy.find_for_erasure(conn, patient_id="ERASE-ME", payloads=codec)
         assert [m.id for m in found] == [ids[0], ids[2]]
+        # the payload scan (no index) opens every payload through the codec, and finds the same
+        scanned = await privacy.find_for_erasure(
+            conn, patient_id="ERASE-ME", scan=True, payloads=codec
+        )
+        assert scanned == found
+        with pytest.raises(PayloadKeysMissing):
+            await privacy.find_for_erasure(conn, patient_id="ERASE-ME", scan=True)
         done = await privacy.erase(conn, actor, [m.id for m in found], "request 7")
         destroyed = await privacy.erase_patient_keys(
             actor, "ERASE-ME", None, "request 7", codec, erased=len(done.ids)
