@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from inturn.worker.cli.options import os_user
 from inturn.worker.store.queue import notify_channel
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
@@ -125,12 +126,14 @@ def test_skip_drain_retry_resend_and_remove(fresh_db: str) -> None:
     assert resent.returncode == 0, resent.stderr
     removed = run("queue", "remove", str(a), str(b), dsn=fresh_db)
     assert removed.returncode == 0 and "removed 2" in removed.stdout
+    # Without --who, the audit names the operating-system user, as an audit trail should.
+    me = os_user()
     assert [(w, act) for w, act, _ in audit(fresh_db)] == [
         ("alice", "skip"),
-        ("cli", "retry-now"),
+        (me, "retry-now"),
         ("bob", "drain"),
         ("carol", "resend"),
-        ("cli", "remove"),
+        (me, "remove"),
     ]
     with psycopg.connect(fresh_db) as conn:
         states = conn.execute("SELECT id, state FROM inturn_delivery ORDER BY id").fetchall()
