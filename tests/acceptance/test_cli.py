@@ -122,7 +122,13 @@ def test_skip_drain_retry_resend_and_remove(fresh_db: str) -> None:
     assert (
         run("queue", "drain", DEST, "--who", "bob", "--why", "stale", dsn=fresh_db).returncode == 0
     )
-    resent = run("queue", "resend", str(a), "--who", "carol", dsn=fresh_db)
+    refused = run("queue", "resend", str(a), "--who", "carol", dsn=fresh_db)
+    assert (refused.returncode, refused.stderr.strip()) == (
+        2,
+        f"inturn: error: item {a} was skipped: only failed items are resent without"
+        " --include-delivered",
+    )
+    resent = run("queue", "resend", str(a), "--who", "carol", "--include-delivered", dsn=fresh_db)
     assert resent.returncode == 0, resent.stderr
     removed = run("queue", "remove", str(a), str(b), dsn=fresh_db)
     assert removed.returncode == 0 and "removed 2" in removed.stdout

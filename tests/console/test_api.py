@@ -173,7 +173,13 @@ async def test_roles_and_who_is_the_authenticated_identity(
     assert (status, body["error"]["code"]) == (409, "conflict")
     status, body = await clients["operator"].post(f"/api/v1/items/{a}/erase", {"why": "x"})
     assert (status, body["error"]["code"]) == (403, "forbidden")
+    # a skipped item is copied only when asked for, as the command line's --include-delivered
     status, body = await clients["operator"].post(f"/api/v1/items/{a}/resend", {})
+    assert (status, body["error"]["code"]) == (409, "conflict")
+    assert "only failed items are resent" in body["error"]["message"]
+    status, body = await clients["operator"].post(
+        f"/api/v1/items/{a}/resend", {"includeDelivered": True}
+    )
     assert status == 200 and body["changed"][0] == a
     _, audit = await clients["viewer"].get(f"/api/v1/audit?itemId={a}")
     assert [(e["who"], e["action"]) for e in audit["entries"]] == [

@@ -167,7 +167,9 @@ async def test_an_items_page_tells_its_whole_life(
     lab1 = ids["lab1"]
     operator = clients["operator"]
     assert (await operator.post(f"/api/v1/items/{lab1}/skip", {"why": "lab down"}))[0] == 200
-    status, resent = await operator.post(f"/api/v1/items/{lab1}/resend", {"why": "lab back"})
+    status, resent = await operator.post(
+        f"/api/v1/items/{lab1}/resend", {"why": "lab back", "includeDelivered": True}
+    )
     assert status == 200
     copy = resent["changed"][1]
     [work] = await place_work(fresh_db, [("delivery-failed", "delivery", str(lab1), "gave-up")])

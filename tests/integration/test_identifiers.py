@@ -72,7 +72,7 @@ async def test_queue_enqueue_and_resend_write_the_keys(conn: AsyncConnection[Any
     await queue.succeeded(
         conn, first, 1, lease=await leases.acquire(conn, "hospital/lab", "test", 600)
     )
-    copy = await actions.resend(conn, first, who="t")
+    copy = await actions.resend(conn, first, who="t", include_delivered=True)
     found = await identifiers.find_patient(conn, "P-MRG1", "HOSP")
     assert [i.id for i in found] == [first, copy]
     assert await identifiers.unindexed_count(conn) == 0

@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.errors import Conflict
+from inturn.worker.errors import Conflict, Invalid
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.store import lease as leases
@@ -254,3 +255,104 @@ async def test_a_bulk_resend_over_two_destinations_is_one_set_in_the_original_or
     )
     [(audited, destination)] = await cur.fetchall()
     assert sorted(audited) == sorted([*ids, *copies]) and destination is None
+
+
+INTERLEAVED = """
+import asyncio, json, sys
+from psycopg import AsyncConnection
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+
+async def main(dsn):
+    # ids interleave across three destinations: lab fails, ris and pacs got theirs
+    plan = [("ward/lab", "failed"), ("ward/ris", "delivered"), ("ward/pacs", "delivered"),
+            ("ward/lab", "failed"), ("ward/lab", "delivered"), ("ward/lab", "failed")]
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        ids = []
+        for n, (dest, state) in enumerate(plan):
+            payload = b"MSH|^~\\\\&|A|B|C|D|1||ADT^A01|C%d|P|2.5\\r" % n
+            [i] = await queue.enqueue(conn, [NewItem(dest, "adt", f"C{n}", "ADT^A01", payload)])
+            await conn.execute(
+                "UPDATE inturn_delivery SET state = %s, finished_at = now() WHERE id = %s",
+                (state, i),
+            )
+            ids.append(i)
+    print(json.dumps(ids))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_range_resends_only_its_destinations_failed_items(fresh_db: str) -> None:
+    """The clinical risk of issue 28's trial: `resend 25 19-22` where 19, 22 and 25 are one
+    destination's failures, and 20, 21 delivered items of two other destinations, copies 19,
+    22 and 25 only; the range's other rows are left out, counted by kind, and unchanged."""
+
+    def inturn(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [INTURN, *args, "--dsn", fresh_db], capture_output=True, text=True, timeout=60
+        )
+
+    seeded = subprocess.run(
+        [sys.executable, "-c", INTERLEAVED, fresh_db], capture_output=True, text=True, timeout=60
+    )
+    assert seeded.returncode == 0, seeded.stderr
+    lab1, ris, _pacs, lab2, lab_done, lab3 = json.loads(seeded.stdout)
+    done = inturn("queue", "resend", str(lab3), f"{lab1}-{lab_done}", "--who", "alice", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert [c["original"] for c in result["copies"]] == [lab1, lab2, lab3]
+    assert result["refused"] == []
+    assert result["leftOut"] == [
+        {"kind": "delivered", "count": 1},
+        {"kind": "of other destinations", "count": 2},
+    ]
+    with psycopg.connect(fresh_db) as conn:
+        rows = conn.execute(
+            "SELECT destination, count(*), count(resent_as) FROM inturn_delivery"
+            " GROUP BY destination ORDER BY destination"
+        ).fetchall()
+    # nothing queued for the other destinations, and their rows were not marked
+    assert rows == [("ward/lab", 7, 3), ("ward/pacs", 1, 0), ("ward/ris", 1, 0)]
+    # the text form says what it left out, one line per kind; nothing left to copy -> exit 1
+    again = inturn("queue", "resend", f"{lab1}-{lab3}", "--who", "alice")
+    assert again.returncode == 1
+    assert again.stdout == ""
+    assert again.stderr.splitlines() == [
+        "left out: 3 items already resent",
+        "left out: 1 delivered item (--include-delivered resends them)",
+        "left out: 2 items of other destinations",
+        "nothing resent",
+    ]
+    # named alone, a delivered item is refused unless asked for
+    alone = inturn("queue", "resend", str(ris), str(lab_done), "--who", "alice")
+    assert alone.returncode == 1
+    assert alone.stderr.splitlines() == [
+        f"not resent: {ris}: delivered (only failed items are resent without --include-delivered)",
+        f"not resent: {lab_done}: delivered (only failed items are resent without"
+        " --include-delivered)",
+    ]
+    asked = inturn(
+        "queue", "resend", f"{lab1}-{lab3}", "--include-delivered", "--who", "alice", "--json"
+    )
+    assert asked.returncode == 0, asked.stderr
+    assert [c["original"] for c in json.loads(asked.stdout)["copies"]] == [lab_done]
+    with psycopg.connect(fresh_db) as conn:
+        [(others,)] = conn.execute(
+            "SELECT count(*) FROM inturn_delivery WHERE destination <> 'ward/lab'"
+        ).fetchall()
+    assert others == 2  # still only ris's and pacs's originals
+
+
+async def test_a_range_whose_ends_name_two_destinations_is_refused(
+    conn: AsyncConnection[Any],
+) -> None:
+    [a] = await failed(conn, "A")
+    [b] = await queue.enqueue(conn, [NewItem("ward/other", "adt", "B", "ADT^A01", b"MSH|x")])
+    await conn.execute(
+        "UPDATE inturn_delivery SET state = 'failed', finished_at = now() WHERE id = %s", (b,)
+    )
+    with pytest.raises(Invalid, match=rf"the range {a}-{b} starts and ends in different"):
+        await actions.resend_many(conn, Trusted("ops"), [], ranges=[(a, b)])
+    cur = await conn.execute("SELECT count(*) FROM inturn_delivery")
+    assert await cur.fetchone() == (2,)

@@ -83,6 +83,24 @@ def item_rows(items: list[Item]) -> list[list[str]]:
     ]
 
 
+def parse_id_ranges(values: tuple[str, ...]) -> tuple[list[int], list[tuple[int, int]]]:
+    """Item ids and ranges from ``ID`` and ``FIRST-LAST`` arguments, apart: ``(ids,
+    [(first, last)])`` (a range includes both ends; ``7-7`` is the id 7).
+
+    Raises:
+        click.BadParameter: not a number or a range, or a range backwards or too long.
+    """
+    ids: list[int] = []
+    ranges: list[tuple[int, int]] = []
+    for value in values:
+        [low, high] = [min(r := parse_ids((value,))), max(r)]
+        if low == high:
+            ids.append(low)
+        else:
+            ranges.append((low, high))
+    return ids, ranges
+
+
 def parse_ids(values: tuple[str, ...]) -> list[int]:
     """Item ids from ``ID`` and ``FIRST-LAST`` arguments (a range includes both ends).
 

@@ -24,7 +24,7 @@ from inturn.worker.cli.formats import (
     format_depth,
     ids_text,
     item_rows,
-    parse_ids,
+    parse_id_ranges,
     patient_key_for,
 )
 from inturn.worker.cli.options import (
@@ -303,6 +303,12 @@ def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: st
     metavar="PATTERN",
     help="With --destination: only failed items whose MSH-9 matches (* and ? wildcards).",
 )
+@click.option(
+    "--include-delivered",
+    is_flag=True,
+    help="Also resend delivered and skipped items among the ids and ranges (their receivers"
+    " get them again). Without it only failed items are resent.",
+)
 @who_option
 @why_option
 @json_option
@@ -312,26 +318,34 @@ def resend_command(
     items: tuple[str, ...],
     destination: str | None,
     message_type: str | None,
+    include_delivered: bool,
     who: str,
     why: str | None,
     as_json: bool,
     payload_keys: str | None,
     key_dsn: str | None,
 ) -> None:
-    """Queue copies of finished items at the tail of their queues, in their original order.
+    """Queue copies of failed items at the tail of their queues, in their original order.
 
     Give item ids and ranges ('inturn queue resend 120 125-130'), or --destination for
     every failed item of a destination that still needs a person. One transaction, audited
-    once; the originals keep their history and are shown as resent. Items pending or already
-    resent are listed and skipped.
+    once; the originals keep their history and are shown as resent.
+
+    Only failed items are resent unless --include-delivered is given. An id given alone
+    that is not resent is listed with the reason (exit 1). A range covers the items of the
+    destination of its ends only (ids interleave across destinations): its other items
+    (other destinations, delivered, pending, already resent) are left out, one line per
+    kind with its count, and nothing changes for them.
 
     A copy goes out after everything queued since its original: it can reach the receiver
-    after later messages about the same patient. A delivered item is sent again.
+    after later messages about the same patient.
     """
     if bool(items) == bool(destination):
         raise click.UsageError("give item ids or ranges, or --destination (not both)")
     if message_type and not destination:
         raise click.UsageError("--message-type goes with --destination")
+    if include_delivered and destination:
+        raise click.UsageError("--include-delivered goes with ids and ranges")
 
     def keyed(call: Callable[[PayloadCodec], Awaitable[T]]) -> Awaitable[T]:
         return with_payloads(payload_keys, key_dsn, call)
@@ -346,26 +360,44 @@ def resend_command(
             ),
         )
     else:
-        ids = parse_ids(items)
-        if len(ids) == 1:  # one item: its refusal is the command's error
+        ids, ranges = parse_id_ranges(items)
+        if len(ids) == 1 and not ranges:  # one item: its refusal is the command's error
             one = act(
                 dsn,
-                lambda conn: keyed(lambda c: actions.resend(conn, Trusted(who), ids[0], why, c)),
+                lambda conn: keyed(
+                    lambda c: actions.resend(
+                        conn, Trusted(who), ids[0], why, c, include_delivered=include_delivered
+                    )
+                ),
             )
             done = actions.ResentMany(((one.original, one.copy),), ())
         else:
             done = act(
                 dsn,
-                lambda conn: keyed(lambda c: actions.resend_many(conn, Trusted(who), ids, why, c)),
+                lambda conn: keyed(
+                    lambda c: actions.resend_many(
+                        conn,
+                        Trusted(who),
+                        ids,
+                        why,
+                        c,
+                        ranges=ranges,
+                        include_delivered=include_delivered,
+                    )
+                ),
             )
     if as_json:
         click.echo(json.dumps(done.to_json(), indent=2))
     else:
         for original, copy in done.copies:
             click.echo(f"queued copy of {original} as {copy}")
+        for line in done.left_out_lines():
+            click.echo(line, err=True)
         for item_id, reason in done.refused:
             click.echo(f"not resent: {item_id}: {reason}", err=True)
-    if done.refused:
+        if not done.copies and not done.refused:
+            click.echo("nothing resent", err=True)
+    if done.refused or not done.copies:
         sys.exit(1)
 
 

@@ -75,11 +75,11 @@ def destination(request: web.Request) -> str:
     return f"{namespace}/{name}"
 
 
-async def body(request: web.Request, schema: str = "ActionBody") -> dict[str, str]:
+async def body(request: web.Request, schema: str = "ActionBody") -> dict[str, Any]:
     """The JSON body of a state change (may be absent), checked against the document's
-    ``schema`` (``ActionBody``: ``why`` and ``confirm``; ``ClearBody``: ``note``), strings,
-    nothing else (``who`` in particular is never taken from a body: it is the authenticated
-    identity).
+    ``schema`` (``ActionBody``: ``why`` and ``confirm`` strings, ``includeDelivered`` a
+    boolean; ``ClearBody``: ``note``), nothing else (``who`` in particular is never taken from
+    a body: it is the authenticated identity).
 
     Raises:
         ConsoleError: 400 ``invalid_request`` naming what is wrong.
@@ -94,7 +94,7 @@ async def body(request: web.Request, schema: str = "ActionBody") -> dict[str, st
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "body"
         raise ConsoleError(400, "invalid_request", f"{where}: {error.message}"[:200])
-    if any("\x00" in value for value in doc.values()):
+    if any(isinstance(value, str) and "\x00" in value for value in doc.values()):
         raise ConsoleError(400, "invalid_request", "a value holds a NUL character")
     return dict(doc)
 
@@ -166,6 +166,7 @@ async def item_action(request: web.Request) -> web.Response:
         item_id(request),
         request.match_info["action"],
         doc.get("why"),
+        include_delivered=doc.get("includeDelivered") is True,
     )
     return web.json_response(result)
 

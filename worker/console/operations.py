@@ -280,9 +280,19 @@ async def search_patient(
 
 
 async def item_action(
-    console: Console, identity: Identity, item_id: int, action: str, why: str | None
+    console: Console,
+    identity: Identity,
+    item_id: int,
+    action: str,
+    why: str | None,
+    *,
+    include_delivered: bool = False,
 ) -> dict[str, Any]:
     """Retry, skip, remove, resend or erase one item, as ``identity``; audited by the store.
+
+    A resend copies a failed item; a delivered or skipped one only with ``include_delivered``
+    (the item page's explicit button; the API's ``includeDelivered: true``), as the command
+    line's ``--include-delivered``: one rule, in :func:`inturn.worker.operations.queue.resend`.
 
     Returns ``{"action", "itemId", "changed": [ids]}`` (resend: ``[original, copy]``).
 
@@ -304,7 +314,14 @@ async def item_action(
             elif action == "erase":
                 changed = (await privacy.erase_item(conn, identity, item_id, why)).ids
             else:
-                resent = await actions.resend(conn, identity, item_id, why, console.payloads)
+                resent = await actions.resend(
+                    conn,
+                    identity,
+                    item_id,
+                    why,
+                    console.payloads,
+                    include_delivered=include_delivered,
+                )
                 changed = (resent.original, resent.copy)
     except InturnError as exc:
         raise ConsoleError.of(exc) from None

@@ -238,7 +238,12 @@ async def item_post(request: web.Request) -> web.StreamResponse:
     number = item_id(request)
     detail = await ops.item_detail(console(request), identity(request), number)
     result = await ops.item_action(
-        console(request), identity(request), number, action, _text(form.get("why"))
+        console(request),
+        identity(request),
+        number,
+        action,
+        _text(form.get("why")),
+        include_delivered=form.get("include_delivered") == "1",
     )
     if action in ("remove", "erase"):
         raise web.HTTPSeeOther(f"/destinations/{detail['item']['destination']}?done={action}")

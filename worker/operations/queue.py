@@ -74,13 +74,31 @@ class ResentMany:
 
     copies: tuple[tuple[int, int], ...]
     refused: tuple[tuple[int, str], ...]
+    left_out: tuple[tuple[str, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """``{"copies": [{"original", "copy"}], "refused": [{"id", "why"}]}``."""
+        """``{"copies": [{"original", "copy"}], "refused": [{"id", "why"}],
+        "leftOut": [{"kind", "count"}]}``."""
         return {
             "copies": [{"original": o, "copy": c} for o, c in self.copies],
             "refused": [{"id": i, "why": w} for i, w in self.refused],
+            "leftOut": [{"kind": k, "count": n} for k, n in self.left_out],
         }
+
+    def left_out_lines(self) -> list[str]:
+        """One line per kind a range left out, e.g. ``left out: 2 items of other
+        destinations``."""
+        lines = []
+        for kind, n in self.left_out:
+            noun = "item" if n == 1 else "items"
+            what = {
+                "of other destinations": f"{n} {noun} of other destinations",
+                "no such item": f"{n} {'id' if n == 1 else 'ids'} with no item",
+                "already resent": f"{n} {noun} already resent",
+                "pending": f"{n} pending {noun}",
+            }.get(kind, f"{n} {kind} {noun} (--include-delivered resends them)")
+            lines.append(f"left out: {what}")
+        return lines
 
 
 #: Items one bulk resend takes at most (a list, a range or a destination's failed items).
@@ -220,15 +238,26 @@ async def resend(
     item_id: int,
     why: str | None = None,
     payloads: PayloadCodec | None = None,
+    *,
+    include_delivered: bool = False,
 ) -> Resent:
-    """Queue a copy of a finished item at the tail of its destination's queue; audited.
+    """Queue a copy of a failed item (any finished one with ``include_delivered``) at the
+    tail of its destination's queue; audited.
 
     Raises:
         NotFound: no such item.
-        Conflict: the item is still pending (it will be sent anyway).
+        Conflict: the item is still pending (it will be sent anyway), already resent, or
+            delivered/skipped without ``include_delivered``.
     """
     reason = permit(actor, "resend", why)
-    copy = await actions.resend(conn, item_id, who=actor.name, why=reason, payloads=payloads)
+    copy = await actions.resend(
+        conn,
+        item_id,
+        who=actor.name,
+        why=reason,
+        payloads=payloads,
+        include_delivered=include_delivered,
+    )
     if copy is None:
         raise NotFound(f"no item {item_id}")
     return Resent(item_id, copy)
@@ -240,17 +269,26 @@ async def resend_many(
     item_ids: Sequence[int],
     why: str | None = None,
     payloads: PayloadCodec | None = None,
+    *,
+    ranges: Sequence[tuple[int, int]] = (),
+    include_delivered: bool = False,
 ) -> ResentMany:
-    """Queue copies of several finished items, in their original (id) order, in one
-    transaction; audited once. Items that are pending, already resent or missing are refused
-    one by one (listed in the result) and do not stop the others.
+    """Queue copies of several failed items, in their original (id) order, in one
+    transaction; audited once.
+
+    ``item_ids`` are named one by one: one that is pending, already resent, missing, or
+    delivered/skipped without ``include_delivered`` is refused (listed in the result) and does
+    not stop the others. ``ranges`` (``(first, last)``, both ends included) cover the items of
+    the destination of their ends only: what else they span (other destinations' items, other
+    states) is left out, counted by kind in ``left_out``, and not changed.
 
     Raises:
-        Invalid: no ids, or more than :data:`RESEND_MAX`.
+        Invalid: no ids, more than :data:`RESEND_MAX`, or a range whose ends belong to two
+            destinations.
         NotFound: none of the ids exists.
     """
     reason = permit(actor, "resend", why)
-    return await _resend_many(conn, actor, item_ids, reason, payloads)
+    return await _resend_many(conn, actor, item_ids, reason, payloads, ranges, include_delivered)
 
 
 async def _resend_many(
@@ -259,18 +297,29 @@ async def _resend_many(
     item_ids: Sequence[int],
     reason: str | None,
     payloads: PayloadCodec | None,
+    ranges: Sequence[tuple[int, int]] = (),
+    include_delivered: bool = False,
 ) -> ResentMany:
     """:func:`resend_many` once ``permit`` has said yes (``reason`` is its answer)."""
-    if not item_ids:
+    if not item_ids and not ranges:
         raise Invalid("nothing to resend: give item ids, a range, or a destination")
-    if len(set(item_ids)) > RESEND_MAX:
+    count = len(set(item_ids).union(*(range(a, b + 1) for a, b in ranges)))
+    if count > RESEND_MAX:
         raise Invalid(f"at most {RESEND_MAX} items per resend")
     outcome = await actions.resend_many(
-        conn, item_ids, who=actor.name, why=reason, payloads=payloads
+        conn,
+        item_ids,
+        who=actor.name,
+        why=reason,
+        payloads=payloads,
+        ranges=ranges,
+        include_delivered=include_delivered,
     )
-    if not outcome.copies and all(w == "no such item" for _, w in outcome.refused):
-        raise NotFound("no such item: " + ", ".join(str(i) for i, _ in outcome.refused))
-    return ResentMany(outcome.copies, outcome.refused)
+    nothing = not outcome.copies and all(w == "no such item" for _, w in outcome.refused)
+    if nothing and all(k == "no such item" for k, _ in outcome.left_out):
+        missing = [str(i) for i, _ in outcome.refused] + [f"{a}-{b}" for a, b in ranges]
+        raise NotFound("no such item: " + ", ".join(missing))
+    return ResentMany(outcome.copies, outcome.refused, outcome.left_out)
 
 
 async def resend_failed(

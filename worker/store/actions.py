@@ -183,6 +183,91 @@ class ResendOutcome:
 
     copies: tuple[tuple[int, int], ...]
     refused: tuple[tuple[int, str], ...]
+    left_out: tuple[tuple[str, int], ...] = ()
+
+
+#: The states a resend copies by default: messages given up on (``failed``). A delivered or
+#: skipped message is copied only when the person says so (``include_delivered``): its
+#: receiver already has it, or a person decided it must not go.
+RESENDABLE = frozenset({"failed"})
+
+#: With ``include_delivered``: every finished state.
+RESENDABLE_FINISHED = frozenset({"failed", "delivered", "skipped"})
+
+
+def _choose(
+    rows: Sequence[dict[str, Any]],
+    ids: Sequence[int],
+    ranges: Sequence[tuple[int, int]],
+    states: frozenset[str],
+) -> tuple[list[dict[str, Any]], list[tuple[int, str]], dict[str, int]]:
+    """The resend rule, pure: which rows are copied, which named ids are refused (one line
+    each), and what the ranges' other rows left out (counted by kind).
+
+    A named id (``ids``) is the person's choice: it is copied when its state is in ``states``
+    and it was never resent, else refused with the reason. A range ``(first, last)`` covers
+    the rows of ONE destination: the destination of its first and last existing rows (ids
+    interleave across destinations, so a range of one destination's failures also spans other
+    destinations' rows). Its rows of other destinations, and its rows not in ``states``,
+    pending or already resent, are left out and counted, never copied.
+
+    Raises:
+        Invalid: a range whose first and last existing rows belong to different destinations.
+    """
+    by_id = {int(r["id"]): r for r in rows}
+    named = set(ids)
+    chosen: dict[int, dict[str, Any]] = {}
+    refused: dict[int, str] = {}
+    left_out: dict[str, int] = {}
+
+    def why_not(row: dict[str, Any]) -> str | None:
+        if row["state"] == "pending":
+            return "still pending (it will be sent anyway)"
+        if row["resent_as"] is not None:
+            return f"already resent as {row['resent_as']}"
+        if row["state"] not in states:
+            return f"{row['state']} (only failed items are resent without --include-delivered)"
+        return None
+
+    for i in named:
+        row = by_id.get(i)
+        reason = "no such item" if row is None else why_not(row)
+        if reason is None:
+            chosen[i] = by_id[i]
+        else:
+            refused[i] = reason
+    for first, last in ranges:
+        present = [i for i in range(first, last + 1) if i in by_id]
+        if not present:
+            left_out["no such item"] = left_out.get("no such item", 0) + (last - first + 1)
+            continue
+        ends = {by_id[present[0]]["destination"], by_id[present[-1]]["destination"]}
+        if len(ends) > 1:
+            a, b = sorted(ends)
+            raise Invalid(
+                f"the range {first}-{last} starts and ends in different destinations ({a}, {b}):"
+                " give one range per destination"
+            )
+        [dest] = ends
+        for i in range(first, last + 1):
+            if i in named or i in chosen:
+                continue
+            row = by_id.get(i)
+            if row is None:
+                kind = "no such item"
+            elif row["destination"] != dest:
+                kind = "of other destinations"
+            elif row["state"] == "pending":
+                kind = "pending"
+            elif row["resent_as"] is not None:
+                kind = "already resent"
+            elif row["state"] not in states:
+                kind = str(row["state"])
+            else:
+                chosen[i] = row
+                continue
+            left_out[kind] = left_out.get(kind, 0) + 1
+    return [chosen[i] for i in sorted(chosen)], sorted(refused.items()), left_out
 
 
 async def resend_many(
@@ -192,8 +277,18 @@ async def resend_many(
     who: str,
     why: str | None = None,
     payloads: PayloadCodec | None = None,
+    ranges: Sequence[tuple[int, int]] = (),
+    include_delivered: bool = False,
 ) -> ResendOutcome:
-    """Put a copy of each finished item at the tail of its destination's queue, in id order.
+    """Put a copy of each failed item at the tail of its destination's queue, in id order.
+
+    Which items: the rule of :func:`_choose`. ``item_ids`` are named one by one (each one not
+    copied is refused with its reason); ``ranges`` are ``(first, last)`` id ranges, each
+    covering only the destination of its ends (the rest is left out and counted in
+    ``left_out``, kind and count). Only ``failed`` items are copied unless
+    ``include_delivered`` (then delivered and skipped ones too): a delivered message copied by
+    a range typed for another destination's failures would reach its receiver twice, after the
+    messages that followed it.
 
     One transaction: the copies are enqueued oldest original first (so they keep the original
     order behind everything already queued), each original records its copy (``resent_as``)
@@ -219,22 +314,16 @@ async def resend_many(
             open; nothing is queued.
     """
     ids = sorted(set(item_ids))
+    every = sorted(set(ids).union(*(range(a, b + 1) for a, b in ranges)))
     codec = payloads or PayloadCodec()
+    states = RESENDABLE_FINISHED if include_delivered else RESENDABLE
     async with conn.transaction():
         await conn.execute(Q["synchronous_commit"])
-        rows = await fetch_all(conn, Q["get_for_resend"], {"ids": ids}, row=dict_row)
-        found = {int(r["id"]) for r in rows}
-        refused = [(i, "no such item") for i in ids if i not in found]
-        chosen = []
-        for row in rows:
-            if row["state"] == "pending":
-                refused.append((row["id"], "still pending (it will be sent anyway)"))
-            elif row["resent_as"] is not None:
-                refused.append((row["id"], f"already resent as {row['resent_as']}"))
-            else:
-                chosen.append(row)
+        rows = await fetch_all(conn, Q["get_for_resend"], {"ids": every}, row=dict_row)
+        chosen, refused, skipped = _choose(rows, ids, ranges, states)
+        left_out = tuple(sorted(skipped.items()))
         if not chosen:
-            return ResendOutcome((), tuple(sorted(refused)))
+            return ResendOutcome((), tuple(refused), left_out)
         originals = [int(r["id"]) for r in chosen]
         plain = [
             await codec.open(int(r["id"]), r["destination"], bytes(r["payload"])) for r in chosen
@@ -271,7 +360,7 @@ async def resend_many(
         dest = destinations[0] if len(destinations) == 1 else None
         audited = sorted(i for pair in copies for i in pair)
         await queue.record(conn, who=who, action="resend", destination=dest, ids=audited, why=why)
-    return ResendOutcome(tuple(copies), tuple(sorted(refused)))
+    return ResendOutcome(tuple(copies), tuple(refused), left_out)
 
 
 async def resend(
@@ -281,14 +370,19 @@ async def resend(
     who: str,
     why: str | None = None,
     payloads: PayloadCodec | None = None,
+    include_delivered: bool = False,
 ) -> int | None:
-    """Put a copy of one finished item at the tail of its queue (see :func:`resend_many`);
-    return the copy's id, or None when the item does not exist.
+    """Put a copy of one failed item (any finished one with ``include_delivered``) at the
+    tail of its queue (see :func:`resend_many`); return the copy's id, or None when the item
+    does not exist.
 
     Raises:
-        Conflict: the item is still pending, or was already resent (the message says which).
+        Conflict: the item is still pending, was already resent, or is delivered or skipped
+            without ``include_delivered`` (the message says which).
     """
-    outcome = await resend_many(conn, [item_id], who=who, why=why, payloads=payloads)
+    outcome = await resend_many(
+        conn, [item_id], who=who, why=why, payloads=payloads, include_delivered=include_delivered
+    )
     if outcome.copies:
         return outcome.copies[0][1]
     [(_, why_not)] = outcome.refused
@@ -296,6 +390,13 @@ async def resend(
         return None
     if why_not.startswith("still pending"):
         raise Conflict(f"item {item_id} is still pending; only finished items can be resent")
+    if not why_not.startswith("already"):
+        state = why_not.split(" ", 1)[0]
+        raise Conflict(
+            f"item {item_id} was {state}: only failed items are resent without"
+            " --include-delivered"
+            + (" (its receiver would get it again)" if state == "delivered" else "")
+        )
     raise Conflict(f"item {item_id} was {why_not}: resend the copy if it failed too")
 
 
