@@ -19,29 +19,35 @@ import sys
 from pathlib import Path
 from typing import Any
 
-#: The subcommands every component runs; each must load (its imports are installed). A rule
+#: The subcommands the components run (the chart's pods, CronJobs and Jobs): each must be in
+#: the image and load (its imports are installed). The image's other commands are read from its
+#: own ``inturn --help`` (:func:`commands`), so that a new command needs no edit here; a rule
 #: pack's commands (``bookings``) are there only in an image built with its extra.
-COMMANDS = (
-    "worker",
-    "operator",
-    "ingest",
-    "migrate",
-    "purge",
-    "crd",
-    "sweep",
-    "worklist",
-    "queue",
-    "console",
-    "receiver",
-    "send",
-    "token",
-    "local",
-)
+REQUIRED = ("worker", "operator", "ingest", "migrate", "purge", "crd", "sweep", "console")
+UID = 10001
+#: A command's line in the ``Commands:`` section of click's help: two spaces, then the name
+#: (a wrapped description continues further in).
+COMMAND_LINE = re.compile(r"^  ([a-z][\w-]*)(?:\s|$)")
 UID = 10001
 #: Names of C/C++ compilers (and their versioned or triplet-prefixed forms).
 COMPILER = re.compile(
     r"^(?:[\w-]+-linux-gnu-)?(?:gcc|g\+\+|cc|c\+\+|clang|clang\+\+|tcc)(?:-[\d.]+)?$"
 )
+
+
+def commands(help_text: str) -> list[str]:
+    """The subcommand names of a click group's ``--help`` text (its ``Commands:`` section), in
+    their order; empty when it has none."""
+    names: list[str] = []
+    section = False
+    for line in help_text.splitlines():
+        if line.strip() == "Commands:":
+            section = True
+        elif section and line and not line.startswith(" "):
+            section = False
+        elif section and (found := COMMAND_LINE.match(line)):
+            names.append(found.group(1))
+    return names
 
 
 def podman(*args: str) -> str:
@@ -82,8 +88,9 @@ def inspect(image: str) -> dict[str, Any]:
             )
 
         version = run(*entrypoint, "--version")
+        listed = commands(run(*entrypoint, "--help").stdout)
         helps = {}
-        for command in COMMANDS:
+        for command in dict.fromkeys([*REQUIRED, *listed]):
             done = run(*entrypoint, command, "--help")
             out = done.stdout if done.returncode == 0 else f"exit {done.returncode}: {done.stderr}"
             helps[command] = (out.strip().splitlines() or [""])[0]
