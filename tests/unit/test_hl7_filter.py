@@ -292,7 +292,11 @@ def test_a_manifest_with_field_conditions_loads_and_round_trips() -> None:
         ),
         (
             [{"field": "PID-3", "operator": "In", "value": "X"}],
-            ["spec.filter.fields[0].value: unknown field"],
+            [  # the typo, and (in the same pass) what the well-typed rest then lacks
+                "spec.filter.fields[0].value: unknown field",
+                "spec.filter.fields[0].values: In, NotIn, Matches and NotMatches need at least"
+                " one value",
+            ],
         ),
         (
             [{"field": "PID-3", "operator": "In", "values": [""]}],

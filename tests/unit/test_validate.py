@@ -154,11 +154,67 @@ def test_cross_document_checks(tmp_path: Path) -> None:
 def test_unreadable_files_and_yaml(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("spec: [unclosed\n")
     (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe")
-    done = run("bad.yaml", "bin.yaml", cwd=tmp_path)
+    (tmp_path / "ok.yaml").write_text(LIS_NORTH)
+    (tmp_path / "broken.yaml").write_text(BROKEN)
+    done = run("bad.yaml", "bin.yaml", "ok.yaml", "broken.yaml", cwd=tmp_path)
+    # unreadable files exit 2 (as the reference says), and the others are still checked
+    assert done.returncode == 2
+    lines = done.stdout.splitlines()
+    assert lines[:2] == [
+        "bad.yaml: unreadable: line 2: not valid YAML (expected ',' or ']', but got"
+        " '<stream end>')",
+        "bin.yaml: unreadable: byte 0: not UTF-8 text",
+    ]
+    assert any(line.startswith("broken.yaml#1: ") for line in lines)
+    assert lines[-1] == (
+        f"2 document(s) in 4 file(s): {len(lines) - 1} problem(s), 2 file(s) unreadable"
+    )
+
+
+def test_an_empty_file_is_no_documents(tmp_path: Path) -> None:
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "comments.yaml").write_text("# nothing yet\n---\n")
+    done = run("empty.yaml", "comments.yaml", cwd=tmp_path)
     assert done.returncode == 1
-    assert done.stdout.splitlines()[:2] == [
-        "bad.yaml: line 2: not valid YAML (expected ',' or ']', but got '<stream end>')",
-        "bin.yaml: byte 0: not UTF-8 text",
+    assert done.stdout.splitlines() == [
+        "empty.yaml: no documents (the file is empty or holds only comments)",
+        "comments.yaml: no documents (the file is empty or holds only comments)",
+        "0 document(s) in 2 file(s): 2 problem(s)",
+    ]
+
+
+def test_a_folder_is_read_as_inturn_local_reads_it(tmp_path: Path) -> None:
+    (tmp_path / "manifests" / "lab").mkdir(parents=True)
+    (tmp_path / "manifests" / "lis.yaml").write_text(LIS_NORTH)
+    (tmp_path / "manifests" / "lab" / "bad.yml").write_text(BROKEN)
+    (tmp_path / "manifests" / "README.md").write_text("not a manifest")
+    (tmp_path / "nothing").mkdir()
+    done = run("manifests", cwd=tmp_path)
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert {line.split(": ", 1)[0] for line in lines[:-1]} == {"manifests/lab/bad.yml#1"}
+    assert lines[-1].startswith("2 document(s) in 2 file(s): ")
+    empty = run("nothing", cwd=tmp_path)
+    assert (empty.returncode, empty.stdout.splitlines()[0]) == (
+        1,
+        "nothing: no documents (no *.yaml, *.yml, *.json file under this folder)",
+    )
+
+
+def test_cross_field_rules_are_reported_with_the_type_errors(tmp_path: Path) -> None:
+    """One pass: the rules that tie fields together are checked on the parts that are well
+    typed, beside the type errors of other parts (they used to appear only once those were
+    fixed)."""
+    (tmp_path / "two.yaml").write_text(
+        "apiVersion: inturn.dev/v1alpha1\nkind: Destination\nmetadata: {name: lis}\n"
+        "spec:\n  channel: adt\n  sender: {}\n  retry: {maxAttempts: lots}\n"
+    )
+    done = run("two.yaml", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        "two.yaml#1: spec.retry.maxAttempts: must be an integer",
+        "two.yaml#1: spec.sender: exactly one of mllp, http, sftp must be set",
+        "1 document(s) in 1 file(s): 2 problem(s)",
     ]
 
 
@@ -166,7 +222,7 @@ def test_usage_errors_exit_two(tmp_path: Path) -> None:
     missing = run("missing.yaml", cwd=tmp_path)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     none = run(cwd=tmp_path)
-    assert none.returncode == 2 and "Missing argument 'FILES...'" in none.stderr
+    assert none.returncode == 2 and "Missing argument 'FILE|DIR...'" in none.stderr
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").rglob("*.yaml")), ids=lambda p: p.name)

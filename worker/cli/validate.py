@@ -19,10 +19,19 @@ and a carrier served by two Destinations, are errors. When channels are declared
 Destination or feed whose channel none declares is a warning (its messages may still arrive
 over HTTP ingest, which takes any channel).
 
+A FILE may be a folder: every ``*.yaml``, ``*.yml`` and ``*.json`` under it is read, as
+``inturn local -f`` reads one. A file (or folder) that declares no document is a problem.
+
+The schema's rules that tie fields together (``spec.sender: exactly one of mllp, http, sftp
+must be set``) are checked on every part that is well typed, in the same pass as the type
+errors elsewhere: one run lists every problem the schema allows.
+
 Output: one line per problem on stdout, ``FILE#N: field.path: what is wrong`` (N counts the
 file's documents from 1), warnings as ``warning: ...``, then a summary line. Exit status: 0 when
-every document is valid (warnings do not count), 1 when any problem was found, 2 for a usage
-error (no FILE, a FILE that does not exist or cannot be read).
+every document is valid (warnings do not count), 1 when any problem was found, 2 when a file is
+unreadable (not UTF-8 text, not YAML, or the system refuses to read it; the other files are
+still checked and their problems printed) or for a usage error (no FILE, a path that does not
+exist).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import click
 import yaml
 
 from inturn.worker.feeds.declare import feed_problems
+from inturn.worker.local.manifests import MANIFEST_SUFFIXES, manifest_files
 from inturn.worker.spec import channels as channel_decls
 from inturn.worker.spec import schema
 from inturn.worker.spec.destination import (
@@ -60,6 +70,8 @@ class Report:
         errors: ``source: path: problem`` lines, in the order found.
         warnings: lines that do not make the documents invalid.
         documents: how many documents were read.
+        files: how many files were read (a folder counts its manifest files).
+        unreadable: how many of them could not be parsed (not UTF-8, not YAML) or read.
         destinations: ``namespace/name`` -> (source, channel, carriers) of each valid one.
         channels: declared channel name -> source.
         feeds: (source, field path, channel) of each declared feed.
@@ -68,6 +80,8 @@ class Report:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     documents: int = 0
+    files: int = 0
+    unreadable: int = 0
     destinations: dict[str, tuple[str, str, tuple[str, ...]]] = field(default_factory=dict)
     channels: dict[str, str] = field(default_factory=dict)
     feeds: list[tuple[str, str, str]] = field(default_factory=list)
@@ -203,55 +217,79 @@ def finish(report: Report) -> Report:
 
 
 def check_files(paths: Iterable[Path]) -> Report:
-    """Read and check every document of every file.
+    """Read and check every document of every file; a folder stands for the manifest files
+    under it (:func:`inturn.worker.local.manifests.manifest_files`, as ``inturn local -f``).
 
-    Raises:
-        OSError: a file cannot be read (a usage error for the command).
+    A file that cannot be read or parsed is counted in ``unreadable`` (and reported); the others
+    are still checked.
     """
     report = Report()
-    for path in paths:
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            report.documents += 1
-            report.error(str(path), f"byte {exc.start}: not UTF-8 text")
-            continue
-        try:
-            docs = list(yaml.safe_load_all(text))
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}" if mark is not None else "?"
-            report.documents += 1
-            report.error(str(path), f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})")
-            continue
-        for i, doc in enumerate(docs, start=1):
-            if doc is not None:
-                check_document(report, doc, f"{path}#{i}")
+    for given in paths:
+        files = manifest_files([given]) if given.is_dir() else [given]
+        if given.is_dir() and not files:
+            kinds = ", ".join(f"*{s}" for s in MANIFEST_SUFFIXES)
+            report.error(str(given), f"no documents (no {kinds} file under this folder)")
+        for path in files:
+            _check_file(report, path)
     return finish(report)
+
+
+def _check_file(report: Report, path: Path) -> None:
+    """Read, parse and check one file's documents into ``report``."""
+    report.files += 1
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        report.unreadable += 1
+        report.error(str(path), f"unreadable: {exc.strerror}")
+        return
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        report.unreadable += 1
+        report.error(str(path), f"unreadable: byte {exc.start}: not UTF-8 text")
+        return
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "?"
+        report.unreadable += 1
+        report.error(
+            str(path), f"unreadable: {where}: not valid YAML ({getattr(exc, 'problem', exc)})"
+        )
+        return
+    found = [(i, doc) for i, doc in enumerate(docs, start=1) if doc is not None]
+    if not found:
+        report.error(str(path), "no documents (the file is empty or holds only comments)")
+    for i, doc in found:
+        check_document(report, doc, f"{path}#{i}")
 
 
 @click.command("validate")
 @click.argument(
-    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+    "files",
+    nargs=-1,
+    required=True,
+    metavar="FILE|DIR...",
+    type=click.Path(exists=True, path_type=Path),
 )
 def validate_command(files: tuple[Path, ...]) -> None:
     """Check Destination manifests, feeds files and ingest channel declarations offline.
 
-    Every problem is printed with its file, document and field path; exit status 0 when all
-    are valid, 1 when any is not, 2 for a usage error. Needs no database and no cluster.
+    A DIR is read as 'inturn local -f' reads it (every *.yaml, *.yml, *.json under it). Every
+    problem is printed with its file, document and field path; exit status 0 when all are
+    valid, 1 when any is not (an empty file too: no documents), 2 when a file is unreadable
+    (not UTF-8, not YAML) or for a usage error. Needs no database and no cluster.
     """
-    try:
-        report = check_files(files)
-    except OSError as exc:
-        raise click.UsageError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    report = check_files(files)
     for line in report.errors:
         click.echo(line)
     for line in report.warnings:
         click.echo(f"warning: {line}")
-    n = len(files)
-    counted = f"{report.documents} document(s) in {n} file(s)"
+    counted = f"{report.documents} document(s) in {report.files} file(s)"
     if report.errors:
-        click.echo(f"{counted}: {len(report.errors)} problem(s)")
-        sys.exit(EXIT_INVALID)
+        unreadable = f", {report.unreadable} file(s) unreadable" if report.unreadable else ""
+        click.echo(f"{counted}: {len(report.errors)} problem(s){unreadable}")
+        sys.exit(EXIT_USAGE if report.unreadable else EXIT_INVALID)
     click.echo(f"{counted}: valid")

@@ -175,10 +175,23 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> list[str]:
     return [f"{where}: {make() if make else error.message}"]
 
 
-def _rule_errors(node_schema: Mapping[str, Any], value: Any, where: str) -> Iterator[str]:
-    """Evaluate the schema's CEL rules on ``value`` with their Python twins."""
+def _rule_errors(
+    node_schema: Mapping[str, Any],
+    value: Any,
+    where: str,
+    broken: frozenset[tuple[str | int, ...]] = frozenset(),
+    at: tuple[str | int, ...] = (),
+) -> Iterator[str]:
+    """Evaluate the schema's CEL rules on ``value`` with their Python twins.
+
+    ``broken``: the paths (from ``value``) of structural errors already reported. A node's
+    rules run only when nothing at or under it is broken (rules assume a well-typed node, as
+    CEL does); its well-typed siblings and children are still checked, so that one pass
+    reports every problem the schema allows.
+    """
     if isinstance(value, dict):
-        for item in node_schema.get("x-kubernetes-validations", ()):
+        clean = not any(path[: len(at)] == at for path in broken)
+        for item in node_schema.get("x-kubernetes-validations", ()) if clean else ():
             rule = schema.RULES.get(item["rule"])
             if rule is None:  # pragma: no cover - every rule in the schema has a twin (tested)
                 raise RuntimeError(f"no Python twin for CEL rule {item['rule']!r}")
@@ -187,14 +200,16 @@ def _rule_errors(node_schema: Mapping[str, Any], value: Any, where: str) -> Iter
             except (KeyError, TypeError):
                 ok = True  # the structural validation reports the missing or mistyped field
             if not ok:
-                at = where + (rule.field_path or "") if where else (rule.field_path or "")
-                yield f"{at.lstrip('.') or '<root>'}: {rule.message}"
+                path = where + (rule.field_path or "") if where else (rule.field_path or "")
+                yield f"{path.lstrip('.') or '<root>'}: {rule.message}"
         for key, sub in node_schema.get("properties", {}).items():
             if key in value:
-                yield from _rule_errors(sub, value[key], f"{where}.{key}" if where else key)
+                yield from _rule_errors(
+                    sub, value[key], f"{where}.{key}" if where else key, broken, (*at, key)
+                )
     elif isinstance(value, list) and isinstance(node_schema.get("items"), Mapping):
         for i, item in enumerate(value):
-            yield from _rule_errors(node_schema["items"], item, f"{where}[{i}]")
+            yield from _rule_errors(node_schema["items"], item, f"{where}[{i}]", broken, (*at, i))
 
 
 @functools.cache
@@ -227,14 +242,33 @@ def validate(
         ``path: problem`` lines sorted by path; empty when valid. ``prefix`` is prepended to
         every path (e.g. ``spec``).
     """
+    return _validate(node_schema, value, prefix=prefix, validator=validator)[0]
+
+
+def _validate(
+    node_schema: Mapping[str, Any],
+    value: Any,
+    *,
+    prefix: str = "",
+    validator: jsonschema.Draft7Validator | None = None,
+) -> tuple[list[str], frozenset[tuple[str | int, ...]]]:
+    """:func:`validate`, and the paths (from ``value``) of the structural errors found.
+
+    The CEL rules of every node that is well typed are evaluated even when another part of
+    ``value`` is not (a rule assumes its own node structurally valid and defaulted, as CEL
+    does): one pass reports a type error in ``retry`` and ``sender: exactly one of ...``
+    together. An unknown field breaks nothing else (it is only reported).
+    """
     if validator is None:
         validator = jsonschema.Draft7Validator(_closed(dict(node_schema)))
     problems: list[str] = []
+    broken: set[tuple[str | int, ...]] = set()
     for error in validator.iter_errors(value):
         problems.extend(_describe(error, prefix))
-    if not problems:  # rules assume a structurally valid, defaulted document (as CEL does)
-        problems.extend(_rule_errors(node_schema, value, prefix))
-    return sorted(set(problems))
+        if error.validator != "additionalProperties":
+            broken.add(tuple(error.absolute_path))
+    problems.extend(_rule_errors(node_schema, value, prefix, frozenset(broken)))
+    return sorted(set(problems)), frozenset(broken)
 
 
 # --- manifests -------------------------------------------------------------------------------
@@ -298,18 +332,24 @@ def validate_manifest(doc: Mapping[str, Any], *, source: str | None = None) -> d
         spec: Any = None
     else:
         spec = apply_defaults(compiled["spec"], doc["spec"])
-        problems.extend(
-            validate(compiled["spec"], spec, prefix="spec", validator=compiled["spec_validator"])
+        found, broken = _validate(
+            compiled["spec"], spec, prefix="spec", validator=compiled["spec_validator"]
         )
+        problems.extend(found)
+        # what the schema cannot say, checked on the parts that are well typed
+        if isinstance(spec, Mapping):
+            if not any(p[:1] == ("schedule",) for p in broken):
+                problems.extend(_schedule_problems(spec, "spec.schedule"))
+            if not any(p[:1] == ("sender",) for p in broken) and not any(
+                line.startswith("spec.sender") for line in found
+            ):
+                problems.extend(senders.problems(spec.get("sender") or {}, "spec.sender"))
     if not problems:
         problems.extend(
             _rule_errors(
                 {"x-kubernetes-validations": root["x-kubernetes-validations"]}, dict(doc), ""
             )
         )
-    if not problems:
-        problems.extend(_schedule_problems(spec, "spec.schedule"))
-        problems.extend(senders.problems(spec.get("sender") or {}, "spec.sender"))
     if problems:
         raise ManifestError(
             sorted(set(problems)), source or (destination_key(doc) if name else None)
