@@ -154,3 +154,19 @@ def test_a_test_that_hangs_is_interrupted_not_waited_for(
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*test_forever: still running after 2 s: interrupting the run*"])
+
+
+def test_every_inturn_variable_the_tests_read_is_a_test_knob() -> None:
+    """tests/conftest.py removes the user's ``INTURN_*`` settings before any test runs; a knob
+    of the test suite's own (``INTURN_TEST_*``, ``INTURN_SAMPLES``, ...) must be named in its
+    ``TEST_KNOBS``, or it would be removed too, silently."""
+    import re
+
+    from tests.conftest import TEST_KNOBS
+
+    read = re.compile(r"""(?:environ\.get|getenv|environ\[)\(?\s*["'](INTURN_[A-Z0-9_]+)""")
+    names = {
+        name for path in (ROOT / "tests").rglob("*.py") for name in read.findall(path.read_text())
+    }
+    assert "INTURN_TEST_DSN" in names  # the scan sees them
+    assert sorted(n for n in names if not n.startswith(TEST_KNOBS)) == []
