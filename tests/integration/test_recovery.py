@@ -7,12 +7,15 @@ outage's length are held here as values."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Iterator
 
 import aiohttp
 import psycopg
 import pytest
+from psycopg_pool import PoolTimeout
 from test_ingest import HOST, Client, config, msg, register
 from test_worker import _all_delivered, control_ids, enqueue, running
 from test_worker import config as worker_config
@@ -21,7 +24,13 @@ from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.runner import RECONNECT_BASE_SECONDS, RECONNECT_MAX_SECONDS
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.store.migrate import migrate
-from inturn.worker.store.pool import RECONNECT_MAX_DELAY_SECONDS, CappedAttempt
+from inturn.worker.store.pool import (
+    POOL_WARNINGS,
+    RECONNECT_MAX_DELAY_SECONDS,
+    CappedAttempt,
+    Pool,
+    PoolWarningLimiter,
+)
 from inturn.worker.testing import POSTGRES_BIN, MllpReceiver, ScratchPostgres
 
 pytestmark = pytest.mark.skipif(
@@ -114,3 +123,73 @@ async def test_worker_resumes_delivering_after_postgres_returns(scratch: Scratch
             while not await _all_delivered(scratch.dsn, 3):
                 await asyncio.sleep(0.1)
     assert control_ids(rx.received) == ["MSG00001", "MSG00002", "MSG00003"]
+
+
+def pool_warnings(caplog: pytest.LogCaptureFixture, pool: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "psycopg.pool" and r.levelno >= logging.WARNING and pool in r.getMessage()
+    ]
+
+
+async def test_a_pool_warns_once_per_interval_during_an_outage(
+    scratch: ScratchPostgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real outage of about 7 s: the pool tries to reconnect every 2 s (at least 3 tries,
+    each a warning from psycopg_pool), and the log holds ONE line for it; the next after the
+    interval says how many were dropped."""
+    caplog.set_level(logging.WARNING, logger="psycopg.pool")
+    limiter = POOL_WARNINGS
+    limiter._seen.clear()
+    async with Pool(scratch.dsn, min_size=2, max_size=2, name="outage-test", open=False) as pool:
+        await pool.wait(timeout=10)
+        scratch.stop()
+        await pool.check()  # finds both connections dead: the pool starts replacing them
+        tries = 0
+        async with asyncio.timeout(30):
+            end = time.monotonic() + 7.0
+            while time.monotonic() < end:
+                with contextlib.suppress(PoolTimeout):
+                    async with pool.connection(timeout=0.5):
+                        pass
+                tries += 1
+        dropped = sum(n for (_, name), (_, n) in limiter._seen.items() if name == "outage-test")
+        lines = pool_warnings(caplog, "outage-test")
+        scratch.start()
+        async with asyncio.timeout(30):
+            while True:
+                with contextlib.suppress(PoolTimeout, psycopg.OperationalError):
+                    async with pool.connection(timeout=1) as conn:
+                        await conn.execute("SELECT 1")
+                        break
+    connecting = [line for line in lines if line.startswith("error connecting in 'outage-test'")]
+    print(f"{tries} requests, {len(lines)} warning line(s), {dropped} dropped")
+    assert len(connecting) == 1
+    assert dropped >= 3  # what the log would have held without the limiter, beyond the first
+
+
+def test_the_limiter_passes_one_per_pool_and_kind_per_interval() -> None:
+    now = [0.0]
+    limiter = PoolWarningLimiter(interval=30.0, clock=lambda: now[0])
+
+    def record(template: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord("psycopg.pool", logging.WARNING, "x", 1, template, args, None)
+
+    passed = []
+    for second in range(0, 65, 2):  # a try every 2 s for 64 s, in two pools
+        now[0] = float(second)
+        for pool in ("ingest-write", "ingest-read"):
+            r = record("error connecting in %r: %s", pool, "refused")
+            if limiter.filter(r):
+                passed.append((second, r.getMessage()))
+    assert passed == [
+        (0, "error connecting in 'ingest-write': refused"),
+        (0, "error connecting in 'ingest-read': refused"),
+        (30, "error connecting in 'ingest-write': refused (14 more like it in the last 30 s)"),
+        (30, "error connecting in 'ingest-read': refused (14 more like it in the last 30 s)"),
+        (60, "error connecting in 'ingest-write': refused (14 more like it in the last 30 s)"),
+        (60, "error connecting in 'ingest-read': refused (14 more like it in the last 30 s)"),
+    ]
+    info = logging.LogRecord("psycopg.pool", logging.INFO, "x", 1, "growing", (), None)
+    assert all(limiter.filter(info) for _ in range(3))  # below WARNING: untouched

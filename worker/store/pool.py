@@ -16,13 +16,23 @@ cause), the connection is discarded and the pool's idle connections are checked 
 (``check()``), before the error reaches the caller: a caller that tries again gets a live
 connection, not the next dead one.
 
+**One warning per pool and kind per interval.** While the server is away, every try to replace
+a connection logs a warning (``error connecting in 'ingest-write': ...``): one every two seconds
+per pool, for as long as the outage lasts. :class:`PoolWarningLimiter`, on the ``psycopg.pool``
+logger of every process that makes a :class:`Pool`, lets the first of a kind through, drops the
+same kind of the same pool for :data:`POOL_WARNING_INTERVAL_SECONDS`, and then lets the next one
+through with how many it dropped meanwhile (``... (12 more like it in the last 30 s)``).
+
 Imported only where a pool is made (:func:`inturn.worker.store.connect.Pools.open`), so that a
 worker, which has one connection and no pool, never loads psycopg_pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -34,6 +44,64 @@ from inturn.worker.store.faults import connection_gone
 
 #: Longest wait, in seconds, between two tries to replace a lost pooled connection.
 RECONNECT_MAX_DELAY_SECONDS = 2.0
+
+
+#: Seconds during which a pool's repeated warnings of one kind are counted, not logged.
+POOL_WARNING_INTERVAL_SECONDS = 30.0
+
+
+class PoolWarningLimiter(logging.Filter):
+    """A :class:`logging.Filter` that lets through one record per pool and kind per interval.
+
+    The kind is the record's message template (``"error connecting in %r: %s"``); the pool is
+    its first argument when that is a string (psycopg_pool names the pool there), else the
+    kind alone is the key. The first record of a key passes; later ones within ``interval``
+    seconds are dropped and counted; the first after it passes with the count appended to its
+    message. Records below WARNING always pass (their level already hides them).
+
+    Args:
+        interval: seconds, > 0.
+        clock: monotonic seconds (for tests); :func:`time.monotonic` by default.
+    """
+
+    def __init__(
+        self,
+        interval: float = POOL_WARNING_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.interval = interval
+        self.clock = clock
+        self._lock = threading.Lock()
+        #: key -> (monotonic time the last record passed, records dropped since)
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True to log ``record`` (possibly with the dropped count appended), False to drop."""
+        if record.levelno < logging.WARNING:
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        pool = args[0] if args and isinstance(args[0], str) else ""
+        key = (str(record.msg), pool)
+        now = self.clock()
+        with self._lock:
+            last = self._seen.get(key)
+            if last is not None and now - last[0] < self.interval:
+                self._seen[key] = (last[0], last[1] + 1)
+                return False
+            self._seen[key] = (now, 0)
+            if len(self._seen) > 1000:  # bounded: forget the oldest keys
+                for old in sorted(self._seen, key=lambda k: self._seen[k][0])[:500]:
+                    del self._seen[old]
+        if last is not None and last[1] and isinstance(record.args, tuple | type(None)):
+            text = str(record.msg) if args else str(record.msg).replace("%", "%%")
+            record.msg = f"{text} (%d more like it in the last %.0f s)"
+            record.args = (*args, last[1], now - last[0])
+        return True
+
+
+#: The one limiter of this process, added once to the ``psycopg.pool`` logger by :class:`Pool`.
+POOL_WARNINGS = PoolWarningLimiter()
 
 
 class CappedAttempt(AttemptWithBackoff):
@@ -59,6 +127,7 @@ class Pool(AsyncConnectionPool[AsyncConnection[Any]]):
     """
 
     def __init__(self, *args: Any, read_only: bool = False, **kwargs: Any) -> None:
+        logging.getLogger("psycopg.pool").addFilter(POOL_WARNINGS)  # once: addFilter dedups
         super().__init__(*args, **kwargs)
         self.read_only = read_only
 
