@@ -1010,6 +1010,8 @@ def left_out(label: str, args: argparse.Namespace) -> bool:
     """Whether ``--skip`` (or ``--catchup-messages 0``) leaves the run ``label`` out."""
     if label.startswith("catch-up"):
         return "catch-up" in args.skip or not args.catchup_messages
+    if label == "floor-round4":
+        return "floor" in args.skip or "round4" in args.skip
     if label.startswith("floor"):
         return "floor" in args.skip
     return label.split("-")[0] in args.skip or label in args.skip
@@ -1269,6 +1271,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         choices=[
             "floor",
+            "round4",
             "delivery",
             "encrypted",
             "traced",
@@ -1276,7 +1279,8 @@ def main(argv: list[str] | None = None) -> int:
             "large-table",
             "catch-up",
         ],
-        help="leave a run out (repeatable; floor leaves out both yardstick runs)",
+        help="leave a run out (repeatable; floor leaves out every yardstick run, round4 the"
+        " round-4 yardstick's)",
     )
     parser.add_argument(
         "--catchup-messages",

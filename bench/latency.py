@@ -8,7 +8,10 @@ run per rate. For every message the time from the moment its sender read the AA 
 its receiver read the message is one latency (both clocks are this process's
 ``time.perf_counter``). A delivery can come before its sender has read the AA (the worker is
 woken at COMMIT and the AA travels back at the same time): that latency is negative and
-counted as it is.
+counted as it is. Where the time went is printed too, p50 and p99 per stage: the send to the
+AA read by the sender (ingest's work and its COMMIT), that AA to the destination's NOTIFY
+reaching a listener in this process (both follow the COMMIT), and that NOTIFY to the
+receiver's read (the worker's wake, its head query, the send).
 
     python bench/latency.py [--dsn DSN] [--rates 50,200] [--seconds 20]
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import os
 import subprocess
@@ -43,6 +47,7 @@ from ingest import free_port, wait_ready
 
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.store import queue
 from inturn.worker.store.migrate import migrate
 from inturn.worker.testing import MllpReceiver
 
@@ -93,14 +98,56 @@ def message(template: Template, control_id: str) -> bytes:
 
 
 class Clock:
-    """Arrival and AA times by control ID."""
+    """Send, AA and arrival times by control ID, and when each destination's NOTIFY reached a
+    listener in this process."""
 
     def __init__(self) -> None:
+        self.sent: dict[str, float] = {}
         self.acked: dict[str, float] = {}
         self.arrived: dict[str, float] = {}
+        self.notified: dict[str, list[float]] = {}
 
     def on_message(self, payload: bytes, _ack: bytes | None) -> None:
         self.arrived.setdefault(parse_header(payload).control_id, time.perf_counter())
+
+    def notify_after(self, destination: str, instant: float) -> float | None:
+        """The first NOTIFY for ``destination`` heard at or after ``instant`` (the commit that
+        stored a message sent then wakes its worker with it), or None."""
+        times = self.notified.get(destination, [])
+        i = bisect.bisect_left(times, instant)
+        return times[i] if i < len(times) else None
+
+
+async def listen(dsn: str, clock: Clock, ready: asyncio.Event) -> None:
+    """LISTEN on every destination's channel, as its worker does, and stamp each NOTIFY."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for n in range(DESTINATIONS):
+            await queue.listen(conn, f"{NAMESPACE}/d{n}")
+        ready.set()
+        async for note in conn.notifies():
+            clock.notified.setdefault(note.payload, []).append(time.perf_counter())
+
+
+def stages(clock: Clock, measured: Sequence[str]) -> dict[str, float]:
+    """Where each message's time went, p50 and p99 in ms: ``ingest`` from the send to the AA
+    read by the sender (framing, the store, the COMMIT and its flush, the answer); ``notify``
+    from the AA to the NOTIFY reaching a listener (negative when it comes first: both follow
+    the COMMIT); ``worker`` from that NOTIFY to the receiver's read (the worker's wake, its head
+    query, the send)."""
+    spans: dict[str, list[float]] = {"ingest": [], "notify": [], "worker": []}
+    for cid in measured:
+        sent, acked, arrived = clock.sent[cid], clock.acked[cid], clock.arrived.get(cid)
+        destination = f"{NAMESPACE}/d{int(cid.split('-')[1][:2]) % DESTINATIONS}"
+        noted = clock.notify_after(destination, sent)
+        spans["ingest"].append((acked - sent) * 1000)
+        if noted is not None and arrived is not None and noted <= arrived:
+            spans["notify"].append((noted - acked) * 1000)
+            spans["worker"].append((arrived - noted) * 1000)
+    out = {}
+    for name, values in spans.items():
+        out[f"{name}_p50_ms"] = percentile(values, 0.50)
+        out[f"{name}_p99_ms"] = percentile(values, 0.99)
+    return out
 
 
 @contextlib.contextmanager
@@ -152,6 +199,7 @@ async def sender_loop(
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
             cid = f"{run}{index:02d}{sent:07d}"
             template = templates[(index * 7 + sent) % len(templates)]
+            clock.sent[cid] = time.perf_counter()
             try:
                 await sender.send(message(template, cid))
             except Exception as exc:  # a refusal is reported, not fatal to the run
@@ -196,6 +244,7 @@ async def one_rate(
         "max_ms": max(latencies, default=0.0),
         "undelivered": missing,
         "refused": sum(refused),
+        **stages(clock, measured),
     }
 
 
@@ -238,6 +287,10 @@ async def main_async(args: argparse.Namespace) -> int:
                 for n, rx in enumerate(receivers)
             ]
             env = {**os.environ, "INTURN_DSN": dsn}
+            listening = asyncio.Event()
+            listener = asyncio.create_task(listen(dsn, clock, listening))
+            stack.callback(listener.cancel)
+            await asyncio.wait_for(listening.wait(), timeout=30)
             with processes([ingest, *workers], env, Path(tmp) / "processes.log"):
                 await wait_ready_ops(ops)
                 # two seconds at a slow pace, every channel delivered, before anything counts
@@ -255,6 +308,13 @@ async def main_async(args: argparse.Namespace) -> int:
                         f" p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms,"
                         f" max {r['max_ms']:.1f} ms; undelivered {r['undelivered']},"
                         f" refused {r['refused']}",
+                        flush=True,
+                    )
+                    print(
+                        "  where it went (p50 / p99 ms): send -> AA"
+                        f" {r['ingest_p50_ms']:.1f} / {r['ingest_p99_ms']:.1f};"
+                        f" AA -> NOTIFY heard {r['notify_p50_ms']:.1f} / {r['notify_p99_ms']:.1f};"
+                        f" NOTIFY -> receiver {r['worker_p50_ms']:.1f} / {r['worker_p99_ms']:.1f}",
                         flush=True,
                     )
     worst = max((r["p99_ms"] for r in results), default=0.0)
