@@ -119,10 +119,12 @@ def test_bad_arguments_are_one_line_errors(fresh_db: str) -> None:
 
 
 def test_sweep_while_another_runs_exits_0(fresh_db: str) -> None:
+    # Another sweep holds the sweep singleton (a lease row, renewed by a live session of its own).
     with psycopg.connect(fresh_db, autocommit=True) as other:
-        other.execute("SELECT pg_advisory_lock(hashtextextended('inturn:sweep', 0))")
+        [(epoch,)] = other.execute("SELECT inturn_sweep_lease('another sweep', 60)").fetchall()
+        assert epoch is not None
         out = run("sweep", dsn=fresh_db)
-        other.execute("SELECT pg_advisory_unlock(hashtextextended('inturn:sweep', 0))")
+        other.execute("SELECT inturn_sweep_release('another sweep', %s)", (epoch,))
     assert out.returncode == 0
     assert out.stdout.strip() == "another sweep is running; nothing done"
 
