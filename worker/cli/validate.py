@@ -277,7 +277,7 @@ def _check_file(report: Report, path: Path) -> None:
 def validate_command(files: tuple[Path, ...]) -> None:
     """Check Destination manifests, feeds files and ingest channel declarations offline.
 
-    A DIR is read as 'inturn local -f' reads it (every *.yaml, *.yml, *.json under it). Every
+    A DIR is read as 'inturn local -f' reads it (every .yaml, .yml and .json file under it). Every
     problem is printed with its file, document and field path; exit status 0 when all are
     valid, 1 when any is not (an empty file too: no documents), 2 when a file is unreadable
     (not UTF-8, not YAML) or for a usage error. Needs no database and no cluster.
