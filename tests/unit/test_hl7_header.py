@@ -186,3 +186,14 @@ def test_python_hl7_agrees_on_samples(samples: list[Path]) -> None:
         assert str(msh[2]) == ours.encoding_characters
         compared += 1
     assert compared > 100
+
+
+def test_delimiters_are_checked_once_per_pair_and_a_refusal_every_time() -> None:
+    """MSH-1/MSH-2 pairs are remembered once checked (the same object comes back), and an
+    unusable pair is refused on every message, not remembered as usable (issue 33)."""
+    good = b"MSH|^~\\&|A|B|C|D|20260101||ADT^A01|X1|P|2.5\r"
+    assert parse_header(good).delimiters is parse_header(good).delimiters
+    for _ in range(2):
+        with pytest.raises(HeaderError) as caught:
+            parse_header(b"MSH|^^\\&|A|B|C|D|20260101||ADT^A01|X1|P|2.5\r")
+        assert caught.value.code == 102

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from inturn.worker.hl7.delimiters import first_segment_of, strip_preamble
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.hl7.terminators import normalise_terminators, terminator
 
@@ -89,3 +90,25 @@ def test_mllp_carries_the_normalised_bytes_exactly(
 )
 def test_examples(given_bytes: bytes, expected: bytes) -> None:
     assert normalise_terminators(given_bytes) == expected
+
+
+def _terminator_scanning_everything(payload: bytes) -> str | None:
+    """The rule as first written: the first CR and the first LF anywhere in the message."""
+    start = len(payload) - len(payload.lstrip(b"\r\n"))
+    cr, lf = payload.find(b"\r", start), payload.find(b"\n", start)
+    if cr < 0 and lf < 0:
+        return None
+    if cr >= 0 and (lf < 0 or cr < lf):
+        return "CRLF" if lf == cr + 1 else "CR"
+    return "LF"
+
+
+@given(st.binary(max_size=200).map(lambda b: b.replace(b"\x00", b"\r").replace(b"\x01", b"\n")))
+def test_the_first_segment_is_found_without_scanning_the_whole_message(payload: bytes) -> None:
+    """Looking for an LF only before the first CR (or right after it) changes no answer: the
+    terminator and the first segment are those of a scan of every byte (issue 33: a 12 KB
+    CR-terminated message was scanned to its end twice per send to find them)."""
+    assert terminator(payload) == _terminator_scanning_everything(payload)
+    data = strip_preamble(payload)
+    ends = [n for n in (data.find(b"\r"), data.find(b"\n")) if n >= 0]
+    assert first_segment_of(payload) == data[: min(ends, default=len(data))].decode("latin-1")
