@@ -49,6 +49,8 @@ SPEC_HASH_ANNOTATION = f"{PREFIX}/spec-hash"
 
 CONFIG_KEY = "worker.json"
 CONFIG_PATH = f"/etc/inturn/{CONFIG_KEY}"
+#: Where a worker pod serves /healthz, /readyz and /metrics: every interface of the pod.
+WORKER_HTTP_HOST = "0.0.0.0"
 CONTAINER_NAME = "worker"
 
 DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
@@ -330,7 +332,18 @@ def deployment(
                 },
             },
         ]
-    command = ["inturn", "worker", "--config", CONFIG_PATH, "--http-port", str(settings.http_port)]
+    # every interface: the kubelet's probes and Prometheus reach the pod's IP (the CLI's own
+    # default is loopback, for a worker run outside a pod)
+    command = [
+        "inturn",
+        "worker",
+        "--config",
+        CONFIG_PATH,
+        "--http-host",
+        WORKER_HTTP_HOST,
+        "--http-port",
+        str(settings.http_port),
+    ]
     if settings.log_json:
         command.append("--log-json")
     container: dict[str, Any] = {

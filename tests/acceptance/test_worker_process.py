@@ -9,6 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker.store import queue
@@ -171,3 +172,52 @@ async def test_a_taken_http_port_is_one_line_naming_the_address(
     lines = err.decode().strip().splitlines()
     assert proc.returncode == 2
     assert lines[-1] == f"inturn: error: Address already in use: 127.0.0.1:{port}", lines
+
+
+def listening_on(port: int) -> set[str]:
+    """The IPv4 addresses a socket LISTENs on at ``port`` (from /proc/net/tcp)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+async def test_the_ops_endpoints_listen_on_loopback_unless_told(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """/healthz, /readyz and /metrics are unauthenticated: outside a pod a worker serves them
+    on 127.0.0.1 only; --http-host 0.0.0.0 (what the operator's pods pass) opens them to every
+    interface."""
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("reads /proc/net/tcp")
+    path = manifest(tmp_path, 9)  # nothing is enqueued: the sender is never used
+    seen = {}
+    for extra in ((), ("--http-host", "0.0.0.0")):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(
+            str(INTURN),
+            "worker",
+            "-f",
+            str(path),
+            "--http-port",
+            str(port),
+            *extra,
+            env={**os.environ, "INTURN_DSN": fresh_db},
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            async with asyncio.timeout(60):
+                while not listening_on(port):
+                    assert proc.returncode is None
+                    await asyncio.sleep(0.1)
+            seen[extra] = listening_on(port)
+        finally:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 60)
+    assert seen == {(): {"127.0.0.1"}, ("--http-host", "0.0.0.0"): {"0.0.0.0"}}

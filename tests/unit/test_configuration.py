@@ -44,7 +44,10 @@ def test_from_options_parses_what_a_person_writes() -> None:
         ("adt", "0.0.0.0", 2575),
         ("lab", "127.0.0.1", 2576),
     ]
-    assert (config.http, config.ops) == (("::1", 8080), ("0.0.0.0", 9090))
+    # the unauthenticated ops endpoints: this host only unless a host is given
+    assert (config.http, config.ops) == (("::1", 8080), ("127.0.0.1", 9090))
+    everywhere = IngestConfig.from_options(listen=["adt=2575"], ops="0.0.0.0:9090")
+    assert everywhere.ops == ("0.0.0.0", 9090)
     assert (config.max_frame_bytes, config.memory_limit) == (2 * 2**20, 2**30)
     assert config.hold_unrouted == frozenset({"adt"})
 

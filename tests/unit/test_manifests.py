@@ -109,6 +109,9 @@ def test_pod_is_restricted_and_read_only() -> None:
     assert mounts["/tmp"] == "tmp"
     assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
     assert c["command"][:4] == ["inturn", "worker", "--config", "/etc/inturn/worker.json"]
+    # the pod's probes reach its IP: every interface, said explicitly (the CLI's default is
+    # loopback)
+    assert c["command"][4:8] == ["--http-host", "0.0.0.0", "--http-port", "8080"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]

@@ -210,7 +210,8 @@ def serving_options(*, listen_required: bool, http_help: str) -> Callable[[F], F
                     "--ops",
                     "ops",
                     metavar="[HOST:]PORT",
-                    help="/healthz, /readyz and /metrics (own port).",
+                    help="/healthz, /readyz and /metrics (own port, unauthenticated; host"
+                    " 127.0.0.1 unless given, 0.0.0.0 for every interface).",
                 ),
                 click.option(
                     "--hold-unrouted",

@@ -70,9 +70,11 @@ def load_one(path: Path, secrets_dir: Path | None) -> WorkerConfig:
 @dsn_option()
 @click.option(
     "--http-host",
-    default="0.0.0.0",
+    default="127.0.0.1",
     show_default=True,
-    help="Address of /healthz, /readyz and /metrics.",
+    help="Address of /healthz, /readyz and /metrics (unauthenticated): this host only unless"
+    " given; 0.0.0.0 for every interface (the operator's worker pods pass it, for the kubelet's"
+    " probes and Prometheus).",
 )
 @click.option(
     "--http-port",

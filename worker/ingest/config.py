@@ -223,7 +223,8 @@ class IngestConfig:
             hint = "--http"
             http_address = parse_address(http) if http else None
             hint = "--ops"
-            ops_address = parse_address(ops) if ops else None
+            # unauthenticated: this host only unless a host is given (the chart gives 0.0.0.0)
+            ops_address = parse_address(ops, "127.0.0.1") if ops else None
             hint = "--max-frame-bytes"
             frame_limit = parse_size(max_frame_bytes)
             hint = "--memory-limit"
