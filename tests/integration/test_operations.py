@@ -101,7 +101,9 @@ async def test_each_action_says_what_happened_or_why_not(conn: AsyncConnection[A
         await actions.remove_item(conn, CLI, b)
     with pytest.raises(Conflict, match="still pending"):
         await actions.resend(conn, CLI, b)
-    resent = await actions.resend(conn, CLI, a)
+    with pytest.raises(Conflict, match=f"item {a} was skipped: only failed items are resent"):
+        await actions.resend(conn, CLI, a)
+    resent = await actions.resend(conn, CLI, a, include_delivered=True)
     assert resent.original == a and resent.copy > c
     assert await actions.remove(conn, CLI, [a, b, 999999]) == actions.Removed((a,), (b, 999999))
     retried = await actions.retry_destination(conn, CLI, DEST)
