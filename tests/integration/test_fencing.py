@@ -185,3 +185,32 @@ def test_lease_settings_from_the_environment() -> None:
         lease_settings({"INTURN_LEASE_TTL_SECONDS": "10", "INTURN_LEASE_RENEW_SECONDS": "10"})
     with pytest.raises(LeaseSettingsError, match="number of seconds"):
         lease_settings({"INTURN_LEASE_TTL_SECONDS": "soon"})
+
+
+async def test_a_mark_repeated_on_a_live_session_keeps_the_lease(fresh_db: str) -> None:
+    """A delivered mark that keeps failing (here a constraint refuses it) renews nothing, so
+    the worker renews its lease on its own between tries: a standby never takes over, and the
+    message is marked once the cause is gone, never sent twice."""
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as admin:
+        await admin.execute(
+            "ALTER TABLE inturn_delivery ADD CONSTRAINT no_delivery"
+            " CHECK (state <> 'delivered') NOT VALID"
+        )
+        try:
+            async with (
+                MllpReceiver() as rx_a,
+                MllpReceiver() as rx_b,
+                running(config(rx_a.port), fresh_db) as a,
+            ):
+                await until(lambda: _true(a.state.lock_held))
+                async with running(config(rx_b.port), fresh_db) as b:
+                    await enqueue(fresh_db, [1])
+                    await until(lambda: _true(a.state.trouble is not None))
+                    await asyncio.sleep(2 * QUICK.ttl_seconds)  # past an unrenewed lease
+                    assert a.state.lock_held and not b.state.lock_held
+                    assert rx_b.received == []
+                    await admin.execute("ALTER TABLE inturn_delivery DROP CONSTRAINT no_delivery")
+                    await until(lambda: delivered_is(fresh_db, 1))
+            assert control_ids(rx_a.received) == ["MSG00001"] and rx_b.received == []
+        finally:
+            await admin.execute("ALTER TABLE inturn_delivery DROP CONSTRAINT IF EXISTS no_delivery")
