@@ -204,3 +204,27 @@ async def test_an_items_page_tells_its_whole_life(
     assert re.findall(r'<tr data-item="(\d+)"', same) == [str(copy), str(ids["ris1"])]
     worklist = page.split('id="item-worklist"')[1].split("</table>")[0]
     assert f'data-work="{work}"' in worklist and "gave-up" in worklist
+
+
+async def test_a_finished_items_page_marks_the_resend_that_sends_it_again(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    """The resend rule on the item page: a failed item's button copies it; a delivered or
+    skipped item's is a separate, marked button that says so (include_delivered), as the
+    command line's --include-delivered."""
+    ids = await seed(fresh_db)
+    operator = clients["operator"]
+    assert (await operator.post(f"/api/v1/items/{ids['lab1']}/skip", {"why": "dup"}))[0] == 200
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE inturn_delivery SET state = 'failed', finished_at = now() WHERE id = %s",
+            (ids["lab2"],),
+        )
+    status, skipped = await operator.get(f"/items/{ids['lab1']}")
+    assert status == 200
+    form = skipped.split('action="/items/{}/resend"'.format(ids["lab1"]))[1].split("</form>")[0]
+    assert '<input type="hidden" name="include_delivered" value="1">' in form
+    assert "Resend a copy (it was skipped on purpose)" in form
+    status, failed = await operator.get(f"/items/{ids['lab2']}")
+    form = failed.split('action="/items/{}/resend"'.format(ids["lab2"]))[1].split("</form>")[0]
+    assert "include_delivered" not in form and ">Resend a copy</button>" in form
