@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +23,8 @@ from inturn.worker.store import lease as leases
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.local import INTURN, manifest, mllp_sender
+from tests.support.local import message as local_message
 
 DEST = "ward/fenced"
 #: Short leases, so that the tests wait seconds for an expiry, not the default 45.
@@ -214,3 +219,82 @@ async def test_a_mark_repeated_on_a_live_session_keeps_the_lease(fresh_db: str) 
             assert control_ids(rx_a.received) == ["MSG00001"] and rx_b.received == []
         finally:
             await admin.execute("ALTER TABLE inturn_delivery DROP CONSTRAINT IF EXISTS no_delivery")
+
+
+# --- a killed worker process on a direct connection: replaced at once (migration 0025) --------
+
+
+async def _lease_row(dsn: str) -> tuple[int, str, Any, Any, int | None]:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as c:
+        cur = await c.execute(
+            "SELECT epoch, holder, expires_at, acquired_at, backend_pid FROM inturn_lease"
+            " WHERE destination = %s",
+            ("default/lab",),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return row[0], row[1], row[2], row[3], row[4]
+
+
+async def _delivered(dsn: str) -> int:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as c:
+        cur = await c.execute("SELECT count(*) FROM inturn_delivery WHERE state = 'delivered'")
+        row = await cur.fetchone()
+    return int(row[0]) if row else -1
+
+
+async def test_a_killed_worker_process_is_replaced_at_once_on_a_direct_connection(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """``inturn worker`` SIGKILLed mid-backlog three times, each time restarted at once, with
+    the default 45 s lease: each successor takes the lease over while the dead holder's lease
+    is still live (its session ended with the process), the epoch raised once per kill, and
+    delivery resumes each time. Nothing is lost, at most one duplicate per kill, in order."""
+    total, kills = 400, 3
+    dest = "default/lab"
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as c:
+        await queue.enqueue(
+            c, [NewItem(dest, "adt", f"M{n:05d}", "ADT^A01", local_message(n)) for n in range(total)]
+        )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_LEASE_")}
+    env["INTURN_DSN"] = fresh_db
+    async with MllpReceiver() as rx:
+        rx.delay_seconds = 0.01
+        path = manifest(tmp_path / "lab.yaml", "lab", mllp_sender(rx.port))
+
+        async def worker() -> asyncio.subprocess.Process:
+            return await asyncio.create_subprocess_exec(
+                str(INTURN), "worker", "-f", str(path), "--http-port", "0", env=env,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+
+        proc = await worker()
+        try:
+            for k in range(kills):
+                await rx.wait_for(50 * (k + 1), timeout=60)  # delivering
+                epoch, holder, expires_at, _, pid = await _lease_row(fresh_db)
+                assert epoch == k + 1 and pid is not None  # a direct holder names its backend
+                proc.send_signal(signal.SIGKILL)  # mid-backlog, holding the lease
+                await asyncio.wait_for(proc.wait(), 30)
+                proc = await worker()  # restarted at once
+                before = await _delivered(fresh_db)
+                async with asyncio.timeout(40):  # under the 45 s lease: no expiry waited for
+                    while (await _lease_row(fresh_db))[0] == epoch:
+                        await asyncio.sleep(0.05)
+                new_epoch, new_holder, _, acquired_at, _ = await _lease_row(fresh_db)
+                assert new_epoch == epoch + 1 and new_holder != holder
+                assert acquired_at < expires_at  # taken over while the dead one's was live
+                async with asyncio.timeout(40):  # delivery resumed
+                    while await _delivered(fresh_db) <= before:
+                        await asyncio.sleep(0.05)
+            async with asyncio.timeout(120):
+                while await _delivered(fresh_db) < total:
+                    await asyncio.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 30)
+        got = [p.split(b"|")[9].decode() for p in rx.received]
+    expected = [f"M{n:05d}" for n in range(total)]
+    assert sorted(set(got)) == expected  # nothing lost
+    assert len(got) - len(set(got)) <= kills  # at most the message in flight per kill
+    assert [g for i, g in enumerate(got) if g not in got[:i]] == expected  # in order

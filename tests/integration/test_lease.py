@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.store import lease, queue
+from inturn.worker.store import lease, locks, queue
 from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.store.model import NewItem
 from inturn.worker.worklist.delivery_failed import give_up
@@ -229,3 +229,76 @@ def test_the_guarded_head_query_still_walks_the_pending_index(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         plan = "\n".join(r[0] for r in c.execute(f"EXPLAIN {queue.Q['head']}", params).fetchall())  # type: ignore[call-overload]
     assert "inturn_lease_pkey" in plan and "Seq Scan on inturn_delivery" not in plan, plan
+
+
+# --- a holder on a direct connection: its lease records its backend (migration 0025) ----------
+
+
+async def _direct_holder(dsn: str, holder: str) -> tuple[AsyncConnection[Any], Lease]:
+    """A session that takes the destination's worker lock, then its lease (as the worker does)."""
+    c = await AsyncConnection.connect(dsn, autocommit=True)
+    assert await locks.try_component_lock(c, "worker", DEST)
+    got = await lease.acquire(c, DEST, holder, 30, direct=True)
+    assert got is not None
+    return c, got
+
+
+async def test_a_dead_direct_holders_lease_is_taken_over_at_once(fresh_db: str) -> None:
+    """While the holder's session lives its lease is kept; once the session ends (a killed
+    worker) a taker holding the worker lock takes over at once, the epoch raised, long before
+    the 30 s lease expires."""
+    a, held = await _direct_holder(fresh_db, "a")
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as b:
+        info = await lease.holder(b, DEST)
+        pid = (await (await a.execute("SELECT pg_backend_pid()")).fetchone() or [0])[0]
+        assert info is not None and info.backend_pid == pid  # the holder's backend, recorded
+        assert not await locks.try_component_lock(b, "worker", DEST)  # its session holds it
+        assert await lease.acquire(b, DEST, "b", 30, direct=True) is None  # live: kept
+        await a.close()  # the session ends (as when the kernel closes a killed worker's socket)
+        async with asyncio.timeout(10):
+            while not await locks.try_component_lock(b, "worker", DEST):
+                await asyncio.sleep(0.05)
+        got = await lease.acquire(b, DEST, "b", 30, direct=True)
+        assert got == Lease(DEST, "b", held.epoch + 1)
+        info = await lease.holder(b, DEST)
+        assert info is not None and info.seconds_left > 25  # taken before the old one expired
+        with pytest.raises(LeaseLost):
+            await lease.renew(b, held, 30)  # the dead holder's epoch matches nothing
+
+
+async def test_a_pooled_holder_records_no_backend_and_waits_for_expiry(fresh_db: str) -> None:
+    """A holder behind a pooler (direct=False) records no backend: its session's end lets
+    nobody in early; only the expiry does."""
+    a = await AsyncConnection.connect(fresh_db, autocommit=True)
+    assert await lease.acquire(a, DEST, "a", 1.0) is not None
+    await a.close()
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as b:
+        info = await lease.holder(b, DEST)
+        assert info is not None and info.backend_pid is None
+        assert await locks.try_component_lock(b, "worker", DEST)
+        assert await lease.acquire(b, DEST, "b", 30, direct=True) is None  # still live
+        await asyncio.sleep(1.1)
+        assert await lease.acquire(b, DEST, "b", 30, direct=True) == Lease(DEST, "b", 2)
+
+
+async def test_a_backend_is_recorded_only_when_it_holds_the_worker_lock(
+    conn: AsyncConnection[Any],
+) -> None:
+    """direct=True without the worker lock records nothing (its session's end would otherwise
+    let a taker in while it lives), so a successor waits for the expiry."""
+    assert await lease.acquire(conn, DEST, "a", 30, direct=True) is not None
+    info = await lease.holder(conn, DEST)
+    assert info is not None and info.backend_pid is None
+
+
+async def test_a_live_direct_holder_is_kept_from_a_pooled_taker(fresh_db: str) -> None:
+    """A taker behind a pooler (no worker lock) takes nothing from a live direct holder; once
+    that holder's session is gone it may take over at once too."""
+    a, held = await _direct_holder(fresh_db, "a")
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as b:
+        assert await lease.acquire(b, DEST, "b", 30) is None
+        await a.close()
+        async with asyncio.timeout(10):
+            while (got := await lease.acquire(b, DEST, "b", 30)) is None:
+                await asyncio.sleep(0.05)
+        assert got == Lease(DEST, "b", held.epoch + 1)

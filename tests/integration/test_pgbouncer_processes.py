@@ -2,7 +2,7 @@
 defaults but the pool mode (issue 29): ``inturn local`` (ingest over MLLP, its workers, its
 sweeper and its console) answers AA and delivers every message once, in order; ``inturn sweep``
 and ``inturn purge`` run; an ``inturn worker`` killed while it holds the lease is replaced by
-another once the lease expires, and nothing is lost or reordered."""
+another (in transaction mode only once the lease expires), and nothing is lost or reordered."""
 
 from __future__ import annotations
 
@@ -120,8 +120,12 @@ def test_sweep_and_purge_run_through_the_pooler(pooled: str) -> None:
 
 
 async def test_a_killed_worker_is_replaced_once_its_lease_expires(
-    pooled: str, tmp_path: Path
+    bouncer: pgbouncer.Bouncer, pooled: str, tmp_path: Path
 ) -> None:
+    """Behind a transaction pooler the lease's expiry is the only rule (no backend of the
+    holder's own to check). In session mode the worker is a session of its own: the pooler
+    resets the server connection when the killed client goes (DISCARD ALL drops its lock), and
+    the successor may take over at once."""
     total = 300
     dest = "default/lab"
     async with await AsyncConnection.connect(pooled, autocommit=True, prepare_threshold=None) as c:
@@ -141,8 +145,23 @@ async def test_a_killed_worker_is_replaced_once_its_lease_expires(
 
         first = await worker()
         await rx.wait_for(60, timeout=60)
+        async with await AsyncConnection.connect(
+            pooled, autocommit=True, prepare_threshold=None
+        ) as c:
+            cur = await c.execute(
+                "SELECT backend_pid FROM inturn_lease WHERE destination = %s", (dest,)
+            )
+            recorded = await cur.fetchone()
         first.send_signal(signal.SIGKILL)  # mid-stream, holding the lease
         await asyncio.wait_for(first.wait(), 30)
+        async with await AsyncConnection.connect(
+            pooled, autocommit=True, prepare_threshold=None
+        ) as c:
+            cur = await c.execute(
+                "SELECT expires_at FROM inturn_lease WHERE destination = %s AND epoch = 1", (dest,)
+            )
+            dead_row = await cur.fetchone()
+        assert dead_row is not None
         second = await worker()
         try:
             await until(lambda: _is(count(pooled, "state = 'delivered'"), total), timeout=120)
@@ -155,5 +174,12 @@ async def test_a_killed_worker_is_replaced_once_its_lease_expires(
     assert len(got) - len(set(got)) <= 1  # at most the message in flight, twice
     assert [g for i, g in enumerate(got) if g not in got[:i]] == expected  # first copies in order
     async with await AsyncConnection.connect(pooled, autocommit=True, prepare_threshold=None) as c:
-        cur = await c.execute("SELECT epoch FROM inturn_lease WHERE destination = %s", (dest,))
-        assert await cur.fetchone() == (2,)  # the second worker took it over, once
+        cur = await c.execute(
+            "SELECT epoch, acquired_at FROM inturn_lease WHERE destination = %s", (dest,)
+        )
+        epoch, acquired_at = await cur.fetchone() or (0, None)
+    assert epoch == 2  # the second worker took it over, once
+    if bouncer.pool_mode == "transaction":
+        # no stable backend: the holder recorded none, and its successor waited for the expiry
+        assert recorded == (None,)
+        assert acquired_at >= dead_row[0]  # not taken over while the dead one's lease was live

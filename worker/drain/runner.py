@@ -14,9 +14,13 @@ whose guard fails raises :class:`~inturn.worker.store.lease.LeaseLost`: the work
 nothing more and goes back to acquiring. When the connection is lost it reconnects with backoff
 and acquires again (its own lease at once, with a new epoch).
 
-The session advisory lock is kept only on a direct connection (never behind a pooler, where it
-would belong to whichever backend the pooler picked): a worker of an earlier version fences
-with it alone, and this keeps the two apart during an upgrade.
+On a direct connection the worker also takes the destination's session advisory lock, before
+the lease, and the lease records its backend (never behind a pooler, where a session lock would
+belong to whichever backend the pooler picked): while the holder's session lives nobody else
+gets the lock, and once it ends (a killed process's socket is closed by the kernel) a successor
+takes the lease over at once instead of waiting for its expiry. Behind a pooler the expiry is
+the only rule. A worker of an earlier version fences with the lock alone; this keeps the two
+apart during an upgrade.
 
 There is no in-flight state: a crash between the receiver's ACK and the delivered mark leaves
 the head pending, so the next lease holder sends it again (at most one duplicate per lost
@@ -383,22 +387,43 @@ class DestinationWorker:
         await self._drain(conn, stop, lease)
 
     async def _acquire(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> Lease | None:
-        """Wait for the destination's lease (and, on a direct connection, its session lock);
-        None when stopped first."""
+        """Wait for the destination's lease (on a direct connection, its session lock first);
+        None when stopped first.
+
+        On a direct connection the session lock is taken before the lease, and the lease
+        records this backend: while a holder's session lives nobody else gets the lock, and
+        once it ends (a killed process: the kernel closes its socket) the next taker gets the
+        lock and takes the lease over at once, raising the epoch. Behind a pooler only the
+        lease's expiry lets a successor in."""
         announced = False
         settings = self.lease_settings
+        direct = not self.pooled
         while not stop.is_set():
             self._tick()
             started = time.monotonic()
-            lease = await self.steps.run(
-                conn,
-                stop,
-                "session",
-                partial(leases.acquire, conn, self.destination, self.holder, settings.ttl_seconds),
-            )
-            if lease is not None and not await self._session_lock(conn, stop):
-                await self.steps.run(conn, stop, "session", partial(leases.release, conn, lease))
-                lease = None
+            lease: Lease | None = None
+            if await self._session_lock(conn, stop):
+                lease = await self.steps.run(
+                    conn,
+                    stop,
+                    "session",
+                    partial(
+                        leases.acquire,
+                        conn,
+                        self.destination,
+                        self.holder,
+                        settings.ttl_seconds,
+                        direct=direct,
+                    ),
+                )
+                if lease is None and direct:
+                    # a holder behind a pooler (no session lock) still holds it: let go
+                    await self.steps.run(
+                        conn,
+                        stop,
+                        "session",
+                        partial(locks.release_component_lock, conn, "worker", self.destination),
+                    )
             if lease is not None:
                 self.lease = lease
                 self._renewed(started)
@@ -406,17 +431,21 @@ class DestinationWorker:
                 return lease
             if not announced:
                 log.info(
-                    "destination %s: another worker holds the lease; trying every %.0fs",
+                    "destination %s: another worker holds the lease; trying every %.0fs"
+                    " (taken over when it expires%s)",
                     self.destination,
                     settings.acquire_seconds,
+                    "" if not direct else ", or at once when its holder's session ends",
                 )
                 announced = True
             await sleep_or_stop(stop, settings.acquire_seconds)
         return None
 
     async def _session_lock(self, conn: AsyncConnection[Any], stop: asyncio.Event) -> bool:
-        """On a direct connection, the destination's session advisory lock as well (what a
-        worker of an earlier version fences with); always True behind a pooler."""
+        """On a direct connection, the destination's session advisory lock (while a holder's
+        session lives nobody else gets it; its lease records the backend that holds it); always
+        True behind a pooler, where a session lock would belong to whichever backend the pooler
+        picked."""
         if self.pooled:
             return True
         return bool(

@@ -12,7 +12,10 @@ on every acquisition, never lowered: a released lease keeps its row) and ``expir
 database's clock (``clock_timestamp()``), with the ``ttl_seconds`` that renewals extend it by.
 
 * :func:`acquire` takes a lease that is free, expired, or already this holder's (the epoch
-  raised each time); a live lease of another holder is never taken.
+  raised each time); a live lease of another holder is never taken, unless that holder was on a
+  direct connection and its session is gone (migration 0025: the lease records the holder's
+  backend, which holds the destination's worker session lock while it lives; a killed worker's
+  socket is closed by the kernel, its backend ends, and the replacement takes over at once).
 * :func:`renew` extends a lease still held; the idle worker calls it on an interval shorter than
   the lease. The statements a worker runs per message (the head query, the marks:
   :mod:`inturn.worker.store.queue`) carry the same guard inline and renew the lease in the same
@@ -20,10 +23,12 @@ database's clock (``clock_timestamp()``), with the ``ttl_seconds`` that renewals
 * :func:`release` expires it now (a clean stop), so that a successor need not wait.
 
 The rule, and its bound. A holder starts an attempt only while its lease is valid for longer
-than the attempt's timeout; a takeover happens only after expiry; a statement whose guard fails
-changes nothing and raises :class:`LeaseLost`, and the worker stops sending. So at most the
-message in flight of a lost holder is sent twice (as with the session lock before), and a
-holder that dies is replaced within ``ttl_seconds`` plus the standby's acquire interval.
+than the attempt's timeout; a takeover happens only after expiry, or once a direct holder's
+session has ended; a statement whose guard fails changes nothing and raises :class:`LeaseLost`,
+and the worker stops sending. So at most the message in flight of a lost holder is sent twice
+(as with the session lock before). A holder that dies is replaced, on a direct connection, as
+soon as its session ends and a standby tries (its acquire interval; a restarted worker tries at
+once), and behind a pooler (no stable backend) within ``ttl_seconds`` plus the acquire interval.
 """
 
 from __future__ import annotations
@@ -85,12 +90,15 @@ class LeaseInfo:
         holder: the last holder's identity.
         epoch: the current epoch.
         seconds_left: seconds until expiry on the database's clock (negative: expired).
+        backend_pid: the backend a holder on a direct connection recorded (its session holds
+            the destination's worker lock), or None (behind a pooler).
     """
 
     destination: str
     holder: str
     epoch: int
     seconds_left: float
+    backend_pid: int | None = None
 
 
 def holder_id(name: str = "") -> str:
@@ -110,20 +118,38 @@ def _check_ttl(ttl_seconds: float) -> float:
 
 
 async def acquire(
-    conn: AsyncConnection[Any], destination: str, holder: str, ttl_seconds: float
+    conn: AsyncConnection[Any],
+    destination: str,
+    holder: str,
+    ttl_seconds: float,
+    *,
+    direct: bool = False,
 ) -> Lease | None:
     """Take the lease of ``destination`` for ``ttl_seconds``, or None when another holder's
     lease is still valid.
 
-    A free destination gets epoch 1; an expired lease (anyone's) or this holder's own is taken
-    with its epoch raised by one, so that every statement of an earlier holding matches nothing.
-    One autocommit statement (pooler-safe: no session state).
+    A free destination gets epoch 1; an expired lease (anyone's), this holder's own, or one
+    whose holder's backend is gone (a holder that recorded its backend, and whose backend no
+    longer holds the destination's worker session lock) is taken with its epoch raised by one,
+    so that every statement of an earlier holding matches nothing. One autocommit statement
+    (pooler-safe: no session state).
+
+    ``direct``: this connection is a session of its own (no pooler) and holds the destination's
+    worker session lock (:func:`inturn.worker.store.locks.try_component_lock`); the lease then
+    records this backend, so that a successor may take over as soon as this session ends. The
+    statement records it only if the lock really is this backend's. Behind a pooler pass False:
+    only the expiry lets a successor in.
 
     Raises:
         Invalid: ``ttl_seconds`` is not positive.
         psycopg.Error: the database failed.
     """
-    params = {"destination": destination, "holder": holder, "ttl_seconds": _check_ttl(ttl_seconds)}
+    params = {
+        "destination": destination,
+        "holder": holder,
+        "ttl_seconds": _check_ttl(ttl_seconds),
+        "direct": direct,
+    }
     row = await fetch_one(conn, Q["acquire"], params, row=dict_row)
     return None if row is None else Lease(destination, holder, int(row["epoch"]))
 
@@ -170,4 +196,5 @@ async def holder(conn: AsyncConnection[Any], destination: str) -> LeaseInfo | No
         holder=str(row["holder"]),
         epoch=int(row["epoch"]),
         seconds_left=float(row["seconds_left"]),
+        backend_pid=None if row["backend_pid"] is None else int(row["backend_pid"]),
     )

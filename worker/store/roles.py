@@ -286,6 +286,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_worker_lock(text)": ("worker",),
     "inturn_worker_unlock(text)": ("worker",),
+    # whose backend holds a destination's worker lock: a dead holder's lease is taken at once
+    "inturn_worker_lock_holder(text)": ("worker",),
     # ingest stores, the admin resends (the notice function takes it as its owner)
     "inturn_enqueue_lock(text)": ("ingest", "admin"),
     # the sweeper's one way to enqueue: a cancelled booking's notice to a carrier (0017)

@@ -4,16 +4,27 @@
 
 -- name: acquire
 -- Take the lease of a destination: a new row (epoch 1), an expired lease of anyone (the epoch
--- raised: the old holder's statements now match nothing), or this holder's own (after a
--- reconnect; the epoch raised too). A live lease of another holder is left alone: no row.
-INSERT INTO inturn_lease AS l (destination, holder, epoch, expires_at, ttl_seconds, acquired_at)
+-- raised: the old holder's statements now match nothing), this holder's own (after a
+-- reconnect; the epoch raised too), or a lease whose holder's backend is gone: a holder on a
+-- direct connection recorded its backend (backend_pid, while its session held the worker lock
+-- of the destination), and that backend no longer holds the lock (its session ended: killed,
+-- crashed). A live lease of another holder is left alone: no row. %(direct)s: this taker is on
+-- a direct connection and holds the worker lock (then its backend is recorded; NULL behind a
+-- pooler, where only the expiry lets a successor in).
+INSERT INTO inturn_lease AS l
+       (destination, holder, epoch, expires_at, ttl_seconds, acquired_at, backend_pid)
 VALUES (%(destination)s, %(holder)s, 1,
         clock_timestamp() + make_interval(secs => %(ttl_seconds)s), %(ttl_seconds)s,
-        clock_timestamp())
+        clock_timestamp(),
+        CASE WHEN %(direct)s AND inturn_worker_lock_holder(%(destination)s) = pg_backend_pid()
+             THEN pg_backend_pid() END)
 ON CONFLICT (destination) DO UPDATE
    SET holder = excluded.holder, epoch = l.epoch + 1, expires_at = excluded.expires_at,
-       ttl_seconds = excluded.ttl_seconds, acquired_at = excluded.acquired_at
+       ttl_seconds = excluded.ttl_seconds, acquired_at = excluded.acquired_at,
+       backend_pid = excluded.backend_pid
  WHERE l.expires_at <= clock_timestamp() OR l.holder = excluded.holder
+    OR (l.backend_pid IS NOT NULL
+        AND inturn_worker_lock_holder(l.destination) IS DISTINCT FROM l.backend_pid)
 RETURNING epoch;
 
 -- name: renew
@@ -33,8 +44,9 @@ UPDATE inturn_lease
    AND expires_at > clock_timestamp();
 
 -- name: holder
--- Who holds a destination's lease, its epoch and seconds left (negative: expired).
-SELECT destination, holder, epoch,
+-- Who holds a destination's lease, its epoch, seconds left (negative: expired) and the backend
+-- a holder on a direct connection recorded (NULL behind a pooler).
+SELECT destination, holder, epoch, backend_pid,
        extract(epoch FROM expires_at - clock_timestamp())::float8 AS seconds_left
   FROM inturn_lease
  WHERE destination = %(destination)s;
