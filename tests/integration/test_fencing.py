@@ -253,9 +253,10 @@ async def test_a_killed_worker_process_is_replaced_at_once_on_a_direct_connectio
     total, kills = 400, 3
     dest = "default/lab"
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as c:
-        await queue.enqueue(
-            c, [NewItem(dest, "adt", f"M{n:05d}", "ADT^A01", local_message(n)) for n in range(total)]
-        )
+        items = [
+            NewItem(dest, "adt", f"M{n:05d}", "ADT^A01", local_message(n)) for n in range(total)
+        ]
+        await queue.enqueue(c, items)
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_LEASE_")}
     env["INTURN_DSN"] = fresh_db
     async with MllpReceiver() as rx:
