@@ -30,7 +30,7 @@ from inturn.worker.operations import queue as ops
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
-from inturn.worker.store import identifiers, queue
+from inturn.worker.store import identifiers, migrate, queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys
@@ -526,3 +526,103 @@ def test_inturn_local_encrypt_makes_a_master_key_and_a_key_store_once(
         finally:
             with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{LOCAL_KEY_DATABASE}" WITH (FORCE)')
+
+
+def test_a_lookup_by_patient_without_keys_on_a_sealed_database_refuses_instead_of_finding_none(
+    fresh_db: str,
+    keys_dir: Path,
+    key_dsn: str,
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    """The new user's trial: ingest sealed a patient's messages (two destinations); without
+    the keys, `queue list --patient-id`, `queue erase --patient-id --dry-run` and the erasure
+    said "0 of 0" / "erased 0" with exit 0. Now each refuses in one line naming --payload-keys
+    (exit 2) and erases nothing; with the keys they find every row."""
+    register(fresh_db, DEST, "adt")
+    register(fresh_db, "ward/pharmacy", "adt")
+    config = IngestConfig(
+        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
+        refresh_seconds=0.2,
+        store_timeout=5.0,
+        shutdown_grace=2.0,
+        payload_keys=str(keys_dir),
+        key_dsn=key_dsn,
+    )
+
+    async def ingest() -> None:
+        async with Ingest(config, dsn=fresh_db) as running:
+            client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
+            try:
+                for n in range(4):
+                    await client.send(adt(n, "E1"))
+            finally:
+                await client.close()
+
+    asyncio.run(ingest())
+    capsysbinary.readouterr()  # ingest's own log lines
+    keyed = ["--payload-keys", str(keys_dir), "--key-dsn", key_dsn]
+    listing = ["queue", "list", "--dsn", fresh_db, "--patient-id", "E1", "--json"]
+    erase = ["queue", "erase", "--dsn", fresh_db, "--patient-id", "E1", "--authority", "HOSP"]
+    erase += ["--who", "dpo", "--json"]
+    for args in (listing, [*erase, "--dry-run"], [*erase, "--why", "request 12"]):
+        with pytest.raises(SystemExit) as exited:
+            main(args)
+        assert exited.value.code == 2, args
+        said = capsysbinary.readouterr()
+        err = said.err.decode().strip()
+        assert said.out == b"" and len(err.splitlines()) == 1, err
+        assert "--payload-keys" in err and "blind index" in err
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (8,)
+    main([*listing, *keyed])
+    assert json.loads(capsysbinary.readouterr().out)["total"] == 8
+    main([*erase, "--dry-run", *keyed])
+    assert len(json.loads(capsysbinary.readouterr().out)["matched"]) == 8
+    main([*erase, "--why", "request 12", *keyed])
+    done = json.loads(capsysbinary.readouterr().out)
+    assert (len(done["erased"]), done["keysDestroyed"]) == (8, 1)
+    # still refused without keys with nothing left: the blind index is what it cannot read
+    with pytest.raises(SystemExit) as exited:
+        main(listing)
+    assert exited.value.code == 2
+
+
+def test_a_lookup_by_patient_on_a_database_that_never_sealed_answers_as_before(
+    fresh_db: str, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """No payload keys ever: no marker row, the plain index, "nothing found" is the truth."""
+    register(fresh_db, DEST, "adt")
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT count(*) FROM inturn_payload_keys").fetchone() == (0,)
+
+    async def plain() -> list[int]:
+        async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            return await queue.enqueue(conn, [item(adt(1, "P1"))])
+
+    [only] = asyncio.run(plain())
+    main(["queue", "list", "--dsn", fresh_db, "--patient-id", "P1", "--json"])
+    assert [i["id"] for i in json.loads(capsysbinary.readouterr().out)["items"]] == [only]
+    main(["queue", "list", "--dsn", fresh_db, "--patient-id", "NOBODY", "--json"])
+    assert json.loads(capsysbinary.readouterr().out)["total"] == 0
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT count(*) FROM inturn_payload_keys").fetchone() == (0,)
+
+
+async def test_migration_0021_marks_a_database_sealed_before_it(
+    fresh_db: str, keys_dir: Path, key_dsn: str
+) -> None:
+    """A database whose rows were sealed before migration 0021 existed gets its row from the
+    migration itself (it looks for envelopes once): lookups without keys refuse there too."""
+    codec = await keys.codec(keys_dir, key_dsn)
+    await sealed_queue(fresh_db, codec, [adt(1, "OLD-1")])
+    sql = (
+        Path(migrate.__file__).parent / "migrations" / "0021_payload_keys_in_use.sql"
+    ).read_text()
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute("DROP TABLE inturn_payload_keys")  # as before 0021
+        await conn.execute(sql.encode())
+        with pytest.raises(PayloadKeysMissing, match="--payload-keys"):
+            await privacy.find_for_erasure(conn, patient_id="OLD-1")
+        assert [
+            m.id for m in await privacy.find_for_erasure(conn, patient_id="OLD-1", payloads=codec)
+        ] != []

@@ -44,6 +44,7 @@ from inturn.worker.cli.privacy import (
 )
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain.lanes import LaneSummary, summarize
+from inturn.worker.operations import privacy
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.store import identifiers, reads
@@ -51,13 +52,6 @@ from inturn.worker.store.model import STATES, DepthRow, Item
 from inturn.worker.text.display import printable, table
 
 T = TypeVar("T")
-
-
-def _async(call: Callable[[PayloadCodec], T]) -> Callable[[PayloadCodec], Awaitable[T]]:
-    async def run(codec: PayloadCodec) -> T:
-        return call(codec)
-
-    return run
 
 
 @click.group("queue")
@@ -141,9 +135,11 @@ def list_command(
 
     async def go(conn: AsyncConnection[Any]) -> tuple[list[Item], int, int]:
         nonlocal patient_key
-        if patient_key is not None and payload_keys:
+        if patient_key is not None and patient_id is not None:
             patient_key = await with_payloads(
-                payload_keys, key_dsn, _async(lambda c: patient_key_for(patient_id, authority, c))
+                payload_keys,
+                key_dsn,
+                lambda c: privacy.patient_lookup(conn, patient_id, authority, c),
             )
         items, total = await reads.list_items(
             conn,

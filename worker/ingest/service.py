@@ -198,6 +198,9 @@ class Ingest:
                 application_name="inturn-ingest-keys",
             )
             if self.payloads.enabled:
+                # before anything is sealed: a lookup by patient without keys then refuses
+                async with pools.write.connection() as conn:
+                    await sealing.mark_in_use(conn)
                 await self._watch_index_form(pools)
             self.router = Router(pools.read, config.refresh_seconds)
             await self.router.refresh()

@@ -117,6 +117,7 @@ async def encrypt_existing(
     """
     if not codec.enabled:
         raise MasterKeyError("encrypt-existing needs --payload-keys and --key-dsn")
+    await sealing.mark_in_use(conn)  # before the first row is sealed: lookups need the keys
     plain = PayloadCodec(max_identifiers=codec.max_identifiers)
     sealed, after = 0, 0
     while True:

@@ -14,11 +14,12 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.crypto.errors import PayloadKeysMissing
 from inturn.worker.errors import Invalid, NotFound, Unavailable
 from inturn.worker.hl7.pid import has_patient_id, lookup_key
 from inturn.worker.operations.actor import Actor, permit
 from inturn.worker.operations.queue import Changed
-from inturn.worker.store import actions, identifiers, reads
+from inturn.worker.store import actions, identifiers, reads, sealing
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.model import Item
 
@@ -157,9 +158,13 @@ async def find_for_erasure(
 
     Raises:
         Invalid: neither or both of ``item_ids`` and a non-empty ``patient_id``.
+        PayloadKeysMissing: by patient, without payload keys, on a database that seals
+            payloads (:func:`require_blind_index`).
     """
     if bool(item_ids) == bool(patient_id and patient_id.strip()):
         raise Invalid("give exactly one of item ids or a non-empty patient id")
+    if patient_id:
+        await require_blind_index(conn, payloads)
     if patient_id and scan:
         return await _scan_for_patient(
             conn, patient_id, authority, progress or (lambda _: None), payloads or PayloadCodec()
@@ -255,6 +260,48 @@ def patient_lookup_key(
     return lookup_key(patient_id, authority)
 
 
+#: The refusal of a lookup by patient without payload keys on a database that seals payloads.
+NEEDS_KEYS = (
+    "payloads here are sealed with payload keys and indexed under the blind index: a search or"
+    " erasure by patient needs --payload-keys and --key-dsn (without them it would find nothing)"
+)
+
+
+async def require_blind_index(conn: AsyncConnection[Any], payloads: PayloadCodec | None) -> None:
+    """Refuse a lookup by patient that cannot compute the blind index while this database
+    seals payloads (``inturn_payload_keys``, written by the first process that sealed one):
+    without the keys, it would read only the plain index forms and report that nothing was
+    found. Every lookup and erasure by patient calls it (:func:`patient_lookup`,
+    :func:`find_for_erasure`); a database that never sealed answers as before.
+
+    Raises:
+        PayloadKeysMissing: ``payloads`` has no keys and payloads are sealed here (one line
+            naming ``--payload-keys``).
+    """
+    if payloads is not None and payloads.enabled:
+        return
+    if await sealing.in_use(conn):
+        raise PayloadKeysMissing(NEEDS_KEYS)
+
+
+async def patient_lookup(
+    conn: AsyncConnection[Any],
+    patient_id: str,
+    authority: str | None = None,
+    payloads: PayloadCodec | None = None,
+) -> str:
+    """:func:`patient_lookup_key`, after :func:`require_blind_index`: the key of a search by
+    patient that finds what ingest indexed, or a refusal.
+
+    Raises:
+        Invalid: as :func:`patient_lookup_key`.
+        PayloadKeysMissing: as :func:`require_blind_index`.
+    """
+    key = patient_lookup_key(patient_id, authority, payloads)
+    await require_blind_index(conn, payloads)
+    return key
+
+
 @dataclass(frozen=True)
 class PatientSearch:
     """What a search by patient identifier found.
@@ -290,9 +337,10 @@ async def search_patient(
         Forbidden: the actor lacks the privacy role.
         ReasonRequired: no reason.
         Invalid: an empty patient ID or authority, or one holding a NUL character.
+        PayloadKeysMissing: without payload keys on a database that seals payloads.
     """
     reason = permit(actor, "search-patient", why)
-    key = patient_lookup_key(patient_id, authority, payloads)
+    key = await patient_lookup(conn, patient_id, authority, payloads)
     items, total = await reads.search_patient(conn, key, who=actor.name, why=reason, limit=limit)
     return PatientSearch(items, total, await identifiers.unindexed_count(conn))
 

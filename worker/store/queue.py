@@ -48,6 +48,7 @@ from inturn.worker.store.model import (
     Pending,
 )
 from inturn.worker.store.queries import fetch_all, fetch_one, load
+from inturn.worker.store.sealing import mark_in_use
 
 Q = load("queue.sql")
 
@@ -114,6 +115,7 @@ async def enqueue_in_transaction(
     drawn: list[int] = []
     if sealing:
         assert payloads is not None
+        await mark_in_use(conn)  # lookups by patient without the keys refuse from now on
         drawn = await draw_ids(conn, len(items))
         stored = await payloads.seal_many(
             [(i, item.destination, item.payload) for i, item in zip(drawn, items, strict=True)]

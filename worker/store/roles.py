@@ -203,6 +203,13 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
+    # Whether payloads are sealed here (migration 0021): the sealers record it once, and every
+    # lookup by patient without payload keys reads it to refuse rather than find nothing.
+    "inturn_payload_keys": {
+        "ingest": (SELECT, INSERT),
+        "admin": (SELECT, INSERT),
+        "reader": (SELECT,),
+    },
     "inturn_destination": {
         "ingest": (SELECT,),
         # The head query honours a hold (suspend from the console or the CLI).

@@ -68,3 +68,22 @@ async def plaintext_pending(conn: AsyncConnection[Any]) -> bool:
     """Whether a pending row still holds its payload in clear (and its plain index keys)."""
     row = await fetch_one(conn, Q["plaintext_pending"], row=dict_row)
     return bool(row and row["found"])
+
+
+async def mark_in_use(conn: AsyncConnection[Any]) -> None:
+    """Record that this database holds sealed payloads (``inturn_payload_keys``, migration
+    0021): done once by every process that seals (ingest with payload keys, ``inturn keys
+    encrypt-existing``) before it seals anything; idempotent.
+
+    Raises:
+        psycopg.Error: e.g. the role lacks INSERT on the table (``inturn migrate
+            --create-roles`` grants it to ingest and admin).
+    """
+    await conn.execute(Q["mark_in_use"])
+
+
+async def in_use(conn: AsyncConnection[Any]) -> bool:
+    """Whether payloads were ever sealed in this database (then patient lookups need the blind
+    index, and so the payload keys). One index probe of a table of at most one row."""
+    row = await fetch_one(conn, Q["in_use"], row=dict_row)
+    return bool(row and row["found"])

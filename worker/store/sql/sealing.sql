@@ -45,3 +45,11 @@ SELECT EXISTS (
      WHERE state = 'pending' AND substring(payload FROM 1 FOR 4) <> '\x00696531'::bytea
        AND patient_keys <> '{}'
 ) AS found;
+
+-- name: mark_in_use
+-- Record that payloads are sealed in this database (once; later calls change nothing).
+INSERT INTO inturn_payload_keys (one) VALUES (true) ON CONFLICT (one) DO NOTHING;
+
+-- name: in_use
+-- Whether payloads were ever sealed here (one row at most: an index probe).
+SELECT EXISTS (SELECT 1 FROM inturn_payload_keys) AS found;
