@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,9 +29,10 @@ from inturn.worker.ingest.service import Ingest
 from inturn.worker.operations import payload_keys, privacy
 from inturn.worker.operations import queue as ops
 from inturn.worker.operations.actor import Trusted
+from inturn.worker.senders.base import DeliveryError
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
-from inturn.worker.store import identifiers, migrate, queue
+from inturn.worker.store import identifiers, migrate, queue, sealing
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys
@@ -626,3 +628,67 @@ async def test_migration_0021_marks_a_database_sealed_before_it(
         assert [
             m.id for m in await privacy.find_for_erasure(conn, patient_id="OLD-1", payloads=codec)
         ] != []
+
+
+async def test_a_key_store_outage_is_named_in_ingests_log_its_answer_and_readyz(
+    fresh_db: str,
+    keys_dir: Path,
+    key_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The key store's database refuses connections and its sessions are ended: a new
+    patient's message is answered AE, the log says why with "key store" (not "connection
+    lost") and never that a pooled (queue) connection was dead, /readyz's reason names
+    the key store; once it is back, readiness returns without traffic and messages are AA."""
+    monkeypatch.setattr(sealing, "INDEX_FORM_EVERY_SECONDS", 0.2)
+    register(fresh_db, DEST, "adt")
+    name = psycopg.conninfo.conninfo_to_dict(key_dsn)["dbname"]
+    config = IngestConfig(
+        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
+        refresh_seconds=0.2,
+        store_timeout=5.0,
+        shutdown_grace=2.0,
+        payload_keys=str(keys_dir),
+        key_dsn=key_dsn,
+    )
+
+    def key_store_away(away: bool) -> None:
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(not away).lower()}')
+            if away:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    (name,),
+                )
+
+    caplog.set_level(logging.INFO)
+    async with Ingest(config, dsn=fresh_db) as running:
+        client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
+        try:
+            await client.send(adt(1, "KS-1"))
+            assert running.readiness() is None
+            key_store_away(True)
+            try:
+                with pytest.raises(DeliveryError) as refused:
+                    await client.send(adt(2, "KS-2"))  # a new patient: its key is not cached
+                assert str(refused.value).startswith("AE: ")  # send it again: nothing kept
+                reason = running.readiness()
+                assert reason is not None and reason.startswith("key store unreachable for")
+                assert "--key-dsn" in reason
+            finally:
+                key_store_away(False)
+            for _ in range(100):
+                if running.readiness() is None:
+                    break
+                await asyncio.sleep(0.1)
+            assert running.readiness() is None
+            await client.send(adt(3, "KS-2"))
+        finally:
+            await client.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "pooled connection was dead" in m]
+    assert [m for m in said if "key store unreachable" in m]
+    assert "key store (--key-dsn) reachable again" in said
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (2,)

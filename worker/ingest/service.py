@@ -45,6 +45,7 @@ from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store import sealing
 from inturn.worker.store.connect import Pools
+from inturn.worker.store.keystore import PgKeyStore
 from inturn.worker.worklist.metrics import refresh_pending_forever
 
 log = logging.getLogger("inturn.ingest")
@@ -166,6 +167,9 @@ class Ingest:
             return "routing table not loaded"
         if age > limit:
             return f"destination registry unreadable for {age:.0f} s"
+        store = self.payloads.store if self.payloads is not None else None
+        if isinstance(store, PgKeyStore):
+            return store.health()  # new patients' messages are refused (AE) meanwhile
         return None
 
     async def start(self) -> None:
@@ -369,6 +373,13 @@ class Ingest:
     async def _index_form_loop(self, pools: Pools) -> None:
         while True:
             await asyncio.sleep(sealing.INDEX_FORM_EVERY_SECONDS)
+            store = self.payloads.store if self.payloads is not None else None
+            if isinstance(store, PgKeyStore) and store.failing_since is not None:
+                try:  # a readiness that failed must see the key store back without traffic
+                    await store.ping()
+                    log.info("key store (--key-dsn) reachable again")
+                except Exception as exc:
+                    log.debug("key store still unreachable: %s", exc)
             try:
                 await self._watch_index_form(pools)
             except Exception as exc:  # the database away: keep the form in use, look again

@@ -65,6 +65,14 @@ GONE_CODES = frozenset({"57P01", "57P02", "57P04", "57P05", "25P03", "25P04"})
 GONE_SEVERITIES = frozenset({"FATAL", "PANIC"})
 
 
+class KeyStoreUnavailable(psycopg.OperationalError):
+    """The key store (``--key-dsn``), not the queue's database, cannot be reached or lost its
+    session twice in a row. A :class:`psycopg.OperationalError` (callers that report database
+    errors still do), but never a sign that a *queue* connection is dead: ingest does not
+    store again on a fresh queue connection for it, and says "key store" in its logs, its
+    negative acknowledgement's text and ``/readyz``. Its message is one line."""
+
+
 def connection_gone(exc: BaseException, *, closed: bool = False) -> bool:
     """Whether ``exc`` means the database connection it came from is gone: the one
     classification of a lost session, used by ingest's store (retry on a fresh connection),
@@ -90,6 +98,8 @@ def connection_gone(exc: BaseException, *, closed: bool = False) -> bool:
     """
     if closed or isinstance(exc, psycopg.InterfaceError):
         return True
+    if isinstance(exc, KeyStoreUnavailable):  # the key store's session, not the caller's
+        return False
     if not isinstance(exc, psycopg.Error) or _pool_error(exc):
         return False
     sqlstate = exc.sqlstate
@@ -140,6 +150,10 @@ def classify(exc: BaseException) -> Classified:
     """Classify an exception raised while storing a message (see the module table)."""
     sqlstate = exc.sqlstate if isinstance(exc, psycopg.Error) else None
     name = type(exc).__name__
+    if isinstance(exc, KeyStoreUnavailable):
+        cause = type(exc.__cause__).__name__ if exc.__cause__ else name
+        text = f"key store unreachable ({cause})"
+        return Classified("transient", None, ErrorCode.APPLICATION_INTERNAL_ERROR, text)
     if _pool_error(exc):
         return Classified(
             "transient", None, ErrorCode.APPLICATION_INTERNAL_ERROR, f"storage failed: {name}"

@@ -14,6 +14,7 @@ calls it only on a cache miss. Statements are in ``sql/keystore.sql``.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from psycopg.rows import dict_row
 
 from inturn.worker.crypto.keystore import NewKey, StoredKey
 from inturn.worker.store.connect import session_kwargs
+from inturn.worker.store.faults import KeyStoreUnavailable
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("keystore.sql")
@@ -55,6 +57,10 @@ def ensure_database(server_dsn: str, name: str) -> str:
     return make_conninfo(server_dsn, dbname=name)
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _stored(row: Mapping[str, Any]) -> StoredKey:
     return StoredKey(bytes(row["ref"]), str(row["master_id"]), bytes(row["wrapped"]))
 
@@ -73,6 +79,10 @@ class PgKeyStore:
         self._conn: AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
         self.round_trips = 0
+        #: Since when (``time.monotonic()``) every call failed, and the last failure's line;
+        #: None once a call succeeds (:meth:`health`).
+        self.failing_since: float | None = None
+        self.failure = ""
 
     async def _connection(self) -> AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
@@ -85,17 +95,50 @@ class PgKeyStore:
         return self._conn
 
     async def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Run one statement, once more on a fresh connection if the first one is broken.
+
+        Raises:
+            KeyStoreUnavailable: the key store could not be reached (or connected to) twice.
+            psycopg.Error: the statement itself failed (a missing schema, a refused grant).
+        """
         async with self._lock:
             for attempt in (1, 2):
-                conn = await self._connection()
+                conn: AsyncConnection[Any] | None = None
                 try:
+                    conn = await self._connection()
                     self.round_trips += 1
-                    return await fetch_all(conn, Q[name], params, row=dict_row)
-                except psycopg.OperationalError:
-                    await conn.close()
+                    rows = await fetch_all(conn, Q[name], params, row=dict_row)
+                except psycopg.OperationalError as exc:
+                    if conn is not None:
+                        await conn.close()
                     if attempt == 2:
-                        raise
+                        raise self._failed(exc) from exc
+                else:
+                    self.failing_since = None
+                    return rows
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _failed(self, exc: BaseException) -> KeyStoreUnavailable:
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+        self.failure = f"{type(exc).__name__}: {_first_line(exc)}"
+        return KeyStoreUnavailable(f"key store unreachable (--key-dsn): {self.failure}")
+
+    def health(self) -> str | None:
+        """None while the key store answers, else a one-line reason with how long every call
+        has failed (ingest's ``/readyz``)."""
+        if self.failing_since is None:
+            return None
+        age = time.monotonic() - self.failing_since
+        return f"key store unreachable for {age:.0f} s (--key-dsn): {self.failure}"
+
+    async def ping(self) -> None:
+        """One round trip (``SELECT 1``): clears :meth:`health` when the key store is back.
+
+        Raises:
+            KeyStoreUnavailable: still unreachable.
+        """
+        await self._rows("ping", {})
 
     async def close(self) -> None:
         """Close the connection (it is opened again on next use)."""

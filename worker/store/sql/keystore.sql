@@ -97,3 +97,7 @@ SELECT master_id, count(*)::int AS keys FROM inturn_key GROUP BY master_id ORDER
 
 -- name: erasures
 SELECT id, erased_at, actor, reason, keys FROM inturn_key_erasure ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: ping
+-- One round trip: whether the key store answers (ingest's readiness, after a failure).
+SELECT 1 AS one;
