@@ -23,7 +23,7 @@ from inturn.worker.store import lease as leases
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
-from tests.support.local import INTURN, manifest, mllp_sender
+from tests.support.local import INTURN, LocalProcess, free_port, manifest, mllp_sender, send
 from tests.support.local import message as local_message
 
 DEST = "ward/fenced"
@@ -299,3 +299,54 @@ async def test_a_killed_worker_process_is_replaced_at_once_on_a_direct_connectio
     assert sorted(set(got)) == expected  # nothing lost
     assert len(got) - len(set(got)) <= kills  # at most the message in flight per kill
     assert [g for i, g in enumerate(got) if g not in got[:i]] == expected  # in order
+
+
+async def test_a_killed_inturn_local_restarted_at_once_takes_over_at_once(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """``inturn local --dsn`` (a direct connection) SIGKILLed twice mid-backlog and started
+    again at once, the default 45 s leases: the new one is not refused as 'in use' and its
+    worker takes the destination's lease over while the dead one's is still live; every message
+    accepted is delivered, at most one duplicate per kill, in order."""
+    total, kills = 300, 2
+    async with MllpReceiver() as rx:
+        rx.delay_seconds = 0.01
+        path = manifest(tmp_path / "lab.yaml", "lab", mllp_sender(rx.port))
+        listen = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_LEASE_")}
+
+        def local() -> LocalProcess:
+            proc = LocalProcess(
+                tmp_path / "local.log",
+                ["-f", str(path), "--listen", f"adt={listen}", "--dsn", fresh_db],
+            )
+            proc.env = {k: v for k, v in env.items() if k != "INTURN_DSN"}
+            return proc
+
+        run = local()
+        await run.start(listen)
+        try:
+            assert await send(listen, [local_message(n) for n in range(total)]) == ["AA"] * total
+            for k in range(kills):
+                await rx.wait_for(40 * (k + 1), timeout=60)  # delivering
+                epoch, holder, expires_at, _, _ = await _lease_row(fresh_db)
+                await run.kill()  # SIGKILL, holding the database's and the destination's leases
+                run = local()
+                await run.start(listen)  # at once: not refused as "in use"
+                async with asyncio.timeout(40):  # under the 45 s lease
+                    while (await _lease_row(fresh_db))[0] == epoch:
+                        await asyncio.sleep(0.05)
+                new_epoch, new_holder, _, acquired_at, _ = await _lease_row(fresh_db)
+                assert new_epoch == epoch + 1 and new_holder != holder
+                assert acquired_at < expires_at  # taken over while the dead one's was live
+            async with asyncio.timeout(120):
+                while await _delivered(fresh_db) < total:
+                    await asyncio.sleep(0.1)
+            assert await run.interrupt() == 0
+        finally:
+            await run.kill()
+        got = [p.split(b"|")[9].decode() for p in rx.received]
+    expected = [f"M{n:05d}" for n in range(total)]
+    assert sorted(set(got)) == expected  # nothing lost
+    assert len(got) - len(set(got)) <= kills
+    assert [g for i, g in enumerate(got) if g not in got[:i]] == expected
