@@ -643,7 +643,6 @@ async def test_a_key_store_outage_is_named_in_ingests_log_its_answer_and_readyz(
     the key store; once it is back, readiness returns without traffic and messages are AA."""
     monkeypatch.setattr(sealing, "INDEX_FORM_EVERY_SECONDS", 0.2)
     register(fresh_db, DEST, "adt")
-    name = psycopg.conninfo.conninfo_to_dict(key_dsn)["dbname"]
     config = IngestConfig(
         listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
         refresh_seconds=0.2,
@@ -653,22 +652,13 @@ async def test_a_key_store_outage_is_named_in_ingests_log_its_answer_and_readyz(
         key_dsn=key_dsn,
     )
 
-    def key_store_away(away: bool) -> None:
-        with psycopg.connect(fresh_db, autocommit=True) as conn:
-            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(not away).lower()}')
-            if away:
-                conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                    (name,),
-                )
-
     caplog.set_level(logging.INFO)
     async with Ingest(config, dsn=fresh_db) as running:
         client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
         try:
             await client.send(adt(1, "KS-1"))
             assert running.readiness() is None
-            key_store_away(True)
+            _key_store_away(fresh_db, key_dsn, True)
             try:
                 with pytest.raises(DeliveryError) as refused:
                     await client.send(adt(2, "KS-2"))  # a new patient: its key is not cached
@@ -677,7 +667,7 @@ async def test_a_key_store_outage_is_named_in_ingests_log_its_answer_and_readyz(
                 assert reason is not None and reason.startswith("key store unreachable for")
                 assert "--key-dsn" in reason
             finally:
-                key_store_away(False)
+                _key_store_away(fresh_db, key_dsn, False)
             for _ in range(100):
                 if running.readiness() is None:
                     break
@@ -692,3 +682,55 @@ async def test_a_key_store_outage_is_named_in_ingests_log_its_answer_and_readyz(
     assert "key store (--key-dsn) reachable again" in said
     with psycopg.connect(fresh_db) as conn:
         assert conn.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (2,)
+
+
+def _key_store_away(dsn: str, key_dsn: str, away: bool) -> None:
+    """The key store's database refuses connections (and its sessions end), or is back."""
+    name = psycopg.conninfo.conninfo_to_dict(key_dsn)["dbname"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(not away).lower()}')
+        if away:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+
+
+async def test_a_worker_names_a_key_store_outage_and_delivers_once_it_is_back(
+    fresh_db: str, keys_dir: Path, key_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The head's key is not cached and the key store is away: the worker sends nothing, logs
+    "key store unreachable" (not "database connection lost"), its readiness names the key
+    store; once it is back, the head is delivered."""
+    codec = await keys.codec(keys_dir, key_dsn)
+    sent = adt(1, "KSW-1")
+    await sealed_queue(fresh_db, codec, [sent])
+    reader = await keys.codec(keys_dir, key_dsn)  # started; its cache is cold
+    caplog.set_level(logging.WARNING)
+    async with MllpReceiver() as rx:
+        cfg = worker_config(rx.port)
+        assert isinstance(cfg.sender, MllpSenderConfig)
+        worker = DestinationWorker(
+            cfg, fresh_db, MllpSender(cfg.sender), PrometheusObserver(), payloads=reader
+        )
+        _key_store_away(fresh_db, key_dsn, True)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            async with asyncio.timeout(10):
+                while not [r for r in caplog.records if "key store" in r.getMessage()]:
+                    await asyncio.sleep(0.05)
+            reason = worker.state.not_ready()
+            assert reason is not None and reason.startswith("key store unreachable for")
+            assert rx.received == []
+        finally:
+            _key_store_away(fresh_db, key_dsn, False)
+        await rx.wait_for(1)
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    assert rx.received == [sent]
+    said = [r.getMessage() for r in caplog.records]
+    assert any("key store unreachable (--key-dsn)" in m for m in said)
+    assert not any("database connection lost" in m for m in said)
+    assert reader.store is not None and worker.state.key_store is not None
+    assert worker.state.key_store() is None

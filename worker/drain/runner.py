@@ -67,7 +67,8 @@ from inturn.worker.spec.config import poll_seconds as poll_env
 from inturn.worker.store import lease as leases
 from inturn.worker.store import locks, lockwatch, queue, reads
 from inturn.worker.store.connect import connect_worker, detect_pooling
-from inturn.worker.store.faults import Step, connection_gone
+from inturn.worker.store.faults import KeyStoreUnavailable, Step, connection_gone
+from inturn.worker.store.keystore import PgKeyStore
 from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.store.model import Head
 from inturn.worker.worklist.delivery_failed import give_up
@@ -148,6 +149,8 @@ class DestinationWorker:
         #: Digest of the sender settings (see :mod:`inturn.worker.senders.fingerprint`).
         self.sender_fingerprint = fingerprint(config.sender)
         self.state = WorkerHealth()
+        if isinstance(self.payloads.store, PgKeyStore):
+            self.state.key_store = self.payloads.store.health
         self.publishers = publishers
         #: The sender's credential-free summary, as traces name the peer.
         self.peer = sender.describe()
@@ -224,13 +227,22 @@ class DestinationWorker:
                     self.state.db_ok = False
                     delay = backoff_seconds(failures, RECONNECT_BASE_SECONDS, RECONNECT_MAX_SECONDS)
                     what = "connection lost" if self.state.connected_once else "unreachable"
-                    log.warning(
-                        "destination %s: database %s (%s); workers wait for it: next try in %.1fs",
-                        self.destination,
-                        what,
-                        _first_line(exc),
-                        delay,
-                    )
+                    if isinstance(exc, KeyStoreUnavailable):  # not the queue's database
+                        log.warning(
+                            "destination %s: %s; the head waits for it: next try in %.1fs",
+                            self.destination,
+                            _first_line(exc),
+                            delay,
+                        )
+                    else:
+                        log.warning(
+                            "destination %s: database %s (%s); workers wait for it: next try"
+                            " in %.1fs",
+                            self.destination,
+                            what,
+                            _first_line(exc),
+                            delay,
+                        )
                     await sleep_or_stop(stop, delay)
         finally:
             self._set_lock(False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inturn.worker.drain.lanes import LaneView
@@ -24,6 +25,8 @@ class WorkerHealth:
         lanes: what the lanes are doing (``spec.lanes.count`` above 1), or None.
         pooling: the one line saying the worker's DSN is pooled (and what is not used then),
             or None on a direct connection; ``/readyz`` shows it.
+        key_store: the key store's health (``PgKeyStore.health``: None while it answers, else
+            why not), with payload keys; ``/readyz`` shows it first.
     """
 
     lock_held: bool = False
@@ -35,6 +38,7 @@ class WorkerHealth:
     lock_wait: str | None = None
     lanes: LaneView | None = None
     pooling: str | None = None
+    key_store: Callable[[], str | None] | None = None
 
     def alive(self, stale_after: float) -> bool:
         """Whether the loop turned within ``stale_after`` seconds (the attempt in flight counts)."""
@@ -49,6 +53,9 @@ class WorkerHealth:
 
     def not_ready(self) -> str | None:
         """Why the worker is not ready (one line), or None when it is."""
+        down = self.key_store() if self.key_store is not None else None
+        if down is not None:
+            return down
         if not self.lock_held or not self.db_ok:
             return "not holding the lock or no database"
         if self.lock_wait is not None:
