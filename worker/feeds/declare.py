@@ -30,7 +30,7 @@ import yaml
 
 from inturn.worker.errors import Invalid
 from inturn.worker.spec.schedule import Schedule, ScheduleError, parse
-from inturn.worker.spec.schema import schedule_schema
+from inturn.worker.spec.schema_delivery import schedule_schema
 
 #: Most feeds in one declaration file.
 MAX_FEEDS = 10_000

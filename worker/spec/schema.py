@@ -11,6 +11,12 @@ Everything that describes ``destinations.inturn.dev`` lives here, as plain Pytho
   chart's copy are generated from it (``python -m inturn.worker.spec.schema --write``), and a
   unit test fails when either file is stale.
 
+The fields of one subject are built in a module of their own, each pure data:
+:mod:`.schema_pod` (``spec.worker``), :mod:`.schema_delivery` (``schedule``, ``lanes``),
+:mod:`.schema_routing` (``filter.fields``), :mod:`.schema_packs` (the rule packs' fields:
+``replies``, ``carriers``) and :mod:`.schema_status` (``status``); this module keeps the names,
+the shared rules, ``spec`` itself, the worker configuration's schema and the CRD.
+
 The module is pure data and never imports the operator. Field conventions follow the Kubernetes
 API conventions (kubernetes/community, contributors/devel/sig-architecture/api-conventions.md):
 integer durations with a ``Seconds`` suffix, camelCase names, references to Secrets as
@@ -21,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,20 +34,19 @@ from typing import Any
 
 import yaml
 
-from inturn.worker.hl7 import filter as field_filter
-from inturn.worker.hl7.fields import FIELD_PATTERN
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec import openapi
-from inturn.worker.spec.config import DEFAULT_LANES_WINDOW, DEFAULT_STUCK_AFTER_SECONDS
-from inturn.worker.spec.openapi import DNS_SUBDOMAIN as _DNS_SUBDOMAIN
+from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.spec.openapi import Rule, Schema
 from inturn.worker.spec.openapi import boolean as _bool
 from inturn.worker.spec.openapi import integer as _int
 from inturn.worker.spec.openapi import obj as _obj
-from inturn.worker.spec.openapi import str_map as _str_map
 from inturn.worker.spec.openapi import string as _str
-from inturn.worker.spec.replies import DEFAULT_ORDER_FIELD, DEFAULT_REPLY_FIELDS
-from inturn.worker.spec.schedule import DAYS, MAX_WINDOWS, ZONE_PATTERN
+from inturn.worker.spec.schema_delivery import RULE_SFTP_ONE_LANE, lanes_schema, schedule_schema
+from inturn.worker.spec.schema_packs import RULE_CARRIERS_DISTINCT, carriers_schema, replies_schema
+from inturn.worker.spec.schema_pod import worker_schema
+from inturn.worker.spec.schema_routing import filter_fields_schema
+from inturn.worker.spec.schema_status import status_schema
 
 GROUP = "inturn.dev"
 VERSION = "v1alpha1"
@@ -56,10 +60,6 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 
 #: ``metadata.name`` limit: ``<name>-worker`` must stay a valid label value (63 characters).
 MAX_NAME_LENGTH = 56
-
-
-#: An IATA airline designator: two letters or digits, optionally a third letter.
-CARRIER_PATTERN = r"^[A-Z0-9]{2}[A-Z]?$"
 
 
 RULE_NAME_LENGTH = Rule(
@@ -91,30 +91,6 @@ RULE_BACKOFF = Rule(
     check=lambda node: node["maxBackoffSeconds"] >= node["backoffSeconds"],
 )
 
-RULE_CARRIERS_DISTINCT = Rule(
-    cel="!has(self.carriers) || self.carriers.all(c, self.carriers.filter(d, d == c).size() == 1)",
-    message="each carrier may be listed once",
-    check=lambda node: len(set(node.get("carriers", ()))) == len(node.get("carriers", ())),
-    field_path=".carriers",
-)
-
-#: Most messages a destination may have in flight at once (``spec.lanes.count``).
-MAX_LANES = 32
-#: Most messages the lanes may look over (``spec.lanes.window``).
-MAX_LANES_WINDOW = 100_000
-
-RULE_SFTP_ONE_LANE = Rule(
-    cel="!has(self.sender.sftp) || !has(self.lanes) || !has(self.lanes.count)"
-    " || self.lanes.count == 1",
-    message=(
-        "sftp takes one lane only (lanes.count 1): a receiver reads an SFTP folder in the order"
-        " of its file names, so files written at once could be read out of order"
-    ),
-    check=lambda node: (
-        "sftp" not in node.get("sender", {}) or int(node.get("lanes", {}).get("count", 1)) == 1
-    ),
-    field_path=".lanes.count",
-)
 
 #: Every rule, keyed by its CEL text: how a schema node's ``x-kubernetes-validations`` item is
 #: mapped back to its Python predicate (the sender kinds' rules included).
@@ -149,78 +125,6 @@ _ACK_OUTCOMES = (
 _ACK_FAIL_BY_DEFAULT = frozenset({"unsendable"})
 
 
-def _toleration() -> Schema:
-    return _obj(
-        {
-            "key": _str("Taint key.", max_length=317),
-            "operator": _str("Exists or Equal.", max_length=16, enum=("Exists", "Equal")),
-            "value": _str("Taint value.", max_length=63),
-            "effect": _str(
-                "Taint effect.",
-                max_length=16,
-                enum=("NoSchedule", "PreferNoSchedule", "NoExecute"),
-            ),
-            "tolerationSeconds": _int(
-                "How long a NoExecute taint is tolerated.",
-                minimum=0,
-                maximum=2**31,
-                fmt="int64",
-            ),
-        },
-        description="A core/v1 Toleration.",
-    )
-
-
-def _quantities(description: str) -> Schema:
-    return {
-        "type": "object",
-        "description": description,
-        "maxProperties": 16,
-        "additionalProperties": {
-            "x-kubernetes-int-or-string": True,
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "pattern": (
-                r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]"
-                r"|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-            ),
-        },
-    }
-
-
-def _worker() -> Schema:
-    return _obj(
-        {
-            "resources": _obj(
-                {
-                    "requests": _quantities("Minimum resources, e.g. cpu: 10m, memory: 64Mi."),
-                    "limits": _quantities("Maximum resources, e.g. memory: 256Mi."),
-                },
-                description="Compute resources of the worker container (core/v1).",
-            ),
-            "nodeSelector": _str_map(
-                "Node labels the worker pod must be scheduled on.",
-                max_properties=32,
-                max_value=63,
-            ),
-            "tolerations": {
-                "type": "array",
-                "description": "Taints the worker pod tolerates.",
-                "maxItems": 32,
-                "items": _toleration(),
-            },
-            "affinity": {
-                "type": "object",
-                "description": "A core/v1 Affinity, passed to the pod as it is.",
-                "x-kubernetes-preserve-unknown-fields": True,
-            },
-            "priorityClassName": _str(
-                "PriorityClass of the worker pod.", max_length=253, pattern=_DNS_SUBDOMAIN
-            ),
-        },
-        description="Scheduling and resources of the worker pod.",
-    )
-
-
 def spec_schema() -> Schema:
     """Return the structural OpenAPI v3 schema of ``Destination.spec`` (a fresh dict).
 
@@ -252,7 +156,7 @@ def spec_schema() -> Schema:
                             pattern=r"^[A-Za-z0-9*?]+(\^[A-Za-z0-9_*?]+)?$",
                         ),
                     },
-                    "fields": _filter_fields(),
+                    "fields": filter_fields_schema(),
                 },
                 description=(
                     "Which of the channel's messages this destination receives: those whose"
@@ -323,8 +227,8 @@ def spec_schema() -> Schema:
             "suspend": _bool(
                 "Hold the queue: the worker keeps its lock and sends nothing.", default=False
             ),
-            "worker": _worker(),
-            "carriers": _carriers(),
+            "worker": worker_schema(),
+            "carriers": carriers_schema(),
             "alerting": _obj(
                 {
                     "stuckAfterSeconds": _int(
@@ -343,7 +247,7 @@ def spec_schema() -> Schema:
                 " worker holds the queue without spending attempts, the status says until"
                 " when, and the sweeper does not count the time as stuck. Unset: at any time."
             ),
-            "replies": _replies(),
+            "replies": replies_schema(),
             "throttle": _obj(
                 {
                     "messagesPerSecond": _int(
@@ -356,7 +260,7 @@ def spec_schema() -> Schema:
                 required=("messagesPerSecond",),
                 description="How fast messages may be sent. Unset: as fast as the receiver acks.",
             ),
-            "lanes": _lanes(),
+            "lanes": lanes_schema(),
             "expireAfterSeconds": _int(
                 "Pending messages older than this are skipped as expired by the sweeper (audited,"
                 " and listed on the delivery-expired worklist). Unset: messages never expire;"
@@ -371,400 +275,7 @@ def spec_schema() -> Schema:
     )
 
 
-def _lanes() -> Schema:
-    return _obj(
-        {
-            "count": _int(
-                "Messages in flight to the receiver at once (MLLP connections, concurrent HTTP"
-                " requests); each key's messages still go one at a time, in enqueue order."
-                " 1 is the single stream. Ask the receiver's vendor first: it must process"
-                " its connections independently.",
-                minimum=1,
-                maximum=MAX_LANES,
-                default=1,
-            ),
-            "key": _str(
-                "What must keep its order: patient (every patient identifier a message names,"
-                " PID-2/3/4 and MRG-1 of every PID segment). A message naming several patients"
-                " (a merge, a link, a swap) binds them; one naming none is a barrier.",
-                max_length=16,
-                enum=("patient",),
-                default="patient",
-            ),
-            "window": _int(
-                "How many of the oldest pending messages the worker looks over to find ones"
-                " that may go while earlier ones wait; it says so when the window is full of"
-                " waiting messages.",
-                minimum=1,
-                maximum=MAX_LANES_WINDOW,
-                default=DEFAULT_LANES_WINDOW,
-            ),
-        },
-        description=(
-            "Several messages in flight at once, keeping each patient's order. Unset: one"
-            " message at a time."
-        ),
-        default={},
-    )
-
-
-#: A start time: ``HH:MM`` from 00:00 to 23:59.
-_START_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
-#: An end time: ``HH:MM`` from 00:00 to 24:00.
-_END_PATTERN = r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$"
-
-
-def schedule_schema(description: str) -> Schema:
-    """A weekly schedule in a time zone (:mod:`inturn.worker.spec.schedule`): the node of
-    ``spec.schedule``, reused by feed declarations."""
-    return _obj(
-        {
-            "timeZone": _str(
-                "IANA time zone the windows are in, e.g. Europe/Berlin; daylight saving time"
-                " is the zone's own.",
-                max_length=64,
-                min_length=1,
-                pattern=ZONE_PATTERN,
-            ),
-            "windows": {
-                "type": "array",
-                "description": ("Weekly windows; windows that overlap or touch form one opening."),
-                "minItems": 1,
-                "maxItems": MAX_WINDOWS,
-                "items": _obj(
-                    {
-                        "days": {
-                            "type": "array",
-                            "description": "Weekdays the window starts on.",
-                            "minItems": 1,
-                            "maxItems": 7,
-                            "items": _str("A weekday.", max_length=3, enum=DAYS),
-                        },
-                        "start": _str(
-                            "Local start time, HH:MM (00:00 to 23:59).",
-                            max_length=5,
-                            pattern=_START_PATTERN,
-                        ),
-                        "end": _str(
-                            "Local end time, HH:MM (00:00 to 24:00); an end not after the"
-                            " start ends the next day (equal: 24 hours).",
-                            max_length=5,
-                            pattern=_END_PATTERN,
-                        ),
-                    },
-                    required=("days", "start", "end"),
-                    description="One weekly window.",
-                ),
-            },
-        },
-        required=("timeZone", "windows"),
-        description=description,
-    )
-
-
-_TYPE_PATTERN = r"^[A-Za-z0-9*?]+(\^[A-Za-z0-9_*?]+)?$"
-
-
-def _types(description: str) -> Schema:
-    return {
-        "type": "array",
-        "description": description,
-        "minItems": 1,
-        "maxItems": 16,
-        "items": _str("An MSH-9 pattern.", max_length=32, min_length=1, pattern=_TYPE_PATTERN),
-    }
-
-
-#: An HD first component as it appears in MSH-3/MSH-4: no separator, no control character.
-_HD_PATTERN = r"^[^|^~\\&\x00-\x1f\x7f]+$"
-
-
-def _replies() -> Schema:
-    field = _str("A field, e.g. ORC-2.", max_length=7, pattern=FIELD_PATTERN)
-    return {
-        "type": "array",
-        "description": (
-            "Replies this destination's orders expect: an order delivered without its reply"
-            " arriving in time is placed on the orders worklist (unanswered-order) by the"
-            " sweeper."
-        ),
-        "maxItems": 8,
-        "items": _obj(
-            {
-                "orderTypes": _types(
-                    "MSH-9 patterns of the messages sent here that expect a reply, e.g. ORM^O01."
-                ),
-                "replyTypes": _types("MSH-9 patterns of the replies, e.g. ORU^R01, ORR^O02."),
-                "channel": _str(
-                    "The ingest channel the replies arrive on.",
-                    max_length=63,
-                    min_length=1,
-                    pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
-                ),
-                "withinSeconds": _int(
-                    "How long a reply may take after the order was delivered.",
-                    minimum=60,
-                    maximum=31_536_000,
-                ),
-                "orderField": {
-                    **field,
-                    "description": "Where the matching key is in the order (first component).",
-                    "default": DEFAULT_ORDER_FIELD,
-                },
-                "replyFields": {
-                    "type": "array",
-                    "description": "Where the key may be in a reply (first component of each).",
-                    "minItems": 1,
-                    "maxItems": 4,
-                    "items": field,
-                    "default": list(DEFAULT_REPLY_FIELDS),
-                },
-                "from": {
-                    "type": "array",
-                    "description": (
-                        "The senders whose replies may answer these orders (MSH-3 and MSH-4,"
-                        " first components). Without it, a reply answers an order only when"
-                        " it comes from the application and facility the order was addressed"
-                        " to (the reply's MSH-3/MSH-4 equal to the order's MSH-5/MSH-6)."
-                    ),
-                    "minItems": 1,
-                    "maxItems": 16,
-                    "items": _obj(
-                        {
-                            "application": _str(
-                                "MSH-3 of the replies (first component).",
-                                max_length=180,
-                                min_length=1,
-                                pattern=_HD_PATTERN,
-                            ),
-                            "facility": _str(
-                                "MSH-4 of the replies (first component); any when absent.",
-                                max_length=180,
-                                min_length=1,
-                                pattern=_HD_PATTERN,
-                            ),
-                        },
-                        required=("application",),
-                        description="One sender of replies.",
-                    ),
-                },
-            },
-            required=("orderTypes", "replyTypes", "channel", "withinSeconds"),
-            description="One expected reply.",
-        ),
-    }
-
-
-#: Most conditions in one ``spec.filter.fields`` and values in one condition.
-MAX_FIELD_CONDITIONS = 16
-MAX_FIELD_VALUES = 64
-
-_VALUELESS_CEL = "self.operator == 'Exists' || self.operator == 'DoesNotExist'"
-RULE_FIELD_NO_VALUES = Rule(
-    cel=f"!({_VALUELESS_CEL}) || !has(self.values)",
-    message="Exists and DoesNotExist take no values",
-    check=lambda node: node["operator"] not in field_filter.VALUELESS or "values" not in node,
-    field_path=".values",
-)
-RULE_FIELD_VALUES = Rule(
-    cel=f"({_VALUELESS_CEL}) || (has(self.values) && self.values.size() > 0)",
-    message="In, NotIn, Matches and NotMatches need at least one value",
-    check=lambda node: node["operator"] in field_filter.VALUELESS or bool(node.get("values")),
-    field_path=".values",
-)
-_DELIMITER_FIELD = r"^MSH-[12]([.]|$)"
-RULE_FIELD_NOT_DELIMITER = Rule(
-    cel=f"!self.field.matches('{_DELIMITER_FIELD}')",
-    message="MSH-1 and MSH-2 are the delimiters; filters read MSH-3 and later",
-    check=lambda node: re.match(_DELIMITER_FIELD, str(node["field"])) is None,
-    field_path=".field",
-)
-
-
-def _filter_fields() -> Schema:
-    return {
-        "type": "array",
-        "description": (
-            "Conditions on HL7 fields, all of which must hold, e.g. {field: MSH-4, operator: In,"
-            " values: [NORTH]}. A field is SEG-F, SEG-F.C or SEG-F.C.S (first component and"
-            " subcomponent when not given); every segment of that ID and every repetition is"
-            " read."
-        ),
-        "maxItems": MAX_FIELD_CONDITIONS,
-        "items": _obj(
-            {
-                "field": _str(
-                    "The field, e.g. MSH-4, PV1-3, PID-3.4.",
-                    max_length=15,
-                    pattern=field_filter.FIELD_REF_PATTERN,
-                ),
-                "operator": _str(
-                    "In, NotIn (equal to one of values), Matches, NotMatches (values are"
-                    " patterns with * and ?), Exists, DoesNotExist (no values).",
-                    max_length=16,
-                    enum=field_filter.OPERATORS,
-                ),
-                "values": {
-                    "type": "array",
-                    "description": "Values, or patterns for Matches and NotMatches.",
-                    "maxItems": MAX_FIELD_VALUES,
-                    "items": _str("A value or pattern.", max_length=199, min_length=1),
-                },
-            },
-            required=("field", "operator"),
-            description="One condition on a field.",
-            rules=(RULE_FIELD_NO_VALUES, RULE_FIELD_VALUES, RULE_FIELD_NOT_DELIMITER),
-        ),
-    }
-
-
-def _carriers() -> Schema:
-    return {
-        "type": "array",
-        "description": (
-            "IATA airline designators (e.g. LH) whose reservation messages, such as"
-            " cancellation notices, go to this destination. At most one live Destination may"
-            " serve a carrier: the operator and inturn local refuse a second one."
-        ),
-        "maxItems": 64,
-        "items": _str("An IATA airline designator.", max_length=3, pattern=CARRIER_PATTERN),
-    }
-
-
 # --- the status -----------------------------------------------------------------------------
-
-
-def _condition() -> Schema:
-    """metav1.Condition (k8s.io/apimachinery/pkg/apis/meta/v1/types.go)."""
-    return _obj(
-        {
-            "type": _str(
-                "Type of the condition, e.g. Ready.",
-                max_length=316,
-                pattern=(
-                    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
-                ),
-            ),
-            "status": _str(
-                "True, False or Unknown.", max_length=7, enum=("True", "False", "Unknown")
-            ),
-            "observedGeneration": _int(
-                "metadata.generation the condition was set for.",
-                minimum=0,
-                maximum=2**53,
-                fmt="int64",
-            ),
-            "lastTransitionTime": _str(
-                "When the status last changed.", max_length=64, fmt="date-time"
-            ),
-            "reason": _str(
-                "One CamelCase word for the cause.",
-                max_length=1024,
-                min_length=1,
-                pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
-            ),
-            "message": _str("A sentence for people.", max_length=32768),
-        },
-        required=("type", "status", "lastTransitionTime", "reason", "message"),
-    )
-
-
-def status_schema() -> Schema:
-    """Return the structural OpenAPI v3 schema of ``Destination.status`` (a fresh dict).
-
-    Written only by the operator. ``oldestPendingTime`` is a timestamp, so that the age column is
-    computed by the client and the status is not rewritten every second.
-    """
-    return _obj(
-        {
-            "observedGeneration": _int(
-                "metadata.generation last reconciled.", minimum=0, maximum=2**53, fmt="int64"
-            ),
-            "conditions": {
-                "type": "array",
-                "description": "Ready (worker available) and Delivering (head not blocked).",
-                "maxItems": 8,
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-                "items": _condition(),
-            },
-            "pending": _int("Messages waiting.", minimum=0, maximum=2**53, fmt="int64"),
-            "failed": _int(
-                "Messages given up on and not yet purged.", minimum=0, maximum=2**53, fmt="int64"
-            ),
-            "oldestPendingTime": _str(
-                "When the oldest waiting message was enqueued; absent when none waits.",
-                max_length=64,
-                fmt="date-time",
-            ),
-            "mostAttempts": _int(
-                "Most attempts made so far on any waiting message (normally the head); the"
-                " limit is spec.retry.maxAttempts.",
-                minimum=0,
-                maximum=2**31,
-                fmt="int64",
-            ),
-            "heldUntil": _str(
-                "Outside its delivery window (spec.schedule): when the next window opens and"
-                " sending resumes; absent inside a window or without a schedule.",
-                max_length=64,
-                fmt="date-time",
-            ),
-            "sender": _str(
-                "Summary of the sender, e.g. mllp://host:2575 (no credentials).", max_length=2100
-            ),
-            "lanes": _obj(
-                {
-                    "count": _int("Its lanes (spec.lanes.count).", minimum=1, maximum=MAX_LANES),
-                    "heads": {
-                        "type": "array",
-                        "description": (
-                            "The messages its lanes send now or next (ids, oldest first): the"
-                            " first that no earlier message holds."
-                        ),
-                        "maxItems": MAX_LANES,
-                        "items": {"type": "integer", "format": "int64"},
-                    },
-                    "oldestWaiting": _obj(
-                        {
-                            "id": _int("Its id.", minimum=0, maximum=2**63 - 1, fmt="int64"),
-                            "reason": _str(
-                                "backoff (its own attempt failed), key (an earlier message of"
-                                " its patient), binding (a message naming several patients),"
-                                " barrier (a message naming none) or lanes (every lane busy).",
-                                max_length=16,
-                            ),
-                            "behind": _int(
-                                "The message it waits for, if any.",
-                                minimum=0,
-                                maximum=2**63 - 1,
-                                fmt="int64",
-                            ),
-                            "text": _str("The same in words.", max_length=256),
-                        },
-                        description="The oldest message that is not a head, and what holds it.",
-                    ),
-                    "windowFull": _bool(
-                        "The oldest pending messages looked at all wait (the backlog past them"
-                        " was not seen)."
-                    ),
-                },
-                description=(
-                    "What its lanes hold (spec.lanes.count above 1, something pending); absent"
-                    " otherwise."
-                ),
-            ),
-            "worker": _obj(
-                {
-                    "deployment": _str("Name of the worker Deployment.", max_length=253),
-                    "available": _bool("Whether the worker Deployment has an available pod."),
-                },
-                description="The worker Deployment.",
-            ),
-        },
-        description="The observed state, written by the operator only.",
-    )
 
 
 # --- the worker configuration ---------------------------------------------------------------
