@@ -514,9 +514,11 @@ def test_a_worker_started_with_unusable_keys_refuses_in_one_line(
 def test_inturn_local_encrypt_makes_a_master_key_and_a_key_store_once(
     pg_server_dsn: str, tmp_path: Path
 ) -> None:
-    from inturn.worker.cli.local import LOCAL_KEY_DATABASE, local_keys
+    from inturn.worker.cli.local import local_key_database, local_keys
 
     with keys.database(pg_server_dsn, "inturn_local") as queue_dsn:
+        key_database = local_key_database(queue_dsn)
+        assert key_database.endswith("_keys") and key_database != "inturn_keys"
         try:
             folder, key_dsn = local_keys(tmp_path, queue_dsn, None, None)
             assert Path(folder) == tmp_path / "payload-keys"
@@ -527,7 +529,7 @@ def test_inturn_local_encrypt_makes_a_master_key_and_a_key_store_once(
             asyncio.run(keys.codec(Path(folder), key_dsn))
         finally:
             with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{LOCAL_KEY_DATABASE}" WITH (FORCE)')
+                conn.execute(f'DROP DATABASE IF EXISTS "{key_database}" WITH (FORCE)')
 
 
 def test_a_lookup_by_patient_without_keys_on_a_sealed_database_refuses_instead_of_finding_none(

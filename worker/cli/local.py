@@ -279,12 +279,27 @@ def local_command(
 LOCAL_KEY_DATABASE = "inturn_keys"
 
 
+def local_key_database(dsn: str) -> str:
+    """The key store database ``inturn local --encrypt`` makes beside the queue's database at
+    ``dsn``: :data:`LOCAL_KEY_DATABASE` beside the embedded server's ``postgres``, else the queue
+    database's name with ``_keys`` (two queue databases on one server never share a key store:
+    each keeps the master key it was made with).
+
+    Raises:
+        psycopg.ProgrammingError: ``dsn`` cannot be parsed.
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    name = str(conninfo_to_dict(dsn).get("dbname") or "postgres")
+    return LOCAL_KEY_DATABASE if name == "postgres" else f"{name}_keys"
+
+
 def local_keys(
     data_dir: Path, dsn: str, payload_keys: str | None, key_dsn: str | None
 ) -> tuple[str, str]:
     """The master keys and the key store of ``inturn local --encrypt``: the folder given (or
     ``DATA_DIR/payload-keys``), made with a first key ``k1`` when it holds none, and the key
-    store given (or database :data:`LOCAL_KEY_DATABASE` on the same server, made when
+    store given (or database :func:`local_key_database` on the same server, made when
     missing), its tables made."""
     from inturn.worker.crypto.masterkeys import new_key_file
     from inturn.worker.store.keystore import create_schema, ensure_database
@@ -294,6 +309,6 @@ def local_keys(
         written = new_key_file(folder, "k1")
         log.info("master key made: %s (keep it: without it the payloads cannot be read)", written)
     if key_dsn is None:
-        key_dsn = ensure_database(dsn, LOCAL_KEY_DATABASE)
+        key_dsn = ensure_database(dsn, local_key_database(dsn))
     create_schema(key_dsn)
     return str(folder), key_dsn
