@@ -20,10 +20,10 @@ from inturn.worker.senders import registry
 from inturn.worker.senders.http import HttpSenderConfig
 from inturn.worker.spec.destination import (
     ManifestError,
-    apply_defaults,
     load_worker_config,
     validate_manifest,
 )
+from inturn.worker.spec.validation import apply_defaults
 
 BASE: dict[str, Any] = {
     "apiVersion": "inturn.dev/v1alpha1",
