@@ -8,27 +8,32 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.senders.mllp import MllpSender
 from inturn.worker.spec.config import LeaseSettings, RetryPolicy, WorkerConfig
 from inturn.worker.store import lease as leases
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
-from tests.support.local import INTURN, LocalProcess, free_port, manifest, mllp_sender, send
+from tests.support.local import LocalProcess, free_port, manifest, mllp_sender, send, worker_process
 from tests.support.local import message as local_message
+from tests.support.pipeline import (
+    QUICK_LEASE,
+    SHORT_ATTEMPTS,
+    control_ids,
+    count,
+    until,
+    worker,
+    worker_config,
+)
 
 DEST = "ward/fenced"
-#: Short leases, so that the tests wait seconds for an expiry, not the default 45.
-QUICK = LeaseSettings(ttl_seconds=3, renew_seconds=1, acquire_seconds=0.2)
 
 
 def message(n: int) -> bytes:
@@ -36,36 +41,15 @@ def message(n: int) -> bytes:
 
 
 def config(port: int, **changes: Any) -> WorkerConfig:
-    return WorkerConfig(
-        destination=DEST,
-        channel="adt",
-        sender=MllpSenderConfig("127.0.0.1", port),
-        retry=changes.pop(
-            "retry",
-            RetryPolicy(
-                max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=1
-            ),
-        ),
-        idle_seconds=changes.pop("idle_seconds", 30),
-        **changes,
-    )
+    changes.setdefault("retry", SHORT_ATTEMPTS)
+    changes.setdefault("idle_seconds", 30)
+    return worker_config(DEST, port, channel="adt", **changes)
 
 
-@contextlib.asynccontextmanager
-async def running(
-    cfg: WorkerConfig, dsn: str, settings: LeaseSettings = QUICK
-) -> AsyncIterator[DestinationWorker]:
-    stop = asyncio.Event()
-    assert isinstance(cfg.sender, MllpSenderConfig)
-    worker = DestinationWorker(
-        cfg, dsn, MllpSender(cfg.sender), PrometheusObserver(), lease=settings
-    )
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        yield worker
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
+def running(
+    cfg: WorkerConfig, dsn: str, settings: LeaseSettings = QUICK_LEASE
+) -> contextlib.AbstractAsyncContextManager[DestinationWorker]:
+    return worker(cfg, dsn, lease=settings)
 
 
 async def enqueue(dsn: str, numbers: list[int]) -> list[int]:
@@ -75,33 +59,9 @@ async def enqueue(dsn: str, numbers: list[int]) -> list[int]:
         )
 
 
-async def delivered(dsn: str) -> int:
-    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT count(*) FROM inturn_delivery WHERE destination = %s AND state = 'delivered'",
-            (DEST,),
-        )
-        row = await cur.fetchone()
-        return int(row[0]) if row else 0
-
-
-async def until(predicate: Any, timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await predicate():
-            await asyncio.sleep(0.05)
-
-
-async def _true(value: bool) -> bool:
-    return value
-
-
-def control_ids(payloads: list[bytes]) -> list[str]:
-    return [p.split(b"|")[9].decode() for p in payloads]
-
-
 async def test_a_worker_whose_lease_is_taken_over_sends_nothing_more(fresh_db: str) -> None:
     async with MllpReceiver() as rx, running(config(rx.port, idle_seconds=1), fresh_db) as w:
-        await until(lambda: _true(w.state.lock_held))
+        await until(lambda: w.state.lock_held)
         first = w.lease
         assert first is not None
         await enqueue(fresh_db, [1])
@@ -114,7 +74,7 @@ async def test_a_worker_whose_lease_is_taken_over_sends_nothing_more(fresh_db: s
                 (DEST,),
             )
             await enqueue(fresh_db, [2, 3])
-            await until(lambda: _true(not w.state.lock_held))
+            await until(lambda: not w.state.lock_held)
             assert control_ids(rx.received) == ["MSG00001"]  # nothing sent under a stale epoch
             # The thief's lease expires unrenewed: the worker takes it back, epoch raised again.
             await until(lambda: delivered_is(fresh_db, 3))
@@ -123,7 +83,7 @@ async def test_a_worker_whose_lease_is_taken_over_sends_nothing_more(fresh_db: s
 
 
 async def delivered_is(dsn: str, n: int) -> bool:
-    return await delivered(dsn) == n
+    return await count(dsn, "delivered", DEST) == n
 
 
 async def test_a_dead_holders_lease_is_taken_over_after_expiry_only(fresh_db: str) -> None:
@@ -149,7 +109,7 @@ async def test_two_workers_never_both_send(fresh_db: str) -> None:
             running(config(rx_a.port), fresh_db) as a,
             running(config(rx_b.port), fresh_db) as b,
         ):
-            await until(lambda: _true(a.state.lock_held or b.state.lock_held))
+            await until(lambda: a.state.lock_held or b.state.lock_held)
             await enqueue(fresh_db, list(range(40)))
             await until(lambda: delivered_is(fresh_db, 40))
             assert [a.state.lock_held, b.state.lock_held].count(True) == 1
@@ -162,12 +122,12 @@ async def test_a_clean_stop_releases_the_lease_for_the_successor(fresh_db: str) 
     slow = LeaseSettings(ttl_seconds=600, renew_seconds=60, acquire_seconds=0.2)
     async with MllpReceiver() as rx:
         async with running(config(rx.port), fresh_db, slow) as first:
-            await until(lambda: _true(first.state.lock_held))
+            await until(lambda: first.state.lock_held)
         async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
             info = await leases.holder(conn, DEST)
         assert info is not None and info.seconds_left <= 0  # released, not left to expire
         async with running(config(rx.port), fresh_db, slow) as second:
-            await until(lambda: _true(second.state.lock_held), timeout=5)
+            await until(lambda: second.state.lock_held, timeout=5)
 
 
 def test_the_lease_outlives_the_attempt_timeout() -> None:
@@ -207,11 +167,11 @@ async def test_a_mark_repeated_on_a_live_session_keeps_the_lease(fresh_db: str) 
                 MllpReceiver() as rx_b,
                 running(config(rx_a.port), fresh_db) as a,
             ):
-                await until(lambda: _true(a.state.lock_held))
+                await until(lambda: a.state.lock_held)
                 async with running(config(rx_b.port), fresh_db) as b:
                     await enqueue(fresh_db, [1])
-                    await until(lambda: _true(a.state.trouble is not None))
-                    await asyncio.sleep(2 * QUICK.ttl_seconds)  # past an unrenewed lease
+                    await until(lambda: a.state.trouble is not None)
+                    await asyncio.sleep(2 * QUICK_LEASE.ttl_seconds)  # past an unrenewed lease
                     assert a.state.lock_held and not b.state.lock_held
                     assert rx_b.received == []
                     await admin.execute("ALTER TABLE inturn_delivery DROP CONSTRAINT no_delivery")
@@ -236,13 +196,6 @@ async def _lease_row(dsn: str) -> tuple[int, str, Any, Any, int | None]:
     return row[0], row[1], row[2], row[3], row[4]
 
 
-async def _delivered(dsn: str) -> int:
-    async with await AsyncConnection.connect(dsn, autocommit=True) as c:
-        cur = await c.execute("SELECT count(*) FROM inturn_delivery WHERE state = 'delivered'")
-        row = await cur.fetchone()
-    return int(row[0]) if row else -1
-
-
 async def test_a_killed_worker_process_is_replaced_at_once_on_a_direct_connection(
     fresh_db: str, tmp_path: Path
 ) -> None:
@@ -263,13 +216,7 @@ async def test_a_killed_worker_process_is_replaced_at_once_on_a_direct_connectio
         rx.delay_seconds = 0.01
         path = manifest(tmp_path / "lab.yaml", "lab", mllp_sender(rx.port))
 
-        async def worker() -> asyncio.subprocess.Process:
-            return await asyncio.create_subprocess_exec(
-                str(INTURN), "worker", "-f", str(path), "--http-port", "0", env=env,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
-
-        proc = await worker()
+        proc = await worker_process(path, env)
         try:
             for k in range(kills):
                 await rx.wait_for(50 * (k + 1), timeout=60)  # delivering
@@ -277,8 +224,8 @@ async def test_a_killed_worker_process_is_replaced_at_once_on_a_direct_connectio
                 assert epoch == k + 1 and pid is not None  # a direct holder names its backend
                 proc.send_signal(signal.SIGKILL)  # mid-backlog, holding the lease
                 await asyncio.wait_for(proc.wait(), 30)
-                proc = await worker()  # restarted at once
-                before = await _delivered(fresh_db)
+                proc = await worker_process(path, env)  # restarted at once
+                before = await count(fresh_db, "delivered")
                 async with asyncio.timeout(40):  # under the 45 s lease: no expiry waited for
                     while (await _lease_row(fresh_db))[0] == epoch:
                         await asyncio.sleep(0.05)
@@ -286,15 +233,15 @@ async def test_a_killed_worker_process_is_replaced_at_once_on_a_direct_connectio
                 assert new_epoch == epoch + 1 and new_holder != holder
                 assert acquired_at < expires_at  # taken over while the dead one's was live
                 async with asyncio.timeout(40):  # delivery resumed
-                    while await _delivered(fresh_db) <= before:
+                    while await count(fresh_db, "delivered") <= before:
                         await asyncio.sleep(0.05)
             async with asyncio.timeout(120):
-                while await _delivered(fresh_db) < total:
+                while await count(fresh_db, "delivered") < total:
                     await asyncio.sleep(0.1)
         finally:
             proc.send_signal(signal.SIGTERM)
             await asyncio.wait_for(proc.wait(), 30)
-        got = [p.split(b"|")[9].decode() for p in rx.received]
+        got = control_ids(rx.received)
     expected = [f"M{n:05d}" for n in range(total)]
     assert sorted(set(got)) == expected  # nothing lost
     assert len(got) - len(set(got)) <= kills  # at most the message in flight per kill
@@ -340,12 +287,12 @@ async def test_a_killed_inturn_local_restarted_at_once_takes_over_at_once(
                 assert new_epoch == epoch + 1 and new_holder != holder
                 assert acquired_at < expires_at  # taken over while the dead one's was live
             async with asyncio.timeout(120):
-                while await _delivered(fresh_db) < total:
+                while await count(fresh_db, "delivered") < total:
                     await asyncio.sleep(0.1)
             assert await run.interrupt() == 0
         finally:
             await run.kill()
-        got = [p.split(b"|")[9].decode() for p in rx.received]
+        got = control_ids(rx.received)
     expected = [f"M{n:05d}" for n in range(total)]
     assert sorted(set(got)) == expected  # nothing lost
     assert len(got) - len(set(got)) <= kills

@@ -29,7 +29,9 @@ from tests.support.local import (
     message,
     mllp_sender,
     send,
+    worker_process,
 )
+from tests.support.pipeline import control_ids
 
 pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
 
@@ -51,10 +53,6 @@ def bouncer(request: pytest.FixtureRequest, dsn: str) -> Iterator[pgbouncer.Boun
 @pytest.fixture
 def pooled(bouncer: pgbouncer.Bouncer, fresh_db: str) -> str:
     return bouncer.dsn(fresh_db)
-
-
-def control_ids(payloads: list[bytes]) -> list[str]:
-    return [p.split(b"|")[9].decode() for p in payloads]
 
 
 async def count(dsn: str, where: str) -> int:
@@ -137,13 +135,7 @@ async def test_a_killed_worker_is_replaced_once_its_lease_expires(
         path = manifest(tmp_path / "lab.yaml", "lab", mllp_sender(rx.port))
         env = {**os.environ, "INTURN_DSN": pooled, **QUICK_LEASE}
 
-        async def worker() -> asyncio.subprocess.Process:
-            return await asyncio.create_subprocess_exec(
-                str(INTURN), "worker", "-f", str(path), "--http-port", "0", env=env,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
-
-        first = await worker()
+        first = await worker_process(path, env)
         await rx.wait_for(60, timeout=60)
         async with await AsyncConnection.connect(
             pooled, autocommit=True, prepare_threshold=None
@@ -162,7 +154,7 @@ async def test_a_killed_worker_is_replaced_once_its_lease_expires(
             )
             dead_row = await cur.fetchone()
         assert dead_row is not None
-        second = await worker()
+        second = await worker_process(path, env)
         try:
             await until(lambda: _is(count(pooled, "state = 'delivered'"), total), timeout=120)
         finally:

@@ -7,28 +7,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.spec.config import LeaseSettings, RetryPolicy, WorkerConfig
+from inturn.worker.spec.config import LeaseSettings, WorkerConfig
 from inturn.worker.store import lease as leases
 from inturn.worker.store import queue, reads
 from inturn.worker.store.connect import Pools, detect_pooling
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import pgbouncer
+from tests.support.pipeline import (
+    QUICK_LEASE,
+    SHORT_ATTEMPTS,
+    control_ids,
+    count,
+    until,
+    worker,
+    worker_config,
+)
 
 pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
 
 DEST = "ward/pooled"
-QUICK = LeaseSettings(ttl_seconds=3, renew_seconds=1, acquire_seconds=0.2)
 
 
 @pytest.fixture(scope="module", params=pgbouncer.POOL_MODES)
@@ -51,55 +57,19 @@ def items(numbers: range | list[int]) -> list[NewItem]:
 
 
 def config(port: int, idle_seconds: int = 30) -> WorkerConfig:
-    return WorkerConfig(
-        destination=DEST,
-        channel="adt",
-        sender=MllpSenderConfig("127.0.0.1", port),
-        retry=RetryPolicy(
-            max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=1
-        ),
-        idle_seconds=idle_seconds,
-    )
+    return worker_config(DEST, port, channel="adt", retry=SHORT_ATTEMPTS, idle_seconds=idle_seconds)
 
 
-@contextlib.asynccontextmanager
-async def running(cfg: WorkerConfig, dsn: str, **kwargs: Any) -> AsyncIterator[DestinationWorker]:
-    stop = asyncio.Event()
-    assert isinstance(cfg.sender, MllpSenderConfig)
-    kwargs.setdefault("lease", QUICK)
-    kwargs.setdefault("poll_seconds", 0.2)
-    worker = DestinationWorker(cfg, dsn, MllpSender(cfg.sender), PrometheusObserver(), **kwargs)
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        yield worker
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
-        assert not task.cancelled() and task.exception() is None
-
-
-async def until(predicate: Any, timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await predicate():
-            await asyncio.sleep(0.05)
+def running(
+    cfg: WorkerConfig, dsn: str, **options: Any
+) -> contextlib.AbstractAsyncContextManager[DestinationWorker]:
+    options.setdefault("lease", QUICK_LEASE)
+    options.setdefault("poll_seconds", 0.2)
+    return worker(cfg, dsn, **options)
 
 
 async def delivered(dsn: str, n: int) -> bool:
-    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT count(*) FROM inturn_delivery WHERE state = 'delivered' AND destination = %s",
-            (DEST,),
-        )
-        row = await cur.fetchone()
-    return row is not None and row[0] == n
-
-
-def control_ids(payloads: list[bytes]) -> list[str]:
-    return [p.split(b"|")[9].decode() for p in payloads]
-
-
-async def _true(value: bool) -> bool:
-    return value
+    return await count(dsn, "delivered", DEST) == n
 
 
 async def test_detection_tells_transaction_pooling_apart(
@@ -142,7 +112,7 @@ async def test_the_pools_leak_no_setting_between_reads_and_writes(pooled: str) -
 
 async def test_a_worker_delivers_in_order_through_the_pooler(pooled: str) -> None:
     async with MllpReceiver() as rx, running(config(rx.port), pooled) as w:
-        await until(lambda: _true(w.state.lock_held))
+        await until(lambda: w.state.lock_held)
         async with await Pools.open(pooled, write_size=2, read_size=1) as pools:
             for start in range(0, 30, 10):
                 async with pools.write.connection() as conn:
@@ -154,7 +124,7 @@ async def test_a_worker_delivers_in_order_through_the_pooler(pooled: str) -> Non
 async def test_two_workers_for_one_destination_never_both_send(pooled: str) -> None:
     async with MllpReceiver() as rx_a, MllpReceiver() as rx_b:
         async with running(config(rx_a.port), pooled) as a, running(config(rx_b.port), pooled) as b:
-            await until(lambda: _true(a.state.lock_held or b.state.lock_held))
+            await until(lambda: a.state.lock_held or b.state.lock_held)
             async with await AsyncConnection.connect(pooled, autocommit=True) as conn:
                 for start in range(0, 60, 20):
                     await queue.enqueue(conn, items(range(start, start + 20)))
@@ -175,7 +145,7 @@ async def test_listen_on_a_direct_connection_wakes_a_pooled_worker(
         config(rx.port, idle_seconds=3600), pooled, listen_dsn=fresh_db, poll_seconds=3600,
         lease=LeaseSettings(ttl_seconds=3600, renew_seconds=1800, acquire_seconds=0.2),
     ) as w:  # fmt: skip
-        await until(lambda: _true(w.state.lock_held))
+        await until(lambda: w.state.lock_held)
         await asyncio.sleep(0.5)  # the worker is waiting now
         async with await AsyncConnection.connect(pooled, autocommit=True) as conn:
             await queue.enqueue(conn, items([1]))

@@ -167,3 +167,12 @@ class LocalProcess:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.kill()
             await asyncio.wait_for(self.proc.wait(), 30)
+
+
+async def worker_process(manifest_path: Path, env: Mapping[str, str]) -> asyncio.subprocess.Process:
+    """``inturn worker -f MANIFEST --http-port 0`` started with ``env`` (its output dropped);
+    the caller stops it (and waits for it) in its own way."""
+    return await asyncio.create_subprocess_exec(
+        str(INTURN), "worker", "-f", str(manifest_path), "--http-port", "0", env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -15,17 +16,26 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import AsyncConnection
 
 from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.observer import Observer
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.senders.kind import SenderConfig
+from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.senders.registry import make_sender
-from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.spec.config import LeaseSettings, RetryPolicy, WorkerConfig
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
+#: Retries forever, 1 s apart, each attempt bounded at 5 s.
 FAST_RETRY = RetryPolicy(
     max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5
 )
+#: :data:`FAST_RETRY` with attempts bounded at 1 s (a silent receiver costs a second).
+SHORT_ATTEMPTS = dataclasses.replace(FAST_RETRY, timeout_seconds=1)
+#: Short leases (3 s, renewed every second, taken within 0.2 s of their expiry), so that a test
+#: waits seconds for a takeover, not the default 45.
+QUICK_LEASE = LeaseSettings(ttl_seconds=3, renew_seconds=1, acquire_seconds=0.2)
 
 
 def register(
@@ -68,24 +78,42 @@ def rows(dsn: str, destination: str | None = None) -> list[dict[str, Any]]:
         ).fetchall()
 
 
-def worker_config(destination: str, sender: SenderConfig, **changes: Any) -> WorkerConfig:
-    """A worker configuration with quick retries (1 s backoff, 5 s attempts)."""
+def worker_config(destination: str, sender: SenderConfig | int, **changes: Any) -> WorkerConfig:
+    """A worker configuration for ``destination`` with quick retries (:data:`FAST_RETRY`), a
+    1 s idle wait and channel ``c``; ``changes`` are more (or other) :class:`WorkerConfig`
+    fields. ``sender`` is a sender configuration, or the port of an MLLP receiver on
+    127.0.0.1."""
+    if isinstance(sender, int):
+        sender = MllpSenderConfig("127.0.0.1", sender)
     changes.setdefault("retry", FAST_RETRY)
     changes.setdefault("idle_seconds", 1)
-    return WorkerConfig(destination=destination, channel="c", sender=sender, **changes)
+    changes.setdefault("channel", "c")
+    return WorkerConfig(destination=destination, sender=sender, **changes)
 
 
 @contextlib.asynccontextmanager
-async def worker(cfg: WorkerConfig, dsn: str) -> AsyncIterator[DestinationWorker]:
-    """Run a destination worker (with its real sender) in the background until the block ends."""
+async def worker(
+    cfg: WorkerConfig,
+    dsn: str,
+    observer: Observer | None = None,
+    stop_seconds: float = 15,
+    **options: Any,
+) -> AsyncIterator[DestinationWorker]:
+    """Run a destination worker (with its real sender, a :class:`PrometheusObserver` unless
+    ``observer`` is given) in the background until the block ends, then stop it and wait up
+    to ``stop_seconds`` s for it (TimeoutError past that; what the worker raised, raised).
+    ``options`` are more of :class:`DestinationWorker`'s keywords (``lease``, ``payloads``,
+    ``lock_wait_seconds``, ``poll_seconds``, ...)."""
     stop = asyncio.Event()
-    running = DestinationWorker(cfg, dsn, make_sender(cfg.sender), PrometheusObserver())
+    running = DestinationWorker(
+        cfg, dsn, make_sender(cfg.sender), observer or PrometheusObserver(), **options
+    )
     task = asyncio.create_task(running.run(stop))
     try:
         yield running
     finally:
         stop.set()
-        await asyncio.wait_for(task, 15)
+        await asyncio.wait_for(task, stop_seconds)
 
 
 async def until(predicate: Any, timeout: float = 20.0, every: float = 0.05) -> None:
@@ -98,6 +126,23 @@ async def until(predicate: Any, timeout: float = 20.0, every: float = 0.05) -> N
             if value:
                 return
             await asyncio.sleep(every)
+
+
+def control_ids(payloads: Sequence[bytes]) -> list[str]:
+    """The MSH-10 of each payload (the tenth ``|`` field), in order."""
+    return [p.split(b"|")[9].decode() for p in payloads]
+
+
+async def count(dsn: str, state: str, destination: str | None = None) -> int:
+    """How many delivery rows (of ``destination``, or of all) are in ``state``."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM inturn_delivery WHERE state = %s"
+            " AND (%s::text IS NULL OR destination = %s)",
+            (state, destination, destination),
+        )
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
 
 
 def cli(dsn: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
