@@ -92,3 +92,20 @@ def test_with_the_extra_the_pack_is_there() -> None:
         timeout=60,
     )
     assert done.returncode == 0 and "bookings" in done.stdout
+
+
+def test_the_packs_declare_their_spec_fields_and_the_schema_takes_them() -> None:
+    from inturn.worker.orders.fields import REPLIES
+    from inturn.worker.reservations.fields import CARRIERS, RULE_CARRIERS_DISTINCT
+    from inturn.worker.spec import schema
+    from inturn.worker.spec.schema_packs import pack_fields
+
+    assert order_rules.PLUGIN.spec_fields == (REPLIES,)
+    assert reservation_rules.PLUGIN.spec_fields == (CARRIERS,)
+    assert pack_fields() == (REPLIES, CARRIERS)  # pack name order
+    spec = schema.spec_schema()
+    assert list(spec["properties"])[-2:] == ["replies", "carriers"]
+    assert spec["properties"]["carriers"] == CARRIERS.schema()
+    assert spec["x-kubernetes-validations"][-1] == RULE_CARRIERS_DISTINCT.as_cel()
+    worker = schema.worker_config_schema()["properties"]
+    assert worker["replies"] == REPLIES.schema() and worker["carriers"] == CARRIERS.schema()

@@ -28,7 +28,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from inturn.worker.errors import Invalid
-from inturn.worker.spec.schema_packs import CARRIER_PATTERN
+from inturn.worker.reservations.fields import CARRIER_PATTERN
 from inturn.worker.spec.validation import validate
 from inturn.worker.store.model import Booking, Segment, Withdrawn
 

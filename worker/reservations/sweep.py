@@ -38,7 +38,7 @@ from inturn.worker.reservations.codes import (
     office_queue,
     segment_key,
 )
-from inturn.worker.spec.schema_packs import CARRIER_PATTERN
+from inturn.worker.reservations.fields import CARRIER_PATTERN, CARRIERS
 from inturn.worker.store import bookings as store
 from inturn.worker.store import reservation_rules as rules_store
 from inturn.worker.worklist import (
@@ -357,5 +357,5 @@ PLUGIN = Pack(
     commands={"bookings": "inturn.worker.cli.reservations:bookings_group"},
     requires=("airportsdata",),
     extra="reservations",
-    spec_fields=("carriers",),
+    spec_fields=(CARRIERS,),
 )

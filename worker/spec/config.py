@@ -18,6 +18,7 @@ from inturn.worker.senders.kind import SenderConfig
 from inturn.worker.spec.replies import ReplyRule, rules_of
 from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.spec.schedule import Schedule, parse, to_spec
+from inturn.worker.spec.schema_packs import pack_fields
 
 AckAction = Literal["retry", "fail"]
 #: ``retry.unreachable``: hold the queue without counting attempts, or count them (the old way).
@@ -107,6 +108,10 @@ class WorkerConfig:
             (:mod:`inturn.worker.drain.lane_runner`).
         lanes_window: how many of the oldest pending messages the lanes look over
             (``spec.lanes.window``).
+        pack_spec: the other fields of the installed packs (:class:`~.schema_packs.SpecField`
+            with ``worker``) as the spec writes them, by name: what a pack of another
+            distribution reads of its Destination (``replies`` and ``carriers`` have their
+            own attributes above and are not repeated here).
     """
 
     destination: str
@@ -126,6 +131,11 @@ class WorkerConfig:
     replies: tuple[ReplyRule, ...] = ()
     lanes: int = 1
     lanes_window: int = DEFAULT_LANES_WINDOW
+    pack_spec: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+
+#: The pack fields :class:`WorkerConfig` reads into attributes of its own.
+_TYPED_PACK_FIELDS = frozenset({"replies", "carriers"})
 
 
 # --- the rendered form (JSON) -----------------------------------------------------------------
@@ -188,6 +198,7 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
             if cfg.lanes != 1 or cfg.lanes_window != DEFAULT_LANES_WINDOW
             else {}
         ),
+        **dict(cfg.pack_spec),
     }
 
 
@@ -234,6 +245,11 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
         replies=rules_of(doc.get("replies")),
         lanes=int((doc.get("lanes") or {}).get("count", 1)),
         lanes_window=int((doc.get("lanes") or {}).get("window", DEFAULT_LANES_WINDOW)),
+        pack_spec={
+            f.name: doc[f.name]
+            for f in pack_fields()
+            if f.worker and f.name in doc and f.name not in _TYPED_PACK_FIELDS
+        },
     )
 
 

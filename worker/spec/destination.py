@@ -45,6 +45,7 @@ from inturn.worker.spec.config import (
 )
 from inturn.worker.spec.schedule import ScheduleError
 from inturn.worker.spec.schedule import parse as parse_schedule
+from inturn.worker.spec.schema_packs import pack_fields
 from inturn.worker.spec.validation import (
     apply_defaults,
     closed,
@@ -221,7 +222,6 @@ def render_from_manifest(
             if (spec.get("filter") or {}).get("fields")
             else {}
         ),
-        "carriers": list(spec.get("carriers", [])),
         "sender": {kind.name: kind.render(node, secret_file)},
         "retry": dict(spec["retry"]),
         "ackPolicy": dict(spec["ackPolicy"]),
@@ -233,8 +233,10 @@ def render_from_manifest(
             if spec.get("expireAfterSeconds") is not None
             else {}
         ),
-        **{key: spec[key] for key in ("schedule", "throttle", "replies") if spec.get(key)},
+        **{key: spec[key] for key in ("schedule", "throttle") if spec.get(key)},
         **({"lanes": dict(spec["lanes"])} if spec.get("lanes") else {}),
+        # the packs' fields the worker reads (replies, carriers, ...), as the manifest has them
+        **{f.name: spec[f.name] for f in pack_fields() if f.worker and spec.get(f.name)},
     }
     return render_worker_config(from_dict(rendered))
 

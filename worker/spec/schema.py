@@ -13,9 +13,11 @@ Everything that describes ``destinations.inturn.dev`` lives here, as plain Pytho
 
 The fields of one subject are built in a module of their own, each pure data:
 :mod:`.schema_pod` (``spec.worker``), :mod:`.schema_delivery` (``schedule``, ``lanes``),
-:mod:`.schema_routing` (``filter.fields``), :mod:`.schema_packs` (the rule packs' fields:
-``replies``, ``carriers``) and :mod:`.schema_status` (``status``); this module keeps the names,
-the shared rules, ``spec`` itself, the worker configuration's schema and the CRD.
+:mod:`.schema_routing` (``filter.fields``) and :mod:`.schema_status` (``status``); the rule
+packs declare their own fields (``replies``, ``carriers``, ...), which :mod:`.schema_packs`
+finds through their entry points and which follow inturn's own in ``spec`` and the worker
+configuration. This module keeps the names, the shared rules, ``spec`` itself, the worker
+configuration's schema and the CRD.
 
 The module is pure data and never imports the operator. Field conventions follow the Kubernetes
 API conventions (kubernetes/community, contributors/devel/sig-architecture/api-conventions.md):
@@ -43,7 +45,7 @@ from inturn.worker.spec.openapi import integer as _int
 from inturn.worker.spec.openapi import obj as _obj
 from inturn.worker.spec.openapi import string as _str
 from inturn.worker.spec.schema_delivery import RULE_SFTP_ONE_LANE, lanes_schema, schedule_schema
-from inturn.worker.spec.schema_packs import RULE_CARRIERS_DISTINCT, carriers_schema, replies_schema
+from inturn.worker.spec.schema_packs import pack_fields
 from inturn.worker.spec.schema_pod import worker_schema
 from inturn.worker.spec.schema_routing import filter_fields_schema
 from inturn.worker.spec.schema_status import status_schema
@@ -228,7 +230,6 @@ def spec_schema() -> Schema:
                 "Hold the queue: the worker keeps its lock and sends nothing.", default=False
             ),
             "worker": worker_schema(),
-            "carriers": carriers_schema(),
             "alerting": _obj(
                 {
                     "stuckAfterSeconds": _int(
@@ -247,7 +248,6 @@ def spec_schema() -> Schema:
                 " worker holds the queue without spending attempts, the status says until"
                 " when, and the sweeper does not count the time as stuck. Unset: at any time."
             ),
-            "replies": replies_schema(),
             "throttle": _obj(
                 {
                     "messagesPerSecond": _int(
@@ -268,10 +268,12 @@ def spec_schema() -> Schema:
                 minimum=60,
                 maximum=31_536_000,
             ),
+            # the installed packs' fields (replies, carriers, ...), as each pack declares them
+            **{f.name: f.schema() for f in pack_fields()},
         },
         required=("channel", "sender", "retry"),
         description="The desired state of a delivery destination.",
-        rules=(RULE_CARRIERS_DISTINCT, RULE_SFTP_ONE_LANE),
+        rules=(RULE_SFTP_ONE_LANE, *(r for f in pack_fields() for r in f.rules)),
     )
 
 
@@ -303,7 +305,6 @@ def worker_config_schema() -> Schema:
             "channel": spec["channel"],
             "messageTypes": spec["filter"]["properties"]["messageTypes"],
             "filterFields": spec["filter"]["properties"]["fields"],
-            "carriers": spec["carriers"],
             "sender": _sender({k.name: k.worker_schema() for k in senders.KINDS}),
             "retry": spec["retry"],
             "ackPolicy": spec["ackPolicy"],
@@ -313,8 +314,8 @@ def worker_config_schema() -> Schema:
             "expireAfterSeconds": spec["expireAfterSeconds"],
             "schedule": spec["schedule"],
             "throttle": spec["throttle"],
-            "replies": spec["replies"],
             "lanes": spec["lanes"],
+            **{f.name: spec[f.name] for f in pack_fields() if f.worker},
         },
         required=("destination", "channel", "sender", "retry"),
         description="Everything one worker needs to drain one destination.",

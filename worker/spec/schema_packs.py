@@ -1,128 +1,104 @@
-"""The Destination fields of the rule packs, as the API declares them: the orders pack's
-``replies`` (what a delivered order expects back) and the reservations pack's ``carriers``
-(the airlines a Destination serves). Pure data, part of :mod:`inturn.worker.spec.schema`.
+"""The Destination fields of the rule packs: each pack declares its own, this module gathers them.
+
+A pack that reads a field of ``Destination.spec`` (the orders pack's ``replies``, the
+reservations pack's ``carriers``) declares it as a :class:`SpecField`, its schema and CEL rules
+included, in :attr:`inturn.worker.worklist.pack.Pack.spec_fields`. :func:`pack_fields` finds
+them through the packs' entry points (group :data:`ENTRY_POINT_GROUP`, ``inturn.packs``), so
+:mod:`.schema` builds ``spec``, the worker configuration's schema and the CRD from whatever
+packs are installed, and a pack of another distribution adds its fields without a change here.
+The API layer never imports a pack: it reads what the installation's metadata names, once, on
+first use.
+
+Which packs: every registered one, whether or not its extra is installed (an inactive pack's
+fields are declarations and need none of its dependencies). The generated CRD files are then
+the same whichever extras the generating environment has, and a manifest written for a cluster
+with a pack stays valid where the pack is not active (its fields are ignored there).
+
+Pure data apart from that one look-up; no I/O library.
 """
 
 from __future__ import annotations
 
-from inturn.worker.hl7.fields import FIELD_PATTERN
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
 from inturn.worker.spec.openapi import Rule, Schema
-from inturn.worker.spec.openapi import integer as _int
-from inturn.worker.spec.openapi import obj as _obj
-from inturn.worker.spec.openapi import string as _str
-from inturn.worker.spec.replies import DEFAULT_ORDER_FIELD, DEFAULT_REPLY_FIELDS
 
-#: An IATA airline designator: two letters or digits, optionally a third letter.
-CARRIER_PATTERN = r"^[A-Z0-9]{2}[A-Z]?$"
+log = logging.getLogger("inturn.spec.packs")
 
-RULE_CARRIERS_DISTINCT = Rule(
-    cel="!has(self.carriers) || self.carriers.all(c, self.carriers.filter(d, d == c).size() == 1)",
-    message="each carrier may be listed once",
-    check=lambda node: len(set(node.get("carriers", ()))) == len(node.get("carriers", ())),
-    field_path=".carriers",
+#: The entry-point group every pack is registered under (see :mod:`inturn.worker.worklist.pack`).
+ENTRY_POINT_GROUP = "inturn.packs"
+
+#: Fields that belong to inturn's API itself: no pack may declare one of these.
+CORE_FIELDS = frozenset(
+    {
+        "channel",
+        "filter",
+        "sender",
+        "retry",
+        "ackPolicy",
+        "idleSeconds",
+        "suspend",
+        "worker",
+        "alerting",
+        "schedule",
+        "throttle",
+        "lanes",
+        "expireAfterSeconds",
+    }
 )
 
-_TYPE_PATTERN = r"^[A-Za-z0-9*?]+(\^[A-Za-z0-9_*?]+)?$"
+
+@dataclass(frozen=True)
+class SpecField:
+    """One field of ``Destination.spec`` that a pack reads.
+
+    Attributes:
+        name: its key in ``spec`` (camelCase, e.g. ``replies``); not one of :data:`CORE_FIELDS`.
+        schema: builds its structural OpenAPI v3 schema (a fresh dict each call; defaults,
+            bounds and descriptions on the nodes, as :mod:`.openapi` builds them).
+        rules: CEL rules on the whole ``spec`` that concern this field (``!has(self.x) ||
+            ...``), each with its Python twin (:class:`~.openapi.Rule`); placed in ``spec``'s
+            ``x-kubernetes-validations`` after inturn's own.
+        worker: the worker needs it: it is copied into the rendered worker configuration
+            (``worker.json``) under the same name and declared in its schema.
+    """
+
+    name: str
+    schema: Callable[[], Schema]
+    rules: tuple[Rule, ...] = ()
+    worker: bool = True
 
 
-def types_schema(description: str) -> Schema:
-    return {
-        "type": "array",
-        "description": description,
-        "minItems": 1,
-        "maxItems": 16,
-        "items": _str("An MSH-9 pattern.", max_length=32, min_length=1, pattern=_TYPE_PATTERN),
-    }
+@functools.cache
+def pack_fields() -> tuple[SpecField, ...]:
+    """The :class:`SpecField` of every registered pack, in pack name order then as each pack
+    lists them (a fresh interpreter sees newly installed packs; this one keeps what it found).
 
-
-#: An HD first component as it appears in MSH-3/MSH-4: no separator, no control character.
-_HD_PATTERN = r"^[^|^~\\&\x00-\x1f\x7f]+$"
-
-
-def replies_schema() -> Schema:
-    field = _str("A field, e.g. ORC-2.", max_length=7, pattern=FIELD_PATTERN)
-    return {
-        "type": "array",
-        "description": (
-            "Replies this destination's orders expect: an order delivered without its reply"
-            " arriving in time is placed on the orders worklist (unanswered-order) by the"
-            " sweeper."
-        ),
-        "maxItems": 8,
-        "items": _obj(
-            {
-                "orderTypes": types_schema(
-                    "MSH-9 patterns of the messages sent here that expect a reply, e.g. ORM^O01."
-                ),
-                "replyTypes": types_schema("MSH-9 patterns of the replies, e.g. ORU^R01, ORR^O02."),
-                "channel": _str(
-                    "The ingest channel the replies arrive on.",
-                    max_length=63,
-                    min_length=1,
-                    pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
-                ),
-                "withinSeconds": _int(
-                    "How long a reply may take after the order was delivered.",
-                    minimum=60,
-                    maximum=31_536_000,
-                ),
-                "orderField": {
-                    **field,
-                    "description": "Where the matching key is in the order (first component).",
-                    "default": DEFAULT_ORDER_FIELD,
-                },
-                "replyFields": {
-                    "type": "array",
-                    "description": "Where the key may be in a reply (first component of each).",
-                    "minItems": 1,
-                    "maxItems": 4,
-                    "items": field,
-                    "default": list(DEFAULT_REPLY_FIELDS),
-                },
-                "from": {
-                    "type": "array",
-                    "description": (
-                        "The senders whose replies may answer these orders (MSH-3 and MSH-4,"
-                        " first components). Without it, a reply answers an order only when"
-                        " it comes from the application and facility the order was addressed"
-                        " to (the reply's MSH-3/MSH-4 equal to the order's MSH-5/MSH-6)."
-                    ),
-                    "minItems": 1,
-                    "maxItems": 16,
-                    "items": _obj(
-                        {
-                            "application": _str(
-                                "MSH-3 of the replies (first component).",
-                                max_length=180,
-                                min_length=1,
-                                pattern=_HD_PATTERN,
-                            ),
-                            "facility": _str(
-                                "MSH-4 of the replies (first component); any when absent.",
-                                max_length=180,
-                                min_length=1,
-                                pattern=_HD_PATTERN,
-                            ),
-                        },
-                        required=("application",),
-                        description="One sender of replies.",
-                    ),
-                },
-            },
-            required=("orderTypes", "replyTypes", "channel", "withinSeconds"),
-            description="One expected reply.",
-        ),
-    }
-
-
-def carriers_schema() -> Schema:
-    return {
-        "type": "array",
-        "description": (
-            "IATA airline designators (e.g. LH) whose reservation messages, such as"
-            " cancellation notices, go to this destination. At most one live Destination may"
-            " serve a carrier: the operator and inturn local refuse a second one."
-        ),
-        "maxItems": 64,
-        "items": _str("An IATA airline designator.", max_length=3, pattern=CARRIER_PATTERN),
-    }
+    A pack that cannot be loaded, a field that is not a :class:`SpecField`, a name of
+    :data:`CORE_FIELDS` or one that another pack declared already is logged and left out: one
+    broken plug-in must not take the API down. (The registry of :mod:`inturn.worker.operations.
+    packs` logs the pack itself.)
+    """
+    found: dict[str, tuple[str, SpecField]] = {}
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
+        try:
+            plugin = point.load()
+        except Exception:  # a broken plug-in: the registry says why
+            continue
+        for item in getattr(plugin, "spec_fields", ()):
+            if not isinstance(item, SpecField):
+                log.error("pack %s: spec field %r is not a SpecField", point.name, item)
+            elif item.name in CORE_FIELDS:
+                log.error("pack %s: spec.%s is inturn's own field", point.name, item.name)
+            elif item.name in found:
+                other = found[item.name][0]
+                log.error(
+                    "pack %s: spec.%s is declared by %s already", point.name, item.name, other
+                )
+            else:
+                found[item.name] = (point.name, item)
+    return tuple(item for _, item in found.values())

@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from inturn.worker.spec.schema_packs import ENTRY_POINT_GROUP, SpecField
 from inturn.worker.worklist.rules import RulePack
 
-#: The entry-point group every pack is registered under.
-ENTRY_POINT_GROUP = "inturn.packs"
+__all__ = ["ENTRY_POINT_GROUP", "Pack", "SpecField"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,10 @@ class Pack:
         requires: top-level modules it needs that inturn's own dependencies do not bring
             (``airportsdata``); when one cannot be imported the pack is not active.
         extra: the extra that installs ``requires`` (``pip install 'inturn[EXTRA]'``).
-        spec_fields: the ``spec`` fields of a Destination it reads (``carriers``,
-            ``replies``): documentation, and what ``inturn validate`` may say belongs to it.
+        spec_fields: the ``spec`` fields of a Destination it reads (``replies``,
+            ``carriers``), each with its schema and CEL rules
+            (:class:`~inturn.worker.spec.schema_packs.SpecField`): the Destination schema, the
+            worker configuration's and the CRD take them from here.
     """
 
     name: str
@@ -52,7 +54,7 @@ class Pack:
     commands: Mapping[str, str] = field(default_factory=dict)
     requires: tuple[str, ...] = ()
     extra: str | None = None
-    spec_fields: tuple[str, ...] = ()
+    spec_fields: tuple[SpecField, ...] = ()
 
     def missing(self) -> list[str]:
         """The modules of :attr:`requires` that cannot be imported here (empty: active)."""
