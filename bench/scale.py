@@ -509,11 +509,21 @@ async def lookups(db: str, rows: int) -> dict[str, float]:
         ("queue list --control-id", ("queue", "list", "--control-id", f"CTL{rows // 2}")),
         (
             "queue list --patient-id",
-            ("queue", "list", "--patient-id", patient, "--authority", "HOSP"),
+            ("queue", "list", "--patient-id", patient, "--authority", "HOSP", "--why", "bench"),
         ),
         (
             "queue erase --patient-id --dry-run",
-            ("queue", "erase", "--patient-id", patient, "--who", "bench", "--dry-run"),
+            (
+                "queue",
+                "erase",
+                "--patient-id",
+                patient,
+                "--who",
+                "bench",
+                "--why",
+                "b",
+                "--dry-run",
+            ),
         ),
         ("queue depth", ("queue", "depth")),
     ):

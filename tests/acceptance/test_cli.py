@@ -165,6 +165,8 @@ def test_erase_by_patient_id_whatever_the_encoding_characters(fresh_db: str) -> 
             "MRN-42",
             "--who",
             "dpo",
+            "--why",
+            "request 9",
             "--dry-run",
             "--json",
             dsn=fresh_db,
@@ -172,6 +174,7 @@ def test_erase_by_patient_id_whatever_the_encoding_characters(fresh_db: str) -> 
     )
     matched = [m["id"] for m in dry["matched"]]
     assert matched == [ids[0], ids[2], ids[2] + 1] and dry["erased"] == []
+    assert audit(fresh_db) == [("dpo", "search-patient", matched)]  # a dry run is a lookup
     unsaid = run("queue", "erase", "--patient-id", "MRN-42", "--who", "dpo", dsn=fresh_db)
     assert unsaid.returncode == 2 and "erase needs a reason (--why)" in unsaid.stderr
     done = run(
@@ -183,7 +186,7 @@ def test_erase_by_patient_id_whatever_the_encoding_characters(fresh_db: str) -> 
     with psycopg.connect(fresh_db) as conn:
         left = conn.execute("SELECT id FROM inturn_delivery").fetchall()
     assert left == [(ids[1],)]
-    assert audit(fresh_db) == [("dpo", "erase", matched)]
+    assert audit(fresh_db) == [("dpo", "search-patient", matched), ("dpo", "erase", matched)]
 
 
 def test_list_by_control_id_and_patient_id(fresh_db: str) -> None:
@@ -192,20 +195,29 @@ def test_list_by_control_id_and_patient_id(fresh_db: str) -> None:
     assert migrate.returncode == 0, migrate.stderr
     listed = json.loads(run("queue", "list", "--control-id", "M1", "--json", dsn=fresh_db).stdout)
     assert [i["id"] for i in listed["items"]] == [ids[1]] and listed["total"] == 1
+    why = ("--who", "dpo", "--why", "ticket 4")
     by_patient = run(
-        "queue", "list", "--patient-id", "MRN-42", "--authority", "HOSP", "--json", dsn=fresh_db
-    )
+        "queue", "list", "--patient-id", "MRN-42", "--authority", "HOSP", "--json", *why,
+        dsn=fresh_db,
+    )  # fmt: skip
     assert by_patient.stderr == ""
     assert [i["id"] for i in json.loads(by_patient.stdout)["items"]] == [ids[2], ids[0]]
-    other = run("queue", "list", "--patient-id", "MRN-42", "--authority", "LAB", dsn=fresh_db)
+    other = run("queue", "list", "--patient-id", "MRN-42", "--authority", "LAB", *why, dsn=fresh_db)
     assert other.returncode == 0 and other.stdout.strip().endswith("0 of 0")
     insert(fresh_db, [message(4, "MRN-42")])  # as an ingest older than the index would
-    late = run("queue", "list", "--patient-id", "MRN-42", dsn=fresh_db)
+    late = run("queue", "list", "--patient-id", "MRN-42", *why, dsn=fresh_db)
     assert "1 item(s) are not indexed yet" in late.stderr and "2 of 2" in late.stdout
-    blank = run("queue", "list", "--patient-id", " ", dsn=fresh_db)
+    blank = run("queue", "list", "--patient-id", " ", *why, dsn=fresh_db)
     assert blank.returncode == 2 and "--patient-id is empty" in blank.stderr
     lone = run("queue", "list", "--authority", "HOSP", dsn=fresh_db)
     assert lone.returncode == 2 and "--authority goes with --patient-id" in lone.stderr
+    unsaid = run("queue", "list", "--patient-id", "MRN-42", dsn=fresh_db)
+    assert unsaid.returncode == 2 and "search-patient needs a reason (--why)" in unsaid.stderr
+    assert audit(fresh_db) == [
+        ("dpo", "search-patient", [ids[2], ids[0]]),
+        ("dpo", "search-patient", []),
+        ("dpo", "search-patient", [ids[2], ids[0]]),
+    ]  # the control-ID listing and the refusals are not audited
 
 
 def test_erase_scan_says_how_much_it_reads(fresh_db: str) -> None:
@@ -219,6 +231,8 @@ def test_erase_scan_says_how_much_it_reads(fresh_db: str) -> None:
         "--scan",
         "--who",
         "dpo",
+        "--why",
+        "request 9",
         "--dry-run",
         dsn=fresh_db,
     )
@@ -230,6 +244,7 @@ def test_erase_scan_says_how_much_it_reads(fresh_db: str) -> None:
     ]
     bad = run("queue", "erase", "7", "--scan", "--who", "dpo", dsn=fresh_db)
     assert bad.returncode == 2 and "go with --patient-id" in bad.stderr
+    assert audit(fresh_db) == [("dpo", "search-patient", [ids[0]])]  # the scan's dry run
 
 
 def test_purge_keeps_pending(fresh_db: str) -> None:

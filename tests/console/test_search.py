@@ -5,6 +5,7 @@ audit entries)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -17,6 +18,7 @@ from inturn.worker.console.server import ConsoleServer
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from tests.support.console import TOKENS, Client, message, place_work, register
+from tests.support.pipeline import cli
 
 pytestmark = pytest.mark.store
 
@@ -133,6 +135,81 @@ async def test_by_patient_only_for_privacy_with_a_reason_and_audited(
     # and each item found shows the search on its own page
     status, detail = await clients["viewer"].get(f"/api/v1/items/{ids['ris1']}")
     assert [e["action"] for e in detail["audit"]] == ["search-patient"]
+
+
+async def test_every_front_ends_lookup_by_patient_is_one_audited_rule(
+    fresh_db: str, console: ConsoleServer, clients: dict[str | None, Client]
+) -> None:
+    """The same lookup of P1 from the console's API, its search form, ``inturn queue list
+    --patient-id`` and ``inturn queue erase --patient-id --dry-run`` (real processes) leaves one
+    ``search-patient`` entry each, with the reason and the ids shown and never the identifier;
+    an erasure by patient that matched nothing is recorded too; each refusal (no reason, no
+    privacy role) reads nothing and records nothing."""
+    ids = await seed(fresh_db)
+    found = [ids["lab3"], ids["ris1"], ids["lab1"]]  # newest first
+
+    async def run(*args: str) -> tuple[int, str, str]:
+        done = await asyncio.to_thread(cli, fresh_db, *args, check=False)
+        return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+    # the refusals first: the CLI without a reason, the console without the role
+    code, out, err = await run("queue", "list", "--patient-id", "P1")
+    assert (code, out) == (2, "") and "search-patient needs a reason (--why)" in err
+    code, out, err = await run("queue", "erase", "--patient-id", "P1", "--who", "d", "--dry-run")
+    assert (code, out) == (2, "") and "needs a reason (--why)" in err
+    code, out, err = await run("queue", "list", "--why", "x")
+    assert code == 2 and "--why goes with --patient-id" in err
+    path = "/api/v1/search/patient"
+    status, _ = await clients["operator"].post(path, {"patientId": "P1", "why": "ticket 9"})
+    assert status == 403
+    assert await audit_entries(clients["viewer"]) == []
+
+    status, body = await clients["privacy"].post(path, {"patientId": "P1", "why": "ticket 9"})
+    assert status == 200 and [i["id"] for i in body["items"]] == found
+    headers = {"Authorization": f"Bearer {TOKENS['privacy'][1]}"}
+    base = f"http://127.0.0.1:{console.port}"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(base + "/api/v1/me", headers=headers) as r:
+            csrf = (await r.json())["csrfToken"]
+        form = {"csrf_token": csrf, "patientId": "P1", "why": "ticket 9"}
+        async with session.post(base + "/search", data=form, headers=headers) as r:
+            assert r.status == 200
+            assert re.findall(r'<tr data-item="(\d+)"', await r.text()) == [str(i) for i in found]
+    code, out, err = await run(
+        "queue", "list", "--patient-id", "P1", "--who", "dpo", "--why", "ticket 9", "--json"
+    )
+    assert (code, err) == (0, "") and [i["id"] for i in json.loads(out)["items"]] == found
+    # the listing's other filters narrow what is shown, and so what is audited
+    code, out, err = await run(
+        "queue", "list", "--patient-id", "P1", "-d", LAB, "--who", "dpo", "--why", "ticket 9",
+        "--json",
+    )  # fmt: skip
+    assert code == 0 and [i["id"] for i in json.loads(out)["items"]] == [ids["lab3"], ids["lab1"]]
+    code, out, err = await run(
+        "queue", "erase", "--patient-id", "P1", "--who", "dpo", "--why", "ticket 9", "--dry-run",
+        "--json",
+    )  # fmt: skip
+    assert code == 0 and sorted(m["id"] for m in json.loads(out)["matched"]) == sorted(found)
+    code, out, err = await run(
+        "queue", "erase", "--patient-id", "P9", "--who", "dpo", "--why", "ticket 10", "--json"
+    )
+    assert code == 0 and json.loads(out)["erased"] == []
+    code, out, err = await run("queue", "list", "--control-id", "MSG00001", "--json")
+    assert code == 0 and json.loads(out)["total"] == 2  # no patient named: not audited
+
+    entries = await audit_entries(clients["viewer"])
+    assert [(e["who"], e["action"], e["itemIds"], e["why"]) for e in entries] == [
+        ("dpo", "erase", [], "ticket 10"),
+        ("dpo", "search-patient", sorted(found), "ticket 9"),
+        ("dpo", "search-patient", [ids["lab3"], ids["lab1"]], "ticket 9"),
+        ("dpo", "search-patient", found, "ticket 9"),
+        ("pia", "search-patient", found, "ticket 9"),
+        ("pia", "search-patient", found, "ticket 9"),
+    ]
+    assert "P1" not in json.dumps(entries) and "P9" not in json.dumps(entries)
+    async with await AsyncConnection.connect(fresh_db) as conn:
+        left = await (await conn.execute("SELECT count(*) FROM inturn_delivery")).fetchone()
+    assert left == (4,)
 
 
 async def test_the_patient_form_posts_the_identifier_never_in_a_url(

@@ -379,7 +379,8 @@ def test_the_queue_commands_open_list_and_erase_with_the_keys_and_refuse_without
     assert len(err.splitlines()) == 1 and "--payload-keys" in err
     main([*payload, *keyed])
     assert capsysbinary.readouterr().out == adt(1, "CLI-1")
-    main(["queue", "list", "--dsn", fresh_db, "--patient-id", "CLI-2", "--json", *keyed])
+    listing = ["queue", "list", "--dsn", fresh_db, "--patient-id", "CLI-2", "--json"]
+    main([*listing, "--why", "ticket 7", *keyed])
     listed = json.loads(capsysbinary.readouterr().out)
     assert [i["id"] for i in listed["items"]] == [second]
     erase = ["queue", "erase", "--dsn", fresh_db, "--patient-id", "CLI-2", "--who", "dpo"]
@@ -565,10 +566,10 @@ def test_a_lookup_by_patient_without_keys_on_a_sealed_database_refuses_instead_o
     asyncio.run(ingest())
     capsysbinary.readouterr()  # ingest's own log lines
     keyed = ["--payload-keys", str(keys_dir), "--key-dsn", key_dsn]
-    listing = ["queue", "list", "--dsn", fresh_db, "--patient-id", "E1", "--json"]
+    listing = ["queue", "list", "--dsn", fresh_db, "--patient-id", "E1", "--json", "--why", "t"]
     erase = ["queue", "erase", "--dsn", fresh_db, "--patient-id", "E1", "--authority", "HOSP"]
-    erase += ["--who", "dpo", "--json"]
-    for args in (listing, [*erase, "--dry-run"], [*erase, "--why", "request 12"]):
+    erase += ["--who", "dpo", "--json", "--why", "request 12"]
+    for args in (listing, [*erase, "--dry-run"], erase):
         with pytest.raises(SystemExit) as exited:
             main(args)
         assert exited.value.code == 2, args
@@ -582,7 +583,7 @@ def test_a_lookup_by_patient_without_keys_on_a_sealed_database_refuses_instead_o
     assert json.loads(capsysbinary.readouterr().out)["total"] == 8
     main([*erase, "--dry-run", *keyed])
     assert len(json.loads(capsysbinary.readouterr().out)["matched"]) == 8
-    main([*erase, "--why", "request 12", *keyed])
+    main([*erase, *keyed])
     done = json.loads(capsysbinary.readouterr().out)
     assert (len(done["erased"]), done["keysDestroyed"]) == (8, 1)
     # still refused without keys with nothing left: the blind index is what it cannot read
@@ -604,9 +605,10 @@ def test_a_lookup_by_patient_on_a_database_that_never_sealed_answers_as_before(
             return await queue.enqueue(conn, [item(adt(1, "P1"))])
 
     [only] = asyncio.run(plain())
-    main(["queue", "list", "--dsn", fresh_db, "--patient-id", "P1", "--json"])
+    why = ["--why", "ticket 3"]
+    main(["queue", "list", "--dsn", fresh_db, "--patient-id", "P1", "--json", *why])
     assert [i["id"] for i in json.loads(capsysbinary.readouterr().out)["items"]] == [only]
-    main(["queue", "list", "--dsn", fresh_db, "--patient-id", "NOBODY", "--json"])
+    main(["queue", "list", "--dsn", fresh_db, "--patient-id", "NOBODY", "--json", *why])
     assert json.loads(capsysbinary.readouterr().out)["total"] == 0
     with psycopg.connect(fresh_db) as conn:
         assert conn.execute("SELECT count(*) FROM inturn_payload_keys").fetchone() == (0,)

@@ -87,8 +87,15 @@ def payload_command(
     is_flag=True,
     help="Find the patient by reading every payload instead of the index (slow: says how long).",
 )
-@click.option("--who", help="Who decides (recorded in the audit); not needed with --dry-run.")
-@click.option("--why", help="Why (recorded in the audit); required unless --dry-run.")
+@click.option(
+    "--who",
+    help="Who decides (recorded in the audit); not needed for a dry run by ITEM_IDS.",
+)
+@click.option(
+    "--why",
+    help="Why (recorded in the audit); not needed for a dry run by ITEM_IDS (a dry run by"
+    " --patient-id is a search by patient, audited as search-patient).",
+)
 @click.option("--dry-run", is_flag=True, help="Show what would be erased; erase nothing.")
 @json_option
 @payload_keys_options
@@ -111,11 +118,14 @@ def erase_command(
     store, after the rows: every copy of their messages elsewhere (a backup, a dump, a
     replica) can no longer be read. If the key store fails, the rows are gone and the command
     says so; run it again to destroy the keys (it finds no rows and destroys them).
+
+    A dry run by --patient-id looks a patient up as `queue list --patient-id` and the console
+    do: it needs --who and --why and is audited (search-patient, the ids found).
     """
-    if who is None and not dry_run:
-        raise click.UsageError("missing option '--who' (it is recorded in the audit)")
     if bool(item_ids) == bool(patient_id and patient_id.strip()):
         raise click.UsageError("give exactly one of ITEM_IDS or a non-empty --patient-id")
+    if who is None and (patient_id or not dry_run):
+        raise click.UsageError("missing option '--who' (it is recorded in the audit)")
     if (authority is not None or scan) and not patient_id:
         raise click.UsageError("--authority and --scan go with --patient-id")
     patient_key_for(patient_id, authority)  # a blank --authority is a usage error

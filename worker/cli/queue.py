@@ -3,8 +3,8 @@
 Each command opens the store with the DSN from ``--dsn`` or ``INTURN_DSN``, runs one operation
 and exits. Listings never show payloads; ``payload`` writes one item's bytes on purpose.
 Decisions that abandon, delete or expose messages require ``--who`` (skip, drain, erase) and
-``--why`` (skip, drain, erase, payload), as in the console: the rules are
-:data:`inturn.worker.operations.actor.ACTIONS`.
+``--why`` (skip, drain, erase, payload, a search by ``--patient-id``), as in the console: the
+rules are :data:`inturn.worker.operations.actor.ACTIONS`.
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ from inturn.worker.cli.privacy import (
 )
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain.lanes import LaneSummary, summarize
+from inturn.worker.errors import InturnError, ReasonRequired
 from inturn.worker.operations import privacy
 from inturn.worker.operations import queue as actions
-from inturn.worker.operations.actor import Trusted
-from inturn.worker.store import identifiers, reads
-from inturn.worker.store.model import STATES, DepthRow, Item
+from inturn.worker.operations.actor import Trusted, permit
+from inturn.worker.store import reads
+from inturn.worker.store.model import STATES, DepthRow
 from inturn.worker.text.display import printable, table
 
 T = TypeVar("T")
@@ -104,6 +105,11 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
 @click.option("--control-id", help="Only the items of this MSH-10 (exact match; indexed).")
 @patient_id_option
 @authority_option
+@audit_who_option
+@click.option(
+    "--why",
+    help="With --patient-id: why (required; recorded in the audit, as every search by patient).",
+)
 @payload_keys_options
 @click.option(
     "--limit",
@@ -123,41 +129,71 @@ def list_command(
     control_id: str | None,
     patient_id: str | None,
     authority: str | None,
+    who: str,
+    why: str | None,
     payload_keys: str | None,
     key_dsn: str | None,
     limit: int,
     offset: int,
     before: int | None,
 ) -> None:
-    """Items newest first (never payloads), with the total count. With --payload-keys, a
-    --patient-id search finds rows under the blind index too."""
-    patient_key = patient_key_for(patient_id, authority)  # usage errors before connecting
+    """Items newest first (never payloads), with the total count.
 
-    async def go(conn: AsyncConnection[Any]) -> tuple[list[Item], int, int]:
-        nonlocal patient_key
-        if patient_key is not None and patient_id is not None:
-            patient_key = await with_payloads(
-                payload_keys,
-                key_dsn,
-                lambda c: privacy.patient_lookup(conn, patient_id, authority, c),
-            )
-        items, total = await reads.list_items(
-            conn,
-            destination=destination,
-            channel=channel,
-            state=state,
-            control_id=control_id,
-            patient_key=patient_key,
-            limit=limit,
-            offset=offset,
-            before=before,
+    A --patient-id search is the console's patient search (one rule: the privacy role's
+    search-patient): it needs --why and is audited with --who, the reason and the ids shown
+    (never the identifier), on the write connection. With --payload-keys it finds rows under
+    the blind index too."""
+    patient_key_for(patient_id, authority)  # usage errors before connecting
+    if patient_id is None:
+        if why is not None:
+            raise click.UsageError("--why goes with --patient-id (a listing is not audited)")
+        items, total = run_read(
+            dsn,
+            lambda conn: reads.list_items(
+                conn,
+                destination=destination,
+                channel=channel,
+                state=state,
+                control_id=control_id,
+                limit=limit,
+                offset=offset,
+                before=before,
+            ),
         )
         unindexed = 0
-        if patient_key is not None:
-            unindexed = await identifiers.unindexed_count(conn)
-        return items, total, unindexed
+    else:
+        actor = Trusted(who)
+        try:
+            permit(actor, "search-patient", why)  # refused before connecting
+        except ReasonRequired as exc:
+            raise click.UsageError(f"{exc} (--why)") from None
+        except InturnError as exc:
+            raise click.UsageError(str(exc)) from None
 
-    items, total, unindexed = run_read(dsn, go)
+        def search(conn: AsyncConnection[Any]) -> Awaitable[privacy.PatientSearch]:
+            assert patient_id is not None
+            return with_payloads(
+                payload_keys,
+                key_dsn,
+                lambda codec: privacy.search_patient(
+                    conn,
+                    actor,
+                    patient_id,
+                    authority,
+                    why,
+                    limit=limit,
+                    payloads=codec,
+                    destination=destination,
+                    channel=channel,
+                    state=state,
+                    control_id=control_id,
+                    offset=offset,
+                    before=before,
+                ),
+            )
+
+        found = act(dsn, search)
+        items, total, unindexed = found.items, found.total, found.unindexed
     if unindexed:
         click.echo(
             f"warning: {unindexed} item(s) are not indexed yet and were not searched; run"

@@ -327,21 +327,42 @@ async def search_patient(
     *,
     limit: int = reads.LIST_LIMIT_DEFAULT,
     payloads: PayloadCodec | None = None,
+    destination: str | None = None,
+    channel: str | None = None,
+    state: str | None = None,
+    control_id: str | None = None,
+    offset: int = 0,
+    before: int | None = None,
 ) -> PatientSearch:
     """Items naming a patient (PID-2, PID-3, PID-4 or MRG-1; with ``authority``, only
-    identifiers it assigned), found through the identifier index that ``inturn queue list
-    --patient-id`` reads; the search is audited (``search-patient``, its reason and the items
-    shown; never the identifier) in the same transaction.
+    identifiers it assigned), found through the identifier index; the search is audited
+    (``search-patient``, its reason and the items shown; never the identifier) in the same
+    transaction. Every front end's search by patient is this call: the console's (page and
+    API) and ``inturn queue list --patient-id``, whose other filters (``destination`` ...
+    ``before``, as :func:`inturn.worker.store.reads.list_items`) narrow the page.
 
     Raises:
         Forbidden: the actor lacks the privacy role.
         ReasonRequired: no reason.
-        Invalid: an empty patient ID or authority, or one holding a NUL character.
+        Invalid: an empty patient ID or authority, or one holding a NUL character; an unknown
+            ``state``.
         PayloadKeysMissing: without payload keys on a database that seals payloads.
     """
     reason = permit(actor, "search-patient", why)
     key = await patient_lookup(conn, patient_id, authority, payloads)
-    items, total = await reads.search_patient(conn, key, who=actor.name, why=reason, limit=limit)
+    items, total = await reads.search_patient(
+        conn,
+        key,
+        who=actor.name,
+        why=reason,
+        limit=limit,
+        destination=destination,
+        channel=channel,
+        state=state,
+        control_id=control_id,
+        offset=offset,
+        before=before,
+    )
     return PatientSearch(items, total, await identifiers.unindexed_count(conn))
 
 
@@ -377,16 +398,29 @@ async def erase_data_subject(
     dry_run: bool = False,
 ) -> Erasure:
     """The erasure action whole, as ``inturn queue erase`` takes it: its rule checked once,
-    before anything is read (a scan is slow: refuse first), not at all for a dry run; the
-    matches found on the read pool (:func:`find_for_erasure`), erased on the write pool in one
-    audited statement, then, for an erasure by patient, that patient's keys destroyed
-    (even with no row left: copies elsewhere are read with the keys).
+    before anything is read (a scan is slow: refuse first); the matches found on the read pool
+    (:func:`find_for_erasure`), erased on the write pool in one audited statement, then, for an
+    erasure by patient, that patient's keys destroyed (even with no row left: copies elsewhere
+    are read with the keys).
+
+    A dry run by item ids checks no rule and records nothing (ids name no patient). A dry run
+    by patient is a search by patient: the rule of ``search-patient`` (the privacy role, a
+    reason), and its audit entry (the ids it found, or none) is written before the matches
+    are returned, as the console's search is. An erasure by patient that matched nothing
+    records ``erase`` with no ids: the lookup is in the audit trail either way.
 
     Raises:
-        Forbidden, ReasonRequired, Invalid: the rule of ``erase`` refuses; nothing was read.
+        Forbidden, ReasonRequired, Invalid: the rule of ``erase`` (``search-patient`` for a dry
+            run by patient) refuses; nothing was read.
         KeysNotDestroyed: the rows were erased and the key store failed (run it again).
     """
-    reason = None if dry_run else permit(actor, "erase", why)
+    by_patient = bool(patient_id and patient_id.strip())
+    if not dry_run:
+        reason = permit(actor, "erase", why)
+    elif by_patient:
+        reason = permit(actor, "search-patient", why)
+    else:
+        reason = None
     async with pools.read.connection() as conn:
         matched = await find_for_erasure(
             conn,
@@ -398,12 +432,20 @@ async def erase_data_subject(
             payloads=payloads,
         )
     if dry_run:
+        if by_patient:
+            async with pools.write.connection() as conn:
+                await reads.record_patient_lookup(
+                    conn, [m.id for m in matched], who=actor.name, why=reason
+                )
         return Erasure(tuple(matched), (), None, True)
     ids: tuple[int, ...] = ()
     if matched:
         async with pools.write.connection() as conn:
             erased = await actions.erase(conn, [m.id for m in matched], who=actor.name, why=reason)
             ids = tuple(erased)
+    elif by_patient:
+        async with pools.write.connection() as conn:
+            await reads.record_patient_lookup(conn, [], who=actor.name, why=reason, action="erase")
     destroyed = None
     if patient_id:
         destroyed = await _destroy_keys(

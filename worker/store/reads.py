@@ -150,10 +150,16 @@ async def search_patient(
     who: str,
     why: str | None = None,
     limit: int = LIST_LIMIT_DEFAULT,
+    destination: str | None = None,
+    channel: str | None = None,
+    state: str | None = None,
+    control_id: str | None = None,
+    offset: int = 0,
+    before: int | None = None,
 ) -> tuple[list[Item], int]:
     """Items naming a patient, newest first, through the identifier index (as
-    :func:`list_items` with ``patient_key``), and an audit entry saying that ``who`` searched,
-    why, and which items were shown.
+    :func:`list_items` with ``patient_key`` and its other filters, which narrow the page), and
+    an audit entry saying that ``who`` searched, why, and which items were shown.
 
     The entry (action ``search-patient``) names the items found, not the identifier, and is
     committed in the same transaction as the read: a search is recorded even when it finds
@@ -161,13 +167,40 @@ async def search_patient(
 
     Returns:
         The page (at most ``limit``, capped at 1,000) and the total count of matches.
+
+    Raises:
+        Invalid: as :func:`list_items`.
     """
     async with conn.transaction():
-        items, total = await list_items(conn, patient_key=patient_key, limit=limit)
-        await queue.record(
-            conn, who=who, action=SEARCH_PATIENT_ACTION, ids=[i.id for i in items], why=why
+        items, total = await list_items(
+            conn,
+            patient_key=patient_key,
+            limit=limit,
+            destination=destination,
+            channel=channel,
+            state=state,
+            control_id=control_id,
+            offset=offset,
+            before=before,
         )
+        await record_patient_lookup(conn, [i.id for i in items], who=who, why=why)
     return items, total
+
+
+async def record_patient_lookup(
+    conn: AsyncConnection[Any],
+    item_ids: Sequence[int],
+    *,
+    who: str,
+    why: str | None,
+    action: str = SEARCH_PATIENT_ACTION,
+) -> None:
+    """Record that ``who`` looked a patient up (``why``) and was shown ``item_ids`` (possibly
+    none), never the identifier: the audit entry of every lookup by patient whatever found it
+    (the index, an erasure's dry run, a scan of the payloads). ``action`` is
+    ``search-patient`` unless the lookup is part of another audited action (an erasure that
+    matched nothing records ``erase`` with no ids). Needs a writable connection."""
+    await queue.record(conn, who=who, action=action, ids=list(item_ids), why=why)
 
 
 async def resend_chain(conn: AsyncConnection[Any], item_id: int, *, limit: int = 50) -> list[Item]:
