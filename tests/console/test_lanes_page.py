@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from psycopg import AsyncConnection
 
-from inturn.worker.store import queue, registry
+from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from tests.support.console import Client, message
+from tests.support.db import register
 
 DEST = "ward/lanes"
 
@@ -16,17 +17,7 @@ async def test_the_destination_page_shows_what_holds_a_lane(
     fresh_db: str, clients: dict[str | None, Client]
 ) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await registry.register(
-            conn,
-            destination=DEST,
-            namespace="ward",
-            name="lanes",
-            channel="adt",
-            message_types=[],
-            generation=1,
-            suspended=False,
-            lanes=4,
-        )
+        await register(conn, DEST, "adt", lanes=4)
         # patients 1, 2, 1, 3: the second message of patient 1 waits for the first, which
         # failed and backs off for a minute
         ids = await queue.enqueue(

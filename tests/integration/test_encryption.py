@@ -5,10 +5,11 @@ find the same rows, copies are sealed for their own row (issue 31)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psycopg
@@ -31,12 +32,13 @@ from inturn.worker.operations import queue as ops
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.senders.base import DeliveryError
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store import identifiers, migrate, queue, sealing
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
-from tests.support import keys
+from tests.support import keys, pipeline
 from tests.support.pipeline import register
+from tests.support.pipeline import worker as run_worker
 
 pytestmark = pytest.mark.store
 
@@ -83,29 +85,29 @@ async def rows(dsn: str) -> list[tuple[int, str, bytes, int]]:
 
 
 def worker_config(port: int, lanes: int = 1) -> WorkerConfig:
-    return WorkerConfig(
-        destination=DEST,
-        channel="adt",
-        sender=MllpSenderConfig("127.0.0.1", port),
-        retry=RetryPolicy(
-            max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5
-        ),
-        idle_seconds=1,
-        lanes=lanes,
+    return pipeline.worker_config(DEST, port, channel="adt", lanes=lanes)
+
+
+def sealing_ingest(keys_dir: Path, key_dsn: str) -> IngestConfig:
+    """Ingest on channel ``adt`` (a free port) sealing with ``keys_dir`` and the key store."""
+    return IngestConfig(
+        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
+        refresh_seconds=0.2,
+        store_timeout=5.0,
+        shutdown_grace=2.0,
+        payload_keys=str(keys_dir),
+        key_dsn=key_dsn,
     )
 
 
-def start_worker(
-    port: int, dsn: str, payloads: PayloadCodec | None, lanes: int = 1
-) -> tuple[asyncio.Event, asyncio.Task[None]]:
-    """A worker draining DEST into the receiver on ``port``: its stop event and its task."""
-    cfg = worker_config(port, lanes)
-    assert isinstance(cfg.sender, MllpSenderConfig)
-    stop = asyncio.Event()
-    worker = DestinationWorker(
-        cfg, dsn, MllpSender(cfg.sender), PrometheusObserver(), payloads=payloads
-    )
-    return stop, asyncio.create_task(worker.run(stop))
+@contextlib.asynccontextmanager
+async def sender(running: Ingest) -> AsyncIterator[MllpSender]:
+    """An MLLP client of ``running``'s ``adt`` listener (closed after the block)."""
+    client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 @pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
@@ -119,14 +121,14 @@ async def test_the_worker_opens_right_before_the_send_and_delivers_the_message_u
     stored = await rows(fresh_db)
     assert all(envelope.is_envelope(p) and NAME not in p for _, _, p, _ in stored)
     reader = await keys.codec(keys_dir, key_dsn)  # the worker's own process: a cold cache
-    async with MllpReceiver() as rx:
-        stop, task = start_worker(rx.port, fresh_db, reader, lanes)
+    async with (
+        MllpReceiver() as rx,
+        run_worker(worker_config(rx.port, lanes), fresh_db, payloads=reader),
+    ):
         await rx.wait_for(6)
         async with asyncio.timeout(10):
             while any(s != "delivered" for _, s, _, _ in await rows(fresh_db)):
                 await asyncio.sleep(0.05)
-        stop.set()
-        await asyncio.wait_for(task, 15)
     if lanes == 1:
         assert rx.received == sent
     else:  # each patient's messages in order (lanes: patients may interleave)
@@ -284,22 +286,11 @@ async def test_ingest_seals_every_payload_with_its_row_id_and_the_window_keeps_w
 ) -> None:
     register(fresh_db, DEST, "adt")
     register(fresh_db, "ward/pharmacy", "adt")
-    config = IngestConfig(
-        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
-        refresh_seconds=0.2,
-        store_timeout=5.0,
-        shutdown_grace=2.0,
-        payload_keys=str(keys_dir),
-        key_dsn=key_dsn,
-    )
+    config = sealing_ingest(keys_dir, key_dsn)
     sent = [adt(n, f"ING-{n % 2}") for n in range(4)]
-    async with Ingest(config, dsn=fresh_db) as running:
-        client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
-        try:
-            for payload in [*sent, sent[0]]:  # the last one is a duplicate inside the window
-                await client.send(payload)
-        finally:
-            await client.close()
+    async with Ingest(config, dsn=fresh_db) as running, sender(running) as client:
+        for payload in [*sent, sent[0]]:  # the last one is a duplicate inside the window
+            await client.send(payload)
     with psycopg.connect(fresh_db) as conn:
         stored = conn.execute(
             "SELECT id, destination, payload, size, patient_keys FROM inturn_delivery ORDER BY id"
@@ -331,25 +322,14 @@ async def test_ingest_with_keys_queues_a_resend_after_a_failure_sealed_for_its_o
     the first copy is pending are a duplicate; after it failed, a re-send sealed for its own
     row and linked to the failed one."""
     register(fresh_db, DEST, "adt")
-    config = IngestConfig(
-        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
-        refresh_seconds=0.2,
-        store_timeout=5.0,
-        shutdown_grace=2.0,
-        payload_keys=str(keys_dir),
-        key_dsn=key_dsn,
-    )
+    config = sealing_ingest(keys_dir, key_dsn)
     payload = adt(7, "RESEND-1")
-    async with Ingest(config, dsn=fresh_db) as running:
-        client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
-        try:
-            await client.send(payload)
-            await client.send(payload)  # pending: a duplicate
-            with psycopg.connect(fresh_db, autocommit=True) as conn:
-                conn.execute("UPDATE inturn_delivery SET state = 'failed', finished_at = now()")
-            await client.send(payload)  # failed: a re-send
-        finally:
-            await client.close()
+    async with Ingest(config, dsn=fresh_db) as running, sender(running) as client:
+        await client.send(payload)
+        await client.send(payload)  # pending: a duplicate
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("UPDATE inturn_delivery SET state = 'failed', finished_at = now()")
+        await client.send(payload)  # failed: a re-send
     with psycopg.connect(fresh_db) as conn:
         stored = conn.execute(
             "SELECT id, destination, payload, state, resent_from, resent_as"
@@ -403,43 +383,32 @@ async def test_encrypt_existing_under_load_loses_nothing_and_keeps_order(
     during = [adt(n, f"LOAD-{n % 7}") for n in range(400, 600)]
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         await queue.enqueue(conn, [item(p) for p in before])  # stored in clear, no keys yet
-    config = IngestConfig(
-        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
-        refresh_seconds=0.2,
-        store_timeout=5.0,
-        shutdown_grace=2.0,
-        payload_keys=str(keys_dir),
-        key_dsn=key_dsn,
-    )
+    config = sealing_ingest(keys_dir, key_dsn)
     async with MllpReceiver() as rx, Ingest(config, dsn=fresh_db) as running:
         assert running.payloads is not None and running.payloads.dual_index  # rows in clear
-        stop, drained = start_worker(rx.port, fresh_db, await keys.codec(keys_dir, key_dsn))
+        cfg = worker_config(rx.port)
+        async with run_worker(cfg, fresh_db, payloads=await keys.codec(keys_dir, key_dsn)):
 
-        async def send() -> None:
-            client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
-            try:
-                for payload in during:
-                    await client.send(payload)
-            finally:
-                await client.close()
+            async def send() -> None:
+                async with sender(running) as client:
+                    for payload in during:
+                        await client.send(payload)
 
-        async def seal() -> payload_keys.Sealed:
-            codec = await keys.codec(keys_dir, key_dsn)
-            async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-                first = await payload_keys.encrypt_existing(conn, codec, batch=37)
-                while first.pending_in_clear:  # the worker has not reached them all yet
-                    await asyncio.sleep(0.2)
+            async def seal() -> payload_keys.Sealed:
+                codec = await keys.codec(keys_dir, key_dsn)
+                async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
                     first = await payload_keys.encrypt_existing(conn, codec, batch=37)
-                return first
+                    while first.pending_in_clear:  # the worker has not reached them all yet
+                        await asyncio.sleep(0.2)
+                        first = await payload_keys.encrypt_existing(conn, codec, batch=37)
+                    return first
 
-        sent, done = await asyncio.gather(send(), seal())
-        del sent
-        await rx.wait_for(len(before) + len(during), timeout=60)
-        async with asyncio.timeout(20):
-            while any(s != "delivered" for _, s, _, _ in await rows(fresh_db)):
-                await asyncio.sleep(0.05)
-        stop.set()
-        await asyncio.wait_for(drained, 15)
+            sent, done = await asyncio.gather(send(), seal())
+            del sent
+            await rx.wait_for(len(before) + len(during), timeout=60)
+            async with asyncio.timeout(20):
+                while any(s != "delivered" for _, s, _, _ in await rows(fresh_db)):
+                    await asyncio.sleep(0.05)
     assert rx.received == before + during  # once each, in order
     assert done.rekeyed > 0
     stored = await rows(fresh_db)
@@ -464,21 +433,19 @@ async def test_with_keys_a_receivers_error_text_that_quotes_the_message_is_not_s
     [only] = await sealed_queue(fresh_db, codec, [adt(1, "MRN-AE")])
     async with MllpReceiver(ack_code="AE") as rx:
         rx.ack_text = "bad name ZYZZYVA in PID-5"
-        stop, task = start_worker(rx.port, fresh_db, codec)
-        await rx.wait_for(1)
-        async with asyncio.timeout(10):
-            while True:
-                with psycopg.connect(fresh_db) as conn:
-                    row = conn.execute(
-                        "SELECT last_error, (SELECT string_agg(error, '|') FROM inturn_attempt)"
-                        " FROM inturn_delivery WHERE id = %s",
-                        (only,),
-                    ).fetchone()
-                if row and row[0]:
-                    break
-                await asyncio.sleep(0.05)
-        stop.set()
-        await asyncio.wait_for(task, 15)
+        async with run_worker(worker_config(rx.port), fresh_db, payloads=codec):
+            await rx.wait_for(1)
+            async with asyncio.timeout(10):
+                while True:
+                    with psycopg.connect(fresh_db) as conn:
+                        row = conn.execute(
+                            "SELECT last_error, (SELECT string_agg(error, '|') FROM inturn_attempt)"
+                            " FROM inturn_delivery WHERE id = %s",
+                            (only,),
+                        ).fetchone()
+                    if row and row[0]:
+                        break
+                    await asyncio.sleep(0.05)
     assert row[0].startswith("AE: the receiver's text is not stored")
     assert "ZYZZYVA" not in str(row)
 
@@ -545,23 +512,12 @@ def test_a_lookup_by_patient_without_keys_on_a_sealed_database_refuses_instead_o
     (exit 2) and erases nothing; with the keys they find every row."""
     register(fresh_db, DEST, "adt")
     register(fresh_db, "ward/pharmacy", "adt")
-    config = IngestConfig(
-        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
-        refresh_seconds=0.2,
-        store_timeout=5.0,
-        shutdown_grace=2.0,
-        payload_keys=str(keys_dir),
-        key_dsn=key_dsn,
-    )
+    config = sealing_ingest(keys_dir, key_dsn)
 
     async def ingest() -> None:
-        async with Ingest(config, dsn=fresh_db) as running:
-            client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
-            try:
-                for n in range(4):
-                    await client.send(adt(n, "E1"))
-            finally:
-                await client.close()
+        async with Ingest(config, dsn=fresh_db) as running, sender(running) as client:
+            for n in range(4):
+                await client.send(adt(n, "E1"))
 
     asyncio.run(ingest())
     capsysbinary.readouterr()  # ingest's own log lines
@@ -647,39 +603,28 @@ async def test_a_key_store_outage_is_named_in_ingests_log_its_answer_and_readyz(
     the key store; once it is back, readiness returns without traffic and messages are AA."""
     monkeypatch.setattr(sealing, "INDEX_FORM_EVERY_SECONDS", 0.2)
     register(fresh_db, DEST, "adt")
-    config = IngestConfig(
-        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
-        refresh_seconds=0.2,
-        store_timeout=5.0,
-        shutdown_grace=2.0,
-        payload_keys=str(keys_dir),
-        key_dsn=key_dsn,
-    )
+    config = sealing_ingest(keys_dir, key_dsn)
 
     caplog.set_level(logging.INFO)
-    async with Ingest(config, dsn=fresh_db) as running:
-        client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
+    async with Ingest(config, dsn=fresh_db) as running, sender(running) as client:
+        await client.send(adt(1, "KS-1"))
+        assert running.readiness() is None
+        _key_store_away(fresh_db, key_dsn, True)
         try:
-            await client.send(adt(1, "KS-1"))
-            assert running.readiness() is None
-            _key_store_away(fresh_db, key_dsn, True)
-            try:
-                with pytest.raises(DeliveryError) as refused:
-                    await client.send(adt(2, "KS-2"))  # a new patient: its key is not cached
-                assert str(refused.value).startswith("AE: ")  # send it again: nothing kept
-                reason = running.readiness()
-                assert reason is not None and reason.startswith("key store unreachable for")
-                assert "--key-dsn" in reason
-            finally:
-                _key_store_away(fresh_db, key_dsn, False)
-            for _ in range(100):
-                if running.readiness() is None:
-                    break
-                await asyncio.sleep(0.1)
-            assert running.readiness() is None
-            await client.send(adt(3, "KS-2"))
+            with pytest.raises(DeliveryError) as refused:
+                await client.send(adt(2, "KS-2"))  # a new patient: its key is not cached
+            assert str(refused.value).startswith("AE: ")  # send it again: nothing kept
+            reason = running.readiness()
+            assert reason is not None and reason.startswith("key store unreachable for")
+            assert "--key-dsn" in reason
         finally:
-            await client.close()
+            _key_store_away(fresh_db, key_dsn, False)
+        for _ in range(100):
+            if running.readiness() is None:
+                break
+            await asyncio.sleep(0.1)
+        assert running.readiness() is None
+        await client.send(adt(3, "KS-2"))
     said = [r.getMessage() for r in caplog.records]
     assert not [m for m in said if "pooled connection was dead" in m]
     assert [m for m in said if "key store unreachable" in m]
@@ -712,26 +657,18 @@ async def test_a_worker_names_a_key_store_outage_and_delivers_once_it_is_back(
     reader = await keys.codec(keys_dir, key_dsn)  # started; its cache is cold
     caplog.set_level(logging.WARNING)
     async with MllpReceiver() as rx:
-        cfg = worker_config(rx.port)
-        assert isinstance(cfg.sender, MllpSenderConfig)
-        worker = DestinationWorker(
-            cfg, fresh_db, MllpSender(cfg.sender), PrometheusObserver(), payloads=reader
-        )
         _key_store_away(fresh_db, key_dsn, True)
-        stop = asyncio.Event()
-        task = asyncio.create_task(worker.run(stop))
-        try:
-            async with asyncio.timeout(10):
-                while not [r for r in caplog.records if "key store" in r.getMessage()]:
-                    await asyncio.sleep(0.05)
-            reason = worker.state.not_ready()
-            assert reason is not None and reason.startswith("key store unreachable for")
-            assert rx.received == []
-        finally:
-            _key_store_away(fresh_db, key_dsn, False)
-        await rx.wait_for(1)
-        stop.set()
-        await asyncio.wait_for(task, 15)
+        async with run_worker(worker_config(rx.port), fresh_db, payloads=reader) as worker:
+            try:
+                async with asyncio.timeout(10):
+                    while not [r for r in caplog.records if "key store" in r.getMessage()]:
+                        await asyncio.sleep(0.05)
+                reason = worker.state.not_ready()
+                assert reason is not None and reason.startswith("key store unreachable for")
+                assert rx.received == []
+            finally:
+                _key_store_away(fresh_db, key_dsn, False)
+            await rx.wait_for(1)
     assert rx.received == [sent]
     said = [r.getMessage() for r in caplog.records]
     assert any("key store unreachable (--key-dsn)" in m for m in said)

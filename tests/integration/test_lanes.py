@@ -16,7 +16,7 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,15 @@ from inturn.worker.drain.lanes import Hold, conflict, summarize
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.pid import index_keys
-from inturn.worker.senders.http import HttpSender, HttpSenderConfig
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.spec.config import LeaseSettings, RetryPolicy, WorkerConfig
+from inturn.worker.senders.http import HttpSenderConfig
+from inturn.worker.senders.mllp import MllpSender
+from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store import actions, queue, reads, registry
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import HttpReceiver, MllpReceiver
+from tests.support.db import register
+from tests.support.pipeline import QUICK_LEASE, worker_config
+from tests.support.pipeline import worker as running
 
 DEST = "ward/lanes"
 INTURN = str(Path(sys.executable).with_name("inturn"))
@@ -139,30 +142,7 @@ class Receiver(MllpReceiver):
 
 
 def config(port: int, lanes: int, **changes: Any) -> WorkerConfig:
-    return WorkerConfig(
-        destination=DEST,
-        channel="adt",
-        sender=MllpSenderConfig("127.0.0.1", port),
-        retry=RetryPolicy(
-            max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5
-        ),
-        idle_seconds=1,
-        lanes=lanes,
-        **changes,
-    )
-
-
-@contextlib.asynccontextmanager
-async def running(cfg: WorkerConfig, dsn: str) -> AsyncIterator[DestinationWorker]:
-    stop = asyncio.Event()
-    assert isinstance(cfg.sender, MllpSenderConfig)
-    worker = DestinationWorker(cfg, dsn, MllpSender(cfg.sender), PrometheusObserver())
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        yield worker
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
+    return worker_config(DEST, port, channel="adt", lanes=lanes, **changes)
 
 
 async def enqueue(dsn: str, sent: Sequence[Sent]) -> list[int]:
@@ -329,16 +309,11 @@ async def test_skip_and_erase_while_lanes_run(fresh_db: str) -> None:
 async def test_lanes_whose_lease_is_taken_over_send_nothing_more(fresh_db: str) -> None:
     """The lanes share the worker's one lease: taken over, no lane starts another message; the
     answers in flight are not recorded (they stay pending for the holder)."""
-    quick = LeaseSettings(ttl_seconds=3, renew_seconds=1, acquire_seconds=0.2)
     sent = feed(40, patients=10)
-    async with Receiver(0.3, 0.0) as rx:
-        cfg = config(rx.port, 4)
-        assert isinstance(cfg.sender, MllpSenderConfig)
-        worker = DestinationWorker(
-            cfg, fresh_db, MllpSender(cfg.sender), PrometheusObserver(), lease=quick
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(worker.run(stop))
+    async with (
+        Receiver(0.3, 0.0) as rx,
+        running(config(rx.port, 4), fresh_db, lease=QUICK_LEASE) as w,
+    ):
         await enqueue(fresh_db, sent)
         await rx.wait_for(4)  # four lanes in flight
         async with await AsyncConnection.connect(fresh_db, autocommit=True) as admin:
@@ -348,31 +323,19 @@ async def test_lanes_whose_lease_is_taken_over_send_nothing_more(fresh_db: str) 
                 (DEST,),
             )
             async with asyncio.timeout(10):
-                while worker.state.lock_held:
+                while w.state.lock_held:
                     await asyncio.sleep(0.05)
             arrived = len(rx.received)
             await asyncio.sleep(1.0)
             assert len(rx.received) == arrived <= 8  # nothing started under a stale epoch
             assert (await count_states(fresh_db)).get("delivered", 0) <= 4
-        stop.set()
-        await asyncio.wait_for(task, 15)
 
 
 async def test_what_the_lanes_hold_is_shown_to_people(fresh_db: str) -> None:
     """``queue depth`` (the registry's lane count, the lanes' heads and what holds the oldest
     waiting message) and the Destination status's depth, from the rows alone."""
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await registry.register(
-            conn,
-            destination=DEST,
-            namespace="ward",
-            name="lanes",
-            channel="adt",
-            message_types=[],
-            generation=1,
-            suspended=False,
-            lanes=4,
-        )
+        await register(conn, DEST, "adt", lanes=4)
     sent = [adt(0, 1), adt(1, 2), merge(2, 2, 3), adt(3, 3), adt(4, 4), master_file(5), adt(6, 5)]
     ids = await enqueue(fresh_db, sent)
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
@@ -420,17 +383,7 @@ async def test_a_hold_stops_every_lane_and_resuming_keeps_the_order(fresh_db: st
     """``queue suspend`` (the console's hold) with lanes: nothing new starts on any lane after
     the messages in flight and those taken ahead; resumed, the rest go, each patient in order."""
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await registry.register(
-            conn,
-            destination=DEST,
-            namespace="ward",
-            name="lanes",
-            channel="adt",
-            message_types=[],
-            generation=1,
-            suspended=False,
-            lanes=4,
-        )
+        await register(conn, DEST, "adt", lanes=4)
     sent = feed(200, patients=20, merge_every=25)
     async with Receiver(0.02, 0.01) as rx:
         await enqueue(fresh_db, sent)
@@ -475,22 +428,9 @@ async def test_http_sends_up_to_count_requests_at_once_in_each_patients_order(
     sent = feed(150, patients=15, merge_every=30)
     async with SlowHttp() as rx:
         await enqueue(fresh_db, sent)
-        cfg = WorkerConfig(
-            destination=DEST,
-            channel="adt",
-            sender=HttpSenderConfig(rx.url),
-            retry=RetryPolicy(
-                max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5
-            ),
-            idle_seconds=1,
-            lanes=4,
-        )
-        stop = asyncio.Event()
-        worker = DestinationWorker(cfg, fresh_db, HttpSender(cfg.sender), PrometheusObserver())
-        task = asyncio.create_task(worker.run(stop))
-        await until_delivered(fresh_db, len(sent))
-        stop.set()
-        await asyncio.wait_for(task, 15)
+        cfg = worker_config(DEST, HttpSenderConfig(rx.url), channel="adt", lanes=4)
+        async with running(cfg, fresh_db):
+            await until_delivered(fresh_db, len(sent))
     assert reorders(sent, rx.applied) == []
     assert rx.most_busy == 4  # four requests at once, never more
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,15 @@ from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
 
 from inturn.worker.drain.health import make_app
-from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.senders.registry import make_sender
+from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.pipeline import control_ids, worker_config
+from tests.support.pipeline import until as until_true
+from tests.support.pipeline import worker as run_worker
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
 
@@ -55,34 +58,14 @@ def message(n: int, padding: int = 0) -> bytes:
     ).encode()
 
 
-def worker_config(port: int) -> WorkerConfig:
-    return WorkerConfig(
-        destination=DEST,
-        channel="adt",
-        sender=MllpSenderConfig("127.0.0.1", port),
-        retry=RetryPolicy(
-            max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5
-        ),
-        idle_seconds=1,
-    )
+def config(port: int) -> WorkerConfig:
+    return worker_config(DEST, port, channel="adt")
 
 
-@contextlib.asynccontextmanager
-async def running_worker(
+def running_worker(
     port: int, dsn: str, lock_wait_seconds: float = 30.0
-) -> AsyncIterator[DestinationWorker]:
-    cfg = worker_config(port)
-    assert isinstance(cfg.sender, MllpSenderConfig)
-    worker = DestinationWorker(
-        cfg, dsn, MllpSender(cfg.sender), PrometheusObserver(), lock_wait_seconds=lock_wait_seconds
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        yield worker
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
+) -> contextlib.AbstractAsyncContextManager[DestinationWorker]:
+    return run_worker(config(port), dsn, stop_seconds=30, lock_wait_seconds=lock_wait_seconds)
 
 
 async def enqueue(dsn: str, numbers: list[int], padding: int = 0) -> list[int]:
@@ -101,10 +84,7 @@ async def delivered(dsn: str) -> list[int]:
         return [int(r[0]) for r in await cur.fetchall()]
 
 
-async def until(predicate: Any, timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await predicate():
-            await asyncio.sleep(0.05)
+until = functools.partial(until_true, timeout=30.0)
 
 
 def failures(step: str) -> float:
@@ -119,10 +99,6 @@ def lock_wait_seconds() -> float:
     return value or 0.0
 
 
-def control_ids(payloads: list[bytes]) -> list[str]:
-    return [p.split(b"|")[9].decode() for p in payloads]
-
-
 async def hold_row_lock(dsn: str, item_id: int, name: str) -> AsyncConnection[Any]:
     """A second session that forgot its ``BEGIN; SELECT ... FOR UPDATE`` on one row."""
     holder = await AsyncConnection.connect(dsn, application_name=name)
@@ -135,7 +111,7 @@ async def mark_refused(worker: DestinationWorker, rx: MllpReceiver, times: int =
     session lives on (not ready, alive, nothing sent again); return the ``/readyz`` body."""
     before = failures("mark")
     await rx.wait_for(1)
-    await until(lambda: _true(failures("mark") >= before + times))
+    await until(lambda: failures("mark") >= before + times)
     app = make_app([worker])
     status, _, body = app.answer("/readyz")
     assert status == 503
@@ -177,7 +153,7 @@ async def test_a_forgotten_row_lock_is_named_while_the_mark_waits(
     try:
         async with MllpReceiver() as rx, running_worker(rx.port, fresh_db, 0.3) as worker:
             await rx.wait_for(1)
-            await until(lambda: _true(worker.state.lock_wait is not None))
+            await until(lambda: worker.state.lock_wait is not None)
             status, _, body = make_app([worker]).answer("/readyz")
             assert status == 503
             text = body.decode()
@@ -188,7 +164,7 @@ async def test_a_forgotten_row_lock_is_named_while_the_mark_waits(
             assert any(f"pid {holder_pid}" in m and "forgotten-select" in m for m in logged)
             await holder.rollback()
             await until(lambda: _equal(delivered(fresh_db), [first]))
-            await until(lambda: _true(worker.state.lock_wait is None))
+            await until(lambda: worker.state.lock_wait is None)
     finally:
         await holder.close()
     assert control_ids(rx.received) == ["W00001"]
@@ -275,10 +251,6 @@ async def test_a_mark_on_a_full_disk_is_retried_and_sent_once(fresh_db: str) -> 
         assert control_ids(rx.received) == ["W00001", "W00002"]  # exactly one copy each
 
 
-async def _true(value: bool) -> bool:
-    return value
-
-
 async def _equal(awaitable: Any, expected: Any) -> bool:
     return bool(await awaitable == expected)
 
@@ -318,12 +290,11 @@ async def test_a_stop_waits_for_the_delivered_mark(fresh_db: str) -> None:
         holder = await hold_row_lock(fresh_db, first, "forgotten-select")
         try:
             async with MllpReceiver() as rx:
-                cfg = worker_config(rx.port)
-                assert isinstance(cfg.sender, MllpSenderConfig)
-                worker = DestinationWorker(cfg, fresh_db, MllpSender(cfg.sender))
+                cfg = config(rx.port)
+                worker = DestinationWorker(cfg, fresh_db, make_sender(cfg.sender))
                 stop = asyncio.Event()
                 task = asyncio.create_task(worker.run(stop))
-                await until(lambda: _true(worker.state.trouble is not None))
+                await until(lambda: worker.state.trouble is not None)
                 stop.set()
                 await asyncio.sleep(1.5)  # several refusals after the stop
                 assert not task.done() and await delivered(fresh_db) == []
