@@ -225,10 +225,47 @@ async def test_a_lease_covers_its_own_destination_only(conn: AsyncConnection[Any
 
 
 def test_the_guarded_head_query_still_walks_the_pending_index(dsn: str) -> None:
-    params = {"destination": DEST, "holder": "a", "epoch": 1, "after": 0}
+    """The statements as composed (the guard fragment in place): the lease by its primary key,
+    the head and the lanes' window by the pending index."""
+    params = {"destination": DEST, "holder": "a", "epoch": 1, "after": 0, "limit": 8}
     with psycopg.connect(dsn, autocommit=True) as c:
-        plan = "\n".join(r[0] for r in c.execute(f"EXPLAIN {queue.Q['head']}", params).fetchall())  # type: ignore[call-overload]
-    assert "inturn_lease_pkey" in plan and "Seq Scan on inturn_delivery" not in plan, plan
+        for name in ("head", "pending_window"):
+            plan = "\n".join(r[0] for r in c.execute(f"EXPLAIN {queue.Q[name]}", params).fetchall())  # type: ignore[call-overload]
+            assert "inturn_lease_pkey" in plan and "Seq Scan on inturn_delivery" not in plan, plan
+
+
+async def test_every_guarded_statement_commits_synchronously(conn: AsyncConnection[Any]) -> None:
+    """Whatever the session's synchronous_commit (a pooler's backend may have it off), the
+    guard sets it on for the transaction: the one-lane and the lanes' statements alike."""
+    [a, b] = await queue.enqueue(conn, [_item(1), _item(2)])
+    mine = await lease.acquire(conn, DEST, "a", 30)
+    assert mine is not None
+
+    async def setting_after(statement: Any) -> str:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL synchronous_commit = off")
+            await statement
+            cur = await conn.execute("SHOW synchronous_commit")
+            row = await cur.fetchone()
+        assert row is not None
+        return str(row[0])
+
+    head, _ = await queue.next_head(conn, DEST, lease=mine)
+    assert head is not None
+    settings = {
+        "head": await setting_after(queue.next_head(conn, DEST, lease=mine)),
+        "pending_window": await setting_after(
+            queue.pending_window(conn, DEST, limit=8, lease=mine)
+        ),
+        "take": await setting_after(
+            queue.take(conn, DEST, [b], delivered=[queue.Delivered(head.item, 1)], lease=mine)
+        ),
+        "retry": await setting_after(queue.retry(conn, b, 1, 60, "timeout", lease=mine)),
+        "sender_changed": await setting_after(queue.sender_changed(conn, DEST, "f", lease=mine)),
+        "succeeded": await setting_after(queue.succeeded(conn, b, 2, lease=mine)),
+    }
+    assert settings == dict.fromkeys(settings, "on")
+    assert [await _row(conn, a), await _row(conn, b)] == [("delivered", 1), ("delivered", 2)]
 
 
 # --- a holder on a direct connection: its lease records its backend (migration 0025) ----------

@@ -96,7 +96,8 @@ def test_retry_bookkeeping_columns_are_not_indexed(dsn: str) -> None:
 
 
 def test_every_named_query_plans_against_the_schema(dsn: str) -> None:
-    """EXPLAIN each query of every .sql file with NULL parameters: names and columns resolve."""
+    """EXPLAIN each query of every .sql file with NULL parameters: names and columns resolve.
+    The queries are those the package sends: their fragments composed in (queries.parse)."""
     sql_dir = resources.files("inturn.worker.store").joinpath("sql")
     checked = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -116,6 +117,9 @@ def test_every_named_query_plans_against_the_schema(dsn: str) -> None:
                             pytest.fail(f"{entry.name}:{name}: {exc}")
                         checked += 1
                 continue
+            assert not any("-- include:" in q for q in queries.values()), entry.name
+            if entry.name == "queue.sql":
+                assert "set_config('synchronous_commit'" in queries["take"]  # the guard, composed
             for name, query in queries.items():
                 params = {p: None for p in re.findall(r"%\((\w+)\)s", query)}
                 # EXPLAIN plans queries only: utility statements (DDL, SET) run in a

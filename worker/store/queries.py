@@ -5,6 +5,12 @@ A file holds blocks that each start with a line ``-- name: <query_name>``; the t
 next such line is the query (comments included, which Postgres ignores). Every statement the
 package sends lives in one of these files, so the test that EXPLAINs every named query covers
 them all.
+
+A block that starts with ``-- fragment: <name>`` instead is a piece of text several statements
+share (the lease guard of the worker's statements): no query of its own. :func:`parse` puts it
+in place of each line ``-- include: <name>`` of the file's queries, indented as that line is,
+so the composing happens once per file when it is loaded, and the statements sent (and
+EXPLAINed) are the composed ones, the same text as if written out in each.
 """
 
 from __future__ import annotations
@@ -22,22 +28,46 @@ from inturn.worker.errors import Invalid
 
 R = TypeVar("R")
 
-_HEADER = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^-- (name|fragment): ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"^([ \t]*)-- include: ([a-z_][a-z0-9_]*)[ \t]*$", re.MULTILINE)
 
 
 def parse(text: str) -> dict[str, str]:
-    """Split a ``.sql`` file's text into ``{name: query}``.
+    """Split a ``.sql`` file's text into ``{name: query}``, its fragments composed in.
+
+    Each ``-- include: <fragment>`` line of a query is replaced by the fragment's text, every
+    line of it indented as the include line is. Fragments are not returned.
 
     Raises:
-        Invalid: a name appears twice.
+        Invalid: a query or fragment name appears twice, a query includes a fragment the file
+            does not define, a fragment includes another, or a fragment is included nowhere.
     """
     parts = _HEADER.split(text)
+    blocks: dict[str, dict[str, str]] = {"name": {}, "fragment": {}}
+    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+        if name in blocks[kind]:
+            raise Invalid(f"{'query' if kind == 'name' else kind} {name!r} is defined twice")
+        blocks[kind][name] = body.strip()
+    fragments = blocks["fragment"]
+    for name, body in fragments.items():
+        if _INCLUDE.search(body):
+            raise Invalid(f"fragment {name!r} includes another fragment")
+    used: set[str] = set()
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in queries:
-            raise Invalid(f"query {name!r} is defined twice")
-        queries[name] = body.strip()
+    for name, body in blocks["name"].items():
+        for match in _INCLUDE.finditer(body):
+            if match.group(2) not in fragments:
+                raise Invalid(f"query {name!r} includes {match.group(2)!r}, no fragment here")
+            used.add(match.group(2))
+        queries[name] = _INCLUDE.sub(lambda m: _indented(fragments[m.group(2)], m.group(1)), body)
+    if unused := sorted(fragments.keys() - used):
+        raise Invalid(f"fragment {unused[0]!r} is included nowhere")
     return queries
+
+
+def _indented(text: str, indent: str) -> str:
+    """``text`` with ``indent`` before each of its lines that is not empty."""
+    return "\n".join(indent + line if line else line for line in text.split("\n"))
 
 
 @cache

@@ -1,5 +1,20 @@
 -- Named queries of the delivery queue. Each block starts with "-- name: <query_name>".
--- Parameters use psycopg's %(name)s style. Loaded by inturn.worker.store.queries.
+-- Parameters use psycopg's %(name)s style. Loaded by inturn.worker.store.queries, which also
+-- composes the fragments: a "-- fragment: <name>" block is no statement of its own; the loader
+-- puts its text in place of every "-- include: <name>" line when the file is loaded (the
+-- statements sent, and those the tests EXPLAIN, are the composed ones).
+
+-- lease_guard is the body of every worker statement's "WITH lease AS (...)".
+
+-- fragment: lease_guard
+-- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
+-- renewed by the same statement; no row when another holder took it over. set_config:
+-- the transaction commits synchronously, whatever the session (pooler-safe).
+UPDATE inturn_lease
+   SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+ WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+   AND set_config('synchronous_commit', 'on', true) = 'on'
+RETURNING 1 AS held
 
 -- name: synchronous_commit
 -- For the transaction in progress: it is durable when COMMIT returns.
@@ -52,14 +67,7 @@ SELECT EXISTS (
 -- Guarded by the lease (and renewing it): no row at all when the lease is lost; "held" and
 -- NULL columns when nothing is pending.
 WITH lease AS (
-    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over. set_config:
-    -- the transaction commits synchronously, whatever the session (pooler-safe).
-    UPDATE inturn_lease
-       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
-     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-       AND set_config('synchronous_commit', 'on', true) = 'on'
-    RETURNING 1 AS held
+    -- include: lease_guard
 )
 SELECT lease.held, h.*
   FROM lease
@@ -94,14 +102,7 @@ SELECT id, next_attempt <= clock_timestamp() AS due
 -- receiver has it, so it is marked delivered (decided_by keeps who tried). waited_seconds is
 -- NULL when the head is gone (erased); held is NULL when the lease is lost (nothing changed).
 WITH lease AS (
-    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over. set_config:
-    -- the transaction commits synchronously, whatever the session (pooler-safe).
-    UPDATE inturn_lease
-       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
-     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-       AND set_config('synchronous_commit', 'on', true) = 'on'
-    RETURNING 1 AS held
+    -- include: lease_guard
 ),
 done AS (
     UPDATE inturn_delivery
@@ -146,14 +147,7 @@ SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS wa
 -- history (inturn_attempt) by the same statement. Guarded by the lease: held 0 when it is lost
 -- (nothing changed); changed 0 when the item is no longer pending.
 WITH lease AS (
-    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over. set_config:
-    -- the transaction commits synchronously, whatever the session (pooler-safe).
-    UPDATE inturn_lease
-       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
-     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-       AND set_config('synchronous_commit', 'on', true) = 'on'
-    RETURNING 1 AS held
+    -- include: lease_guard
 ),
 failed AS (
     UPDATE inturn_delivery
@@ -177,14 +171,7 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM history) AS c
 -- As succeeded_next: a skip that raced with the send loses, the item was delivered. Guarded by
 -- the lease: held 0 when it is lost; waited_seconds NULL when the item is gone.
 WITH lease AS (
-    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over. set_config:
-    -- the transaction commits synchronously, whatever the session (pooler-safe).
-    UPDATE inturn_lease
-       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
-     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-       AND set_config('synchronous_commit', 'on', true) = 'on'
-    RETURNING 1 AS held
+    -- include: lease_guard
 ),
 done AS (
     UPDATE inturn_delivery
@@ -199,14 +186,7 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT waited_seconds FROM done) A
 -- name: gave_up
 -- Guarded by the lease like retry: held 0 when it is lost; changed 0 when no longer pending.
 WITH lease AS (
-    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over. set_config:
-    -- the transaction commits synchronously, whatever the session (pooler-safe).
-    UPDATE inturn_lease
-       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
-     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-       AND set_config('synchronous_commit', 'on', true) = 'on'
-    RETURNING 1 AS held
+    -- include: lease_guard
 ),
 failed AS (
     UPDATE inturn_delivery
@@ -549,14 +529,7 @@ SELECT greatest(c.reltuples, 0)::bigint AS rows, pg_total_relation_size(c.oid) A
 -- Returns whether the fingerprint changed and how many items were made due; guarded by the
 -- lease (held 0 when it is lost: nothing recorded, nothing made due).
 WITH lease AS (
-    -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
-    -- renewed by the same statement; no row when another holder took it over. set_config:
-    -- the transaction commits synchronously, whatever the session (pooler-safe).
-    UPDATE inturn_lease
-       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
-     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-       AND set_config('synchronous_commit', 'on', true) = 'on'
-    RETURNING 1 AS held
+    -- include: lease_guard
 ),
 previous AS (
     SELECT fingerprint FROM inturn_worker_sender WHERE destination = %(destination)s
@@ -589,10 +562,7 @@ SELECT (SELECT count(*) FROM lease) AS held,
 -- keyset bound as in head (0 for none). A destination on hold has no window. Guarded by the
 -- lease as head is: no row at all when it is lost; one row of NULLs when nothing is pending.
 WITH lease AS (
-    UPDATE inturn_lease
-       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
-     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-    RETURNING 1 AS held
+    -- include: lease_guard
 )
 SELECT lease.held, w.*
   FROM lease
@@ -616,10 +586,7 @@ SELECT lease.held, w.*
 -- all when it is lost (nothing marked); else one row per chosen item, or one row of NULLs, each
 -- with "done" (id, waited seconds) of the items marked.
 WITH lease AS (
-    UPDATE inturn_lease
-       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
-     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-    RETURNING 1 AS held
+    -- include: lease_guard
 ),
 done AS (
     UPDATE inturn_delivery d

@@ -1,0 +1,87 @@
+"""The named-query loader (inturn.worker.store.queries): blocks by name, and fragments composed
+into the queries that include them when a file is loaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from inturn.worker.errors import Invalid
+from inturn.worker.store.queries import load, parse
+
+TEXT = """-- a file's preamble, no query
+-- fragment: guard
+-- what the guard does
+UPDATE t
+   SET n = n + 1
+RETURNING 1 AS held
+
+-- name: one
+WITH g AS (
+    -- include: guard
+)
+SELECT held FROM g;
+
+-- name: two
+-- include: guard
+"""
+
+
+def test_a_fragment_is_composed_in_place_indented_as_its_include_line() -> None:
+    queries = parse(TEXT)
+    assert sorted(queries) == ["one", "two"]  # the fragment is no query
+    assert queries["one"] == (
+        "WITH g AS (\n"
+        "    -- what the guard does\n"
+        "    UPDATE t\n"
+        "       SET n = n + 1\n"
+        "    RETURNING 1 AS held\n"
+        ")\n"
+        "SELECT held FROM g;"
+    )
+    assert queries["two"] == (
+        "-- what the guard does\nUPDATE t\n   SET n = n + 1\nRETURNING 1 AS held"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n", "query 'a' is defined twice"),
+        (
+            "-- fragment: f\nx\n-- fragment: f\ny\n-- name: a\n-- include: f\n",
+            "fragment 'f' is defined twice",
+        ),
+        ("-- name: a\n-- include: nothing\n", "includes 'nothing', no fragment here"),
+        (
+            "-- fragment: f\n-- include: g\n-- fragment: g\nx\n-- name: a\n-- include: f\n",
+            "fragment 'f' includes another",
+        ),
+        ("-- fragment: f\nx\n-- name: a\nSELECT 1;\n", "fragment 'f' is included nowhere"),
+    ],
+)
+def test_a_file_whose_fragments_do_not_add_up_is_refused(text: str, message: str) -> None:
+    with pytest.raises(Invalid, match=message):
+        parse(text)
+
+
+def test_the_worker_statements_share_one_lease_guard() -> None:
+    """Every statement of queue.sql that touches the lease is composed with the one guard text:
+    renewed by holder and epoch, the transaction made synchronous (pooler-safe)."""
+    queue = load("queue.sql")
+    guarded = sorted(name for name, query in queue.items() if "inturn_lease" in query)
+    assert guarded == sorted(
+        ["head", "succeeded_next", "retry", "succeeded", "gave_up", "sender_changed",
+         "pending_window", "take"]
+    )  # fmt: skip
+    guard = (
+        "    UPDATE inturn_lease\n"
+        "       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)\n"
+        "     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s\n"
+        "       AND set_config('synchronous_commit', 'on', true) = 'on'\n"
+        "    RETURNING 1 AS held\n"
+        ")"
+    )
+    for name in guarded:
+        assert queue[name].count("inturn_lease") == 1, name
+        assert "WITH lease AS (\n" in queue[name] and guard in queue[name], name
+    assert not any("-- include:" in query for query in queue.values())
