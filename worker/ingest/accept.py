@@ -117,7 +117,7 @@ from inturn.worker.ingest.prepare import (
     prepare,
 )
 from inturn.worker.ingest.routing import Router, hold_destination
-from inturn.worker.orders.keys import is_reply, reply_digests
+from inturn.worker.operations import packs
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store.model import StoreResult
@@ -316,19 +316,16 @@ class Acceptor:
             )
         else:
             message = prepare(header, payload, self.max_indexed_identifiers, self.payloads)
-        answering = self.router.table.reply_rules(channel)
+        answering = self.router.table.answerers(channel)
         reply = False
-        if answering:  # spec.replies: which orders this message may answer
-            reply = is_reply(answering, channel, message.message_type)
-            keys = reply_digests(
-                answering,
-                channel,
-                message.message_type,
-                message.payload,
-                self.payloads.order_digests(),
+        if answering:  # the packs' ingest hooks (spec.replies: which orders it may answer)
+            found = packs.answer(
+                answering, message.message_type, message.payload, self.payloads.order_digests()
             )
-            if keys:
-                message = dataclasses.replace(message, reply_keys=",".join(keys))
+            if found is not None:
+                reply = found.reply
+                if found.digests:
+                    message = dataclasses.replace(message, reply_keys=",".join(found.digests))
         return Prepared(header, tuple(destinations), held, message, reply)
 
     def _stored(self, channel: str, prepared: Prepared, result: StoreResult) -> Reply:

@@ -43,8 +43,11 @@ from inturn.worker.hl7.filter import (
     holds,
 )
 from inturn.worker.hl7.types import type_matches
+from inturn.worker.operations import packs
 from inturn.worker.spec.replies import ReplyRule, rules_of
+from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.store import ingest as ingest_store
+from inturn.worker.worklist.hooks import Answerer, Registered
 
 log = logging.getLogger("inturn.ingest.routing")
 
@@ -134,10 +137,8 @@ class RouteTable:
         routes_list = list(routes)
         for route in routes_list:
             by_channel.setdefault(route.channel, []).append(route)
-        self._replies: dict[str, list[tuple[str, ReplyRule]]] = {}
-        for route in routes_list:
-            for rule in route.replies:
-                self._replies.setdefault(rule.channel, []).append((route.destination, rule))
+        # the packs' ingest hooks, once per table: most channels have none
+        self._answerers = packs.answerers([_registered(r) for r in routes_list])
         self._by_channel = {
             channel: tuple(sorted(found, key=lambda r: r.destination))
             for channel, found in by_channel.items()
@@ -150,10 +151,11 @@ class RouteTable:
         """The channels that have at least one destination, sorted."""
         return sorted(self._by_channel)
 
-    def reply_rules(self, channel: str) -> list[tuple[str, ReplyRule]]:
-        """``(destination, rule)`` of every expectation whose replies arrive on ``channel``
-        (empty for most channels: then no message of it is read for reply keys)."""
-        return self._replies.get(channel, [])
+    def answerers(self, channel: str) -> tuple[Answerer, ...]:
+        """What the rule packs compute for a message of ``channel`` before it is stored
+        (:func:`inturn.worker.operations.packs.answerers`: the orders pack's reply keys); empty
+        for most channels: then nothing is computed."""
+        return self._answerers.get(channel, ())
 
     def routes(self, channel: str) -> tuple[Route, ...]:
         """The destinations of ``channel`` (sorted by name; empty for an unknown channel)."""
@@ -186,6 +188,12 @@ class RouteTable:
         chosen = tuple(r.destination for r in matching)
         kinds = {r.destination: r.sender_kind for r in matching if r.sender_kind}
         return RouteDecision(chosen, "routed" if chosen else "filtered", kinds)
+
+
+def _registered(route: Route) -> Registered:
+    """``route`` as the packs' ingest hooks see it: the pack fields the registry keeps."""
+    spec = {"replies": [reply_spec(r) for r in route.replies]} if route.replies else {}
+    return Registered(route.destination, route.channel, spec)
 
 
 def _row_route(row: Mapping[str, Any]) -> Route:

@@ -38,6 +38,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.errors import Invalid
+from inturn.worker.worklist.hooks import Answerer, Answers, KeyDigest, Registered
 from inturn.worker.worklist.pack import ENTRY_POINT_GROUP, Pack
 from inturn.worker.worklist.publish import Publisher
 from inturn.worker.worklist.rules import Rule, RulePack
@@ -173,6 +174,46 @@ async def sweep(
     """
     rules = select(only, settings)
     return await run_rules(conn, rules, limit=limit, dry_run=dry_run, publishers=publishers)
+
+
+def answerers(destinations: Sequence[Registered]) -> dict[str, tuple[Answerer, ...]]:
+    """What ingest computes for the messages of each channel: the active packs' ingest hooks
+    (:data:`~inturn.worker.worklist.hooks.IngestHook`) given every registered destination,
+    gathered by channel in run order. A channel absent has none (most channels): ingest then
+    computes nothing for its messages. Ingest's routing table calls this once per refresh.
+
+    A hook that raises is logged and left out (this table, until the next refresh).
+    """
+    out: dict[str, list[Answerer]] = {}
+    for plugin in PLUGINS:
+        if plugin.ingest is None:
+            continue
+        try:
+            found = plugin.ingest(destinations)
+        except Exception:  # a broken plug-in must not stop routing
+            log.exception("rule pack %s: its ingest hook failed; left out", plugin.name)
+            continue
+        for channel, answerer in found.items():
+            out.setdefault(channel, []).append(answerer)
+    return {channel: tuple(found) for channel, found in out.items()}
+
+
+def answer(
+    answering: Sequence[Answerer], message_type: str, payload: bytes, digests: Sequence[KeyDigest]
+) -> Answers | None:
+    """What the ``answering`` of a channel (from :func:`answerers`) compute for one message of
+    ``message_type`` (``CODE^TRIGGER``), together (:meth:`Answers.__or__`); None when none of
+    them has anything. An answerer that raises is logged and counts as none."""
+    result: Answers | None = None
+    for answerer in answering:
+        try:
+            got = answerer(message_type, payload, digests)
+        except Exception:  # the message is stored all the same, without that pack's answers
+            log.exception("a rule pack's ingest hook failed on a %s message", message_type)
+            continue
+        if got is not None:
+            result = got if result is None else result | got
+    return result
 
 
 def _unknown(names_asked: Sequence[str]) -> str:

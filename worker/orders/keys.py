@@ -1,9 +1,11 @@
 """Which expectations a delivered order opens, and which keys a received reply answers.
 
 Pure: the worker calls :func:`expectations` with the head it just delivered; ingest calls
-:func:`reply_digests` with each message it stores. Types are matched as destination filters are
-(:func:`inturn.worker.ingest.routing.type_matches`); keys are first components of the fields
-the rule names (:func:`inturn.worker.hl7.fields.first_components`), stored as digests
+:func:`reply_digests` with each message it stores, through the pack's ingest hook
+(:func:`answerers`, which ingest reaches through the registry of packs). Types are matched as
+destination filters are (:func:`inturn.worker.ingest.routing.type_matches`); keys are first
+components of the fields the rule names (:func:`inturn.worker.hl7.fields.first_components`),
+stored as digests
 (:func:`inturn.worker.spec.replies.key_digest`) under their owner
 (:func:`inturn.worker.spec.replies.owner_scope`): the destination and the peer, so that a reply
 answers only orders addressed to its sender (or to a sender ``from`` declares).
@@ -11,14 +13,25 @@ answers only orders addressed to its sender (or to a sender ``from`` declares).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import functools
+import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.fields import first_components
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.types import type_matches
-from inturn.worker.spec.replies import MAX_KEYS_PER_MESSAGE, ReplyRule, key_digest, owner_scope
+from inturn.worker.spec.replies import (
+    MAX_KEYS_PER_MESSAGE,
+    ReplyRule,
+    key_digest,
+    owner_scope,
+    rules_of,
+)
+from inturn.worker.worklist.hooks import Answerer, Answers, KeyDigest, Registered
+
+log = logging.getLogger("inturn.orders")
 
 
 @dataclass(frozen=True)
@@ -60,10 +73,8 @@ def _parties(payload: bytes) -> tuple[str, str, str, str]:
     )
 
 
-#: The stored form of an order key, ``(owner, key) -> 32 hex digits``: plain SHA-256
-#: (:func:`key_digest`) or, with payload keys, the blind index's
-#: (:meth:`inturn.worker.crypto.codec.PayloadCodec.order_digest`).
-OrderDigest = Callable[[str, str], str]
+#: The stored form of an order key (:data:`inturn.worker.worklist.hooks.KeyDigest`).
+OrderDigest = KeyDigest
 
 
 def expectations(
@@ -140,3 +151,35 @@ def reply_digests(
             for key in first_components(payload, ref, limit=MAX_KEYS_PER_MESSAGE):
                 found.update(d(owner, key) for d in digests)
     return sorted(found)[: MAX_KEYS_PER_MESSAGE * len(digests)]
+
+
+def answerers(destinations: Sequence[Registered]) -> dict[str, Answerer]:
+    """The orders pack's ingest hook: for every channel some destination's ``spec.replies``
+    expects replies on, what a message of it answers (:func:`is_reply`, :func:`reply_digests`).
+    A destination whose registered ``replies`` cannot be read is logged and left out."""
+    by_channel: dict[str, list[tuple[str, ReplyRule]]] = {}
+    for d in destinations:
+        try:
+            rules = rules_of(d.spec.get("replies"))
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("destination %s: spec.replies unreadable (%s)", d.destination, exc)
+            continue
+        for rule in rules:
+            by_channel.setdefault(rule.channel, []).append((d.destination, rule))
+    return {
+        channel: functools.partial(_answer, tuple(rules), channel)
+        for channel, rules in by_channel.items()
+    }
+
+
+def _answer(
+    rules: tuple[tuple[str, ReplyRule], ...],
+    channel: str,
+    message_type: str,
+    payload: bytes,
+    digests: Sequence[KeyDigest],
+) -> Answers | None:
+    """What one message of ``channel`` answers (None: it is no reply and carries no key)."""
+    reply = is_reply(rules, channel, message_type)
+    keys = reply_digests(rules, channel, message_type, payload, digests)
+    return Answers(tuple(keys), reply) if reply or keys else None

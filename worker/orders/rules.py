@@ -10,8 +10,9 @@
     not handed it again).
 
 The worker records expectations with the delivered mark and ingest answers them with the stored
-reply (:mod:`inturn.worker.orders.keys`); placing and clearing stay here. Predicates are in the
-query (``store/sql/order_rules.sql``), most overdue first, at most ``limit`` per run.
+reply (:mod:`inturn.worker.orders.keys`, this pack's hooks); placing and clearing stay here.
+Predicates are in the query (``store/sql/order_rules.sql``), most overdue first, at most
+``limit`` per run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.orders.fields import REPLIES
+from inturn.worker.orders.keys import answerers
 from inturn.worker.store import orders as store
 from inturn.worker.worklist.pack import Pack
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
@@ -78,4 +80,4 @@ PACK: RulePack[None] = RulePack(
 )
 
 #: This pack as an installation finds it (entry point ``inturn.packs``).
-PLUGIN = Pack(name="orders", sweep=PACK, spec_fields=(REPLIES,))
+PLUGIN = Pack(name="orders", sweep=PACK, spec_fields=(REPLIES,), ingest=answerers)

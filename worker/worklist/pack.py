@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inturn.worker.spec.schema_packs import ENTRY_POINT_GROUP, SpecField
+from inturn.worker.worklist.hooks import IngestHook
 from inturn.worker.worklist.rules import RulePack
 
 __all__ = ["ENTRY_POINT_GROUP", "Pack", "SpecField"]
@@ -47,6 +48,8 @@ class Pack:
             ``carriers``), each with its schema and CEL rules
             (:class:`~inturn.worker.spec.schema_packs.SpecField`): the Destination schema, the
             worker configuration's and the CRD take them from here.
+        ingest: what ingest computes for a message it stores (:data:`~.hooks.IngestHook`;
+            the orders pack's reply keys), or None.
     """
 
     name: str
@@ -55,6 +58,7 @@ class Pack:
     requires: tuple[str, ...] = ()
     extra: str | None = None
     spec_fields: tuple[SpecField, ...] = ()
+    ingest: IngestHook | None = None
 
     def missing(self) -> list[str]:
         """The modules of :attr:`requires` that cannot be imported here (empty: active)."""

@@ -1,0 +1,76 @@
+"""What a rule pack may add to ingest and to the worker: the shapes of its hooks.
+
+A :class:`~inturn.worker.worklist.pack.Pack` may declare
+
+* ``ingest`` (an :data:`IngestHook`): what ingest computes for a message it stores. Given the
+  registered destinations, it returns, per channel it cares about, an :data:`Answerer`, called
+  with each message of that channel before it is stored; the :class:`Answers` it returns go
+  into that message's transaction (the store answers the open expectations whose key digest is
+  one of them: ``spec.replies``). The orders pack's reply keys are one.
+* ``mark`` (a :data:`MarkHook`, see :mod:`inturn.worker.worklist.marks`): what the worker adds
+  to a delivered mark.
+
+Both are built ahead of the traffic (ingest: once per refresh of its routing table; the
+worker: once per destination), so a channel or a destination no pack cares about costs nothing
+per message: ingest and the worker ask the registry (:mod:`inturn.worker.operations.packs`),
+which leaves out the packs whose hook returns nothing for them. Front ends name no pack.
+
+Layer: worklists (pure types; the packs above implement them, the registry composes them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: How a key is stored under its owner, ``(owner, key) -> 32 hex digits``: plain SHA-256
+#: (:func:`inturn.worker.spec.replies.key_digest`) or, with payload keys, the blind index's
+#: (:meth:`inturn.worker.crypto.codec.PayloadCodec.order_digest`).
+KeyDigest = Callable[[str, str], str]
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One live destination as ingest's routing table has it, for a pack's ingest hook.
+
+    Attributes:
+        destination: ``namespace/name``.
+        channel: the channel it takes messages from.
+        spec: the pack fields the registry keeps of it, as the spec writes them (``replies``);
+            a field it does not set is absent.
+    """
+
+    destination: str
+    channel: str
+    spec: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Answers:
+    """What a pack computed for one message ingest is about to store.
+
+    Attributes:
+        digests: key digests of the open expectations it answers (sorted, no repeats); the
+            store marks every open expectation on the message's channel with one of them
+            answered, in the message's transaction.
+        reply: it is a reply (counted ``matched`` or ``unmatched`` by
+            ``inturn_ingest_replies_total``), whether or not it carries a key.
+    """
+
+    digests: tuple[str, ...] = ()
+    reply: bool = False
+
+    def __or__(self, other: Answers) -> Answers:
+        """Both packs' answers: the digests of each, a reply if either says so."""
+        return Answers(tuple(sorted({*self.digests, *other.digests})), self.reply or other.reply)
+
+
+#: One channel's computation: ``(message_type "CODE^TRIGGER", payload, the key digest forms to
+#: look for) -> Answers``, or None when the message is nothing to the pack. Pure; called on the
+#: event loop for every message of the channel, so it must be cheap (no I/O).
+Answerer = Callable[[str, bytes, Sequence[KeyDigest]], "Answers | None"]
+
+#: A pack's ingest hook: every registered destination -> ``{channel: Answerer}`` of the channels
+#: whose messages it reads (a channel absent: nothing is computed for its messages).
+IngestHook = Callable[[Sequence[Registered]], Mapping[str, Answerer]]
