@@ -40,6 +40,7 @@ from tests.support.local import (
     manifest,
     message,
     mllp_sender,
+    send,
 )
 
 BIN = Path(sys.executable).parent
@@ -574,3 +575,35 @@ async def test_an_embedded_postgres_that_cannot_come_back_stops_inturn_local_non
     last = log.strip().splitlines()[-1]
     assert last.startswith("inturn: error: the embedded Postgres could not be restarted (3 tries):")
     assert "stopping: listeners first, then workers" in log
+
+
+WINDOW_1S = ("--duplicate-delivered-window", "1")
+
+
+async def test_ingests_settings_are_inturn_ingests_duplicate_delivered_window(
+    tmp_path: Path, fresh_db: str, local_runs: list[LocalProcess]
+) -> None:
+    """``--duplicate-delivered-window`` reaches local's ingest (the shared option group): with
+    a 1 s lost-ACK window, a copy of a message delivered 30 s ago is queued again as a re-send
+    (linked to it), where the default 10 minutes would answer it as a duplicate."""
+    path = manifest(tmp_path / "held.yaml", "held", mllp_sender(free_port()), suspend=True)
+    port = free_port()
+    local = LocalProcess(
+        tmp_path / "local.log",
+        ["-f", str(path), "--listen", f"adt={port}", "--dsn", fresh_db, *WINDOW_1S],
+    )
+    local_runs.append(local)
+    await local.start(port)
+    assert await send(port, [message(1, "W")]) == ["AA"]
+    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE inturn_delivery SET state = 'delivered', finished_at = now() - interval '30s'"
+        )
+    assert await send(port, [message(1, "W")]) == ["AA"]
+    async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+        cur = await conn.execute("SELECT id, state, resent_from FROM inturn_delivery ORDER BY id")
+        rows = await cur.fetchall()
+    first = rows[0][0]
+    assert rows == [(first, "delivered", None), (first + 1, "pending", first)]
+    assert await local.interrupt() == 0
+    assert_clean(local.log())

@@ -4,12 +4,15 @@
 
 from __future__ import annotations
 
+import inspect
+
 import click
 import pytest
 
 from inturn.operator.config import OperatorConfig
 from inturn.worker.cli.ingest import ingest_command
 from inturn.worker.cli.local import local_command
+from inturn.worker.cli.options import INGEST_ONLY, INGEST_SETTINGS
 from inturn.worker.errors import Invalid, OptionInvalid
 from inturn.worker.ingest.config import IngestConfig
 
@@ -28,6 +31,42 @@ def test_ingest_and_local_declare_their_serving_options_once() -> None:
     assert ingest["listen"].required is False and local["listen"].required is True
     assert "authenticated" in (ingest["http"].help or "")
     assert "OPEN" in (local["http"].help or "")
+
+
+def test_local_takes_every_ingest_setting_but_the_ones_it_refuses_on_purpose() -> None:
+    """Issue 32 item 2: one place per option. ``inturn local`` once lacked
+    ``--duplicate-delivered-window``; now every ingest option is local's too (the same
+    declaration: flags, help, default, type), but the ones :data:`INGEST_ONLY` names, each
+    with its reason; and each setting is a keyword of ``IngestConfig.from_options``."""
+    ingest, local = options(ingest_command), options(local_command)
+    missing = set(ingest) - set(local)
+    assert (
+        missing
+        == set(INGEST_ONLY)
+        == {
+            "allow_network",
+            "allow_subject",
+            "http_credentials",
+            "http_insecure",
+            "tls_cert",
+            "tls_key",
+            "tls_client_ca",
+            "pool_size",
+        }
+    )
+    for name in (*SHARED, *INGEST_SETTINGS):
+        a, b = ingest[name], local[name]
+        assert (a.opts, a.help, a.default, type(a.type), a.envvar) == (
+            b.opts,
+            b.help,
+            b.default,
+            type(b.type),
+            b.envvar,
+        ), name
+    assert local["duplicate_delivered_window"].opts == ["--duplicate-delivered-window"]
+    assert local["refresh_seconds"].opts == ["--refresh"]
+    keywords = set(inspect.signature(IngestConfig.from_options).parameters)
+    assert set(INGEST_SETTINGS) <= keywords and set(INGEST_ONLY) <= keywords
 
 
 def test_from_options_parses_what_a_person_writes() -> None:

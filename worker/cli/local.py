@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +24,7 @@ from inturn.worker.cli.options import (
     DURATION,
     dsn_option,
     feeds_option,
+    ingest_settings_options,
     logging_options,
     option_error,
     payload_keys_options,
@@ -121,6 +122,7 @@ def local_console_auth(path: Path | None) -> AuthConfig:
 )
 @payload_keys_options
 @feeds_option
+@ingest_settings_options
 @logging_options
 def local_command(
     paths: tuple[Path, ...],
@@ -139,10 +141,15 @@ def local_command(
     payload_keys: str | None,
     key_dsn: str | None,
     feeds_file: str | None,
+    ingest_settings: dict[str, Any],
     log_level: str,
     log_json: bool,
 ) -> None:
-    """Run ingest and one worker per Destination manifest in one process, without a cluster."""
+    """Run ingest and one worker per Destination manifest in one process, without a cluster.
+
+    Ingest's options are the same as `inturn ingest`'s (sizes, timeouts, duplicate windows,
+    memory, feeds), but for its TLS, network allow-lists, HTTP credentials and pool size: local
+    is open on purpose."""
     try:
         console_at = parse_address(console, "127.0.0.1") if console else None
     except ValueError as exc:
@@ -158,6 +165,7 @@ def local_command(
             accept_unrouted=accept_unrouted,
             pool_size=4,
             feeds_file=feeds_file,
+            **ingest_settings,
         )
     except OptionInvalid as exc:
         raise option_error(exc) from None

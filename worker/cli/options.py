@@ -4,11 +4,14 @@ Every option that more than one command takes is here, with its ``INTURN_``-pref
 variable: ``--dsn`` (``INTURN_DSN``), ``--log-level`` (``INTURN_LOG_LEVEL``), ``--log-json``
 (``INTURN_LOG_JSON``), and the queue commands' ``--json``, ``--who``, ``--why`` and durations.
 Every long-running command (worker, ingest, local, operator) takes :func:`logging_options` and
-calls :func:`inturn.worker.text.logs.configure`.
+calls :func:`inturn.worker.text.logs.configure`. ``inturn ingest`` and ``inturn local`` take
+:func:`serving_options` and :func:`ingest_settings_options`: each ingest option that applies
+to both is declared here once (:data:`INGEST_ONLY` lists the others, and why).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -234,3 +237,182 @@ def serving_options(*, listen_required: bool, http_help: str) -> Callable[[F], F
         return command
 
     return apply
+
+
+#: The ``inturn ingest`` options ``inturn local`` does not take, and why: local's HTTP ingest
+#: and listeners are open by design (a laptop, no TLS, no credentials; its log says so), and it
+#: sizes its one pool for every component of the process against one server.
+INGEST_ONLY: dict[str, str] = {
+    "allow_network": "local accepts every MLLP peer (no network allow-list)",
+    "allow_subject": "local has no TLS, so no client certificates",
+    "http_credentials": "local's HTTP ingest is open (no authentication)",
+    "http_insecure": "local's HTTP ingest is always open",
+    "tls_cert": "local serves no TLS",
+    "tls_key": "local serves no TLS",
+    "tls_client_ca": "local serves no TLS",
+    "pool_size": "local's ingest pool is 4 connections, beside its workers' and the sweeper's",
+}
+
+
+def ingest_settings_options(command: F) -> F:
+    """The settings of what ingest accepts and how long it waits, declared once for ``inturn
+    ingest`` and ``inturn local``: sizes, timeouts, the duplicate windows, the registry
+    refresh, the identifier index bound, batches, memory, feeds. The command receives them as
+    one keyword argument, ``ingest_settings``: a dict of
+    :meth:`inturn.worker.ingest.config.IngestConfig.from_options` keywords (``--refresh`` is
+    its ``refresh_seconds``), so that an option added here reaches both commands' configuration
+    with no other change."""
+    from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
+    from inturn.worker.ingest.accept import (
+        DEFAULT_DELIVERED_WINDOW_SECONDS,
+        DEFAULT_DUPLICATE_WINDOW_SECONDS,
+        DEFAULT_MAX_BATCH_MESSAGES,
+        DEFAULT_STORE_TIMEOUT_SECONDS,
+    )
+    from inturn.worker.ingest.budget import DEFAULT_WAIT_SECONDS
+    from inturn.worker.ingest.feeds import DEFAULT_FLUSH_SECONDS, DEFAULT_MAX_SENDERS
+    from inturn.worker.ingest.listener import (
+        DEFAULT_FRAME_DEADLINE,
+        DEFAULT_FRAME_TIMEOUT,
+        DEFAULT_IDLE_TIMEOUT,
+        DEFAULT_MAX_FRAME_BYTES,
+    )
+    from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS
+
+    declared = (
+        click.option(
+            "--max-frame-bytes",
+            default=str(DEFAULT_MAX_FRAME_BYTES),
+            show_default=True,
+            help="Largest message accepted (bytes; suffixes k, M, G are powers of 1024).",
+        ),
+        click.option(
+            "--idle-timeout",
+            type=float,
+            default=DEFAULT_IDLE_TIMEOUT,
+            show_default=True,
+            help="Seconds an idle connection stays open.",
+        ),
+        click.option(
+            "--frame-timeout",
+            type=float,
+            default=DEFAULT_FRAME_TIMEOUT,
+            show_default=True,
+            help="Seconds without a byte inside a frame before the connection is closed.",
+        ),
+        click.option(
+            "--frame-deadline",
+            type=float,
+            default=DEFAULT_FRAME_DEADLINE,
+            show_default=True,
+            help="Seconds an MLLP frame may take from its first byte to its last.",
+        ),
+        click.option(
+            "--duplicate-window",
+            type=float,
+            default=DEFAULT_DUPLICATE_WINDOW_SECONDS,
+            show_default=True,
+            help="Seconds a message is remembered to recognise a copy received again (0: off).",
+        ),
+        click.option(
+            "--duplicate-delivered-window",
+            type=float,
+            default=DEFAULT_DELIVERED_WINDOW_SECONDS,
+            show_default=True,
+            help="Seconds after its earlier copy's delivery during which a copy received again"
+            " is taken for a sender that lost our ACK (AA, not queued); later, or after a"
+            " failure, skip or erasure, it is queued again as a re-send.",
+        ),
+        click.option(
+            "--refresh",
+            "refresh_seconds",
+            type=float,
+            default=DEFAULT_REFRESH_SECONDS,
+            show_default=True,
+            help="Seconds between reads of the destination registry.",
+        ),
+        click.option(
+            "--store-timeout",
+            type=float,
+            default=DEFAULT_STORE_TIMEOUT_SECONDS,
+            show_default=True,
+            help="Seconds to store one message; past it the transaction is cancelled, and AE is"
+            " answered once its rollback is seen (AA if it had committed).",
+        ),
+        click.option(
+            "--max-indexed-identifiers",
+            type=click.IntRange(min=1),
+            default=MAX_INDEXED_IDENTIFIERS,
+            show_default=True,
+            help="Most distinct patient identifiers (PID-2/3/4, MRG-1) indexed per message; the"
+            " rest are stored but not found by --patient-id.",
+        ),
+        click.option(
+            "--max-batch-messages",
+            type=click.IntRange(min=1),
+            default=DEFAULT_MAX_BATCH_MESSAGES,
+            show_default=True,
+            help="Most messages in one HL7 batch (FHS/BHS ... BTS/FTS); a larger batch is"
+            " refused whole (AR, ERR 104).",
+        ),
+        click.option(
+            "--memory-limit",
+            envvar="INTURN_MEMORY_LIMIT",
+            metavar="SIZE",
+            help="Memory ingest may use (bytes; k, M, G and Ki, Mi, Gi are powers of 1024); the"
+            " message budget is (SIZE - 96 MiB) / 4. Default: the container's (cgroup's)"
+            " limit, else 512 MiB. The chart sets it from the pod's memory limit.",
+        ),
+        click.option(
+            "--busy-wait",
+            type=float,
+            default=DEFAULT_WAIT_SECONDS,
+            show_default=True,
+            help="Seconds a message waits for memory before it is answered AE (busy).",
+        ),
+        click.option(
+            "--feed-flush-seconds",
+            type=click.FloatRange(min=0.1),
+            default=DEFAULT_FLUSH_SECONDS,
+            show_default=True,
+            help="Seconds between two writes of the feeds' last message times (never one per"
+            " message).",
+        ),
+        click.option(
+            "--max-feed-senders",
+            type=click.IntRange(min=0),
+            default=DEFAULT_MAX_SENDERS,
+            show_default=True,
+            help="Most senders (MSH-3/MSH-4) recorded per per-sender feed, kept by the database"
+            " for every replica; others count for the channel.",
+        ),
+    )
+
+    @functools.wraps(command)
+    def collect(*args: Any, **kwargs: Any) -> Any:
+        settings = {name: kwargs.pop(name) for name in INGEST_SETTINGS}
+        return command(*args, ingest_settings=settings, **kwargs)
+
+    wrapped: Any = collect
+    for option in reversed(declared):
+        wrapped = option(wrapped)
+    return wrapped  # type: ignore[no-any-return]
+
+
+#: The ``IngestConfig.from_options`` keywords :func:`ingest_settings_options` collects.
+INGEST_SETTINGS = (
+    "max_frame_bytes",
+    "idle_timeout",
+    "frame_timeout",
+    "frame_deadline",
+    "duplicate_window",
+    "duplicate_delivered_window",
+    "refresh_seconds",
+    "store_timeout",
+    "max_indexed_identifiers",
+    "max_batch_messages",
+    "memory_limit",
+    "busy_wait",
+    "feed_flush_seconds",
+    "max_feed_senders",
+)
