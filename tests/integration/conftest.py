@@ -1,12 +1,17 @@
-"""Fixtures shared by the integration tests: a small PKI made with the real openssl."""
+"""Fixtures shared by the integration tests: a small PKI made with the real openssl; a real
+PgBouncer in each pool mode in front of the session's Postgres (a test module that asks for it
+skips itself where :func:`tests.support.pgbouncer.missing` says so)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support import pgbouncer
 
 
 def openssl(*args: str) -> None:
@@ -38,3 +43,17 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "2",
                 "-extfile", str(d / f"{name}.ext"), "-out", str(d / f"{name}.pem"))  # fmt: skip
     return d
+
+
+@pytest.fixture(scope="module", params=pgbouncer.POOL_MODES)
+def bouncer(request: pytest.FixtureRequest, dsn: str) -> Iterator[pgbouncer.Bouncer]:
+    """A PgBouncer in front of the session's server, once per pool mode (``session``,
+    ``transaction``), for the whole module."""
+    with pgbouncer.Bouncer(dsn, request.param) as b:
+        yield b
+
+
+@pytest.fixture
+def pooled(bouncer: pgbouncer.Bouncer, fresh_db: str) -> str:
+    """The emptied session database, through :func:`bouncer`."""
+    return bouncer.dsn(fresh_db)

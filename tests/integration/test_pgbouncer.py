@@ -4,7 +4,6 @@ session and in transaction mode, with PgBouncer's defaults everywhere but the po
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -16,18 +15,6 @@ from tests.support import pgbouncer
 pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
 
 DEST = "hospital/lab"
-
-
-@pytest.fixture(scope="module", params=pgbouncer.POOL_MODES)
-def bouncer(request: pytest.FixtureRequest, dsn: str) -> Iterator[pgbouncer.Bouncer]:
-    with pgbouncer.Bouncer(dsn, request.param) as b:
-        yield b
-
-
-@pytest.fixture
-def pooled(bouncer: pgbouncer.Bouncer, fresh_db: str) -> str:
-    """The emptied session database, through the PgBouncer."""
-    return bouncer.dsn(fresh_db)
 
 
 def test_the_harness_keeps_every_default_but_the_pool_mode(bouncer: pgbouncer.Bouncer) -> None:

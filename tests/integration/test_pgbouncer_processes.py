@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,17 +41,6 @@ QUICK_LEASE = {
     "INTURN_LEASE_ACQUIRE_SECONDS": "0.5",
     "INTURN_POLL_SECONDS": "0.2",
 }
-
-
-@pytest.fixture(scope="module", params=pgbouncer.POOL_MODES)
-def bouncer(request: pytest.FixtureRequest, dsn: str) -> Iterator[pgbouncer.Bouncer]:
-    with pgbouncer.Bouncer(dsn, request.param) as b:
-        yield b
-
-
-@pytest.fixture
-def pooled(bouncer: pgbouncer.Bouncer, fresh_db: str) -> str:
-    return bouncer.dsn(fresh_db)
 
 
 async def count(dsn: str, where: str) -> int:

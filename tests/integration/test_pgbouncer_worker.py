@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -35,17 +34,6 @@ from tests.support.pipeline import (
 pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
 
 DEST = "ward/pooled"
-
-
-@pytest.fixture(scope="module", params=pgbouncer.POOL_MODES)
-def bouncer(request: pytest.FixtureRequest, dsn: str) -> Iterator[pgbouncer.Bouncer]:
-    with pgbouncer.Bouncer(dsn, request.param) as b:
-        yield b
-
-
-@pytest.fixture
-def pooled(bouncer: pgbouncer.Bouncer, fresh_db: str) -> str:
-    return bouncer.dsn(fresh_db)
 
 
 def message(n: int) -> bytes:
