@@ -20,19 +20,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import AsyncConnection
-from psycopg.conninfo import make_conninfo
 
 from inturn.worker.store.connect import LOCAL_DISCOVERY_ENV
 from inturn.worker.store.migrate import migrate
-from tests.support.db import empty_tables
+from tests.support.db import database, empty_tables
 
 #: pytester: tests/unit/test_isolation.py runs pytest on a hanging test; the watchdog: a bound
 #: on every test.
@@ -99,29 +96,16 @@ def pg_server_dsn() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def dsn(pg_server_dsn: str) -> Iterator[str]:
     """DSN of a fresh, migrated database that lives for the whole test session."""
-    name = f"inturn_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    db_dsn = make_conninfo(pg_server_dsn, dbname=name)
-    migrate(db_dsn)
-    try:
+    with database(pg_server_dsn, "inturn_test") as db_dsn:
+        migrate(db_dsn)
         yield db_dsn
-    finally:
-        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
 def empty_db(pg_server_dsn: str) -> Iterator[str]:
     """DSN of a database nobody migrated (dropped after the test)."""
-    name = f"inturn_empty_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_conninfo(pg_server_dsn, dbname=name)
-    finally:
-        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with database(pg_server_dsn, "inturn_empty") as db_dsn:
+        yield db_dsn
 
 
 @pytest.fixture

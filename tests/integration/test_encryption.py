@@ -37,6 +37,7 @@ from inturn.worker.store import identifiers, migrate, queue, sealing
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys, pipeline
+from tests.support.db import database
 from tests.support.pipeline import register
 from tests.support.pipeline import worker as run_worker
 
@@ -217,7 +218,7 @@ async def test_erasure_defeats_a_restored_older_dump_read_with_the_live_key_stor
         assert await privacy.erase_patient_keys(actor, "ERASE-ME", None, "request 7", codec) == 0
         audit = await conn.execute("SELECT to_jsonb(a)::text FROM inturn_audit a")
         assert "ERASE-ME" not in str(await audit.fetchall())
-    with keys.database(pg_server_dsn, "inturn_restored") as restored:
+    with database(pg_server_dsn, "inturn_restored") as restored:
         keys.restore(last_night, restored)
         reader = await keys.codec(keys_dir, key_dsn)
         back = {i: p for i, _, p, _ in await rows(restored)}
@@ -484,7 +485,7 @@ def test_inturn_local_encrypt_makes_a_master_key_and_a_key_store_once(
 ) -> None:
     from inturn.worker.cli.local import local_key_database, local_keys
 
-    with keys.database(pg_server_dsn, "inturn_local") as queue_dsn:
+    with database(pg_server_dsn, "inturn_local") as queue_dsn:
         key_database = local_key_database(queue_dsn)
         assert key_database.endswith("_keys") and key_database != "inturn_keys"
         try:

@@ -4,6 +4,7 @@ such and no longer counted as failed, a second copy is never queued by mistake, 
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -17,11 +18,10 @@ from psycopg import AsyncConnection
 from inturn.worker.errors import Conflict, Invalid
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
-from inturn.worker.store import lease as leases
 from inturn.worker.store import queue, reads
 from inturn.worker.store.model import NewItem
-from inturn.worker.worklist.delivery_failed import give_up
 from inturn.worker.worklist.delivery_rules import resent_delivered
+from tests.support.pipeline import refused
 
 pytestmark = pytest.mark.store
 
@@ -41,16 +41,22 @@ async def failed(conn: AsyncConnection[Any], *control_ids: str, kind: str = "ORU
     for item_id in ids:
         item = await reads.get_item(conn, item_id)
         assert item is not None
-        await give_up(
-            conn,
-            item,
-            attempts=3,
-            cause="AR: no",
-            outcome="AR",
-            exhausted=True,
-            lease=await leases.acquire(conn, item.destination, "test", 600),
-        )
+        await refused(conn, item)
     return ids
+
+
+def cli_text(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``inturn ARGS --dsn DSN``, its output as text (not checked)."""
+    return subprocess.run([INTURN, *args, "--dsn", dsn], capture_output=True, text=True, timeout=60)
+
+
+def seeded(script: str, dsn: str) -> Any:
+    """Run ``script`` (Python) with ``dsn`` as its argument; what it printed, read as JSON."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, dsn], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 async def pending_work(conn: AsyncConnection[Any]) -> list[str]:
@@ -136,15 +142,7 @@ async def test_delivery_failed_is_cleared_by_the_system_once_a_copy_is_delivered
     )
     item_b = await reads.get_item(conn, copy_b)
     assert item_b is not None
-    await give_up(
-        conn,
-        item_b,
-        attempts=3,
-        cause="AR: no",
-        outcome="AR",
-        exhausted=True,
-        lease=await leases.acquire(conn, item_b.destination, "test", 600),
-    )
+    await refused(conn, item_b)
     outcome = await resent_delivered(conn, limit=10, dry_run=False)
     assert outcome.cleared == 1
     assert await pending_work(conn) == [str(b), str(copy_b)]
@@ -163,16 +161,8 @@ async def test_delivery_failed_is_cleared_by_the_system_once_a_copy_is_delivered
 
 
 def test_the_cli_resends_a_range_in_original_order(fresh_db: str) -> None:
-    def inturn(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [INTURN, *args, "--dsn", fresh_db], capture_output=True, text=True, timeout=60
-        )
-
-    seeded = subprocess.run(
-        [sys.executable, "-c", SEED, fresh_db], capture_output=True, text=True, timeout=60
-    )
-    assert seeded.returncode == 0, seeded.stderr
-    first, last = json.loads(seeded.stdout)
+    inturn = functools.partial(cli_text, fresh_db)
+    first, last = seeded(SEED, fresh_db)
     done = inturn("queue", "resend", f"{first}-{last}", "--who", "alice", "--json")
     assert done.returncode == 0, done.stderr
     copies = json.loads(done.stdout)["copies"]
@@ -288,16 +278,8 @@ def test_a_range_resends_only_its_destinations_failed_items(fresh_db: str) -> No
     destination's failures, and 20, 21 delivered items of two other destinations, copies 19,
     22 and 25 only; the range's other rows are left out, counted by kind, and unchanged."""
 
-    def inturn(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [INTURN, *args, "--dsn", fresh_db], capture_output=True, text=True, timeout=60
-        )
-
-    seeded = subprocess.run(
-        [sys.executable, "-c", INTERLEAVED, fresh_db], capture_output=True, text=True, timeout=60
-    )
-    assert seeded.returncode == 0, seeded.stderr
-    lab1, ris, _pacs, lab2, lab_done, lab3 = json.loads(seeded.stdout)
+    inturn = functools.partial(cli_text, fresh_db)
+    lab1, ris, _pacs, lab2, lab_done, lab3 = seeded(INTERLEAVED, fresh_db)
     done = inturn("queue", "resend", str(lab3), f"{lab1}-{lab_done}", "--who", "alice", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)

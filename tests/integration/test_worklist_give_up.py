@@ -13,6 +13,7 @@ from inturn.worker.store import lease as leases
 from inturn.worker.store import queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.worklist.delivery_failed import failure_reason, give_up
+from tests.support.pipeline import refused
 
 pytestmark = pytest.mark.store
 
@@ -80,30 +81,11 @@ async def test_a_kill_between_the_two_writes_leaves_neither(fresh_db: str) -> No
 
     # Run again to the end: both writes are there.
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        placement = await give_up(
-            conn,
-            item,
-            attempts=3,
-            cause="AR: no",
-            outcome="AR",
-            exhausted=True,
-            lease=await leases.acquire(conn, item.destination, "test", 600),
-        )
+        placement = await refused(conn, item)
         assert placement is not None and placement.created
         assert await observed(fresh_db) == ("failed", 1)
         # An item no longer pending is not failed again, and nothing is placed.
-        assert (
-            await give_up(
-                conn,
-                item,
-                attempts=4,
-                cause="AR: no",
-                outcome="AR",
-                exhausted=True,
-                lease=await leases.acquire(conn, item.destination, "test", 600),
-            )
-            is None
-        )
+        assert await refused(conn, item, attempts=4) is None
         shown = await worklist.show(conn, placement.item_id)
     assert shown.item.details["attempts"] == 3
 

@@ -1,21 +1,39 @@
-"""The session database for tests: every table emptied (the list read from the catalog, so a
-table a new migration adds is emptied too), and destinations registered as the operator
-registers them.
+"""Databases for tests: new ones of their own (:func:`database`); the session database with
+every table emptied (the list read from the catalog, so a table a new migration adds is emptied
+too); destinations registered as the operator registers them.
 
 ``fresh_db`` (the root conftest) calls :func:`empty_tables` before each test that asks for it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, sql
+from psycopg.conninfo import make_conninfo
 
 from inturn.worker.store import registry
 
 #: The one table that keeps its rows: the migrations that made the schema.
 KEPT = ("inturn_schema_migrations",)
+
+
+@contextlib.contextmanager
+def database(server_dsn: str, prefix: str = "inturn_test") -> Iterator[str]:
+    """A new, empty database on the server of ``server_dsn``, named ``<prefix>_<12 hex
+    digits>``; yields its DSN and drops it afterwards (its sessions ended)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(server_dsn, dbname=name)
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def tables(conn: psycopg.Connection[Any]) -> list[str]:

@@ -5,35 +5,19 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-
-import psycopg
-from psycopg.conninfo import make_conninfo
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.crypto.masterkeys import FileKeyProvider, new_key_file
 from inturn.worker.store.keystore import PgKeyStore, create_schema
-
-
-@contextlib.contextmanager
-def database(server_dsn: str, prefix: str = "inturn_keys") -> Iterator[str]:
-    """A fresh, empty database on ``server_dsn`` (dropped afterwards); yields its DSN."""
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_conninfo(server_dsn, dbname=name)
-    finally:
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+from tests.support.db import database
 
 
 @contextlib.contextmanager
 def key_store(server_dsn: str) -> Iterator[str]:
     """A key store database with its tables; yields its DSN."""
-    with database(server_dsn) as dsn:
+    with database(server_dsn, "inturn_keys") as dsn:
         create_schema(dsn)
         yield dsn
 

@@ -25,6 +25,10 @@ from inturn.worker.senders.kind import SenderConfig
 from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.spec.config import LeaseSettings, RetryPolicy, WorkerConfig
+from inturn.worker.store import lease as leases
+from inturn.worker.store.model import Item
+from inturn.worker.store.worklist_model import Placement
+from inturn.worker.worklist.delivery_failed import give_up
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
 #: Retries forever, 1 s apart, each attempt bounded at 5 s.
@@ -126,6 +130,17 @@ async def until(predicate: Any, timeout: float = 20.0, every: float = 0.05) -> N
             if value:
                 return
             await asyncio.sleep(every)
+
+
+async def refused(conn: AsyncConnection[Any], item: Item, attempts: int = 3) -> Placement | None:
+    """Give ``item`` up as a worker does once its receiver refused it ``attempts`` times (``AR:
+    no``, attempts exhausted): the failed mark and the ``delivery-failed`` item, under the
+    destination's lease taken as ``test`` for 600 s; what
+    :func:`inturn.worker.worklist.delivery_failed.give_up` returns."""
+    lease = await leases.acquire(conn, item.destination, "test", 600)
+    return await give_up(
+        conn, item, attempts=attempts, cause="AR: no", outcome="AR", exhausted=True, lease=lease
+    )
 
 
 def control_ids(payloads: Sequence[bytes]) -> list[str]:
