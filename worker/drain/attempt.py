@@ -1,8 +1,8 @@
 """One attempt's send, and how its failure is classified.
 
-Shared by every path that sends (the lanes of :mod:`inturn.worker.drain.lane_runner`), so that
-a timeout, a refused connection and a negative acknowledgement mean the same thing whichever
-path met them.
+Shared by every path that sends (the single stream of :mod:`inturn.worker.drain.stream` and the
+lanes of :mod:`inturn.worker.drain.lane_runner`), so that a timeout, a refused connection and a
+negative acknowledgement mean the same thing whichever path met them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The retry decision: after a failed attempt, give the head up or try it again, and when.
 
 One pure function, :func:`decide`, of (outcome, attempts so far, retry policy, ACK policy),
-returning a small immutable :class:`RetryDecision`; the worker (``inturn.worker.drain.runner``) only
-applies it: it records the decision, counts it and logs it. Modelled on procrastinate's
-``RetryStrategy.get_retry_decision`` (``procrastinate/retry.py``), and tested the same way, as
-a table (``tests/unit/test_retry.py``).
+returning a small immutable :class:`RetryDecision`; the worker
+(``inturn.worker.drain.outcome``) only applies it: it records the decision, counts it and logs
+it. Modelled on procrastinate's ``RetryStrategy.get_retry_decision``
+(``procrastinate/retry.py``), and tested the same way, as a table (``tests/unit/test_retry.py``).
 
 The rules, in order:
 

@@ -104,7 +104,7 @@ class WorkerConfig:
         messages_per_second: the throttle (``spec.throttle.messagesPerSecond``); None: none.
         replies: the replies its orders expect (``spec.replies``).
         lanes: messages in flight at once (``spec.lanes.count``, 1 to 32); 1 is the single
-            stream (:mod:`inturn.worker.drain.runner`), more the lanes
+            stream (:mod:`inturn.worker.drain.stream`), more the lanes
             (:mod:`inturn.worker.drain.lane_runner`).
         lanes_window: how many of the oldest pending messages the lanes look over
             (``spec.lanes.window``).

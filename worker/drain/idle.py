@@ -1,0 +1,153 @@
+"""What a worker does between sends: waits for work (a notification, or a poll behind a
+pooler), holds outside its delivery window or while suspended, and reports its depth.
+
+:class:`Idling` is the part of :class:`inturn.worker.drain.runner.DestinationWorker` that does
+this (a base class beside :class:`inturn.worker.drain.holding.LeaseHolding`); the single stream
+(:mod:`inturn.worker.drain.stream`) and the lanes (:mod:`inturn.worker.drain.lane_runner`) both
+use it.
+
+Idle cost. An enqueue's NOTIFY (sent in its transaction, delivered at COMMIT to the worker's
+session, which LISTENs before its first head query) wakes the worker at once; without one, an
+idle worker looks at its queue every ``idle_seconds`` or when its lease is due for renewal,
+whichever comes first. The depth gauge costs one query at most every
+:data:`DEPTH_EVERY_SECONDS` while the queue holds something, and none when the head query said
+it is empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from inturn.worker.drain.gate import Gate, may_send
+from inturn.worker.drain.holding import LeaseHolding
+from inturn.worker.drain.steps import sleep_or_stop
+from inturn.worker.store import queue, reads
+
+log = logging.getLogger("inturn.drain")
+
+#: Seconds between two depth queries while the queue holds something (an empty queue is known
+#: from the head query alone and costs none).
+DEPTH_EVERY_SECONDS = 5.0
+
+
+class Idling(LeaseHolding):
+    """Waiting, holding and the depth gauge of one destination's worker (see the module
+    docstring).
+
+    Attributes:
+        poll_seconds: how often a pooled worker without a LISTEN connection looks for work.
+    """
+
+    poll_seconds: float
+    #: The direct LISTEN connection of a pooled worker, while a session lasts.
+    _listen: AsyncConnection[Any] | None
+    #: ``time.monotonic()`` when the last attempt started (the throttle paces from it).
+    _last_send: float | None
+    #: While held outside the window: when it opens (for saying so once).
+    _held_until: datetime | None
+    #: Monotonic time of the next depth query (0: at once).
+    _next_depth: float
+
+    async def _wait(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, timeout: float, *, empty: bool
+    ) -> None:
+        """Wait up to ``timeout`` seconds for something to send (``empty``: the head query found
+        nothing pending), or until stopped.
+
+        On a direct connection, and with a LISTEN connection of its own behind a pooler, a
+        NOTIFY wakes the worker (:meth:`StepRunner.wait`). Behind a pooler without one, it
+        polls every ``poll_seconds`` with a read that changes nothing
+        (:func:`inturn.worker.store.queue.poll_head`) and wakes when the head is new or due.
+
+        Raises:
+            SessionLost: a connection was lost (the caller reconnects).
+        """
+        if not self.pooled:
+            await self.steps.wait(conn, stop, timeout)
+            return
+        if self._listen is not None:
+            await self.steps.wait(self._listen, stop, timeout)
+            return
+        deadline = time.monotonic() + timeout
+        seen: int | None = None
+        first = True
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if not first:
+                await sleep_or_stop(stop, min(left, self.poll_seconds))
+                if stop.is_set() or time.monotonic() >= deadline:
+                    return
+            head_id, due = await self.steps.run(
+                conn, stop, "head", partial(queue.poll_head, conn, self.destination)
+            )
+            if due or (head_id is not None and (empty or (not first and head_id != seen))):
+                return
+            seen, first = head_id, False
+
+    async def _hold_still(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, timeout: float
+    ) -> None:
+        """Wait while sending nothing (suspended, outside the window): a notification may still
+        end it early on a connection that LISTENs; behind a pooler without one, a plain sleep
+        (a poll would find nothing to do)."""
+        if self.pooled and self._listen is None:
+            await sleep_or_stop(stop, timeout)
+        else:
+            await self._wait(conn, stop, timeout, empty=False)
+
+    def _gate(self) -> Gate:
+        """The destination's window and throttle, judged now (:mod:`inturn.worker.drain.gate`)."""
+        return may_send(
+            now=datetime.now(UTC),
+            monotonic=time.monotonic(),
+            schedule=self.config.schedule,
+            messages_per_second=self.config.messages_per_second,
+            last_send=self._last_send,
+        )
+
+    def _say_held(self, gate: Gate | None) -> None:
+        """Log once when the worker starts holding the queue for its window, and once when it
+        resumes."""
+        until = None if gate is None else gate.until
+        if gate is not None and self._held_until != until:
+            log.info(
+                "destination %s: outside its delivery window (spec.schedule); holding the queue"
+                " until %s",
+                self.destination,
+                until.isoformat() if until is not None else "further notice",
+            )
+        elif gate is None and self._held_until is not None:
+            log.info("destination %s: delivery window open; sending again", self.destination)
+        self._held_until = until if gate is not None else None
+
+    def _report_empty(self) -> None:
+        """Nothing is pending: the gauges say so without a query (failed items are not in them).
+
+        The next depth query then runs as soon as anything is pending again.
+        """
+        self.observer.depth(self.destination, 0, 0.0, 0)
+        self._next_depth = 0.0
+
+    async def _report_depth(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, force: bool = False
+    ) -> None:
+        """Query the destination's depth, at most every :data:`DEPTH_EVERY_SECONDS`."""
+        now = time.monotonic()
+        if not force and now < self._next_depth:
+            return
+        self._next_depth = now + DEPTH_EVERY_SECONDS
+        rows = await self.steps.run(conn, stop, "head", lambda: reads.depth(conn, self.destination))
+        if rows:
+            r = rows[0]
+            self.observer.depth(self.destination, r.pending, r.oldest_seconds, r.max_attempts)
+        else:
+            self.observer.depth(self.destination, 0, 0.0, 0)

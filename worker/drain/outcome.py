@@ -1,0 +1,151 @@
+"""What a worker records of a failed attempt: a retry, or a give-up onto ``delivery-failed``.
+
+The decision is :func:`inturn.worker.drain.retry.decide` (pure); this applies it: the retry mark
+with its backoff, or the give-up (:func:`inturn.worker.worklist.delivery_failed.give_up`) and,
+after its COMMIT, the worklist publishers. A failure cause is stored in ``last_error`` cut to
+:data:`CAUSE_MAX_CHARS`; with payload keys on, a receiver's own text (which may quote the
+message) is not stored. Every attempt's end also goes to the metrics and its trace span.
+
+:class:`Outcomes` is the part of :class:`inturn.worker.drain.runner.DestinationWorker` that does
+this (a base class beside :class:`inturn.worker.drain.idle.Idling`); the single stream
+(:mod:`inturn.worker.drain.stream`) and the lanes (:mod:`inturn.worker.drain.lane_runner`) both
+use it. A delivered mark is written where the next head is read (the stream's attempt, the
+lanes' take), in the same statement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from inturn.worker import tracing
+from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.drain.holding import LeaseHolding
+from inturn.worker.drain.retry import decide
+from inturn.worker.senders.base import FailureCause
+from inturn.worker.store import queue
+from inturn.worker.store.lease import Lease
+from inturn.worker.store.model import Head
+from inturn.worker.worklist.delivery_failed import give_up
+from inturn.worker.worklist.publish import Publisher, announce
+
+log = logging.getLogger("inturn.drain")
+
+#: Outcomes whose detail is the receiver's own text (MSA-3, ERR-8, ERR-3.2 of its ACK), which
+#: may quote the message: with payload keys it is not stored (``WITHHELD`` instead).
+RECEIVER_TEXT = frozenset({"AE", "AR", "CE", "CR"})
+WITHHELD = "the receiver's text is not stored (payload keys are on: it may quote the message)"
+#: Most characters of a failure cause stored in ``last_error``.
+CAUSE_MAX_CHARS = 500
+
+
+class Outcomes(LeaseHolding):
+    """The failed attempts of one destination's worker, recorded (see the module docstring).
+
+    Attributes:
+        payloads: the payload codec (whether keys are on decides what a cause keeps).
+        publishers: told of each message placed on ``delivery-failed``, after its COMMIT.
+    """
+
+    payloads: PayloadCodec
+    publishers: Sequence[Publisher]
+    #: Consecutive failures that said the destination is unreachable (the backoff of a held
+    #: queue grows with it; any answer from the receiver ends the run).
+    _unreachable_run: int
+
+    def _attempted(
+        self, trace: tracing.Attempt | None, outcome: FailureCause | None, sent: float
+    ) -> None:
+        """An attempt that began at ``sent`` (monotonic) ended: metrics and its span."""
+        self.observer.attempted(self.destination, outcome or "delivered", time.monotonic() - sent)
+        tracing.attempt_ended(trace, outcome)
+
+    async def _failed(
+        self,
+        conn: AsyncConnection[Any],
+        stop: asyncio.Event,
+        head: Head,
+        attempts: int,
+        outcome: FailureCause,
+        detail: str,
+        lease: Lease,
+    ) -> bool:
+        """Apply the retry decision (:func:`inturn.worker.drain.retry.decide`) to a failed attempt:
+        give up (returns True) or schedule a retry (False)."""
+        item = head.item
+        if self.payloads.enabled and outcome in RECEIVER_TEXT:
+            detail = WITHHELD  # a receiver's AE text can quote the message: not kept in clear
+        cause = f"{outcome}: {detail}"[:CAUSE_MAX_CHARS]
+        self._unreachable_run = self._unreachable_run + 1 if outcome == "unreachable" else 0
+        decision = decide(
+            outcome,
+            attempts,
+            self.config.retry,
+            self.config.ack_policy,
+            unreachable_run=max(1, self._unreachable_run),
+        )
+        if decision.give_up:
+            placement = await self._guarded(
+                conn,
+                stop,
+                "give_up",
+                lambda: give_up(
+                    conn,
+                    item,
+                    attempts=decision.attempts,
+                    cause=cause,
+                    outcome=outcome,
+                    exhausted=decision.why == "maxAttempts",
+                    lease=lease,
+                ),
+                item.id,
+            )
+            if placement is not None:
+                await announce([placement], self.publishers)
+            self.observer.gave_up(self.destination, decision.attempts, outcome)
+            log.warning(
+                "destination %s: gave up on id=%d (%s) after %d attempt(s) (%s): %s",
+                self.destination,
+                item.id,
+                item.control_id,
+                decision.attempts,
+                decision.why,
+                cause,
+            )
+            return True
+        await self._guarded(
+            conn,
+            stop,
+            "attempt",
+            lambda: queue.retry(
+                conn, item.id, decision.attempts, decision.delay_seconds, cause, lease=lease
+            ),
+            item.id,
+        )
+        self.observer.retried(self.destination, decision.attempts, outcome)
+        if decision.why == "unreachable":
+            log.log(
+                logging.WARNING if self._unreachable_run == 1 else logging.INFO,
+                "destination %s: unreachable (%s); the queue holds at id=%d, no attempt"
+                " counted (%d failure(s) in a row); next try in %.0fs",
+                self.destination,
+                cause,
+                item.id,
+                self._unreachable_run,
+                decision.delay_seconds,
+            )
+            return False
+        log.info(
+            "destination %s: attempt %d of id=%d failed (%s); next in %.0fs",
+            self.destination,
+            attempts,
+            item.id,
+            cause,
+            decision.delay_seconds,
+        )
+        return False
