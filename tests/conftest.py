@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.store.connect import LOCAL_DISCOVERY_ENV
+from inturn.worker.store.dsn import LOCAL_DISCOVERY_ENV
 from inturn.worker.store.migrate import migrate
 from tests.support.db import database, empty_tables
 

@@ -28,7 +28,7 @@ from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.store import queue
-from inturn.worker.store.connect import LOCAL_DISCOVERY_ENV
+from inturn.worker.store.dsn import LOCAL_DISCOVERY_ENV
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import HttpReceiver, MllpReceiver
 from tests.support.local import (

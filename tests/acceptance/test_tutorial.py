@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from inturn.worker.store.connect import LOCAL_DISCOVERY_ENV
+from inturn.worker.store.dsn import LOCAL_DISCOVERY_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "tutorial" / "first-hour.md"

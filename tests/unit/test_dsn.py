@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from inturn.worker.store.connect import DsnError, local_dsn, normalize_dsn
+from inturn.worker.store.dsn import DsnError, local_dsn, normalize_dsn
 
 
 def test_relative_socket_folder_becomes_absolute(

@@ -52,7 +52,7 @@ def test_a_command_beside_a_running_local_whose_postgres_is_down_says_so(
     """``queue depth`` in a folder where ``inturn local`` runs but its embedded Postgres is
     down (being restarted) does not tell the user to start the inturn local that is running."""
     from inturn.worker.local.embedded import DataDirLock
-    from inturn.worker.store.connect import (
+    from inturn.worker.store.dsn import (
         LOCAL_DISCOVERY_ENV,
         DsnMissing,
         local_runner_pid,

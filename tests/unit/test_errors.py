@@ -17,7 +17,7 @@ from inturn.worker.reservations.records import BookingFileError
 from inturn.worker.senders.base import DeliveryError
 from inturn.worker.spec.destination import ManifestError
 from inturn.worker.spec.schedule import ScheduleError
-from inturn.worker.store.connect import DsnError, DsnMissing
+from inturn.worker.store.dsn import DsnError, DsnMissing
 from inturn.worker.store.lockwatch import LockWaitError
 from inturn.worker.store.registry import CarrierTaken
 from inturn.worker.store.roles import RolesError

@@ -9,12 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from inturn.worker.store.connect import (
-    LOCAL_DISCOVERY_ENV,
-    DsnMissing,
-    local_discovery,
-    resolve_dsn,
-)
+from inturn.worker.store.dsn import LOCAL_DISCOVERY_ENV, DsnMissing, local_discovery, resolve_dsn
 
 ROOT = Path(__file__).resolve().parents[2]
 

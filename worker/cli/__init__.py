@@ -20,7 +20,7 @@ import psycopg
 import psycopg.errors
 
 from inturn.worker.errors import Conflict, Invalid, NotFound
-from inturn.worker.store.connect import DsnError, permission_denied, schema_missing
+from inturn.worker.store.dsn import DsnError, permission_denied, schema_missing
 from inturn.worker.store.faults import connection_gone
 from inturn.worker.store.lockwatch import LockWaitError
 

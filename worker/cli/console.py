@@ -20,7 +20,7 @@ from inturn.worker.console.auth import AuthConfigError, load_auth
 from inturn.worker.console.names import LOOPBACK_NAMES, ServerNames
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
 from inturn.worker.console.server import start_console
-from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.store.dsn import resolve_dsn
 from inturn.worker.text.addresses import parse_address
 from inturn.worker.text.logs import configure
 

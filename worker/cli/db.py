@@ -16,13 +16,8 @@ from psycopg import AsyncConnection
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import InturnError, ReasonRequired
 from inturn.worker.store import lockwatch
-from inturn.worker.store.connect import (
-    READ_STATEMENT_TIMEOUT_MS,
-    Pools,
-    probe,
-    resolve_dsn,
-    write_target,
-)
+from inturn.worker.store.connect import READ_STATEMENT_TIMEOUT_MS, Pools, probe, write_target
+from inturn.worker.store.dsn import resolve_dsn
 
 T = TypeVar("T")
 

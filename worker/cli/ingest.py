@@ -25,7 +25,8 @@ from inturn.worker.ingest.credentials import (
 )
 from inturn.worker.ingest.routing import check_channel
 from inturn.worker.ingest.service import Ingest, run_until_signal
-from inturn.worker.store.connect import DsnError, probe, resolve_dsn
+from inturn.worker.store.connect import probe
+from inturn.worker.store.dsn import DsnError, resolve_dsn
 from inturn.worker.text.logs import configure
 
 

@@ -38,7 +38,7 @@ from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedd
 from inturn.worker.local.manifests import check_sender, load_all
 from inturn.worker.local.run import DatabaseInUse, run_local
 from inturn.worker.spec.destination import ManifestError
-from inturn.worker.store.connect import DsnError, normalize_dsn
+from inturn.worker.store.dsn import DsnError, normalize_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.text.addresses import parse_address
 from inturn.worker.text.logs import configure

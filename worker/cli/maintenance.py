@@ -16,7 +16,7 @@ from inturn.worker.cli.options import (
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.store import roles
-from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.store.dsn import resolve_dsn
 from inturn.worker.store.migrate import migrate
 
 

@@ -25,7 +25,8 @@ from inturn.worker.reservations.bookings import Applied
 from inturn.worker.reservations.codes import is_status_code
 from inturn.worker.reservations.records import Booking, BookingFileError, parse_instant
 from inturn.worker.store.bookings import SegmentEvent
-from inturn.worker.store.connect import resolve_dsn, write_target
+from inturn.worker.store.connect import write_target
+from inturn.worker.store.dsn import resolve_dsn
 from inturn.worker.worklist import announce
 from inturn.worker.worklist.publishers import close_all, from_env
 

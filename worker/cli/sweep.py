@@ -22,7 +22,7 @@ from psycopg import AsyncConnection
 from inturn.worker.cli.db import run_write
 from inturn.worker.cli.options import DURATION, dsn_option, json_option
 from inturn.worker.operations import packs
-from inturn.worker.store.connect import resolve_dsn
+from inturn.worker.store.dsn import resolve_dsn
 from inturn.worker.worklist.publishers import close_all, from_env
 from inturn.worker.worklist.rules import PackOption, RulePack
 from inturn.worker.worklist.sweep import DEFAULT_LIMIT, SweepReport

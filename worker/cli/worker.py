@@ -23,7 +23,7 @@ from inturn.worker.drain.main import exec_runtime, run, runtime_settings
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec.config import LISTEN_DSN_ENV, WorkerConfig, lease_settings, poll_seconds
 from inturn.worker.store import lockwatch
-from inturn.worker.store.connect import normalize_dsn, resolve_dsn
+from inturn.worker.store.dsn import normalize_dsn, resolve_dsn
 from inturn.worker.worklist.publishers import from_env
 
 

@@ -33,7 +33,7 @@ from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.spec.config import WorkerConfig, from_dict, to_dict
-from inturn.worker.store.connect import schema_missing
+from inturn.worker.store.dsn import schema_missing
 from inturn.worker.store.faults import SCHEMA_CODES
 from inturn.worker.text.logs import configure
 from inturn.worker.worklist.publishers import close_all, from_env
