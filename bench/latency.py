@@ -31,9 +31,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 from pathlib import Path
 
 import corpus
+import hops
 import psycopg
 from delivery import (
     Template,
@@ -106,6 +108,8 @@ class Clock:
         self.acked: dict[str, float] = {}
         self.arrived: dict[str, float] = {}
         self.notified: dict[str, list[float]] = {}
+        #: The MSH-10s measured at each rate.
+        self.measured: dict[float, list[str]] = {}
 
     def on_message(self, payload: bytes, _ack: bytes | None) -> None:
         self.arrived.setdefault(parse_header(payload).control_id, time.perf_counter())
@@ -151,7 +155,9 @@ def stages(clock: Clock, measured: Sequence[str]) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def processes(commands: Sequence[list[str]], env: dict[str, str], log: Path) -> Iterator[None]:
+def processes(
+    commands: Sequence[list[str]], env: dict[str, str], log: Path
+) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Run ``commands`` for the block, their standard error appended to ``log`` (a pipe
     nobody reads would stall a process that logs more than the pipe holds); stopped after."""
     with log.open("ab") as sink:
@@ -159,7 +165,7 @@ def processes(commands: Sequence[list[str]], env: dict[str, str], log: Path) -> 
             subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=sink) for c in commands
         ]
     try:
-        yield
+        yield procs
     except BaseException:
         tail = log.read_text(errors="replace")[-3000:]
         print(f"(the end of ingest's and the workers' log:)\n{tail}", file=sys.stderr)
@@ -217,20 +223,38 @@ async def sender_loop(
 
 
 async def one_rate(
-    rate: float, seconds: float, ports: Sequence[int], templates: Sequence[Template], clock: Clock
-) -> dict[str, float]:
-    """Send at ``rate`` msg/s in all for ``seconds`` (plus warm-up); the latencies in ms."""
+    rate: float,
+    seconds: float,
+    ports: Sequence[int],
+    templates: Sequence[Template],
+    clock: Clock,
+    groups: dict[str, list[int]] | None = None,
+) -> dict[str, Any]:
+    """Send at ``rate`` msg/s in all for ``seconds`` (plus warm-up); the latencies in ms, and
+    how the processes of ``groups`` were scheduled over the measured seconds
+    (:func:`hops.scheduling`)."""
     run = f"R{int(rate)}-"
     start = time.perf_counter()
     measure_from = start + WARMUP_SECONDS
     until = measure_from + seconds
-    measured: list[str] = []
+    measured = clock.measured[rate] = []
+    scheduled: dict[str, Any] = {}
+
+    async def watch(groups: dict[str, list[int]]) -> None:
+        await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
+        before, at = hops.snapshot(groups), time.perf_counter()
+        await asyncio.sleep(max(0.0, until - time.perf_counter()))
+        scheduled.update(hops.scheduling(before, hops.snapshot(groups), time.perf_counter() - at))
+
+    watcher = asyncio.create_task(watch(groups)) if groups and seconds > 0 else None
     refused = await asyncio.gather(
         *(
             sender_loop(i, ports, templates, rate, until, run, clock, measured, measure_from)
             for i in range(CONNECTIONS)
         )
     )
+    if watcher is not None:
+        await watcher
     deadline = time.perf_counter() + SETTLE_SECONDS
     while time.perf_counter() < deadline and any(c not in clock.arrived for c in measured):
         await asyncio.sleep(0.05)
@@ -245,6 +269,7 @@ async def one_rate(
         "undelivered": missing,
         "refused": sum(refused),
         **stages(clock, measured),
+        "scheduling": scheduled,
     }
 
 
@@ -272,36 +297,50 @@ async def main_async(args: argparse.Namespace) -> int:
                 await stack.enter_async_context(rx)
             ports = [free_port() for _ in range(DESTINATIONS)]
             ops = free_port()
-            ingest = [
-                sys.executable, "-c",
-                "from inturn.worker.cli.ingest import ingest_command; ingest_command()",
-                "--ops", f"{HOST}:{ops}", "--log-level", "WARNING",
-            ]  # fmt: skip
+            ingest_argv = ["--ops", f"{HOST}:{ops}", "--log-level", "WARNING"]
             for n, port in enumerate(ports):
-                ingest += ["--listen", f"{channel(n)}={HOST}:{port}"]
-            workers = [
+                ingest_argv += ["--listen", f"{channel(n)}={HOST}:{port}"]
+            workers_argv = [
                 [
-                    *(str(INTURN), "worker", "-f", str(manifest(Path(tmp), n, rx.port))),
+                    *("-f", str(manifest(Path(tmp), n, rx.port))),
                     *("--http-host", HOST, "--http-port", "0", "--log-level", "WARNING"),
                 ]
                 for n, rx in enumerate(receivers)
             ]
+            recorded = Path(tmp) / "hops"
+            if args.hops:
+                recorded.mkdir()
+                ingest = hops.command("ingest", recorded, ingest_argv)
+                workers = [hops.command("worker", recorded, w) for w in workers_argv]
+            else:
+                ingest = [
+                    sys.executable, "-c",
+                    "from inturn.worker.cli.ingest import ingest_command; ingest_command()",
+                    *ingest_argv,
+                ]  # fmt: skip
+                workers = [[str(INTURN), "worker", *w] for w in workers_argv]
             env = {**os.environ, "INTURN_DSN": dsn}
             listening = asyncio.Event()
             listener = asyncio.create_task(listen(dsn, clock, listening))
             stack.callback(listener.cancel)
             await asyncio.wait_for(listening.wait(), timeout=30)
-            with processes([ingest, *workers], env, Path(tmp) / "processes.log"):
+            with processes([ingest, *workers], env, Path(tmp) / "processes.log") as procs:
                 await wait_ready_ops(ops)
                 # two seconds at a slow pace, every channel delivered, before anything counts
                 await one_rate(CONNECTIONS, 0.0, ports, templates, clock)
                 await wait_delivered(receivers, 1)
+                groups = {
+                    "ingest": [procs[0].pid],
+                    "workers": [p.pid for p in procs[1:]],
+                    "bench": [os.getpid()],
+                    "postgres": await server_pids(dsn),
+                }
                 print(
                     f"ingest + {DESTINATIONS} workers (processes), {CONNECTIONS} connections,"
                     f" {args.seconds:g} s per rate after {WARMUP_SECONDS:g} s of warm-up"
                 )
                 for rate in rates:
-                    r = await one_rate(rate, args.seconds, ports, templates, clock)
+                    r = await one_rate(rate, args.seconds, ports, templates, clock, groups)
                     results.append(r)
                     print(
                         f"{rate:>6.0f} msg/s: {r['messages']} messages; AA -> receiver"
@@ -317,6 +356,11 @@ async def main_async(args: argparse.Namespace) -> int:
                         f" NOTIFY -> receiver {r['worker_p50_ms']:.1f} / {r['worker_p99_ms']:.1f}",
                         flush=True,
                     )
+                    print_scheduling(r["scheduling"])
+            if args.hops:
+                records = hops.load(recorded)
+                for r in results:
+                    r["hops"] = hop_figures(clock, records, r["rate"])
     worst = max((r["p99_ms"] for r in results), default=0.0)
     print(f"latency: worst p99 {worst:.1f} ms (target under {TARGET_P99_MS:.0f} ms)")
     emit(
@@ -333,6 +377,55 @@ async def main_async(args: argparse.Namespace) -> int:
         },
     )
     return 0
+
+
+async def server_pids(dsn: str) -> list[int]:
+    """The Postgres server's processes: this database's backends and the server's own (the WAL
+    writer, the checkpointer...), from ``pg_stat_activity``."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() OR datname IS NULL"
+        )
+        return [int(pid) for (pid,) in await cur.fetchall()]
+
+
+def print_scheduling(scheduled: dict[str, Any]) -> None:
+    """One line: each group's CPU and run-queue wait, and the machine's CPU pressure."""
+    if not scheduled:
+        return
+    parts = [
+        f"{name} {s['cpu_pct']:.0f}% CPU, {s['runqueue_ms_per_s']:.0f} ms/s runnable"
+        f" ({s['wait_per_slice_us']:.0f} us a slice)"
+        for name, s in scheduled.items()
+        if isinstance(s, dict)
+    ]
+    print(
+        f"  scheduling: {'; '.join(parts)}; some task waiting for a CPU"
+        f" {scheduled['pressure_pct']:.0f}% of the time; load average"
+        f" {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+
+
+def hop_figures(clock: Clock, records: dict[str, list[list[Any]]], rate: float) -> dict[str, Any]:
+    """:func:`hops.breakdown` of one rate's messages, printed."""
+    measured = [c for c in clock.measured[rate] if c in clock.arrived]
+    latencies = {c: (clock.arrived[c] - clock.acked[c]) * 1000 for c in measured}
+    figures = hops.breakdown(records, latencies, clock.acked, clock.arrived)
+    print(f"{rate:>6.0f} msg/s, hops (ms; all: p50, slowest 1%: mean):")
+    parts = (*hops.HOPS, *hops.WOKEN, *hops.PREFETCHED, *hops.EXCHANGE)
+    for key, words in (("latency", "AA -> receiver"), *parts):
+        values = [figures[g][key] for g in ("all_p50", "slowest_1pct_mean")]
+        shown = " / ".join("-" if v is None else f"{v:.1f}" for v in values)
+        print(f"    {words}: {shown}")
+    for group in ("all_p50", "slowest_1pct_mean"):
+        g = figures[group]
+        print(
+            f"    {group}: {g['messages']} messages, found woken {g['woken']},"
+            f" looked {g['looked']}, prefetched {g['prefetched']}"
+        )
+    return figures
 
 
 async def wait_ready_ops(port: int) -> None:
@@ -359,6 +452,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", default=os.environ.get("INTURN_DSN"), help="Postgres server")
     parser.add_argument("--rates", default="50,200", help="total msg/s, comma-separated")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per rate")
+    parser.add_argument(
+        "--hops",
+        action="store_true",
+        help="record each message's hops in ingest and the workers (bench/hops.py) and print them",
+    )
     args = parse_args(parser, argv, {"rates": "20", "seconds": 1.0})
     return asyncio.run(main_async(args))
 
