@@ -192,8 +192,6 @@ def load(directory: Path) -> dict[str, list[list[Any]]]:
     return out
 
 
-
-
 def _found(records: list[list[Any]]) -> tuple[dict[int, dict[str, Any]], dict[str, list[Any]]]:
     """One worker's records: how each id was found (by a head query after a wait, ``woken``;
     by one without a wait since the last, ``looked``; returned by the previous delivered mark,

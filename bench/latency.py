@@ -31,8 +31,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import corpus
 import hops
@@ -384,8 +384,7 @@ async def server_pids(dsn: str) -> list[int]:
     writer, the checkpointer...), from ``pg_stat_activity``."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(
-            "SELECT pid FROM pg_stat_activity"
-            " WHERE datname = current_database() OR datname IS NULL"
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() OR datname IS NULL"
         )
         return [int(pid) for (pid,) in await cur.fetchall()]
 
