@@ -30,7 +30,17 @@ from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
-from inturn.worker.store import actions, locks, lockwatch, queue, reads, registry, roles, worklist
+from inturn.worker.store import (
+    actions,
+    locks,
+    lockwatch,
+    queue,
+    reads,
+    registry,
+    roles,
+    roles_apply,
+    worklist,
+)
 from inturn.worker.store import lease as leases
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
@@ -114,7 +124,7 @@ async def aseed(dsn: str, *control_ids: str, destination: str = DEST) -> list[in
 
 def test_every_table_has_a_grant_decision(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        present = roles.tables(conn)
+        present = roles_apply.tables(conn)
     assert set(present) == set(roles.GRANTS), "add the new table to roles.GRANTS"
     for table, decided in roles.GRANTS.items():
         assert set(decided) <= set(roles.COMPONENTS), table
@@ -124,8 +134,8 @@ def test_a_table_without_a_decision_stops_the_grants(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE inturn_zz_undecided (id int)")
         try:
-            with pytest.raises(roles.RolesError, match="inturn_zz_undecided"):
-                roles.apply_roles(dsn, f"t{uuid.uuid4().hex[:8]}_")
+            with pytest.raises(roles_apply.RolesError, match="inturn_zz_undecided"):
+                roles_apply.apply_roles(dsn, f"t{uuid.uuid4().hex[:8]}_")
         finally:
             conn.execute("DROP TABLE inturn_zz_undecided")
 
@@ -147,10 +157,10 @@ def test_running_it_again_changes_nothing_and_a_plain_role_cannot(
 ) -> None:
     ingest_user = psycopg.conninfo.conninfo_to_dict(role_dsns["ingest"])["user"]
     same_prefix = str(ingest_user).removesuffix("ingest")
-    report = roles.apply_roles(dsn, same_prefix)
+    report = roles_apply.apply_roles(dsn, same_prefix)
     assert report.created == [] and report.warnings == []  # all exist; grants reset
-    with pytest.raises(roles.RolesError, match="not allowed"):
-        roles.apply_roles(role_dsns["reader"], f"t{uuid.uuid4().hex[:8]}_")
+    with pytest.raises(roles_apply.RolesError, match="not allowed"):
+        roles_apply.apply_roles(role_dsns["reader"], f"t{uuid.uuid4().hex[:8]}_")
 
 
 # --- each role does its job and nothing else ------------------------------------------------------
@@ -611,14 +621,14 @@ def test_the_advisory_lock_functions_are_closed_to_public(
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         still = conn.execute(
-            roles.Q["public_executes"], {"signatures": list(roles.ADVISORY_LOCKS)}
+            roles_apply.Q["public_executes"], {"signatures": list(roles.ADVISORY_LOCKS)}
         ).fetchall()
         assert still == []
         # every function of ours is decided, and PUBLIC may execute none of them
-        assert set(roles.functions(conn)) == set(roles.FUNCTIONS)
+        assert set(roles_apply.functions(conn)) == set(roles.FUNCTIONS)
         assert (
             conn.execute(
-                roles.Q["public_executes"], {"signatures": roles.functions(conn)}
+                roles_apply.Q["public_executes"], {"signatures": roles_apply.functions(conn)}
             ).fetchall()
             == []
         )
@@ -638,18 +648,20 @@ def test_a_plain_owner_is_told_what_it_could_not_revoke(
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"GRANT EXECUTE ON FUNCTION {ADVISORY} TO PUBLIC")  # as installed
-            for table in roles.tables(conn):
+            for table in roles_apply.tables(conn):
                 conn.execute(f'ALTER TABLE "{table}" OWNER TO "{owner}"')
-            for function in roles.functions(conn):
+            for function in roles_apply.functions(conn):
                 conn.execute(f'ALTER FUNCTION {function} OWNER TO "{owner}"')
         try:
-            report = roles.apply_roles(make_conninfo(dsn, user=owner), f"t{uuid.uuid4().hex[:8]}_")
+            report = roles_apply.apply_roles(
+                make_conninfo(dsn, user=owner), f"t{uuid.uuid4().hex[:8]}_"
+            )
             assert report.warnings and "superuser" in report.warnings[0]
         finally:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                for table in roles.tables(conn):
+                for table in roles_apply.tables(conn):
                     conn.execute(f'ALTER TABLE "{table}" OWNER TO CURRENT_USER')
-                for function in roles.functions(conn):
+                for function in roles_apply.functions(conn):
                     conn.execute(f"ALTER FUNCTION {function} OWNER TO CURRENT_USER")
                 conn.execute(f"REVOKE EXECUTE ON FUNCTION {ADVISORY} FROM PUBLIC")
     finally:

@@ -20,7 +20,7 @@ from inturn.worker.spec.schedule import ScheduleError
 from inturn.worker.store.dsn import DsnError, DsnMissing
 from inturn.worker.store.lockwatch import LockWaitError
 from inturn.worker.store.registry import CarrierTaken
-from inturn.worker.store.roles import RolesError
+from inturn.worker.store.roles_apply import RolesError
 from inturn.worker.store.worklist import AlreadyCleared, ItemNotFound
 from inturn.worker.worklist.publishers.webhook import WebhookError
 

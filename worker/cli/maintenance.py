@@ -15,7 +15,7 @@ from inturn.worker.cli.options import (
 )
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
-from inturn.worker.store import roles
+from inturn.worker.store import roles, roles_apply
 from inturn.worker.store.dsn import resolve_dsn
 from inturn.worker.store.migrate import migrate
 
@@ -49,8 +49,8 @@ def migrate_command(dsn: str | None, create_roles: bool, role_prefix: str) -> No
         click.echo("schema is up to date")
     if create_roles:
         try:
-            report = roles.apply_roles(target, role_prefix)
-        except roles.RolesError as exc:
+            report = roles_apply.apply_roles(target, role_prefix)
+        except roles_apply.RolesError as exc:
             raise click.ClickException(str(exc)) from None
         for role in report.created:
             click.echo(f"created role {role}")
