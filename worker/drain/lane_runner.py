@@ -43,7 +43,6 @@ from psycopg import AsyncConnection
 from inturn.worker import tracing
 from inturn.worker.drain.attempt import send_once
 from inturn.worker.drain.lanes import Entry, LaneView, Plan, hold, plan
-from inturn.worker.drain.retry import decide
 from inturn.worker.orders.keys import expectations
 from inturn.worker.senders.base import FailureCause, Sender
 from inturn.worker.senders.registry import make_sender
@@ -452,17 +451,13 @@ class LaneDrain:
             self._forget(item.id)
             return
         cause, detail = failure
-        if await self.w._failed(self.conn, self.stop, head, attempts, cause, detail, self.lease):
+        decision = await self.w._failed(
+            self.conn, self.stop, head, attempts, cause, detail, self.lease
+        )
+        if decision.give_up:
             self._forget(item.id)
             tracing.finished(flight.trace, "failed", attempts)
             return
-        decision = decide(
-            cause,
-            attempts,
-            self.w.config.retry,
-            self.w.config.ack_policy,
-            unreachable_run=max(1, self.w._unreachable_run),
-        )
         entry = self.window.get(item.id)
         if entry is not None:  # its key stays held while it backs off
             self.window[item.id] = Entry(

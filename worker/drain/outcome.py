@@ -26,7 +26,7 @@ from psycopg import AsyncConnection
 from inturn.worker import tracing
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain.holding import LeaseHolding
-from inturn.worker.drain.retry import decide
+from inturn.worker.drain.retry import RetryDecision, decide
 from inturn.worker.senders.base import FailureCause
 from inturn.worker.store import queue
 from inturn.worker.store.lease import Lease
@@ -74,9 +74,9 @@ class Outcomes(LeaseHolding):
         outcome: FailureCause,
         detail: str,
         lease: Lease,
-    ) -> bool:
+    ) -> RetryDecision:
         """Apply the retry decision (:func:`inturn.worker.drain.retry.decide`) to a failed attempt:
-        give up (returns True) or schedule a retry (False)."""
+        give up or schedule a retry; returns the decision (``give_up``, ``delay_seconds``...)."""
         item = head.item
         if self.payloads.enabled and outcome in RECEIVER_TEXT:
             detail = WITHHELD  # a receiver's AE text can quote the message: not kept in clear
@@ -117,7 +117,7 @@ class Outcomes(LeaseHolding):
                 decision.why,
                 cause,
             )
-            return True
+            return decision
         await self._guarded(
             conn,
             stop,
@@ -139,7 +139,7 @@ class Outcomes(LeaseHolding):
                 self._unreachable_run,
                 decision.delay_seconds,
             )
-            return False
+            return decision
         log.info(
             "destination %s: attempt %d of id=%d failed (%s); next in %.0fs",
             self.destination,
@@ -148,4 +148,4 @@ class Outcomes(LeaseHolding):
             cause,
             decision.delay_seconds,
         )
-        return False
+        return decision

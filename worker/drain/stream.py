@@ -204,7 +204,7 @@ class SingleStream(Idling, Outcomes):
             self.state.sending_since = None  # a delivery's mark counts as in flight too
         outcome, detail = failure
         self._attempted(trace, outcome, sent)
-        gave_up = await self._failed(conn, stop, head, attempts, outcome, detail, lease)
-        if gave_up:
+        decision = await self._failed(conn, stop, head, attempts, outcome, detail, lease)
+        if decision.give_up:
             tracing.finished(trace, "failed", attempts)
-        return gave_up, None
+        return decision.give_up, None
