@@ -18,6 +18,7 @@ from inturn.worker.hl7.mllp import frame
 from inturn.worker.ingest.routing import Router
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.store import registry
+from tests.support.db import register
 
 pytestmark = pytest.mark.store
 
@@ -46,17 +47,8 @@ async def put(
     message_types: list[str],
     fields: list[dict[str, Any]] | None,
 ) -> bool:
-    namespace, name = destination.split("/")
-    return await registry.register(
-        conn,
-        destination=destination,
-        namespace=namespace,
-        name=name,
-        channel=channel,
-        message_types=message_types,
-        generation=1,
-        suspended=False,
-        filter_fields=fields,
+    return await register(
+        conn, destination, channel, message_types=message_types, filter_fields=fields
     )
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
-from inturn.worker.store import registry
 from tests.support import booking_data as data
+from tests.support import db
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 SECOND = timedelta(seconds=1)
@@ -203,17 +203,7 @@ async def test_two_concurrent_sweeps_place_each_booking_once(fresh_db: str) -> N
 
 
 async def register(conn: psycopg.AsyncConnection[Any], name: str, carriers: list[str]) -> None:
-    await registry.register(
-        conn,
-        destination=f"airlines/{name}",
-        namespace="airlines",
-        name=name,
-        channel="reservations",
-        message_types=[],
-        generation=1,
-        suspended=False,
-        carriers=carriers,
-    )
+    await db.register(conn, f"airlines/{name}", "reservations", carriers=carriers)
 
 
 async def notices(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:

@@ -45,6 +45,7 @@ from inturn.worker.store import lease as leases
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.sweep import sweep as run_sweep
+from tests.support import db
 
 pytestmark = pytest.mark.store
 
@@ -99,18 +100,7 @@ async def register(
     conn: AsyncConnection[Any], destination: str, channel: str, carriers: list[str] | None = None
 ) -> bool:
     """Register ``destination`` (``namespace/name``) for ``channel`` as the operator does."""
-    namespace, name = destination.split("/")
-    return await registry.register(
-        conn,
-        destination=destination,
-        namespace=namespace,
-        name=name,
-        channel=channel,
-        message_types=[],
-        generation=1,
-        suspended=False,
-        carriers=carriers or [],
-    )
+    return await db.register(conn, destination, channel, carriers=carriers or [])
 
 
 async def aseed(dsn: str, *control_ids: str, destination: str = DEST) -> list[int]:
@@ -254,11 +244,7 @@ async def test_sweeper_role_runs_its_rules_and_an_auto_cancel(
 ) -> None:
     [expired, _] = await aseed(fresh_db, "ROLE-S-1", "ROLE-S-2")
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as owner:
-        await registry.register(
-            owner, destination=DEST, namespace="ward", name="lab", channel="adt",
-            message_types=[], generation=1, suspended=False, stuck_after_seconds=60,
-            expire_after_seconds=3600,
-        )  # fmt: skip
+        await db.register(owner, DEST, "adt", stuck_after_seconds=60, expire_after_seconds=3600)
         await owner.execute(
             "UPDATE inturn_delivery SET enqueued_at = now() - interval '2 hours' WHERE id = %s",
             (expired,),

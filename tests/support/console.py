@@ -10,8 +10,9 @@ from psycopg import AsyncConnection
 
 from inturn.worker.console.auth import AuthConfig, parse_auth
 from inturn.worker.senders.mllp import MllpSenderConfig
-from inturn.worker.store import queue, registry
+from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
+from tests.support import db
 from tests.support.pipeline import worker as run_worker
 from tests.support.pipeline import worker_config
 
@@ -48,19 +49,9 @@ async def register(
 ) -> None:
     """Register ``destination`` as the operator would (stuck after 3 s, like the test console's
     default, so that an outage shows within a test)."""
-    namespace, _, name = destination.partition("/")
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await registry.register(
-            conn,
-            destination=destination,
-            namespace=namespace,
-            name=name,
-            channel=channel,
-            message_types=[],
-            generation=1,
-            suspended=False,
-            sender=sender,
-            stuck_after_seconds=stuck_after_seconds,
+        await db.register(
+            conn, destination, channel, sender=sender, stuck_after_seconds=stuck_after_seconds
         )
 
 

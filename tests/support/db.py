@@ -66,15 +66,15 @@ async def register(
     destination: str,
     channel: str = "adt",
     **fields: Any,
-) -> None:
+) -> bool:
     """Register ``destination`` (``namespace/name``) on ``channel`` as the operator would, at
     generation 1, live, for every message type; ``fields`` are more of
     :func:`inturn.worker.store.registry.register`'s keywords (``stuck_after_seconds``,
-    ``schedule``, ``replies``, ...)."""
+    ``schedule``, ``replies``, ...); whether the registry changed."""
     namespace, name = destination.split("/")
     fields.setdefault("message_types", [])
     fields.setdefault("generation", 1)
     fields.setdefault("suspended", False)
-    await registry.register(
+    return await registry.register(
         conn, destination=destination, namespace=namespace, name=name, channel=channel, **fields
     )
