@@ -27,6 +27,7 @@ from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, forget_old
 from inturn.worker.store.queries import load
 from inturn.worker.store.queue import notify_channel
+from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
 
@@ -48,29 +49,6 @@ def msg(
         f"|P|2.5.1|||{msh15}|{msh16}\r"
     )
     return (msh + body).encode()
-
-
-def register(
-    dsn: str,
-    destination: str,
-    channel: str,
-    message_types: Sequence[str] = (),
-    *,
-    suspended: bool = False,
-    deleted: bool = False,
-) -> None:
-    """Write (or overwrite) one destination of the registry, as the operator would."""
-    namespace, name = destination.split("/")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO inturn_destination"
-            " (destination, namespace, name, channel, message_types, suspended, deleted_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, CASE WHEN %s THEN now() END)"
-            " ON CONFLICT (destination) DO UPDATE SET channel = excluded.channel,"
-            " message_types = excluded.message_types, suspended = excluded.suspended,"
-            " deleted_at = excluded.deleted_at, updated_at = now()",
-            (destination, namespace, name, channel, list(message_types), suspended, deleted),
-        )
 
 
 def rows(dsn: str, where: str = "true") -> list[tuple[Any, ...]]:

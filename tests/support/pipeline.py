@@ -49,16 +49,22 @@ def register(
     message_types: Sequence[str] = (),
     sender_kind: str | None = None,
     stuck_after_seconds: int = 900,
+    *,
+    suspended: bool = False,
+    deleted: bool = False,
 ) -> None:
-    """Write one live destination into the registry, as the operator would."""
+    """Write (or overwrite) one destination of the registry, as the operator would: live
+    unless ``deleted``, held if ``suspended``."""
     namespace, name = destination.split("/")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO inturn_destination (destination, namespace, name, channel,"
-            " message_types, sender_kind, stuck_after_seconds)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (destination) DO UPDATE"
+            " message_types, sender_kind, stuck_after_seconds, suspended, deleted_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, CASE WHEN %s THEN now() END)"
+            " ON CONFLICT (destination) DO UPDATE"
             " SET channel = excluded.channel, message_types = excluded.message_types,"
-            " sender_kind = excluded.sender_kind, deleted_at = NULL, updated_at = now(),"
+            " sender_kind = excluded.sender_kind, suspended = excluded.suspended,"
+            " deleted_at = excluded.deleted_at, updated_at = now(),"
             " stuck_after_seconds = excluded.stuck_after_seconds",
             (
                 destination,
@@ -68,6 +74,8 @@ def register(
                 list(message_types),
                 sender_kind,
                 stuck_after_seconds,
+                suspended,
+                deleted,
             ),
         )
 
