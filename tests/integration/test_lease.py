@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 
+from inturn.worker.errors import Invalid
 from inturn.worker.store import lease, locks, queue
 from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.store.model import NewItem
@@ -339,3 +340,28 @@ async def test_a_live_direct_holder_is_kept_from_a_pooled_taker(fresh_db: str) -
             while (got := await lease.acquire(b, DEST, "b", 30)) is None:
                 await asyncio.sleep(0.05)
         assert got == Lease(DEST, "b", held.epoch + 1)
+
+
+async def test_purge_gone_repeats_its_batches_and_refuses_bad_bounds(
+    conn: AsyncConnection[Any],
+) -> None:
+    """Three never-registered destinations' rows expired a day ago go in batches of one; a
+    live lease of one of them and the singletons' rows stay."""
+    for d in ("a/one", "a/two", "a/three", "a/held"):
+        assert await lease.acquire(conn, d, "w", 30) is not None
+    await conn.execute(
+        "UPDATE inturn_lease SET expires_at = now() - interval '1 day'"
+        " WHERE destination <> 'a/held'"
+    )
+    await conn.execute(
+        "INSERT INTO inturn_lease (destination, holder, epoch, expires_at, ttl_seconds)"
+        " VALUES ('inturn:purge', 'p', 1, now() - interval '9 days', 60)"
+    )
+    assert await lease.purge_gone(conn, 3600, batch=1) == ["a/one", "a/three", "a/two"]
+    assert await lease.purge_gone(conn, 0) == []
+    cur = await conn.execute("SELECT destination FROM inturn_lease ORDER BY 1")
+    assert await cur.fetchall() == [("a/held",), ("inturn:purge",)]
+    with pytest.raises(Invalid):
+        await lease.purge_gone(conn, -1)
+    with pytest.raises(Invalid):
+        await lease.purge_gone(conn, 60, batch=5001)

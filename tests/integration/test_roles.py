@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -46,6 +47,7 @@ from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.sweep import sweep as run_sweep
 from tests.support import db
+from tests.support.pipeline import INTURN
 
 pytestmark = pytest.mark.store
 
@@ -237,6 +239,79 @@ async def test_purge_role_deletes_finished_items_by_age(
     assert counts == {"delivered": 1, "failed": 0, "skipped": 0}
     with psycopg.connect(fresh_db) as conn:
         assert conn.execute("SELECT id FROM inturn_delivery").fetchall() == [(waiting,)]
+
+
+def purge(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``inturn purge --dsn DSN ARGS`` as a process."""
+    return subprocess.run(
+        [INTURN, "purge", "--dsn", dsn, *args], capture_output=True, text=True, timeout=120
+    )
+
+
+async def test_purge_removes_the_expired_lease_rows_of_deleted_destinations_only(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """``inturn purge`` as the purge role (a real process; the role has no privilege on
+    inturn_lease) removes the lease rows of destinations deleted or never registered whose
+    lease expired longer ago than --older-than; it keeps a live destination's, a recent one,
+    one still held, and the singletons'. A destination made again starts at epoch 1 under its
+    new holder, and the old holder's lease fences nothing back in."""
+    live, gone, recent, held, never = (
+        "ward/live", "ward/gone", "ward/recent", "ward/held", "ward/never",
+    )  # fmt: skip
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        for destination in (live, gone, recent, held):
+            await register(conn, destination, "adt")
+        taken = {
+            d: await leases.acquire(conn, d, f"w-{d}", 30)
+            for d in (live, gone, recent, held, never)
+        }
+        for destination in (gone, recent, held):
+            assert await registry.mark_deleted(conn, destination)
+        first = taken[gone]
+        assert first is not None
+        await leases.release(conn, first)
+        old = await leases.acquire(conn, gone, "w-old", 30)  # its last holder: epoch 2
+        await conn.execute(
+            "INSERT INTO inturn_lease (destination, holder, epoch, expires_at, ttl_seconds)"
+            " VALUES ('inturn:sweep', 'sweeper', 4, now() - interval '30 days', 60)"
+        )
+        await conn.execute(
+            "UPDATE inturn_lease SET expires_at = now() - interval '8 days'"
+            " WHERE destination = ANY(%s)",
+            ([live, gone, never],),
+        )
+        await conn.execute(
+            "UPDATE inturn_lease SET expires_at = now() - interval '1 hour' WHERE destination = %s",
+            (recent,),
+        )
+    assert taken[held] is not None and old == leases.Lease(gone, "w-old", 2)
+    done = await asyncio.to_thread(purge, role_dsns["purge"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("worklist cleared 0, leases 2")
+    with psycopg.connect(fresh_db) as conn:
+        left = conn.execute("SELECT destination, epoch FROM inturn_lease ORDER BY 1").fetchall()
+    assert left == [
+        ("inturn:purge", 1),  # this run's own (released, not long ago)
+        ("inturn:sweep", 4),
+        (held, 1),
+        (live, 1),
+        (recent, 1),
+    ]
+    # --older-than 0s: the recently expired one of a deleted destination too, never a held one
+    again = await asyncio.to_thread(purge, role_dsns["purge"], "--older-than", "0s")
+    assert again.stdout.strip().endswith("leases 1"), again.stdout
+    with psycopg.connect(fresh_db) as conn:
+        left = conn.execute("SELECT destination FROM inturn_lease ORDER BY 1").fetchall()
+    assert left == [("inturn:purge",), ("inturn:sweep",), (held,), (live,)]
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await register(conn, gone, "adt")  # made again
+        assert await leases.acquire(conn, gone, "w-new", 30) == leases.Lease(gone, "w-new", 1)
+        with pytest.raises(leases.LeaseLost):
+            await leases.renew(conn, old, 30)
+        assert await leases.acquire(conn, gone, "w-old", 30) is None  # the new lease is live
+    # the purge role calls only the function: no privilege on the table itself
+    assert refused(role_dsns["purge"], "DELETE FROM inturn_lease")
 
 
 async def test_sweeper_role_runs_its_rules_and_an_auto_cancel(

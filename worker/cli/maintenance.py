@@ -67,7 +67,8 @@ def migrate_command(dsn: str | None, create_roles: bool, role_prefix: str) -> No
     type=DURATION,
     default="7d",
     show_default=True,
-    help="Age of finished items to delete, for every finished state.",
+    help="Age of finished items to delete, for every finished state; also how long ago the"
+    " lease of a deleted destination must have expired for its row to go.",
 )
 @click.option("--delivered", type=DURATION, help="Override the age for delivered items.")
 @click.option("--failed", type=DURATION, help="Override the age for failed items.")
@@ -96,7 +97,8 @@ def purge_command(
     batch: int,
 ) -> None:
     """Delete finished items and cleared worklist items older than their retention, in
-    batches. Pending items and pending worklist items are never touched. Exits 0 without doing
+    batches, and the lease rows of deleted destinations (lease expired more than --older-than
+    ago). Pending items and pending worklist items are never touched. Exits 0 without doing
     anything when another purge is running."""
     now = datetime.now(UTC)
     ages = {"delivered": delivered, "failed": failed, "skipped": skipped}
@@ -108,7 +110,12 @@ def purge_command(
     done = act(
         dsn,
         lambda conn: actions.purge(
-            conn, Trusted("purge"), cutoffs, worklist_cleared_after=worklist_cleared, batch=batch
+            conn,
+            Trusted("purge"),
+            cutoffs,
+            worklist_cleared_after=worklist_cleared,
+            batch=batch,
+            leases_expired_after=older_than,
         ),
     )
     if not done.ran:

@@ -37,7 +37,7 @@ from psycopg import AsyncConnection
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.operations.actor import Actor, permit
-from inturn.worker.store import actions, reads, registry
+from inturn.worker.store import actions, lease, reads, registry
 from inturn.worker.store import worklist as worklist_store
 
 
@@ -415,10 +415,14 @@ async def purge(
     *,
     worklist_cleared_after: int,
     batch: int,
+    leases_expired_after: int | None = None,
 ) -> Purged:
     """Delete finished items older than their state's cutoff, then cleared worklist items
     cleared more than ``worklist_cleared_after`` seconds ago, in batches; pending items and
-    pending worklist items are never touched. ``ran`` is False when another purge runs.
+    pending worklist items are never touched. With ``leases_expired_after`` (seconds), the
+    lease rows of deleted destinations whose lease expired longer ago go too (counted as
+    ``leases``: :func:`inturn.worker.store.lease.purge_gone`). ``ran`` is False when another
+    purge runs.
 
     Raises:
         Invalid: a cutoff for ``pending`` or an unknown state, or a batch out of range.
@@ -433,4 +437,7 @@ async def purge(
     counts["worklist cleared"] = await worklist_store.purge(
         conn, worklist_cleared_after, batch=batch
     )
+    if leases_expired_after is not None:
+        gone = await lease.purge_gone(conn, leases_expired_after, batch=batch)
+        counts["leases"] = len(gone)
     return Purged(ran=True, counts=counts)

@@ -21,6 +21,11 @@ database's clock (``clock_timestamp()``), with the ``ttl_seconds`` that renewals
   :mod:`inturn.worker.store.queue`) carry the same guard inline and renew the lease in the same
   statement, so the hot path costs no extra round trip.
 * :func:`release` expires it now (a clean stop), so that a successor need not wait.
+* :func:`purge_gone` removes the rows of destinations that are gone, once their lease expired
+  longer ago than purge's retention (``inturn purge``; migration 0030): a row outlives its
+  release, not its destination. Nothing holds such a row (every guarded statement needs a live
+  lease of the same holder and epoch), and a re-created destination's new holder may start at
+  epoch 1 again: fencing compares holder and epoch together.
 
 The rule, and its bound. A holder starts an attempt only while its lease is valid for longer
 than the attempt's timeout; a takeover happens only after expiry, or once a direct holder's
@@ -43,7 +48,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from inturn.worker.errors import Invalid, Unavailable
-from inturn.worker.store.queries import fetch_one, load
+from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("lease.sql")
 
@@ -198,3 +203,38 @@ async def holder(conn: AsyncConnection[Any], destination: str) -> LeaseInfo | No
         seconds_left=float(row["seconds_left"]),
         backend_pid=None if row["backend_pid"] is None else int(row["backend_pid"]),
     )
+
+
+#: Most lease rows :func:`purge_gone` removes per call (the function's own bound).
+PURGE_BATCH_MAX = 5000
+
+
+async def purge_gone(
+    conn: AsyncConnection[Any], expired_seconds: float, *, batch: int = PURGE_BATCH_MAX
+) -> list[str]:
+    """Remove the lease rows of destinations that are gone (no registry row, or one marked
+    deleted) whose lease expired more than ``expired_seconds`` ago, repeating batches of at most
+    ``batch`` rows until none is left; the singletons' rows (``inturn:purge``...) are kept.
+    Returns the destinations whose rows went, sorted. Who removes a destination (the operator's
+    delete handler, ``inturn local`` when a manifest goes) need not know of leases, and a
+    destination deleted before this existed is tidied too.
+
+    Raises:
+        Invalid: ``expired_seconds`` negative, or ``batch`` outside 1..5000.
+        psycopg.Error: the database failed (the purge role may call the function).
+    """
+    if not expired_seconds >= 0:
+        raise Invalid(f"expired_seconds must be >= 0, got {expired_seconds}")
+    if not 1 <= batch <= PURGE_BATCH_MAX:
+        raise Invalid(f"batch must be 1..{PURGE_BATCH_MAX}, got {batch}")
+    gone: list[str] = []
+    while True:
+        rows = await fetch_all(
+            conn,
+            Q["purge_gone"],
+            {"expired_seconds": float(expired_seconds), "batch": batch},
+            row=dict_row,
+        )
+        gone.extend(str(r["destination"]) for r in rows)
+        if len(rows) < batch:
+            return sorted(gone)

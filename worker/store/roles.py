@@ -307,6 +307,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_local_release(text,bigint)": (),
     "inturn_purge_deliveries(text,timestamp with time zone,integer)": ("purge",),
     "inturn_purge_worklist(double precision,integer)": ("purge",),
+    "inturn_purge_leases(double precision,integer)": ("purge",),
     # what a destination's lanes hold, keys made anonymous, for those who may not read them
     "inturn_lane_window(text,integer)": ("reader", "operator"),
 }

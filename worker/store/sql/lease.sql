@@ -50,3 +50,10 @@ SELECT destination, holder, epoch, backend_pid,
        extract(epoch FROM expires_at - clock_timestamp())::float8 AS seconds_left
   FROM inturn_lease
  WHERE destination = %(destination)s;
+
+-- name: purge_gone
+-- Remove the lease rows of destinations that are gone (no registry row, or one marked deleted)
+-- whose lease expired more than %(expired_seconds)s ago, at most %(batch)s (<= 5,000): through
+-- the SECURITY DEFINER function of migration 0030 (the purge role may call it and has no
+-- privilege on the table). The destinations whose rows went.
+SELECT destination FROM inturn_purge_leases(%(expired_seconds)s, %(batch)s) AS gone(destination);
