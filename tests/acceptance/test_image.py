@@ -7,18 +7,17 @@ is needed; the first run takes about a minute more for it.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 import tomllib
 from pathlib import Path
-from types import ModuleType
 
 import click
 import pytest
 
 from inturn.worker.operations import packs
+from tests.support.image_check import checker
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = f"localhost/inturn:test-{os.getpid()}"
@@ -38,14 +37,6 @@ def cli_commands() -> list[str]:
     return sorted(set(cli.list_commands(click.Context(cli))) - set(packs.commands()))
 
 
-def _checker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("image_check", ROOT / "image" / "check.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_image_builds_and_holds_what_every_component_needs() -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     built = subprocess.run(
@@ -54,7 +45,7 @@ def test_image_builds_and_holds_what_every_component_needs() -> None:
     try:
         assert built.returncode == 0, built.stdout + built.stderr
         assert "compilers: none" in built.stdout
-        facts = _checker().inspect(IMAGE)
+        facts = checker().inspect(IMAGE)
     finally:
         subprocess.run(["podman", "untag", IMAGE, IMAGE], capture_output=True, timeout=120)
     assert facts["entrypoint"] == ["inturn"]
@@ -64,7 +55,7 @@ def test_image_builds_and_holds_what_every_component_needs() -> None:
     # be): check.py reads them from the image's own `inturn --help`, so a new command needs
     # no list to be kept; the components' commands are always checked
     assert set(facts["help"]) - set(packs.commands()) == set(cli_commands())
-    assert set(_checker().REQUIRED) <= set(facts["help"])
+    assert set(checker().REQUIRED) <= set(facts["help"])
     for command, line in facts["help"].items():
         assert line.startswith(f"Usage: inturn {command}"), line
     assert (facts["user"], facts["uid"], facts["gid"]) == ("inturn", 10001, 10001)

@@ -21,19 +21,11 @@ from inturn.worker.spec.destination import (
     render_worker_config,
     validate_manifest,
 )
+from tests.support.manifests import destination
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
-BASE: dict[str, Any] = {
-    "apiVersion": "inturn.dev/v1alpha1",
-    "kind": "Destination",
-    "metadata": {"name": "lis", "namespace": "ward"},
-    "spec": {
-        "channel": "adt",
-        "sender": {"mllp": {"host": "10.0.0.5", "port": 2575}},
-        "retry": {"maxAttempts": 3},
-    },
-}
+BASE = destination()
 
 
 def manifest(**spec_changes: Any) -> dict[str, Any]:

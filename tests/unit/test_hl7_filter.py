@@ -20,6 +20,7 @@ from inturn.worker.hl7.filter import (
 from inturn.worker.ingest.routing import Route, RouteTable, _row_route
 from inturn.worker.spec.config import from_dict, to_dict
 from inturn.worker.spec.destination import ManifestError, load_manifest, load_worker_config
+from tests.support.manifests import destination, mllp
 
 ORU = (
     b"MSH|^~\\&|LAB|NORTH^1.2.3^ISO|LIS|NORTH|20260101120000||ORU^R01^ORU_R01|C1|P|2.5.1\r"
@@ -247,20 +248,17 @@ def test_a_registry_row_whose_field_filter_cannot_be_read_takes_nothing() -> Non
 
 # --- the manifest: schema, CEL twins, worker configuration ------------------------------------
 
-MANIFEST: dict[str, Any] = {
-    "apiVersion": "inturn.dev/v1alpha1",
-    "kind": "Destination",
-    "metadata": {"name": "lis-north", "namespace": "lab"},
-    "spec": {
-        "channel": "lab",
-        "sender": {"mllp": {"host": "lis-north", "port": 2575}},
-        "retry": {"maxAttempts": 0},
-        "filter": {
-            "messageTypes": ["ORU^R01"],
-            "fields": [{"field": "MSH-4", "operator": "In", "values": ["NORTH"]}],
-        },
+MANIFEST = destination(
+    "lis-north",
+    "lab",
+    channel="lab",
+    sender=mllp("lis-north"),
+    max_attempts=0,
+    filter={
+        "messageTypes": ["ORU^R01"],
+        "fields": [{"field": "MSH-4", "operator": "In", "values": ["NORTH"]}],
     },
-}
+)
 
 
 def with_fields(items: list[Any]) -> dict[str, Any]:

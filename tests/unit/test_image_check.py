@@ -4,24 +4,11 @@ kept by hand)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import click
 from click.testing import CliRunner
 
 from inturn.worker.cli import cli
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def checker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("image_check", ROOT / "image" / "check.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.image_check import checker
 
 
 def test_the_commands_are_read_from_the_help_text() -> None:

@@ -15,6 +15,7 @@ from inturn.worker.spec.destination import (
     render_worker_config,
 )
 from inturn.worker.spec.schedule import ScheduleError, parse, to_spec
+from tests.support.manifests import destination, mllp
 
 WEEKDAYS = ["Mon", "Tue", "Wed", "Thu", "Fri"]
 
@@ -234,17 +235,7 @@ def test_gate_window_before_throttle() -> None:
 
 
 def _manifest(**spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "inturn.dev/v1alpha1",
-        "kind": "Destination",
-        "metadata": {"name": "lab", "namespace": "ward"},
-        "spec": {
-            "channel": "adt",
-            "sender": {"mllp": {"host": "lab", "port": 2575}},
-            "retry": {"maxAttempts": 0},
-            **spec,
-        },
-    }
+    return destination("lab", sender=mllp("lab"), max_attempts=0, **spec)
 
 
 def test_a_manifest_carries_schedule_and_throttle_to_the_worker() -> None:

@@ -24,17 +24,9 @@ from inturn.worker.spec.destination import (
     validate_manifest,
 )
 from inturn.worker.spec.validation import apply_defaults
+from tests.support.manifests import destination
 
-BASE: dict[str, Any] = {
-    "apiVersion": "inturn.dev/v1alpha1",
-    "kind": "Destination",
-    "metadata": {"name": "lis", "namespace": "ward"},
-    "spec": {
-        "channel": "adt",
-        "sender": {"mllp": {"host": "10.0.0.5", "port": 2575}},
-        "retry": {"maxAttempts": 3},
-    },
-}
+BASE = destination()
 SFTP_REF = {"name": "sftp", "knownHostsKey": "known_hosts", "privateKeyKey": "id"}
 
 
