@@ -43,7 +43,6 @@ from psycopg import AsyncConnection
 from inturn.worker import tracing
 from inturn.worker.drain.attempt import send_once
 from inturn.worker.drain.lanes import Entry, LaneView, Plan, hold, plan
-from inturn.worker.orders.keys import expectations
 from inturn.worker.senders.base import FailureCause, Sender
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.store import lease as leases
@@ -130,7 +129,7 @@ class LaneDrain:
         self._full_logged = 0.0
         #: Deliveries answered but not marked yet: (flight, attempts, expected replies, the
         #: unreachable run it ended); marked by the next :meth:`_take`, before any send.
-        self._answered: list[tuple[Flight, int, list[Any], int]] = []
+        self._answered: list[tuple[Flight, int, Sequence[Any], int]] = []
         #: Heads taken ahead (at most ``count``): the messages that may go next, read with the
         #: previous take, so that a lane that answers is given its next message at once.
         self.ahead: dict[int, tuple[float, Head]] = {}
@@ -441,12 +440,8 @@ class LaneDrain:
         self.w._attempted(flight.trace, outcome, flight.started)
         if failure is None:
             held, self.w._unreachable_run = self.w._unreachable_run, 0
-            expecting = (
-                expectations(self.w.destination, self.w.config.replies, item.message_type,
-                             flight.payload, self.w.payloads.order_digest)
-                if self.w.config.replies
-                else []
-            )  # fmt: skip
+            mark = self.w.marker  # what the packs add to its mark (spec.replies), or None
+            expecting = () if mark is None else mark(item.message_type, flight.payload)
             self._answered.append((flight, attempts, expecting, held))
             self._forget(item.id)
             return

@@ -41,6 +41,7 @@ from inturn.worker.drain.observer import NullObserver, Observer
 from inturn.worker.drain.state import WorkerHealth
 from inturn.worker.drain.steps import SessionLost, StepRunner, Stopped, sleep_or_stop
 from inturn.worker.drain.stream import SingleStream
+from inturn.worker.operations import packs
 from inturn.worker.senders.base import Sender
 from inturn.worker.senders.fingerprint import fingerprint
 from inturn.worker.spec.config import (
@@ -110,6 +111,9 @@ class DestinationWorker(SingleStream):
     ) -> None:
         self.config = config
         self.payloads = payloads or PayloadCodec()
+        #: What the rule packs add to each delivered mark (the orders pack's expected replies),
+        #: found once: None when no pack adds anything here (nothing is computed per message).
+        self.marker = packs.marker(config, self.payloads.order_digest)
         self.dsn = dsn
         self.sender = sender
         self.observer = observer or NullObserver()

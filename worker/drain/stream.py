@@ -31,12 +31,12 @@ from inturn.worker.drain.attempt import send_once
 from inturn.worker.drain.idle import Idling
 from inturn.worker.drain.outcome import Outcomes
 from inturn.worker.drain.steps import sleep_or_stop
-from inturn.worker.orders.keys import expectations
 from inturn.worker.senders.base import Sender
 from inturn.worker.store import lease as leases
 from inturn.worker.store import queue
 from inturn.worker.store.lease import Lease
 from inturn.worker.store.model import Head
+from inturn.worker.worklist.hooks import Marker
 
 log = logging.getLogger("inturn.drain")
 
@@ -47,10 +47,13 @@ class SingleStream(Idling, Outcomes):
     Attributes:
         sender: the destination's real sender.
         peer: the sender's credential-free summary, as traces name the peer.
+        marker: what the rule packs add to a delivered mark here
+            (:func:`inturn.worker.operations.packs.marker`), None when nothing.
     """
 
     sender: Sender
     peer: str
+    marker: Marker | None
 
     async def _drain(self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease) -> None:
         """Send heads until stopped, holding ``lease``.
@@ -163,18 +166,9 @@ class SingleStream(Idling, Outcomes):
             if failure is None:
                 self._attempted(trace, None, sent)
                 held, self._unreachable_run = self._unreachable_run, 0
-                # spec.replies: the replies this order now waits for, recorded with its mark
-                expecting = (
-                    expectations(
-                        self.destination,
-                        self.config.replies,
-                        item.message_type,
-                        payload,
-                        self.payloads.order_digest,
-                    )
-                    if self.config.replies
-                    else []
-                )
+                # what the packs add to its mark (spec.replies: the replies it now waits for)
+                mark = self.marker
+                expecting = () if mark is None else mark(item.message_type, payload)
                 waited, following = await self._guarded(
                     conn,
                     stop,

@@ -1,4 +1,4 @@
-"""The rule packs of this installation, found once: their sweep rules and their commands.
+"""The rule packs of this installation, found once: their sweep rules, commands and hooks.
 
 Packs are found through the entry-point group ``inturn.packs``
 (:data:`~inturn.worker.worklist.pack.ENTRY_POINT_GROUP`): each entry point names a
@@ -7,7 +7,10 @@ Packs are found through the entry-point group ``inturn.packs``
 change here or in any front end. A pack whose required modules are missing (its extra is not
 installed) is kept apart in :data:`INACTIVE`: its rules do not run, its options and commands
 are not offered, and asking for it says which extra to install. Nothing else names a pack:
-``inturn sweep``, ``inturn local``'s sweeper and ``inturn``'s command list ask this module.
+``inturn sweep``, ``inturn local``'s sweeper and ``inturn``'s command list ask this module, so
+do ingest (:func:`answerers`, :func:`answer`: what it computes for a message it stores) and the
+worker (:func:`marker`: what it adds to a delivered mark). How to write a pack, with a worked
+example of one in another distribution: ``docs/howto/write-a-pack.md``.
 
 Adding a pack (e.g. ``feeds``):
 
@@ -21,7 +24,9 @@ Adding a pack (e.g. ``feeds``):
    options=(PackOption(...), ...), default=...)`` (``rules`` binds the settings to the run
    functions, ``options`` lists what ``inturn sweep --only <name>`` takes, ``default`` says
    whether a plain ``inturn sweep`` runs it) and ``PLUGIN = Pack(name=..., sweep=PACK, ...)``
-   with its command groups, required modules and extra, if any.
+   with its command groups, required modules and extra, its ``spec`` fields (``SpecField``s
+   in ``worker/<subject>/fields.py``: the schema and the CRDs take them; regenerate the CRDs)
+   and its hooks (:mod:`inturn.worker.worklist.hooks`: ``ingest``, ``mark``), if any.
 3. Name ``PLUGIN`` in the ``[project.entry-points."inturn.packs"]`` table of
    ``pyproject.toml`` (then reinstall: entry points are package metadata).
 4. Tests: ``tests/integration/test_<pack>_sweep.py`` (the rules on a real Postgres), and a
@@ -38,7 +43,9 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.errors import Invalid
-from inturn.worker.worklist.hooks import Answerer, Answers, KeyDigest, Registered
+from inturn.worker.spec.config import WorkerConfig
+from inturn.worker.store.queue import ExpectedReply
+from inturn.worker.worklist.hooks import Answerer, Answers, KeyDigest, Marker, Registered
 from inturn.worker.worklist.pack import ENTRY_POINT_GROUP, Pack
 from inturn.worker.worklist.publish import Publisher
 from inturn.worker.worklist.rules import Rule, RulePack
@@ -214,6 +221,37 @@ def answer(
         if got is not None:
             result = got if result is None else result | got
     return result
+
+
+def marker(config: WorkerConfig, digest: KeyDigest) -> Marker | None:
+    """What the worker of ``config``'s destination adds to each delivered mark: the markers
+    of the active packs' mark hooks (:data:`~inturn.worker.worklist.hooks.MarkHook`) that apply
+    to it, as one (their expected replies in run order); None when none applies (most
+    destinations): the worker then computes nothing per message. Called once per worker.
+
+    A hook that raises is logged and left out (a broken plug-in must not stop delivery).
+    """
+    found: list[Marker] = []
+    for plugin in PLUGINS:
+        if plugin.mark is None:
+            continue
+        try:
+            made = plugin.mark(config, digest)
+        except Exception:
+            log.exception("rule pack %s: its mark hook failed; left out", plugin.name)
+            continue
+        if made is not None:
+            found.append(made)
+    if not found:
+        return None
+    if len(found) == 1:
+        return found[0]
+    markers = tuple(found)
+
+    def every(message_type: str, payload: bytes) -> list[ExpectedReply]:
+        return [e for m in markers for e in m(message_type, payload)]
+
+    return every
 
 
 def _unknown(names_asked: Sequence[str]) -> str:

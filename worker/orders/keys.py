@@ -22,6 +22,7 @@ from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.fields import first_components
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.types import type_matches
+from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.spec.replies import (
     MAX_KEYS_PER_MESSAGE,
     ReplyRule,
@@ -29,7 +30,7 @@ from inturn.worker.spec.replies import (
     owner_scope,
     rules_of,
 )
-from inturn.worker.worklist.hooks import Answerer, Answers, KeyDigest, Registered
+from inturn.worker.worklist.hooks import Answerer, Answers, KeyDigest, Marker, Registered
 
 log = logging.getLogger("inturn.orders")
 
@@ -183,3 +184,11 @@ def _answer(
     reply = is_reply(rules, channel, message_type)
     keys = reply_digests(rules, channel, message_type, payload, digests)
     return Answers(tuple(keys), reply) if reply or keys else None
+
+
+def marker(config: WorkerConfig, digest: KeyDigest) -> Marker | None:
+    """The orders pack's mark hook: for a destination with ``spec.replies``, the
+    :func:`expectations` each delivered order opens (keys stored by ``digest``); None without."""
+    if not config.replies:
+        return None
+    return functools.partial(expectations, config.destination, config.replies, digest=digest)

@@ -23,7 +23,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from inturn.worker.orders.fields import REPLIES
-from inturn.worker.orders.keys import answerers
+from inturn.worker.orders.keys import answerers, marker
 from inturn.worker.store import orders as store
 from inturn.worker.worklist.pack import Pack
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
@@ -80,4 +80,4 @@ PACK: RulePack[None] = RulePack(
 )
 
 #: This pack as an installation finds it (entry point ``inturn.packs``).
-PLUGIN = Pack(name="orders", sweep=PACK, spec_fields=(REPLIES,), ingest=answerers)
+PLUGIN = Pack(name="orders", sweep=PACK, spec_fields=(REPLIES,), ingest=answerers, mark=marker)

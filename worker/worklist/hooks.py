@@ -7,8 +7,13 @@ A :class:`~inturn.worker.worklist.pack.Pack` may declare
   with each message of that channel before it is stored; the :class:`Answers` it returns go
   into that message's transaction (the store answers the open expectations whose key digest is
   one of them: ``spec.replies``). The orders pack's reply keys are one.
-* ``mark`` (a :data:`MarkHook`, see :mod:`inturn.worker.worklist.marks`): what the worker adds
-  to a delivered mark.
+* ``mark`` (a :data:`MarkHook`): what the worker adds to a delivered mark. Given a
+  destination's configuration, it returns that destination's :data:`Marker` (or None: nothing
+  for it), called with each message delivered there; the expected replies it returns
+  (:class:`~inturn.worker.store.queue.ExpectedReply`: a key, its digest, the reply channel and
+  types, how long the reply may take) are written by the statement that marks the message
+  delivered, so only if the mark is, and ingest's answers close them. The orders pack's
+  ``spec.replies`` expectations are one.
 
 Both are built ahead of the traffic (ingest: once per refresh of its routing table; the
 worker: once per destination), so a channel or a destination no pack cares about costs nothing
@@ -23,6 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from inturn.worker.spec.config import WorkerConfig
+from inturn.worker.store.queue import ExpectedReply
 
 #: How a key is stored under its owner, ``(owner, key) -> 32 hex digits``: plain SHA-256
 #: (:func:`inturn.worker.spec.replies.key_digest`) or, with payload keys, the blind index's
@@ -74,3 +82,13 @@ Answerer = Callable[[str, bytes, Sequence[KeyDigest]], "Answers | None"]
 #: A pack's ingest hook: every registered destination -> ``{channel: Answerer}`` of the channels
 #: whose messages it reads (a channel absent: nothing is computed for its messages).
 IngestHook = Callable[[Sequence[Registered]], Mapping[str, Answerer]]
+
+#: One destination's mark computation: ``(message_type "CODE^TRIGGER", payload as sent) ->`` the
+#: replies the delivered message now waits for (empty: none). Pure and cheap: it runs between a
+#: message's acknowledgement and its mark.
+Marker = Callable[[str, bytes], Sequence[ExpectedReply]]
+
+#: A pack's mark hook: ``(the destination's configuration, the key digest form its worker
+#: stores keys in) ->`` its :data:`Marker`, or None when nothing it adds can apply there (the
+#: worker then spends nothing per message on this pack). Called once per worker.
+MarkHook = Callable[[WorkerConfig, KeyDigest], "Marker | None"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inturn.worker.spec.schema_packs import ENTRY_POINT_GROUP, SpecField
-from inturn.worker.worklist.hooks import IngestHook
+from inturn.worker.worklist.hooks import IngestHook, MarkHook
 from inturn.worker.worklist.rules import RulePack
 
 __all__ = ["ENTRY_POINT_GROUP", "Pack", "SpecField"]
@@ -50,6 +50,8 @@ class Pack:
             worker configuration's and the CRD take them from here.
         ingest: what ingest computes for a message it stores (:data:`~.hooks.IngestHook`;
             the orders pack's reply keys), or None.
+        mark: what the worker adds to a delivered mark (:data:`~.hooks.MarkHook`; the
+            orders pack's expected replies), or None.
     """
 
     name: str
@@ -59,6 +61,7 @@ class Pack:
     extra: str | None = None
     spec_fields: tuple[SpecField, ...] = ()
     ingest: IngestHook | None = None
+    mark: MarkHook | None = None
 
     def missing(self) -> list[str]:
         """The modules of :attr:`requires` that cannot be imported here (empty: active)."""
