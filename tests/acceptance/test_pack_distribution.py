@@ -6,7 +6,8 @@ its module beside an ``inturn_echo-0.1.dist-info`` holding its entry point (grou
 real ``importlib.metadata`` finds it and nothing of inturn's registry is touched. Then its
 ``spec.echo`` field is part of the Destination schema (and refused where it is not installed),
 its mark hook opens an expectation when ``inturn local``'s worker delivers a message, and its
-ingest hook answers it when the echo arrives on its channel.
+ingest hook answers it when the echo arrives on its channel (the orders pack's mark hook runs
+beside it on the same mark).
 """
 
 from __future__ import annotations
@@ -113,7 +114,9 @@ async def test_its_mark_hook_opens_and_its_ingest_hook_answers(
         adt, echoes = free_port(), free_port()
         files = [
             destination(tmp_path / "lab.yaml", "lab", "adt", mllp_sender(receiver.port),
-                        "  echo: {replyChannel: echo-back}\n"),
+                        "  echo: {replyChannel: echo-back}\n"
+                        "  replies: [{orderTypes: [ADT^A01], replyTypes: [ORU^R01],"
+                        " channel: results, withinSeconds: 3600}]\n"),
             destination(tmp_path / "echoes.yaml", "echoes", "echo-back",
                         mllp_sender(receiver.port)),
         ]  # fmt: skip
@@ -128,9 +131,12 @@ async def test_its_mark_hook_opens_and_its_ingest_hook_answers(
             order = (
                 b"MSH|^~\\&|LAB|NORTH|LIS|NORTH|20260302120000||ADT^A01^ADT_A01|E00001|P|2.5\r"
                 b"PID|1||P00001^^^LOCAL^MR||Testperson^One\r"
+                b"ORC|NW|K00001\r"
             )
             assert await send(adt, [order]) == ["AA"]
             await until(fresh_db, "E00001", ("default/lab", "echo-back", None))
+            # the orders pack's mark hook ran on the same mark (spec.replies, key ORC-2)
+            assert await expectation(fresh_db, "K00001") == ("default/lab", "results", None)
             echo = (
                 b"MSH|^~\\&|LIS|NORTH|LAB|NORTH|20260302120100||ACK^A01^ACK|R00001|P|2.5\r"
                 b"MSA|AA|E00001\r"

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 
+import pytest
+
 from inturn.worker.feeds import rules as feed_rules
 from inturn.worker.operations import packs
 from inturn.worker.orders import rules as order_rules
@@ -109,3 +111,63 @@ def test_the_packs_declare_their_spec_fields_and_the_schema_takes_them() -> None
     assert spec["x-kubernetes-validations"][-1] == RULE_CARRIERS_DISTINCT.as_cel()
     worker = schema.worker_config_schema()["properties"]
     assert worker["replies"] == REPLIES.schema() and worker["carriers"] == CARRIERS.schema()
+
+
+def test_the_orders_pack_s_hooks_apply_only_where_spec_replies_does() -> None:
+    from inturn.worker.orders import keys
+    from inturn.worker.spec.config import from_dict
+    from inturn.worker.spec.replies import key_digest, owner_scope, rules_of
+    from inturn.worker.worklist.hooks import Answers, Registered
+
+    rule = {
+        "orderTypes": ["ORM^O01"],
+        "replyTypes": ["ORU^R01"],
+        "channel": "results",
+        "withinSeconds": 3600,
+    }
+    doc = {
+        "destination": "lab/lis",
+        "channel": "orders",
+        "sender": {"mllp": {"host": "lis", "port": 2575}},
+        "retry": {"maxAttempts": 0},
+    }
+    plain = from_dict(doc)
+    assert keys.marker(plain, key_digest) is None  # no spec.replies: nothing per message
+    assert packs.marker(plain, key_digest) is None
+    opened = packs.marker(from_dict({**doc, "replies": [rule]}), key_digest)
+    assert opened is not None
+    owner = owner_scope("lab/lis", rules_of([rule])[0].order_peer("LIS", "L"))
+    order = b"MSH|^~\\&|HIS|H|LIS|L|20260101||ORM^O01|O1|P|2.5\rORC|NW|K1\r"
+    assert [(e.key, e.digest, e.channel) for e in opened("ORM^O01", order)] == [
+        ("K1", key_digest(owner, "K1"), "results")
+    ]
+    assert list(opened("ADT^A01", order)) == []
+
+    table = packs.answerers(
+        [Registered("lab/lis", "orders", {"replies": [rule]}), Registered("a/b", "adt", {})]
+    )
+    assert set(table) == {"results"}  # the channel replies arrive on, nothing else
+    reply = b"MSH|^~\\&|LIS|L|HIS|H|20260101||ORU^R01|R1|P|2.5\rORC|RE|K1\r"
+    found = packs.answer(table["results"], "ORU^R01", reply, [key_digest])
+    assert found == Answers((key_digest(owner, "K1"),), True)
+    assert packs.answer(table["results"], "ADT^A08", reply, [key_digest]) is None
+
+
+def test_answers_of_several_packs_add_up_and_a_broken_hook_counts_as_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from inturn.worker.worklist.hooks import Answers
+
+    def broken(message_type: str, payload: bytes, digests: object) -> Answers | None:
+        raise RuntimeError("a bug in a plug-in")
+
+    first = Answers(("b", "a"), reply=False)
+    answering = (
+        lambda t, p, d: first,
+        broken,
+        lambda t, p, d: None,
+        lambda t, p, d: Answers(("c", "a"), reply=True),
+    )
+    assert packs.answer(answering, "ORU^R01", b"", []) == Answers(("a", "b", "c"), True)
+    assert "a rule pack's ingest hook failed on a ORU^R01 message" in caplog.text
+    assert packs.answer((broken,), "ORU^R01", b"", []) is None
