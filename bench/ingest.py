@@ -41,8 +41,8 @@ from pathlib import Path
 import corpus
 import encryption
 import psycopg
+from delivery import cpu_seconds, fresh_database, postgres_server
 from figures import emit, parse_args
-from psycopg.conninfo import make_conninfo
 
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
@@ -87,37 +87,9 @@ def pgbench_path() -> str:
 @contextlib.contextmanager
 def database(dsn: str | None) -> Iterator[str]:
     """A fresh, migrated database on the given server (or an embedded one); dropped after."""
-    server = None
-    if dsn is None:
-        import pgserver
-
-        server = pgserver.get_server(
-            tempfile.mkdtemp(prefix="inturn-bench-"), cleanup_mode="delete"
-        )
-        dsn = server.get_uri()
-    name = f"inturn_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    db = make_conninfo(dsn, dbname=name)
-    try:
+    with postgres_server(dsn) as (server, _), fresh_database(server, "ingest") as db:
         migrate(db)
         yield db
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if server is not None:
-            server.cleanup()
-
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (0 when gone)."""
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return 0.0
 
 
 def commits(db: str) -> int:

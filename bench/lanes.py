@@ -31,21 +31,18 @@ import asyncio
 import contextlib
 import os
 import random
-import shutil
 import signal
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
+from delivery import fresh_database, postgres_server
 from figures import emit, parse_args
 from psycopg import AsyncConnection
-from psycopg.conninfo import make_conninfo
 
 from inturn.worker.hl7.pid import index_keys
 from inturn.worker.store import queue
@@ -156,34 +153,6 @@ def check(items: Sequence[NewItem], applied: Sequence[str]) -> tuple[int, int]:
     return reorders, len(applied) - len(set(applied))
 
 
-@contextlib.contextmanager
-def postgres_server(dsn: str | None) -> Iterator[str]:
-    if dsn:
-        yield dsn
-        return
-    import pgserver
-
-    data = Path(tempfile.mkdtemp(prefix="inturn-bench-pg-"))
-    server = pgserver.get_server(data, cleanup_mode="delete")  # type: ignore[attr-defined]
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()
-        shutil.rmtree(data, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def fresh_database(server_dsn: str) -> Iterator[str]:
-    name = f"inturn_bench_lanes_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_conninfo(server_dsn, dbname=name)
-    finally:
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def manifest(directory: Path, port: int, lanes: int) -> Path:
     path = directory / "destination.yaml"
     path.write_text(
@@ -202,7 +171,7 @@ def manifest(directory: Path, port: int, lanes: int) -> Path:
 
 async def drain(server_dsn: str, run: Run, items: Sequence[NewItem], args: Any) -> None:
     """Enqueue ``items``, drain them with ``run.lanes`` lanes, and time it."""
-    with fresh_database(server_dsn) as dsn, tempfile.TemporaryDirectory() as tmp:
+    with fresh_database(server_dsn, "lanes") as dsn, tempfile.TemporaryDirectory() as tmp:
         migrate(dsn)
         async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
             for i in range(0, len(items), ENQUEUE_BATCH):
@@ -256,7 +225,7 @@ async def drain(server_dsn: str, run: Run, items: Sequence[NewItem], args: Any) 
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    with postgres_server(args.dsn or os.environ.get("INTURN_DSN")) as server:
+    with postgres_server(args.dsn or os.environ.get("INTURN_DSN")) as (server, _):
         plain = backlog(args.messages, args.patients, 0)
         merged = backlog(args.messages, args.patients, args.merge_every)
         runs = [

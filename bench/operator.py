@@ -30,8 +30,8 @@ from typing import Any
 import kmock
 import psycopg
 import yaml
+from delivery import cpu_seconds, fresh_database, postgres_server
 from figures import emit, parse_args
-from psycopg.conninfo import make_conninfo
 
 from inturn.worker.spec import schema
 from inturn.worker.store import registry
@@ -104,12 +104,6 @@ def destination(i: int) -> dict[str, Any]:
             "retry": {"maxAttempts": 0},
         },
     }
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -284,27 +278,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--interval", type=float, default=5.0, help="status interval, seconds")
     args = parse_args(parser, argv, {"count": 3, "interval": 1.0})
-    server_dsn = os.environ.get("INTURN_BENCH_DSN")
-    server = None
-    if not server_dsn:
-        import pgserver
-
-        server = pgserver.get_server(
-            tempfile.mkdtemp(prefix="inturn-bench-pg-"), cleanup_mode="delete"
-        )
-        server_dsn = server.get_uri()
-    name = f"inturn_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = make_conninfo(server_dsn, dbname=name)
-    migrate(dsn)
-    try:
+    with (
+        postgres_server(os.environ.get("INTURN_BENCH_DSN")) as (server_dsn, _),
+        fresh_database(server_dsn, "operator") as dsn,
+    ):
+        migrate(dsn)
         figures = asyncio.run(run(args.count, args.interval, dsn))
-    finally:
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if server is not None:
-            server.cleanup()
     emit("operator", figures)
 
 

@@ -52,6 +52,7 @@ sys.path.insert(0, str(BENCH_DIR))
 import corpus  # noqa: E402
 import delivery  # noqa: E402  (the sibling benchmark's helpers)
 import ingest as ingest_bench  # noqa: E402
+from delivery import cpu_seconds  # noqa: E402
 from figures import emit, parse_args  # noqa: E402
 
 from inturn.worker.hl7.pid import lookup_key  # noqa: E402
@@ -63,19 +64,10 @@ from inturn.worker.store.model import NewItem  # noqa: E402
 from inturn.worker.testing import MllpReceiver  # noqa: E402
 
 INTURN = Path(sys.executable).with_name("inturn")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PARTS = ("idle", "drain", "parallel", "ingest", "lookup")
 
 
 # --- processes --------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (0 when gone)."""
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return 0.0
 
 
 def rss_mib(pid: int) -> float:
