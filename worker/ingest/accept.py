@@ -66,10 +66,10 @@ batch (nothing stored), with an ERR naming it (:mod:`inturn.worker.ingest.envelo
 No payload byte ever reaches a log line, a metric label or an ERR text: only the channel, MSH-9,
 MSH-10, sizes and fixed texts do.
 
-Size: a little over 500 lines, a fifth of them these rules; the code is one class with one
-reason to change (what ingest decides for a message). The answers are built in
-:mod:`.answer`, what is stored is computed in :mod:`.prepare`, batches are stored by
-:mod:`.envelope`.
+The code is one class with one reason to change (what ingest decides for a message). The
+answers are built in :mod:`.answer`, what is stored is computed in :mod:`.prepare`, batches are
+stored by :mod:`.envelope`, and what the rule packs compute for a message (reply keys) comes
+from their ingest hooks through :mod:`inturn.worker.operations.packs`.
 """
 
 from __future__ import annotations
@@ -99,11 +99,13 @@ from inturn.worker.ingest.answer import (
     answer,
     answer_batch,
     answered,
+    busy,
     dropped,
     earlier_copies,
     error_detail,
     refuse_batch,
     storage_failed,
+    too_large,
     unknown,
     unrouted,
 )
@@ -445,23 +447,8 @@ class Acceptor:
         return outcome
 
     def reject_too_large(self, channel: str, limit: int) -> Reply:
-        """The AR for a frame (or body) over ``limit`` bytes; nothing of it is stored.
-
-        The message's header is not available (its bytes were dropped as they came), so the
-        ACK uses the default delimiters and an empty MSA-2.
-        """
-        outcome = Reply(
-            code="AR",
-            ack=build_reject(
-                b"",
-                "AR",
-                error_detail(
-                    ErrorCode.VALUE_TOO_LONG, f"message larger than the limit of {limit} bytes"
-                ),
-            ),
-            send=True,
-            reason=f"message over {limit} bytes",
-        )
+        """The AR for a frame (or body) over ``limit`` bytes; nothing of it is stored
+        (:func:`~inturn.worker.ingest.answer.too_large`)."""
         # the cause first: the size is why, not a missing MSH (its bytes were never kept)
         log.info(
             "channel %s: a message over the %d-byte limit was refused (AR); nothing of it was"
@@ -469,28 +456,13 @@ class Acceptor:
             channel,
             limit,
         )
-        return self._done(channel, None, outcome, logged=True)
+        return self._done(channel, None, too_large(limit), logged=True)
 
     def reject_busy(self, channel: str, head: bytes, size: int) -> Reply:
         """The AE (CE in enhanced mode) for a message of ``size`` bytes that ingest had no
-        memory for (:mod:`inturn.worker.ingest.budget`); nothing of it was kept and the sender
-        should send it again. ``head`` is what was kept of its start: its MSH, when readable,
-        gives the answer's MSA-2 and mode."""
-        error = error_detail(
-            ErrorCode.APPLICATION_INTERNAL_ERROR,
-            "ingest is busy: no memory for this message now; nothing of it was kept; send it again",
-        )
-        reason = f"busy: no memory for {size} bytes now"
-        try:
-            header: Header | None = parse_header(head)
-        except HeaderError:
-            header = None
-        if header is not None:
-            outcome = answer(header, "error", error=error, reason=reason)
-        else:
-            outcome = Reply(
-                code="AE", ack=build_reject(head, "AE", error), send=True, reason=reason
-            )
+        memory for (:mod:`inturn.worker.ingest.budget`, :func:`~inturn.worker.ingest.answer.
+        busy`); nothing of it was kept and the sender should send it again."""
+        header, outcome = busy(head, size)
         return self._done(channel, header, outcome)
 
     def _label(self, channel: str) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inturn.worker import tracing
-from inturn.worker.hl7.ack import AckErrorDetail, ack_code, build_ack
+from inturn.worker.hl7.ack import AckErrorDetail, ack_code, build_ack, build_reject
 from inturn.worker.hl7.batch import Batch, build_batch_ack
 from inturn.worker.hl7.errors import ErrorCode, HeaderError
 from inturn.worker.hl7.expect import Kind, answer_codes
@@ -163,6 +163,37 @@ def storage_failed(header: Header, exc: BaseException) -> Reply:
     )
     reason = str(exc) if isinstance(exc, StoreTimeout) else fault.text
     return answer(header, "error", error=error, reason=reason)
+
+
+def too_large(limit: int) -> Reply:
+    """The AR for a frame (or body) over ``limit`` bytes. Its header is not available (its
+    bytes were dropped as they came), so the ACK uses the default delimiters and an empty
+    MSA-2."""
+    error = error_detail(
+        ErrorCode.VALUE_TOO_LONG, f"message larger than the limit of {limit} bytes"
+    )
+    return Reply(
+        code="AR",
+        ack=build_reject(b"", "AR", error),
+        send=True,
+        reason=f"message over {limit} bytes",
+    )
+
+
+def busy(head: bytes, size: int) -> tuple[Header | None, Reply]:
+    """The AE (CE in enhanced mode) for a message of ``size`` bytes that ingest had no memory
+    for; ``head`` is what was kept of its start: its MSH, when readable, gives the answer's
+    MSA-2 and mode (and is returned beside it; None when unreadable)."""
+    error = error_detail(
+        ErrorCode.APPLICATION_INTERNAL_ERROR,
+        "ingest is busy: no memory for this message now; nothing of it was kept; send it again",
+    )
+    reason = f"busy: no memory for {size} bytes now"
+    try:
+        header = parse_header(head)
+    except HeaderError:
+        return None, Reply(code="AE", ack=build_reject(head, "AE", error), send=True, reason=reason)
+    return header, answer(header, "error", error=error, reason=reason)
 
 
 def _batch_reply(batch: Batch, code: str, acks: list[bytes], reason: str, **fields: Any) -> Reply:
