@@ -10,14 +10,12 @@ import json
 import re
 from typing import Any
 
-import aiohttp
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.console.server import ConsoleServer
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
-from tests.support.console import TOKENS, Client, message, place_work, register
+from tests.support.console import Client, message, place_work, register
 from tests.support.pipeline import cli
 
 pytestmark = pytest.mark.store
@@ -138,7 +136,7 @@ async def test_by_patient_only_for_privacy_with_a_reason_and_audited(
 
 
 async def test_every_front_ends_lookup_by_patient_is_one_audited_rule(
-    fresh_db: str, console: ConsoleServer, clients: dict[str | None, Client]
+    fresh_db: str, clients: dict[str | None, Client]
 ) -> None:
     """The same lookup of P1 from the console's API, its search form, ``inturn queue list
     --patient-id`` and ``inturn queue erase --patient-id --dry-run`` (real processes) leaves one
@@ -166,15 +164,10 @@ async def test_every_front_ends_lookup_by_patient_is_one_audited_rule(
 
     status, body = await clients["privacy"].post(path, {"patientId": "P1", "why": "ticket 9"})
     assert status == 200 and [i["id"] for i in body["items"]] == found
-    headers = {"Authorization": f"Bearer {TOKENS['privacy'][1]}"}
-    base = f"http://127.0.0.1:{console.port}"
-    async with aiohttp.ClientSession() as session:
-        async with session.get(base + "/api/v1/me", headers=headers) as r:
-            csrf = (await r.json())["csrfToken"]
-        form = {"csrf_token": csrf, "patientId": "P1", "why": "ticket 9"}
-        async with session.post(base + "/search", data=form, headers=headers) as r:
-            assert r.status == 200
-            assert re.findall(r'<tr data-item="(\d+)"', await r.text()) == [str(i) for i in found]
+    asked = {"patientId": "P1", "why": "ticket 9"}
+    status, _, page = await clients["privacy"].form("/search", asked)
+    assert status == 200
+    assert re.findall(r'<tr data-item="(\d+)"', page) == [str(i) for i in found]
     code, out, err = await run(
         "queue", "list", "--patient-id", "P1", "--who", "dpo", "--why", "ticket 9", "--json"
     )
@@ -213,28 +206,18 @@ async def test_every_front_ends_lookup_by_patient_is_one_audited_rule(
 
 
 async def test_the_patient_form_posts_the_identifier_never_in_a_url(
-    fresh_db: str, console: ConsoleServer
+    fresh_db: str, clients: dict[str | None, Client]
 ) -> None:
     ids = await seed(fresh_db)
-    base = f"http://127.0.0.1:{console.port}"
-    headers = {"Authorization": f"Bearer {TOKENS['privacy'][1]}"}
-    async with aiohttp.ClientSession() as session:
-        async with session.get(base + "/api/v1/me", headers=headers) as r:
-            csrf = (await r.json())["csrfToken"]
-        form = {"csrf_token": csrf, "patientId": "P2", "why": "ticket 11"}
-        async with session.post(base + "/search", data=form, headers=headers) as r:
-            assert r.status == 200
-            assert "P2" not in str(r.url)
-            page = await r.text()
-        assert re.findall(r'<tr data-item="(\d+)"', page) == [str(ids["lab2"])]
-        assert "This search is in the audit" in page
-        assert "P2" not in page.split('id="search-results"')[0].split("</header>")[1]
-        viewer = {"Authorization": f"Bearer {TOKENS['viewer'][1]}"}
-        async with session.get(base + "/api/v1/me", headers=viewer) as r:
-            viewer_csrf = (await r.json())["csrfToken"]
-        form = {"csrf_token": viewer_csrf, "patientId": "P2", "why": "ticket 11"}
-        async with session.post(base + "/search", data=form, headers=viewer) as r:
-            assert r.status == 403
+    form = {"patientId": "P2", "why": "ticket 11"}
+    status, url, page = await clients["privacy"].form("/search", form)
+    assert status == 200
+    assert "P2" not in url
+    assert re.findall(r'<tr data-item="(\d+)"', page) == [str(ids["lab2"])]
+    assert "This search is in the audit" in page
+    assert "P2" not in page.split('id="search-results"')[0].split("</header>")[1]
+    status, _, _ = await clients["viewer"].form("/search", form)
+    assert status == 403
 
 
 async def test_an_items_page_tells_its_whole_life(

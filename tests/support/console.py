@@ -95,6 +95,13 @@ class Client:
         async with self.session.post(self.base + path, json=body, headers=headers) as r:
             return r.status, await _body(r)
 
+    async def form(self, path: str, fields: dict[str, str]) -> tuple[int, str, str]:
+        """Post ``fields`` to ``path`` as the console's HTML forms do (``csrf_token`` added):
+        the status, the URL answered (after redirects) and the page's text."""
+        data = {"csrf_token": await self.csrf(), **fields}
+        async with self.session.post(self.base + path, data=data, headers=self.headers) as r:
+            return r.status, str(r.url), await r.text()
+
 
 async def _body(r: aiohttp.ClientResponse) -> Any:
     if r.content_type == "application/json":
