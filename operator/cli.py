@@ -82,15 +82,17 @@ from inturn.worker.spec import schema
 )
 @click.option(
     "--liveness",
-    default="http://0.0.0.0:8080/healthz",
+    default="http://127.0.0.1:8080/healthz",
     show_default=True,
-    help="Liveness endpoint URL ('' to disable).",
+    help="Liveness endpoint URL ('' to disable); this machine only unless its host says"
+    " otherwise (the chart passes http://0.0.0.0:8080/healthz, for the kubelet's probe).",
 )
 @click.option(
     "--metrics",
     metavar="[HOST:]PORT",
     default="",
-    help="Serve Prometheus metrics (/metrics) here ('' to disable, the default).",
+    help="Serve Prometheus metrics (/metrics) here ('' to disable, the default); host"
+    " 127.0.0.1 unless given (the chart passes 0.0.0.0, for Prometheus).",
 )
 @click.option(
     "--peering",

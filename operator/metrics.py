@@ -17,8 +17,14 @@ for _handler in ("destination", "worker", "pass"):
     RECONCILE_ERRORS.labels(_handler)  # exported as 0 from the start, so increase() works
 
 
+#: Where ``--metrics PORT`` listens when no host is given: this machine only.
+DEFAULT_HOST = "127.0.0.1"
+
+
 def serve(address: str) -> int:
-    """Serve ``/metrics`` on ``[HOST:]PORT`` (default host 0.0.0.0) in a daemon thread.
+    """Serve ``/metrics`` on ``[HOST:]PORT`` in a daemon thread; without a host on 127.0.0.1
+    (:data:`DEFAULT_HOST`: the endpoint is unauthenticated; a pod passes 0.0.0.0, as the chart
+    does, for Prometheus).
 
     Returns the bound port (useful with port 0). Raises ValueError for a malformed address and
     OSError when the port is taken.
@@ -26,5 +32,5 @@ def serve(address: str) -> int:
     host, _, port = address.rpartition(":")
     if not port.isdigit():
         raise ValueError(f"--metrics: expected [HOST:]PORT, got {address!r}")
-    server, _thread = start_http_server(int(port), addr=host or "0.0.0.0")
+    server, _thread = start_http_server(int(port), addr=host or DEFAULT_HOST)
     return int(server.server_port)

@@ -15,6 +15,7 @@ from psycopg import AsyncConnection
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.sockets import listening_on
 
 INTURN = Path(sys.executable).with_name("inturn")
 DEST = "default/restart-test"
@@ -172,17 +173,6 @@ async def test_a_taken_http_port_is_one_line_naming_the_address(
     lines = err.decode().strip().splitlines()
     assert proc.returncode == 2
     assert lines[-1] == f"inturn: error: Address already in use: 127.0.0.1:{port}", lines
-
-
-def listening_on(port: int) -> set[str]:
-    """The IPv4 addresses a socket LISTENs on at ``port`` (from /proc/net/tcp)."""
-    found = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        local, state = line.split()[1], line.split()[3]
-        address, hex_port = local.split(":")
-        if state == "0A" and int(hex_port, 16) == port:
-            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
-    return found
 
 
 async def test_the_ops_endpoints_listen_on_loopback_unless_told(

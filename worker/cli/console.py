@@ -27,6 +27,11 @@ from inturn.worker.text.logs import configure
 log = logging.getLogger("inturn.cli.console")
 
 
+#: The console's host when ``--listen`` names none: this machine only. A pod passes 0.0.0.0
+#: (the chart does), so that its Service and the kubelet's probes reach it.
+CONSOLE_HOST = "127.0.0.1"
+
+
 def read_secret(path: Path | None) -> bytes | None:
     """The CSRF secret from a file (stripped), or None to make one per process.
 
@@ -48,10 +53,11 @@ def read_secret(path: Path | None) -> bytes | None:
 @dsn_option()
 @click.option(
     "--listen",
-    default="0.0.0.0:8080",
+    default=f"{CONSOLE_HOST}:8080",
     show_default=True,
     metavar="[HOST:]PORT",
-    help="Where to serve the console and its API.",
+    help="Where to serve the console and its API (host 127.0.0.1 unless given: this machine"
+    " only; 0.0.0.0 for every interface, as the chart passes in a pod).",
 )
 @click.option(
     "--auth-file",
@@ -100,7 +106,7 @@ def console_command(
     """Serve the web console and its JSON API: what is stuck and since when, and the hands
     to fix it (retry, skip, drain, suspend, resend, remove, erase), every action audited."""
     try:
-        host, port = parse_address(listen)
+        host, port = parse_address(listen, CONSOLE_HOST)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--listen") from None
     try:
