@@ -12,7 +12,6 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from psycopg import AsyncConnection
-from test_ingest import Client, config, msg, register
 
 from inturn.worker.feeds.declare import parse_feeds
 from inturn.worker.feeds.rules import feed_silent
@@ -22,6 +21,8 @@ from inturn.worker.operations import packs
 from inturn.worker.spec.schedule import DAYS
 from inturn.worker.store import feeds as store
 from inturn.worker.worklist import clear
+from tests.support.ingest import Client, config, msg
+from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
 

@@ -5,7 +5,6 @@ routing refresh, MSH-15, timeouts, many idle connections, HTTP."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -20,35 +19,17 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 
 from inturn.worker.hl7.ack import Ack, parse_ack
-from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.hl7.mllp import frame
 from inturn.worker.ingest import metrics
-from inturn.worker.ingest.config import IngestConfig
-from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest, forget_old
 from inturn.worker.store.queries import load
 from inturn.worker.store.queue import notify_channel
+from tests.support.ingest import HOST, Client, config, msg
 from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
 
-HOST = "127.0.0.1"
 QUEUE_SQL = load("queue.sql")
-
-
-def msg(
-    control_id: str,
-    message_type: str = "ADT^A01^ADT_A01",
-    *,
-    msh15: str = "",
-    msh16: str = "",
-    body: str = "PID|1||12345^^^HOSP^MR||DOE^JANE\r",
-) -> bytes:
-    """A small valid message (default delimiters, CR separators)."""
-    msh = (
-        f"MSH|^~\\&|SENDAPP|SENDFAC|RECVAPP|RECVFAC|20240101120000||{message_type}|{control_id}"
-        f"|P|2.5.1|||{msh15}|{msh16}\r"
-    )
-    return (msh + body).encode()
 
 
 def rows(dsn: str, where: str = "true") -> list[tuple[Any, ...]]:
@@ -62,67 +43,6 @@ def rows(dsn: str, where: str = "true") -> list[tuple[Any, ...]]:
 
 def counter(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-class Client:
-    """A minimal MLLP client for the tests: write raw bytes, read framed replies."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.framer = FrameReader(1 << 20)
-        self.pending: list[bytes] = []
-
-    @classmethod
-    async def connect(cls, port: int, **kwargs: Any) -> Client:
-        reader, writer = await asyncio.open_connection(HOST, port, **kwargs)
-        return cls(reader, writer)
-
-    async def write(self, data: bytes) -> None:
-        self.writer.write(data)
-        await self.writer.drain()
-
-    async def reply(self, timeout: float = 10.0) -> bytes:
-        """The next framed reply; raises EOFError when the server closed the connection."""
-        async with asyncio.timeout(timeout):
-            while not self.pending:
-                data = await self.reader.read(65536)
-                if not data:
-                    raise EOFError("connection closed")
-                self.pending.extend(
-                    e.payload for e in self.framer.feed(data) if isinstance(e, Frame)
-                )
-        return self.pending.pop(0)
-
-    async def ack(self, timeout: float = 10.0) -> Ack:
-        return parse_ack(await self.reply(timeout))
-
-    async def send(self, payload: bytes) -> Ack:
-        await self.write(frame(payload))
-        return await self.ack()
-
-    async def closed_by_server(self, timeout: float = 5.0) -> bool:
-        async with asyncio.timeout(timeout):
-            return await self.reader.read(65536) == b""
-
-    async def close(self) -> None:
-        self.writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self.writer.wait_closed()
-
-
-def config(**overrides: Any) -> IngestConfig:
-    base: dict[str, Any] = {
-        "listeners": [ListenerConfig("adt", HOST, 0), ListenerConfig("lab", HOST, 0)],
-        "http": (HOST, 0),
-        "http_insecure": True,
-        "ops": (HOST, 0),
-        "refresh_seconds": 0.2,
-        "store_timeout": 3.0,
-        "shutdown_grace": 2.0,
-    }
-    base.update(overrides)
-    return IngestConfig(**base)
 
 
 @pytest.fixture

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from test_ingest import register
 
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import SB, Frame, FrameReader, frame
 from inturn.worker.ingest.budget import budget_for, limit_for
+from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
-from test_ingest import Client, config
 from test_worker import DEST, running, until
 from test_worker import config as worker_config
 
@@ -21,6 +20,7 @@ from inturn.worker.store import actions, queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support.db import register
+from tests.support.ingest import Client, config
 
 pytestmark = pytest.mark.store
 

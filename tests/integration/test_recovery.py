@@ -16,7 +16,6 @@ import aiohttp
 import psycopg
 import pytest
 from psycopg_pool import PoolTimeout
-from test_ingest import HOST, Client, config, msg, register
 from test_worker import _all_delivered, control_ids, enqueue, running
 from test_worker import config as worker_config
 
@@ -32,6 +31,8 @@ from inturn.worker.store.pool import (
     PoolWarningLimiter,
 )
 from inturn.worker.testing import POSTGRES_BIN, MllpReceiver, ScratchPostgres
+from tests.support.ingest import HOST, Client, config, msg
+from tests.support.pipeline import register
 
 pytestmark = pytest.mark.skipif(
     not (POSTGRES_BIN / "initdb").exists(),

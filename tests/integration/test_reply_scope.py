@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
-from test_ingest import Client, config
 
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
@@ -24,6 +23,7 @@ from inturn.worker.spec.replies import ReplyRule, key_digest, parse, to_spec
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from tests.support.db import register
+from tests.support.ingest import Client, config
 
 pytestmark = pytest.mark.store
 

@@ -15,13 +15,11 @@ import psycopg
 import pytest
 import pytest_asyncio
 from psycopg.conninfo import make_conninfo
-from test_storage_faults import http_post, mllp_ack, msg
 
-from inturn.worker.ingest.config import IngestConfig
-from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.faults import classify, connection_gone
+from tests.support.ingest import http_post, minimal, mllp_ack, running
 from tests.support.pipeline import register, rows
 
 pytestmark = pytest.mark.store
@@ -36,11 +34,8 @@ async def idle_ingest(fresh_db: str) -> AsyncIterator[Ingest]:
     DSN's own ``options``, as a DBA's ``ALTER ROLE ... SET`` would, for these sessions only)."""
     register(fresh_db, "ward/lab", "c")
     dsn = make_conninfo(fresh_db, options=f"-c idle_session_timeout={IDLE_MS}")
-    config = IngestConfig(
-        listeners=[ListenerConfig("c", port=0)], http=("127.0.0.1", 0), http_insecure=True
-    )
-    async with Ingest(config, dsn=dsn) as running:
-        yield running
+    async with running(dsn) as started:
+        yield started
 
 
 async def test_the_first_messages_after_a_quiet_spell_are_stored(
@@ -48,14 +43,14 @@ async def test_the_first_messages_after_a_quiet_spell_are_stored(
 ) -> None:
     for round_ in range(3):
         acks = await asyncio.gather(
-            *(mllp_ack(idle_ingest, msg(f"B{round_}-{i}")) for i in range(3))
+            *(mllp_ack(idle_ingest, minimal(f"B{round_}-{i}")) for i in range(3))
         )
         assert {a.code for a in acks} == {"AA"}
         await asyncio.sleep(IDLE_MS / 1000 * 3)  # every pooled session is ended meanwhile
-        ack = await mllp_ack(idle_ingest, msg(f"QUIET-{round_}"))
+        ack = await mllp_ack(idle_ingest, minimal(f"QUIET-{round_}"))
         assert (ack.code, ack.control_id) == ("AA", f"QUIET-{round_}")
         await asyncio.sleep(IDLE_MS / 1000 * 3)
-        status, ack = await http_post(idle_ingest, msg(f"HTTP-{round_}"))
+        status, ack = await http_post(idle_ingest, minimal(f"HTTP-{round_}"))
         assert (status, ack.code) == (200, "AA")
     assert len(rows(fresh_db)) == 3 * 5  # each stored once
 

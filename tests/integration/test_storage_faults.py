@@ -15,51 +15,18 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from inturn.worker.hl7.ack import Ack, parse_ack
-from inturn.worker.hl7.mllp import Frame, FrameReader, frame
-from inturn.worker.ingest.config import IngestConfig
-from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
+from tests.support.ingest import http_post, minimal, mllp_ack, running
 from tests.support.pipeline import register, rows
 
 pytestmark = pytest.mark.store
 
 
-def msg(control_id: str, message_type: str = "ADT^A01") -> bytes:
-    return (
-        f"MSH|^~\\&|A|B|C|D|20260101||{message_type}|{control_id}|P|2.5.1\rPID|1||42\r"
-    ).encode()
-
-
 @pytest_asyncio.fixture
 async def ingest(fresh_db: str) -> AsyncIterator[Ingest]:
     register(fresh_db, "ward/lab", "c")
-    config = IngestConfig(
-        listeners=[ListenerConfig("c", port=0)], http=("127.0.0.1", 0), http_insecure=True
-    )
-    async with Ingest(config, dsn=fresh_db) as running:
-        yield running
-
-
-async def mllp_ack(ingest: Ingest, payload: bytes) -> Ack:
-    reader, writer = await asyncio.open_connection("127.0.0.1", ingest.mllp_ports["c"])
-    try:
-        writer.write(frame(payload))
-        await writer.drain()
-        frames = FrameReader(1 << 20)
-        async with asyncio.timeout(30):
-            while True:
-                for event in frames.feed(await reader.read(65536)):
-                    if isinstance(event, Frame):
-                        return parse_ack(event.payload)
-    finally:
-        writer.close()
-
-
-async def http_post(ingest: Ingest, payload: bytes) -> tuple[int, Ack]:
-    url = f"http://127.0.0.1:{ingest.http_port}/channels/c/messages"
-    async with aiohttp.ClientSession() as session, session.post(url, data=payload) as response:
-        return response.status, parse_ack(await response.read())
+    async with running(fresh_db) as started:
+        yield started
 
 
 def kill_pooled_connections(dsn: str) -> int:
@@ -77,12 +44,14 @@ async def test_a_restart_killing_every_pooled_connection_costs_no_ae(
 ) -> None:
     for round_ in range(3):
         # Open a few connections so that the pool holds several to be killed.
-        acks = await asyncio.gather(*(mllp_ack(ingest, msg(f"W{round_}-{i}")) for i in range(4)))
+        acks = await asyncio.gather(
+            *(mllp_ack(ingest, minimal(f"W{round_}-{i}")) for i in range(4))
+        )
         assert {a.code for a in acks} == {"AA"}
         assert kill_pooled_connections(fresh_db) >= 1
-        ack = await mllp_ack(ingest, msg(f"AFTER-{round_}"))
+        ack = await mllp_ack(ingest, minimal(f"AFTER-{round_}"))
         assert (ack.code, ack.control_id) == ("AA", f"AFTER-{round_}")
-        status, ack = await http_post(ingest, msg(f"HTTP-{round_}"))
+        status, ack = await http_post(ingest, minimal(f"HTTP-{round_}"))
         assert (status, ack.code) == (200, "AA")
     assert len(rows(fresh_db)) == 3 * 6  # each stored once
 
@@ -120,12 +89,12 @@ async def test_each_storage_error_class_gets_its_answer(
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute(REFUSALS)
     try:
-        ack = await mllp_ack(ingest, msg(f"SQLSTATE-{sqlstate}"))
+        ack = await mllp_ack(ingest, minimal(f"SQLSTATE-{sqlstate}"))
         assert (ack.code, ack.error_code) == (code, err)
-        http_status, http_ack = await http_post(ingest, msg(f"SQLSTATE-{sqlstate}-H"))
+        http_status, http_ack = await http_post(ingest, minimal(f"SQLSTATE-{sqlstate}-H"))
         assert (http_status, http_ack.code) == (status, code)
         assert rows(fresh_db) == []
-        ack = await mllp_ack(ingest, msg("FINE"))  # the next message is not affected
+        ack = await mllp_ack(ingest, minimal("FINE"))  # the next message is not affected
         assert ack.code == "AA"
     finally:
         with psycopg.connect(fresh_db, autocommit=True) as conn:
@@ -135,9 +104,9 @@ async def test_each_storage_error_class_gets_its_answer(
 @pytest.mark.parametrize(
     ("payload", "location"),
     [
-        (msg("X" * 3000), "MSH^1^10"),
-        (msg("X" * 200), "MSH^1^10"),
-        (msg("OK", "A" * 40 + "^" + "B" * 40), "MSH^1^9"),
+        (minimal("X" * 3000), "MSH^1^10"),
+        (minimal("X" * 200), "MSH^1^10"),
+        (minimal("OK", "A" * 40 + "^" + "B" * 40), "MSH^1^9"),
     ],
     ids=["msh10-3000", "msh10-200", "msh9"],
 )
@@ -149,10 +118,10 @@ async def test_keyed_fields_are_bounded_at_the_door(
     status, _ = await http_post(ingest, payload)
     assert status == 400
     assert rows(fresh_db) == []
-    assert (await mllp_ack(ingest, msg("Y" * 199))).code == "AA"  # the bound itself is fine
+    assert (await mllp_ack(ingest, minimal("Y" * 199))).code == "AA"  # the bound itself is fine
 
 
 async def test_a_channel_name_over_its_bound_is_refused(ingest: Ingest) -> None:
     url = f"http://127.0.0.1:{ingest.http_port}/channels/{'c' * 129}/messages"
-    async with aiohttp.ClientSession() as session, session.post(url, data=msg("C")) as response:
+    async with aiohttp.ClientSession() as session, session.post(url, data=minimal("C")) as response:
         assert response.status == 400

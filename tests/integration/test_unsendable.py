@@ -5,21 +5,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 import pytest_asyncio
 from psycopg import AsyncConnection
 
 from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
-from inturn.worker.ingest.config import IngestConfig
-from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.spec.config import AckPolicy
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.ingest import http_post, running
 from tests.support.pipeline import register, rows, until, worker, worker_config
 
 pytestmark = pytest.mark.store
@@ -39,17 +37,12 @@ async def ingest(fresh_db: str) -> AsyncIterator[Ingest]:
     register(fresh_db, "ward/mllp", "both", sender_kind="mllp")
     register(fresh_db, "ward/http", "both", sender_kind="http")
     register(fresh_db, "ward/http-only", "web", sender_kind="http")
-    config = IngestConfig(
-        listeners=[ListenerConfig("both", port=0)], http=("127.0.0.1", 0), http_insecure=True
-    )
-    async with Ingest(config, dsn=fresh_db) as running:
-        yield running
+    async with running(fresh_db, "both") as started:
+        yield started
 
 
 async def post(ingest: Ingest, channel: str, payload: bytes) -> tuple[int, Ack]:
-    url = f"http://127.0.0.1:{ingest.http_port}/channels/{channel}/messages"
-    async with aiohttp.ClientSession() as session, session.post(url, data=payload) as response:
-        return response.status, parse_ack(await response.read())
+    return await http_post(ingest, payload, channel)
 
 
 @pytest.mark.parametrize("byte", [b"\x1c", b"\x0b"], ids=["end-block", "start-block"])

@@ -21,39 +21,23 @@ import pytest
 import pytest_asyncio
 from psycopg import AsyncConnection
 
-from inturn.worker.drain.metrics import PrometheusObserver
-from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
-from inturn.worker.ingest.config import IngestConfig
-from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.testing import MllpReceiver
-from tests.support.pipeline import register, rows
+from tests.support.ingest import minimal, running
+from tests.support.pipeline import register, rows, worker, worker_config
 
 pytestmark = pytest.mark.store
 
 DEST = "ward/lab"
 
 
-def msg(control_id: str) -> bytes:
-    return f"MSH|^~\\&|A|B|C|D|20260101||ADT^A01|{control_id}|P|2.5.1\rPID|1||42\r".encode()
-
-
 @pytest_asyncio.fixture
 async def ingest(fresh_db: str) -> AsyncIterator[Ingest]:
     register(fresh_db, DEST, "c")
-    config = IngestConfig(
-        listeners=[ListenerConfig("c", port=0)],
-        http=("127.0.0.1", 0),
-        http_insecure=True,
-        duplicate_window=0,
-        store_timeout=1.0,
-    )
-    async with Ingest(config, dsn=fresh_db) as running:
-        yield running
+    async with running(fresh_db, duplicate_window=0, store_timeout=1.0) as started:
+        yield started
 
 
 async def mllp_exchange(ingest: Ingest, payload: bytes) -> Ack | None:
@@ -103,9 +87,9 @@ async def test_ae_after_a_store_timeout_means_nothing_was_kept(
 ) -> None:
     holder = await lock_table(fresh_db)
     try:
-        ack = await mllp_exchange(ingest, msg("LOCKED-1"))
+        ack = await mllp_exchange(ingest, minimal("LOCKED-1"))
         assert ack is not None and (ack.code, ack.error_code) == ("AE", "207")
-        assert await http_post(ingest, msg("LOCKED-2")) == 503
+        assert await http_post(ingest, minimal("LOCKED-2")) == 503
         # the answers came after the rollbacks: no storing statement is left to commit
         assert ingest_statements_running(fresh_db) == 0
     finally:
@@ -113,27 +97,12 @@ async def test_ae_after_a_store_timeout_means_nothing_was_kept(
         await holder.close()
     assert rows(fresh_db) == []
     # the sender sends again after AE: stored once, delivered once
-    ack = await mllp_exchange(ingest, msg("LOCKED-1"))
+    ack = await mllp_exchange(ingest, minimal("LOCKED-1"))
     assert ack is not None and ack.code == "AA"
     assert len(rows(fresh_db)) == 1
-    async with MllpReceiver() as rx:
-        sender = MllpSenderConfig("127.0.0.1", rx.port)
-        cfg = WorkerConfig(
-            destination=DEST,
-            channel="c",
-            sender=sender,
-            retry=RetryPolicy(
-                max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5
-            ),
-            idle_seconds=1,
-        )
-        stop = asyncio.Event()
-        worker = DestinationWorker(cfg, fresh_db, MllpSender(sender), PrometheusObserver())
-        task = asyncio.create_task(worker.run(stop))
+    async with MllpReceiver() as rx, worker(worker_config(DEST, rx.port), fresh_db):
         await rx.wait_for(1)
         await asyncio.sleep(1.0)  # a second copy would have come by now
-        stop.set()
-        await asyncio.wait_for(task, 15)
     assert [p.split(b"|")[9] for p in rx.received] == [b"LOCKED-1"]
 
 
@@ -152,7 +121,7 @@ async def test_a_store_whose_end_cannot_be_seen_gets_no_answer(
     holder = await lock_table(fresh_db)
     stopped: list[int] = []
     try:
-        exchange = asyncio.create_task(mllp_exchange(ingest, msg("FROZEN-1")))
+        exchange = asyncio.create_task(mllp_exchange(ingest, minimal("FROZEN-1")))
         async with asyncio.timeout(10):
             while not stopped:
                 await asyncio.sleep(0.05)
@@ -177,7 +146,7 @@ async def test_a_batch_answered_ae_after_a_store_timeout_kept_nothing(
 ) -> None:
     fhs = b"FHS|^~\\&|LAB|HOSP|EHR|HOSP|20261201||||F-9\r"
     fhs += b"BHS|^~\\&|LAB|HOSP|EHR|HOSP|20261201||||B-9\r"
-    payload = fhs + msg("BATCHED-1") + msg("BATCHED-2") + b"BTS|2\rFTS|1\r"
+    payload = fhs + minimal("BATCHED-1") + minimal("BATCHED-2") + b"BTS|2\rFTS|1\r"
     holder = await lock_table(fresh_db)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", ingest.mllp_ports["c"])

@@ -1,0 +1,143 @@
+"""Ingest in tests: its configuration, a running ingest on free ports, an MLLP client of it,
+HTTP posts, and small valid messages (``from tests.support.ingest import ...``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from inturn.worker.hl7.ack import Ack, parse_ack
+from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.ingest.config import IngestConfig
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.ingest.service import Ingest
+
+HOST = "127.0.0.1"
+
+
+def msg(
+    control_id: str,
+    message_type: str = "ADT^A01^ADT_A01",
+    *,
+    msh15: str = "",
+    msh16: str = "",
+    body: str = "PID|1||12345^^^HOSP^MR||DOE^JANE\r",
+) -> bytes:
+    """A small valid message (default delimiters, CR separators)."""
+    msh = (
+        f"MSH|^~\\&|SENDAPP|SENDFAC|RECVAPP|RECVFAC|20240101120000||{message_type}|{control_id}"
+        f"|P|2.5.1|||{msh15}|{msh16}\r"
+    )
+    return (msh + body).encode()
+
+
+def minimal(control_id: str, message_type: str = "ADT^A01") -> bytes:
+    """The smallest valid message: an MSH (HL7 2.5.1) and a PID of patient 42."""
+    return (
+        f"MSH|^~\\&|A|B|C|D|20260101||{message_type}|{control_id}|P|2.5.1\rPID|1||42\r"
+    ).encode()
+
+
+class Client:
+    """A minimal MLLP client for the tests: write raw bytes, read framed replies."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.framer = FrameReader(1 << 20)
+        self.pending: list[bytes] = []
+
+    @classmethod
+    async def connect(cls, port: int, **kwargs: Any) -> Client:
+        reader, writer = await asyncio.open_connection(HOST, port, **kwargs)
+        return cls(reader, writer)
+
+    async def write(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def reply(self, timeout: float = 10.0) -> bytes:
+        """The next framed reply; raises EOFError when the server closed the connection."""
+        async with asyncio.timeout(timeout):
+            while not self.pending:
+                data = await self.reader.read(65536)
+                if not data:
+                    raise EOFError("connection closed")
+                self.pending.extend(
+                    e.payload for e in self.framer.feed(data) if isinstance(e, Frame)
+                )
+        return self.pending.pop(0)
+
+    async def ack(self, timeout: float = 10.0) -> Ack:
+        return parse_ack(await self.reply(timeout))
+
+    async def send(self, payload: bytes) -> Ack:
+        await self.write(frame(payload))
+        return await self.ack()
+
+    async def closed_by_server(self, timeout: float = 5.0) -> bool:
+        async with asyncio.timeout(timeout):
+            return await self.reader.read(65536) == b""
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.writer.wait_closed()
+
+
+def config(**overrides: Any) -> IngestConfig:
+    base: dict[str, Any] = {
+        "listeners": [ListenerConfig("adt", HOST, 0), ListenerConfig("lab", HOST, 0)],
+        "http": (HOST, 0),
+        "http_insecure": True,
+        "ops": (HOST, 0),
+        "refresh_seconds": 0.2,
+        "store_timeout": 3.0,
+        "shutdown_grace": 2.0,
+    }
+    base.update(overrides)
+    return IngestConfig(**base)
+
+
+@contextlib.asynccontextmanager
+async def running(dsn: str, channel: str = "c", **options: Any) -> AsyncIterator[Ingest]:
+    """Ingest on ``dsn`` with an MLLP listener for ``channel`` and plain HTTP (no credentials,
+    ``http_insecure``), each on a free port of :data:`HOST`; ``options`` are more
+    :class:`IngestConfig` fields. Stopped when the block ends."""
+    config = IngestConfig(
+        listeners=[ListenerConfig(channel, port=0)],
+        http=(HOST, 0),
+        http_insecure=True,
+        **options,
+    )
+    async with Ingest(config, dsn=dsn) as ingest:
+        yield ingest
+
+
+async def mllp_ack(ingest: Ingest, payload: bytes, channel: str = "c") -> Ack:
+    """Send ``payload`` on a new MLLP connection to ``channel``'s listener; its ACK (30 s at
+    most)."""
+    reader, writer = await asyncio.open_connection(HOST, ingest.mllp_ports[channel])
+    try:
+        writer.write(frame(payload))
+        await writer.drain()
+        frames = FrameReader(1 << 20)
+        async with asyncio.timeout(30):
+            while True:
+                for event in frames.feed(await reader.read(65536)):
+                    if isinstance(event, Frame):
+                        return parse_ack(event.payload)
+    finally:
+        writer.close()
+
+
+async def http_post(ingest: Ingest, payload: bytes, channel: str = "c") -> tuple[int, Ack]:
+    """POST ``payload`` to ``/channels/CHANNEL/messages``: the HTTP status and the ACK."""
+    url = f"http://{HOST}:{ingest.http_port}/channels/{channel}/messages"
+    async with aiohttp.ClientSession() as session, session.post(url, data=payload) as response:
+        return response.status, parse_ack(await response.read())
