@@ -76,7 +76,7 @@ def _install_worker() -> None:
     from inturn.worker.drain import steps
     from inturn.worker.hl7.header import parse_header
     from inturn.worker.senders.mllp import MllpSender
-    from inturn.worker.store import queue
+    from inturn.worker.store import delivery
 
     wait = steps.StepRunner.wait
 
@@ -111,7 +111,7 @@ def _install_worker() -> None:
         head = result[0]
         return None if head is None else int(head.item.id)
 
-    next_head = queue.next_head
+    next_head = delivery.next_head
 
     @functools.wraps(next_head)
     async def recorded_head(*args: Any, **kwargs: Any) -> Any:
@@ -120,9 +120,9 @@ def _install_worker() -> None:
         RECORDS.append(("head", start, time.perf_counter(), found(result)))
         return result
 
-    queue.next_head = recorded_head
+    delivery.next_head = recorded_head
 
-    succeeded_next = queue.succeeded_next
+    succeeded_next = delivery.succeeded_next
 
     @functools.wraps(succeeded_next)
     async def recorded_mark(*args: Any, **kwargs: Any) -> Any:
@@ -131,7 +131,7 @@ def _install_worker() -> None:
         RECORDS.append(("mark", start, time.perf_counter(), found(result[1])))
         return result
 
-    queue.succeeded_next = recorded_mark
+    delivery.succeeded_next = recorded_mark
 
     send = MllpSender.send
 

@@ -49,7 +49,7 @@ from ingest import free_port, wait_ready
 
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.store import queue
+from inturn.worker.store import notify
 from inturn.worker.store.migrate import migrate
 from inturn.worker.testing import MllpReceiver
 
@@ -126,7 +126,7 @@ async def listen(dsn: str, clock: Clock, ready: asyncio.Event) -> None:
     """LISTEN on every destination's channel, as its worker does, and stamp each NOTIFY."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         for n in range(DESTINATIONS):
-            await queue.listen(conn, f"{NAMESPACE}/d{n}")
+            await notify.listen(conn, f"{NAMESPACE}/d{n}")
         ready.set()
         async for note in conn.notifies():
             clock.notified.setdefault(note.payload, []).append(time.perf_counter())

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from inturn.worker.cli.options import os_user
-from inturn.worker.store.queue import notify_channel
+from inturn.worker.store.notify import notify_channel
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
 ROOT = Path(__file__).resolve().parents[2]

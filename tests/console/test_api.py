@@ -12,7 +12,7 @@ import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker.console.server import ConsoleServer
-from inturn.worker.store import actions, queue
+from inturn.worker.store import actions, delivery
 from inturn.worker.store import feeds as feeds_store
 from inturn.worker.store import lease as leases
 from inturn.worker.testing import MllpReceiver
@@ -56,7 +56,7 @@ async def test_overview_counts_match_queue_depth(
     ids = await enqueue(fresh_db, DEST, [1, 2, 3])
     await enqueue(fresh_db, "gone/orphan", [4])
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await queue.retry(
+        await delivery.retry(
             conn,
             ids[0],
             2,
@@ -64,7 +64,7 @@ async def test_overview_counts_match_queue_depth(
             "connection: refused",
             lease=await leases.acquire(conn, DEST, "test", 600),
         )
-        await queue.gave_up(
+        await delivery.gave_up(
             conn, ids[2], 1, "application: AR", lease=await leases.acquire(conn, DEST, "test", 600)
         )
     console.console.feed.poke()
@@ -233,7 +233,7 @@ async def test_last_error_control_characters_are_escaped(
 ) -> None:
     [item] = await enqueue(fresh_db, DEST, [1])
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await queue.retry(
+        await delivery.retry(
             conn,
             item,
             1,

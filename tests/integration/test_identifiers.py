@@ -11,7 +11,7 @@ import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker.hl7.pid import lookup_key
-from inturn.worker.store import actions, identifiers, queue, reads
+from inturn.worker.store import actions, delivery, identifiers, queue, reads
 from inturn.worker.store import lease as leases
 from inturn.worker.store.ingest import store_batch
 from inturn.worker.store.migrate import migrate
@@ -69,7 +69,7 @@ async def test_ingest_indexes_each_patient_field(conn: AsyncConnection[Any], fie
 async def test_queue_enqueue_and_resend_write_the_keys(conn: AsyncConnection[Any]) -> None:
     payload = BY_FIELD["MRG-1"]
     [first] = await queue.enqueue(conn, [NewItem("hospital/lab", "adt", "F5", "ADT^A40", payload)])
-    await queue.succeeded(
+    await delivery.succeeded(
         conn, first, 1, lease=await leases.acquire(conn, "hospital/lab", "test", 600)
     )
     copy = await actions.resend(conn, first, who="t", include_delivered=True)

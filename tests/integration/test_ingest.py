@@ -22,8 +22,8 @@ from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.mllp import frame
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.service import Ingest, forget_old
+from inturn.worker.store.notify import notify_channel
 from inturn.worker.store.queries import load
-from inturn.worker.store.queue import notify_channel
 from tests.support.ingest import HOST, Client, config, msg
 from tests.support.pipeline import register
 

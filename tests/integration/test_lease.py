@@ -12,7 +12,7 @@ import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker.errors import Invalid
-from inturn.worker.store import lease, locks, queue
+from inturn.worker.store import delivery, lease, locks, queue
 from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.store.model import NewItem
 from inturn.worker.worklist.delivery_failed import give_up
@@ -156,25 +156,25 @@ async def test_a_stale_epoch_changes_nothing_in_any_guarded_statement(
     [a, b] = await queue.enqueue(conn, [_item(1), _item(2)])
     stale = await lease.acquire(conn, DEST, "old", 0.1)
     assert stale is not None
-    head, _ = await queue.next_head(conn, DEST, lease=stale)
+    head, _ = await delivery.next_head(conn, DEST, lease=stale)
     assert head is not None and head.item.id == a
     await asyncio.sleep(0.2)
     assert await lease.acquire(conn, DEST, "new", 30) is not None  # takeover: epoch 2
     with pytest.raises(LeaseLost, match="reading the head"):
-        await queue.next_head(conn, DEST, lease=stale)
+        await delivery.next_head(conn, DEST, lease=stale)
     with pytest.raises(LeaseLost, match=f"marking id={a} delivered"):
-        await queue.succeeded_next(conn, head.item, 1, lease=stale)
+        await delivery.succeeded_next(conn, head.item, 1, lease=stale)
     with pytest.raises(LeaseLost):
-        await queue.succeeded(conn, a, 1, lease=stale)
+        await delivery.succeeded(conn, a, 1, lease=stale)
     with pytest.raises(LeaseLost):
-        await queue.retry(conn, a, 1, 60, "timeout", lease=stale)
+        await delivery.retry(conn, a, 1, 60, "timeout", lease=stale)
     with pytest.raises(LeaseLost):
-        await queue.gave_up(conn, b, 1, "AR", lease=stale)
+        await delivery.gave_up(conn, b, 1, "AR", lease=stale)
     with pytest.raises(LeaseLost):
         await give_up(conn, head.item, attempts=1, cause="AR", outcome="AR", exhausted=False,
                       lease=stale)  # fmt: skip
     with pytest.raises(LeaseLost):
-        await queue.sender_changed(conn, DEST, "fingerprint", lease=stale)
+        await delivery.sender_changed(conn, DEST, "fingerprint", lease=stale)
     assert [await _row(conn, a), await _row(conn, b)] == [("pending", 0), ("pending", 0)]
     cur = await conn.execute("SELECT count(*) FROM inturn_attempt")
     assert await cur.fetchone() == (0,)
@@ -189,12 +189,12 @@ async def test_the_guarded_statements_renew_the_lease(conn: AsyncConnection[Any]
     mine = await lease.acquire(conn, DEST, "a", 30)
     assert mine is not None
     await conn.execute("UPDATE inturn_lease SET expires_at = clock_timestamp() + interval '1 s'")
-    head, _ = await queue.next_head(conn, DEST, lease=mine)
+    head, _ = await delivery.next_head(conn, DEST, lease=mine)
     assert head is not None
     info = await lease.holder(conn, DEST)
     assert info is not None and info.seconds_left > 29  # renewed to its ttl
     await conn.execute("UPDATE inturn_lease SET expires_at = clock_timestamp() + interval '1 s'")
-    waited, (following, wait) = await queue.succeeded_next(conn, head.item, 1, lease=mine)
+    waited, (following, wait) = await delivery.succeeded_next(conn, head.item, 1, lease=mine)
     assert waited is not None and following is None and wait is None
     info = await lease.holder(conn, DEST)
     assert info is not None and info.seconds_left > 29
@@ -210,7 +210,7 @@ async def test_an_expired_lease_nobody_took_is_renewed_by_its_holder(
     mine = await lease.acquire(conn, DEST, "a", 0.1)
     assert mine is not None
     await asyncio.sleep(0.2)
-    assert await queue.succeeded(conn, a, 1, lease=mine) is not None
+    assert await delivery.succeeded(conn, a, 1, lease=mine) is not None
     info = await lease.holder(conn, DEST)
     assert info is not None and info.epoch == 1 and info.seconds_left > 0
 
@@ -219,9 +219,9 @@ async def test_a_lease_covers_its_own_destination_only(conn: AsyncConnection[Any
     mine = await lease.acquire(conn, "hospital/rad", "a", 30)
     assert mine is not None
     with pytest.raises(ValueError, match="does not cover"):
-        await queue.next_head(conn, DEST, lease=mine)
+        await delivery.next_head(conn, DEST, lease=mine)
     [a] = await queue.enqueue(conn, [_item(1)])  # hospital/lab's item
-    assert await queue.succeeded(conn, a, 1, lease=mine) is None  # not its destination's
+    assert await delivery.succeeded(conn, a, 1, lease=mine) is None  # not its destination's
     assert await _row(conn, a) == ("pending", 0)
 
 
@@ -231,7 +231,8 @@ def test_the_guarded_head_query_still_walks_the_pending_index(dsn: str) -> None:
     params = {"destination": DEST, "holder": "a", "epoch": 1, "after": 0, "limit": 8}
     with psycopg.connect(dsn, autocommit=True) as c:
         for name in ("head", "pending_window"):
-            plan = "\n".join(r[0] for r in c.execute(f"EXPLAIN {queue.Q[name]}", params).fetchall())  # type: ignore[call-overload]
+            rows = c.execute(f"EXPLAIN {delivery.Q[name]}", params).fetchall()  # type: ignore[call-overload]
+            plan = "\n".join(r[0] for r in rows)
             assert "inturn_lease_pkey" in plan and "Seq Scan on inturn_delivery" not in plan, plan
 
 
@@ -251,19 +252,19 @@ async def test_every_guarded_statement_commits_synchronously(conn: AsyncConnecti
         assert row is not None
         return str(row[0])
 
-    head, _ = await queue.next_head(conn, DEST, lease=mine)
+    head, _ = await delivery.next_head(conn, DEST, lease=mine)
     assert head is not None
     settings = {
-        "head": await setting_after(queue.next_head(conn, DEST, lease=mine)),
+        "head": await setting_after(delivery.next_head(conn, DEST, lease=mine)),
         "pending_window": await setting_after(
-            queue.pending_window(conn, DEST, limit=8, lease=mine)
+            delivery.pending_window(conn, DEST, limit=8, lease=mine)
         ),
         "take": await setting_after(
-            queue.take(conn, DEST, [b], delivered=[queue.Delivered(head.item, 1)], lease=mine)
+            delivery.take(conn, DEST, [b], delivered=[delivery.Delivered(head.item, 1)], lease=mine)
         ),
-        "retry": await setting_after(queue.retry(conn, b, 1, 60, "timeout", lease=mine)),
-        "sender_changed": await setting_after(queue.sender_changed(conn, DEST, "f", lease=mine)),
-        "succeeded": await setting_after(queue.succeeded(conn, b, 2, lease=mine)),
+        "retry": await setting_after(delivery.retry(conn, b, 1, 60, "timeout", lease=mine)),
+        "sender_changed": await setting_after(delivery.sender_changed(conn, DEST, "f", lease=mine)),
+        "succeeded": await setting_after(delivery.succeeded(conn, b, 2, lease=mine)),
     }
     assert settings == dict.fromkeys(settings, "on")
     assert [await _row(conn, a), await _row(conn, b)] == [("delivered", 1), ("delivered", 2)]

@@ -18,7 +18,7 @@ from psycopg import AsyncConnection
 from inturn.worker.errors import Conflict, Invalid
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
-from inturn.worker.store import queue, reads
+from inturn.worker.store import notify, queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.worklist.delivery_rules import resent_delivered
 from tests.support.pipeline import refused
@@ -186,7 +186,7 @@ def test_the_cli_resends_a_range_in_original_order(fresh_db: str) -> None:
 SEED = """
 import asyncio, json, sys
 from psycopg import AsyncConnection
-from inturn.worker.store import queue
+from inturn.worker.store import notify, queue
 from inturn.worker.store.model import NewItem
 
 async def main(dsn):
@@ -222,7 +222,7 @@ async def test_a_bulk_resend_over_two_destinations_is_one_set_in_the_original_or
         )
         ids.append(item_id)
     for destination in (DEST, "ward/other"):
-        await conn.execute(f'LISTEN "{queue.notify_channel(destination)}"')
+        await conn.execute(f'LISTEN "{notify.notify_channel(destination)}"')
     done = await actions.resend_many(conn, Trusted("ops"), [*ids, 999_999], "again")
     assert [o for o, _ in done.copies] == sorted(ids)
     copies = [c for _, c in done.copies]
@@ -250,7 +250,7 @@ async def test_a_bulk_resend_over_two_destinations_is_one_set_in_the_original_or
 INTERLEAVED = """
 import asyncio, json, sys
 from psycopg import AsyncConnection
-from inturn.worker.store import queue
+from inturn.worker.store import notify, queue
 from inturn.worker.store.model import NewItem
 
 async def main(dsn):

@@ -33,6 +33,7 @@ from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.store import (
     actions,
+    delivery,
     locks,
     lockwatch,
     queue,
@@ -583,7 +584,7 @@ async def test_each_role_is_refused_the_rest(
 ) -> None:
     [pending, done] = await aseed(fresh_db, "ROLE-X-1", "ROLE-X-2")
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        await queue.succeeded(conn, done, 1, lease=await leases.acquire(conn, DEST, "test", 600))
+        await delivery.succeeded(conn, done, 1, lease=await leases.acquire(conn, DEST, "test", 600))
         await worklist.place(
             conn, queue="delivery-failed", record_kind="delivery", record_key=str(pending),
             reason="gave-up", placed_by="worker",
@@ -605,20 +606,20 @@ async def test_worker_records_attempts_and_honours_a_hold_the_admin_role_sets(
         await register(conn, DEST, "adt")
     worker_dsn, admin_dsn = role_dsns["worker"], role_dsns["admin"]
     async with await AsyncConnection.connect(worker_dsn, autocommit=True) as conn:
-        assert await queue.retry(
+        assert await delivery.retry(
             conn, item, 1, 0, "application: AE", lease=await leases.acquire(conn, DEST, "test", 600)
         )
     async with await AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
         assert [a.outcome for a in await reads.attempts(conn, item)] == ["retry"]
         assert await registry.suspend(conn, DEST, who="jo", why="upgrade")
     async with await AsyncConnection.connect(worker_dsn, autocommit=True) as conn:
-        assert await queue.next_head(
+        assert await delivery.next_head(
             conn, DEST, lease=await leases.acquire(conn, DEST, "test", 600)
         ) == (None, None)  # held: no head
     async with await AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
         assert await registry.resume(conn, DEST, who="jo")
     async with await AsyncConnection.connect(worker_dsn, autocommit=True) as conn:
-        head, _ = await queue.next_head(
+        head, _ = await delivery.next_head(
             conn, DEST, lease=await leases.acquire(conn, DEST, "test", 600)
         )
         assert head is not None and head.item.id == item

@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy
-from inturn.worker.store import queue
+from inturn.worker.store import delivery, queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support.pipeline import rows, until, worker, worker_config
@@ -51,7 +51,7 @@ async def test_a_corrected_address_is_tried_at_once(fresh_db: str) -> None:
         await until(lambda: rows(fresh_db, "ward/moved")[0]["next_attempt"] > row["next_attempt"])
         # the same process taking its lease again: its own backoff stands
         async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-            assert await queue.sender_changed(
+            assert await delivery.sender_changed(
                 conn, "ward/moved", again.sender_fingerprint, lease=again.lease
             ) == (False, 0)
     [still] = rows(fresh_db, "ward/moved")

@@ -11,7 +11,7 @@ import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker.errors import Conflict
-from inturn.worker.store import actions, locks, queue, reads
+from inturn.worker.store import actions, delivery, locks, notify, queue, reads
 from inturn.worker.store import lease as leases
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.lease import Lease
@@ -54,30 +54,30 @@ async def test_enqueue_returns_ids_in_order_and_keeps_bytes(conn: AsyncConnectio
 async def test_head_that_backs_off_blocks_later_items(conn: AsyncConnection[Any]) -> None:
     """The ordering pitfall: a later message must never overtake a failed head."""
     [first] = await queue.enqueue(conn, [item(1)])
-    head, wait = await queue.next_head(conn, DEST, lease=await held(conn))
+    head, wait = await delivery.next_head(conn, DEST, lease=await held(conn))
     assert head is not None and head.item.id == first
-    await queue.retry(conn, first, 1, 30.0, "connection: refused", lease=await held(conn))
+    await delivery.retry(conn, first, 1, 30.0, "connection: refused", lease=await held(conn))
     [second] = await queue.enqueue(conn, [item(2)])
-    head, wait = await queue.next_head(conn, DEST, lease=await held(conn))
+    head, wait = await delivery.next_head(conn, DEST, lease=await held(conn))
     assert head is None
     assert wait is not None and 25 < wait <= 30
     assert await queue.blocked(conn, DEST) is True
     # Once due, the first one (not the second) is the head.
     await actions.retry_now(conn, who="ops", item_id=first)
-    head, wait = await queue.next_head(conn, DEST, lease=await held(conn))
+    head, wait = await delivery.next_head(conn, DEST, lease=await held(conn))
     assert head is not None and head.item.id == first and head.item.attempts == 0
     assert second > first
 
 
 async def test_empty_queue_has_no_head_and_no_wait(conn: AsyncConnection[Any]) -> None:
-    assert await queue.next_head(conn, DEST, lease=await held(conn)) == (None, None)
+    assert await delivery.next_head(conn, DEST, lease=await held(conn)) == (None, None)
     assert await queue.blocked(conn, DEST) is False
 
 
 async def test_retry_keeps_first_reason(conn: AsyncConnection[Any]) -> None:
     [i] = await queue.enqueue(conn, [item(1)])
-    await queue.retry(conn, i, 1, 0, "connection: refused", lease=await held(conn))
-    await queue.retry(conn, i, 2, 0, "AE: database locked", lease=await held(conn))
+    await delivery.retry(conn, i, 1, 0, "connection: refused", lease=await held(conn))
+    await delivery.retry(conn, i, 2, 0, "AE: database locked", lease=await held(conn))
     got = await reads.get_item(conn, i)
     assert got is not None
     assert (got.attempts, got.reason, got.last_error) == (
@@ -89,17 +89,17 @@ async def test_retry_keeps_first_reason(conn: AsyncConnection[Any]) -> None:
 
 async def test_succeeded_and_gave_up_let_the_next_head_go(conn: AsyncConnection[Any]) -> None:
     a, b, c = await queue.enqueue(conn, [item(1), item(2), item(3)])
-    waited = await queue.succeeded(conn, a, 1, lease=await held(conn))
+    waited = await delivery.succeeded(conn, a, 1, lease=await held(conn))
     assert waited is not None and waited >= 0
-    assert await queue.gave_up(conn, b, 5, "AR: unknown patient", lease=await held(conn))
-    head, _ = await queue.next_head(conn, DEST, lease=await held(conn))
+    assert await delivery.gave_up(conn, b, 5, "AR: unknown patient", lease=await held(conn))
+    head, _ = await delivery.next_head(conn, DEST, lease=await held(conn))
     assert head is not None and head.item.id == c
     failed = await reads.get_item(conn, b)
     assert failed is not None
     assert (failed.state, failed.attempts, failed.reason) == ("failed", 5, "AR: unknown patient")
     assert failed.finished_at is not None
     # A mark on an item that failed meanwhile changes nothing.
-    assert await queue.succeeded(conn, b, 6, lease=await held(conn)) is None
+    assert await delivery.succeeded(conn, b, 6, lease=await held(conn)) is None
 
 
 async def test_retry_now_for_a_destination_resets_every_pending_item(
@@ -107,7 +107,7 @@ async def test_retry_now_for_a_destination_resets_every_pending_item(
 ) -> None:
     ids = await queue.enqueue(conn, [item(1), item(2)])
     for i in ids:
-        await queue.retry(conn, i, 7, 3600, "timeout", lease=await held(conn))
+        await delivery.retry(conn, i, 7, 3600, "timeout", lease=await held(conn))
     changed = await actions.retry_now(conn, who="nurse.it", destination=DEST, why="receiver fixed")
     assert changed == ids
     items, _ = await reads.list_items(conn, destination=DEST)
@@ -134,7 +134,7 @@ async def test_skip_and_drain_are_audited_with_who(conn: AsyncConnection[Any]) -
 
 async def test_remove_touches_finished_items_only(conn: AsyncConnection[Any]) -> None:
     a, b = await queue.enqueue(conn, [item(1), item(2)])
-    await queue.succeeded(conn, a, 1, lease=await held(conn))
+    await delivery.succeeded(conn, a, 1, lease=await held(conn))
     assert await actions.remove(conn, [a, b], who="ops") == [a]
     assert await reads.get_item(conn, b) is not None
 
@@ -142,8 +142,8 @@ async def test_remove_touches_finished_items_only(conn: AsyncConnection[Any]) ->
 async def test_purge_never_touches_pending_and_batches(conn: AsyncConnection[Any]) -> None:
     ids = await queue.enqueue(conn, [item(n) for n in range(12)])
     for i in ids[:10]:
-        await queue.succeeded(conn, i, 1, lease=await held(conn))
-    await queue.gave_up(conn, ids[10], 3, "AR", lease=await held(conn))
+        await delivery.succeeded(conn, i, 1, lease=await held(conn))
+    await delivery.gave_up(conn, ids[10], 3, "AR", lease=await held(conn))
     future = datetime.now(UTC) + timedelta(seconds=5)
     counts = await actions.purge(conn, {"delivered": future, "failed": future}, batch=3)
     assert counts == {"delivered": 10, "failed": 1}
@@ -157,7 +157,7 @@ async def test_purge_never_touches_pending_and_batches(conn: AsyncConnection[Any
 
 async def test_purge_keeps_recent_finished_items(conn: AsyncConnection[Any]) -> None:
     [a] = await queue.enqueue(conn, [item(1)])
-    await queue.succeeded(conn, a, 1, lease=await held(conn))
+    await delivery.succeeded(conn, a, 1, lease=await held(conn))
     past = datetime.now(UTC) - timedelta(days=7)
     assert await actions.purge(conn, {"delivered": past}) == {"delivered": 0}
 
@@ -188,8 +188,8 @@ async def test_list_is_newest_first_capped_and_has_no_payload(conn: AsyncConnect
 async def test_depth_reports_pending_failed_oldest_and_attempts(conn: AsyncConnection[Any]) -> None:
     a, b, _ = await queue.enqueue(conn, [item(1), item(2), item(3)])
     await queue.enqueue(conn, [item(9, destination="hospital/pharmacy")])
-    await queue.gave_up(conn, a, 2, "AR", lease=await held(conn))
-    await queue.retry(conn, b, 4, 60, "timeout", lease=await held(conn))
+    await delivery.gave_up(conn, a, 2, "AR", lease=await held(conn))
+    await delivery.retry(conn, b, 4, 60, "timeout", lease=await held(conn))
     rows = {r.destination: r for r in await reads.depth(conn)}
     lab = rows[DEST]
     assert (lab.pending, lab.failed, lab.max_attempts, lab.channel) == (2, 1, 4, "adt")
@@ -201,7 +201,7 @@ async def test_depth_reports_pending_failed_oldest_and_attempts(conn: AsyncConne
 
 async def test_erase_removes_any_state_and_is_audited(conn: AsyncConnection[Any]) -> None:
     a, b = await queue.enqueue(conn, [item(1), item(2)])
-    await queue.succeeded(conn, a, 1, lease=await held(conn))
+    await delivery.succeeded(conn, a, 1, lease=await held(conn))
     assert sorted(await actions.erase(conn, [a, b], who="dpo", why="GDPR art. 17")) == [a, b]
     cur = await conn.execute("SELECT action, item_ids, who FROM inturn_audit")
     assert await cur.fetchall() == [("erase", [a, b], "dpo")]
@@ -209,7 +209,7 @@ async def test_erase_removes_any_state_and_is_audited(conn: AsyncConnection[Any]
 
 async def test_resend_puts_a_copy_at_the_tail(conn: AsyncConnection[Any]) -> None:
     a, b = await queue.enqueue(conn, [item(1), item(2)])
-    await queue.gave_up(conn, a, 3, "AR", lease=await held(conn))
+    await delivery.gave_up(conn, a, 3, "AR", lease=await held(conn))
     new = await actions.resend(conn, a, who="ops")
     assert new is not None and new > b
     copy = await reads.get_item(conn, new)
@@ -232,8 +232,8 @@ async def test_fan_out_is_one_transaction_with_one_notify_per_destination(
     conn: AsyncConnection[Any], fresh_db: str
 ) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as listener:
-        await listener.execute(f"LISTEN {queue.notify_channel('a/x')}")
-        await listener.execute(f"LISTEN {queue.notify_channel('b/y')}")
+        await listener.execute(f"LISTEN {notify.notify_channel('a/x')}")
+        await listener.execute(f"LISTEN {notify.notify_channel('b/y')}")
         await queue.enqueue(conn, [item(1, "b/y"), item(1, "a/x"), item(2, "a/x")])
         got = [n.payload async for n in listener.notifies(timeout=2, stop_after=2)]
     assert sorted(got) == ["a/x", "b/y"]
@@ -303,15 +303,15 @@ async def test_succeeded_next_marks_and_reads_the_next_head_at_once(
     conn: AsyncConnection[Any],
 ) -> None:
     a, b, c = await queue.enqueue(conn, [item(1), item(2), item(3)])
-    head, _ = await queue.next_head(conn, DEST, lease=await held(conn))
+    head, _ = await delivery.next_head(conn, DEST, lease=await held(conn))
     assert head is not None and head.item.id == a
-    waited, (following, wait) = await queue.succeeded_next(
+    waited, (following, wait) = await delivery.succeeded_next(
         conn, head.item, 1, lease=await held(conn)
     )
     assert waited is not None and following is not None and following.item.id == b
     assert wait is None and following.payload == await reads.payload(conn, b)
-    await queue.retry(conn, c, 1, 60, "timeout", lease=await held(conn))
-    waited, (following, wait) = await queue.succeeded_next(
+    await delivery.retry(conn, c, 1, 60, "timeout", lease=await held(conn))
+    waited, (following, wait) = await delivery.succeeded_next(
         conn, following.item, 1, lease=await held(conn)
     )
     assert following is None and wait is not None and wait > 50  # c is backing off
@@ -319,19 +319,23 @@ async def test_succeeded_next_marks_and_reads_the_next_head_at_once(
     assert await actions.skip(conn, c, who="ops")
     raced = await reads.get_item(conn, c)
     assert raced is not None
-    waited, (following, wait) = await queue.succeeded_next(conn, raced, 2, lease=await held(conn))
+    waited, (following, wait) = await delivery.succeeded_next(
+        conn, raced, 2, lease=await held(conn)
+    )
     assert waited is not None and (following, wait) == (None, None)
     delivered = await reads.get_item(conn, c)
     assert delivered is not None and (delivered.state, delivered.decided_by) == ("delivered", "ops")
     # An erased head is simply gone.
     assert await actions.erase(conn, [c], who="dpo")
-    waited, (following, wait) = await queue.succeeded_next(conn, raced, 3, lease=await held(conn))
+    waited, (following, wait) = await delivery.succeeded_next(
+        conn, raced, 3, lease=await held(conn)
+    )
     assert (waited, following, wait) == (None, None, None)
 
 
 async def test_next_head_keyset_bound(conn: AsyncConnection[Any]) -> None:
     a, b = await queue.enqueue(conn, [item(1), item(2)])
-    head, _ = await queue.next_head(conn, DEST, after=a, lease=await held(conn))
+    head, _ = await delivery.next_head(conn, DEST, after=a, lease=await held(conn))
     assert head is not None and head.item.id == b
-    head, _ = await queue.next_head(conn, DEST, after=0, lease=await held(conn))
+    head, _ = await delivery.next_head(conn, DEST, after=0, lease=await held(conn))
     assert head is not None and head.item.id == a

@@ -35,7 +35,7 @@ from inturn.worker.console.overview import (
 )
 from inturn.worker.console.trends import History, feed_name
 from inturn.worker.store import feeds as feeds_store
-from inturn.worker.store import queue, reads, registry
+from inturn.worker.store import notify, reads, registry
 from inturn.worker.store.connect import write_target
 
 log = logging.getLogger("inturn.console")
@@ -194,10 +194,10 @@ class Feed:
             listening: set[str] = set()
             while True:
                 channels = {CONSOLE_CHANNEL} | {
-                    queue.notify_channel(r.destination) for r in self.snapshot.rows
+                    notify.notify_channel(r.destination) for r in self.snapshot.rows
                 }
                 for channel in sorted(channels - listening):
-                    await queue.listen_channel(conn, channel)
+                    await notify.listen_channel(conn, channel)
                 listening |= channels
                 await self._wait(conn)
                 rest = self.min_interval - (time.monotonic() - self._refreshed)

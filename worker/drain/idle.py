@@ -28,7 +28,7 @@ from psycopg import AsyncConnection
 from inturn.worker.drain.gate import Gate, may_send
 from inturn.worker.drain.holding import LeaseHolding
 from inturn.worker.drain.steps import sleep_or_stop
-from inturn.worker.store import queue, reads
+from inturn.worker.store import delivery, reads
 
 log = logging.getLogger("inturn.drain")
 
@@ -64,7 +64,7 @@ class Idling(LeaseHolding):
         On a direct connection, and with a LISTEN connection of its own behind a pooler, a
         NOTIFY wakes the worker (:meth:`StepRunner.wait`). Behind a pooler without one, it
         polls every ``poll_seconds`` with a read that changes nothing
-        (:func:`inturn.worker.store.queue.poll_head`) and wakes when the head is new or due.
+        (:func:`inturn.worker.store.delivery.poll_head`) and wakes when the head is new or due.
 
         Raises:
             SessionLost: a connection was lost (the caller reconnects).
@@ -87,7 +87,7 @@ class Idling(LeaseHolding):
                 if stop.is_set() or time.monotonic() >= deadline:
                     return
             head_id, due = await self.steps.run(
-                conn, stop, "head", partial(queue.poll_head, conn, self.destination)
+                conn, stop, "head", partial(delivery.poll_head, conn, self.destination)
             )
             if due or (head_id is not None and (empty or (not first and head_id != seen))):
                 return

@@ -6,18 +6,18 @@ at a time; the loop here is the only user of the worker's database connection, s
 statement stays in order on one session:
 
 1. read the window: the oldest pending messages with their lane keys
-   (:func:`inturn.worker.store.queue.pending_window`), kept in memory between turns and read
+   (:func:`inturn.worker.store.delivery.pending_window`), kept in memory between turns and read
    again after a notification (the tail at once, the whole window at most every
    :data:`FULL_REFRESH_SECONDS`, so that a skip, a retry-now or an erasure is seen);
 2. ask the scheduler (:func:`inturn.worker.drain.lanes.plan`) which messages may start on the
-   free lanes; take their payloads (:func:`inturn.worker.store.queue.take`) and start them.
+   free lanes; take their payloads (:func:`inturn.worker.store.delivery.take`) and start them.
    The same take reads the messages that may go next (at most one per lane, kept
    :data:`AHEAD_SECONDS`), so that a lane that answers gets its next message without waiting
    for a round trip;
 3. wait for an answer, a notification, a message coming due, or the idle poll;
 4. record each answer: a failure at once, per id (the worker's own retry decision and marks,
    :meth:`DestinationWorker._failed`); the deliveries of a turn with the next take, in the same
-   statement (:func:`inturn.worker.store.queue.take`), which commits them before anything it
+   statement (:func:`inturn.worker.store.delivery.take`), which commits them before anything it
    takes is sent: one round trip per turn, however many lanes answered.
 
 What stays as with one lane: the throttle paces the destination as a whole; outside its
@@ -45,8 +45,8 @@ from inturn.worker.drain.attempt import send_once
 from inturn.worker.drain.lanes import Entry, LaneView, Plan, hold, plan
 from inturn.worker.senders.base import FailureCause, Sender
 from inturn.worker.senders.registry import make_sender
+from inturn.worker.store import delivery
 from inturn.worker.store import lease as leases
-from inturn.worker.store import queue
 from inturn.worker.store.lease import Lease
 from inturn.worker.store.model import Head, Pending
 
@@ -374,7 +374,7 @@ class LaneDrain:
             self.conn,
             self.stop,
             "head",
-            lambda: queue.pending_window(
+            lambda: delivery.pending_window(
                 self.conn, self.w.destination, limit=limit, after=after, lease=self.lease
             ),
         )
@@ -394,15 +394,15 @@ class LaneDrain:
 
     async def _take(self, ids: list[int]) -> list[Head]:
         """Mark the answers of the turn delivered and take ``ids``, in one statement
-        (:func:`inturn.worker.store.queue.take`): the marks commit before anything taken is
+        (:func:`inturn.worker.store.delivery.take`): the marks commit before anything taken is
         sent, so a message's successor never goes before its delivered mark is durable."""
         answered = self._answered
-        delivered = [queue.Delivered(f.head.item, a, e) for f, a, e, _ in answered]
+        delivered = [delivery.Delivered(f.head.item, a, e) for f, a, e, _ in answered]
         waited, heads = await self.w._guarded(
             self.conn,
             self.stop,
             "mark" if delivered else "head",
-            lambda: queue.take(
+            lambda: delivery.take(
                 self.conn, self.w.destination, ids, delivered=delivered, lease=self.lease
             ),
             delivered[0].item.id if len(delivered) == 1 else None,

@@ -28,7 +28,7 @@ from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain.holding import LeaseHolding
 from inturn.worker.drain.retry import RetryDecision, decide
 from inturn.worker.senders.base import FailureCause
-from inturn.worker.store import queue
+from inturn.worker.store import delivery
 from inturn.worker.store.lease import Lease
 from inturn.worker.store.model import Head
 from inturn.worker.worklist.delivery_failed import give_up
@@ -122,7 +122,7 @@ class Outcomes(LeaseHolding):
             conn,
             stop,
             "attempt",
-            lambda: queue.retry(
+            lambda: delivery.retry(
                 conn, item.id, decision.attempts, decision.delay_seconds, cause, lease=lease
             ),
             item.id,

@@ -51,8 +51,8 @@ from inturn.worker.spec.config import (
     lease_settings,
 )
 from inturn.worker.spec.config import poll_seconds as poll_env
+from inturn.worker.store import delivery, lockwatch, notify
 from inturn.worker.store import lease as leases
-from inturn.worker.store import lockwatch, queue
 from inturn.worker.store.connect import connect_worker, detect_pooling
 from inturn.worker.store.faults import KeyStoreUnavailable, connection_gone
 from inturn.worker.store.keystore import PgKeyStore
@@ -199,7 +199,7 @@ class DestinationWorker(SingleStream):
         try:
             if not self.pooled:
                 await self.steps.run(
-                    conn, stop, "session", lambda: queue.listen(conn, self.destination)
+                    conn, stop, "session", lambda: notify.listen(conn, self.destination)
                 )
             elif self.listen_dsn:
                 # LISTEN needs a session: a direct connection of its own (the chart's -rw
@@ -209,7 +209,7 @@ class DestinationWorker(SingleStream):
                 )
                 listening = self._listen
                 await self.steps.run(
-                    listening, stop, "session", lambda: queue.listen(listening, self.destination)
+                    listening, stop, "session", lambda: notify.listen(listening, self.destination)
                 )
             while not stop.is_set():
                 lease = await self._acquire(conn, stop)
@@ -247,7 +247,7 @@ class DestinationWorker(SingleStream):
             conn,
             stop,
             "session",
-            lambda: queue.sender_changed(
+            lambda: delivery.sender_changed(
                 conn, self.destination, self.sender_fingerprint, lease=lease, starting=starting
             ),
         )

@@ -4,7 +4,7 @@ Each turn reads the head (guarded by the lease, which it renews), waits when the
 to send or the head is not due, keeps the window and the throttle (:mod:`.gate`), and sends the
 head once (:func:`inturn.worker.drain.attempt.send_once`, as every lane does). A delivery is
 marked in the same round trip that reads the next head
-(:func:`inturn.worker.store.queue.succeeded_next`); a failure is recorded by
+(:func:`inturn.worker.store.delivery.succeeded_next`); a failure is recorded by
 :meth:`inturn.worker.drain.outcome.Outcomes._failed`.
 
 There is no in-flight state: a crash between the receiver's ACK and the delivered mark leaves
@@ -32,8 +32,8 @@ from inturn.worker.drain.idle import Idling
 from inturn.worker.drain.outcome import Outcomes
 from inturn.worker.drain.steps import sleep_or_stop
 from inturn.worker.senders.base import Sender
+from inturn.worker.store import delivery
 from inturn.worker.store import lease as leases
-from inturn.worker.store import queue
 from inturn.worker.store.lease import Lease
 from inturn.worker.store.model import Head
 from inturn.worker.worklist.hooks import Marker
@@ -74,7 +74,7 @@ class SingleStream(Idling, Outcomes):
         """
         idle = float(self.config.idle_seconds)
         after = 0
-        prefetched: queue.HeadResult | None = None
+        prefetched: delivery.HeadResult | None = None
         while not stop.is_set():
             self._tick()
             if self.config.suspend:
@@ -97,7 +97,7 @@ class SingleStream(Idling, Outcomes):
                     conn,
                     stop,
                     "head",
-                    partial(queue.next_head, conn, self.destination, after=after, lease=lease),
+                    partial(delivery.next_head, conn, self.destination, after=after, lease=lease),
                 )
                 if head is None and wait is None and after:
                     after = 0
@@ -105,7 +105,7 @@ class SingleStream(Idling, Outcomes):
                         conn,
                         stop,
                         "head",
-                        partial(queue.next_head, conn, self.destination, lease=lease),
+                        partial(delivery.next_head, conn, self.destination, lease=lease),
                     )
             self.state.db_ok = True
             if head is None and wait is None:
@@ -144,7 +144,7 @@ class SingleStream(Idling, Outcomes):
 
     async def _attempt(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, head: Head, lease: Lease
-    ) -> tuple[bool, queue.HeadResult | None]:
+    ) -> tuple[bool, delivery.HeadResult | None]:
         """Send ``head`` once and record the outcome (the marks guarded by ``lease``).
 
         Returns whether the head is finished (delivered or given up) and, after a delivery,
@@ -173,7 +173,7 @@ class SingleStream(Idling, Outcomes):
                     conn,
                     stop,
                     "mark",
-                    lambda: queue.succeeded_next(conn, item, attempts, expecting, lease=lease),
+                    lambda: delivery.succeeded_next(conn, item, attempts, expecting, lease=lease),
                     item.id,
                 )
                 if attempts > 1 or held:  # the recovery is news as much as the failures were

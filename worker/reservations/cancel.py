@@ -45,7 +45,7 @@ from inturn.worker.reservations.codes import (
     segment_key,
 )
 from inturn.worker.store import bookings as store
-from inturn.worker.store.queue import wake
+from inturn.worker.store.notify import wake
 from inturn.worker.worklist import Placement, clear_where, place
 
 #: Why an auto-cancelled booking was cancelled (``cancel_reason``, notice ZRB-3).

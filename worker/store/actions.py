@@ -3,8 +3,8 @@ resend and purge.
 
 Each function takes an open ``psycopg.AsyncConnection`` in autocommit mode and runs its own
 transaction; every decision is written to the audit trail in the same transaction by
-:func:`inturn.worker.store.queue.record`, and a destination whose queue changed is woken with
-:func:`inturn.worker.store.queue.wake`. Statements are named queries of ``sql/queue.sql``. The
+:func:`inturn.worker.store.audit.record`, and a destination whose queue changed is woken with
+:func:`inturn.worker.store.notify.wake`. Statements are named queries of ``sql/queue.sql``. The
 rules (who may, with what reason) are the operations layer's (:mod:`inturn.worker.operations`).
 """
 
@@ -21,7 +21,7 @@ from psycopg.types.array import ListBinaryDumper
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Conflict, Invalid
-from inturn.worker.store import locks, queue, worklist
+from inturn.worker.store import audit, locks, notify, worklist
 from inturn.worker.store.lease import holder_id
 from inturn.worker.store.model import (
     FINISHED_STATES,
@@ -62,7 +62,7 @@ async def retry_now(
         ids = sorted(int(r["id"]) for r in rows)
         touched = {str(r["destination"]) for r in rows}
         if ids:
-            await queue.record(
+            await audit.record(
                 conn,
                 who=who,
                 action="retry-now",
@@ -70,7 +70,7 @@ async def retry_now(
                 ids=ids,
                 why=why,
             )
-            await queue.wake(conn, touched)
+            await notify.wake(conn, touched)
     return ids
 
 
@@ -85,10 +85,10 @@ async def skip(
         row = await fetch_one(conn, Q["skip"], {"id": item_id, "who": who}, row=dict_row)
         if row is None:
             return False
-        await queue.record(
+        await audit.record(
             conn, who=who, action="skip", destination=row["destination"], ids=[item_id], why=why
         )
-        await queue.wake(conn, [row["destination"]])
+        await notify.wake(conn, [row["destination"]])
     return True
 
 
@@ -100,10 +100,10 @@ async def drain(
         params = {"destination": destination, "who": who}
         ids = sorted(int(r["id"]) for r in await fetch_all(conn, Q["drain"], params, row=dict_row))
         if ids:
-            await queue.record(
+            await audit.record(
                 conn, who=who, action="drain", destination=destination, ids=ids, why=why
             )
-            await queue.wake(conn, [destination])  # its gauges change
+            await notify.wake(conn, [destination])  # its gauges change
     return ids
 
 
@@ -164,9 +164,9 @@ async def _delete(
         if ids:
             touched = {r["destination"] for r in rows}
             dest = touched.pop() if len(touched) == 1 else None
-            await queue.record(conn, who=who, action=action, destination=dest, ids=ids, why=why)
+            await audit.record(conn, who=who, action=action, destination=dest, ids=ids, why=why)
             # An erased pending item changes its worker's head and gauges.
-            await queue.wake(conn, {r["destination"] for r in rows if r["state"] == "pending"})
+            await notify.wake(conn, {r["destination"] for r in rows if r["state"] == "pending"})
     return ids
 
 
@@ -352,14 +352,14 @@ async def resend_many(
                     "payloads": stored,
                     "sizes": [len(p) for p in plain],
                     "keys": keys,
-                    "channels": [queue.notify_channel(d) for d in destinations],
+                    "channels": [notify.notify_channel(d) for d in destinations],
                     "destinations": destinations,
                 },
             )
         copies = list(zip(originals, new_ids, strict=True))
         dest = destinations[0] if len(destinations) == 1 else None
         audited = sorted(i for pair in copies for i in pair)
-        await queue.record(conn, who=who, action="resend", destination=dest, ids=audited, why=why)
+        await audit.record(conn, who=who, action="resend", destination=dest, ids=audited, why=why)
     return ResendOutcome(tuple(copies), tuple(refused), left_out)
 
 

@@ -302,7 +302,7 @@ async def enqueue_cancel_notice(
     the live Destination that serves it, built by the database from the booking record
     (``inturn_enqueue_cancel_notice``, migration 0017; the bytes of
     :func:`inturn.worker.reservations.notice.build_notice`), in the caller's transaction. The
-    caller wakes the destination's worker (:func:`inturn.worker.store.queue.wake`).
+    caller wakes the destination's worker (:func:`inturn.worker.store.notify.wake`).
 
     Returns:
         ``(delivery id, destination)``; a notice already enqueued for the booking and carrier

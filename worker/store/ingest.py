@@ -23,8 +23,8 @@ from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Invalid
 from inturn.worker.store.identifiers import keys_text
 from inturn.worker.store.model import Earlier, Message, StoreResult
+from inturn.worker.store.notify import notify_channel
 from inturn.worker.store.queries import fetch_all, load
-from inturn.worker.store.queue import notify_channel
 
 Q = load("ingest.sql")
 

@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
 from inturn.worker.errors import Invalid
-from inturn.worker.store import queue
+from inturn.worker.store import audit
 from inturn.worker.store.model import (
     STATES,
     Attempt,
@@ -128,7 +128,7 @@ async def view_payload(
         row = await fetch_one(conn, Q["payload_of"], {"id": item_id}, row=dict_row)
         if row is None:
             return None
-        await queue.record(
+        await audit.record(
             conn,
             who=who,
             action="view-payload",
@@ -200,7 +200,7 @@ async def record_patient_lookup(
     (the index, an erasure's dry run, a scan of the payloads). ``action`` is
     ``search-patient`` unless the lookup is part of another audited action (an erasure that
     matched nothing records ``erase`` with no ids). Needs a writable connection."""
-    await queue.record(conn, who=who, action=action, ids=list(item_ids), why=why)
+    await audit.record(conn, who=who, action=action, ids=list(item_ids), why=why)
 
 
 async def resend_chain(conn: AsyncConnection[Any], item_id: int, *, limit: int = 50) -> list[Item]:

@@ -19,7 +19,7 @@ from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
 from inturn.worker.errors import Conflict
-from inturn.worker.store import queue
+from inturn.worker.store import audit, notify
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("registry.sql")
@@ -332,7 +332,7 @@ async def suspend(
         params = {"destination": destination, "who": who, "why": why}
         if await fetch_one(conn, Q["hold"], params, row=dict_row) is None:
             return False
-        await queue.record(conn, who=who, action="suspend", destination=destination, why=why)
+        await audit.record(conn, who=who, action="suspend", destination=destination, why=why)
     return True
 
 
@@ -348,6 +348,6 @@ async def resume(
         params = {"destination": destination}
         if await fetch_one(conn, Q["release"], params, row=dict_row) is None:
             return False
-        await queue.record(conn, who=who, action="resume", destination=destination, why=why)
-        await queue.wake(conn, [destination])
+        await audit.record(conn, who=who, action="resume", destination=destination, why=why)
+        await notify.wake(conn, [destination])
     return True

@@ -15,7 +15,7 @@ from typing import Any, LiteralString
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from inturn.worker.store import queue
+from inturn.worker.store import audit, notify
 from inturn.worker.store.queries import fetch_all, load
 
 Q = load("sweep.sql")
@@ -99,8 +99,8 @@ async def skip_expired(
     for row in skipped:
         by_destination.setdefault(row["destination"], []).append(row["id"])
     for destination, done in sorted(by_destination.items()):
-        await queue.record(
+        await audit.record(
             conn, who=who, action="skip", destination=destination, ids=sorted(done), why=why
         )
-    await queue.wake(conn, by_destination)
+    await notify.wake(conn, by_destination)
     return skipped

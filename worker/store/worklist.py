@@ -21,7 +21,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
 from inturn.worker.errors import Conflict, Invalid, NotFound
-from inturn.worker.store import queue
+from inturn.worker.store import audit
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 from inturn.worker.store.worklist_model import (
     ITEM_STATES,
@@ -268,7 +268,7 @@ async def _audit(
     conn: AsyncConnection[Any], who: str, items: Sequence[WorklistItem], note: str
 ) -> None:
     destinations = {i.record_key for i in items if i.record_kind == "destination"}
-    await queue.record(
+    await audit.record(
         conn,
         who=who,
         action=CLEAR_ACTION,

@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from inturn.worker.store import queue
+from inturn.worker.store import delivery
 from inturn.worker.store.lease import Lease
 from inturn.worker.store.model import Item
 from inturn.worker.store.worklist import place
@@ -63,7 +63,7 @@ async def give_up(
             transaction is rolled back and nothing changed.
     """
     async with conn.transaction():
-        if not await queue.gave_up(conn, item.id, attempts, cause, lease=lease):
+        if not await delivery.gave_up(conn, item.id, attempts, cause, lease=lease):
             return None
         return await place(
             conn,

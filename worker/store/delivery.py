@@ -1,0 +1,394 @@
+"""The worker's statements on the delivery queue: the head, its marks (delivered, retry,
+failed), the sender fingerprint, and the lanes' window and take. The hot path of a delivery.
+
+Every function takes the worker's open ``psycopg.AsyncConnection`` in autocommit mode and runs
+one statement (a named query of ``sql/queue.sql``; rows read by column name). Items join the
+queue through :mod:`inturn.worker.store.queue`; a worker is woken through
+:mod:`inturn.worker.store.notify`.
+
+Ordering rests on three rules; the first and the last are enforced here, the second where items
+are enqueued:
+
+* the head is the oldest pending item whether or not it is due (:func:`next_head`);
+* enqueues for one destination commit in id order
+  (:func:`inturn.worker.store.queue.enqueue`);
+* there is no in-flight state: the head stays pending while being sent, so a crash leaves it to
+  be sent again by the next lease holder (at most one duplicate, never a reorder).
+
+Fencing. Every statement a worker runs that reads the head or writes a row takes its ``lease``
+(:class:`inturn.worker.store.lease.Lease`, keyword) and is guarded in SQL by the lease row: the
+same destination, holder and epoch, renewed to its ``ttl_seconds`` by the same statement (no
+extra round trip; the guard is one fragment of ``sql/queue.sql``, ``lease_guard``, composed into
+each statement when the file is loaded). A guard that fails changes nothing and raises
+:class:`~inturn.worker.store.lease.LeaseLost`. A lease that expired but that nobody took over is
+renewed by its holder's next statement: nobody else can have sent meanwhile, since a takeover
+raises the epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from inturn.worker.errors import Invalid
+from inturn.worker.store.lease import Lease, LeaseLost
+from inturn.worker.store.model import Head, Item, Pending
+from inturn.worker.store.queries import fetch_all, fetch_one, load
+
+Q = load("queue.sql")
+
+
+HeadResult = tuple[Head | None, float | None]
+
+
+def _head_result(row: Mapping[str, Any] | None) -> HeadResult:
+    if row is None or row["id"] is None:
+        return None, None
+    wait = float(row["wait_seconds"])
+    if wait > 0:
+        return None, wait
+    return (
+        Head(
+            item=Item.from_row(row),
+            payload=bytes(row["payload"]),
+            traceparent=row.get("traceparent"),
+        ),
+        None,
+    )
+
+
+def _guard(destination: str, lease: Lease) -> dict[str, Any]:
+    """The lease guard's parameters (``destination``, ``holder``, ``epoch``).
+
+    Raises:
+        Invalid: ``lease`` is another destination's.
+    """
+    if lease.destination != destination:
+        raise Invalid(f"the lease of {lease.destination} does not cover {destination}")
+    return {"destination": destination, "holder": lease.holder, "epoch": lease.epoch}
+
+
+async def next_head(
+    conn: AsyncConnection[Any], destination: str, *, after: int = 0, lease: Lease
+) -> HeadResult:
+    """Return the head of ``destination`` if it is due, else how long to wait; renews ``lease``.
+
+    Args:
+        after: a keyset bound: only items with a larger id are considered. A worker passes the
+            id it finished last (everything at or below it is finished, because enqueues commit
+            in id order); 0 considers every item.
+        lease: the worker's lease of ``destination`` (see the module docstring).
+
+    Returns:
+        ``(head, None)`` when the oldest pending item is due now; ``(None, seconds)`` when it is
+        backing off (nothing behind it may go first); ``(None, None)`` when nothing is pending.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was read.
+        Invalid: ``lease`` is another destination's.
+    """
+    params = {**_guard(destination, lease), "after": after}
+    row = await fetch_one(conn, Q["head"], params, row=dict_row, binary=True)  # the payload
+    if row is None:
+        raise LeaseLost(lease, "reading the head")
+    return _head_result(row)
+
+
+async def poll_head(conn: AsyncConnection[Any], destination: str) -> tuple[int | None, bool]:
+    """The id of ``destination``'s head (None: nothing pending or on hold) and whether it is due:
+    how a worker behind a pooler, which cannot LISTEN, looks for work between head queries.
+
+    A read that changes nothing and reads no payload: nothing is sent on its word (the guarded
+    :func:`next_head` comes next), so it needs no lease.
+    """
+    row = await fetch_one(conn, Q["poll_head"], {"destination": destination}, row=dict_row)
+    if row is None:
+        return None, False
+    return int(row["id"]), bool(row["due"])
+
+
+class ExpectedReply(Protocol):
+    """What :func:`succeeded_next` records of one expected reply
+    (:class:`inturn.worker.orders.keys.Expectation` has these attributes)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def channel(self) -> str: ...
+    @property
+    def reply_types(self) -> tuple[str, ...]: ...
+    @property
+    def within_seconds(self) -> int: ...
+
+
+async def succeeded_next(
+    conn: AsyncConnection[Any],
+    head: Item,
+    attempts: int,
+    expecting: Sequence[ExpectedReply] = (),
+    *,
+    lease: Lease,
+) -> tuple[float | None, HeadResult]:
+    """Mark ``head`` delivered and return the next head, in one statement (one round trip).
+
+    ``expecting``: the replies the delivered order now waits for (``spec.replies``), recorded
+    in ``inturn_order_expectation`` by the same statement, so only if the mark is written.
+
+    Committed synchronously like :func:`succeeded`. Returns ``(waited_seconds, next)`` where
+    ``waited_seconds`` is None when ``head`` was no longer pending, and ``next`` is as from
+    :func:`next_head` with ``after=head.id``.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was marked or recorded.
+    """
+    params = {**_guard(head.destination, lease), "id": head.id, "attempts": attempts}
+    params |= _expected_params(expecting)
+    row = await fetch_one(conn, Q["succeeded_next"], params, row=dict_row, binary=True)
+    assert row is not None  # the statement always returns one row
+    if row["held"] is None:
+        raise LeaseLost(lease, f"marking id={head.id} delivered")
+    waited = None if row["waited_seconds"] is None else float(row["waited_seconds"])
+    return waited, _head_result(row)
+
+
+#: No expected replies: NULL arrays, which ``unnest`` reads as no rows. The statement is the
+#: same; what is saved is adapting five empty lists on every delivered mark.
+_NO_EXPECTATIONS: dict[str, Any] = dict.fromkeys(("keys", "digests", "channels", "types", "within"))
+
+
+def _expected_params(expecting: Sequence[ExpectedReply]) -> dict[str, Any]:
+    """The ``keys``, ``digests``, ``channels``, ``types`` and ``within`` arrays of the replies
+    ``expecting`` (``spec.replies``) for the delivered marks' ``unnest``."""
+    opened = list(expecting)
+    if not opened:
+        return _NO_EXPECTATIONS
+    return {
+        "keys": [e.key for e in opened],
+        "digests": [e.digest for e in opened],
+        "channels": [e.channel for e in opened],
+        "types": [",".join(e.reply_types) for e in opened],
+        "within": [e.within_seconds for e in opened],
+    }
+
+
+async def _guarded(
+    conn: AsyncConnection[Any], name: str, params: dict[str, Any], lease: Lease, what: str
+) -> Mapping[str, Any]:
+    """Run the guarded statement ``name`` (it returns one row with ``held``).
+
+    Raises:
+        LeaseLost: the guard failed: nothing changed.
+    """
+    row = await fetch_one(conn, Q[name], params, row=dict_row)
+    assert row is not None  # the statement always returns one row
+    if not row["held"]:
+        raise LeaseLost(lease, what)
+    return row
+
+
+async def retry(
+    conn: AsyncConnection[Any],
+    item_id: int,
+    attempts: int,
+    delay_seconds: float,
+    cause: str,
+    *,
+    lease: Lease,
+) -> bool:
+    """Record a failed attempt: ``attempts`` so far, next attempt in ``delay_seconds``.
+
+    ``cause`` becomes ``last_error``, and ``reason`` if it was still empty. Returns False when
+    the item is no longer pending (skipped or erased meanwhile).
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing changed.
+    """
+    params = {
+        **_guard(lease.destination, lease),
+        "id": item_id,
+        "attempts": attempts,
+        "delay_seconds": delay_seconds,
+        "cause": cause,
+    }
+    row = await _guarded(
+        conn, "retry", params, lease, f"recording a failed attempt of id={item_id}"
+    )
+    return bool(row["changed"])
+
+
+async def sender_changed(
+    conn: AsyncConnection[Any],
+    destination: str,
+    fingerprint: str,
+    *,
+    lease: Lease,
+    starting: bool = False,
+) -> tuple[bool, int]:
+    """Record the sender fingerprint of a worker that took the destination's lock.
+
+    When the last worker of the destination recorded another fingerprint (its sender settings
+    were changed: address, TLS, headers), or when ``starting`` (this worker process takes the
+    destination for the first time, so any backoff on its rows was persisted by a process that
+    stopped or died), every pending item waiting out a backoff is made due now: the head is
+    tried at once; its attempts, ``last_error`` and ``reason`` are kept for the audit. The same
+    process taking the lease again (after a lost connection) keeps its own backoff.
+
+    Returns:
+        ``(changed, made_due)``: whether the settings changed, and how many items were made due.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was recorded.
+    """
+    params = {**_guard(destination, lease), "fingerprint": fingerprint, "starting": starting}
+    row = await _guarded(conn, "sender_changed", params, lease, "recording the sender")
+    return bool(row["changed"]), int(row["made_due"])
+
+
+async def succeeded(
+    conn: AsyncConnection[Any], item_id: int, attempts: int, *, lease: Lease
+) -> float | None:
+    """Mark an item delivered; return seconds from enqueue to delivery.
+
+    One autocommit statement. It must commit synchronously: a delivered mark lost in a database
+    crash would resend earlier messages after later ones. The connections this package opens
+    (:func:`~inturn.worker.store.connect.connect_worker`, the pools) force
+    ``synchronous_commit=on`` for their whole session, which saves a round trip per message.
+
+    Returns None when the item was no longer pending (skipped or erased during the attempt).
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing changed.
+    """
+    params = {**_guard(lease.destination, lease), "id": item_id, "attempts": attempts}
+    row = await _guarded(conn, "succeeded", params, lease, f"marking id={item_id} delivered")
+    return None if row["waited_seconds"] is None else float(row["waited_seconds"])
+
+
+async def gave_up(
+    conn: AsyncConnection[Any], item_id: int, attempts: int, cause: str, *, lease: Lease
+) -> bool:
+    """Mark an item failed (attempts exhausted or a ``fail`` ACK policy); the next head goes.
+
+    One statement, synchronous like :func:`succeeded`. Returns False when the item was no
+    longer pending.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing changed.
+    """
+    params = {
+        **_guard(lease.destination, lease),
+        "id": item_id,
+        "attempts": attempts,
+        "cause": cause,
+    }
+    row = await _guarded(conn, "gave_up", params, lease, f"marking id={item_id} failed")
+    return bool(row["changed"])
+
+
+# --- lanes (spec.lanes.count > 1) -------------------------------------------------------------
+
+
+async def pending_window(
+    conn: AsyncConnection[Any],
+    destination: str,
+    *,
+    limit: int,
+    after: int = 0,
+    lease: Lease,
+) -> list[Pending]:
+    """The oldest pending items of ``destination`` (at most ``limit``), due or not, in id order,
+    with their lane keys and no payload: the window the lanes' scheduler looks over
+    (:mod:`inturn.worker.drain.lanes`). Empty while the destination is on hold. Renews ``lease``.
+
+    Args:
+        limit: the window bound (``spec.lanes.window``), at least 1.
+        after: a keyset bound: only ids above it (0: all), to read the tail of a window.
+        lease: the worker's lease of ``destination`` (see the module docstring).
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was read.
+        Invalid: ``limit`` is below 1, or ``lease`` is another destination's.
+    """
+    if limit < 1:
+        raise Invalid("limit must be at least 1")
+    params = {**_guard(destination, lease), "after": after, "limit": limit}
+    rows = await fetch_all(conn, Q["pending_window"], params, row=dict_row)
+    if not rows:
+        raise LeaseLost(lease, "reading the lanes' window")
+    return [
+        Pending(
+            r["id"], tuple(r["patient_keys"] or ()), r["attempts"], r["wait_seconds"], r["size"]
+        )
+        for r in rows
+        if r["id"] is not None
+    ]
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """An answer to mark delivered with :func:`take`: the item, its attempts (this one
+    included) and the replies it now waits for (``spec.replies``)."""
+
+    item: Item
+    attempts: int
+    expecting: Sequence[ExpectedReply] = ()
+
+
+async def take(
+    conn: AsyncConnection[Any],
+    destination: str,
+    ids: Sequence[int],
+    *,
+    delivered: Sequence[Delivered] = (),
+    lease: Lease,
+) -> tuple[dict[int, float | None], list[Head]]:
+    """Mark ``delivered`` delivered, then return the heads (with payloads and lane keys) of
+    those of ``ids`` still pending, in id order, in one statement: one round trip per turn of
+    the lanes. The marks commit (synchronously, like :func:`succeeded`) before this returns, so
+    before any of the heads is sent. An item skipped or erased since the window was read is
+    left out of the heads; nothing is returned while the destination is on hold. Renews
+    ``lease``.
+
+    Returns:
+        ``(waited, heads)``: seconds from enqueue to delivery per marked id (an item gone, i.e.
+        erased, is absent), and the heads.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was marked or read.
+        Invalid: ``lease`` is another destination's.
+    """
+    opened = [(d.item.id, e) for d in delivered for e in d.expecting]
+    params = {
+        **_guard(destination, lease),
+        "ids": list(ids),
+        "done_ids": [d.item.id for d in delivered],
+        "done_attempts": [d.attempts for d in delivered],
+        "exp_ids": [i for i, _ in opened],
+        "keys": [e.key for _, e in opened],
+        "digests": [e.digest for _, e in opened],
+        "channels": [e.channel for _, e in opened],
+        "types": [",".join(e.reply_types) for _, e in opened],
+        "within": [e.within_seconds for _, e in opened],
+    }
+    rows = await fetch_all(conn, Q["take"], params, row=dict_row)
+    if not rows:
+        what = "marking delivered and taking" if delivered else "taking"
+        raise LeaseLost(lease, f"{what} the lanes' messages")
+    waited = {int(i): None if w is None else float(w) for i, w in rows[0]["done"]}
+    heads = [
+        Head(
+            item=Item.from_row(r),
+            payload=bytes(r["payload"]),
+            traceparent=r.get("traceparent"),
+            keys=tuple(r["patient_keys"] or ()),
+        )
+        for r in rows
+        if r["id"] is not None
+    ]
+    return waited, heads
