@@ -145,6 +145,35 @@ def _install_worker() -> None:
             RECORDS.append(("send", start, time.perf_counter(), cid, item_id))
 
     MllpSender.send = recorded_send  # type: ignore[method-assign]
+    _install_statements()
+
+
+def _install_statements() -> None:
+    """Every statement a cursor runs, by its name in ``worker/store/sql`` (``sql``: start,
+    end, name)."""
+    from importlib import resources
+
+    import psycopg
+
+    from inturn.worker.store import queries
+
+    names: dict[str, str] = {}
+    for path in resources.files("inturn.worker.store").joinpath("sql").iterdir():
+        if path.name.endswith(".sql"):
+            for name, text in queries.load(path.name).items():
+                names[text] = f"{path.name[:-4]}.{name}"
+    execute = psycopg.AsyncCursor.execute
+
+    @functools.wraps(execute)
+    async def recorded(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return await execute(self, query, *args, **kwargs)
+        finally:
+            name = names.get(query) if isinstance(query, str) else None
+            RECORDS.append(("sql", start, time.perf_counter(), name or str(query)[:40]))
+
+    psycopg.AsyncCursor.execute = recorded  # type: ignore[method-assign]
 
 
 def install(role: str, directory: str) -> None:
@@ -187,7 +216,7 @@ def load(directory: Path) -> dict[str, list[list[Any]]]:
     """Every record written to ``directory``, by kind (each worker's in one list per process:
     ``worker-<pid>`` keys hold that process's records in order)."""
     out: dict[str, list[list[Any]]] = {}
-    for path in sorted(directory.glob("*.jsonl")):
+    for path in sorted(directory.glob("*-*.jsonl")):
         out[path.stem] = [json.loads(line) for line in path.read_text().splitlines()]
     return out
 
@@ -203,7 +232,7 @@ def _found(records: list[list[Any]]) -> tuple[dict[int, dict[str, Any]], dict[st
     for record in records:
         kind = record[0]
         if kind == "readable":
-            readable = record[1]
+            readable = record[1] if readable is None else readable  # the first
         elif kind == "wait":
             waited = [record[1], record[2], readable]
             readable = None
@@ -302,7 +331,23 @@ def breakdown(
             out[how] = sum(1 for h in group if h["how"] == how)
         return out
 
-    return {"all_p50": summary(ordered, True), "slowest_1pct_mean": summary(tail, False)}
+    counts = {"sends": 0, "heads": 0, "empty_heads": 0, "marks": 0, "waits": 0}
+    for name, rows in records.items():
+        if name.startswith("worker-"):
+            for row in rows:
+                kind = row[0]
+                if kind == "send":
+                    counts["sends"] += 1
+                elif kind == "head":
+                    counts["heads"] += 1
+                    counts["empty_heads"] += row[3] is None
+                elif kind in ("mark", "wait"):
+                    counts[kind + "s"] += 1
+    return {
+        "all_p50": summary(ordered, True),
+        "slowest_1pct_mean": summary(tail, False),
+        "statements": counts,  # every worker statement of the run, warm-up included
+    }
 
 
 def schedstat(pids: list[int]) -> tuple[int, int, int]:

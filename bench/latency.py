@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -307,9 +308,9 @@ async def main_async(args: argparse.Namespace) -> int:
                 ]
                 for n, rx in enumerate(receivers)
             ]
-            recorded = Path(tmp) / "hops"
+            recorded = Path(args.hops_dir or Path(tmp) / "hops")
             if args.hops:
-                recorded.mkdir()
+                recorded.mkdir(parents=True, exist_ok=True)
                 ingest = hops.command("ingest", recorded, ingest_argv)
                 workers = [hops.command("worker", recorded, w) for w in workers_argv]
             else:
@@ -359,6 +360,8 @@ async def main_async(args: argparse.Namespace) -> int:
                     print_scheduling(r["scheduling"])
             if args.hops:
                 records = hops.load(recorded)
+                if args.hops_dir:  # the benchmark's side too, for a closer look
+                    (recorded / "bench.json").write_text(json.dumps(vars(clock)))
                 for r in results:
                     r["hops"] = hop_figures(clock, records, r["rate"])
     worst = max((r["p99_ms"] for r in results), default=0.0)
@@ -424,6 +427,11 @@ def hop_figures(clock: Clock, records: dict[str, list[list[Any]]], rate: float) 
             f"    {group}: {g['messages']} messages, found woken {g['woken']},"
             f" looked {g['looked']}, prefetched {g['prefetched']}"
         )
+    c = figures["statements"]
+    print(
+        f"    the whole run's worker statements: {c['sends']} sends, {c['marks']} marks,"
+        f" {c['heads']} head queries ({c['empty_heads']} found nothing), {c['waits']} waits"
+    )
     return figures
 
 
@@ -455,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
         "--hops",
         action="store_true",
         help="record each message's hops in ingest and the workers (bench/hops.py) and print them",
+    )
+    parser.add_argument(
+        "--hops-dir", help="with --hops: keep the records there (and the benchmark's as bench.json)"
     )
     args = parse_args(parser, argv, {"rates": "20", "seconds": 1.0})
     return asyncio.run(main_async(args))
