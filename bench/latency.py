@@ -111,6 +111,14 @@ class Clock:
         self.notified: dict[str, list[float]] = {}
         #: The MSH-10s measured at each rate.
         self.measured: dict[float, list[str]] = {}
+        #: With --hops: when this process's event loop ran a 5 ms timer (its own scheduling).
+        self.beats: list[float] = []
+
+    async def beat(self) -> None:
+        """Note the time every 5 ms (a gap says this process, or the machine, was not run)."""
+        while True:
+            self.beats.append(time.perf_counter())
+            await asyncio.sleep(0.005)
 
     def on_message(self, payload: bytes, _ack: bytes | None) -> None:
         self.arrived.setdefault(parse_header(payload).control_id, time.perf_counter())
@@ -324,6 +332,8 @@ async def main_async(args: argparse.Namespace) -> int:
             listening = asyncio.Event()
             listener = asyncio.create_task(listen(dsn, clock, listening))
             stack.callback(listener.cancel)
+            if args.hops:
+                stack.callback(asyncio.create_task(clock.beat()).cancel)
             await asyncio.wait_for(listening.wait(), timeout=30)
             with processes([ingest, *workers], env, Path(tmp) / "processes.log") as procs:
                 await wait_ready_ops(ops)
