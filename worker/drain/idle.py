@@ -132,10 +132,12 @@ class Idling(LeaseHolding):
     def _report_empty(self) -> None:
         """Nothing is pending: the gauges say so without a query (failed items are not in them).
 
-        The next depth query then runs as soon as anything is pending again.
+        The next depth query keeps its time (at most one every :data:`DEPTH_EVERY_SECONDS`):
+        a queue that empties after each message at a steady trickle would otherwise query its
+        depth before nearly every send (``bench/latency.py --hops`` counted 2,808 depth queries
+        for 4,416 sends at 200 msg/s over five destinations), a round trip on each message's way.
         """
         self.observer.depth(self.destination, 0, 0.0, 0)
-        self._next_depth = 0.0
 
     async def _report_depth(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, force: bool = False

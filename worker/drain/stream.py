@@ -112,8 +112,8 @@ class SingleStream(Idling, Outcomes):
                 self._report_empty()
                 await self._wait(conn, stop, self._idle_for(idle), empty=True)
                 continue
-            await self._report_depth(conn, stop)
             if head is None:
+                await self._report_depth(conn, stop)
                 await self._wait(
                     conn,
                     stop,
@@ -141,6 +141,9 @@ class SingleStream(Idling, Outcomes):
             finished, prefetched = await self._attempt(conn, stop, head, lease)
             if finished:
                 after = head.item.id
+            if prefetched is None or prefetched != (None, None):  # empty: reported at the top
+                # When due, after the send: a depth query never delays the message at hand.
+                await self._report_depth(conn, stop)
 
     async def _attempt(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, head: Head, lease: Lease
