@@ -9,8 +9,6 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
-from test_worker import DEST, running, until
-from test_worker import config as worker_config
 
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.operations import packs
@@ -21,6 +19,9 @@ from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support.db import register
 from tests.support.ingest import Client, config
+from tests.support.lab import DEST, running
+from tests.support.lab import config as worker_config
+from tests.support.pipeline import until
 
 pytestmark = pytest.mark.store
 

@@ -16,8 +16,6 @@ import aiohttp
 import psycopg
 import pytest
 from psycopg_pool import PoolTimeout
-from test_worker import _all_delivered, control_ids, enqueue, running
-from test_worker import config as worker_config
 
 from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.runner import RECONNECT_BASE_SECONDS, RECONNECT_MAX_SECONDS
@@ -32,7 +30,9 @@ from inturn.worker.store.pool import (
 )
 from inturn.worker.testing import POSTGRES_BIN, MllpReceiver, ScratchPostgres
 from tests.support.ingest import HOST, Client, config, msg
-from tests.support.pipeline import register
+from tests.support.lab import all_delivered, enqueue, running
+from tests.support.lab import config as worker_config
+from tests.support.pipeline import control_ids, register
 
 pytestmark = pytest.mark.skipif(
     not (POSTGRES_BIN / "initdb").exists(),
@@ -114,14 +114,14 @@ async def test_worker_resumes_delivering_after_postgres_returns(scratch: Scratch
     async with MllpReceiver() as rx, running(worker_config(rx.port), scratch.dsn):
         await enqueue(scratch.dsn, [1])
         async with asyncio.timeout(20):
-            while not await _all_delivered(scratch.dsn, 1):  # its mark committed
+            while not await all_delivered(scratch.dsn, 1):  # its mark committed
                 await asyncio.sleep(0.05)
         scratch.stop()
         await asyncio.sleep(OUTAGE_SECONDS)
         scratch.start()
         await enqueue(scratch.dsn, [2, 3])
         async with asyncio.timeout(60):
-            while not await _all_delivered(scratch.dsn, 3):
+            while not await all_delivered(scratch.dsn, 3):
                 await asyncio.sleep(0.1)
     assert control_ids(rx.received) == ["MSG00001", "MSG00002", "MSG00003"]
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from psycopg import AsyncConnection
-from test_worker import DEST, config, control_ids, enqueue, running, states, until
 
 from inturn.operator import status
 from inturn.worker.spec.schedule import DAYS, parse
@@ -17,6 +16,8 @@ from inturn.worker.store import reads
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.delivery_rules import destination_stuck
 from tests.support.db import register
+from tests.support.lab import DEST, config, enqueue, running, states
+from tests.support.pipeline import control_ids, until
 
 pytestmark = pytest.mark.store
 
@@ -53,7 +54,7 @@ async def test_outside_its_window_the_worker_holds_without_spending_attempts(
             await enqueue(fresh_db, [1, 2, 3])
             # the worker turns its loop (it looked at the gate and waited) without sending
             await until(_said(caplog, "holding the queue until"))
-            assert r.worker.state.lock_held
+            assert r.state.lock_held
         assert rx.received == []
         assert [(s, a) for _, s, a in await states(fresh_db)] == [("pending", 0)] * 3
         expected = closed.state(now).until

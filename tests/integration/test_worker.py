@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,82 +16,13 @@ from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.terminators import normalise_terminators
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.spec.config import AckPolicy, RetryPolicy, WorkerConfig
+from inturn.worker.senders.mllp import MllpSender
+from inturn.worker.spec.config import AckPolicy, RetryPolicy
 from inturn.worker.store import actions, queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
-
-DEST = "ward/lab"
-
-
-def message(n: int) -> bytes:
-    return (
-        f"MSH|^~\\&|ADT|HOSP|LAB|HOSP|20261129120000||ADT^A01|MSG{n:05d}|P|2.5\r"
-        f"PID|1||P{n}^^^HOSP^MR||DOE^JOHN\r"
-    ).encode()
-
-
-def config(port: int, **changes: Any) -> WorkerConfig:
-    retry = changes.pop(
-        "retry",
-        RetryPolicy(max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5),
-    )
-    return WorkerConfig(
-        destination=DEST,
-        channel="adt",
-        sender=MllpSenderConfig("127.0.0.1", port),
-        retry=retry,
-        idle_seconds=changes.pop("idle_seconds", 1),
-        **changes,
-    )
-
-
-class Running:
-    """A worker running in the background of the test's event loop."""
-
-    def __init__(self, cfg: WorkerConfig, dsn: str) -> None:
-        self.stop = asyncio.Event()
-        assert isinstance(cfg.sender, MllpSenderConfig)
-        self.worker = DestinationWorker(cfg, dsn, MllpSender(cfg.sender), PrometheusObserver())
-        self.task = asyncio.create_task(self.worker.run(self.stop))
-
-    async def close(self) -> None:
-        self.stop.set()
-        await asyncio.wait_for(self.task, 15)
-
-
-@contextlib.asynccontextmanager
-async def running(cfg: WorkerConfig, dsn: str) -> AsyncIterator[Running]:
-    r = Running(cfg, dsn)
-    try:
-        yield r
-    finally:
-        await r.close()
-
-
-async def enqueue(dsn: str, numbers: list[int], destination: str = DEST) -> list[int]:
-    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-        return await queue.enqueue(
-            conn,
-            [NewItem(destination, "adt", f"MSG{n:05d}", "ADT^A01", message(n)) for n in numbers],
-        )
-
-
-async def states(dsn: str) -> list[tuple[int, str, int]]:
-    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute("SELECT id, state, attempts FROM inturn_delivery ORDER BY id")
-        return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
-
-
-async def until(predicate: Any, timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await predicate():
-            await asyncio.sleep(0.05)
-
-
-def control_ids(payloads: list[bytes]) -> list[str]:
-    return [p.split(b"|")[9].decode() for p in payloads]
+from tests.support.lab import DEST, all_delivered, config, enqueue, running, states
+from tests.support.pipeline import control_ids, until
 
 
 async def test_failed_head_is_never_overtaken(fresh_db: str) -> None:
@@ -104,17 +33,12 @@ async def test_failed_head_is_never_overtaken(fresh_db: str) -> None:
         await enqueue(fresh_db, [2])
         await rx.wait_for(3)
         rx.ack_code = "AA"
-        await until(lambda: _all_delivered(fresh_db, 2))
+        await until(lambda: all_delivered(fresh_db, 2))
     seen = control_ids(rx.received)
     assert seen[-1] == "MSG00002" and set(seen[:-1]) == {"MSG00001"}
     rows = await states(fresh_db)
     assert [r[1] for r in rows] == ["delivered", "delivered"]
     assert rows[0][2] == len(seen) - 1  # attempts of the head
-
-
-async def _all_delivered(dsn: str, n: int) -> bool:
-    rows = await states(dsn)
-    return len(rows) == n and all(r[1] == "delivered" for r in rows)
 
 
 async def test_gives_up_after_max_attempts_and_moves_on(fresh_db: str) -> None:
@@ -160,7 +84,7 @@ async def test_control_id_mismatch_is_retried_by_default(fresh_db: str) -> None:
         await enqueue(fresh_db, [1])
         await rx.wait_for(2)
         rx.ack_control_id_override = None
-        await until(lambda: _all_delivered(fresh_db, 1))
+        await until(lambda: all_delivered(fresh_db, 1))
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         [item], _ = await reads.list_items(conn)
     assert item.reason is not None and item.reason.startswith("controlIdMismatch")
@@ -169,10 +93,10 @@ async def test_control_id_mismatch_is_retried_by_default(fresh_db: str) -> None:
 async def test_two_workers_on_one_destination_only_one_sends(fresh_db: str) -> None:
     async with MllpReceiver() as rx:
         async with running(config(rx.port), fresh_db) as a, running(config(rx.port), fresh_db) as b:
-            await until(lambda: _any(lambda: a.worker.state.lock_held or b.worker.state.lock_held))
+            await until(lambda: _any(lambda: a.state.lock_held or b.state.lock_held))
             await enqueue(fresh_db, list(range(50)))
-            await until(lambda: _all_delivered(fresh_db, 50))
-            assert [a.worker.state.lock_held, b.worker.state.lock_held].count(True) == 1
+            await until(lambda: all_delivered(fresh_db, 50))
+            assert [a.state.lock_held, b.state.lock_held].count(True) == 1
         assert control_ids(rx.received) == [f"MSG{n:05d}" for n in range(50)]
 
 
@@ -184,17 +108,17 @@ async def test_suspended_worker_holds_the_lock_and_sends_nothing(fresh_db: str) 
     async with MllpReceiver() as rx:
         async with running(config(rx.port, suspend=True), fresh_db) as r:
             await enqueue(fresh_db, [1])
-            await until(lambda: _any(lambda: r.worker.state.lock_held))
+            await until(lambda: _any(lambda: r.state.lock_held))
             await asyncio.sleep(1.5)  # more than one idle period: still nothing sent
             assert rx.received == []
         async with running(config(rx.port), fresh_db):
-            await until(lambda: _all_delivered(fresh_db, 1))
+            await until(lambda: all_delivered(fresh_db, 1))
 
 
 async def test_lost_connection_is_regained_and_delivery_resumes(fresh_db: str) -> None:
     async with MllpReceiver() as rx, running(config(rx.port), fresh_db) as r:
         await enqueue(fresh_db, [1])
-        await until(lambda: _all_delivered(fresh_db, 1))
+        await until(lambda: all_delivered(fresh_db, 1))
         async with await AsyncConnection.connect(fresh_db, autocommit=True) as admin:
             await admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -202,16 +126,16 @@ async def test_lost_connection_is_regained_and_delivery_resumes(fresh_db: str) -
                 " AND datname = current_database()"  # not the workers of other test runs
             )
         await enqueue(fresh_db, [2])
-        await until(lambda: _all_delivered(fresh_db, 2))
-        assert r.worker.state.lock_held
+        await until(lambda: all_delivered(fresh_db, 2))
+        assert r.state.lock_held
     assert control_ids(rx.received) == ["MSG00001", "MSG00002"]
 
 
 async def test_health_endpoints_follow_the_lock(fresh_db: str) -> None:
     async with MllpReceiver() as rx:
         async with running(config(rx.port), fresh_db) as a, running(config(rx.port), fresh_db) as b:
-            await until(lambda: _any(lambda: a.worker.state.lock_held or b.worker.state.lock_held))
-            runners = [await serve(make_app([w.worker]), "127.0.0.1", 0) for w in (a, b)]
+            await until(lambda: _any(lambda: a.state.lock_held or b.state.lock_held))
+            runners = [await serve(make_app([w]), "127.0.0.1", 0) for w in (a, b)]
             try:
                 async with aiohttp.ClientSession() as http:
                     codes = []
@@ -248,7 +172,7 @@ async def test_every_sample_arrives_identical_apart_from_separators(
             conn, [NewItem(DEST, "adt", f"S{i}", "X", payload) for i, payload in enumerate(raw)]
         )
     async with MllpReceiver() as rx, running(config(rx.port), fresh_db):
-        await until(lambda: _all_delivered(fresh_db, len(raw)), timeout=60)
+        await until(lambda: all_delivered(fresh_db, len(raw)), timeout=60)
     assert rx.received == [normalise_terminators(p) for p in raw]
 
 
@@ -276,7 +200,7 @@ async def test_an_idle_worker_is_woken_by_the_enqueue_not_by_polling(fresh_db: s
         try:
             await until(lambda: _true(seen.depths == [(0, 0)]))  # looked, found nothing: waits
             await enqueue(fresh_db, [1, 2])
-            await until(lambda: _all_delivered(fresh_db, 2))
+            await until(lambda: all_delivered(fresh_db, 2))
             await until(lambda: _true(seen.depths[-1] == (0, 0)))
         finally:
             stop.set()
