@@ -1,16 +1,22 @@
 """Fixtures shared by the integration tests: a small PKI made with the real openssl; a real
 PgBouncer in each pool mode in front of the session's Postgres (a test module that asks for it
-skips itself where :func:`tests.support.pgbouncer.missing` says so)."""
+skips itself where :func:`tests.support.pgbouncer.missing` says so); a role per component."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from click.testing import CliRunner
+from psycopg.conninfo import make_conninfo
 
+from inturn.worker.cli import cli
+from inturn.worker.store import roles
 from tests.support import pgbouncer
 
 
@@ -57,3 +63,26 @@ def bouncer(request: pytest.FixtureRequest, dsn: str) -> Iterator[pgbouncer.Boun
 def pooled(bouncer: pgbouncer.Bouncer, fresh_db: str) -> str:
     """The emptied session database, through :func:`bouncer`."""
     return bouncer.dsn(fresh_db)
+
+
+@pytest.fixture(scope="module")
+def role_dsns(dsn: str, pg_server_dsn: str) -> Iterator[dict[str, str]]:
+    """Roles with a prefix of this test session's own (roles are shared by the whole server),
+    created by the real CLI; ``{component: DSN connecting as its role}``. Dropped at the end."""
+    prefix = f"t{uuid.uuid4().hex[:8]}_"
+    result = CliRunner().invoke(
+        cli, ["migrate", "--dsn", dsn, "--create-roles", "--role-prefix", prefix]
+    )
+    assert result.exit_code == 0, result.output
+    names = {c: roles.role_name(c, prefix) for c in roles.COMPONENTS}
+    for role in names.values():
+        assert f"created role {role}" in result.output
+    try:
+        yield {c: make_conninfo(dsn, user=role) for c, role in names.items()}
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for role in names.values():
+                conn.execute(f'DROP OWNED BY "{role}"')
+        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
+            for role in names.values():
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')

@@ -10,8 +10,6 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
-from test_ingest import Client, config, rows
-from test_ingest_batches import acks, batch
 
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import frame
@@ -19,6 +17,7 @@ from inturn.worker.ingest.routing import Router
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.store import registry
 from tests.support.db import register
+from tests.support.ingest import Client, acks, batch, config, rows
 
 pytestmark = pytest.mark.store
 

@@ -9,7 +9,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
 
 import aiohttp
 import psycopg
@@ -24,21 +23,12 @@ from inturn.worker.ingest import metrics
 from inturn.worker.ingest.service import Ingest, forget_old
 from inturn.worker.store.notify import notify_channel
 from inturn.worker.store.queries import load
-from tests.support.ingest import HOST, Client, config, msg
+from tests.support.ingest import HOST, Client, config, msg, rows
 from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
 
 QUEUE_SQL = load("queue.sql")
-
-
-def rows(dsn: str, where: str = "true") -> list[tuple[Any, ...]]:
-    """(id, destination, channel, control_id, message_type, payload) of every delivery row."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(
-            "SELECT id, destination, channel, control_id, message_type, payload"
-            f" FROM inturn_delivery WHERE {where} ORDER BY id"
-        ).fetchall()
 
 
 def counter(name: str, **labels: str) -> float:

@@ -8,22 +8,14 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from test_ingest import HOST, Client, config, msg, register, rows
 
 from inturn.worker.hl7.ack import parse_ack
-from inturn.worker.hl7.batch import split_batch
 from inturn.worker.hl7.mllp import frame
 from inturn.worker.ingest.service import Ingest
+from tests.support.ingest import BHS, FHS, HOST, Client, acks, batch, config, msg, rows
+from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
-
-FHS = b"FHS|^~\\&|LAB|HOSP|EHR|HOSP|20261201||||F-7\r"
-BHS = b"BHS|^~\\&|LAB|HOSP|EHR|HOSP|20261201||||B-7\r"
-
-
-def batch(*messages: bytes, trailer: bool = True) -> bytes:
-    body = FHS + BHS + b"".join(messages)
-    return body + (f"BTS|{len(messages)}\rFTS|1\r".encode() if trailer else b"")
 
 
 @pytest.fixture
@@ -32,14 +24,6 @@ async def ingest(fresh_db: str) -> AsyncIterator[Ingest]:
     register(fresh_db, "hospital/archive", "adt")
     async with Ingest(config(max_batch_messages=5), dsn=fresh_db) as running:
         yield running
-
-
-def acks(answer: bytes) -> list[tuple[str, str, str | None, str | None]]:
-    """(MSA-1, MSA-2, ERR-3.1, ERR-8) of each ACK in an answering batch."""
-    return [
-        (a.code, a.control_id, a.error_code, a.error_text)
-        for a in (parse_ack(m) for m in split_batch(answer, max_messages=100).messages)
-    ]
 
 
 async def mllp(ingest: Ingest, payload: bytes) -> bytes:

@@ -9,11 +9,12 @@ import asyncio
 import aiohttp
 import psycopg
 import pytest
-from test_ingest import HOST, Client, config, msg, register
 
 from inturn.worker.hl7.pid import CAPPED_KEY, lookup_key
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.testing import SHAPE_MSH, worst_shapes
+from tests.support.ingest import HOST, Client, config, msg
+from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -48,13 +47,13 @@ from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.sweep import sweep as run_sweep
 from tests.support import db
+from tests.support.db import Denied, refused
 from tests.support.pipeline import INTURN
 
 pytestmark = pytest.mark.store
 
 HOST = "127.0.0.1"
 DEST = "ward/lab"
-Denied = psycopg.errors.InsufficientPrivilege
 
 
 def message(control_id: str) -> bytes:
@@ -62,41 +61,6 @@ def message(control_id: str) -> bytes:
         f"MSH|^~\\&|ADT|HOSP|LAB|HOSP|20261129120000||ADT^A01|{control_id}|P|2.5\r"
         "PID|1||P1^^^HOSP^MR||DOE^JOHN\r"
     ).encode()
-
-
-@pytest.fixture(scope="module")
-def role_dsns(dsn: str, pg_server_dsn: str) -> Iterator[dict[str, str]]:
-    """Roles with a prefix of this test session's own (roles are shared by the whole server),
-    created by the real CLI; ``{component: DSN connecting as its role}``. Dropped at the end."""
-    prefix = f"t{uuid.uuid4().hex[:8]}_"
-    result = CliRunner().invoke(
-        cli, ["migrate", "--dsn", dsn, "--create-roles", "--role-prefix", prefix]
-    )
-    assert result.exit_code == 0, result.output
-    names = {c: roles.role_name(c, prefix) for c in roles.COMPONENTS}
-    for role in names.values():
-        assert f"created role {role}" in result.output
-    try:
-        yield {c: make_conninfo(dsn, user=role) for c, role in names.items()}
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for role in names.values():
-                conn.execute(f'DROP OWNED BY "{role}"')
-        with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
-            for role in names.values():
-                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
-
-
-def refused(dsn: str, statement: str, params: Any = None) -> bool:
-    """True when ``statement`` fails for lack of privilege (and changes nothing)."""
-    with psycopg.connect(dsn) as conn:
-        try:
-            conn.execute(statement, params)
-        except Denied:
-            return True
-        finally:
-            conn.rollback()
-    return False
 
 
 async def register(

@@ -17,7 +17,6 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import AsyncConnection
-from test_roles import Denied, refused, register, role_dsns  # noqa: F401 - role_dsns: fixture
 
 from inturn.worker.reservations import bookings
 from inturn.worker.reservations.cancel import cancel_expired
@@ -25,6 +24,7 @@ from inturn.worker.reservations.notice import build_notice
 from inturn.worker.store import bookings as store
 from inturn.worker.store import roles
 from inturn.worker.store.model import Withdrawn
+from tests.support.db import Denied, refused, register
 
 pytestmark = pytest.mark.store
 
@@ -64,7 +64,7 @@ FORGED = [
 ]
 
 
-async def setup(fresh_db: str, role_dsns: dict[str, str], *locators: str) -> None:  # noqa: F811
+async def setup(fresh_db: str, role_dsns: dict[str, str], *locators: str) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         await register(conn, "air/united", "air", carriers=["UA"])
         await register(conn, "air/lufthansa", "air", carriers=["LH"])
@@ -75,7 +75,7 @@ async def setup(fresh_db: str, role_dsns: dict[str, str], *locators: str) -> Non
 @pytest.mark.parametrize("payload", FORGED, ids=["ADT", "ORU", "notice"])
 async def test_the_sweeper_cannot_insert_a_delivery(
     fresh_db: str,
-    role_dsns: dict[str, str],  # noqa: F811
+    role_dsns: dict[str, str],
     payload: bytes,
 ) -> None:
     await setup(fresh_db, role_dsns)
@@ -98,7 +98,7 @@ async def test_the_sweeper_cannot_insert_a_delivery(
 
 async def test_the_notice_is_built_by_the_database_from_the_booking(
     fresh_db: str,
-    role_dsns: dict[str, str],  # noqa: F811
+    role_dsns: dict[str, str],
 ) -> None:
     await setup(fresh_db, role_dsns, "NOTE01")
     async with await AsyncConnection.connect(role_dsns["sweeper"], autocommit=True) as conn:
@@ -185,7 +185,7 @@ def cancel(reason: str) -> str:
 )
 async def test_the_function_makes_only_the_notice_it_is_for(
     fresh_db: str,
-    role_dsns: dict[str, str],  # noqa: F811
+    role_dsns: dict[str, str],
     changes: list[str],
     error: type[Exception],
 ) -> None:
@@ -210,7 +210,7 @@ async def test_the_function_makes_only_the_notice_it_is_for(
 
 def test_only_ingest_and_admin_may_write_a_payload(
     fresh_db: str,
-    role_dsns: dict[str, str],  # noqa: F811
+    role_dsns: dict[str, str],
 ) -> None:
     may: dict[str, tuple[bool, bool]] = {}
     with psycopg.connect(fresh_db) as conn:
@@ -229,7 +229,7 @@ def test_only_ingest_and_admin_may_write_a_payload(
 
 async def test_two_calls_at_once_make_one_notice(
     fresh_db: str,
-    role_dsns: dict[str, str],  # noqa: F811
+    role_dsns: dict[str, str],
 ) -> None:
     await setup(fresh_db, role_dsns, "TWICE1")
     async with await AsyncConnection.connect(role_dsns["sweeper"], autocommit=True) as conn:

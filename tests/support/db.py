@@ -18,6 +18,9 @@ from psycopg.conninfo import make_conninfo
 
 from inturn.worker.store import registry
 
+#: What Postgres raises for a statement its role may not run.
+Denied = psycopg.errors.InsufficientPrivilege
+
 #: The one table that keeps its rows: the migrations that made the schema.
 KEPT = ("inturn_schema_migrations",)
 
@@ -78,3 +81,15 @@ async def register(
     return await registry.register(
         conn, destination=destination, namespace=namespace, name=name, channel=channel, **fields
     )
+
+
+def refused(dsn: str, statement: str, params: Any = None) -> bool:
+    """True when ``statement`` fails for lack of privilege (and changes nothing)."""
+    with psycopg.connect(dsn) as conn:
+        try:
+            conn.execute(statement, params)
+        except Denied:
+            return True
+        finally:
+            conn.rollback()
+    return False

@@ -10,14 +10,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import psycopg
 
 from inturn.worker.hl7.ack import Ack, parse_ack
+from inturn.worker.hl7.batch import split_batch
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
 
 HOST = "127.0.0.1"
+#: The file and batch headers of the batches :func:`batch` makes.
+FHS = b"FHS|^~\\&|LAB|HOSP|EHR|HOSP|20261201||||F-7\r"
+BHS = b"BHS|^~\\&|LAB|HOSP|EHR|HOSP|20261201||||B-7\r"
 
 
 def msg(
@@ -102,6 +107,30 @@ def config(**overrides: Any) -> IngestConfig:
     }
     base.update(overrides)
     return IngestConfig(**base)
+
+
+def rows(dsn: str, where: str = "true") -> list[tuple[Any, ...]]:
+    """(id, destination, channel, control_id, message_type, payload) of every delivery row."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT id, destination, channel, control_id, message_type, payload"
+            f" FROM inturn_delivery WHERE {where} ORDER BY id"
+        ).fetchall()
+
+
+def batch(*messages: bytes, trailer: bool = True) -> bytes:
+    """``messages`` in one HL7 batch file (:data:`FHS`, :data:`BHS`), with its BTS/FTS trailer
+    unless ``trailer`` is false."""
+    body = FHS + BHS + b"".join(messages)
+    return body + (f"BTS|{len(messages)}\rFTS|1\r".encode() if trailer else b"")
+
+
+def acks(answer: bytes) -> list[tuple[str, str, str | None, str | None]]:
+    """(MSA-1, MSA-2, ERR-3.1, ERR-8) of each ACK in an answering batch."""
+    return [
+        (a.code, a.control_id, a.error_code, a.error_text)
+        for a in (parse_ack(m) for m in split_batch(answer, max_messages=100).messages)
+    ]
 
 
 @contextlib.asynccontextmanager
