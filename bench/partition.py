@@ -29,11 +29,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 
 from figures import emit, parse_args
 from psycopg import AsyncConnection
-from test_partition import NODE_HTTP_PORT, config, message, probe, sessions_from_node
 
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
@@ -45,12 +43,22 @@ from inturn.worker.store.connect import SESSION_LOSS_BOUND_SECONDS
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
-from tests.support.netpart import HOST_FOR_NODE, NODE_FOR_HOST, PG_FOR_HOST, PG_FOR_NODE, Partition
+from tests.support.netpart import (
+    DEST,
+    HOST_FOR_NODE,
+    NODE_FOR_HOST,
+    NODE_HTTP_PORT,
+    PG_FOR_HOST,
+    PG_FOR_NODE,
+    Partition,
+    config,
+    message,
+    probe,
+    sessions_from_node,
+)
 from tests.support.netpart import missing as no_partition
 from tests.support.pgcluster import Cluster
 from tests.support.pgcluster import missing as no_cluster
-
-DEST = "ward/split"
 
 
 async def until(check: object, timeout: float) -> float:

@@ -17,16 +17,14 @@ import socket
 import sys
 import tempfile
 from asyncio.subprocess import PIPE
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.header import parse_header
-from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.store import queue
 from inturn.worker.store.dsn import LOCAL_DISCOVERY_ENV
 from inturn.worker.store.model import NewItem
@@ -35,16 +33,17 @@ from tests.support.local import (
     HOST,
     INTURN,
     LocalProcess,
+    assert_clean,
     free_port,
     http_sender,
     manifest,
     message,
+    mllp_send,
     mllp_sender,
     send,
 )
 
 BIN = Path(sys.executable).parent
-MLLP_SEND = BIN / "mllp_send"
 
 
 def ids(received: list[bytes]) -> list[str]:
@@ -58,37 +57,6 @@ def expected(numbers: range) -> list[str]:
 def without_repeats(values: list[str]) -> list[str]:
     """``values`` with each run of one repeated value kept once."""
     return [v for i, v in enumerate(values) if i == 0 or values[i - 1] != v]
-
-
-async def mllp_send(port: int, numbers: range, tmp_path: Path) -> list[str]:
-    """Send ``message(n)`` for each n with ``mllp_send``; return the ACK codes (MSA-1)."""
-    batch = tmp_path / f"batch-{numbers.start}.mllp"
-    batch.write_bytes(b"".join(frame(message(n, "L")) for n in numbers))
-    proc = await asyncio.create_subprocess_exec(
-        str(MLLP_SEND),
-        "-p",
-        str(port),
-        "-f",
-        str(batch),
-        HOST,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode(errors="replace")
-    replies = [e.payload for e in FrameReader(1 << 20).feed(out) if isinstance(e, Frame)]
-    return [parse_ack(r).code for r in replies]
-
-
-@pytest.fixture
-async def local_runs() -> AsyncIterator[list[LocalProcess]]:
-    """Every ``inturn local`` a test starts is interrupted at the end if it still runs."""
-    runs: list[LocalProcess] = []
-    yield runs
-    for run in runs:
-        if run.proc is not None and run.proc.returncode is None:
-            run.proc.kill()
-            await asyncio.wait_for(run.proc.wait(), 30)
 
 
 async def wait_until(check: Callable[[], Any], timeout: float = 30) -> None:
@@ -106,10 +74,6 @@ async def count(dsn: str, sql: str, *params: Any) -> int:
 
 async def pending(dsn: str) -> int:
     return await count(dsn, "SELECT count(*) FROM inturn_delivery WHERE state = 'pending'")
-
-
-def assert_clean(log: str) -> None:
-    assert "Traceback" not in log, log
 
 
 async def test_outage_every_message_once_and_in_order(

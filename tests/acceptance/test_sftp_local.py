@@ -10,16 +10,13 @@ import signal
 from pathlib import Path
 
 import psycopg
-from test_local import assert_clean, local_runs, mllp_send
 
 from inturn.operator.manifests import WorkerPodSettings, render
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
-from tests.support.local import INTURN, LocalProcess, free_port
+from tests.support.local import INTURN, LocalProcess, assert_clean, free_port, mllp_send
 from tests.support.sftp_server import USER, SftpServer
-
-__all__ = ["local_runs"]  # the fixture, shared with test_local
 
 
 async def stored_payloads(dsn: str) -> dict[str, bytes]:

@@ -15,8 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,6 @@ from psycopg import AsyncConnection
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.spec.destination import render_worker_config
 from inturn.worker.store import queue
 from inturn.worker.store.connect import (
@@ -43,19 +40,24 @@ from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support.netpart import (
+    DEST,
     HOST_FOR_NODE,
     HOST_FOR_PG,
     NODE_FOR_HOST,
     NODE_FOR_PG,
+    NODE_HTTP_PORT,
     PG_FOR_HOST,
     PG_FOR_NODE,
     Partition,
+    config,
+    message,
+    probe,
+    sessions_from_node,
 )
 from tests.support.netpart import missing as no_partition
 from tests.support.pgcluster import Cluster
 from tests.support.pgcluster import missing as no_cluster
 
-DEST = "ward/split"
 #: The server-side settings and the values every session must carry.
 SERVER_SIDE = {
     "tcp_keepalives_idle": str(KEEPALIVE_IDLE_SECONDS),
@@ -72,8 +74,6 @@ CLIENT_SIDE = {
     "tcp_user_timeout": str(TCP_USER_TIMEOUT_MS),
 }
 #: The cut-off worker's probe port (inside its own namespace, so never taken).
-NODE_HTTP_PORT = 18080
-
 needs_cluster = pytest.mark.skipif(no_cluster() is not None, reason=str(no_cluster()))
 
 
@@ -125,38 +125,6 @@ async def test_a_dsn_keeps_its_own_values(tcp_server: Cluster) -> None:
         assert (await settings_of(conn))["tcp_user_timeout"] == str(TCP_USER_TIMEOUT_MS)
     finally:
         await conn.close()
-
-
-def message(n: int) -> bytes:
-    return f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|S{n:03d}|P|2.5\rPID|1||{n}\r".encode()
-
-
-def config(port: int) -> WorkerConfig:
-    return WorkerConfig(
-        destination=DEST,
-        channel="adt",
-        sender=MllpSenderConfig(HOST_FOR_NODE, port),
-        retry=RetryPolicy(max_attempts=0, backoff_seconds=1, max_backoff_seconds=1),
-        idle_seconds=5,
-    )
-
-
-def probe(path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://{NODE_FOR_HOST}:{NODE_HTTP_PORT}{path}", timeout=3):
-            return 200
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
-
-
-def sessions_from_node(host_dsn: str) -> int:
-    with psycopg.connect(host_dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE client_addr = %s", (NODE_FOR_PG,)
-        ).fetchone()
-    return int(row[0]) if row else 0
 
 
 def lock_holders(host_dsn: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""A live ``inturn local`` for the monitoring tests: a subprocess on the session database, real
-receivers, messages over a real MLLP connection (imported as ``tests.support.local``).
+"""A live ``inturn local`` (or ``inturn worker``) for the tests: a subprocess on the session
+database, real receivers, messages over a real MLLP connection (imported as
+``tests.support.local``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 
 INTURN = Path(sys.executable).parent / "inturn"
+#: python-hl7's MLLP client, installed beside ``inturn``.
+MLLP_SEND = Path(sys.executable).parent / "mllp_send"
 HOST = "127.0.0.1"
 
 
@@ -100,6 +103,32 @@ async def send(port: int, payloads: list[bytes]) -> list[str]:
     finally:
         writer.close()
     return codes
+
+
+async def mllp_send(port: int, numbers: range, tmp_path: Path) -> list[str]:
+    """Send ``message(n, "L")`` for each n of ``numbers`` with python-hl7's ``mllp_send`` (one
+    batch file written in ``tmp_path``); the ACK codes (MSA-1), in order."""
+    batch = tmp_path / f"batch-{numbers.start}.mllp"
+    batch.write_bytes(b"".join(frame(message(n, "L")) for n in numbers))
+    proc = await asyncio.create_subprocess_exec(
+        str(MLLP_SEND),
+        "-p",
+        str(port),
+        "-f",
+        str(batch),
+        HOST,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    replies = [e.payload for e in FrameReader(1 << 20).feed(out) if isinstance(e, Frame)]
+    return [parse_ack(r).code for r in replies]
+
+
+def assert_clean(log: str) -> None:
+    """A process's log shows no Python traceback (the whole log is the failure's message)."""
+    assert "Traceback" not in log, log
 
 
 class LocalProcess:

@@ -21,6 +21,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import urllib.error
+import urllib.request
+
+import psycopg
+
+from inturn.worker.senders.mllp import MllpSenderConfig
+from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 
 #: Third octet of the first link: per process, so that a run killed before its cleanup (its links
 #: and namespaces left behind) never shares addresses with the next one.
@@ -28,6 +35,10 @@ _BASE = 20 + 3 * (os.getpid() % 70)
 PG_FOR_HOST, HOST_FOR_PG = f"10.218.{_BASE}.1", f"10.218.{_BASE}.2"
 PG_FOR_NODE, NODE_FOR_PG = f"10.218.{_BASE + 1}.1", f"10.218.{_BASE + 1}.2"
 NODE_FOR_HOST, HOST_FOR_NODE = f"10.218.{_BASE + 2}.1", f"10.218.{_BASE + 2}.2"
+#: The destination the partition tests (and ``bench/partition.py``) split from its database.
+DEST = "ward/split"
+#: The port of the node's worker's health endpoints.
+NODE_HTTP_PORT = 18080
 
 
 def missing() -> str | None:
@@ -110,3 +121,40 @@ class Partition:
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, timeout=30)
         for link in self._links:
             subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=30)
+
+
+def message(n: int) -> bytes:
+    """A tiny ADT^A01 whose MSH-10 is ``S<n>`` (three digits)."""
+    return f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|S{n:03d}|P|2.5\rPID|1||{n}\r".encode()
+
+
+def config(port: int) -> WorkerConfig:
+    """The worker configuration of :data:`DEST` for the host's receiver on ``port``, as the node
+    reaches it (``HOST_FOR_NODE``)."""
+    return WorkerConfig(
+        destination=DEST,
+        channel="adt",
+        sender=MllpSenderConfig(HOST_FOR_NODE, port),
+        retry=RetryPolicy(max_attempts=0, backoff_seconds=1, max_backoff_seconds=1),
+        idle_seconds=5,
+    )
+
+
+def probe(path: str) -> int:
+    """The HTTP status of the node's worker's ``path`` (``/readyz``, ...); 0 when unreachable."""
+    try:
+        with urllib.request.urlopen(f"http://{NODE_FOR_HOST}:{NODE_HTTP_PORT}{path}", timeout=3):
+            return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def sessions_from_node(host_dsn: str) -> int:
+    """How many sessions of the server at ``host_dsn`` come from the node."""
+    with psycopg.connect(host_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE client_addr = %s", (NODE_FOR_PG,)
+        ).fetchone()
+    return int(row[0]) if row else 0
