@@ -88,12 +88,13 @@ async def test_ingest_reads_an_http_body_only_when_its_budget_has_room(fresh_db:
     waits and is answered 503 with AE "busy" (nothing kept); once the frame is stored and
     answered, the same message is taken."""
     import aiohttp
-    from test_ingest import HOST, Client, config, msg, register
 
     from inturn.worker.hl7.ack import parse_ack
     from inturn.worker.hl7.mllp import SB
     from inturn.worker.ingest.budget import CONNECTION_BYTES, limit_for
     from inturn.worker.ingest.service import Ingest
+    from tests.support.ingest import HOST, Client, config, msg
+    from tests.support.pipeline import register
 
     register(fresh_db, "hospital/adt-out", "adt")
     largest = MIB
@@ -128,10 +129,10 @@ async def test_a_trickling_frame_meets_its_deadline(fresh_db: str) -> None:
     deadline closes the connection, its bytes dropped and nothing stored."""
     import time
 
-    from test_ingest import Client, config, register, rows
-
     from inturn.worker.hl7.mllp import SB
     from inturn.worker.ingest.service import Ingest
+    from tests.support.ingest import Client, config, rows
+    from tests.support.pipeline import register
 
     register(fresh_db, "hospital/adt-out", "adt")
     async with Ingest(config(frame_deadline=1.5, frame_timeout=30), dsn=fresh_db) as ingest:
@@ -158,9 +159,9 @@ async def test_a_trickling_frame_meets_its_deadline(fresh_db: str) -> None:
 
 async def test_an_http_body_that_trickles_meets_the_deadline(fresh_db: str) -> None:
     """A declared body that never arrives whole holds its room only until the deadline: 408."""
-    from test_ingest import HOST, config, register, rows
-
     from inturn.worker.ingest.service import Ingest
+    from tests.support.ingest import HOST, config, rows
+    from tests.support.pipeline import register
 
     register(fresh_db, "hospital/adt-out", "adt")
     async with Ingest(config(frame_deadline=1.5), dsn=fresh_db) as ingest:

@@ -117,12 +117,12 @@ async def test_the_pool_replaces_a_session_the_server_ended(
 async def test_the_worker_reconnects_after_the_server_ends_its_idle_session(
     fresh_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from test_worker import DEST, message, running, until
-    from test_worker import config as worker_config
-
     from inturn.worker.store import queue
     from inturn.worker.store.model import NewItem
     from inturn.worker.testing import MllpReceiver
+    from tests.support.lab import DEST, message, running
+    from tests.support.lab import config as worker_config
+    from tests.support.pipeline import until
 
     dsn = make_conninfo(fresh_db, options=f"-c idle_session_timeout={IDLE_MS}")
     async with (
