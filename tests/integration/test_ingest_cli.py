@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from inturn.worker.hl7.ack import parse_ack
-from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.credentials import new_token
+from tests.support.local import exchange
 
 pytestmark = pytest.mark.store
 
@@ -30,21 +30,10 @@ def free_port() -> int:
 
 
 async def send_tls(port: int, context: ssl.SSLContext, payload: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection(HOST, port, ssl=context)
-    try:
-        writer.write(frame(payload))
-        await writer.drain()
-        framer = FrameReader(1 << 20)
-        async with asyncio.timeout(10):
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    raise EOFError("closed")
-                done = [e.payload for e in framer.feed(data) if isinstance(e, Frame)]
-                if done:
-                    return done[0]
-    finally:
-        writer.close()
+    reply = await exchange(port, payload, ssl=context, timeout=10)
+    if reply is None:
+        raise EOFError("closed")
+    return reply
 
 
 async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path, tmp_path: Path) -> None:

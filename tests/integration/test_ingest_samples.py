@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,11 +27,11 @@ from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
+from tests.support.local import mllp_send_file
 
 pytestmark = pytest.mark.store
 
 HOST = "127.0.0.1"
-MLLP_SEND = Path(sys.executable).with_name("mllp_send")
 
 #: Samples that are not acceptable messages, and why (they must get AR and not be stored).
 NOT_MESSAGES = {
@@ -98,25 +97,15 @@ def frames(data: bytes) -> list[bytes]:
 async def test_every_sample_through_mllp_send(
     sample_ingest: Ingest, fresh_db: str, samples: list[Path], tmp_path: Path
 ) -> None:
-    assert MLLP_SEND.exists(), "python-hl7's mllp_send is not installed"
     proxy = RecordingProxy(sample_ingest.mllp_ports["samples"])
     port = await proxy.start()
     # the samples, read in place, framed into one input file outside the repository
     batch = tmp_path / "samples.mllp"
     batch.write_bytes(b"".join(frame(path.read_bytes()) for path in samples))
-    process = await asyncio.create_subprocess_exec(
-        str(MLLP_SEND),
-        "-p",
-        str(port),
-        "-f",
-        str(batch),
-        HOST,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=300)
-    await proxy.close()
-    assert process.returncode == 0, stderr.decode(errors="replace")
+    try:
+        stdout = await mllp_send_file(port, batch, timeout=300)
+    finally:
+        await proxy.close()
 
     wire = frames(bytes(proxy.sent))
     raw_replies = frames(stdout)

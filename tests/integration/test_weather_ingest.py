@@ -22,10 +22,11 @@ import pytest_asyncio
 from psycopg import AsyncConnection
 
 from inturn.worker.hl7.ack import Ack, parse_ack
-from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from inturn.worker.hl7.mllp import frame
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.testing import MllpReceiver
 from tests.support.ingest import minimal, running
+from tests.support.local import exchange
 from tests.support.pipeline import register, rows, worker, worker_config
 
 pytestmark = pytest.mark.store
@@ -42,21 +43,8 @@ async def ingest(fresh_db: str) -> AsyncIterator[Ingest]:
 
 async def mllp_exchange(ingest: Ingest, payload: bytes) -> Ack | None:
     """Send one message; its ACK, or None when ingest closed the connection unanswered."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", ingest.mllp_ports["c"])
-    try:
-        writer.write(frame(payload))
-        await writer.drain()
-        frames = FrameReader(1 << 20)
-        async with asyncio.timeout(60):
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    return None
-                for event in frames.feed(data):
-                    if isinstance(event, Frame):
-                        return parse_ack(event.payload)
-    finally:
-        writer.close()
+    reply = await exchange(ingest.mllp_ports["c"], payload, timeout=60)
+    return None if reply is None else parse_ack(reply)
 
 
 async def http_post(ingest: Ingest, payload: bytes) -> int:

@@ -18,6 +18,7 @@ from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
+from tests.support.local import exchange
 
 HOST = "127.0.0.1"
 #: The file and batch headers of the batches :func:`batch` makes.
@@ -150,19 +151,11 @@ async def running(dsn: str, channel: str = "c", **options: Any) -> AsyncIterator
 
 async def mllp_ack(ingest: Ingest, payload: bytes, channel: str = "c") -> Ack:
     """Send ``payload`` on a new MLLP connection to ``channel``'s listener; its ACK (30 s at
-    most)."""
-    reader, writer = await asyncio.open_connection(HOST, ingest.mllp_ports[channel])
-    try:
-        writer.write(frame(payload))
-        await writer.drain()
-        frames = FrameReader(1 << 20)
-        async with asyncio.timeout(30):
-            while True:
-                for event in frames.feed(await reader.read(65536)):
-                    if isinstance(event, Frame):
-                        return parse_ack(event.payload)
-    finally:
-        writer.close()
+    most; EOFError when ingest closed the connection unanswered)."""
+    reply = await exchange(ingest.mllp_ports[channel], payload)
+    if reply is None:
+        raise EOFError("ingest closed the connection without an answer")
+    return parse_ack(reply)
 
 
 async def http_post(ingest: Ingest, payload: bytes, channel: str = "c") -> tuple[int, Ack]:

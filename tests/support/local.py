@@ -12,6 +12,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from ssl import SSLContext
 
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
@@ -105,23 +106,48 @@ async def send(port: int, payloads: list[bytes]) -> list[str]:
     return codes
 
 
+async def exchange(
+    port: int, payload: bytes, *, ssl: SSLContext | None = None, timeout: float = 30.0
+) -> bytes | None:
+    """Send ``payload`` framed on a new MLLP connection to ``port`` of :data:`HOST` (over TLS
+    with ``ssl``); the payload of the first framed reply, or None when the peer closed the
+    connection without one. TimeoutError after ``timeout`` s."""
+    reader, writer = await asyncio.open_connection(HOST, port, ssl=ssl)
+    try:
+        writer.write(frame(payload))
+        await writer.drain()
+        frames = FrameReader(1 << 20)
+        async with asyncio.timeout(timeout):
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    return None
+                for event in frames.feed(data):
+                    if isinstance(event, Frame):
+                        return event.payload
+    finally:
+        writer.close()
+
+
+async def mllp_send_file(port: int, batch: Path, timeout: float = 60) -> bytes:
+    """Run python-hl7's ``mllp_send -f BATCH`` against ``port`` of :data:`HOST` (AssertionError
+    with its stderr unless it exits 0); what it printed (the replies, framed)."""
+    assert MLLP_SEND.exists(), "python-hl7's mllp_send is not installed"
+    proc = await asyncio.create_subprocess_exec(
+        str(MLLP_SEND), "-p", str(port), "-f", str(batch), HOST,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    return out
+
+
 async def mllp_send(port: int, numbers: range, tmp_path: Path) -> list[str]:
     """Send ``message(n, "L")`` for each n of ``numbers`` with python-hl7's ``mllp_send`` (one
     batch file written in ``tmp_path``); the ACK codes (MSA-1), in order."""
     batch = tmp_path / f"batch-{numbers.start}.mllp"
     batch.write_bytes(b"".join(frame(message(n, "L")) for n in numbers))
-    proc = await asyncio.create_subprocess_exec(
-        str(MLLP_SEND),
-        "-p",
-        str(port),
-        "-f",
-        str(batch),
-        HOST,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode(errors="replace")
+    out = await mllp_send_file(port, batch)
     replies = [e.payload for e in FrameReader(1 << 20).feed(out) if isinstance(e, Frame)]
     return [parse_ack(r).code for r in replies]
 
