@@ -12,16 +12,14 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.drain.metrics import PrometheusObserver
-from inturn.worker.drain.runner import DestinationWorker
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.spec.config import RetryPolicy
 from inturn.worker.store import queue
 from inturn.worker.store.connect import Pools, connect_worker, write_target
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support.pgcluster import Cluster, Server, missing
+from tests.support.pipeline import control_ids, worker, worker_config
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
@@ -138,28 +136,16 @@ async def test_a_promoted_standby_takes_over_the_drain() -> None:
             )
         receiver = MllpReceiver()
         receiver.delay_seconds = 0.02
+        retry = RetryPolicy(max_attempts=0, backoff_seconds=1, max_backoff_seconds=1)
         async with receiver:
-            cfg = WorkerConfig(
-                destination=DEST,
-                channel="adt",
-                sender=MllpSenderConfig("127.0.0.1", receiver.port),
-                retry=RetryPolicy(max_attempts=0, backoff_seconds=1, max_backoff_seconds=1),
-                idle_seconds=1,
-            )
-            assert isinstance(cfg.sender, MllpSenderConfig)
-            worker = DestinationWorker(cfg, dsn, MllpSender(cfg.sender), PrometheusObserver())
-            stop = asyncio.Event()
-            task = asyncio.create_task(worker.run(stop))
-            try:
+            cfg = worker_config(DEST, receiver.port, channel="adt", retry=retry)
+            async with worker(cfg, dsn, stop_seconds=30):
                 await receiver.wait_for(total // 3, timeout=30)
                 cluster.primary.stop("immediate")  # the primary is gone mid-drain
                 standby.promote()
                 await receiver.wait_for(total, timeout=90)
                 await _until_delivered(standby, total)
-            finally:
-                stop.set()
-                await asyncio.wait_for(task, 30)
-        ids = [p.split(b"|")[9].decode() for p in receiver.received]
+        ids = control_ids(receiver.received)
         distinct = list(dict.fromkeys(ids))
         assert distinct == [f"F{n:03d}" for n in range(total)]  # none lost, in order
         assert len(ids) - len(distinct) <= 1  # at most the one in flight, twice

@@ -17,8 +17,6 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 
 from inturn.worker.cli import cli, main
-from inturn.worker.drain.metrics import PrometheusObserver
-from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.hl7.pid import lookup_key
@@ -28,8 +26,6 @@ from inturn.worker.ingest.service import Ingest
 from inturn.worker.operations.packs import names, select
 from inturn.worker.reservations import bookings, sweep
 from inturn.worker.reservations.cancel import cancel_expired
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.store import (
     actions,
     delivery,
@@ -48,7 +44,7 @@ from inturn.worker.testing import MllpReceiver
 from inturn.worker.worklist.sweep import sweep as run_sweep
 from tests.support import db
 from tests.support.db import Denied, refused
-from tests.support.pipeline import INTURN
+from tests.support.pipeline import INTURN, worker, worker_config
 
 pytestmark = pytest.mark.store
 
@@ -146,23 +142,10 @@ async def test_ingest_role_stores_a_message(fresh_db: str, role_dsns: dict[str, 
 @pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
 async def test_worker_role_delivers(fresh_db: str, role_dsns: dict[str, str], lanes: int) -> None:
     await aseed(fresh_db, "ROLE-W-1", "ROLE-W-2")
-    retry = RetryPolicy(max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=5)
     async with MllpReceiver() as rx:
-        sender = MllpSenderConfig(HOST, rx.port)
-        cfg = WorkerConfig(
-            destination=DEST, channel="adt", sender=sender, retry=retry, idle_seconds=1,
-            lanes=lanes,
-        )  # fmt: skip
-        stop = asyncio.Event()
-        worker = DestinationWorker(
-            cfg, role_dsns["worker"], MllpSender(sender), PrometheusObserver()
-        )
-        task = asyncio.create_task(worker.run(stop))
-        try:
+        cfg = worker_config(DEST, rx.port, channel="adt", lanes=lanes)
+        async with worker(cfg, role_dsns["worker"]):
             await rx.wait_for(2)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 15)
     with psycopg.connect(fresh_db) as conn:
         states = conn.execute("SELECT state FROM inturn_delivery ORDER BY id").fetchall()
     assert states == [("delivered",), ("delivered",)]

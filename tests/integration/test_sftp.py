@@ -4,6 +4,7 @@ a worker; its kind's schema, rendering and Secret mounts."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +12,13 @@ import pytest
 from psycopg import AsyncConnection
 
 from inturn.operator.manifests import WorkerPodSettings, render, sender_summary
-from inturn.worker.drain.metrics import PrometheusObserver
-from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.senders.base import DeliveryError
-from inturn.worker.senders.registry import make_sender
 from inturn.worker.senders.sftp import SftpSender, SftpSenderConfig, file_name
-from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.spec.destination import ManifestError, load_manifest
 from inturn.worker.store import queue, reads
 from inturn.worker.store.model import NewItem
+from tests.support.pipeline import FAST_RETRY, worker, worker_config
 from tests.support.sftp_server import USER, SftpServer
 
 DEST = "hospital/billing-drop"
@@ -163,15 +161,8 @@ async def test_a_message_without_msh10_is_unsendable(tmp_path: Path) -> None:
 
 async def test_a_worker_drains_its_queue_into_files_in_order(fresh_db: str, tmp_path: Path) -> None:
     async with SftpServer(tmp_path) as server:
-        cfg = WorkerConfig(
-            destination=DEST,
-            channel="adt",
-            sender=config(server),
-            retry=RetryPolicy(
-                max_attempts=0, backoff_seconds=1, max_backoff_seconds=1, timeout_seconds=10
-            ),
-            idle_seconds=1,
-        )
+        retry = dataclasses.replace(FAST_RETRY, timeout_seconds=10)
+        cfg = worker_config(DEST, config(server), channel="adt", retry=retry)
         (server.inbox / "MSG00002-2.hl7").write_bytes(b"in the way")  # item 2 must wait
         async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
             ids = await queue.enqueue(
@@ -180,25 +171,21 @@ async def test_a_worker_drains_its_queue_into_files_in_order(fresh_db: str, tmp_
             )
         names = [f"MSG{n:05d}-{i}.hl7" for n, i in zip((1, 2, 3), ids, strict=True)]
         (server.inbox / "MSG00002-2.hl7").rename(server.inbox / names[1])
-        stop = asyncio.Event()
-        worker = DestinationWorker(cfg, fresh_db, make_sender(cfg.sender), PrometheusObserver())
-        task = asyncio.create_task(worker.run(stop))
-        try:
-            async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-                async with asyncio.timeout(30):
-                    while await _attempts(conn, ids[1]) < 2:
-                        await asyncio.sleep(0.1)
-                assert server.files() == sorted(names[:2])  # the third waits behind the second
-                item = await reads.get_item(conn, ids[1])
-                assert item is not None and item.last_error is not None
-                assert item.last_error.startswith("rejected: ")
-                (server.inbox / names[1]).unlink()  # the partner removes the stale file
-                async with asyncio.timeout(30):
-                    while not await _all_delivered(conn, ids):
-                        await asyncio.sleep(0.1)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 15)
+        async with (
+            worker(cfg, fresh_db),
+            await AsyncConnection.connect(fresh_db, autocommit=True) as conn,
+        ):
+            async with asyncio.timeout(30):
+                while await _attempts(conn, ids[1]) < 2:
+                    await asyncio.sleep(0.1)
+            assert server.files() == sorted(names[:2])  # the third waits behind the second
+            item = await reads.get_item(conn, ids[1])
+            assert item is not None and item.last_error is not None
+            assert item.last_error.startswith("rejected: ")
+            (server.inbox / names[1]).unlink()  # the partner removes the stale file
+            async with asyncio.timeout(30):
+                while not await _all_delivered(conn, ids):
+                    await asyncio.sleep(0.1)
         assert server.files() == sorted(names)
         for n, name in zip((1, 2, 3), names, strict=True):
             assert (server.inbox / name).read_bytes() == normalise_terminators(message(n))
