@@ -1,24 +1,14 @@
 -- Named queries of ingest. Each block starts with "-- name: <query_name>".
--- Parameters use psycopg's %(name)s style. Loaded by inturn.worker.store.queries.
+-- Parameters use psycopg's %(name)s style. Loaded by inturn.worker.store.queries, which puts
+-- each "-- fragment: <name>" block in place of the "-- include: <name>" lines (see queue.sql).
+-- The fragments are what store shares with reserve (how a batch meets the duplicate window and
+-- which earlier copies a re-send follows) and with store_sealed (the links and the NOTIFY).
+-- The three are sent compacted (inturn.worker.store.ingest), store just under psycopg's 4 KiB
+-- cache limit: a fragment's comment lines are not sent, so it adds nothing to what is sent.
 
--- name: routes
--- The routing table: every live destination of every channel. Suspended ones are included on
--- purpose: a suspended destination keeps receiving, it only stops sending.
-SELECT destination, channel, message_types, suspended, sender_kind, replies, filter_fields
-  FROM inturn_destination
- WHERE deleted_at IS NULL
- ORDER BY channel, destination;
-
--- name: store
--- One batch for one channel and destination set, in one autocommit statement: explained in
--- inturn.worker.store.ingest.store_batch (psycopg caches it only under 4 KiB: keep it short).
-WITH msg AS (
-    SELECT m.*
-      FROM unnest(%(control_ids)s::text[], %(message_types)s::text[], %(payloads)s::bytea[],
-                  %(digests)s::bytea[], %(patient_keys)s::text[], %(traceparents)s::text[],
-                  %(reply_keys)s::text[])
-           WITH ORDINALITY AS m(control_id, message_type, payload, digest, keys, tp, rk, n)
-),
+-- fragment: window_prior
+-- The window's bounds (since: the duplicate window; done: the lost-ACK window), and each
+-- message's earlier sighting in the window, if any (before this batch counts it again).
 w AS (SELECT now() - make_interval(secs => %(window_seconds)s) AS since,
              now() - make_interval(secs => %(delivered_seconds)s) AS done),
 prior AS (
@@ -27,15 +17,20 @@ prior AS (
         ON r.channel = %(channel)s AND r.control_id = m.control_id AND r.digest = m.digest
      WHERE %(remember)s
 ),
-remembered AS (
-    INSERT INTO inturn_received AS r (channel, control_id, digest, size)
-    SELECT %(channel)s, control_id, digest, length(payload) FROM msg WHERE %(remember)s ORDER BY n
-    ON CONFLICT (channel, control_id, digest) DO UPDATE
-       SET (received_at, repeats, size) = (SELECT CASE WHEN r.received_at < w.since THEN now()
-           ELSE r.received_at END, CASE WHEN r.received_at < w.since THEN 0 ELSE r.repeats + 1
-           END, excluded.size FROM w)
-    RETURNING r.control_id, r.digest, r.received_at, r.repeats
-),
+
+-- fragment: window_counted
+-- A message already in the window (same channel, MSH-10 and content): counted once more, or
+-- its window started again when it had ended.
+ON CONFLICT (channel, control_id, digest) DO UPDATE
+   SET (received_at, repeats, size) = (SELECT CASE WHEN r.received_at < w.since THEN now()
+       ELSE r.received_at END, CASE WHEN r.received_at < w.since THEN 0 ELSE r.repeats + 1
+       END, excluded.size FROM w)
+RETURNING r.control_id, r.digest, r.received_at, r.repeats
+
+-- fragment: window_decisions
+-- Each message as the window now counts it (settled: no other batch counted it meanwhile),
+-- the fresh ones (never seen: queued), and for the repeats the latest copy per destination and
+-- whether to queue a re-send of it (copy).
 seen AS MATERIALIZED (
     SELECT m.n, x.received_at, x.repeats, p.repeats = x.repeats - 1 AS settled
       FROM msg m JOIN remembered x ON x.control_id = m.control_id AND x.digest = m.digest
@@ -58,12 +53,65 @@ latest AS MATERIALIZED (
             ORDER BY o.id DESC LIMIT 1) o ON true
      WHERE s.repeats > 0
 ),
+
+-- fragment: enqueue_locks
+-- The destinations' enqueue locks in sorted order, taken only when something is queued.
+SELECT count(inturn_enqueue_lock(s.d)) AS n
+  FROM (SELECT d FROM unnest(%(destinations)s::text[]) AS d ORDER BY d) AS s
+ WHERE (EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM latest WHERE copy))
+   AND set_config('synchronous_commit', 'on', true) = 'on'
+
+-- fragment: repeat_columns
+-- What the caller reads of the repeats (one array per message and destination) and of the
+-- messages whose MSH-10 the window holds with another content (reused).
+(SELECT json_agg(json_build_array(n, d, id, state, copy) ORDER BY n, k) FROM latest)
+    AS repeated,
+(SELECT array_agg(m.n ORDER BY m.n) FROM msg m CROSS JOIN w
+  WHERE %(remember)s AND EXISTS (
+        SELECT FROM inturn_received o
+         WHERE o.channel = %(channel)s AND o.control_id = m.control_id
+           AND o.digest <> m.digest AND o.received_at >= w.since)) AS reused;
+
+-- fragment: linked_notified
+-- After the rows are inserted (inserted: their ids and what each re-sends): a re-send's earlier
+-- copy points to it, and one NOTIFY per destination when anything was queued.
+linked AS (
+    UPDATE inturn_delivery o SET resent_as = i.id FROM inserted i WHERE o.id = i.resent_from
+),
+notified AS (
+    SELECT count(pg_notify(u.c, u.d)) AS n
+      FROM unnest(%(channels)s::text[], %(destinations)s::text[]) AS u(c, d)
+     WHERE EXISTS (SELECT 1 FROM inserted)
+),
+
+-- name: routes
+-- The routing table: every live destination of every channel. Suspended ones are included on
+-- purpose: a suspended destination keeps receiving, it only stops sending.
+SELECT destination, channel, message_types, suspended, sender_kind, replies, filter_fields
+  FROM inturn_destination
+ WHERE deleted_at IS NULL
+ ORDER BY channel, destination;
+
+-- name: store
+-- One batch for one channel and destination set, in one autocommit statement: explained in
+-- inturn.worker.store.ingest.store_batch (psycopg caches it only under 4 KiB: keep it short).
+WITH msg AS (
+    SELECT m.*
+      FROM unnest(%(control_ids)s::text[], %(message_types)s::text[], %(payloads)s::bytea[],
+                  %(digests)s::bytea[], %(patient_keys)s::text[], %(traceparents)s::text[],
+                  %(reply_keys)s::text[])
+           WITH ORDINALITY AS m(control_id, message_type, payload, digest, keys, tp, rk, n)
+),
+-- include: window_prior
+remembered AS (
+    INSERT INTO inturn_received AS r (channel, control_id, digest, size)
+    SELECT %(channel)s, control_id, digest, length(payload) FROM msg WHERE %(remember)s ORDER BY n
+    -- include: window_counted
+),
+-- include: window_decisions
 locked AS MATERIALIZED (
     -- set_config: this transaction commits synchronously (no session setting: pooler-safe)
-    SELECT count(inturn_enqueue_lock(s.d)) AS n
-      FROM (SELECT d FROM unnest(%(destinations)s::text[]) AS d ORDER BY d) AS s
-     WHERE (EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM latest WHERE copy))
-       AND set_config('synchronous_commit', 'on', true) = 'on'
+    -- include: enqueue_locks
 ),
 inserted AS (
     INSERT INTO inturn_delivery
@@ -79,14 +127,7 @@ inserted AS (
      ORDER BY r.n, r.k
     RETURNING id, resent_from
 ),
-linked AS (
-    UPDATE inturn_delivery o SET resent_as = i.id FROM inserted i WHERE o.id = i.resent_from
-),
-notified AS (
-    SELECT count(pg_notify(u.c, u.d)) AS n
-      FROM unnest(%(channels)s::text[], %(destinations)s::text[]) AS u(c, d)
-     WHERE EXISTS (SELECT 1 FROM inserted)
-),
+-- include: linked_notified
 answered AS (
     UPDATE inturn_order_expectation e
        SET answered_at = now(), answered_control_id = f.control_id
@@ -100,13 +141,7 @@ SELECT (SELECT array_agg(n ORDER BY n) FROM fresh) AS fresh,
        (SELECT array_agg(DISTINCT n) FROM answered) AS answered,
        (SELECT array_agg(id ORDER BY id) FROM inserted) AS ids,
        (SELECT n FROM notified) AS notified,
-       (SELECT json_agg(json_build_array(n, d, id, state, copy) ORDER BY n, k) FROM latest)
-           AS repeated,
-       (SELECT array_agg(m.n ORDER BY m.n) FROM msg m CROSS JOIN w
-         WHERE %(remember)s AND EXISTS (
-               SELECT FROM inturn_received o
-                WHERE o.channel = %(channel)s AND o.control_id = m.control_id
-                  AND o.digest <> m.digest AND o.received_at >= w.since)) AS reused;
+       -- include: repeat_columns
 
 -- name: forget_old
 -- Purge one batch of window rows older than the window. Returns the number deleted.
@@ -131,51 +166,16 @@ WITH msg AS (
       FROM unnest(%(control_ids)s::text[], %(digests)s::bytea[], %(sizes)s::int[])
            WITH ORDINALITY AS m(control_id, digest, size, n)
 ),
-w AS (SELECT now() - make_interval(secs => %(window_seconds)s) AS since,
-             now() - make_interval(secs => %(delivered_seconds)s) AS done),
-prior AS (
-    SELECT m.n, r.received_at, r.repeats
-      FROM msg m JOIN inturn_received r
-        ON r.channel = %(channel)s AND r.control_id = m.control_id AND r.digest = m.digest
-     WHERE %(remember)s
-),
+-- include: window_prior
 remembered AS (
     INSERT INTO inturn_received AS r (channel, control_id, digest, size)
     SELECT %(channel)s, control_id, digest, size FROM msg WHERE %(remember)s ORDER BY n
-    ON CONFLICT (channel, control_id, digest) DO UPDATE
-       SET (received_at, repeats, size) = (SELECT CASE WHEN r.received_at < w.since THEN now()
-           ELSE r.received_at END, CASE WHEN r.received_at < w.since THEN 0 ELSE r.repeats + 1
-           END, excluded.size FROM w)
-    RETURNING r.control_id, r.digest, r.received_at, r.repeats
+    -- include: window_counted
 ),
-seen AS MATERIALIZED (
-    SELECT m.n, x.received_at, x.repeats, p.repeats = x.repeats - 1 AS settled
-      FROM msg m JOIN remembered x ON x.control_id = m.control_id AND x.digest = m.digest
-      LEFT JOIN prior p ON p.n = m.n AND p.received_at = x.received_at
-),
-fresh AS MATERIALIZED (
-    SELECT m.* FROM msg m
-     WHERE NOT %(remember)s OR EXISTS (SELECT 1 FROM seen s WHERE s.n = m.n AND s.repeats = 0)
-),
-latest AS MATERIALIZED (
-    SELECT s.n, t.d, t.k, o.id, CASE WHEN s.settled THEN o.state ELSE 'arriving' END AS state,
-           s.settled AND NOT coalesce(o.state = 'pending'
-           OR (o.state = 'delivered' AND o.finished_at >= w.done), false) AS copy
-      FROM seen s JOIN msg m USING (n) CROSS JOIN w
-     CROSS JOIN unnest(%(destinations)s::text[]) WITH ORDINALITY AS t(d, k)
-      LEFT JOIN LATERAL (
-           SELECT id, state, finished_at FROM inturn_delivery o
-            WHERE o.control_id = m.control_id AND o.channel = %(channel)s
-              AND o.destination = t.d AND o.enqueued_at >= s.received_at
-            ORDER BY o.id DESC LIMIT 1) o ON true
-     WHERE s.repeats > 0
-),
+-- include: window_decisions
 locked AS MATERIALIZED (
     -- set_config: the transaction (this and store_sealed) commits synchronously, pooler-safe
-    SELECT count(inturn_enqueue_lock(s.d)) AS n
-      FROM (SELECT d FROM unnest(%(destinations)s::text[]) AS d ORDER BY d) AS s
-     WHERE (EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM latest WHERE copy))
-       AND set_config('synchronous_commit', 'on', true) = 'on'
+    -- include: enqueue_locks
 ),
 drawn AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('inturn_delivery', 'id')) AS id
@@ -186,13 +186,7 @@ drawn AS MATERIALIZED (
 )
 SELECT (SELECT array_agg(n ORDER BY n) FROM fresh) AS fresh,
        (SELECT array_agg(id ORDER BY id) FROM drawn) AS ids,
-       (SELECT json_agg(json_build_array(n, d, id, state, copy) ORDER BY n, k) FROM latest)
-           AS repeated,
-       (SELECT array_agg(m.n ORDER BY m.n) FROM msg m CROSS JOIN w
-         WHERE %(remember)s AND EXISTS (
-               SELECT FROM inturn_received o
-                WHERE o.channel = %(channel)s AND o.control_id = m.control_id
-                  AND o.digest <> m.digest AND o.received_at >= w.since)) AS reused;
+       -- include: repeat_columns
 
 -- name: store_sealed
 -- The second statement: the rows reserve drew IDs for, each payload sealed for its own row
@@ -213,15 +207,7 @@ WITH inserted AS (
      ORDER BY r.id
     RETURNING id, resent_from
 ),
-linked AS (
-    -- a re-send: its earlier copy points to it (as in store)
-    UPDATE inturn_delivery o SET resent_as = i.id FROM inserted i WHERE o.id = i.resent_from
-),
-notified AS (
-    SELECT count(pg_notify(u.c, u.d)) AS n
-      FROM unnest(%(channels)s::text[], %(destinations)s::text[]) AS u(c, d)
-     WHERE EXISTS (SELECT 1 FROM inserted)
-),
+-- include: linked_notified
 answered AS (
     UPDATE inturn_order_expectation e
        SET answered_at = now(), answered_control_id = f.control_id
