@@ -208,6 +208,35 @@ async def test_an_idle_worker_is_woken_by_the_enqueue_not_by_polling(fresh_db: s
     assert control_ids(rx.received) == ["MSG00001", "MSG00002"]
 
 
+async def test_a_trickle_queries_no_depth_and_a_backlog_is_counted(fresh_db: str) -> None:
+    """A queue that empties after each message never has its depth queried before a send (the
+    gauges say 0 when the head query finds nothing); a backlog's depth is queried after the
+    first send, when the mark has returned the next head (``bench/latency.py --hops`` found a
+    depth query before most sends of a trickle)."""
+    seen = Recording()
+    async with MllpReceiver() as rx:
+        cfg = config(rx.port, idle_seconds=3600)
+        worker = DestinationWorker(cfg, fresh_db, MllpSender(cfg.sender), seen)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await until(lambda: _true(seen.depths == [(0, 0)]))
+            for n in (1, 2, 3):
+                await enqueue(fresh_db, [n])
+                await until(lambda n=n: all_delivered(fresh_db, n))
+                await until(lambda n=n: _true(seen.depths.count((0, 0)) >= n + 1))
+            trickle = len(seen.depths)
+            await enqueue(fresh_db, list(range(4, 14)))  # ten in one transaction
+            await until(lambda: all_delivered(fresh_db, 13))
+            await until(lambda: _true(seen.depths[-1] == (0, 0)))
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+    assert set(seen.depths[:trickle]) == {(0, 0)}
+    assert seen.depths[trickle:] == [(9, 0), (0, 0)]
+    assert control_ids(rx.received) == [f"MSG{n:05d}" for n in range(1, 14)]
+
+
 async def test_a_drain_wakes_a_worker_waiting_out_a_backoff(fresh_db: str) -> None:
     """The worker's gauges follow a drain at once, though its head backs off for an hour."""
     seen = Recording()
