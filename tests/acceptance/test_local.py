@@ -9,6 +9,7 @@ a free one. Every run ends with Ctrl-C (SIGINT) and must exit 0.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ import socket
 import sys
 import tempfile
 from asyncio.subprocess import PIPE
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from tests.support.local import (
     mllp_sender,
     send,
 )
+from tests.support.pipeline import until
 
 BIN = Path(sys.executable).parent
 
@@ -59,10 +61,7 @@ def without_repeats(values: list[str]) -> list[str]:
     return [v for i, v in enumerate(values) if i == 0 or values[i - 1] != v]
 
 
-async def wait_until(check: Callable[[], Any], timeout: float = 30) -> None:
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.2)
+wait_until = functools.partial(until, timeout=30, every=0.2)
 
 
 async def count(dsn: str, sql: str, *params: Any) -> int:

@@ -11,6 +11,7 @@ The time it takes is measured by ``bench/partition.py``, not asserted here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -57,6 +58,7 @@ from tests.support.netpart import (
 from tests.support.netpart import missing as no_partition
 from tests.support.pgcluster import Cluster
 from tests.support.pgcluster import missing as no_cluster
+from tests.support.pipeline import until as pipeline_until
 
 #: The server-side settings and the values every session must carry.
 SERVER_SIDE = {
@@ -136,10 +138,7 @@ def lock_holders(host_dsn: str) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-async def until(check: Any, timeout: float) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.2)
+until = functools.partial(pipeline_until, every=0.2)
 
 
 @pytest.mark.skipif(

@@ -7,6 +7,7 @@ another (in transaction mode only once the lease expires), and nothing is lost o
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from tests.support.local import (
     worker_process,
 )
 from tests.support.pipeline import control_ids
+from tests.support.pipeline import until as pipeline_until
 
 pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
 
@@ -50,10 +52,7 @@ async def count(dsn: str, where: str) -> int:
     return int(row[0]) if row else -1
 
 
-async def until(check: object, timeout: float = 60) -> None:
-    async with asyncio.timeout(timeout):
-        while not await check():  # type: ignore[operator]
-            await asyncio.sleep(0.1)
+until = functools.partial(pipeline_until, timeout=60, every=0.1)
 
 
 async def test_inturn_local_ingests_delivers_sweeps_and_serves_the_console(
