@@ -44,7 +44,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.errors import Invalid
 from inturn.worker.spec.config import WorkerConfig
-from inturn.worker.store.delivery import ExpectedReply
+from inturn.worker.store.model import ExpectedReply
 from inturn.worker.worklist.hooks import Answerer, Answers, KeyDigest, Marker, Registered
 from inturn.worker.worklist.pack import ENTRY_POINT_GROUP, Pack
 from inturn.worker.worklist.publish import Publisher

@@ -29,14 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from inturn.worker.errors import Invalid
 from inturn.worker.store.lease import Lease, LeaseLost
-from inturn.worker.store.model import Head, Item, Pending
+from inturn.worker.store.model import ExpectedReply, Head, Item, Pending
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("queue.sql")
@@ -109,22 +109,6 @@ async def poll_head(conn: AsyncConnection[Any], destination: str) -> tuple[int |
     if row is None:
         return None, False
     return int(row["id"]), bool(row["due"])
-
-
-class ExpectedReply(Protocol):
-    """What :func:`succeeded_next` records of one expected reply
-    (:class:`inturn.worker.orders.keys.Expectation` has these attributes)."""
-
-    @property
-    def key(self) -> str: ...
-    @property
-    def digest(self) -> str: ...
-    @property
-    def channel(self) -> str: ...
-    @property
-    def reply_types(self) -> tuple[str, ...]: ...
-    @property
-    def within_seconds(self) -> int: ...
 
 
 async def succeeded_next(

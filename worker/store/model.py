@@ -1,11 +1,12 @@
-"""Plain data the store returns: queue items, depth rows, new items to enqueue, booking records."""
+"""Plain data the store returns and takes: queue items, depth rows, new items to enqueue, the
+replies a delivered order expects, booking records."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, date, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from inturn.worker.spec.schedule import held_until
 
@@ -117,6 +118,23 @@ class Head:
     #: The row's ``patient_keys`` (its lane keys, see :mod:`inturn.worker.drain.lanes`); empty
     #: when the row has none, or when the head was read by the single stream's head query.
     keys: tuple[str, ...] = ()
+
+
+class ExpectedReply(Protocol):
+    """One reply a delivered order waits for (``spec.replies``), as the worker's marks record it
+    (:func:`inturn.worker.store.delivery.succeeded_next` and ``take``);
+    :class:`inturn.worker.orders.keys.Expectation` has these attributes."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def channel(self) -> str: ...
+    @property
+    def reply_types(self) -> tuple[str, ...]: ...
+    @property
+    def within_seconds(self) -> int: ...
 
 
 @dataclass(frozen=True)

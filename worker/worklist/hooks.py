@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inturn.worker.spec.config import WorkerConfig
-from inturn.worker.store.delivery import ExpectedReply
+from inturn.worker.store.model import ExpectedReply
 
 #: How a key is stored under its owner, ``(owner, key) -> 32 hex digits``: plain SHA-256
 #: (:func:`inturn.worker.spec.replies.key_digest`) or, with payload keys, the blind index's
