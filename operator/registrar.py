@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from inturn.operator import manifests
 from inturn.worker.drain.lanes import summarize
 from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
+from inturn.worker.spec.schema_packs import pack_spec_of
 from inturn.worker.store import reads, registry
 
 log = logging.getLogger("inturn.operator")
@@ -115,6 +116,7 @@ class Registrar:
             replies=spec.get("replies") or None,
             filter_fields=(spec.get("filter") or {}).get("fields") or None,
             lanes=int((spec.get("lanes") or {}).get("count", 1)),
+            pack_spec=pack_spec_of(spec) or None,
         )
         if registered is not None and registered.get(children.key) == row:
             return None
@@ -140,6 +142,7 @@ class Registrar:
                     replies=row.replies,
                     filter_fields=row.filter_fields,
                     lanes=row.lanes,
+                    pack_spec=row.pack_spec,
                 )
         except DB_ERRORS as exc:
             log.warning("registry update for %s failed: %s", children.key, exc)
@@ -210,4 +213,5 @@ def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
         json.dumps(row.replies, sort_keys=True),
         json.dumps(row.filter_fields, sort_keys=True),
         row.lanes,
+        json.dumps(row.pack_spec, sort_keys=True),
     )

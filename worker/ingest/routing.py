@@ -99,6 +99,8 @@ class Route:
         suspended: its worker does not send; it still receives.
         sender_kind: ``mllp``, ``http``, ... (None when the registry does not say).
         replies: the replies its orders expect (``spec.replies``).
+        pack_spec: the rule packs' other fields of its spec, by name (the registry's
+            ``pack_spec``), for their ingest hooks.
     """
 
     destination: str
@@ -108,6 +110,7 @@ class Route:
     sender_kind: str | None = None
     replies: tuple[ReplyRule, ...] = ()
     field_conditions: tuple[FieldCondition, ...] = ()
+    pack_spec: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 RouteReason = Literal["routed", "no_destinations", "filtered"]
@@ -192,7 +195,9 @@ class RouteTable:
 
 def _registered(route: Route) -> Registered:
     """``route`` as the packs' ingest hooks see it: the pack fields the registry keeps."""
-    spec = {"replies": [reply_spec(r) for r in route.replies]} if route.replies else {}
+    spec = dict(route.pack_spec)
+    if route.replies:
+        spec["replies"] = [reply_spec(r) for r in route.replies]
     return Registered(route.destination, route.channel, spec)
 
 
@@ -205,6 +210,7 @@ def _row_route(row: Mapping[str, Any]) -> Route:
         sender_kind=row.get("sender_kind"),
         replies=_replies(row),
         field_conditions=_conditions(row),
+        pack_spec=row.get("pack_spec") or {},
     )
 
 

@@ -163,6 +163,7 @@ class LocalRunner:
                         replies=[reply_spec(r) for r in cfg.replies] or None,
                         filter_fields=[c.to_spec() for c in cfg.field_conditions] or None,
                         lanes=cfg.lanes,
+                        pack_spec=cfg.pack_spec,
                     )
                 except registry.CarrierTaken as exc:
                     log.error("destination %s: not applied: %s", dest, exc)

@@ -18,7 +18,7 @@ from inturn.worker.senders.kind import SenderConfig
 from inturn.worker.spec.replies import ReplyRule, rules_of
 from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.spec.schedule import Schedule, parse, to_spec
-from inturn.worker.spec.schema_packs import pack_fields
+from inturn.worker.spec.schema_packs import pack_spec_of
 
 AckAction = Literal["retry", "fail"]
 #: ``retry.unreachable``: hold the queue without counting attempts, or count them (the old way).
@@ -134,10 +134,6 @@ class WorkerConfig:
     pack_spec: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
-#: The pack fields :class:`WorkerConfig` reads into attributes of its own.
-_TYPED_PACK_FIELDS = frozenset({"replies", "carriers"})
-
-
 # --- the rendered form (JSON) -----------------------------------------------------------------
 #
 # ``to_dict``/``from_dict`` convert between the model and the camelCase JSON the operator writes
@@ -245,11 +241,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
         replies=rules_of(doc.get("replies")),
         lanes=int((doc.get("lanes") or {}).get("count", 1)),
         lanes_window=int((doc.get("lanes") or {}).get("window", DEFAULT_LANES_WINDOW)),
-        pack_spec={
-            f.name: doc[f.name]
-            for f in pack_fields()
-            if f.worker and f.name in doc and f.name not in _TYPED_PACK_FIELDS
-        },
+        pack_spec=pack_spec_of(doc),
     )
 
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import Any
 
 from inturn.worker.spec.openapi import Rule, Schema
 
@@ -63,14 +64,31 @@ class SpecField:
         rules: CEL rules on the whole ``spec`` that concern this field (``!has(self.x) ||
             ...``), each with its Python twin (:class:`~.openapi.Rule`); placed in ``spec``'s
             ``x-kubernetes-validations`` after inturn's own.
-        worker: the worker needs it: it is copied into the rendered worker configuration
-            (``worker.json``) under the same name and declared in its schema.
+        worker: the worker or ingest needs it: it is copied into the rendered worker
+            configuration (``worker.json``) under the same name and declared in its schema, and
+            registered with the destination (:func:`pack_spec_of`), where ingest's hooks see it.
     """
 
     name: str
     schema: Callable[[], Schema]
     rules: tuple[Rule, ...] = ()
     worker: bool = True
+
+
+#: Pack fields with a place of their own in the worker configuration and the registry (older
+#: than the packs' hooks): the orders pack's ``replies``, the reservations pack's ``carriers``.
+TYPED_FIELDS = frozenset({"replies", "carriers"})
+
+
+def pack_spec_of(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The other pack fields ``spec`` (a Destination's, or a rendered worker configuration)
+    sets, by name, as it writes them: those of :func:`pack_fields` with ``worker``, apart from
+    :data:`TYPED_FIELDS` (``WorkerConfig.pack_spec``, the registry's ``pack_spec``)."""
+    return {
+        f.name: spec[f.name]
+        for f in pack_fields()
+        if f.worker and f.name in spec and f.name not in TYPED_FIELDS
+    }
 
 
 @functools.cache

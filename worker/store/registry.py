@@ -55,6 +55,9 @@ class RegisteredDestination:
         filter_fields: its conditions on HL7 fields, as the spec writes them
             (``spec.filter.fields``), or None.
         lanes: messages it may have in flight at once (``spec.lanes.count``; 1: one stream).
+        pack_spec: the rule packs' other fields of its spec, by name, as the spec writes them
+            (``replies`` and ``carriers`` are above), or None; ingest hands them to the packs'
+            ingest hooks.
     """
 
     destination: str
@@ -74,6 +77,7 @@ class RegisteredDestination:
     replies: list[dict[str, Any]] | None = None
     filter_fields: list[dict[str, Any]] | None = None
     lanes: int = 1
+    pack_spec: dict[str, Any] | None = None
 
 
 class CarrierTaken(Conflict, ValueError):
@@ -138,6 +142,7 @@ def _row(r: Mapping[str, Any]) -> RegisteredDestination:
         replies=r.get("replies"),
         filter_fields=r.get("filter_fields"),
         lanes=int(r.get("lanes") or 1),
+        pack_spec=r.get("pack_spec"),
     )
 
 
@@ -160,6 +165,7 @@ async def register(
     replies: Sequence[Mapping[str, Any]] | None = None,
     filter_fields: Sequence[Mapping[str, Any]] | None = None,
     lanes: int = 1,
+    pack_spec: Mapping[str, Any] | None = None,
 ) -> bool:
     """Insert or update a destination (and un-delete it) and its carriers, in one transaction.
 
@@ -170,7 +176,8 @@ async def register(
 
     ``sender`` is the credential-free sender summary shown by the console. ``filter_fields``
     is ``spec.filter.fields`` as the spec writes it (None or empty: none); ingest routes by it.
-    ``lanes`` is ``spec.lanes.count`` (1 to 32).
+    ``lanes`` is ``spec.lanes.count`` (1 to 32). ``pack_spec``: the rule packs' other fields
+    of the spec, by name (None or empty: none).
 
     Returns:
         True when anything was written, False when it was already exactly so.
@@ -201,6 +208,7 @@ async def register(
                     Jsonb([dict(f) for f in filter_fields]) if filter_fields else None
                 ),
                 "lanes": lanes,
+                "pack_spec": Jsonb(dict(pack_spec)) if pack_spec else None,
             },
             row=dict_row,
         )

@@ -45,8 +45,8 @@ class Registered:
     Attributes:
         destination: ``namespace/name``.
         channel: the channel it takes messages from.
-        spec: the pack fields the registry keeps of it, as the spec writes them (``replies``);
-            a field it does not set is absent.
+        spec: its pack fields as the registry keeps them, as the spec writes them
+            (``replies`` and the registry's ``pack_spec``); a field it does not set is absent.
     """
 
     destination: str

@@ -9,8 +9,9 @@ the group ``inturn.packs``) and puts that folder on the ``PYTHONPATH`` of ``intu
   schema takes (an ``echo`` of the wrong shape is refused like any field);
 * a mark hook: every message delivered to a Destination with ``spec.echo`` waits for an echo,
   keyed by its MSH-10, on ``replyChannel``;
-* an ingest hook: a message on the channel ``echo-back`` answers the expectations whose key is
-  its MSA-2, for every destination (the owner of a key is the destination it was sent to).
+* an ingest hook: a message on a ``replyChannel`` answers the expectations whose key is its
+  MSA-2, of the destinations that wait for echoes there (``spec.echo`` as the registry has it;
+  the owner of a key is the destination the message was delivered to).
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ from inturn.worker.hl7.header import parse_header
 from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.worklist.hooks import Answerer, Answers, KeyDigest, Marker, Registered
 from inturn.worker.worklist.pack import Pack, SpecField
-
-#: The channel whose messages answer echoes.
-ECHO_CHANNEL = "echo-back"
 
 
 def echo_schema() -> dict[str, Any]:
@@ -67,9 +65,12 @@ def mark(config: WorkerConfig, digest: KeyDigest) -> Marker | None:
 
 
 def ingest(destinations: Sequence[Registered]) -> dict[str, Answerer]:
-    if not destinations:
-        return {}
-    return {ECHO_CHANNEL: functools.partial(answer, tuple(d.destination for d in destinations))}
+    owners: dict[str, list[str]] = {}
+    for d in destinations:
+        echo = d.spec.get("echo")
+        if echo:
+            owners.setdefault(str(echo["replyChannel"]), []).append(d.destination)
+    return {channel: functools.partial(answer, tuple(o)) for channel, o in owners.items()}
 
 
 def answer(

@@ -87,7 +87,8 @@ notified AS (
 -- name: routes
 -- The routing table: every live destination of every channel. Suspended ones are included on
 -- purpose: a suspended destination keeps receiving, it only stops sending.
-SELECT destination, channel, message_types, suspended, sender_kind, replies, filter_fields
+SELECT destination, channel, message_types, suspended, sender_kind, replies, filter_fields,
+       pack_spec
   FROM inturn_destination
  WHERE deleted_at IS NULL
  ORDER BY channel, destination;
