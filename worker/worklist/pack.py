@@ -13,7 +13,9 @@ keeps the packs whose :attr:`Pack.requires` can be imported: a pack whose extra 
 installed (``pip install 'inturn[reservations]'``) is not active, so its commands are not
 offered, its sweep options are not shown and its dependencies are never imported. Front ends
 name no pack: ``inturn sweep`` runs the active packs' rules, ``inturn``'s command list adds
-their command groups.
+their command groups, ingest and the worker call their hooks (:mod:`.hooks`), and the
+Destination schema takes their ``spec`` fields (:mod:`inturn.worker.spec.schema_packs`, which
+reads the same entry points). How to write one: ``docs/howto/write-a-pack.md``.
 
 Layer: worklists (the packs above it import it; it imports none of them).
 """
