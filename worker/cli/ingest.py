@@ -15,7 +15,7 @@ from inturn.worker.cli.options import (
     option_error,
     payload_keys_options,
     serving_options,
-    start_tracing,
+    start_process,
 )
 from inturn.worker.errors import OptionInvalid
 from inturn.worker.ingest.config import IngestConfig
@@ -27,7 +27,6 @@ from inturn.worker.ingest.routing import check_channel
 from inturn.worker.ingest.service import Ingest, run_until_signal
 from inturn.worker.store.connect import probe
 from inturn.worker.store.dsn import DsnError, resolve_dsn
-from inturn.worker.text.logs import configure
 
 
 @click.command("ingest")
@@ -106,8 +105,7 @@ def ingest_command(
     log_json: bool,
 ) -> None:
     """Accept HL7 v2 over MLLP (and HTTP), store it for every destination, then acknowledge."""
-    configure(log_level, log_json)
-    start_tracing("inturn-ingest")
+    start_process("inturn-ingest", log_level, log_json)
     try:
         database = resolve_dsn(dsn)
     except DsnError as exc:

@@ -15,13 +15,19 @@ from typing import Any, TypeVar
 
 import click
 
-from inturn.worker.cli.options import payload_keys_options
+from inturn.worker.cli.options import (
+    dsn_option,
+    key_dsn_option,
+    payload_keys_option,
+    payload_keys_options,
+)
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.crypto.masterkeys import MasterKeyError, new_key_file
 from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.store.keystore import create_schema
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _with_codec(
@@ -40,15 +46,20 @@ def _with_codec(
     return asyncio.run(go())
 
 
+def _batch_option(help: str) -> Callable[[F], F]:
+    """``--batch N`` (1 to 100,000; 500 by default): ``help`` says what is counted."""
+    return click.option(
+        "--batch", default=500, show_default=True, type=click.IntRange(1, 100_000), help=help
+    )
+
+
 @click.group("keys")
 def keys_group() -> None:
     """Payload encryption: the key store and the master keys."""
 
 
 @keys_group.command("init")
-@click.option(
-    "--key-dsn", envvar="INTURN_KEY_DSN", show_envvar=True, required=True, help="The key store."
-)
+@key_dsn_option(required=True, help="The key store.")
 @click.option(
     "--new-key",
     "new_key",
@@ -66,14 +77,7 @@ def init_command(key_dsn: str, new_key: str | None) -> None:
 
 
 @keys_group.command("new")
-@click.option(
-    "--payload-keys",
-    envvar="INTURN_PAYLOAD_KEYS",
-    show_envvar=True,
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Folder of master keys.",
-)
+@payload_keys_option(required=True, help="Folder of master keys.")
 @click.argument("key_id")
 def new_command(payload_keys: str, key_id: str) -> None:
     """Write a fresh master key KEY_ID into the folder (name it to sort after the others:
@@ -106,13 +110,7 @@ def status_command(payload_keys: str | None, key_dsn: str | None, as_json: bool)
 
 @keys_group.command("rotate")
 @payload_keys_options
-@click.option(
-    "--batch",
-    default=500,
-    show_default=True,
-    type=click.IntRange(1, 100_000),
-    help="Keys re-wrapped per round trip to the key store.",
-)
+@_batch_option("Keys re-wrapped per round trip to the key store.")
 def rotate_command(payload_keys: str | None, key_dsn: str | None, batch: int) -> None:
     """Re-wrap every key under the newest master key (resumable; payloads untouched)."""
     done = _with_codec(payload_keys, key_dsn, lambda c: c.rotate(batch=batch))
@@ -120,15 +118,9 @@ def rotate_command(payload_keys: str | None, key_dsn: str | None, batch: int) ->
 
 
 @keys_group.command("encrypt-existing")
-@click.option("--dsn", envvar="INTURN_DSN", show_envvar=True, help="The queue's database.")
+@dsn_option("The queue's database.")
 @payload_keys_options
-@click.option(
-    "--batch",
-    default=500,
-    show_default=True,
-    type=click.IntRange(1, 100_000),
-    help="Rows sealed per transaction.",
-)
+@_batch_option("Rows sealed per transaction.")
 def encrypt_existing_command(
     dsn: str | None, payload_keys: str | None, key_dsn: str | None, batch: int
 ) -> None:

@@ -29,7 +29,7 @@ from inturn.worker.cli.options import (
     option_error,
     payload_keys_options,
     serving_options,
-    start_tracing,
+    start_process,
 )
 from inturn.worker.drain import shutdown
 from inturn.worker.errors import OptionInvalid
@@ -41,7 +41,6 @@ from inturn.worker.spec.destination import ManifestError
 from inturn.worker.store.dsn import DsnError, normalize_dsn
 from inturn.worker.store.migrate import migrate
 from inturn.worker.text.addresses import parse_address
-from inturn.worker.text.logs import configure
 from inturn.worker.worklist.publishers import from_env
 
 if TYPE_CHECKING:
@@ -183,8 +182,7 @@ def local_command(
         from_env(os.environ, "")
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    configure(log_level, log_json)
-    start_tracing("inturn-local")
+    start_process("inturn-local", log_level, log_json)
     console_auth_config = local_console_auth(console_auth) if console_at else None
     # Closing the terminal (SIGHUP) or a kill (SIGTERM) stops like Ctrl-C, before the event
     # loop runs too, so that the embedded Postgres is always stopped on the way out.

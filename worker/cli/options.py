@@ -4,7 +4,8 @@ Every option that more than one command takes is here, with its ``INTURN_``-pref
 variable: ``--dsn`` (``INTURN_DSN``), ``--log-level`` (``INTURN_LOG_LEVEL``), ``--log-json``
 (``INTURN_LOG_JSON``), and the queue commands' ``--json``, ``--who``, ``--why`` and durations.
 Every long-running command (worker, ingest, local, operator) takes :func:`logging_options` and
-calls :func:`inturn.worker.text.logs.configure`. ``inturn ingest`` and ``inturn local`` take
+calls :func:`inturn.worker.text.logs.configure` (``ingest`` and ``local`` through
+:func:`start_process`, with their traces). ``inturn ingest`` and ``inturn local`` take
 :func:`serving_options` and :func:`ingest_settings_options`: each ingest option that applies
 to both is declared here once (:data:`INGEST_ONLY` lists the others, and why).
 """
@@ -33,28 +34,41 @@ def dsn_option(help: str = "Postgres connection string, libpq DSN or URI.") -> C
     return click.option("--dsn", envvar="INTURN_DSN", show_envvar=True, help=help)
 
 
-def payload_keys_options(command: F) -> F:
-    """``--payload-keys DIR`` (``$INTURN_PAYLOAD_KEYS``) and ``--key-dsn``
-    (``$INTURN_KEY_DSN``): the master keys and the key store, for every command that stores
-    or reads payloads (see :mod:`inturn.worker.operations.payload_keys`)."""
-    keys = click.option(
+def payload_keys_option(
+    *,
+    required: bool = False,
+    help: str = "Folder of master keys (one file per key ID, the newest wraps new keys): payloads"
+    " are encrypted at rest. Without it payloads are stored in clear and an encrypted one"
+    " is refused.",
+) -> Callable[[F], F]:
+    """``--payload-keys DIR`` (``$INTURN_PAYLOAD_KEYS``): the folder of master keys."""
+    return click.option(
         "--payload-keys",
         envvar="INTURN_PAYLOAD_KEYS",
         show_envvar=True,
+        required=required,
         type=click.Path(file_okay=False),
         default=None,
-        help="Folder of master keys (one file per key ID, the newest wraps new keys): payloads"
-        " are encrypted at rest. Without it payloads are stored in clear and an encrypted one"
-        " is refused.",
+        help=help,
     )
-    key_dsn = click.option(
-        "--key-dsn",
-        envvar="INTURN_KEY_DSN",
-        show_envvar=True,
-        default=None,
-        help="The key store: a Postgres database apart from the queue's (with --payload-keys).",
+
+
+def key_dsn_option(
+    *,
+    required: bool = False,
+    help: str = "The key store: a Postgres database apart from the queue's (with --payload-keys).",
+) -> Callable[[F], F]:
+    """``--key-dsn`` (``$INTURN_KEY_DSN``): the key store's database."""
+    return click.option(
+        "--key-dsn", envvar="INTURN_KEY_DSN", show_envvar=True, required=required, help=help
     )
-    return keys(key_dsn(command))
+
+
+def payload_keys_options(command: F) -> F:
+    """:func:`payload_keys_option` and :func:`key_dsn_option`: the master keys and the key
+    store, for every command that stores or reads payloads (see
+    :mod:`inturn.worker.operations.payload_keys`)."""
+    return payload_keys_option()(key_dsn_option()(command))
 
 
 def logging_options(command: F) -> F:
@@ -175,6 +189,20 @@ def start_tracing(service_name: str) -> None:
         tracing.configure(service_name)
     except tracing.TracingError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def start_process(service_name: str, log_level: str, log_json: bool) -> None:
+    """What a long-running command does first once its options are read: logging at
+    ``log_level`` (JSON lines with ``log_json``, :func:`inturn.worker.text.logs.configure`),
+    then traces as :func:`start_tracing` (``service_name``: ``inturn-ingest``, ...).
+
+    Raises:
+        click.ClickException: as :func:`start_tracing`.
+    """
+    from inturn.worker.text.logs import configure
+
+    configure(log_level, log_json)
+    start_tracing(service_name)
 
 
 def option_error(exc: OptionInvalid) -> click.ClickException:
