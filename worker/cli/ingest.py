@@ -10,15 +10,13 @@ import click
 from inturn.worker.cli.options import (
     dsn_option,
     feeds_option,
+    ingest_config,
     ingest_settings_options,
     logging_options,
-    option_error,
     payload_keys_options,
     serving_options,
     start_process,
 )
-from inturn.worker.errors import OptionInvalid
-from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.credentials import (
     ANY_CHANNEL,
     new_token,
@@ -83,19 +81,15 @@ from inturn.worker.store.dsn import DsnError, resolve_dsn
 @payload_keys_options
 @logging_options
 def ingest_command(
-    listen: tuple[str, ...],
+    serving: dict[str, Any],
     allow_network: tuple[str, ...],
     allow_subject: tuple[str, ...],
-    http: str | None,
     http_credentials: str | None,
     http_insecure: bool,
-    ops: str | None,
     dsn: str | None,
     tls_cert: str | None,
     tls_key: str | None,
     tls_client_ca: str | None,
-    hold_unrouted: tuple[str, ...],
-    accept_unrouted: tuple[str, ...],
     pool_size: int,
     feeds_file: str | None,
     payload_keys: str | None,
@@ -110,28 +104,21 @@ def ingest_command(
         database = resolve_dsn(dsn)
     except DsnError as exc:
         raise click.UsageError(str(exc)) from None
-    try:
-        config = IngestConfig.from_options(
-            listen=listen,
-            allow_network=allow_network,
-            allow_subject=allow_subject,
-            http=http,
-            http_credentials=http_credentials,
-            http_insecure=http_insecure,
-            ops=ops,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            tls_client_ca=tls_client_ca,
-            hold_unrouted=hold_unrouted,
-            accept_unrouted=accept_unrouted,
-            pool_size=pool_size,
-            feeds_file=feeds_file,
-            payload_keys=payload_keys,
-            key_dsn=key_dsn,
-            **ingest_settings,
-        )
-    except OptionInvalid as exc:
-        raise option_error(exc) from None
+    config = ingest_config(
+        serving,
+        ingest_settings,
+        allow_network=allow_network,
+        allow_subject=allow_subject,
+        http_credentials=http_credentials,
+        http_insecure=http_insecure,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_client_ca=tls_client_ca,
+        pool_size=pool_size,
+        feeds_file=feeds_file,
+        payload_keys=payload_keys,
+        key_dsn=key_dsn,
+    )
     # Unreachable at start: one line and exit 2 (a supervisor restarts us), not 10 s of pool
     # retries. Once running, ingest answers AE while the database is away and recovers.
     asyncio.run(probe(database))

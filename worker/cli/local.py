@@ -24,16 +24,14 @@ from inturn.worker.cli.options import (
     DURATION,
     dsn_option,
     feeds_option,
+    ingest_config,
     ingest_settings_options,
     logging_options,
-    option_error,
     payload_keys_options,
     serving_options,
     start_process,
 )
 from inturn.worker.drain import shutdown
-from inturn.worker.errors import OptionInvalid
-from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedded
 from inturn.worker.local.manifests import check_sender, load_all
 from inturn.worker.local.run import DatabaseInUse, run_local
@@ -125,14 +123,10 @@ def local_console_auth(path: Path | None) -> AuthConfig:
 @logging_options
 def local_command(
     paths: tuple[Path, ...],
-    listen: tuple[str, ...],
-    http: str | None,
-    ops: str | None,
+    serving: dict[str, Any],
     dsn: str | None,
     data_dir: Path,
     secrets_dir: Path | None,
-    hold_unrouted: tuple[str, ...],
-    accept_unrouted: tuple[str, ...],
     console: str | None,
     console_auth: Path | None,
     sweep_every: float,
@@ -153,21 +147,10 @@ def local_command(
         console_at = parse_address(console, "127.0.0.1") if console else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--console") from None
-    try:
-        # Local use: HTTP ingest is open (the log says so when it starts).
-        ingest_config = IngestConfig.from_options(
-            listen=listen,
-            http=http,
-            http_insecure=True,
-            ops=ops,
-            hold_unrouted=hold_unrouted,
-            accept_unrouted=accept_unrouted,
-            pool_size=4,
-            feeds_file=feeds_file,
-            **ingest_settings,
-        )
-    except OptionInvalid as exc:
-        raise option_error(exc) from None
+    # Local use: HTTP ingest is open (the log says so when it starts).
+    config = ingest_config(
+        serving, ingest_settings, http_insecure=True, pool_size=4, feeds_file=feeds_file
+    )
     try:  # fail before starting anything
         for cfg in load_all(list(paths), secrets_dir).values():
             check_sender(cfg)
@@ -217,9 +200,7 @@ def local_command(
             log.info("schema migrated (%d migration(s))", len(applied))
         if encrypt or payload_keys:
             payload_keys, key_dsn = local_keys(data_dir, dsn, payload_keys, key_dsn)
-            ingest_config = dataclasses.replace(
-                ingest_config, payload_keys=payload_keys, key_dsn=key_dsn
-            )
+            config = dataclasses.replace(config, payload_keys=payload_keys, key_dsn=key_dsn)
             log.info("payloads are encrypted at rest (master keys in %s)", payload_keys)
 
         async def main() -> None:
@@ -245,7 +226,7 @@ def local_command(
                 await run_local(
                     dsn,
                     list(paths),
-                    ingest_config,
+                    config,
                     secrets_dir,
                     stop,
                     abandon,

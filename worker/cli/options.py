@@ -15,13 +15,16 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from inturn.worker.errors import OptionInvalid
 from inturn.worker.operations.actor import ACTIONS
 from inturn.worker.text.durations import parse_duration
+
+if TYPE_CHECKING:
+    from inturn.worker.ingest.config import IngestConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -217,10 +220,18 @@ def serving_options(*, listen_required: bool, http_help: str) -> Callable[[F], F
     """The options of a process that serves ingest, declared once for ``inturn ingest`` and
     ``inturn local``: ``--listen CHANNEL=[HOST:]PORT`` (repeatable), ``--http [HOST:]PORT``
     (``http_help`` says how it is protected there), ``--ops [HOST:]PORT`` and
-    ``--hold-unrouted``/``--accept-unrouted CHANNEL`` (repeatable); parsed by
-    :meth:`inturn.worker.ingest.config.IngestConfig.from_options`."""
+    ``--hold-unrouted``/``--accept-unrouted CHANNEL`` (repeatable). The command receives them
+    as one keyword argument, ``serving``: a dict of
+    :meth:`inturn.worker.ingest.config.IngestConfig.from_options` keywords (as
+    :func:`ingest_settings_options` does; :func:`ingest_config` takes both)."""
 
     def apply(command: F) -> F:
+        @functools.wraps(command)
+        def collect(*args: Any, **kwargs: Any) -> Any:
+            serving = {name: kwargs.pop(name) for name in SERVING}
+            return command(*args, serving=serving, **kwargs)
+
+        wrapped: Any = collect
         for option in reversed(
             (
                 click.option(
@@ -261,10 +272,32 @@ def serving_options(*, listen_required: bool, http_help: str) -> Callable[[F], F
                 ),
             )
         ):
-            command = option(command)
-        return command
+            wrapped = option(wrapped)
+        return wrapped  # type: ignore[no-any-return]
 
     return apply
+
+
+#: The ``IngestConfig.from_options`` keywords :func:`serving_options` collects.
+SERVING = ("listen", "http", "ops", "hold_unrouted", "accept_unrouted")
+
+
+def ingest_config(
+    serving: dict[str, Any], settings: dict[str, Any], **options: Any
+) -> IngestConfig:
+    """Ingest's configuration from what :func:`serving_options` (``serving``) and
+    :func:`ingest_settings_options` (``settings``) collected and the command's own
+    ``options`` (:meth:`inturn.worker.ingest.config.IngestConfig.from_options` keywords all).
+
+    Raises:
+        click.ClickException: a value is invalid (:func:`option_error`: one line, exit 2).
+    """
+    from inturn.worker.ingest.config import IngestConfig
+
+    try:
+        return IngestConfig.from_options(**serving, **settings, **options)
+    except OptionInvalid as exc:
+        raise option_error(exc) from None
 
 
 #: The ``inturn ingest`` options ``inturn local`` does not take, and why: local's HTTP ingest
