@@ -70,8 +70,8 @@ def test_the_worker_statements_share_one_lease_guard() -> None:
     queue = load("queue.sql")
     guarded = sorted(name for name, query in queue.items() if "inturn_lease" in query)
     assert guarded == sorted(
-        ["head", "succeeded_next", "retry", "succeeded", "gave_up", "sender_changed",
-         "pending_window", "take"]
+        ["head", "succeeded_next", "succeeded_next_expecting", "retry", "succeeded", "gave_up",
+         "sender_changed", "pending_window", "take"]
     )  # fmt: skip
     guard = (
         "    UPDATE inturn_lease\n"

@@ -36,7 +36,7 @@ from psycopg.rows import dict_row
 
 from inturn.worker.errors import Invalid
 from inturn.worker.store.lease import Lease, LeaseLost
-from inturn.worker.store.model import ExpectedReply, Head, Item, Pending
+from inturn.worker.store.model import ExpectedReply, Head, Item, Pending, Sendable
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("queue.sql")
@@ -45,20 +45,19 @@ Q = load("queue.sql")
 HeadResult = tuple[Head | None, float | None]
 
 
-def _head_result(row: Mapping[str, Any] | None) -> HeadResult:
+def _head_result(row: Mapping[str, Any] | None, destination: str) -> HeadResult:
+    """The head of ``destination`` in a row of ``head`` or a delivered mark (the columns of a
+    :class:`~inturn.worker.store.model.Sendable`, its payload, trace context and wait)."""
     if row is None or row["id"] is None:
         return None, None
-    wait = float(row["wait_seconds"])
+    wait = row["wait_seconds"]
     if wait > 0:
-        return None, wait
-    return (
-        Head(
-            item=Item.from_row(row),
-            payload=bytes(row["payload"]),
-            traceparent=row.get("traceparent"),
-        ),
-        None,
-    )
+        return None, float(wait)
+    item = Sendable(
+        row["id"], row["channel"], destination, row["control_id"], row["message_type"],
+        row["attempts"],
+    )  # fmt: skip
+    return Head(item, row["payload"], row["traceparent"]), None
 
 
 def _guard(destination: str, lease: Lease) -> dict[str, Any]:
@@ -95,7 +94,7 @@ async def next_head(
     row = await fetch_one(conn, Q["head"], params, row=dict_row, binary=True)  # the payload
     if row is None:
         raise LeaseLost(lease, "reading the head")
-    return _head_result(row)
+    return _head_result(row, destination)
 
 
 async def poll_head(conn: AsyncConnection[Any], destination: str) -> tuple[int | None, bool]:
@@ -113,7 +112,7 @@ async def poll_head(conn: AsyncConnection[Any], destination: str) -> tuple[int |
 
 async def succeeded_next(
     conn: AsyncConnection[Any],
-    head: Item,
+    head: Sendable,
     attempts: int,
     expecting: Sequence[ExpectedReply] = (),
     *,
@@ -122,7 +121,8 @@ async def succeeded_next(
     """Mark ``head`` delivered and return the next head, in one statement (one round trip).
 
     ``expecting``: the replies the delivered order now waits for (``spec.replies``), recorded
-    in ``inturn_order_expectation`` by the same statement, so only if the mark is written.
+    in ``inturn_order_expectation`` by the same statement, so only if the mark is written
+    (``succeeded_next_expecting``; without any, ``succeeded_next``, which inserts nothing).
 
     Committed synchronously like :func:`succeeded`. Returns ``(waited_seconds, next)`` where
     ``waited_seconds`` is None when ``head`` was no longer pending, and ``next`` is as from
@@ -131,27 +131,26 @@ async def succeeded_next(
     Raises:
         LeaseLost: another holder took the destination over; nothing was marked or recorded.
     """
-    params = {**_guard(head.destination, lease), "id": head.id, "attempts": attempts}
-    params |= _expected_params(expecting)
-    row = await fetch_one(conn, Q["succeeded_next"], params, row=dict_row, binary=True)
+    destination = head.destination
+    params = _guard(destination, lease)
+    params["id"] = head.id
+    params["attempts"] = attempts
+    query = Q["succeeded_next"]
+    if expecting:
+        params |= _expected_params(expecting)
+        query = Q["succeeded_next_expecting"]
+    row = await fetch_one(conn, query, params, row=dict_row, binary=True)
     assert row is not None  # the statement always returns one row
     if row["held"] is None:
         raise LeaseLost(lease, f"marking id={head.id} delivered")
-    waited = None if row["waited_seconds"] is None else float(row["waited_seconds"])
-    return waited, _head_result(row)
-
-
-#: No expected replies: NULL arrays, which ``unnest`` reads as no rows. The statement is the
-#: same; what is saved is adapting five empty lists on every delivered mark.
-_NO_EXPECTATIONS: dict[str, Any] = dict.fromkeys(("keys", "digests", "channels", "types", "within"))
+    waited = row["waited_seconds"]
+    return (None if waited is None else float(waited)), _head_result(row, destination)
 
 
 def _expected_params(expecting: Sequence[ExpectedReply]) -> dict[str, Any]:
     """The ``keys``, ``digests``, ``channels``, ``types`` and ``within`` arrays of the replies
     ``expecting`` (``spec.replies``) for the delivered marks' ``unnest``."""
     opened = list(expecting)
-    if not opened:
-        return _NO_EXPECTATIONS
     return {
         "keys": [e.key for e in opened],
         "digests": [e.digest for e in opened],
@@ -319,7 +318,7 @@ class Delivered:
     """An answer to mark delivered with :func:`take`: the item, its attempts (this one
     included) and the replies it now waits for (``spec.replies``)."""
 
-    item: Item
+    item: Sendable
     attempts: int
     expecting: Sequence[ExpectedReply] = ()
 

@@ -35,10 +35,14 @@ class NewItem:
 
 
 @dataclass(frozen=True)
-class Item:
-    """One queued delivery, without its payload (listings never carry payloads).
+class Sendable:
+    """What a send and its marks need of a queued item: the head as the drain loop reads it
+    (once per message, so no column more than these; :class:`Item` is the whole row).
 
-    Times are timezone-aware UTC datetimes; ``size`` is in bytes.
+    Attributes:
+        id: the row id (enqueue order); channel: the ingest channel it arrived on;
+        destination: ``namespace/name``; control_id: MSH-10; message_type: ``CODE^TRIGGER``;
+        attempts: failed attempts so far.
     """
 
     id: int
@@ -46,9 +50,18 @@ class Item:
     destination: str
     control_id: str
     message_type: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Item(Sendable):
+    """One queued delivery, without its payload (listings never carry payloads).
+
+    Times are timezone-aware UTC datetimes; ``size`` is in bytes.
+    """
+
     size: int
     state: State
-    attempts: int
     enqueued_at: datetime
     next_attempt: datetime
     last_attempt: datetime | None
@@ -112,7 +125,7 @@ class Head:
     (:mod:`inturn.worker.tracing`), else None.
     """
 
-    item: Item
+    item: Sendable
     payload: bytes
     traceparent: str | None = None
     #: The row's ``patient_keys`` (its lane keys, see :mod:`inturn.worker.drain.lanes`); empty

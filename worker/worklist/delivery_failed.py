@@ -13,7 +13,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.store import delivery
 from inturn.worker.store.lease import Lease
-from inturn.worker.store.model import Item
+from inturn.worker.store.model import Sendable
 from inturn.worker.store.worklist import place
 from inturn.worker.store.worklist_model import Placement
 
@@ -36,7 +36,7 @@ def failure_reason(outcome: str, exhausted: bool) -> str:
 
 async def give_up(
     conn: AsyncConnection[Any],
-    item: Item,
+    item: Sendable,
     *,
     attempts: int,
     cause: str,

@@ -65,16 +65,15 @@ SELECT EXISTS (
 -- taken (the planner may walk the primary key when it believes every row is pending).
 -- A destination on hold (held_at set by `queue suspend` or the console) has no head.
 -- Guarded by the lease (and renewing it): no row at all when the lease is lost; "held" and
--- NULL columns when nothing is pending.
+-- NULL columns when nothing is pending. The columns are what a send and its marks need
+-- (inturn.worker.store.model.Sendable), no more: the head is read once per message.
 WITH lease AS (
     -- include: lease_guard
 )
 SELECT lease.held, h.*
   FROM lease
   LEFT JOIN LATERAL (
-       SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-              enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by,
-              finished_at, payload, traceparent,
+       SELECT id, channel, control_id, message_type, attempts, payload, traceparent,
               greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
                   AS wait_seconds
          FROM inturn_delivery
@@ -95,12 +94,48 @@ SELECT id, next_attempt <= clock_timestamp() AS due
  ORDER BY id
  LIMIT 1;
 
+-- fragment: next_head_after_mark
+-- The next head above the one just marked (the snapshot is from before the mark, in which it
+-- is still pending), only while the lease holds; NULL columns when nothing is pending.
+SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS waited_seconds,
+       h.*
+  FROM (SELECT 1) AS one
+  LEFT JOIN LATERAL (
+       SELECT id, channel, control_id, message_type, attempts, payload, traceparent,
+              greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
+                  AS wait_seconds
+         FROM inturn_delivery
+        WHERE destination = %(destination)s AND state = 'pending' AND id > %(id)s
+          AND EXISTS (SELECT 1 FROM lease)
+          AND NOT EXISTS (SELECT 1 FROM inturn_destination held
+                           WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
+        ORDER BY id
+        LIMIT 1) AS h ON TRUE;
+
 -- name: succeeded_next
 -- Mark the head delivered and read the next head, in one round trip and one commit. The SELECT
 -- sees the snapshot from before the UPDATE, in which the head is still pending: "id > head"
 -- skips it. A skip or drain that landed while the head was being sent lost the race: the
 -- receiver has it, so it is marked delivered (decided_by keeps who tried). waited_seconds is
 -- NULL when the head is gone (erased); held is NULL when the lease is lost (nothing changed).
+-- A message the packs record nothing for (every message but spec.replies' orders) takes this
+-- one; succeeded_next_expecting is the same with the replies the order now waits for.
+WITH lease AS (
+    -- include: lease_guard
+),
+done AS (
+    UPDATE inturn_delivery
+       SET state = 'delivered', attempts = %(attempts)s,
+           last_attempt = clock_timestamp(), finished_at = clock_timestamp()
+     WHERE id = %(id)s AND destination = %(destination)s AND state IN ('pending', 'skipped')
+       AND EXISTS (SELECT 1 FROM lease)
+    RETURNING extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
+)
+-- include: next_head_after_mark
+
+-- name: succeeded_next_expecting
+-- succeeded_next, recording in the same statement the replies the delivered order now waits
+-- for (spec.replies), so only if the mark is written. reply_types: comma-separated patterns.
 WITH lease AS (
     -- include: lease_guard
 ),
@@ -114,8 +149,6 @@ done AS (
               extract(epoch FROM finished_at - enqueued_at)::float8 AS waited_seconds
 ),
 expected AS (
-    -- spec.replies: the replies this order waits for, in the same statement as its mark
-    -- (empty arrays for every other message). reply_types: comma-separated patterns.
     INSERT INTO inturn_order_expectation
            (destination, delivery_id, control_id, message_type, order_key, key_digest,
             reply_channel, reply_types, due_at)
@@ -125,22 +158,7 @@ expected AS (
      CROSS JOIN unnest(%(keys)s::text[], %(digests)s::text[], %(channels)s::text[],
                        %(types)s::text[], %(within)s::int[]) AS e(k, d, c, t, w)
 )
-SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS waited_seconds,
-       h.*
-  FROM (SELECT 1) AS one
-  LEFT JOIN LATERAL (
-       SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-              enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by,
-              finished_at, payload, traceparent,
-              greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
-                  AS wait_seconds
-         FROM inturn_delivery
-        WHERE destination = %(destination)s AND state = 'pending' AND id > %(id)s
-          AND EXISTS (SELECT 1 FROM lease)
-          AND NOT EXISTS (SELECT 1 FROM inturn_destination held
-                           WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
-        ORDER BY id
-        LIMIT 1) AS h ON TRUE;
+-- include: next_head_after_mark
 
 -- name: retry
 -- Touches no indexed column, so the update can stay heap-only. The attempt is kept in the item's
