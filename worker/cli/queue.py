@@ -144,22 +144,18 @@ def list_command(
     (never the identifier), on the write connection. With --payload-keys it finds rows under
     the blind index too."""
     patient_key_for(patient_id, authority)  # usage errors before connecting
+    filters = reads.PageFilters(
+        destination=destination,
+        channel=channel,
+        state=state,
+        control_id=control_id,
+        offset=offset,
+        before=before,
+    )
     if patient_id is None:
         if why is not None:
             raise click.UsageError("--why goes with --patient-id (a listing is not audited)")
-        items, total = run_read(
-            dsn,
-            lambda conn: reads.list_items(
-                conn,
-                destination=destination,
-                channel=channel,
-                state=state,
-                control_id=control_id,
-                limit=limit,
-                offset=offset,
-                before=before,
-            ),
-        )
+        items, total = run_read(dsn, lambda conn: reads.list_items(conn, limit=limit, **filters))
         unindexed = 0
     else:
         actor = Trusted(who)
@@ -183,12 +179,7 @@ def list_command(
                     why,
                     limit=limit,
                     payloads=codec,
-                    destination=destination,
-                    channel=channel,
-                    state=state,
-                    control_id=control_id,
-                    offset=offset,
-                    before=before,
+                    **filters,
                 ),
             )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from psycopg import AsyncConnection
 
@@ -327,19 +327,14 @@ async def search_patient(
     *,
     limit: int = reads.LIST_LIMIT_DEFAULT,
     payloads: PayloadCodec | None = None,
-    destination: str | None = None,
-    channel: str | None = None,
-    state: str | None = None,
-    control_id: str | None = None,
-    offset: int = 0,
-    before: int | None = None,
+    **filters: Unpack[reads.PageFilters],
 ) -> PatientSearch:
     """Items naming a patient (PID-2, PID-3, PID-4 or MRG-1; with ``authority``, only
     identifiers it assigned), found through the identifier index; the search is audited
     (``search-patient``, its reason and the items shown; never the identifier) in the same
     transaction. Every front end's search by patient is this call: the console's (page and
-    API) and ``inturn queue list --patient-id``, whose other filters (``destination`` ...
-    ``before``, as :func:`inturn.worker.store.reads.list_items`) narrow the page.
+    API) and ``inturn queue list --patient-id``, whose other ``filters`` (``destination`` ...
+    ``before``, :class:`inturn.worker.store.reads.PageFilters`) narrow the page.
 
     Raises:
         Forbidden: the actor lacks the privacy role.
@@ -351,17 +346,7 @@ async def search_patient(
     reason = permit(actor, "search-patient", why)
     key = await patient_lookup(conn, patient_id, authority, payloads)
     items, total = await reads.search_patient(
-        conn,
-        key,
-        who=actor.name,
-        why=reason,
-        limit=limit,
-        destination=destination,
-        channel=channel,
-        state=state,
-        control_id=control_id,
-        offset=offset,
-        before=before,
+        conn, key, who=actor.name, why=reason, limit=limit, **filters
     )
     return PatientSearch(items, total, await identifiers.unindexed_count(conn))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
@@ -53,6 +53,20 @@ async def scan_payloads(
         if len(rows) < batch:
             return
         last = rows[-1].id
+
+
+class PageFilters(TypedDict, total=False):
+    """The filters of a page of items beside its patient and its size, as :func:`list_items`
+    takes them (each optional, with its default there): what a search by patient
+    (:func:`search_patient`, :func:`inturn.worker.operations.privacy.search_patient`) hands on
+    unchanged."""
+
+    destination: str | None
+    channel: str | None
+    state: str | None
+    control_id: str | None
+    offset: int
+    before: int | None
 
 
 async def list_items(
@@ -150,15 +164,10 @@ async def search_patient(
     who: str,
     why: str | None = None,
     limit: int = LIST_LIMIT_DEFAULT,
-    destination: str | None = None,
-    channel: str | None = None,
-    state: str | None = None,
-    control_id: str | None = None,
-    offset: int = 0,
-    before: int | None = None,
+    **filters: Unpack[PageFilters],
 ) -> tuple[list[Item], int]:
     """Items naming a patient, newest first, through the identifier index (as
-    :func:`list_items` with ``patient_key`` and its other filters, which narrow the page), and
+    :func:`list_items` with ``patient_key`` and its other ``filters``, which narrow the page), and
     an audit entry saying that ``who`` searched, why, and which items were shown.
 
     The entry (action ``search-patient``) names the items found, not the identifier, and is
@@ -172,17 +181,7 @@ async def search_patient(
         Invalid: as :func:`list_items`.
     """
     async with conn.transaction():
-        items, total = await list_items(
-            conn,
-            patient_key=patient_key,
-            limit=limit,
-            destination=destination,
-            channel=channel,
-            state=state,
-            control_id=control_id,
-            offset=offset,
-            before=before,
-        )
+        items, total = await list_items(conn, patient_key=patient_key, limit=limit, **filters)
         await record_patient_lookup(conn, [i.id for i in items], who=who, why=why)
     return items, total
 
