@@ -15,6 +15,8 @@ from psycopg import AsyncConnection
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
+from tests.support.local import worker_process
+from tests.support.pipeline import count
 from tests.support.sockets import listening_on
 
 INTURN = Path(sys.executable).with_name("inturn")
@@ -39,17 +41,7 @@ def manifest(tmp_path: Path, port: int, timeout: int = 5) -> Path:
 
 async def start_worker(path: Path, dsn: str) -> asyncio.subprocess.Process:
     env = {**os.environ, "INTURN_DSN": dsn}
-    return await asyncio.create_subprocess_exec(
-        str(INTURN),
-        "worker",
-        "-f",
-        str(path),
-        "--http-port",
-        "0",
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    return await worker_process(path, env, stderr=asyncio.subprocess.PIPE)
 
 
 def message(n: int) -> bytes:
@@ -61,13 +53,6 @@ async def enqueue(dsn: str, count: int) -> None:
         await queue.enqueue(
             conn, [NewItem(DEST, "adt", f"M{n:06d}", "ADT^A01", message(n)) for n in range(count)]
         )
-
-
-async def pending(dsn: str) -> int:
-    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute("SELECT count(*) FROM inturn_delivery WHERE state = 'pending'")
-        row = await cur.fetchone()
-        return int(row[0]) if row else -1
 
 
 async def test_sigkill_mid_stream_loses_nothing_and_keeps_order(
@@ -86,7 +71,7 @@ async def test_sigkill_mid_stream_loses_nothing_and_keeps_order(
         proc = await start_worker(path, fresh_db)
         try:
             async with asyncio.timeout(120):
-                while await pending(fresh_db):
+                while await count(fresh_db, "pending"):
                     await asyncio.sleep(0.1)
         finally:
             proc.terminate()

@@ -32,6 +32,7 @@ from tests.support.local import (
     message,
     mllp_sender,
     send,
+    worker_process,
 )
 
 pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
@@ -134,10 +135,7 @@ async def test_every_process_leaves_the_pooled_server_connections_stock(
                     [NewItem("default/lab", "adt", f"W{n:05d}", "ADT^A01", message(n, "W"))
                      for n in range(20)],
                 )  # fmt: skip
-            worker = await asyncio.create_subprocess_exec(
-                str(INTURN), "worker", "-f", str(path), "--http-port", "0", env=env,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
+            worker = await worker_process(path, env)
             try:
                 await _until_delivered(pooled, 50)
             finally:

@@ -224,10 +224,13 @@ class LocalProcess:
             await asyncio.wait_for(self.proc.wait(), 30)
 
 
-async def worker_process(manifest_path: Path, env: Mapping[str, str]) -> asyncio.subprocess.Process:
-    """``inturn worker -f MANIFEST --http-port 0`` started with ``env`` (its output dropped);
-    the caller stops it (and waits for it) in its own way."""
+async def worker_process(
+    manifest_path: Path, env: Mapping[str, str], stderr: int = asyncio.subprocess.DEVNULL
+) -> asyncio.subprocess.Process:
+    """``inturn worker -f MANIFEST --http-port 0`` started with ``env`` (its output dropped, its
+    stderr too unless ``stderr`` says otherwise: ``asyncio.subprocess.PIPE``); the caller stops
+    it (and waits for it) in its own way."""
     return await asyncio.create_subprocess_exec(
         str(INTURN), "worker", "-f", str(manifest_path), "--http-port", "0", env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=stderr,
     )  # fmt: skip
