@@ -11,9 +11,7 @@ answer, so a second ACK or a late one can neither answer nor fail the next messa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +34,6 @@ log = logging.getLogger("inturn.senders.mllp")
 
 #: Longest detail kept from a receiver's MSA-3 / ERR text, in characters.
 DETAIL_MAX_CHARS = 500
-#: TCP keepalive: idle seconds before the first probe, seconds between probes, probe count.
-KEEPALIVE = (60, 15, 4)
-
 #: Largest acknowledgement accepted unless the destination says otherwise, in bytes.
 DEFAULT_MAX_ACK_BYTES = 1024 * 1024
 
@@ -47,19 +42,6 @@ _NACK_OUTCOMES: dict[str, FailureCause] = {"AE": "AE", "AR": "AR", "CE": "CE", "
 #: payload holds neither byte, so it is framed without the second scan ``mllp.frame`` makes.
 _SB = b"\x0b"
 _TRAILER = b"\x1c\r"
-
-
-def _enable_keepalive(transport: asyncio.BaseTransport | None) -> None:
-    sock = None if transport is None else transport.get_extra_info("socket")
-    if sock is None:
-        return
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        idle, interval, count = KEEPALIVE
-        if hasattr(socket, "TCP_KEEPIDLE"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -248,7 +230,7 @@ class MllpSender:
         header, reason = _checked(payload)  # the MSH is read once, the bytes scanned once
         if header is None:
             raise DeliveryError("unsendable", reason or "unsendable")
-        return header, _SB + normalise_terminators(payload) + _TRAILER
+        return header, b"".join((_SB, normalise_terminators(payload), _TRAILER))  # one copy
 
     async def _exchange(self, link: Link, control_id: str, data: bytes, awaited: set[str]) -> None:
         """Write ``data`` on ``link`` and read until every awaited level has answered.
@@ -358,7 +340,6 @@ class MllpSender:
                 "unreachable", f"connect {host}:{port}: {_error_text(exc)}"
             ) from None
         self.connections_opened += 1
-        _enable_keepalive(link.transport)
         self._link = link
         return link
 

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 from collections import deque
 from dataclasses import dataclass
 
 from inturn.worker.hl7.mllp import Event, FrameReader
 
+#: TCP keepalive: idle seconds before the first probe, seconds between probes, probe count.
+KEEPALIVE = (60, 15, 4)
 #: MSH-10 values remembered per connection, to recognise late answers to earlier messages.
 REMEMBERED_IDS = 64
 
@@ -100,6 +103,7 @@ class Link(asyncio.Protocol):
             ssl=ssl_context,
             server_hostname=server_hostname,
         )
+        _enable_keepalive(link.transport)
         return link
 
     # --- asyncio.Protocol ------------------------------------------------------------------
@@ -229,3 +233,18 @@ class Link(asyncio.Protocol):
         if self._lost_waiter is not None:
             with contextlib.suppress(Exception):
                 await self._lost_waiter
+
+
+def _enable_keepalive(transport: asyncio.BaseTransport | None) -> None:
+    """TCP keepalive on the connection's socket (:data:`KEEPALIVE`): a peer that vanished
+    without a close is noticed by an idle connection too."""
+    sock = None if transport is None else transport.get_extra_info("socket")
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        idle, interval, count = KEEPALIVE
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
