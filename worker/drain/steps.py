@@ -182,20 +182,18 @@ class StepRunner:
                 self.state.trouble = None
             return result
 
-    def watch(self, conn: AsyncConnection[Any]) -> Any:
+    def watch(self, conn: AsyncConnection[Any]) -> lockwatch.Watch:
         """The lock watch of one step (:func:`inturn.worker.store.lockwatch.watch`)."""
+        return lockwatch.Watch(conn, self._side, self.lock_wait_seconds, self._on_lock_wait)
 
-        async def side() -> AsyncConnection[Any]:
-            return await psycopg.AsyncConnection.connect(
-                self.dsn,
-                autocommit=True,
-                application_name=f"inturn-worker {self.destination} lock watch",
-                connect_timeout=lockwatch.CONNECT_TIMEOUT_SECONDS,
-                **write_target(self.dsn),  # the locks are the primary's
-            )
-
-        return lockwatch.watch(
-            conn, side, threshold=self.lock_wait_seconds, on_wait=self._on_lock_wait
+    async def _side(self) -> AsyncConnection[Any]:
+        """The lock watch's side connection (opened only for a statement past the threshold)."""
+        return await psycopg.AsyncConnection.connect(
+            self.dsn,
+            autocommit=True,
+            application_name=f"inturn-worker {self.destination} lock watch",
+            connect_timeout=lockwatch.CONNECT_TIMEOUT_SECONDS,
+            **write_target(self.dsn),  # the locks are the primary's
         )
 
     def _on_lock_wait(self, wait: lockwatch.LockWait, added_seconds: float) -> None:

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -172,15 +172,15 @@ class LockWaitError(Unavailable):
 WaitCallback = Callable[[LockWait, float], None]
 
 
-@contextlib.asynccontextmanager
-async def watch(
+def watch(
     conn: AsyncConnection[Any],
     open_side: Callable[[], Awaitable[AsyncConnection[Any]]],
     *,
     threshold: float,
     on_wait: WaitCallback | None = None,
-) -> AsyncIterator[LockWait]:
-    """Run the body (statements on ``conn``) and report lock waits longer than ``threshold``.
+) -> Watch:
+    """Run the body (statements on ``conn``) and report lock waits longer than ``threshold``:
+    ``async with watch(conn, open_side, threshold=2.0): ...``.
 
     Args:
         conn: the connection whose statement may wait.
@@ -194,18 +194,49 @@ async def watch(
         LockWaitError: the body raised ``QueryCanceled`` or ``LockNotAvailable`` after a look
             found it waiting on a lock (chained to that error).
     """
-    found = LockWait(started=time.monotonic())
-    pid = conn.info.backend_pid
-    loop = asyncio.get_running_loop()
-    task: asyncio.Task[None] | None = None
+    return Watch(conn, open_side, threshold, on_wait)
 
-    async def look_repeatedly() -> None:
+
+class Watch:
+    """The context manager of :func:`watch`. It runs around every statement of the worker, so
+    a statement that ends within the threshold costs one timer handle, set and cancelled; the
+    :class:`LockWait` (``found``) and the looks exist only once the threshold has passed."""
+
+    __slots__ = (
+        "_conn", "_on_wait", "_open_side", "_started", "_task", "_threshold", "_timer", "found"
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        conn: AsyncConnection[Any],
+        open_side: Callable[[], Awaitable[AsyncConnection[Any]]],
+        threshold: float,
+        on_wait: WaitCallback | None,
+    ) -> None:
+        self._conn, self._open_side = conn, open_side
+        self._threshold, self._on_wait = threshold, on_wait
+        self._started = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        #: What the looks found; None until the threshold has passed.
+        self.found: LockWait | None = None
+
+    async def __aenter__(self) -> None:
+        self._started = time.monotonic()
+        self._timer = asyncio.get_running_loop().call_later(self._threshold, self._start)
+
+    def _start(self) -> None:
+        self.found = LockWait(started=self._started)
+        self._task = asyncio.ensure_future(self._look_repeatedly(self.found))
+
+    async def _look_repeatedly(self, found: LockWait) -> None:
+        pid = self._conn.info.backend_pid
         side: AsyncConnection[Any] | None = None
         try:
             while True:
                 try:
                     if side is None or side.closed:
-                        side = await open_side()
+                        side = await self._open_side()
                     found.blockers = await blockers(side, pid)
                 except (psycopg.Error, OSError) as exc:  # the look is a courtesy: never fatal
                     log.debug("lock watch of pid %d: %s", pid, exc)
@@ -216,38 +247,37 @@ async def watch(
                     added = found.waited_seconds - found.counted_seconds
                     found.counted_seconds = found.waited_seconds
                     found._last_seen = now
-                    if on_wait is not None:
-                        on_wait(found, added)
-                await asyncio.sleep(threshold)
+                    if self._on_wait is not None:
+                        self._on_wait(found, added)
+                await asyncio.sleep(self._threshold)
         finally:
             if side is not None:
                 with contextlib.suppress(Exception):
                     await side.close()
 
-    def start() -> None:
-        nonlocal task
-        task = asyncio.ensure_future(look_repeatedly())
-
-    timer = loop.call_later(threshold, start)
-    try:
-        yield found
-    except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
-        if found.waiting:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            found.waited_seconds = time.monotonic() - found.started
-            text = f"{found.describe('waited')}, then was cancelled ({first})"
-            raise LockWaitError(text) from exc
-        raise
-    finally:
-        timer.cancel()
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if found._last_seen is not None:
-            found.waited_seconds = time.monotonic() - found.started
-            added = found.waited_seconds - found.counted_seconds
-            found.counted_seconds = found.waited_seconds
-            found.ended = True
-            if on_wait is not None:
-                on_wait(found, max(added, 0.0))
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        found = self.found
+        if found is None:  # ended within the threshold: nothing was looked at
+            return
+        try:
+            cancelled = psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable
+            if isinstance(exc, cancelled) and found.waiting:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                found.waited_seconds = time.monotonic() - found.started
+                text = f"{found.describe('waited')}, then was cancelled ({first})"
+                raise LockWaitError(text) from exc
+        finally:
+            task = self._task
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if found._last_seen is not None:
+                found.waited_seconds = time.monotonic() - found.started
+                added = found.waited_seconds - found.counted_seconds
+                found.counted_seconds = found.waited_seconds
+                found.ended = True
+                if self._on_wait is not None:
+                    self._on_wait(found, max(added, 0.0))
