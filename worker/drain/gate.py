@@ -42,6 +42,9 @@ class Gate:
     until: datetime | None = None
 
 
+#: The answer when the head may go now (a destination without a window or a throttle).
+OPEN = Gate(True)
+
 #: Longest single wait for a window, in seconds: the worker looks again at least this often
 #: (a clock step or a schedule with a far opening never sleeps it for days at once).
 MAX_WINDOW_WAIT_SECONDS = 300.0
@@ -85,4 +88,4 @@ def may_send(
             due = last_send + 1.0 / messages_per_second
             if monotonic < due:
                 return Gate(False, due - monotonic, "throttle")
-    return Gate(True)
+    return OPEN
