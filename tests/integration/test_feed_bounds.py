@@ -19,8 +19,8 @@ from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
 
 from inturn.worker.feeds.declare import parse_feeds
+from inturn.worker.feeds.recorder import FeedRecorder
 from inturn.worker.feeds.rules import feed_silent
-from inturn.worker.ingest.feeds import FeedRecorder
 from inturn.worker.store import feeds as store
 from inturn.worker.store.connect import Pools
 

@@ -184,8 +184,8 @@ async def test_ingest_records_last_message_times_and_the_sweeper_follows(fresh_d
         async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
             [row] = await store.overview(conn)
             assert row.last_message_at is None  # nothing written per message
-            assert ingest.feeds is not None
-            assert await ingest.feeds.flush(ingest.pools.write) == 2  # channel and sender
+            assert ingest.recorder is not None
+            assert await ingest.recorder.flush(ingest.pools.write) == 2  # channel and sender
             rows = await store.overview(conn)
         assert [(r.channel, r.sender) for r in rows] == [("adt", ""), ("adt", "SENDAPP^SENDFAC")]
         assert all(r.last_message_at is not None for r in rows)
@@ -203,7 +203,7 @@ async def test_ingest_records_last_message_times_and_the_sweeper_follows(fresh_d
             await c.write(frame(msg("F-again")))
             await c.reply()
             await c.close()
-            await ingest.feeds.flush(ingest.pools.write)
+            await ingest.recorder.flush(ingest.pools.write)
             cleared = await feed_silent(conn, limit=10, dry_run=False)
             assert cleared.cleared == 2
             assert {(s, w, n) for _, s, w, n in await items(conn)} == {

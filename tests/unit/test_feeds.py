@@ -9,7 +9,7 @@ import pytest
 
 from inturn.worker.console.overview import build_feeds
 from inturn.worker.feeds.declare import FeedsError, feed_problems, parse_feeds, sender_key
-from inturn.worker.ingest.feeds import FeedRecorder
+from inturn.worker.feeds.recorder import FeedRecorder
 from inturn.worker.spec.schedule import parse
 from inturn.worker.store.feeds import FeedRow
 

@@ -171,3 +171,79 @@ def test_answers_of_several_packs_add_up_and_a_broken_hook_counts_as_none(
     assert packs.answer(answering, "ORU^R01", b"", []) == Answers(("a", "b", "c"), True)
     assert "a rule pack's ingest hook failed on a ORU^R01 message" in caplog.text
     assert packs.answer((broken,), "ORU^R01", b"", []) is None
+
+
+def test_the_feeds_pack_records_for_ingest_only_when_feeds_are_declared() -> None:
+    from inturn.worker.feeds.declare import Feed
+    from inturn.worker.feeds.recorder import FeedRecorder
+    from inturn.worker.worklist.hooks import IngestOptions
+
+    assert feed_rules.PLUGIN.record is not None
+    assert packs.recorder(IngestOptions(feeds=None, max_feed_senders=7)) is None
+    found = packs.recorder(
+        IngestOptions(feeds=(Feed("adt", 600, per_sender=True),), max_feed_senders=7)
+    )
+    assert isinstance(found, FeedRecorder)
+    assert (set(found.feeds), found.max_senders) == ({"adt"}, 7)
+    found.seen("adt", "LAB^x", "H")
+    found.seen("orm", "LAB", "H")  # not declared: not noted
+    assert [(c, s) for c, s, _ in found.take()] == [("adt", ""), ("adt", "LAB^H")]
+
+
+class Noting:
+    """A recorder that keeps what it was told (a pack of this test's own)."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.noted: list[tuple[str, str, str]] = []
+        self.fails = fails
+
+    def seen(self, channel: str, sending_application: str, sending_facility: str) -> None:
+        self.noted.append((channel, sending_application, sending_facility))
+
+    async def declare(self, pool: object) -> None:
+        return None
+
+    async def flush(self, pool: object) -> int:
+        if self.fails:
+            raise OSError("database away")
+        written, self.noted = len(self.noted), []
+        return written
+
+    async def run(self, pool: object, every: float) -> None:
+        return None
+
+    async def close(self, pool: object) -> None:
+        return None
+
+
+def test_recorders_of_several_packs_are_one_and_a_broken_hook_is_left_out(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
+    from inturn.worker.worklist.hooks import IngestOptions
+
+    def broken(options: IngestOptions) -> None:
+        raise RuntimeError("a bug in a plug-in")
+
+    first, second = Noting(), Noting(fails=True)
+    plugins = (
+        Pack(name="a", record=lambda o: first),
+        Pack(name="b", record=broken),
+        Pack(name="c", record=lambda o: None),
+        Pack(name="d", record=lambda o: second),
+    )
+    monkeypatch.setattr(packs, "PLUGINS", plugins)
+    options = IngestOptions(feeds=None, max_feed_senders=100)
+    both = packs.recorder(options)
+    assert both is not None
+    assert "rule pack b: its record hook failed; left out" in caplog.text
+    both.seen("adt", "LAB", "H")
+    assert first.noted == second.noted == [("adt", "LAB", "H")]
+    with pytest.raises(OSError, match="database away"):  # raised after every flush ran
+        asyncio.run(both.flush(None))  # type: ignore[arg-type]
+    assert (first.noted, second.noted) == ([], [("adt", "LAB", "H")])
+    monkeypatch.setattr(packs, "PLUGINS", plugins[:1])
+    assert packs.recorder(options) is first  # one pack: its own recorder, nothing between
+    monkeypatch.setattr(packs, "PLUGINS", plugins[1:3])
+    assert packs.recorder(options) is None

@@ -12,6 +12,7 @@ from inturn.worker.cli.options import (
     feeds_option,
     ingest_config,
     ingest_settings_options,
+    load_feeds_file,
     logging_options,
     payload_keys_options,
     serving_options,
@@ -115,7 +116,7 @@ def ingest_command(
         tls_key=tls_key,
         tls_client_ca=tls_client_ca,
         pool_size=pool_size,
-        feeds_file=feeds_file,
+        feeds=load_feeds_file(feeds_file),
         payload_keys=payload_keys,
         key_dsn=key_dsn,
     )

@@ -26,6 +26,7 @@ from inturn.worker.cli.options import (
     feeds_option,
     ingest_config,
     ingest_settings_options,
+    load_feeds_file,
     logging_options,
     payload_keys_options,
     serving_options,
@@ -149,7 +150,7 @@ def local_command(
         raise click.BadParameter(str(exc), param_hint="--console") from None
     # Local use: HTTP ingest is open (the log says so when it starts).
     config = ingest_config(
-        serving, ingest_settings, http_insecure=True, pool_size=4, feeds_file=feeds_file
+        serving, ingest_settings, http_insecure=True, pool_size=4, feeds=load_feeds_file(feeds_file)
     )
     try:  # fail before starting anything
         for cfg in load_all(list(paths), secrets_dir).values():

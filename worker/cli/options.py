@@ -331,7 +331,7 @@ def ingest_settings_options(command: F) -> F:
         DEFAULT_STORE_TIMEOUT_SECONDS,
     )
     from inturn.worker.ingest.budget import DEFAULT_WAIT_SECONDS
-    from inturn.worker.ingest.feeds import DEFAULT_FLUSH_SECONDS, DEFAULT_MAX_SENDERS
+    from inturn.worker.ingest.config import DEFAULT_FLUSH_SECONDS, DEFAULT_MAX_SENDERS
     from inturn.worker.ingest.listener import (
         DEFAULT_FRAME_DEADLINE,
         DEFAULT_FRAME_TIMEOUT,

@@ -21,6 +21,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from inturn.worker.feeds.recorder import recorder
 from inturn.worker.store import feeds as store
 from inturn.worker.worklist.pack import Pack
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
@@ -66,4 +67,4 @@ PACK: RulePack[None] = RulePack(
 )
 
 #: This pack as an installation finds it (entry point ``inturn.packs``).
-PLUGIN = Pack(name="feeds", sweep=PACK)
+PLUGIN = Pack(name="feeds", sweep=PACK, record=recorder)

@@ -110,7 +110,6 @@ from inturn.worker.ingest.answer import (
     unrouted,
 )
 from inturn.worker.ingest.batch import Committer, OutcomeUnknown
-from inturn.worker.ingest.feeds import FeedRecorder
 from inturn.worker.ingest.prepare import (
     FIELD_LOCATION,
     OFFLOAD_BYTES,
@@ -123,6 +122,7 @@ from inturn.worker.operations import packs
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store.model import StoreResult
+from inturn.worker.worklist.hooks import Recorder
 
 log = logging.getLogger("inturn.ingest")
 
@@ -156,7 +156,8 @@ class Acceptor:
         max_indexed_identifiers: most distinct patient identifiers indexed per message.
         max_batch_messages: most messages in one HL7 batch (FHS/BHS); a larger batch is
             refused whole (AR, ERR 104) before anything of it is stored.
-        feeds: told of every accepted message (its channel, MSH-3 and MSH-4), in memory.
+        recorder: told of every accepted message (its channel, MSH-3 and MSH-4), in memory:
+            the packs' recorders (:func:`inturn.worker.operations.packs.recorder`), or None.
     """
 
     def __init__(
@@ -171,10 +172,10 @@ class Acceptor:
         store_timeout_seconds: float = DEFAULT_STORE_TIMEOUT_SECONDS,
         max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS,
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
-        feeds: FeedRecorder | None = None,
+        recorder: Recorder | None = None,
         payloads: PayloadCodec | None = None,
     ) -> None:
-        self.feeds = feeds
+        self.recorder = recorder
         #: Seals every payload stored (payload keys) or passes it in clear (none).
         self.payloads = payloads or PayloadCodec(max_identifiers=max_indexed_identifiers)
         if max_indexed_identifiers < 1:
@@ -336,8 +337,8 @@ class Acceptor:
         if (prepared.reply or prepared.message.reply_keys) and not result.duplicate:
             matched = "matched" if result.answered else "unmatched"
             metrics.REPLIES.labels(channel, matched).inc()
-        if self.feeds is not None:  # a feed is alive whether the message is new or a copy
-            self.feeds.seen(channel, header.sending_application, header.sending_facility)
+        if self.recorder is not None:  # a feed is alive whether the message is new or a copy
+            self.recorder.seen(channel, header.sending_application, header.sending_facility)
         if result.control_id_reused and not result.duplicate:
             metrics.DUPLICATES.labels(channel, "control_id_reused").inc()
             log.warning(

@@ -10,9 +10,9 @@ from __future__ import annotations
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from inturn.worker.errors import OptionInvalid
-from inturn.worker.feeds.declare import Feed
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
     DEFAULT_DELIVERED_WINDOW_SECONDS,
@@ -29,7 +29,6 @@ from inturn.worker.ingest.budget import (
     memory_limit,
 )
 from inturn.worker.ingest.credentials import CredentialsError, CredentialsFile, CredentialSource
-from inturn.worker.ingest.feeds import DEFAULT_FLUSH_SECONDS, DEFAULT_MAX_SENDERS
 from inturn.worker.ingest.listener import (
     DEFAULT_FRAME_DEADLINE,
     DEFAULT_FRAME_TIMEOUT,
@@ -39,6 +38,11 @@ from inturn.worker.ingest.listener import (
 )
 from inturn.worker.ingest.routing import DEFAULT_REFRESH_SECONDS, check_channel
 from inturn.worker.text.addresses import parse_address
+
+#: Seconds between two flushes of what the packs' recorders noted (``--feed-flush-seconds``).
+DEFAULT_FLUSH_SECONDS = 30.0
+#: Most senders (MSH-3/MSH-4 pairs) recorded per per-sender feed (``--max-feed-senders``).
+DEFAULT_MAX_SENDERS = 100
 
 
 @dataclass(frozen=True)
@@ -79,9 +83,12 @@ class IngestConfig:
             per message; the rest are stored but not indexed.
         max_batch_messages: most messages in one HL7 batch (FHS/BHS); a larger one is
             refused whole (AR, ERR 104).
-        feeds: declared feeds (:mod:`inturn.worker.feeds.declare`), or None to leave the
-            declarations in the database alone. Given (even empty), they are written at start
-            and ingest records when each last received a message.
+        feeds: declared feeds, as the feeds pack's loader returns them
+            (``inturn.worker.feeds.declare.load_feeds``: the command line loads ``--feeds``),
+            or None to leave the declarations in the database alone. Given (even empty), they
+            are written at start and ingest records when each last received a message (the
+            feeds pack's record hook, reached through :mod:`inturn.worker.operations.packs`;
+            ingest does not read them).
         feed_flush_seconds: seconds between two writes of the last-message times.
         max_feed_senders: most senders recorded per per-sender feed.
         memory_limit: bytes the process may use; its message budget is derived from it
@@ -113,7 +120,7 @@ class IngestConfig:
     shutdown_grace: float = 10.0
     max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS
     max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES
-    feeds: tuple[Feed, ...] | None = None
+    feeds: tuple[Any, ...] | None = None
     feed_flush_seconds: float = DEFAULT_FLUSH_SECONDS
     max_feed_senders: int = DEFAULT_MAX_SENDERS
     memory_limit: int | None = None
@@ -184,7 +191,7 @@ class IngestConfig:
         pool_size: int = 16,
         max_indexed_identifiers: int = MAX_INDEXED_IDENTIFIERS,
         max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES,
-        feeds_file: str | None = None,
+        feeds: tuple[Any, ...] | None = None,
         feed_flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         max_feed_senders: int = DEFAULT_MAX_SENDERS,
         memory_limit: str | None = None,
@@ -252,14 +259,6 @@ class IngestConfig:
             raise OptionInvalid(str(exc), "--http-credentials") from None
         if credentials and credentials.wants_certificates and not tls_client_ca:
             raise OptionInvalid("client-certificate credentials need --tls-client-ca")
-        feeds = None
-        if feeds_file is not None:
-            from inturn.worker.feeds.declare import FeedsError, load_feeds
-
-            try:
-                feeds = tuple(load_feeds(feeds_file))
-            except (FeedsError, OSError) as exc:
-                raise OptionInvalid(str(exc), "--feeds") from None
         try:
             config = cls(
                 listeners=[

@@ -34,18 +34,19 @@ from inturn.worker.ingest.budget import (
     memory_limit,
 )
 from inturn.worker.ingest.config import IngestConfig
-from inturn.worker.ingest.feeds import FeedRecorder
 from inturn.worker.ingest.http import make_message_app, make_ops_app
 from inturn.worker.ingest.listener import (
     MllpListener,
 )
 from inturn.worker.ingest.quiet import QuietAppRunner
 from inturn.worker.ingest.routing import Router
+from inturn.worker.operations import packs
 from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store import sealing
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.keystore import PgKeyStore
+from inturn.worker.worklist.hooks import IngestOptions, Recorder
 from inturn.worker.worklist.metrics import refresh_pending_forever
 
 log = logging.getLogger("inturn.ingest")
@@ -102,8 +103,9 @@ class Ingest:
         self._gauge_task: asyncio.Task[None] | None = None
         self._feeds_task: asyncio.Task[None] | None = None
         self._index_task: asyncio.Task[None] | None = None
-        #: When feeds are declared: when each last received a message.
-        self.feeds: FeedRecorder | None = None
+        #: What the packs note about every accepted message (the feeds pack's last-message
+        #: times when feeds are declared), or None (:func:`.packs.recorder`).
+        self.recorder: Recorder | None = None
         self._started = False
         self._stopping = False
         self._closed = asyncio.Event()
@@ -208,9 +210,11 @@ class Ingest:
                 await self._watch_index_form(pools)
             self.router = Router(pools.read, config.refresh_seconds)
             await self.router.refresh()
-            if config.feeds is not None:
-                self.feeds = FeedRecorder(config.feeds, max_senders=config.max_feed_senders)
-                await self.feeds.declare(pools.write)
+            self.recorder = packs.recorder(
+                IngestOptions(feeds=config.feeds, max_feed_senders=config.max_feed_senders)
+            )
+            if self.recorder is not None:
+                await self.recorder.declare(pools.write)
             self.acceptor = Acceptor(
                 pools.write,
                 self.router,
@@ -221,7 +225,7 @@ class Ingest:
                 store_timeout_seconds=config.store_timeout,
                 max_indexed_identifiers=config.max_indexed_identifiers,
                 max_batch_messages=config.max_batch_messages,
-                feeds=self.feeds,
+                recorder=self.recorder,
                 payloads=self.payloads,
             )
             self.budget = MemoryBudget(config.message_budget(), config.busy_wait)
@@ -284,9 +288,9 @@ class Ingest:
                 self._purge_task = asyncio.create_task(
                     self._purge_loop(), name="inturn-ingest-purge"
                 )
-            if self.feeds is not None:
+            if self.recorder is not None:
                 self._feeds_task = asyncio.create_task(
-                    self.feeds.run(pools.write, config.feed_flush_seconds),
+                    self.recorder.run(pools.write, config.feed_flush_seconds),
                     name="inturn-ingest-feeds",
                 )
             if self.payloads.enabled:
@@ -345,8 +349,8 @@ class Ingest:
             self._runners.clear()
             if self.acceptor is not None:
                 await self.acceptor.committer.close(self.config.shutdown_grace)
-            if self.feeds is not None and self._pools is not None:
-                await self.feeds.close(self._pools.write)
+            if self.recorder is not None and self._pools is not None:
+                await self.recorder.close(self._pools.write)
             if self._own_pools and self._pools is not None:
                 await self._pools.close()
             if self.payloads is not None:

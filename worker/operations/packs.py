@@ -8,8 +8,9 @@ change here or in any front end. A pack whose required modules are missing (its 
 installed) is kept apart in :data:`INACTIVE`: its rules do not run, its options and commands
 are not offered, and asking for it says which extra to install. Nothing else names a pack:
 ``inturn sweep``, ``inturn local``'s sweeper and ``inturn``'s command list ask this module, so
-do ingest (:func:`answerers`, :func:`answer`: what it computes for a message it stores) and the
-worker (:func:`marker`: what it adds to a delivered mark). How to write a pack, with a worked
+do ingest (:func:`answerers`, :func:`answer`: what it computes for a message it stores;
+:func:`recorder`: what it notes about every message it accepts) and the worker
+(:func:`marker`: what it adds to a delivered mark). How to write a pack, with a worked
 example of one in another distribution: ``docs/howto/write-a-pack.md``.
 
 Adding a pack (e.g. ``feeds``):
@@ -26,7 +27,7 @@ Adding a pack (e.g. ``feeds``):
    whether a plain ``inturn sweep`` runs it) and ``PLUGIN = Pack(name=..., sweep=PACK, ...)``
    with its command groups, required modules and extra, its ``spec`` fields (``SpecField``s
    in ``worker/<subject>/fields.py``: the schema and the CRDs take them; regenerate the CRDs)
-   and its hooks (:mod:`inturn.worker.worklist.hooks`: ``ingest``, ``mark``), if any.
+   and its hooks (:mod:`inturn.worker.worklist.hooks`: ``ingest``, ``mark``, ``record``), if any.
 3. Name ``PLUGIN`` in the ``[project.entry-points."inturn.packs"]`` table of
    ``pyproject.toml`` (then reinstall: entry points are package metadata).
 4. Tests: ``tests/integration/test_<pack>_sweep.py`` (the rules on a real Postgres), and a
@@ -35,17 +36,27 @@ Adding a pack (e.g. ``feeds``):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
 from inturn.worker.errors import Invalid
 from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store.model import ExpectedReply
-from inturn.worker.worklist.hooks import Answerer, Answers, KeyDigest, Marker, Registered
+from inturn.worker.worklist.hooks import (
+    Answerer,
+    Answers,
+    IngestOptions,
+    KeyDigest,
+    Marker,
+    Recorder,
+    Registered,
+)
 from inturn.worker.worklist.pack import ENTRY_POINT_GROUP, Pack
 from inturn.worker.worklist.publish import Publisher
 from inturn.worker.worklist.rules import Rule, RulePack
@@ -252,6 +263,69 @@ def marker(config: WorkerConfig, digest: KeyDigest) -> Marker | None:
         return [e for m in markers for e in m(message_type, payload)]
 
     return every
+
+
+def recorder(options: IngestOptions) -> Recorder | None:
+    """What ingest notes about every message it accepts: the recorders of the active packs'
+    record hooks (:data:`~inturn.worker.worklist.hooks.RecordHook`) given ingest's ``options``,
+    as one; None when none records anything (no ``--feeds``): ingest then spends nothing per
+    message. Called once per ingest start.
+
+    A hook that raises is logged and left out (a broken plug-in must not stop ingest).
+    """
+    found: list[Recorder] = []
+    for plugin in PLUGINS:
+        if plugin.record is None:
+            continue
+        try:
+            made = plugin.record(options)
+        except Exception:
+            log.exception("rule pack %s: its record hook failed; left out", plugin.name)
+            continue
+        if made is not None:
+            found.append(made)
+    if not found:
+        return None
+    if len(found) == 1:
+        return found[0]
+    return _Recorders(tuple(found))
+
+
+class _Recorders:
+    """Several packs' recorders as one :class:`~inturn.worker.worklist.hooks.Recorder` (each
+    told of every message, flushed in run order; a flush that raises does not stop the
+    others, and the first error is raised after them)."""
+
+    def __init__(self, recorders: tuple[Recorder, ...]) -> None:
+        self.recorders = recorders
+
+    def seen(self, channel: str, sending_application: str, sending_facility: str) -> None:
+        for r in self.recorders:
+            r.seen(channel, sending_application, sending_facility)
+
+    async def declare(self, pool: AsyncConnectionPool) -> None:
+        for r in self.recorders:
+            await r.declare(pool)
+
+    async def flush(self, pool: AsyncConnectionPool) -> int:
+        written, failed = 0, None
+        for r in self.recorders:
+            try:
+                written += await r.flush(pool)
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return written
+
+    async def run(self, pool: AsyncConnectionPool, every: float) -> None:
+        async with asyncio.TaskGroup() as group:
+            for r in self.recorders:
+                group.create_task(r.run(pool, every))
+
+    async def close(self, pool: AsyncConnectionPool) -> None:
+        for r in self.recorders:
+            await r.close(pool)
 
 
 def _unknown(names_asked: Sequence[str]) -> str:

@@ -14,8 +14,12 @@ A :class:`~inturn.worker.worklist.pack.Pack` may declare
   types, how long the reply may take) are written by the statement that marks the message
   delivered, so only if the mark is, and ingest's answers close them. The orders pack's
   ``spec.replies`` expectations are one.
+* ``record`` (a :data:`RecordHook`): what ingest notes about every message it accepts and
+  writes on its own schedule. Given ingest's :class:`IngestOptions`, it returns a
+  :class:`Recorder` (or None: nothing to record), told of each accepted message in memory and
+  flushed in the background. The feeds pack's last-message times are one.
 
-Both are built ahead of the traffic (ingest: once per refresh of its routing table; the
+All are built ahead of the traffic (ingest: once per refresh of its routing table; the
 worker: once per destination), so a channel or a destination no pack cares about costs nothing
 per message: ingest and the worker ask the registry (:mod:`inturn.worker.operations.packs`),
 which leaves out the packs whose hook returns nothing for them. Front ends name no pack.
@@ -27,7 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from psycopg_pool import AsyncConnectionPool
 
 from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store.model import ExpectedReply
@@ -92,3 +98,48 @@ Marker = Callable[[str, bytes], Sequence[ExpectedReply]]
 #: stores keys in) ->`` its :data:`Marker`, or None when nothing it adds can apply there (the
 #: worker then spends nothing per message on this pack). Called once per worker.
 MarkHook = Callable[[WorkerConfig, KeyDigest], "Marker | None"]
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """What ingest was started with that a pack's record hook reads.
+
+    Attributes:
+        feeds: the declarations of ``--feeds`` as the feeds pack's loader returned them
+            (:func:`inturn.worker.feeds.declare.load_feeds`; ingest passes them on unread), or
+            None when it was not given.
+        max_feed_senders: ``--max-feed-senders``: most senders recorded per per-sender feed.
+    """
+
+    feeds: tuple[Any, ...] | None
+    max_feed_senders: int
+
+
+class Recorder(Protocol):
+    """What a pack notes about the messages ingest accepts, and writes on its own schedule.
+
+    :meth:`seen` is called on the event loop for every accepted message (new or a copy), so it
+    must be cheap and do no I/O; the rest run at ingest's start, every flush interval
+    (``--feed-flush-seconds``) and at its stop.
+    """
+
+    def seen(self, channel: str, sending_application: str, sending_facility: str) -> None:
+        """Note a message accepted on ``channel`` from MSH-3/MSH-4 (raw field text)."""
+
+    async def declare(self, pool: AsyncConnectionPool) -> None:
+        """Before any message: write what this process declares (the declared feeds)."""
+
+    async def flush(self, pool: AsyncConnectionPool) -> int:
+        """Write what was noted (one transaction); return how many rows; on failure keep it
+        for the next flush and raise."""
+
+    async def run(self, pool: AsyncConnectionPool, every: float) -> None:
+        """Flush every ``every`` seconds until cancelled (a failed flush is logged)."""
+
+    async def close(self, pool: AsyncConnectionPool) -> None:
+        """The last flush, at shutdown (errors are logged, not raised)."""
+
+
+#: A pack's record hook: ingest's options -> its :class:`Recorder`, or None when it has nothing
+#: to record (ingest then spends nothing per message on this pack). Called once per start.
+RecordHook = Callable[[IngestOptions], "Recorder | None"]

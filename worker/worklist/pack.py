@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inturn.worker.spec.schema_packs import ENTRY_POINT_GROUP, SpecField
-from inturn.worker.worklist.hooks import IngestHook, MarkHook
+from inturn.worker.worklist.hooks import IngestHook, MarkHook, RecordHook
 from inturn.worker.worklist.rules import RulePack
 
 __all__ = ["ENTRY_POINT_GROUP", "Pack", "SpecField"]
@@ -54,6 +54,8 @@ class Pack:
             the orders pack's reply keys), or None.
         mark: what the worker adds to a delivered mark (:data:`~.hooks.MarkHook`; the
             orders pack's expected replies), or None.
+        record: what ingest notes about every message it accepts (:data:`~.hooks.RecordHook`;
+            the feeds pack's last-message times), or None.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Pack:
     spec_fields: tuple[SpecField, ...] = ()
     ingest: IngestHook | None = None
     mark: MarkHook | None = None
+    record: RecordHook | None = None
 
     def missing(self) -> list[str]:
         """The modules of :attr:`requires` that cannot be imported here (empty: active)."""

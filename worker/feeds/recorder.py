@@ -1,4 +1,7 @@
-"""Ingest's memory of when each declared feed last received a message.
+"""The feeds pack's ingest recorder: when each declared feed last received a message.
+
+Ingest reaches it through the registry (:func:`inturn.worker.operations.packs.recorder`, the
+pack's ``record`` hook: :func:`recorder`), never by import.
 
 A message accepted on a declared channel updates a dictionary (:meth:`FeedRecorder.seen`, no
 I/O); every ``flush_seconds`` the latest time per channel and per sender goes to the database
@@ -32,13 +35,9 @@ from psycopg_pool import AsyncConnectionPool
 from inturn.worker.feeds.declare import Feed, sender_key
 from inturn.worker.spec.schedule import to_spec
 from inturn.worker.store import feeds as store
+from inturn.worker.worklist.hooks import IngestOptions
 
-log = logging.getLogger("inturn.ingest")
-
-#: Seconds between two flushes of the last-message times.
-DEFAULT_FLUSH_SECONDS = 30.0
-#: Most senders (MSH-3/MSH-4 pairs) recorded per per-sender channel.
-DEFAULT_MAX_SENDERS = 100
+log = logging.getLogger("inturn.feeds.recorder")
 
 SENDERS_OVER_BOUND = Counter(
     "inturn_ingest_feed_senders_over_bound",
@@ -53,7 +52,8 @@ class FeedRecorder:
 
     Args:
         feeds: the declared feeds; messages on other channels are not recorded.
-        max_senders: most senders recorded per per-sender channel (0 or more).
+        max_senders: most senders recorded per per-sender channel (0 or more; ingest's
+            ``--max-feed-senders``).
         clock: seconds since the epoch (tests pin it).
     """
 
@@ -61,7 +61,7 @@ class FeedRecorder:
         self,
         feeds: Iterable[Feed],
         *,
-        max_senders: int = DEFAULT_MAX_SENDERS,
+        max_senders: int,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if max_senders < 0:
@@ -159,3 +159,22 @@ class FeedRecorder:
         """The last flush, at shutdown (errors are logged)."""
         with contextlib.suppress(Exception):
             await self.flush(pool)
+
+
+def recorder(options: IngestOptions) -> FeedRecorder | None:
+    """The pack's ``record`` hook (:data:`~inturn.worker.worklist.hooks.RecordHook`): a
+    recorder of the feeds declared with ``--feeds`` (``options.feeds``, as
+    :func:`~inturn.worker.feeds.declare.load_feeds` returns them), or None when ingest was
+    started without: it then records nothing and leaves the declarations in the database.
+
+    Raises:
+        TypeError: ``options.feeds`` holds something that is not a
+            :class:`~inturn.worker.feeds.declare.Feed`.
+    """
+    if options.feeds is None:
+        return None
+    feeds = tuple(options.feeds)
+    for feed in feeds:
+        if not isinstance(feed, Feed):
+            raise TypeError(f"--feeds: {feed!r} is not a feed declaration")
+    return FeedRecorder(feeds, max_senders=options.max_feed_senders)
