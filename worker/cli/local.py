@@ -153,7 +153,7 @@ def local_command(
         serving, ingest_settings, http_insecure=True, pool_size=4, feeds=load_feeds_file(feeds_file)
     )
     try:  # fail before starting anything
-        for cfg in load_all(list(paths), secrets_dir).values():
+        for cfg in load_all(list(paths), secrets_dir, [data_dir]).values():
             check_sender(cfg)
     except ManifestError as exc:
         raise click.ClickException(str(exc)) from None
@@ -232,6 +232,7 @@ def local_command(
                     stop,
                     abandon,
                     sweep_every=sweep_every or None,
+                    skip=[data_dir],
                 )
             finally:
                 if served is not None:

@@ -6,6 +6,8 @@ starts (validated as ``kubectl apply`` would have the operator validate them).
 from __future__ import annotations
 
 import contextlib
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import click
@@ -29,15 +31,32 @@ def check_sender(cfg: WorkerConfig) -> None:
         raise click.ClickException(problem)
 
 
-def manifest_files(paths: list[Path]) -> list[Path]:
-    """The manifest files under ``paths`` (files as given; directories searched recursively
-    for ``*.yaml``, ``*.yml`` and ``*.json``), sorted."""
+def manifest_files(paths: list[Path], skip: Iterable[Path] = ()) -> list[Path]:
+    """The manifest files under ``paths``, sorted.
+
+    A file given is taken as it is. A directory is searched recursively for ``*.yaml``,
+    ``*.yml`` and ``*.json`` files, leaving out hidden files and folders (a name starting with
+    ``.``, below the directory given: ``.inturn/``, ``.git/``, an editor's swap file) and every
+    folder in ``skip`` (``inturn local``'s ``--data-dir``, wherever it points: its embedded
+    Postgres keeps JSON files of its own there).
+    """
+    skipped = {s.resolve() for s in skip}
     found: set[Path] = set()
     for path in paths:
-        if path.is_dir():
-            found.update(p for p in path.rglob("*") if p.suffix in MANIFEST_SUFFIXES)
-        elif path.exists():
-            found.add(path)
+        if not path.is_dir():
+            if path.exists():
+                found.add(path)
+            continue
+        for top, dirs, files in os.walk(path):
+            root = Path(top)
+            dirs[:] = sorted(
+                d for d in dirs if not d.startswith(".") and (root / d).resolve() not in skipped
+            )
+            found.update(
+                root / f
+                for f in files
+                if not f.startswith(".") and Path(f).suffix in MANIFEST_SUFFIXES
+            )
     return sorted(found)
 
 
@@ -51,8 +70,11 @@ def fingerprint(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-def load_all(paths: list[Path], secrets_dir: Path | None) -> dict[str, WorkerConfig]:
-    """Load every Destination found under ``paths``, keyed by ``namespace/name``.
+def load_all(
+    paths: list[Path], secrets_dir: Path | None, skip: Iterable[Path] = ()
+) -> dict[str, WorkerConfig]:
+    """Load every Destination found under ``paths`` (:func:`manifest_files`, leaving out the
+    folders in ``skip``), keyed by ``namespace/name``.
 
     Raises:
         ManifestError: a file is invalid (the message names the file and the field).
@@ -60,7 +82,7 @@ def load_all(paths: list[Path], secrets_dir: Path | None) -> dict[str, WorkerCon
     """
     configs: dict[str, WorkerConfig] = {}
     served: dict[str, str] = {}
-    files = manifest_files(paths)
+    files = manifest_files(paths, skip)
     for f in files:
         for cfg in load_file(f, secrets_dir=secrets_dir):
             if cfg.destination in configs:

@@ -83,6 +83,7 @@ class LocalRunner:
         paths: manifest files or directories.
         secrets_dir: where ``<secret>/<key>`` files of secretRefs are (relative: to each file).
         publishers: told of messages placed on ``delivery-failed`` (after COMMIT).
+        skip: folders the search of ``paths`` leaves out (the data directory).
     """
 
     def __init__(
@@ -93,8 +94,10 @@ class LocalRunner:
         channels: frozenset[str] | None = None,
         publishers: Sequence[Publisher] = (),
         payloads: PayloadCodec | None = None,
+        skip: Sequence[Path] = (),
     ) -> None:
         self.dsn = dsn
+        self.skip = tuple(skip)
         self.payloads = payloads
         self.publishers = publishers
         self.paths = paths
@@ -209,12 +212,12 @@ class LocalRunner:
 
     async def poll(self) -> None:
         """Reload the manifests if any file changed; an invalid file keeps the last good state."""
-        seen = fingerprint(manifest_files(self.paths))
+        seen = fingerprint(manifest_files(self.paths, self.skip))
         if seen == self._seen:
             return
         self._seen = seen
         try:
-            desired = load_all(self.paths, self.secrets_dir)
+            desired = load_all(self.paths, self.secrets_dir, self.skip)
         except (ManifestError, click.ClickException, OSError) as exc:
             message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
             log.error("manifests not applied: %s", message)
@@ -239,8 +242,8 @@ class LocalRunner:
         by an earlier run whose manifests are gone are marked deleted, so ingest stops queueing
         for them (their messages are kept and resume if the manifest comes back).
         """
-        self._seen = fingerprint(manifest_files(self.paths))
-        desired = load_all(self.paths, self.secrets_dir)
+        self._seen = fingerprint(manifest_files(self.paths, self.skip))
+        desired = load_all(self.paths, self.secrets_dir, self.skip)
         async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
             for row in await registry.list_all(conn):
                 if not row.deleted and row.destination not in desired:
@@ -313,10 +316,12 @@ async def run_local(
     stop: asyncio.Event,
     abandon: asyncio.Event | None = None,
     sweep_every: float | None = SWEEP_EVERY_SECONDS,
+    skip: Sequence[Path] = (),
 ) -> None:
     """Run ingest, the workers and (every ``sweep_every`` seconds; None: never) the sweeper
     until ``stop`` is set, then shut them down in order (``abandon``, set while stopping,
-    cancels the attempts still in flight).
+    cancels the attempts still in flight). ``skip``: folders the manifest search leaves out
+    (the data directory).
 
     The run holds the database's ``inturn local`` lease from start to end: a second
     ``inturn local`` on the same database would retire this one's destinations (they are not
@@ -342,7 +347,7 @@ async def run_local(
             ingest_config.key_dsn,
             application_name="inturn-local-keys",
         )
-        runner = LocalRunner(dsn, paths, secrets_dir, channels, publishers, payloads)
+        runner = LocalRunner(dsn, paths, secrets_dir, channels, publishers, payloads, skip)
         await runner.start(launch=False)  # registered: ingest routes to them from its start
         ingest = Ingest(ingest_config, dsn=dsn)
         sweeper = None
