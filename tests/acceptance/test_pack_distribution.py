@@ -145,3 +145,62 @@ async def test_its_mark_hook_opens_and_its_ingest_hook_answers(
             await until(fresh_db, "E00001", ("default/lab", "echo-back", "R00001"))
         finally:
             assert await local.interrupt() == 0, local.log()
+
+
+async def inturn_send(port: int, path: Path) -> tuple[int, str]:
+    """``inturn send --mllp 127.0.0.1:PORT FILE``, as the pack page runs it: exit code, output."""
+    proc = await asyncio.create_subprocess_exec(
+        str(INTURN), "send", "--mllp", f"127.0.0.1:{port}", str(path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+async def test_the_page_s_example_an_echo_channel_without_destinations_answers(
+    site: Path, tmp_path: Path, fresh_db: str
+) -> None:
+    """docs/howto/write-a-pack.md, "Try it": one Destination with ``spec.echo``, the echo
+    channel listened to with ``--accept-unrouted``; the echo closes the expectation and is
+    stored nowhere (no ``_unrouted`` queue waits for it)."""
+    async with MllpReceiver() as receiver:
+        adt, echoes = free_port(), free_port()
+        lab = destination(tmp_path / "lab.yaml", "lab", "adt", mllp_sender(receiver.port),
+                          "  echo: {replyChannel: echo-back}\n")  # fmt: skip
+        (tmp_path / "order.hl7").write_bytes(
+            b"MSH|^~\\&|LAB|NORTH|LIS|NORTH|20260302120000||ADT^A01^ADT_A01|E00002|P|2.5\r"
+            b"PID|1||P00002^^^LOCAL^MR||Testperson^Two\r"
+        )
+        (tmp_path / "echo-reply.hl7").write_bytes(
+            b"MSH|^~\\&|LIS|NORTH|LAB|NORTH|20260302120100||ACK^A01^ACK|R00002|P|2.5\r"
+            b"MSA|AA|E00002\r"
+        )
+        (tmp_path / "stray.hl7").write_bytes(
+            b"MSH|^~\\&|LIS|NORTH|LAB|NORTH|20260302120200||ACK^A01^ACK|R00003|P|2.5\r"
+            b"MSA|AA|E09999\r"
+        )
+        local = LocalProcess(
+            tmp_path / "local.log",
+            ["-f", str(lab), "--listen", f"adt={adt}", "--listen", f"echo-back={echoes}",
+             "--accept-unrouted", "echo-back", "--dsn", fresh_db],
+            env={"PYTHONPATH": with_pack(site)["PYTHONPATH"]},
+        )  # fmt: skip
+        await local.start(adt)
+        try:
+            code, out = await inturn_send(adt, tmp_path / "order.hl7")
+            assert code == 0 and "AA" in out, out
+            await until(fresh_db, "E00002", ("default/lab", "echo-back", None))
+            code, out = await inturn_send(echoes, tmp_path / "stray.hl7")  # answers nothing
+            assert code == 0 and "AA" in out, out
+            assert await expectation(fresh_db, "E00002") == ("default/lab", "echo-back", None)
+            code, out = await inturn_send(echoes, tmp_path / "echo-reply.hl7")
+            assert code == 0 and "AA" in out, out
+            assert await expectation(fresh_db, "E00002") == ("default/lab", "echo-back", "R00002")
+            async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+                cur = await conn.execute(
+                    "SELECT destination, control_id FROM inturn_delivery ORDER BY id"
+                )
+                assert await cur.fetchall() == [("default/lab", "E00002")]
+        finally:
+            assert await local.interrupt() == 0, local.log()

@@ -34,8 +34,8 @@ acknowledgment modes"; codes from table 0008, error codes from table 0357):
   200 (unsupported message type). A channel may declare otherwise (``unrouted``,
   :mod:`inturn.worker.spec.channels`): ``hold`` stores both for the destination
   ``_unrouted/<channel>`` (see :func:`inturn.worker.ingest.routing.hold_destination`) and
-  accepts them; ``accept`` answers AA (CA) and stores nothing (Mirth Connect's FILTERED). Each
-  is counted (``inturn_ingest_unrouted_total``).
+  accepts them; ``accept`` answers AA (CA) and stores nothing (Mirth Connect's FILTERED; a
+  reply there still answers what it names). Each is counted (``inturn_ingest_unrouted_total``).
 * MSH-15 and MSH-16 (table 0155: AL, NE, ER, SU) decide which answers are sent
   (:mod:`inturn.worker.hl7.expect`, the same rule the MLLP sender waits by): in enhanced mode a
   CA when the accept level is due, then an AA when the application level is due; a refusal is
@@ -93,6 +93,7 @@ from inturn.worker.hl7.batch import Batch, BatchError, is_batch, split_batch
 from inturn.worker.hl7.errors import ErrorCode, HeaderError
 from inturn.worker.hl7.header import Header, parse_header
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
+from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest import envelope, metrics
 from inturn.worker.ingest.answer import (
     Reply,
@@ -276,16 +277,9 @@ class Acceptor:
             return self._done(channel, None, outcome, len(payload))
         if "\x00" in header.control_id or "\x00" in message_type.type_key:
             # Postgres text cannot hold NUL; resending would never help, so this is a reject.
-            outcome = Reply(
-                code="AR",
-                ack=build_reject(
-                    payload,
-                    "AR",
-                    error_detail(ErrorCode.DATA_TYPE_ERROR, "MSH-9 or MSH-10 contains a NUL byte"),
-                ),
-                send=True,
-                reason="NUL byte in MSH-9 or MSH-10",
-            )
+            error = error_detail(ErrorCode.DATA_TYPE_ERROR, "MSH-9 or MSH-10 contains a NUL byte")
+            ack = build_reject(payload, "AR", error)
+            outcome = Reply(code="AR", ack=ack, send=True, reason="NUL byte in MSH-9 or MSH-10")
             return self._done(channel, None, outcome, len(payload))
         decision = self.router.table.route(
             channel, message_type.code, message_type.trigger, payload
@@ -304,8 +298,7 @@ class Acceptor:
         held = False
         if not destinations:
             if channel in self.accept_unrouted:
-                metrics.UNROUTED.labels(self._label(channel), decision.reason, "dropped").inc()
-                return self._done(channel, header, dropped(channel, header, decision.reason))
+                return await self._drop(channel, header, payload, decision.reason)
             if channel not in self.hold_unrouted:
                 metrics.UNROUTED.labels(self._label(channel), decision.reason, "rejected").inc()
                 return self._done(channel, header, unrouted(channel, header, decision.reason))
@@ -330,6 +323,24 @@ class Acceptor:
                 if found.digests:
                     message = dataclasses.replace(message, reply_keys=",".join(found.digests))
         return Prepared(header, tuple(destinations), held, message, reply)
+
+    async def _drop(self, channel: str, header: Header, payload: bytes, reason: str) -> Reply:
+        """AA for an unrouted message of an ``accept_unrouted`` channel, stored nowhere; a reply
+        (its channel's ingest hooks find keys) answers what it names first (AE if it cannot)."""
+        metrics.UNROUTED.labels(self._label(channel), reason, "dropped").inc()
+        digests = self.payloads.order_digests()
+        found = packs.answer(
+            self.router.table.answerers(channel), header.message_type.type_key,
+            normalise_terminators(payload), digests,
+        )  # fmt: skip
+        if found is not None and found.digests:
+            try:
+                keys = ",".join(found.digests)
+                n = await self.committer.answer_only(channel, header.control_id, keys)
+            except Exception as exc:  # nothing recorded: AE, the sender sends it again
+                return self._done(channel, header, storage_failed(header, exc))
+            metrics.REPLIES.labels(channel, "matched" if n else "unmatched").inc()
+        return self._done(channel, header, dropped(channel, header, reason))
 
     def _stored(self, channel: str, prepared: Prepared, result: StoreResult) -> Reply:
         """The answer to a message whose transaction has committed."""

@@ -47,7 +47,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Unavailable
 from inturn.worker.store.faults import classify
-from inturn.worker.store.ingest import DEFAULT_DELIVERED_WINDOW_SECONDS, store_batch
+from inturn.worker.store.ingest import DEFAULT_DELIVERED_WINDOW_SECONDS, answer_only, store_batch
 from inturn.worker.store.model import Message, StoreResult
 
 log = logging.getLogger("inturn.ingest")
@@ -126,6 +126,17 @@ class Committer:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self._routes: dict[tuple[str, tuple[str, ...]], _Route] = {}
+
+    async def answer_only(self, channel: str, control_id: str, reply_keys: str) -> int:
+        """Answer the open expectations of ``channel`` that ``reply_keys`` (comma-separated key
+        digests) name by the reply ``control_id``, storing no message (a reply on a channel
+        that accepts unrouted messages without storing them); how many it answered.
+
+        Raises:
+            psycopg.Error, psycopg_pool.PoolTimeout: nothing was recorded.
+        """
+        async with self.pool.connection(timeout=self.store_timeout) as conn:
+            return await answer_only(conn, channel, control_id, reply_keys)
 
     async def store(
         self, channel: str, destinations: Sequence[str], message: Message

@@ -415,6 +415,18 @@ async def _one(conn: AsyncConnection[Any], query: Any, params: dict[str, Any]) -
     return row
 
 
+async def answer_only(
+    conn: AsyncConnection[Any], channel: str, control_id: str, reply_keys: str
+) -> int:
+    """Answer the open expectations of ``channel`` whose key digest is one of ``reply_keys``
+    (comma-separated) by the reply ``control_id`` (MSH-10), storing no message: for a reply on
+    a channel that accepts unrouted messages without storing them. Returns how many."""
+    cur = await conn.execute(
+        Q["answer_only"], {"channel": channel, "control_id": control_id, "reply_keys": reply_keys}
+    )
+    return max(cur.rowcount, 0)
+
+
 async def forget_old(conn: AsyncConnection[Any], window_seconds: float, batch: int) -> int:
     """Delete at most ``batch`` duplicate-window rows older than ``window_seconds``; return how
     many (rows locked by another purge are skipped)."""

@@ -221,3 +221,11 @@ answered AS (
 SELECT (SELECT array_agg(DISTINCT n) FROM answered) AS answered,
        (SELECT count(*) FROM inserted) AS inserted,
        (SELECT n FROM notified) AS notified;
+
+-- name: answer_only
+-- A reply on a channel whose messages are accepted and not stored (unrouted: accept): it
+-- answers the open expectations its keys name, as the store statement's `answered` does.
+UPDATE inturn_order_expectation
+   SET answered_at = now(), answered_control_id = %(control_id)s
+ WHERE reply_channel = %(channel)s AND answered_at IS NULL
+   AND key_digest = ANY (string_to_array(%(reply_keys)s, ','));
