@@ -193,8 +193,8 @@ async def _scan_for_patient(
 ) -> list[Match]:
     rows, size = await identifiers.scan_estimate(conn)
     progress(
-        f"scanning every payload: about {rows} item(s), {size / 1e6:.0f} MB; the index answers"
-        " the same question without --scan"
+        f"scanning every payload: about {rows} item(s), {size / 1e6:.0f} MB; without --scan the"
+        " index answers the same question (reading only the payloads it cannot answer for)"
     )
     matched: list[Match] = []
     started = time.monotonic()
@@ -330,7 +330,9 @@ async def search_patient(
     **filters: Unpack[reads.PageFilters],
 ) -> PatientSearch:
     """Items naming a patient (PID-2, PID-3, PID-4 or MRG-1; with ``authority``, only
-    identifiers it assigned), found through the identifier index; the search is audited
+    identifiers it assigned), found through the identifier index and, for the few rows whose
+    identifiers ingest cut at ``--max-indexed-identifiers``, by reading their payloads
+    (:func:`inturn.worker.store.identifiers.beyond_index`); the search is audited
     (``search-patient``, its reason and the items shown; never the identifier) in the same
     transaction. Every front end's search by patient is this call: the console's (page and
     API) and ``inturn queue list --patient-id``, whose other ``filters`` (``destination`` ...
@@ -345,8 +347,12 @@ async def search_patient(
     """
     reason = permit(actor, "search-patient", why)
     key = await patient_lookup(conn, patient_id, authority, payloads)
+    # Rows whose identifiers were cut at ingest's cap: their payloads answer for the rest.
+    beyond = await identifiers.beyond_index(
+        conn, patient_id, authority, payloads=payloads, unindexed=False
+    )
     items, total = await reads.search_patient(
-        conn, key, who=actor.name, why=reason, limit=limit, **filters
+        conn, key, who=actor.name, why=reason, limit=limit, also=[i.id for i in beyond], **filters
     )
     return PatientSearch(items, total, await identifiers.unindexed_count(conn))
 

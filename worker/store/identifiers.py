@@ -6,7 +6,9 @@ statement that stores the row (ingest's ``store``, the queue's ``enqueue_insert`
 ``control_id`` column, hash-indexed. Migration 0004 adds both; rows stored before it (or by an
 older ingest during a rolling upgrade) have ``patient_keys`` NULL until :func:`backfill` (run by
 every ``inturn migrate``) fills them in, and :func:`find_patient` reads those few rows' payloads
-so that they are found meanwhile.
+so that they are found meanwhile. A message naming more identifiers than ingest indexes
+(``--max-indexed-identifiers``) keeps the first ones and the ``capped`` key; lookups by patient
+read the payloads of those rows too (:func:`beyond_index`), so no identifier is missed.
 """
 
 from __future__ import annotations
@@ -90,6 +92,59 @@ def lookup_text(
     return ",".join(payloads.lookup_keys(ident, authority))
 
 
+async def _read_matches(
+    conn: AsyncConnection[Any],
+    query: str,
+    params: dict[str, Any],
+    ident: str,
+    authority: str | None,
+    codec: PayloadCodec,
+    batch: int,
+) -> list[Item]:
+    """The rows of ``query`` (keyset pages of ``batch``, with their payload) whose opened
+    payload names ``ident`` (``authority``), oldest first."""
+    found: list[Item] = []
+    after = 0
+    while True:
+        rows = await fetch_all(conn, query, {**params, "after": after, "batch": batch}, row=dict_row)
+        for r in rows:
+            plain = await codec.open(int(r["id"]), str(r["destination"]), bytes(r["payload"]))
+            if has_patient_id(plain, ident, authority):
+                found.append(Item.from_row(r))
+        if len(rows) < batch:
+            return found
+        after = int(rows[-1]["id"])
+
+
+async def beyond_index(
+    conn: AsyncConnection[Any],
+    ident: str,
+    authority: str | None = None,
+    *,
+    batch: int = 500,
+    payloads: PayloadCodec | None = None,
+    unindexed: bool = True,
+) -> list[Item]:
+    """The held items naming ``ident`` (``authority``) that the identifier index cannot find:
+    rows whose message named more identifiers than ingest indexed (``--max-indexed-identifiers``;
+    the :data:`~inturn.worker.hl7.pid.CAPPED_KEY` among their keys, found by the same GIN
+    index) and whose indexed keys miss it, and with ``unindexed`` the rows not indexed yet.
+    Only those rows' payloads are read (opened with ``payloads``), ``batch`` at a time, and
+    matched with :func:`inturn.worker.hl7.pid.has_patient_id` (no cap). Oldest first.
+
+    Raises:
+        PayloadKeysMissing: such a row is an envelope and ``payloads`` has no keys.
+    """
+    codec = payloads or PayloadCodec()
+    key = {"key": lookup_text(ident, authority, payloads)}
+    found = await _read_matches(conn, Q["capped_batch"], key, ident, authority, codec, batch)
+    if unindexed:
+        found += await _read_matches(
+            conn, Q["unindexed_batch"], {}, ident, authority, codec, batch
+        )
+    return sorted(found, key=lambda i: i.id)
+
+
 async def find_patient(
     conn: AsyncConnection[Any],
     ident: str,
@@ -101,30 +156,20 @@ async def find_patient(
     """Every held item whose message names ``ident`` (assigned by ``authority``, when given) in
     PID-2, PID-3, PID-4 or MRG-1, oldest first, without payloads.
 
-    Indexed rows are found by their key (one GIN probe, every stored form of it); rows not
-    indexed yet are read, opened with ``payloads`` and matched with
-    :func:`inturn.worker.hl7.pid.has_patient_id`, ``batch`` at a time.
+    Indexed rows are found by their key (one GIN probe, every stored form of it); the rows the
+    index cannot answer for (:func:`beyond_index`: identifiers cut at ingest's cap, rows not
+    indexed yet) are read, opened with ``payloads`` and matched, ``batch`` at a time.
 
     Raises:
         Invalid: ``ident`` is empty.
-        PayloadKeysMissing: an unindexed row is an envelope and ``payloads`` has no keys.
+        PayloadKeysMissing: such a row is an envelope and ``payloads`` has no keys.
     """
     if not ident.strip():
         raise Invalid("the patient ID is empty")
-    codec = payloads or PayloadCodec()
     key = {"key": lookup_text(ident, authority, payloads)}
     found = {i.id: i for i in await fetch_all(conn, Q["find_patient"], key, row=class_row(Item))}
-    after = 0
-    while True:
-        page = {"after": after, "batch": batch}
-        rows = await fetch_all(conn, Q["unindexed_batch"], page, row=dict_row)
-        for r in rows:
-            plain = await codec.open(int(r["id"]), str(r["destination"]), bytes(r["payload"]))
-            if has_patient_id(plain, ident, authority):
-                found[int(r["id"])] = Item.from_row(r)
-        if len(rows) < batch:
-            break
-        after = int(rows[-1]["id"])
+    for item in await beyond_index(conn, ident, authority, batch=batch, payloads=payloads):
+        found[item.id] = item
     return [found[i] for i in sorted(found)]
 
 

@@ -77,6 +77,7 @@ async def list_items(
     state: str | None = None,
     control_id: str | None = None,
     patient_key: str | None = None,
+    also: Sequence[int] = (),
     limit: int = LIST_LIMIT_DEFAULT,
     offset: int = 0,
     before: int | None = None,
@@ -86,7 +87,10 @@ async def list_items(
     ``control_id`` (MSH-10, exact) and ``patient_key`` (an identifier index key, from
     :func:`inturn.worker.hl7.pid.lookup_key`) are answered by their indexes, so such a listing
     costs what it finds whatever the table holds. Rows not indexed yet (see
-    :mod:`inturn.worker.store.identifiers`) are not found by ``patient_key``.
+    :mod:`inturn.worker.store.identifiers`) are not found by ``patient_key``; nor are rows
+    naming the patient past ingest's cap on identifiers: with ``patient_key``, ``also`` adds
+    the ids found by reading those rows' payloads
+    (:func:`inturn.worker.store.identifiers.beyond_index`), under the same filters.
 
     ``limit`` defaults to 100 and is capped at 1,000: this feeds a page, and an unbounded query
     over a large backlog would be a denial of service on ourselves. ``before`` is a keyset
@@ -106,6 +110,7 @@ async def list_items(
         "state": state,
         "control_id": control_id,
         "patient_key": patient_key,
+        "also": list(also),
         "before": before,
         "limit": min(limit, LIST_LIMIT_MAX),
         "offset": offset,
@@ -164,10 +169,12 @@ async def search_patient(
     who: str,
     why: str | None = None,
     limit: int = LIST_LIMIT_DEFAULT,
+    also: Sequence[int] = (),
     **filters: Unpack[PageFilters],
 ) -> tuple[list[Item], int]:
     """Items naming a patient, newest first, through the identifier index (as
-    :func:`list_items` with ``patient_key`` and its other ``filters``, which narrow the page), and
+    :func:`list_items` with ``patient_key``, ``also`` and its other ``filters``, which narrow
+    the page), and
     an audit entry saying that ``who`` searched, why, and which items were shown.
 
     The entry (action ``search-patient``) names the items found, not the identifier, and is
@@ -181,7 +188,9 @@ async def search_patient(
         Invalid: as :func:`list_items`.
     """
     async with conn.transaction():
-        items, total = await list_items(conn, patient_key=patient_key, limit=limit, **filters)
+        items, total = await list_items(
+            conn, patient_key=patient_key, also=also, limit=limit, **filters
+        )
         await record_patient_lookup(conn, [i.id for i in items], who=who, why=why)
     return items, total
 

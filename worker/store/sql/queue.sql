@@ -301,10 +301,13 @@ SELECT count(*) AS total
 -- name: list_items_by_patient
 -- list_items of one patient identifier index key (its GIN index finds them; "id + 0" as above).
 -- patient_key: the key's forms, comma-separated (plain and blind while both exist; any matches).
+-- also: ids found by reading the payloads of rows the index could not answer for (capped_batch,
+-- unindexed_batch), which the primary key finds.
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
   FROM inturn_delivery
- WHERE patient_keys && string_to_array(%(patient_key)s::text, ',')
+ WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
+        OR id = ANY(%(also)s::bigint[]))
    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
    AND (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -316,7 +319,8 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
 -- name: count_items_by_patient
 SELECT count(*) AS total
   FROM inturn_delivery
- WHERE patient_keys && string_to_array(%(patient_key)s::text, ',')
+ WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
+        OR id = ANY(%(also)s::bigint[]))
    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
    AND (%(state)s::text IS NULL OR state = %(state)s::text)
@@ -508,6 +512,22 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
   FROM inturn_delivery
  WHERE patient_keys && string_to_array(%(key)s::text, ',')
  ORDER BY id;
+
+-- name: capped_batch
+-- Rows whose message named more patient identifiers than ingest indexed (the 'capped' key,
+-- inturn.worker.hl7.pid.CAPPED_KEY, found by the same GIN index) and whose indexed keys do not
+-- hold the key searched: the few rows a lookup by patient reads the payloads of, so that an
+-- identifier past the cap is found. Oldest first, keyset pages ("after": the last id).
+-- key: the key's forms, comma-separated (as find_patient).
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+       payload
+  FROM inturn_delivery
+ WHERE patient_keys @> ARRAY['capped']::text[]
+   AND NOT patient_keys && string_to_array(%(key)s::text, ',')
+   AND id > %(after)s
+ ORDER BY id
+ LIMIT %(batch)s;
 
 -- name: unindexed_batch
 -- Rows not indexed yet (stored before migration 0004 or by an older ingest), oldest first,
