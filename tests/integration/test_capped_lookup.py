@@ -82,7 +82,9 @@ def test_an_identifier_no_message_names_is_found_nowhere(
     fresh_db: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     stored(fresh_db)
-    listed = cli(capsys, "queue", "list", "--dsn", fresh_db, "--patient-id", "MANY151", "--why", "t")
+    listed = cli(
+        capsys, "queue", "list", "--dsn", fresh_db, "--patient-id", "MANY151", "--why", "t"
+    )
     assert (listed["items"], listed["total"]) == ([], 0)
     erase = ["queue", "erase", "--dsn", fresh_db, "--patient-id", "MANY151", "--who", "me"]
     assert cli(capsys, *erase, "--why", "t")["erased"] == []

@@ -106,7 +106,9 @@ async def _read_matches(
     found: list[Item] = []
     after = 0
     while True:
-        rows = await fetch_all(conn, query, {**params, "after": after, "batch": batch}, row=dict_row)
+        rows = await fetch_all(
+            conn, query, {**params, "after": after, "batch": batch}, row=dict_row
+        )
         for r in rows:
             plain = await codec.open(int(r["id"]), str(r["destination"]), bytes(r["payload"]))
             if has_patient_id(plain, ident, authority):
@@ -139,9 +141,7 @@ async def beyond_index(
     key = {"key": lookup_text(ident, authority, payloads)}
     found = await _read_matches(conn, Q["capped_batch"], key, ident, authority, codec, batch)
     if unindexed:
-        found += await _read_matches(
-            conn, Q["unindexed_batch"], {}, ident, authority, codec, batch
-        )
+        found += await _read_matches(conn, Q["unindexed_batch"], {}, ident, authority, codec, batch)
     return sorted(found, key=lambda i: i.id)
 
 
