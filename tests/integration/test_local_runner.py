@@ -176,3 +176,27 @@ async def test_field_filters_of_a_manifest_reach_the_registry(
         ]
     finally:
         await runner.stop()
+
+
+async def test_one_invalid_manifest_holds_back_every_change_until_all_are_valid(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """docs/reference/local.md, Manifests: the files are applied all or nothing; while one
+    does not validate, a removal and an addition elsewhere wait, and both apply once it does."""
+    write(tmp_path, "a")
+    write(tmp_path, "b")
+    runner = LocalRunner(fresh_db, [tmp_path])
+    await runner.start()
+    try:
+        (tmp_path / "b.yaml").unlink()
+        write(tmp_path, "c")
+        (tmp_path / "ar.yaml").write_text("apiVersion: inturn.dev/v1alpha1\nkind: Destination\n")
+        await runner.poll()
+        assert sorted(runner.running) == ["default/a", "default/b"]
+        assert await active(fresh_db) == ["default/a", "default/b"]
+        write(tmp_path, "ar")
+        await runner.poll()
+        assert sorted(runner.running) == ["default/a", "default/ar", "default/c"]
+        assert await active(fresh_db) == ["default/a", "default/ar", "default/c"]
+    finally:
+        await runner.stop()
