@@ -263,6 +263,7 @@ def test_purge_keeps_pending(fresh_db: str) -> None:
         ("queue", "list", "--state", "stuck"),
         ("queue", "list", "--limit", "5000"),
         ("purge", "--older-than", "soon"),
+        ("purge", "--older-than", "7"),  # a bare number: add a unit
         ("worker",),
         ("nosuchcommand",),
     ],

@@ -10,7 +10,7 @@ import click
 
 from inturn.worker.cli.db import act
 from inturn.worker.cli.options import (
-    DURATION,
+    DURATION_WITH_UNIT,
     dsn_option,
 )
 from inturn.worker.operations import queue as actions
@@ -64,18 +64,20 @@ def migrate_command(dsn: str | None, create_roles: bool, role_prefix: str) -> No
 @dsn_option()
 @click.option(
     "--older-than",
-    type=DURATION,
+    type=DURATION_WITH_UNIT,
     default="7d",
     show_default=True,
-    help="Age of finished items to delete, for every finished state; also how long ago the"
-    " lease of a deleted destination must have expired for its row to go.",
+    help="Age of finished items to delete, for every finished state, with a unit (7d, 12h, 30m,"
+    " 90s; a bare number is refused); also how long ago the lease of a deleted destination"
+    " must have expired for its row to go. A finished item that a pending worklist item names"
+    " (a given-up message still to resend) is kept, whatever its age.",
 )
-@click.option("--delivered", type=DURATION, help="Override the age for delivered items.")
-@click.option("--failed", type=DURATION, help="Override the age for failed items.")
-@click.option("--skipped", type=DURATION, help="Override the age for skipped items.")
+@click.option("--delivered", type=DURATION_WITH_UNIT, help="Override the age for delivered items.")
+@click.option("--failed", type=DURATION_WITH_UNIT, help="Override the age for failed items.")
+@click.option("--skipped", type=DURATION_WITH_UNIT, help="Override the age for skipped items.")
 @click.option(
     "--worklist-cleared",
-    type=DURATION,
+    type=DURATION_WITH_UNIT,
     default="90d",
     show_default=True,
     help="Age (since cleared) of cleared worklist items to delete; pending ones are kept.",
@@ -87,6 +89,11 @@ def migrate_command(dsn: str | None, create_roles: bool, role_prefix: str) -> No
     show_default=True,
     help="Rows deleted per transaction.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Count what would be deleted; delete nothing (and record nothing in the audit).",
+)
 def purge_command(
     dsn: str | None,
     older_than: int,
@@ -95,11 +102,12 @@ def purge_command(
     skipped: int | None,
     worklist_cleared: int,
     batch: int,
+    dry_run: bool,
 ) -> None:
     """Delete finished items and cleared worklist items older than their retention, in
     batches, and the lease rows of deleted destinations (lease expired more than --older-than
     ago). Pending items and pending worklist items are never touched. Exits 0 without doing
-    anything when another purge is running."""
+    anything when another purge is running. A real purge records its counts in the audit."""
     now = datetime.now(UTC)
     ages = {"delivered": delivered, "failed": failed, "skipped": skipped}
     cutoffs = {
@@ -116,9 +124,13 @@ def purge_command(
             worklist_cleared_after=worklist_cleared,
             batch=batch,
             leases_expired_after=older_than,
+            dry_run=dry_run,
         ),
     )
     if not done.ran:
         click.echo("another purge is running; nothing done")
         return
-    click.echo("purged " + ", ".join(f"{state} {n}" for state, n in done.counts.items()))
+    summary = actions.purge_summary(done.counts)
+    click.echo(
+        f"would purge {summary} (dry run: nothing deleted)" if dry_run else f"purged {summary}"
+    )

@@ -134,21 +134,38 @@ def why_for(action: str) -> Callable[[F], F]:
 
 
 class DurationType(click.ParamType[int]):
-    """A click parameter for ``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w`` (seconds)."""
+    """A click parameter for ``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w`` (seconds); with
+    ``unit_required`` a bare number is refused with a one-line error saying to add a unit."""
 
     name = "duration"
+
+    def __init__(self, *, unit_required: bool = False) -> None:
+        #: Refuse a bare number (``7``): for options where seconds are an unlikely reading and
+        #: a wrong one costs data (``inturn purge --older-than``).
+        self.unit_required = unit_required
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         """Return the duration in seconds; a bad value is a one-line usage error."""
         if isinstance(value, int):
             return value
+        text = str(value).strip()
+        if self.unit_required and text.isdigit():
+            self.fail(
+                f"{text!r} has no unit: add one, e.g. {text}d, {text}h, {text}m or {text}s",
+                param,
+                ctx,
+            )
         try:
-            return parse_duration(str(value))
+            return parse_duration(text)
         except ValueError as exc:
+            if self.unit_required:
+                self.fail(f"{text!r} is not a duration like 90s, 30m, 12h, 7d or 2w", param, ctx)
             self.fail(str(exc), param, ctx)
 
 
 DURATION = DurationType()
+#: A duration that must name its unit (``7d``, ``12h``, ``30m``, ``90s``; ``7`` is refused).
+DURATION_WITH_UNIT = DurationType(unit_required=True)
 
 
 def feeds_option(command: F) -> F:

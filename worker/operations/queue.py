@@ -37,7 +37,7 @@ from psycopg import AsyncConnection
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.operations.actor import Actor, permit
-from inturn.worker.store import actions, lease, reads, registry
+from inturn.worker.store import actions, audit, lease, reads, registry
 from inturn.worker.store import worklist as worklist_store
 
 
@@ -416,18 +416,27 @@ async def purge(
     worklist_cleared_after: int,
     batch: int,
     leases_expired_after: int | None = None,
+    dry_run: bool = False,
 ) -> Purged:
     """Delete finished items older than their state's cutoff, then cleared worklist items
     cleared more than ``worklist_cleared_after`` seconds ago, in batches; pending items and
-    pending worklist items are never touched. With ``leases_expired_after`` (seconds), the
-    lease rows of deleted destinations whose lease expired longer ago go too (counted as
-    ``leases``: :func:`inturn.worker.store.lease.purge_gone`). ``ran`` is False when another
-    purge runs.
+    pending worklist items are never touched, nor a finished item that a pending worklist item
+    names (a given-up message still to resend: migration 0031). With ``leases_expired_after``
+    (seconds), the lease rows of deleted destinations whose lease expired longer ago go too
+    (counted as ``leases``: :func:`inturn.worker.store.lease.purge_gone`). ``ran`` is False
+    when another purge runs. A real purge records its counts in the audit (action ``purge``,
+    who ``actor.name``); ``dry_run`` counts what would go and deletes and records nothing.
 
     Raises:
         Invalid: a cutoff for ``pending`` or an unknown state, or a batch out of range.
     """
     permit(actor, "purge", None)
+    if dry_run:
+        would = await actions.purge_count(conn, cutoffs)
+        would["worklist cleared"] = await worklist_store.purge_count(conn, worklist_cleared_after)
+        if leases_expired_after is not None:
+            would["leases"] = await lease.purge_gone_count(conn, leases_expired_after)
+        return Purged(ran=True, counts=would)
     try:
         counts = await actions.purge(conn, cutoffs, batch=batch)
     except ValueError as exc:
@@ -440,4 +449,11 @@ async def purge(
     if leases_expired_after is not None:
         gone = await lease.purge_gone(conn, leases_expired_after, batch=batch)
         counts["leases"] = len(gone)
+    async with conn.transaction():
+        await audit.record(conn, who=actor.name, action="purge", why=purge_summary(counts))
     return Purged(ran=True, counts=counts)
+
+
+def purge_summary(counts: dict[str, int]) -> str:
+    """``delivered 3, failed 0, ...``: a purge's counts as one line (the CLI's and the audit's)."""
+    return ", ".join(f"{what} {n}" for what, n in counts.items())

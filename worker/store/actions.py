@@ -468,3 +468,22 @@ async def purge(
         if not (conn.closed or conn.broken):
             await locks.release_singleton(conn, held)
     return counts
+
+
+async def purge_count(conn: AsyncConnection[Any], cutoffs: dict[str, datetime]) -> dict[str, int]:
+    """What :func:`purge` would delete per state with these ``cutoffs``, deleting nothing (the
+    same rule, migration 0031: rows a pending worklist item names are kept).
+
+    Raises:
+        Invalid: a cutoff for ``pending`` or an unknown state.
+    """
+    for state in cutoffs:
+        if state not in FINISHED_STATES:
+            raise Invalid(f"purge only removes finished states {FINISHED_STATES}, not {state!r}")
+    counts: dict[str, int] = {}
+    for state, cutoff in cutoffs.items():
+        row = await fetch_one(
+            conn, Q["purge_count"], {"state": state, "cutoff": cutoff}, row=dict_row
+        )
+        counts[state] = int(row["n"]) if row else 0
+    return counts

@@ -238,3 +238,17 @@ async def purge_gone(
         gone.extend(str(r["destination"]) for r in rows)
         if len(rows) < batch:
             return sorted(gone)
+
+
+async def purge_gone_count(conn: AsyncConnection[Any], expired_seconds: float) -> int:
+    """How many lease rows :func:`purge_gone` would remove, removing nothing.
+
+    Raises:
+        Invalid: ``expired_seconds`` negative.
+    """
+    if not expired_seconds >= 0:
+        raise Invalid(f"expired_seconds must be >= 0, got {expired_seconds}")
+    rows = await fetch_all(
+        conn, Q["purge_gone_count"], {"expired_seconds": float(expired_seconds)}, row=dict_row
+    )
+    return int(rows[0]["n"]) if rows else 0

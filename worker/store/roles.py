@@ -180,6 +180,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     },
     "inturn_audit": {
         "sweeper": (INSERT,),
+        # a real purge records what it removed (counts per state, never ids or content)
+        "purge": (INSERT,),
         "admin": (SELECT, INSERT),
         "reader": (SELECT,),
     },
@@ -308,6 +310,10 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_purge_deliveries(text,timestamp with time zone,integer)": ("purge",),
     "inturn_purge_worklist(double precision,integer)": ("purge",),
     "inturn_purge_leases(double precision,integer)": ("purge",),
+    # inturn purge --dry-run: what each deleting function would remove (migration 0031)
+    "inturn_purge_deliveries_count(text,timestamp with time zone)": ("purge",),
+    "inturn_purge_worklist_count(double precision)": ("purge",),
+    "inturn_purge_leases_count(double precision)": ("purge",),
     # what a destination's lanes hold, keys made anonymous, for those who may not read them
     "inturn_lane_window(text,integer)": ("reader", "operator"),
 }

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any, LiteralString
 
 from psycopg import AsyncConnection
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 
 from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.store import audit
@@ -393,6 +393,14 @@ async def purge(
         deleted += cur.rowcount
         if cur.rowcount < batch:
             return deleted
+
+
+async def purge_count(conn: AsyncConnection[Any], older_than_seconds: float) -> int:
+    """How many items :func:`purge` would delete with ``older_than_seconds``, deleting nothing."""
+    row = await fetch_one(
+        conn, Q["purge_count"], {"older_than_seconds": older_than_seconds}, row=dict_row
+    )
+    return int(row["n"]) if row else 0
 
 
 async def announce(conn: AsyncConnection[Any], channel: str, payload: str) -> None:

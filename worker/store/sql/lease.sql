@@ -57,3 +57,7 @@ SELECT destination, holder, epoch, backend_pid,
 -- the SECURITY DEFINER function of migration 0030 (the purge role may call it and has no
 -- privilege on the table). The destinations whose rows went.
 SELECT destination FROM inturn_purge_leases(%(expired_seconds)s, %(batch)s) AS gone(destination);
+
+-- name: purge_gone_count
+-- What purge_gone would remove (inturn purge --dry-run; migration 0031).
+SELECT inturn_purge_leases_count(%(expired_seconds)s) AS n;

@@ -263,7 +263,13 @@ RETURNING id, destination, state;
 -- name: purge_batch
 -- One batch of finished items older than the cutoff, in one short transaction, deleted by the
 -- function of migration 0011 (the purge role may call it, and has no DELETE of its own).
+-- Since migration 0031 it keeps a row a pending worklist item names (a given-up message still
+-- to resend, an expired one) and an order whose reply is still awaited or raised.
 SELECT id FROM inturn_purge_deliveries(%(state)s, %(cutoff)s, %(batch)s) AS deleted(id);
+
+-- name: purge_count
+-- What purge_batch would remove of one state, all batches together (inturn purge --dry-run).
+SELECT inturn_purge_deliveries_count(%(state)s, %(cutoff)s) AS n;
 
 -- name: audit
 INSERT INTO inturn_audit (who, action, destination, item_ids, why)

@@ -117,6 +117,10 @@ SELECT queue, reason, count(*) AS items, min(placed_at) AS oldest
 -- may call it, and has no DELETE of its own).
 SELECT id FROM inturn_purge_worklist(%(older_than_seconds)s, %(batch)s) AS deleted(id);
 
+-- name: purge_count
+-- What purge_batch would remove, all batches together (inturn purge --dry-run; migration 0031).
+SELECT inturn_purge_worklist_count(%(older_than_seconds)s) AS n;
+
 -- name: announce
 -- A new item's notification on the publisher's channel (worklist publisher "notify").
 SELECT pg_notify(%(channel)s, %(payload)s);
