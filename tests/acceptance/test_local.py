@@ -17,6 +17,8 @@ import signal
 import socket
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from asyncio.subprocess import PIPE
 from collections.abc import Iterator
 from pathlib import Path
@@ -570,3 +572,39 @@ async def test_ingests_settings_are_inturn_ingests_duplicate_delivered_window(
     assert rows == [(first, "delivered", None), (first + 1, "pending", first)]
     assert await local.interrupt() == 0
     assert_clean(local.log())
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+async def test_ops_says_the_lanes_as_a_worker_s_http_port_does(
+    tmp_path: Path, fresh_db: str, local_runs: list[LocalProcess]
+) -> None:
+    """docs/howto/lanes.md: ``GET /lanes`` on ``--ops`` under ``inturn local``, one line per
+    destination with lanes (none for the one without)."""
+    laned = manifest(tmp_path / "laned.yaml", "laned", mllp_sender(free_port()))
+    laned.write_text(laned.read_text() + "  lanes: {count: 2}\n")
+    manifest(tmp_path / "single.yaml", "single", mllp_sender(free_port()))
+    port, ops = free_port(), free_port()
+    local = LocalProcess(
+        tmp_path / "local.log",
+        ["-f", str(tmp_path), "--listen", f"adt={port}", "--ops", f"{HOST}:{ops}",
+         "--dsn", fresh_db],
+    )  # fmt: skip
+    local_runs.append(local)
+    await local.start(port)
+    url = f"http://{HOST}:{ops}/lanes"
+
+    async def answered() -> bool:
+        return (await asyncio.to_thread(get, url))[1].startswith("default/laned: ")
+
+    await wait_until(answered)
+    status, body = await asyncio.to_thread(get, url)
+    assert status == 200
+    assert body == "default/laned: 0 of 2 lanes sending\n"
+    assert await local.interrupt() == 0

@@ -51,6 +51,17 @@ class App:
         return route() if route else (404, _TEXT, b"not found\n")
 
 
+def lanes_text(workers: Sequence[DestinationWorker]) -> str:
+    """The body of ``/lanes``: one line per destination of ``workers`` that has lanes (what each
+    lane sends, what holds the oldest waiting message), ``no lanes`` when none has."""
+    lines = [
+        f"{w.destination}: {view.describe()}"
+        for w in workers
+        if (view := w.state.lanes) is not None
+    ]
+    return "\n".join(lines or ["no lanes"]) + "\n"
+
+
 def make_app(workers: Sequence[DestinationWorker]) -> App:
     """Build the endpoints reporting on ``workers``."""
 
@@ -72,12 +83,7 @@ def make_app(workers: Sequence[DestinationWorker]) -> App:
         return 200, CONTENT_TYPE_LATEST, generate_latest()
 
     def lanes() -> Answer:
-        lines = [
-            f"{w.destination}: {view.describe()}"
-            for w in workers
-            if (view := w.state.lanes) is not None
-        ]
-        return 200, _TEXT, ("\n".join(lines or ["no lanes"]) + "\n").encode()
+        return 200, _TEXT, lanes_text(workers).encode()
 
     return App({"/healthz": healthz, "/readyz": readyz, "/metrics": metrics, "/lanes": lanes})
 

@@ -169,11 +169,15 @@ async def _read_body(request: web.Request, hold: Hold, max_body_bytes: int) -> b
     return b"".join(parts)
 
 
-def make_ops_app(readiness: Callable[[], str | None]) -> web.Application:
+def make_ops_app(
+    readiness: Callable[[], str | None], lanes: Callable[[], str] | None = None
+) -> web.Application:
     """Build the operations application (health, readiness, metrics).
 
     Args:
         readiness: returns None when ready, else a short reason (shown by ``/readyz``).
+        lanes: the body of ``GET /lanes`` (``inturn local``: its workers' lanes); None: no
+            such route.
     """
     app = web.Application()
 
@@ -195,4 +199,10 @@ def make_ops_app(readiness: Callable[[], str | None]) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
+    if lanes is not None:
+        app.router.add_get("/lanes", lambda request: _lanes_page(lanes))
     return app
+
+
+async def _lanes_page(lanes: Callable[[], str]) -> web.Response:
+    return web.Response(text=lanes())

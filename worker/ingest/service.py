@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -78,17 +79,25 @@ class Ingest:
         dsn: the database to open pools on (``application_name`` ``inturn-ingest``); or
         pools: open :class:`~inturn.worker.store.connect.Pools` to use instead (not closed by
             :meth:`stop`).
+        lanes: the body of ``GET /lanes`` on ``--ops`` (``inturn local``: its workers' lanes,
+            :func:`inturn.worker.drain.health.lanes_text`); None: ``/lanes`` is not served.
 
     Use :meth:`start` / :meth:`stop`, or ``async with``. After :meth:`start`, ``mllp_ports``
     maps each channel to its bound port and ``http_port`` is the HTTP port (None without HTTP).
     """
 
     def __init__(
-        self, config: IngestConfig, *, dsn: str | None = None, pools: Pools | None = None
+        self,
+        config: IngestConfig,
+        *,
+        dsn: str | None = None,
+        pools: Pools | None = None,
+        lanes: Callable[[], str] | None = None,
     ) -> None:
         if (dsn is None) == (pools is None):
             raise ValueError("pass exactly one of dsn and pools")
         self.config = config
+        self._lanes = lanes  #: the body of ``/lanes`` on --ops (inturn local's workers)
         self._dsn = dsn
         self._pools = pools
         self._own_pools = pools is None
@@ -278,7 +287,7 @@ class Ingest:
                 )
             if config.ops is not None:
                 self._ops_port = await self._serve_http(
-                    make_ops_app(self.readiness), config.ops, None, "--ops"
+                    make_ops_app(self.readiness, self._lanes), config.ops, None, "--ops"
                 )
                 log.info(
                     "/healthz, /readyz and /metrics on %s:%d", config.ops[0] or "*", self._ops_port

@@ -27,6 +27,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain import shutdown
+from inturn.worker.drain.health import lanes_text
 from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.errors import Conflict
@@ -256,6 +257,11 @@ class LocalRunner:
             self._deferred = []
         await self.apply(desired)
 
+    def lanes(self) -> str:
+        """What ``GET /lanes`` on ``--ops`` says: the running workers' lanes, as a worker's own
+        HTTP port says it (:func:`inturn.worker.drain.health.lanes_text`)."""
+        return lanes_text([r.worker for r in self.running.values()])
+
     def launch(self) -> None:
         """Start the workers :meth:`start` registered without starting (idempotent)."""
         deferred, self._deferred = self._deferred or [], None
@@ -349,7 +355,7 @@ async def run_local(
         )
         runner = LocalRunner(dsn, paths, secrets_dir, channels, publishers, payloads, skip)
         await runner.start(launch=False)  # registered: ingest routes to them from its start
-        ingest = Ingest(ingest_config, dsn=dsn)
+        ingest = Ingest(ingest_config, dsn=dsn, lanes=runner.lanes)
         sweeper = None
         if sweep_every is not None:
             sweeper = asyncio.create_task(
