@@ -288,3 +288,31 @@ async def test_a_finished_items_page_marks_the_resend_that_sends_it_again(
     status, failed = await operator.get(f"/items/{ids['lab2']}")
     form = failed.split('action="/items/{}/resend"'.format(ids["lab2"]))[1].split("</form>")[0]
     assert "include_delivered" not in form and ">Resend a copy</button>" in form
+
+
+async def test_the_patient_search_finds_a_message_by_identifiers_past_the_index_cap(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    """A message naming 150 identifiers is indexed under its first 100 and marked as cut: the
+    console's search still finds it by the 101st and the 150th (its payload is read)."""
+    await register(fresh_db, LAB)
+    reps = "~".join(f"MANY{n}^^^HOSP" for n in range(1, 151))
+    many = message(1).replace(b"P1^^^HOSP^MR", reps.encode())
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        big, other = await queue.enqueue(
+            conn,
+            [
+                NewItem(LAB, "adt", "MSG00001", "ADT^A01", many),
+                NewItem(LAB, "adt", "MSG00002", "ADT^A01", message(2)),
+            ],
+        )
+    path = "/api/v1/search/patient"
+    for n in (1, 100, 101, 150):
+        status, body = await clients["privacy"].post(path, {"patientId": f"MANY{n}", "why": "t"})
+        assert (status, body["total"], [i["id"] for i in body["items"]]) == (200, 1, [big])
+    status, body = await clients["privacy"].post(path, {"patientId": "MANY151", "why": "t"})
+    assert (body["total"], body["items"]) == (0, [])
+    status, body = await clients["privacy"].post(path, {"patientId": "P2", "why": "t"})
+    assert [i["id"] for i in body["items"]] == [other]
+    shown = [e["itemIds"] for e in await audit_entries(clients["viewer"])]
+    assert shown.count([big]) == 4

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from inturn.worker.cli import main
+from inturn.worker.crypto import envelope
 from inturn.worker.hl7.pid import CAPPED_KEY, lookup_key
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.store import identifiers, reads
+from tests.support import keys
 from tests.support.ingest import Client, config, msg, rows
 from tests.support.pipeline import register
 
@@ -26,11 +30,12 @@ MANY = 150
 BODY = "PID|1||" + "~".join(f"MANY{n}^^^HOSP" for n in range(1, MANY + 1)) + "||DOE^JANE\r"
 
 
-def stored(dsn: str) -> tuple[int, int]:
-    """Store the 150-identifier message and a small one through a real ingest: their row ids."""
+def stored(dsn: str, **options: Any) -> tuple[int, int]:
+    """Store the 150-identifier message and a small one through a real ingest (its config
+    ``options``): their row ids."""
 
     async def run() -> None:
-        async with Ingest(config(), dsn=dsn) as ingest:
+        async with Ingest(config(**options), dsn=dsn) as ingest:
             client = await Client.connect(ingest.mllp_ports["adt"])
             assert (await client.send(msg("BIG", body=BODY))).code == "AA"
             assert (await client.send(msg("SMALL"))).code == "AA"
@@ -114,3 +119,31 @@ def test_the_lookup_reads_the_patient_index_and_the_cut_rows_through_it(fresh_db
     listing_plan = "\n".join(r[0] for r in listing)
     # the GIN index for the key, the primary key for the ids the cut rows' payloads named
     assert "inturn_delivery_patient" in listing_plan and "inturn_delivery_pkey" in listing_plan
+
+
+@pytest.fixture
+def key_dsn(pg_server_dsn: str) -> Iterator[str]:
+    with keys.key_store(pg_server_dsn) as dsn:
+        yield dsn
+
+
+@pytest.mark.parametrize("n", [1, 150])
+def test_sealed_rows_cut_at_the_cap_are_found_and_erased_with_the_keys(
+    fresh_db: str, tmp_path: Path, key_dsn: str, capsys: pytest.CaptureFixture[str], n: int
+) -> None:
+    folder = keys.master_keys(tmp_path / "keys")
+    big, small = stored(fresh_db, payload_keys=str(folder), key_dsn=key_dsn)
+    assert all(envelope.is_envelope(bytes(r[5])) for r in rows(fresh_db))
+    keyed = ["--payload-keys", str(folder), "--key-dsn", key_dsn]
+    patient = ["--patient-id", f"MANY{n}"]
+    listing = ["queue", "list", "--dsn", fresh_db, *patient, "--why", "t"]
+    assert [i["id"] for i in cli(capsys, *listing, *keyed)["items"]] == [big]
+    erase = ["queue", "erase", "--dsn", fresh_db, *patient, "--who", "me", "--why", "t"]
+    for scan in ([], ["--scan"]):
+        dry = cli(capsys, *erase, "--dry-run", *scan, *keyed)
+        assert [m["id"] for m in dry["matched"]] == [big]
+    done = cli(capsys, *erase, *keyed)
+    assert done["erased"] == [big]
+    if n == 1:  # an indexed identifier: its own key, under which the message is sealed
+        assert done["keysDestroyed"] == 1
+    assert [r[0] for r in rows(fresh_db)] == [small]
