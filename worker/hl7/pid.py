@@ -33,9 +33,11 @@ MAX_INDEXED_IDENTIFIERS = 100
 MAX_ID_CHARS = 1024
 
 #: The key :func:`index_keys` adds when a message names more identifiers than it indexes. Not a
-#: lookup key (those are 32 hex digits), so no lookup ever finds it; lanes
-#: (:mod:`inturn.worker.drain.lanes`) read it as "some of this message's patients are unknown",
-#: which makes the message a barrier: it cannot be ordered by the keys that were kept.
+#: lookup key (those are 32 hex digits), so no identifier's key equals it; every lookup by
+#: patient reads the rows holding it through the same index and matches their payloads
+#: (:func:`inturn.worker.store.identifiers.beyond_index`), so identifiers past the cap are found;
+#: lanes (:mod:`inturn.worker.drain.lanes`) read it as "some of this message's patients are
+#: unknown", which makes the message a barrier: it cannot be ordered by the keys that were kept.
 CAPPED_KEY = "capped"
 
 #: The fields read, as (segment, field number).
@@ -183,10 +185,9 @@ def index_keys(
 
     Only the first ``limit`` distinct identifiers (message order) are indexed, so a message
     yields at most ``3 * limit + 1`` keys however many repetitions it carries; identifiers past
-    the cap are not in the index, so ``--patient-id`` listings miss them (``inturn queue erase
-    --patient-id`` reads payloads with :func:`has_patient_id`, which has no cap). A message that
-    names more than ``limit`` identifiers also gets :data:`CAPPED_KEY`, which lanes read as a
-    barrier.
+    the cap are not in the index. A message that names more than ``limit`` identifiers also gets
+    :data:`CAPPED_KEY`: lookups by patient read those rows' payloads with :func:`has_patient_id`
+    (no cap), so they find them by any identifier; lanes read it as a barrier.
 
     Raises:
         ValueError: ``limit`` is below 1.
