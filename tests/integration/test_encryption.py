@@ -20,8 +20,6 @@ from inturn.worker.cli import main
 from inturn.worker.crypto import envelope
 from inturn.worker.crypto.codec import PayloadCodec, PayloadErased, PayloadKeysMissing
 from inturn.worker.drain.main import run, runtime_settings
-from inturn.worker.drain.metrics import PrometheusObserver
-from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.pid import lookup_key, patient_identifiers
 from inturn.worker.ingest.config import IngestConfig
@@ -138,22 +136,87 @@ async def test_the_worker_opens_right_before_the_send_and_delivers_the_message_u
     assert reader.unwraps == 3  # one per patient, then the cache
 
 
+def _held_lines(caplog: pytest.LogCaptureFixture, item_id: int) -> list[str]:
+    return [
+        m
+        for m in (r.getMessage() for r in caplog.records)
+        if f"the queue holds at id={item_id}: " in m
+    ]
+
+
 @pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
-async def test_a_worker_without_keys_stops_in_one_line_and_sends_no_ciphertext(
-    fresh_db: str, keys_dir: Path, key_dsn: str, lanes: int
+async def test_a_worker_without_keys_holds_the_head_says_why_and_delivers_once_given_keys(
+    fresh_db: str, keys_dir: Path, key_dsn: str, lanes: int, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A worker started without --payload-keys over sealed rows holds at the head (one line
+    naming the item and the cure, its lease kept, its reason on /readyz and in last_error,
+    nothing sent, looked at again); the same queue restarted with the keys is delivered in
+    order. It used to end the worker's task without a word (a new user's trial)."""
     codec = await keys.codec(keys_dir, key_dsn)
-    [only] = await sealed_queue(fresh_db, codec, [adt(1, "MRN-1")])
+    sent = [adt(1, "MRN-1"), adt(2, "MRN-1")]
+    first, _ = await sealed_queue(fresh_db, codec, sent)
+    caplog.set_level(logging.INFO, logger="inturn.drain")
     async with MllpReceiver() as rx:
-        cfg = worker_config(rx.port, lanes)
-        assert isinstance(cfg.sender, MllpSenderConfig)
-        worker = DestinationWorker(cfg, fresh_db, MllpSender(cfg.sender), PrometheusObserver())
-        with pytest.raises(PayloadKeysMissing) as caught:
-            await asyncio.wait_for(worker.run(asyncio.Event()), 15)
+        async with run_worker(worker_config(rx.port, lanes), fresh_db) as worker:
+            await pipeline.until(lambda: len(_held_lines(caplog, first)) >= 2)  # looked again
+            reason = worker.state.not_ready()
+            assert reason is not None and reason.startswith(f"held at id={first}: ")
+            assert worker.state.lock_held and worker.state.failure is None
+            assert worker._unreadable_run[0] == first  # never past it to the second
         assert rx.received == [] and rx.connections == 0
-    line = str(caught.value)
-    assert "\n" not in line and "--payload-keys" in line and f"item {only}" in line
-    assert [(s, a) for _, s, _, a in await rows(fresh_db)] == [("pending", 0)]
+        line = _held_lines(caplog, first)[0]
+        assert "\n" not in line and "--payload-keys" in line
+        assert f"`inturn queue skip {first}`" in line
+        said = [r.levelname for r in caplog.records if r.getMessage() == line]
+        assert said[0] == "WARNING" and set(said[1:]) == {"INFO"}  # once loud, then quieter
+        with psycopg.connect(fresh_db) as conn:
+            cur = conn.execute(
+                "SELECT state, attempts, last_error FROM inturn_delivery ORDER BY id"
+            )
+            (state, attempts, error), behind = cur.fetchall()
+        assert (state, attempts) == ("pending", 0) and behind[:2] == ("pending", 0)
+        assert error.startswith(f"id={first}: ") and "--payload-keys" in error
+        reader = await keys.codec(keys_dir, key_dsn)
+        async with run_worker(worker_config(rx.port, lanes), fresh_db, payloads=reader):
+            await rx.wait_for(2)
+    assert rx.received == sent
+
+
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
+async def test_a_head_whose_key_was_erased_holds_the_queue_until_skipped(
+    fresh_db: str, keys_dir: Path, key_dsn: str, lanes: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The head's patient key was erased: the worker says the message can never be delivered
+    and names `inturn queue skip ID`, holds it (nothing of its lane sent behind it: the whole
+    queue with one stream; in the lanes, only that patient's lane: another patient's message
+    goes), keeps its lease, and once the item is skipped delivers what waited, in order,
+    without a restart."""
+    codec = await keys.codec(keys_dir, key_dsn)
+    gone, behind = adt(1, "GONE-1"), [adt(2, "KEEP-1"), adt(3, "KEEP-1")]
+    first, _, _ = await sealed_queue(fresh_db, codec, [gone, *behind])
+    assert await privacy.erase_patient_keys(Trusted("dpo"), "GONE-1", None, "test", codec) == 1
+    caplog.set_level(logging.INFO, logger="inturn.drain")
+    reader = await keys.codec(keys_dir, key_dsn)
+    async with (
+        MllpReceiver() as rx,
+        run_worker(worker_config(rx.port, lanes), fresh_db, payloads=reader) as worker,
+    ):
+        await pipeline.until(lambda: len(_held_lines(caplog, first)) >= 2)  # looked again
+        if lanes > 1:
+            await rx.wait_for(2)  # another patient's lane is not held
+        assert rx.received == ([] if lanes == 1 else behind)
+        line = _held_lines(caplog, first)[0]
+        assert "can never be delivered" in line and f"`inturn queue skip {first}`" in line
+        assert "\n" not in line
+        reason = worker.state.not_ready()
+        assert reason is not None and reason.startswith(f"held at id={first}: ")
+        assert worker.state.lock_held
+        async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            await ops.skip(conn, Trusted("dpo"), first, "its key was erased")
+        await rx.wait_for(2)
+        await pipeline.until(lambda: worker.state.not_ready() is None)
+    assert rx.received == behind
+    assert [s for _, s, _, _ in await rows(fresh_db)] == ["skipped", "delivered", "delivered"]
 
 
 def _relation_bytes(dsn: str, table: str) -> bytes:

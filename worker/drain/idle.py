@@ -141,6 +141,7 @@ class Idling(LeaseHolding):
         for 4,416 sends at 200 msg/s over five destinations), a round trip on each message's way.
         """
         self.observer.depth(self.destination, 0, 0.0, 0)
+        self.state.unreadable = None  # a head held for its payload was skipped or erased
 
     async def _report_depth(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, force: bool = False

@@ -273,10 +273,13 @@ class LaneDrain:
 
     async def _open_and_launch(self, head: Head) -> None:
         """Open ``head``'s payload right before its send (ciphertext is never sent: an envelope
-        this process cannot open ends the worker; a plaintext row passes unchanged), and send
-        it on a free lane."""
-        item = head.item
-        self._launch(head, await self.w.payloads.open(item.id, item.destination, head.payload))
+        this process cannot open is held like a failing patient, its lane keys wait; a
+        plaintext row passes unchanged), and send it on a free lane."""
+        payload = await self.w._open_or_hold(self.conn, self.stop, head, self.lease)
+        if isinstance(payload, bytes):
+            self._launch(head, payload)
+        elif (entry := self.window.get(head.item.id)) is not None:
+            self.window[entry.id] = Entry(entry.id, entry.keys, time.monotonic() + payload)
 
     async def _lease_outlives_attempt(self) -> bool:
         """Whether the lease is surely valid for longer than an attempt (renewed first when
@@ -464,6 +467,8 @@ class LaneDrain:
 
     def _publish(self, chosen: Plan | None) -> None:
         now = time.monotonic()
+        if self.w._unreadable_run[0] and self.w._unreadable_run[0] not in self.window:
+            self.w._unheld()  # the head held for its payload was skipped or erased
         in_flight = {i: f.head.keys for i, f in self.flights.items()}
         entries = list(self.window.values())
         why = hold(entries, in_flight, now) if entries else None

@@ -97,8 +97,9 @@ async def run_worker(
 
     Raises:
         OSError: the HTTP port is taken.
-        MasterKeyError, PayloadKeysMissing, PayloadUnreadable, EnvelopeError: the payload keys
-            are unusable, or a payload met cannot be opened (the worker stopped unsent).
+        MasterKeyError: the payload keys are unusable at start (a payload met later that
+            cannot be opened holds the queue at it instead: see
+            :meth:`inturn.worker.drain.outcome.Outcomes._open_or_hold`).
     """
     stop, abandon = asyncio.Event(), asyncio.Event()
     shutdown.install(stop, abandon)

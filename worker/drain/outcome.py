@@ -25,6 +25,8 @@ from psycopg import AsyncConnection
 
 from inturn.worker import tracing
 from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.crypto.errors import REFUSALS, PayloadErased
+from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.holding import LeaseHolding
 from inturn.worker.drain.retry import RetryDecision, decide
 from inturn.worker.senders.base import FailureCause
@@ -57,6 +59,84 @@ class Outcomes(LeaseHolding):
     #: Consecutive failures that said the destination is unreachable (the backoff of a held
     #: queue grows with it; any answer from the receiver ends the run).
     _unreachable_run: int
+
+    #: The head that cannot be opened (its id) and how many looks at it failed in a row.
+    _unreadable_run: tuple[int, int] = (0, 0)
+
+    async def _open_or_hold(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, head: Head, lease: Lease
+    ) -> bytes | float:
+        """The head's plaintext, opened right before its send (:meth:`PayloadCodec.open`), or,
+        when this process cannot open it, the seconds the head is held for.
+
+        An undecryptable head (:data:`inturn.worker.crypto.errors.REFUSALS`: no keys, a key
+        erased, the wrong keys, a malformed envelope) is never sent and never given up: it is
+        held like a head whose receiver is unreachable. One line says which item and the cure,
+        ``last_error`` and ``/readyz`` say it too, no attempt is counted, and it is looked at
+        again after a backoff (``spec.retry``), so a skip (``inturn queue skip ID``) or the
+        keys (a worker restarted with ``--payload-keys``) resume delivery; nothing behind it
+        is sent meanwhile (in the lanes: nothing of its lane keys).
+
+        Raises:
+            LeaseLost: the lease was taken over while its hold was recorded.
+        """
+        item = head.item
+        try:
+            payload = await self.payloads.open(item.id, item.destination, head.payload)
+        except REFUSALS as exc:
+            return await self._unreadable(conn, stop, head, exc, lease)
+        if self._unreadable_run[0] and self.config.lanes == 1:  # skipped: the queue moves
+            self._unheld()
+        return payload
+
+    def _unheld(self) -> None:
+        """The head held for its payload is gone (skipped, erased) or was opened."""
+        self._unreadable_run = (0, 0)
+        self.state.unreadable = None
+
+    async def _unreadable(
+        self,
+        conn: AsyncConnection[Any],
+        stop: asyncio.Event,
+        head: Head,
+        exc: Exception,
+        lease: Lease,
+    ) -> float:
+        item = head.item
+        seen, run = self._unreadable_run
+        run = run + 1 if seen == item.id else 1
+        self._unreadable_run = (item.id, run)
+        retry = self.config.retry
+        delay = backoff_seconds(run, retry.backoff_seconds, retry.max_backoff_seconds)
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if isinstance(exc, PayloadErased):
+            cure = f"it can never be delivered: `inturn queue skip {item.id}` moves on"
+        elif "--payload-keys" in text:
+            cure = f"or `inturn queue skip {item.id}` to move on without it"
+        else:
+            cure = (
+                "restart the worker with the --payload-keys it was sealed under,"
+                f" or `inturn queue skip {item.id}`"
+            )
+        why = f"id={item.id}: {text}; {cure}"
+        self.state.unreadable = f"held at {why}"
+        await self._guarded(
+            conn,
+            stop,
+            "attempt",
+            lambda: delivery.retry(
+                conn, item.id, item.attempts, delay, why[:CAUSE_MAX_CHARS], lease=lease
+            ),
+            item.id,
+        )
+        log.log(
+            logging.WARNING if run == 1 else logging.INFO,
+            "destination %s: the queue holds at %s; nothing behind it is sent; next look in %.0fs",
+            self.destination,
+            why,
+            delay,
+        )
+        return delay
 
     def _attempted(
         self, trace: tracing.Attempt | None, outcome: FailureCause | None, sent: float

@@ -66,6 +66,9 @@ log = logging.getLogger("inturn.drain")
 #: however long the outage (one connection attempt every 2 s while it lasts costs nothing).
 RECONNECT_BASE_SECONDS = 0.5
 RECONNECT_MAX_SECONDS = 2.0
+#: The pause before a new session after an unexpected error (a bug): first and ceiling, seconds.
+UNEXPECTED_BASE_SECONDS = 1.0
+UNEXPECTED_MAX_SECONDS = 60.0
 
 
 class DestinationWorker(SingleStream):
@@ -87,8 +90,8 @@ class DestinationWorker(SingleStream):
             on ``listen_dsn`` or not at all); None: the worker finds out at start
             (:func:`inturn.worker.store.connect.detect_pooling`).
         payloads: opens stored payloads right before the send (default: no keys, plaintext
-            passes and an envelope stops the worker with one line naming ``--payload-keys``:
-            :data:`inturn.worker.crypto.errors.REFUSALS` end :meth:`run`).
+            passes and an envelope holds the queue at it with one line naming
+            ``--payload-keys``: :meth:`inturn.worker.drain.outcome.Outcomes._open_or_hold`).
         listen_dsn: a direct DSN for LISTEN when ``dsn`` is pooled (``--listen-dsn``); default
             ``$INTURN_LISTEN_DSN``. Without one a pooled worker polls.
         poll_seconds: how often a pooled worker without ``listen_dsn`` looks for work; default
@@ -180,6 +183,24 @@ class DestinationWorker(SingleStream):
                             delay,
                         )
                     await sleep_or_stop(stop, delay)
+                except Exception as exc:  # a bug: said, seen on /readyz, and not the end of it
+                    failures += 1
+                    self._set_lock(False)
+                    delay = backoff_seconds(
+                        failures, UNEXPECTED_BASE_SECONDS, UNEXPECTED_MAX_SECONDS
+                    )
+                    what = f"{type(exc).__name__}: {_first_line(exc)}"
+                    self.state.failure = f"session ended by an unexpected error ({what})"
+                    log.error(
+                        "destination %s: the worker's session ended by an unexpected error (%s);"
+                        " nothing was lost (the head stays pending): a new session in %.0fs"
+                        " (the traceback at --log-level DEBUG; please report it)",
+                        self.destination,
+                        what,
+                        delay,
+                    )
+                    log.debug("destination %s: the error", self.destination, exc_info=exc)
+                    await sleep_or_stop(stop, delay)
         finally:
             self._set_lock(False)
             await self.sender.close()
@@ -252,6 +273,7 @@ class DestinationWorker(SingleStream):
             ),
         )
         self._held_once = True
+        self.state.failure = None  # a session after an unexpected error holds its lease again
         if changed:
             log.info(
                 "destination %s: sender settings changed since the last worker;"

@@ -27,6 +27,10 @@ class WorkerHealth:
             or None on a direct connection; ``/readyz`` shows it.
         key_store: the key store's health (``PgKeyStore.health``: None while it answers, else
             why not), with payload keys; ``/readyz`` shows it first.
+        unreadable: why the queue holds at a head this process cannot decrypt (its id and
+            the cure), or None.
+        failure: the unexpected error that ended the worker's last session (it opens a new
+            one after a pause), or None once it holds its lease again.
     """
 
     lock_held: bool = False
@@ -39,6 +43,8 @@ class WorkerHealth:
     lanes: LaneView | None = None
     pooling: str | None = None
     key_store: Callable[[], str | None] | None = None
+    unreadable: str | None = None
+    failure: str | None = None
 
     def alive(self, stale_after: float) -> bool:
         """Whether the loop turned within ``stale_after`` seconds (the attempt in flight counts)."""
@@ -56,8 +62,10 @@ class WorkerHealth:
         down = self.key_store() if self.key_store is not None else None
         if down is not None:
             return down
+        if self.failure is not None:
+            return self.failure
         if not self.lock_held or not self.db_ok:
             return "not holding the lock or no database"
         if self.lock_wait is not None:
             return self.lock_wait
-        return self.trouble
+        return self.trouble or self.unreadable

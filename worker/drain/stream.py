@@ -155,9 +155,11 @@ class SingleStream(Idling, Outcomes):
         """
         item = head.item
         attempts = item.attempts + 1
-        # Opened here, right before the send (an envelope this process cannot open ends the
-        # worker: ciphertext is never sent). Plaintext rows pass unchanged.
-        payload = await self.payloads.open(item.id, item.destination, head.payload)
+        # Opened here, right before the send (an envelope this process cannot open holds the
+        # queue at it: ciphertext is never sent). Plaintext rows pass unchanged.
+        payload = await self._open_or_hold(conn, stop, head, lease)
+        if not isinstance(payload, bytes):
+            return False, None  # held: looked at again after its backoff
         sent = self.state.sending_since = time.monotonic()
         trace = tracing.attempt_started(
             self.destination, item.id, item.control_id, head.traceparent, attempts, self.peer

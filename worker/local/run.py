@@ -17,6 +17,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,22 @@ def sender_summary(cfg: WorkerConfig) -> str:
         return senders.make_sender(cfg.sender).describe()
     except (OSError, ValueError, TypeError):
         return ""
+
+
+def _ended(destination: str, task: asyncio.Task[None]) -> None:
+    """A worker's task ended: an error it ended with is said here, in one line (its
+    exception retrieved: asyncio would print it only at exit)."""
+    if task.cancelled() or task.exception() is None:
+        return
+    exc = task.exception()
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    log.error(
+        "destination %s: its worker stopped (%s: %s); nothing more is delivered to it"
+        " (its messages stay pending) until `inturn local` is started again",
+        destination,
+        type(exc).__name__,
+        text,
+    )
 
 
 @dataclass
@@ -195,6 +212,7 @@ class LocalRunner:
             cfg, self.dsn, sender, self.observer, self.publishers, payloads=self.payloads
         )
         task = asyncio.create_task(worker.run(stop), name=f"worker {cfg.destination}")
+        task.add_done_callback(partial(_ended, cfg.destination))
         self.running[cfg.destination] = _Running(cfg, worker, stop, task)
         log.info(
             "destination %s: channel %s -> %s%s",
