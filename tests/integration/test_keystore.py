@@ -66,17 +66,34 @@ async def test_a_message_is_sealed_under_its_patients_keys_and_opens_in_another_
         await reader.open(8, "lab", stored)
 
 
-async def test_a_patient_seen_again_reuses_the_key_from_the_cache(
+async def test_a_patient_seen_again_reuses_the_cached_key_once_the_store_confirms_it(
     keys_dir: Path, key_dsn: str
 ) -> None:
     codec = await codec_for(keys_dir, key_dsn)
     store = codec.store
     assert isinstance(store, PgKeyStore)
     await codec.seal(1, "lab", adt("MRN-1^^^HOSP"))
-    trips = store.round_trips
+    trips, unwraps = store.round_trips, codec.unwraps
     await codec.seal_many([(2, "lab", adt("MRN-1^^^HOSP")), (3, "x", adt("MRN-1^^^HOSP"))])
-    assert store.round_trips == trips
+    # one read confirms the cached key is still live (not erased): no unwrap, no new key
+    assert (store.round_trips - trips, codec.unwraps - unwraps) == (1, 0)
     assert await store.masters() == {"k1": 1}
+
+
+async def test_a_seal_after_an_erasure_makes_a_new_key_and_reads_back(
+    keys_dir: Path, key_dsn: str
+) -> None:
+    codec = await codec_for(keys_dir, key_dsn)
+    first = await codec.seal(1, "lab", adt("MRN-5^^^HOSP"))
+    assert await codec.erase_patient("MRN-5", "HOSP", actor="t", reason="request 3") == 1
+    async with codec.sealing():  # as ingest seals: the keys held until the block ends
+        again = await codec.seal(2, "lab", adt("MRN-5^^^HOSP"))
+    assert envelope.header(again).refs == envelope.header(first).refs  # same reference
+    reader = await codec_for(keys_dir, key_dsn)
+    assert await reader.open(2, "lab", again) == adt("MRN-5^^^HOSP")
+    # the erased key stays gone: the new key under the same reference does not open it
+    with pytest.raises(PayloadUnreadable):
+        await reader.open(1, "lab", first)
 
 
 async def test_a_message_naming_nobody_is_sealed_under_its_destination_key(

@@ -11,7 +11,10 @@ DEFAULT_CACHE_KEYS = 4096
 
 
 class KeyCache:
-    """Key reference (bytes) -> key (bytes), at most ``capacity`` entries.
+    """Key reference (bytes) -> key (bytes), at most ``capacity`` entries, each with the
+    wrapped bytes it was unwrapped from (its tag): after an erasure, a key made again under the
+    same reference has other wrapped bytes, and a seal that confirmed the stored key asks for
+    the key of those bytes (:meth:`get` with ``tag``).
 
     Raises:
         ValueError: ``capacity`` below 1.
@@ -21,23 +24,25 @@ class KeyCache:
         if capacity < 1:
             raise ValueError("the key cache holds at least one key")
         self.capacity = capacity
-        self._keys: OrderedDict[bytes, bytes] = OrderedDict()
+        self._keys: OrderedDict[bytes, tuple[bytes, bytes]] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def get(self, ref: bytes) -> bytes | None:
-        """The cached key of ``ref`` (refreshing its place), or None."""
-        key = self._keys.get(ref)
-        if key is None:
+    def get(self, ref: bytes, tag: bytes | None = None) -> bytes | None:
+        """The cached key of ``ref`` (refreshing its place), or None; with ``tag``, None
+        also when the key cached was unwrapped from other bytes."""
+        entry = self._keys.get(ref)
+        if entry is None or (tag is not None and entry[1] != tag):
             self.misses += 1
             return None
         self._keys.move_to_end(ref)
         self.hits += 1
-        return key
+        return entry[0]
 
-    def put(self, ref: bytes, key: bytes) -> None:
-        """Remember ``key``, dropping the least recently used one past the capacity."""
-        self._keys[ref] = key
+    def put(self, ref: bytes, key: bytes, tag: bytes = b"") -> None:
+        """Remember ``key`` (unwrapped from ``tag``), dropping the least recently used one
+        past the capacity."""
+        self._keys[ref] = (key, tag)
         self._keys.move_to_end(ref)
         while len(self._keys) > self.capacity:
             self._keys.popitem(last=False)

@@ -17,7 +17,9 @@ destroys exactly the keys of the identifiers that request matches
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from inturn.worker.crypto import envelope
@@ -30,7 +32,7 @@ from inturn.worker.crypto.errors import (
     PayloadUnreadable,
     UnwrapFailed,
 )
-from inturn.worker.crypto.keystore import KeyProvider, KeyStore, NewKey, StoredKey
+from inturn.worker.crypto.keystore import KeyHold, KeyProvider, KeyStore, NewKey, StoredKey
 from inturn.worker.hl7.pid import (
     CAPPED_KEY,
     MAX_INDEXED_IDENTIFIERS,
@@ -48,6 +50,10 @@ INDEX_MASTER = "index_master"
 INDEX_CHECK = "index_check"
 #: Label of a patient key's wrap (with its reference as associated data).
 _WRAP_LABEL = b"inturn key v1\x00"
+#: The key store hold of the seal in progress in this task (PayloadCodec.sealing).
+_HOLD: ContextVar[KeyHold | None] = ContextVar("inturn_key_hold", default=None)
+#: Most times :meth:`PayloadCodec.ensure` makes a key that an erasure destroys meanwhile.
+_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -226,7 +232,7 @@ class PayloadCodec:
         assert self.provider is not None
         key = await self.provider.unwrap(stored.master_id, stored.wrapped, _WRAP_LABEL + stored.ref)
         self.unwraps += 1
-        self.cache.put(stored.ref, key)
+        self.cache.put(stored.ref, key, stored.wrapped)
         return key
 
     async def _keys(
@@ -264,49 +270,81 @@ class PayloadCodec:
                     ) from None
         return out
 
+    @asynccontextmanager
+    async def sealing(self) -> AsyncIterator[None]:
+        """The scope of one seal's commit: every key :meth:`ensure` (so :meth:`seal_bodies`,
+        :meth:`seal_many`) uses inside the block is confirmed in the key store and held there
+        (:meth:`~inturn.worker.crypto.keystore.KeyStore.hold`) until the block ends. Enter it
+        around the queue transaction that stores the sealed rows, so that it ends after their
+        COMMIT: an erasure's destruction of those keys then waits for that commit, and finds
+        the rows it sealed when it looks for the patient's rows afterwards
+        (:func:`inturn.worker.operations.privacy.erase_data_subject`). Nested or without keys:
+        nothing more."""
+        if self.store is None or not self.enabled or _HOLD.get() is not None:
+            yield
+            return
+        async with self.store.hold() as hold:
+            token = _HOLD.set(hold)
+            try:
+                yield
+            finally:
+                _HOLD.reset(token)
+
     async def ensure(self, keyings: Sequence[Keying]) -> dict[bytes, bytes]:
-        """The keys of every reference of ``keyings``, creating those that do not exist yet
-        (one key store read for the misses, one write for the new ones)."""
+        """The keys of every reference of ``keyings``, creating those that do not exist yet.
+
+        A cached key is used only once the key store confirmed it in this call (the same
+        wrapped bytes): one key store read per call, a hold's ``lock`` inside :meth:`sealing`
+        (the key then stays live until the sealed rows commit), a plain read outside it (an
+        erasure may then still destroy a key between this read and the caller's commit). New
+        keys are written (durably) before they are used, then held. A key erased again between
+        its creation and its hold is made again, at most :data:`_ATTEMPTS` times.
+
+        Raises:
+            KeyStoreUnavailable: the key store could not be reached.
+            PayloadUnreadable: a stored key does not unwrap (a wrong key file).
+            RuntimeError: the keys were erased as fast as they were made.
+        """
         assert self.provider is not None and self.store is not None
         lookups: dict[bytes, tuple[str, ...]] = {}
         for k in keyings:
             lookups.update(zip(k.refs, k.lookups, strict=True))
+        hold = _HOLD.get()
+        confirm = self.store.fetch if hold is None else hold.lock
+        stored = dict(await confirm(list(lookups)))
+        fresh: dict[bytes, tuple[bytes, bytes]] = {}
+        for _ in range(_ATTEMPTS):
+            absent = [ref for ref in lookups if ref not in stored]
+            if not absent:
+                break
+            new: list[NewKey] = []
+            for ref in absent:
+                key = envelope.new_key()
+                master_id, wrapped = await self.provider.wrap(key, _WRAP_LABEL + ref)
+                fresh[ref] = (key, wrapped)
+                new.append(NewKey(ref, master_id, wrapped, lookups[ref]))
+            made = await self.store.create(new)
+            stored.update(made if hold is None else await hold.lock(list(made)))
+        else:
+            raise RuntimeError("the patient's keys were erased as fast as they were made")
         out: dict[bytes, bytes] = {}
-        missing: list[bytes] = []
         for ref in lookups:
-            key = self.cache.get(ref)
-            if key is None:
-                missing.append(ref)
-            else:
-                out[ref] = key
-        if not missing:
-            return out
-        stored = dict(await self.store.fetch(missing))
-        fresh: dict[bytes, bytes] = {}
-        new: list[NewKey] = []
-        for ref in missing:
-            if ref in stored:
-                continue
-            key = envelope.new_key()
-            master_id, wrapped = await self.provider.wrap(key, _WRAP_LABEL + ref)
-            fresh[ref] = key
-            new.append(NewKey(ref, master_id, wrapped, lookups[ref]))
-        if new:
-            stored.update(await self.store.create(new))
-        proposed = {k.ref: k.wrapped for k in new}
-        for ref in missing:
             s = stored[ref]
-            if ref in fresh and s.wrapped == proposed[ref]:
-                out[ref] = fresh[ref]
-                self.cache.put(ref, fresh[ref])
-            else:
-                try:
-                    out[ref] = await self._unwrap(s)
-                except UnwrapFailed:
-                    raise PayloadUnreadable(
-                        f"master key {s.master_id!r} does not unwrap the keys of the key store"
-                        " (a wrong key file in --payload-keys)"
-                    ) from None
+            if ref in fresh and s.wrapped == fresh[ref][1]:
+                out[ref] = fresh[ref][0]
+                self.cache.put(ref, out[ref], s.wrapped)
+                continue
+            cached = self.cache.get(ref, s.wrapped)
+            if cached is not None:
+                out[ref] = cached
+                continue
+            try:
+                out[ref] = await self._unwrap(s)
+            except UnwrapFailed:
+                raise PayloadUnreadable(
+                    f"master key {s.master_id!r} does not unwrap the keys of the key store"
+                    " (a wrong key file in --payload-keys)"
+                ) from None
         return out
 
     # Payloads --------------------------------------------------------------------------

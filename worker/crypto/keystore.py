@@ -10,6 +10,7 @@ fill the same protocol. A key store never sees an unwrapped key: it keeps what
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,8 +45,23 @@ class NewKey:
     lookups: tuple[str, ...]
 
 
+class KeyHold(Protocol):
+    """Keys kept live while a message sealed under them commits (:meth:`KeyStore.hold`)."""
+
+    async def lock(self, refs: Sequence[bytes]) -> Mapping[bytes, StoredKey]:
+        """The stored keys of ``refs`` (a missing one is absent), each kept from erasure until
+        the hold ends: an erasure's destruction of one waits for it."""
+        ...
+
+
 class KeyStore(Protocol):
     """Wrapped keys by reference, settings, erasure and rotation (all coroutines)."""
+
+    def hold(self) -> AbstractAsyncContextManager[KeyHold]:
+        """A hold on keys for one seal: keys :meth:`KeyHold.lock` returns stay in the store
+        (an :meth:`erase` waits) until the block ends, which the caller ends after the
+        message sealed under them committed (or was rolled back)."""
+        ...
 
     async def setting(self, name: str, default: str) -> str:
         """The value of setting ``name``, recording ``default`` first when there is none
@@ -63,8 +79,9 @@ class KeyStore(Protocol):
 
     async def erase(self, lookups: Sequence[str], *, actor: str, reason: str) -> int:
         """Destroy every key found by any of ``lookups`` and record, without identifiers,
-        that it was done (who, why, how many). Returns the number destroyed (0 when an earlier
-        run destroyed them)."""
+        that it was done (who, why, how many). Waits for the holds on them (:meth:`hold`):
+        once it returns, no message sealed under one of them commits any more. Returns the
+        number destroyed (0 when an earlier run destroyed them)."""
         ...
 
     async def not_under(self, master_id: str, *, after: bytes, limit: int) -> list[StoredKey]:

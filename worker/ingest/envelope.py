@@ -26,6 +26,7 @@ alike:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,7 +79,9 @@ async def store_all(
     deadline = loop.time() + store_timeout
 
     async def transaction(conn: AsyncConnection[Any]) -> list[StoreResult]:
-        async with conn.transaction():
+        # the keys sealed under stay live until the COMMIT (an erasure waits): see sealing()
+        sealing = payloads.sealing() if payloads is not None else contextlib.nullcontext()
+        async with sealing, conn.transaction():
             await queue.lock_for_enqueue(conn, everyone)
             results: list[StoreResult] = []
             for destinations, message in items:

@@ -124,12 +124,16 @@ async def encrypt_existing(
         rows = await sealing.plaintext_batch(conn, after=after, limit=batch)
         if not rows:
             break
-        envelopes = await codec.seal_many(rows)
-        keys = [",".join(sorted({*codec.index_keys(p), *plain.index_keys(p)})) for _, _, p in rows]
-        async with conn.transaction():
-            sealed += await sealing.seal_rows(
-                conn, [(r[0], e, k) for r, e, k in zip(rows, envelopes, keys, strict=True)]
-            )
+        # the keys stay live in the key store until the rows commit (an erasure waits)
+        async with codec.sealing():
+            envelopes = await codec.seal_many(rows)
+            keys = [
+                ",".join(sorted({*codec.index_keys(p), *plain.index_keys(p)})) for _, _, p in rows
+            ]
+            async with conn.transaction():
+                sealed += await sealing.seal_rows(
+                    conn, [(r[0], e, k) for r, e, k in zip(rows, envelopes, keys, strict=True)]
+                )
         after = rows[-1][0]
         progress(f"sealed {sealed} row(s), up to id {after}")
     if await sealing.plaintext_pending(conn):

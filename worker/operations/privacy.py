@@ -62,9 +62,10 @@ async def erase_item(
 
 
 class KeysNotDestroyed(Unavailable):
-    """The rows were erased but the key store did not destroy the patient's keys (unreachable,
-    or refused): copies in backups stay readable until the erasure is run again, which finds
-    no rows and destroys the keys."""
+    """The key store did not destroy the patient's keys (unreachable, or refused): by
+    :func:`erase_data_subject`, before any row was erased (the keys go first, see there); by
+    :func:`erase_patient_keys`, after the caller erased them. Copies in backups stay readable
+    until the erasure is run again."""
 
     kind = "keys_not_destroyed"
 
@@ -100,8 +101,10 @@ async def _destroy_keys(
     payloads: PayloadCodec | None,
     *,
     erased: int,
+    before_rows: bool = False,
 ) -> int | None:
-    """:func:`erase_patient_keys` once ``permit`` has said yes (``reason`` is its answer)."""
+    """:func:`erase_patient_keys` once ``permit`` has said yes (``reason`` is its answer);
+    ``before_rows``: the rows are not erased yet (the message says so)."""
     if payloads is None or not payloads.enabled:
         return None
     try:
@@ -110,8 +113,9 @@ async def _destroy_keys(
         )
     except Exception as exc:  # the key store's failure, whatever it is: say what is left
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        done = "nothing erased yet" if before_rows else f"{erased} item(s) erased"
         raise KeysNotDestroyed(
-            f"{erased} item(s) erased, but the patient's keys were not destroyed ({first}):"
+            f"{done}, but the patient's keys were not destroyed ({first}):"
             " copies in backups stay readable until the erasure is run again"
         ) from exc
 
@@ -390,9 +394,14 @@ async def erase_data_subject(
 ) -> Erasure:
     """The erasure action whole, as ``inturn queue erase`` takes it: its rule checked once,
     before anything is read (a scan is slow: refuse first); the matches found on the read pool
-    (:func:`find_for_erasure`), erased on the write pool in one audited statement, then, for an
-    erasure by patient, that patient's keys destroyed (even with no row left: copies elsewhere
-    are read with the keys).
+    (:func:`find_for_erasure`); for an erasure by patient with payload keys, that patient's
+    keys destroyed next (even with no row left: copies elsewhere are read with the keys), which
+    waits for the messages being sealed under them to commit, and the patient's rows looked up
+    again by the index (what was sealed meanwhile); then the rows erased on the write pool in
+    one audited statement. So a message stored for the patient while this runs is erased with
+    the others or sealed under a key made after it (readable), never left sealed under a
+    destroyed key, for the enqueuers that hold their keys (ingest, ``queue.enqueue``:
+    :meth:`~inturn.worker.crypto.codec.PayloadCodec.sealing`).
 
     A dry run by item ids checks no rule and records nothing (ids name no patient). A dry run
     by patient is a search by patient: the rule of ``search-patient`` (the privacy role, a
@@ -403,7 +412,7 @@ async def erase_data_subject(
     Raises:
         Forbidden, ReasonRequired, Invalid: the rule of ``erase`` (``search-patient`` for a dry
             run by patient) refuses; nothing was read.
-        KeysNotDestroyed: the rows were erased and the key store failed (run it again).
+        KeysNotDestroyed: the key store failed; nothing was erased (run it again).
     """
     by_patient = bool(patient_id and patient_id.strip())
     if not dry_run:
@@ -429,6 +438,20 @@ async def erase_data_subject(
                     conn, [m.id for m in matched], who=actor.name, why=reason
                 )
         return Erasure(tuple(matched), (), None, True)
+    destroyed = None
+    if patient_id and payloads is not None and payloads.enabled:
+        # keys first: their DELETE waits for the seals in flight under them (ingest holds the
+        # keys it seals under until its COMMIT, PayloadCodec.sealing), so the rows sealed
+        # meanwhile are committed and found by the second look, by the index, below
+        destroyed = await _destroy_keys(
+            actor, patient_id, authority, reason, payloads, erased=0, before_rows=True
+        )
+        async with pools.read.connection() as conn:
+            again = await find_for_erasure(
+                conn, patient_id=patient_id, authority=authority, payloads=payloads
+            )
+        known = {m.id for m in matched}
+        matched = [*matched, *(m for m in again if m.id not in known)]
     ids: tuple[int, ...] = ()
     if matched:
         async with pools.write.connection() as conn:
@@ -437,9 +460,4 @@ async def erase_data_subject(
     elif by_patient:
         async with pools.write.connection() as conn:
             await reads.record_patient_lookup(conn, [], who=actor.name, why=reason, action="erase")
-    destroyed = None
-    if patient_id:
-        destroyed = await _destroy_keys(
-            actor, patient_id, authority, reason, payloads, erased=len(ids)
-        )
     return Erasure(tuple(matched), ids, destroyed, False)

@@ -136,8 +136,10 @@ async def store_batch(
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise RuntimeError("store_batch needs an autocommit connection outside a transaction")
     sealing = payloads is not None and payloads.enabled
-    # sealed: two statements, so one transaction of them; in clear: one autocommit statement
-    async with conn.transaction() if sealing else contextlib.nullcontext():
+    # sealed: two statements, so one transaction of them, inside the codec's sealing scope
+    # (the keys stay live in the key store until the COMMIT); in clear: one autocommit statement
+    scope = payloads.sealing() if sealing and payloads is not None else contextlib.nullcontext()
+    async with scope, conn.transaction() if sealing else contextlib.nullcontext():
         return await store_statement(
             conn,
             channel=channel,

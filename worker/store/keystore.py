@@ -8,14 +8,19 @@ shorter than the erasure deadline, and is reached with its own role. It holds wr
 
 :class:`PgKeyStore` keeps one connection (a worker has no pool), opened on first use, replaced
 once when a call finds it broken; calls are serialised on it, which is fine because the codec
-calls it only on a cache miss. Statements are in ``sql/keystore.sql``.
+calls it only on a cache miss. A seal's hold (:meth:`PgKeyStore.hold`, one per batch ingest
+stores) runs on a connection of its own, in a transaction that lasts until the batch's queue
+COMMIT; those connections are kept for reuse, at most :data:`IDLE_HOLDS` idle (as many run at
+once as the caller stores batches at once: ingest's pool bounds it). Statements are in
+``sql/keystore.sql``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -29,9 +34,18 @@ from inturn.worker.store.faults import KeyStoreUnavailable
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("keystore.sql")
+IDLE = psycopg.pq.TransactionStatus.IDLE
 
 #: The key store's environment variable (``--key-dsn``).
 KEY_DSN_ENV = "INTURN_KEY_DSN"
+#: Most idle connections kept for seals' holds (more are opened while more batches seal at once).
+IDLE_HOLDS = 4
+#: Most milliseconds a hold's ``lock`` waits for a key another session locks (an erasure's
+#: DELETE, a rotation's re-wrap): past it the seal fails (KeyStoreUnavailable, ingest answers
+#: AE) rather than wait. It bounds the one wait cycle the two databases can make and neither
+#: sees: batch A holds a key and waits for a destination's enqueue lock, which batch B holds
+#: while its ``lock`` of that key queues behind an erasure's DELETE that waits for A.
+HOLD_LOCK_TIMEOUT_MS = 2000
 
 
 def create_schema(dsn: str) -> None:
@@ -65,6 +79,28 @@ def _stored(row: Mapping[str, Any]) -> StoredKey:
     return StoredKey(bytes(row["ref"]), str(row["master_id"]), bytes(row["wrapped"]))
 
 
+class _PgHold:
+    """One seal's hold: a transaction on its own connection (:meth:`PgKeyStore.hold`)."""
+
+    def __init__(self, owner: PgKeyStore, conn: AsyncConnection[Any]) -> None:
+        self.owner = owner
+        self.conn = conn
+
+    async def lock(self, refs: Sequence[bytes]) -> Mapping[bytes, StoredKey]:
+        try:
+            self.owner.round_trips += 1
+            rows = await fetch_all(self.conn, Q["lock"], {"refs": list(refs)}, row=dict_row)
+        except psycopg.errors.LockNotAvailable as exc:  # reachable: not a failing key store
+            raise KeyStoreUnavailable(
+                f"key store: a key stayed locked past {HOLD_LOCK_TIMEOUT_MS} ms (an erasure"
+                " or a rotation in progress); nothing was stored"
+            ) from exc
+        except psycopg.OperationalError as exc:
+            raise self.owner._failed(exc) from exc
+        self.owner.failing_since = None
+        return {k.ref: k for k in map(_stored, rows)}
+
+
 class PgKeyStore:
     """The :class:`~inturn.worker.crypto.keystore.KeyStore` on a Postgres database.
 
@@ -78,6 +114,7 @@ class PgKeyStore:
         self.application_name = application_name
         self._conn: AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
+        self._idle: list[AsyncConnection[Any]] = []
         self.round_trips = 0
         #: Since when (``time.monotonic()``) every call failed, and the last failure's line;
         #: None once a call succeeds (:meth:`health`).
@@ -141,10 +178,59 @@ class PgKeyStore:
         await self._rows("ping", {})
 
     async def close(self) -> None:
-        """Close the connection (it is opened again on next use)."""
+        """Close the connections (opened again on next use)."""
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close()
+
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[_PgHold]:
+        """A transaction on a connection of its own whose ``lock`` takes FOR SHARE row locks on
+        keys: the :meth:`erase` statement's DELETE of one of them waits until the block ends.
+        The block's end commits it (nothing was written; a failure to commit only releases the
+        locks sooner); a block that raises rolls it back. Two round trips besides the locks'
+        own: BEGIN (sent by psycopg before the first lock) and COMMIT.
+
+        Raises:
+            KeyStoreUnavailable: the key store could not be reached.
+        """
+        conn = self._idle.pop() if self._idle else None
+        try:
+            if conn is None or conn.closed:
+                conn = await AsyncConnection.connect(
+                    self.dsn,
+                    application_name=self.application_name,
+                    **session_kwargs(self.dsn, writes=True),
+                )
+                await conn.execute(Q["hold_session"], {"ms": HOLD_LOCK_TIMEOUT_MS})
+                await conn.commit()
+        except psycopg.OperationalError as exc:
+            raise self._failed(exc) from exc
+        kept = False
+        try:
+            yield _PgHold(self, conn)  # the first lock begins the transaction (psycopg)
+            try:
+                await conn.commit()
+            except psycopg.OperationalError as exc:
+                raise self._failed(exc) from exc
+            kept = True
+        finally:
+            if not kept and not conn.closed:
+                try:
+                    await conn.rollback()
+                except psycopg.Error:
+                    await conn.close()
+            if (
+                not conn.closed
+                and conn.info.transaction_status == IDLE
+                and len(self._idle) < IDLE_HOLDS
+            ):
+                self._idle.append(conn)
+            else:
+                await conn.close()
 
     async def setting(self, name: str, default: str) -> str:
         rows = await self._rows("setting", {"name": name, "value": default})

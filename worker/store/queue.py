@@ -16,6 +16,7 @@ worker delivers in (:func:`enqueue`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -113,7 +114,9 @@ async def enqueue(
     """
     if not items:
         return []
-    async with conn.transaction():
+    # with payload keys, the keys sealed under stay live until the COMMIT (PayloadCodec.sealing)
+    scope = payloads.sealing() if payloads is not None else contextlib.nullcontext()
+    async with scope, conn.transaction():
         await conn.execute(Q["synchronous_commit"])
         return await enqueue_in_transaction(conn, items, payloads)
 

@@ -50,6 +50,17 @@ LIMIT 1;
 -- name: fetch
 SELECT ref, master_id, wrapped FROM inturn_key WHERE ref = ANY (%(refs)s::bytea[]);
 
+-- name: lock
+-- The keys one seal uses, kept from erasure until the seal's transaction on the key store ends
+-- (after the queue's COMMIT of the message sealed under them): the erase statement's DELETE
+-- waits for it (PgKeyStore.hold).
+SELECT ref, master_id, wrapped FROM inturn_key WHERE ref = ANY (%(refs)s::bytea[])
+   FOR SHARE;
+
+-- name: hold_session
+-- Once per connection of the seals' holds: how long a lock waits (PgKeyStore.hold).
+SELECT set_config('lock_timeout', %(ms)s::text || 'ms', false) AS lock_timeout;
+
 -- name: create
 -- Keys for references that have none; then every reference's stored key (the winner's when
 -- another process stored one first: this statement's snapshot does not see a concurrent
