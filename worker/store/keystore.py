@@ -89,7 +89,9 @@ class _PgHold:
     async def lock(self, refs: Sequence[bytes]) -> Mapping[bytes, StoredKey]:
         try:
             self.owner.round_trips += 1
-            rows = await fetch_all(self.conn, Q["lock"], {"refs": list(refs)}, row=dict_row)
+            # pipelined: the BEGIN psycopg sends first travels with the statement (one trip)
+            async with self.conn.pipeline():
+                rows = await fetch_all(self.conn, Q["lock"], {"refs": list(refs)}, row=dict_row)
         except psycopg.errors.LockNotAvailable as exc:  # reachable: not a failing key store
             raise KeyStoreUnavailable(
                 f"key store: a key stayed locked past {HOLD_LOCK_TIMEOUT_MS} ms (an erasure"
@@ -191,8 +193,8 @@ class PgKeyStore:
         """A transaction on a connection of its own whose ``lock`` takes FOR SHARE row locks on
         keys: the :meth:`erase` statement's DELETE of one of them waits until the block ends.
         The block's end commits it (nothing was written; a failure to commit only releases the
-        locks sooner); a block that raises rolls it back. Two round trips besides the locks'
-        own: BEGIN (sent by psycopg before the first lock) and COMMIT.
+        locks sooner); a block that raises rolls it back. One round trip besides the locks'
+        own: COMMIT (the BEGIN is pipelined with the first lock).
 
         Raises:
             KeyStoreUnavailable: the key store could not be reached.

@@ -58,8 +58,12 @@ SELECT ref, master_id, wrapped FROM inturn_key WHERE ref = ANY (%(refs)s::bytea[
    FOR SHARE;
 
 -- name: hold_session
--- Once per connection of the seals' holds: how long a lock waits (PgKeyStore.hold).
-SELECT set_config('lock_timeout', %(ms)s::text || 'ms', false) AS lock_timeout;
+-- Once per connection of the seals' holds (PgKeyStore.hold): how long a lock waits, and no
+-- wait for the WAL flush at COMMIT: a hold writes nothing but row locks, which a crash
+-- releases anyway (the locks give the transaction an xid, so its COMMIT would otherwise wait
+-- for a flush, about 1 ms a batch).
+SELECT set_config('lock_timeout', %(ms)s::text || 'ms', false) AS lock_timeout,
+       set_config('synchronous_commit', 'off', false) AS synchronous_commit;
 
 -- name: create
 -- Keys for references that have none; then every reference's stored key (the winner's when
