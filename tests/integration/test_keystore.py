@@ -18,7 +18,8 @@ from inturn.worker.crypto import envelope
 from inturn.worker.crypto.codec import PayloadCodec, PayloadErased, PayloadUnreadable
 from inturn.worker.crypto.masterkeys import FileKeyProvider, MasterKeyError, new_key_file
 from inturn.worker.hl7.pid import index_keys, lookup_key
-from inturn.worker.store.keystore import PgKeyStore, create_schema
+from inturn.worker.store.faults import KeyStoreUnavailable
+from inturn.worker.store.keystore import HOLD_LOCK_TIMEOUT_MS, PgKeyStore, create_schema
 from tests.support import keys
 
 pytestmark = pytest.mark.store
@@ -263,3 +264,19 @@ async def test_one_reading_gives_the_same_index_keys_and_keying_as_two(
         assert keys == codec.index_keys(msg)
         expected = codec.keying(msg, "lab")
         assert keying == (None if expected.kind == envelope.DESTINATION else expected)
+
+
+async def test_a_seal_waits_for_a_locked_key_at_most_the_hold_timeout_and_stores_nothing(
+    keys_dir: Path, key_dsn: str
+) -> None:
+    codec = await codec_for(keys_dir, key_dsn)
+    await codec.seal(1, "lab", adt("MRN-7^^^HOSP"))
+    with psycopg.connect(key_dsn) as other:  # a second session: an erasure's DELETE in flight
+        other.execute("SELECT ref FROM inturn_key FOR UPDATE")
+        with pytest.raises(KeyStoreUnavailable, match=f"{HOLD_LOCK_TIMEOUT_MS} ms"):
+            async with codec.sealing():
+                await codec.seal(2, "lab", adt("MRN-7^^^HOSP"))
+    assert isinstance(codec.store, PgKeyStore) and codec.store.health() is None  # reachable
+    async with codec.sealing():  # the lock gone: the same codec seals again
+        sealed = await codec.seal(3, "lab", adt("MRN-7^^^HOSP"))
+    assert await codec.open(3, "lab", sealed) == adt("MRN-7^^^HOSP")

@@ -182,6 +182,14 @@ def test_the_key_cache_is_bounded_least_recently_used_out() -> None:
         KeyCache(0)
 
 
+def test_a_cached_key_asked_for_with_other_wrapped_bytes_is_a_miss() -> None:
+    cache = KeyCache(2)
+    cache.put(R1, K1, b"wrapped-a")
+    assert cache.get(R1, b"wrapped-a") == K1 and cache.get(R1) == K1
+    assert cache.get(R1, b"wrapped-b") is None  # made again after an erasure: not this key
+    assert (cache.hits, cache.misses) == (2, 1)
+
+
 def test_without_keys_plaintext_passes_and_an_envelope_is_refused_naming_the_option() -> None:
     codec = PayloadCodec()
     assert asyncio.run(codec.open(1, "lab", MSG)) == MSG
