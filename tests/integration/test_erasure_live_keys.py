@@ -106,6 +106,29 @@ async def test_a_message_stored_after_an_erasure_by_the_same_ingest_decrypts(
     assert opened == [adt(2, "STAYS-1"), adt(3, "GONE-1")]
 
 
+async def test_a_reader_that_cached_the_erased_key_opens_the_message_stored_since(
+    fresh_db: str, keys_dir: Path, key_dsn: str
+) -> None:
+    """A worker opened the patient's first message (so cached its key) before the erasure; the
+    key made again under the same reference for the message stored since is read from the key
+    store when the cached one does not open it, so the worker goes on without a restart."""
+    register(fresh_db, DEST, "adt")
+    keyed = ["--payload-keys", str(keys_dir), "--key-dsn", key_dsn]
+    config = sealing_ingest(keys_dir, key_dsn)
+    reader = await keys.codec(keys_dir, key_dsn)  # the worker's codec, kept across the erasure
+    async with Ingest(config, dsn=fresh_db) as running, sender(running) as client:
+        await client.send(adt(1, "AGAIN-1"))
+        [(first, payload)] = _stored(fresh_db)
+        assert await reader.open(first, DEST, payload) == adt(1, "AGAIN-1")
+        cached = len(reader.cache)
+        done = await asyncio.to_thread(_erase, fresh_db, keyed, "AGAIN-1")
+        assert done["keysDestroyed"] == 1 and done["erased"] == [first]
+        await client.send(adt(2, "AGAIN-1"))
+    [(second, payload)] = _stored(fresh_db)
+    assert second > first and len(reader.cache) == cached  # still holding the erased key
+    assert await reader.open(second, DEST, payload) == adt(2, "AGAIN-1")
+
+
 def _key_store_waiters(key_dsn: str) -> int:
     with psycopg.connect(key_dsn, autocommit=True) as conn:
         row = conn.execute(

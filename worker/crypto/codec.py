@@ -401,6 +401,18 @@ class PayloadCodec:
                 stored, message_id=item_id, destination=destination, keys=keys, head=head
             )
         except envelope.Undecryptable:
+            pass
+        # A cached key may be one an erasure destroyed while this process held it, made again
+        # under the same reference for a message stored since: forget the cached keys of this
+        # envelope and read them from the key store once more (only on a failure: an opened
+        # envelope costs nothing extra).
+        self.cache.drop(head.refs)
+        keys = await self._keys(head.refs, item_id=item_id)
+        try:
+            return envelope.open_envelope(
+                stored, message_id=item_id, destination=destination, keys=keys, head=head
+            )
+        except envelope.Undecryptable:
             raise PayloadUnreadable(
                 f"item {item_id} does not decrypt: its envelope does not belong to this row"
                 " or its keys differ (check --payload-keys)"
