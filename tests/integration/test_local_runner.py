@@ -13,7 +13,13 @@ import pytest
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.local.manifests import check_sender, load_all
-from inturn.worker.local.run import DatabaseInUse, LocalRunner, run_local
+from inturn.worker.local.run import (
+    LOCAL_LEASE_SECONDS,
+    DatabaseInUse,
+    LocalRunner,
+    in_use,
+    run_local,
+)
 from inturn.worker.store import locks, queue, registry
 from inturn.worker.store.model import NewItem
 
@@ -117,8 +123,12 @@ async def test_a_second_inturn_local_on_the_same_database_is_refused(
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as holder:
         # the first inturn local's lease, its session alive
         assert await locks.take_singleton(holder, "local", "first-local", 30) is not None
-        with pytest.raises(DatabaseInUse, match="in use by another inturn local"):
+        with pytest.raises(DatabaseInUse) as refused:
             await run_local(fresh_db, [second], config, None, asyncio.Event())
+    assert str(refused.value) == (  # a direct connection: the holder's session is alive
+        "this database is in use by another inturn local (it owns the destination registry):"
+        " stop it, or give this one a database of its own"
+    )
     assert await active(fresh_db) == ["default/running"]  # nothing retired, nothing added
 
 
@@ -200,3 +210,16 @@ async def test_one_invalid_manifest_holds_back_every_change_until_all_are_valid(
         assert await active(fresh_db) == ["default/a", "default/ar", "default/c"]
     finally:
         await runner.stop()
+
+
+def test_behind_a_pooler_the_refusal_names_the_lease_s_bound() -> None:
+    """Behind a transaction-mode pooler a killed inturn local's lease outlives it: the refusal
+    says so, with the lease's real bound, rather than asking to stop a process that is gone."""
+    assert LOCAL_LEASE_SECONDS == 30.0
+    assert in_use(pooled=True) == (
+        "this database is in use by another inturn local (it owns the destination registry),"
+        " or was until lately: behind a pooler the holder is judged by its lease, which"
+        " expires within 30 s of its last renewal (a killed inturn local's too): if none runs"
+        " any more, wait that long and start again; else stop the other, or give this one a"
+        " database of its own"
+    )

@@ -42,7 +42,7 @@ from inturn.worker.spec.destination import ManifestError
 from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.spec.schedule import to_spec
 from inturn.worker.store import locks, reads, registry
-from inturn.worker.store.connect import connect_worker
+from inturn.worker.store.connect import connect_worker, detect_pooling
 from inturn.worker.store.lease import holder_id
 from inturn.worker.worklist.publish import Publisher
 from inturn.worker.worklist.publishers import close_all, from_env
@@ -332,6 +332,22 @@ class DatabaseInUse(Conflict):
     """Another ``inturn local`` already runs on this database (it owns its registry)."""
 
 
+def in_use(pooled: bool) -> str:
+    """Why a second ``inturn local`` is refused. On a direct connection the holder's session is
+    alive (a dead one's ends with its process), so it runs. Behind a transaction-mode pooler no
+    backend tells: the holder is judged by its lease alone, which a killed one leaves to expire
+    :data:`LOCAL_LEASE_SECONDS` after its last renewal."""
+    text = "this database is in use by another inturn local (it owns the destination registry)"
+    if not pooled:
+        return text + ": stop it, or give this one a database of its own"
+    return (
+        f"{text}, or was until lately: behind a pooler the holder is judged by its lease, which"
+        f" expires within {LOCAL_LEASE_SECONDS:g} s of its last renewal (a killed inturn local's"
+        " too): if none runs any more, wait that long and start again; else stop the other, or"
+        " give this one a database of its own"
+    )
+
+
 async def run_local(
     dsn: str,
     paths: list[Path],
@@ -360,10 +376,7 @@ async def run_local(
     try:
         held = await locks.take_singleton(owner, "local", holder, LOCAL_LEASE_SECONDS)
         if held is None:
-            raise DatabaseInUse(
-                "this database is in use by another inturn local (it owns the destination"
-                " registry): stop it, or give this one a database of its own"
-            )
+            raise DatabaseInUse(in_use((await detect_pooling(dsn)).pooled))
         channels = frozenset(listener.channel for listener in ingest_config.listeners)
         publishers = from_env(os.environ, dsn)
         payloads = await open_codec(
