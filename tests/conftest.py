@@ -29,6 +29,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.store.dsn import LOCAL_DISCOVERY_ENV
 from inturn.worker.store.migrate import migrate
+from tests.support import keys
 from tests.support.db import database, empty_tables
 
 #: pytester: tests/unit/test_isolation.py runs pytest on a hanging test; the watchdog: a bound
@@ -133,3 +134,16 @@ def samples() -> list[Path]:
     if not files:
         pytest.skip(f"no samples under {SAMPLES} (set INTURN_SAMPLES to their folder)")
     return files
+
+
+@pytest.fixture
+def key_dsn(pg_server_dsn: str) -> Iterator[str]:
+    """A key store database of the test's own on the test server (dropped after it)."""
+    with keys.key_store(pg_server_dsn) as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def keys_dir(tmp_path: Path) -> Path:
+    """A folder of master keys (one, made for the test)."""
+    return keys.master_keys(tmp_path / "keys")

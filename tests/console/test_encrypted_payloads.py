@@ -4,11 +4,9 @@ was started with, and refuses it in one line without them (issue 31)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
-import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker.console.server import start_console
@@ -19,12 +17,6 @@ from tests.support import keys
 from tests.support.console import AUTH, Client, message
 
 DEST = "ward/lab"
-
-
-@pytest.fixture
-def key_dsn(pg_server_dsn: str) -> Iterator[str]:
-    with keys.key_store(pg_server_dsn) as dsn:
-        yield dsn
 
 
 async def view(fresh_db: str, item: int, payloads: PayloadCodec | None) -> tuple[int, object]:

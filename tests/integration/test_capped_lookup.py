@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,12 +118,6 @@ def test_the_lookup_reads_the_patient_index_and_the_cut_rows_through_it(fresh_db
     listing_plan = "\n".join(r[0] for r in listing)
     # the GIN index for the key, the primary key for the ids the cut rows' payloads named
     assert "inturn_delivery_patient" in listing_plan and "inturn_delivery_pkey" in listing_plan
-
-
-@pytest.fixture
-def key_dsn(pg_server_dsn: str) -> Iterator[str]:
-    with keys.key_store(pg_server_dsn) as dsn:
-        yield dsn
 
 
 @pytest.mark.parametrize("n", [1, 150])

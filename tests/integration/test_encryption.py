@@ -5,11 +5,9 @@ find the same rows, copies are sealed for their own row (issue 31)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psycopg
@@ -22,20 +20,18 @@ from inturn.worker.crypto.codec import PayloadCodec, PayloadErased, PayloadKeysM
 from inturn.worker.drain.main import run, runtime_settings
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.pid import lookup_key, patient_identifiers
-from inturn.worker.ingest.config import IngestConfig
-from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.operations import payload_keys, privacy
 from inturn.worker.operations import queue as ops
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.senders.base import DeliveryError
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store import identifiers, migrate, queue, sealing
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys, pipeline
 from tests.support.db import database
+from tests.support.ingest import sealing_ingest, sender
 from tests.support.pipeline import register
 from tests.support.pipeline import worker as run_worker
 
@@ -59,17 +55,6 @@ def item(payload: bytes, destination: str = DEST) -> NewItem:
     return NewItem(destination, "adt", header.control_id, header.message_type.raw, payload)
 
 
-@pytest.fixture
-def key_dsn(pg_server_dsn: str) -> Iterator[str]:
-    with keys.key_store(pg_server_dsn) as dsn:
-        yield dsn
-
-
-@pytest.fixture
-def keys_dir(tmp_path: Path) -> Path:
-    return keys.master_keys(tmp_path / "keys")
-
-
 async def sealed_queue(dsn: str, codec: PayloadCodec, payloads: list[bytes]) -> list[int]:
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
         return await queue.enqueue(conn, [item(p) for p in payloads], codec)
@@ -85,28 +70,6 @@ async def rows(dsn: str) -> list[tuple[int, str, bytes, int]]:
 
 def worker_config(port: int, lanes: int = 1) -> WorkerConfig:
     return pipeline.worker_config(DEST, port, channel="adt", lanes=lanes)
-
-
-def sealing_ingest(keys_dir: Path, key_dsn: str) -> IngestConfig:
-    """Ingest on channel ``adt`` (a free port) sealing with ``keys_dir`` and the key store."""
-    return IngestConfig(
-        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
-        refresh_seconds=0.2,
-        store_timeout=5.0,
-        shutdown_grace=2.0,
-        payload_keys=str(keys_dir),
-        key_dsn=key_dsn,
-    )
-
-
-@contextlib.asynccontextmanager
-async def sender(running: Ingest) -> AsyncIterator[MllpSender]:
-    """An MLLP client of ``running``'s ``adt`` listener (closed after the block)."""
-    client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 @pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])

@@ -11,7 +11,6 @@ import contextlib
 import io
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psycopg
@@ -19,11 +18,9 @@ import pytest
 
 from inturn.worker.cli import main
 from inturn.worker.crypto.codec import PayloadErased
-from inturn.worker.ingest.config import IngestConfig
-from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
-from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from tests.support import keys
+from tests.support.ingest import sealing_ingest, sender
 from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
@@ -37,37 +34,6 @@ def adt(n: int, mrn: str) -> bytes:
         f"MSH|^~\\&|REG|HOSP|REC|HOSP|20261201090000||ADT^A08|ERA{n:04d}|P|2.5\r"
         f"PID|1||{mrn}^^^HOSP^MR||QUILLFEATHER^ODA\r"
     ).encode()
-
-
-@pytest.fixture
-def key_dsn(pg_server_dsn: str) -> Iterator[str]:
-    with keys.key_store(pg_server_dsn) as dsn:
-        yield dsn
-
-
-@pytest.fixture
-def keys_dir(tmp_path: Path) -> Path:
-    return keys.master_keys(tmp_path / "keys")
-
-
-def sealing_ingest(keys_dir: Path, key_dsn: str) -> IngestConfig:
-    return IngestConfig(
-        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
-        refresh_seconds=0.2,
-        store_timeout=5.0,
-        shutdown_grace=2.0,
-        payload_keys=str(keys_dir),
-        key_dsn=key_dsn,
-    )
-
-
-@contextlib.asynccontextmanager
-async def sender(running: Ingest) -> AsyncIterator[MllpSender]:
-    client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 def _erase(dsn: str, keyed: list[str], patient: str) -> dict[str, object]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,6 +19,7 @@ from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
+from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from tests.support.local import exchange
 
 HOST = "127.0.0.1"
@@ -163,3 +165,25 @@ async def http_post(ingest: Ingest, payload: bytes, channel: str = "c") -> tuple
     url = f"http://{HOST}:{ingest.http_port}/channels/{channel}/messages"
     async with aiohttp.ClientSession() as session, session.post(url, data=payload) as response:
         return response.status, parse_ack(await response.read())
+
+
+def sealing_ingest(keys_dir: Path, key_dsn: str) -> IngestConfig:
+    """Ingest on channel ``adt`` (a free port) sealing with ``keys_dir`` and the key store."""
+    return IngestConfig(
+        listeners=[ListenerConfig("adt", "127.0.0.1", 0)],
+        refresh_seconds=0.2,
+        store_timeout=5.0,
+        shutdown_grace=2.0,
+        payload_keys=str(keys_dir),
+        key_dsn=key_dsn,
+    )
+
+
+@contextlib.asynccontextmanager
+async def sender(running: Ingest) -> AsyncIterator[MllpSender]:
+    """An MLLP client of ``running``'s ``adt`` listener (closed after the block)."""
+    client = MllpSender(MllpSenderConfig("127.0.0.1", running.mllp_ports["adt"]))
+    try:
+        yield client
+    finally:
+        await client.close()
