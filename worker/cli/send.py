@@ -18,7 +18,9 @@ then the cause), with the refusal's text after a colon; text from the peer is sh
 control characters escaped. A last line on stderr counts the answers. Exit code 0 when every
 message was accepted (AA; CA when the message asks only for an accept ACK), 1 otherwise, 2 for
 bad arguments or unreadable sources. After a transport failure (connection refused or lost,
-timeout) the remaining messages are not sent, and are counted as such.
+timeout) the remaining messages are not sent, and are counted as such; the failed one's line
+says ``(not sent)`` when it was never written, or, when its connection closed before the ACK,
+that it may have been stored (sending it again is a duplicate the receiver's window catches).
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ async def send_mllp(
             try:
                 await sender.send(message.payload)
             except DeliveryError as exc:
-                answer = _refused(exc)
+                answer = _refused(exc, written=sender.written)
             else:
                 ack = sender.last_ack
                 if ack is None:
@@ -176,12 +178,26 @@ async def send_mllp(
     return answers
 
 
-def _refused(exc: DeliveryError) -> Answer:
+def _refused(exc: DeliveryError, written: bool = False) -> Answer:
     """The answer of a message the MLLP sender failed with: the peer's negative code, or the
-    failure's cause in the detail."""
+    failure's cause in the detail. A transport failure says whether the message was written
+    (``written``): one that never was is ``not sent``; one whose connection closed before its
+    ACK may have been stored, and sending it again is a duplicate the receiver's window
+    catches."""
     if exc.outcome in ("AE", "AR", "CE", "CR"):
         return Answer(exc.outcome, False, exc.detail)
-    return Answer("--", False, f"{exc.outcome}: {exc.detail}", exc.outcome in TRANSPORT_CAUSES)
+    transport = exc.outcome in TRANSPORT_CAUSES
+    if transport and written:
+        cause = "closed before the ACK" if exc.outcome == "unreachable" else exc.outcome
+        detail = (
+            f"{cause}: {exc.detail} (sent: it may have been stored; sending it again is a"
+            " duplicate the duplicate window catches)"
+        )
+    elif transport:
+        detail = f"{exc.outcome}: {exc.detail} (not sent)"
+    else:
+        detail = f"{exc.outcome}: {exc.detail}"
+    return Answer("--", False, detail, transport)
 
 
 async def send_http(
