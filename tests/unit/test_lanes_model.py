@@ -153,6 +153,7 @@ class LanesMachine(RuleBasedStateMachine):
                 assert is_barrier(keys) or is_barrier(entry.keys)
             elif why.reason == "binding":
                 assert len(keys) > 1 or len(entry.keys) > 1
+                assert set(keys) != set(entry.keys)
             else:
                 assert why.reason == "key" and set(keys) & set(entry.keys)
 
@@ -270,6 +271,17 @@ def test_one_patient_failing_holds_only_its_own_messages() -> None:
     assert hold(window, {}, 0.0, chosen.start) == Hold(1, "backoff")
     assert hold(window[1:], {1: ("a",)}, 0.0) == Hold(2, "key", 1)
     assert hold(window[3:], {1: ("a",)}, 0.0) == Hold(4, "binding", 1)
+
+
+def test_one_identifier_with_its_authority_is_one_patient_not_a_binding() -> None:
+    """``PID|||PAT3^^^H`` gives two keys (with and without the authority): two messages of it
+    wait as messages of one patient, not as a binding of several."""
+    keys = ("PAT3", "PAT3^^^H")
+    window = [Entry(3219, keys, due=10.0), Entry(3220, keys, due=0.0)]
+    assert hold(window, {}, 0.0) == Hold(3219, "backoff")
+    assert hold(window, {3219: keys}, 0.0) == Hold(3220, "key", 3219)
+    merge = [Entry(1, ("a",), 0.0), Entry(2, ("a", "b"), 0.0)]
+    assert hold(merge, {1: ("a",)}, 0.0) == Hold(2, "binding", 1)
 
 
 def test_a_barrier_waits_for_everything_before_and_holds_everything_after() -> None:

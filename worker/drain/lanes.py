@@ -196,7 +196,9 @@ def hold(
         other_keys = blocker[1]
         if is_barrier(entry.keys) or is_barrier(other_keys):
             reason: HoldReason = "barrier"
-        elif len(entry.keys) > 1 or len(other_keys) > 1:
+        elif set(entry.keys) != set(other_keys) and (len(entry.keys) > 1 or len(other_keys) > 1):
+            # several keys name several patients only when the two differ: one identifier with
+            # an assigning authority has two keys of its own (with and without it)
             reason = "binding"
         else:
             reason = "key"
