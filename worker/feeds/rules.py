@@ -17,16 +17,19 @@ seconds by default), so a feed is judged up to that much late, never early.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import AsyncConnection
 
-from inturn.worker.feeds.recorder import recorder
 from inturn.worker.store import feeds as store
 from inturn.worker.worklist.pack import Pack
 from inturn.worker.worklist.rules import Rule, RuleOutcome, RulePack
 from inturn.worker.worklist.stale import RuleWorklist
 from inturn.worker.worklist.windows import open_windows
+
+if TYPE_CHECKING:
+    from inturn.worker.feeds.recorder import FeedRecorder
+    from inturn.worker.worklist.hooks import IngestOptions
 
 #: The pack (``inturn sweep --only feeds``) and the rule's group.
 GROUP = "feeds"
@@ -66,5 +69,15 @@ PACK: RulePack[None] = RulePack(
     settings=None,
 )
 
+
 #: This pack as an installation finds it (entry point ``inturn.packs``).
+def recorder(options: IngestOptions) -> FeedRecorder | None:
+    """The pack's ``record`` hook (:func:`inturn.worker.feeds.recorder.recorder`), imported
+    when ingest calls it: the declarations' parser (YAML, JSON schema) is never loaded by a
+    process that only discovers the packs, such as a worker."""
+    from inturn.worker.feeds.recorder import recorder as make
+
+    return make(options)
+
+
 PLUGIN = Pack(name="feeds", sweep=PACK, record=recorder)

@@ -91,7 +91,12 @@ class _PgHold:
             self.owner.round_trips += 1
             # pipelined: the BEGIN psycopg sends first travels with the statement (one trip)
             async with self.conn.pipeline():
-                rows = await fetch_all(self.conn, Q["lock"], {"refs": list(refs)}, row=dict_row)
+                rows = await fetch_all(
+                    self.conn,
+                    Q["lock"],
+                    {"refs": list(refs), "ms": HOLD_LOCK_TIMEOUT_MS},
+                    row=dict_row,
+                )
         except psycopg.errors.LockNotAvailable as exc:  # reachable: not a failing key store
             raise KeyStoreUnavailable(
                 f"key store: a key stayed locked past {HOLD_LOCK_TIMEOUT_MS} ms (an erasure"
@@ -207,8 +212,6 @@ class PgKeyStore:
                     application_name=self.application_name,
                     **session_kwargs(self.dsn, writes=True),
                 )
-                await conn.execute(Q["hold_session"], {"ms": HOLD_LOCK_TIMEOUT_MS})
-                await conn.commit()
         except psycopg.OperationalError as exc:
             raise self._failed(exc) from exc
         kept = False

@@ -53,17 +53,15 @@ SELECT ref, master_id, wrapped FROM inturn_key WHERE ref = ANY (%(refs)s::bytea[
 -- name: lock
 -- The keys one seal uses, kept from erasure until the seal's transaction on the key store ends
 -- (after the queue's COMMIT of the message sealed under them): the erase statement's DELETE
--- waits for it (PgKeyStore.hold).
-SELECT ref, master_id, wrapped FROM inturn_key WHERE ref = ANY (%(refs)s::bytea[])
+-- waits for it (PgKeyStore.hold). For this transaction only (pooler-safe: nothing stays on the
+-- session), before the rows are locked: how long a lock waits, and no wait for the WAL flush at
+-- COMMIT (a hold writes nothing but row locks, which a crash releases anyway; the locks give
+-- the transaction an xid, so its COMMIT would otherwise wait for a flush, about 1 ms a batch).
+SELECT ref, master_id, wrapped FROM inturn_key
+ WHERE ref = ANY (%(refs)s::bytea[])
+   AND set_config('lock_timeout', %(ms)s::text || 'ms', true) IS NOT NULL
+   AND set_config('synchronous_commit', 'off', true) = 'off'
    FOR SHARE;
-
--- name: hold_session
--- Once per connection of the seals' holds (PgKeyStore.hold): how long a lock waits, and no
--- wait for the WAL flush at COMMIT: a hold writes nothing but row locks, which a crash
--- releases anyway (the locks give the transaction an xid, so its COMMIT would otherwise wait
--- for a flush, about 1 ms a batch).
-SELECT set_config('lock_timeout', %(ms)s::text || 'ms', false) AS lock_timeout,
-       set_config('synchronous_commit', 'off', false) AS synchronous_commit;
 
 -- name: create
 -- Keys for references that have none; then every reference's stored key (the winner's when
