@@ -26,6 +26,14 @@ white space; empty values are not values. A condition:
 
 A filter takes a message when its type passes ``messageTypes`` and every condition holds.
 
+Bounds: at most :data:`MAX_VALUES_PER_REFERENCE` values of a reference are read, each of at most
+:data:`MAX_VALUE_CHARS` characters; patterns are matched by RE2 in time linear in the value
+(:mod:`inturn.worker.hl7.types`), and all the pattern matching of one message shares one budget
+(:data:`MAX_MATCH_BUDGET`). What a bound leaves unread never lets a message through an
+exclusion: when values were left out or cut, ``NotIn`` and ``NotMatches`` do not hold (the
+destination does not take the message); ``In`` and ``Matches`` hold only on a value actually
+read; past the budget, pattern conditions not yet decided do not hold.
+
 Pure: bytes in, booleans out; nothing here raises on any message.
 """
 
@@ -42,7 +50,7 @@ from inturn.worker.hl7.delimiters import (
     first_segment_of,
     strip_preamble,
 )
-from inturn.worker.hl7.types import compile_pattern
+from inturn.worker.hl7.types import compile_any
 
 __all__ = [
     "FIELD_REF_PATTERN",
@@ -71,6 +79,14 @@ MAX_VALUES_PER_REFERENCE = 1000
 #: Longest field value compared, in characters: a longer one is cut to this before comparing
 #: (no identifier, code or facility name comes near it).
 MAX_VALUE_CHARS = 1024
+#: Pattern matching one message may cost, all conditions of all destinations together, in
+#: characters scanned (a value's length per pattern, plus :data:`MATCH_CALL_COST` a call):
+#: about 20 ms of CPU on the development machine (bench/filters.py). Past it, the conditions
+#: still to decide fail closed (``Matches`` does not hold, ``NotMatches`` does not hold), so a
+#: message built to be expensive cannot hold ingest's other channels for long.
+MAX_MATCH_BUDGET = 4_000_000
+#: What one pattern match costs beyond its characters, in the same units.
+MATCH_CALL_COST = 64
 
 
 @dataclass(frozen=True)
@@ -136,9 +152,18 @@ class FieldCondition:
             wanted = set(self.values)
             hit = any(v in wanted for v in found)
         else:
-            compiled = [compile_pattern(p) for p in self.values]
-            hit = any(c.fullmatch(v) for c in compiled for v in found)
-        return hit if op in ("In", "Matches") else not hit
+            matcher = compile_any(self.values)
+            hit = False
+            for v in found:
+                if not message.spend(len(self.values) * (len(v) + MATCH_CALL_COST)):
+                    return False  # past the message's matching budget: fail closed
+                if matcher.fullmatch(v):
+                    hit = True
+                    break
+        if op in ("In", "Matches"):
+            return hit
+        # an exclusion fails closed: a value a bound left unread may be the excluded one
+        return not hit and message.complete(self.ref)
 
     def to_spec(self) -> dict[str, Any]:
         """The spec form (``{"field", "operator", "values"?}``), the inverse of :func:`parse`."""
@@ -204,6 +229,17 @@ class MessageFields:
         self._delimiters: Delimiters | None = None
         self._fields: dict[str, list[list[str]]] = {}
         self._values: dict[FieldRef, tuple[str, ...]] = {}
+        self._incomplete: set[FieldRef] = set()
+        self._budget = MAX_MATCH_BUDGET
+
+    def spend(self, cost: int) -> bool:
+        """Take ``cost`` from this message's matching budget (:data:`MAX_MATCH_BUDGET`);
+        False, taking nothing, when it does not cover it."""
+        if cost > self._budget:
+            self._budget = 0
+            return False
+        self._budget -= cost
+        return True
 
     def _segments_of(self, segment_id: str) -> tuple[list[list[str]], Delimiters]:
         """The fields of every segment ``segment_id`` (index n is field n, for MSH too)."""
@@ -250,31 +286,49 @@ class MessageFields:
         segments, d = self._segments_of(ref.segment)
         out: list[str] = []
         seen: set[str] = set()
+        complete = True
         for fields in segments:
-            if ref.field >= len(fields) or len(out) >= MAX_VALUES_PER_REFERENCE:
+            if ref.field >= len(fields):
                 continue
-            for repetition in fields[ref.field].split(d.repetition):
-                value = _part(d, repetition, ref)
+            if len(out) >= MAX_VALUES_PER_REFERENCE:
+                complete = False
+                break
+            repetitions = fields[ref.field].split(d.repetition)
+            for at, repetition in enumerate(repetitions):
+                value, cut = _part(d, repetition, ref)
+                complete = complete and not cut
                 if value and value not in seen:
                     seen.add(value)
                     out.append(value)
                     if len(out) >= MAX_VALUES_PER_REFERENCE:
+                        complete = complete and at == len(repetitions) - 1
                         break
         found = tuple(out)
         self._values[ref] = found
+        if not complete:
+            self._incomplete.add(ref)
         return found
 
+    def complete(self, ref: FieldRef) -> bool:
+        """Whether :meth:`values` of ``ref`` read every value whole: False when values were
+        left out past :data:`MAX_VALUES_PER_REFERENCE` or a value was cut at
+        :data:`MAX_VALUE_CHARS` (exclusions then fail closed)."""
+        self.values(ref)
+        return ref not in self._incomplete
 
-def _part(d: Delimiters, repetition: str, ref: FieldRef) -> str:
+
+def _part(d: Delimiters, repetition: str, ref: FieldRef) -> tuple[str, bool]:
     """Component ``ref.component``, subcomponent ``ref.subcomponent`` of one repetition, as
-    text ('' when absent)."""
+    text ('' when absent), and whether it was cut at :data:`MAX_VALUE_CHARS`."""
     components = repetition.split(d.component, ref.component)
     if ref.component > len(components):
-        return ""
+        return "", False
     component = components[ref.component - 1]
     subs = component.split(d.subcomponent, ref.subcomponent)
     if ref.subcomponent > len(subs):
-        return ""
-    raw = subs[ref.subcomponent - 1][: MAX_VALUE_CHARS * 4]  # escapes take up to 4 characters
-    text = d.unescape_text(raw).encode("latin-1", "replace").decode("utf-8", "replace")
-    return text.strip()[:MAX_VALUE_CHARS]
+        return "", False
+    whole = subs[ref.subcomponent - 1]
+    raw = whole[: MAX_VALUE_CHARS * 4]  # escapes take up to 4 characters
+    text = d.unescape_text(raw).encode("latin-1", "replace").decode("utf-8", "replace").strip()
+    cut = len(text) > MAX_VALUE_CHARS or (len(raw) < len(whole) and bool(whole[len(raw) :].strip()))
+    return text[:MAX_VALUE_CHARS], cut
