@@ -73,6 +73,9 @@ class SftpServer:
         (self.secret_dir / "known_hosts").write_text(f"[127.0.0.1]:{self.port} {public}\n")
         (self.secret_dir / "id_ed25519").write_bytes(self.client_key.export_private_key("openssh"))
         (self.secret_dir / "password").write_text(PASSWORD + "\n")
+        # secrets are kept like keys (inturn refuses a key file other users may read)
+        (self.secret_dir / "id_ed25519").chmod(0o600)
+        (self.secret_dir / "password").chmod(0o600)
         return self
 
     async def __aexit__(

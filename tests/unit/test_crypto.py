@@ -119,6 +119,8 @@ def test_master_keys_from_a_folder_raw_base64_or_hex_newest_by_natural_order(
     (tmp_path / "k9").write_text(os.urandom(32).hex())
     (tmp_path / "..data").mkdir()
     (tmp_path / ".hidden").write_text("not a key")
+    for name in ("k2", "k10", "k9"):
+        (tmp_path / name).chmod(0o600)
     provider = FileKeyProvider(tmp_path)
     assert provider.ids() == ("k2", "k9", "k10")
     assert provider.newest() == "k10"
@@ -144,6 +146,7 @@ def test_a_file_that_is_no_key_is_refused_in_one_line(
     tmp_path: Path, name: str, content: bytes, says: str
 ) -> None:
     (tmp_path / name).write_bytes(content)
+    (tmp_path / name).chmod(0o600)
     with pytest.raises(MasterKeyError, match=says) as caught:
         FileKeyProvider(tmp_path)
     assert "\n" not in str(caught.value) and "--payload-keys" in str(caught.value)

@@ -175,6 +175,7 @@ def test_a_headers_file_the_sender_would_refuse_stops_it_at_start(
     worker or inturn local starts, by the function every send reads it with."""
     path = tmp_path / "headers"
     path.write_text("Authorization: Bearer s3cret\n" + text if "colon" not in text else text)
+    path.chmod(0o600)
     config = HttpSenderConfig("https://lab.example/", headers_file=str(path))
     problems = registry.check(config)
     assert len(problems) == 1 and words in problems[0], problems

@@ -20,6 +20,7 @@ from inturn.worker.console.auth import AuthConfigError, load_auth
 from inturn.worker.console.names import LOOPBACK_NAMES, ServerNames
 from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
 from inturn.worker.console.server import start_console
+from inturn.worker.crypto.keyfiles import KeyFileExposed, check_key_file
 from inturn.worker.store.dsn import resolve_dsn
 from inturn.worker.text.addresses import parse_address
 from inturn.worker.text.logs import configure
@@ -41,7 +42,10 @@ def read_secret(path: Path | None) -> bytes | None:
     if path is None:
         return None
     try:
+        check_key_file(path, "--csrf-secret-file")
         secret = path.read_bytes().strip()
+    except KeyFileExposed as exc:
+        raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"--csrf-secret-file: {exc}") from None
     if len(secret) < 16:

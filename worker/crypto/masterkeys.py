@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from inturn.worker.crypto.errors import MasterKeyError, UnwrapFailed
+from inturn.worker.crypto.keyfiles import check_key_file
 from inturn.worker.crypto.keystore import KeyProvider
 
 __all__ = ["FileKeyProvider", "KeyProvider", "MasterKeyError", "UnwrapFailed", "new_key_file"]
@@ -69,6 +70,8 @@ class FileKeyProvider:
     Raises:
         MasterKeyError: the folder is missing or holds no key, a name is not a key ID, or a
             file is not a key.
+        KeyFileExposed: a key file other users may read or change
+            (:func:`inturn.worker.crypto.keyfiles.check_key_file`).
     """
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
@@ -83,6 +86,7 @@ class FileKeyProvider:
                 raise MasterKeyError(
                     f"--payload-keys: {entry.name!r} is not a key ID (letters, digits, . _ -)"
                 )
+            check_key_file(entry, "--payload-keys")
             with entry.open("rb") as f:
                 raw = f.read(MAX_FILE_BYTES + 1)
             keys[entry.name] = _decode(raw, entry.name)

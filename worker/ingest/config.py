@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from inturn.worker.crypto.keyfiles import KeyFileExposed, check_key_file
 from inturn.worker.errors import OptionInvalid
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.ingest.accept import (
@@ -251,6 +252,8 @@ class IngestConfig:
                 http_context = server_tls_context(
                     tls_cert, tls_key, tls_client_ca, client_cert_required=False
                 )
+            except KeyFileExposed as exc:
+                raise OptionInvalid(str(exc), "--tls-key") from None
             except (OSError, ssl.SSLError) as exc:
                 raise OptionInvalid(f"the TLS files cannot be used: {exc}", "--tls-cert") from None
         try:
@@ -402,9 +405,12 @@ def server_tls_context(
 
     Raises:
         OSError, ssl.SSLError: a file is missing or unusable.
+        KeyFileExposed: ``key_file`` is readable by other users
+            (:func:`inturn.worker.crypto.keyfiles.check_key_file`).
     """
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    check_key_file(key_file, "--tls-key")
     context.load_cert_chain(cert_file, key_file)
     if client_ca_file:
         context.load_verify_locations(client_ca_file)

@@ -387,6 +387,11 @@ class HttpKind(SenderKind[HttpSenderConfig]):
         tls = list(config.tls.files()) if config.tls is not None else []
         return [config.headers_file, *tls] if config.headers_file else tls
 
+    def secret_files(self, config: HttpSenderConfig) -> Iterable[str]:
+        """The headers file (credentials) and the TLS client key."""
+        key = config.tls.key_file if config.tls is not None else None
+        return [p for p in (config.headers_file, key) if p]
+
     def problems(self, node: Mapping[str, Any]) -> list[str]:
         """The URL (scheme, host, port), every header (an HTTP token for a name, not one the
         sender sets itself, no control character in a value) and the TLS server name

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
+from inturn.worker.crypto.keyfiles import KeyFileExposed, check_key_file
 from inturn.worker.senders.base import Sender
 from inturn.worker.spec.openapi import Schema
 
@@ -119,12 +120,27 @@ class SenderKind(ABC, Generic[C]):
         """
         return None
 
+    def secret_files(self, config: C) -> Iterable[str]:
+        """The files of :meth:`files` that hold secrets (a private key, a password, request
+        credentials): a start-up check refuses one that other users may read
+        (:func:`inturn.worker.crypto.keyfiles.check_key_file`). The default: none."""
+        return []
+
     def check(self, config: C) -> list[str]:
         """Start-up problems of ``config``, one line each (empty when it can start): the
-        missing :meth:`files`, then whatever :meth:`build` refuses."""
+        missing :meth:`files`, the :meth:`secret_files` others may read, then whatever
+        :meth:`build` refuses."""
         missing = [f"no file {path}" for path in self.files(config) if not Path(path).is_file()]
         if missing:
             return missing
+        exposed = []
+        for path in self.secret_files(config):
+            try:
+                check_key_file(path, "sender")
+            except KeyFileExposed as exc:
+                exposed.append(str(exc))
+        if exposed:
+            return exposed
         try:
             self.build(config)
         except (OSError, ValueError) as exc:

@@ -462,6 +462,10 @@ class MllpKind(SenderKind[MllpSenderConfig]):
         """The TLS PEM files."""
         return config.tls.files() if config.tls is not None else []
 
+    def secret_files(self, config: MllpSenderConfig) -> Iterable[str]:
+        """The TLS client key."""
+        return [config.tls.key_file] if config.tls is not None and config.tls.key_file else []
+
     def problems(self, node: Mapping[str, Any]) -> list[str]:
         """The host (IDNA, labels, NUL) and the TLS server name
         (:mod:`inturn.worker.senders.shape`)."""

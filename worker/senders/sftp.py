@@ -442,6 +442,10 @@ class SftpKind(SenderKind[SftpSenderConfig]):
             if p is not None
         ]
 
+    def secret_files(self, config: SftpSenderConfig) -> Iterable[str]:
+        """The private key or the password file."""
+        return [p for p in (config.private_key_file, config.password_file) if p is not None]
+
     def problems(self, node: Mapping[str, Any]) -> list[str]:
         """The host (IDNA, labels, NUL), and no control character in the user name or the
         directory (:mod:`inturn.worker.senders.shape`)."""
