@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from inturn.worker.feeds.declare import feed_problems
 from inturn.worker.local.manifests import MANIFEST_SUFFIXES, manifest_files
@@ -55,6 +54,7 @@ from inturn.worker.spec.destination import (
     load_worker_config,
     validate_manifest,
 )
+from inturn.worker.spec.documents import DocumentError, read_documents
 
 #: Exit statuses.
 EXIT_VALID = 0
@@ -238,26 +238,14 @@ def _check_file(report: Report, path: Path) -> None:
     """Read, parse and check one file's documents into ``report``."""
     report.files += 1
     try:
-        data = path.read_bytes()
+        docs = read_documents(path)
     except OSError as exc:
         report.unreadable += 1
         report.error(str(path), f"unreadable: {exc.strerror}")
         return
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
+    except DocumentError as exc:
         report.unreadable += 1
-        report.error(str(path), f"unreadable: byte {exc.start}: not UTF-8 text")
-        return
-    try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "?"
-        report.unreadable += 1
-        report.error(
-            str(path), f"unreadable: {where}: not valid YAML ({getattr(exc, 'problem', exc)})"
-        )
+        report.error(str(path), f"unreadable: {exc}")
         return
     found = [(i, doc) for i, doc in enumerate(docs, start=1) if doc is not None]
     if not found:

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
 from inturn.worker.errors import Invalid
+from inturn.worker.spec.documents import DocumentError, read_document
 
 ROLES = ("viewer", "operator", "privacy")
 
@@ -236,7 +236,7 @@ def load_auth(path: Path) -> AuthConfig:
         AuthConfigError: unreadable, not YAML, or invalid.
     """
     try:
-        doc = yaml.safe_load(path.read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        doc = read_document(path)
+    except (OSError, DocumentError) as exc:
         raise AuthConfigError(f"auth file {path}: {exc}") from None
     return parse_auth(doc)

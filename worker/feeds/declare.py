@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
 from inturn.worker.errors import Invalid
+from inturn.worker.spec.documents import DocumentError, read_document
 from inturn.worker.spec.schedule import Schedule, ScheduleError, parse
 from inturn.worker.spec.schema_delivery import schedule_schema
 
@@ -161,9 +161,9 @@ def load_feeds(path: str | Path) -> list[Feed]:
         OSError: the file cannot be read.
     """
     try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise FeedsError(f"{path}: not valid YAML ({exc})") from None
+        doc = read_document(path)
+    except DocumentError as exc:
+        raise FeedsError(f"{path}: {exc}") from None
     return parse_feeds(doc, source=str(path))
 
 

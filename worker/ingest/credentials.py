@@ -37,10 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from inturn.worker.errors import Invalid
 from inturn.worker.ingest.routing import check_channel
+from inturn.worker.spec.documents import DocumentError, read_document
 
 log = logging.getLogger("inturn.ingest.credentials")
 
@@ -177,9 +176,9 @@ class Credentials:
             CredentialsError: unreadable or invalid (the message names the file).
         """
         try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            data = read_document(path)
             return cls.from_data(data)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError, CredentialsError) as exc:
+        except (OSError, DocumentError, CredentialsError) as exc:
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise CredentialsError(f"{path}: {detail}") from None
 

@@ -33,7 +33,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jsonschema
-import yaml
 
 from inturn.worker.errors import Invalid
 from inturn.worker.senders import registry as senders
@@ -43,6 +42,7 @@ from inturn.worker.spec.config import (
     from_dict,
     to_dict,
 )
+from inturn.worker.spec.documents import DocumentError, read_documents
 from inturn.worker.spec.schedule import ScheduleError
 from inturn.worker.spec.schedule import parse as parse_schedule
 from inturn.worker.spec.schema_packs import pack_fields
@@ -352,17 +352,9 @@ def load_file(path: str | Path, *, secrets_dir: str | Path | None = None) -> lis
         if not resolved.is_absolute():
             resolved = (path.parent / resolved).resolve()
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError([f"byte {exc.start}: not UTF-8 text"], str(path)) from None
-    try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "?"
-        raise ManifestError(
-            [f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})"], str(path)
-        ) from None
+        docs = read_documents(path)
+    except DocumentError as exc:
+        raise ManifestError([str(exc)], str(path)) from None
     out: list[WorkerConfig] = []
     for i, doc in enumerate(docs, start=1):
         if doc is None:
