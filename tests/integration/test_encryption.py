@@ -182,20 +182,6 @@ async def test_a_head_whose_key_was_erased_holds_the_queue_until_skipped(
     assert [s for _, s, _, _ in await rows(fresh_db)] == ["skipped", "delivered", "delivered"]
 
 
-def _relation_bytes(dsn: str, table: str) -> bytes:
-    """The heap and TOAST files of ``table`` as they lie on disk (after a checkpoint)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CHECKPOINT")
-        data = Path(conn.execute("SHOW data_directory").fetchone()[0])  # type: ignore[index]
-        files = conn.execute(
-            "SELECT pg_relation_filepath(c.oid), pg_relation_filepath(c.reltoastrelid)"
-            " FROM pg_class c WHERE c.relname = %s",
-            (table,),
-        ).fetchone()
-    assert files is not None
-    return b"".join((data / f).read_bytes() for f in files if f)
-
-
 async def test_a_dump_and_the_table_pages_hold_no_payload_byte(
     fresh_db: str, keys_dir: Path, key_dsn: str
 ) -> None:
@@ -209,7 +195,7 @@ async def test_a_dump_and_the_table_pages_hold_no_payload_byte(
     assert lookup_key("MRN-DUMP", "HOSP").encode() not in dumped
     assert lookup_key("MRN-DUMP").encode() not in dumped
     try:
-        pages = _relation_bytes(fresh_db, "inturn_delivery")
+        pages = keys.relation_bytes(fresh_db, "inturn_delivery")
     except (OSError, psycopg.Error) as exc:  # a server elsewhere (INTURN_TEST_DSN)
         pytest.skip(f"the table's files are not readable here: {exc}")
     assert NAME not in pages and b"MRN-DUMP" not in pages

@@ -8,6 +8,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
+
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.crypto.masterkeys import FileKeyProvider, new_key_file
 from inturn.worker.store.keystore import PgKeyStore, create_schema
@@ -73,3 +75,45 @@ def restore(sql_text: bytes, dsn: str) -> None:
         capture_output=True,
         timeout=120,
     )
+
+
+def relation_bytes(dsn: str, table: str) -> bytes:
+    """The heap and TOAST files of ``table`` as they lie on disk (after a checkpoint).
+
+    Raises:
+        OSError: the server's files are not on this machine or not readable.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        data = Path(conn.execute("SHOW data_directory").fetchone()[0])  # type: ignore[index]
+        files = conn.execute(
+            "SELECT pg_relation_filepath(c.oid), pg_relation_filepath(c.reltoastrelid)"
+            " FROM pg_class c WHERE c.relname = %s",
+            (table,),
+        ).fetchone()
+    assert files is not None
+    return b"".join((data / f).read_bytes() for f in files if f)
+
+
+def wal_position(dsn: str) -> str:
+    """The server's current WAL insert position (an LSN, for :func:`wal_bytes`)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return str(conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0])  # type: ignore[index]
+
+
+def wal_bytes(dsn: str, since: str) -> bytes:
+    """The WAL segment files the server wrote from LSN ``since`` to now, as they lie on disk.
+
+    Raises:
+        OSError: the server's files are not on this machine or not readable.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_switch_wal()")
+        data = Path(conn.execute("SHOW data_directory").fetchone()[0])  # type: ignore[index]
+        first, last = conn.execute(
+            "SELECT pg_walfile_name(%s::pg_lsn), pg_walfile_name(pg_current_wal_insert_lsn())",
+            (since,),
+        ).fetchone()  # type: ignore[misc]
+    names = sorted(p.name for p in (data / "pg_wal").iterdir() if len(p.name) == 24)
+    chosen = [n for n in names if first <= n <= last]
+    return b"".join((data / "pg_wal" / n).read_bytes() for n in chosen)

@@ -116,7 +116,9 @@ class DestinationWorker(SingleStream):
         self.payloads = payloads or PayloadCodec()
         #: What the rule packs add to each delivered mark (the orders pack's expected replies),
         #: found once: None when no pack adds anything here (nothing is computed per message).
-        self.marker = packs.marker(config, self.payloads.order_digest)
+        self.marker = packs.marker(
+            config, self.payloads.order_digest, keys_in_clear=not self.payloads.enabled
+        )
         self.dsn = dsn
         self.sender = sender
         self.observer = observer or NullObserver()

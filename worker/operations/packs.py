@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -234,11 +235,27 @@ def answer(
     return result
 
 
-def marker(config: WorkerConfig, digest: KeyDigest) -> Marker | None:
+@dataclass(frozen=True)
+class _Unkeyed:
+    """An expected reply recorded without its key in clear (payload keys given): only the
+    keyed digest a reply is matched by is stored; the key itself stays in the sealed message."""
+
+    key: str
+    digest: str
+    channel: str
+    reply_types: tuple[str, ...]
+    within_seconds: int
+
+
+def marker(config: WorkerConfig, digest: KeyDigest, *, keys_in_clear: bool = True) -> Marker | None:
     """What the worker of ``config``'s destination adds to each delivered mark: the markers
     of the active packs' mark hooks (:data:`~inturn.worker.worklist.hooks.MarkHook`) that apply
     to it, as one (their expected replies in run order); None when none applies (most
     destinations): the worker then computes nothing per message. Called once per worker.
+
+    ``keys_in_clear`` False (the worker has payload keys): each expected reply is recorded with
+    an empty ``key``, so that no order number of a sealed message is stored in clear (its keyed
+    ``digest`` still matches the reply; the number is read from the message when needed).
 
     A hook that raises is logged and left out (a broken plug-in must not stop delivery).
     """
@@ -255,12 +272,17 @@ def marker(config: WorkerConfig, digest: KeyDigest) -> Marker | None:
             found.append(made)
     if not found:
         return None
-    if len(found) == 1:
-        return found[0]
     markers = tuple(found)
+    if len(markers) == 1 and keys_in_clear:
+        return markers[0]
 
     def every(message_type: str, payload: bytes) -> list[ExpectedReply]:
-        return [e for m in markers for e in m(message_type, payload)]
+        found = [e for m in markers for e in m(message_type, payload)]
+        if keys_in_clear:
+            return found
+        return [
+            _Unkeyed("", e.digest, e.channel, tuple(e.reply_types), e.within_seconds) for e in found
+        ]
 
     return every
 

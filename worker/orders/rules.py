@@ -42,7 +42,10 @@ def _unanswered_item(r: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         "destination": r["destination"],
         "controlId": r["control_id"],
         "messageType": r["message_type"],
-        "orderKey": r["order_key"],
+        # empty with payload keys: the order number stays in the sealed message (the item
+        # names the delivered message, whose payload a person opens with the keys)
+        "orderKey": r["order_key"] or None,
+        "deliveryId": r["delivery_id"],
         "replyChannel": r["reply_channel"],
         "replyTypes": list(r["reply_types"]),
         "deliveredAt": r["delivered_at"].isoformat(),

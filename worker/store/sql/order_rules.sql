@@ -4,7 +4,7 @@
 
 -- name: unanswered_due
 -- Orders whose reply has not arrived by their due time, most overdue first.
-SELECT e.id, e.destination, e.control_id, e.message_type, e.order_key, e.reply_channel,
+SELECT e.id, e.destination, e.delivery_id, e.control_id, e.message_type, e.order_key, e.reply_channel,
        e.reply_types, e.delivered_at, e.due_at,
        extract(epoch FROM now() - e.due_at)::float8 AS overdue_seconds
   FROM inturn_order_expectation e
