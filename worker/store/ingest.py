@@ -108,8 +108,8 @@ async def store_batch(
     4. ``inserted``: one ``inturn_delivery`` row per new message and destination and one per
        re-send, in message order then destination order (so ids ascend in that order), each
        with its message's identifier index keys (:mod:`inturn.worker.store.identifiers`): the
-       index is written in the same transaction as the message. ``linked`` marks the earlier
-       copies re-sent.
+       index is written in the same transaction as the message. The earlier copies re-sent
+       are marked (``resent_as``) by the insertion itself (migration 0032's trigger, audited).
     5. ``notified``: one NOTIFY per destination, delivered at COMMIT.
 
     The statement also reports, per message, whether its MSH-10 was used on the channel inside

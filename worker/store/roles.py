@@ -111,7 +111,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     "inturn_schema_migrations": {"reader": (SELECT,)},
     "inturn_delivery": {
         # RETURNING id needs SELECT on id. A message received again reads its earlier copies'
-        # state (never their payload) and links a re-send to them (resent_as).
+        # state (never their payload); a re-send it queues is linked to them by the insertion
+        # itself (migration 0032's trigger, audited): no role writes resent_as.
         "ingest": (
             INSERT,
             Grant(
@@ -127,7 +128,6 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
                     "resent_from",
                 ),
             ),
-            Grant("UPDATE", ("resent_as",)),
         ),
         # It reads the head (payload included) and the patient keys (with lanes, a message's
         # keys say which others it must wait for; the payload it sends names the same patients)
@@ -171,7 +171,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
             Grant("UPDATE", ("state", "decided_by", "finished_at", "reason")),
         ),
         # purge deletes through inturn_purge_deliveries (FUNCTIONS) and holds no privilege here
-        "admin": ALL_DML,
+        # a person's role changes any column but the resend links (written by the copies' insertion)
+        "admin": (SELECT, INSERT, Grant("UPDATE", but=("resent_as",)), DELETE),
         "reader": (NO_PATIENT_DATA,),
     },
     # ingest's own duplicate window (it purges it itself); nobody else uses it
@@ -290,6 +291,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_worker_unlock(text)": ("worker",),
     # whose backend holds a destination's worker lock: a dead holder's lease is taken at once
     "inturn_worker_lock_holder(text)": ("worker",),
+    # the resend links (migration 0032): a trigger function, run by inserting a copy, by nobody
+    "inturn_link_resend()": (),
     # ingest stores, the admin resends (the notice function takes it as its owner)
     "inturn_enqueue_lock(text)": ("ingest", "admin"),
     # the sweeper's one way to enqueue: a cancelled booking's notice to a carrier (0017)

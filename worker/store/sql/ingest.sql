@@ -73,11 +73,9 @@ SELECT count(inturn_enqueue_lock(s.d)) AS n
            AND o.digest <> m.digest AND o.received_at >= w.since)) AS reused;
 
 -- fragment: linked_notified
--- After the rows are inserted (inserted: their ids and what each re-sends): a re-send's earlier
--- copy points to it, and one NOTIFY per destination when anything was queued.
-linked AS (
-    UPDATE inturn_delivery o SET resent_as = i.id FROM inserted i WHERE o.id = i.resent_from
-),
+-- After the rows are inserted: one NOTIFY per destination when anything was queued. (A
+-- re-send's earlier copy is pointed at it by the insertion itself: the trigger of migration
+-- 0032, which checks and audits the link; ingest may not write resent_as.)
 notified AS (
     SELECT count(pg_notify(u.c, u.d)) AS n
       FROM unnest(%(channels)s::text[], %(destinations)s::text[]) AS u(c, d)
