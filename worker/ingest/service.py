@@ -43,10 +43,11 @@ from inturn.worker.ingest.quiet import QuietAppRunner
 from inturn.worker.ingest.routing import Router
 from inturn.worker.operations import packs
 from inturn.worker.operations.payload_keys import close_codec, open_codec
+from inturn.worker.store import faults, sealing
 from inturn.worker.store import ingest as ingest_store
-from inturn.worker.store import sealing
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.keystore import PgKeyStore
+from inturn.worker.text.conditions import Condition
 from inturn.worker.worklist.hooks import IngestOptions, Recorder
 from inturn.worker.worklist.metrics import refresh_pending_forever
 
@@ -400,14 +401,16 @@ class Ingest:
 
     async def _purge_loop(self) -> None:
         interval = min(PURGE_INTERVAL_SECONDS, max(1.0, self.config.duplicate_window / 4))
+        condition = Condition(log, "the duplicate window's purge")
         while True:
             await asyncio.sleep(interval)
             try:
                 async with self.pools.write.connection(timeout=30) as conn:
                     removed = await forget_old(conn, self.config.duplicate_window)
-            except Exception as exc:
-                log.warning("duplicate window purge failed: %s", type(exc).__name__)
+            except Exception as exc:  # tried again at the next turn; logged when it begins
+                condition.failed(faults.refusal(exc) or type(exc).__name__, f"every {interval:g}s")
             else:
+                condition.succeeded()
                 if removed:
                     log.info("duplicate window: forgot %d messages older than the window", removed)
 

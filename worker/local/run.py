@@ -41,9 +41,10 @@ from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.spec.destination import ManifestError
 from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.spec.schedule import to_spec
-from inturn.worker.store import locks, reads, registry
+from inturn.worker.store import faults, locks, reads, registry
 from inturn.worker.store.connect import connect_worker, detect_pooling
 from inturn.worker.store.lease import holder_id
+from inturn.worker.text.conditions import Condition
 from inturn.worker.worklist.publish import Publisher
 from inturn.worker.worklist.publishers import close_all, from_env
 
@@ -309,6 +310,7 @@ async def sweep_loop(
     """
     from inturn.worker.operations import packs
 
+    condition = Condition(log, "the sweep")
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every)
@@ -319,9 +321,12 @@ async def sweep_loop(
                 dsn, autocommit=True, application_name="inturn-local-sweep"
             ) as conn:
                 report = await packs.sweep(conn, publishers=list(publishers))
-        except Exception as exc:  # a sweep that fails is retried at the next interval
-            log.error("sweep failed (next run in %gs): %s", every, exc)
+        except Exception as exc:  # retried at the next interval; logged when it begins
+            condition.failed(
+                faults.refusal(exc) or f"{type(exc).__name__}: {exc}", f"every {every:g}s"
+            )
             continue
+        condition.succeeded()
         for result in report.results:
             o = result.outcome
             if result.error is not None or o.placed or o.cleared:
@@ -401,8 +406,11 @@ async def run_local(
                     await asyncio.wait_for(stop.wait(), POLL_SECONDS)
                 if not stop.is_set():
                     owner, held = await _keep_local(dsn, owner, holder, held, stop)
-                    with contextlib.suppress(*DATABASE_AWAY):  # logged by _keep_local
+                    try:
                         await runner.poll()
+                    except (*DATABASE_AWAY, psycopg.Error) as exc:  # _keep_local says why
+                        if faults.refusal(exc) is None:
+                            raise
             log.info("stopping: listeners first, then workers")
         finally:
             if sweeper is not None:
@@ -419,6 +427,10 @@ async def run_local(
                 await locks.release_singleton(owner, held)
             await owner.close()
 
+
+#: The renewal of the ``inturn local`` lease, refused for a while: one line when it begins,
+#: one when it ends (:class:`inturn.worker.text.conditions.Condition`).
+LEASE_CONDITION = Condition(log, "renewing the inturn local lease")
 
 #: What a lost or unreachable database raises here (the embedded Postgres restarting, a
 #: failover): the run waits for it rather than ending.
@@ -440,14 +452,20 @@ async def _keep_local(
         if owner.closed or owner.broken:
             owner = await connect_worker(dsn, application_name="inturn-local")
         renewed = await locks.take_singleton(owner, "local", holder, LOCAL_LEASE_SECONDS)
-    except DATABASE_AWAY as exc:
-        if not (owner.closed or owner.broken):
+    except (*DATABASE_AWAY, psycopg.Error) as exc:
+        cause = faults.refusal(exc)
+        if cause is None:
+            raise
+        if owner.broken:
             with contextlib.suppress(Exception):
                 await owner.close()
-        log.warning(
-            "the database is away (%s); looking again in %gs", type(exc).__name__, POLL_SECONDS
+        # A refusal (read-only for maintenance, a timeout, the database restarting): the lease
+        # is kept until it expires, the listeners and workers go on, and this is tried again.
+        LEASE_CONDITION.failed(
+            cause, f"every {POLL_SECONDS:g}s; the lease lasts {LOCAL_LEASE_SECONDS:g}s"
         )
         return owner, held
+    LEASE_CONDITION.succeeded()
     if renewed is None:
         log.error("another inturn local took this database over; stopping")
         stop.set()

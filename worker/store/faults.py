@@ -171,6 +171,36 @@ def classify(exc: BaseException) -> Classified:
     )
 
 
+def refusal(exc: BaseException) -> str | None:
+    """For a periodic statement of a long-running process (a lease's renewal, a purge of the
+    duplicate window, a sweep): a one-line description when ``exc`` is a refusal that waiting
+    can end (the database read-only or in recovery, 25006; a lock or statement timeout, 55P03
+    and 57014; too many connections, 53300; cannot connect now, 57P03; the connection gone; a
+    pool that timed out; a key store away): the process keeps running and tries again at its
+    next turn. None for anything else (a bug, or a schema that is not there), which the caller
+    lets end the process as before."""
+    if isinstance(exc, KeyStoreUnavailable) or _pool_error(exc) or connection_gone(exc):
+        return classify(exc).text
+    if not isinstance(exc, psycopg.Error):
+        return None
+    sqlstate = exc.sqlstate or ""
+    if sqlstate in SCHEMA_CODES:
+        return None
+    if isinstance(exc, psycopg.OperationalError) or sqlstate[:2] in REFUSAL_CLASSES:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"{type(exc).__name__} (SQLSTATE {sqlstate or '-'}): {first[:200]}"
+    return None
+
+
+#: SQLSTATE classes of refusals a wait can end, beside psycopg's OperationalError: 25 (invalid
+#: transaction state: 25006 read-only transaction, what a maintenance window or a standby
+#: answers), 40 (a serialization failure or deadlock), 42501 is not here (a missing grant
+#: needs a person, and says so every time), 53 (insufficient resources), 55 (object not in
+#: prerequisite state: lock not available), 57 (operator intervention: a cancelled statement,
+#: cannot connect now).
+REFUSAL_CLASSES = frozenset({"25", "40", "53", "55", "57"})
+
+
 # --- the worker's loop -------------------------------------------------------------------------
 #
 # The worker holds one session, and with it the destination's lock: while that session lives,
