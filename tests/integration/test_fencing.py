@@ -297,3 +297,63 @@ async def test_a_killed_inturn_local_restarted_at_once_takes_over_at_once(
     assert sorted(set(got)) == expected  # nothing lost
     assert len(got) - len(set(got)) <= kills
     assert [g for i, g in enumerate(got) if g not in got[:i]] == expected
+
+
+async def test_a_stopped_holder_on_a_direct_connection_is_replaced_when_its_lease_expires(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """``inturn worker`` SIGSTOPped mid-backlog on a direct connection (its session, and the
+    destination's session lock with it, live on): a second worker takes the lease over once it
+    has expired (within ttl + acquire interval of the last renewal), not never; when the first
+    wakes it sends nothing more (at most the one message it was in the middle of). Every
+    message arrives, in order."""
+    total = 200
+    dest = "default/lab"
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as c:
+        items = [
+            NewItem(dest, "adt", f"M{n:05d}", "ADT^A01", local_message(n)) for n in range(total)
+        ]
+        await queue.enqueue(c, items)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_LEASE_")}
+    env.update(
+        INTURN_DSN=fresh_db,
+        INTURN_LEASE_TTL_SECONDS="6",
+        INTURN_LEASE_RENEW_SECONDS="2",
+        INTURN_LEASE_ACQUIRE_SECONDS="1",
+    )
+    async with MllpReceiver() as rx:
+        rx.delay_seconds = 0.02
+        path = manifest(tmp_path / "lab.yaml", "lab", mllp_sender(rx.port))
+        first = await worker_process(path, env)
+        second: asyncio.subprocess.Process | None = None
+        try:
+            await rx.wait_for(30, timeout=60)
+            epoch, holder, _, _, pid = await _lease_row(fresh_db)
+            assert pid is not None  # a direct holder: its backend is named, its session locked
+            first.send_signal(signal.SIGSTOP)
+            stopped_at = asyncio.get_running_loop().time()
+            second = await worker_process(path, env)
+            async with asyncio.timeout(60):
+                while (await _lease_row(fresh_db))[0] == epoch:
+                    await asyncio.sleep(0.1)
+            took = asyncio.get_running_loop().time() - stopped_at
+            new_epoch, new_holder, _, _, new_pid = await _lease_row(fresh_db)
+            assert new_epoch == epoch + 1 and new_holder != holder
+            assert new_pid is None  # taken without the session lock the stopped one still has
+            assert took < 6 + 1 + 10  # ttl + acquire interval, and a shared machine's margin
+            first.send_signal(signal.SIGCONT)
+            async with asyncio.timeout(120):
+                while await count(fresh_db, "delivered") < total:
+                    await asyncio.sleep(0.1)
+            assert (await _lease_row(fresh_db))[0] == new_epoch  # the woken one took nothing back
+        finally:
+            first.send_signal(signal.SIGCONT)
+            for proc in (first, second):
+                if proc is not None:
+                    proc.send_signal(signal.SIGTERM)
+                    await asyncio.wait_for(proc.wait(), 30)
+        got = control_ids(rx.received)
+    expected = [f"M{n:05d}" for n in range(total)]
+    assert sorted(set(got)) == expected  # nothing lost
+    assert len(got) - len(set(got)) <= 1  # at most the message the stopped one was sending
+    assert [g for i, g in enumerate(got) if g not in got[:i]] == expected  # in order

@@ -126,38 +126,51 @@ class LeaseHolding:
         On a direct connection the session lock is taken before the lease, and the lease
         records this backend: while a holder's session lives nobody else gets the lock, and
         once it ends (a killed process: the kernel closes its socket) the next taker gets the
-        lock and takes the lease over at once, raising the epoch. Behind a pooler only the
-        lease's expiry lets a successor in."""
+        lock and takes the lease over at once, raising the epoch. Whatever the connection, an
+        expired lease is taken over (within ``ttl + acquire`` seconds of the holder's last
+        renewal), even when its holder's session lives on (SIGSTOP, a frozen VM): the epoch,
+        not the session, fences."""
         announced = False
         settings = self.lease_settings
         direct = not self.pooled
         while not stop.is_set():
             self._tick()
             started = time.monotonic()
-            lease: Lease | None = None
-            if await self._session_lock(conn, stop):
-                lease = await self.steps.run(
+            locked = await self._session_lock(conn, stop)
+            # Without the session lock (its holder's session lives: a stopped or frozen process,
+            # a partition that left its socket open) the lease is still taken once it has
+            # expired: the expiry is the rule on every connection, the session lock only lets a
+            # successor in earlier. The old holder's statements then match no epoch, and it
+            # starts nothing new when it wakes.
+            lease = await self.steps.run(
+                conn,
+                stop,
+                "session",
+                partial(
+                    leases.acquire,
+                    conn,
+                    self.destination,
+                    self.holder,
+                    settings.ttl_seconds,
+                    direct=direct and locked,
+                ),
+            )
+            if lease is None and direct and locked:
+                # a holder behind a pooler (no session lock) still holds it: let go
+                await self.steps.run(
                     conn,
                     stop,
                     "session",
-                    partial(
-                        leases.acquire,
-                        conn,
-                        self.destination,
-                        self.holder,
-                        settings.ttl_seconds,
-                        direct=direct,
-                    ),
+                    partial(locks.release_component_lock, conn, "worker", self.destination),
                 )
-                if lease is None and direct:
-                    # a holder behind a pooler (no session lock) still holds it: let go
-                    await self.steps.run(
-                        conn,
-                        stop,
-                        "session",
-                        partial(locks.release_component_lock, conn, "worker", self.destination),
-                    )
             if lease is not None:
+                if direct and not locked:
+                    log.warning(
+                        "destination %s: took the lease over from a holder whose lease expired"
+                        " while its session lives (a stopped or frozen process?); it sends"
+                        " nothing more once it wakes",
+                        self.destination,
+                    )
                 self.lease = lease
                 self._renewed(started)
                 self._set_lock(True)
