@@ -43,6 +43,7 @@ from psycopg import AsyncConnection
 from inturn.worker import tracing
 from inturn.worker.drain.attempt import send_once
 from inturn.worker.drain.lanes import Entry, LaneView, Plan, hold, plan
+from inturn.worker.drain.steps import SessionLost
 from inturn.worker.senders.base import FailureCause, Sender
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.store import delivery
@@ -139,7 +140,8 @@ class LaneDrain:
 
         Raises:
             inturn.worker.drain.steps.SessionLost: the session is gone (the worker reconnects;
-                the messages in flight stay pending and are sent again by the next holder).
+                the messages in flight finish first, and those the receiver acknowledged are
+                marked by the next session of this process, not sent again).
             inturn.worker.store.lease.LeaseLost: another worker took the destination over
                 (nothing more is sent; the answers still in flight are not recorded).
         """
@@ -147,6 +149,9 @@ class LaneDrain:
         try:
             self.senders += [make_sender(self.w.config.sender) for _ in range(self.count - 1)]
             await self._loop()
+        except SessionLost:
+            await self._settle_in_flight()
+            raise
         finally:
             watcher.cancel()
             for flight in self.flights.values():
@@ -160,6 +165,24 @@ class LaneDrain:
             for sender in self.senders[1:]:
                 with contextlib.suppress(Exception):
                     await sender.close()
+
+    async def _settle_in_flight(self) -> None:
+        """The session is lost with messages in flight: let their sends finish (each within
+        its attempt timeout) and remember those the receiver acknowledged (:attr:`unmarked` of
+        the worker), so that the next session marks them instead of sending them again."""
+        if not self.flights:
+            return
+        tasks = [f.task for f in self.flights.values()]
+        await asyncio.wait(tasks, timeout=self.w.config.retry.timeout_seconds + 1.0)
+        mark = self.w.marker
+        for flight in self.flights.values():
+            task = flight.task
+            if not task.done() or task.cancelled() or task.exception() is not None:
+                continue
+            if task.result() is None:  # acknowledged: its mark is written next session
+                item = flight.head.item
+                expecting = () if mark is None else mark(item.message_type, flight.payload)
+                self.w.unmarked[item.id] = delivery.Delivered(item, item.attempts + 1, expecting)
 
     async def _watch_stop(self) -> None:
         await self.stop.wait()
@@ -411,6 +434,8 @@ class LaneDrain:
             delivered[0].item.id if len(delivered) == 1 else None,
         )
         self._answered = []
+        for d in delivered:
+            self.w.unmarked.pop(d.item.id, None)
         for flight, attempts, _, held in answered:
             item = flight.head.item
             if attempts > 1 or held:
@@ -446,6 +471,8 @@ class LaneDrain:
             mark = self.w.marker  # what the packs add to its mark (spec.replies), or None
             expecting = () if mark is None else mark(item.message_type, flight.payload)
             self._answered.append((flight, attempts, expecting, held))
+            # remembered until its mark commits (a lost session writes it first next time)
+            self.w.unmarked[item.id] = delivery.Delivered(item, attempts, expecting)
             self._forget(item.id)
             return
         cause, detail = failure

@@ -116,6 +116,11 @@ class DestinationWorker(SingleStream):
         self.payloads = payloads or PayloadCodec()
         #: What the rule packs add to each delivered mark (the orders pack's expected replies),
         #: found once: None when no pack adds anything here (nothing is computed per message).
+        #: Messages the receiver acknowledged whose delivered mark may not have committed (the
+        #: database went away in between): written, only where still pending, before anything
+        #: is sent in the next session, so that a database restart sends nothing twice while
+        #: this process lives.
+        self.unmarked: dict[int, delivery.Delivered] = {}
         self.marker = packs.marker(
             config, self.payloads.order_digest, keys_in_clear=not self.payloads.enabled
         )
@@ -276,6 +281,8 @@ class DestinationWorker(SingleStream):
         )
         self._held_once = True
         self.state.failure = None  # a session after an unexpected error holds its lease again
+        if self.unmarked:
+            await self._mark_remembered(conn, stop, lease)
         if changed:
             log.info(
                 "destination %s: sender settings changed since the last worker;"
@@ -303,6 +310,34 @@ class DestinationWorker(SingleStream):
             await LaneDrain(self, conn, stop, lease=lease).run()
         else:
             await self._drain(conn, stop, lease)
+
+    async def _mark_remembered(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease
+    ) -> None:
+        """Write the delivered marks of :attr:`unmarked` (the receiver acknowledged them, the
+        database went away before the mark committed, or while it did), guarded by the lease
+        just taken, only for rows still pending (``take``'s marks): before the head is read,
+        so that none of them is sent again.
+
+        Raises:
+            LeaseLost: another holder took the destination over meanwhile.
+        """
+        remembered = list(self.unmarked.values())
+        waited, _ = await self._guarded(
+            conn,
+            stop,
+            "mark",
+            lambda: delivery.take(conn, self.destination, [], delivered=remembered, lease=lease),
+        )
+        for d in remembered:
+            self.unmarked.pop(d.item.id, None)
+        log.info(
+            "destination %s: marked %d message(s) delivered that the receiver had acknowledged"
+            " before the database connection was lost (%d still pending here; not sent again)",
+            self.destination,
+            len(remembered),
+            len(waited),
+        )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -138,7 +138,8 @@ class StepRunner:
                     if fault.meaning == "may_resend":
                         log.warning(
                             "destination %s: the session was lost while marking id=%d delivered;"
-                            " if the mark did not commit, the next lock holder sends it again",
+                            " this process writes the mark when the database is back (only a"
+                            " new process would send it again)",
                             self.destination,
                             item_id,
                         )

@@ -49,11 +49,13 @@ class SingleStream(Idling, Outcomes):
         peer: the sender's credential-free summary, as traces name the peer.
         marker: what the rule packs add to a delivered mark here
             (:func:`inturn.worker.operations.packs.marker`), None when nothing.
+        unmarked: acknowledged messages whose delivered mark has not committed yet, by id.
     """
 
     sender: Sender
     peer: str
     marker: Marker | None
+    unmarked: dict[int, delivery.Delivered]
 
     async def _drain(self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease) -> None:
         """Send heads until stopped, holding ``lease``.
@@ -174,6 +176,8 @@ class SingleStream(Idling, Outcomes):
                 # what the packs add to its mark (spec.replies: the replies it now waits for)
                 mark = self.marker
                 expecting = () if mark is None else mark(item.message_type, payload)
+                # remembered until the mark commits: a lost session writes it first next time
+                self.unmarked[item.id] = delivery.Delivered(item, attempts, expecting)
                 waited, following = await self._guarded(
                     conn,
                     stop,
@@ -181,6 +185,7 @@ class SingleStream(Idling, Outcomes):
                     lambda: delivery.succeeded_next(conn, item, attempts, expecting, lease=lease),
                     item.id,
                 )
+                del self.unmarked[item.id]
                 if attempts > 1 or held:  # the recovery is news as much as the failures were
                     log.info(
                         "destination %s: delivering again after %d failed attempt(s)%s (id=%d)",
