@@ -151,14 +151,18 @@ async def test_rotation_rewraps_every_key_and_the_old_master_can_go(
     rotating = await codec_for(keys_dir, key_dsn)
     status = await rotating.status()
     assert status["wrapping"] == {"k1": 5} and status["newest"] == "k2"
-    assert await rotating.rotate(batch=2) == 5
+    assert (await rotating.status())["index_master"] == "k1"
+    assert await rotating.rotate(batch=2) == 6  # five patient keys and the blind index key
     assert await rotating.rotate(batch=2) == 0
     assert (await rotating.status())["wrapping"] == {"k2": 5}
-    # the blind index still derives from k1: the folder must keep it, and status says so
-    assert (await rotating.status())["index_master"] == "k1"
+    assert (await rotating.status())["index_master"] == "k2"
+    # the old master can go: without k1, everything opens and indexes as before
+    (keys_dir / "k1").unlink()
     reader = await codec_for(keys_dir, key_dsn)
+    assert (await reader.status())["missing"] == []
     for i, s in enumerate(stored):
         assert await reader.open(i, "lab", s) == adt(f"P{i}^^^H")
+        assert reader.index_keys(adt(f"P{i}^^^H")) == codec.index_keys(adt(f"P{i}^^^H"))
 
 
 async def test_a_wrong_master_key_under_the_same_name_is_refused_in_one_line(
@@ -228,22 +232,30 @@ def test_the_keys_commands_init_new_status_rotate(
         args = ["--payload-keys", str(keys), "--key-dsn", dsn]
         main(["keys", "status", *args])
         out = capsys.readouterr().out
-        assert "k1: in the folder; wraps 3 keys; derives the blind index (keep it)" in out
+        assert "k1: in the folder; wraps 3 keys; wraps the blind index key" in out
         assert "k2: in the folder; newest: new wraps" in out
         main(["keys", "rotate", *args, "--batch", "2"])
-        assert "re-wrapped 3 keys" in capsys.readouterr().out
+        assert "re-wrapped 4 keys" in capsys.readouterr().out  # three patients' and the index's
         main(["keys", "status", *args, "--json"])
-        assert json.loads(capsys.readouterr().out)["wrapping"] == {"k2": 3}
+        status = json.loads(capsys.readouterr().out)
+        assert status["wrapping"] == {"k2": 3} and status["index_master"] == "k2"
+        # every older master key can be retired: k1 deleted, everything still opens
+        (keys / "k1").unlink()
+        main(["keys", "status", *args])
+        out = capsys.readouterr().out
+        assert "k2: in the folder; wraps 3 keys; wraps the blind index key; newest" in out
+        assert "MISSING" not in out and "k1" not in out
+        asyncio.run(_open_and_find(keys, dsn))
         with pytest.raises(SystemExit) as exited:
             main(["keys", "status", "--payload-keys", str(keys)])
         assert exited.value.code == 2
         err = capsys.readouterr().err.strip()
         assert err == "inturn: error: this command needs --payload-keys and --key-dsn"
-        (keys / "k1").write_bytes(b"\x00" * 32)  # another key behind the name
+        (keys / "k2").write_bytes(b"\x00" * 32)  # another key behind the name
         with pytest.raises(SystemExit):
             main(["keys", "status", *args])
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "--payload-keys" in err and "'k1'" in err
+        assert len(err.splitlines()) == 1 and "--payload-keys" in err and "'k2'" in err
     finally:
         with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -252,7 +264,22 @@ def test_the_keys_commands_init_new_status_rotate(
 async def _seal_some(keys: Path, dsn: str) -> None:
     codec = await codec_for(keys, dsn)
     for i in range(3):
-        await codec.seal(i, "lab", adt(f"S{i}^^^H"))
+        SEALED[i] = await codec.seal(i, "lab", adt(f"S{i}^^^H"))
+        INDEXED[i] = codec.index_keys(adt(f"S{i}^^^H"))
+
+
+#: What _seal_some stored (by row id), and the patient index keys it computed.
+SEALED: dict[int, bytes] = {}
+INDEXED: dict[int, list[str]] = {}
+
+
+async def _open_and_find(keys: Path, dsn: str) -> None:
+    """With the current folder: every payload sealed before opens, and the same patient index
+    keys come out (lookups by patient find the same rows)."""
+    codec = await codec_for(keys, dsn)
+    for i, stored in SEALED.items():
+        assert await codec.open(i, "lab", stored) == adt(f"S{i}^^^H")
+        assert codec.index_keys(adt(f"S{i}^^^H")) == INDEXED[i]
 
 
 async def test_one_reading_gives_the_same_index_keys_and_keying_as_two(

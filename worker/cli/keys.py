@@ -89,8 +89,8 @@ def new_command(payload_keys: str, key_id: str) -> None:
 @payload_keys_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status_command(payload_keys: str | None, key_dsn: str | None, as_json: bool) -> None:
-    """Which master keys are in use: how many keys each wraps, which derives the blind index
-    (keep it), and whether the folder lacks one the key store needs."""
+    """Which master keys are in use: how many keys each wraps, which wraps the blind index key,
+    and whether the folder lacks one the key store needs."""
     status: dict[str, Any] = _with_codec(payload_keys, key_dsn, lambda c: c.status())
     if as_json:
         click.echo(json.dumps(status, sort_keys=True))
@@ -101,7 +101,7 @@ def status_command(payload_keys: str | None, key_dsn: str | None, as_json: bool)
         if wrapping.get(key_id):
             uses.append(f"wraps {wrapping[key_id]} keys")
         if key_id == status["index_master"]:
-            uses.append("derives the blind index (keep it)")
+            uses.append("wraps the blind index key")
         if key_id == status["newest"]:
             uses.append("newest: new wraps")
         where = "MISSING from the folder" if key_id in status["missing"] else "in the folder"

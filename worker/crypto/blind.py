@@ -33,6 +33,12 @@ class BlindIndex:
             raise ValueError("an index key is at least 32 bytes")
         self._key = key
 
+    @property
+    def key(self) -> bytes:
+        """The index key itself (for ``keys rotate``, which wraps it again under the newest
+        master key; never logged, never stored unwrapped)."""
+        return self._key
+
     def _mac(self, label: bytes, text: bytes) -> bytes:
         return hmac.digest(self._key, label + b"\x00" + text, hashlib.sha256)
 

@@ -16,6 +16,7 @@ destroys exactly the keys of the identifiers that request matches
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -48,6 +49,12 @@ from inturn.worker.hl7.pid import (
 #: Key store settings: the master key the blind index key derives from, and its check value.
 INDEX_MASTER = "index_master"
 INDEX_CHECK = "index_check"
+#: The blind index key itself, wrapped under a master key (``<master id>:<base64>``), so that
+#: every master key can be retired (``keys rotate`` re-wraps it with the patient keys); a key
+#: store made before it holds only INDEX_MASTER and gets this at the first start with that key.
+INDEX_WRAPPED = "index_wrapped"
+#: Associated data of the index key's wrap (no patient key's reference starts like it).
+_INDEX_WRAP_AAD = b"inturn blind index key v1"
 #: Label of a patient key's wrap (with its reference as associated data).
 _WRAP_LABEL = b"inturn key v1\x00"
 #: The key store hold of the seal in progress in this task (PayloadCodec.sealing).
@@ -126,8 +133,8 @@ class PayloadCodec:
         """
         if self.provider is None or self.store is None:
             return
-        master = await self.store.setting(INDEX_MASTER, self.provider.newest())
-        index = BlindIndex(self.provider.derive(master, INDEX_INFO))
+        key, master = await self._index_key()
+        index = BlindIndex(key)
         check = await self.store.setting(INDEX_CHECK, index.check())
         if check != index.check():
             raise MasterKeyError(
@@ -135,6 +142,38 @@ class PayloadCodec:
                 " with (a wrong key file under that name)"
             )
         self.index = index
+
+    async def _index_key(self) -> tuple[bytes, str]:
+        """The blind index key and the master key it is read with: unwrapped from the key
+        store's INDEX_WRAPPED; else (a key store made before it, or a new one) derived from
+        the master key INDEX_MASTER names, then recorded wrapped under the newest master key,
+        so that the master key it was derived from can be retired after ``keys rotate``.
+
+        Raises:
+            MasterKeyError: the folder lacks the master key needed, or it is another key.
+        """
+        assert self.provider is not None and self.store is not None
+        stored = await self.store.setting(INDEX_WRAPPED, "")
+        if stored:
+            master, _, text = stored.partition(":")
+            try:
+                key = await self.provider.unwrap(master, base64.b64decode(text), _INDEX_WRAP_AAD)
+            except UnwrapFailed:
+                raise MasterKeyError(
+                    f"--payload-keys: master key {master!r} does not unwrap the blind index key"
+                    " (a wrong key file under that name)"
+                ) from None
+            return key, master
+        master = await self.store.setting(INDEX_MASTER, self.provider.newest())
+        key = self.provider.derive(master, INDEX_INFO)
+        wrapped = await self._wrap_index(key)
+        await self.store.replace_setting(INDEX_WRAPPED, "", wrapped)
+        return key, master
+
+    async def _wrap_index(self, key: bytes) -> str:
+        assert self.provider is not None
+        master, wrapped = await self.provider.wrap(key, _INDEX_WRAP_AAD)
+        return f"{master}:{base64.b64encode(wrapped).decode()}"
 
     def _index(self) -> BlindIndex:
         if self.index is None:
@@ -454,6 +493,7 @@ class PayloadCodec:
         assert self.provider is not None and self.store is not None
         newest = self.provider.newest()
         done, after = 0, b""
+        done += await self._rotate_index(newest)
         while True:
             keys = await self.store.not_under(newest, after=after, limit=batch)
             if not keys:
@@ -471,12 +511,26 @@ class PayloadCodec:
                 done += await self.store.rewrap(old, master_id, wrapped)
             after = keys[-1].ref
 
+    async def _rotate_index(self, newest: str) -> int:
+        """Re-wrap the blind index key under ``newest`` (1 when it was re-wrapped, else 0)."""
+        assert self.store is not None
+        stored = await self.store.setting(INDEX_WRAPPED, "")
+        if stored.partition(":")[0] == newest:
+            return 0
+        key = self._index().key
+        return int(
+            await self.store.replace_setting(INDEX_WRAPPED, stored, await self._wrap_index(key))
+        )
+
     async def status(self) -> dict[str, object]:
         """Which master keys are in use: ``{"newest", "index_master", "folder": [ids],
         "wrapping": {id: keys}, "missing": [ids the key store needs that the folder lacks]}``."""
         assert self.provider is not None and self.store is not None
         wrapping = dict(await self.store.masters())
-        index_master = await self.store.setting(INDEX_MASTER, self.provider.newest())
+        wrapped = await self.store.setting(INDEX_WRAPPED, "")
+        index_master = wrapped.partition(":")[0] or await self.store.setting(
+            INDEX_MASTER, self.provider.newest()
+        )
         needed = set(wrapping) | {index_master}
         return {
             "newest": self.provider.newest(),

@@ -68,6 +68,11 @@ class KeyStore(Protocol):
         (whoever records first wins; every caller gets the recorded value)."""
         ...
 
+    async def replace_setting(self, name: str, expected: str, value: str) -> bool:
+        """Set ``name`` to ``value`` if it still holds ``expected`` (compare and set: two
+        rotations at once do not undo each other); whether it was set."""
+        ...
+
     async def fetch(self, refs: Sequence[bytes]) -> Mapping[bytes, StoredKey]:
         """The stored keys of ``refs`` (a missing one is absent: never made, or erased)."""
         ...

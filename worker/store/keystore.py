@@ -241,6 +241,12 @@ class PgKeyStore:
         rows = await self._rows("setting", {"name": name, "value": default})
         return str(rows[0]["value"])
 
+    async def replace_setting(self, name: str, expected: str, value: str) -> bool:
+        rows = await self._rows(
+            "replace_setting", {"name": name, "expected": expected, "value": value}
+        )
+        return bool(rows)
+
     async def fetch(self, refs: Sequence[bytes]) -> Mapping[bytes, StoredKey]:
         rows = await self._rows("fetch", {"refs": list(refs)})
         return {k.ref: k for k in map(_stored, rows)}

@@ -114,3 +114,9 @@ SELECT id, erased_at, actor, reason, keys FROM inturn_key_erasure ORDER BY id DE
 -- name: ping
 -- One round trip: whether the key store answers (ingest's readiness, after a failure).
 SELECT 1 AS one;
+
+-- name: replace_setting
+-- Compare and set: the setting takes the new value only if it still holds the expected one.
+UPDATE inturn_key_setting SET value = %(value)s
+ WHERE name = %(name)s AND value = %(expected)s
+RETURNING value;
