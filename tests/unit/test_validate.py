@@ -252,3 +252,43 @@ def test_parse_channels() -> None:
     )
     with pytest.raises(ValueError, match=r"channels\[1\].port: 2575 is used twice"):
         parse_channels([{"name": "adt", "port": 2575}, {"name": "lab", "port": 2575}])
+
+
+ONE_PASS = """\
+apiVersion: inturn.dev/v1alpha1
+kind: Destination
+metadata: {name: lab, namespace: ward}
+spec:
+  channel: 123
+  retry: {maxAttempts: 0, backoffSeconds: 100, maxBackoffSeconds: 10}
+  lanes: {count: 4}
+  sender: {sftp: {host: h, username: u, directory: d, knownHostsSecretRef: {name: x}}}
+---
+apiVersion: inturn.dev/v1alpha1
+kind: Destination
+metadata: {name: lab, namespace: ward}
+spec:
+  channel: adt
+  retry: {maxAttempts: "x"}
+  sender: {mllp: {host: h, port: 2575}}
+"""
+
+
+def test_every_problem_in_one_pass(tmp_path: Path) -> None:
+    """Types, cross-field rules beside a mistyped field, an object-level rule and a name given
+    twice: all in one run (issue 39: five problems took three runs)."""
+    (tmp_path / "two.yaml").write_text(ONE_PASS)
+    done = run("two.yaml", cwd=tmp_path)
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert "two.yaml#1: spec.channel: must be a string" in lines
+    assert any(
+        line.startswith("two.yaml#1: spec.lanes.count: sftp takes one lane") for line in lines
+    )
+    assert (
+        "two.yaml#1: spec.retry: maxBackoffSeconds must be greater than or equal to backoffSeconds"
+        in lines
+    )
+    assert "two.yaml#1: spec.sender.sftp.secretRef: required" in lines
+    assert "two.yaml#2: spec.retry.maxAttempts: must be an integer" in lines
+    assert "two.yaml#2: metadata.name: ward/lab is declared twice (also two.yaml#1)" in lines

@@ -82,7 +82,7 @@ class Report:
     documents: int = 0
     files: int = 0
     unreadable: int = 0
-    destinations: dict[str, tuple[str, str, tuple[str, ...]]] = field(default_factory=dict)
+    destinations: dict[str, tuple[str, str | None, tuple[str, ...]]] = field(default_factory=dict)
     channels: dict[str, str] = field(default_factory=dict)
     feeds: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -149,18 +149,27 @@ def _short(value: Any) -> str:
 
 
 def _destination(report: Report, doc: Mapping[str, Any], source: str) -> None:
+    """One Destination: its own problems, and (even when it has some, so that one pass says
+    everything) whether its name was declared before."""
+    valid: dict[str, Any] | None
     try:
         valid = validate_manifest(doc, source=source)
     except ManifestError as exc:
         for line in exc.errors:
             report.error(source, line)
-        return
-    key = destination_key(valid)
-    spec = valid["spec"]
+        valid = None
+    meta = doc.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        return  # reported above
+    key = destination_key(doc)
     if key in report.destinations:
         first = report.destinations[key][0]
         report.error(source, f"metadata.name: {key} is declared twice (also {first})")
         return
+    if valid is None:
+        report.destinations[key] = (source, None, ())
+        return
+    spec = valid["spec"]
     carriers = tuple(spec.get("carriers", ()))
     for other, (other_source, _, theirs) in report.destinations.items():
         for carrier in sorted(set(carriers) & set(theirs)):
@@ -202,7 +211,7 @@ def finish(report: Report) -> Report:
     if report.channels:
         declared = ", ".join(sorted(report.channels))
         for key, (source, channel, _) in report.destinations.items():
-            if channel not in report.channels:
+            if channel is not None and channel not in report.channels:
                 report.warnings.append(
                     f"{source}: spec.channel: {key} takes channel {channel}, which no channel"
                     f" declaration names (declared: {declared}); only HTTP ingest can feed it"

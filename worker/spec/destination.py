@@ -164,12 +164,10 @@ def validate_manifest(doc: Mapping[str, Any], *, source: str | None = None) -> d
                 line.startswith("spec.sender") for line in found
             ):
                 problems.extend(senders.problems(spec.get("sender") or {}, "spec.sender"))
-    if not problems:
-        problems.extend(
-            rule_errors(
-                {"x-kubernetes-validations": root["x-kubernetes-validations"]}, dict(doc), ""
-            )
-        )
+    # the object's own rules too, even when something else is wrong (one pass says all)
+    problems.extend(
+        rule_errors({"x-kubernetes-validations": root["x-kubernetes-validations"]}, dict(doc), "")
+    )
     if problems:
         raise ManifestError(
             sorted(set(problems)), source or (destination_key(doc) if name else None)

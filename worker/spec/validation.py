@@ -140,7 +140,10 @@ def rule_errors(
     reports every problem the schema allows.
     """
     if isinstance(value, dict):
-        clean = not any(path[: len(at)] == at for path in broken)
+        # A node's rules run unless the node itself is mistyped: a rule that reads a mistyped
+        # field of it raises (KeyError, TypeError) and is left to the structural error, so
+        # that a wrong type in one field does not hide a rule about two others.
+        clean = at not in broken
         for item in node_schema.get("x-kubernetes-validations", ()) if clean else ():
             rule = RULES.get(item["rule"])
             if rule is None:  # pragma: no cover - every rule in the schema has a twin (tested)
