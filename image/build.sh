@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # `make image`: the base (image/base.sh), the image from the Containerfile, then its checks
 # (image/check.py). Uses `podman build --isolation=chroot`, which works where `podman run` does not.
-#   image/build.sh [IMAGE]       (default localhost/inturn:<version in pyproject.toml>)
+#   image/build.sh [IMAGE]       (default localhost/inturn:<version from git, image/version.sh>)
 # Env: BASE_IMAGE (localhost/inturn-base:bookworm; any Python 3.11+ image with venv will do),
 #      EXTRAS (extras installed with inturn), CA_BUNDLE (trusted for the build's downloads,
 #      default /etc/ssl/certs/ca-certificates.crt when it exists).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
-IMAGE=${1:-localhost/inturn:$VERSION}
+# the version the checkout's git history gives (the release tag, or the commit between releases)
+VERSION=$(image/version.sh)
+IMAGE=${1:-localhost/inturn:${VERSION//+/-}}  # a tag has no "+"
 BASE_IMAGE=${BASE_IMAGE:-localhost/inturn-base:bookworm}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import click
@@ -38,7 +37,9 @@ def cli_commands() -> list[str]:
 
 
 def test_image_builds_and_holds_what_every_component_needs() -> None:
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    version = subprocess.run(
+        [str(ROOT / "image" / "version.sh")], capture_output=True, text=True, timeout=300
+    ).stdout.strip()
     built = subprocess.run(
         [str(ROOT / "image" / "build.sh"), IMAGE], capture_output=True, text=True, timeout=1500
     )
