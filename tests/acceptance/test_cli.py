@@ -458,4 +458,6 @@ def test_unreachable_database_ingest_says_so_in_one_line_and_workers_wait() -> N
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=30)
     assert "database unreachable (" in lines[1]
-    assert lines[1].rstrip().split("); ", 1)[1].startswith("workers wait for it: next try in ")
+    assert (
+        lines[1].rstrip().split("): ", 1)[1].startswith("the workers of this process wait for it")
+    )

@@ -7,6 +7,7 @@ goes on. On a Postgres server of the test's own (the read-only setting is server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterator
 
@@ -136,3 +137,49 @@ def test_which_errors_a_periodic_statement_waits_out(sqlstate: str, refused: boo
     exc = psycopg.errors.lookup(sqlstate)("refused")
     assert (faults.refusal(exc) is not None) is refused
     assert faults.refusal(ValueError("a bug")) is None
+
+
+async def test_a_postgres_restart_under_many_destinations_is_two_lines(
+    server: tuple[pgcluster.Cluster, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Twenty destinations' workers in one process (as ``inturn local`` runs them), the server
+    stopped for a few seconds and started again (issue 39, part 2: a 22 s restart logged 2,522
+    lines from 200 destinations): one WARNING when the first worker loses it, one INFO when the
+    last has it back, whatever the number of workers and tries; then every one delivers."""
+    from inturn.worker.drain import runner
+    from inturn.worker.testing import MllpReceiver
+    from tests.support.pipeline import until, worker, worker_config
+
+    cluster, dsn = server
+    names = [f"ward/d{i:02d}" for i in range(20)]
+    caplog.set_level(logging.DEBUG, logger="inturn.drain")
+    async with MllpReceiver() as rx, contextlib.AsyncExitStack() as stack:
+        workers = [
+            await stack.enter_async_context(
+                worker(worker_config(n, rx.port, channel="adt", idle_seconds=1), dsn)
+            )
+            for n in names
+        ]
+        await until(lambda: all(w.state.lock_held for w in workers), timeout=30)
+        caplog.clear()
+        cluster.primary.stop("fast")
+        await until(lambda: all(not w.state.db_ok for w in workers), timeout=30)
+        await asyncio.sleep(3)  # several tries each (0.5 s to 2 s apart)
+        cluster.primary.start()
+        await until(lambda: all(w.state.lock_held for w in workers), timeout=60)
+        await until(lambda: not runner.AWAY[dsn].waiting, timeout=30)
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "inturn.drain"
+        and r.levelno >= logging.WARNING
+        and "database" in r.getMessage()
+    ]
+    back = [r.getMessage() for r in caplog.records if "database back after" in r.getMessage()]
+    tries = [
+        r for r in caplog.records if r.levelno == logging.DEBUG and "database" in r.getMessage()
+    ]
+    assert len(warnings) == 1, warnings
+    assert "the workers of this process wait for it" in warnings[0]
+    assert len(back) == 1
+    assert len(tries) >= len(names)  # the tries happened, at DEBUG

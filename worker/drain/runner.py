@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,9 +62,67 @@ from inturn.worker.worklist.publish import Publisher
 
 log = logging.getLogger("inturn.drain")
 
+
 #: Reconnect backoff after a lost database connection: first delay and ceiling, seconds. The
 #: ceiling is short so that a worker resumes within it of Postgres accepting connections again,
 #: however long the outage (one connection attempt every 2 s while it lasts costs nothing).
+class DatabaseAway:
+    """The database away, as every worker of this process meets it: said once when the first
+    worker loses it (naming the cause), once when the last one has it back (how long, how many
+    failed tries), at DEBUG in between: a Postgres restart under 200 destinations is two lines,
+    not one per destination and try. Keyed by DSN (:data:`AWAY`)."""
+
+    def __init__(self) -> None:
+        self.waiting: set[str] = set()
+        self.since: float | None = None
+        self.tries = 0
+        self.cause = ""
+
+    def failed(self, destination: str, what: str, cause: str, delay: float) -> None:
+        """A worker's session failed: the first line of the condition, or a count."""
+        self.tries += 1
+        self.cause = cause
+        first = self.since is None
+        self.waiting.add(destination)
+        if first:
+            self.since = time.monotonic()
+            log.warning(
+                "database %s (%s): the workers of this process wait for it, each retrying"
+                " every %.1fs to %.0fs (first: destination %s); said again when it is back",
+                what,
+                cause,
+                delay,
+                RECONNECT_MAX_SECONDS,
+                destination,
+            )
+        else:
+            log.debug("destination %s: database %s (%s)", destination, what, cause)
+
+    def back(self, destination: str) -> None:
+        """A worker has a session again: the closing line when it is the last one waiting."""
+        if destination not in self.waiting:
+            return
+        self.waiting.discard(destination)
+        if self.waiting or self.since is None:
+            return
+        log.info(
+            "database back after %.1fs (%d failed tries by the workers of this process; last: %s)",
+            time.monotonic() - self.since,
+            self.tries,
+            self.cause,
+        )
+        self.since, self.tries, self.cause = None, 0, ""
+
+    def gone(self, destination: str) -> None:
+        """A worker stopped while waiting: no longer counted (no closing line for it)."""
+        self.waiting.discard(destination)
+        if not self.waiting:
+            self.since, self.tries, self.cause = None, 0, ""
+
+
+#: The :class:`DatabaseAway` of each database this process's workers use, by DSN.
+AWAY: dict[str, DatabaseAway] = {}
+
 RECONNECT_BASE_SECONDS = 0.5
 RECONNECT_MAX_SECONDS = 2.0
 #: The pause before a new session after an unexpected error (a bug): first and ceiling, seconds.
@@ -181,14 +240,8 @@ class DestinationWorker(SingleStream):
                             delay,
                         )
                     else:
-                        log.warning(
-                            "destination %s: database %s (%s); workers wait for it: next try"
-                            " in %.1fs",
-                            self.destination,
-                            what,
-                            _first_line(exc),
-                            delay,
-                        )
+                        away = AWAY.setdefault(self.dsn, DatabaseAway())
+                        away.failed(self.destination, what, _first_line(exc), delay)
                     await sleep_or_stop(stop, delay)
                 except Exception as exc:  # a bug: said, seen on /readyz, and not the end of it
                     failures += 1
@@ -210,6 +263,9 @@ class DestinationWorker(SingleStream):
                     await sleep_or_stop(stop, delay)
         finally:
             self._set_lock(False)
+            leaving = AWAY.get(self.dsn)
+            if leaving is not None:
+                leaving.gone(self.destination)
             await self.sender.close()
 
     async def _session(self, stop: asyncio.Event) -> None:
@@ -224,6 +280,9 @@ class DestinationWorker(SingleStream):
         conn = await connect_worker(self.dsn, application_name=shared, pooled=self.pooled)
         self.state.db_ok = True
         self.state.connected_once = True
+        away = AWAY.get(self.dsn)
+        if away is not None:
+            away.back(self.destination)
         try:
             if not self.pooled:
                 await self.steps.run(
@@ -297,7 +356,10 @@ class DestinationWorker(SingleStream):
                 self.destination,
                 made_due,
             )
-        log.info(
+        # said at the first holding; a holding again after a lost session (a database restart
+        # under 200 destinations) is the database's condition, said once by DatabaseAway
+        log.log(
+            logging.INFO if starting else logging.DEBUG,
             "destination %s: lease held (epoch %d, %.0fs, takeover within %.0fs), %s %s",
             self.destination,
             lease.epoch,
