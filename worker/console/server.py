@@ -20,7 +20,7 @@ from inturn.worker.console.overview import DEFAULT_STUCK_AFTER
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import address_in_use
 from inturn.worker.ingest.quiet import QuietAppRunner
-from inturn.worker.store.connect import Pools
+from inturn.worker.store.connect import Pools, announce_pooling
 
 log = logging.getLogger("inturn.console")
 
@@ -65,6 +65,7 @@ async def start_console(
             ``inturn local``).
         OSError: the address cannot be bound otherwise.
     """
+    announce_pooling()
     pools = await Pools.open(dsn, write_size=2, read_size=2, application_name="inturn-console")
     write, read = pools.write, pools.read
     feed = Feed(dsn, read, default_stuck_after=stuck_after, refresh_seconds=refresh_seconds)

@@ -33,6 +33,7 @@ from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.spec.config import WorkerConfig, from_dict, to_dict
+from inturn.worker.store.connect import announce_pooling
 from inturn.worker.store.dsn import schema_missing
 from inturn.worker.store.faults import SCHEMA_CODES
 from inturn.worker.text.logs import configure
@@ -143,6 +144,7 @@ def run(settings: dict[str, Any]) -> int:
         print(f"inturn: error: {exc}", file=sys.stderr)
         return 2
     config = from_dict(settings["config"])
+    announce_pooling()
     try:
         asyncio.run(
             run_worker(

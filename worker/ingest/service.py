@@ -45,7 +45,7 @@ from inturn.worker.operations import packs
 from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.store import faults, sealing
 from inturn.worker.store import ingest as ingest_store
-from inturn.worker.store.connect import Pools
+from inturn.worker.store.connect import Pools, announce_pooling
 from inturn.worker.store.keystore import PgKeyStore
 from inturn.worker.text.conditions import Condition
 from inturn.worker.worklist.hooks import IngestOptions, Recorder
@@ -196,6 +196,7 @@ class Ingest:
         """
         if self._started:
             raise RuntimeError("already started")
+        announce_pooling()
         config = self.config
         try:
             if self._pools is None:

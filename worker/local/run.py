@@ -42,7 +42,7 @@ from inturn.worker.spec.destination import ManifestError
 from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.spec.schedule import to_spec
 from inturn.worker.store import faults, locks, reads, registry
-from inturn.worker.store.connect import connect_worker, detect_pooling
+from inturn.worker.store.connect import announce_pooling, connect_worker, detect_pooling
 from inturn.worker.store.lease import holder_id
 from inturn.worker.text.conditions import Condition
 from inturn.worker.worklist.publish import Publisher
@@ -375,6 +375,7 @@ async def run_local(
     Raises:
         DatabaseInUse: another ``inturn local`` holds the lock; nothing was started.
     """
+    announce_pooling()
     owner = await connect_worker(dsn, application_name="inturn-local")
     holder = holder_id("local")
     held: locks.Singleton | None = None

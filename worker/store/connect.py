@@ -211,8 +211,22 @@ async def _detect(dsn: str) -> Pooling:
     result = Pooling(pooled, _pooled_note(dsn, server) if pooled else "")
     _detected[dsn] = result
     if pooled:
-        log.warning("%s", result.note)
+        log.log(_POOLING_LEVEL, "%s", result.note)
     return result
+
+
+#: The level the pooling line is logged at: DEBUG for a command that runs and ends (`inturn
+#: queue ...`, for which being pooled changes nothing it does), WARNING for a long-running
+#: process (:func:`announce_pooling`), whose ``/readyz`` also says it.
+_POOLING_LEVEL = logging.DEBUG
+
+
+def announce_pooling() -> None:
+    """Log the pooling line (:func:`detect_pooling`) at WARNING in this process: called by the
+    long-running processes (ingest, a worker, ``inturn local``, the console), for which it says
+    what works differently; a one-shot command keeps it at DEBUG."""
+    global _POOLING_LEVEL
+    _POOLING_LEVEL = logging.WARNING
 
 
 def pooling_notes() -> list[str]:
