@@ -196,6 +196,15 @@ async def _lease_row(dsn: str) -> tuple[int, str, Any, Any, int | None]:
     return row[0], row[1], row[2], row[3], row[4]
 
 
+async def _backlog(dsn: str, dest: str, total: int) -> None:
+    """Queue ``total`` messages ``M00000``... for ``dest``."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as c:
+        items = [
+            NewItem(dest, "adt", f"M{n:05d}", "ADT^A01", local_message(n)) for n in range(total)
+        ]
+        await queue.enqueue(c, items)
+
+
 async def test_a_killed_worker_process_is_replaced_at_once_on_a_direct_connection(
     fresh_db: str, tmp_path: Path
 ) -> None:
@@ -205,11 +214,7 @@ async def test_a_killed_worker_process_is_replaced_at_once_on_a_direct_connectio
     delivery resumes each time. Nothing is lost, at most one duplicate per kill, in order."""
     total, kills = 400, 3
     dest = "default/lab"
-    async with await AsyncConnection.connect(fresh_db, autocommit=True) as c:
-        items = [
-            NewItem(dest, "adt", f"M{n:05d}", "ADT^A01", local_message(n)) for n in range(total)
-        ]
-        await queue.enqueue(c, items)
+    await _backlog(fresh_db, dest, total)
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_LEASE_")}
     env["INTURN_DSN"] = fresh_db
     async with MllpReceiver() as rx:
@@ -309,11 +314,7 @@ async def test_a_stopped_holder_on_a_direct_connection_is_replaced_when_its_leas
     message arrives, in order."""
     total = 200
     dest = "default/lab"
-    async with await AsyncConnection.connect(fresh_db, autocommit=True) as c:
-        items = [
-            NewItem(dest, "adt", f"M{n:05d}", "ADT^A01", local_message(n)) for n in range(total)
-        ]
-        await queue.enqueue(c, items)
+    await _backlog(fresh_db, dest, total)
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_LEASE_")}
     env.update(
         INTURN_DSN=fresh_db,
