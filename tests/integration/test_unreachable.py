@@ -228,3 +228,51 @@ async def test_http_refused_is_unreachable_and_unanswered_is_a_timeout() -> None
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+#: A backoff that would make a returning receiver wait a minute (the reported 51 s).
+LONG = RetryPolicy(max_attempts=0, backoff_seconds=60, max_backoff_seconds=60, timeout_seconds=5)
+
+
+async def test_a_receiver_that_comes_back_is_found_within_a_probe_interval(fresh_db: str) -> None:
+    """Down long enough for the backoff to reach a minute, the receiver comes back: the worker
+    probes it every few seconds while it waits (a connect, no message) and sends at once,
+    instead of at the end of the backoff (issue 39, part 3). The attempts are still not spent;
+    nothing is sent by a probe."""
+    from inturn.worker.drain.stream import PROBE_SECONDS
+
+    receiver = MllpReceiver()
+    await receiver.start()
+    port = receiver.port
+    await receiver.stop()
+    await enqueue(fresh_db)
+    cfg = WorkerConfig(
+        destination=DEST,
+        channel="adt",
+        sender=MllpSenderConfig("127.0.0.1", port),
+        retry=LONG,
+        idle_seconds=120,  # the wait is the backoff's, not an idle poll's
+    )
+    async with running(cfg, fresh_db):
+        await until(lambda: head_tried(fresh_db, 1), timeout=30)
+        [(wait,)] = await fetch(
+            fresh_db,
+            "SELECT extract(epoch FROM next_attempt - clock_timestamp())::float8"
+            " FROM inturn_delivery ORDER BY id LIMIT 1",
+        )
+        assert float(str(wait)) > 30  # held for the long backoff
+        loop = asyncio.get_running_loop()
+        await receiver.start()
+        back = loop.time()
+        try:
+            await receiver.wait_for(1, timeout=30)
+            took = loop.time() - back
+            await receiver.wait_for(MESSAGES, timeout=30)
+        finally:
+            await receiver.stop()
+    # within a probe interval and a probe, on a shared machine's margin: far under the minute
+    assert took < PROBE_SECONDS + 5
+    ids = [p.split(b"|")[9].decode() for p in receiver.received]
+    assert ids == [f"DOWN{n:03d}" for n in range(1, MESSAGES + 1)]
+    rows = await fetch(fresh_db, "SELECT state, attempts FROM inturn_delivery ORDER BY id")
+    assert rows == [("delivered", 1)] * MESSAGES

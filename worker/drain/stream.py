@@ -40,6 +40,12 @@ from inturn.worker.worklist.hooks import Marker
 
 log = logging.getLogger("inturn.drain")
 
+#: While the head waits out a backoff for an unreachable receiver, the receiver is probed this
+#: often (seconds): the first delivery follows its return within about this long.
+PROBE_SECONDS = 2.0
+#: Bound of one probe (a connect that hangs is a failed probe).
+PROBE_TIMEOUT_SECONDS = 3.0
+
 
 class SingleStream(Idling, Outcomes):
     """The single-stream drain of one destination's worker (see the module docstring).
@@ -116,12 +122,17 @@ class SingleStream(Idling, Outcomes):
                 continue
             if head is None:
                 await self._report_depth(conn, stop)
-                await self._wait(
-                    conn,
-                    stop,
-                    self._idle_for(idle if wait is None else min(wait, idle)),
-                    empty=False,
-                )
+                wait_for = self._idle_for(idle if wait is None else min(wait, idle))
+                if self._unreachable_run and await self._probe_until(stop, wait_for):
+                    # the receiver is back: its head goes now, not at the end of its backoff
+                    await self._guarded(
+                        conn,
+                        stop,
+                        "head",
+                        partial(delivery.make_due, conn, self.destination, lease=lease),
+                    )
+                    continue
+                await self._wait(conn, stop, wait_for, empty=False)
                 continue
             gate = self._gate()
             if gate.hold == "throttle":  # spec.throttle: the head waits, nothing overtakes it
@@ -146,6 +157,35 @@ class SingleStream(Idling, Outcomes):
             if prefetched is None or prefetched != (None, None):  # empty: reported at the top
                 # When due, after the send: a depth query never delays the message at hand.
                 await self._report_depth(conn, stop)
+
+    async def _probe_until(self, stop: asyncio.Event, seconds: float) -> bool:
+        """While the head waits out its backoff for an unreachable receiver: probe the receiver
+        every :data:`PROBE_SECONDS` (a connect, TLS where configured, no message), for up to
+        ``seconds``; True as soon as it accepts one (the head then goes at once: the first
+        delivery follows a receiver's return within a probe interval, whatever the outage's
+        length). False when the time is up, or the sender cannot probe (then the backoff
+        rules, as for a receiver that answers but refuses)."""
+        probe = getattr(self.sender, "probe", None)
+        if probe is None or seconds <= PROBE_SECONDS:
+            return False
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await sleep_or_stop(stop, min(PROBE_SECONDS, left))
+            if stop.is_set():
+                return False
+            self._tick()
+            try:
+                if await asyncio.wait_for(probe(), PROBE_TIMEOUT_SECONDS):
+                    log.info(
+                        "destination %s: the receiver accepts connections again", self.destination
+                    )
+                    return True
+            except TimeoutError:
+                pass
+        return False
 
     async def _attempt(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, head: Head, lease: Lease

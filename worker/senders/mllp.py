@@ -314,6 +314,16 @@ class MllpSender:
     def _mismatch(acked: str, control_id: str) -> str:
         return f"MSA-2 {acked[:40]!r} does not match MSH-10 {control_id[:40]!r}"
 
+    async def probe(self) -> bool:
+        """Whether the receiver accepts a connection now (TCP, and the TLS handshake where
+        configured), sending nothing; the connection is kept for the next send. Bound it with
+        a timeout: a connect may hang as long as the network lets it."""
+        try:
+            await self._connection()
+        except DeliveryError:
+            return False
+        return True
+
     async def _connection(self) -> Link:
         link = self._link
         if link is not None:

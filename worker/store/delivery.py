@@ -97,6 +97,19 @@ async def next_head(
     return _head_result(row, destination)
 
 
+async def make_due(conn: AsyncConnection[Any], destination: str, *, lease: Lease) -> bool:
+    """Make ``destination``'s head due now (a probe found its receiver reachable again); no
+    attempt is recorded. Returns whether it was waiting. Renews ``lease``.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing changed.
+    """
+    row = await fetch_one(conn, Q["make_due"], _guard(destination, lease), row=dict_row)
+    if row is None or not row["held"]:
+        raise LeaseLost(lease, "making the head due")
+    return bool(row["changed"])
+
+
 async def poll_head(conn: AsyncConnection[Any], destination: str) -> tuple[int | None, bool]:
     """The id of ``destination``'s head (None: nothing pending or on hold) and whether it is due:
     how a worker behind a pooler, which cannot LISTEN, looks for work between head queries.

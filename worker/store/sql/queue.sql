@@ -185,6 +185,25 @@ history AS (
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM history) AS changed;
 
+-- name: make_due
+-- The head held for an unreachable receiver is due now: a probe found the receiver accepting
+-- connections again (inturn.worker.drain.stream). Touches only the head's next_attempt (no
+-- attempt is recorded); guarded by the lease: held 0 when it is lost (nothing changed).
+WITH lease AS (
+    -- include: lease_guard
+),
+due AS (
+    UPDATE inturn_delivery
+       SET next_attempt = clock_timestamp()
+     WHERE id = (SELECT id FROM inturn_delivery
+                  WHERE destination = %(destination)s AND state = 'pending'
+                  ORDER BY id LIMIT 1)
+       AND next_attempt > clock_timestamp()
+       AND EXISTS (SELECT 1 FROM lease)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM due) AS changed;
+
 -- name: succeeded
 -- As succeeded_next: a skip that raced with the send loses, the item was delivered. Guarded by
 -- the lease: held 0 when it is lost; waited_seconds NULL when the item is gone.
