@@ -18,6 +18,7 @@ from inturn.worker.cli import main
 from inturn.worker.crypto import envelope
 from inturn.worker.crypto.codec import PayloadCodec, PayloadErased, PayloadKeysMissing
 from inturn.worker.drain.main import run, runtime_settings
+from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.pid import lookup_key, patient_identifiers
 from inturn.worker.ingest.service import Ingest
@@ -25,6 +26,7 @@ from inturn.worker.operations import payload_keys, privacy
 from inturn.worker.operations import queue as ops
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.senders.base import DeliveryError
+from inturn.worker.senders.registry import make_sender
 from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store import identifiers, migrate, queue, sealing
 from inturn.worker.store.model import NewItem
@@ -108,37 +110,27 @@ def _held_lines(caplog: pytest.LogCaptureFixture, item_id: int) -> list[str]:
 
 
 @pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
-async def test_a_worker_without_keys_holds_the_head_says_why_and_delivers_once_given_keys(
-    fresh_db: str, keys_dir: Path, key_dsn: str, lanes: int, caplog: pytest.LogCaptureFixture
+async def test_a_worker_without_keys_stops_saying_why_and_delivers_once_given_keys(
+    fresh_db: str, keys_dir: Path, key_dsn: str, lanes: int
 ) -> None:
-    """A worker started without --payload-keys over sealed rows holds at the head (one line
-    naming the item and the cure, its lease kept, its reason on /readyz and in last_error,
-    nothing sent, looked at again); the same queue restarted with the keys is delivered in
-    order. It used to end the worker's task without a word (a new user's trial)."""
+    """A worker started without --payload-keys over sealed rows can never send them: it stops
+    (issue 39: says so once and exits non-zero, so that Kubernetes shows it; `inturn worker`
+    turns the error into one line and exit 2), nothing sent, the rows untouched; the same queue
+    with the keys is delivered in order."""
     codec = await keys.codec(keys_dir, key_dsn)
     sent = [adt(1, "MRN-1"), adt(2, "MRN-1")]
-    first, _ = await sealed_queue(fresh_db, codec, sent)
-    caplog.set_level(logging.INFO, logger="inturn.drain")
+    await sealed_queue(fresh_db, codec, sent)
     async with MllpReceiver() as rx:
-        async with run_worker(worker_config(rx.port, lanes), fresh_db) as worker:
-            await pipeline.until(lambda: len(_held_lines(caplog, first)) >= 2)  # looked again
-            reason = worker.state.not_ready()
-            assert reason is not None and reason.startswith(f"held at id={first}: ")
-            assert worker.state.lock_held and worker.state.failure is None
-            assert worker._unreadable_run[0] == first  # never past it to the second
+        cfg = worker_config(rx.port, lanes)
+        keyless = DestinationWorker(cfg, fresh_db, make_sender(cfg.sender))
+        with pytest.raises(PayloadKeysMissing, match="--payload-keys"):
+            await asyncio.wait_for(keyless.run(asyncio.Event()), 30)  # ends on its own
         assert rx.received == [] and rx.connections == 0
-        line = _held_lines(caplog, first)[0]
-        assert "\n" not in line and "--payload-keys" in line
-        assert f"`inturn queue skip {first}`" in line
-        said = [r.levelname for r in caplog.records if r.getMessage() == line]
-        assert said[0] == "WARNING" and set(said[1:]) == {"INFO"}  # once loud, then quieter
         with psycopg.connect(fresh_db) as conn:
-            cur = conn.execute(
-                "SELECT state, attempts, last_error FROM inturn_delivery ORDER BY id"
-            )
-            (state, attempts, error), behind = cur.fetchall()
-        assert (state, attempts) == ("pending", 0) and behind[:2] == ("pending", 0)
-        assert error.startswith(f"id={first}: ") and "--payload-keys" in error
+            rows = conn.execute(
+                "SELECT state, attempts FROM inturn_delivery ORDER BY id"
+            ).fetchall()
+        assert rows == [("pending", 0), ("pending", 0)]
         reader = await keys.codec(keys_dir, key_dsn)
         async with run_worker(worker_config(rx.port, lanes), fresh_db, payloads=reader):
             await rx.wait_for(2)

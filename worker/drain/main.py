@@ -101,6 +101,7 @@ async def run_worker(
         MasterKeyError: the payload keys are unusable at start (a payload met later that
             cannot be opened holds the queue at it instead: see
             :meth:`inturn.worker.drain.outcome.Outcomes._open_or_hold`).
+        PayloadKeysMissing: a sealed head, and no payload keys were given (one line, exit 2).
     """
     stop, abandon = asyncio.Event(), asyncio.Event()
     shutdown.install(stop, abandon)

@@ -25,7 +25,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker import tracing
 from inturn.worker.crypto.codec import PayloadCodec
-from inturn.worker.crypto.errors import REFUSALS, PayloadErased
+from inturn.worker.crypto.errors import REFUSALS, PayloadErased, PayloadKeysMissing
 from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.holding import LeaseHolding
 from inturn.worker.drain.retry import RetryDecision, decide
@@ -69,21 +69,31 @@ class Outcomes(LeaseHolding):
         """The head's plaintext, opened right before its send (:meth:`PayloadCodec.open`), or,
         when this process cannot open it, the seconds the head is held for.
 
-        An undecryptable head (:data:`inturn.worker.crypto.errors.REFUSALS`: no keys, a key
-        erased, the wrong keys, a malformed envelope) is never sent and never given up: it is
-        held like a head whose receiver is unreachable. One line says which item and the cure,
+        An undecryptable head (:data:`inturn.worker.crypto.errors.REFUSALS`: a key erased, the
+        wrong keys, a malformed envelope) is never sent and never given up: it is held like a
+        head whose receiver is unreachable. One line says which item and the cure,
         ``last_error`` and ``/readyz`` say it too, no attempt is counted, and it is looked at
         again after a backoff (``spec.retry``), so a skip (``inturn queue skip ID``) or the
         keys (a worker restarted with ``--payload-keys``) resume delivery; nothing behind it
         is sent meanwhile (in the lanes: nothing of its lane keys).
 
+        A process started with no payload keys at all can never send a sealed message: it does
+        not hold, it raises :class:`PayloadKeysMissing`, which ends the worker with one line
+        and a non-zero exit (``inturn worker``) or ends that destination's task with one line
+        (``inturn local``); the head stays pending, untouched.
+
         Raises:
             LeaseLost: the lease was taken over while its hold was recorded.
+            PayloadKeysMissing: a sealed head, and this process has no payload keys.
         """
         item = head.item
         try:
             payload = await self.payloads.open(item.id, item.destination, head.payload)
         except REFUSALS as exc:
+            if isinstance(exc, PayloadKeysMissing) and not self.payloads.enabled:
+                # no keys at all: nothing sealed can ever be sent by this process; it stops,
+                # saying so once, and Kubernetes shows it (the head stays pending, untouched)
+                raise
             return await self._unreadable(conn, stop, head, exc, lease)
         if self._unreadable_run[0] and self.config.lanes == 1:  # skipped: the queue moves
             self._unheld()

@@ -36,6 +36,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.crypto.errors import PayloadKeysMissing
 from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.lane_runner import LaneDrain
 from inturn.worker.drain.observer import NullObserver, Observer
@@ -149,8 +150,8 @@ class DestinationWorker(SingleStream):
             on ``listen_dsn`` or not at all); None: the worker finds out at start
             (:func:`inturn.worker.store.connect.detect_pooling`).
         payloads: opens stored payloads right before the send (default: no keys, plaintext
-            passes and an envelope holds the queue at it with one line naming
-            ``--payload-keys``: :meth:`inturn.worker.drain.outcome.Outcomes._open_or_hold`).
+            passes and an envelope ends the worker with one line naming ``--payload-keys``:
+            :meth:`inturn.worker.drain.outcome.Outcomes._open_or_hold`).
         listen_dsn: a direct DSN for LISTEN when ``dsn`` is pooled (``--listen-dsn``); default
             ``$INTURN_LISTEN_DSN``. Without one a pooled worker polls.
         poll_seconds: how often a pooled worker without ``listen_dsn`` looks for work; default
@@ -243,6 +244,8 @@ class DestinationWorker(SingleStream):
                         away = AWAY.setdefault(self.dsn, DatabaseAway())
                         away.failed(self.destination, what, _first_line(exc), delay)
                     await sleep_or_stop(stop, delay)
+                except PayloadKeysMissing:  # this process can never send: it stops, once
+                    raise
                 except Exception as exc:  # a bug: said, seen on /readyz, and not the end of it
                     failures += 1
                     self._set_lock(False)
