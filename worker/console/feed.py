@@ -37,6 +37,7 @@ from inturn.worker.console.trends import History, feed_name
 from inturn.worker.store import feeds as feeds_store
 from inturn.worker.store import notify, reads, registry
 from inturn.worker.store.connect import write_target
+from inturn.worker.text.conditions import Condition
 
 log = logging.getLogger("inturn.console")
 
@@ -176,20 +177,23 @@ class Feed:
                 q.put_nowait(self.snapshot)
 
     async def _run(self) -> None:
+        away = Condition(log, "the console feed")
         while True:
             try:
-                await self._listen_loop()
+                await self._listen_loop(away)
             except (psycopg.Error, OSError) as exc:
-                log.warning("console feed: database unavailable (%s); retrying in 2s", exc)
+                # said when it begins and when it ends, not every 2 s (issue 39's log storms)
+                away.failed(f"database unavailable ({type(exc).__name__})", "every 2s")
                 await asyncio.sleep(2.0)
 
-    async def _listen_loop(self) -> None:
+    async def _listen_loop(self, away: Condition) -> None:
         conn = await AsyncConnection.connect(
             self.dsn,
             autocommit=True,
             application_name="inturn-console feed",
             **write_target(self.dsn),  # LISTEN needs the primary
         )
+        away.succeeded()
         try:
             listening: set[str] = set()
             while True:
