@@ -77,6 +77,9 @@ def test_delivery_table_has_the_expected_columns(dsn: str) -> None:
         "traceparent": "text",
         "resent_as": "bigint",
         "resent_from": "bigint",
+        "message_id": "bigint",
+        "seal_id": "bigint",
+        "seal_scope": "text",
     }
     assert head is not None
     assert "(destination, id)" in head[0] and "WHERE (state = 'pending'::text)" in head[0]

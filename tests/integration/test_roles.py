@@ -470,7 +470,16 @@ REFUSED["worker"] += [
     f"SELECT pg_try_advisory_lock({WORKER_LOCK_KEY})",
     "SELECT pg_try_advisory_lock(hashtextextended('inturn:purge', 0))",
     "SELECT inturn_purge_lock()",
-    "SELECT inturn_enqueue_lock('ward/lab')",
+    # it pulls slim rows from the channel log (migration 0033): never a payload or a state of
+    # its own making, never a change to the log
+    "INSERT INTO inturn_delivery (destination, channel, control_id, message_type, payload, size)"
+    " VALUES ('ward/lab', 'adt', 'X', 'ADT^A01', convert_to('MSH|FORGED', 'UTF8'), 11)",
+    "INSERT INTO inturn_delivery (destination, channel, control_id, message_type, size, state,"
+    " finished_at) VALUES ('ward/lab', 'adt', 'X', 'ADT^A01', 11, 'delivered', now())",
+    "UPDATE inturn_message SET payload = convert_to('MSH|FORGED', 'UTF8')",
+    "INSERT INTO inturn_message (channel, control_id, message_type, payload, size, route)"
+    " VALUES ('adt', 'X', 'ADT^A01', convert_to('MSH|FORGED', 'UTF8'), 11, 1)",
+    "UPDATE inturn_cursor SET destination = 'ward/other'",
 ]
 REFUSED["purge"] += [
     # purge deletes through its function only, which never deletes a pending row
@@ -487,6 +496,8 @@ REFUSED["reader"] += [
     "SELECT patient_keys FROM inturn_delivery",
     "SELECT inturn_purge_lock()",
     "SELECT inturn_enqueue_lock('ward/lab')",
+    "SELECT payload FROM inturn_message",
+    "SELECT patient_keys FROM inturn_message",
 ]
 for _component in roles.COMPONENTS:
     if _component != "sweeper":

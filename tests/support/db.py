@@ -22,7 +22,7 @@ from inturn.worker.store import registry
 Denied = psycopg.errors.InsufficientPrivilege
 
 #: The one table that keeps its rows: the migrations that made the schema.
-KEPT = ("inturn_schema_migrations",)
+KEPT = ("inturn_schema_migrations", "inturn_epoch")
 
 
 @contextlib.contextmanager

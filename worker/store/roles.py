@@ -103,6 +103,8 @@ NO_PATIENT_DATA = Grant("SELECT", but=PATIENT_DATA)
 #: the components that enqueue encrypted payloads (see ``queue.draw_ids``).
 SEQUENCES: dict[str, tuple[str, ...]] = {
     "inturn_delivery_id_seq": ("ingest", "admin", "sweeper"),
+    # the channel log's ids (migration 0033): a message is sealed once, bound to its log id
+    "inturn_message_id_seq": ("ingest", "admin"),
 }
 
 #: Every table of the schema -> role -> its privileges. A table missing here fails
@@ -132,9 +134,25 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         # It reads the head (payload included) and the patient keys (with lanes, a message's
         # keys say which others it must wait for; the payload it sends names the same patients)
         # and records an outcome: state, attempts, times, errors. It never changes the payload,
-        # the destination or the patient keys.
+        # the destination or the patient keys. It pulls its destination's messages from the
+        # channel log (migration 0033) into slim rows: an insertion of the log's facts and the
+        # message's id, never a payload or a state.
         "worker": (
             SELECT,
+            Grant(
+                "INSERT",
+                (
+                    "destination",
+                    "channel",
+                    "control_id",
+                    "message_type",
+                    "size",
+                    "patient_keys",
+                    "traceparent",
+                    "enqueued_at",
+                    "message_id",
+                ),
+            ),
             Grant(
                 "UPDATE",
                 (
@@ -174,6 +192,41 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         # a person's role changes any column but the resend links (written by the copies' insertion)
         "admin": (SELECT, INSERT, Grant("UPDATE", but=("resent_as",)), DELETE),
         "reader": (NO_PATIENT_DATA,),
+    },
+    # The channel log (migration 0033): ingest appends a message once and reads back what its
+    # duplicate window needs (never a payload); the worker reads what it pulls and sends.
+    "inturn_message": {
+        "ingest": (
+            INSERT,
+            Grant("SELECT", ("id", "channel", "control_id", "route", "enqueued_at")),
+        ),
+        "worker": (SELECT,),
+        "operator": (Grant("SELECT", ("id", "channel", "route", "enqueued_at")),),
+        "sweeper": (NO_PATIENT_DATA,),
+        "admin": (SELECT, INSERT, Grant("UPDATE", ("payload", "patient_keys"))),
+        "reader": (NO_PATIENT_DATA,),
+    },
+    # Route sets: ingest adds the sets it meets; everyone who reads the log may resolve them.
+    "inturn_route": {
+        "ingest": (SELECT, INSERT),
+        "worker": (SELECT,),
+        "operator": (SELECT,),
+        "sweeper": (SELECT,),
+        "admin": (SELECT, INSERT),
+        "reader": (SELECT,),
+    },
+    # Each destination's place in its channel's log: the worker's pull moves it; depth reads it.
+    "inturn_cursor": {
+        "worker": (SELECT, INSERT, Grant("UPDATE", ("position",))),
+        "operator": (SELECT,),
+        "sweeper": (SELECT,),
+        "admin": (SELECT, INSERT, Grant("UPDATE", ("position",))),
+        "reader": (SELECT,),
+    },
+    # The log's id ranges (partitions); issue 37's maintenance writes them.
+    "inturn_epoch": {
+        "admin": (SELECT,),
+        "reader": (SELECT,),
     },
     # ingest's own duplicate window (it purges it itself); nobody else uses it
     "inturn_received": {
@@ -294,7 +347,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     # the resend links (migration 0032): a trigger function, run by inserting a copy, by nobody
     "inturn_link_resend()": (),
     # ingest stores, the admin resends (the notice function takes it as its owner)
-    "inturn_enqueue_lock(text)": ("ingest", "admin"),
+    # (and the worker pulls its destination's messages from the channel log under it)
+    "inturn_enqueue_lock(text)": ("ingest", "worker", "admin"),
     # the sweeper's one way to enqueue: a cancelled booking's notice to a carrier (0017)
     "inturn_enqueue_cancel_notice(text,text)": ("sweeper",),
     # the bound on feed senders, a trigger of inturn_feed_sender: nobody calls it (0017)

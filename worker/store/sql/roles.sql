@@ -3,11 +3,13 @@
 -- Python with psycopg.sql identifiers.
 
 -- name: tables
--- inturn's tables in the current schema.
-SELECT tablename
-  FROM pg_tables
- WHERE schemaname = current_schema() AND starts_with(tablename, 'inturn_')
- ORDER BY tablename;
+-- inturn's tables in the current schema (a partitioned table once: its partitions are reached
+-- through it, with its privileges, and get none of their own).
+SELECT c.relname::text AS tablename
+  FROM pg_class c
+ WHERE c.relnamespace = to_regnamespace(current_schema()) AND c.relkind IN ('r', 'p')
+   AND NOT c.relispartition AND starts_with(c.relname, 'inturn_')
+ ORDER BY 1;
 
 -- name: columns
 -- A table's live columns, in order.
