@@ -86,9 +86,8 @@ class Outcomes(LeaseHolding):
             LeaseLost: the lease was taken over while its hold was recorded.
             PayloadKeysMissing: a sealed head, and this process has no payload keys.
         """
-        item = head.item
         try:
-            payload = await self.payloads.open(item.id, item.destination, head.payload)
+            payload = await self.payloads.open(*head.binding, head.payload)
         except REFUSALS as exc:
             if isinstance(exc, PayloadKeysMissing) and not self.payloads.enabled:
                 # no keys at all: nothing sealed can ever be sent by this process; it stops,

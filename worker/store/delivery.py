@@ -57,7 +57,8 @@ def _head_result(row: Mapping[str, Any] | None, destination: str) -> HeadResult:
         row["id"], row["channel"], destination, row["control_id"], row["message_type"],
         row["attempts"],
     )  # fmt: skip
-    return Head(item, row["payload"], row["traceparent"]), None
+    seal = (int(row["seal_id"]), str(row["seal_scope"]))
+    return Head(item, row["payload"], row["traceparent"], seal=seal), None
 
 
 def _guard(destination: str, lease: Lease) -> dict[str, Any]:
@@ -383,6 +384,7 @@ async def take(
             payload=bytes(r["payload"]),
             traceparent=r.get("traceparent"),
             keys=tuple(r["patient_keys"] or ()),
+            seal=(int(r["seal_id"]), str(r["seal_scope"])),
         )
         for r in rows
         if r["id"] is not None

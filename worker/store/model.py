@@ -131,6 +131,16 @@ class Head:
     #: The row's ``patient_keys`` (its lane keys, see :mod:`inturn.worker.drain.lanes`); empty
     #: when the row has none, or when the head was read by the single stream's head query.
     keys: tuple[str, ...] = ()
+    #: The binding the payload was sealed under (migration 0033): ``(id, scope)``, the row's
+    #: own id and destination for a row holding its own payload, the log id and
+    #: ``channel:<name>`` for a message stored once in the channel log; None: the item's own
+    #: ``(id, destination)``.
+    seal: tuple[int, str] | None = None
+
+    @property
+    def binding(self) -> tuple[int, str]:
+        """``(id, scope)`` to open the payload with (see ``seal``)."""
+        return self.seal if self.seal is not None else (self.item.id, self.item.destination)
 
 
 class ExpectedReply(Protocol):

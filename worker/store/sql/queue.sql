@@ -16,6 +16,18 @@ UPDATE inturn_lease
    AND set_config('synchronous_commit', 'on', true) = 'on'
 RETURNING 1 AS held
 
+-- fragment: payload_binding
+-- A row's payload and the binding it was sealed with (migration 0033), for a row "d" of
+-- inturn_delivery LEFT JOINed to its log row "m" (ON m.id = d.message_id): a row holding a
+-- payload of its own (stored before the channel log, or kept when its day was dropped) was
+-- sealed for its own id and destination unless seal_id/seal_scope say otherwise; a slim row's
+-- payload is its log row's, sealed once for the log id and "channel:<name>".
+coalesce(d.payload, m.payload) AS payload,
+CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_id, d.id)
+     ELSE coalesce(m.seal_id, m.id) END AS seal_id,
+CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_scope, d.destination)
+     ELSE coalesce(m.seal_scope, 'channel:' || m.channel) END AS seal_scope,
+
 -- name: synchronous_commit
 -- For the transaction in progress: it is durable when COMMIT returns.
 SET LOCAL synchronous_commit = on;
@@ -73,14 +85,17 @@ WITH lease AS (
 SELECT lease.held, h.*
   FROM lease
   LEFT JOIN LATERAL (
-       SELECT id, channel, control_id, message_type, attempts, payload, traceparent,
-              greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
+       SELECT d.id, d.channel, d.control_id, d.message_type, d.attempts,
+              -- include: payload_binding
+              d.traceparent,
+              greatest(0, extract(epoch FROM d.next_attempt - clock_timestamp()))::float8
                   AS wait_seconds
-         FROM inturn_delivery
-        WHERE destination = %(destination)s AND state = 'pending' AND id > %(after)s
+         FROM inturn_delivery d
+         LEFT JOIN inturn_message m ON m.id = d.message_id
+        WHERE d.destination = %(destination)s AND d.state = 'pending' AND d.id > %(after)s
           AND NOT EXISTS (SELECT 1 FROM inturn_destination held
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
-        ORDER BY id
+        ORDER BY d.id
         LIMIT 1) AS h ON TRUE;
 
 -- name: poll_head
@@ -101,15 +116,23 @@ SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS wa
        h.*
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (
-       SELECT id, channel, control_id, message_type, attempts, payload, traceparent,
-              greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8
+       SELECT d.id, d.channel, d.control_id, d.message_type, d.attempts,
+              -- payload_binding's text (a fragment includes no other)
+              coalesce(d.payload, m.payload) AS payload,
+              CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_id, d.id)
+                   ELSE coalesce(m.seal_id, m.id) END AS seal_id,
+              CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_scope, d.destination)
+                   ELSE coalesce(m.seal_scope, 'channel:' || m.channel) END AS seal_scope,
+              d.traceparent,
+              greatest(0, extract(epoch FROM d.next_attempt - clock_timestamp()))::float8
                   AS wait_seconds
-         FROM inturn_delivery
-        WHERE destination = %(destination)s AND state = 'pending' AND id > %(id)s
+         FROM inturn_delivery d
+         LEFT JOIN inturn_message m ON m.id = d.message_id
+        WHERE d.destination = %(destination)s AND d.state = 'pending' AND d.id > %(id)s
           AND EXISTS (SELECT 1 FROM lease)
           AND NOT EXISTS (SELECT 1 FROM inturn_destination held
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
-        ORDER BY id
+        ORDER BY d.id
         LIMIT 1) AS h ON TRUE;
 
 -- name: succeeded_next
@@ -677,15 +700,18 @@ SELECT lease.held,
        t.*
   FROM lease
   LEFT JOIN LATERAL (
-       SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-              enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by,
-              finished_at, payload, traceparent, patient_keys
-         FROM inturn_delivery
-        WHERE id = ANY(%(ids)s::bigint[]) AND destination = %(destination)s
-          AND state = 'pending'
+       SELECT d.id, d.channel, d.destination, d.control_id, d.message_type, d.size, d.state,
+              d.attempts, d.enqueued_at, d.next_attempt, d.last_attempt, d.last_error,
+              d.reason, d.decided_by, d.finished_at,
+              -- include: payload_binding
+              d.traceparent, d.patient_keys
+         FROM inturn_delivery d
+         LEFT JOIN inturn_message m ON m.id = d.message_id
+        WHERE d.id = ANY(%(ids)s::bigint[]) AND d.destination = %(destination)s
+          AND d.state = 'pending'
           AND NOT EXISTS (SELECT 1 FROM inturn_destination held
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
-        ORDER BY id) AS t ON TRUE;
+        ORDER BY d.id) AS t ON TRUE;
 
 -- name: lane_window
 -- What a destination's lanes hold, for people (the console, `queue depth`, the status): its
