@@ -37,8 +37,8 @@ from inturn.worker.drain.observer import Observer
 from inturn.worker.drain.state import WorkerHealth
 from inturn.worker.drain.steps import StepRunner, sleep_or_stop
 from inturn.worker.spec.config import LeaseSettings, WorkerConfig
+from inturn.worker.store import delivery, locks
 from inturn.worker.store import lease as leases
-from inturn.worker.store import locks
 from inturn.worker.store.faults import Step
 from inturn.worker.store.lease import Lease, LeaseLost
 
@@ -228,6 +228,23 @@ class LeaseHolding:
         )
         self._renewed(sent)
         return result
+
+    async def _pull(self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease) -> int:
+        """Pull this destination's messages from its channel's log into its queue (one batch,
+        :func:`inturn.worker.store.delivery.pull`), guarded by ``lease``; returns how many rows
+        it added. Run when the queue looks empty and when woken, so that nothing accepted stays
+        in the log unseen.
+
+        Raises:
+            LeaseLost: the lease was taken over.
+        """
+        pulled = await self._guarded(
+            conn,
+            stop,
+            "head",
+            partial(delivery.pull, conn, self.destination, self.config.channel, lease=lease),
+        )
+        return pulled.count
 
     async def _renew_between(self, conn: AsyncConnection[Any]) -> None:
         """Between two tries of a failed guarded statement (which renewed nothing): renew the

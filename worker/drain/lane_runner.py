@@ -213,6 +213,10 @@ class LaneDrain:
                 continue
             self.w._say_held(None)
             await self.w._keep_lease(self.conn, self.stop, self.lease)  # when it is due
+            if self._want_full or not self.window:
+                pulled = await self.w._guarded(self.conn, self.stop, "head", self._pull_once)
+                if pulled:
+                    self.complete = False  # the channel log had messages for it: read the tail
             later = await self._read_window()
             self.w.state.db_ok = True
             timeout = await self._start()
@@ -363,6 +367,13 @@ class LaneDrain:
         self.wake.clear()
 
     # --- the window -------------------------------------------------------------------------
+
+    async def _pull_once(self) -> int:
+        """One pull from the channel log (:func:`inturn.worker.store.delivery.pull`)."""
+        pulled = await delivery.pull(
+            self.conn, self.w.destination, self.w.config.channel, lease=self.lease
+        )
+        return pulled.count
 
     async def _read_window(self) -> float | None:
         """Read the window again, whole or its tail; returns the seconds after which a full

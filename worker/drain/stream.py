@@ -117,6 +117,8 @@ class SingleStream(Idling, Outcomes):
                     )
             self.state.db_ok = True
             if head is None and wait is None:
+                if await self._pull(conn, stop, lease):  # the channel log had messages for it
+                    continue
                 self._report_empty()
                 await self._wait(conn, stop, self._idle_for(idle), empty=True)
                 continue

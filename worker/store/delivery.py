@@ -98,6 +98,55 @@ async def next_head(
     return _head_result(row, destination)
 
 
+#: Log rows a pull copies at most (one statement; a longer backlog takes several pulls).
+PULL_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """What one pull did: ``count`` rows added to the queue, the cursor now at ``position``
+    (a log id; everything of the channel at or below it is pulled) and ``more``: the limit was
+    reached, so more may be waiting in the log."""
+
+    count: int
+    position: int
+    more: bool
+
+
+async def pull(
+    conn: AsyncConnection[Any],
+    destination: str,
+    channel: str,
+    *,
+    lease: Lease,
+    limit: int = PULL_LIMIT,
+) -> Pulled:
+    """Copy the channel log's messages routed to ``destination`` past its cursor into its
+    queue, as slim rows in log order, and move the cursor (docs/explanation/storage-layout.md),
+    in one transaction under the destination's enqueue lock; renews ``lease``.
+
+    Args:
+        channel: the destination's ingest channel (the log it reads).
+        limit: at most this many rows (1 or more).
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was pulled.
+        Invalid: ``lease`` is another destination's, or ``limit`` < 1.
+    """
+    if limit < 1:
+        raise Invalid(f"a pull takes at least 1 row, not {limit}")
+    guard = _guard(destination, lease)
+    async with conn.transaction():
+        if await fetch_one(conn, Q["pull_lock"], guard, row=dict_row) is None:
+            raise LeaseLost(lease, "pulling from the channel log")
+        params = {**guard, "channel": channel, "limit": limit}
+        row = await fetch_one(conn, Q["pull"], params, row=dict_row)
+        if row is None or row["held"] is None:
+            raise LeaseLost(lease, "pulling from the channel log")
+    count = int(row["pulled"])
+    return Pulled(count, int(row["position"]), count >= limit)
+
+
 async def make_due(conn: AsyncConnection[Any], destination: str, *, lease: Lease) -> bool:
     """Make ``destination``'s head due now (a probe found its receiver reachable again); no
     attempt is recorded. Returns whether it was waiting. Renews ``lease``.

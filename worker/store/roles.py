@@ -217,10 +217,10 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     },
     # Each destination's place in its channel's log: the worker's pull moves it; depth reads it.
     "inturn_cursor": {
-        "worker": (SELECT, INSERT, Grant("UPDATE", ("position",))),
+        "worker": (SELECT, INSERT, Grant("UPDATE", ("channel", "position"))),
         "operator": (SELECT,),
         "sweeper": (SELECT,),
-        "admin": (SELECT, INSERT, Grant("UPDATE", ("position",))),
+        "admin": (SELECT, INSERT, Grant("UPDATE", ("channel", "position"))),
         "reader": (SELECT,),
     },
     # The log's id ranges (partitions); issue 37's maintenance writes them.

@@ -65,6 +65,73 @@ RETURNING id;
 -- name: notify
 SELECT pg_notify(%(channel)s, %(destination)s);
 
+-- name: pull_lock
+-- The first statement of a pull's transaction (the channel log, migration 0033): this
+-- destination's enqueue lock, held until COMMIT, so that a pull and anything else that adds
+-- rows to its queue (a resend) do so one at a time and the queue's id order stays the order
+-- messages were accepted in. Taken before the pull statement, whose snapshot is then taken
+-- after the lock is held (READ COMMITTED: a snapshot per statement) and sees the cursor as the
+-- previous pull left it. Guarded by the lease: no row (and no lock) when it is lost.
+WITH lease AS (
+    -- include: lease_guard
+)
+SELECT lease.held, inturn_enqueue_lock(%(destination)s) AS locked
+  FROM lease;
+
+-- name: pull
+-- A destination's pull from its channel's log: the log rows past its cursor whose route set
+-- names it become slim rows of its queue (no payload: they read it through message_id), in
+-- log order, up to "limit"; the cursor moves to the last row pulled when the limit was
+-- reached, else to the highest log id of the channel this statement's snapshot sees (every
+-- lower id of the channel has committed or never will: ingest draws a channel's ids under
+-- the channel's enqueue lock). It never moves back. Run under pull_lock, in its transaction.
+-- Guarded by the lease: held NULL and nothing written when it is lost.
+WITH lease AS (
+    -- include: lease_guard
+),
+cur AS (
+    SELECT coalesce((SELECT c.position FROM inturn_cursor c
+                      WHERE c.destination = %(destination)s), 0) AS position
+      FROM lease
+),
+picked AS (
+    SELECT m.id, m.control_id, m.message_type, m.size, m.patient_keys, m.traceparent,
+           m.enqueued_at
+      FROM cur
+      JOIN inturn_message m ON m.channel = %(channel)s AND m.id > cur.position
+     WHERE m.route = ANY (ARRAY(SELECT r.id FROM inturn_route r
+                                 WHERE r.channel = %(channel)s
+                                   AND r.destinations @> ARRAY[%(destination)s::text]))
+     ORDER BY m.id
+     LIMIT %(limit)s
+),
+pulled AS (
+    INSERT INTO inturn_delivery
+           (destination, channel, control_id, message_type, size, patient_keys, traceparent,
+            enqueued_at, message_id)
+    SELECT %(destination)s, %(channel)s, p.control_id, p.message_type, p.size, p.patient_keys,
+           p.traceparent, p.enqueued_at, p.id
+      FROM picked p
+     ORDER BY p.id
+    RETURNING id
+),
+moved AS (
+    INSERT INTO inturn_cursor AS c (destination, channel, position)
+    SELECT %(destination)s, %(channel)s,
+           CASE WHEN (SELECT count(*) FROM picked) >= %(limit)s
+                THEN (SELECT max(p.id) FROM picked p)
+                ELSE greatest(cur.position,
+                              coalesce((SELECT max(m.id) FROM inturn_message m
+                                         WHERE m.channel = %(channel)s), 0))
+           END
+      FROM cur
+    ON CONFLICT (destination) DO UPDATE
+       SET position = greatest(c.position, EXCLUDED.position), channel = EXCLUDED.channel
+    RETURNING c.position
+)
+SELECT (SELECT held FROM lease) AS held, (SELECT count(*) FROM pulled) AS pulled,
+       (SELECT position FROM moved) AS position;
+
 -- name: blocked
 SELECT EXISTS (
     SELECT 1 FROM inturn_delivery WHERE destination = %(destination)s AND state = 'pending'

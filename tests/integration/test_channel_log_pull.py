@@ -1,0 +1,132 @@
+"""A destination's pull from its channel's log (issue 43, docs/explanation/storage-layout.md):
+the log rows routed to it, past its cursor, become slim rows of its queue in log order; the
+cursor never skips a row; the lease fences a puller that lost it; the statement plans on the
+log's (channel, id) index."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection
+
+from inturn.worker.store import delivery
+from inturn.worker.store import lease as leases
+from inturn.worker.store.lease import LeaseLost
+from inturn.worker.store.queries import load
+
+pytestmark = pytest.mark.store
+
+A = "ward/a"
+B = "ward/b"
+CHANNEL = "adt"
+
+
+def append(conn: psycopg.Connection, route: list[str], n: int, channel: str = CHANNEL) -> list[int]:
+    """Append ``n`` messages routed to ``route`` to the log, as ingest does (the channel's
+    enqueue lock, one route set row)."""
+    conn.execute(
+        "INSERT INTO inturn_route (channel, destinations) VALUES (%s, %s)"
+        " ON CONFLICT (channel, destinations) DO NOTHING",
+        (channel, sorted(route)),
+    )
+    [(route_id,)] = conn.execute(
+        "SELECT id FROM inturn_route WHERE channel = %s AND destinations = %s",
+        (channel, sorted(route)),
+    ).fetchall()
+    ids = []
+    for i in range(n):
+        payload = f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|C{i}|P|2.5\r".encode()
+        [(log_id,)] = conn.execute(
+            "INSERT INTO inturn_message (channel, control_id, message_type, payload, size, route,"
+            " patient_keys) VALUES (%s, %s, 'ADT^A01', %s, %s, %s, '{k1}') RETURNING id",
+            (channel, f"C{i}", payload, len(payload), route_id),
+        ).fetchall()
+        ids.append(log_id)
+    return ids
+
+
+async def queued(conn: AsyncConnection, destination: str) -> list[tuple[int, str]]:
+    cur = await conn.execute(
+        "SELECT message_id, control_id FROM inturn_delivery d WHERE destination = %s"
+        " AND payload IS NULL ORDER BY id",
+        (destination,),
+    )
+    return [(r[0], r[1]) for r in await cur.fetchall()]
+
+
+async def test_a_pull_takes_its_routed_rows_in_log_order_and_moves_the_cursor(
+    fresh_db: str,
+) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        both = append(sync, [A, B], 3)
+        only_b = append(sync, [B], 2)
+        both += append(sync, [A, B], 2)
+        other = append(sync, [A], 2, channel="orm")  # another channel's log: not A's here
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease_a = await leases.acquire(conn, A, "w-a", 60)
+        first = await delivery.pull(conn, A, CHANNEL, lease=lease_a, limit=2)
+        assert (first.count, first.position, first.more) == (2, both[1], True)
+        rest = await delivery.pull(conn, A, CHANNEL, lease=lease_a)
+        # fewer than the limit: the cursor moves to the channel's highest id, past B's own rows
+        assert (rest.count, rest.position, rest.more) == (3, both[-1], False)
+        again = await delivery.pull(conn, A, CHANNEL, lease=lease_a)
+        assert (again.count, again.position) == (0, both[-1])
+        assert [m for m, _ in await queued(conn, A)] == both
+        lease_b = await leases.acquire(conn, B, "w-b", 60)
+        await delivery.pull(conn, B, CHANNEL, lease=lease_b)
+        assert [m for m, _ in await queued(conn, B)] == sorted(both + only_b)
+        # the head reads the payload and its binding through message_id
+        head, _ = await delivery.next_head(conn, A, lease=lease_a)
+        assert head is not None
+        assert head.payload.startswith(b"MSH|") and head.binding == (both[0], "channel:adt")
+        assert head.item.control_id == "C0"
+    assert other
+
+
+async def test_a_puller_whose_lease_was_taken_over_pulls_nothing(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        append(sync, [A], 2)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        old = await leases.acquire(conn, A, "w-old", 60)
+        await conn.execute("UPDATE inturn_lease SET expires_at = now() - interval '1 s'")
+        new = await leases.acquire(conn, A, "w-new", 60)
+        assert new.epoch > old.epoch
+        with pytest.raises(LeaseLost):
+            await delivery.pull(conn, A, CHANNEL, lease=old)
+        assert await queued(conn, A) == []
+        cur = await conn.execute("SELECT count(*) FROM inturn_cursor")
+        assert (await cur.fetchone()) == (0,)
+        assert (await delivery.pull(conn, A, CHANNEL, lease=new)).count == 2
+
+
+async def test_a_row_committed_after_the_pulls_snapshot_is_pulled_next_time(
+    fresh_db: str,
+) -> None:
+    """The channel's enqueue lock orders the log's commits: a message whose transaction is open
+    while the destination pulls is neither skipped nor pulled twice."""
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        first = append(sync, [A], 1)
+        with psycopg.connect(fresh_db) as ingest:  # a transaction open across the pull
+            late = append(ingest, [A], 1)
+            async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+                lease = await leases.acquire(conn, A, "w-a", 60)
+                pulled = await delivery.pull(conn, A, CHANNEL, lease=lease)
+                assert (pulled.count, pulled.position) == (1, first[0])
+                ingest.commit()
+                pulled = await delivery.pull(conn, A, CHANNEL, lease=lease)
+                assert (pulled.count, pulled.position) == (1, late[0])
+                assert [m for m, _ in await queued(conn, A)] == first + late
+
+
+def test_the_pull_plans_on_the_logs_channel_index(dsn: str) -> None:
+    query = load("queue.sql")["pull"]
+    params = {
+        "destination": A, "holder": "w", "epoch": 1, "channel": CHANNEL, "limit": 500,
+    }  # fmt: skip
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL enable_seqscan = off")
+        [(plan,)] = conn.execute(f"EXPLAIN (FORMAT JSON) {query}", params).fetchall()
+    text = json.dumps(plan)
+    assert "inturn_message_e1_channel_id_idx" in text
