@@ -130,3 +130,47 @@ def test_the_pull_plans_on_the_logs_channel_index(dsn: str) -> None:
         [(plan,)] = conn.execute(f"EXPLAIN (FORMAT JSON) {query}", params).fetchall()
     text = json.dumps(plan)
     assert "inturn_message_e1_channel_id_idx" in text
+
+
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
+async def test_a_worker_delivers_what_the_log_routes_to_it_and_nothing_else(
+    fresh_db: str, lanes: int
+) -> None:
+    """A real worker, woken by nothing (its idle poll and its empty queue), pulls the log rows
+    routed to it and sends them in log order; a message routed elsewhere never holds it up."""
+    import asyncio
+
+    from inturn.worker.testing import MllpReceiver
+    from tests.support import pipeline
+    from tests.support.pipeline import worker as run_worker
+
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        append(sync, [A], 2)
+        append(sync, [B], 3)  # not A's: it never waits behind them
+        append(sync, [A, B], 2)
+        expected = [
+            bytes(r[0])
+            for r in sync.execute(
+                "SELECT m.payload FROM inturn_message m JOIN inturn_route r ON r.id = m.route"
+                " WHERE %s = ANY(r.destinations) ORDER BY m.id",
+                (A,),
+            ).fetchall()
+        ]
+    async with MllpReceiver() as rx:
+        config = pipeline.worker_config(A, rx.port, channel=CHANNEL, lanes=lanes)
+        async with run_worker(config, fresh_db):
+            await rx.wait_for(4)
+            async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+                async with asyncio.timeout(10):
+                    while True:
+                        cur = await conn.execute(
+                            "SELECT count(*) FROM inturn_delivery WHERE destination = %s"
+                            " AND state = 'delivered'",
+                            (A,),
+                        )
+                        if (await cur.fetchone()) == (4,):
+                            break
+                        await asyncio.sleep(0.05)
+    assert sorted(rx.received) == sorted(expected)
+    if lanes == 1:
+        assert rx.received == expected
