@@ -174,3 +174,44 @@ async def test_a_worker_delivers_what_the_log_routes_to_it_and_nothing_else(
     assert sorted(rx.received) == sorted(expected)
     if lanes == 1:
         assert rx.received == expected
+
+
+async def test_a_pooled_workers_poll_sees_a_routed_log_row_as_a_due_head(fresh_db: str) -> None:
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w-a", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease)  # its cursor, at 0
+        assert await delivery.poll_head(conn, A) == (None, False)
+        with psycopg.connect(fresh_db, autocommit=True) as sync:
+            append(sync, [B], 1)
+            assert await delivery.poll_head(conn, A) == (None, False)  # not routed to A
+            [mine] = append(sync, [A], 1)
+        assert await delivery.poll_head(conn, A) == (mine, True)
+        await delivery.pull(conn, A, CHANNEL, lease=lease)
+        head_id, due = await delivery.poll_head(conn, A)
+        assert due and head_id is not None and head_id != mine  # its slim row's own id
+
+
+async def test_one_notify_per_channel_wakes_its_worker_at_once(fresh_db: str) -> None:
+    """The worker LISTENs to its channel's wake-up name beside its own: a message appended to
+    the log with one channel NOTIFY is sent long before its idle poll would have found it."""
+    import asyncio
+
+    from inturn.worker.store import notify
+    from inturn.worker.testing import MllpReceiver
+    from tests.support import pipeline
+    from tests.support.pipeline import worker as run_worker
+
+    async with MllpReceiver() as rx:
+        config = pipeline.worker_config(A, rx.port, channel=CHANNEL, idle_seconds=3600)
+        async with run_worker(config, fresh_db):
+            async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+                async with asyncio.timeout(10):  # the worker has pulled once: its cursor
+                    while (
+                        await (await conn.execute("SELECT count(*) FROM inturn_cursor")).fetchone()
+                    ) != (1,):
+                        await asyncio.sleep(0.05)
+                with psycopg.connect(fresh_db, autocommit=True) as sync:
+                    append(sync, [A], 1)
+                await notify.wake_channels(conn, [CHANNEL])
+            await rx.wait_for(1)  # bounded by the receiver's own wait, far below 3600 s
+    assert len(rx.received) == 1

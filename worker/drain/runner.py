@@ -289,7 +289,10 @@ class DestinationWorker(SingleStream):
         try:
             if not self.pooled:
                 await self.steps.run(
-                    conn, stop, "session", lambda: notify.listen(conn, self.destination)
+                    conn,
+                    stop,
+                    "session",
+                    lambda: notify.listen(conn, self.destination, self.config.channel),
                 )
             elif self.listen_dsn:
                 # LISTEN needs a session: a direct connection of its own (the chart's -rw
@@ -299,7 +302,10 @@ class DestinationWorker(SingleStream):
                 )
                 listening = self._listen
                 await self.steps.run(
-                    listening, stop, "session", lambda: notify.listen(listening, self.destination)
+                    listening,
+                    stop,
+                    "session",
+                    lambda: notify.listen(listening, self.destination, self.config.channel),
                 )
             while not stop.is_set():
                 lease = await self._acquire(conn, stop)

@@ -168,12 +168,27 @@ SELECT lease.held, h.*
 -- name: poll_head
 -- A pooled worker's wake-up probe (no LISTEN behind a transaction pooler): the head's id and
 -- whether it is due, nothing else (no payload, no write). A destination on hold has no head.
-SELECT id, next_attempt <= clock_timestamp() AS due
-  FROM inturn_delivery
- WHERE destination = %(destination)s AND state = 'pending'
-   AND NOT EXISTS (SELECT 1 FROM inturn_destination held
+-- With nothing pending in its queue, a message of the channel log routed to it past its
+-- cursor (migration 0033) is a due head too (its log id): the worker wakes and pulls it.
+SELECT p.id, p.due
+  FROM ((SELECT d.id, d.next_attempt <= clock_timestamp() AS due, 1 AS part
+           FROM inturn_delivery d
+          WHERE d.destination = %(destination)s AND d.state = 'pending'
+          ORDER BY d.id
+          LIMIT 1)
+        UNION ALL
+        (SELECT m.id, true AS due, 2 AS part
+           FROM inturn_cursor c
+           JOIN inturn_message m ON m.channel = c.channel AND m.id > c.position
+          WHERE c.destination = %(destination)s
+            AND m.route = ANY (ARRAY(SELECT r.id FROM inturn_route r
+                                      WHERE r.channel = c.channel
+                                        AND r.destinations @> ARRAY[%(destination)s::text]))
+          ORDER BY m.id
+          LIMIT 1)) AS p
+ WHERE NOT EXISTS (SELECT 1 FROM inturn_destination held
                     WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
- ORDER BY id
+ ORDER BY p.part
  LIMIT 1;
 
 -- fragment: next_head_after_mark
