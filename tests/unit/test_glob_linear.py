@@ -154,3 +154,73 @@ def test_a_cheap_message_keeps_its_answers() -> None:
     message = MessageFields(_many_obx(3, "GLU"))
     assert _condition("Matches", "G*").holds(message)
     assert _condition("NotMatches", "X*", "Y?").holds(message)
+
+
+def test_a_message_is_cut_the_same_across_slices() -> None:
+    """Segments are cut a slice at a time; a segment, a CRLF pair or a value sitting on a slice's
+    edge reads as it does when the message is cut whole."""
+    from inturn.worker.hl7 import filter as field_filter
+
+    for terminator in (b"\r", b"\n", b"\r\n"):
+        body = b"".join(
+            b"OBX|%d|NM|V%06d%s" % (i, i, terminator) + b"NTE|1||" + b"n" * (i % 977) + terminator
+            for i in range(3000)
+        )
+        message = HEADER.replace(b"\r", terminator) + body
+        assert len(message) > 3 * field_filter._SLICE_BYTES
+        fields = MessageFields(message)
+        values = fields.values(FieldRef.parse("OBX-3"))
+        assert values[: field_filter.MAX_VALUES_PER_REFERENCE] == tuple(
+            f"V{i:06d}" for i in range(field_filter.MAX_VALUES_PER_REFERENCE)
+        )
+        segments = fields._all()
+        assert len(segments["OBX"]) == 3000 and len(segments["NTE"]) == 3000
+        assert all(s.startswith("OBX|") for s in segments["OBX"])
+        assert set(segments) == {"MSH", "OBX", "NTE"}
+
+
+def test_routing_that_reads_fields_leaves_the_event_loop_free() -> None:
+    """A channel whose destinations read fields is routed in a worker thread: another task of
+    the loop (another channel's connection) runs while a 16 MiB message is read; a channel that
+    filters on types only is routed inline (no thread for a few pattern tests)."""
+    import asyncio
+
+    from inturn.worker.hl7.filter import conditions_of
+    from inturn.worker.ingest.routing import Route, RouteTable, route_message
+
+    patterns = ["*" + "a*" * 60 + f"{i:03d}" for i in range(64)]
+    nodes = [{"field": f"OBX-{f}", "operator": "NotMatches", "values": patterns} for f in (3, 5)]
+    table = RouteTable(
+        [
+            Route("ns/fields", "lab", (), field_conditions=conditions_of(nodes)),
+            Route("ns/types", "adt", ("ADT^*",)),
+        ]
+    )
+    assert table.reads_fields("lab") and not table.reads_fields("adt")
+    seg = b"OBX|1|NM|" + b"a" * 1000 + b"|" + b"a" * 1000 + b"\r"
+    message = HEADER + seg * (16 * 1024 * 1024 // len(seg))
+
+    async def ticks_while_routing(channel: str) -> tuple[int, tuple[str, ...]]:
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def other_channel() -> None:
+            nonlocal ticks
+            while not stop.is_set():
+                await asyncio.sleep(0)
+                ticks += 1
+
+        task = asyncio.create_task(other_channel())
+        await asyncio.sleep(0)
+        before = ticks
+        decision = await route_message(table, channel, "ORU", "R01", message)
+        during = ticks - before
+        stop.set()
+        await task
+        return during, decision.destinations
+
+    during, chosen = asyncio.run(ticks_while_routing("lab"))
+    assert chosen == ("ns/fields",)
+    assert during > 0
+    during, chosen = asyncio.run(ticks_while_routing("adt"))
+    assert chosen == () and during == 0

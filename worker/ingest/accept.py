@@ -118,7 +118,7 @@ from inturn.worker.ingest.prepare import (
     over_bound,
     prepare,
 )
-from inturn.worker.ingest.routing import Router, hold_destination
+from inturn.worker.ingest.routing import Router, hold_destination, route_message
 from inturn.worker.operations import packs
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store import ingest as ingest_store
@@ -281,8 +281,8 @@ class Acceptor:
             ack = build_reject(payload, "AR", error)
             outcome = Reply(code="AR", ack=ack, send=True, reason="NUL byte in MSH-9 or MSH-10")
             return self._done(channel, None, outcome, len(payload))
-        decision = self.router.table.route(
-            channel, message_type.code, message_type.trigger, payload
+        decision = await route_message(
+            self.router.table, channel, message_type.code, message_type.trigger, payload
         )
         destinations = decision.destinations
         for destination in destinations:
@@ -315,9 +315,11 @@ class Acceptor:
         answering = self.router.table.answerers(channel)
         reply = False
         if answering:  # the packs' ingest hooks (spec.replies: which orders it may answer)
-            found = packs.answer(
-                answering, message.message_type, message.payload, self.payloads.order_digests()
-            )
+            args = (answering, message.message_type, message.payload, self.payloads.order_digests())
+            if len(payload) > OFFLOAD_BYTES:  # reads the message's fields: not on the loop
+                found = await asyncio.to_thread(packs.answer, *args)
+            else:
+                found = packs.answer(*args)
             if found is not None:
                 reply = found.reply
                 if found.digests:

@@ -19,7 +19,10 @@ Filters (``spec.filter.messageTypes``) are patterns on ``MSH-9.1^MSH-9.2`` such 
 Field conditions (``spec.filter.fields``, :mod:`inturn.worker.hl7.filter`) test HL7 fields
 such as ``MSH-4`` or ``PV1-3``: a destination takes a message when its type passes and every
 condition holds. The message is split into fields only when a destination of its channel whose
-type filter passed has conditions, and once for all of them.
+type filter passed has conditions, and once for all of them. Routing a message on a channel
+whose destinations read fields runs in a worker thread (:func:`route_message`), never on the
+event loop that every channel shares: reading a 16 MiB message's fields and matching its values
+cost a fraction of a second of CPU, which inline would hold every other channel's ACK that long.
 
 A suspended destination still receives: suspension only stops its worker from sending.
 """
@@ -146,6 +149,11 @@ class RouteTable:
             channel: tuple(sorted(found, key=lambda r: r.destination))
             for channel, found in by_channel.items()
         }
+        self._reads_fields = frozenset(
+            channel
+            for channel, found in by_channel.items()
+            if any(r.field_conditions for r in found)
+        )
 
     def __len__(self) -> int:
         return sum(len(routes) for routes in self._by_channel.values())
@@ -159,6 +167,11 @@ class RouteTable:
         (:func:`inturn.worker.operations.packs.answerers`: the orders pack's reply keys); empty
         for most channels: then nothing is computed."""
         return self._answerers.get(channel, ())
+
+    def reads_fields(self, channel: str) -> bool:
+        """Whether routing a message of ``channel`` may read its fields (a destination of it has
+        ``spec.filter.fields``): work linear in the message, done off the event loop."""
+        return channel in self._reads_fields
 
     def routes(self, channel: str) -> tuple[Route, ...]:
         """The destinations of ``channel`` (sorted by name; empty for an unknown channel)."""
@@ -191,6 +204,23 @@ class RouteTable:
         chosen = tuple(r.destination for r in matching)
         kinds = {r.destination: r.sender_kind for r in matching if r.sender_kind}
         return RouteDecision(chosen, "routed" if chosen else "filtered", kinds)
+
+
+async def route_message(
+    table: RouteTable, channel: str, code: str, trigger: str, payload: bytes
+) -> RouteDecision:
+    """:meth:`RouteTable.route`, in a worker thread when the channel's destinations read fields
+    (:meth:`RouteTable.reads_fields`), else inline (a type filter is a few pattern tests).
+
+    Reading fields costs time linear in the message (up to ingest's frame bound) and matching
+    costs up to :data:`inturn.worker.hl7.filter.MAX_MATCH_BUDGET`; in a thread that time is not
+    the event loop's, so the other channels' messages are read, stored and answered meanwhile
+    (the interpreter hands its lock to the loop at least every switch interval, 5 ms by
+    default). ``bench/filters.py`` measures the loop's lag both ways.
+    """
+    if table.reads_fields(channel):
+        return await asyncio.to_thread(table.route, channel, code, trigger, payload)
+    return table.route(channel, code, trigger, payload)
 
 
 def _registered(route: Route) -> Registered:
