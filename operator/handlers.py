@@ -163,6 +163,16 @@ def periodic_pass_age(memo: Any, **_: Any) -> float | None:
     return round(time.monotonic() - rt.last_pass, 1)
 
 
+@kopf.on.probe(id="databaseRefusals")
+def database_refusals(**_: Any) -> list[str] | None:
+    """Liveness detail: one line per kind of statement the database refuses now (read-only,
+    a lock or statement timeout, the connection gone; the registrar's conditions), None when
+    none is refused. The process lives on meanwhile."""
+    from inturn.worker.text.conditions import notes
+
+    return notes() or None
+
+
 # --- indices (live caches; they store nothing on the objects) --------------------------------
 
 

@@ -4,7 +4,11 @@ made, and the grouped depth query its statuses show.
 
 One :class:`Registrar` per operator process, on a small pool of its own (opened without waiting:
 the operator runs, and converges the cluster, while the database is away). Every failure of the
-database is logged and reported as a value, never raised: the periodic pass retries.
+database is reported as a value, never raised: the periodic pass retries. A refusal that lasts
+(the database read-only for maintenance or a standby, a lock or statement timeout, the
+connection gone) is logged once when it begins and once when it ends, per kind of statement,
+not once per Destination and pass (:class:`inturn.worker.text.conditions.Condition`; the
+classification is :func:`inturn.worker.store.faults.refusal`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from inturn.operator import manifests
 from inturn.worker.drain.lanes import summarize
 from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.spec.schema_packs import pack_spec_of
-from inturn.worker.store import reads, registry
+from inturn.worker.store import faults, reads, registry
+from inturn.worker.text.conditions import Condition
 
 log = logging.getLogger("inturn.operator")
 
@@ -43,6 +48,23 @@ class Registrar:
         self.dsn = dsn
         self.pool: AsyncConnectionPool | None = None
         self._registered: dict[str, tuple[Any, ...]] = {}
+        #: One condition per kind of statement (said when it begins and when it ends).
+        self.conditions = {
+            "carriers": Condition(log, "registry: the carrier check (the registration checks)"),
+            "register": Condition(log, "registry: writing Destinations' rows"),
+            "deleted": Condition(log, "registry: marking deleted Destinations"),
+            "depth": Condition(log, "registry: the queue depth query (the last one is kept)"),
+            "rows": Condition(log, "registry: reading its rows"),
+        }
+
+    def _failed(self, kind: str, exc: BaseException, about: str = "") -> str:
+        """Count a failure of a ``kind`` of statement; its one-line cause."""
+        cause = faults.refusal(exc) or f"{type(exc).__name__}: {exc}".splitlines()[0]
+        self.conditions[kind].failed(f"{cause}{f' ({about})' if about else ''}", "every pass")
+        return cause
+
+    def _worked(self, kind: str) -> None:
+        self.conditions[kind].succeeded()
 
     async def open(self) -> None:
         """Open the pool (without waiting for the database: calls fail fast meanwhile)."""
@@ -78,8 +100,9 @@ class Registrar:
             async with self.pool.connection(timeout=5) as conn:
                 holders = await registry.carrier_holders(conn, children.key, carriers)
         except DB_ERRORS as exc:
-            log.warning("carrier check for %s failed: %s", children.key, exc)
+            self._failed("carriers", exc, children.key)
             return None  # the registration checks again
+        self._worked("carriers")
         return registry.CarrierTaken(children.key, holders) if holders else None
 
     async def register(
@@ -145,8 +168,9 @@ class Registrar:
                     pack_spec=row.pack_spec,
                 )
         except DB_ERRORS as exc:
-            log.warning("registry update for %s failed: %s", children.key, exc)
+            self._failed("register", exc, children.key)
             return f"the database is unavailable: {type(exc).__name__}"
+        self._worked("register")
         self._registered[children.key] = _row_tuple(row)
         return None
 
@@ -162,8 +186,10 @@ class Registrar:
                     log.info(
                         "registry: %s marked deleted; its queued messages are kept", destination
                     )
-        except DB_ERRORS as exc:
-            log.warning("could not mark %s deleted (the periodic pass will): %s", destination, exc)
+        except DB_ERRORS as exc:  # the periodic pass marks it later
+            self._failed("deleted", exc, destination)
+        else:
+            self._worked("deleted")
 
     async def depth(self) -> dict[str, registry.DestinationDepth] | None:
         """The one grouped depth query, by ``namespace/name``; None when the database failed
@@ -178,10 +204,11 @@ class Registrar:
                         window = await reads.lane_window(conn, key)
                         view = summarize(window, row.lanes, reads.LANE_VIEW_LIMIT).to_json()
                         depths[key] = dataclasses.replace(row, lane_view=view)
-                return depths
         except DB_ERRORS as exc:
-            log.warning("queue depth unavailable: %s", exc)
+            self._failed("depth", exc)
             return None
+        self._worked("depth")
+        return depths
 
     async def rows(self) -> dict[str, registry.RegisteredDestination] | None:
         """Every registry row by ``namespace/name``; None when the database failed (logged) or
@@ -190,10 +217,12 @@ class Registrar:
             return None
         try:
             async with self.pool.connection(timeout=5) as conn:
-                return {r.destination: r for r in await registry.list_all(conn)}
+                rows = {r.destination: r for r in await registry.list_all(conn)}
         except DB_ERRORS as exc:
-            log.warning("registry unavailable: %s", exc)
+            self._failed("rows", exc)
             return None
+        self._worked("rows")
+        return rows
 
 
 def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:

@@ -1,12 +1,13 @@
 """The console's aiohttp application: authentication, CSRF, security headers, errors, routes.
 
-Every request but ``GET /healthz`` must authenticate (:mod:`.auth`); one that does not gets
-401 with ``{"error": {"code": "unauthenticated"}}`` and nothing else. Every POST must carry the
-CSRF token (:mod:`.csrf`). Every response carries a strict Content-Security-Policy (scripts,
-styles and connections from this origin only; no inline script, no framing) and is not cached
-(static files aside). Errors of the JSON API are ``{"error": {"code", "message"}}`` with a stable
-code; a page's errors are a small HTML page with the same code. Nothing that could hold a
-payload is ever put in a URL, a log line or an error body.
+Every request but the probes (``GET /healthz``, ``GET /readyz``) must authenticate
+(:mod:`.auth`); one that does not gets 401 with ``{"error": {"code": "unauthenticated"}}`` and
+nothing else. Every POST must carry the CSRF token (:mod:`.csrf`). Every response carries a
+strict Content-Security-Policy (scripts, styles and connections from this origin only; no
+inline script, no framing) and is not cached (static files aside). Errors of the JSON API are
+``{"error": {"code", "message"}}`` with a stable code; a page's errors are a small HTML page
+with the same code. Nothing that could hold a payload is ever put in a URL, a log line or an
+error body.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from inturn.worker.console.csrf import FIELD, HEADER, SAFE_METHODS, Csrf
 from inturn.worker.console.names import ServerNames
 from inturn.worker.console.operations import Console, ConsoleError
 from inturn.worker.errors import InturnError
+from inturn.worker.text.conditions import notes
 from inturn.worker.text.display import printable
 
 log = logging.getLogger("inturn.console")
@@ -79,7 +81,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path == "/healthz":
+    if request.path in PROBES:
         return await handler(request)
     names = request.app[NAMES_KEY]
     if not names.serves(request.headers.get("Host")):
@@ -139,6 +141,17 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
+async def readyz(request: web.Request) -> web.Response:
+    """``GET /readyz``: 200 while the process serves (no authentication), with one line per
+    periodic statement the database refuses now (the feed's session: read-only, a lock
+    timeout, the connection gone; :func:`inturn.worker.text.conditions.notes`)."""
+    return web.Response(text="".join(f"{line}\n" for line in ["ready", *notes()]))
+
+
+#: The paths served without authentication (probes: they say nothing about the queues).
+PROBES = frozenset({"/healthz", "/readyz"})
+
+
 def static_dir() -> Path:
     """The folder of the console's static files (htmx, its SSE extension, the style sheet)."""
     return Path(str(resources.files("inturn.worker.console").joinpath("static")))
@@ -162,6 +175,7 @@ def make_app(
     )
     pages.install_filters(env)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_static("/static/", static_dir(), name="static")
     api.add_routes(app.router)
     pages.add_routes(app.router)

@@ -29,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inturn.worker.drain.runner import DestinationWorker
+from inturn.worker.text import conditions
 
 #: Seconds between two checks of the serving thread for a shutdown request.
 POLL_SECONDS = 1.0
@@ -75,6 +76,7 @@ def make_app(workers: Sequence[DestinationWorker]) -> App:
         reasons = [(w.destination, w.state.not_ready()) for w in workers]
         waiting = [f"{destination}: {why}" for destination, why in reasons if why is not None]
         notes = sorted({w.state.pooling for w in workers if w.state.pooling})
+        notes += conditions.notes()  # a periodic statement the database refuses now
         if waiting:
             return 503, _TEXT, ("\n".join([*waiting, *notes]) + "\n").encode()
         return 200, _TEXT, ("\n".join(["ok", *notes]) + "\n").encode()

@@ -22,12 +22,12 @@ its place to a newcomer over the bound; a sender seen more than once keeps its p
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from functools import partial
 
 from prometheus_client import Counter
 from psycopg_pool import AsyncConnectionPool
@@ -35,6 +35,7 @@ from psycopg_pool import AsyncConnectionPool
 from inturn.worker.feeds.declare import Feed, sender_key
 from inturn.worker.spec.schedule import to_spec
 from inturn.worker.store import feeds as store
+from inturn.worker.store.periodic import Periodic
 from inturn.worker.worklist.hooks import IngestOptions
 
 log = logging.getLogger("inturn.feeds.recorder")
@@ -146,14 +147,16 @@ class FeedRecorder:
         return len(rows)
 
     async def run(self, pool: AsyncConnectionPool, every: float) -> None:
-        """Flush every ``every`` seconds until cancelled; a failed flush is logged and retried
-        at the next interval."""
-        while True:
-            await asyncio.sleep(every)
-            try:
-                await self.flush(pool)
-            except Exception as exc:  # the database is away: the times are kept
-                log.warning("feeds: last-message times not written yet (%s)", exc)
+        """Flush every ``every`` seconds until cancelled; a failed flush (the times are kept)
+        is said when the failures begin and when they end, and tried again after a bounded
+        backoff (:class:`inturn.worker.store.periodic.Periodic`)."""
+        await Periodic(
+            log,
+            "feeds: writing the last-message times (kept meanwhile)",
+            every,
+            partial(self.flush, pool),
+            cure=f"every {every:g}s",
+        ).forever()
 
     async def close(self, pool: AsyncConnectionPool) -> None:
         """The last flush, at shutdown (errors are logged)."""

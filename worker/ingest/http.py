@@ -44,6 +44,7 @@ from inturn.worker.ingest.credentials import CredentialSource
 from inturn.worker.ingest.listener import DEFAULT_FRAME_DEADLINE
 from inturn.worker.ingest.routing import check_channel
 from inturn.worker.store.connect import pooling_notes
+from inturn.worker.text import conditions
 
 log = logging.getLogger("inturn.ingest.http")
 
@@ -186,7 +187,8 @@ def make_ops_app(
 
     async def readyz(request: web.Request) -> web.Response:
         reason = readiness()
-        notes = "".join(f"{note}\n" for note in pooling_notes())  # behind a pooler: says so
+        # behind a pooler: says so; a periodic statement the database refuses now: says so
+        notes = "".join(f"{note}\n" for note in [*pooling_notes(), *conditions.notes()])
         if reason is None:
             return web.Response(text=f"ready\n{notes}")
         return web.Response(status=503, text=f"not ready: {reason}\n{notes}")

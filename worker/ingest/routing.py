@@ -34,6 +34,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from psycopg_pool import AsyncConnectionPool
@@ -50,6 +51,7 @@ from inturn.worker.operations import packs
 from inturn.worker.spec.replies import ReplyRule, rules_of
 from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.store import ingest as ingest_store
+from inturn.worker.store.periodic import Periodic
 from inturn.worker.worklist.hooks import Answerer, Registered
 
 log = logging.getLogger("inturn.ingest.routing")
@@ -292,6 +294,14 @@ class Router:
         #: ``time.monotonic()`` of the last successful refresh, or None before the first.
         self.refreshed_at: float | None = None
         self._task: asyncio.Task[None] | None = None
+        #: The refresh as a periodic statement: a refusal keeps the last table, is said once
+        #: when it begins and once when it ends (:mod:`inturn.worker.store.periodic`).
+        self.periodic = Periodic(
+            log,
+            "routing: reading the destination registry (the last table is kept)",
+            refresh_seconds,
+            partial(self.refresh, timeout=max(refresh_seconds, 5.0)),
+        )
 
     async def refresh(self, timeout: float = 10.0) -> RouteTable:
         """Read the registry now and replace the table.
@@ -324,19 +334,4 @@ class Router:
             await asyncio.gather(task, return_exceptions=True)
 
     async def _loop(self) -> None:
-        failing = False
-        while True:
-            await asyncio.sleep(self.refresh_seconds)
-            try:
-                await self.refresh(timeout=max(self.refresh_seconds, 5.0))
-            except Exception as exc:  # keep the last table; try again next time
-                if not failing:
-                    log.warning(
-                        "routing: cannot read the destination registry (%s); keeping the last one",
-                        type(exc).__name__,
-                    )
-                failing = True
-            else:
-                if failing:
-                    log.info("routing: destination registry readable again")
-                failing = False
+        await self.periodic.forever()

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Callable
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -43,13 +44,13 @@ from inturn.worker.ingest.quiet import QuietAppRunner
 from inturn.worker.ingest.routing import Router
 from inturn.worker.operations import packs
 from inturn.worker.operations.payload_keys import close_codec, open_codec
-from inturn.worker.store import faults, sealing
 from inturn.worker.store import ingest as ingest_store
+from inturn.worker.store import sealing
 from inturn.worker.store.connect import Pools, announce_pooling
 from inturn.worker.store.keystore import PgKeyStore
-from inturn.worker.text.conditions import Condition
+from inturn.worker.store.periodic import Periodic
 from inturn.worker.worklist.hooks import IngestOptions, Recorder
-from inturn.worker.worklist.metrics import refresh_pending_forever
+from inturn.worker.worklist.metrics import GAUGE_INTERVAL_SECONDS, refresh_pending
 
 log = logging.getLogger("inturn.ingest")
 
@@ -109,10 +110,13 @@ class Ingest:
         self._runners: list[web.AppRunner] = []
         self._http_port: int | None = None
         self._ops_port: int | None = None
-        self._purge_task: asyncio.Task[None] | None = None
-        self._gauge_task: asyncio.Task[None] | None = None
-        self._feeds_task: asyncio.Task[None] | None = None
-        self._index_task: asyncio.Task[None] | None = None
+        #: The periodic statements of this process by name (after :meth:`start`): the
+        #: duplicate window's purge (``window-purge``), the feeds' last-message times
+        #: (``feeds``), the key store's check and the index form (``index-form``), the
+        #: worklist gauge (``worklist-gauge``); each rides out a refusal of the database
+        #: (:mod:`inturn.worker.store.periodic`). The routing refresh is the router's.
+        self.periodic: dict[str, Periodic] = {}
+        self._periodic_tasks: list[asyncio.Task[None]] = []
         #: What the packs note about every accepted message (the feeds pack's last-message
         #: times when feeds are declared), or None (:func:`.packs.recorder`).
         self.recorder: Recorder | None = None
@@ -295,23 +299,11 @@ class Ingest:
                     "/healthz, /readyz and /metrics on %s:%d", config.ops[0] or "*", self._ops_port
                 )
             self.router.start()
-            if config.duplicate_window > 0:
-                self._purge_task = asyncio.create_task(
-                    self._purge_loop(), name="inturn-ingest-purge"
-                )
-            if self.recorder is not None:
-                self._feeds_task = asyncio.create_task(
-                    self.recorder.run(pools.write, config.feed_flush_seconds),
-                    name="inturn-ingest-feeds",
-                )
-            if self.payloads.enabled:
-                self._index_task = asyncio.create_task(
-                    self._index_form_loop(pools), name="inturn-ingest-index-form"
-                )
-            if config.ops is not None:
-                self._gauge_task = asyncio.create_task(
-                    refresh_pending_forever(self.pools.read), name="inturn-worklist-gauge"
-                )
+            self.periodic = self._periodic_statements(pools)
+            self._periodic_tasks = [
+                asyncio.create_task(p.forever(), name=f"inturn-ingest-{name}")
+                for name, p in self.periodic.items()
+            ]
         except BaseException:
             await self._shutdown()
             raise
@@ -346,11 +338,10 @@ class Ingest:
         try:
             if self.router is not None:
                 await self.router.stop()
-            for task in (self._purge_task, self._gauge_task, self._feeds_task, self._index_task):
-                if task is not None:
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-            self._purge_task = self._gauge_task = self._feeds_task = self._index_task = None
+            tasks, self._periodic_tasks = self._periodic_tasks, []
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await asyncio.gather(
                 *(listener.stop(self.config.shutdown_grace) for listener in self.listeners),
                 return_exceptions=True,
@@ -385,35 +376,61 @@ class Ingest:
             )
         self.payloads.dual_index = dual
 
-    async def _index_form_loop(self, pools: Pools) -> None:
-        while True:
-            await asyncio.sleep(sealing.INDEX_FORM_EVERY_SECONDS)
-            store = self.payloads.store if self.payloads is not None else None
-            if isinstance(store, PgKeyStore) and store.failing_since is not None:
-                try:  # a readiness that failed must see the key store back without traffic
-                    await store.ping()
-                    log.info("key store (--key-dsn) reachable again")
-                except Exception as exc:
-                    log.debug("key store still unreachable: %s", exc)
-            try:
-                await self._watch_index_form(pools)
-            except Exception as exc:  # the database away: keep the form in use, look again
-                log.debug("index form not checked: %s", exc)
+    async def _check_index_form(self, pools: Pools) -> None:
+        """One turn of the index form's watch: the key store looked at again when it failed
+        (a readiness that failed must see it back without traffic), then the form."""
+        store = self.payloads.store if self.payloads is not None else None
+        if isinstance(store, PgKeyStore) and store.failing_since is not None:
+            await store.ping()
+            log.info("key store (--key-dsn) reachable again")
+        await self._watch_index_form(pools)
 
-    async def _purge_loop(self) -> None:
-        interval = min(PURGE_INTERVAL_SECONDS, max(1.0, self.config.duplicate_window / 4))
-        condition = Condition(log, "the duplicate window's purge")
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                async with self.pools.write.connection(timeout=30) as conn:
-                    removed = await forget_old(conn, self.config.duplicate_window)
-            except Exception as exc:  # tried again at the next turn; logged when it begins
-                condition.failed(faults.refusal(exc) or type(exc).__name__, f"every {interval:g}s")
-            else:
-                condition.succeeded()
-                if removed:
-                    log.info("duplicate window: forgot %d messages older than the window", removed)
+    async def _forget_old(self) -> None:
+        async with self.pools.write.connection(timeout=30) as conn:
+            removed = await forget_old(conn, self.config.duplicate_window)
+        if removed:
+            log.info("duplicate window: forgot %d messages older than the window", removed)
+
+    def _periodic_statements(self, pools: Pools) -> dict[str, Periodic]:
+        """This process's periodic statements (:attr:`periodic`), by what the configuration
+        turns on."""
+        config = self.config
+        found: dict[str, Periodic] = {}
+        if config.duplicate_window > 0:
+            every = min(PURGE_INTERVAL_SECONDS, max(1.0, config.duplicate_window / 4))
+            found["window-purge"] = Periodic(
+                log,
+                "the duplicate window's purge",
+                every,
+                self._forget_old,
+                cure=f"every {every:g}s",
+            )
+        if self.recorder is not None:
+            recorder, every = self.recorder, config.feed_flush_seconds
+            found["feeds"] = Periodic(
+                log,
+                "writing the feeds' last-message times (kept meanwhile)",
+                every,
+                partial(recorder.flush, pools.write),
+                cure=f"every {every:g}s",
+            )
+        if self.payloads is not None and self.payloads.enabled:
+            every = sealing.INDEX_FORM_EVERY_SECONDS
+            found["index-form"] = Periodic(
+                log,
+                "checking the key store and the patient index form",
+                every,
+                partial(self._check_index_form, pools),
+                cure="the form in use is kept",
+            )
+        if config.ops is not None:
+            found["worklist-gauge"] = Periodic(
+                log,
+                "counting pending worklist items (inturn_worklist_pending)",
+                GAUGE_INTERVAL_SECONDS,
+                partial(refresh_pending, pools.read),
+            )
+        return found
 
 
 def _http_mode(config: IngestConfig) -> str:

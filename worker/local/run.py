@@ -44,6 +44,7 @@ from inturn.worker.spec.schedule import to_spec
 from inturn.worker.store import faults, locks, reads, registry
 from inturn.worker.store.connect import announce_pooling, connect_worker, detect_pooling
 from inturn.worker.store.lease import holder_id
+from inturn.worker.store.periodic import Periodic
 from inturn.worker.text.conditions import Condition
 from inturn.worker.worklist.publish import Publisher
 from inturn.worker.worklist.publishers import close_all, from_env
@@ -308,29 +309,26 @@ async def sweep_loop(
     rule or an unreachable database is logged and the next run tries again. Two sweeps never
     overlap (the sweep lock), so an ``inturn sweep`` run by hand at the same time is harmless.
     """
+    await sweeper(dsn, every, publishers).forever(stop)
+
+
+def sweeper(dsn: str, every: float, publishers: Sequence[Publisher]) -> Periodic:
+    """The sweep of :func:`sweep_loop` as a periodic statement: a refusal (the database
+    read-only, a lock timeout, the connection gone) is said once when it begins and once when it
+    ends, and tried again after a bounded backoff (:mod:`inturn.worker.store.periodic`)."""
     from inturn.worker.operations import packs
 
-    condition = Condition(log, "the sweep")
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), every)
-        if stop.is_set():
-            return
-        try:
-            async with await AsyncConnection.connect(
-                dsn, autocommit=True, application_name="inturn-local-sweep"
-            ) as conn:
-                report = await packs.sweep(conn, publishers=list(publishers))
-        except Exception as exc:  # retried at the next interval; logged when it begins
-            condition.failed(
-                faults.refusal(exc) or f"{type(exc).__name__}: {exc}", f"every {every:g}s"
-            )
-            continue
-        condition.succeeded()
+    async def once() -> None:
+        async with await AsyncConnection.connect(
+            dsn, autocommit=True, application_name="inturn-local-sweep"
+        ) as conn:
+            report = await packs.sweep(conn, publishers=list(publishers))
         for result in report.results:
             o = result.outcome
             if result.error is not None or o.placed or o.cleared:
                 log.info("sweep: %s", result.summary(dry_run=False))
+
+    return Periodic(log, "the sweep", every, once, cure=f"every {every:g}s")
 
 
 class DatabaseInUse(Conflict):

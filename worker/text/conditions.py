@@ -4,7 +4,8 @@ A periodic statement that meets a refusal (the database read-only for maintenanc
 statement timeout, the connection gone) tries again at its next turn; logging every try turns a
 20-second outage into a storm of identical lines. :class:`Condition` logs one WARNING when the
 condition begins (naming it and what cures it) and one INFO when it ends (how long it lasted
-and how many tries failed), and keeps the counts for probes.
+and how many tries failed), and keeps the counts for probes: :func:`notes` gives one line per
+condition that holds now in this process, which the processes' ``/readyz`` show.
 
 Pure: logging only, on the monotonic clock.
 """
@@ -13,12 +14,23 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 
-__all__ = ["Condition"]
+__all__ = ["Condition", "notes"]
+
+#: Every condition of this process (weakly: a condition goes with what made it).
+_ALL: weakref.WeakSet[Condition] = weakref.WeakSet()
 
 
-@dataclass
+def notes() -> list[str]:
+    """One line per condition that holds now in this process, sorted: ``<what> failing for
+    <seconds> s (<tries> tries): <cause>`` (the ``/readyz`` of ingest, ``inturn local``, the
+    worker and the console show them)."""
+    return sorted(c.note() for c in list(_ALL) if c.active)
+
+
+@dataclass(eq=False)
 class Condition:
     """One condition of one process (``what``: e.g. "renewing the inturn local lease").
 
@@ -36,6 +48,14 @@ class Condition:
     tries: int = 0
     cause: str = ""
     _clock: object = field(default=time.monotonic, repr=False)
+
+    def __post_init__(self) -> None:
+        _ALL.add(self)
+
+    def note(self) -> str:
+        """The condition as ``/readyz`` shows it (meaningful while :attr:`active`)."""
+        age = 0.0 if self.since is None else self._now() - self.since
+        return f"{self.what} failing for {age:.0f} s ({self.tries} tries): {self.cause}"
 
     @property
     def active(self) -> bool:

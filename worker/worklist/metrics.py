@@ -7,7 +7,6 @@ serves ``/metrics`` on its ops port) every :data:`GAUGE_INTERVAL_SECONDS`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -61,16 +60,3 @@ async def refresh_pending(pool: AsyncConnectionPool) -> None:
     """
     async with pool.connection(timeout=10) as conn:
         set_pending(await count(conn))
-
-
-async def refresh_pending_forever(
-    pool: AsyncConnectionPool, interval: float = GAUGE_INTERVAL_SECONDS
-) -> None:
-    """Refresh the pending gauge every ``interval`` seconds until cancelled; failures are
-    logged (their class only) and the next turn tries again."""
-    while True:
-        try:
-            await refresh_pending(pool)
-        except Exception as exc:
-            log.warning("worklist gauge refresh failed: %s", type(exc).__name__)
-        await asyncio.sleep(interval)

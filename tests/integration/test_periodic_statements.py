@@ -1,0 +1,353 @@
+"""Every periodic statement of every long-running process rides out a database that refuses
+for a while (issue 40, part 3): ingest's (the routing refresh, the duplicate window's purge,
+the feeds' last-message times, the key store's check and the index form, the worklist gauge),
+``inturn local``'s sweep, the operator's registry statements, the console's feed and a worker's
+destination lease. Each meets, on a Postgres server of the test's own, a read-only database
+(``default_transaction_read_only``, server-wide, as a maintenance window sets it), a lock held
+by a second session past ``lock_timeout``, and its connections ended (``pg_terminate_backend``).
+Each is said once when the refusal begins (a WARNING) and once when it ends (an INFO), the
+process goes on, its probe says so meanwhile (:func:`inturn.worker.text.conditions.notes`), and
+the statement works again once the database does. (``inturn local``'s own lease:
+test_periodic_refusals.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from inturn.worker.console.feed import Feed
+from inturn.worker.feeds.declare import parse_feeds
+from inturn.worker.ingest.service import Ingest
+from inturn.worker.local import run as local_run
+from inturn.worker.store import queue
+from inturn.worker.store.migrate import migrate
+from inturn.worker.store.model import NewItem
+from inturn.worker.testing import MllpReceiver
+from inturn.worker.text import conditions
+from tests.support import keys, pgcluster
+from tests.support.ingest import config as ingest_config
+from tests.support.pipeline import register, until, worker, worker_config
+
+pytestmark = [
+    pytest.mark.store,
+    pytest.mark.skipif(pgcluster.missing() is not None, reason=str(pgcluster.missing())),
+]
+
+FAULTS = ["read-only", "lock-timeout", "connection-lost"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[pgcluster.Cluster, str]]:
+    cluster = pgcluster.Cluster()
+    try:
+        dsn = cluster.primary.dsn()
+        migrate(dsn)
+        register(dsn, "ward/adt-out", "adt")
+        yield cluster, dsn
+    finally:
+        cluster.close()
+
+
+def _setting(cluster: pgcluster.Cluster, name: str, value: str | None) -> None:
+    change = f"RESET {name}" if value is None else f"SET {name} = '{value}'"
+    cluster.sql(cluster.primary, f"ALTER SYSTEM {change}")
+    cluster.sql(cluster.primary, "SELECT pg_reload_conf()")
+
+
+def _terminate_every_session(dsn: str) -> int:
+    """End every client session on the server but this one (a restart's effect on sessions,
+    without the restart)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@contextlib.contextmanager
+def refusing(cluster: pgcluster.Cluster, dsn: str, fault: str, table: str) -> Iterator[None]:
+    """The database refuses while the block runs: read-only (server-wide, every session at its
+    next statement), ``table`` locked by a second session while every session waits at most
+    300 ms for a lock, or every session ended once as the block begins."""
+    if fault == "read-only":
+        _setting(cluster, "default_transaction_read_only", "on")
+        try:
+            yield
+        finally:
+            _setting(cluster, "default_transaction_read_only", None)
+    elif fault == "lock-timeout":
+        _setting(cluster, "lock_timeout", "300ms")
+        blocker = psycopg.connect(dsn)
+        try:
+            blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            yield
+        finally:
+            blocker.close()
+            _setting(cluster, "lock_timeout", None)
+    else:
+        _terminate_every_session(dsn)  # none for a statement that connects per turn (the sweep)
+        yield
+
+
+def _lines(caplog: pytest.LogCaptureFixture, what: str, level: int) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == level and r.getMessage().startswith(what)
+    ]
+
+
+async def ride_out(
+    cluster: pgcluster.Cluster,
+    dsn: str,
+    caplog: pytest.LogCaptureFixture,
+    fault: str,
+    table: str,
+    what: str,
+    turn: Callable[[], Awaitable[bool]],
+    *,
+    writes: bool,
+) -> None:
+    """One periodic statement (``turn``: one try, True when it worked) meets ``fault``: refused
+    (a lock timeout; a read-only database for a statement that ``writes``) it fails with one
+    WARNING however often it is tried, is shown by :func:`conditions.notes`, and works again
+    once the fault is lifted, with one INFO; a lost connection is made again at once or by the
+    next try (at most one WARNING)."""
+    caplog.clear()
+    refused = fault == "lock-timeout" or (fault == "read-only" and writes)
+    with caplog.at_level(logging.DEBUG):
+        with refusing(cluster, dsn, fault, table):
+            if fault == "connection-lost":
+                results = [await turn() for _ in range(3)]
+                assert results[-1], results  # a new connection by the next try at the latest
+                refused = not results[0]
+            else:
+                for _ in range(3):
+                    assert await turn() is not refused
+                if refused:
+                    assert any(n.startswith(what) for n in conditions.notes()), conditions.notes()
+        assert await turn()
+    assert not any(n.startswith(what) for n in conditions.notes())
+    warnings = _lines(caplog, what, logging.WARNING)
+    ended = _lines(caplog, what, logging.INFO)
+    if refused:
+        assert len(warnings) == 1, warnings
+        assert "trying again" in warnings[0]
+        assert len(ended) == 1 and "works again after" in ended[0], ended
+    else:
+        assert warnings == [] and ended == []
+
+
+# --- ingest -------------------------------------------------------------------------------------
+
+#: Ingest's periodic statements: (the name in Ingest.periodic, the table to lock, writes).
+INGEST = {
+    "routing": ("inturn_destination", False),
+    "window-purge": ("inturn_received", True),
+    "feeds": ("inturn_feed", True),
+    "index-form": ("inturn_delivery", False),
+    "worklist-gauge": ("inturn_worklist_item", False),
+}
+
+
+@contextlib.asynccontextmanager
+async def ingest_on(dsn: str, tmp_path: Path, server_dsn: str) -> AsyncIterator[Ingest]:
+    declared = parse_feeds({"feeds": [{"channel": "adt", "silentAfterSeconds": 600}]})
+    with keys.key_store(server_dsn) as key_dsn:
+        cfg = ingest_config(
+            refresh_seconds=3600,
+            duplicate_window=86400,
+            feeds=tuple(declared),
+            feed_flush_seconds=3600,
+            payload_keys=str(keys.master_keys(tmp_path / "keys")),
+            key_dsn=key_dsn,
+        )
+        async with Ingest(cfg, dsn=dsn) as ingest:
+            yield ingest
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("name", sorted(INGEST))
+async def test_an_ingest_periodic_statement_rides_out_a_refusal(
+    server: tuple[pgcluster.Cluster, str],
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    name: str,
+    fault: str,
+) -> None:
+    cluster, dsn = server
+    table, writes = INGEST[name]
+    async with ingest_on(dsn, tmp_path, dsn) as ingest:
+        assert ingest.router is not None
+        periodic = ingest.router.periodic if name == "routing" else ingest.periodic[name]
+
+        async def turn() -> bool:
+            if ingest.recorder is not None:  # something to write: a message from a sender
+                ingest.recorder.seen("adt", "LAB", "HOSP")
+            return await periodic.turn()
+
+        await ride_out(
+            cluster, dsn, caplog, fault, table, periodic.condition.what, turn, writes=writes
+        )
+        assert ingest.readiness() is None  # still taking messages
+
+
+async def test_the_probes_say_so(server: tuple[pgcluster.Cluster, str], tmp_path: Path) -> None:
+    """While a statement is refused, ingest's ``/readyz`` (and ``inturn local``'s, the same
+    page) names it; once it works again, it does not."""
+    import aiohttp
+
+    cluster, dsn = server
+    async with ingest_on(dsn, tmp_path, dsn) as ingest:
+        purge = ingest.periodic["window-purge"]
+        url = f"http://127.0.0.1:{ingest._ops_port}/readyz"
+        async with aiohttp.ClientSession() as session:
+            with refusing(cluster, dsn, "read-only", "inturn_received"):
+                assert not await purge.turn()
+                async with session.get(url) as r:
+                    body = await r.text()
+            assert "the duplicate window's purge failing for" in body, body
+            assert "read-only" in body
+            assert await purge.turn()
+            async with session.get(url) as r:
+                assert "the duplicate window's purge" not in await r.text()
+
+
+# --- inturn local's sweep -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_the_local_sweep_rides_out_a_refusal(
+    server: tuple[pgcluster.Cluster, str], caplog: pytest.LogCaptureFixture, fault: str
+) -> None:
+    cluster, dsn = server
+    sweep = local_run.sweeper(dsn, 3600, [])
+    await ride_out(
+        cluster, dsn, caplog, fault, "inturn_lease", "the sweep", sweep.turn, writes=True
+    )
+
+
+# --- the operator's registry statements ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("kind", ["rows", "depth", "deleted"])
+async def test_an_operator_registry_statement_rides_out_a_refusal(
+    server: tuple[pgcluster.Cluster, str], caplog: pytest.LogCaptureFixture, kind: str, fault: str
+) -> None:
+    from inturn.operator.registrar import Registrar
+
+    cluster, dsn = server
+    registrar = Registrar(dsn)
+    await registrar.open()
+    assert registrar.pool is not None
+    await registrar.pool.wait(timeout=10)
+    condition = registrar.conditions[kind]
+    table = {"rows": "inturn_destination", "depth": "inturn_delivery"}.get(
+        kind, "inturn_destination"
+    )
+
+    async def turn() -> bool:
+        if kind == "rows":
+            await registrar.rows()
+        elif kind == "depth":
+            await registrar.depth()
+        else:
+            await registrar.mark_deleted("ward/nobody")
+        return not condition.active
+
+    try:
+        await ride_out(
+            cluster, dsn, caplog, fault, table, condition.what, turn, writes=kind == "deleted"
+        )
+    finally:
+        await registrar.close()
+
+
+# --- the console's feed ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["lock-timeout", "connection-lost"])
+async def test_the_console_feed_rides_out_a_refusal(
+    server: tuple[pgcluster.Cluster, str], caplog: pytest.LogCaptureFixture, fault: str
+) -> None:
+    """The feed keeps one LISTEN session and refreshes on it (reads only: a read-only database
+    changes nothing for it): a lock timeout or its session ended is said once, the feed goes
+    on, and refreshes again once the database does."""
+    cluster, dsn = server
+    caplog.set_level(logging.DEBUG, logger="inturn.console")
+    async with AsyncConnectionPool(
+        dsn, min_size=1, open=False, kwargs={"autocommit": True}
+    ) as pool:
+        feed = Feed(dsn, pool, refresh_seconds=0.2, min_interval=0.05)
+        await feed.start()
+        try:
+
+            def failing() -> bool:
+                return any(n.startswith("the console feed") for n in conditions.notes())
+
+            with refusing(cluster, dsn, fault, "inturn_destination"):
+                await until(failing, timeout=20)
+                if fault == "lock-timeout":
+                    await asyncio.sleep(1)  # several refreshes refused meanwhile
+                    assert failing()
+            await until(lambda: not failing(), timeout=20)
+            version = feed.snapshot.version
+            await until(lambda: feed.snapshot.version > version + 1, timeout=20)
+        finally:
+            await feed.stop()
+    warnings = _lines(caplog, "the console feed", logging.WARNING)
+    assert len(warnings) == 1, warnings
+    assert len(_lines(caplog, "the console feed", logging.INFO)) == 1
+
+
+# --- a worker's destination lease -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_worker_keeps_its_lease_through_a_refusal(
+    server: tuple[pgcluster.Cluster, str], fault: str
+) -> None:
+    """A worker idling with its lease (every idle turn reads its head with the lease's guard,
+    which renews it: a write) meets the fault: it stays alive, its ``/readyz`` reason names
+    the refusal (a lost session: it reconnects), and once the database takes writes again it
+    holds its lease and delivers what came meanwhile, once."""
+    cluster, dsn = server
+    destination = f"ward/lease-{fault}"
+    async with MllpReceiver() as rx:
+        cfg = worker_config(destination, rx.port, channel="adt", idle_seconds=0.2)
+        async with worker(cfg, dsn) as running:
+            await until(lambda: running.state.lock_held, timeout=20)
+            with refusing(cluster, dsn, fault, "inturn_lease"):
+                if fault != "connection-lost":
+                    await until(lambda: running.state.not_ready() is not None, timeout=20)
+                    why = running.state.not_ready() or ""
+                    assert ("read-only" if fault == "read-only" else "lock not available") in why
+                    await asyncio.sleep(1)  # refused again and again: alive (/healthz 200)
+                    assert running.state.alive(running.health_window())
+            async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await queue.enqueue(
+                    conn,
+                    [
+                        NewItem(
+                            destination,
+                            "adt",
+                            "LEASE1",
+                            "ADT^A01",
+                            b"MSH|^~\\&|A|B|C|D|20261205||ADT^A01|LEASE1|P|2.5\rPID|1||7\r",
+                        )
+                    ],
+                )
+            await until(lambda: len(rx.received) >= 1, timeout=30)
+            await until(lambda: running.state.not_ready() is None, timeout=20)
+            assert running.state.lock_held
+        assert [m.count(b"LEASE1") for m in rx.received] == [1]
