@@ -142,7 +142,7 @@ def test_purge_reports_cleared_worklist_items(fresh_db: str) -> None:
         )
     out = run("purge", dsn=fresh_db)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == (
+    assert out.stdout.splitlines()[0] == (
         "purged delivered 0, failed 0, skipped 0, worklist cleared 3, leases 0"
     )
     with psycopg.connect(fresh_db) as conn:

@@ -13,9 +13,10 @@ from inturn.worker.cli.options import (
     DURATION_WITH_UNIT,
     dsn_option,
 )
+from inturn.worker.errors import Invalid
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
-from inturn.worker.store import roles, roles_apply
+from inturn.worker.store import history, roles, roles_apply
 from inturn.worker.store.dsn import resolve_dsn
 from inturn.worker.store.migrate import migrate
 
@@ -90,9 +91,26 @@ def migrate_command(dsn: str | None, create_roles: bool, role_prefix: str) -> No
     help="Rows deleted per transaction.",
 )
 @click.option(
+    "--hot-window",
+    type=DURATION_WITH_UNIT,
+    default="15m",
+    show_default=True,
+    help="How long a finished item stays in the hot table before it moves to history; keep it"
+    " longer than ingest's --duplicate-delivered-window (10m by default), which reads it.",
+)
+@click.option(
+    "--epoch",
+    type=DURATION_WITH_UNIT,
+    default="1d",
+    show_default=True,
+    help="The length of a day of history: the channel log and the history are partitioned by"
+    " it, and retention drops whole ones (the longest of the ages above after it closed).",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
-    help="Count what would be deleted; delete nothing (and record nothing in the audit).",
+    help="Count what would be deleted, moved and dropped; change nothing (and record nothing"
+    " in the audit).",
 )
 def purge_command(
     dsn: str | None,
@@ -102,18 +120,32 @@ def purge_command(
     skipped: int | None,
     worklist_cleared: int,
     batch: int,
+    hot_window: int,
+    epoch: int,
     dry_run: bool,
 ) -> None:
-    """Delete finished items and cleared worklist items older than their retention, in
-    batches, and the lease rows of deleted destinations (lease expired more than --older-than
-    ago). Pending items and pending worklist items are never touched. Exits 0 without doing
-    anything when another purge is running. A real purge records its counts in the audit."""
+    """The maintenance job: move finished items older than --hot-window to history, create
+    the next day's partitions ahead and turn the day, drop whole days of history older than
+    the retention (after moving out what a person still needs: pending messages keep their
+    payload, a given-up message still on a worklist goes back to the hot table), then delete
+    finished items still in the hot table and cleared worklist items older than their
+    retention, in batches, and the lease rows of deleted destinations (lease expired more than
+    --older-than ago). Pending items and pending worklist items are never touched. Exits 0
+    without doing anything when another purge is running. A real purge records its counts in
+    the audit, and each day dropped."""
     now = datetime.now(UTC)
     ages = {"delivered": delivered, "failed": failed, "skipped": skipped}
     cutoffs = {
         state: now - timedelta(seconds=older_than if age is None else age)
         for state, age in ages.items()
     }
+    retention = max([older_than, *(age for age in ages.values() if age is not None)])
+    try:
+        partitions = history.Settings(
+            retention_seconds=retention, epoch_seconds=epoch, hot_seconds=hot_window, batch=batch
+        )
+    except Invalid as exc:
+        raise click.BadParameter(str(exc)) from None
 
     done = act(
         dsn,
@@ -125,6 +157,7 @@ def purge_command(
             batch=batch,
             leases_expired_after=older_than,
             dry_run=dry_run,
+            partitions=partitions,
         ),
     )
     if not done.ran:
@@ -134,3 +167,30 @@ def purge_command(
     click.echo(
         f"would purge {summary} (dry run: nothing deleted)" if dry_run else f"purged {summary}"
     )
+    for line in history_lines(done):
+        click.echo(line)
+
+
+def history_lines(done: actions.Purged) -> list[str]:
+    """What the partition work did (or, in a dry run, would do), one line each."""
+    if done.would is not None:
+        would = done.would
+        lines = [f"would move {would.movable} finished item(s) to history"]
+        if would.turn:
+            lines.append("would turn the epoch (a new day of history)")
+        lines += [
+            f"would drop epoch {e.n} (closed {e.closed_at:%Y-%m-%d %H:%M:%SZ})" for e in would.drop
+        ]
+        return lines
+    if done.upkeep is None:
+        return []
+    upkeep = done.upkeep
+    lines = [f"moved {upkeep.moved} finished item(s) to history"]
+    if upkeep.prepared:
+        made = ", ".join(str(n) for n in upkeep.prepared)
+        lines.append(f"partitions made ahead for epoch {made}")
+    if upkeep.turned is not None:
+        lines.append(f"turned: epoch {upkeep.turned} is open")
+    lines += [f"dropped {d.summary()} in {d.seconds:.3f}s" for d in upkeep.dropped]
+    lines += [f"waiting: {w}" for w in upkeep.waiting]
+    return lines

@@ -28,7 +28,7 @@ format it (``cli/queue.py``, ``console/operations.py``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -37,7 +37,7 @@ from psycopg import AsyncConnection
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.operations.actor import Actor, permit
-from inturn.worker.store import actions, audit, lease, reads, registry
+from inturn.worker.store import actions, audit, history, lease, reads, registry
 from inturn.worker.store import worklist as worklist_store
 
 
@@ -124,10 +124,13 @@ class Held:
 @dataclass(frozen=True)
 class Purged:
     """A purge: rows deleted per state (and ``worklist cleared``), or ``ran`` False when
-    another purge held the lock and nothing was done."""
+    another purge held the lock and nothing was done; with history settings, what the
+    partition work did (``upkeep``) or, in a dry run, would do (``would``)."""
 
     ran: bool
     counts: dict[str, int] = field(default_factory=dict)
+    upkeep: history.Upkeep | None = None
+    would: history.Would | None = None
 
 
 async def why_not(conn: AsyncConnection[Any], item_id: int, action: str) -> NotFound | Conflict:
@@ -417,18 +420,26 @@ async def purge(
     batch: int,
     leases_expired_after: int | None = None,
     dry_run: bool = False,
+    partitions: history.Settings | None = None,
 ) -> Purged:
-    """Delete finished items older than their state's cutoff, then cleared worklist items
-    cleared more than ``worklist_cleared_after`` seconds ago, in batches; pending items and
-    pending worklist items are never touched, nor a finished item that a pending worklist item
-    names (a given-up message still to resend: migration 0031). With ``leases_expired_after``
+    """The maintenance job: finished items of the hot table older than their state's cutoff
+    are deleted; with ``partitions``, the partition work follows
+    (:func:`inturn.worker.store.history.upkeep`: finished rows past the hot window move to
+    history, the epoch turns with its partitions made ahead, days past the retention are
+    dropped whole once what a person still needs is out of them, each drop audited with its
+    counts, action ``drop-day``); then cleared worklist items cleared more than
+    ``worklist_cleared_after`` seconds ago, in batches; pending items and pending worklist
+    items are never touched, nor a finished item that a pending worklist item names (a
+    given-up message still to resend: migration 0031). With ``leases_expired_after``
     (seconds), the lease rows of deleted destinations whose lease expired longer ago go too
     (counted as ``leases``: :func:`inturn.worker.store.lease.purge_gone`). ``ran`` is False
     when another purge runs. A real purge records its counts in the audit (action ``purge``,
-    who ``actor.name``); ``dry_run`` counts what would go and deletes and records nothing.
+    who ``actor.name``); ``dry_run`` counts what would go and changes and records nothing.
 
     Raises:
         Invalid: a cutoff for ``pending`` or an unknown state, or a batch out of range.
+        psycopg.errors.LockNotAvailable: the move or an ATTACH was refused by its lock
+            timeout every try (the rest is left for the next run).
     """
     permit(actor, "purge", None)
     if dry_run:
@@ -436,13 +447,25 @@ async def purge(
         would["worklist cleared"] = await worklist_store.purge_count(conn, worklist_cleared_after)
         if leases_expired_after is not None:
             would["leases"] = await lease.purge_gone_count(conn, leases_expired_after)
-        return Purged(ran=True, counts=would)
+        plan = None
+        if partitions is not None:
+            plan = await history.would(conn, partitions)
+            # the rows past their age are deleted before the move (the same rule keeps rows)
+            gone = sum(would[state] for state in cutoffs)
+            plan = replace(plan, movable=max(plan.movable - gone, 0))
+        return Purged(ran=True, counts=would, would=plan)
     try:
-        counts = await actions.purge(conn, cutoffs, batch=batch)
+        async with actions.purge_held(conn) as renew:
+            if renew is None:
+                return Purged(ran=False)
+            # rows past their age first (rows stored before the channel log, kept rows no
+            # longer kept): deleted where they are rather than copied to history to be dropped
+            counts = await actions.purge_rows(conn, cutoffs, batch=batch, renew=renew)
+            upkeep = None
+            if partitions is not None:
+                upkeep = await history.upkeep(conn, partitions, renew, actor.name)
     except ValueError as exc:
         raise Invalid(str(exc)) from None
-    if counts is None:
-        return Purged(ran=False)
     counts["worklist cleared"] = await worklist_store.purge(
         conn, worklist_cleared_after, batch=batch
     )
@@ -451,7 +474,7 @@ async def purge(
         counts["leases"] = len(gone)
     async with conn.transaction():
         await audit.record(conn, who=actor.name, action="purge", why=purge_summary(counts))
-    return Purged(ran=True, counts=counts)
+    return Purged(ran=True, counts=counts, upkeep=upkeep)
 
 
 def purge_summary(counts: dict[str, int]) -> str:

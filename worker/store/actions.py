@@ -10,7 +10,8 @@ rules (who may, with what reason) are the operations layer's (:mod:`inturn.worke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, LiteralString
@@ -427,7 +428,8 @@ async def purge(
     *,
     batch: int = PURGE_BATCH_MAX,
 ) -> dict[str, int] | None:
-    """Delete finished items older than a cutoff per state, in batches of at most 5,000 rows.
+    """Delete finished items older than a cutoff per state, in batches of at most 5,000 rows,
+    under the purge singleton (:func:`purge_held`, :func:`purge_rows`).
 
     Args:
         cutoffs: ``{"delivered": t1, "failed": t2, "skipped": t3}``; states left out are kept.
@@ -440,33 +442,79 @@ async def purge(
     Raises:
         Invalid: a cutoff for ``pending`` or an unknown state, or a batch out of range.
     """
+    _check_cutoffs(cutoffs, batch)
+    async with purge_held(conn) as renew:
+        if renew is None:
+            return None
+        return await purge_rows(conn, cutoffs, batch=batch, renew=renew)
+
+
+def _check_cutoffs(cutoffs: dict[str, datetime], batch: int) -> None:
     for state in cutoffs:
         if state not in FINISHED_STATES:
             raise Invalid(f"purge only removes finished states {FINISHED_STATES}, not {state!r}")
     if not 1 <= batch <= PURGE_BATCH_MAX:
         raise Invalid(f"batch must be 1..{PURGE_BATCH_MAX}, got {batch}")
+
+
+#: Take the purge singleton again (renewed); False when another purge took it over meanwhile.
+Renew = Callable[[], Awaitable[bool]]
+
+
+@asynccontextmanager
+async def purge_held(conn: AsyncConnection[Any]) -> AsyncIterator[Renew | None]:
+    """Hold the purge singleton (one purge at a time) for the block: yields a function that
+    renews it (to call between batches: a purge that died holds it no longer than its ttl),
+    or None when another purge holds it. Released at the end."""
     holder = holder_id("purge")
     held = await locks.take_singleton(conn, "purge", holder)
     if held is None:
-        return None
-    counts = {state: 0 for state in cutoffs}
+        yield None
+        return
+    current = [held]
+
+    async def renew() -> bool:
+        renewed = await locks.take_singleton(conn, "purge", holder)
+        if renewed is None:
+            return False  # another purge took over meanwhile: it does the rest
+        current[0] = renewed
+        return True
+
     try:
-        for state, cutoff in cutoffs.items():
-            while True:
-                cur = await conn.execute(
-                    Q["purge_batch"], {"state": state, "cutoff": cutoff, "batch": batch}
-                )
-                counts[state] += cur.rowcount
-                if cur.rowcount < batch:
-                    break
-                # renewed per batch: a purge that died holds the singleton no longer than its ttl
-                renewed = await locks.take_singleton(conn, "purge", holder)
-                if renewed is None:
-                    return counts  # another purge took over meanwhile: it does the rest
-                held = renewed
+        yield renew
     finally:
         if not (conn.closed or conn.broken):
-            await locks.release_singleton(conn, held)
+            await locks.release_singleton(conn, current[0])
+
+
+async def purge_rows(
+    conn: AsyncConnection[Any],
+    cutoffs: dict[str, datetime],
+    *,
+    batch: int,
+    renew: Renew,
+) -> dict[str, int]:
+    """Delete finished rows of the hot table older than a cutoff per state, in batches (the
+    rule of migration 0031: rows a person still needs are kept); ``renew`` is called between
+    batches (False: stop). Since the history (migration 0034) moves finished rows out of the
+    hot table after minutes, what this finds is what the move leaves: rows stored before the
+    channel log past their age, and kept rows once no longer kept.
+
+    Raises:
+        Invalid: a cutoff for ``pending`` or an unknown state, or a batch out of range.
+    """
+    _check_cutoffs(cutoffs, batch)
+    counts = {state: 0 for state in cutoffs}
+    for state, cutoff in cutoffs.items():
+        while True:
+            cur = await conn.execute(
+                Q["purge_batch"], {"state": state, "cutoff": cutoff, "batch": batch}
+            )
+            counts[state] += cur.rowcount
+            if cur.rowcount < batch:
+                break
+            if not await renew():
+                return counts
     return counts
 
 

@@ -28,8 +28,9 @@ sweeper    read delivery metadata, the registry and the reservation records; ski
            ``inturn_enqueue_cancel_notice``, which builds each from the booking record: it
            cannot insert a delivery of its own); place and clear worklist items; write the
            audit trail. It reads no payload, writes none and deletes nothing.
-purge      delete finished deliveries and cleared worklist items, through the functions of
-           migration 0011 only: it has no table privilege at all.
+purge      delete finished deliveries and cleared worklist items, move finished rows to
+           history, turn the log's epochs and drop a day's partitions, through the functions
+           of migrations 0011 and 0034 only; it reads the epochs and records its own runs.
 admin      the CLI's destructive commands (skip, drain, remove, resend, erase, imports, suspend
            and resume) and the console: read and change rows of every table, but no DDL and
            no role management.
@@ -223,8 +224,25 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "admin": (SELECT, INSERT, Grant("UPDATE", ("channel", "position"))),
         "reader": (SELECT,),
     },
-    # The log's id ranges (partitions); issue 37's maintenance writes them.
+    # The log's id ranges (partitions); the maintenance job (the purge role) reads them and
+    # writes them through its functions (migration 0034).
     "inturn_epoch": {
+        "purge": (SELECT,),
+        "admin": (SELECT,),
+        "reader": (SELECT,),
+    },
+    # Finished rows moved out of the hot table (migration 0034), written and dropped by the
+    # maintenance job's functions only. People read them as they read the hot table's; an
+    # erasure deletes them.
+    "inturn_history": {
+        "sweeper": (NO_PATIENT_DATA,),
+        "admin": (SELECT, DELETE),
+        "reader": (NO_PATIENT_DATA,),
+    },
+    # What the maintenance job was last told and when it ran: its alerts' facts.
+    "inturn_maintenance": {
+        "purge": (SELECT, INSERT, UPDATE),
+        "operator": (SELECT,),
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
@@ -371,6 +389,18 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_purge_deliveries_count(text,timestamp with time zone)": ("purge",),
     "inturn_purge_worklist_count(double precision)": ("purge",),
     "inturn_purge_leases_count(double precision)": ("purge",),
+    # the maintenance job's partition work (migration 0034): the move of finished rows to
+    # history, the epoch's turn with its partitions made ahead, and a day's drop with what is
+    # moved out of it first
+    "inturn_history_move(double precision,integer)": ("purge",),
+    "inturn_history_movable(double precision)": ("purge",),
+    "inturn_epoch_prepare(integer)": ("purge",),
+    "inturn_epoch_turn(double precision)": ("purge",),
+    "inturn_epoch_pull(integer,integer)": ("purge",),
+    "inturn_epoch_copy(integer,bigint,integer)": ("purge",),
+    "inturn_epoch_keep(integer)": ("purge",),
+    "inturn_epoch_detach(integer,integer)": ("purge",),
+    "inturn_epoch_drop(integer,integer)": ("purge",),
     # what a destination's lanes hold, keys made anonymous, for those who may not read them
     "inturn_lane_window(text,integer)": ("reader", "operator"),
 }

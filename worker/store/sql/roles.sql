@@ -9,6 +9,9 @@ SELECT c.relname::text AS tablename
   FROM pg_class c
  WHERE c.relnamespace = to_regnamespace(current_schema()) AND c.relkind IN ('r', 'p')
    AND NOT c.relispartition AND starts_with(c.relname, 'inturn_')
+   -- a day's log or history partition detached and not dropped yet (migration 0034): the
+   -- maintenance job's alone, nobody is granted it
+   AND c.relname !~ '^inturn_(message|history)_e[0-9]+$'
  ORDER BY 1;
 
 -- name: columns

@@ -1,0 +1,335 @@
+"""History that leaves by the partition (issue 37, migration 0034): finished rows move from the
+hot table to ``inturn_history`` after the hot window, with their attempts; the epoch turns and
+its partitions are made ahead; a day past the retention is dropped whole after what a person
+still needs is out of it (pending rows keep their payload and its binding, a destination behind
+in it is pulled first, a finished row a pending worklist item names goes back to the hot table).
+The maintenance runs as the purge role, through its functions."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection
+
+from inturn.worker.store import delivery, history, worklist
+from inturn.worker.store import lease as leases
+
+pytestmark = pytest.mark.store
+
+A = "ward/a"
+B = "ward/b"
+CHANNEL = "adt"
+WIDTH = 1 << 40
+
+
+def reset_epochs(dsn: str) -> None:
+    """Put the epochs back as migration 0034 left them: epoch 1 open with its two partitions,
+    no other (fresh_db empties the tables but keeps inturn_epoch and the partitions)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        extra = conn.execute(
+            "SELECT relname FROM pg_class WHERE relname ~ '^inturn_(message|history)_e[0-9]+$'"
+            " AND relnamespace = to_regnamespace(current_schema())"
+            " AND relname NOT IN ('inturn_message_e1', 'inturn_history_e1')"
+        ).fetchall()
+        for (name,) in extra:
+            conn.execute(f'DROP TABLE "{name}"')
+        for parent in ("inturn_message", "inturn_history"):
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {parent}_e1 PARTITION OF {parent}"
+                " FOR VALUES FROM (1) TO (1099511627776)"
+            )
+        conn.execute("DELETE FROM inturn_epoch WHERE n > 1")
+        conn.execute(
+            "UPDATE inturn_epoch SET opened_at = now(), closed_at = NULL, detached_at = NULL,"
+            " dropped_at = NULL WHERE n = 1"
+        )
+        conn.execute("SELECT setval('inturn_message_id_seq', 1, false)")
+
+
+@pytest.fixture(autouse=True)
+def epochs_as_migrated(fresh_db: str) -> Iterator[None]:
+    reset_epochs(fresh_db)
+    yield
+    reset_epochs(fresh_db)
+
+
+def append(conn: psycopg.Connection[Any], route: list[str], n: int, tag: str = "C") -> list[int]:
+    """Append ``n`` messages routed to ``route`` to the channel log, as ingest does."""
+    conn.execute(
+        "INSERT INTO inturn_route (channel, destinations) VALUES (%s, %s)"
+        " ON CONFLICT (channel, destinations) DO NOTHING",
+        (CHANNEL, sorted(route)),
+    )
+    [(route_id,)] = conn.execute(
+        "SELECT id FROM inturn_route WHERE channel = %s AND destinations = %s",
+        (CHANNEL, sorted(route)),
+    ).fetchall()
+    ids = []
+    for i in range(n):
+        payload = f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|{tag}{i}|P|2.5\r".encode()
+        [(log_id,)] = conn.execute(
+            "INSERT INTO inturn_message (channel, control_id, message_type, payload, size, route,"
+            " patient_keys) VALUES (%s, %s, 'ADT^A01', %s, %s, %s, '{k1}') RETURNING id",
+            (CHANNEL, f"{tag}{i}", payload, len(payload), route_id),
+        ).fetchall()
+        ids.append(log_id)
+    return ids
+
+
+async def pulled(conn: AsyncConnection[Any], destination: str) -> None:
+    """The destination's worker pulls everything routed to it."""
+    held = await leases.acquire(conn, destination, f"w-{destination}", 60)
+    while (await delivery.pull(conn, destination, CHANNEL, lease=held)).more:
+        pass
+
+
+def never_stop() -> Callable[[], Awaitable[bool]]:
+    async def renew() -> bool:
+        return True
+
+    return renew
+
+
+def rows(dsn: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def finish(dsn: str, state: str, ids: list[int], ago: str = "1 hour") -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE inturn_delivery SET state = %s, attempts = 2,"
+            f" finished_at = now() - interval '{ago}' WHERE id = ANY(%s)",
+            (state, ids),
+        )
+
+
+def queued(dsn: str, destination: str) -> list[int]:
+    return [
+        r[0]
+        for r in rows(
+            dsn, "SELECT id FROM inturn_delivery WHERE destination = %s ORDER BY id", destination
+        )
+    ]
+
+
+async def test_finished_rows_move_to_history_after_the_hot_window_with_their_attempts(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        append(sync, [A], 6)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await pulled(conn, A)
+    ids = queued(fresh_db, A)
+    delivered, failed, kept, recent, skipped, pending = ids
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        for attempt in (1, 2):
+            sync.execute(
+                "INSERT INTO inturn_attempt (item_id, attempt, outcome, error)"
+                " VALUES (%s, %s, 'retry', 'refused')",
+                (failed, attempt),
+            )
+        # a row stored before the channel log: its payload in the row, no message
+        [(legacy,)] = sync.execute(
+            "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+            " payload, size, state, finished_at) VALUES (%s, %s, 'OLD1', 'ADT^A01',"
+            " 'MSH|legacy', 10, 'delivered', now() - interval '2 hours') RETURNING id",
+            (A, CHANNEL),
+        ).fetchall()
+    finish(fresh_db, "delivered", [delivered, kept])
+    finish(fresh_db, "failed", [failed])
+    finish(fresh_db, "skipped", [skipped])
+    finish(fresh_db, "delivered", [recent], ago="1 minute")
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await worklist.place(
+            conn,
+            queue="delivery-failed",
+            record_kind="delivery",
+            record_key=str(kept),
+            reason="gave-up",
+            placed_by="worker",
+        )
+    settings = history.Settings(retention_seconds=86400 * 7, hot_seconds=600, batch=2)
+    async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
+        assert await history.movable(conn, 600) == 4
+        assert await history.move(conn, settings, never_stop()) == 4
+    assert queued(fresh_db, A) == [kept, recent, pending]
+    moved = rows(
+        fresh_db,
+        "SELECT id, message_id, state, payload, attempt_log FROM inturn_history ORDER BY id",
+    )
+    assert [(r[0], r[2]) for r in moved] == [
+        (delivered, "delivered"),
+        (failed, "failed"),
+        (skipped, "skipped"),
+        (legacy, "delivered"),
+    ]
+    by_id = {r[0]: r for r in moved}
+    # a slim row keeps its message; the legacy row keeps its payload, placed in the open epoch
+    [(delivered_message,)] = rows(
+        fresh_db, "SELECT message_id FROM inturn_history WHERE id = %s", delivered
+    )
+    assert by_id[delivered][3] is None and delivered_message is not None
+    assert bytes(by_id[legacy][3]) == b"MSH|legacy" and 1 <= by_id[legacy][1] < WIDTH
+    assert [(a["attempt"], a["outcome"], a["error"]) for a in by_id[failed][4]] == [
+        (1, "retry", "refused"),
+        (2, "retry", "refused"),
+    ]
+    assert rows(fresh_db, "SELECT count(*) FROM inturn_attempt") == [(0,)]
+    # nothing in history was left behind in the hot table's indexes: no dead-tuple backlog
+    # comes from retention beyond the rows moved (the hot table is the same size after)
+
+
+async def test_the_epoch_turns_with_its_partitions_made_ahead(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    settings = history.Settings(retention_seconds=86400 * 7, epoch_seconds=3600)
+    async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
+        done = history.Upkeep()
+        await history.turn(conn, settings, done)
+        assert (done.prepared, done.turned) == ([2], None)
+        await history.turn(conn, settings, done)  # prepared already, not due
+        assert (done.prepared, done.turned) == ([2], None)
+    parts = rows(
+        fresh_db,
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+        " JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent IN ('inturn_message'::regclass, 'inturn_history'::regclass)"
+        " ORDER BY 1",
+    )
+    assert parts == [
+        ("inturn_history_e1", "FOR VALUES FROM ('1') TO ('1099511627776')"),
+        ("inturn_history_e2", "FOR VALUES FROM ('1099511627776') TO ('2199023255552')"),
+        ("inturn_message_e1", "FOR VALUES FROM ('1') TO ('1099511627776')"),
+        ("inturn_message_e2", "FOR VALUES FROM ('1099511627776') TO ('2199023255552')"),
+    ]
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        before = append(sync, [A], 1)
+        sync.execute("UPDATE inturn_epoch SET opened_at = now() - interval '2 hours' WHERE n = 1")
+    async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
+        done = history.Upkeep()
+        await history.turn(conn, settings, done)
+        assert (done.prepared, done.turned) == ([3], 2)
+        held = await history.epochs(conn)
+    assert [(e.n, e.opened_at is not None, e.closed_at is not None) for e in held] == [
+        (1, True, True),
+        (2, True, False),
+        (3, False, False),
+    ]
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        after = append(sync, [A], 1)
+        # each partition has the log's indexes
+        indexes = sync.execute(
+            "SELECT tablename, count(*) FROM pg_indexes"
+            " WHERE tablename IN ('inturn_message_e1', 'inturn_message_e3',"
+            "                     'inturn_history_e1', 'inturn_history_e3')"
+            " GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    assert before[0] < WIDTH and after[0] == WIDTH
+    assert indexes == [
+        ("inturn_history_e1", 4),
+        ("inturn_history_e3", 4),
+        ("inturn_message_e1", 4),
+        ("inturn_message_e3", 4),
+    ]
+
+
+async def dropped_day(fresh_db: str, role_dsns: dict[str, str]) -> dict[str, Any]:
+    """A day of the log with everything a drop must take care of, turned and closed long ago;
+    the ids of each case."""
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        both = append(sync, [A, B], 4, tag="E1-")
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await pulled(conn, A)  # B's worker never ran: its cursor is behind in the day
+    delivered, failed, still, kept_copy = queued(fresh_db, A)
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        sync.execute(
+            "INSERT INTO inturn_attempt (item_id, attempt, outcome, error)"
+            " VALUES (%s, 1, 'failed', 'AR')",
+            (failed,),
+        )
+    finish(fresh_db, "delivered", [delivered, kept_copy])
+    finish(fresh_db, "failed", [failed])
+    settings = history.Settings(retention_seconds=3600, epoch_seconds=60, hot_seconds=60)
+    async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
+        assert await history.move(conn, settings, never_stop()) == 3
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        # placed after the move: the given-up message is in history when its day goes
+        await worklist.place(
+            conn,
+            queue="delivery-failed",
+            record_kind="delivery",
+            record_key=str(failed),
+            reason="gave-up",
+            placed_by="worker",
+        )
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        sync.execute("UPDATE inturn_epoch SET opened_at = now() - interval '3 days' WHERE n = 1")
+    async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
+        await history.turn(conn, settings, history.Upkeep())
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        sync.execute("UPDATE inturn_epoch SET closed_at = now() - interval '2 days' WHERE n = 1")
+        later = append(sync, [A], 1, tag="E2-")
+    return {
+        "log": both,
+        "delivered": delivered,
+        "failed": failed,
+        "pending": still,
+        "delivered_too": kept_copy,
+        "later": later,
+        "settings": settings,
+    }
+
+
+async def test_a_day_past_the_retention_is_dropped_whole_and_keeps_what_is_needed(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    day = await dropped_day(fresh_db, role_dsns)
+    async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
+        done = history.Upkeep()
+        await history.drop_due(conn, day["settings"], done, never_stop(), "purge")
+    assert done.waiting == []
+    [dropped] = done.dropped
+    assert (dropped.epoch.n, dropped.log_rows, dropped.history_rows) == (1, 4, 2)
+    assert (dropped.pulled, dropped.copied, dropped.kept) == (4, 5, 1)
+    assert dropped.bytes > 0
+    assert rows(
+        fresh_db, "SELECT to_regclass('inturn_message_e1'), to_regclass('inturn_history_e1')"
+    ) == [(None, None)]
+    assert rows(fresh_db, "SELECT n FROM inturn_epoch WHERE dropped_at IS NOT NULL") == [(1,)]
+    # pending never dropped: A's queued message and all four of B's, each with its payload
+    # and the binding it was sealed under (the log row's id and channel)
+    hot = rows(
+        fresh_db,
+        "SELECT id, destination, state, message_id, convert_from(payload, 'UTF8'), seal_id,"
+        " seal_scope FROM inturn_delivery WHERE message_id < %s ORDER BY destination, id",
+        WIDTH,
+    )
+    by_dest = {(r[1], r[2]) for r in hot}
+    assert by_dest == {(A, "pending"), (A, "failed"), (B, "pending")}
+    for r in hot:
+        assert r[4].startswith("MSH|") and (r[5], r[6]) == (r[3], "channel:adt")
+    assert [r[3] for r in hot if r[1] == B] == day["log"]
+    # the given-up message a pending worklist item names is back, with its attempt
+    assert rows(
+        fresh_db,
+        "SELECT attempt, outcome, error FROM inturn_attempt WHERE item_id = %s",
+        day["failed"],
+    ) == [(1, "failed", "AR")]
+    assert rows(fresh_db, "SELECT count(*) FROM inturn_history") == [(0,)]
+    # the worker sends the pending one: its head reads the payload kept in the row
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        held = await leases.acquire(conn, B, "w-b2", 60)
+        head, _ = await delivery.next_head(conn, B, lease=held)
+        assert head is not None and head.item.control_id == "E1-0"
+        assert head.binding == (day["log"][0], "channel:adt")
+    # the next day is untouched
+    assert rows(fresh_db, "SELECT id FROM inturn_message") == [(day["later"][0],)]
+    # the drop's record
+    async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
+        again = history.Upkeep()
+        await history.drop_due(conn, day["settings"], again, never_stop(), "purge")
+        assert again.dropped == [] and again.waiting == []
