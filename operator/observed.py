@@ -32,12 +32,35 @@ class ChildState:
 
 
 def plain(value: Any) -> Any:
-    """Deep-copy a kopf body (mapping views) into plain dicts and lists."""
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    return value
+    """Deep-copy a kopf body (mapping views) into plain dicts and lists.
+
+    Iterative, not recursive: a Destination stored nested deeper than the interpreter's stack
+    is copied, then refused by validation (:func:`inturn.worker.spec.documents.check_shape`) as
+    an invalid spec, instead of ending the reconcile in a ``RecursionError``.
+    """
+
+    def empty(item: Any) -> Any:
+        if isinstance(item, Mapping):
+            return {}
+        if isinstance(item, list | tuple):
+            return []
+        return item
+
+    root = empty(value)
+    stack: list[tuple[Any, Any]] = [(value, root)]
+    while stack:
+        source, target = stack.pop()
+        if isinstance(source, Mapping):
+            for k, v in source.items():
+                target[str(k)] = copied = empty(v)
+                if copied is not v:
+                    stack.append((v, copied))
+        elif isinstance(source, list | tuple):
+            for v in source:
+                target.append(copied := empty(v))
+                if copied is not v:
+                    stack.append((v, copied))
+    return root
 
 
 def destination_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -415,3 +415,28 @@ async def test_a_live_view_closed_by_its_browser_is_logged_at_info_without_a_tra
     loud = [r for r in caplog.records if r.levelno > logging.INFO]
     assert [(r.name, r.getMessage()) for r in loud] == []
     assert not any(r.exc_info for r in caplog.records)
+
+
+async def test_a_hostile_json_body_is_refused_in_one_line(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    """A member given twice (a second ``why`` no longer silently wins), a body nested past the
+    depth bound (10,000 levels no longer end in a RecursionError and a 500), a body that is not
+    an object: 400 invalid_request, and nothing done."""
+    [item] = await enqueue(fresh_db, DEST, [1])
+    op = clients["operator"]
+    headers = {**op.headers, "X-CSRF-Token": await op.csrf(), "Content-Type": "application/json"}
+    for raw, says in (
+        (b'{"why": "ok", "why": "other"}', "given twice"),
+        (b"[" * 10_000 + b"]" * 10_000, "nested deeper than"),
+        (b'{"why": ' + b"[" * 100 + b"]" * 100 + b"}", "nested deeper than"),
+        (b'["why"]', "must be a JSON object"),
+    ):
+        async with op.session.post(
+            op.base + f"/api/v1/items/{item}/skip", data=raw, headers=headers
+        ) as r:
+            body = await r.json()
+        assert (r.status, body["error"]["code"]) == (400, "invalid_request"), body
+        assert says in body["error"]["message"] and "\n" not in body["error"]["message"]
+    _, detail = await op.get(f"/api/v1/items/{item}")
+    assert detail["item"]["state"] == "pending"

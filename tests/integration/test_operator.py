@@ -424,6 +424,31 @@ async def test_a_sender_the_worker_would_refuse_is_an_invalid_spec(
     assert not any(k[0] == DEPLOY for k in env.objects if not env.objects[k].deleted)
 
 
+async def test_a_destination_nested_too_deep_is_an_invalid_spec(
+    env: kmock.KubernetesEmulator,
+) -> None:
+    """The operator's reading path has the bounds of every file inturn reads (issue 41, part 4):
+    a Destination stored nested 200 levels deep (JSON as the API server keeps it; the snapshot's
+    copy of it was recursive) is an InvalidSpec in one line. (Far deeper, kopf's own deep copy
+    of the body gives up before any handler of ours runs; a real API server prunes the unknown
+    field anyway.)"""
+    bad = destination("deep")
+    nested: dict[str, Any] = {}
+    cur = nested
+    for _ in range(200):
+        cur["x"] = {}
+        cur = cur["x"]
+    bad["spec"]["sender"]["mllp"]["extra"] = nested
+    env.objects[DEST, NS, "deep"] = bad
+    async with operator():
+        await eventually(
+            lambda: condition(obj(env, DEST, "deep"), "Ready")["reason"] == "InvalidSpec"
+        )
+        message = condition(obj(env, DEST, "deep"), "Ready")["message"]
+        assert "nested deeper than 64 levels" in message and "\n" not in message
+    assert not any(k[0] == DEPLOY for k in env.objects if not env.objects[k].deleted)
+
+
 async def test_invalid_spec_is_reported_without_a_retry_storm(
     env: kmock.KubernetesEmulator,
 ) -> None:

@@ -23,6 +23,8 @@ from typing import Any
 import helm_python as helm
 import yaml
 
+from inturn.worker.spec.documents import read_document
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "inturn"
 CI_VALUES = CHART / "ci"
@@ -69,7 +71,8 @@ def values(
     """The user-supplied values: test image (unless ``image=False``), ``files``, ``overrides``."""
     out: dict[str, Any] = copy.deepcopy(TEST_VALUES) if image else {}
     for name in files:
-        out = merge(out, yaml.safe_load(_file(name).read_text()) or {})
+        # the bounded reader of every configuration file (a key given twice is refused)
+        out = merge(out, read_document(_file(name)) or {})
     return merge(out, overrides or {})
 
 

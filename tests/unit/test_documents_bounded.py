@@ -16,10 +16,14 @@ from inturn.worker.feeds.declare import FeedsError, load_feeds
 from inturn.worker.ingest.credentials import CredentialsError, CredentialsFile
 from inturn.worker.spec.destination import ManifestError, load_file
 from inturn.worker.spec.documents import (
+    MAX_ALIASES,
     MAX_DEPTH,
     MAX_DOCUMENT_BYTES,
+    MAX_EXPANDED_NODES,
     DocumentError,
+    check_shape,
     load_documents,
+    load_json,
 )
 
 MAIN = "import sys; from inturn.worker.cli import main; sys.argv[0] = 'inturn'; main()"
@@ -35,8 +39,34 @@ def alias_bomb(levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge_bomb(keys: int = 2000, merges: int = 900) -> str:
+    """One mapping of ``keys`` keys merged (``<<``) into ``merges`` others: PyYAML copies its
+    pairs into each (a 150 KB file of this shape took 34 s and 1.5 GiB before the bound)."""
+    big = "big: &B {" + ", ".join(f"k{i}: 1" for i in range(keys)) + "}\n"
+    return big + "".join(f"m{i}: {{<<: *B}}\n" for i in range(merges))
+
+
+def nested_merge_bomb(levels: int = 24) -> str:
+    """pyyaml#897's shape: each level merges the one before twice."""
+    lines = ["L0: &L0 {k0: v0}"]
+    for n in range(1, levels + 1):
+        lines.append(f"L{n}: &L{n} {{<<: [*L{n - 1}, *L{n - 1}], k{n}: v}}")
+    return "\n".join(lines) + "\n"
+
+
+def deep_aliases(levels: int = 40) -> str:
+    """Each anchor an alias of the one before nested 60 levels down: every level is under the
+    depth bound as written, the data nests ``levels`` * 60 deep once aliases are followed."""
+    lines = ["a0: &a0 " + "[" * 60 + "x" + "]" * 60]
+    for n in range(1, levels):
+        lines.append(f"a{n}: &a{n} " + "[" * 60 + f"*a{n - 1}" + "]" * 60)
+    return "\n".join(lines) + "\n"
+
+
 HOSTILE = {
     "alias-bomb": (alias_bomb(), "aliases expand to more than"),
+    "merge-bomb": (merge_bomb(), "aliases expand to more than"),
+    "many-values": ("".join(f"- {i}\n" for i in range(MAX_EXPANDED_NODES + 1)), "more than"),
     "deep-flow": ("[" * 10_000 + "]" * 10_000, "nested deeper than"),
     "duplicate-key": (
         "apiVersion: inturn.dev/v1alpha1\nkind: Destination\nmetadata: {name: a}\n"
@@ -45,13 +75,63 @@ HOSTILE = {
     ),
     "not-yaml": ("a: [1, 2\n", "not valid YAML"),
     "not-utf8": (None, "not UTF-8"),
+    "fifty-mb": (None, "larger than 4 MiB"),
 }
 
 
-def test_an_alias_bomb_is_refused_without_expanding_it() -> None:
-    assert len(alias_bomb()) < 1100
-    with pytest.raises(DocumentError, match="aliases expand to more than 1,000,000 values"):
-        load_documents(alias_bomb())
+@pytest.mark.parametrize(
+    "text",
+    [
+        alias_bomb(),
+        alias_bomb(6),  # 9**6 = 531,441 values from 700 bytes
+        "a: &a {x: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}\nb: &b [" + ", ".join(["*a"] * 500) + "]\n"
+        "c: [" + ", ".join(["*b"] * 500) + "]\n",
+        merge_bomb(),
+        nested_merge_bomb(),
+    ],
+    ids=["billion-laughs", "six-levels", "wide", "merge", "nested-merge"],
+)
+def test_an_alias_bomb_is_refused_without_expanding_it(text: str) -> None:
+    assert len(text) < 200_000
+    with pytest.raises(
+        DocumentError, match=f"aliases expand to more than {MAX_EXPANDED_NODES:,} values"
+    ):
+        load_documents(text)
+
+
+def test_aliases_that_nest_deeper_once_followed_are_refused() -> None:
+    with pytest.raises(DocumentError, match=f"nest deeper than {MAX_DEPTH} levels once expanded"):
+        load_documents(deep_aliases())
+
+
+def test_an_alias_of_its_own_anchor_is_refused() -> None:
+    with pytest.raises(DocumentError, match="aliases expand"):
+        load_documents("a: &a [1, *a]\n")
+
+
+def test_more_aliases_than_the_bound_are_refused() -> None:
+    text = "a: &a 1\nb: [" + ", ".join(["*a"] * (MAX_ALIASES + 1)) + "]\n"
+    with pytest.raises(DocumentError, match=f"more than {MAX_ALIASES:,} aliases"):
+        load_documents(text)
+    # at the bound: read
+    load_documents("a: &a 1\nb: [" + ", ".join(["*a"] * (MAX_ALIASES - 1)) + "]\n")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "".join(f"- a{i}\n" for i in range(MAX_EXPANDED_NODES + 1)),
+        "[" + ",".join("1" for _ in range(MAX_EXPANDED_NODES + 1)) + "]",
+        "".join(f"k{i}: v\n" for i in range(MAX_EXPANDED_NODES // 2 + 1)),
+    ],
+    ids=["block-list", "flow-list", "mapping"],
+)
+def test_a_file_of_too_many_values_is_refused_while_it_is_composed(text: str) -> None:
+    """Under the byte bound but past the value bound: refused when the parser reaches the bound,
+    before the rest is composed (memory stays at the bound's, not the file's)."""
+    assert len(text) < MAX_DOCUMENT_BYTES
+    with pytest.raises(DocumentError, match=f"more than {MAX_EXPANDED_NODES:,} values"):
+        load_documents(text)
 
 
 def test_modest_aliases_are_read() -> None:
@@ -72,6 +152,13 @@ def test_nesting_at_the_bound_is_read() -> None:
     assert load_documents("[" * MAX_DEPTH + "]" * MAX_DEPTH)[0] is not None
 
 
+def test_deep_block_nesting_is_refused_in_one_line() -> None:
+    text = "".join("  " * i + f"k{i}:\n" for i in range(2000)) + "  " * 2000 + "v\n"
+    with pytest.raises(DocumentError, match="nested deeper than") as caught:
+        load_documents(text)
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("text", "line"),
     [
@@ -79,6 +166,9 @@ def test_nesting_at_the_bound_is_read() -> None:
         ('{"a": 1, "a": 2}', "line 1"),
         ("x:\n  - {k: 1, k: 1}\n", "line 2"),
         ("1: a\n1: b\n", "line 2"),
+        ("a: 1\n'a': 2\n", "line 2"),  # quoted or not, one key
+        ('spec:\n  sender:\n    mllp: {host: a, "host": b}\n', "line 3"),
+        ("---\nx: 1\n---\ny: 1\ny: 2\n", "line 5"),  # in the second document
     ],
 )
 def test_a_key_given_twice_is_refused(text: str, line: str) -> None:
@@ -89,6 +179,73 @@ def test_a_key_given_twice_is_refused(text: str, line: str) -> None:
 def test_merge_keys_still_override() -> None:
     [doc] = load_documents("base: &b {x: 1, y: 2}\nthis:\n  <<: *b\n  y: 3\n")
     assert doc["this"] == {"x": 1, "y": 3}
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"why": "a", "why": "b"}', "key 'why' given twice"),
+        ("[" * 10_000 + "]" * 10_000, "nested deeper than"),
+        ("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), "nested deeper than"),
+        ("[" + ",".join("1" for _ in range(MAX_EXPANDED_NODES + 1)) + "]", "more than"),
+        ('{"a": ', "line 1 column 7"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b" " * (MAX_DOCUMENT_BYTES + 1), "larger than 4 MiB"),
+    ],
+    ids=["duplicate", "deep", "just-too-deep", "too-many", "truncated", "not-utf8", "too-big"],
+)
+def test_json_is_read_with_the_same_bounds(text: str | bytes, says: str) -> None:
+    with pytest.raises(DocumentError, match=says) as caught:
+        load_json(text)
+    assert "\n" not in str(caught.value)
+
+
+def test_json_within_the_bounds_is_read_as_json() -> None:
+    assert load_json('{"n": 1e3, "s": "a\\/b", "l": [null, true]}') == {
+        "n": 1000.0,
+        "s": "a/b",
+        "l": [None, True],
+    }
+
+
+def test_an_already_parsed_object_is_checked_without_recursion() -> None:
+    deep: dict[str, object] = {}
+    cur = deep
+    for _ in range(100_000):  # far past the interpreter's recursion limit
+        cur["x"] = {}
+        cur = cur["x"]  # type: ignore[assignment]
+    with pytest.raises(DocumentError, match="nested deeper"):
+        check_shape(deep)
+    with pytest.raises(DocumentError, match="more than"):
+        check_shape({"a": ["x"] * (MAX_EXPANDED_NODES + 1)})
+    check_shape({"a": [{"b": 1}] * 1000})
+
+
+def test_the_operators_reading_path_refuses_a_deep_or_huge_destination() -> None:
+    """The operator renders the Destination the API server stored (already parsed JSON): a spec
+    nested 10,000 deep, or of a million values, is an invalid spec in one line, not a
+    RecursionError in the reconcile."""
+    from inturn.operator.manifests import WorkerPodSettings, render
+
+    def body(extra: object) -> dict[str, object]:
+        return {
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u"},
+            "spec": {
+                "channel": "adt",
+                "retry": {"maxAttempts": 0},
+                "sender": {"mllp": {"host": "h", "port": 1, "extra": extra}},
+            },
+        }
+
+    deep: dict[str, object] = {}
+    cur = deep
+    for _ in range(10_000):
+        cur["x"] = {}
+        cur = cur["x"]  # type: ignore[assignment]
+    for extra, says in ((deep, "nested deeper than"), (["v"] * 1_000_000, "more than")):
+        with pytest.raises(ManifestError, match=says) as caught:
+            render(body(extra), WorkerPodSettings(image="x"))
+        assert "\n" not in str(caught.value)
 
 
 def test_a_file_past_the_byte_bound_is_refused_unread(tmp_path: Path) -> None:
@@ -117,7 +274,12 @@ def test_every_reader_uses_the_bounds(tmp_path: Path) -> None:
 def _write(tmp_path: Path, name: str) -> Path:
     text, _ = HOSTILE[name]
     path = tmp_path / f"{name}.yaml"
-    if text is None:
+    if name == "fifty-mb":
+        with path.open("wb") as f:
+            line = b"# " + b"x" * 1022 + b"\n"
+            for _ in range(50 * 1024):
+                f.write(line)
+    elif text is None:
         path.write_bytes(b"apiVersion: \xff\xfe\n")
     else:
         path.write_text(text)
@@ -138,7 +300,18 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("name", ["alias-bomb", "deep-flow", "duplicate-key", "not-utf8"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "alias-bomb",
+        "merge-bomb",
+        "many-values",
+        "deep-flow",
+        "duplicate-key",
+        "not-utf8",
+        "fifty-mb",
+    ],
+)
 @pytest.mark.parametrize("command", ["validate", "local", "worker"])
 def test_the_commands_answer_a_hostile_file_in_one_line(
     tmp_path: Path, name: str, command: str
@@ -166,3 +339,28 @@ def test_the_commands_answer_a_hostile_file_in_one_line(
     # one line on stderr for the commands that stop; validate reports on stdout
     err = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(err) <= 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b'[{"locator": "A", "locator": "B"}]', "given twice"),
+        (b"[" * 10_000 + b"]" * 10_000, "nested deeper than"),
+        (b"[" + b",".join(b"1" for _ in range(MAX_EXPANDED_NODES + 1)) + b"]", "more than"),
+        (b" " * (MAX_DOCUMENT_BYTES + 1), "larger than 4 MiB"),
+        (None, "No such file"),
+    ],
+    ids=["duplicate", "deep", "many-values", "too-big", "missing"],
+)
+def test_a_hostile_bookings_file_is_refused_in_one_line(
+    tmp_path: Path, content: bytes | None, says: str
+) -> None:
+    path = tmp_path / "bookings.json"
+    if content is not None:
+        path.write_bytes(content)
+    done = _run(
+        "bookings", "import", "--dsn", "postgresql://127.0.0.1:9/x", str(path), cwd=tmp_path
+    )
+    assert done.returncode in (1, 2), done.stderr
+    err = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and says in err[0] and "nothing imported" in err[0], done.stderr

@@ -63,6 +63,8 @@ def import_command(dsn: str | None, file: Path) -> None:
     """Import FILE, a JSON list of bookings (all or nothing; a locator again updates it)."""
     try:
         entries = api.read_file(file)
+    except OSError as exc:
+        raise click.ClickException(f"nothing imported: {file}: {exc.strerror or exc}") from None
     except BookingFileError as exc:
         lines = [f"{file}: {e}" for e in exc.errors[:20]]
         if len(exc.errors) > 20:

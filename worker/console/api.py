@@ -20,6 +20,7 @@ from aiohttp import web
 from inturn.worker.console import operations as ops
 from inturn.worker.console.context import console, csrf_token, identity
 from inturn.worker.console.operations import ConsoleError
+from inturn.worker.spec.documents import DocumentError, load_json
 
 #: Largest id accepted in a path or cursor (Postgres bigint).
 ID_MAX = 2**63 - 1
@@ -75,6 +76,11 @@ def destination(request: web.Request) -> str:
     return f"{namespace}/{name}"
 
 
+#: Largest request body read, bytes (the application refuses larger ones before this; a body is
+#: a few short strings).
+MAX_BODY_BYTES = 64 * 1024
+
+
 async def body(request: web.Request, schema: str = "ActionBody") -> dict[str, Any]:
     """The JSON body of a state change (may be absent), checked against the document's
     ``schema`` (``ActionBody``: ``why`` and ``confirm`` strings, ``includeDelivered`` a
@@ -86,10 +92,12 @@ async def body(request: web.Request, schema: str = "ActionBody") -> dict[str, An
     """
     if not request.can_read_body:
         return {}
-    try:
-        doc = json.loads(await request.read() or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise ConsoleError(400, "invalid_request", "the body must be a JSON object") from None
+    try:  # bounded: depth, size, each member once (a second "why" is refused, not the last)
+        doc = load_json(await request.read() or b"{}", max_bytes=MAX_BODY_BYTES)
+    except DocumentError as exc:
+        raise ConsoleError(400, "invalid_request", f"the body: {exc}"[:200]) from None
+    if not isinstance(doc, dict):
+        raise ConsoleError(400, "invalid_request", "the body must be a JSON object")
     error = jsonschema.exceptions.best_match(body_validator(schema).iter_errors(doc))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "body"

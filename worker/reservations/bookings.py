@@ -6,7 +6,6 @@ transaction of its own (a savepoint when the caller already has one open).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,6 +25,7 @@ from inturn.worker.reservations.codes import (
     segment_key,
 )
 from inturn.worker.reservations.records import Booking, BookingFileError, parse_bookings
+from inturn.worker.spec.documents import MAX_DOCUMENT_BYTES, DocumentError, load_json
 from inturn.worker.store import bookings as store
 from inturn.worker.store.bookings import SegmentEvent
 from inturn.worker.worklist import Placement, WorklistItem, clear_where, place
@@ -54,14 +54,12 @@ def read_file(path: str | Path) -> list[Booking]:
         BookingFileError: not JSON, or an entry is malformed (index and field in the message).
         OSError: the file cannot be read.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise BookingFileError([f"byte {exc.start}: not UTF-8 text"]) from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BookingFileError([f"line {exc.lineno} column {exc.colno}: {exc.msg}"]) from None
+    with Path(path).open("rb") as f:
+        data = f.read(MAX_DOCUMENT_BYTES + 1)
+    try:  # bounded: bytes, depth, values, each member once
+        doc = load_json(data)
+    except DocumentError as exc:
+        raise BookingFileError([str(exc)]) from None
     return parse_bookings(doc)
 
 

@@ -42,7 +42,7 @@ from inturn.worker.spec.config import (
     from_dict,
     to_dict,
 )
-from inturn.worker.spec.documents import DocumentError, read_documents
+from inturn.worker.spec.documents import DocumentError, check_shape, read_documents
 from inturn.worker.spec.schedule import ScheduleError
 from inturn.worker.spec.schedule import parse as parse_schedule
 from inturn.worker.spec.schema_packs import pack_fields
@@ -108,13 +108,19 @@ def validate_manifest(doc: Mapping[str, Any], *, source: str | None = None) -> d
     :func:`load_manifest`.
 
     Raises:
-        ManifestError: wrong apiVersion/kind, a bad ``metadata.name``/``namespace``, a spec
+        ManifestError: nested deeper or larger than a file may be
+            (:func:`inturn.worker.spec.documents.check_shape`), wrong apiVersion/kind, a bad
+            ``metadata.name``/``namespace``, a spec
             that the CRD would reject, or a sender its kind would refuse to build
             (:func:`inturn.worker.senders.registry.problems`: a header with CR/LF, a host IDNA
             cannot encode, ...); the message lists every problem with its field path.
     """
     if not isinstance(doc, Mapping):
         raise ManifestError(["<root>: must be a mapping"], source)
+    try:  # an object the API server stored may nest deeper than any walk below can follow
+        check_shape(doc, what="the Destination")
+    except DocumentError as exc:
+        raise ManifestError([str(exc)], source) from None
     problems: list[str] = []
     if doc.get("apiVersion") != schema.API_VERSION:
         problems.append(
