@@ -107,7 +107,7 @@ class _BoundedLoader(yaml.SafeLoader):
                 raise DocumentError(
                     f"{_line(self.peek_event())}: more than {MAX_EXPANDED_NODES:,} values"  # type: ignore[no-untyped-call]
                 )
-            if self.check_event(yaml.AliasEvent):  # type: ignore[no-untyped-call]
+            if self.check_event(yaml.AliasEvent):
                 self._aliases += 1
                 if self._aliases > MAX_ALIASES:
                     raise DocumentError(
@@ -189,8 +189,8 @@ def load_documents(text: str) -> list[Any]:
     expanded = 0
     memo: dict[int, tuple[int, int]] = {}
     try:
-        while loader.check_node():  # type: ignore[no-untyped-call]
-            node = loader.get_node()  # type: ignore[no-untyped-call]
+        while loader.check_node():
+            node = loader.get_node()
             values, levels = _measure(node, memo)
             expanded += values
             # before constructing: nothing is expanded or copied yet
@@ -203,7 +203,7 @@ def load_documents(text: str) -> list[Any]:
                 raise DocumentError(
                     f"its aliases nest deeper than {MAX_DEPTH} levels once expanded"
                 )
-            docs.append(loader.construct_document(node))  # type: ignore[no-untyped-call]
+            docs.append(loader.construct_document(node))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "line ?"
