@@ -46,6 +46,19 @@ log = logging.getLogger("inturn.drain")
 
 T = TypeVar("T")
 
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def lease_clock() -> float:
+    """Seconds on the clock the worker's lease estimate runs on: one that keeps counting while
+    the process or its machine is not running (``CLOCK_BOOTTIME`` on Linux counts a suspended
+    host or VM, which ``CLOCK_MONOTONIC`` leaves out; elsewhere the monotonic clock). A holder
+    that wakes from a stop, a suspend or a frozen VM then finds its estimate run out and renews
+    (the database says whether its epoch is still current) before it starts anything new."""
+    if _BOOTTIME is not None:
+        return time.clock_gettime(_BOOTTIME)
+    return time.monotonic()
+
 
 class LeaseHolding:
     """The lease of one destination, as its worker holds it (see the module docstring).
@@ -70,7 +83,7 @@ class LeaseHolding:
     #: This process has held the destination's lease before (a later acquisition, after a
     #: lost connection, keeps the backoff it persisted itself).
     _held_once: bool
-    #: Monotonic time before which the lease is surely valid, and when to renew it.
+    #: :func:`lease_clock` time before which the lease is surely valid, and when to renew it.
     _lease_until: float
     _renew_at: float
 
@@ -135,7 +148,7 @@ class LeaseHolding:
         direct = not self.pooled
         while not stop.is_set():
             self._tick()
-            started = time.monotonic()
+            started = lease_clock()
             locked = await self._session_lock(conn, stop)
             # Without the session lock (its holder's session lives: a stopped or frozen process,
             # a partition that left its socket open) the lease is still taken once it has
@@ -204,7 +217,7 @@ class LeaseHolding:
         )
 
     def _renewed(self, sent: float) -> None:
-        """A statement sent at ``sent`` (monotonic) renewed the lease: it is valid for its
+        """A statement sent at ``sent`` (:func:`lease_clock`) renewed the lease: it is valid for its
         lifetime from then at least (the database renewed it later than that)."""
         self._lease_until = sent + self.lease_settings.ttl_seconds
         self._renew_at = sent + self.lease_settings.renew_seconds
@@ -222,7 +235,7 @@ class LeaseHolding:
         Raises:
             LeaseLost: the lease was taken over.
         """
-        sent = time.monotonic()
+        sent = lease_clock()
         result = await self.steps.run(
             conn, stop, step, call, item_id, between=partial(self._renew_between, conn)
         )
@@ -256,7 +269,7 @@ class LeaseHolding:
         """
         if self.lease is None:
             return
-        sent = time.monotonic()
+        sent = lease_clock()
         await leases.renew(conn, self.lease, self.lease_settings.ttl_seconds)
         self._renewed(sent)
 
@@ -265,11 +278,15 @@ class LeaseHolding:
     ) -> None:
         """Renew the lease when it is due (a worker that holds without reading its head:
         suspended, or outside its delivery window)."""
-        if time.monotonic() < self._renew_at:
+        if lease_clock() < self._renew_at:
             return
         ttl = self.lease_settings.ttl_seconds
         await self._guarded(conn, stop, "head", partial(leases.renew, conn, lease, ttl))
 
     def _idle_for(self, seconds: float) -> float:
         """``seconds`` capped at the next renewal (an idle worker renews by reading its head)."""
-        return max(0.0, min(seconds, self._renew_at - time.monotonic()))
+        return max(0.0, min(seconds, self._renew_at - lease_clock()))
+
+    def _lease_left(self) -> float:
+        """Seconds the lease is surely still valid for (negative: maybe not at all)."""
+        return self._lease_until - lease_clock()

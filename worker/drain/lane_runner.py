@@ -312,13 +312,13 @@ class LaneDrain:
         """Whether the lease is surely valid for longer than an attempt (renewed first when
         not), as a single stream's attempt requires."""
         timeout = float(self.w.config.retry.timeout_seconds)
-        if self.w._lease_until - time.monotonic() > timeout:
+        if self.w._lease_left() > timeout:
             return True
         ttl = self.w.lease_settings.ttl_seconds
         await self.w._guarded(
             self.conn, self.stop, "head", lambda: leases.renew(self.conn, self.lease, ttl)
         )
-        return self.w._lease_until - time.monotonic() > timeout
+        return self.w._lease_left() > timeout
 
     def _throttled(self, ids: list[int]) -> tuple[list[int], float | None]:
         """``spec.throttle`` for the destination as a whole: at most one start per gate opening;

@@ -145,11 +145,11 @@ class SingleStream(Idling, Outcomes):
                 prefetched = (head, wait)  # the window closed meanwhile: keep the head
                 continue
             timeout = float(self.config.retry.timeout_seconds)
-            if self._lease_until - time.monotonic() <= timeout:
+            if self._lease_left() <= timeout:
                 # The attempt could outlive the lease (a throttle wait, a slow mark): renew first.
                 ttl = self.lease_settings.ttl_seconds
                 await self._guarded(conn, stop, "head", partial(leases.renew, conn, lease, ttl))
-                if self._lease_until - time.monotonic() <= timeout:
+                if self._lease_left() <= timeout:
                     prefetched = (head, wait)  # the renewal itself was too slow: look again
                     continue
             self._last_send = time.monotonic()
