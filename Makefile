@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/lanes.py
 	$(BIN)/python bench/resend.py
 	$(BIN)/python bench/filters.py
+	$(BIN)/python bench/profiles.py
 
 # The container image, built with podman from the Containerfile on a base made here by
 # debootstrap, then checked inside (version, every command's help, user, no compiler, size).
