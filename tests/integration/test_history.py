@@ -7,6 +7,7 @@ The maintenance runs as the purge role, through its functions."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -14,8 +15,10 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 
+from inturn.worker.hl7.pid import index_keys
 from inturn.worker.store import delivery, history, worklist
 from inturn.worker.store import lease as leases
+from tests.support.pipeline import INTURN
 
 pytestmark = pytest.mark.store
 
@@ -23,6 +26,8 @@ A = "ward/a"
 B = "ward/b"
 CHANNEL = "adt"
 WIDTH = 1 << 40
+PID_42 = b"MSH|^~\\&|A|B|C|D|2026||ADT^A01|X|P|2.5\rPID|1||MRN-42^^^HOSP^MR||DOE\r"
+PID_7 = b"MSH|^~\\&|A|B|C|D|2026||ADT^A01|Y|P|2.5\rPID|1||MRN-7^^^HOSP^MR||ROE\r"
 
 
 def reset_epochs(dsn: str) -> None:
@@ -333,3 +338,76 @@ async def test_a_day_past_the_retention_is_dropped_whole_and_keeps_what_is_neede
         again = history.Upkeep()
         await history.drop_due(conn, day["settings"], again, never_stop(), "purge")
         assert again.dropped == [] and again.waiting == []
+
+
+def inturn(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([INTURN, *args], capture_output=True, text=True, timeout=120)
+
+
+async def test_erasure_by_patient_reaches_history_and_a_day_detached_not_dropped(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """The patient's messages: one delivered and moved to history in a day that is detached
+    (its drop not done yet), one moved to history in the open day, one still pending; another
+    patient's message in each place stays."""
+    mine = "{" + ",".join(index_keys(PID_42)) + "}"
+    theirs = "{" + ",".join(index_keys(PID_7)) + "}"
+
+    def put(keys: str, tag: str) -> None:
+        with psycopg.connect(fresh_db, autocommit=True) as sync:
+            [log_id] = append(sync, [A], 1, tag=tag)
+            sync.execute(
+                "UPDATE inturn_message SET patient_keys = %s WHERE id = %s", (keys, log_id)
+            )
+
+    async def deliver_and_move() -> None:
+        async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            await pulled(conn, A)
+        with psycopg.connect(fresh_db, autocommit=True) as sync:
+            sync.execute(
+                "UPDATE inturn_delivery SET state = 'delivered', finished_at = now() - interval"
+                " '1 hour' WHERE state = 'pending'"
+            )
+        async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
+            await history.move(conn, settings, never_stop())
+
+    settings = history.Settings(retention_seconds=3600, epoch_seconds=60, hot_seconds=60)
+    put(mine, "OLD-MINE-")
+    put(theirs, "OLD-THEIRS-")
+    await deliver_and_move()
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        sync.execute("UPDATE inturn_epoch SET opened_at = now() - interval '1 day' WHERE n = 1")
+    async with await AsyncConnection.connect(role_dsns["purge"], autocommit=True) as conn:
+        await history.turn(conn, settings, history.Upkeep())
+    put(mine, "NEW-MINE-")
+    put(theirs, "NEW-THEIRS-")
+    await deliver_and_move()
+    put(mine, "PENDING-MINE-")
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await pulled(conn, A)
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        # epoch 1's drop stopped between its DETACH and its DROP
+        sync.execute("SELECT inturn_epoch_detach(1, 500)")
+        assert sync.execute(
+            "SELECT (SELECT count(*) FROM inturn_history_e1), (SELECT count(*) FROM"
+            " inturn_message_e1), (SELECT count(*) FROM inturn_history)"
+        ).fetchone() == (2, 2, 2)
+
+    done = inturn(
+        "queue", "erase", "--patient-id", "MRN-42", "--who", "dpo", "--why", "request 9",
+        "--dsn", role_dsns["admin"],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "erased 2" in done.stdout  # the one in the open day's history, the pending one
+    with psycopg.connect(fresh_db) as sync:
+        left = sync.execute(
+            "SELECT 'hot', control_id FROM inturn_delivery UNION ALL"
+            " SELECT 'history', control_id FROM inturn_history UNION ALL"
+            " SELECT 'detached history', control_id FROM inturn_history_e1 UNION ALL"
+            " SELECT 'detached log', control_id FROM inturn_message_e1 ORDER BY 1, 2"
+        ).fetchall()
+    assert left == [
+        ("detached history", "OLD-THEIRS-0"),
+        ("detached log", "OLD-THEIRS-0"),
+        ("history", "NEW-THEIRS-0"),
+    ]

@@ -19,7 +19,7 @@ from inturn.worker.errors import Invalid, NotFound, Unavailable
 from inturn.worker.hl7.pid import has_patient_id, lookup_key
 from inturn.worker.operations.actor import Actor, permit
 from inturn.worker.operations.queue import Changed
-from inturn.worker.store import actions, identifiers, reads, sealing
+from inturn.worker.store import actions, history, identifiers, reads, sealing
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.model import Item
 
@@ -460,4 +460,10 @@ async def erase_data_subject(
     elif by_patient:
         async with pools.write.connection() as conn:
             await reads.record_patient_lookup(conn, [], who=actor.name, why=reason, action="erase")
+    if by_patient and patient_id:
+        # a day between its DETACH and its DROP is seen by no lookup: erased there by its keys
+        async with pools.write.connection() as conn:
+            await history.erase_detached(
+                conn, identifiers.lookup_text(patient_id, authority, payloads)
+            )
     return Erasure(tuple(matched), ids, destroyed, False)

@@ -482,3 +482,11 @@ async def status(conn: AsyncConnection[Any]) -> Status:
     row = await fetch_one(conn, Q["status"], row=dict_row)
     assert row is not None
     return Status(**row)
+
+
+async def erase_detached(conn: AsyncConnection[Any], key: str) -> int:
+    """Delete the rows naming a patient from the days detached and not dropped yet (between a
+    drop's DETACH and its DROP), log and history; ``key``: the identifier index key's forms,
+    comma-separated (:func:`inturn.worker.store.identifiers.lookup_text`). Returns rows
+    deleted. In the caller's transaction."""
+    return int(await _value(conn, Q["erase_detached"], {"key": key}))

@@ -401,6 +401,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_epoch_keep(integer)": ("purge",),
     "inturn_epoch_detach(integer,integer)": ("purge",),
     "inturn_epoch_drop(integer,integer)": ("purge",),
+    # an erasure by patient reaches a day detached and not dropped yet (migration 0035)
+    "inturn_erase_detached(text[])": ("admin",),
     # what a destination's lanes hold, keys made anonymous, for those who may not read them
     "inturn_lane_window(text,integer)": ("reader", "operator"),
 }

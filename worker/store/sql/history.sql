@@ -104,3 +104,8 @@ SELECT (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c
        m.dropped_at
   FROM (SELECT 1) AS one
   LEFT JOIN inturn_maintenance m ON true;
+
+-- name: erase_detached
+-- An erasure by patient in the days detached and not dropped yet (migration 0035).
+-- key: the key's forms, comma-separated (as find_patient).
+SELECT inturn_erase_detached(string_to_array(%(key)s::text, ',')) AS erased;

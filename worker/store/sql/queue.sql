@@ -376,13 +376,24 @@ DELETE FROM inturn_delivery
 RETURNING id, destination, state;
 
 -- name: erase
--- The messages, and what was recorded of them: the replies an erased order expected.
+-- The messages, and what was recorded of them: the replies an erased order expected; in the
+-- hot table and in history (migration 0034: by the id index of each history partition).
 WITH expectations AS (
     DELETE FROM inturn_order_expectation WHERE delivery_id = ANY(%(ids)s)
+),
+hot AS (
+    DELETE FROM inturn_delivery
+     WHERE id = ANY(%(ids)s)
+    RETURNING id, destination, state
+),
+moved AS (
+    DELETE FROM inturn_history
+     WHERE id = ANY(%(ids)s)
+    RETURNING id, destination, state
 )
-DELETE FROM inturn_delivery
- WHERE id = ANY(%(ids)s)
-RETURNING id, destination, state;
+SELECT id, destination, state FROM hot
+UNION ALL
+SELECT id, destination, state FROM moved;
 
 -- name: purge_batch
 -- One batch of finished items older than the cutoff, in one short transaction, deleted by the
@@ -634,11 +645,17 @@ SELECT d.destination, h.id, h.attempts,
         LIMIT 1) AS h ON TRUE;
 
 -- name: find_patient
--- Every held item whose identifier index holds the key (GIN), oldest first. Never a payload.
+-- Every held item whose identifier index holds the key (GIN), oldest first, in the hot table
+-- and in history (each history partition's GIN index). Never a payload.
 -- key: the key's forms, comma-separated (plain and blind while both exist; any matches).
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
   FROM inturn_delivery
+ WHERE patient_keys && string_to_array(%(key)s::text, ',')
+UNION ALL
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+  FROM inturn_history
  WHERE patient_keys && string_to_array(%(key)s::text, ',')
  ORDER BY id;
 
