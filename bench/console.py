@@ -177,6 +177,7 @@ async def main_async(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="inturn-bench-console-") as tmp:
             auth = Path(tmp) / "auth.yaml"
             auth.write_text(f"tokens: [{{name: bench, roles: [viewer], token: {TOKEN}}}]\n")
+            auth.chmod(0o600)  # a key file: others may not read it
             async with MllpReceiver() as rx:
                 manifest = write_manifest(Path(tmp), rx.port)
                 worker = [str(INTURN), "worker", "-f", str(manifest), "--http-port", "0"]

@@ -31,6 +31,7 @@ async def serving(args: list[str], tmp_path: Path) -> tuple[str, int, set[str]]:
     auth.write_text(
         "tokens:\n  - name: t\n    roles: [viewer]\n    token: token-0123456789abcdef\n"
     )
+    auth.chmod(0o600)  # a key file: others may not read it
     proc = await asyncio.create_subprocess_exec(
         str(INTURN), "console", "--auth-file", str(auth), *args,
         stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,

@@ -70,6 +70,7 @@ def live(
     auth.write_text(
         f"tokens:\n  - name: fuzz\n    roles: [viewer, operator, privacy]\n    token: {TOKEN}\n"
     )
+    auth.chmod(0o600)  # a key file: others may not read it
     proc = subprocess.Popen(
         [INTURN, "console", "--dsn", dsn, "--listen", "127.0.0.1:0", "--auth-file", str(auth)],
         stderr=subprocess.PIPE,

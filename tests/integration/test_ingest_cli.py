@@ -49,6 +49,7 @@ async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path, tmp_path
         f"  - {{name: his, channels: [adt], tokenSha256: {digest}}}\n"
         "  - {name: lab, channels: [lab], clientCertificate: client.example}\n"
     )
+    credentials.chmod(0o600)  # a key file: others may not read it
     mllp_port, ops_port, http_port = free_port(), free_port(), free_port()
     command = [
         sys.executable, "-c",
@@ -143,6 +144,7 @@ def test_ingest_security_usage_errors(tmp_path: Path) -> None:
 
     creds = tmp_path / "credentials.yaml"
     creds.write_text("credentials:\n  - {name: a, channels: [adt], clientCertificate: x}\n")
+    creds.chmod(0o600)
     runner = CliRunner()
     cases = [
         (["--http", "8080"], "--http needs --http-credentials"),
@@ -158,6 +160,7 @@ def test_ingest_security_usage_errors(tmp_path: Path) -> None:
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
     creds.write_text("credentials: []\nextra: [")
+    creds.chmod(0o600)
     result = runner.invoke(
         ingest_command, ["--dsn", "dbname=x", "--http", "1", "--http-credentials", str(creds)]
     )
@@ -178,6 +181,7 @@ def test_token_command_prints_the_token_once_and_a_file_entry(tmp_path: Path) ->
     assert token not in result.stdout
     path = tmp_path / "credentials.yaml"
     path.write_text("credentials:\n" + result.stdout)
+    path.chmod(0o600)
     [found] = Credentials.load(path).authenticate(f"Bearer {token}")
     assert (found.name, found.channels) == ("lab-system", frozenset({"lab", "adt"}))
     everything = CliRunner().invoke(cli, ["token", "all", "--channel", "*"])

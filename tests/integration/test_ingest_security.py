@@ -419,6 +419,7 @@ async def test_a_rotated_credentials_file_takes_effect_without_a_restart(
         )
         staged = tmp_path / "staged.yaml"
         staged.write_text("credentials:\n" + entries + extra)
+        staged.chmod(0o600)  # a key file: others may not read it
         staged.replace(path)  # a new inode, as a Secret update swaps a symlink
 
     write(old)

@@ -94,6 +94,7 @@ def setup(fresh_db: str, pki: Path, tmp_path: Path) -> Iterator[tuple[int, int, 
     credentials.write_text(
         f"credentials:\n  - {{name: his, channels: [adt, orders], tokenSha256: {digest}}}\n"
     )
+    credentials.chmod(0o600)  # a key file: others may not read it
     with ingest(fresh_db, pki, credentials) as (mllp, http):
         yield mllp, http, token, tmp_path
 

@@ -259,6 +259,7 @@ def test_a_file_past_the_byte_bound_is_refused_unread(tmp_path: Path) -> None:
 def test_every_reader_uses_the_bounds(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(alias_bomb())
+    bomb.chmod(0o600)  # credentials and console users are key files too
     with pytest.raises(ManifestError, match="aliases expand"):
         load_file(bomb)
     with pytest.raises(FeedsError, match="aliases expand"):

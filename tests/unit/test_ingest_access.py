@@ -29,6 +29,7 @@ def test_credentials_file_round_trip(tmp_path: Path) -> None:
         f"  - {{name: lab, channels: [lab], tokenSha256: {digest.upper()}}}\n"
         "  - {name: pacs, channels: ['*'], clientCertificate: pacs.example}\n"
     )
+    path.chmod(0o600)  # a key file: others may not read it
     creds = Credentials.load(path)
     assert [c.name for c in creds.authenticate(f"Bearer {TOKEN}")] == ["ris"]
     assert [c.name for c in creds.authenticate(f"bearer {token}")] == ["lab"]
@@ -80,6 +81,7 @@ def test_unreadable_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(CredentialsError, match=r"missing\.yaml"):
         Credentials.load(tmp_path / "missing.yaml")
     (tmp_path / "bad.yaml").write_text("credentials: [")
+    (tmp_path / "bad.yaml").chmod(0o600)
     with pytest.raises(CredentialsError, match=r"bad\.yaml"):
         Credentials.load(tmp_path / "bad.yaml")
 

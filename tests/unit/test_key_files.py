@@ -5,10 +5,12 @@ file, 0640 for root's, the mode Kubernetes mounts a Secret with under an fsGroup
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,132 @@ def test_a_csrf_secret_others_may_read_is_refused(tmp_path: Path) -> None:
         read_secret(secret)
     secret.chmod(0o600)
     assert read_secret(secret) == b"s" * 32
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o660, 0o604])
+def test_a_file_of_tokens_others_may_read_is_refused(tmp_path: Path, mode: int) -> None:
+    """Ingest's credentials and the console's auth file may list bearer tokens in clear: they
+    are key files too."""
+    from inturn.worker.console.auth import AuthConfigError, load_auth
+    from inturn.worker.ingest.credentials import Credentials, CredentialsError
+
+    creds = tmp_path / "credentials.yaml"
+    creds.write_text("credentials:\n  - {name: a, channels: [adt], token: " + "t" * 30 + "}\n")
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("tokens:\n  - {name: a, roles: [viewer], token: " + "t" * 30 + "}\n")
+    for path in (creds, auth):
+        path.chmod(mode)
+    with pytest.raises(CredentialsError, match=rf"--http-credentials: .* has mode {mode:04o}"):
+        Credentials.load(creds)
+    with pytest.raises(AuthConfigError, match=rf"--auth-file: .* has mode {mode:04o}"):
+        load_auth(auth)
+    for path in (creds, auth):
+        path.chmod(0o600)
+    assert Credentials.load(creds).entries[0].name == "a"
+    assert load_auth(auth) is not None
+
+
+def _inturn(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_")}
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("inturn")), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+
+
+def test_the_commands_refuse_an_open_file_of_tokens_or_key_in_one_line(tmp_path: Path) -> None:
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("tokens:\n  - {name: a, roles: [viewer], token: " + "t" * 30 + "}\n")
+    auth.chmod(0o644)
+    key = tmp_path / "client.key"
+    key.write_text("-----BEGIN PRIVATE KEY-----\n")
+    key.chmod(0o640 if not ROOT else 0o604)
+    message = tmp_path / "m.hl7"
+    message.write_bytes(b"MSH|^~\\&|A|B|C|D|20260101||ADT^A01|1|P|2.5\r")
+    for args, says in (
+        (["console", "--dsn", "postgresql://127.0.0.1:9/x", "--auth-file", str(auth)], "0644"),
+        (
+            ["send", "--mllp", "127.0.0.1:9", "--tls", "--key-file", str(key), str(message)],
+            f"{key.stat().st_mode & 0o777:04o}",
+        ),
+    ):
+        done = _inturn(*args)
+        assert done.returncode in (1, 2), done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and f"has mode {says}" in lines[0], done.stderr
+
+
+#: A user and groups no one else on the machine has: the pod's runAsUser, its fsGroup (a
+#: supplementary group of the process, the group of the Secret's files) and a stranger's group.
+POD_UID, FS_GROUP, OTHER_GROUP = 4242, 4343, 4444
+
+
+@contextlib.contextmanager
+def as_pod() -> Iterator[None]:
+    """Run the block as Kubernetes runs a non-root pod: effective uid and gid POD_UID, with
+    FS_GROUP as a supplementary group; back to root after it."""
+    groups = os.getgroups()
+    os.setgroups([FS_GROUP])
+    os.setegid(POD_UID)
+    os.seteuid(POD_UID)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        os.setgroups(groups)
+
+
+def _as_pod(path: Path) -> str:
+    """The check's answer for ``path`` in a process that runs as a pod's user."""
+    with as_pod():
+        try:
+            check_key_file(path, "key")
+        except KeyFileExposed as exc:
+            return str(exc)
+    return "accepted"
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root to run a process as a pod's user")
+@pytest.mark.parametrize(
+    ("owner", "group", "mode", "accepted"),
+    [
+        (0, FS_GROUP, 0o440, True),  # a Secret volume under fsGroup: the chart's defaultMode
+        (0, FS_GROUP, 0o640, True),
+        (0, FS_GROUP, 0o400, True),
+        (0, OTHER_GROUP, 0o440, False),  # a group the pod is not in: its members could read it
+        (0, FS_GROUP, 0o460, False),  # group write
+        (0, FS_GROUP, 0o444, False),  # everyone
+        (POD_UID, POD_UID, 0o600, True),  # the pod's own file
+        (POD_UID, POD_UID, 0o640, False),  # own file, group read: libpq's rule, 0600
+        (POD_UID, FS_GROUP, 0o440, False),
+        (4545, FS_GROUP, 0o400, False),  # a stranger's file
+    ],
+)
+def test_the_rule_as_a_non_root_pod_sees_it(
+    owner: int, group: int, mode: int, accepted: bool
+) -> None:
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="inturn-keyfile-"))
+    try:
+        folder.chmod(0o755)  # the pod's user must reach the file (pytest's folders are 0700)
+        path = folder / "key"
+        path.write_bytes(KEY)
+        os.chown(path, owner, group)
+        path.chmod(mode)
+        answer = _as_pod(path)
+    finally:
+        for child in folder.iterdir():
+            child.unlink()
+        folder.rmdir()
+    if accepted:
+        assert answer == "accepted"
+    else:
+        assert f"has mode {mode:04o}" in answer, answer
+        if owner == 0 and group == OTHER_GROUP:
+            assert f"group {OTHER_GROUP}, which is not one of this process's" in answer

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from inturn.worker.crypto.keyfiles import KeyFileExposed, check_key_file
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.errors import AckParseError, HeaderError
 from inturn.worker.hl7.header import parse_header
@@ -344,6 +345,11 @@ def send_command(
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise click.BadParameter("an http:// or https:// URL", param_hint="--url")
     tls_config = None
+    if key_file is not None:
+        try:
+            check_key_file(key_file, "--key-file")
+        except (KeyFileExposed, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
     if tls or (url or "").startswith("https://") or any((ca_file, cert_file, key_file)):
         tls_config = _tls_config(ca_file, cert_file, key_file, server_name)
     stdin = iter(lambda: sys.stdin.buffer.read(65536), b"") if "-" in sources else None

@@ -37,6 +37,7 @@ from typing import Any
 
 import jsonschema
 
+from inturn.worker.crypto.keyfiles import KeyFileExposed, check_key_file
 from inturn.worker.errors import Invalid
 from inturn.worker.spec.documents import DocumentError, read_document
 
@@ -233,10 +234,14 @@ def load_auth(path: Path) -> AuthConfig:
     """Read and check the auth file at ``path``.
 
     Raises:
-        AuthConfigError: unreadable, not YAML, or invalid.
+        AuthConfigError: unreadable, not YAML, invalid, or others may read it (it may list
+            tokens in clear: :func:`inturn.worker.crypto.keyfiles.check_key_file`).
     """
     try:
+        check_key_file(path, "--auth-file")
         doc = read_document(path)
+    except KeyFileExposed as exc:
+        raise AuthConfigError(str(exc)) from None
     except (OSError, DocumentError) as exc:
         raise AuthConfigError(f"auth file {path}: {exc}") from None
     return parse_auth(doc)

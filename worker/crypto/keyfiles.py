@@ -1,15 +1,19 @@
 """Key files are kept like keys: a file of secret material (a master key, a TLS private key, a
-CSRF secret, an HTTP sender's credentials) that other users may read is refused, as libpq
-refuses such a ``sslkey`` and OpenSSH such an identity file.
+CSRF secret, an HTTP sender's credentials, a file of bearer tokens) that other users may read is
+refused, as libpq refuses such an ``sslkey`` and OpenSSH such an identity file.
 
-The rule is libpq's (PostgreSQL manual, "SSL Support", the client key file): a file owned by
-the user running inturn may carry no permission for its group or for others (0600, 0400); a
-file owned by root may also be read by its group (0640, 0440), because that is how Kubernetes
-mounts a Secret into a pod that does not run as root: the kubelet's files are root's, their
-group is the pod's ``fsGroup``, and the chart sets ``defaultMode: 0440`` (owner and group read,
-the group being the pod's own). Writable by the group, anything for others, or owned by another
-user: refused, with the file and its mode named. ``INTURN_ALLOW_OPEN_KEY_FILES=1`` turns the
-check off (for a file system that has no permissions, say), and says so on every check.
+The rule is libpq's (PostgreSQL manual, "SSL Support", the client key file), narrowed on the
+group: a file owned by the user running inturn may carry no permission for its group or for
+others (0600, 0400); a file owned by root may also be read by its group (0640, 0440) when that
+group is one of the groups inturn runs with, because that is how Kubernetes mounts a Secret into
+a pod that does not run as root: the kubelet's files are root's, their group is the pod's
+``fsGroup`` (which the pod's processes hold as a supplementary group; the chart and the operator
+set it to the container's own group), and the chart sets ``defaultMode: 0440``. A root-owned
+file its group may read where that group is not inturn's (``root:users 0640``) is refused: the
+members of that group could read the key, and libpq's rule would let it through. Writable by the
+group, anything for others, or owned by another user: refused, with the file, its mode and its
+owner named. ``INTURN_ALLOW_OPEN_KEY_FILES=1`` turns the check off (for a file system that has
+no permissions, say), and says so on every check.
 
 No I/O beyond ``stat``; nothing is read here.
 """
@@ -31,7 +35,8 @@ log = logging.getLogger("inturn.crypto")
 ALLOW_ENV = "INTURN_ALLOW_OPEN_KEY_FILES"
 #: Permission bits a key file owned by the user running inturn may not have.
 _OWN_FORBIDDEN = stat.S_IRWXG | stat.S_IRWXO
-#: Permission bits a key file owned by root may not have (group read allowed).
+#: Permission bits a key file owned by root, of a group of ours, may not have (group read
+#: allowed).
 _ROOT_FORBIDDEN = stat.S_IWGRP | stat.S_IXGRP | stat.S_IRWXO
 
 
@@ -58,11 +63,13 @@ def check_key_file(path: str | os.PathLike[str], what: str) -> None:
     info = os.stat(path)
     mode = stat.S_IMODE(info.st_mode)
     uid = os.geteuid()
-    if info.st_uid == uid:
-        forbidden = _OWN_FORBIDDEN if uid != 0 else _ROOT_FORBIDDEN
-        allowed = "0600" if uid != 0 else "0640"
+    ours = info.st_gid == os.getegid() or info.st_gid in os.getgroups()
+    if info.st_uid == uid and uid != 0:
+        forbidden, allowed = _OWN_FORBIDDEN, "0600"
     elif info.st_uid == 0:
-        forbidden, allowed = _ROOT_FORBIDDEN, "0640"
+        # group read only for a group of our own (a Secret volume's fsGroup)
+        forbidden = _ROOT_FORBIDDEN if ours else _OWN_FORBIDDEN
+        allowed = "0640" if ours else "0600"
     else:
         forbidden, allowed = ~0, ""
     if not mode & forbidden:
@@ -80,6 +87,8 @@ def check_key_file(path: str | os.PathLike[str], what: str) -> None:
     if allowed:
         cure = f"chmod {allowed[1:]} it (at most {allowed}), or set {ALLOW_ENV}=1"
         owner = "you" if info.st_uid == uid else "root"
+        if info.st_uid == 0 and not ours and mode & stat.S_IRGRP:
+            owner += f", group {info.st_gid}, which is not one of this process's"
     else:
         cure = f"chown it to the user running inturn (uid {uid}) or root, or set {ALLOW_ENV}=1"
         owner = f"uid {info.st_uid}"

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inturn.worker.crypto.keyfiles import KeyFileExposed, check_key_file
 from inturn.worker.errors import Invalid
 from inturn.worker.ingest.routing import check_channel
 from inturn.worker.spec.documents import DocumentError, read_document
@@ -173,11 +174,16 @@ class Credentials:
         """Read a credentials file (YAML or JSON).
 
         Raises:
-            CredentialsError: unreadable or invalid (the message names the file).
+            CredentialsError: unreadable, invalid, or others may read it
+                (:func:`inturn.worker.crypto.keyfiles.check_key_file`; the message names the
+                file).
         """
         try:
+            check_key_file(path, "--http-credentials")  # it may list tokens in clear
             data = read_document(path)
             return cls.from_data(data)
+        except KeyFileExposed as exc:
+            raise CredentialsError(str(exc)) from None
         except (OSError, DocumentError, CredentialsError) as exc:
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise CredentialsError(f"{path}: {detail}") from None
