@@ -82,3 +82,56 @@ def test_a_terminated_session_is_what_the_test_makes(fresh_db: str) -> None:
         assert asyncio.run(_terminate_worker_sessions(fresh_db)) == 1
         with pytest.raises(psycopg.OperationalError):
             c.execute("SELECT 1")
+
+
+async def test_remembered_marks_touch_only_pending_rows_under_the_lease(fresh_db: str) -> None:
+    """The batch of remembered marks (delivery.mark_remembered): a row still pending is marked
+    delivered with the attempts the worker counted; one already marked (its commit was lost to
+    the worker's eyes only) or skipped by a person meanwhile is left as it is; a holder whose
+    epoch is gone marks nothing."""
+    from inturn.worker.store import delivery, lease
+    from inturn.worker.store.lease import LeaseLost
+    from inturn.worker.store.model import Sendable
+
+    dest = "ward/batch"
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        ids = await queue.enqueue(
+            conn, [NewItem(dest, "adt", f"B{n}", "ADT^A01", message(n)) for n in range(4)]
+        )
+        await conn.execute(
+            "UPDATE inturn_delivery SET state = 'delivered', finished_at = now() WHERE id = %s",
+            (ids[1],),
+        )
+        await conn.execute(
+            "UPDATE inturn_delivery SET state = 'skipped', finished_at = now() WHERE id = %s",
+            (ids[2],),
+        )
+        old = await lease.acquire(conn, dest, "old", 600)
+        assert old is not None
+        await conn.execute(
+            "UPDATE inturn_lease SET expires_at = now() WHERE destination = %s", (dest,)
+        )
+        held = await lease.acquire(conn, dest, "new", 600)
+        assert held is not None
+
+        def remembered(*chosen: int) -> list[delivery.Delivered]:
+            return [
+                delivery.Delivered(Sendable(i, "adt", dest, f"B{ids.index(i)}", "ADT^A01", 0), 2)
+                for i in chosen
+            ]
+
+        with pytest.raises(LeaseLost):
+            await delivery.mark_remembered(conn, dest, remembered(ids[0]), lease=old)
+        marked = await delivery.mark_remembered(conn, dest, remembered(*ids[:3]), lease=held)
+        assert set(marked) == {ids[0]}
+        cur = await conn.execute(
+            "SELECT id, state, attempts FROM inturn_delivery WHERE destination = %s ORDER BY id",
+            (dest,),
+        )
+        rows = await cur.fetchall()
+    assert rows == [
+        (ids[0], "delivered", 2),
+        (ids[1], "delivered", 0),
+        (ids[2], "skipped", 0),
+        (ids[3], "pending", 0),
+    ]

@@ -30,6 +30,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -387,27 +388,29 @@ class DestinationWorker(SingleStream):
     ) -> None:
         """Write the delivered marks of :attr:`unmarked` (the receiver acknowledged them, the
         database went away before the mark committed, or while it did), guarded by the lease
-        just taken, only for rows still pending (``take``'s marks): before the head is read,
-        so that none of them is sent again.
+        just taken, only for rows still pending, in one batch
+        (:func:`inturn.worker.store.delivery.mark_remembered`): before the head is read, so
+        that none of them is sent again.
 
         Raises:
             LeaseLost: another holder took the destination over meanwhile.
         """
         remembered = list(self.unmarked.values())
-        waited, _ = await self._guarded(
+        marked = await self._guarded(
             conn,
             stop,
             "mark",
-            lambda: delivery.take(conn, self.destination, [], delivered=remembered, lease=lease),
+            partial(delivery.mark_remembered, conn, self.destination, remembered, lease=lease),
         )
         for d in remembered:
             self.unmarked.pop(d.item.id, None)
         log.info(
             "destination %s: marked %d message(s) delivered that the receiver had acknowledged"
-            " before the database connection was lost (%d still pending here; not sent again)",
+            " before the database connection was lost, not sending them again (%d already"
+            " marked, or skipped or erased meanwhile)",
             self.destination,
-            len(remembered),
-            len(waited),
+            len(marked),
+            len(remembered) - len(marked),
         )
 
 

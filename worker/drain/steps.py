@@ -137,11 +137,11 @@ class StepRunner:
                 if fault.action == "reconnect":
                     if fault.meaning == "may_resend":
                         log.warning(
-                            "destination %s: the session was lost while marking id=%d delivered;"
+                            "destination %s: the session was lost while marking %s delivered;"
                             " this process writes the mark when the database is back (only a"
                             " new process would send it again)",
                             self.destination,
-                            item_id,
+                            "remembered messages" if item_id is None else f"id={item_id}",
                         )
                     raise SessionLost(fault) from exc
                 failures += 1

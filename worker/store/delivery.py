@@ -386,6 +386,44 @@ class Delivered:
     expecting: Sequence[ExpectedReply] = ()
 
 
+async def mark_remembered(
+    conn: AsyncConnection[Any],
+    destination: str,
+    delivered: Sequence[Delivered],
+    *,
+    lease: Lease,
+) -> dict[int, float | None]:
+    """Mark ``delivered`` delivered in one statement: what a worker process remembered its
+    receiver acknowledged while the delivered marks did not commit (its session was lost in
+    between: a database restart, a failover, a network cut). Only rows still pending are
+    marked (one already delivered, or skipped, drained or erased meanwhile, is left as it is),
+    with the replies each now waits for; the marks commit synchronously before this returns.
+    Renews ``lease``.
+
+    Returns:
+        Seconds from enqueue to delivery per id marked (ids left as they were are absent).
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing was marked.
+    """
+    opened = [(d.item.id, e) for d in delivered for e in d.expecting]
+    params = {
+        **_guard(destination, lease),
+        "ids": [d.item.id for d in delivered],
+        "attempts": [d.attempts for d in delivered],
+        "exp_ids": [i for i, _ in opened],
+        "keys": [e.key for _, e in opened],
+        "digests": [e.digest for _, e in opened],
+        "channels": [e.channel for _, e in opened],
+        "types": [",".join(e.reply_types) for _, e in opened],
+        "within": [e.within_seconds for _, e in opened],
+    }
+    row = await fetch_one(conn, Q["mark_remembered"], params, row=dict_row)
+    if row is None:
+        raise LeaseLost(lease, "marking remembered deliveries")
+    return {int(i): None if w is None else float(w) for i, w in row["done"]}
+
+
 async def take(
     conn: AsyncConnection[Any],
     destination: str,

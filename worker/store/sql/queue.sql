@@ -812,6 +812,45 @@ SELECT lease.held,
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
         ORDER BY d.id) AS t ON TRUE;
 
+-- name: mark_remembered
+-- The delivered marks a worker process remembered across a lost session (issue 40): messages
+-- its receiver acknowledged whose mark did not commit (the database restarted or failed over,
+-- or its connection was cut, in between), written in one batch once the worker holds its lease
+-- again and before it sends anything, so that none of them is sent twice. Only rows still
+-- pending: one already marked (the commit was lost only to the worker's eyes) or skipped,
+-- drained or erased by a person meanwhile is left as it is. Records the replies each one now
+-- waits for (spec.replies), as the other marks do. Guarded by the lease: no row when it is
+-- lost (nothing marked); else one row whose "done" lists (id, waited seconds) of the rows
+-- marked.
+WITH lease AS (
+    -- include: lease_guard
+),
+done AS (
+    UPDATE inturn_delivery d
+       SET state = 'delivered', attempts = m.attempts,
+           last_attempt = clock_timestamp(), finished_at = clock_timestamp()
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS m(id, attempts)
+     WHERE d.id = m.id AND d.destination = %(destination)s AND d.state = 'pending'
+       AND EXISTS (SELECT 1 FROM lease)
+    RETURNING d.id, d.control_id, d.message_type,
+              extract(epoch FROM d.finished_at - d.enqueued_at)::float8 AS waited_seconds
+),
+expected AS (
+    INSERT INTO inturn_order_expectation
+           (destination, delivery_id, control_id, message_type, order_key, key_digest,
+            reply_channel, reply_types, due_at)
+    SELECT %(destination)s, done.id, done.control_id, done.message_type, e.k, e.d, e.c,
+           string_to_array(e.t, ','), clock_timestamp() + make_interval(secs => e.w)
+      FROM done
+      JOIN unnest(%(exp_ids)s::bigint[], %(keys)s::text[], %(digests)s::text[],
+                  %(channels)s::text[], %(types)s::text[], %(within)s::int[])
+           AS e(i, k, d, c, t, w) ON e.i = done.id
+)
+SELECT lease.held,
+       (SELECT coalesce(json_agg(json_build_array(done.id, done.waited_seconds)), '[]'::json)
+          FROM done) AS done
+  FROM lease;
+
 -- name: lane_window
 -- What a destination's lanes hold, for people (the console, `queue depth`, the status): its
 -- oldest pending items, no payload, read-only, their keys replaced by numbers equal where the
