@@ -247,6 +247,16 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
         bad({"carriers": ["LH", "UA", "LH"]}),
         "spec.carriers: each carrier may be listed once",
     ),
+    "a profile clearing PID-3": (
+        bad({"profile": {"clear": ["PID-13", "PID-3.1"]}}),
+        "spec.profile.clear: MSH-1 and MSH-2 (the delimiters), MSH-10 (the receiver's ACK names"
+        " it) and PID-3 (the patient) may not be changed by a profile",
+    ),
+    "a profile mapping MSH-10": (
+        bad({"profile": {"maps": [{"field": "MSH-10", "table": {"a": "b"}}]}}),
+        "spec.profile.maps[0].field: MSH-1 and MSH-2 (the delimiters), MSH-10 (the receiver's"
+        " ACK names it) and PID-3 (the patient) may not be changed by a profile",
+    ),
 }
 #: Good neighbours of the bad inputs: each rule's accepting side beyond the examples.
 GOOD: dict[str, dict[str, Any]] = {
@@ -261,6 +271,14 @@ GOOD: dict[str, dict[str, Any]] = {
     "http tls pair": bad({"sender": {"http": {"url": "https://b/x", "tls": TLS_PAIR}}}),
     "carriers once each": bad({"carriers": ["LH", "UA"]}),
     "a 56-character name": bad(name="x" * 56),
+    "a profile": bad(
+        {
+            "profile": {
+                "clear": ["PID-13", "PID-30"],
+                "maps": [{"field": "OBX-3.1", "table": {"GLU": "2345-7"}, "otherwise": "hold"}],
+            }
+        }
+    ),
 }
 
 
@@ -302,7 +320,7 @@ def test_every_rule_of_the_crd_was_run_both_ways() -> None:
     for doc in docs:
         for j in evaluate(doc)[0]:
             answers[re.sub(r"\[\d+\]", "[]", j.where), j.rule["rule"]].add(j.engine)
-    assert len(answers) == 13  # 12 rules, the TLS pair's on both senders
+    assert len(answers) == 15  # 14 rules, the TLS pair's on both senders
     assert {key: seen for key, seen in answers.items() if seen != {True, False}} == {}
 
 

@@ -26,6 +26,11 @@ The schema's rules that tie fields together (``spec.sender: exactly one of mllp,
 must be set``) are checked on every part that is well typed, in the same pass as the type
 errors elsewhere: one run lists every problem the schema allows.
 
+``--preview FILE.hl7``: once every document is valid, what each Destination's receiver would get
+for the message in FILE.hl7: the message as its profile (``spec.profile``) shapes it, one
+segment a line, or the refusal naming the field and the value (exit status 1). MSH-13 shows 1
+where the profile numbers messages (the worker takes the numbers from its queue's counter).
+
 Output: one line per problem on stdout, ``FILE#N: field.path: what is wrong`` (N counts the
 file's documents from 1), warnings as ``warning: ...``, then a summary line. Exit status: 0 when
 every document is valid (warnings do not count), 1 when any problem was found, 2 when a file is
@@ -45,6 +50,7 @@ from typing import Any
 import click
 
 from inturn.worker.feeds.declare import feed_problems
+from inturn.worker.hl7.profile import Profile, ProfileRefusal, compile_profile, shaped
 from inturn.worker.local.manifests import MANIFEST_SUFFIXES, manifest_files
 from inturn.worker.spec import channels as channel_decls
 from inturn.worker.spec import schema
@@ -85,6 +91,8 @@ class Report:
     destinations: dict[str, tuple[str, str | None, tuple[str, ...]]] = field(default_factory=dict)
     channels: dict[str, str] = field(default_factory=dict)
     feeds: list[tuple[str, str, str]] = field(default_factory=list)
+    #: ``namespace/name`` -> the compiled profile of each valid Destination (None: none).
+    profiles: dict[str, Profile | None] = field(default_factory=dict)
 
     def error(self, source: str, line: str) -> None:
         """Record one problem of ``source``."""
@@ -113,10 +121,12 @@ def check_document(report: Report, doc: Any, source: str) -> None:
                 report.error(sub, f"kind: must be {schema.KIND}, not {_short(_kind(item))}")
     elif kind == schema.WORKER_CONFIG_KIND or (kind is None and "destination" in doc):
         try:
-            load_worker_config(doc, source=source)
+            cfg = load_worker_config(doc, source=source)
         except ManifestError as exc:
             for line in exc.errors:
                 report.error(source, line)
+        else:
+            report.profiles.setdefault(cfg.destination, cfg.profile)
     elif kind is None and ("feeds" in doc or "channels" in doc):
         unknown = sorted(set(doc) - {"feeds", "channels"})
         for key in unknown:
@@ -177,6 +187,7 @@ def _destination(report: Report, doc: Mapping[str, Any], source: str) -> None:
                 source, f"spec.carriers: {carrier} is already served by {other} ({other_source})"
             )
     report.destinations[key] = (source, spec["channel"], carriers)
+    report.profiles[key] = compile_profile(spec.get("profile"))
 
 
 def _feeds(report: Report, feeds: Any, source: str, where: str) -> None:
@@ -263,6 +274,33 @@ def _check_file(report: Report, path: Path) -> None:
         check_document(report, doc, f"{path}#{i}")
 
 
+#: Largest message ``--preview`` reads, bytes (ingest's own frame limit is smaller).
+MAX_PREVIEW_BYTES = 64 * 1024 * 1024
+
+
+def preview(message: bytes, profiles: Mapping[str, Profile | None]) -> tuple[list[str], bool]:
+    """What each destination's receiver would get for ``message``: the lines to print, and
+    whether every profile could shape it (False: some refused it)."""
+    lines: list[str] = []
+    every = True
+    for key in sorted(profiles):
+        profile = profiles[key]
+        try:
+            sent = shaped(message, profile, 1)
+        except ProfileRefusal as exc:
+            lines.append(f"{key}: refused: {exc.describe()}")
+            every = False
+            continue
+        codec = profile.charset.codec if profile is not None and profile.charset else "utf-8"
+        how = "as stored (no profile)" if profile is None else "as sent"
+        lines.append(f"{key}: {how}, {len(sent):,} bytes ({len(message):,} stored):")
+        text = sent.decode(codec, "backslashreplace")
+        lines.extend(
+            f"  {segment}" for segment in text.replace("\r\n", "\r").split("\r") if segment
+        )
+    return lines, every
+
+
 @click.command("validate")
 @click.argument(
     "files",
@@ -271,13 +309,24 @@ def _check_file(report: Report, path: Path) -> None:
     metavar="FILE|DIR...",
     type=click.Path(exists=True, path_type=Path),
 )
-def validate_command(files: tuple[Path, ...]) -> None:
+@click.option(
+    "--preview",
+    "message",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="An HL7 message file: print what each Destination's receiver would get for it"
+    " (spec.profile applied), or why its profile refuses it.",
+)
+def validate_command(files: tuple[Path, ...], message: Path | None) -> None:
     """Check Destination manifests, feeds files and ingest channel declarations offline.
 
     A DIR is read as 'inturn local -f' reads it (every .yaml, .yml and .json file under it). Every
     problem is printed with its file, document and field path; exit status 0 when all are
     valid, 1 when any is not (an empty file too: no documents), 2 when a file is unreadable
     (not UTF-8, not YAML) or for a usage error. Needs no database and no cluster.
+
+    With --preview MESSAGE.hl7, and every document valid, what each Destination's receiver
+    would get for that message is printed (its profile applied), one segment a line; exit
+    status 1 when a profile refuses it.
     """
     report = check_files(files)
     for line in report.errors:
@@ -290,3 +339,14 @@ def validate_command(files: tuple[Path, ...]) -> None:
         click.echo(f"{counted}: {len(report.errors)} problem(s){unreadable}")
         sys.exit(EXIT_USAGE if report.unreadable else EXIT_INVALID)
     click.echo(f"{counted}: valid")
+    if message is not None:
+        with message.open("rb") as handle:
+            data = handle.read(MAX_PREVIEW_BYTES + 1)
+        if len(data) > MAX_PREVIEW_BYTES:
+            click.echo(f"{message}: larger than {MAX_PREVIEW_BYTES:,} bytes; not previewed")
+            sys.exit(EXIT_USAGE)
+        lines, every = preview(data, report.profiles)
+        for line in lines or ["no Destination to preview"]:
+            click.echo(line)
+        if not every:
+            sys.exit(EXIT_INVALID)

@@ -397,6 +397,35 @@ class Profile:
             or self.maps
         )
 
+    def to_spec(self) -> dict[str, Any]:
+        """The ``spec.profile`` node this profile was compiled from (defaults written out);
+        :func:`compile_profile` of it gives an equal profile."""
+        out: dict[str, Any] = {}
+        if self.set:
+            out["set"] = {p.text: v for p, v in self.set}
+        if self.copy:
+            out["copy"] = {t.text: s.text for t, s in self.copy}
+        if self.remove_segments:
+            out["removeSegments"] = list(self.remove_segments)
+        if self.clear:
+            out["clear"] = [p.text for p in self.clear]
+        if self.truncate:
+            out["truncate"] = {p.text: n for p, n in self.truncate}
+        if self.charset is not None:
+            out["charset"] = {
+                "to": self.charset.to,
+                "unmappable": self.charset.unmappable,
+                "whenUndeclared": self.charset.when_undeclared,
+            }
+        if self.sequence_numbers:
+            out["sequenceNumbers"] = True
+        if self.maps:
+            out["maps"] = [
+                {"field": m.path.text, "table": dict(m.table), "otherwise": m.otherwise}
+                for m in self.maps
+            ]
+        return out
+
     def removes(self, segment_id: str) -> bool:
         """Whether ``removeSegments`` leaves out segments of this ID (never MSH or PID)."""
         return (
@@ -443,19 +472,31 @@ def _glob_regex(glob: str) -> str:
 # --- validation and compilation --------------------------------------------------------------
 
 
+def _mapping(node: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = node.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _listed(node: Mapping[str, Any], key: str) -> list[Any]:
+    value = node.get(key)
+    return value if isinstance(value, list) else []
+
+
 def _targets(node: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
-    """(spec path, reference) of every field a profile writes."""
+    """(spec path, reference) of every field a profile writes (parts of the wrong type are
+    left to the schema's own problem lines)."""
     for key in ("set", "copy", "truncate"):
-        for ref in node.get(key) or {}:
+        for ref in _mapping(node, key):
             yield f"{key}.{ref}", ref
-    for i, ref in enumerate(node.get("clear") or ()):
-        yield f"clear[{i}]", ref
-    for i, item in enumerate(node.get("maps") or ()):
-        if isinstance(item, Mapping):
-            yield f"maps[{i}].field", item.get("field", "")
+    for i, ref in enumerate(_listed(node, "clear")):
+        if isinstance(ref, str):
+            yield f"clear[{i}]", ref
+    for i, item in enumerate(_listed(node, "maps")):
+        if isinstance(item, Mapping) and isinstance(item.get("field"), str):
+            yield f"maps[{i}].field", item["field"]
 
 
-def problems(node: Mapping[str, Any] | None) -> list[str]:
+def problems(node: Mapping[str, Any] | None, *, schema_rules: bool = False) -> list[str]:
     """What is wrong with a ``spec.profile`` node (already well typed by the schema), one
     ``path: problem`` line each, paths relative to ``spec.profile``; empty when it can be used.
 
@@ -464,8 +505,11 @@ def problems(node: Mapping[str, Any] | None) -> list[str]:
     duplicates, lanes and replies are decided on them); MSH-18 (``charset`` writes it) and
     MSH-13 with ``sequenceNumbers``; a field written by more than one of ``set``, ``copy`` and
     ``clear``; a ``removeSegments`` glob that matches MSH or PID; an unknown charset.
+
+    ``schema_rules``: the schema's CEL rules (:mod:`inturn.worker.spec.schema_profile`) have
+    judged ``clear`` and ``maps`` already; their correlation lines are not said twice.
     """
-    if not node:
+    if not isinstance(node, Mapping) or not node:
         return []
     out: list[str] = []
     written: dict[str, str] = {}
@@ -476,6 +520,8 @@ def problems(node: Mapping[str, Any] | None) -> list[str]:
             out.append(f"{where}: {exc}")
             continue
         if _CORRELATION.match(ref):
+            if schema_rules and where.startswith(("clear[", "maps[")):
+                continue
             what = {
                 "MSH-1": "MSH-1 and MSH-2 are the message's delimiters",
                 "MSH-2": "MSH-1 and MSH-2 are the message's delimiters",
@@ -486,7 +532,7 @@ def problems(node: Mapping[str, Any] | None) -> list[str]:
             continue
         if path.segment == "MSH" and path.field == 18:
             out.append(f"{where}: MSH-18 is written by charset.to; declare charset instead")
-        if path.segment == "MSH" and path.field == 13 and node.get("sequenceNumbers"):
+        if path.segment == "MSH" and path.field == 13 and node.get("sequenceNumbers") is True:
             out.append(f"{where}: MSH-13 is written by sequenceNumbers")
         kind = where.split(".", 1)[0].split("[", 1)[0]
         if kind in ("set", "copy", "clear"):
@@ -494,12 +540,12 @@ def problems(node: Mapping[str, Any] | None) -> list[str]:
                 out.append(f"{where}: {ref} is written by {written[ref]} too; name it once")
             else:
                 written[ref] = kind
-    for target, source in (node.get("copy") or {}).items():
+    for target, source in _mapping(node, "copy").items():
         try:
             FieldPath.parse(source)
         except ValueError as exc:
             out.append(f"copy.{target}: {exc}")
-    for i, glob in enumerate(node.get("removeSegments") or ()):
+    for i, glob in enumerate(_listed(node, "removeSegments")):
         if not isinstance(glob, str) or not re.match(SEGMENT_GLOB_PATTERN, glob):
             out.append(f"removeSegments[{i}]: {glob!r} is not a segment ID or glob such as Z*")
             continue

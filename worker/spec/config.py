@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inturn.worker.hl7.filter import FieldCondition, conditions_of
+from inturn.worker.hl7.profile import Profile, compile_profile
 from inturn.worker.senders import registry as senders
 from inturn.worker.senders.kind import SenderConfig
 from inturn.worker.spec.replies import ReplyRule, rules_of
@@ -108,6 +109,8 @@ class WorkerConfig:
             (:mod:`inturn.worker.drain.lane_runner`).
         lanes_window: how many of the oldest pending messages the lanes look over
             (``spec.lanes.window``).
+        profile: what the receiver gets when it is not the message as stored (``spec.profile``,
+            compiled: :mod:`inturn.worker.hl7.profile`); None: the stored bytes.
         pack_spec: the other fields of the installed packs (:class:`~.schema_packs.SpecField`
             with ``worker``) as the spec writes them, by name: what a pack of another
             distribution reads of its Destination (``replies`` and ``carriers`` have their
@@ -131,6 +134,7 @@ class WorkerConfig:
     replies: tuple[ReplyRule, ...] = ()
     lanes: int = 1
     lanes_window: int = DEFAULT_LANES_WINDOW
+    profile: Profile | None = None
     pack_spec: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
@@ -194,6 +198,7 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
             if cfg.lanes != 1 or cfg.lanes_window != DEFAULT_LANES_WINDOW
             else {}
         ),
+        **({"profile": cfg.profile.to_spec()} if cfg.profile is not None else {}),
         **dict(cfg.pack_spec),
     }
 
@@ -208,6 +213,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
         KeyError, TypeError: a required key is missing or has the wrong shape.
         ValueError: a ``filterFields`` item is not a condition.
         inturn.worker.spec.schedule.ScheduleError: ``schedule`` names an unknown time zone.
+        inturn.worker.hl7.profile.ProfileError: ``profile`` cannot be applied.
     """
     r = doc["retry"]
     ack = doc.get("ackPolicy", {})
@@ -241,6 +247,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
         replies=rules_of(doc.get("replies")),
         lanes=int((doc.get("lanes") or {}).get("count", 1)),
         lanes_window=int((doc.get("lanes") or {}).get("window", DEFAULT_LANES_WINDOW)),
+        profile=compile_profile(doc.get("profile")),
         pack_spec=pack_spec_of(doc),
     )
 

@@ -35,6 +35,7 @@ from typing import Any
 import jsonschema
 
 from inturn.worker.errors import Invalid
+from inturn.worker.hl7 import profile as shaping
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec import schema
 from inturn.worker.spec.config import (
@@ -166,6 +167,7 @@ def validate_manifest(doc: Mapping[str, Any], *, source: str | None = None) -> d
         if isinstance(spec, Mapping):
             if not any(p[:1] == ("schedule",) for p in broken):
                 problems.extend(_schedule_problems(spec, "spec.schedule"))
+            problems.extend(_profile_problems(spec, "spec.profile"))  # on what is well typed
             if not any(p[:1] == ("sender",) for p in broken) and not any(
                 line.startswith("spec.sender") for line in found
             ):
@@ -194,6 +196,15 @@ def _schedule_problems(node: Mapping[str, Any], where: str) -> list[str]:
     except ScheduleError as exc:
         return [f"{where}.{exc}"]
     return []
+
+
+def _profile_problems(node: Mapping[str, Any], where: str) -> list[str]:
+    """What the schema cannot say about a profile (:func:`inturn.worker.hl7.profile.problems`:
+    the keys of set, copy and truncate, a field written twice, a glob that would remove MSH)."""
+    profile = node.get("profile")
+    if not isinstance(profile, Mapping):
+        return []
+    return [f"{where}.{line}" for line in shaping.problems(profile, schema_rules=True)]
 
 
 def _secret_file(secrets_dir: str | Path, secret: str, key: str) -> str:
@@ -239,6 +250,7 @@ def render_from_manifest(
         ),
         **{key: spec[key] for key in ("schedule", "throttle") if spec.get(key)},
         **({"lanes": dict(spec["lanes"])} if spec.get("lanes") else {}),
+        **({"profile": spec["profile"]} if spec.get("profile") else {}),
         # the packs' fields the worker reads (replies, carriers, ...), as the manifest has them
         **{f.name: spec[f.name] for f in pack_fields() if f.worker and spec.get(f.name)},
     }
@@ -294,6 +306,7 @@ def load_worker_config(doc: Mapping[str, Any], *, source: str | None = None) -> 
     problems = validate(compiled["worker"], value, validator=compiled["worker_validator"])
     if not problems:
         problems = _schedule_problems(value, "schedule")
+        problems += _profile_problems(value, "profile")
         problems += senders.problems(value.get("sender") or {}, "sender")
     if problems:
         raise ManifestError(

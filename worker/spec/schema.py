@@ -13,11 +13,11 @@ Everything that describes ``destinations.inturn.dev`` lives here, as plain Pytho
 
 The fields of one subject are built in a module of their own, each pure data:
 :mod:`.schema_pod` (``spec.worker``), :mod:`.schema_delivery` (``schedule``, ``lanes``),
-:mod:`.schema_routing` (``filter.fields``) and :mod:`.schema_status` (``status``); the rule
-packs declare their own fields (``replies``, ``carriers``, ...), which :mod:`.schema_packs`
-finds through their entry points and which follow inturn's own in ``spec`` and the worker
-configuration. This module keeps the names, the shared rules, ``spec`` itself, the worker
-configuration's schema and the CRD.
+:mod:`.schema_routing` (``filter.fields``), :mod:`.schema_profile` (``profile``) and
+:mod:`.schema_status` (``status``); the rule packs declare their own fields (``replies``,
+``carriers``, ...), which :mod:`.schema_packs` finds through their entry points and which follow
+inturn's own in ``spec`` and the worker configuration. This module keeps the names, the shared
+rules, ``spec`` itself, the worker configuration's schema and the CRD.
 
 The module is pure data and never imports the operator. Field conventions follow the Kubernetes
 API conventions (kubernetes/community, contributors/devel/sig-architecture/api-conventions.md):
@@ -47,6 +47,7 @@ from inturn.worker.spec.openapi import string as _str
 from inturn.worker.spec.schema_delivery import RULE_SFTP_ONE_LANE, lanes_schema, schedule_schema
 from inturn.worker.spec.schema_packs import pack_fields
 from inturn.worker.spec.schema_pod import worker_schema
+from inturn.worker.spec.schema_profile import profile_schema
 from inturn.worker.spec.schema_routing import filter_fields_schema
 from inturn.worker.spec.schema_status import status_schema
 
@@ -261,6 +262,7 @@ def spec_schema() -> Schema:
                 description="How fast messages may be sent. Unset: as fast as the receiver acks.",
             ),
             "lanes": lanes_schema(),
+            "profile": profile_schema(),
             "expireAfterSeconds": _int(
                 "Pending messages older than this are skipped as expired by the sweeper (audited,"
                 " and listed on the delivery-expired worklist). Unset: messages never expire;"
@@ -315,6 +317,7 @@ def worker_config_schema() -> Schema:
             "schedule": spec["schedule"],
             "throttle": spec["throttle"],
             "lanes": spec["lanes"],
+            "profile": spec["profile"],
             **{f.name: spec[f.name] for f in pack_fields() if f.worker},
         },
         required=("destination", "channel", "sender", "retry"),

@@ -18,6 +18,7 @@ import jsonschema
 
 from inturn.worker.senders import shape
 from inturn.worker.spec.openapi import RULES
+from inturn.worker.spec.schema_profile import VALUE_PATTERN
 
 
 def apply_defaults(node_schema: Mapping[str, Any], value: Any) -> Any:
@@ -82,6 +83,7 @@ def _path(prefix: str, parts: Any) -> str:
 PATTERN_WORDS: dict[str, str] = {
     shape.HEADER_VALUE_PATTERN: "must not contain control characters (CR, LF, NUL, ...)",
     shape.HOST_PATTERN: "must not contain whitespace, control characters or '/'",
+    VALUE_PATTERN: "must not contain control characters (CR, LF, TAB, NUL, ...)",
 }
 
 
