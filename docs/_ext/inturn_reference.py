@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 METRIC_MODULES: dict[str, str] = {
     "inturn.worker.drain.metrics": "worker (--http-port), inturn local (--ops)",
     "inturn.worker.ingest.metrics": "ingest (--ops), inturn local (--ops)",
+    "inturn.worker.ingest.history_metrics": "ingest (--ops), inturn local (--ops)",
     "inturn.worker.worklist.metrics": "whichever process places the work; pending: ingest",
     "inturn.operator.metrics": "operator (--metrics)",
 }

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 from psycopg import AsyncConnection
 
 from inturn.worker.hl7.pid import index_keys
+from inturn.worker.ingest import history_metrics
 from inturn.worker.store import delivery, history, worklist
 from inturn.worker.store import lease as leases
 from tests.support.pipeline import INTURN
@@ -37,13 +40,12 @@ def reset_epochs(dsn: str) -> None:
         extra = conn.execute(
             "SELECT relname FROM pg_class WHERE relname ~ '^inturn_(message|history)_e[0-9]+$'"
             " AND relnamespace = to_regnamespace(current_schema())"
-            " AND relname NOT IN ('inturn_message_e1', 'inturn_history_e1')"
         ).fetchall()
         for (name,) in extra:
             conn.execute(f'DROP TABLE "{name}"')
         for parent in ("inturn_message", "inturn_history"):
             conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {parent}_e1 PARTITION OF {parent}"
+                f"CREATE TABLE {parent}_e1 PARTITION OF {parent}"
                 " FOR VALUES FROM (1) TO (1099511627776)"
             )
         conn.execute("DELETE FROM inturn_epoch WHERE n > 1")
@@ -411,3 +413,55 @@ async def test_erasure_by_patient_reaches_history_and_a_day_detached_not_dropped
         ("detached log", "OLD-THEIRS-0"),
         ("history", "NEW-THEIRS-0"),
     ]
+
+
+async def test_depth_and_metrics_show_the_history_and_what_is_overdue(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    never = inturn("queue", "depth", "--dsn", role_dsns["reader"])
+    assert never.returncode == 0, never.stderr
+    assert never.stdout.splitlines()[-1].endswith("; inturn purge has never run")
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        append(sync, [A], 3)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await pulled(conn, A)
+    finish(fresh_db, "delivered", queued(fresh_db, A))
+    ran = inturn("purge", "--older-than", "7d", "--dsn", role_dsns["purge"])
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[1:] == [
+        "moved 3 finished item(s) to history",
+        "partitions made ahead for epoch 2",
+    ]
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        sync.execute("ANALYZE inturn_history_e1")
+        # the job stopped two days ago, in a day that should have lasted one
+        sync.execute(
+            "UPDATE inturn_epoch SET opened_at = now() - interval '3 days' WHERE n = 1;"
+            " UPDATE inturn_maintenance SET ran_at = now() - interval '2 days'"
+        )
+    shown = inturn("queue", "depth", "--dsn", role_dsns["reader"])
+    line = shown.stdout.splitlines()[-1]
+    assert line.startswith("history: about 3 finished item(s), ") and " in 1 day(s), " in line
+    assert line.endswith("; inturn purge ran 2d ago; the day is 2d late to turn"), line
+    async with await AsyncConnection.connect(role_dsns["reader"], autocommit=True) as conn:
+        status = await history.status(conn)
+    now = datetime.now(UTC)
+    history_metrics.set_from(status, now)
+    sample = REGISTRY.get_sample_value
+    assert sample("inturn_history_rows", {"part": "history"}) == 3
+    assert (sample("inturn_history_bytes", {"part": "history"}) or 0) > 0
+    assert sample("inturn_history_days") == 1
+    overdue = sample("inturn_history_epoch_overdue_seconds") or 0
+    assert 2 * 86400 < overdue < 2 * 86400 + 600
+    assert sample("inturn_history_drop_overdue_seconds") == 0
+    # a day closed 8 days ago with a retention of 7: one day overdue
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        sync.execute(
+            "UPDATE inturn_epoch SET opened_at = now() - interval '9 days',"
+            " closed_at = now() - interval '8 days' WHERE n = 1;"
+            " UPDATE inturn_epoch SET opened_at = now() - interval '8 days' WHERE n = 2"
+        )
+    async with await AsyncConnection.connect(role_dsns["reader"], autocommit=True) as conn:
+        status = await history.status(conn)
+    assert 86400 - 600 < status.drop_overdue_seconds(datetime.now(UTC)) < 86400 + 600
+    assert "a drop is 24h overdue" in status.describe(datetime.now(UTC))

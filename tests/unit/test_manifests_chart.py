@@ -296,7 +296,10 @@ def test_cronjobs_and_migrate_hook() -> None:
         "purge",
         "--older-than=7d",
         "--worklist-cleared=90d",
+        "--hot-window=15m",
+        "--epoch=1d",
     ]
+    assert purge["spec"]["schedule"] == "*/10 * * * *"
     migrate = find(objs, "Job", "inturn-migrate")
     assert migrate["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert migrate["spec"]["template"]["spec"]["containers"][0]["command"] == [
@@ -646,10 +649,19 @@ def test_monitoring_objects() -> None:
     assert sorted(by_name) == [
         "InturnCronJobNoRecentSuccess",
         "InturnDeliveryFailures",
+        "InturnHistoryDayNotTurned",
+        "InturnHistoryDropOverdue",
         "InturnOldestPendingTooOld",
         "InturnOperatorReconcileErrors",
         "InturnWorkerNotReady",
     ]
+    # the history's maintenance, from ingest's gauges (issue 37)
+    for name, gauge in (
+        ("InturnHistoryDayNotTurned", "inturn_history_epoch_overdue_seconds"),
+        ("InturnHistoryDropOverdue", "inturn_history_drop_overdue_seconds"),
+    ):
+        (late,) = by_name[name]
+        assert late["expr"] == f"max by (namespace) ({gauge}) > 3600"
     (oldest,) = by_name["InturnOldestPendingTooOld"]
     assert oldest["expr"].startswith("max by (namespace, destination) (inturn_queue_oldest_age")
     assert oldest["expr"].endswith("> 900")
@@ -663,7 +675,7 @@ def test_monitoring_objects() -> None:
     crons = {a["labels"]["cronjob"]: a["expr"] for a in by_name["InturnCronJobNoRecentSuccess"]}
     assert crons == {
         "inturn-purge": 'time() - kube_cronjob_status_last_successful_time{namespace="inturn",'
-        ' cronjob="inturn-purge"} > 93600',
+        ' cronjob="inturn-purge"} > 3600',
         "inturn-sweeper": 'time() - kube_cronjob_status_last_successful_time{namespace="inturn",'
         ' cronjob="inturn-sweeper"} > 1800',
     }

@@ -48,7 +48,7 @@ from inturn.worker.errors import InturnError, ReasonRequired
 from inturn.worker.operations import privacy
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted, permit
-from inturn.worker.store import reads
+from inturn.worker.store import history, reads
 from inturn.worker.store.model import STATES, DepthRow
 from inturn.worker.text.display import printable, table
 
@@ -67,9 +67,12 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
     """Per destination: pending, failed, age of the oldest, highest attempt count, and until
     when it is held outside its delivery window; for a destination with lanes
     (``spec.lanes.count`` above 1), what its lanes send and what holds its oldest waiting
-    message."""
+    message. Then, in the table form, the history's size and oldest day, the hot table's size
+    and when ``inturn purge`` last ran (and whether a day is late to turn or to drop)."""
 
-    async def read(conn: AsyncConnection[Any]) -> tuple[list[DepthRow], dict[str, LaneSummary]]:
+    async def read(
+        conn: AsyncConnection[Any],
+    ) -> tuple[list[DepthRow], dict[str, LaneSummary], history.Status]:
         rows = await reads.depth(conn)
         lanes = {
             r.destination: summarize(
@@ -78,9 +81,9 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
             for r in rows
             if r.lanes > 1 and r.pending
         }
-        return rows, lanes
+        return rows, lanes, await history.status(conn)
 
-    rows, lanes = run_read(dsn, read)
+    rows, lanes, kept = run_read(dsn, read)
     if as_json:
         now = datetime.now(UTC)
         echo_json(
@@ -94,6 +97,7 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
         click.echo(format_depth(rows))
         for destination, summary in lanes.items():
             click.echo(f"{destination}: {summary.describe()}")
+        click.echo(kept.describe(datetime.now(UTC)))
 
 
 @queue_group.command("list")

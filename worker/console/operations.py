@@ -11,7 +11,7 @@ JSON and pokes the overview feed. Failures are :class:`~inturn.worker.errors.Int
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -26,7 +26,7 @@ from inturn.worker.errors import InturnError
 from inturn.worker.operations import privacy
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations import worklist as worklist_actions
-from inturn.worker.store import reads
+from inturn.worker.store import history, reads
 from inturn.worker.store.model import STATES
 from inturn.worker.store.worklist_model import ITEM_STATES
 from inturn.worker.worklist.delivery_failed import RECORD_KIND as DELIVERY_RECORD
@@ -144,6 +144,15 @@ async def attempt_marks(
         return await reads.destination_attempts(
             conn, destination, seconds=seconds, limit=MAX_ATTEMPT_MARKS
         )
+
+
+async def history_line(console: Console, identity: Identity) -> str:
+    """The history's size and oldest day, the hot table's size and the maintenance job's last
+    run, as one line (:meth:`inturn.worker.store.history.Status.describe`)."""
+    require(identity, "viewer")
+    async with console.read.connection() as conn:
+        status = await history.status(conn)
+    return status.describe(datetime.now(UTC))
 
 
 async def head_item(

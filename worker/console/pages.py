@@ -120,7 +120,8 @@ async def overview_page(request: web.Request) -> dict[str, Any]:
     """``GET /``: every destination, worst first, refreshed by server-sent events."""
     ops.require(identity(request), "viewer")
     table = overview_table(request, console(request).feed.snapshot)
-    return _base(request, table=Markup(table))
+    kept = await ops.history_line(console(request), identity(request))
+    return _base(request, table=Markup(table), history=kept)
 
 
 async def events(request: web.Request) -> web.StreamResponse:

@@ -27,7 +27,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import address_in_use
-from inturn.worker.ingest import metrics
+from inturn.worker.ingest import history_metrics, metrics
 from inturn.worker.ingest.accept import (
     Acceptor,
 )
@@ -429,6 +429,12 @@ class Ingest:
                 "counting pending worklist items (inturn_worklist_pending)",
                 GAUGE_INTERVAL_SECONDS,
                 partial(refresh_pending, pools.read),
+            )
+            found["history-gauge"] = Periodic(
+                log,
+                "reading the history's size (inturn_history_*)",
+                history_metrics.GAUGE_INTERVAL_SECONDS,
+                partial(history_metrics.refresh, pools.read),
             )
         return found
 

@@ -451,8 +451,8 @@ async def purge(
         if partitions is not None:
             plan = await history.would(conn, partitions)
             # the rows past their age are deleted before the move (the same rule keeps rows)
-            gone = sum(would[state] for state in cutoffs)
-            plan = replace(plan, movable=max(plan.movable - gone, 0))
+            past_age = sum(would[state] for state in cutoffs)
+            plan = replace(plan, movable=max(plan.movable - past_age, 0))
         return Purged(ran=True, counts=would, would=plan)
     try:
         async with actions.purge_held(conn) as renew:

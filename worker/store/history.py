@@ -476,6 +476,60 @@ class Status:
     turned_at: datetime | None
     dropped_at: datetime | None
 
+    def epoch_overdue_seconds(self, now: datetime) -> float:
+        """How long past its length the open epoch is (0 when on time, or when the job never
+        ran): the job stopped turning days (its partitions are then made no more either)."""
+        if self.open_since is None or self.epoch_seconds is None:
+            return 0.0
+        return max(0.0, (now - self.open_since).total_seconds() - self.epoch_seconds)
+
+    def drop_overdue_seconds(self, now: datetime) -> float:
+        """How long past its retention the oldest closed epoch held is (0 when none is due, or
+        when the job never ran): the job stopped dropping days."""
+        if self.oldest_closed_at is None or self.retention_seconds is None:
+            return 0.0
+        age = (now - self.oldest_closed_at).total_seconds()
+        return max(0.0, age - self.retention_seconds)
+
+    def describe(self, now: datetime) -> str:
+        """One line for people: the history's size and oldest day, the hot table's size, and
+        when the maintenance job last ran, with what is overdue."""
+        oldest = f", oldest day opened {self.oldest_at:%Y-%m-%d %H:%M}Z" if self.oldest_at else ""
+        parts = [
+            f"history: about {self.history_rows:,} finished item(s), "
+            f"{_size(self.history_bytes + self.log_bytes)} with the log, in {self.epochs}"
+            f" day(s){oldest}",
+            f"hot table: about {self.hot_rows:,} row(s), {_size(self.hot_bytes)}",
+        ]
+        if self.ran_at is None:
+            parts.append("inturn purge has never run")
+        else:
+            parts.append(f"inturn purge ran {_ago((now - self.ran_at).total_seconds())} ago")
+        late = self.epoch_overdue_seconds(now)
+        if late > 0:
+            parts.append(f"the day is {_ago(late)} late to turn")
+        overdue = self.drop_overdue_seconds(now)
+        if overdue > 0:
+            parts.append(f"a drop is {_ago(overdue)} overdue")
+        return "; ".join(parts)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"
+
 
 async def status(conn: AsyncConnection[Any]) -> Status:
     """The history's size, its oldest day and the job's last run (catalog reads only)."""
