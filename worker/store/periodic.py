@@ -30,6 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from inturn.worker.errors import Invalid
 from inturn.worker.store import faults
 from inturn.worker.text.conditions import Condition
 
@@ -78,7 +79,7 @@ class Periodic:
         max_backoff: float = MAX_BACKOFF,
     ) -> None:
         if not every > 0:
-            raise ValueError(f"a periodic statement's interval must be > 0, got {every}")
+            raise Invalid(f"a periodic statement's interval must be > 0, got {every}")
         self.condition = Condition(log, what)
         self.every = float(every)
         self.call = call
