@@ -8,6 +8,7 @@ from importlib import resources
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from inturn.worker.store.migrate import available, migrate
 from inturn.worker.store.queries import parse
@@ -125,9 +126,20 @@ def test_every_named_query_plans_against_the_schema(dsn: str) -> None:
                 assert "set_config('synchronous_commit'" in queries["take"]  # the guard, composed
             for name, query in queries.items():
                 params = {p: None for p in re.findall(r"%\((\w+)\)s", query)}
+                if "{role}" in query or "{table}" in query:
+                    # roles.sql's worker policies: identifiers composed in as apply_roles does
+                    query = (
+                        sql.SQL(query)
+                        .format(
+                            policy=sql.Identifier("inturn_plan_check"),
+                            role=sql.Identifier(conn.info.user),
+                            table=sql.Identifier("inturn_delivery"),
+                        )
+                        .as_string(conn)
+                    )
                 # EXPLAIN plans queries only: utility statements (DDL, SET) run in a
                 # transaction rolled back.
-                utility = re.match(r"(?:\s*--[^\n]*\n)*\s*(CREATE|SET)\b", query)
+                utility = re.match(r"(?:\s*--[^\n]*\n)*\s*(CREATE|SET|DROP)\b", query)
                 try:
                     if utility:
                         with conn.transaction(force_rollback=True):

@@ -22,7 +22,7 @@ from inturn.worker.store import registry
 Denied = psycopg.errors.InsufficientPrivilege
 
 #: The one table that keeps its rows: the migrations that made the schema.
-KEPT = ("inturn_schema_migrations", "inturn_epoch")
+KEPT = ("inturn_schema_migrations", "inturn_epoch", "inturn_role_setting")
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """``inturn worker``: drain exactly one destination until SIGTERM.
 
 The configuration is the operator-rendered worker file (``--config``, JSON or YAML) or a
-Destination manifest (``-f``). The database comes from ``INTURN_DSN`` (or ``--dsn``), the
+Destination manifest (``-f``). The database comes from ``INTURN_DSN`` (or ``--dsn``), its login
+from ``INTURN_DB_USER``/``INTURN_DB_PASSWORD`` when set (a destination's own), the
 worklist publishers from the ``INTURN_WORKLIST_*`` variables (checked here). Once the
 configuration is valid the process replaces itself by the worker runtime
 (:mod:`inturn.worker.drain.main`), which imports only what draining needs. On SIGTERM or
@@ -23,7 +24,7 @@ from inturn.worker.drain.main import exec_runtime, run, runtime_settings
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec.config import LISTEN_DSN_ENV, WorkerConfig, lease_settings, poll_seconds
 from inturn.worker.store import lockwatch
-from inturn.worker.store.dsn import normalize_dsn, resolve_dsn
+from inturn.worker.store.dsn import apply_login, normalize_dsn, resolve_dsn
 from inturn.worker.worklist.publishers import from_env
 
 
@@ -116,12 +117,14 @@ def worker_command(
         raise click.ClickException(problem)
     target = resolve_dsn(dsn)
     try:
+        # a destination's own login (INTURN_DB_USER, INTURN_DB_PASSWORD) replaces the shared one
+        target = apply_login(target)
         from_env(os.environ, target)  # only checked here; the runtime builds its own
         lockwatch.threshold_from_env()
         lease_settings(os.environ)  # INTURN_LEASE_*, INTURN_POLL_SECONDS: one-line errors here
         poll_seconds(os.environ)
         if listen_dsn:  # the runtime reads it from its environment
-            os.environ[LISTEN_DSN_ENV] = normalize_dsn(listen_dsn)
+            os.environ[LISTEN_DSN_ENV] = normalize_dsn(apply_login(listen_dsn))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     settings = runtime_settings(

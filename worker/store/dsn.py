@@ -11,6 +11,7 @@ then set up is :mod:`inturn.worker.store.connect`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import psycopg
@@ -194,3 +195,30 @@ def resolve_dsn(dsn: str | None) -> str:
     normalized = normalize_dsn(value)
     _last_role[:] = [dsn_role(normalized)]
     return normalized
+
+
+#: A destination's own worker login (docs/explanation/security.md, "One login per destination"):
+#: the operator gives a worker its role name and password in these, from the Destination's
+#: Secret, and they replace the user and password of the shared DSN (``INTURN_DSN``).
+LOGIN_USER_ENV = "INTURN_DB_USER"
+LOGIN_PASSWORD_ENV = "INTURN_DB_PASSWORD"
+
+
+def apply_login(dsn: str, environ: Mapping[str, str] | None = None) -> str:
+    """``dsn`` with its ``user`` (and ``password``) replaced by ``$INTURN_DB_USER`` (and
+    ``$INTURN_DB_PASSWORD``) when set; ``dsn`` unchanged otherwise.
+
+    Raises:
+        DsnError: a password without a user.
+    """
+    env = os.environ if environ is None else environ
+    user = env.get(LOGIN_USER_ENV, "").strip()
+    password = env.get(LOGIN_PASSWORD_ENV, "")
+    if not user:
+        if password:
+            raise DsnError(f"{LOGIN_PASSWORD_ENV} is set without {LOGIN_USER_ENV}")
+        return dsn
+    changes = {"user": user}
+    if password:
+        changes["password"] = password
+    return make_conninfo(dsn, **changes)

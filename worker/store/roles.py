@@ -246,6 +246,15 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
+    # Which destination a worker's login works for (migration 0036): written by the login
+    # functions only (the operator's, an admin's); people may see the mapping.
+    "inturn_worker_scope": {
+        "operator": (SELECT,),
+        "admin": (SELECT,),
+        "reader": (SELECT,),
+    },
+    # The worker role's name, recorded by --create-roles for the login functions: nobody's.
+    "inturn_role_setting": {},
     # ingest's own duplicate window (it purges it itself); nobody else uses it
     "inturn_received": {
         "ingest": (SELECT, INSERT, Grant("UPDATE", ("received_at", "size", "repeats")), DELETE),
@@ -403,9 +412,30 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_epoch_drop(integer,integer)": ("purge",),
     # an erasure by patient reaches a day detached and not dropped yet (migration 0035)
     "inturn_erase_detached(text[])": ("admin",),
+    # the login's destination scope (migration 0036): every row policy of a worker table calls
+    # it as the querying role, so every component may; it tells a session its own scope only
+    "inturn_worker_destination()": COMPONENTS,
+    # a destination's own worker login, made and dropped with its Destination (migration 0036)
+    "inturn_worker_login(text,text)": ("operator", "admin"),
+    "inturn_worker_logout(text)": ("operator", "admin"),
     # what a destination's lanes hold, keys made anonymous, for those who may not read them
     "inturn_lane_window(text,integer)": ("reader", "operator"),
 }
+
+#: The tables the worker role's restrictive row policy covers (``sql/roles.sql``
+#: ``worker_policy_<table>``, made by ``--create-roles``): a login scoped to one destination
+#: (``inturn_worker_scope``, :func:`~inturn.worker.store.roles_apply.apply_roles`) reaches only
+#: that destination's rows of each.
+WORKER_SCOPED = (
+    "inturn_attempt",
+    "inturn_cursor",
+    "inturn_delivery",
+    "inturn_lease",
+    "inturn_message",
+    "inturn_order_expectation",
+    "inturn_worker_sender",
+    "inturn_worklist_item",
+)
 
 #: What the docs say of a function no component may execute, when it is not a trigger.
 _NOBODY = {

@@ -30,6 +30,7 @@ from inturn.worker.store.roles import (
     FUNCTIONS,
     GRANTS,
     SEQUENCES,
+    WORKER_SCOPED,
     Grant,
     role_name,
 )
@@ -130,6 +131,20 @@ def _revoke_advisory_locks(conn: psycopg.Connection[Any], names: dict[str, str])
     ]
 
 
+def _scope_worker(conn: psycopg.Connection[Any], worker: str) -> None:
+    """Record the worker role for the login functions and (re)make its restrictive row policy
+    on every table of :data:`~inturn.worker.store.roles.WORKER_SCOPED` (migration 0036)."""
+    conn.execute(Q["record_worker_role"], {"role": worker})
+    policy = sql.Identifier(f"{worker}_scope")
+    for table in WORKER_SCOPED:
+        conn.execute(
+            sql.SQL(Q["drop_worker_policy"]).format(policy=policy, table=sql.Identifier(table))
+        )
+        conn.execute(
+            sql.SQL(Q[f"worker_policy_{table}"]).format(policy=policy, role=sql.Identifier(worker))
+        )
+
+
 def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> RolesReport:
     """Create the missing component roles and set every role's table privileges to
     :data:`GRANTS` and its function privileges to :data:`FUNCTIONS`, in one transaction, then
@@ -193,6 +208,7 @@ def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> RolesReport:
                             )
                         )
                 _grant_functions(conn, present_functions, names)
+                _scope_worker(conn, names["worker"])
                 warnings = _revoke_advisory_locks(conn, names)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise RolesError(

@@ -1,0 +1,349 @@
+"""A worker works for the destination it was started for, and the database enforces it (issue 41,
+part 1; migration 0036; docs/explanation/security.md "One login per destination").
+
+A login made for destination A (``inturn_worker_login``, what the operator calls per Destination)
+reaches A's rows only, in every table the worker role may read or write, whatever the statement
+(the worker's own, or one written by hand), through its lock functions too, and through a pooler;
+``SET ROLE`` to the shared worker role widens nothing. The shared worker role keeps every
+destination (the single-tenant default)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from inturn.worker.errors import Invalid
+from inturn.worker.store import delivery, logins
+from inturn.worker.store import lease as leases
+from inturn.worker.store.lease import LeaseLost
+from inturn.worker.testing import MllpReceiver
+from tests.support import pgbouncer
+from tests.support.pipeline import worker, worker_config
+
+pytestmark = pytest.mark.store
+
+A = "ward/a"
+B = "ward/b"
+CHANNEL = "adt"
+PASSWORD = "not-a-real-password-0123456789abcdef"
+
+
+def append(conn: psycopg.Connection[Any], route: list[str], n: int, tag: str) -> list[int]:
+    """``n`` messages routed to ``route`` in the channel's log, as ingest writes them."""
+    conn.execute(
+        "INSERT INTO inturn_route (channel, destinations) VALUES (%s, %s)"
+        " ON CONFLICT (channel, destinations) DO NOTHING",
+        (CHANNEL, sorted(route)),
+    )
+    [(route_id,)] = conn.execute(
+        "SELECT id FROM inturn_route WHERE channel = %s AND destinations = %s",
+        (CHANNEL, sorted(route)),
+    ).fetchall()
+    ids = []
+    for i in range(n):
+        payload = f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|{tag}{i}|P|2.5\rPID|1||{tag}{i}\r".encode()
+        [(log_id,)] = conn.execute(
+            "INSERT INTO inturn_message (channel, control_id, message_type, payload, size, route,"
+            " patient_keys) VALUES (%s, %s, 'ADT^A01', %s, %s, %s, '{k1}') RETURNING id",
+            (CHANNEL, f"{tag}{i}", payload, len(payload), route_id),
+        ).fetchall()
+        ids.append(log_id)
+    return ids
+
+
+def legacy(conn: psycopg.Connection[Any], destination: str, control_id: str) -> int:
+    """A delivery row holding its own payload (stored before the log)."""
+    payload = f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|{control_id}|P|2.5\r".encode()
+    [(row_id,)] = conn.execute(
+        "INSERT INTO inturn_delivery (destination, channel, control_id, message_type, payload,"
+        " size) VALUES (%s, %s, %s, 'ADT^A01', %s, %s) RETURNING id",
+        (destination, CHANNEL, control_id, payload, len(payload)),
+    ).fetchall()
+    return int(row_id)
+
+
+@contextlib.contextmanager
+def login_for(admin_dsn: str, destination: str) -> Iterator[str]:
+    """A worker login for ``destination`` made through the admin role (as the operator makes
+    them); yields its DSN; dropped afterwards."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        verifier = logins.scram_verifier(PASSWORD)
+        [(login,)] = conn.execute(
+            "SELECT inturn_worker_login(%s, %s)", (destination, verifier)
+        ).fetchall()
+    try:
+        yield make_conninfo(admin_dsn, user=login)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute("SELECT inturn_worker_logout(%s)", (destination,))
+
+
+@pytest.fixture
+def seeded(fresh_db: str) -> dict[str, list[int]]:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        return {
+            "both": append(conn, [A, B], 2, "AB"),
+            "b": append(conn, [B], 2, "B"),
+            "legacy_a": [legacy(conn, A, "LA")],
+            "legacy_b": [legacy(conn, B, "LB")],
+        }
+
+
+def test_a_verifier_is_the_one_libpq_makes(dsn: str) -> None:
+    """Our SCRAM-SHA-256 verifier equals libpq's (PQencryptPasswordConn) for the same salt."""
+    with psycopg.connect(dsn) as conn:
+        theirs = conn.pgconn.encrypt_password(PASSWORD.encode(), b"x", b"scram-sha-256").decode()
+    iterations, rest = theirs.removeprefix("SCRAM-SHA-256$").split(":", 1)
+    salt = base64.b64decode(rest.split("$", 1)[0])
+    assert logins.scram_verifier(PASSWORD, salt=salt, iterations=int(iterations)) == theirs
+    with pytest.raises(Invalid):
+        logins.scram_verifier("with space")
+    with pytest.raises(Invalid):
+        logins.scram_verifier("")
+
+
+def test_a_login_reaches_its_destinations_rows_only(
+    fresh_db: str, role_dsns: dict[str, str], seeded: dict[str, list[int]]
+) -> None:
+    with login_for(role_dsns["admin"], A) as a_dsn, psycopg.connect(a_dsn, autocommit=True) as a:
+        assert a.execute("SELECT inturn_worker_destination()").fetchone() == (A,)
+        # the log: rows routed to A (and to A and B), never B's alone
+        log_ids = [r[0] for r in a.execute("SELECT id FROM inturn_message ORDER BY id")]
+        assert log_ids == seeded["both"]
+        # the hot table: A's rows only, and nothing of B's to change
+        rows = a.execute("SELECT destination FROM inturn_delivery").fetchall()
+        assert rows == [(A,)]
+        changed = a.execute(
+            "UPDATE inturn_delivery SET state = 'delivered', finished_at = now()"
+            " WHERE destination = %s",
+            (B,),
+        ).rowcount
+        assert changed == 0
+        refusals = {
+            "a delivery row of B's": (
+                "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+                " size, enqueued_at, message_id) VALUES (%s, 'adt', 'X', 'ADT^A01', 1, now(), %s)",
+                (B, seeded["b"][0]),
+            ),
+            "B's cursor": (
+                "INSERT INTO inturn_cursor (destination, channel, position) VALUES (%s, 'adt', 99)",
+                (B,),
+            ),
+            "B's lease": (
+                "INSERT INTO inturn_lease (destination, holder, epoch, expires_at, ttl_seconds)"
+                " VALUES (%s, 'me', 1, 'infinity', 60)",
+                (B,),
+            ),
+            "B's sender record": (
+                "INSERT INTO inturn_worker_sender (destination, fingerprint) VALUES (%s, 'x')",
+                (B,),
+            ),
+            "an attempt of B's row": (
+                "INSERT INTO inturn_attempt (item_id, attempt, outcome) VALUES (%s, 1, 'retry')",
+                (seeded["legacy_b"][0],),
+            ),
+            "a worklist item on B's row": (
+                "INSERT INTO inturn_worklist_item (queue, record_kind, record_key, reason,"
+                " placed_by) VALUES ('delivery-failed', 'delivery', %s, 'gave-up', 'me')",
+                (str(seeded["legacy_b"][0]),),
+            ),
+            "a worklist item about something else": (
+                "INSERT INTO inturn_worklist_item (queue, record_kind, record_key, reason,"
+                " placed_by) VALUES ('feeds', 'feed', 'adt', 'feed-silent', 'me')",
+                None,
+            ),
+            "an order expectation of B's": (
+                "INSERT INTO inturn_order_expectation (destination, delivery_id, control_id,"
+                " message_type, order_key, key_digest, reply_channel, reply_types, due_at)"
+                " VALUES (%s, %s, 'X', 'ORM^O01', 'k', 'd', 'orr', '{ORR}', now())",
+                (B, seeded["legacy_b"][0]),
+            ),
+            "B's worker lock": ("SELECT inturn_worker_lock(%s)", (B,)),
+            "B's enqueue lock": ("SELECT inturn_enqueue_lock(%s)", (B,)),
+        }
+        refused = []
+        for what, (statement, params) in refusals.items():
+            try:
+                with a.transaction():
+                    a.execute(statement, params)
+            except psycopg.errors.InsufficientPrivilege:
+                refused.append(what)
+        assert refused == list(refusals)
+        # what is A's stays A's to write
+        with a.transaction():
+            a.execute(
+                "INSERT INTO inturn_attempt (item_id, attempt, outcome) VALUES (%s, 1, 'retry')",
+                (seeded["legacy_a"][0],),
+            )
+            a.execute(
+                "INSERT INTO inturn_worklist_item (queue, record_kind, record_key, reason,"
+                " placed_by) VALUES ('delivery-failed', 'delivery', %s, 'gave-up', 'me')",
+                (str(seeded["legacy_a"][0]),),
+            )
+            assert a.execute("SELECT inturn_worker_lock(%s)", (A,)).fetchone() == (True,)
+            assert a.execute("SELECT inturn_worker_unlock(%s)", (A,)).fetchone() == (True,)
+        # SET ROLE to the shared worker role widens nothing: the scope is the login's
+        worker_role = conninfo_to_dict(role_dsns["worker"])["user"]
+        a.execute(f'SET ROLE "{worker_role}"')
+        assert a.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (1,)
+        assert a.execute("SELECT inturn_worker_destination()").fetchone() == (A,)
+    # the shared worker role still reaches every destination
+    with psycopg.connect(role_dsns["worker"], autocommit=True) as shared:
+        assert shared.execute("SELECT inturn_worker_destination()").fetchone() == ("*",)
+        assert shared.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (2,)
+        assert len(shared.execute("SELECT id FROM inturn_message").fetchall()) == 4
+
+
+async def test_a_login_leases_and_pulls_its_own_destination_only(
+    fresh_db: str, role_dsns: dict[str, str], seeded: dict[str, list[int]]
+) -> None:
+    with login_for(role_dsns["admin"], A) as a_dsn:
+        async with await AsyncConnection.connect(a_dsn, autocommit=True) as a:
+            lease_a = await leases.acquire(a, A, "w-a", 60)
+            assert lease_a is not None
+            pulled = await delivery.pull(a, A, CHANNEL, lease=lease_a)
+            assert pulled.count == len(seeded["both"])
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await leases.acquire(a, B, "w-b", 60)
+        # B's lease, taken by its own worker, cannot be used by A's login to pull B's rows
+        async with await AsyncConnection.connect(fresh_db, autocommit=True) as owner:
+            lease_b = await leases.acquire(owner, B, "w-b", 60)
+            assert lease_b is not None
+        async with await AsyncConnection.connect(a_dsn, autocommit=True) as a:
+            with pytest.raises((psycopg.errors.InsufficientPrivilege, LeaseLost)):
+                await delivery.pull(a, B, CHANNEL, lease=lease_b)
+    with psycopg.connect(fresh_db) as conn:
+        [(b_rows,)] = conn.execute(
+            "SELECT count(*) FROM inturn_delivery"
+            " WHERE destination = %s AND message_id IS NOT NULL",
+            (B,),
+        ).fetchall()
+    assert b_rows == 0
+
+
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
+async def test_a_real_worker_delivers_with_its_login(
+    fresh_db: str, role_dsns: dict[str, str], seeded: dict[str, list[int]], lanes: int
+) -> None:
+    with login_for(role_dsns["admin"], A) as a_dsn:
+        async with MllpReceiver() as rx:
+            cfg = worker_config(A, rx.port, channel=CHANNEL, lanes=lanes)
+            async with worker(cfg, a_dsn):
+                await rx.wait_for(3)
+        got = sorted(m.split(b"\r")[0].split(b"|")[9].decode() for m in rx.received)
+    assert got == ["AB0", "AB1", "LA"]
+    with psycopg.connect(fresh_db) as conn:
+        states = conn.execute(
+            "SELECT destination, state, count(*) FROM inturn_delivery GROUP BY 1, 2 ORDER BY 1, 2"
+        ).fetchall()
+    assert states == [(A, "delivered", 3), (B, "pending", 1)]
+
+
+@pytest.mark.skipif(pgbouncer.missing() is not None, reason=str(pgbouncer.missing()))
+def test_the_scope_holds_behind_a_pooler(
+    fresh_db: str, role_dsns: dict[str, str], seeded: dict[str, list[int]]
+) -> None:
+    """PgBouncer in transaction mode logs in to the server as the client's user: the scope is
+    the login's on whichever server session a transaction lands."""
+    with login_for(role_dsns["admin"], A) as a_dsn:
+        login = conninfo_to_dict(a_dsn)["user"]
+        with pgbouncer.Bouncer(fresh_db, "transaction", users=(login,)) as bouncer:
+            pooled = bouncer.dsn(a_dsn)
+            for _ in range(3):
+                with psycopg.connect(pooled, autocommit=True, prepare_threshold=None) as a:
+                    assert a.execute("SELECT inturn_worker_destination()").fetchone() == (A,)
+                    assert a.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (1,)
+                    assert a.execute("SELECT count(*) FROM inturn_message").fetchone() == (2,)
+
+
+def test_a_login_is_made_and_dropped_with_its_destination(
+    fresh_db: str, role_dsns: dict[str, str], pg_server_dsn: str
+) -> None:
+    admin = role_dsns["admin"]
+    with login_for(admin, A) as a_dsn:
+        login = conninfo_to_dict(a_dsn)["user"]
+        with psycopg.connect(fresh_db, autocommit=True) as owner:
+            [(stored,)] = owner.execute(
+                "SELECT rolpassword FROM pg_authid WHERE rolname = %s", (login,)
+            ).fetchall()
+            assert stored.startswith("SCRAM-SHA-256$4096:")
+            assert owner.execute(
+                "SELECT role::text, destination FROM inturn_worker_scope"
+            ).fetchall() == [(login, A)]
+        worker_role = conninfo_to_dict(role_dsns["worker"])["user"]
+        assert login.startswith(worker_role + "_") and len(login) == len(worker_role) + 13
+        with psycopg.connect(admin, autocommit=True) as conn:
+            # made again: the same login, re-keyed; a clear password and a bad name refused
+            again = conn.execute(
+                "SELECT inturn_worker_login(%s, %s)", (A, logins.scram_verifier("other-one"))
+            ).fetchone()
+            assert again == (login,)
+            for args, error in (
+                ((A, "a clear password"), psycopg.errors.InvalidParameterValue),
+                (("not a name", None), psycopg.errors.InvalidParameterValue),
+            ):
+                with pytest.raises(error):
+                    conn.execute("SELECT inturn_worker_login(%s, %s)", args)
+        # the worker and reader roles may not make logins
+        for component in ("worker", "reader", "ingest"):
+            with (
+                psycopg.connect(role_dsns[component], autocommit=True) as conn,
+                pytest.raises(psycopg.errors.InsufficientPrivilege),
+            ):
+                conn.execute("SELECT inturn_worker_login(%s, NULL)", (B,))
+    with psycopg.connect(fresh_db, autocommit=True) as owner:
+        assert owner.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (login,)).fetchall() == []
+        assert owner.execute("SELECT count(*) FROM inturn_worker_scope").fetchone() == (0,)
+
+
+def test_a_login_whose_mapping_is_gone_reaches_nothing(
+    fresh_db: str, role_dsns: dict[str, str], seeded: dict[str, list[int]], pg_server_dsn: str
+) -> None:
+    worker_role = conninfo_to_dict(role_dsns["worker"])["user"]
+    stray = f"{worker_role}_0123456789ab"
+    with psycopg.connect(pg_server_dsn, autocommit=True) as server:
+        server.execute(f'CREATE ROLE "{stray}" LOGIN IN ROLE "{worker_role}"')
+    try:
+        with psycopg.connect(make_conninfo(fresh_db, user=stray), autocommit=True) as conn:
+            assert conn.execute("SELECT inturn_worker_destination()").fetchone() == ("",)
+            assert conn.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM inturn_message").fetchone() == (0,)
+    finally:
+        with psycopg.connect(pg_server_dsn, autocommit=True) as server:
+            server.execute(f'DROP ROLE "{stray}"')
+
+
+async def test_ensure_login_through_the_store(fresh_db: str, role_dsns: dict[str, str]) -> None:
+    async with await AsyncConnection.connect(role_dsns["operator"], autocommit=True) as conn:
+        login = await logins.ensure_login(conn, A, PASSWORD)
+        assert await logins.ensure_login(conn, A) == login
+        assert await logins.drop_login(conn, A) is True
+        assert await logins.drop_login(conn, A) is False
+        assert await logins.scope(conn) == "*"
+
+
+def test_other_roles_plans_keep_the_patient_index(
+    fresh_db: str, role_dsns: dict[str, str], seeded: dict[str, list[int]]
+) -> None:
+    """The worker's restrictive policy is the worker role's alone: the admin's patient lookup
+    (array overlap, not leakproof, which a security barrier would keep off the index) still
+    plans on the GIN index of the hot table and the log."""
+    plans = []
+    for component in ("admin",):  # the one role besides the worker that reads patient keys
+        with psycopg.connect(role_dsns[component], autocommit=True) as conn:
+            conn.execute("SET enable_seqscan = off")
+            for table in ("inturn_delivery", "inturn_message"):
+                rows = conn.execute(
+                    f"EXPLAIN SELECT id FROM {table}"
+                    " WHERE patient_keys && string_to_array('k1', ',')"
+                ).fetchall()
+                plans.append("\n".join(r[0] for r in rows))
+    assert len(plans) == 2
+    assert all("Bitmap Index Scan" in p and "Seq Scan" not in p for p in plans), plans
