@@ -68,6 +68,16 @@ from inturn.worker.spec import schema
     help="Key of --key-dsn-secret holding the DSN.",
 )
 @click.option(
+    "--worker-logins",
+    envvar="INTURN_WORKER_LOGINS",
+    type=click.Choice(["shared", "per-destination"]),
+    default="shared",
+    show_default=True,
+    help="How workers log in to Postgres: all as --dsn-secret's user (shared), or each as its"
+    " destination's own login, which the operator makes with the Destination (a role that"
+    " reaches that destination's rows only) and keeps in a Secret <name>-worker-login.",
+)
+@click.option(
     "--worker-service-account",
     envvar="INTURN_WORKER_SERVICE_ACCOUNT",
     default=None,
@@ -137,6 +147,7 @@ def operator_command(
     payload_keys_secret: str | None,
     key_dsn_secret: str,
     key_dsn_secret_key: str,
+    worker_logins: str,
     worker_service_account: str | None,
     status_interval: float,
     liveness: str,
@@ -175,6 +186,7 @@ def operator_command(
             payload_keys_secret=payload_keys_secret,
             key_dsn_secret=key_dsn_secret,
             key_dsn_secret_key=key_dsn_secret_key,
+            worker_logins=worker_logins,
         )
     except Invalid as exc:
         raise click.BadParameter(str(exc)) from None

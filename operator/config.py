@@ -10,7 +10,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from inturn.operator.manifests import WorkerPodSettings, parse_worker_env
+from inturn.operator.manifests import WORKER_LOGINS, WorkerPodSettings, parse_worker_env
 from inturn.worker.errors import Invalid
 
 
@@ -61,6 +61,7 @@ class OperatorConfig:
         payload_keys_secret: str | None = None,
         key_dsn_secret: str = "inturn-keys",
         key_dsn_secret_key: str = "dsn",
+        worker_logins: str = "shared",
         env: Mapping[str, str] | None = None,
     ) -> OperatorConfig:
         """The one place an operator's settings are built: from ``inturn operator``'s options
@@ -73,12 +74,17 @@ class OperatorConfig:
         environment by default), else ``<host>-<pid>``.
 
         Raises:
-            Invalid: no ``image``, or a malformed ``worker_env``/``worker_secret_env`` item
-                (the message names the option).
+            Invalid: no ``image``, a malformed ``worker_env``/``worker_secret_env`` item
+                (the message names the option), or ``worker_logins`` not one of
+                :data:`~inturn.operator.manifests.WORKER_LOGINS`.
         """
         env = os.environ if env is None else env
         if not image:
             raise Invalid("the worker image is required (--image, INTURN_WORKER_IMAGE)")
+        if worker_logins not in WORKER_LOGINS:
+            raise Invalid(
+                f"--worker-logins: one of {', '.join(WORKER_LOGINS)}, not {worker_logins!r}"
+            )
         try:
             plain_env, secret_env = parse_worker_env(worker_env, worker_secret_env)
         except ValueError as exc:
@@ -99,6 +105,7 @@ class OperatorConfig:
                 payload_keys_secret=payload_keys_secret or None,
                 key_dsn_secret=key_dsn_secret,
                 key_dsn_secret_key=key_dsn_secret_key,
+                worker_logins=worker_logins,
             ),
             dsn=dsn or None,
             namespaces=tuple(n for item in namespaces for n in item.replace(",", " ").split()),
@@ -117,10 +124,12 @@ class OperatorConfig:
         ``INTURN_WORKER_IMAGE`` (required), ``INTURN_DSN``, ``INTURN_DSN_SECRET``,
         ``INTURN_DSN_SECRET_KEY``, ``INTURN_WORKER_SERVICE_ACCOUNT``,
         ``INTURN_STATUS_INTERVAL`` (seconds), ``INTURN_WATCH_NAMESPACES`` (comma-separated),
-        ``INTURN_PAYLOAD_KEYS_SECRET``, ``INTURN_KEY_DSN_SECRET``, ``INTURN_KEY_DSN_SECRET_KEY``.
+        ``INTURN_PAYLOAD_KEYS_SECRET``, ``INTURN_KEY_DSN_SECRET``, ``INTURN_KEY_DSN_SECRET_KEY``,
+        ``INTURN_WORKER_LOGINS`` (``shared`` or ``per-destination``).
 
         Raises:
-            Invalid: ``INTURN_WORKER_IMAGE`` is missing or a number is malformed.
+            Invalid: ``INTURN_WORKER_IMAGE`` is missing, a number is malformed, or an unknown
+                worker login mode.
         """
         env = os.environ if env is None else env
         try:
@@ -138,5 +147,6 @@ class OperatorConfig:
             payload_keys_secret=env.get("INTURN_PAYLOAD_KEYS_SECRET"),
             key_dsn_secret=env.get("INTURN_KEY_DSN_SECRET", "inturn-keys"),
             key_dsn_secret_key=env.get("INTURN_KEY_DSN_SECRET_KEY", "dsn"),
+            worker_logins=env.get("INTURN_WORKER_LOGINS", "shared"),
             env=env,
         )

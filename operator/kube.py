@@ -15,6 +15,7 @@ followed by the apply again: the outcome is the same object either way.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -210,6 +211,46 @@ class KubeApi:
                 _preload_content=False,
             )
         )
+
+    async def get_secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The string values of a Secret (``data`` decoded from base64, or ``stringData`` as a
+        server that has not converted it returns it), or None when it does not exist.
+
+        Raises:
+            ApiError: any error but 404.
+        """
+        try:
+            body = await self._run(
+                lambda: self._core.read_namespaced_secret(name, namespace, _preload_content=False)
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        values = {k: str(v) for k, v in (body.get("stringData") or {}).items()}
+        for key, value in (body.get("data") or {}).items():
+            values[key] = base64.b64decode(str(value)).decode()
+        return values
+
+    async def create_secret(self, obj: Mapping[str, Any]) -> bool:
+        """Create a Secret; False when one of that name exists already (409).
+
+        Raises:
+            ApiError: any other refusal, or the API is unreachable.
+        """
+        namespace = obj["metadata"]["namespace"]
+        body: Any = dict(obj)
+        try:
+            await self._run(
+                lambda: self._core.create_namespaced_secret(
+                    namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
+                )
+            )
+        except ApiError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
 
     async def get_custom(
         self, group: str, version: str, plural: str, name: str, namespace: str | None

@@ -84,6 +84,10 @@ class WorkerPodSettings:
             worker opens encrypted payloads (None: encryption off).
         key_dsn_secret, key_dsn_secret_key: the Secret and key of the key store's DSN, given
             as ``INTURN_KEY_DSN`` (with ``payload_keys_secret``).
+        worker_logins: ``shared`` (every worker logs in as the DSN's user) or
+            ``per-destination`` (each worker as its destination's own login, from the Secret
+            :func:`login_secret_name` names: ``INTURN_DB_USER`` and ``INTURN_DB_PASSWORD``;
+            docs/explanation/security.md, "One login per destination").
     """
 
     image: str
@@ -101,13 +105,53 @@ class WorkerPodSettings:
     payload_keys_secret: str | None = None
     key_dsn_secret: str = "inturn-keys"
     key_dsn_secret_key: str = "dsn"
+    worker_logins: str = "shared"
+
+
+#: How worker pods log in to Postgres (:attr:`WorkerPodSettings.worker_logins`).
+WORKER_LOGINS = ("shared", "per-destination")
+#: The keys of a destination's login Secret.
+LOGIN_USER_KEY = "user"
+LOGIN_PASSWORD_KEY = "password"
+
+
+def login_secret_name(name: str) -> str:
+    """The Secret holding a Destination's own worker login (``<name>-worker-login``), in the
+    Destination's namespace and owned by it."""
+    return f"{child_name(name)}-login"
+
+
+def login_secret(destination: Mapping[str, Any], user: str, password: str) -> dict[str, Any]:
+    """The Secret of ``destination``'s own worker login: ``user`` and ``password`` (the clear
+    password the worker gives Postgres; the database holds only its SCRAM verifier), owned by
+    the Destination so that the API server's garbage collector deletes it with it."""
+    meta = destination["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": login_secret_name(meta["name"]),
+            "namespace": meta["namespace"],
+            "labels": labels(meta["name"]),
+            "ownerReferences": [owner_reference(destination)],
+        },
+        "stringData": {LOGIN_USER_KEY: user, LOGIN_PASSWORD_KEY: password},
+    }
 
 
 #: Where a worker finds its master keys (``INTURN_PAYLOAD_KEYS``), when encryption is on.
 PAYLOAD_KEYS_DIR = "/etc/inturn/payload-keys"
 
 #: Variables the operator sets itself and that ``--worker-env`` may not replace.
-_RESERVED_ENV = ("INTURN_DSN", "INTURN_WORKER_RUNTIME", "INTURN_PAYLOAD_KEYS", "INTURN_KEY_DSN")
+_RESERVED_ENV = (
+    "INTURN_DSN",
+    "INTURN_WORKER_RUNTIME",
+    "INTURN_PAYLOAD_KEYS",
+    "INTURN_KEY_DSN",
+    "INTURN_DB_USER",
+    "INTURN_DB_PASSWORD",
+)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -346,6 +390,16 @@ def deployment(
     ]
     if settings.log_json:
         command.append("--log-json")
+    login: list[dict[str, Any]] = []
+    if settings.worker_logins == "per-destination":
+        secret = login_secret_name(body["metadata"]["name"])
+        login = [
+            {"name": env, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+            for env, key in (
+                ("INTURN_DB_USER", LOGIN_USER_KEY),
+                ("INTURN_DB_PASSWORD", LOGIN_PASSWORD_KEY),
+            )
+        ]
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": settings.image,
@@ -361,6 +415,7 @@ def deployment(
                     }
                 },
             },
+            *login,
             *encryption,
             *({"name": name, "value": value} for name, value in settings.env),
             *(

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import secrets
 import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -79,6 +80,8 @@ class Runtime:
         self.statuses = StatusWriter(api)
         self._invalid_reported: dict[Key, tuple[int, str]] = {}
         self._rendered: dict[Key, tuple[str, manifests.Children]] = {}
+        #: the login each Destination's Secret was checked against, once per process
+        self._logins: dict[Key, str] = {}
         self.depth: dict[str, registry.DestinationDepth] | None = None
         self.depth_seconds: float | None = None  #: duration of the last grouped depth query
         self.pass_seconds: float | None = None  #: duration of the last periodic pass
@@ -217,6 +220,11 @@ class Runtime:
                 await self._report_invalid(snap, str(taken))
                 return
             self._invalid_reported.pop(key, None)
+            login_error = (
+                await self._ensure_login(snap, key)
+                if self.config.pod.worker_logins == "per-destination"
+                else None
+            )
             try:
                 await self._apply_children(key, children, force=force)
             except ApiError as exc:
@@ -229,8 +237,38 @@ class Runtime:
                 await self._report_invalid(snap, str(exc))
                 return
             await self._write_status(snap, children=children, applied=True)
-            if db_error is not None:
-                raise TransientError(db_error)
+            if db_error is not None or login_error is not None:
+                raise TransientError(db_error or login_error or "")
+
+    async def _ensure_login(self, snap: Mapping[str, Any], key: Key) -> str | None:
+        """Make sure the Destination's own worker login exists with the password of its Secret
+        (``--worker-logins per-destination``): a new password and Secret the first time, the
+        database's login re-keyed from the Secret once per operator process (a database restored
+        or a login dropped by hand comes back). None when done, else why not (retried).
+
+        Raises:
+            TransientError: the Kubernetes API failed.
+        """
+        destination = f"{key[0]}/{key[1]}"
+        name = manifests.login_secret_name(key[1])
+        try:
+            stored = await self.api.get_secret(key[0], name)
+        except ApiError as exc:
+            raise TransientError(str(exc)) from exc
+        if stored is not None and self._logins.get(key) == stored.get(manifests.LOGIN_USER_KEY):
+            return None
+        password = (stored or {}).get(manifests.LOGIN_PASSWORD_KEY) or secrets.token_urlsafe(32)
+        login = await self.registrar.ensure_login(destination, password)
+        if login is None:
+            return f"{destination}: its worker login could not be made (the database is away)"
+        if stored is None:
+            try:
+                await self.api.create_secret(manifests.login_secret(snap, login, password))
+            except ApiError as exc:
+                raise TransientError(str(exc)) from exc
+            log.info("worker login %s made for %s (Secret %s/%s)", login, destination, key[0], name)
+        self._logins[key] = login
+        return None
 
     async def _apply_children(self, key: Key, children: manifests.Children, *, force: bool) -> None:
         want_cm = children.config_map["metadata"]["annotations"][manifests.SPEC_HASH_ANNOTATION]
@@ -339,6 +377,9 @@ class Runtime:
         self._invalid_reported.pop(key, None)
         self._rendered.pop(key, None)
         await self.registrar.mark_deleted(f"{key[0]}/{key[1]}")
+        if self.config.pod.worker_logins == "per-destination":
+            self._logins.pop(key, None)
+            await self.registrar.drop_login(f"{key[0]}/{key[1]}")
 
     # --- the periodic pass ----------------------------------------------------------------------
 

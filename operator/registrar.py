@@ -26,7 +26,7 @@ from inturn.operator import manifests
 from inturn.worker.drain.lanes import summarize
 from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.spec.schema_packs import pack_spec_of
-from inturn.worker.store import faults, reads, registry
+from inturn.worker.store import faults, logins, reads, registry
 from inturn.worker.text.conditions import Condition
 
 log = logging.getLogger("inturn.operator")
@@ -55,6 +55,7 @@ class Registrar:
             "deleted": Condition(log, "registry: marking deleted Destinations"),
             "depth": Condition(log, "registry: the queue depth query (the last one is kept)"),
             "rows": Condition(log, "registry: reading its rows"),
+            "logins": Condition(log, "registry: making or dropping destinations' worker logins"),
         }
 
     def _failed(self, kind: str, exc: BaseException, about: str = "") -> str:
@@ -190,6 +191,35 @@ class Registrar:
             self._failed("deleted", exc, destination)
         else:
             self._worked("deleted")
+
+    async def ensure_login(self, destination: str, password: str) -> str | None:
+        """Make (or re-key) ``destination``'s own worker login
+        (:func:`inturn.worker.store.logins.ensure_login`); its role name, or None when there is
+        no database or it failed (logged; the reconcile is retried)."""
+        if self.pool is None:
+            return None
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                login = await logins.ensure_login(conn, destination, password)
+        except DB_ERRORS as exc:
+            self._failed("logins", exc, destination)
+            return None
+        self._worked("logins")
+        return login
+
+    async def drop_login(self, destination: str) -> None:
+        """Drop a deleted Destination's worker login (a failure is logged; a login left behind
+        keeps working for that destination only, and is dropped by the next delete)."""
+        if self.pool is None:
+            return
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                if await logins.drop_login(conn, destination):
+                    log.info("registry: %s's worker login dropped", destination)
+        except DB_ERRORS as exc:
+            self._failed("logins", exc, destination)
+        else:
+            self._worked("logins")
 
     async def depth(self) -> dict[str, registry.DestinationDepth] | None:
         """The one grouped depth query, by ``namespace/name``; None when the database failed

@@ -189,6 +189,20 @@ def test_operator_rbac_is_exactly_what_it_needs() -> None:
     assert "--namespace=ward-a" in args and "--namespace=ward-b" in args
 
 
+def test_per_destination_logins_let_the_operator_read_and_make_secrets_only() -> None:
+    """operator.workerLogins per-destination: the one Secret access of the chart, get and
+    create (no list, watch, update or delete), and the flag on the operator."""
+    objs = render({"operator": {"workerLogins": "per-destination"}})
+    grants = _grants(find(objs, "ClusterRole", "inturn-operator-cluster"))
+    assert grants == OPERATOR_RULES | CLUSTER_DISCOVERY | {("", "secrets"): {"get", "create"}}
+    args = find(objs, "Deployment", "inturn-operator")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert "--worker-logins=per-destination" in args
+    default = find(render(), "Deployment", "inturn-operator")["spec"]["template"]["spec"]
+    assert not [a for a in default["containers"][0]["args"] if a.startswith("--worker-logins")]
+
+
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_every_pod_is_restricted_with_a_read_only_root(name: str) -> None:
     pods = 0

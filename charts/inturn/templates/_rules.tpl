@@ -18,4 +18,11 @@
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if eq .Values.operator.workerLogins "per-destination" }}
+# each Destination's worker login: its Secret is read and made (never changed or deleted:
+# the garbage collector removes it with its Destination)
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+{{- end }}
 {{- end }}
