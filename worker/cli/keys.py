@@ -3,7 +3,8 @@
 ``init`` makes the key store's tables (and, with ``--new-key``, a first master key file);
 ``new`` writes a master key file; ``status`` says which master keys are in use; ``rotate``
 re-wraps every patient and destination key under the newest master key (payloads untouched,
-resumable); ``encrypt-existing`` seals the rows written before the keys were given.
+resumable); ``encrypt-existing`` seals the rows written before the keys were given;
+``rotate-index`` replaces the blind index key and re-indexes everything under the new one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from inturn.worker.cli.options import (
+    audit_who_option,
     dsn_option,
     key_dsn_option,
     payload_keys_option,
@@ -106,6 +108,15 @@ def status_command(payload_keys: str | None, key_dsn: str | None, as_json: bool)
             uses.append("newest: new wraps")
         where = "MISSING from the folder" if key_id in status["missing"] else "in the folder"
         click.echo(f"{key_id}: {where}; " + ("; ".join(uses) or "not in use: may be removed"))
+    rotation = status.get("index_rotation") or ""
+    click.echo(
+        f"blind index key: generation {status.get('index_generation', 1)}"
+        + (
+            f"; a rotation is under way ({rotation}): run `inturn keys rotate-index` to finish"
+            if rotation
+            else ""
+        )
+    )
 
 
 @keys_group.command("rotate")
@@ -156,4 +167,45 @@ def _encrypt(dsn: str | None, payload_keys: str | None, key_dsn: str | None, bat
             key_dsn,
             lambda codec: encrypt_existing(conn, codec, batch=batch, progress=progress),
         ),
+    )
+
+
+@keys_group.command("rotate-index")
+@dsn_option("The queue's database.")
+@payload_keys_options
+@_batch_option("Rows re-indexed per transaction.")
+@audit_who_option
+def rotate_index_command(
+    dsn: str | None, payload_keys: str | None, key_dsn: str | None, batch: int, who: str
+) -> None:
+    """Replace the blind index key (the key of the patient index's digests) by a new one while
+    ingest and the workers run: every row and patient key is re-indexed in batches, lookups
+    and erasure find both forms meanwhile, and the old key is destroyed once nothing needs it
+    (it says what still does otherwise). Resumable: run it again to finish."""
+    from inturn.worker.cli.db import run_write, with_payloads
+    from inturn.worker.operations.payload_keys import rotate_index
+
+    if not payload_keys or not key_dsn:
+        raise MasterKeyError("this command needs --payload-keys and --key-dsn")
+
+    def progress(text: str) -> None:
+        click.echo(text, err=True)
+
+    done = run_write(
+        dsn,
+        lambda conn: with_payloads(
+            payload_keys,
+            key_dsn,
+            lambda codec: rotate_index(conn, codec, actor=who, batch=batch, progress=progress),
+        ),
+    )
+    click.echo(
+        f"blind index key generation {done.generation}: {done.rows} row(s) and {done.keys}"
+        " patient key(s) re-indexed; "
+        + (
+            "the previous key is destroyed"
+            if done.finished
+            else f"the previous key is kept for {done.unreached} unreached key(s) and"
+            f" {done.open_orders} awaited order reply(ies): run it again later"
+        )
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -53,6 +54,16 @@ INDEX_CHECK = "index_check"
 #: every master key can be retired (``keys rotate`` re-wraps it with the patient keys); a key
 #: store made before it holds only INDEX_MASTER and gets this at the first start with that key.
 INDEX_WRAPPED = "index_wrapped"
+#: The blind index key's rotation (``inturn keys rotate-index``): the previous index key,
+#: wrapped like the current one, while something still needs it; the phase (``dual``: rows and
+#: keys get both forms; ``single``: the current form alone, the previous one still searched;
+#: ``retired``: kept only to find what could not be re-indexed); the current generation (1 for
+#: the first key); when the rotation began and when every process had taken the new key.
+INDEX_PREVIOUS = "index_previous"
+INDEX_ROTATION = "index_rotation"
+INDEX_GENERATION = "index_generation"
+INDEX_ROTATION_STARTED = "index_rotation_started"
+INDEX_ROTATION_SETTLED = "index_rotation_settled"
 #: Associated data of the index key's wrap (no patient key's reference starts like it).
 _INDEX_WRAP_AAD = b"inturn blind index key v1"
 #: Label of a patient key's wrap (with its reference as associated data).
@@ -117,6 +128,11 @@ class PayloadCodec:
         self.max_identifiers = max_identifiers
         self.dual_index = dual_index
         self.index: BlindIndex | None = None
+        #: The previous blind index key while a rotation needs it (searched, and written too
+        #: in the ``dual`` phase), its phase and the current key's generation.
+        self.previous: BlindIndex | None = None
+        self.rotation = ""
+        self.generation = 1
         self.unwraps = 0
 
     @property
@@ -142,6 +158,52 @@ class PayloadCodec:
                 " with (a wrong key file under that name)"
             )
         self.index = index
+        await self._load_rotation()
+
+    async def _load_rotation(self) -> None:
+        """Read the rotation's state: the previous index key (unwrapped), phase, generation."""
+        assert self.provider is not None and self.store is not None
+        found = await self.store.settings([INDEX_PREVIOUS, INDEX_ROTATION, INDEX_GENERATION])
+        self.rotation = found.get(INDEX_ROTATION, "")
+        self.generation = int(found.get(INDEX_GENERATION) or 1)
+        wrapped = found.get(INDEX_PREVIOUS, "")
+        self.previous = None
+        if wrapped:
+            master, _, text = wrapped.partition(":")
+            try:
+                key = await self.provider.unwrap(master, base64.b64decode(text), _INDEX_WRAP_AAD)
+            except UnwrapFailed:
+                raise MasterKeyError(
+                    f"--payload-keys: master key {master!r} does not unwrap the previous blind"
+                    " index key (a wrong key file under that name)"
+                ) from None
+            self.previous = BlindIndex(key)
+
+    async def refresh_index(self) -> bool:
+        """Take the key store's current blind index key and rotation state when they changed
+        (``inturn keys rotate-index`` ran): one key store read. Long-running processes call it
+        on their periodic key store check. True when something changed.
+
+        Raises:
+            MasterKeyError: the folder cannot unwrap the new key.
+            KeyStoreUnavailable: the key store could not be reached.
+        """
+        if self.provider is None or self.store is None or self.index is None:
+            return False
+        found = await self.store.settings([INDEX_CHECK, INDEX_ROTATION])
+        if (
+            found.get(INDEX_CHECK, "") == self.index.check()
+            and found.get(INDEX_ROTATION, "") == self.rotation
+        ):
+            return False
+        key, _ = await self._index_key()
+        self.index = BlindIndex(key)
+        await self._load_rotation()
+        return True
+
+    def _dual(self) -> BlindIndex | None:
+        """The previous index while rows and keys get both forms (the ``dual`` phase)."""
+        return self.previous if self.rotation == "dual" else None
 
     async def _index_key(self) -> tuple[bytes, str]:
         """The blind index key and the master key it is read with: unwrapped from the key
@@ -193,6 +255,9 @@ class PayloadCodec:
         keys = index_keys(plaintext, cap, self.digest)
         if self.enabled and self.dual_index:
             keys = sorted({*keys, *index_keys(plaintext, cap)})
+        previous = self._dual() if self.enabled else None
+        if previous is not None:
+            keys = sorted({*keys, *index_keys(plaintext, cap, previous.identifier)})
         return keys
 
     def index_and_keying(self, plaintext: bytes, limit: int) -> tuple[list[str], Keying | None]:
@@ -202,10 +267,13 @@ class PayloadCodec:
         found = patient_identifiers(plaintext, limit + 1)
         kept = found[:limit]
         keys: set[str] = set()
+        previous = self._dual() if self.enabled else None
         for patient in kept:
             keys.update(patient_lookups(patient, self.digest))
             if self.enabled and self.dual_index:
                 keys.update(patient_lookups(patient))
+            if previous is not None:
+                keys.update(patient_lookups(patient, previous.identifier))
         if len(found) > limit:
             keys.add(CAPPED_KEY)
         if not self.enabled or not kept:
@@ -217,9 +285,36 @@ class PayloadCodec:
         found: dict[bytes, tuple[str, ...]] = {}
         for patient in patients:
             ref = index.ref(b"patient", _patient_text(patient))
-            found[ref] = tuple(patient_lookups(patient, index.identifier))
+            found[ref] = self._key_lookups(patient)
         refs = tuple(sorted(found))
         return Keying(envelope.PATIENTS, refs, tuple(found[r] for r in refs))
+
+    def _key_lookups(self, patient: PatientId) -> tuple[str, ...]:
+        """The erasure lookups a patient's key is stored with: the current index's forms, and
+        the previous index's too in a rotation's ``dual`` phase."""
+        lookups = patient_lookups(patient, self._index().identifier)
+        previous = self._dual()
+        if previous is not None:
+            lookups = [*lookups, *patient_lookups(patient, previous.identifier)]
+        return tuple(sorted(set(lookups)))
+
+    def reindexed_keys(self, plaintext: bytes, stored: bytes) -> dict[bytes, tuple[str, ...]]:
+        """For ``inturn keys rotate-index``: the patient keys the envelope ``stored`` (of
+        ``plaintext``) is sealed under, by reference, each with its erasure lookups computed
+        anew (:meth:`_key_lookups`). A key is matched to its patient by the reference the
+        current or the previous index gives that patient; a destination's key has none."""
+        if not self.enabled or not envelope.is_envelope(stored):
+            return {}
+        refs = set(envelope.header(stored).refs)
+        out: dict[bytes, tuple[str, ...]] = {}
+        indexes = [i for i in (self._index(), self.previous) if i is not None]
+        for patient in patient_identifiers(plaintext, self.max_identifiers):
+            text = _patient_text(patient)
+            for index in indexes:
+                ref = index.ref(b"patient", text)
+                if ref in refs:
+                    out[ref] = self._key_lookups(patient)
+        return out
 
     def destination_keying(self, destination: str) -> Keying:
         """The keying of a message that names nobody: its destination's key."""
@@ -232,6 +327,8 @@ class PayloadCodec:
         keys = [lookup_key(ident, authority)]
         if self.enabled:
             keys.append(lookup_key(ident, authority, self.digest))
+            if self.previous is not None:  # rows not re-indexed yet by a rotation
+                keys.append(lookup_key(ident, authority, self.previous.identifier))
         return keys
 
     def order_digest(self, destination: str, key: str) -> str:
@@ -243,7 +340,17 @@ class PayloadCodec:
         """Every stored form a reply's keys are looked for under: the blind one with keys, and
         the plain one (orders delivered before the keys were given)."""
         plain = PayloadCodec().order_digest
-        return [self.order_digest, plain] if self.enabled else [plain]
+        if not self.enabled:
+            return [plain]
+        previous = self.previous
+        if previous is None:
+            return [self.order_digest, plain]
+
+        def before(destination: str, key: str) -> str:  # orders delivered before a rotation
+            text = f"{destination}\x00{key.strip()}".encode("utf-8", "surrogatepass")
+            return previous.order_key(text)
+
+        return [self.order_digest, before, plain]
 
     def window_digest(self, payload: bytes) -> bytes:
         """The duplicate window's digest of a message: keyed with keys, SHA-256 without."""
@@ -462,7 +569,10 @@ class PayloadCodec:
     def erasure_lookups(self, ident: str, authority: str | None = None) -> list[str]:
         """The blind index keys whose patient keys an erasure of ``ident`` (assigned by
         ``authority``, when given) destroys."""
-        return [lookup_key(ident, authority, self._index().identifier)]
+        found = [lookup_key(ident, authority, self._index().identifier)]
+        if self.previous is not None:  # keys a rotation has not re-indexed (or could not)
+            found.append(lookup_key(ident, authority, self.previous.identifier))
+        return found
 
     async def erase_patient(
         self, ident: str, authority: str | None = None, *, actor: str, reason: str
@@ -522,8 +632,43 @@ class PayloadCodec:
             await self.store.replace_setting(INDEX_WRAPPED, stored, await self._wrap_index(key))
         )
 
+    async def begin_index_rotation(self) -> bool:
+        """Start a rotation of the blind index key (``inturn keys rotate-index``): a new random
+        key becomes the current one, wrapped under the newest master key, and the current one
+        the previous; the ``dual`` phase begins. False when a rotation is already under way or
+        another run started one first.
+
+        Raises:
+            MasterKeyError: the folder cannot wrap or unwrap the keys involved.
+        """
+        assert self.provider is not None and self.store is not None
+        if self.rotation:
+            return False
+        old = await self.store.setting(INDEX_WRAPPED, "")
+        key = os.urandom(32)
+        began = await self.store.begin_index_rotation(
+            old, await self._wrap_index(key), BlindIndex(key).check(), self.generation + 1
+        )
+        await self.refresh_index()
+        return began
+
+    async def set_rotation_phase(self, phase: str) -> bool:
+        """Move the rotation from its current phase to ``phase`` (compare and set)."""
+        assert self.store is not None
+        moved = await self.store.replace_setting(INDEX_ROTATION, self.rotation, phase)
+        await self.refresh_index()
+        return moved
+
+    async def end_index_rotation(self) -> None:
+        """Destroy the previous index key: nothing needs it any more."""
+        assert self.store is not None
+        await self.store.end_index_rotation()
+        self.previous = None
+        self.rotation = ""
+
     async def status(self) -> dict[str, object]:
-        """Which master keys are in use: ``{"newest", "index_master", "folder": [ids],
+        """Which master keys are in use: ``{"newest", "index_master", "index_generation",
+        "index_rotation" (the phase of a blind index key rotation, "" when none), "folder": [ids],
         "wrapping": {id: keys}, "missing": [ids the key store needs that the folder lacks]}``."""
         assert self.provider is not None and self.store is not None
         wrapping = dict(await self.store.masters())
@@ -535,6 +680,8 @@ class PayloadCodec:
         return {
             "newest": self.provider.newest(),
             "index_master": index_master,
+            "index_generation": self.generation,
+            "index_rotation": self.rotation,
             "folder": list(self.provider.ids()),
             "wrapping": wrapping,
             "missing": sorted(needed - set(self.provider.ids())),

@@ -99,6 +99,27 @@ class KeyStore(Protocol):
         (False: erased or re-wrapped meanwhile)."""
         ...
 
+    async def settings(self, names: Sequence[str]) -> Mapping[str, str]:
+        """The recorded values of ``names`` (absent ones left out)."""
+        ...
+
+    async def begin_index_rotation(self, old: str, new: str, check: str, generation: int) -> bool:
+        """Make ``new`` the current (wrapped) index key and ``old`` the previous one, if ``old``
+        is still current (compare and set); start the rotation's ``dual`` phase."""
+        ...
+
+    async def set_lookups(self, ref: bytes, lookups: Sequence[str], generation: int) -> bool:
+        """Replace a key's erasure lookups by ones computed under index ``generation``."""
+        ...
+
+    async def unreached(self, settled: str, generation: int) -> int:
+        """Patient keys made before ``settled`` whose lookups are under an older generation."""
+        ...
+
+    async def end_index_rotation(self) -> bool:
+        """Destroy the previous index key and the rotation's state."""
+        ...
+
     async def masters(self) -> Mapping[str, int]:
         """How many keys each master key wraps."""
         ...

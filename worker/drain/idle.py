@@ -23,12 +23,17 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
 
+from inturn.worker.crypto.codec import PayloadCodec
+from inturn.worker.crypto.errors import MasterKeyError
 from inturn.worker.drain.gate import OPEN, Gate, may_send
 from inturn.worker.drain.holding import LeaseHolding
 from inturn.worker.drain.steps import sleep_or_stop
 from inturn.worker.store import delivery, reads
+from inturn.worker.store.faults import KeyStoreUnavailable
+from inturn.worker.store.sealing import INDEX_FORM_EVERY_SECONDS
 
 log = logging.getLogger("inturn.drain")
 
@@ -54,6 +59,26 @@ class Idling(LeaseHolding):
     _held_until: datetime | None
     #: Monotonic time of the next depth query (0: at once).
     _next_depth: float
+    #: Monotonic time of the next look at the key store's blind index key (0: at once).
+    _next_index_check: float = 0.0
+    payloads: PayloadCodec
+
+    async def _refresh_index(self) -> None:
+        """Take a rotated blind index key (``inturn keys rotate-index``) within
+        :data:`~inturn.worker.store.sealing.INDEX_FORM_EVERY_SECONDS`: the order digests this
+        worker records are then under the key the rotation re-indexes to. A key store that does
+        not answer is looked at again next time (its own condition says so)."""
+        now = time.monotonic()
+        if not self.payloads.enabled or now < self._next_index_check:
+            return
+        self._next_index_check = now + INDEX_FORM_EVERY_SECONDS
+        try:
+            if await self.payloads.refresh_index():
+                log.info("blind index key: generation %d taken", self.payloads.generation)
+        except (KeyStoreUnavailable, psycopg.Error):
+            pass
+        except MasterKeyError as exc:
+            log.warning("blind index key: %s", exc)
 
     async def _wait(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, timeout: float, *, empty: bool
@@ -69,6 +94,7 @@ class Idling(LeaseHolding):
         Raises:
             SessionLost: a connection was lost (the caller reconnects).
         """
+        await self._refresh_index()
         if not self.pooled:
             await self.steps.wait(conn, stop, timeout)
             return
@@ -147,6 +173,7 @@ class Idling(LeaseHolding):
         self, conn: AsyncConnection[Any], stop: asyncio.Event, force: bool = False
     ) -> None:
         """Query the destination's depth, at most every :data:`DEPTH_EVERY_SECONDS`."""
+        await self._refresh_index()
         now = time.monotonic()
         if not force and now < self._next_depth:
             return

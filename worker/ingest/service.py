@@ -378,11 +378,18 @@ class Ingest:
 
     async def _check_index_form(self, pools: Pools) -> None:
         """One turn of the index form's watch: the key store looked at again when it failed
-        (a readiness that failed must see it back without traffic), then the form."""
+        (a readiness that failed must see it back without traffic), a blind index key rotated
+        meanwhile taken (``inturn keys rotate-index``), then the form."""
         store = self.payloads.store if self.payloads is not None else None
         if isinstance(store, PgKeyStore) and store.failing_since is not None:
             await store.ping()
             log.info("key store (--key-dsn) reachable again")
+        if self.payloads is not None and await self.payloads.refresh_index():
+            log.info(
+                "blind index key: generation %d taken (%s)",
+                self.payloads.generation,
+                self.payloads.rotation or "rotation ended",
+            )
         await self._watch_index_form(pools)
 
     async def _forget_old(self) -> None:

@@ -12,15 +12,17 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import AsyncConnection
 
 from inturn.worker.crypto.cache import DEFAULT_CACHE_KEYS
-from inturn.worker.crypto.codec import PayloadCodec
-from inturn.worker.crypto.errors import MasterKeyError
+from inturn.worker.crypto.codec import INDEX_ROTATION_SETTLED, PayloadCodec
+from inturn.worker.crypto.errors import MasterKeyError, PayloadErased
+from inturn.worker.errors import Conflict
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
-from inturn.worker.store import sealing
+from inturn.worker.store import audit, sealing
 from inturn.worker.store.keystore import PgKeyStore
 
 #: The environment variables of the two options.
@@ -163,3 +165,154 @@ async def encrypt_existing(
         after = found[-1][0]
     progress(f"index keys of {rekeyed} sealed row(s) now in the blind form alone")
     return Sealed(sealed, rekeyed, False)
+
+
+@dataclass(frozen=True)
+class IndexRotation:
+    """What ``inturn keys rotate-index`` did.
+
+    Attributes:
+        generation: the current blind index key's generation.
+        rows: row index keys rewritten (both passes, every table, slim rows included).
+        keys: patient keys whose erasure lookups were recomputed.
+        unreached: patient keys made before the rotation that no stored message names any
+            more: only the previous index key finds them for an erasure.
+        open_orders: order replies still awaited that were recorded under the previous key.
+        finished: the previous index key was destroyed (nothing needs it any more).
+    """
+
+    generation: int
+    rows: int
+    keys: int
+    unreached: int
+    open_orders: int
+    finished: bool
+
+
+async def _reindex(
+    conn: AsyncConnection[Any],
+    codec: PayloadCodec,
+    *,
+    batch: int,
+    progress: Callable[[str], None],
+) -> tuple[int, int]:
+    """One pass over every sealed row (hot table, history, channel log, then the slim rows):
+    each row's index keys as the codec computes them now, and the erasure lookups of every
+    patient key a message names; ``(rows changed, keys recomputed)``."""
+    assert codec.store is not None
+    rows_changed = keys_changed = 0
+    done: set[bytes] = set()
+    for table in sealing.INDEXED_TABLES:
+        after = 0
+        while True:
+            found = await sealing.index_batch(conn, table, after=after, limit=batch)
+            if not found:
+                break
+            changes: list[tuple[int, str]] = []
+            for row_id, seal_id, scope, stored, keys_now in found:
+                try:
+                    plaintext = await codec.open(seal_id, scope, stored)
+                except PayloadErased:
+                    continue  # its patient was erased: nothing left to find
+                keys = ",".join(codec.index_keys(plaintext))
+                if keys != keys_now:
+                    changes.append((row_id, keys))
+                for ref, lookups in codec.reindexed_keys(plaintext, stored).items():
+                    if ref not in done:
+                        done.add(ref)
+                        keys_changed += await codec.store.set_lookups(
+                            ref, lookups, codec.generation
+                        )
+            if changes:
+                async with conn.transaction():
+                    rows_changed += await sealing.set_table_keys(conn, table, changes)
+            after = found[-1][0]
+        progress(f"{table}: index keys of {rows_changed} row(s) rewritten so far")
+    async with conn.transaction():
+        rows_changed += await sealing.copy_slim_keys(conn)
+    return rows_changed, keys_changed
+
+
+async def rotate_index(
+    conn: AsyncConnection[Any],
+    codec: PayloadCodec,
+    *,
+    actor: str,
+    batch: int = 500,
+    progress: Callable[[str], None] = lambda _: None,
+    settle_seconds: float = sealing.INDEX_FORM_EVERY_SECONDS + 1,
+) -> IndexRotation:
+    """Rotate the blind index key while ingest and the workers run (``inturn keys
+    rotate-index``; docs/howto/encryption.md, "Rotating the blind index key").
+
+    1. A new random index key becomes the current one (wrapped under the newest master key) and
+       the old one the previous one; phase ``dual``: every process takes the new key within
+       ``settle_seconds`` (their periodic key store check) and writes both forms of each
+       patient's index key, so that one patient's pending rows always share a key (lanes).
+    2. Every sealed row is opened and its index keys rewritten with both forms, and every
+       patient key a stored message names gets its erasure lookups in both forms; phase
+       ``single``: new rows get the current form alone.
+    3. Once every process writes the current form alone, a second pass leaves the current form
+       alone in every row and key; phase ``retired``.
+    4. The previous index key is destroyed when nothing needs it: no patient key made before
+       the rotation that no stored message names (only the previous key finds it for an
+       erasure), no awaited order reply recorded under it. Otherwise it is kept, for those
+       lookups only, and a later run destroys it once they are gone.
+
+    Lookups by patient, erasure and reply matching search both forms throughout. Resumable: a
+    run stopped anywhere is finished by the next one (the phase is kept in the key store, each
+    pass is idempotent). Audited in the queue database (``index-rotated``, counts only).
+
+    Raises:
+        MasterKeyError: ``codec`` has no keys.
+        Conflict: pending rows are still in clear (run ``inturn keys encrypt-existing``).
+        psycopg.Error: the batch in progress is rolled back; what is done stays done.
+    """
+    if not codec.enabled or codec.store is None:
+        raise MasterKeyError("rotate-index needs --payload-keys and --key-dsn")
+    if await sealing.plaintext_pending(conn):
+        raise Conflict("pending rows are still in clear: run `inturn keys encrypt-existing` first")
+    rows = keys = 0
+    if not codec.rotation:
+        await codec.begin_index_rotation()
+        progress(f"blind index key generation {codec.generation}: both forms written from now")
+    if codec.rotation == "dual":
+        await asyncio.sleep(settle_seconds)  # every process takes the new key meanwhile
+        await codec.store.setting(
+            INDEX_ROTATION_SETTLED, datetime.now(UTC).isoformat(timespec="microseconds")
+        )
+        r, k = await _reindex(conn, codec, batch=batch, progress=progress)
+        rows, keys = rows + r, keys + k
+        await codec.set_rotation_phase("single")
+        progress("every row and key holds both forms: the new form alone from now")
+    if codec.rotation == "single":
+        await asyncio.sleep(settle_seconds)
+        r, k = await _reindex(conn, codec, batch=batch, progress=progress)
+        rows, keys = rows + r, keys + k
+        await codec.set_rotation_phase("retired")
+    settled = await codec.store.setting(
+        INDEX_ROTATION_SETTLED, datetime.now(UTC).isoformat(timespec="microseconds")
+    )
+    unreached = await codec.store.unreached(settled, codec.generation)
+    open_orders = await sealing.open_orders_before(conn, settled)
+    finished = unreached == 0 and open_orders == 0
+    if finished:
+        await codec.end_index_rotation()
+        progress("the previous blind index key is destroyed")
+    else:
+        progress(
+            f"the previous blind index key is kept, only to find {unreached} patient key(s) no"
+            f" stored message names and {open_orders} awaited order reply(ies): run it again"
+            " once those are gone"
+        )
+    async with conn.transaction():
+        await audit.record(
+            conn,
+            who=actor,
+            action="index-rotated" if finished else "index-rotation-kept",
+            why=(
+                f"generation {codec.generation}: {rows} row(s), {keys} key(s) re-indexed;"
+                f" {unreached} unreached key(s), {open_orders} open order(s)"
+            ),
+        )
+    return IndexRotation(codec.generation, rows, keys, unreached, open_orders, finished)

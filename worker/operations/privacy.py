@@ -276,13 +276,16 @@ async def require_blind_index(conn: AsyncConnection[Any], payloads: PayloadCodec
     seals payloads (``inturn_payload_keys``, written by the first process that sealed one):
     without the keys, it would read only the plain index forms and report that nothing was
     found. Every lookup and erasure by patient calls it (:func:`patient_lookup`,
-    :func:`find_for_erasure`); a database that never sealed answers as before.
+    :func:`find_for_erasure`); a database that never sealed answers as before. With keys, it
+    takes a blind index key rotated since the process started (one key store read).
 
     Raises:
         PayloadKeysMissing: ``payloads`` has no keys and payloads are sealed here (one line
             naming ``--payload-keys``).
     """
     if payloads is not None and payloads.enabled:
+        # a long-running process (the console) takes a rotated blind index key first
+        await payloads.refresh_index()
         return
     if await sealing.in_use(conn):
         raise PayloadKeysMissing(NEEDS_KEYS)

@@ -289,6 +289,36 @@ class PgKeyStore:
             )
             return cur.rowcount == 1
 
+    async def settings(self, names: Sequence[str]) -> dict[str, str]:
+        """The recorded values of ``names`` (absent ones left out)."""
+        rows = await self._rows("settings", {"names": list(names)})
+        return {str(r["name"]): str(r["value"]) for r in rows}
+
+    async def begin_index_rotation(self, old: str, new: str, check: str, generation: int) -> bool:
+        """Make ``new`` (a wrapped index key) the current index key and ``old`` the previous
+        one, in one statement, if ``old`` is still the current one; False when it was not."""
+        params = {"old": old, "new": new, "check": check, "generation": str(generation)}
+        rows = await self._rows("begin_index_rotation", params)
+        return bool(rows and int(rows[0]["changed"]))
+
+    async def set_lookups(self, ref: bytes, lookups: Sequence[str], generation: int) -> bool:
+        """Replace a key's erasure lookups by ones computed under index ``generation``."""
+        params = {"ref": ref, "lookups": ",".join(lookups), "generation": generation}
+        async with self._lock:
+            conn = await self._connection()
+            self.round_trips += 1
+            cur = await conn.execute(Q["set_lookups"], params)
+            return cur.rowcount == 1
+
+    async def unreached(self, settled: str, generation: int) -> int:
+        """Patient keys made before ``settled`` whose lookups are under an older generation."""
+        rows = await self._rows("unreached", {"settled": settled, "generation": generation})
+        return int(rows[0]["keys"])
+
+    async def end_index_rotation(self) -> bool:
+        """Destroy the previous index key (its setting) and the rotation's state."""
+        return bool(await self._rows("end_index_rotation", {}))
+
     async def masters(self) -> Mapping[str, int]:
         return {str(r["master_id"]): int(r["keys"]) for r in await self._rows("masters", {})}
 

@@ -236,7 +236,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     # erasure deletes them.
     "inturn_history": {
         "sweeper": (NO_PATIENT_DATA,),
-        "admin": (SELECT, DELETE),
+        # an erasure deletes; a rotation of the blind index key rewrites the patient index
+        "admin": (SELECT, Grant("UPDATE", ("patient_keys",)), DELETE),
         "reader": (NO_PATIENT_DATA,),
     },
     # What the maintenance job was last told and when it ran: its alerts' facts.

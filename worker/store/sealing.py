@@ -14,6 +14,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
+from inturn.worker.errors import Invalid
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("sealing.sql")
@@ -87,3 +88,73 @@ async def in_use(conn: AsyncConnection[Any]) -> bool:
     index, and so the payload keys). One index probe of a table of at most one row."""
     row = await fetch_one(conn, Q["in_use"], row=dict_row)
     return bool(row and row["found"])
+
+
+#: The tables ``inturn keys rotate-index`` re-indexes, in order (the log before the slim rows
+#: that copy its keys).
+INDEXED_TABLES = ("delivery", "history", "message")
+QUERIES_BY_TABLE = {
+    "delivery": Q["index_batch_delivery"],
+    "history": Q["index_batch_history"],
+    "message": Q["index_batch_message"],
+}
+
+
+async def index_batch(
+    conn: AsyncConnection[Any], table: str, *, after: int, limit: int
+) -> list[tuple[int, int, str, bytes, str]]:
+    """Rows of ``table`` (one of :data:`INDEXED_TABLES`) whose payload is an envelope of their
+    own, by id after ``after``: ``(id, seal id, seal scope, envelope, keys)``, at most
+    ``limit``.
+
+    Raises:
+        Invalid: an unknown table.
+    """
+    if table not in INDEXED_TABLES:
+        raise Invalid(f"not an indexed table: {table!r}")
+    rows = await fetch_all(
+        conn, QUERIES_BY_TABLE[table], {"after": after, "limit": limit}, row=dict_row
+    )
+    return [
+        (
+            int(r["id"]),
+            int(r["seal_id"]),
+            str(r["seal_scope"]),
+            bytes(r["payload"]),
+            r["keys"] or "",
+        )
+        for r in rows
+    ]
+
+
+async def set_table_keys(
+    conn: AsyncConnection[Any], table: str, rows: Sequence[tuple[int, str]]
+) -> int:
+    """Set ``patient_keys`` of ``(id, comma-separated keys)`` rows of ``table``; the count.
+
+    Raises:
+        Invalid: an unknown table.
+    """
+    if table == "delivery":
+        return await set_keys(conn, rows)
+    if table not in INDEXED_TABLES:
+        raise Invalid(f"not an indexed table: {table!r}")
+    if not rows:
+        return 0
+    params = {"ids": [r[0] for r in rows], "keys": [r[1] for r in rows]}
+    cur = await conn.execute(
+        Q["set_keys_history" if table == "history" else "set_keys_message"], params
+    )
+    return max(cur.rowcount, 0)
+
+
+async def copy_slim_keys(conn: AsyncConnection[Any]) -> int:
+    """Slim rows take their log row's index keys; how many changed."""
+    row = await fetch_one(conn, Q["slim_keys"], row=dict_row)
+    return int(row["changed"]) if row else 0
+
+
+async def open_orders_before(conn: AsyncConnection[Any], settled: str) -> int:
+    """Expected order replies still open that were recorded before ``settled``."""
+    row = await fetch_one(conn, Q["open_orders_before"], {"settled": settled}, row=dict_row)
+    return int(row["open"]) if row else 0

@@ -22,6 +22,9 @@ CREATE TABLE IF NOT EXISTS inturn_key_setting (
     name text PRIMARY KEY,
     value text NOT NULL
 );
+-- The blind index generation a key's lookups were last computed under (`inturn keys
+-- rotate-index`); NULL for a key made before the first rotation or not reached by one.
+ALTER TABLE inturn_key ADD COLUMN IF NOT EXISTS index_generation integer;
 CREATE TABLE IF NOT EXISTS inturn_key_erasure (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     erased_at timestamptz NOT NULL DEFAULT now(),
@@ -120,3 +123,51 @@ SELECT 1 AS one;
 UPDATE inturn_key_setting SET value = %(value)s
  WHERE name = %(name)s AND value = %(expected)s
 RETURNING value;
+
+-- name: settings
+-- Several settings at once (absent ones are not returned).
+SELECT name, value FROM inturn_key_setting WHERE name = ANY (%(names)s::text[]);
+
+-- name: begin_index_rotation
+-- `inturn keys rotate-index`, its first step, in one statement: the new index key becomes the
+-- current one and the old one the previous, only if the current one is still the expected one
+-- (two runs at once: one wins). Returns how many settings were written (0: lost the race).
+WITH cur AS (
+    SELECT value FROM inturn_key_setting
+     WHERE name = 'index_wrapped' AND value = %(old)s
+       AND set_config('synchronous_commit', 'on', true) = 'on'
+       FOR UPDATE
+), put AS (
+    INSERT INTO inturn_key_setting (name, value)
+    SELECT s.name, s.value
+      FROM cur, (VALUES ('index_wrapped', %(new)s::text), ('index_check', %(check)s::text),
+                        ('index_previous', %(old)s::text), ('index_rotation', 'dual'),
+                        ('index_generation', %(generation)s::text),
+                        ('index_rotation_started', now()::text)) AS s(name, value)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value
+    RETURNING 1
+)
+SELECT count(*)::int AS changed FROM put;
+
+-- name: set_lookups
+-- A patient key's erasure lookups, recomputed under the index generation given.
+UPDATE inturn_key
+   SET lookups = string_to_array(%(lookups)s, ','), index_generation = %(generation)s
+ WHERE ref = %(ref)s AND set_config('synchronous_commit', 'on', true) = 'on';
+
+-- name: unreached
+-- Patient keys made before the rotation settled whose lookups it has not recomputed: no stored
+-- message names them any more (their messages were purged), so only the previous index key
+-- finds them for an erasure.
+SELECT count(*)::int AS keys
+  FROM inturn_key
+ WHERE lookups <> '{}' AND created_at < %(settled)s::timestamptz
+   AND coalesce(index_generation, 1) < %(generation)s;
+
+-- name: end_index_rotation
+-- The previous index key destroyed: nothing needs it any more.
+DELETE FROM inturn_key_setting
+ WHERE name IN ('index_previous', 'index_rotation', 'index_rotation_started',
+                'index_rotation_settled')
+   AND set_config('synchronous_commit', 'on', true) = 'on'
+RETURNING name;

@@ -53,3 +53,70 @@ INSERT INTO inturn_payload_keys (one) VALUES (true) ON CONFLICT (one) DO NOTHING
 -- name: in_use
 -- Whether payloads were ever sealed here (one row at most: an index probe).
 SELECT EXISTS (SELECT 1 FROM inturn_payload_keys) AS found;
+
+-- `inturn keys rotate-index`: every row whose payload is an envelope of its own, by id after a
+-- keyset bound, with the binding it was sealed under and its index keys (the hot table, the
+-- history, the channel log); then the slim rows take their log row's keys.
+
+-- name: index_batch_delivery
+SELECT id, coalesce(seal_id, id) AS seal_id, coalesce(seal_scope, destination) AS seal_scope,
+       payload, array_to_string(patient_keys, ',') AS keys
+  FROM inturn_delivery
+ WHERE id > %(after)s AND payload IS NOT NULL
+   AND substring(payload FROM 1 FOR 4) = '\x00696531'::bytea
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: index_batch_history
+SELECT id, coalesce(seal_id, id) AS seal_id, coalesce(seal_scope, destination) AS seal_scope,
+       payload, array_to_string(patient_keys, ',') AS keys
+  FROM inturn_history
+ WHERE id > %(after)s AND payload IS NOT NULL
+   AND substring(payload FROM 1 FOR 4) = '\x00696531'::bytea
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: index_batch_message
+SELECT id, coalesce(seal_id, id) AS seal_id,
+       coalesce(seal_scope, 'channel:' || channel) AS seal_scope,
+       payload, array_to_string(patient_keys, ',') AS keys
+  FROM inturn_message
+ WHERE id > %(after)s AND substring(payload FROM 1 FOR 4) = '\x00696531'::bytea
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: set_keys_history
+UPDATE inturn_history h
+   SET patient_keys = string_to_array(u.keys, ',')
+  FROM unnest(%(ids)s::bigint[], %(keys)s::text[]) AS u(id, keys)
+ WHERE h.id = u.id;
+
+-- name: set_keys_message
+UPDATE inturn_message m
+   SET patient_keys = string_to_array(u.keys, ',')
+  FROM unnest(%(ids)s::bigint[], %(keys)s::text[]) AS u(id, keys)
+ WHERE m.id = u.id;
+
+-- name: slim_keys
+-- Slim rows (hot and history) whose keys differ from their log row's: they take the log's.
+WITH hot AS (
+    UPDATE inturn_delivery d SET patient_keys = m.patient_keys
+      FROM inturn_message m
+     WHERE d.message_id = m.id AND d.payload IS NULL
+       AND d.patient_keys IS DISTINCT FROM m.patient_keys
+    RETURNING 1
+), old AS (
+    UPDATE inturn_history h SET patient_keys = m.patient_keys
+      FROM inturn_message m
+     WHERE h.message_id = m.id AND h.payload IS NULL
+       AND h.patient_keys IS DISTINCT FROM m.patient_keys
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM hot) + (SELECT count(*) FROM old) AS changed;
+
+-- name: open_orders_before
+-- Expected order replies still open that were recorded before the time given: their digests
+-- may be the previous index key's, which must stay until they are answered or given up.
+SELECT count(*)::int AS open
+  FROM inturn_order_expectation
+ WHERE answered_at IS NULL AND raised_at IS NULL AND delivered_at < %(settled)s::timestamptz;
