@@ -237,8 +237,8 @@ async def view_payload(
     found = await reads.view_payload(conn, item_id, who=actor.name, why=reason)
     if found is None:
         raise NotFound(f"no item {item_id}")
-    destination, stored = found
-    return Payload(item_id, await (payloads or PayloadCodec()).open(item_id, destination, stored))
+    seal_id, scope = found.seal
+    return Payload(item_id, await (payloads or PayloadCodec()).open(seal_id, scope, found.payload))
 
 
 def patient_lookup_key(

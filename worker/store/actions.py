@@ -327,7 +327,8 @@ async def resend_many(
             return ResendOutcome((), tuple(refused), left_out)
         originals = [int(r["id"]) for r in chosen]
         plain = [
-            await codec.open(int(r["id"]), r["destination"], bytes(r["payload"])) for r in chosen
+            await codec.open(int(r["seal_id"]), str(r["seal_scope"]), bytes(r["payload"]))
+            for r in chosen
         ]
         keys = [",".join(codec.index_keys(p)) for p in plain]
         destinations = sorted({r["destination"] for r in chosen})

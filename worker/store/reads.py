@@ -9,6 +9,7 @@ statements are named queries of ``sql/queue.sql``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
@@ -133,11 +134,28 @@ async def payload(conn: AsyncConnection[Any], item_id: int) -> bytes | None:
     return bytes(row["payload"]) if row else None
 
 
+@dataclass(frozen=True)
+class StoredPayload:
+    """One item's stored bytes as a person asked to read them.
+
+    Attributes:
+        destination: the item's destination.
+        payload: its stored bytes (an envelope when encrypted: open it with ``seal``).
+        seal: ``(id, scope)`` the envelope is bound to: the item's own id and destination, or
+            its log row's id and ``channel:<name>`` (a slim row), or what a move recorded.
+    """
+
+    destination: str
+    payload: bytes
+    seal: tuple[int, str]
+
+
 async def view_payload(
     conn: AsyncConnection[Any], item_id: int, *, who: str, why: str | None = None
-) -> tuple[str, bytes] | None:
+) -> StoredPayload | None:
     """Return one item's destination and stored bytes (an envelope when encrypted: the caller
-    opens it) for a person to read, and record that ``who`` read them.
+    opens it with the binding returned), from the hot table or history, for a person to read,
+    and record that ``who`` read them.
 
     The audit entry (action ``view-payload``) is committed in the same transaction as the read,
     so no viewing goes unrecorded. Needs a writable connection. None when the item does not
@@ -155,7 +173,11 @@ async def view_payload(
             ids=[item_id],
             why=why,
         )
-    return str(row["destination"]), bytes(row["payload"])
+    return StoredPayload(
+        str(row["destination"]),
+        bytes(row["payload"]),
+        (int(row["seal_id"]), str(row["seal_scope"])),
+    )
 
 
 #: Audit action of a search by patient identifier (the identifier itself is never recorded).

@@ -415,57 +415,102 @@ VALUES (%(who)s, %(action)s, %(destination)s, %(ids)s, %(why)s);
 -- "before" is a keyset cursor (the last id of the previous page);
 -- run unprepared, so that each call is planned with its filters and control_id uses its index.
 -- It reads no patient key, so the reader role may run it (list_items_by_patient does).
-SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
-       resent_as, resent_from
-  FROM inturn_delivery
- WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
-   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
-   AND (%(state)s::text IS NULL OR state = %(state)s::text)
-   AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
-   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
- -- With an identifier filter, "id + 0" keeps the planner from walking the primary key backwards
- -- in the hope of meeting the few matches early (it reads the whole table when they are old):
- -- the identifier index finds them and they are sorted. The CASE folds away once planned.
- ORDER BY CASE WHEN %(control_id)s::text IS NULL THEN id ELSE id + 0 END DESC
+-- Finished items moved to history (migration 0034) are listed with the hot table's: each part
+-- gives its own first page, the two are merged.
+(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+        resent_as, resent_from
+   FROM inturn_delivery
+  WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+    AND (%(state)s::text IS NULL OR state = %(state)s::text)
+    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+  -- With an identifier filter, "id + 0" keeps the planner from walking the primary key
+  -- backwards in the hope of meeting the few matches early (it reads the whole table when they
+  -- are old): the identifier index finds them and they are sorted. The CASE folds away.
+  ORDER BY CASE WHEN %(control_id)s::text IS NULL THEN id ELSE id + 0 END DESC
+  LIMIT %(limit)s::bigint + %(offset)s::bigint)
+UNION ALL
+(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+        resent_as, resent_from
+   FROM inturn_history
+  WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+    AND (%(state)s::text IS NULL OR state = %(state)s::text)
+    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+  ORDER BY CASE WHEN %(control_id)s::text IS NULL THEN id ELSE id + 0 END DESC
+  LIMIT %(limit)s::bigint + %(offset)s::bigint)
+ ORDER BY id DESC
  LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: count_items
--- How many items list_items would find without its page bounds.
-SELECT count(*) AS total
-  FROM inturn_delivery
- WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
-   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
-   AND (%(state)s::text IS NULL OR state = %(state)s::text)
-   AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text);
+-- How many items list_items would find without its page bounds (hot table and history).
+SELECT (SELECT count(*)
+          FROM inturn_delivery
+         WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+           AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+           AND (%(state)s::text IS NULL OR state = %(state)s::text)
+           AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text))
+     + (SELECT count(*)
+          FROM inturn_history
+         WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+           AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+           AND (%(state)s::text IS NULL OR state = %(state)s::text)
+           AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)) AS total;
 
 -- name: list_items_by_patient
 -- list_items of one patient identifier index key (its GIN index finds them; "id + 0" as above).
 -- patient_key: the key's forms, comma-separated (plain and blind while both exist; any matches).
 -- also: ids found by reading the payloads of rows the index could not answer for (capped_batch,
 -- unindexed_batch), which the primary key finds.
-SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
-  FROM inturn_delivery
- WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
-        OR id = ANY(%(also)s::bigint[]))
-   AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
-   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
-   AND (%(state)s::text IS NULL OR state = %(state)s::text)
-   AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
-   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
- ORDER BY id + 0 DESC
+(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+   FROM inturn_delivery
+  WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
+         OR id = ANY(%(also)s::bigint[]))
+    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+    AND (%(state)s::text IS NULL OR state = %(state)s::text)
+    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+  ORDER BY id + 0 DESC
+  LIMIT %(limit)s::bigint + %(offset)s::bigint)
+UNION ALL
+(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+   FROM inturn_history
+  WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
+         OR id = ANY(%(also)s::bigint[]))
+    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+    AND (%(state)s::text IS NULL OR state = %(state)s::text)
+    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+  ORDER BY id + 0 DESC
+  LIMIT %(limit)s::bigint + %(offset)s::bigint)
+ ORDER BY id DESC
  LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: count_items_by_patient
-SELECT count(*) AS total
-  FROM inturn_delivery
- WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
-        OR id = ANY(%(also)s::bigint[]))
-   AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
-   AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
-   AND (%(state)s::text IS NULL OR state = %(state)s::text)
-   AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text);
+SELECT (SELECT count(*)
+          FROM inturn_delivery
+         WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
+                OR id = ANY(%(also)s::bigint[]))
+           AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+           AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+           AND (%(state)s::text IS NULL OR state = %(state)s::text)
+           AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text))
+     + (SELECT count(*)
+          FROM inturn_history
+         WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
+                OR id = ANY(%(also)s::bigint[]))
+           AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+           AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+           AND (%(state)s::text IS NULL OR state = %(state)s::text)
+           AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)) AS total;
 
 -- name: scan_payloads
 -- Keyset pages of every held item with its payload (a data-subject search without the index).
@@ -476,17 +521,42 @@ SELECT id, destination, channel, state, message_type, payload
  LIMIT %(batch)s;
 
 -- name: get_item
-SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
-       resent_as, resent_from
-  FROM inturn_delivery WHERE id = %(id)s;
+-- The hot table's row, else the history's (a finished item moved there).
+(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+        resent_as, resent_from
+   FROM inturn_delivery WHERE id = %(id)s)
+UNION ALL
+(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+        resent_as, resent_from
+   FROM inturn_history WHERE id = %(id)s)
+LIMIT 1;
 
 -- name: get_for_resend
--- The items to resend, oldest first (original order), locked against a second resend racing.
-SELECT id, channel, destination, control_id, message_type, payload, state, resent_as
-  FROM inturn_delivery WHERE id = ANY(%(ids)s::bigint[])
- ORDER BY id
-   FOR UPDATE;
+-- The items to resend, oldest first (original order), locked against a second resend racing,
+-- from the hot table and from history; a slim row's payload is its log row's, each with the
+-- binding it was sealed under.
+WITH hot AS (
+    SELECT id, channel, destination, control_id, message_type, payload, state, resent_as,
+           seal_id, seal_scope, message_id
+      FROM inturn_delivery WHERE id = ANY(%(ids)s::bigint[])
+       FOR UPDATE
+), old AS (
+    SELECT id, channel, destination, control_id, message_type, payload, state, resent_as,
+           seal_id, seal_scope, message_id
+      FROM inturn_history WHERE id = ANY(%(ids)s::bigint[])
+       FOR UPDATE
+)
+SELECT o.id, o.channel, o.destination, o.control_id, o.message_type,
+       coalesce(o.payload, m.payload) AS payload, o.state, o.resent_as,
+       CASE WHEN o.payload IS NOT NULL THEN coalesce(o.seal_id, o.id)
+            ELSE coalesce(m.seal_id, m.id) END AS seal_id,
+       CASE WHEN o.payload IS NOT NULL THEN coalesce(o.seal_scope, o.destination)
+            ELSE coalesce(m.seal_scope, 'channel:' || m.channel) END AS seal_scope
+  FROM (SELECT * FROM hot UNION ALL SELECT * FROM old) AS o
+  LEFT JOIN inturn_message m ON m.id = o.message_id AND o.payload IS NULL
+ ORDER BY o.id;
 
 -- name: lock_and_draw_ids
 -- A resend's first write: the enqueue locks of its destinations (sorted, as every enqueue takes
@@ -521,7 +591,12 @@ inserted AS (
     OVERRIDING SYSTEM VALUE
     SELECT c.id, o.destination, o.channel, o.control_id, o.message_type, c.payload, c.size,
            string_to_array(c.keys, ','), c.original
-      FROM copy c JOIN inturn_delivery o ON o.id = c.original
+      FROM copy c
+      JOIN (SELECT id, destination, channel, control_id, message_type FROM inturn_delivery
+             WHERE id = ANY(%(originals)s::bigint[])
+            UNION ALL
+            SELECT id, destination, channel, control_id, message_type FROM inturn_history
+             WHERE id = ANY(%(originals)s::bigint[])) AS o ON o.id = c.original
      WHERE (SELECT flag FROM audited) = 'on'
      ORDER BY c.id
     RETURNING id
@@ -576,10 +651,30 @@ SELECT record_key
  LIMIT %(limit)s;
 
 -- name: payload
-SELECT payload FROM inturn_delivery WHERE id = %(id)s;
+-- One item's stored bytes: its own, or (a slim row) its log row's; the hot table's, else
+-- history's.
+SELECT coalesce(d.payload, m.payload) AS payload
+  FROM ((SELECT payload, message_id FROM inturn_delivery WHERE id = %(id)s)
+        UNION ALL
+        (SELECT payload, message_id FROM inturn_history WHERE id = %(id)s)
+        LIMIT 1) AS d
+  LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL;
 
 -- name: payload_of
-SELECT payload, destination FROM inturn_delivery WHERE id = %(id)s;
+-- payload, with the item's destination and the binding its envelope was sealed under (its own
+-- id and destination unless seal_id/seal_scope say otherwise; a log row's id and channel).
+SELECT coalesce(d.payload, m.payload) AS payload, d.destination,
+       CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_id, d.id)
+            ELSE coalesce(m.seal_id, m.id) END AS seal_id,
+       CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_scope, d.destination)
+            ELSE coalesce(m.seal_scope, 'channel:' || m.channel) END AS seal_scope
+  FROM ((SELECT id, destination, payload, seal_id, seal_scope, message_id
+           FROM inturn_delivery WHERE id = %(id)s)
+        UNION ALL
+        (SELECT id, destination, payload, seal_id, seal_scope, message_id
+           FROM inturn_history WHERE id = %(id)s)
+        LIMIT 1) AS d
+  LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL;
 
 -- name: depth
 -- Per destination with anything pending or failed: the numbers to alert on, and its delivery
