@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/pooler.py
 	$(BIN)/python bench/console.py
 	$(BIN)/python bench/sweep.py
+	$(BIN)/python bench/retention.py
 	$(BIN)/python bench/weather.py
 	$(BIN)/python bench/failover.py
 	$(BIN)/python bench/partition.py

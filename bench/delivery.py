@@ -687,9 +687,14 @@ async def run_inturn(
     yardstick: str | None = None,
     traced: bool = False,
     keys: tuple[str, str] | None = None,
+    prepare: Callable[[str], Awaitable[None]] | None = None,
+    after: Callable[[str, Result], Awaitable[None]] | None = None,
 ) -> Result:
     """One drain of ``count`` messages by ``inturn worker`` (or, with ``yardstick`` naming one
-    of :data:`YARDSTICKS`, by that loop of :func:`floor_worker_main`) in a fresh database."""
+    of :data:`YARDSTICKS`, by that loop of :func:`floor_worker_main`) in a fresh database.
+    ``prepare(dsn)`` runs once it is migrated, before the messages are queued (another
+    benchmark's fill, e.g. ``bench/retention.py``'s history); ``after(dsn, result)`` once they
+    are delivered, before the database is dropped."""
     result = Result(label, count)
     items = build_messages(templates, "L" if prefill else "D", count)
     with (
@@ -700,6 +705,8 @@ async def run_inturn(
         if prefill:
             took = await fill_finished(dsn, prefill)
             print(f"  ({label}: {prefill:,} finished rows inserted and vacuumed in {took:.1f}s)")
+        if prepare is not None:
+            await prepare(dsn)
         result.enqueue_seconds = await enqueue_all(dsn, items, keys)
         async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
             result.plan = await head_plan(conn)
@@ -726,6 +733,8 @@ async def run_inturn(
                 env["OTEL_TRACES_EXPORTER"] = "otlp"
                 env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
             await drain(result, command, env, dsn, inturn_pending, expected, cap, ack_delay)
+        if after is not None:
+            await after(dsn, result)
     return result
 
 

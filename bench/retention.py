@@ -1,0 +1,292 @@
+"""Retention benchmark: a month of history beside the hot table, and days dropped whole.
+
+    .venv/bin/python bench/retention.py [--dsn DSN] [--days 10] [--rows-per-day 550000]
+                                        [--messages 3000]
+
+Three drains of ``--messages`` messages by a real ``inturn worker`` over MLLP (bench/delivery.py's
+drain, each in a fresh database): one with an empty history, one with ``--days`` days of
+history of ``--rows-per-day`` delivered rows each (``--days`` x ``--rows-per-day`` rows, 5
+million by default, **written directly** into ``inturn_history`` day by day, each day's
+partitions made and its epoch turned by the maintenance job's own functions, not sent through
+ingest), and the empty one again (so that a machine whose speed drifts moves both sides of the
+ratio). In the database with history, after its drain:
+
+* the maintenance moves the delivered messages out of the hot table (hot window 0), then the
+  hot set's bytes (the table, its indexes and TOAST) against the empty run's, and the whole
+  history's bytes and rows;
+* the head query's execution time (``EXPLAIN ANALYZE``), and lookups by MSH-10 and by patient
+  over hot table and history (``inturn queue list``'s statements), median of 50;
+* days dropped one at a time (DETACH and DROP of a day's log and history partitions): the
+  seconds, the WAL bytes and the rows of each, the first day holding a tenth of the others
+  (the drop's time does not follow its rows);
+* dead tuples left by the drops (none: a dropped partition leaves nothing to vacuum).
+
+Targets (issue 37): a day dropped in under 1 s whatever it holds; the hot set the same size
+with 5 million rows of history as without; delivery with 5 million rows of history at least
+0.95 of the empty database's rate; no dead tuples from retention. The delivered mark is not
+changed by the history (the same statement: ``bench/delivery.py`` measures it).
+
+Asserts nothing. The server is ``--dsn`` / ``INTURN_DSN``, else an embedded Postgres.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from psycopg import AsyncConnection
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+
+import corpus  # noqa: E402
+import delivery  # noqa: E402  (the drain and the database helpers)
+from figures import emit, parse_args  # noqa: E402
+
+from inturn.worker.store import history, reads  # noqa: E402
+
+WIDTH = 1 << 40
+HISTORY_DESTINATIONS = 20
+PATIENTS = 200_000
+TINY = {"days": 3, "rows_per_day": 2000, "messages": 200, "cap": 60.0}
+
+
+async def never_stop() -> bool:
+    return True
+
+
+async def wal_lsn(conn: AsyncConnection[Any]) -> int:
+    cur = await conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def fill_history(dsn: str, days: int, rows_per_day: int) -> float:
+    """``days`` days of delivered rows in history, the first a tenth of the others, each in its
+    own epoch (partitions made and epochs turned by the maintenance's functions); seconds."""
+    started = time.perf_counter()
+    settings = history.Settings(retention_seconds=86400 * 365, epoch_seconds=60)
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for day in range(days):
+            held = [e for e in await history.epochs(conn) if e.closed_at is None and e.opened_at]
+            lo = held[-1].lo
+            rows = max(1, rows_per_day // 10) if day == 0 else rows_per_day
+            await conn.execute(
+                """
+                INSERT INTO inturn_history
+                    (id, message_id, destination, channel, control_id, message_type, payload,
+                     size, state, attempts, enqueued_at, next_attempt, last_attempt,
+                     finished_at, patient_keys)
+                SELECT %(lo)s + g, %(lo)s + g, 'bench/h' || (g %% %(dests)s), 'adt',
+                       'H' || %(day)s || '-' || g, 'ADT^A01', %(payload)s, 256, 'delivered', 1,
+                       now(), now(), now(), now(), ARRAY[md5((g %% %(patients)s)::text)]
+                  FROM generate_series(0, %(rows)s - 1) AS g
+                """,
+                {
+                    "lo": lo,
+                    "dests": HISTORY_DESTINATIONS,
+                    "day": day,
+                    "payload": b"x" * 256,
+                    "patients": PATIENTS,
+                    "rows": rows,
+                },
+            )
+            if day < days - 1:  # the next day: its epoch opened as the job turns it
+                await conn.execute(
+                    "UPDATE inturn_epoch SET opened_at = now() - interval '2 minutes'"
+                    " WHERE closed_at IS NULL AND opened_at IS NOT NULL"
+                )
+                await history.turn(conn, settings, history.Upkeep())
+        await conn.execute("VACUUM ANALYZE inturn_history")
+    return time.perf_counter() - started
+
+
+async def table_bytes(conn: AsyncConnection[Any], parent: str) -> tuple[int, int]:
+    """Bytes (indexes and TOAST included) and live rows of a table and its partitions."""
+    cur = await conn.execute(
+        """
+        SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+          FROM pg_class c
+         WHERE c.oid = %(t)s::regclass
+            OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = %(t)s::regclass)
+        """,
+        {"t": parent},
+    )
+    row = await cur.fetchone()
+    count = await conn.execute(f"SELECT count(*) FROM {parent}")  # our own table names
+    rows = await count.fetchone()
+    return (int(row[0]) if row else 0), (int(rows[0]) if rows else 0)
+
+
+async def move_hot(dsn: str) -> int:
+    settings = history.Settings(retention_seconds=86400 * 365, hot_seconds=0)
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        moved = await history.move(conn, settings, never_stop)
+        await conn.execute("VACUUM ANALYZE inturn_delivery")
+    return moved
+
+
+async def timed(calls: int, run: Any) -> float:
+    """Median seconds of ``calls`` awaited calls of ``run(i)``."""
+    took = []
+    for i in range(calls):
+        started = time.perf_counter()
+        await run(i)
+        took.append(time.perf_counter() - started)
+    return statistics.median(took)
+
+
+async def measure(dsn: str, days: int, rows_per_day: int, report: dict[str, Any]) -> None:
+    """The figures of the database with history, after its drain (see the module text)."""
+    report["moved"] = await move_hot(dsn)
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        report["hot_bytes"], _ = await table_bytes(conn, "inturn_delivery")
+        report["history_bytes"], report["history_rows"] = await table_bytes(conn, "inturn_history")
+        params = {"destination": delivery.DESTINATION, "after": 0, "holder": "b", "epoch": 0}
+        cur = await conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + delivery.queue.Q["head"], params
+        )
+        row = await cur.fetchone()
+        report["head_ms"] = float(row[0][0]["Execution Time"]) if row else None
+
+        async def by_msh10(i: int) -> None:
+            day = i % days
+            await reads.list_items(conn, control_id=f"H{day}-{(i * 7919) % 100}", limit=10)
+
+        async def by_patient(i: int) -> None:
+            await reads.list_items(conn, patient_key=f"{(i * 104729) % PATIENTS}", limit=10)
+
+        report["lookup_msh10_ms"] = await timed(50, by_msh10) * 1e3
+        report["lookup_patient_ms"] = await timed(50, by_patient) * 1e3
+        drops = []
+        for epoch in [e for e in await history.epochs(conn) if e.closed_at is not None][:2]:
+            await conn.execute(
+                "UPDATE inturn_epoch SET closed_at = now() - interval '40 days' WHERE n = %s",
+                (epoch.n,),
+            )
+            before = await wal_lsn(conn)
+            upkeep = history.Upkeep()
+            started = time.perf_counter()
+            await history.drop_due(
+                conn,
+                history.Settings(retention_seconds=86400 * 30),
+                upkeep,
+                never_stop,
+                "bench",
+            )
+            seconds = time.perf_counter() - started
+            wal = await wal_lsn(conn) - before
+            rows = sum(d.history_rows + d.log_rows for d in upkeep.dropped)
+            drops.append({"epoch": epoch.n, "rows": rows, "seconds": seconds, "wal_bytes": wal})
+        report["drops"] = drops
+        cur = await conn.execute(
+            "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables"
+            " WHERE relname LIKE 'inturn_history%%' OR relname LIKE 'inturn_message%%'"
+        )
+        row = await cur.fetchone()
+        report["dead_tuples_history"] = int(row[0]) if row else 0
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    source = corpus.load(args.samples)
+    templates, _ = delivery.load_templates(source)
+    if not templates:
+        print(f"no usable messages: {source.where}", file=sys.stderr)
+        return 2
+    print(source.describe())
+    total = args.rows_per_day * (args.days - 1) + max(1, args.rows_per_day // 10)
+    print(
+        f"history: {args.days} days, {total:,} rows written directly (not sent through ingest);"
+        f" drains of {args.messages:,} messages by a real worker"
+    )
+    with delivery.postgres_server(args.dsn) as (server_dsn, _):
+        figures: dict[str, Any] = {}
+        empty_hot: list[int] = []
+
+        async def fill(dsn: str) -> None:
+            took = await fill_history(dsn, args.days, args.rows_per_day)
+            print(f"  (history filled in {took:.1f}s)")
+
+        async def after_history(dsn: str, result: delivery.Result) -> None:
+            await measure(dsn, args.days, args.rows_per_day, figures)
+
+        async def after_empty(dsn: str, result: delivery.Result) -> None:
+            await move_hot(dsn)
+            async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+                empty_hot.append((await table_bytes(conn, "inturn_delivery"))[0])
+
+        rates = {}
+        for label, kw in (
+            ("empty", {"after": after_empty}),
+            ("history", {"prepare": fill, "after": after_history}),
+            ("empty-again", {"after": after_empty}),
+        ):
+            result = await delivery.run_inturn(
+                server_dsn, label, templates, args.messages, args.cap, **kw
+            )
+            for line in result.lines():
+                print(line)
+            rates[label] = result.rate
+    empty_rate = statistics.mean([rates["empty"], rates["empty-again"]])
+    ratio = rates["history"] / empty_rate if empty_rate else 0.0
+    hot_empty = statistics.mean(empty_hot) if empty_hot else 0
+    print(
+        f"delivery: {rates['history']:,.0f} msg/s with {figures['history_rows']:,} rows of"
+        f" history, {empty_rate:,.0f} without: ratio {ratio:.2f} (target >= 0.95)"
+    )
+    print(
+        f"hot set (table, indexes, TOAST) after the move: {figures['hot_bytes']:,} B with the"
+        f" history, {hot_empty:,.0f} B without (target: the same)"
+    )
+    print(
+        f"history: {figures['history_bytes'] / 2**20:,.1f} MiB, {figures['history_rows']:,} rows;"
+        f" head query {figures['head_ms']:.3f} ms; lookup by MSH-10"
+        f" {figures['lookup_msh10_ms']:.2f} ms, by patient {figures['lookup_patient_ms']:.2f} ms"
+        " (medians of 50, hot table and history)"
+    )
+    for d in figures["drops"]:
+        print(
+            f"day dropped (epoch {d['epoch']}): {d['rows']:,} rows in {d['seconds'] * 1e3:.0f} ms,"
+            f" WAL {d['wal_bytes']:,} B (target < 1 s, not following the rows)"
+        )
+    print(f"dead tuples left in history and log by the drops: {figures['dead_tuples_history']}")
+    emit(
+        "retention",
+        {
+            "messages": source.source,
+            "history_rows": figures["history_rows"],
+            "rate_ratio": round(ratio, 3),
+            "hot_bytes_history": figures["hot_bytes"],
+            "hot_bytes_empty": hot_empty,
+            "head_ms": figures["head_ms"],
+            "lookup_msh10_ms": figures["lookup_msh10_ms"],
+            "lookup_patient_ms": figures["lookup_patient_ms"],
+            "drops": figures["drops"],
+            "dead_tuples": figures["dead_tuples_history"],
+        },
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--dsn", default=os.environ.get("INTURN_DSN"))
+    parser.add_argument("--samples", type=Path, default=None)
+    parser.add_argument("--days", type=int, default=10)
+    parser.add_argument("--rows-per-day", type=int, default=550_000)
+    parser.add_argument("--messages", type=int, default=3000)
+    parser.add_argument("--cap", type=float, default=300.0)
+    args = parse_args(parser, argv, TINY)
+    if args.days < 3:
+        parser.error("--days: at least 3 (two are dropped, one stays open)")
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
