@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 from typing import LiteralString
 
 import pytest
@@ -24,7 +25,7 @@ from inturn.worker.senders.tls import TlsConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
 from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
-from inturn.worker.testing import MllpReceiver
+from inturn.worker.testing import HttpReceiver, MllpReceiver
 from inturn.worker.worklist.delivery_rules import destination_stuck
 from tests.support.pipeline import register, until
 from tests.support.pipeline import worker as running
@@ -276,3 +277,123 @@ async def test_a_receiver_that_comes_back_is_found_within_a_probe_interval(fresh
     assert ids == [f"DOWN{n:03d}" for n in range(1, MESSAGES + 1)]
     rows = await fetch(fresh_db, "SELECT state, attempts FROM inturn_delivery ORDER BY id")
     assert rows == [("delivered", 1)] * MESSAGES
+
+
+async def _comes_back(
+    dsn: str, receiver: MllpReceiver | HttpReceiver, sender: object, lanes: int = 1
+) -> tuple[float, list[bytes]]:
+    """Hold the queue for a stopped receiver until its backoff reaches a minute, start it
+    again on its port; the seconds from its start to the first message, and what it got."""
+    await enqueue(dsn)
+    cfg = WorkerConfig(
+        destination=DEST,
+        channel="adt",
+        sender=sender,  # type: ignore[arg-type]
+        retry=LONG,
+        idle_seconds=120,
+        lanes=lanes,
+    )
+    async with running(cfg, dsn):
+        await until(lambda: head_tried(dsn, 1), timeout=30)
+        loop = asyncio.get_running_loop()
+        await receiver.start()
+        back = loop.time()
+        try:
+            while not receiver.received:
+                await asyncio.sleep(0.05)
+                assert loop.time() - back < 30
+            took = loop.time() - back
+            while len(receiver.received) < MESSAGES:
+                await asyncio.sleep(0.05)
+                assert loop.time() - back < 60
+        finally:
+            await receiver.stop()
+    return took, list(receiver.received)
+
+
+async def test_lanes_find_a_receiver_that_comes_back_within_a_probe_interval(
+    fresh_db: str,
+) -> None:
+    """The lanes probe an unreachable receiver too, and every row it held goes at once."""
+    from inturn.worker.drain.stream import PROBE_SECONDS
+
+    receiver = MllpReceiver()
+    await receiver.start()
+    port = receiver.port
+    await receiver.stop()
+    took, received = await _comes_back(
+        fresh_db, receiver, MllpSenderConfig("127.0.0.1", port), lanes=4
+    )
+    assert took < PROBE_SECONDS + 5
+    assert sorted(p.split(b"|")[9].decode() for p in received) == [
+        f"DOWN{n:03d}" for n in range(1, MESSAGES + 1)
+    ]
+    rows = await fetch(fresh_db, "SELECT state, attempts FROM inturn_delivery ORDER BY id")
+    assert rows == [("delivered", 1)] * MESSAGES
+
+
+async def test_an_http_receiver_that_comes_back_is_found_within_a_probe_interval(
+    fresh_db: str,
+) -> None:
+    from inturn.worker.drain.stream import PROBE_SECONDS
+
+    receiver = HttpReceiver()
+    await receiver.start()
+    port = receiver.port
+    await receiver.stop()
+    receiver = HttpReceiver(port=port)
+    took, received = await _comes_back(
+        fresh_db, receiver, HttpSenderConfig(f"http://127.0.0.1:{port}/hl7")
+    )
+    assert took < PROBE_SECONDS + 5
+    assert [p.split(b"|")[9].decode() for p in received] == [
+        f"DOWN{n:03d}" for n in range(1, MESSAGES + 1)
+    ]
+
+
+async def test_probes_connect_and_send_nothing(tmp_path: Path) -> None:
+    """An HTTP probe is a connect (and TLS for https), never a request; an SFTP probe reads the
+    server's SSH identification line and logs in to nothing; a closed port or a server that is
+    not SSH is not reachable."""
+    from inturn.worker.senders.sftp import SftpSender, SftpSenderConfig
+    from tests.support.sftp_server import SftpServer
+
+    async with HttpReceiver() as http:
+        sender = HttpSender(HttpSenderConfig(f"http://127.0.0.1:{http.port}/hl7"))
+        assert await sender.probe() is True
+        assert http.received == []
+    assert await sender.probe() is False  # stopped: refused
+    async with SftpServer(tmp_path) as server:
+        config = SftpSenderConfig(
+            host="127.0.0.1",
+            port=server.port,
+            username="partner",
+            directory="inbox",
+            private_key_file=str(server.secret_dir / "id_ed25519"),
+            known_hosts_file=str(server.secret_dir / "known_hosts"),
+        )
+        sftp = SftpSender(config)
+        assert await sftp.probe() is True
+        assert sftp.connections_opened == 0 and server.files() == []
+    assert await SftpSender(config).probe() is False
+    not_ssh = await asyncio.start_server(_say_http, "127.0.0.1", 0)
+    port = not_ssh.sockets[0].getsockname()[1]
+    try:
+        other = SftpSenderConfig(
+            host="127.0.0.1",
+            port=port,
+            username="partner",
+            directory="inbox",
+            private_key_file=config.private_key_file,
+            known_hosts_file=config.known_hosts_file,
+        )
+        assert await SftpSender(other).probe() is False
+    finally:
+        not_ssh.close()
+        await not_ssh.wait_closed()
+
+
+async def _say_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    await writer.drain()
+    writer.close()

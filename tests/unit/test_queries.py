@@ -71,7 +71,8 @@ def test_the_worker_statements_share_one_lease_guard() -> None:
     guarded = sorted(name for name, query in queue.items() if "inturn_lease" in query)
     assert guarded == sorted(
         ["head", "succeeded_next", "succeeded_next_expecting", "retry", "succeeded", "gave_up",
-         "sender_changed", "pending_window", "take", "make_due", "pull_lock", "pull",
+         "sender_changed", "pending_window", "take", "make_due", "make_due_unreachable",
+         "pull_lock", "pull",
          "mark_remembered"]
     )  # fmt: skip
     guard = (

@@ -225,7 +225,29 @@ class LaneDrain:
             else:
                 await self.w._report_depth(self.conn, self.stop)
             soonest = min(t for t in (idle, timeout, later) if t is not None)
+            if self.w._unreachable_run and not self.flights and await self._probe(soonest):
+                continue  # the receiver is back: what it held goes now
             await self._wait(self.w._idle_for(soonest) if not self.flights else soonest)
+
+    async def _probe(self, seconds: float) -> bool:
+        """While every lane waits out the backoff of an unreachable receiver: probe it (as the
+        single stream does, :meth:`SingleStream._probe_until`) for up to ``seconds``; once it
+        accepts a connection, the rows it held are due at once (the window's and the table's)
+        and True is returned. Rows backing off after a refusal keep their backoff."""
+        if not await self.w._probe_until(self.stop, seconds):
+            return False
+        made = await self.w._guarded(
+            self.conn,
+            self.stop,
+            "head",
+            lambda: delivery.make_due_unreachable(self.conn, self.w.destination, lease=self.lease),
+        )
+        now = time.monotonic()
+        for item_id in made:
+            entry = self.window.get(item_id)
+            if entry is not None:
+                self.window[item_id] = Entry(item_id, entry.keys, now)
+        return True
 
     async def _start(self) -> float | None:
         """Plan, take and start what may go now; the seconds after which to look again."""

@@ -11,6 +11,7 @@ aiohttp is imported by the sender itself, so a worker of another kind never load
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Iterable, Mapping
@@ -173,6 +174,42 @@ class HttpSender:
             text = str(exc) or type(exc).__name__
             cause: FailureCause = "connection" if self._responded else "unreachable"
             raise DeliveryError(cause, f"{type(exc).__name__}: {text}") from None
+
+    async def probe(self) -> bool:
+        """Whether the receiver accepts a connection now: TCP to the URL's host and port, and
+        the TLS handshake for ``https`` (with this sender's TLS settings), sending nothing (no
+        request: a probe must never be a delivery). Bound it with a timeout: a connect may hang
+        as long as the network lets it."""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.config.url)
+        secure = parts.scheme == "https"
+        host = parts.hostname or ""
+        try:
+            port = parts.port or (443 if secure else 80)
+        except ValueError:
+            return False
+        tls = self.config.tls
+        context: ssl.SSLContext | None = None
+        if secure:
+            context = (
+                self._ssl if isinstance(self._ssl, ssl.SSLContext) else ssl.create_default_context()
+            )
+        try:
+            _, writer = await asyncio.open_connection(
+                host,
+                port,
+                ssl=context,
+                server_hostname=(tls.server_name if tls and tls.server_name else host)
+                if context
+                else None,
+            )
+        except (OSError, ssl.SSLError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await writer.wait_closed()
+        return True
 
     async def _post(
         self, body: bytes, headers: dict[str, str], server_hostname: str | None

@@ -156,6 +156,26 @@ class SftpSender:
             }
         )
 
+    async def probe(self) -> bool:
+        """Whether the SFTP server accepts a connection now: TCP to its host and port and its
+        SSH identification line (RFC 4253 section 4.2), no login and nothing written (a
+        connection already open counts). Bound it with a timeout."""
+        if self._conn is not None and not self._conn.is_closed():
+            return True
+        try:
+            reader, writer = await asyncio.open_connection(self.config.host, self.config.port)
+        except OSError:
+            return False
+        try:
+            line = await reader.readline()
+        except OSError:
+            line = b""
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        return line.startswith(b"SSH-")
+
     async def _client(self) -> asyncssh.SFTPClient:
         import asyncssh
 

@@ -160,6 +160,23 @@ async def make_due(conn: AsyncConnection[Any], destination: str, *, lease: Lease
     return bool(row["changed"])
 
 
+async def make_due_unreachable(
+    conn: AsyncConnection[Any], destination: str, *, lease: Lease
+) -> list[int]:
+    """Make every pending row of ``destination`` held for an unreachable receiver due now (a
+    probe found it reachable again; the lanes' counterpart of :func:`make_due`); rows backing
+    off after a refusal keep their backoff, no attempt is recorded. Returns the ids made due.
+    Renews ``lease``.
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing changed.
+    """
+    row = await fetch_one(conn, Q["make_due_unreachable"], _guard(destination, lease), row=dict_row)
+    if row is None or not row["held"]:
+        raise LeaseLost(lease, "making the held rows due")
+    return [int(i) for i in row["ids"] or ()]
+
+
 async def poll_head(conn: AsyncConnection[Any], destination: str) -> tuple[int | None, bool]:
     """The id of ``destination``'s head (None: nothing pending or on hold) and whether it is due:
     how a worker behind a pooler, which cannot LISTEN, looks for work between head queries.

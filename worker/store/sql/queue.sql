@@ -290,6 +290,23 @@ history AS (
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM history) AS changed;
 
+-- name: make_due_unreachable
+-- Every pending row of a destination held for an unreachable receiver is due now (the lanes: a
+-- probe found the receiver accepting connections again); a row backing off after a receiver's
+-- refusal keeps its backoff. No attempt is recorded; guarded by the lease.
+WITH lease AS (
+    -- include: lease_guard
+),
+due AS (
+    UPDATE inturn_delivery
+       SET next_attempt = clock_timestamp()
+     WHERE destination = %(destination)s AND state = 'pending'
+       AND next_attempt > clock_timestamp() AND starts_with(last_error, 'unreachable:')
+       AND EXISTS (SELECT 1 FROM lease)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM lease) AS held, (SELECT array_agg(id) FROM due) AS ids;
+
 -- name: make_due
 -- The head held for an unreachable receiver is due now: a probe found the receiver accepting
 -- connections again (inturn.worker.drain.stream). Touches only the head's next_attempt (no
