@@ -291,7 +291,12 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         # The head query honours a hold (suspend from the console or the CLI).
         # Its depth gauge shows the delivery window (spec.schedule) and lanes of a live
         # registration.
-        "worker": (Grant("SELECT", ("destination", "held_at", "schedule", "lanes", "deleted_at")),),
+        # Its depth counts the channel log's rows it has not pulled (inturn_unpulled): channel.
+        "worker": (
+            Grant(
+                "SELECT", ("destination", "channel", "held_at", "schedule", "lanes", "deleted_at")
+            ),
+        ),
         "operator": (SELECT, INSERT, UPDATE),
         "sweeper": (SELECT,),
         # Suspend and resume set or lift a hold; nothing else of the registry changes.
@@ -419,6 +424,11 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     # a destination's own worker login, made and dropped with its Destination (migration 0036)
     "inturn_worker_login(text,text)": ("operator", "admin"),
     "inturn_worker_logout(text)": ("operator", "admin"),
+    # the channel log's rows a destination has not pulled (migration 0038): depth, status,
+    # the console and /metrics count them; its pull without a lease, for people's actions
+    # (drain, erasure, resend) and the sweeper, which then act on rows as before
+    "inturn_unpulled(text)": ("worker", "operator", "sweeper", "admin", "reader"),
+    "inturn_pull_for(text,integer)": ("sweeper", "admin"),
     # what a destination's lanes hold, keys made anonymous, for those who may not read them
     "inturn_lane_window(text,integer)": ("reader", "operator"),
 }

@@ -695,27 +695,49 @@ SELECT coalesce(d.payload, m.payload) AS payload, d.destination,
 
 -- name: depth
 -- Per destination with anything pending or failed: the numbers to alert on, and its delivery
--- window (spec.schedule) so that a reader can say until when it is held.
-SELECT destination,
-       max(channel) AS channel,
-       count(*) FILTER (WHERE state = 'pending') AS pending,
-       count(*) FILTER (WHERE state = 'failed' AND resent_as IS NULL) AS failed,
-       min(enqueued_at) FILTER (WHERE state = 'pending') AS oldest,
-       coalesce(extract(epoch FROM clock_timestamp()
-                - min(enqueued_at) FILTER (WHERE state = 'pending')), 0)::float8 AS oldest_seconds,
-       coalesce(max(attempts) FILTER (WHERE state = 'pending'), 0) AS max_attempts,
+-- window (spec.schedule) so that a reader can say until when it is held. Pending counts the
+-- channel log's messages routed to it and not pulled yet (inturn_unpulled, migration 0038)
+-- beside its rows: the queue a person means, whether or not its worker has pulled.
+WITH q AS (
+    SELECT destination,
+           max(channel) AS channel,
+           count(*) FILTER (WHERE state = 'pending') AS pending,
+           count(*) FILTER (WHERE state = 'failed' AND resent_as IS NULL) AS failed,
+           min(enqueued_at) FILTER (WHERE state = 'pending') AS oldest,
+           coalesce(max(attempts) FILTER (WHERE state = 'pending'), 0) AS max_attempts
+      FROM inturn_delivery
+     WHERE state IN ('pending', 'failed')
+       AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+     GROUP BY destination
+),
+u AS (
+    SELECT destination, channel, pending, oldest FROM inturn_unpulled(%(destination)s::text)
+),
+t AS (
+    SELECT coalesce(q.destination, u.destination) AS destination,
+           coalesce(q.channel, u.channel) AS channel,
+           coalesce(q.pending, 0) + coalesce(u.pending, 0) AS pending,
+           coalesce(q.failed, 0) AS failed,
+           least(q.oldest, u.oldest) AS oldest,
+           coalesce(q.max_attempts, 0) AS max_attempts
+      FROM q FULL JOIN u ON u.destination = q.destination
+)
+SELECT t.destination, t.channel, t.pending, t.failed, t.oldest,
+       coalesce(extract(epoch FROM clock_timestamp() - t.oldest), 0)::float8 AS oldest_seconds,
+       t.max_attempts,
        (SELECT r.schedule FROM inturn_destination r
-         WHERE r.destination = q.destination AND r.deleted_at IS NULL) AS schedule,
+         WHERE r.destination = t.destination AND r.deleted_at IS NULL) AS schedule,
        coalesce((SELECT r.lanes FROM inturn_destination r
-                  WHERE r.destination = q.destination AND r.deleted_at IS NULL), 1) AS lanes
-  FROM inturn_delivery q
- WHERE state IN ('pending', 'failed')
-   AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
- GROUP BY destination
- ORDER BY destination;
+                  WHERE r.destination = t.destination AND r.deleted_at IS NULL), 1) AS lanes
+  FROM t
+ ORDER BY t.destination;
 
 -- name: pending_destinations
-SELECT DISTINCT destination FROM inturn_delivery WHERE state = 'pending' ORDER BY destination;
+-- Every destination with a pending row or a message of its channel's log not pulled yet.
+SELECT destination FROM inturn_delivery WHERE state = 'pending'
+UNION
+SELECT destination FROM inturn_unpulled(NULL)
+ ORDER BY destination;
 
 -- name: audit_list
 -- Newest first; optional filters (NULL: any): one destination, one item, entries below a cursor.

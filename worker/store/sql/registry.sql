@@ -100,7 +100,8 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
 
 -- name: status_depth
 -- One grouped query for every destination with something pending or failed, plus its head's
--- attempts and last error (the head is the pending row with the smallest id).
+-- attempts and last error (the head is the pending row with the smallest id). Pending counts
+-- the channel log's messages routed to it and not pulled yet (migration 0038) beside its rows.
 WITH d AS (
     SELECT destination,
            count(*) FILTER (WHERE state = 'pending') AS pending,
@@ -111,13 +112,21 @@ WITH d AS (
       FROM inturn_delivery
      WHERE state IN ('pending', 'failed')
      GROUP BY destination
+),
+u AS (
+    SELECT destination, pending, oldest FROM inturn_unpulled(NULL)
 )
-SELECT d.destination, d.pending, d.failed, d.oldest, d.max_attempts,
+SELECT coalesce(d.destination, u.destination) AS destination,
+       coalesce(d.pending, 0) + coalesce(u.pending, 0) AS pending,
+       coalesce(d.failed, 0) AS failed, least(d.oldest, u.oldest) AS oldest,
+       coalesce(d.max_attempts, 0) AS max_attempts,
        coalesce(h.attempts, 0) AS head_attempts, h.last_error AS head_error,
        coalesce(r.lanes, 1) AS lanes
   FROM d
+  FULL JOIN u ON u.destination = d.destination
   LEFT JOIN inturn_delivery h ON h.id = d.head_id
-  LEFT JOIN inturn_destination r ON r.destination = d.destination AND r.deleted_at IS NULL;
+  LEFT JOIN inturn_destination r
+         ON r.destination = coalesce(d.destination, u.destination) AND r.deleted_at IS NULL;
 
 -- name: hold
 -- Suspend delivery from the console or the CLI (see migration 0008). Returns the row when the
