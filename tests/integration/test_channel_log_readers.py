@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 
-from inturn.worker.store import delivery, reads, registry
+from inturn.worker.store import actions, delivery, reads, registry
 from inturn.worker.store import lease as leases
 from tests.integration.test_channel_log_pull import CHANNEL, append
 
@@ -86,3 +86,108 @@ async def test_depth_of_two_hundred_destinations_finds_the_one_behind(fresh_db: 
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         rows = await reads.depth(conn)
     assert [(r.destination, r.pending) for r in rows] == [(dests[7], 15)]
+
+
+async def pending_ids(conn: AsyncConnection, destination: str) -> list[int]:
+    cur = await conn.execute(
+        "SELECT message_id FROM inturn_delivery WHERE destination = %s AND state = 'pending'"
+        " ORDER BY id",
+        (destination,),
+    )
+    return [r[0] for r in await cur.fetchall()]
+
+
+async def test_a_drain_skips_the_messages_not_pulled_yet_too(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B)
+        ids = append(sync, [A, B], 5)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w-a", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease, limit=2)
+        drained = await actions.drain(conn, A, who="alice", why="stale")
+        assert len(drained) == 5
+        assert await reads.depth(conn, A) == []
+        # its worker finds nothing left to pull or send; B keeps every message
+        assert (await delivery.pull(conn, A, CHANNEL, lease=lease)).count == 0
+        assert await pending_ids(conn, A) == []
+        assert [r.pending for r in await reads.depth(conn, B)] == [5]
+        cur = await conn.execute(
+            "SELECT count(*) FROM inturn_delivery WHERE destination = %s AND state = 'skipped'"
+            " AND decided_by = 'alice'",
+            (A,),
+        )
+        assert await cur.fetchone() == (5,)
+    assert ids
+
+
+async def test_erasing_one_item_erases_its_message_for_every_destination(fresh_db: str) -> None:
+    """M is routed to A, B and C: A and B pulled it, C did not. Erasing A's item erases the
+    log row and B's item too; C never gets it; another message stays everywhere."""
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B, C)
+        m, other = append(sync, [A, B, C], 2)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        for d in (A, B):
+            lease = await leases.acquire(conn, d, "w", 60)
+            await delivery.pull(conn, d, CHANNEL, lease=lease)
+        cur = await conn.execute(
+            "SELECT id, destination FROM inturn_delivery WHERE message_id = %s ORDER BY id", (m,)
+        )
+        rows = await cur.fetchall()
+        item_a = next(i for i, d in rows if d == A)
+        erased = await actions.erase(conn, [item_a], who="alice", why="request")
+        assert erased == sorted(i for i, _ in rows)
+        cur = await conn.execute("SELECT id FROM inturn_message ORDER BY id")
+        assert [r[0] for r in await cur.fetchall()] == [other]
+        lease_c = await leases.acquire(conn, C, "w-c", 60)
+        await delivery.pull(conn, C, CHANNEL, lease=lease_c)
+        for d in (A, B, C):
+            assert await pending_ids(conn, d) == [other]
+        cur = await conn.execute("SELECT action, item_ids FROM inturn_audit WHERE action = 'erase'")
+        assert await cur.fetchall() == [("erase", sorted(i for i, _ in rows))]
+
+
+async def test_erasure_by_patient_reaches_messages_no_destination_pulled(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B)
+        mine = append(sync, [A, B], 2)
+        theirs = append(sync, [A], 1)
+        sync.execute("UPDATE inturn_message SET patient_keys = '{k9}' WHERE id = ANY(%s)", (mine,))
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w-a", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease, limit=1)  # A has one of them
+        erased = await actions.erase(conn, [], who="alice", why="request", patient_key="k0,k9")
+        assert len(erased) == 1  # A's row; the rest were in the log only
+        cur = await conn.execute("SELECT id FROM inturn_message ORDER BY id")
+        assert [r[0] for r in await cur.fetchall()] == theirs
+        await delivery.pull(conn, A, CHANNEL, lease=lease)
+        assert await pending_ids(conn, A) == theirs
+        assert await reads.depth(conn, B) == []
+
+
+async def test_a_resend_goes_after_the_messages_accepted_before_it(fresh_db: str) -> None:
+    """A's first message failed; two more are in the log, not pulled: the resend pulls them
+    first, so its copy is sent after them, as it would have been with one row per message."""
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A)
+        [first] = append(sync, [A], 1)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w-a", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease)
+        await conn.execute(
+            "UPDATE inturn_delivery SET state = 'failed', finished_at = now()"
+            " WHERE message_id = %s",
+            (first,),
+        )
+        cur = await conn.execute("SELECT id FROM inturn_delivery WHERE message_id = %s", (first,))
+        [(failed,)] = await cur.fetchall()
+        with psycopg.connect(fresh_db, autocommit=True) as sync:
+            later = append(sync, [A], 2)
+        done = await actions.resend_many(conn, [failed], who="alice", why="fixed")
+        [(_, copy)] = done.copies
+        cur = await conn.execute(
+            "SELECT id, message_id FROM inturn_delivery WHERE destination = %s"
+            " AND state = 'pending' ORDER BY id",
+            (A,),
+        )
+        assert [(m if m is not None else i) for i, m in await cur.fetchall()] == [*later, copy]

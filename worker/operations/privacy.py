@@ -456,11 +456,19 @@ async def erase_data_subject(
         known = {m.id for m in matched}
         matched = [*matched, *(m for m in again if m.id not in known)]
     ids: tuple[int, ...] = ()
-    if matched:
+    # by patient, the channel log's messages naming the patient are erased too, pulled or not
+    patient_key = (
+        identifiers.lookup_text(patient_id, authority, payloads)
+        if by_patient and patient_id
+        else None
+    )
+    if matched or patient_key:
         async with pools.write.connection() as conn:
-            erased = await actions.erase(conn, [m.id for m in matched], who=actor.name, why=reason)
+            erased = await actions.erase(
+                conn, [m.id for m in matched], who=actor.name, why=reason, patient_key=patient_key
+            )
             ids = tuple(erased)
-    elif by_patient:
+    if not ids and by_patient:
         async with pools.write.connection() as conn:
             await reads.record_patient_lookup(conn, [], who=actor.name, why=reason, action="erase")
     if by_patient and patient_id:

@@ -93,11 +93,37 @@ async def skip(
     return True
 
 
+#: Log rows one pull on behalf of a person or the sweeper copies per statement.
+PULL_BATCH = 5000
+
+
+async def pull_all(conn: AsyncConnection[Any], destination: str) -> int:
+    """Turn every message of the channel log routed to ``destination`` and not pulled yet into
+    rows of its queue, in log order, in the caller's transaction (batches of
+    :data:`PULL_BATCH`; ``inturn_pull_for``, migration 0038): the destination's enqueue lock is
+    then held until COMMIT, so no worker pulls meanwhile and what the caller does next to the
+    destination's pending rows covers every message accepted for it so far. Returns the rows
+    pulled (0 for a destination with no channel)."""
+    total = 0
+    while True:
+        params = {"destination": destination, "limit": PULL_BATCH}
+        row = await fetch_one(conn, Q["pull_for"], params, row=dict_row)
+        pulled = int(row["pulled"]) if row else 0
+        total += pulled
+        if pulled < PULL_BATCH:
+            return total
+
+
 async def drain(
     conn: AsyncConnection[Any], destination: str, *, who: str, why: str | None = None
 ) -> list[int]:
-    """Skip every pending item of ``destination`` (a backlog too stale to be useful); audited."""
+    """Skip every pending item of ``destination`` (a backlog too stale to be useful); audited.
+
+    The messages of its channel's log it has not pulled yet are pulled first (:func:`pull_all`)
+    and skipped with the rest: a drain leaves nothing accepted before it to be sent after it.
+    """
     async with conn.transaction():
+        await pull_all(conn, destination)
         params = {"destination": destination, "who": who}
         ids = sorted(int(r["id"]) for r in await fetch_all(conn, Q["drain"], params, row=dict_row))
         if ids:
@@ -123,17 +149,50 @@ ERASED_NOTE = "its message was erased (data-subject erasure): nothing is left to
 
 
 async def erase(
-    conn: AsyncConnection[Any], item_ids: Sequence[int], *, who: str, why: str | None = None
+    conn: AsyncConnection[Any],
+    item_ids: Sequence[int],
+    *,
+    who: str,
+    why: str | None = None,
+    patient_key: str | None = None,
 ) -> list[int]:
     """Delete items whatever their state (data-subject erasure); audited with ids, no payload.
+
+    A message is stored once for all its destinations (the channel log, migration 0033): an
+    item that names a log message erases that message for every destination, its log row and
+    every destination's row (hot table and history), so the ids returned may be more than
+    those given. With ``patient_key`` (every stored form of a patient's index key,
+    comma-separated, as :func:`inturn.worker.store.identifiers.lookup_text` makes it), the log
+    messages naming the patient are erased too, those no destination has pulled yet among
+    them. The enqueue locks of every destination the messages are routed to are taken first
+    (sorted), so that no pull copies a message being erased.
 
     In the same transaction, the erased items' pending ``delivery-failed`` worklist items are
     cleared by ``system`` with a note (:data:`ERASED_NOTE`): nothing is left for a person to
     resend or open. A pending item erased while its worker is sending it is simply gone when the
-    worker reports back (its update matches no row). Returns the ids deleted.
+    worker reports back (its update matches no row). Returns the ids deleted; audited when
+    anything (a row or a log message) was.
     """
+    keys = patient_key.split(",") if patient_key else None
     async with conn.transaction():
-        ids = await _delete(conn, Q["erase"], "erase", item_ids, who=who, why=why)
+        scope = await fetch_one(
+            conn, Q["erase_scope"], {"ids": list(item_ids), "keys": keys}, row=dict_row
+        )
+        messages = list(scope["messages"]) if scope else []
+        destinations = list(scope["destinations"]) if scope else []
+        if destinations:
+            await conn.execute(Q["erase_locks"], {"destinations": destinations})
+        params = {"ids": list(item_ids), "messages": messages}
+        rows = await fetch_all(conn, Q["erase"], params, row=dict_row)
+        deleted = [r for r in rows if r["id"] is not None]
+        ids = sorted(int(r["id"]) for r in deleted)
+        logged = max((int(r["messages"]) for r in rows), default=0)
+        if ids or logged:
+            touched = {r["destination"] for r in deleted}
+            dest = touched.pop() if len(touched) == 1 else None
+            await audit.record(conn, who=who, action="erase", destination=dest, ids=ids, why=why)
+            # An erased pending item, or message not pulled yet, changes its worker's gauges.
+            await notify.wake(conn, destinations)
         await worklist.clear_where(
             conn,
             record_kind="delivery",  # inturn.worker.worklist.delivery_failed's items
@@ -332,6 +391,9 @@ async def resend_many(
         ]
         keys = [",".join(codec.index_keys(p)) for p in plain]
         destinations = sorted({r["destination"] for r in chosen})
+        for destination in destinations:  # sorted: the order every enqueue takes the locks in
+            # the messages accepted before this resend go first: pulled under the same lock
+            await pull_all(conn, destination)
         drawn = await fetch_all(
             conn,
             Q["lock_and_draw_ids"],

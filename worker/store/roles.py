@@ -204,7 +204,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "worker": (SELECT,),
         "operator": (Grant("SELECT", ("id", "channel", "route", "enqueued_at")),),
         "sweeper": (NO_PATIENT_DATA,),
-        "admin": (SELECT, INSERT, Grant("UPDATE", ("payload", "patient_keys"))),
+        # an erasure deletes a message once, for every destination (migration 0038)
+        "admin": (SELECT, INSERT, Grant("UPDATE", ("payload", "patient_keys")), DELETE),
         "reader": (NO_PATIENT_DATA,),
     },
     # Route sets: ingest adds the sets it meets; everyone who reads the log may resolve them.

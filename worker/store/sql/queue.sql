@@ -381,6 +381,12 @@ UPDATE inturn_delivery
  WHERE id = %(id)s AND state = 'pending'
 RETURNING id, destination;
 
+-- name: pull_for
+-- One batch of a destination's pull from its channel's log on behalf of a person or the
+-- sweeper (inturn_pull_for, migration 0038: no lease; the destination's enqueue lock is held
+-- until COMMIT). The rows pulled; fewer than "limit": nothing more was there.
+SELECT inturn_pull_for(%(destination)s, %(limit)s) AS pulled;
+
 -- name: drain
 UPDATE inturn_delivery
    SET state = 'skipped', decided_by = %(who)s, finished_at = clock_timestamp()
@@ -392,25 +398,81 @@ DELETE FROM inturn_delivery
  WHERE id = ANY(%(ids)s) AND state <> 'pending'
 RETURNING id, destination, state;
 
+-- name: erase_scope
+-- What an erasure reaches (the channel log, migration 0033: a message is stored once for
+-- every destination): the log messages of the items named ("ids": their message_id) and, by
+-- patient ("keys": every stored form of the patient's key, or NULL), the log messages that
+-- name the patient, pulled or not; and the destinations whose enqueue locks the erasure takes
+-- first, sorted (those of the items, and every destination the messages' route sets name), so
+-- that no pull copies a message while it is being erased.
+WITH named AS (
+    SELECT message_id, destination FROM inturn_delivery WHERE id = ANY(%(ids)s::bigint[])
+    UNION
+    SELECT message_id, destination FROM inturn_history WHERE id = ANY(%(ids)s::bigint[])
+),
+messages AS (
+    SELECT m.id, m.route
+      FROM inturn_message m
+     WHERE m.id IN (SELECT message_id FROM named WHERE message_id IS NOT NULL)
+        OR (%(keys)s::text[] IS NOT NULL AND m.patient_keys && %(keys)s::text[])
+)
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM messages) AS messages,
+       (SELECT coalesce(array_agg(d ORDER BY d), '{}')
+          FROM (SELECT destination AS d FROM named
+                UNION
+                SELECT u.d FROM inturn_route r
+                 CROSS JOIN LATERAL unnest(r.destinations) AS u(d)
+                 WHERE r.id IN (SELECT route FROM messages)) AS x) AS destinations;
+
+-- name: erase_locks
+-- erase_scope's enqueue locks, in its (sorted) order, by a statement of their own: the erase
+-- statement that follows sees every pull that committed before them.
+SELECT count(inturn_enqueue_lock(d)) AS locked
+  FROM unnest(%(destinations)s::text[]) WITH ORDINALITY AS u(d, n);
+
 -- name: erase
 -- The messages, and what was recorded of them: the replies an erased order expected; in the
--- hot table and in history (migration 0034: by the id index of each history partition).
-WITH expectations AS (
-    DELETE FROM inturn_order_expectation WHERE delivery_id = ANY(%(ids)s)
+-- hot table and in history (migration 0034: by the id index of each history partition); and,
+-- for the channel log (migration 0033), each message once: its log row and every
+-- destination's row that names it ("messages", from erase_scope).
+-- A message's rows are found by its MSH-10 (the hash indexes) and its id.
+WITH msg AS (
+    SELECT id, control_id FROM inturn_message WHERE id = ANY(%(messages)s::bigint[])
+),
+rows AS (
+    SELECT id FROM inturn_delivery WHERE id = ANY(%(ids)s::bigint[])
+    UNION
+    SELECT d.id FROM msg
+      JOIN inturn_delivery d ON d.control_id = msg.control_id AND d.message_id = msg.id
+    UNION
+    SELECT id FROM inturn_history WHERE id = ANY(%(ids)s::bigint[])
+    UNION
+    SELECT h.id FROM msg
+      JOIN inturn_history h ON h.control_id = msg.control_id AND h.message_id = msg.id
+),
+expectations AS (
+    DELETE FROM inturn_order_expectation WHERE delivery_id IN (SELECT id FROM rows)
 ),
 hot AS (
     DELETE FROM inturn_delivery
-     WHERE id = ANY(%(ids)s)
+     WHERE id IN (SELECT id FROM rows)
     RETURNING id, destination, state
 ),
 moved AS (
     DELETE FROM inturn_history
-     WHERE id = ANY(%(ids)s)
+     WHERE id IN (SELECT id FROM rows)
     RETURNING id, destination, state
+),
+logged AS (
+    DELETE FROM inturn_message
+     WHERE id = ANY(%(messages)s::bigint[])
+    RETURNING id
 )
-SELECT id, destination, state FROM hot
+SELECT id, destination, state, (SELECT count(*) FROM logged) AS messages FROM hot
 UNION ALL
-SELECT id, destination, state FROM moved;
+SELECT id, destination, state, (SELECT count(*) FROM logged) AS messages FROM moved
+UNION ALL
+SELECT NULL, NULL, NULL, (SELECT count(*) FROM logged) AS messages;
 
 -- name: purge_batch
 -- One batch of finished items older than the cutoff, in one short transaction, deleted by the
