@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import socket
@@ -28,6 +29,10 @@ class OperatorConfig:
         identity: this process's peering identity.
         operator_namespace: namespace of the namespaced peering object (``POD_NAMESPACE``).
         api_concurrency: most Kubernetes API calls in flight.
+        restore_tick_seconds: how often the database's clock is moved on and each
+            Destination's restore witness recorded (``INTURN_RESTORE_TICK_SECONDS``; a restore
+            is noticed within a tick, and a database that lost less than a tick's worth of
+            writes is not told from one that lost none).
     """
 
     pod: WorkerPodSettings
@@ -39,6 +44,7 @@ class OperatorConfig:
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     operator_namespace: str | None = None
     api_concurrency: int = 16
+    restore_tick_seconds: float = 60.0
 
     @classmethod
     def from_options(
@@ -136,7 +142,11 @@ class OperatorConfig:
             interval = float(env.get("INTURN_STATUS_INTERVAL", "15"))
         except ValueError:
             raise Invalid("INTURN_STATUS_INTERVAL must be a number of seconds") from None
-        return cls.from_options(
+        try:
+            tick = float(env.get("INTURN_RESTORE_TICK_SECONDS", "60"))
+        except ValueError:
+            raise Invalid("INTURN_RESTORE_TICK_SECONDS must be a number of seconds") from None
+        made = cls.from_options(
             image=env.get("INTURN_WORKER_IMAGE"),
             dsn=env.get("INTURN_DSN"),
             dsn_secret=env.get("INTURN_DSN_SECRET", "inturn-db"),
@@ -150,3 +160,4 @@ class OperatorConfig:
             worker_logins=env.get("INTURN_WORKER_LOGINS", "shared"),
             env=env,
         )
+        return dataclasses.replace(made, restore_tick_seconds=max(1.0, tick))

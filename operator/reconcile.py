@@ -41,6 +41,7 @@ from inturn.operator.observed import (
     peering_paused,
 )
 from inturn.operator.registrar import Registrar
+from inturn.operator.restore import Finding, Witness, went_back
 from inturn.operator.statuses import StatusWriter
 from inturn.worker.spec.destination import ManifestError
 from inturn.worker.store import registry
@@ -82,6 +83,11 @@ class Runtime:
         self._rendered: dict[Key, tuple[str, manifests.Children]] = {}
         #: the login each Destination's Secret was checked against, once per process
         self._logins: dict[Key, str] = {}
+        #: each Destination's restore witness and undecided restore as last written here (the
+        #: watch may still show older ones); see :meth:`watch_restores`
+        self._witness: dict[Key, Witness] = {}
+        self._restored: dict[Key, dict[str, Any] | None] = {}
+        self._next_tick = 0.0
         self.depth: dict[str, registry.DestinationDepth] | None = None
         self.depth_seconds: float | None = None  #: duration of the last grouped depth query
         self.pass_seconds: float | None = None  #: duration of the last periodic pass
@@ -376,6 +382,8 @@ class Runtime:
         self.statuses.forget(key)
         self._invalid_reported.pop(key, None)
         self._rendered.pop(key, None)
+        self._witness.pop(key, None)
+        self._restored.pop(key, None)
         await self.registrar.mark_deleted(f"{key[0]}/{key[1]}")
         if self.config.pod.worker_logins == "per-destination":
             self._logins.pop(key, None)
@@ -412,10 +420,86 @@ class Runtime:
         self.depth = depth
         self.depth_seconds = time.perf_counter() - began
 
+    async def watch_restores(self) -> None:
+        """Once a tick (``restore_tick_seconds``): move the database's clock on, and for each
+        Destination record what the database holds (``status.witness``), or, when the database
+        holds an older tick than recorded (it was restored), say so once (a log line, an event,
+        ``status.restore``) and hold its delivery unless ``spec.afterRestore`` is ``resend``.
+        An undecided restore ends when a person lifts the hold (``inturn queue resume``); the
+        witness then starts again from the database as it is. See docs/howto/backups.md."""
+        now = time.monotonic()
+        if now < self._next_tick:
+            return
+        # A process's first look only reads the clock (a restore made while the operator was
+        # stopped is found at once) and writes nothing unless it finds one; the ticks follow.
+        first = self._next_tick == 0.0
+        self._next_tick = now + self.config.restore_tick_seconds
+        found = await self.registrar.restore_pass(move=not first)
+        if found is None:
+            self._next_tick = 0.0 if first else self._next_tick
+            return
+        before, tick, seen = found
+        for key in list(self.destinations.keys()):
+            snap = self.destination(key)
+            if snap is None or snap["metadata"].get("deletionTimestamp"):
+                continue
+            destination = f"{key[0]}/{key[1]}"
+            node = snap.get("status") or {}
+            policy = str((snap.get("spec") or {}).get("afterRestore") or "hold")
+            undecided = self._restored[key] if key in self._restored else node.get("restore")
+            recorded = self._witness.get(key) or Witness.from_status(node.get("witness"))
+            current = Witness.of(tick, seen.get(destination))
+            try:
+                if undecided:
+                    if policy == "hold" and await self.registrar.held(destination) is not False:
+                        continue  # a person has not decided yet (or the database cannot say)
+                    log.info("destination %s: the restore is decided; witness anew", destination)
+                    await self._patch_witness(key, current, None)
+                    continue
+                if went_back(recorded, before):
+                    assert recorded is not None
+                    again = await self.registrar.exposure(
+                        destination, recorded.delivered_through or 0
+                    )
+                    finding = Finding(destination, policy, again, recorded, seen.get(destination))
+                    line = finding.line()
+                    log.warning("%s", line)
+                    if policy == "hold":
+                        await self.registrar.hold_after_restore(destination, line)
+                    await self.api.post_event(
+                        snap,
+                        reason="DatabaseRestored",
+                        message=line[:1024],
+                        instance=self.config.identity,
+                    )
+                    await self._patch_witness(key, recorded, finding.to_status(datetime.now(UTC)))
+                    continue
+                if not first or recorded is None:
+                    await self._patch_witness(key, current, None)
+            except ApiError as exc:
+                log.warning("restore witness of %s not written: %s", destination, exc)
+
+    async def _patch_witness(
+        self, key: Key, witness: Witness, restore: dict[str, Any] | None
+    ) -> None:
+        """Write ``status.witness`` and ``status.restore`` (None: removed) when they changed."""
+        if self._witness.get(key) == witness and self._restored.get(key, {}) == restore:
+            return
+        patch = {"witness": witness.to_status(), "restore": restore}
+        try:
+            await self.api.patch_destination_status(key[0], key[1], patch)
+        except ApiError as exc:
+            if exc.status == 404:
+                return
+            raise
+        self._witness[key] = witness
+        self._restored[key] = restore
+
     async def run_pass(self) -> None:
         """One periodic pass over every Destination: depth, children, registry, status."""
         began = time.perf_counter()
         await self.read_depth()
+        await self.watch_restores()
         rows = await self.registrar.rows()
         keys = list(self.destinations.keys())
         log.debug(

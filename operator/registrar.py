@@ -23,10 +23,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from inturn.operator import manifests
+from inturn.operator.restore import HOLDER
 from inturn.worker.drain.lanes import summarize
 from inturn.worker.spec.config import DEFAULT_STUCK_AFTER_SECONDS
 from inturn.worker.spec.schema_packs import pack_spec_of
-from inturn.worker.store import faults, logins, reads, registry
+from inturn.worker.store import faults, logins, reads, registry, restore
 from inturn.worker.text.conditions import Condition
 
 log = logging.getLogger("inturn.operator")
@@ -56,6 +57,7 @@ class Registrar:
             "depth": Condition(log, "registry: the queue depth query (the last one is kept)"),
             "rows": Condition(log, "registry: reading its rows"),
             "logins": Condition(log, "registry: making or dropping destinations' worker logins"),
+            "restore": Condition(log, "registry: the database clock and the restore witness"),
         }
 
     def _failed(self, kind: str, exc: BaseException, about: str = "") -> str:
@@ -220,6 +222,62 @@ class Registrar:
             self._failed("logins", exc, destination)
         else:
             self._worked("logins")
+
+    async def restore_pass(
+        self, *, move: bool = True
+    ) -> tuple[int, int, dict[str, restore.Seen]] | None:
+        """Move the database's clock on (unless ``move`` is False: a look only) and read what
+        each destination holds: ``(the tick it held, the tick it holds now, {namespace/name:
+        what it holds})``; None when there is no database or it failed (logged)."""
+        if self.pool is None:
+            return None
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                if move:
+                    before, now = await restore.tick(conn)
+                else:
+                    before = now = await restore.clock(conn)
+                seen = await restore.witness(conn)
+        except DB_ERRORS as exc:
+            self._failed("restore", exc)
+            return None
+        self._worked("restore")
+        return before, now, seen
+
+    async def exposure(self, destination: str, through: int) -> int:
+        """Messages of ``destination`` delivered before a restore, waiting again (0 when the
+        database failed: logged)."""
+        if self.pool is None:
+            return 0
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                return await restore.exposure(conn, destination, through)
+        except DB_ERRORS as exc:
+            self._failed("restore", exc, destination)
+            return 0
+
+    async def held(self, destination: str) -> bool | None:
+        """Whether ``destination``'s delivery is held; None when the database failed."""
+        if self.pool is None:
+            return None
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                return await registry.held(conn, destination)
+        except DB_ERRORS as exc:
+            self._failed("restore", exc, destination)
+            return None
+
+    async def hold_after_restore(self, destination: str, why: str) -> bool:
+        """Hold ``destination``'s delivery until a person decides (audited as ``suspend`` by
+        the operator); False when it failed (logged; the next tick tries again)."""
+        if self.pool is None:
+            return False
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                return await registry.suspend(conn, destination, who=HOLDER, why=why[:1000])
+        except DB_ERRORS as exc:
+            self._failed("restore", exc, destination)
+            return False
 
     async def depth(self) -> dict[str, registry.DestinationDepth] | None:
         """The one grouped depth query, by ``namespace/name``; None when the database failed

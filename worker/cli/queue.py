@@ -303,6 +303,30 @@ queue_group.add_command(_hold_command("suspend"))
 queue_group.add_command(_hold_command("resume"))
 
 
+@queue_group.command("mark-delivered")
+@dsn_option()
+@click.argument("destination")
+@click.option(
+    "--through",
+    type=click.IntRange(min=1),
+    required=True,
+    help="The id of the last message the receiver already has (after a restore: the"
+    " Destination's status.restore.deliveredThrough).",
+)
+@who_option
+@why_for("mark-delivered")
+def mark_delivered_command(
+    dsn: str | None, destination: str, through: int, who: str, why: str
+) -> None:
+    """Mark DESTINATION's pending messages up to --through delivered, never to be sent: after
+    the queue database was restored from a backup, those its receiver already got. Audited
+    with the reason; then `inturn queue resume DESTINATION` lets the rest go."""
+    done = act(
+        dsn, lambda conn: actions.mark_delivered(conn, Trusted(who), destination, through, why)
+    )
+    click.echo(f"marked delivered: {len(done.ids)} item(s) of {destination} up to id {through}")
+
+
 @queue_group.command("remove")
 @dsn_option()
 @click.argument("item_ids", type=int, nargs=-1, required=True)

@@ -54,7 +54,7 @@ from inturn.worker.spec.config import (
     lease_settings,
 )
 from inturn.worker.spec.config import poll_seconds as poll_env
-from inturn.worker.store import delivery, lockwatch, notify
+from inturn.worker.store import delivery, lockwatch, notify, restore
 from inturn.worker.store import lease as leases
 from inturn.worker.store.connect import connect_worker, detect_pooling
 from inturn.worker.store.faults import KeyStoreUnavailable, connection_gone
@@ -63,6 +63,9 @@ from inturn.worker.store.lease import Lease, LeaseLost
 from inturn.worker.worklist.publish import Publisher
 
 log = logging.getLogger("inturn.drain")
+
+#: While a restored database waits for the operator's look, how often the worker looks again.
+AFTER_RESTORE_POLL_SECONDS = 2.0
 
 
 #: Reconnect backoff after a lost database connection: first delay and ceiling, seconds. The
@@ -196,6 +199,8 @@ class DestinationWorker(SingleStream):
         self.publishers = publishers
         self.peer = sender.describe()
         self._next_depth = 0.0
+        #: The highest database clock tick this process saw (a lower one: a restore).
+        self._seen_tick = 0
         self.lock_wait_seconds = (
             lockwatch.threshold_from_env() if lock_wait_seconds is None else lock_wait_seconds
         )
@@ -352,6 +357,7 @@ class DestinationWorker(SingleStream):
         self.state.failure = None  # a session after an unexpected error holds its lease again
         if self.unmarked:
             await self._mark_remembered(conn, stop, lease)
+        await self._after_restore(conn, stop, lease)
         if changed:
             log.info(
                 "destination %s: sender settings changed since the last worker;"
@@ -382,6 +388,42 @@ class DestinationWorker(SingleStream):
             await LaneDrain(self, conn, stop, lease=lease).run()
         else:
             await self._drain(conn, stop, lease)
+
+    async def _after_restore(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease
+    ) -> None:
+        """Before anything is sent in a session: when the database's clock (``inturn_clock``,
+        moved on by the operator) is older than one this process saw, the database went back in
+        time (restored from a backup). Nothing is sent until the operator has looked (its next
+        tick: it then holds the destination unless ``spec.afterRestore`` is ``resend``, see
+        docs/howto/backups.md); the lease is kept meanwhile.
+
+        Raises:
+            LeaseLost: the lease was taken over meanwhile.
+        """
+        tick = await self._guarded(conn, stop, "session", lambda: restore.clock(conn))
+        if tick >= self._seen_tick:
+            self._seen_tick = tick
+            return
+        log.warning(
+            "destination %s: the queue database went back in time (its clock %d, this worker saw"
+            " %d): nothing is sent until the operator has looked at it (within its tick)",
+            self.destination,
+            tick,
+            self._seen_tick,
+        )
+        while not stop.is_set():
+            await self._keep_lease(conn, stop, lease)
+            await self._hold_still(conn, stop, AFTER_RESTORE_POLL_SECONDS)
+            now = await self._guarded(conn, stop, "session", lambda: restore.clock(conn))
+            if now > tick:
+                log.info(
+                    "destination %s: the operator has looked at the restored database; its"
+                    " hold (if any) decides from here",
+                    self.destination,
+                )
+                self._seen_tick = now
+                return
 
     async def _mark_remembered(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease

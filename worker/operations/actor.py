@@ -40,6 +40,7 @@ ACTIONS: Mapping[str, Action] = {
         Action("remove", "operator"),
         Action("suspend", "operator"),
         Action("resume", "operator"),
+        Action("mark-delivered", "operator", reason_required=True),
         Action("erase", "privacy", reason_required=True),
         Action("view-payload", "privacy", reason_required=True),
         Action("search-patient", "privacy", reason_required=True),

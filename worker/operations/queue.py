@@ -37,7 +37,7 @@ from psycopg import AsyncConnection
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Conflict, Invalid, NotFound
 from inturn.worker.operations.actor import Actor, permit
-from inturn.worker.store import actions, audit, history, lease, reads, registry
+from inturn.worker.store import actions, audit, history, lease, reads, registry, restore
 from inturn.worker.store import worklist as worklist_store
 
 
@@ -201,6 +201,25 @@ async def skip(conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str 
     if not await actions.skip(conn, item_id, who=actor.name, why=reason):
         raise await why_not(conn, item_id, "skip")
     return Changed("skip", (item_id,))
+
+
+async def mark_delivered(
+    conn: AsyncConnection[Any], actor: Actor, destination: str, through: int, why: str | None
+) -> Changed:
+    """Mark ``destination``'s pending items with an id up to ``through`` delivered: after the
+    queue database was restored from a backup, the ones its receiver already has (the
+    operator's ``status.restore.deliveredThrough`` names the last one it saw delivered).
+    Audited (``mark-delivered``) with the reason; an empty result means none was pending.
+
+    Raises:
+        Forbidden, ReasonRequired: the rule of ``mark-delivered`` refuses the actor or reason.
+        Invalid: ``through`` is not positive.
+    """
+    reason = permit(actor, "mark-delivered", why)
+    if through < 1:
+        raise Invalid("--through is the id of the last message the receiver has (positive)")
+    ids = await restore.mark_delivered(conn, destination, through, who=actor.name, why=reason)
+    return Changed("mark-delivered", tuple(ids), destination)
 
 
 class ConfirmationMismatch(Invalid):

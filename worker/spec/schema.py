@@ -263,6 +263,16 @@ def spec_schema() -> Schema:
             ),
             "lanes": lanes_schema(),
             "profile": profile_schema(),
+            "afterRestore": _str(
+                "What the operator does when the queue database went back in time (restored"
+                " from a backup, a failover to a lagging replica): hold (delivery waits until a"
+                " person decides: inturn queue mark-delivered, then resume) or resend (the"
+                " messages delivered since the backup go again; the receiver deduplicates by"
+                " MSH-10). Either way it says so in the status, an event and one log line.",
+                max_length=16,
+                enum=("hold", "resend"),
+                default="hold",
+            ),
             "expireAfterSeconds": _int(
                 "Pending messages older than this are skipped as expired by the sweeper (audited,"
                 " and listed on the delivery-expired worklist). Unset: messages never expire;"

@@ -134,6 +134,58 @@ def status_schema() -> Schema:
                     " otherwise."
                 ),
             ),
+            "witness": _obj(
+                {
+                    "tick": _int(
+                        "The database clock's tick last recorded (inturn_clock): a database that"
+                        " holds an older one was restored.",
+                        minimum=0,
+                        maximum=2**63 - 1,
+                        fmt="int64",
+                    ),
+                    "deliveredThrough": _int(
+                        "Id of its last delivered message then.",
+                        minimum=0,
+                        maximum=2**63 - 1,
+                        fmt="int64",
+                    ),
+                    "deliveredTime": _str("When it was delivered.", max_length=64, fmt="date-time"),
+                    "acceptedThrough": _int(
+                        "Id of its last message then.", minimum=0, maximum=2**63 - 1, fmt="int64"
+                    ),
+                    "acceptedTime": _str("When it was accepted.", max_length=64, fmt="date-time"),
+                },
+                description=(
+                    "What the queue database held for it at the last tick, kept outside the"
+                    " database so that a restore is noticed (docs/howto/backups.md)."
+                ),
+            ),
+            "restore": _obj(
+                {
+                    "detectedTime": _str(
+                        "When the restore was noticed.", max_length=64, fmt="date-time"
+                    ),
+                    "policy": _str("spec.afterRestore then: hold or resend.", max_length=16),
+                    "mayBeSentAgain": _int(
+                        "Messages delivered before that the restored database holds as waiting.",
+                        minimum=0,
+                        maximum=2**53,
+                        fmt="int64",
+                    ),
+                    "deliveredThrough": _int(
+                        "Id of the last message delivered before: mark-delivered up to it when"
+                        " the receiver has them.",
+                        minimum=0,
+                        maximum=2**63 - 1,
+                        fmt="int64",
+                    ),
+                    "message": _str("The same in words.", max_length=1024),
+                },
+                description=(
+                    "The queue database went back in time and a person has not decided yet"
+                    " (with spec.afterRestore hold, delivery is held meanwhile)."
+                ),
+            ),
             "worker": _obj(
                 {
                     "deployment": _str("Name of the worker Deployment.", max_length=253),

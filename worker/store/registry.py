@@ -359,3 +359,9 @@ async def resume(
         await audit.record(conn, who=who, action="resume", destination=destination, why=why)
         await notify.wake(conn, [destination])
     return True
+
+
+async def held(conn: AsyncConnection[Any], destination: str) -> bool:
+    """Whether ``destination``'s delivery is held (False when it is not registered)."""
+    row = await fetch_one(conn, Q["held"], {"destination": destination}, row=dict_row)
+    return bool(row and row["held"])

@@ -177,6 +177,7 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
                     "state",
                     "attempts",
                     "enqueued_at",
+                    "finished_at",
                     "last_error",
                     "resent_as",
                 ),
@@ -236,6 +237,10 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     # maintenance job's functions only. People read them as they read the hot table's; an
     # erasure deletes them.
     "inturn_history": {
+        # the restore witness: each destination's last rows (never a payload)
+        "operator": (
+            Grant("SELECT", ("id", "destination", "state", "enqueued_at", "finished_at")),
+        ),
         "sweeper": (NO_PATIENT_DATA,),
         # an erasure deletes; a rotation of the blind index key rewrites the patient index
         "admin": (SELECT, Grant("UPDATE", ("patient_keys",)), DELETE),
@@ -257,11 +262,21 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     },
     # The worker role's name, recorded by --create-roles for the login functions: nobody's.
     "inturn_role_setting": {},
+    # The database's clock (migration 0038): the operator moves it on and reads it (a restored
+    # database holds an older tick than the Destinations' status recorded).
+    "inturn_clock": {
+        "worker": (SELECT,),
+        "operator": (SELECT, INSERT, Grant("UPDATE", ("tick", "at"))),
+        "admin": (SELECT,),
+        "reader": (SELECT,),
+    },
     # ingest's own duplicate window (it purges it itself); nobody else uses it
     "inturn_received": {
         "ingest": (SELECT, INSERT, Grant("UPDATE", ("received_at", "size", "repeats")), DELETE),
     },
     "inturn_audit": {
+        # the operator's hold after a restore is audited like a person's
+        "operator": (INSERT,),
         "sweeper": (INSERT,),
         # a real purge records what it removed (counts per state, never ids or content)
         "purge": (INSERT,),

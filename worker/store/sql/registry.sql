@@ -151,3 +151,8 @@ SELECT destination, channel, sender, suspended, held_at, held_by, held_why,
        deleted_at IS NOT NULL AS deleted, stuck_after_seconds, lanes
   FROM inturn_destination
  ORDER BY destination;
+
+-- name: held
+-- Whether a destination's delivery is held (suspend from the console or the CLI, or the
+-- operator's hold after a restore).
+SELECT held_at IS NOT NULL AS held FROM inturn_destination WHERE destination = %(destination)s;

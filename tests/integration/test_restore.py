@@ -1,0 +1,270 @@
+"""A queue database restored from a backup is noticed, said and held (issue 39, part 1;
+docs/howto/backups.md): the operator records each Destination's witness (the database clock's
+tick and its last delivered and accepted messages) in its status; a real ``pg_dump`` taken
+while 30 messages were waiting, those 30 then delivered and 5 more accepted, and a real
+``pg_restore`` of the dump: the operator says in one line (log, event, ``status.restore``)
+that 30 messages may be sent twice and what was lost, and holds delivery (``spec.afterRestore``
+hold); ``inturn queue mark-delivered`` and ``resume`` decide, audited; with ``resend`` delivery
+goes on and the restore is only said."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kmock
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from inturn.operator.restore import HOLDER, Finding, Witness, went_back
+from inturn.worker.cli import main
+from inturn.worker.store.migrate import migrate
+from inturn.worker.store.restore import Seen
+from tests.integration.test_operator import (
+    DEST,
+    EVENTS,
+    NS,
+    ApiServerLikeEmulator,
+    destination,
+    env,
+    eventually,
+    obj,
+    operator,
+)
+from tests.support.keys import pg_tool
+
+pytestmark = [pytest.mark.kmock(cls=ApiServerLikeEmulator), pytest.mark.store]
+__all__ = ["env"]  # the emulator fixture of test_operator, used here by name
+
+KEY = f"{NS}/lis"
+
+
+def rows(dsn: str, n: int, state: str, tag: str) -> list[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = conn.execute(
+            "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+            " payload, size, state, finished_at)"
+            " SELECT %s, 'adt', %s || g, 'ADT^A01', 'MSH|x', 5, %s,"
+            " CASE WHEN %s = 'pending' THEN NULL ELSE now() END"
+            " FROM generate_series(1, %s) AS g RETURNING id",
+            (KEY, tag, state, state, n),
+        ).fetchall()
+    return sorted(r[0] for r in found)
+
+
+def deliver(dsn: str, ids: list[int]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE inturn_delivery SET state = 'delivered', finished_at = now()"
+            " WHERE id = ANY(%s)",
+            (ids,),
+        )
+
+
+def status(env: kmock.KubernetesEmulator) -> dict[str, Any]:
+    return dict(obj(env, DEST, "lis").get("status") or {})
+
+
+def pg_dump(dsn: str, path: Path) -> None:
+    subprocess.run(
+        [pg_tool("pg_dump"), "-Fc", "--no-owner", "--no-privileges", "-f", str(path), "-d", dsn],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def pg_restore(dsn: str, path: Path) -> None:
+    """The documented procedure (docs/howto/backups.md): the database dropped (its sessions
+    ended) and made anew, then ``pg_restore`` of the dump into it."""
+    params = conninfo_to_dict(dsn)
+    name = str(params["dbname"])
+    with psycopg.connect(make_conninfo(dsn, dbname="postgres"), autocommit=True) as server:
+        server.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        server.execute(f'CREATE DATABASE "{name}"')
+    command = [pg_tool("pg_restore"), "--no-owner", "--no-privileges", "--exit-on-error"]
+    subprocess.run(
+        [*command, "-d", dsn, str(path)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def queue_db(empty_db: str, env: kmock.KubernetesEmulator, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A database of this test's own (it is restored under the operator's feet)."""
+    migrate(empty_db)
+    monkeypatch.setenv("INTURN_DSN", empty_db)
+    monkeypatch.setenv("INTURN_RESTORE_TICK_SECONDS", "1")
+    return empty_db
+
+
+async def test_a_restored_dump_is_noticed_said_held_and_decided(
+    env: kmock.KubernetesEmulator,
+    queue_db: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env.objects[DEST, NS, "lis"] = destination("lis")
+    before = rows(queue_db, 20, "delivered", "OLD")
+    waiting = rows(queue_db, 30, "pending", "WAIT")
+    caplog.set_level(logging.WARNING, logger="inturn.operator")
+    async with operator():
+        await eventually(lambda: status(env)["witness"]["acceptedThrough"] == waiting[-1])
+        assert status(env)["witness"]["deliveredThrough"] == before[-1]
+        backup = tmp_path / "queue.dump"
+        pg_dump(queue_db, backup)
+        # after the backup: the 30 waiting messages are delivered, 5 more accepted
+        deliver(queue_db, waiting)
+        lost = rows(queue_db, 5, "pending", "LATE")
+        await eventually(lambda: status(env)["witness"]["deliveredThrough"] == waiting[-1])
+        assert status(env)["witness"]["acceptedThrough"] == lost[-1]
+        # the disaster recovery: the database restored from the dump
+        pg_restore(queue_db, backup)
+        restore = await eventually(lambda: status(env).get("restore"), timeout=30)
+        assert (restore["policy"], restore["mayBeSentAgain"], restore["deliveredThrough"]) == (
+            "hold",
+            30,
+            waiting[-1],
+        )
+        assert "30 message(s) delivered before may be sent again" in restore["message"]
+        assert "ask the senders to send them again" in restore["message"]
+        with psycopg.connect(queue_db) as conn:
+            held = conn.execute(
+                "SELECT held_by, held_why FROM inturn_destination WHERE destination = %s",
+                (KEY,),
+            ).fetchone()
+            audited = conn.execute(
+                "SELECT who, action FROM inturn_audit WHERE destination = %s", (KEY,)
+            ).fetchall()
+        assert held is not None and held[0] == HOLDER and "went back in time" in held[1]
+        assert audited == [(HOLDER, "suspend")]
+        events = [
+            o.raw
+            for (res, ns, _), o in env.objects.items()
+            if res == EVENTS and ns == NS and o.raw.get("reason") == "DatabaseRestored"
+        ]
+        assert len(events) == 1
+        lines = [r.getMessage() for r in caplog.records if "went back in time" in r.getMessage()]
+        assert len(lines) == 1  # one line for the destination, not one per pass
+        # a person decides: the receiver has the first 30; the rest may go
+        dsn = ["--dsn", queue_db, "--who", "ops"]
+        await asyncio.to_thread(
+            main,
+            [
+                "queue",
+                "mark-delivered",
+                KEY,
+                "--through",
+                str(waiting[-1]),
+                "--why",
+                "it has them",
+                *dsn,
+            ],
+        )
+        await asyncio.to_thread(main, ["queue", "resume", KEY, *dsn])
+        await eventually(lambda: not status(env).get("restore"), timeout=30)
+    with psycopg.connect(queue_db) as conn:
+        states = conn.execute(
+            "SELECT state, count(*) FROM inturn_delivery WHERE destination = %s GROUP BY 1",
+            (KEY,),
+        ).fetchall()
+        actions = conn.execute(
+            "SELECT who, action FROM inturn_audit WHERE destination = %s ORDER BY id", (KEY,)
+        ).fetchall()
+    assert dict(states) == {"delivered": 50}
+    assert actions == [(HOLDER, "suspend"), ("ops", "mark-delivered"), ("ops", "resume")]
+
+
+async def test_with_resend_delivery_goes_on_and_the_restore_is_said(
+    env: kmock.KubernetesEmulator, queue_db: str, tmp_path: Path
+) -> None:
+    body = destination("lis")
+    body["spec"]["afterRestore"] = "resend"
+    env.objects[DEST, NS, "lis"] = body
+    waiting = rows(queue_db, 10, "pending", "WAIT")
+    async with operator():
+        await eventually(lambda: status(env)["witness"]["acceptedThrough"] == waiting[-1])
+        backup = tmp_path / "queue.dump"
+        pg_dump(queue_db, backup)
+        deliver(queue_db, waiting)
+        await eventually(lambda: status(env)["witness"]["deliveredThrough"] == waiting[-1])
+        pg_restore(queue_db, backup)
+        await eventually(
+            lambda: any(
+                o.raw.get("reason") == "DatabaseRestored"
+                for (res, _, _), o in env.objects.items()
+                if res == EVENTS
+            ),
+            timeout=30,
+        )
+        # not held: the ten go again (receivers deduplicate by MSH-10), and the witness restarts
+        await eventually(lambda: not status(env).get("restore"), timeout=30)
+    with psycopg.connect(queue_db) as conn:
+        held = conn.execute(
+            "SELECT held_at FROM inturn_destination WHERE destination = %s", (KEY,)
+        ).fetchone()
+    assert held == (None,)
+
+
+def test_the_decision_is_pure() -> None:
+    recorded = Witness(7, 50, "2026-12-05T10:00:00Z", 55, "2026-12-05T10:01:00Z")
+    assert Witness.from_status(recorded.to_status()) == recorded
+    assert went_back(recorded, 6) and not went_back(recorded, 7) and not went_back(None, 0)
+    now = Seen(20, None, 50, None)
+    line = Finding(KEY, "hold", 30, recorded, now).line()
+    assert "30 message(s) delivered before may be sent again" in line
+    assert "up to 2026-12-05T10:01:00Z are not in the database" in line
+    assert f"inturn queue mark-delivered {KEY} --through 50" in line
+    assert "receivers see repeats" in Finding(KEY, "resend", 1, recorded, now).line()
+
+
+async def test_a_worker_that_outlives_the_restore_waits_for_the_operators_look(
+    fresh_db: str,
+) -> None:
+    """A worker alive across the restore sees the database's clock go back at its next session
+    and sends nothing until the operator has ticked again (then its hold, if any, decides)."""
+    from inturn.worker.store import queue
+    from inturn.worker.store.model import NewItem
+    from inturn.worker.testing import MllpReceiver
+    from tests.support.pipeline import register, worker, worker_config
+
+    def message(n: int) -> NewItem:
+        payload = f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|RS{n}|P|2.5\rPID|1||R{n}\r".encode()
+        return NewItem(KEY, "adt", f"RS{n}", "ADT^A01", payload)
+
+    async def enqueue(*numbers: int) -> None:
+        async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            await queue.enqueue(conn, [message(n) for n in numbers])
+
+    register(fresh_db, KEY, "adt")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO inturn_clock (one, tick) VALUES (true, 5)"
+            " ON CONFLICT (one) DO UPDATE SET tick = 5"
+        )
+    async with (
+        MllpReceiver() as rx,
+        worker(worker_config(KEY, rx.port, channel="adt"), fresh_db),
+    ):
+        await enqueue(1)
+        await rx.wait_for(1)
+        # the restore: the clock goes back, every session of the database ends
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("UPDATE inturn_clock SET tick = 3")
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        await enqueue(2, 3)
+        await asyncio.sleep(4)  # two of its looks: nothing may go meanwhile
+        assert len(rx.received) == 1
+        with psycopg.connect(fresh_db, autocommit=True) as conn:
+            conn.execute("UPDATE inturn_clock SET tick = 4")  # the operator's look
+        await rx.wait_for(3, timeout=20)
+    assert [p.split(b"|")[9] for p in rx.received] == [b"RS1", b"RS2", b"RS3"]
