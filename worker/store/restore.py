@@ -1,6 +1,6 @@
 """A database that went back in time (issue 39, part 1; docs/howto/backups.md).
 
-The queue database carries a clock (``inturn_clock``, migration 0038) that the operator moves
+The queue database carries a clock (``inturn_clock``, migration 0039) that the operator moves
 on once a minute and records, with what each destination had accepted and delivered, in the
 Destination's status, outside the database. A restore (a dump, a base backup, point-in-time
 recovery, a failover to a replica that had not received the last ticks) brings back an older
@@ -42,7 +42,7 @@ class Seen:
 async def tick(conn: AsyncConnection[Any]) -> tuple[int, int]:
     """Move the database's clock on: ``(the tick it held, the tick it holds now)``."""
     row = await fetch_one(conn, Q["tick"], row=dict_row)
-    assert row is not None  # migration 0038 made its one row
+    assert row is not None  # migration 0039 made its one row
     return int(row["before"]), int(row["now"])
 
 

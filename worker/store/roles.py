@@ -262,7 +262,7 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     },
     # The worker role's name, recorded by --create-roles for the login functions: nobody's.
     "inturn_role_setting": {},
-    # The database's clock (migration 0038): the operator moves it on and reads it (a restored
+    # The database's clock (migration 0039): the operator moves it on and reads it (a restored
     # database holds an older tick than the Destinations' status recorded).
     "inturn_clock": {
         "worker": (SELECT,),
