@@ -191,3 +191,61 @@ async def test_a_resend_goes_after_the_messages_accepted_before_it(fresh_db: str
             (A,),
         )
         assert [(m if m is not None else i) for i, m in await cur.fetchall()] == [*later, copy]
+
+
+async def test_the_sweeper_judges_messages_no_worker_pulled(fresh_db: str) -> None:
+    """No worker ever ran for A (stuck after 60 s), for B (expiring after 600 s) nor for the
+    deleted D: their messages wait in the log an hour. The sweeper pulls them, then finds A and B
+    stuck, B's messages expired (skipped by it) and D orphaned; E, whose message is a second
+    old, is left to its worker."""
+    from inturn.worker.worklist.delivery_rules import (
+        delivery_expired,
+        destination_stuck,
+        orphaned_queue,
+    )
+    from tests.support.db import register as register_live
+
+    d, e = "ward/d", "ward/e"
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await register_live(conn, A, CHANNEL, stuck_after_seconds=60)
+        await register_live(conn, B, CHANNEL, expire_after_seconds=600)
+        await register_live(conn, d, CHANNEL)
+        await register_live(conn, e, CHANNEL)
+        await conn.execute(
+            "UPDATE inturn_destination SET deleted_at = now() WHERE destination = %s", (d,)
+        )
+        with psycopg.connect(fresh_db, autocommit=True) as sync:
+            old = append(sync, [A, B, d], 2)
+            sync.execute(
+                "UPDATE inturn_message SET enqueued_at = now() - interval '1 hour'"
+                " WHERE id = ANY(%s)",
+                (old,),
+            )
+            append(sync, [e], 1)
+        stuck = await destination_stuck(conn, limit=10, dry_run=False)
+        assert stuck.placed == 2  # A, and B (the default 900 s) before its expiry skips them
+        orphaned = await orphaned_queue(conn, limit=10, dry_run=False)
+        assert orphaned.placed == 1
+        expired = await delivery_expired(conn, limit=10, dry_run=False)
+        assert expired.placed == 2
+        cur = await conn.execute(
+            "SELECT record_key, reason FROM inturn_worklist_item ORDER BY reason, record_key"
+        )
+        keys = await cur.fetchall()
+        assert [(k, r) for k, r in keys if r != "expired"] == [
+            (A, "destination-stuck"),
+            (B, "destination-stuck"),
+            (d, "orphaned-queue"),
+        ]
+        cur = await conn.execute(
+            "SELECT destination, state, decided_by FROM inturn_delivery ORDER BY destination, id"
+        )
+        assert await cur.fetchall() == [
+            (A, "pending", None),
+            (A, "pending", None),
+            (B, "skipped", "sweeper"),
+            (B, "skipped", "sweeper"),
+            (d, "pending", None),
+            (d, "pending", None),
+        ]
+        assert [r.pending for r in await reads.depth(conn, e)] == [1]  # not pulled: too new

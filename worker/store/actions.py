@@ -97,20 +97,23 @@ async def skip(
 PULL_BATCH = 5000
 
 
-async def pull_all(conn: AsyncConnection[Any], destination: str) -> int:
+async def pull_all(
+    conn: AsyncConnection[Any], destination: str, *, at_most: int | None = None
+) -> int:
     """Turn every message of the channel log routed to ``destination`` and not pulled yet into
     rows of its queue, in log order, in the caller's transaction (batches of
     :data:`PULL_BATCH`; ``inturn_pull_for``, migration 0038): the destination's enqueue lock is
     then held until COMMIT, so no worker pulls meanwhile and what the caller does next to the
-    destination's pending rows covers every message accepted for it so far. Returns the rows
-    pulled (0 for a destination with no channel)."""
+    destination's pending rows covers every message accepted for it so far. ``at_most``: stop
+    after about that many rows (whole batches; the sweeper's bound), None: all. Returns the
+    rows pulled (0 for a destination with no channel)."""
     total = 0
     while True:
         params = {"destination": destination, "limit": PULL_BATCH}
         row = await fetch_one(conn, Q["pull_for"], params, row=dict_row)
         pulled = int(row["pulled"]) if row else 0
         total += pulled
-        if pulled < PULL_BATCH:
+        if pulled < PULL_BATCH or (at_most is not None and total >= at_most):
             return total
 
 

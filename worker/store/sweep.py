@@ -15,7 +15,7 @@ from typing import Any, LiteralString
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from inturn.worker.store import audit, notify
+from inturn.worker.store import actions, audit, notify
 from inturn.worker.store.queries import fetch_all, load
 
 Q = load("sweep.sql")
@@ -86,6 +86,33 @@ async def pending_keys(
         "record_keys": list(keys),
     }
     return {r["record_key"] for r in await _rows(conn, Q["pending_keys"], params)}
+
+
+#: Seconds a message may wait in the channel log, not pulled by a destination, before the
+#: sweeper pulls it for that destination (a live worker pulls at every wake-up, within
+#: milliseconds; one stopped or missing does not).
+PULL_AFTER_SECONDS = 30.0
+
+#: Rows the sweeper pulls for one destination per run, at most (whole batches).
+PULL_AT_MOST = 50_000
+
+
+async def pull_behind(
+    conn: AsyncConnection[Any], *, limit: int, after_seconds: float = PULL_AFTER_SECONDS
+) -> dict[str, int]:
+    """Pull, for each destination (at most ``limit``, oldest first) with a message of its
+    channel's log not pulled for ``after_seconds``, what it has not pulled (up to
+    :data:`PULL_AT_MOST` rows), one transaction each, and wake its worker: the rules that
+    follow (stuck, orphaned, expired) see every message accepted for it as a row. Returns
+    ``{destination: rows pulled}``."""
+    rows = await _rows(conn, Q["behind"], {"seconds": after_seconds, "limit": limit})
+    pulled: dict[str, int] = {}
+    for row in rows:
+        destination = str(row["destination"])
+        async with conn.transaction():
+            pulled[destination] = await actions.pull_all(conn, destination, at_most=PULL_AT_MOST)
+            await notify.wake(conn, [destination])
+    return pulled
 
 
 async def skip_expired(

@@ -22,7 +22,11 @@
     is delivered: nothing is left for a person to do. Until then it stays, so a copy that fails
     again still shows the original's history; that copy has its own item.
 
-Each rule takes the most overdue first, at most ``limit`` per run.
+Each rule takes the most overdue first, at most ``limit`` per run. Before judging, the
+stuck, orphaned and expiry rules pull for each destination whose messages have waited in its
+channel's log unpulled for :data:`~inturn.worker.store.sweep.PULL_AFTER_SECONDS` (its worker is
+stopped, missing or far behind), so that they judge those messages as rows (not in a dry run,
+which writes nothing).
 """
 
 from __future__ import annotations
@@ -117,6 +121,8 @@ async def destination_stuck(
 ) -> RuleOutcome:
     """Raise destinations whose head waited past their threshold, counting only time inside
     their delivery window; clear those that recovered or whose window closed."""
+    if not dry_run:
+        await store.pull_behind(conn, limit=limit)
     windows = open_windows(await store.schedules(conn), await store.now(conn))
     reason = "destination-stuck"
     return await _destination_rule(
@@ -143,6 +149,8 @@ async def destination_stuck(
 
 async def orphaned_queue(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Raise pending messages of unregistered destinations; clear those registered again."""
+    if not dry_run:
+        await store.pull_behind(conn, limit=limit)
     reason = "orphaned-queue"
     return await _destination_rule(
         conn,
@@ -183,6 +191,8 @@ async def resent_delivered(conn: AsyncConnection[Any], *, limit: int, dry_run: b
 async def delivery_expired(conn: AsyncConnection[Any], *, limit: int, dry_run: bool) -> RuleOutcome:
     """Skip (as ``sweeper``) and place messages older than their ``expireAfterSeconds``."""
     outcome = RuleOutcome()
+    if not dry_run:
+        await store.pull_behind(conn, limit=limit)
     due = await store.expired_due(conn, limit=limit)
     if dry_run:
         outcome.placed = len(due)

@@ -4,6 +4,17 @@
 -- urgent wait for the next run. Every scan goes through the pending-head index
 -- (inturn_delivery_head), so its cost follows what is due, not the size of the table.
 
+-- name: behind
+-- Destinations with a message of their channel's log routed to them and not pulled for at
+-- least %(seconds)s seconds (inturn_unpulled, migration 0038): a worker that is stopped,
+-- missing or far behind. The sweeper pulls for them, so that its rules (stuck, orphaned,
+-- expired) judge those messages as rows. Oldest first, at most %(limit)s.
+SELECT destination, pending, oldest
+  FROM inturn_unpulled(NULL)
+ WHERE oldest <= now() - make_interval(secs => %(seconds)s)
+ ORDER BY oldest, destination
+ LIMIT %(limit)s;
+
 -- name: stuck_due
 -- Live destinations whose head (oldest pending message) has waited at least their threshold.
 -- With lanes (d.lanes > 1) the oldest pending message holds only what must wait for it (its
