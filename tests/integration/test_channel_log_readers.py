@@ -4,10 +4,13 @@ and per destination; drain, erasure, resend and the sweeper act on both."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import pytest
 from psycopg import AsyncConnection
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.store import actions, delivery, reads, registry
 from inturn.worker.store import lease as leases
 from tests.integration.test_channel_log_pull import CHANNEL, append
@@ -249,3 +252,66 @@ async def test_the_sweeper_judges_messages_no_worker_pulled(fresh_db: str) -> No
             (d, "pending", None),
         ]
         assert [r.pending for r in await reads.depth(conn, e)] == [1]  # not pulled: too new
+
+
+async def sealed_log_row(
+    conn: psycopg.Connection,
+    codec: PayloadCodec | None,
+    route: list[str],
+    plain: bytes,
+    keys: list[str],
+) -> int:
+    """A message appended to the log sealed once, bound to its log id and channel, as ingest
+    seals it with payload keys."""
+    conn.execute(
+        "INSERT INTO inturn_route (channel, destinations) VALUES (%s, %s)"
+        " ON CONFLICT (channel, destinations) DO NOTHING",
+        (CHANNEL, sorted(route)),
+    )
+    [(route_id,)] = conn.execute(
+        "SELECT id FROM inturn_route WHERE channel = %s AND destinations = %s",
+        (CHANNEL, sorted(route)),
+    ).fetchall()
+    [(log_id,)] = conn.execute("SELECT nextval('inturn_message_id_seq')").fetchall()
+    stored = await codec.seal(log_id, f"channel:{CHANNEL}", plain) if codec else plain
+    conn.execute(
+        "INSERT INTO inturn_message (id, channel, control_id, message_type, payload, size,"
+        " route, patient_keys) OVERRIDING SYSTEM VALUE"
+        " VALUES (%s, %s, 'CTL', 'ADT^A01', %s, %s, %s, %s)",
+        (log_id, CHANNEL, stored, len(plain), route_id, keys),
+    )
+    return int(log_id)
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["clear", "sealed"])
+async def test_lookups_that_read_payloads_open_a_slim_rows_log_payload(
+    fresh_db: str, keys_dir: Path, key_dsn: str, sealed: bool
+) -> None:
+    """A message whose identifiers passed ingest's cap (only 'capped' indexed) is sealed once
+    in the log and pulled by A and B: the lookup by patient beyond the index and the payload
+    scan open it, with its log row's binding, for each destination's row."""
+    from inturn.worker.operations import privacy
+    from inturn.worker.store import identifiers
+    from tests.support import keys as test_keys
+
+    codec = await test_keys.codec(keys_dir, key_dsn) if sealed else None
+    plain = (
+        b"MSH|^~\\&|ADT|HOSP|LAB|HOSP|20261205120000||ADT^A01|CTL|P|2.5\r"
+        b"PID|1||H-9^^^HOSP^MR~H-10^^^HOSP^MR||LOG^LENA\r"
+    )
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B)
+        log_id = await sealed_log_row(sync, codec, [A, B], plain, ["capped"])
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        for d in (A, B):
+            lease = await leases.acquire(conn, d, "w", 60)
+            await delivery.pull(conn, d, CHANNEL, lease=lease)
+        cur = await conn.execute(
+            "SELECT id FROM inturn_delivery WHERE message_id = %s ORDER BY id", (log_id,)
+        )
+        rows = [r[0] for r in await cur.fetchall()]
+        found = await identifiers.find_patient(conn, "H-10", payloads=codec)
+        assert [i.id for i in found] == rows
+        assert await identifiers.find_patient(conn, "H-11", payloads=codec) == []
+        scanned = await privacy.find_for_erasure(conn, patient_id="H-9", scan=True, payloads=codec)
+        assert sorted(m.id for m in scanned) == rows

@@ -211,7 +211,7 @@ async def _scan_for_patient(
             elapsed = time.monotonic() - started
             left = max(rows - seen, 0) * elapsed / seen
             progress(f"at the rate of the first {seen} items: about {left:.0f}s more")
-        plain = await payloads.open(held.id, held.destination, held.payload)
+        plain = await payloads.open(held.seal_id, held.seal_scope, held.payload)
         if has_patient_id(plain, patient_id, authority):
             matched.append(Match(held.id, held.destination, held.state, held.message_type))
     return matched

@@ -110,7 +110,7 @@ async def _read_matches(
             conn, query, {**params, "after": after, "batch": batch}, row=dict_row
         )
         for r in rows:
-            plain = await codec.open(int(r["id"]), str(r["destination"]), bytes(r["payload"]))
+            plain = await codec.open(int(r["seal_id"]), str(r["seal_scope"]), bytes(r["payload"]))
             if has_patient_id(plain, ident, authority):
                 found.append(Item.from_row(r))
         if len(rows) < batch:

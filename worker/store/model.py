@@ -238,6 +238,10 @@ class ScannedPayload:
     state: State
     message_type: str
     payload: bytes
+    #: The binding its envelope was sealed under: its own id and destination, or (a slim row
+    #: of the channel log) its log row's id and ``channel:<name>``.
+    seal_id: int
+    seal_scope: str
 
 
 @dataclass(frozen=True)

@@ -592,11 +592,18 @@ SELECT (SELECT count(*)
            AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)) AS total;
 
 -- name: scan_payloads
--- Keyset pages of every held item with its payload (a data-subject search without the index).
-SELECT id, destination, channel, state, message_type, payload
-  FROM inturn_delivery
- WHERE id > %(after)s
- ORDER BY id
+-- Keyset pages of every held item with its payload (a data-subject search without the index);
+-- a slim row reads its log row's, with the binding each was sealed under (payload_binding).
+SELECT d.id, d.destination, d.channel, d.state, d.message_type,
+       coalesce(d.payload, m.payload) AS payload,
+       CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_id, d.id)
+            ELSE coalesce(m.seal_id, m.id) END AS seal_id,
+       CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_scope, d.destination)
+            ELSE coalesce(m.seal_scope, 'channel:' || m.channel) END AS seal_scope
+  FROM inturn_delivery d
+  LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL
+ WHERE d.id > %(after)s
+ ORDER BY d.id
  LIMIT %(batch)s;
 
 -- name: get_item
@@ -860,26 +867,40 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
 -- inturn.worker.hl7.pid.CAPPED_KEY, found by the same GIN index) and whose indexed keys do not
 -- hold the key searched: the few rows a lookup by patient reads the payloads of, so that an
 -- identifier past the cap is found. Oldest first, keyset pages ("after": the last id).
--- key: the key's forms, comma-separated (as find_patient).
-SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
-       payload
-  FROM inturn_delivery
- WHERE patient_keys @> ARRAY['capped']::text[]
-   AND NOT patient_keys && string_to_array(%(key)s::text, ',')
-   AND id > %(after)s
- ORDER BY id
+-- key: the key's forms, comma-separated (as find_patient). A slim row reads its log row's
+-- payload, each with the binding it was sealed under (payload_binding).
+SELECT d.id, d.channel, d.destination, d.control_id, d.message_type, d.size, d.state,
+       d.attempts, d.enqueued_at, d.next_attempt, d.last_attempt, d.last_error, d.reason,
+       d.decided_by, d.finished_at,
+       coalesce(d.payload, m.payload) AS payload,
+       CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_id, d.id)
+            ELSE coalesce(m.seal_id, m.id) END AS seal_id,
+       CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_scope, d.destination)
+            ELSE coalesce(m.seal_scope, 'channel:' || m.channel) END AS seal_scope
+  FROM inturn_delivery d
+  LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL
+ WHERE d.patient_keys @> ARRAY['capped']::text[]
+   AND NOT d.patient_keys && string_to_array(%(key)s::text, ',')
+   AND d.id > %(after)s
+ ORDER BY d.id
  LIMIT %(batch)s;
 
 -- name: unindexed_batch
 -- Rows not indexed yet (stored before migration 0004 or by an older ingest), oldest first,
 -- found by the partial index inturn_delivery_unindexed. Keyset pages: "after" is the last id.
-SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
-       payload
-  FROM inturn_delivery
- WHERE patient_keys IS NULL AND id > %(after)s
- ORDER BY id
+-- A slim row reads its log row's payload (capped_batch).
+SELECT d.id, d.channel, d.destination, d.control_id, d.message_type, d.size, d.state,
+       d.attempts, d.enqueued_at, d.next_attempt, d.last_attempt, d.last_error, d.reason,
+       d.decided_by, d.finished_at,
+       coalesce(d.payload, m.payload) AS payload,
+       CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_id, d.id)
+            ELSE coalesce(m.seal_id, m.id) END AS seal_id,
+       CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_scope, d.destination)
+            ELSE coalesce(m.seal_scope, 'channel:' || m.channel) END AS seal_scope
+  FROM inturn_delivery d
+  LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL
+ WHERE d.patient_keys IS NULL AND d.id > %(after)s
+ ORDER BY d.id
  LIMIT %(batch)s;
 
 -- name: unindexed_count
