@@ -78,6 +78,16 @@ from inturn.worker.spec import schema
     " reaches that destination's rows only) and keeps in a Secret <name>-worker-login.",
 )
 @click.option(
+    "--worker-network-policy",
+    envvar="INTURN_WORKER_NETWORK_POLICY",
+    default=None,
+    metavar="JSON",
+    help="Make a NetworkPolicy for each Destination's worker pods (owned by it): a JSON object"
+    ' of its peers, e.g. {"monitoring": [{"namespaceSelector": ...}], "postgresPort": 5432,'
+    ' "postgresTo": [...], "dnsTo": [...], "receivers": [...]} (each optional; receivers'
+    " empty: any address). Unset: none (the chart makes one per watched namespace).",
+)
+@click.option(
     "--worker-service-account",
     envvar="INTURN_WORKER_SERVICE_ACCOUNT",
     default=None,
@@ -148,6 +158,7 @@ def operator_command(
     key_dsn_secret: str,
     key_dsn_secret_key: str,
     worker_logins: str,
+    worker_network_policy: str | None,
     worker_service_account: str | None,
     status_interval: float,
     liveness: str,
@@ -187,6 +198,7 @@ def operator_command(
             key_dsn_secret=key_dsn_secret,
             key_dsn_secret_key=key_dsn_secret_key,
             worker_logins=worker_logins,
+            worker_network_policy=worker_network_policy,
         )
     except Invalid as exc:
         raise click.BadParameter(str(exc)) from None

@@ -11,7 +11,12 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from inturn.operator.manifests import WORKER_LOGINS, WorkerPodSettings, parse_worker_env
+from inturn.operator.manifests import (
+    WORKER_LOGINS,
+    WorkerPodSettings,
+    parse_network_policy,
+    parse_worker_env,
+)
 from inturn.worker.errors import Invalid
 
 
@@ -68,6 +73,7 @@ class OperatorConfig:
         key_dsn_secret: str = "inturn-keys",
         key_dsn_secret_key: str = "dsn",
         worker_logins: str = "shared",
+        worker_network_policy: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> OperatorConfig:
         """The one place an operator's settings are built: from ``inturn operator``'s options
@@ -95,6 +101,10 @@ class OperatorConfig:
             plain_env, secret_env = parse_worker_env(worker_env, worker_secret_env)
         except ValueError as exc:
             raise Invalid(f"--worker-env: {exc}") from None
+        try:
+            policy = parse_network_policy(worker_network_policy)
+        except ValueError as exc:
+            raise Invalid(str(exc)) from None
         if priority is None:
             priority = random.randint(1, 2**30) if peering else 0
         return cls(
@@ -112,6 +122,7 @@ class OperatorConfig:
                 key_dsn_secret=key_dsn_secret,
                 key_dsn_secret_key=key_dsn_secret_key,
                 worker_logins=worker_logins,
+                network_policy=policy,
             ),
             dsn=dsn or None,
             namespaces=tuple(n for item in namespaces for n in item.replace(",", " ").split()),
@@ -131,7 +142,8 @@ class OperatorConfig:
         ``INTURN_DSN_SECRET_KEY``, ``INTURN_WORKER_SERVICE_ACCOUNT``,
         ``INTURN_STATUS_INTERVAL`` (seconds), ``INTURN_WATCH_NAMESPACES`` (comma-separated),
         ``INTURN_PAYLOAD_KEYS_SECRET``, ``INTURN_KEY_DSN_SECRET``, ``INTURN_KEY_DSN_SECRET_KEY``,
-        ``INTURN_WORKER_LOGINS`` (``shared`` or ``per-destination``).
+        ``INTURN_WORKER_LOGINS`` (``shared`` or ``per-destination``),
+        ``INTURN_WORKER_NETWORK_POLICY`` (JSON: the workers' NetworkPolicy peers).
 
         Raises:
             Invalid: ``INTURN_WORKER_IMAGE`` is missing, a number is malformed, or an unknown
@@ -158,6 +170,7 @@ class OperatorConfig:
             key_dsn_secret=env.get("INTURN_KEY_DSN_SECRET", "inturn-keys"),
             key_dsn_secret_key=env.get("INTURN_KEY_DSN_SECRET_KEY", "dsn"),
             worker_logins=env.get("INTURN_WORKER_LOGINS", "shared"),
+            worker_network_policy=env.get("INTURN_WORKER_NETWORK_POLICY") or None,
             env=env,
         )
         return dataclasses.replace(made, restore_tick_seconds=max(1.0, tick))

@@ -111,7 +111,8 @@ class KubeApi:
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     async def apply(self, obj: Mapping[str, Any], *, exists: bool = True) -> str:
-        """Make a ConfigMap or Deployment exactly ``obj``: server-side apply, or create.
+        """Make a ConfigMap, Deployment or NetworkPolicy exactly ``obj``: server-side apply, or
+        create.
 
         Args:
             exists: whether the object is believed to exist. If so, apply first (and create on
@@ -151,6 +152,20 @@ class KubeApi:
                 _preload_content=False,
             )
             create = lambda: self._apps.create_namespaced_deployment(  # noqa: E731
+                namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
+            )
+        elif kind == "NetworkPolicy":
+            networking = kubernetes.client.NetworkingV1Api(self._core.api_client)
+            patch = lambda: networking.patch_namespaced_network_policy(  # noqa: E731
+                name,
+                namespace,
+                body,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+                _preload_content=False,
+            )
+            create = lambda: networking.create_namespaced_network_policy(  # noqa: E731
                 namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
             )
         else:  # pragma: no cover - programming error

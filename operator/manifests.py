@@ -84,6 +84,9 @@ class WorkerPodSettings:
             worker opens encrypted payloads (None: encryption off).
         key_dsn_secret, key_dsn_secret_key: the Secret and key of the key store's DSN, given
             as ``INTURN_KEY_DSN`` (with ``payload_keys_secret``).
+        network_policy: the worker NetworkPolicy's peers (``--worker-network-policy``, see
+            :func:`network_policy`), or None: the operator makes none (the chart makes one per
+            watched namespace instead).
         worker_logins: ``shared`` (every worker logs in as the DSN's user) or
             ``per-destination`` (each worker as its destination's own login, from the Secret
             :func:`login_secret_name` names: ``INTURN_DB_USER`` and ``INTURN_DB_PASSWORD``;
@@ -106,6 +109,7 @@ class WorkerPodSettings:
     key_dsn_secret: str = "inturn-keys"
     key_dsn_secret_key: str = "dsn"
     worker_logins: str = "shared"
+    network_policy: Mapping[str, Any] | None = None
 
 
 #: How worker pods log in to Postgres (:attr:`WorkerPodSettings.worker_logins`).
@@ -113,6 +117,89 @@ WORKER_LOGINS = ("shared", "per-destination")
 #: The keys of a destination's login Secret.
 LOGIN_USER_KEY = "user"
 LOGIN_PASSWORD_KEY = "password"
+
+
+#: The keys ``--worker-network-policy`` takes (each optional): who may scrape a worker's HTTP
+#: port, where Postgres and DNS are, and the receivers' egress rules (empty: any address).
+NETWORK_POLICY_KEYS = ("monitoring", "postgresPort", "postgresTo", "dnsTo", "receivers")
+
+
+def parse_network_policy(text: str | None) -> dict[str, Any] | None:
+    """The ``--worker-network-policy`` JSON object, checked for its keys and shapes.
+
+    Raises:
+        ValueError: not a JSON object, an unknown key, or a value of the wrong shape.
+    """
+    if not text:
+        return None
+    from inturn.worker.spec.documents import load_json
+
+    try:
+        value = load_json(text)
+    except ValueError as exc:
+        raise ValueError(f"--worker-network-policy: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--worker-network-policy: a JSON object")
+    unknown = sorted(set(value) - set(NETWORK_POLICY_KEYS))
+    if unknown:
+        raise ValueError(f"--worker-network-policy: unknown key(s) {', '.join(unknown)}")
+    for key in ("monitoring", "postgresTo", "dnsTo", "receivers"):
+        if not isinstance(value.get(key, []), list):
+            raise ValueError(f"--worker-network-policy: {key} is a list")
+    port = value.get("postgresPort", 5432)
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError("--worker-network-policy: postgresPort is a port number")
+    return value
+
+
+def network_policy(body: Mapping[str, Any], settings: WorkerPodSettings) -> dict[str, Any] | None:
+    """The NetworkPolicy of a Destination's worker pods (``<name>-worker``, owned by the
+    Destination), when the operator is told to make one: in from the monitoring peers to the
+    HTTP port (health and metrics) only; out to Postgres, DNS and the receivers (any address
+    unless ``receivers`` narrows it: receivers are anywhere). Kubernetes API conventions:
+    ``networking.k8s.io/v1`` (an empty ``from`` would admit everyone, so no ingress rule is
+    written without peers)."""
+    peers = settings.network_policy
+    if peers is None:
+        return None
+    meta = body["metadata"]
+    postgres: dict[str, Any] = {
+        "ports": [{"protocol": "TCP", "port": int(peers.get("postgresPort", 5432))}]
+    }
+    if peers.get("postgresTo"):
+        postgres["to"] = list(peers["postgresTo"])
+    dns: dict[str, Any] = {
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    }
+    if peers.get("dnsTo"):
+        dns["to"] = list(peers["dnsTo"])
+    monitoring = list(peers.get("monitoring") or [])
+    obj: dict[str, Any] = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": child_name(meta["name"]),
+            "namespace": meta["namespace"],
+            "labels": labels(meta["name"]),
+            "ownerReferences": [owner_reference(body)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(meta["name"])},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": (
+                [
+                    {
+                        "from": monitoring,
+                        "ports": [{"protocol": "TCP", "port": settings.http_port}],
+                    }
+                ]
+                if monitoring
+                else []
+            ),
+            "egress": [postgres, dns, *(list(peers.get("receivers") or []) or [{}])],
+        },
+    }
+    return _with_spec_hash(obj)
 
 
 def login_secret_name(name: str) -> str:
@@ -202,6 +289,7 @@ class Children:
     config_hash: str
     worker_config: dict[str, Any] = field(repr=False)
     spec: dict[str, Any] = field(repr=False)
+    network_policy: dict[str, Any] | None = field(default=None, repr=False)
 
 
 def child_name(name: str) -> str:
@@ -532,6 +620,7 @@ def render(body: Mapping[str, Any], settings: WorkerPodSettings) -> Children:
         config_hash=config_hash,
         worker_config=worker_config,
         spec=valid["spec"],
+        network_policy=network_policy(body, settings),
     )
 
 

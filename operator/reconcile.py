@@ -294,6 +294,11 @@ class Runtime:
         if force or dep is None or dep.spec_hash != want_dep:
             how = await self.api.apply(children.deployment, exists=dep is not None)
             log.info("Deployment %s/%s %s", key[0], children.deployment["metadata"]["name"], how)
+            if children.network_policy is not None:  # made with its worker, kept by apply
+                how = await self.api.apply(children.network_policy, exists=dep is not None)
+                log.info(
+                    "NetworkPolicy %s/%s %s", key[0], children.deployment["metadata"]["name"], how
+                )
 
     async def _report_invalid(self, snap: Mapping[str, Any], reason: str) -> None:
         meta = snap["metadata"]

@@ -145,6 +145,10 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
+#: Watching the whole cluster, the operator makes each worker's NetworkPolicy (issue 39, part 4).
+WORKER_POLICIES: dict[tuple[str, str], set[str]] = {
+    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"}
+}
 CLUSTER_DISCOVERY: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
@@ -172,7 +176,7 @@ def test_no_secret_access_and_no_wildcards_anywhere(name: str) -> None:
 
 def test_operator_rbac_is_exactly_what_it_needs() -> None:
     cluster = find(render(), "ClusterRole", "inturn-operator-cluster")
-    assert _grants(cluster) == OPERATOR_RULES | CLUSTER_DISCOVERY
+    assert _grants(cluster) == OPERATOR_RULES | CLUSTER_DISCOVERY | WORKER_POLICIES
 
     objs = render(files=["namespaced"])
     assert _grants(find(objs, "ClusterRole", "inturn-operator-cluster")) == CLUSTER_DISCOVERY
@@ -194,7 +198,9 @@ def test_per_destination_logins_let_the_operator_read_and_make_secrets_only() ->
     create (no list, watch, update or delete), and the flag on the operator."""
     objs = render({"operator": {"workerLogins": "per-destination"}})
     grants = _grants(find(objs, "ClusterRole", "inturn-operator-cluster"))
-    assert grants == OPERATOR_RULES | CLUSTER_DISCOVERY | {("", "secrets"): {"get", "create"}}
+    assert grants == OPERATOR_RULES | CLUSTER_DISCOVERY | WORKER_POLICIES | {
+        ("", "secrets"): {"get", "create"}
+    }
     args = find(objs, "Deployment", "inturn-operator")["spec"]["template"]["spec"]["containers"][0][
         "args"
     ]
@@ -287,7 +293,11 @@ def test_sweeper_cronjob_runs_inturn_sweep_within_its_period() -> None:
     assert "--worker-env=INTURN_WORKLIST_NATS_URL=nats://nats:4222" in args
     assert "--worker-secret-env=INTURN_WORKLIST_WEBHOOK_SECRET=wh/k" in args
     plain = find(render(), "Deployment", "inturn-operator")["spec"]["template"]["spec"]
-    assert not [a for a in plain["containers"][0]["args"] if a.startswith("--worker-")]
+    assert not [
+        a
+        for a in plain["containers"][0]["args"]
+        if a.startswith("--worker-") and not a.startswith("--worker-network-policy=")
+    ]
 
 
 def test_cronjobs_and_migrate_hook() -> None:
@@ -785,3 +795,29 @@ def test_encryption_secret_is_mounted_where_payloads_are_stored_or_read() -> Non
     assert "--payload-keys-secret=inturn-payload-keys" in op["args"]
     off = render()
     assert "INTURN_PAYLOAD_KEYS" not in str(off) and "payload-keys-secret" not in str(off)
+
+
+def test_watching_the_whole_cluster_the_operator_makes_each_workers_network_policy() -> None:
+    """No namespace is known to the chart: the operator gets the workers' NetworkPolicy peers
+    (the chart's own monitoring, Postgres, DNS and receivers values) and makes one per
+    Destination; with namespaces listed the chart makes them and the operator none."""
+    import json
+
+    args = find(render(), "Deployment", "inturn-operator")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    [flag] = [a for a in args if a.startswith("--worker-network-policy=")]
+    peers = json.loads(flag.split("=", 1)[1])
+    assert peers["postgresPort"] == 5432 and peers["receivers"] == []
+    assert peers["monitoring"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    assert peers["dnsTo"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "kube-system"
+    }
+    namespaced = find(render(files=["namespaced"]), "Deployment", "inturn-operator")
+    args = namespaced["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--worker-network-policy")]
+    off = find(render({"networkPolicy": {"enabled": False}}), "Deployment", "inturn-operator")
+    args = off["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--worker-network-policy")]

@@ -18,6 +18,13 @@
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- $np := .Values.networkPolicy }}
+{{- if and $np.enabled $np.workers.enabled (not (.Values.operator.watchNamespaces | default $np.workers.namespaces)) }}
+# each worker's NetworkPolicy, owned by its Destination (the garbage collector deletes it)
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
 {{- if eq .Values.operator.workerLogins "per-destination" }}
 # each Destination's worker login: its Secret is read and made (never changed or deleted:
 # the garbage collector removes it with its Destination)
