@@ -22,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from inturn.operator.restore import HOLDER, Finding, Witness, went_back
 from inturn.worker.cli import main
+from inturn.worker.store import restore as restore_store
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.restore import Seen
 from tests.integration.test_operator import (
@@ -35,6 +36,7 @@ from tests.integration.test_operator import (
     obj,
     operator,
 )
+from tests.support import pgcluster
 from tests.support.keys import pg_tool
 
 pytestmark = [pytest.mark.kmock(cls=ApiServerLikeEmulator), pytest.mark.store]
@@ -268,3 +270,39 @@ async def test_a_worker_that_outlives_the_restore_waits_for_the_operators_look(
             conn.execute("UPDATE inturn_clock SET tick = 4")  # the operator's look
         await rx.wait_for(3, timeout=20)
     assert [p.split(b"|")[9] for p in rx.received] == [b"RS1", b"RS2", b"RS3"]
+
+
+@pytest.mark.skipif(pgcluster.missing() is not None, reason=str(pgcluster.missing()))
+async def test_a_base_backup_restored_holds_the_older_tick() -> None:
+    """A physical restore (pg_basebackup, the server started on the copy) brings the clock back
+    to its tick at the backup: what the operator compares with the witness it recorded."""
+    cluster = pgcluster.Cluster()
+    try:
+        dsn = cluster.primary.dsn()
+        migrate(dsn)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for _ in range(3):
+                await restore_store.tick(conn)
+        copy = cluster.root / "backup"
+        pgcluster._run(
+            [
+                str(pgcluster.BIN / "pg_basebackup"),
+                *("-D", str(copy), "-h", str(cluster.primary.socket_dir)),
+                *("-p", str(cluster.primary.port), "-U", pgcluster.USER, "-X", "stream"),
+                "--no-sync",
+            ]
+        )
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for _ in range(3):
+                before, now = await restore_store.tick(conn)
+        recorded = Witness(now)  # what the operator wrote in the Destinations' status
+        cluster.primary.stop()
+        restored = pgcluster.Server(copy, pgcluster.free_port(), settings={"fsync": "off"})
+        cluster.servers.append(restored)
+        restored.start()
+        async with await psycopg.AsyncConnection.connect(restored.dsn(), autocommit=True) as conn:
+            held = await restore_store.clock(conn)
+        assert (before, now, held) == (5, 6, 3)
+        assert went_back(recorded, held)
+    finally:
+        cluster.close()
