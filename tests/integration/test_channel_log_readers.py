@@ -315,3 +315,51 @@ async def test_lookups_that_read_payloads_open_a_slim_rows_log_payload(
         assert await identifiers.find_patient(conn, "H-11", payloads=codec) == []
         scanned = await privacy.find_for_erasure(conn, patient_id="H-9", scan=True, payloads=codec)
         assert sorted(m.id for m in scanned) == rows
+
+
+async def test_encrypt_existing_seals_each_log_message_once(
+    fresh_db: str, keys_dir: Path, key_dsn: str
+) -> None:
+    """Two messages in clear in the log, pulled by A and B, not by C: encrypt-existing seals
+    each once, bound to its log id and channel, leaves the slim rows without a payload of
+    their own and gives them the blind index form alone; each worker's head opens it, and a
+    second run seals nothing."""
+    from inturn.worker.operations import payload_keys
+    from inturn.worker.store import identifiers
+    from tests.support import keys as test_keys
+
+    codec = await test_keys.codec(keys_dir, key_dsn)
+    plain = (
+        b"MSH|^~\\&|ADT|HOSP|LAB|HOSP|20261205120000||ADT^A01|CTL|P|2.5\r"
+        b"PID|1||H-7^^^HOSP^MR||LOG^LENA\r"
+    )
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B, C)
+        plain_keys = identifiers.keys_text(plain).split(",")
+        ids = [await sealed_log_row(sync, None, [A, B, C], plain, plain_keys) for _ in range(2)]
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        held = {}
+        for d in (A, B):
+            held[d] = await leases.acquire(conn, d, "w", 60)
+            await delivery.pull(conn, d, CHANNEL, lease=held[d])
+        done = await payload_keys.encrypt_existing(conn, codec, batch=1, settle_seconds=0)
+        assert (done.sealed, done.pending_in_clear) == (2, False)
+        cur = await conn.execute("SELECT id, payload, patient_keys FROM inturn_message ORDER BY id")
+        blind = codec.index_keys(plain)
+        for log_id, stored, keys_now in await cur.fetchall():
+            assert await codec.open(log_id, f"channel:{CHANNEL}", bytes(stored)) == plain
+            assert keys_now == blind
+        cur = await conn.execute(
+            "SELECT count(*), count(payload), count(*) FILTER (WHERE patient_keys = %s)"
+            " FROM inturn_delivery",
+            (blind,),
+        )
+        assert await cur.fetchone() == (4, 0, 4)
+        for d in (A, B):
+            head, _ = await delivery.next_head(conn, d, lease=held[d])
+            assert head is not None and head.binding == (ids[0], f"channel:{CHANNEL}")
+            assert await codec.open(*head.binding, head.payload) == plain
+        again = await payload_keys.encrypt_existing(conn, codec, batch=1, settle_seconds=0)
+        assert again.sealed == 0
+        found = await identifiers.find_patient(conn, "H-7", payloads=codec)
+        assert len(found) == 4

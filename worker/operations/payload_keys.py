@@ -79,7 +79,8 @@ class Sealed:
     """What ``inturn keys encrypt-existing`` did.
 
     Attributes:
-        sealed: rows whose payload it encrypted (clear before).
+        sealed: rows whose payload it encrypted (clear before), and messages of the channel
+            log (each sealed once, whatever the number of its destinations).
         rekeyed: sealed rows whose plain index forms it dropped (the second pass).
         pending_in_clear: whether a pending row in clear remained at the end (ingest or a
             worker without keys still writing): run it again once every process has keys.
@@ -138,6 +139,7 @@ async def encrypt_existing(
                 )
         after = rows[-1][0]
         progress(f"sealed {sealed} row(s), up to id {after}")
+    sealed += await _seal_log(conn, codec, plain, batch=batch, progress=progress)
     if await sealing.plaintext_pending(conn):
         progress("pending rows in clear remain (a process without keys?): run it again later")
         return Sealed(sealed, 0, True)
@@ -163,8 +165,61 @@ async def encrypt_existing(
             async with conn.transaction():
                 rekeyed += await sealing.set_keys(conn, changes)
         after = found[-1][0]
+    rekeyed += await _blind_log_keys(conn, codec, batch=batch)
     progress(f"index keys of {rekeyed} sealed row(s) now in the blind form alone")
     return Sealed(sealed, rekeyed, False)
+
+
+async def _seal_log(
+    conn: AsyncConnection[Any],
+    codec: PayloadCodec,
+    plain: PayloadCodec,
+    *,
+    batch: int,
+    progress: Callable[[str], None],
+) -> int:
+    """encrypt_existing's first pass over the channel log (issue 43): each message in clear
+    sealed once, bound to its log id and ``channel:<name>``, whatever the number of
+    destinations that read it, with both index forms; then the slim rows take their log row's
+    keys. Returns the messages sealed."""
+    sealed, after = 0, 0
+    while True:
+        rows = await sealing.plaintext_log_batch(conn, after=after, limit=batch)
+        if not rows:
+            break
+        async with codec.sealing():
+            envelopes = await codec.seal_many(rows)
+            keys = [
+                ",".join(sorted({*codec.index_keys(p), *plain.index_keys(p)})) for _, _, p in rows
+            ]
+            async with conn.transaction():
+                sealed += await sealing.seal_log_rows(
+                    conn, [(r[0], e, k) for r, e, k in zip(rows, envelopes, keys, strict=True)]
+                )
+                await sealing.copy_slim_keys(conn)
+        after = rows[-1][0]
+        progress(f"sealed {sealed} message(s) of the channel log, up to log id {after}")
+    return sealed
+
+
+async def _blind_log_keys(conn: AsyncConnection[Any], codec: PayloadCodec, *, batch: int) -> int:
+    """encrypt_existing's second pass over the channel log: each sealed message's index keys
+    in the blind form alone (``codec.dual_index`` is off by then), the slim rows taking them.
+    Returns the messages whose keys changed."""
+    changed, after = 0, 0
+    while True:
+        found = await sealing.index_batch(conn, "message", after=after, limit=batch)
+        if not found:
+            return changed
+        changes = []
+        for log_id, seal_id, scope, stored, keys_now in found:
+            blind = ",".join(codec.index_keys(await codec.open(seal_id, scope, stored)))
+            if blind != keys_now:
+                changes.append((log_id, blind))
+        async with conn.transaction():
+            changed += await sealing.set_table_keys(conn, "message", changes)
+            await sealing.copy_slim_keys(conn)
+        after = found[-1][0]
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,28 @@ async def seal_rows(conn: AsyncConnection[Any], rows: Sequence[tuple[int, bytes,
     return max(cur.rowcount, 0)
 
 
+async def plaintext_log_batch(
+    conn: AsyncConnection[Any], *, after: int, limit: int
+) -> list[tuple[int, str, bytes]]:
+    """Up to ``limit`` messages of the channel log in clear with an id above ``after``:
+    ``(log id, "channel:<name>", payload)``, the binding each is sealed under."""
+    params = {"after": after, "limit": limit}
+    rows = await fetch_all(conn, Q["plaintext_batch_message"], params, row=dict_row)
+    return [(int(r["id"]), str(r["destination"]), bytes(r["payload"])) for r in rows]
+
+
+async def seal_log_rows(conn: AsyncConnection[Any], rows: Sequence[tuple[int, bytes, str]]) -> int:
+    """:func:`seal_rows` for the channel log: each ``(log id, envelope, keys)``, skipping
+    messages sealed meanwhile (or erased); how many were sealed by this call."""
+    params = {
+        "ids": [r[0] for r in rows],
+        "payloads": [r[1] for r in rows],
+        "keys": [r[2] for r in rows],
+    }
+    cur = await conn.execute(Q["seal_rows_message"], params)
+    return max(cur.rowcount, 0)
+
+
 async def sealed_batch(
     conn: AsyncConnection[Any], *, after: int, limit: int
 ) -> list[tuple[int, str, bytes, str]]:

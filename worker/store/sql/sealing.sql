@@ -20,6 +20,26 @@ UPDATE inturn_delivery d
   FROM unnest(%(ids)s::bigint[], %(payloads)s::bytea[], %(keys)s::text[]) AS u(id, payload, keys)
  WHERE d.id = u.id AND substring(d.payload FROM 1 FOR 4) <> '\x00696531'::bytea;
 
+-- name: plaintext_batch_message
+-- The channel log's messages still in clear (migration 0033), by id after a keyset bound: each
+-- is sealed once, bound to its log id and "channel:<name>" (the scope returned as destination),
+-- for every destination whose slim rows read it. A log row holding another binding (seal_id)
+-- is never in clear.
+SELECT id, 'channel:' || channel AS destination, payload
+  FROM inturn_message
+ WHERE id > %(after)s AND seal_id IS NULL
+   AND substring(payload FROM 1 FOR 4) <> '\x00696531'::bytea
+ ORDER BY id
+ LIMIT %(limit)s;
+
+-- name: seal_rows_message
+-- seal_rows for the channel log: the envelope and index keys of each message, unless another
+-- run sealed it first. Returns the count.
+UPDATE inturn_message m
+   SET payload = u.payload, patient_keys = string_to_array(u.keys, ',')
+  FROM unnest(%(ids)s::bigint[], %(payloads)s::bytea[], %(keys)s::text[]) AS u(id, payload, keys)
+ WHERE m.id = u.id AND substring(m.payload FROM 1 FOR 4) <> '\x00696531'::bytea;
+
 -- name: sealed_batch
 -- Sealed rows by id after a keyset bound, with their index keys: the pass of
 -- `inturn keys encrypt-existing` that drops the plain index forms once no pending row needs them.
@@ -40,10 +60,18 @@ UPDATE inturn_delivery d
 -- ones): while one does, ingest with payload keys writes both index forms (lanes compare
 -- keys). A row naming nobody (a booking's cancellation notice, built in the database) has
 -- no keys to share and does not count.
+-- A pending slim row counts when its log row is in clear (the pending rows, then their
+-- messages by primary key).
 SELECT EXISTS (
     SELECT 1 FROM inturn_delivery
      WHERE state = 'pending' AND substring(payload FROM 1 FOR 4) <> '\x00696531'::bytea
        AND patient_keys <> '{}'
+) OR EXISTS (
+    SELECT 1 FROM inturn_delivery d
+      JOIN inturn_message m ON m.id = d.message_id
+     WHERE d.state = 'pending' AND d.payload IS NULL
+       AND substring(m.payload FROM 1 FOR 4) <> '\x00696531'::bytea
+       AND m.patient_keys <> '{}'
 ) AS found;
 
 -- name: mark_in_use
