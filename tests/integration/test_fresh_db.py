@@ -47,8 +47,10 @@ def test_empty_tables_leaves_no_row_and_restarts_ids(dsn: str) -> None:
             " payload, size) VALUES ('ward/a', 'adt', 'M1', 'ADT^A01', '\\x4d'::bytea, 1)"
         )
     emptied = empty_tables(dsn)
+    assert {"inturn_worker_sender", "inturn_delivery"} <= set(emptied)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        assert {name: count(conn, name) for name in emptied} == dict.fromkeys(emptied, 0)
+        every = tables(conn)
+        assert {name: count(conn, name) for name in every} == dict.fromkeys(every, 0)
         assert count(conn, "inturn_schema_migrations") > 0
         row = conn.execute(
             "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
@@ -57,3 +59,27 @@ def test_empty_tables_leaves_no_row_and_restarts_ids(dsn: str) -> None:
         ).fetchone()
     assert row is not None and row[0] == 1
     empty_tables(dsn)
+
+
+def test_an_id_taken_by_a_failed_insert_is_given_back(dsn: str) -> None:
+    """An INSERT refused by a constraint takes its id without writing a page: the table is
+    still found (by its sequence) and its ids start again at 1."""
+    empty_tables(dsn)
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.NotNullViolation),
+    ):
+        conn.execute(
+            "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+            " payload, size) VALUES (NULL, 'adt', 'M1', 'ADT^A01', '\\x4d'::bytea, 1)"
+        )
+    assert "inturn_delivery" in empty_tables(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+            " payload, size) VALUES ('ward/a', 'adt', 'M1', 'ADT^A01', '\\x4d'::bytea, 1)"
+            " RETURNING id"
+        ).fetchone()
+    assert row is not None and row[0] == 1
+    assert empty_tables(dsn) == ["inturn_delivery"]  # the one table written since
+    assert empty_tables(dsn) == []  # nothing written: nothing to empty

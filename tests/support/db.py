@@ -50,14 +50,39 @@ def tables(conn: psycopg.Connection[Any]) -> list[str]:
     return [r[0] for r in rows]
 
 
+#: The tables a test may have written to since they were last emptied: every table with a page
+#: on disk (an INSERT extends the file before it commits, a TRUNCATE leaves it empty) and every
+#: table owning a sequence that was advanced (an INSERT that failed on a constraint takes its id
+#: without writing a page).
+TOUCHED = """
+SELECT c.relname FROM pg_class c
+ WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'
+   AND pg_relation_size(c.oid) > 0 AND NOT c.relname = ANY(%(kept)s)
+UNION
+SELECT t.relname FROM pg_sequences s
+  JOIN pg_class q ON q.relname = s.sequencename AND q.relnamespace = current_schema()::regnamespace
+  JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = q.oid
+                  AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')
+  JOIN pg_class t ON t.oid = d.refobjid
+ WHERE s.schemaname = current_schema() AND s.last_value IS NOT NULL
+   AND NOT t.relname = ANY(%(kept)s)
+ ORDER BY 1
+"""
+
+
 def empty_tables(dsn: str) -> list[str]:
-    """Empty every table of the database at ``dsn`` but :data:`KEPT`, in one ``TRUNCATE ...
-    RESTART IDENTITY`` (ids start again at 1); returns the tables emptied."""
+    """Empty every table of the database at ``dsn`` but :data:`KEPT`: those a test wrote to
+    (:data:`TOUCHED`, read from the catalog) in one ``TRUNCATE ... RESTART IDENTITY CASCADE``
+    (ids start again at 1), the others being empty already; returns the tables emptied.
+
+    Truncating only what was written is what makes ``fresh_db`` cheap (about 2 ms when a test
+    wrote nothing, against 20 to 40 ms for all of them: docs/explanation/architecture.md, Tests).
+    """
     with psycopg.connect(dsn, autocommit=True) as conn:
-        names = tables(conn)
+        names = [r[0] for r in conn.execute(TOUCHED, {"kept": list(KEPT)}).fetchall()]
         if names:
             conn.execute(
-                sql.SQL("TRUNCATE {} RESTART IDENTITY").format(
+                sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
                     sql.SQL(", ").join(sql.Identifier(n) for n in names)
                 )
             )
