@@ -13,7 +13,7 @@ from psycopg import AsyncConnection
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.store import actions, delivery, reads, registry
 from inturn.worker.store import lease as leases
-from tests.integration.test_channel_log_pull import CHANNEL, append
+from tests.support.channel_log import CHANNEL, append
 
 pytestmark = pytest.mark.store
 

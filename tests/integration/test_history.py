@@ -21,6 +21,7 @@ from inturn.worker.hl7.pid import index_keys
 from inturn.worker.ingest import history_metrics
 from inturn.worker.store import delivery, history, worklist
 from inturn.worker.store import lease as leases
+from tests.support.channel_log import append, reset_epochs
 from tests.support.pipeline import INTURN
 
 pytestmark = pytest.mark.store
@@ -33,57 +34,11 @@ PID_42 = b"MSH|^~\\&|A|B|C|D|2026||ADT^A01|X|P|2.5\rPID|1||MRN-42^^^HOSP^MR||DOE
 PID_7 = b"MSH|^~\\&|A|B|C|D|2026||ADT^A01|Y|P|2.5\rPID|1||MRN-7^^^HOSP^MR||ROE\r"
 
 
-def reset_epochs(dsn: str) -> None:
-    """Put the epochs back as migration 0034 left them: epoch 1 open with its two partitions,
-    no other (fresh_db empties the tables but keeps inturn_epoch and the partitions)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        extra = conn.execute(
-            "SELECT relname FROM pg_class WHERE relname ~ '^inturn_(message|history)_e[0-9]+$'"
-            " AND relnamespace = to_regnamespace(current_schema())"
-        ).fetchall()
-        for (name,) in extra:
-            conn.execute(f'DROP TABLE "{name}"')
-        for parent in ("inturn_message", "inturn_history"):
-            conn.execute(
-                f"CREATE TABLE {parent}_e1 PARTITION OF {parent}"
-                " FOR VALUES FROM (1) TO (1099511627776)"
-            )
-        conn.execute("DELETE FROM inturn_epoch WHERE n > 1")
-        conn.execute(
-            "UPDATE inturn_epoch SET opened_at = now(), closed_at = NULL, detached_at = NULL,"
-            " dropped_at = NULL WHERE n = 1"
-        )
-        conn.execute("SELECT setval('inturn_message_id_seq', 1, false)")
-
-
 @pytest.fixture(autouse=True)
 def epochs_as_migrated(fresh_db: str) -> Iterator[None]:
     reset_epochs(fresh_db)
     yield
     reset_epochs(fresh_db)
-
-
-def append(conn: psycopg.Connection[Any], route: list[str], n: int, tag: str = "C") -> list[int]:
-    """Append ``n`` messages routed to ``route`` to the channel log, as ingest does."""
-    conn.execute(
-        "INSERT INTO inturn_route (channel, destinations) VALUES (%s, %s)"
-        " ON CONFLICT (channel, destinations) DO NOTHING",
-        (CHANNEL, sorted(route)),
-    )
-    [(route_id,)] = conn.execute(
-        "SELECT id FROM inturn_route WHERE channel = %s AND destinations = %s",
-        (CHANNEL, sorted(route)),
-    ).fetchall()
-    ids = []
-    for i in range(n):
-        payload = f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|{tag}{i}|P|2.5\r".encode()
-        [(log_id,)] = conn.execute(
-            "INSERT INTO inturn_message (channel, control_id, message_type, payload, size, route,"
-            " patient_keys) VALUES (%s, %s, 'ADT^A01', %s, %s, %s, '{k1}') RETURNING id",
-            (CHANNEL, f"{tag}{i}", payload, len(payload), route_id),
-        ).fetchall()
-        ids.append(log_id)
-    return ids
 
 
 async def pulled(conn: AsyncConnection[Any], destination: str) -> None:

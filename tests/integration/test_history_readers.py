@@ -19,8 +19,8 @@ from inturn.worker.store import actions, delivery, history, identifiers, queue, 
 from inturn.worker.store import lease as leases
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
-from tests.integration.test_history import append, reset_epochs
 from tests.support import keys
+from tests.support.channel_log import append, reset_epochs
 from tests.support.pipeline import register, worker, worker_config
 
 pytestmark = pytest.mark.store

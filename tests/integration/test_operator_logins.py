@@ -14,7 +14,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from inturn.operator import manifests
-from tests.integration.test_operator import (
+from tests.support.kopf_env import (
     DEPLOY,
     DEST,
     NS,

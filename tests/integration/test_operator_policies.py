@@ -13,7 +13,7 @@ import pytest
 from inturn.operator import manifests
 from inturn.operator.config import OperatorConfig
 from inturn.worker.errors import Invalid
-from tests.integration.test_operator import (
+from tests.support.kopf_env import (
     DEST,
     NS,
     ApiServerLikeEmulator,

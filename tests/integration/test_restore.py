@@ -25,7 +25,9 @@ from inturn.worker.cli import main
 from inturn.worker.store import restore as restore_store
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.restore import Seen
-from tests.integration.test_operator import (
+from tests.support import pgcluster
+from tests.support.keys import pg_tool
+from tests.support.kopf_env import (
     DEST,
     EVENTS,
     NS,
@@ -36,8 +38,6 @@ from tests.integration.test_operator import (
     obj,
     operator,
 )
-from tests.support import pgcluster
-from tests.support.keys import pg_tool
 
 pytestmark = [pytest.mark.kmock(cls=ApiServerLikeEmulator), pytest.mark.store]
 __all__ = ["env"]  # the emulator fixture of test_operator, used here by name
