@@ -363,3 +363,45 @@ async def test_encrypt_existing_seals_each_log_message_once(
         assert again.sealed == 0
         found = await identifiers.find_patient(conn, "H-7", payloads=codec)
         assert len(found) == 4
+
+
+async def test_lookups_by_msh10_and_patient_list_messages_not_pulled_yet(fresh_db: str) -> None:
+    """C0 is routed to A, B and C; A pulled it. A lookup by its MSH-10, or by its patient,
+    lists A's row and, for B and C, the log message as pending with the negative of its log
+    id, after the rows; the counts agree, a destination filter and a state filter narrow them,
+    and once B pulls, its row replaces the log's line."""
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B, C)
+        [m] = append(sync, [A, B, C], 1)
+        sync.execute("UPDATE inturn_message SET patient_keys = '{k5}' WHERE id = %s", (m,))
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease)
+        cur = await conn.execute("SELECT id FROM inturn_delivery WHERE destination = %s", (A,))
+        [(row_a,)] = await cur.fetchall()
+        for found, total in (
+            await reads.list_items(conn, control_id="C0"),
+            await reads.list_items(conn, patient_key="k0,k5"),
+        ):
+            assert [(i.id, i.destination, i.state) for i in found] == [
+                (row_a, A, "pending"),
+                (-m, B, "pending"),
+                (-m, C, "pending"),
+            ]
+            assert total == 3
+        narrowed, total = await reads.list_items(conn, control_id="C0", destination=C)
+        assert ([i.id for i in narrowed], total) == ([-m], 1)
+        assert await reads.list_items(conn, control_id="C0", state="delivered") == ([], 0)
+        assert await reads.list_items(conn, control_id="nothing") == ([], 0)
+        # a page is never cut between the lines of one message
+        page, _ = await reads.list_items(conn, control_id="C0", limit=2)
+        assert [i.destination for i in page] == [A, B, C]
+        first, _ = await reads.list_items(conn, control_id="C0", limit=1)
+        rest, _ = await reads.list_items(conn, control_id="C0", before=first[-1].id)
+        assert [i.destination for i in first + rest] == [A, B, C]
+        assert await reads.list_items(conn, control_id="C0", before=-m) == ([], 3)
+        lease_b = await leases.acquire(conn, B, "w", 60)
+        await delivery.pull(conn, B, CHANNEL, lease=lease_b)
+        found, total = await reads.list_items(conn, control_id="C0")
+        assert [i.destination for i in found] == [B, A, C] and total == 3
+        assert min(i.id for i in found) == -m

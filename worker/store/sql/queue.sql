@@ -495,38 +495,67 @@ VALUES (%(who)s, %(action)s, %(destination)s, %(ids)s, %(why)s);
 -- run unprepared, so that each call is planned with its filters and control_id uses its index.
 -- It reads no patient key, so the reader role may run it (list_items_by_patient does).
 -- Finished items moved to history (migration 0034) are listed with the hot table's: each part
--- gives its own first page, the two are merged.
-(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
-        resent_as, resent_from
-   FROM inturn_delivery
-  WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
-    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
-    AND (%(state)s::text IS NULL OR state = %(state)s::text)
-    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
-    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
-  -- With an identifier filter, "id + 0" keeps the planner from walking the primary key
-  -- backwards in the hope of meeting the few matches early (it reads the whole table when they
-  -- are old): the identifier index finds them and they are sorted. The CASE folds away.
-  ORDER BY CASE WHEN %(control_id)s::text IS NULL THEN id ELSE id + 0 END DESC
-  LIMIT %(limit)s::bigint + %(offset)s::bigint)
-UNION ALL
-(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
-        resent_as, resent_from
-   FROM inturn_history
-  WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
-    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
-    AND (%(state)s::text IS NULL OR state = %(state)s::text)
-    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
-    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
-  ORDER BY CASE WHEN %(control_id)s::text IS NULL THEN id ELSE id + 0 END DESC
-  LIMIT %(limit)s::bigint + %(offset)s::bigint)
- ORDER BY id DESC
- LIMIT %(limit)s OFFSET %(offset)s;
+-- gives its own first page, the parts are merged. By MSH-10, a message of the channel log
+-- (migration 0033) that a destination its route set names has not pulled yet is listed too,
+-- once per such destination, pending, with the negative of its log id as its id (after every
+-- row: ids below 0 are not items of the queue yet; the log's hash index on MSH-10 finds it).
+-- The page is cut by rank, never between the lines of one message (which share their id): a
+-- page may hold more than "limit" lines, and "before" then moves past the message whole.
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+       resent_as, resent_from
+  FROM (SELECT x.*, rank() OVER (ORDER BY x.id DESC) AS rk
+          FROM (
+        (SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+                enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+                resent_as, resent_from
+           FROM inturn_delivery
+          WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+            AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+            AND (%(state)s::text IS NULL OR state = %(state)s::text)
+            AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+            AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+          -- With an identifier filter, "id + 0" keeps the planner from walking the primary key
+          -- backwards in the hope of meeting the few matches early (it reads the whole table when they
+          -- are old): the identifier index finds them and they are sorted. The CASE folds away.
+          ORDER BY CASE WHEN %(control_id)s::text IS NULL THEN id ELSE id + 0 END DESC
+          LIMIT %(limit)s::bigint + %(offset)s::bigint)
+        UNION ALL
+        (SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+                enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+                resent_as, resent_from
+           FROM inturn_history
+          WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+            AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+            AND (%(state)s::text IS NULL OR state = %(state)s::text)
+            AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+            AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+          ORDER BY CASE WHEN %(control_id)s::text IS NULL THEN id ELSE id + 0 END DESC
+          LIMIT %(limit)s::bigint + %(offset)s::bigint)
+        UNION ALL
+        (SELECT -m.id AS id, m.channel, u.d AS destination, m.control_id, m.message_type, m.size,
+                'pending' AS state, 0 AS attempts, m.enqueued_at, m.enqueued_at AS next_attempt,
+                NULL::timestamptz AS last_attempt, NULL::text AS last_error, NULL::text AS reason,
+                NULL::text AS decided_by, NULL::timestamptz AS finished_at,
+                NULL::bigint AS resent_as, NULL::bigint AS resent_from
+           FROM inturn_message m
+           JOIN inturn_route r ON r.id = m.route
+          CROSS JOIN LATERAL unnest(r.destinations) AS u(d)
+          WHERE %(control_id)s::text IS NOT NULL
+            AND m.id > coalesce((SELECT c.position FROM inturn_cursor c
+                                  WHERE c.destination = u.d), 0)
+            AND (%(destination)s::text IS NULL OR u.d = %(destination)s::text)
+            AND (%(channel)s::text IS NULL OR m.channel = %(channel)s::text)
+            AND (%(state)s::text IS NULL OR %(state)s::text = 'pending')
+            AND (%(control_id)s::text IS NULL OR m.control_id = %(control_id)s::text)
+            AND (%(before)s::bigint IS NULL OR -m.id < %(before)s::bigint))
+        ) AS x) AS y
+ WHERE rk > %(offset)s AND rk <= %(limit)s::bigint + %(offset)s::bigint
+ ORDER BY id DESC, destination;
 
 -- name: count_items
--- How many items list_items would find without its page bounds (hot table and history).
+-- How many items list_items would find without its page bounds (hot table, history, and by
+-- MSH-10 the log's messages not pulled yet).
 SELECT (SELECT count(*)
           FROM inturn_delivery
          WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
@@ -538,40 +567,74 @@ SELECT (SELECT count(*)
          WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
            AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
            AND (%(state)s::text IS NULL OR state = %(state)s::text)
-           AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)) AS total;
+           AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text))
+     + (SELECT count(*)
+          FROM inturn_message m
+          JOIN inturn_route r ON r.id = m.route
+         CROSS JOIN LATERAL unnest(r.destinations) AS u(d)
+         WHERE %(control_id)s::text IS NOT NULL
+           AND m.id > coalesce((SELECT c.position FROM inturn_cursor c
+                                 WHERE c.destination = u.d), 0)
+           AND (%(destination)s::text IS NULL OR u.d = %(destination)s::text)
+           AND (%(channel)s::text IS NULL OR m.channel = %(channel)s::text)
+           AND (%(state)s::text IS NULL OR %(state)s::text = 'pending')
+           AND (%(control_id)s::text IS NULL OR m.control_id = %(control_id)s::text)) AS total;
 
 -- name: list_items_by_patient
 -- list_items of one patient identifier index key (its GIN index finds them; "id + 0" as above).
 -- patient_key: the key's forms, comma-separated (plain and blind while both exist; any matches).
 -- also: ids found by reading the payloads of rows the index could not answer for (capped_batch,
--- unindexed_batch), which the primary key finds.
-(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
-   FROM inturn_delivery
-  WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
-         OR id = ANY(%(also)s::bigint[]))
-    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
-    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
-    AND (%(state)s::text IS NULL OR state = %(state)s::text)
-    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
-    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
-  ORDER BY id + 0 DESC
-  LIMIT %(limit)s::bigint + %(offset)s::bigint)
-UNION ALL
-(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
-   FROM inturn_history
-  WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
-         OR id = ANY(%(also)s::bigint[]))
-    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
-    AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
-    AND (%(state)s::text IS NULL OR state = %(state)s::text)
-    AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
-    AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
-  ORDER BY id + 0 DESC
-  LIMIT %(limit)s::bigint + %(offset)s::bigint)
- ORDER BY id DESC
- LIMIT %(limit)s OFFSET %(offset)s;
+-- unindexed_batch), which the primary key finds. A message of the channel log naming the
+-- patient that a destination has not pulled yet is listed as list_items lists it by MSH-10
+-- (the log's GIN index finds it).
+SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+  FROM (SELECT x.*, rank() OVER (ORDER BY x.id DESC) AS rk
+          FROM (
+        (SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+                enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+           FROM inturn_delivery
+          WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
+                 OR id = ANY(%(also)s::bigint[]))
+            AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+            AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+            AND (%(state)s::text IS NULL OR state = %(state)s::text)
+            AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+            AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+          ORDER BY id + 0 DESC
+          LIMIT %(limit)s::bigint + %(offset)s::bigint)
+        UNION ALL
+        (SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+                enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
+           FROM inturn_history
+          WHERE (patient_keys && string_to_array(%(patient_key)s::text, ',')
+                 OR id = ANY(%(also)s::bigint[]))
+            AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+            AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
+            AND (%(state)s::text IS NULL OR state = %(state)s::text)
+            AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+            AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+          ORDER BY id + 0 DESC
+          LIMIT %(limit)s::bigint + %(offset)s::bigint)
+        UNION ALL
+        (SELECT -m.id AS id, m.channel, u.d AS destination, m.control_id, m.message_type, m.size,
+                'pending' AS state, 0 AS attempts, m.enqueued_at, m.enqueued_at AS next_attempt,
+                NULL::timestamptz AS last_attempt, NULL::text AS last_error, NULL::text AS reason,
+                NULL::text AS decided_by, NULL::timestamptz AS finished_at
+           FROM inturn_message m
+           JOIN inturn_route r ON r.id = m.route
+          CROSS JOIN LATERAL unnest(r.destinations) AS u(d)
+          WHERE m.patient_keys && string_to_array(%(patient_key)s::text, ',')
+            AND m.id > coalesce((SELECT c.position FROM inturn_cursor c
+                                  WHERE c.destination = u.d), 0)
+            AND (%(destination)s::text IS NULL OR u.d = %(destination)s::text)
+            AND (%(channel)s::text IS NULL OR m.channel = %(channel)s::text)
+            AND (%(state)s::text IS NULL OR %(state)s::text = 'pending')
+            AND (%(control_id)s::text IS NULL OR m.control_id = %(control_id)s::text)
+            AND (%(before)s::bigint IS NULL OR -m.id < %(before)s::bigint))
+        ) AS x) AS y
+ WHERE rk > %(offset)s AND rk <= %(limit)s::bigint + %(offset)s::bigint
+ ORDER BY id DESC, destination;
 
 -- name: count_items_by_patient
 SELECT (SELECT count(*)
@@ -589,7 +652,18 @@ SELECT (SELECT count(*)
            AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
            AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
            AND (%(state)s::text IS NULL OR state = %(state)s::text)
-           AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)) AS total;
+           AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text))
+     + (SELECT count(*)
+          FROM inturn_message m
+          JOIN inturn_route r ON r.id = m.route
+         CROSS JOIN LATERAL unnest(r.destinations) AS u(d)
+         WHERE m.patient_keys && string_to_array(%(patient_key)s::text, ',')
+           AND m.id > coalesce((SELECT c.position FROM inturn_cursor c
+                                 WHERE c.destination = u.d), 0)
+           AND (%(destination)s::text IS NULL OR u.d = %(destination)s::text)
+           AND (%(channel)s::text IS NULL OR m.channel = %(channel)s::text)
+           AND (%(state)s::text IS NULL OR %(state)s::text = 'pending')
+           AND (%(control_id)s::text IS NULL OR m.control_id = %(control_id)s::text)) AS total;
 
 -- name: scan_payloads
 -- Keyset pages of every held item with its payload (a data-subject search without the index);
