@@ -98,12 +98,17 @@ def status_command(payload_keys: str | None, key_dsn: str | None, as_json: bool)
         click.echo(json.dumps(status, sort_keys=True))
         return
     wrapping: dict[str, int] = status["wrapping"]
-    for key_id in sorted({*status["folder"], *wrapping, status["index_master"]}):
+    previous = status.get("index_previous_master") or ""
+    for key_id in sorted(
+        {*status["folder"], *wrapping, status["index_master"]} | ({previous} - {""})
+    ):
         uses = []
         if wrapping.get(key_id):
             uses.append(f"wraps {wrapping[key_id]} keys")
         if key_id == status["index_master"]:
             uses.append("wraps the blind index key")
+        if key_id == previous:
+            uses.append("wraps the previous blind index key")
         if key_id == status["newest"]:
             uses.append("newest: new wraps")
         where = "MISSING from the folder" if key_id in status["missing"] else "in the folder"

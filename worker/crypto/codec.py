@@ -622,15 +622,21 @@ class PayloadCodec:
             after = keys[-1].ref
 
     async def _rotate_index(self, newest: str) -> int:
-        """Re-wrap the blind index key under ``newest`` (1 when it was re-wrapped, else 0)."""
+        """Re-wrap the blind index key under ``newest``, and the previous one while a rotation
+        of it keeps it (``inturn keys rotate-index``): how many were re-wrapped (0 to 2).
+        Compare and set: a rotation moving either meanwhile wins, the next run re-wraps."""
         assert self.store is not None
+        done = 0
         stored = await self.store.setting(INDEX_WRAPPED, "")
-        if stored.partition(":")[0] == newest:
-            return 0
-        key = self._index().key
-        return int(
-            await self.store.replace_setting(INDEX_WRAPPED, stored, await self._wrap_index(key))
-        )
+        if stored.partition(":")[0] != newest:
+            key = self._index().key
+            wrapped = await self._wrap_index(key)
+            done += await self.store.replace_setting(INDEX_WRAPPED, stored, wrapped)
+        previous = (await self.store.settings([INDEX_PREVIOUS])).get(INDEX_PREVIOUS, "")
+        if previous and self.previous is not None and previous.partition(":")[0] != newest:
+            wrapped = await self._wrap_index(self.previous.key)
+            done += await self.store.replace_setting(INDEX_PREVIOUS, previous, wrapped)
+        return done
 
     async def begin_index_rotation(self) -> bool:
         """Start a rotation of the blind index key (``inturn keys rotate-index``): a new random
@@ -667,7 +673,9 @@ class PayloadCodec:
         self.rotation = ""
 
     async def status(self) -> dict[str, object]:
-        """Which master keys are in use: ``{"newest", "index_master", "index_generation",
+        """Which master keys are in use: ``{"newest", "index_master", "index_previous_master"
+        (the master key wrapping the previous blind index key a rotation keeps, "" when none),
+        "index_generation",
         "index_rotation" (the phase of a blind index key rotation, "" when none), "folder": [ids],
         "wrapping": {id: keys}, "missing": [ids the key store needs that the folder lacks]}``."""
         assert self.provider is not None and self.store is not None
@@ -676,10 +684,13 @@ class PayloadCodec:
         index_master = wrapped.partition(":")[0] or await self.store.setting(
             INDEX_MASTER, self.provider.newest()
         )
-        needed = set(wrapping) | {index_master}
+        previous = (await self.store.settings([INDEX_PREVIOUS])).get(INDEX_PREVIOUS, "")
+        previous_master = previous.partition(":")[0]
+        needed = set(wrapping) | {index_master} | ({previous_master} - {""})
         return {
             "newest": self.provider.newest(),
             "index_master": index_master,
+            "index_previous_master": previous_master,
             "index_generation": self.generation,
             "index_rotation": self.rotation,
             "folder": list(self.provider.ids()),
