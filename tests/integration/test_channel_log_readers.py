@@ -405,3 +405,99 @@ async def test_lookups_by_msh10_and_patient_list_messages_not_pulled_yet(fresh_d
         found, total = await reads.list_items(conn, control_id="C0")
         assert [i.destination for i in found] == [B, A, C] and total == 3
         assert min(i.id for i in found) == -m
+
+
+@pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])
+async def test_a_suspended_destination_holds_its_log_messages_until_resumed(
+    fresh_db: str, lanes: int
+) -> None:
+    """A is suspended with messages in the log: its worker sends nothing while depth counts
+    every message; resumed, it sends them all in order; B, routed the same messages, is not
+    held up."""
+    import asyncio
+
+    from inturn.worker.operations import queue as queue_ops
+    from inturn.worker.operations.actor import Trusted
+    from inturn.worker.testing import MllpReceiver
+    from tests.support import pipeline
+    from tests.support.pipeline import worker as run_worker
+
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B)
+        append(sync, [A, B], 3)
+        expected = [
+            bytes(r[0])
+            for r in sync.execute("SELECT payload FROM inturn_message ORDER BY id").fetchall()
+        ]
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await queue_ops.suspend(conn, Trusted("ops"), A, "receiver upgrade")
+        async with MllpReceiver() as rx_a, MllpReceiver() as rx_b:
+            config_a = pipeline.worker_config(A, rx_a.port, channel=CHANNEL, lanes=lanes)
+            config_b = pipeline.worker_config(B, rx_b.port, channel=CHANNEL, lanes=lanes)
+            async with run_worker(config_a, fresh_db), run_worker(config_b, fresh_db):
+                await rx_b.wait_for(3)
+                await asyncio.sleep(1.5)  # beyond A's idle poll: it would have sent by now
+                assert rx_a.received == []
+                [row] = await reads.depth(conn, A)
+                assert row.pending == 3
+                await queue_ops.resume(conn, Trusted("ops"), A, "done")
+                await rx_a.wait_for(3)
+        assert sorted(rx_a.received) == sorted(expected)
+        if lanes == 1:
+            assert rx_a.received == expected
+        assert sorted(rx_b.received) == sorted(expected)
+
+
+async def test_purge_never_takes_a_log_row_a_destination_still_needs(fresh_db: str) -> None:
+    """A delivered both messages (its slim rows finished long ago), B pulled none: the purge
+    of finished rows deletes A's rows and leaves both log rows, which B still pulls and
+    reads."""
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B)
+        ids = append(sync, [A, B], 2)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease)
+        await conn.execute(
+            "UPDATE inturn_delivery SET state = 'delivered',"
+            " finished_at = now() - interval '30 days'"
+        )
+        cur = await conn.execute(
+            "SELECT count(*) FROM inturn_purge_deliveries('delivered', now(), 1000)"
+        )
+        assert await cur.fetchone() == (2,)
+        cur = await conn.execute("SELECT id FROM inturn_message ORDER BY id")
+        assert [r[0] for r in await cur.fetchall()] == ids
+        lease_b = await leases.acquire(conn, B, "w-b", 60)
+        await delivery.pull(conn, B, CHANNEL, lease=lease_b)
+        head, _ = await delivery.next_head(conn, B, lease=lease_b)
+        assert head is not None and head.payload.startswith(b"MSH|")
+        assert head.binding == (ids[0], f"channel:{CHANNEL}")
+
+
+async def test_a_destinations_head_for_people_is_its_first_message_not_pulled(
+    fresh_db: str,
+) -> None:
+    """The console's head of a destination (heads, oldest_pending): its oldest pending row,
+    else the first log message it has not pulled (pending, -log id, due)."""
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B, C)
+        first, _ = append(sync, [A, B], 2)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease)
+        heads = await reads.heads(conn, [A, B, C])
+        assert sorted(heads) == [A, B]
+        assert heads[A].item_id > 0 and heads[B].item_id == -first
+        assert (heads[B].attempts, heads[B].wait_seconds) == (0, 0.0)
+        head_b = await reads.oldest_pending(conn, B)
+        assert head_b is not None
+        assert (head_b.id, head_b.destination, head_b.control_id, head_b.state) == (
+            -first,
+            B,
+            "C0",
+            "pending",
+        )
+        head_a = await reads.oldest_pending(conn, A)
+        assert head_a is not None and head_a.id == heads[A].item_id
+        assert await reads.oldest_pending(conn, C) is None

@@ -769,15 +769,23 @@ SELECT (SELECT count(*) FROM inserted) AS inserted, (SELECT n FROM notified) AS 
 
 -- name: oldest_pending
 -- A destination's head as a person sees it: its oldest pending item (on hold or not), with the
--- seconds until its next attempt. Never the payload.
-SELECT id, channel, destination, control_id, message_type, size, state, attempts,
-       enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
-       resent_as, resent_from,
-       greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
-  FROM inturn_delivery
- WHERE destination = %(destination)s AND state = 'pending'
- ORDER BY id
- LIMIT 1;
+-- seconds until its next attempt. Never the payload. With no pending row, the first message of
+-- its channel's log it has not pulled yet (migration 0038), as the lookups list one: pending,
+-- the negative of its log id as its id.
+(SELECT id, channel, destination, control_id, message_type, size, state, attempts,
+        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
+        resent_as, resent_from,
+        greatest(0, extract(epoch FROM next_attempt - clock_timestamp()))::float8 AS wait_seconds
+   FROM inturn_delivery
+  WHERE destination = %(destination)s AND state = 'pending'
+  ORDER BY id
+  LIMIT 1)
+UNION ALL
+(SELECT -m.id, m.channel, u.destination, m.control_id, m.message_type, m.size, 'pending', 0,
+        m.enqueued_at, m.enqueued_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0::float8
+   FROM inturn_unpulled(%(destination)s) AS u
+   JOIN inturn_message m ON m.id = u.first_id)
+LIMIT 1;
 
 -- name: resend_candidates
 -- The failed items of a destination that still need a person (never resent), oldest first,
@@ -909,17 +917,24 @@ SELECT a.at, a.outcome
 
 -- name: heads
 -- The head of each given destination (oldest pending item, due or not), one index probe each:
--- its id, attempts, seconds until its next attempt (0 when due) and last error.
-SELECT d.destination, h.id, h.attempts,
-       greatest(0, extract(epoch FROM h.next_attempt - clock_timestamp()))::float8 AS wait_seconds,
+-- its id, attempts, seconds until its next attempt (0 when due) and last error. A destination
+-- with no pending row whose channel's log holds messages for it not pulled yet (migration
+-- 0038) has the first of them as its head: the negative of its log id, no attempt, due.
+SELECT d.destination, coalesce(h.id, -u.first_id) AS id, coalesce(h.attempts, 0) AS attempts,
+       coalesce(greatest(0, extract(epoch FROM h.next_attempt - clock_timestamp())), 0)::float8
+           AS wait_seconds,
        h.last_error
   FROM unnest(%(destinations)s::text[]) AS d(destination)
-  JOIN LATERAL (
+  LEFT JOIN LATERAL (
        SELECT id, attempts, next_attempt, last_error
          FROM inturn_delivery
         WHERE destination = d.destination AND state = 'pending'
         ORDER BY id
-        LIMIT 1) AS h ON TRUE;
+        LIMIT 1) AS h ON TRUE
+  LEFT JOIN LATERAL (
+       SELECT x.first_id FROM inturn_unpulled(d.destination) AS x WHERE h.id IS NULL) AS u
+    ON TRUE
+ WHERE h.id IS NOT NULL OR u.first_id IS NOT NULL;
 
 -- name: find_patient
 -- Every held item whose identifier index holds the key (GIN), oldest first, in the hot table
