@@ -501,3 +501,56 @@ async def test_a_destinations_head_for_people_is_its_first_message_not_pulled(
         head_a = await reads.oldest_pending(conn, A)
         assert head_a is not None and head_a.id == heads[A].item_id
         assert await reads.oldest_pending(conn, C) is None
+
+
+async def test_a_slim_row_given_up_is_a_delivery_failed_item_read_and_resent(
+    fresh_db: str,
+) -> None:
+    """A's receiver rejects (AR) the message A pulled from the log: the worker gives it up to
+    delivery-failed; a person reads its payload (the log row's) and resends it; the copy is
+    delivered. B, routed the same message, got it once, untouched."""
+    import asyncio
+    import dataclasses
+
+    from inturn.worker.operations import privacy
+    from inturn.worker.operations.actor import Trusted
+    from inturn.worker.testing import MllpReceiver
+    from tests.support import pipeline
+    from tests.support.pipeline import worker as run_worker
+
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B)
+        [m] = append(sync, [A, B], 1)
+        [(payload,)] = sync.execute("SELECT payload FROM inturn_message").fetchall()
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        async with MllpReceiver(ack_code="AR") as rx_a, MllpReceiver() as rx_b:
+            once = dataclasses.replace(pipeline.FAST_RETRY, max_attempts=1)
+            config_a = pipeline.worker_config(A, rx_a.port, channel=CHANNEL, retry=once)
+            config_b = pipeline.worker_config(B, rx_b.port, channel=CHANNEL)
+            async with run_worker(config_a, fresh_db), run_worker(config_b, fresh_db):
+                async with asyncio.timeout(15):
+                    while True:
+                        cur = await conn.execute(
+                            "SELECT w.record_key FROM inturn_worklist_item w"
+                            " WHERE w.queue = 'delivery-failed' AND w.state = 'pending'"
+                        )
+                        found = await cur.fetchall()
+                        if found:
+                            break
+                        await asyncio.sleep(0.05)
+                [(key,)] = found
+                failed = int(key)
+                item = await reads.get_item(conn, failed)
+                assert item is not None and (item.destination, item.state) == (A, "failed")
+                shown = await privacy.view_payload(conn, Trusted("ops"), failed, "ticket 9")
+                assert shown.data == bytes(payload)
+                rx_a.ack_code = "AA"
+                done = await actions.resend_many(conn, [failed], who="ops", why="fixed")
+                [(_, copy)] = done.copies
+                await rx_a.wait_for(2)  # the rejected send, then the copy
+                await rx_b.wait_for(1)
+        cur = await conn.execute("SELECT state FROM inturn_delivery WHERE id = %s", (copy,))
+        assert await cur.fetchone() == ("delivered",)
+    assert rx_a.received == [bytes(payload), bytes(payload)]
+    assert rx_b.received == [bytes(payload)]
+    assert m
