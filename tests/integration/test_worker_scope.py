@@ -20,7 +20,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from inturn.worker.errors import Invalid
-from inturn.worker.store import delivery, logins
+from inturn.worker.store import delivery, logins, roles
 from inturn.worker.store import lease as leases
 from inturn.worker.store.lease import LeaseLost
 from inturn.worker.testing import MllpReceiver
@@ -165,7 +165,19 @@ def test_a_login_reaches_its_destinations_rows_only(
                 " VALUES (%s, %s, 'X', 'ORM^O01', 'k', 'd', 'orr', '{ORR}', now())",
                 (B, seeded["legacy_b"][0]),
             ),
+            # the pull's insertion: a slim row naming a log message routed to A only
+            "a row of A's naming B's log message": (
+                "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+                " size, enqueued_at, message_id) VALUES (%s, 'adt', 'X', 'ADT^A01', 1, now(), %s)",
+                (A, seeded["b"][0]),
+            ),
+            "a row of A's naming no log message": (
+                "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+                " size, enqueued_at) VALUES (%s, 'adt', 'X', 'ADT^A01', 1, now())",
+                (A,),
+            ),
             "B's worker lock": ("SELECT inturn_worker_lock(%s)", (B,)),
+            "B's worker lock holder": ("SELECT inturn_worker_lock_holder(%s)", (B,)),
             "B's enqueue lock": ("SELECT inturn_enqueue_lock(%s)", (B,)),
         }
         refused = []
@@ -178,6 +190,12 @@ def test_a_login_reaches_its_destinations_rows_only(
         assert refused == list(refusals)
         # what is A's stays A's to write
         with a.transaction():
+            a.execute(
+                "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+                " size, enqueued_at, message_id) VALUES (%s, 'adt', 'X', 'ADT^A01', 1, now(), %s)",
+                (A, seeded["both"][0]),
+            )
+            assert a.execute("SELECT inturn_worker_lock_holder(%s)", (A,)).fetchone() == (None,)
             a.execute(
                 "INSERT INTO inturn_attempt (item_id, attempt, outcome) VALUES (%s, 1, 'retry')",
                 (seeded["legacy_a"][0],),
@@ -192,12 +210,12 @@ def test_a_login_reaches_its_destinations_rows_only(
         # SET ROLE to the shared worker role widens nothing: the scope is the login's
         worker_role = conninfo_to_dict(role_dsns["worker"])["user"]
         a.execute(f'SET ROLE "{worker_role}"')
-        assert a.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (1,)
+        assert a.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (2,)
         assert a.execute("SELECT inturn_worker_destination()").fetchone() == (A,)
     # the shared worker role still reaches every destination
     with psycopg.connect(role_dsns["worker"], autocommit=True) as shared:
         assert shared.execute("SELECT inturn_worker_destination()").fetchone() == ("*",)
-        assert shared.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (2,)
+        assert shared.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (3,)
         assert len(shared.execute("SELECT id FROM inturn_message").fetchall()) == 4
 
 
@@ -347,3 +365,136 @@ def test_other_roles_plans_keep_the_patient_index(
                 plans.append("\n".join(r[0] for r in rows))
     assert len(plans) == 2
     assert all("Bitmap Index Scan" in p and "Seq Scan" not in p for p in plans), plans
+
+
+def test_every_table_the_worker_may_touch_is_scoped_or_said_why() -> None:
+    """Generated from roles.py: a table granted to the worker role is either narrowed by its
+    row policy (WORKER_SCOPED) or declared readable whole, with the reason (WORKER_UNSCOPED);
+    a new table the worker is granted fails here until it is one or the other."""
+    granted = {table for table, by in roles.GRANTS.items() if by.get("worker")}
+    assert not set(roles.WORKER_SCOPED) & set(roles.WORKER_UNSCOPED)
+    assert granted == set(roles.WORKER_SCOPED) | set(roles.WORKER_UNSCOPED)
+    for table in roles.WORKER_UNSCOPED:
+        assert all(g.privilege == "SELECT" for g in roles.GRANTS[table]["worker"]), table
+
+
+def _seed_b_only(conn: psycopg.Connection[Any]) -> None:
+    """A row of B's, and of B's alone, in every table of roles.WORKER_SCOPED."""
+    conn.execute(
+        "INSERT INTO inturn_destination (destination, namespace, name, channel)"
+        " VALUES (%s, 'ward', 'b', %s)",
+        (B, CHANNEL),
+    )
+    [log_id] = append(conn, [B], 1, "BO")
+    row = legacy(conn, B, "LBO")
+    for statement, params in (
+        (
+            "INSERT INTO inturn_delivery (destination, channel, control_id, message_type, size,"
+            " message_id) VALUES (%s, %s, 'BS', 'ADT^A01', 1, %s)",
+            (B, CHANNEL, log_id),
+        ),
+        ("INSERT INTO inturn_cursor (destination, channel) VALUES (%s, %s)", (B, CHANNEL)),
+        (
+            "INSERT INTO inturn_lease (destination, holder, epoch, expires_at, ttl_seconds)"
+            " VALUES (%s, 'w-b', 1, now() - interval '1 hour', 60)",
+            (B,),
+        ),
+        ("INSERT INTO inturn_worker_sender (destination, fingerprint) VALUES (%s, 'f')", (B,)),
+        ("INSERT INTO inturn_attempt (item_id, attempt, outcome) VALUES (%s, 1, 'retry')", (row,)),
+        (
+            "INSERT INTO inturn_worklist_item (queue, record_kind, record_key, reason, placed_by)"
+            " VALUES ('delivery-failed', 'delivery', %s, 'gave-up', 'w-b')",
+            (str(row),),
+        ),
+        (
+            "INSERT INTO inturn_order_expectation (destination, delivery_id, control_id,"
+            " message_type, order_key, key_digest, reply_channel, reply_types, due_at)"
+            " VALUES (%s, %s, 'LBO', 'ORM^O01', 'k', 'd', 'orr', '{ORR}', now())",
+            (B, row),
+        ),
+    ):
+        conn.execute(statement, params)
+
+
+def test_a_login_reads_and_changes_nothing_of_another_destination_in_any_scoped_table(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """Generated from roles.py: for every table of WORKER_SCOPED, holding B's rows only, a login
+    of A's reads none, and every UPDATE and DELETE the worker role is granted there changes
+    none (the policy hides them: 0 rows, as for rows that are not there)."""
+    with psycopg.connect(fresh_db, autocommit=True) as owner:
+        _seed_b_only(owner)
+        held = {
+            table: owner.execute(f"SELECT count(*) FROM {table}").fetchone()
+            for table in roles.WORKER_SCOPED
+        }
+        generated = {
+            table: [
+                r[0]
+                for r in owner.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass"
+                    " AND attnum > 0 AND NOT attisdropped AND attidentity = ''",
+                    (table,),
+                )
+            ]
+            for table in roles.WORKER_SCOPED
+        }
+    # every scoped table holds a row of B's (a new one needs a seed above)
+    assert all(n is not None and n[0] > 0 for n in held.values()), held
+    seen: dict[str, int] = {}
+    changed: dict[str, int] = {}
+    with login_for(role_dsns["admin"], A) as a_dsn, psycopg.connect(a_dsn, autocommit=True) as a:
+        for table in roles.WORKER_SCOPED:
+            grants = roles.GRANTS[table]["worker"]
+            if any(g.privilege == "SELECT" for g in grants):
+                row = a.execute(f"SELECT count(*) FROM {table}").fetchone()
+                seen[table] = row[0] if row else -1
+            for grant in grants:
+                if grant.privilege == "UPDATE":
+                    for column in grant.columns or generated[table]:
+                        if column in grant.but:
+                            continue
+                        cur = a.execute(f"UPDATE {table} SET {column} = {column}")
+                        changed[f"{table}.{column}"] = cur.rowcount
+                elif grant.privilege == "DELETE":
+                    changed[f"{table} DELETE"] = a.execute(f"DELETE FROM {table}").rowcount
+    assert seen and set(seen.values()) == {0}, seen
+    assert changed and set(changed.values()) == {0}, changed
+
+
+def test_every_worker_function_of_a_destination_refuses_another(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """Generated from roles.FUNCTIONS: every function the worker role may execute that takes a
+    destination refuses B to a login of A's when it runs as its owner (SECURITY DEFINER, where
+    no row policy applies), and finds nothing of B's when it runs as its caller (the row
+    policies apply)."""
+    with psycopg.connect(fresh_db, autocommit=True) as owner:
+        _seed_b_only(owner)
+        definer = {
+            signature: bool(
+                (
+                    owner.execute(
+                        "SELECT prosecdef FROM pg_proc WHERE oid = %s::regprocedure", (signature,)
+                    ).fetchone()
+                    or (False,)
+                )[0]
+            )
+            for signature, who in roles.FUNCTIONS.items()
+            if "worker" in who and signature.endswith("(text)")
+        }
+    assert len(definer) >= 5, definer
+    outcome: dict[str, str] = {}
+    with login_for(role_dsns["admin"], A) as a_dsn, psycopg.connect(a_dsn, autocommit=True) as a:
+        for signature in definer:
+            name = signature.split("(")[0]
+            try:
+                rows = a.execute(f"SELECT * FROM {name}(%s)", (B,)).fetchall()
+            except psycopg.errors.InsufficientPrivilege:
+                outcome[signature] = "refused"
+                continue
+            outcome[signature] = f"rows {rows}"
+    expected = {
+        signature: "refused" if secure else "rows []" for signature, secure in definer.items()
+    }
+    assert outcome == expected

@@ -453,6 +453,9 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
 #: ``worker_policy_<table>``, made by ``--create-roles``): a login scoped to one destination
 #: (``inturn_worker_scope``, :func:`~inturn.worker.store.roles_apply.apply_roles`) reaches only
 #: that destination's rows of each.
+#: On ``inturn_delivery`` a second one (``worker_pull_policy``) lets such a login insert only a
+#: slim row naming a log message routed to its destination (the pull's insertion): no row
+#: without a log message, none that would hand it another destination's message.
 WORKER_SCOPED = (
     "inturn_attempt",
     "inturn_cursor",
@@ -463,6 +466,18 @@ WORKER_SCOPED = (
     "inturn_worker_sender",
     "inturn_worklist_item",
 )
+
+#: The tables the worker role may read but that its row policy does not narrow, and why: none
+#: holds a message, a delivery's outcome or anything a worker writes. A table the worker role
+#: is granted must be in :data:`WORKER_SCOPED` or here (tests/integration/test_worker_scope.py
+#: fails otherwise), so a new table the worker reads cannot be forgotten.
+WORKER_UNSCOPED: dict[str, str] = {
+    "inturn_destination": "the registry: each Destination's name, channel, hold, schedule and"
+    " lanes (read-only; no message, no receiver address)",
+    "inturn_route": "route sets: which destinations of a channel a log message goes to"
+    " (destination names only; read-only)",
+    "inturn_clock": "the database's restore clock: one tick for the whole database (read-only)",
+}
 
 #: What the docs say of a function no component may execute, when it is not a trigger.
 _NOBODY = {

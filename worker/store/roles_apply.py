@@ -133,7 +133,8 @@ def _revoke_advisory_locks(conn: psycopg.Connection[Any], names: dict[str, str])
 
 def _scope_worker(conn: psycopg.Connection[Any], worker: str) -> None:
     """Record the worker role for the login functions and (re)make its restrictive row policy
-    on every table of :data:`~inturn.worker.store.roles.WORKER_SCOPED` (migration 0036)."""
+    on every table of :data:`~inturn.worker.store.roles.WORKER_SCOPED` (migration 0036), and the
+    pull's on ``inturn_delivery`` (a scoped login inserts slim rows of its own messages only)."""
     conn.execute(Q["record_worker_role"], {"role": worker})
     policy = sql.Identifier(f"{worker}_scope")
     for table in WORKER_SCOPED:
@@ -143,6 +144,10 @@ def _scope_worker(conn: psycopg.Connection[Any], worker: str) -> None:
         conn.execute(
             sql.SQL(Q[f"worker_policy_{table}"]).format(policy=policy, role=sql.Identifier(worker))
         )
+    pull = sql.Identifier(f"{worker}_pull")
+    delivery = sql.Identifier("inturn_delivery")
+    conn.execute(sql.SQL(Q["drop_worker_policy"]).format(policy=pull, table=delivery))
+    conn.execute(sql.SQL(Q["worker_pull_policy"]).format(policy=pull, role=sql.Identifier(worker)))
 
 
 def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> RolesReport:

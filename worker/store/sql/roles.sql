@@ -59,6 +59,15 @@ CREATE POLICY {policy} ON inturn_delivery AS RESTRICTIVE FOR ALL TO {role}
     USING ((SELECT inturn_worker_destination()) IN ('*', destination))
     WITH CHECK ((SELECT inturn_worker_destination()) IN ('*', destination));
 
+-- name: worker_pull_policy
+-- The only row a worker inserts is its pull's slim row: a scoped login's must name a log
+-- message it may read (inturn_message's own policy: routed to its destination), so it can
+-- neither make a row of nothing nor point one at another destination's message. Insertions
+-- only: the delivered mark (an UPDATE) pays nothing for it.
+CREATE POLICY {policy} ON inturn_delivery AS RESTRICTIVE FOR INSERT TO {role}
+    WITH CHECK ((SELECT inturn_worker_destination()) = '*'
+                OR EXISTS (SELECT 1 FROM inturn_message m WHERE m.id = message_id));
+
 -- name: worker_policy_inturn_cursor
 CREATE POLICY {policy} ON inturn_cursor AS RESTRICTIVE FOR ALL TO {role}
     USING ((SELECT inturn_worker_destination()) IN ('*', destination))
