@@ -15,36 +15,13 @@ from inturn.worker.store import delivery
 from inturn.worker.store import lease as leases
 from inturn.worker.store.lease import LeaseLost
 from inturn.worker.store.queries import load
+from tests.support.channel_log import append
 
 pytestmark = pytest.mark.store
 
 A = "ward/a"
 B = "ward/b"
 CHANNEL = "adt"
-
-
-def append(conn: psycopg.Connection, route: list[str], n: int, channel: str = CHANNEL) -> list[int]:
-    """Append ``n`` messages routed to ``route`` to the log, as ingest does (the channel's
-    enqueue lock, one route set row)."""
-    conn.execute(
-        "INSERT INTO inturn_route (channel, destinations) VALUES (%s, %s)"
-        " ON CONFLICT (channel, destinations) DO NOTHING",
-        (channel, sorted(route)),
-    )
-    [(route_id,)] = conn.execute(
-        "SELECT id FROM inturn_route WHERE channel = %s AND destinations = %s",
-        (channel, sorted(route)),
-    ).fetchall()
-    ids = []
-    for i in range(n):
-        payload = f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|C{i}|P|2.5\r".encode()
-        [(log_id,)] = conn.execute(
-            "INSERT INTO inturn_message (channel, control_id, message_type, payload, size, route,"
-            " patient_keys) VALUES (%s, %s, 'ADT^A01', %s, %s, %s, '{k1}') RETURNING id",
-            (channel, f"C{i}", payload, len(payload), route_id),
-        ).fetchall()
-        ids.append(log_id)
-    return ids
 
 
 async def queued(conn: AsyncConnection, destination: str) -> list[tuple[int, str]]:

@@ -14,11 +14,11 @@ from psycopg import AsyncConnection
 from inturn.worker.crypto import envelope
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.store import queue
-from inturn.worker.store.migrate import Q as MQ
 from inturn.worker.store.migrate import available, migrate
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys, pipeline
+from tests.support.db import migrate_below
 from tests.support.pipeline import worker as run_worker
 
 pytestmark = pytest.mark.store
@@ -40,16 +40,6 @@ def item(destination: str, payload: bytes) -> NewItem:
     return NewItem(destination, "adt", header.control_id, header.message_type.raw, payload)
 
 
-def migrate_before_the_log(dsn: str) -> None:
-    """The schema of the release before the channel log: every migration below 0033."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(MQ["ensure_table"])
-        for m in available():
-            if m.version < LOG:
-                conn.execute(m.sql.encode())
-                conn.execute(MQ["record"], {"version": m.version, "name": m.name})
-
-
 async def states(dsn: str, destination: str) -> list[str]:
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(
@@ -61,7 +51,7 @@ async def states(dsn: str, destination: str) -> list[str]:
 async def test_pending_rows_plain_and_sealed_are_delivered_after_the_upgrade(
     empty_db: str, keys_dir: Path, key_dsn: str
 ) -> None:
-    migrate_before_the_log(empty_db)
+    migrate_below(empty_db, LOG)
     codec = await keys.codec(keys_dir, key_dsn)
     plain = [adt(n) for n in range(5)]
     sealed = [adt(100 + n) for n in range(5)]

@@ -25,6 +25,7 @@ from inturn.worker.store import lease as leases
 from inturn.worker.store.lease import LeaseLost
 from inturn.worker.testing import MllpReceiver
 from tests.support import pgbouncer
+from tests.support.channel_log import append
 from tests.support.pipeline import worker, worker_config
 
 pytestmark = pytest.mark.store
@@ -33,29 +34,6 @@ A = "ward/a"
 B = "ward/b"
 CHANNEL = "adt"
 PASSWORD = "not-a-real-password-0123456789abcdef"
-
-
-def append(conn: psycopg.Connection[Any], route: list[str], n: int, tag: str) -> list[int]:
-    """``n`` messages routed to ``route`` in the channel's log, as ingest writes them."""
-    conn.execute(
-        "INSERT INTO inturn_route (channel, destinations) VALUES (%s, %s)"
-        " ON CONFLICT (channel, destinations) DO NOTHING",
-        (CHANNEL, sorted(route)),
-    )
-    [(route_id,)] = conn.execute(
-        "SELECT id FROM inturn_route WHERE channel = %s AND destinations = %s",
-        (CHANNEL, sorted(route)),
-    ).fetchall()
-    ids = []
-    for i in range(n):
-        payload = f"MSH|^~\\&|A|B|C|D|2026||ADT^A01|{tag}{i}|P|2.5\rPID|1||{tag}{i}\r".encode()
-        [(log_id,)] = conn.execute(
-            "INSERT INTO inturn_message (channel, control_id, message_type, payload, size, route,"
-            " patient_keys) VALUES (%s, %s, 'ADT^A01', %s, %s, %s, '{k1}') RETURNING id",
-            (CHANNEL, f"{tag}{i}", payload, len(payload), route_id),
-        ).fetchall()
-        ids.append(log_id)
-    return ids
 
 
 def legacy(conn: psycopg.Connection[Any], destination: str, control_id: str) -> int:

@@ -118,3 +118,17 @@ def refused(dsn: str, statement: str, params: Any = None) -> bool:
         finally:
             conn.rollback()
     return False
+
+
+def migrate_below(dsn: str, version: int) -> None:
+    """The schema of an older release: every migration below ``version`` applied and recorded
+    (what an upgrade test starts from)."""
+    from inturn.worker.store.migrate import Q as MQ
+    from inturn.worker.store.migrate import available
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(MQ["ensure_table"])
+        for m in available():
+            if m.version < version:
+                conn.execute(m.sql.encode())
+                conn.execute(MQ["record"], {"version": m.version, "name": m.name})

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
@@ -47,8 +48,12 @@ async def tick(conn: AsyncConnection[Any]) -> tuple[int, int]:
 
 
 async def clock(conn: AsyncConnection[Any]) -> int:
-    """The database's tick now."""
-    row = await fetch_one(conn, Q["clock"], row=dict_row)
+    """The database's tick now; 0 when it has no clock yet (a schema before migration 0039,
+    while an upgrade's migrations run beside the new workers: nothing to compare with)."""
+    try:
+        row = await fetch_one(conn, Q["clock"], row=dict_row)
+    except psycopg.errors.UndefinedTable:
+        return 0
     return int(row["tick"]) if row else 0
 
 
