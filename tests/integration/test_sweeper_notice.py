@@ -252,3 +252,28 @@ async def test_two_calls_at_once_make_one_notice(
         assert conn.execute(
             "SELECT count(*) FROM inturn_delivery WHERE control_id = 'XXTWICE1UA'"
         ).fetchone() == (1,)
+
+
+async def test_a_notice_goes_after_the_log_messages_its_destination_has_not_pulled(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """United's worker has not pulled two messages of its channel's log (issue 43): the
+    sweeper's notice is queued after them, as it was when ingest wrote their rows."""
+    from tests.support.channel_log import append
+
+    await setup(fresh_db, role_dsns, "LOGGED")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        earlier = append(conn, ["air/united"], 2, channel="air")
+    async with await AsyncConnection.connect(role_dsns["sweeper"], autocommit=True) as conn:
+        done = await cancel_expired(conn, "LOGGED", at=LATER)
+    with psycopg.connect(fresh_db) as conn:
+        queued = conn.execute(
+            "SELECT id, message_id, control_id FROM inturn_delivery"
+            " WHERE destination = 'air/united' ORDER BY id"
+        ).fetchall()
+    assert [(m, c) for _, m, c in queued] == [
+        (earlier[0], "C0"),
+        (earlier[1], "C1"),
+        (None, "XXLOGGEDUA"),
+    ]
+    assert queued[-1][0] == done.told["UA"]

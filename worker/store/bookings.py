@@ -18,6 +18,7 @@ from typing import Any, Literal
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
+from inturn.worker.store import actions
 from inturn.worker.store.model import Booking, Segment, Withdrawn
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
@@ -301,8 +302,10 @@ async def enqueue_cancel_notice(
     """Enqueue the cancellation notice of the cancelled booking ``locator`` to ``carrier`` on
     the live Destination that serves it, built by the database from the booking record
     (``inturn_enqueue_cancel_notice``, migration 0017; the bytes of
-    :func:`inturn.worker.reservations.notice.build_notice`), in the caller's transaction. The
-    caller wakes the destination's worker (:func:`inturn.worker.store.notify.wake`).
+    :func:`inturn.worker.reservations.notice.build_notice`), in the caller's transaction, after
+    the messages of the channel log accepted for that Destination and not pulled yet (pulled
+    first, :func:`inturn.worker.store.actions.pull_all`). The caller wakes the destination's
+    worker (:func:`inturn.worker.store.notify.wake`).
 
     Returns:
         ``(delivery id, destination)``; a notice already enqueued for the booking and carrier
@@ -315,6 +318,11 @@ async def enqueue_cancel_notice(
         psycopg.errors.InvalidParameterValue: a value of the record is not ASCII letters,
             digits or '-' (a notice cannot carry it).
     """
+    serving = await carrier_destinations(conn, [carrier])
+    if carrier in serving:
+        # the messages of the channel log accepted for it before the notice go first: pulled
+        # under its enqueue lock, which the notice's insertion takes again (issue 43)
+        await actions.pull_all(conn, serving[carrier].destination)
     row = await fetch_one(
         conn, Q["enqueue_cancel_notice"], {"locator": locator, "carrier": carrier}, row=dict_row
     )
