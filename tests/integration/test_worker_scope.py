@@ -199,6 +199,16 @@ def test_a_login_reaches_its_destinations_rows_only(
         assert shared.execute("SELECT inturn_worker_destination()").fetchone() == ("*",)
         assert shared.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (3,)
         assert len(shared.execute("SELECT id FROM inturn_message").fetchall()) == 4
+        # it too inserts only the pull's rows: a log message routed to the row's destination
+        insert = (
+            "INSERT INTO inturn_delivery (destination, channel, control_id, message_type, size,"
+            " enqueued_at, message_id) VALUES (%s, 'adt', 'X', 'ADT^A01', 1, now(), %s)"
+        )
+        for destination, message_id in ((A, seeded["b"][0]), (B, None), (A, 2**40 - 1)):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), shared.transaction():
+                shared.execute(insert, (destination, message_id))
+        with shared.transaction():
+            shared.execute(insert, (B, seeded["b"][1]))
 
 
 async def test_a_login_leases_and_pulls_its_own_destination_only(

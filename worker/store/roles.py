@@ -469,9 +469,9 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
 #: ``worker_policy_<table>``, made by ``--create-roles``): a login scoped to one destination
 #: (``inturn_worker_scope``, :func:`~inturn.worker.store.roles_apply.apply_roles`) reaches only
 #: that destination's rows of each.
-#: On ``inturn_delivery`` a second one (``worker_pull_policy``) lets such a login insert only a
-#: slim row naming a log message routed to its destination (the pull's insertion): no row
-#: without a log message, none that would hand it another destination's message.
+#: On ``inturn_delivery`` a second one (``worker_pull_policy``) lets the worker role (scoped or
+#: not) insert only a slim row naming a log message routed to the row's destination (the pull's
+#: insertion): no row without a log message, none handing a destination another's message.
 WORKER_SCOPED = (
     "inturn_attempt",
     "inturn_cursor",

@@ -76,15 +76,14 @@ CREATE POLICY {policy} ON inturn_delivery AS RESTRICTIVE FOR ALL TO {role}
         ), '*'), destination) = destination);
 
 -- name: worker_pull_policy
--- The only row a worker inserts is its pull's slim row: a scoped login's must name a log
--- message it may read (inturn_message's own policy: routed to its destination), so it can
--- neither make a row of nothing nor point one at another destination's message. Insertions
--- only: the delivered mark (an UPDATE) pays nothing for it.
+-- The only row a worker inserts is its pull's slim row: it must name a log message whose route
+-- set names the row's destination (and that the login may read: inturn_message's own policy),
+-- so no worker, the shared role included, makes a row of nothing or hands a destination a
+-- message not routed to it. Insertions only: the delivered mark (an UPDATE) pays nothing.
 CREATE POLICY {policy} ON inturn_delivery AS RESTRICTIVE FOR INSERT TO {role}
-    WITH CHECK ((
-        -- include: worker_scope
-        ) = '*'
-                OR EXISTS (SELECT 1 FROM inturn_message m WHERE m.id = message_id));
+    WITH CHECK (EXISTS (SELECT 1 FROM inturn_message m JOIN inturn_route r ON r.id = m.route
+                         WHERE m.id = inturn_delivery.message_id
+                           AND r.destinations @> ARRAY[inturn_delivery.destination]));
 
 -- name: worker_policy_inturn_cursor
 CREATE POLICY {policy} ON inturn_cursor AS RESTRICTIVE FOR ALL TO {role}
