@@ -985,9 +985,8 @@ SELECT d.destination, coalesce(h.id, -u.first_id) AS id, coalesce(h.attempts, 0)
         WHERE destination = d.destination AND state = 'pending'
         ORDER BY id
         LIMIT 1) AS h ON TRUE
-  LEFT JOIN LATERAL (
-       SELECT x.first_id FROM inturn_unpulled(d.destination) AS x WHERE h.id IS NULL) AS u
-    ON TRUE
+  LEFT JOIN (SELECT x.destination, x.first_id FROM inturn_unpulled(NULL) AS x) AS u
+    ON u.destination = d.destination AND h.id IS NULL
  WHERE h.id IS NOT NULL OR u.first_id IS NOT NULL;
 
 -- name: find_patient
