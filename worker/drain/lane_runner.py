@@ -254,6 +254,9 @@ class LaneDrain:
             entry = self.window.get(item_id)
             if entry is not None:
                 self.window[item_id] = Entry(item_id, entry.keys, now)
+        # and the whole window read again at once, with each row's due time as the table has
+        # it (a row whose hold ran out meanwhile, or one tried while the probe ran)
+        self._want_full, self._last_full = True, 0.0
         return True
 
     async def _start(self) -> float | None:
