@@ -55,7 +55,6 @@ bench: $(STAMP)
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/pooler.py
 	$(BIN)/python bench/console.py
-	$(BIN)/python bench/queue_depth.py
 	$(BIN)/python bench/sweep.py
 	$(BIN)/python bench/retention.py
 	$(BIN)/python bench/weather.py
@@ -68,6 +67,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/resend.py
 	$(BIN)/python bench/filters.py
 	$(BIN)/python bench/profiles.py
+	$(BIN)/python bench/fanout.py
 
 # The container image, built with podman from the Containerfile on a base made here by
 # debootstrap, then checked inside (version, every command's help, user, no compiler, size).

@@ -554,36 +554,3 @@ async def test_a_slim_row_given_up_is_a_delivery_failed_item_read_and_resent(
     assert rx_a.received == [bytes(payload), bytes(payload)]
     assert rx_b.received == [bytes(payload)]
     assert m
-
-
-async def test_a_message_not_pulled_is_shown_read_and_erased_by_its_listed_id(
-    fresh_db: str,
-) -> None:
-    """The id a lookup lists for a message not pulled yet (minus its log id) is shown
-    (pending, for the first destination that has not pulled it), its payload read (audited)
-    and erased, for every destination."""
-    from inturn.worker.operations import privacy
-    from inturn.worker.operations.actor import Trusted
-
-    with psycopg.connect(fresh_db, autocommit=True) as sync:
-        register(sync, A, B, C)
-        m, other = append(sync, [A, B, C], 2)
-        [(stored,)] = sync.execute(
-            "SELECT payload FROM inturn_message WHERE id = %s", (m,)
-        ).fetchall()
-    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        lease = await leases.acquire(conn, A, "w", 60)
-        await delivery.pull(conn, A, CHANNEL, lease=lease)
-        item = await reads.get_item(conn, -m)
-        assert item is not None
-        assert (item.id, item.destination, item.state, item.control_id) == (-m, B, "pending", "C0")
-        assert await reads.get_item(conn, -(other + 1000)) is None
-        assert await reads.payload(conn, -m) == bytes(stored)
-        shown = await privacy.view_payload(conn, Trusted("ops"), -m, "ticket 3")
-        assert shown.data == bytes(stored)
-        erased = await actions.erase(conn, [-m], who="dpo", why="request")
-        assert len(erased) == 1  # A's row; B's and C's copies were only in the log
-        cur = await conn.execute("SELECT id FROM inturn_message")
-        assert [r[0] for r in await cur.fetchall()] == [other]
-        assert await reads.get_item(conn, -m) is None
-        assert [r.pending for r in await reads.depth(conn, C)] == [1]

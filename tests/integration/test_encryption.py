@@ -33,7 +33,7 @@ from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys, pipeline
 from tests.support.db import database
-from tests.support.ingest import sealing_ingest, sender
+from tests.support.ingest import pull_all, sealing_ingest, sender
 from tests.support.pipeline import register
 from tests.support.pipeline import worker as run_worker
 
@@ -63,9 +63,14 @@ async def sealed_queue(dsn: str, codec: PayloadCodec, payloads: list[bytes]) -> 
 
 
 async def rows(dsn: str) -> list[tuple[int, str, bytes, int]]:
+    """(id, state, payload as stored, attempts) of every delivery row, the channel log pulled
+    first; a slim row's payload is its log row's."""
+    await asyncio.to_thread(pull_all, dsn)
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(
-            "SELECT id, state, payload, attempts FROM inturn_delivery ORDER BY id"
+            "SELECT d.id, d.state, coalesce(d.payload, m.payload), d.attempts"
+            " FROM inturn_delivery d LEFT JOIN inturn_message m ON m.id = d.message_id"
+            " ORDER BY d.id"
         )
         return [(r[0], r[1], bytes(r[2]), r[3]) for r in await cur.fetchall()]
 
@@ -286,9 +291,12 @@ async def test_a_resent_copy_is_sealed_for_its_own_row_and_the_view_decrypts_on_
             await privacy.view_payload(conn, Trusted("ops"), copy, "check")
 
 
-async def test_ingest_seals_every_payload_with_its_row_id_and_the_window_keeps_working(
+async def test_ingest_seals_every_payload_once_for_its_log_row_and_the_window_keeps_working(
     fresh_db: str, keys_dir: Path, key_dsn: str
 ) -> None:
+    """Each message is sealed once, in the channel log, bound to its log id and the channel
+    (``channel:adt``), whatever the number of its destinations; each destination's slim row
+    holds no payload and its head opens the log row's."""
     register(fresh_db, DEST, "adt")
     register(fresh_db, "ward/pharmacy", "adt")
     config = sealing_ingest(keys_dir, key_dsn)
@@ -297,53 +305,66 @@ async def test_ingest_seals_every_payload_with_its_row_id_and_the_window_keeps_w
         for payload in [*sent, sent[0]]:  # the last one is a duplicate inside the window
             await client.send(payload)
     with psycopg.connect(fresh_db) as conn:
-        stored = conn.execute(
-            "SELECT id, destination, payload, size, patient_keys FROM inturn_delivery ORDER BY id"
+        logged = conn.execute(
+            "SELECT id, channel, payload, size, patient_keys FROM inturn_message ORDER BY id"
         ).fetchall()
         window = conn.execute("SELECT digest FROM inturn_received").fetchall()
-    assert len(stored) == 8  # four messages, two destinations, the duplicate dropped
+    assert len(logged) == 4  # four messages once each (two destinations), the duplicate dropped
     reader = await keys.codec(keys_dir, key_dsn)
-    opened = [await reader.open(i, d, bytes(p)) for i, d, p, _, _ in stored]
-    assert opened == [m for m in sent for _ in range(2)]
+    opened = [await reader.open(i, f"channel:{c}", bytes(p)) for i, c, p, _, _ in logged]
+    assert opened == sent
     assert all(
         NAME not in bytes(p) and size == len(m)
-        for (_, _, p, size, _), m in zip(stored, opened, strict=True)
+        for (_, _, p, size, _), m in zip(logged, opened, strict=True)
     )
     blind = reader.lookup_keys("ING-1", "HOSP")[1]
-    assert [i for i, _, _, _, k in stored if blind in k] == [
-        stored[2][0],
-        stored[3][0],
-        stored[6][0],
-        stored[7][0],
-    ]
-    assert all(lookup_key("ING-1") not in k for *_, k in stored)  # no plain digest
+    assert [i for i, _, _, _, k in logged if blind in k] == [logged[1][0], logged[3][0]]
+    assert all(lookup_key("ING-1") not in k for *_, k in logged)  # no plain digest
     assert hashlib.sha256(sent[0]).digest() not in {bytes(w[0]) for w in window}
+    pull_all(fresh_db)
+    with psycopg.connect(fresh_db) as conn:
+        slim = conn.execute(
+            "SELECT destination, message_id, payload FROM inturn_delivery ORDER BY id"
+        ).fetchall()
+    assert sorted((d, m) for d, m, _ in slim) == sorted(
+        (d, i) for i, *_ in logged for d in (DEST, "ward/pharmacy")
+    )
+    assert all(p is None for *_, p in slim)
+    async with (
+        MllpReceiver() as rx,
+        run_worker(worker_config(rx.port), fresh_db, payloads=reader),
+    ):
+        await rx.wait_for(len(sent))
+    assert rx.received == sent
 
 
-async def test_ingest_with_keys_queues_a_resend_after_a_failure_sealed_for_its_own_row(
+async def test_ingest_with_keys_queues_a_resend_after_a_failure_sealed_for_its_own_log_row(
     fresh_db: str, keys_dir: Path, key_dsn: str
 ) -> None:
-    """Issue 28, item 2 on the sealed path (reserve, store_sealed): the same bytes again while
-    the first copy is pending are a duplicate; after it failed, a re-send sealed for its own
-    row and linked to the failed one."""
+    """Issue 28, item 2 on the sealed path (reserve_log, store_log_sealed): the same bytes
+    again while the first copy is pending (in the log, not pulled yet) are a duplicate; after it
+    failed, a re-send: a log row of its own, sealed for it, whose pulled row is linked to the
+    failed one."""
     register(fresh_db, DEST, "adt")
     config = sealing_ingest(keys_dir, key_dsn)
     payload = adt(7, "RESEND-1")
     async with Ingest(config, dsn=fresh_db) as running, sender(running) as client:
         await client.send(payload)
-        await client.send(payload)  # pending: a duplicate
+        await client.send(payload)  # pending (in the log): a duplicate
+        pull_all(fresh_db)  # the worker pulls it, then it fails
         with psycopg.connect(fresh_db, autocommit=True) as conn:
             conn.execute("UPDATE inturn_delivery SET state = 'failed', finished_at = now()")
         await client.send(payload)  # failed: a re-send
+    pull_all(fresh_db)
     with psycopg.connect(fresh_db) as conn:
         stored = conn.execute(
-            "SELECT id, destination, payload, state, resent_from, resent_as"
-            " FROM inturn_delivery ORDER BY id"
+            "SELECT d.id, d.message_id, m.payload, d.state, d.resent_from, d.resent_as"
+            " FROM inturn_delivery d JOIN inturn_message m ON m.id = d.message_id ORDER BY d.id"
         ).fetchall()
-    [(first, _, _, _, _, resent_as), (copy, _, sealed, state, resent_from, _)] = stored
-    assert (state, resent_from, resent_as) == ("pending", first, copy)
+    [(first, one, _, _, _, resent_as), (copy, two, sealed, state, resent_from, _)] = stored
+    assert (state, resent_from, resent_as) == ("pending", first, copy) and two > one
     reader = await keys.codec(keys_dir, key_dsn)
-    assert await reader.open(copy, DEST, bytes(sealed)) == payload
+    assert await reader.open(two, "channel:adt", bytes(sealed)) == payload
     assert NAME not in bytes(sealed)
 
 
@@ -525,6 +546,7 @@ def test_a_lookup_by_patient_without_keys_on_a_sealed_database_refuses_instead_o
                 await client.send(adt(n, "E1"))
 
     asyncio.run(ingest())
+    pull_all(fresh_db)  # what the destinations' workers pull from the channel log
     capsysbinary.readouterr()  # ingest's own log lines
     keyed = ["--payload-keys", str(keys_dir), "--key-dsn", key_dsn]
     listing = ["queue", "list", "--dsn", fresh_db, "--patient-id", "E1", "--json", "--why", "t"]
@@ -634,8 +656,8 @@ async def test_a_key_store_outage_is_named_in_ingests_log_its_answer_and_readyz(
     assert not [m for m in said if "pooled connection was dead" in m]
     assert [m for m in said if "key store unreachable" in m]
     assert "key store (--key-dsn) reachable again" in said
-    with psycopg.connect(fresh_db) as conn:
-        assert conn.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (2,)
+    with psycopg.connect(fresh_db) as conn:  # stored once each, in the channel log
+        assert conn.execute("SELECT count(*) FROM inturn_message").fetchone() == (2,)
 
 
 def _key_store_away(dsn: str, key_dsn: str, away: bool) -> None:

@@ -48,7 +48,20 @@ async def ingest(conn: AsyncConnection[Any], payloads: list[bytes]) -> list[int]
     results = await store_batch(
         conn, channel="adt", destinations=DESTS, messages=messages, window_seconds=60
     )
-    return [i for r in results for i in r.ids]
+    logged = [i for r in results for i in r.ids]
+    for destination in DESTS:  # what each destination's worker pulls when woken
+        async with conn.transaction():
+            await conn.execute(  # its channel (none of DESTS is registered)
+                "INSERT INTO inturn_cursor (destination, channel) VALUES (%s, 'adt')"
+                " ON CONFLICT DO NOTHING",
+                [destination],
+            )
+            await conn.execute("SELECT inturn_pull_for(%s, 10000)", [destination])
+    cur = await conn.execute(
+        "SELECT id FROM inturn_delivery WHERE message_id = ANY(%s) ORDER BY message_id, id",
+        [logged],
+    )
+    return [int(i) for (i,) in await cur.fetchall()]
 
 
 @pytest.mark.parametrize("field", sorted(BY_FIELD))
@@ -89,7 +102,15 @@ async def test_rows_not_indexed_yet_are_found_then_backfilled(fresh_db: str) -> 
     """Rows stored before migration 0004 (or by an older ingest) have no keys: erasure reads
     their payloads until `inturn migrate` indexes them."""
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
-        ids = await ingest(conn, [BY_FIELD["PID-4"], BY_FIELD["PID-2"]])
+        # rows holding their payload, as stored before the channel log
+        ids = await queue.enqueue(
+            conn,
+            [
+                NewItem(d, "adt", p.split(b"|")[9].decode(), "ADT^A01", p)
+                for p in (BY_FIELD["PID-4"], BY_FIELD["PID-2"])
+                for d in DESTS
+            ],
+        )
         await conn.execute("UPDATE inturn_delivery SET patient_keys = NULL WHERE id = %s", [ids[0]])
         assert await identifiers.unindexed_count(conn) == 1
         assert [i.id for i in await identifiers.find_patient(conn, "P-PID4", "CLINIC")] == ids[:2]

@@ -21,14 +21,26 @@ from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.mllp import frame
 from inturn.worker.ingest import metrics
 from inturn.worker.ingest.service import Ingest, forget_old
-from inturn.worker.store.notify import notify_channel
+from inturn.worker.store.notify import channel_wake_name, notify_channel
 from inturn.worker.store.queries import load
-from tests.support.ingest import HOST, Client, config, msg, rows
+from tests.support.ingest import HOST, Client, config, msg, pull_all, rows
 from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
 
 QUEUE_SQL = load("queue.sql")
+#: A message received again asks for its latest copies through this function (migration 0041).
+LATEST_COPY = "inturn_latest_copy(text, text, text, timestamptz)"
+
+
+def log_id(dsn: str, item_id: int) -> int:
+    """The channel log's id of delivery row ``item_id`` (the id ingest logs)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT message_id FROM inturn_delivery WHERE id = %s", (item_id,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def counter(name: str, **labels: str) -> float:
@@ -66,13 +78,14 @@ async def test_accepts_and_stores_exact_bytes(ingest: Ingest, fresh_db: str) -> 
 
 
 async def test_aa_is_sent_only_after_commit(ingest: Ingest, fresh_db: str) -> None:
-    """While another transaction holds the destination's enqueue lock (as the store's enqueue
-    takes it), ingest waits and no ACK leaves; once it lets go, the ACK arrives and the row is
-    visible to everyone. This also pins ingest's lock key to the store's."""
+    """While another transaction holds the channel's lock (the enqueue lock of
+    ``channel:<name>``, under which ingest writes the channel's log), ingest waits and no ACK
+    leaves; once it lets go, the ACK arrives and the row is visible to everyone. This also pins
+    ingest's lock key to the store's."""
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
-        # the delivery queue's own enqueue lock: ingest must take the very same one
-        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
+        # the delivery queue's own enqueue lock, of the channel: ingest must take the same one
+        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "channel:adt"})
         c = await client(ingest)
         await c.write(frame(msg("LOCKED")))
         with pytest.raises(TimeoutError):
@@ -115,6 +128,7 @@ def limited_role(fresh_db: str) -> Iterator[str]:
         )
         conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}")
         conn.execute(f"GRANT EXECUTE ON FUNCTION inturn_enqueue_lock(text) TO {role}")
+        conn.execute(f"GRANT EXECUTE ON FUNCTION {LATEST_COPY} TO {role}")
     try:
         yield make_conninfo(fresh_db, user=role, password=password)
     finally:
@@ -126,6 +140,7 @@ def limited_role(fresh_db: str) -> Iterator[str]:
             conn.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
             conn.execute(f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {role}")
             conn.execute(f"REVOKE ALL ON FUNCTION inturn_enqueue_lock(text) FROM {role}")
+            conn.execute(f"REVOKE ALL ON FUNCTION {LATEST_COPY} FROM {role}")
             conn.execute(f"GRANT CONNECT ON DATABASE {conn.info.dbname} TO PUBLIC")
             conn.execute(f"DROP ROLE {role}")
 
@@ -143,16 +158,16 @@ def admin(dsn: str, sql: str) -> None:
             "REVOKE INSERT ON inturn_received FROM {role}",
             "GRANT INSERT ON inturn_received TO {role}",
         ),
-        # the window row is written, then the delivery rows fail
+        # the window row is written, then the log row fails
         (
-            "REVOKE INSERT ON inturn_delivery FROM {role}",
-            "GRANT INSERT ON inturn_delivery TO {role}",
+            "REVOKE INSERT ON inturn_message FROM {role}",
+            "GRANT INSERT ON inturn_message TO {role}",
         ),
-        # fan-out: the first destination's row is written, the second one's fails
+        # the window row and the route set are written, then the log row's partition refuses
         (
-            "ALTER TABLE inturn_delivery ADD CONSTRAINT test_no_b"
-            " CHECK (destination <> 'hospital/b') NOT VALID",
-            "ALTER TABLE inturn_delivery DROP CONSTRAINT test_no_b",
+            "ALTER TABLE inturn_message_e1 ADD CONSTRAINT test_no_b"
+            " CHECK (control_id <> 'FAIL1') NOT VALID",
+            "ALTER TABLE inturn_message_e1 DROP CONSTRAINT test_no_b",
         ),
     ],
 )
@@ -514,7 +529,9 @@ def finish(dsn: str, ids: Sequence[int], state: str, ago_seconds: float = 0.0) -
 
 
 def links(dsn: str) -> list[tuple[int, str, str, int | None, int | None]]:
-    """(id, destination, state, resent_from, resent_as) of every delivery row."""
+    """(id, destination, state, resent_from, resent_as) of every delivery row, the channel log
+    pulled first (as the worker does when woken)."""
+    pull_all(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute(
             "SELECT id, destination, state, resent_from, resent_as FROM inturn_delivery ORDER BY id"
@@ -547,13 +564,14 @@ async def test_a_copy_received_again_after_a_failure_is_queued_as_a_resend(
     resend = await c.send(msg("R1"))  # after the failure: a re-send
     assert resend.code == "AA" and (resend.text is None or "duplicate" not in resend.text)
     [_, (copy, *_)] = rows(fresh_db)
+    logged = log_id(fresh_db, copy)
     assert links(fresh_db) == [
         (first, "hospital/adt-out", "failed", None, copy),
         (copy, "hospital/adt-out", "pending", first, None),
     ]
     assert (
         f"channel adt: MSH-10 'R1' received again; earlier copy #{first} at hospital/adt-out"
-        f" (failed): queued again as #{copy} (a re-send)"
+        f" (failed): queued again as log #{logged} (a re-send)"
     ) in caplog.messages
     # the copy is now the latest: pending, so the same bytes are a duplicate of it
     assert "duplicate" in ((await c.send(msg("R1"))).text or "")
@@ -591,6 +609,7 @@ async def test_a_copy_of_an_erased_message_is_queued_unlinked(
     assert (await c.send(msg("E1"))).code == "AA"
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("DELETE FROM inturn_delivery")  # what erasure does to the rows
+        conn.execute("DELETE FROM inturn_message")  # and to the log
     assert (await c.send(msg("E1"))).code == "AA"
     await c.close()
     [(_, destination, state, resent_from, _)] = links(fresh_db)
@@ -649,14 +668,16 @@ async def test_concurrent_resends_of_a_failed_message_queue_one_copy(fresh_db: s
 # --- routing -------------------------------------------------------------------------------------
 
 
-async def test_fan_out_in_one_transaction_with_one_notify_each(
-    ingest: Ingest, fresh_db: str
-) -> None:
+async def test_fan_out_is_one_log_row_and_one_notify(ingest: Ingest, fresh_db: str) -> None:
+    """A message for three destinations is one row of the channel's log (its payload once),
+    routed to the three, and one NOTIFY on the channel's wake-up name; each destination's pull
+    makes it a row of its queue."""
     names = ["hospital/a", "hospital/b", "radiology/c"]
     for name in names:
         register(fresh_db, name, "lab")
     await ingest.router.refresh()  # type: ignore[union-attr]
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as listener:
+        await listener.execute(f"LISTEN {channel_wake_name('lab')}")
         for name in names:
             await listener.execute(f"LISTEN {notify_channel(name)}")
         c = await client(ingest, "lab")
@@ -665,17 +686,22 @@ async def test_fan_out_in_one_transaction_with_one_notify_each(
         notified = []
         async with asyncio.timeout(5):
             async for note in listener.notifies():
-                notified.append(note.payload)
-                if len(notified) == len(names):
-                    break
+                notified.append(note.channel)
+                break
+        await asyncio.sleep(0.3)  # no other notification follows
+        async with asyncio.timeout(1):
+            notified += [n.channel async for n in listener.notifies(timeout=0.2)]
     assert ack.code == "AA"
+    assert notified == [channel_wake_name("lab")]
+    with psycopg.connect(fresh_db) as conn:
+        logged = conn.execute(
+            "SELECT m.control_id, r.destinations FROM inturn_message m"
+            " JOIN inturn_route r ON r.id = m.route"
+        ).fetchall()
+    assert logged == [("F1", names)]
     stored = rows(fresh_db)
-    assert sorted(notified) == names
     assert [r[1] for r in stored] == names
     assert {bytes(r[5]) for r in stored} == {msg("F1", "ORU^R01")}
-    with psycopg.connect(fresh_db) as conn:
-        xmins = conn.execute("SELECT DISTINCT xmin::text FROM inturn_delivery").fetchall()
-    assert len(xmins) == 1  # written by one transaction
 
 
 async def test_filters_suspension_and_deletion(ingest: Ingest, fresh_db: str) -> None:
@@ -737,6 +763,7 @@ async def test_routing_follows_registry_changes_without_restart(
     await settle()
     assert (await c.send(msg("R3", "ORU^R01"))).code == "AR"
     assert (await c.send(msg("R4", "ORU^R30"))).code == "AA"
+    pull_all(fresh_db)  # its worker on lab pulls before it moves
     register(fresh_db, "hospital/lab-out", "adt", [])  # moved to another channel
     register(fresh_db, "hospital/adt-out", "adt", deleted=True)
     await settle()
@@ -761,7 +788,7 @@ async def test_held_channel_accepts_unrouted_messages(fresh_db: str) -> None:
         assert (await lab.send(msg("H3", "ORU^R01"))).code == "AA"  # no destinations: held
         await adt.close()
         await lab.close()
-    assert [(r[3], r[1]) for r in rows(fresh_db)] == [
+    assert sorted((r[3], r[1]) for r in rows(fresh_db)) == [
         ("H1", "_unrouted/adt"),
         ("H2", "hospital/adt-out"),
         ("H3", "_unrouted/lab"),
@@ -850,8 +877,8 @@ async def test_stop_waits_for_a_message_being_stored(fresh_db: str) -> None:
     await ingest.start()
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
-        # the delivery queue's own enqueue lock: ingest must take the very same one
-        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
+        # the delivery queue's own enqueue lock, of the channel: ingest takes the same one
+        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "channel:adt"})
         c = await client(ingest)
         await c.write(frame(msg("INFLIGHT")))
         await asyncio.sleep(0.3)
@@ -872,12 +899,12 @@ async def test_stop_waits_for_a_message_being_stored(fresh_db: str) -> None:
 async def _hold_then_release(
     ingest: Ingest, dsn: str, first: bytes, others: Sequence[bytes]
 ) -> tuple[Ack, list[Ack]]:
-    """Send ``first`` while the destination's enqueue lock is held elsewhere, so that its
-    transaction is in flight; send ``others`` on their own connections meanwhile (they queue
-    behind it); then release the lock."""
+    """Send ``first`` while the channel's lock is held elsewhere, so that its transaction is in
+    flight; send ``others`` on their own connections meanwhile (they queue behind it); then
+    release the lock."""
     async with await AsyncConnection.connect(dsn, autocommit=True) as blocker:
         await blocker.execute("BEGIN")
-        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "hospital/adt-out"})
+        await blocker.execute(QUEUE_SQL["enqueue_lock"], {"destination": "channel:adt"})
         lead = await client(ingest)
         await lead.write(frame(first))
         await asyncio.sleep(0.2)
@@ -893,7 +920,7 @@ async def _hold_then_release(
     return lead_ack, acks
 
 
-async def test_messages_waiting_on_one_destination_share_a_commit(
+async def test_messages_waiting_on_one_channel_share_a_commit(
     ingest: Ingest, fresh_db: str
 ) -> None:
     others = [msg(f"G{n}") for n in range(5)] + [msg("G0")]  # a copy inside the batch, too
@@ -905,7 +932,7 @@ async def test_messages_waiting_on_one_destination_share_a_commit(
     assert acks[-1].text is not None and "duplicate" in acks[-1].text
     with psycopg.connect(fresh_db) as conn:
         stored = conn.execute(
-            "SELECT control_id, xmin::text FROM inturn_delivery ORDER BY id"
+            "SELECT control_id, xmin::text FROM inturn_message ORDER BY id"
         ).fetchall()
     assert [cid for cid, _ in stored] == ["LEAD", "G0", "G1", "G2", "G3", "G4"]
     assert len({xmin for cid, xmin in stored if cid != "LEAD"}) == 1  # one transaction
@@ -916,14 +943,14 @@ async def test_a_message_the_database_refuses_does_not_sink_its_batch(
 ) -> None:
     admin(
         fresh_db,
-        "ALTER TABLE inturn_delivery ADD CONSTRAINT test_no_poison"
+        "ALTER TABLE inturn_message_e1 ADD CONSTRAINT test_no_poison"
         " CHECK (control_id <> 'POISON') NOT VALID",
     )
     try:
         others = [msg("B1"), msg("POISON"), msg("B2")]
         lead, acks = await _hold_then_release(ingest, fresh_db, msg("LEAD"), others)
     finally:
-        admin(fresh_db, "ALTER TABLE inturn_delivery DROP CONSTRAINT test_no_poison")
+        admin(fresh_db, "ALTER TABLE inturn_message_e1 DROP CONSTRAINT test_no_poison")
     assert lead.code == "AA"
     assert [(a.code, a.control_id) for a in acks] == [("AA", "B1"), ("AE", "POISON"), ("AA", "B2")]
     assert [r[3] for r in rows(fresh_db)] == ["LEAD", "B1", "B2"]

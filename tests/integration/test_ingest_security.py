@@ -29,6 +29,7 @@ from inturn.worker.ingest.credentials import (
 )
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
+from tests.support.ingest import pull_all
 
 pytestmark = pytest.mark.store
 
@@ -44,6 +45,7 @@ def msg(control_id: str) -> bytes:
 
 
 def stored(dsn: str) -> list[str]:
+    pull_all(dsn)  # what each destination's worker pulls from the channel log
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT control_id FROM inturn_delivery ORDER BY id").fetchall()
     return [r[0] for r in rows]

@@ -27,7 +27,7 @@ def twelve_thousand() -> bytes:
 def stored_keys(dsn: str, control_id: str) -> list[str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT patient_keys FROM inturn_delivery WHERE control_id = %s", (control_id,)
+            "SELECT patient_keys FROM inturn_message WHERE control_id = %s", (control_id,)
         ).fetchone()
     assert row is not None
     return list(row[0])

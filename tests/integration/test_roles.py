@@ -135,8 +135,11 @@ async def test_ingest_role_stores_a_message(fresh_db: str, role_dsns: dict[str, 
                 ]
         writer.close()
     assert parse_ack(replies[0]).code == "AA"
-    with psycopg.connect(fresh_db) as conn:
-        assert conn.execute("SELECT control_id FROM inturn_delivery").fetchall() == [("ROLE-IN-1",)]
+    with psycopg.connect(fresh_db) as conn:  # stored once, in the channel log, routed to DEST
+        assert conn.execute(
+            "SELECT m.control_id, r.destinations FROM inturn_message m"
+            " JOIN inturn_route r ON r.id = m.route"
+        ).fetchall() == [("ROLE-IN-1", [DEST])]
 
 
 @pytest.mark.parametrize("lanes", [1, 4], ids=["one-stream", "lanes"])

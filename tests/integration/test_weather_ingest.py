@@ -56,7 +56,8 @@ async def http_post(ingest: Ingest, payload: bytes) -> int:
 
 async def lock_table(dsn: str) -> AsyncConnection[Any]:
     holder = await AsyncConnection.connect(dsn, application_name="table-locker")
-    await holder.execute("LOCK TABLE inturn_delivery IN SHARE MODE")  # blocks every INSERT
+    # blocks every INSERT into the channel log (where ingest stores a message)
+    await holder.execute("LOCK TABLE inturn_message IN SHARE MODE")
     return holder
 
 

@@ -112,12 +112,39 @@ def config(**overrides: Any) -> IngestConfig:
     return IngestConfig(**base)
 
 
+def pull_all(dsn: str) -> int:
+    """Pull every destination's messages from the channel log into its queue (what each one's
+    worker does when woken; ``inturn_pull_for``, migration 0038), the destinations being those
+    any route set names; how many rows were pulled."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        named = conn.execute(
+            "SELECT DISTINCT d, channel FROM inturn_route, unnest(destinations) AS d ORDER BY d"
+        ).fetchall()
+        total = 0
+        for destination, channel in named:
+            with conn.transaction():
+                conn.execute(  # a destination never registered reads its route sets' channel
+                    "INSERT INTO inturn_cursor (destination, channel) VALUES (%s, %s)"
+                    " ON CONFLICT DO NOTHING",
+                    (destination, channel),
+                )
+                got = conn.execute("SELECT inturn_pull_for(%s, 100000)", (destination,))
+                total += int(got.fetchone()[0])  # type: ignore[index]
+        return total
+
+
 def rows(dsn: str, where: str = "true") -> list[tuple[Any, ...]]:
-    """(id, destination, channel, control_id, message_type, payload) of every delivery row."""
+    """(id, destination, channel, control_id, message_type, payload) of every delivery row, the
+    channel log pulled first (:func:`pull_all`): what each destination's queue holds, the
+    payload its own or its log row's (as stored: sealed or clear). ``where`` may name any
+    column of ``inturn_delivery``."""
+    pull_all(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute(
-            "SELECT id, destination, channel, control_id, message_type, payload"
-            f" FROM inturn_delivery WHERE {where} ORDER BY id"
+            "SELECT id, destination, channel, control_id, message_type, full_payload FROM"
+            " (SELECT d.*, coalesce(d.payload, m.payload) AS full_payload FROM inturn_delivery d"
+            "   LEFT JOIN inturn_message m ON m.id = d.message_id) AS x"
+            f" WHERE {where} ORDER BY id"
         ).fetchall()
 
 

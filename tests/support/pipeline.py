@@ -29,6 +29,7 @@ from inturn.worker.store import lease as leases
 from inturn.worker.store.model import Item
 from inturn.worker.store.worklist_model import Placement
 from inturn.worker.worklist.delivery_failed import give_up
+from tests.support.ingest import pull_all
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
 #: Retries forever, 1 s apart, each attempt bounded at 5 s.
@@ -81,11 +82,16 @@ def register(
 
 
 def rows(dsn: str, destination: str | None = None) -> list[dict[str, Any]]:
-    """Every delivery row (or one destination's), oldest first, as dicts."""
+    """Every delivery row (or one destination's), oldest first, as dicts, the channel log
+    pulled first (:func:`tests.support.ingest.pull_all`); ``payload`` is the row's own or its
+    log row's (as stored)."""
+    pull_all(dsn)
     with psycopg.connect(dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
         return conn.execute(
-            "SELECT * FROM inturn_delivery WHERE %(d)s::text IS NULL OR destination = %(d)s"
-            " ORDER BY id",
+            # the last "payload" column is the one a dict keeps
+            "SELECT d.*, coalesce(d.payload, m.payload) AS payload FROM inturn_delivery d"
+            " LEFT JOIN inturn_message m ON m.id = d.message_id"
+            " WHERE %(d)s::text IS NULL OR d.destination = %(d)s ORDER BY d.id",
             {"d": destination},
         ).fetchall()
 

@@ -13,9 +13,9 @@ def test_the_store_statements_fit_psycopgs_conversion_cache() -> None:
     sizes = {
         name: len(query.encode())
         for name, query in (
-            ("store", ingest.STORE),
-            ("reserve", ingest.RESERVE),
-            ("store_sealed", ingest.STORE_SEALED),
+            ("store_log", ingest.STORE_LOG),
+            ("reserve_log", ingest.RESERVE_LOG),
+            ("store_log_sealed", ingest.STORE_LOG_SEALED),
         )
     }
     assert all(size <= MAX_CACHED_STATEMENT_LENGTH for size in sizes.values()), sizes

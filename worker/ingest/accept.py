@@ -379,7 +379,7 @@ class Acceptor:
                 channel,
                 header.control_id,
                 earlier_copies(queued),
-                ", ".join(f"#{i}" for i in result.ids),
+                ", ".join(f"log #{i}" for i in result.ids),
             )
         if result.duplicate:
             outcome = answer(
@@ -433,6 +433,8 @@ class Acceptor:
                 delivered_seconds=self.delivered_window_seconds,
                 store_timeout=self.store_timeout_seconds,
                 payloads=self.payloads,
+                cache=self.committer.route_sets,
+                log=self.committer.log,
             )
         except OutcomeUnknown as exc:  # it may have been kept: no answer at all
             return self._done_batch(channel, batch, unknown(str(exc)))

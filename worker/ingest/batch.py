@@ -3,13 +3,15 @@
 The statement that stores a transaction's messages is the store's
 (:func:`inturn.worker.store.ingest.store_batch`); this module decides what goes into one.
 
-Every destination's enqueues are serialised until COMMIT by the delivery queue's advisory lock
-(that is what makes id order equal commit order). With one transaction per message, N
-connections feeding the same destination would therefore commit strictly one after another,
-each waiting for its own WAL flush. :class:`Committer` instead keeps at most one transaction in
-flight per (channel, destinations) route in this process; messages that arrive on other
-connections meanwhile wait, and the next transaction stores all of them at once: one lock
-round, one COMMIT, one flush for the lot. Each connection still has a single message in flight
+A channel's messages are written once each to its log (``inturn_message``), serialised until
+COMMIT by the channel's lock (that is what makes log id order equal commit order on a channel,
+which each destination's pull relies on; docs/explanation/storage-layout.md). With one
+transaction per message, N connections feeding the same channel would therefore commit strictly
+one after another, each waiting for its own WAL flush. :class:`Committer` instead keeps at most
+one transaction in flight per channel in this process, whatever each message's destinations
+(its route set, written with it); messages that arrive on other connections meanwhile wait,
+and the next transaction stores all of them at once: one lock, one COMMIT, one flush for the
+lot. Each connection still has a single message in flight
 and gets its acknowledgement only after the COMMIT that holds its rows, so nothing about "AA
 means committed" or per-connection order changes; only unrelated connections share a commit.
 
@@ -46,8 +48,14 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Unavailable
+from inturn.worker.store import ingest_rows
 from inturn.worker.store.faults import classify
-from inturn.worker.store.ingest import DEFAULT_DELIVERED_WINDOW_SECONDS, answer_only, store_batch
+from inturn.worker.store.ingest import (
+    DEFAULT_DELIVERED_WINDOW_SECONDS,
+    RouteSets,
+    answer_only,
+    store_batch,
+)
 from inturn.worker.store.model import Message, StoreResult
 
 log = logging.getLogger("inturn.ingest")
@@ -62,6 +70,8 @@ MAX_BATCH_BYTES = 32 * 1024 * 1024
 DEFAULT_STORE_TIMEOUT_SECONDS = 10.0
 #: Default seconds to wait for a cancelled statement's end before the outcome is unknown.
 DEFAULT_CONFIRM_SECONDS = 10.0
+#: Seconds between two looks for the channel log's migration while it is not applied.
+LOG_ASK_SECONDS = 1.0
 
 
 class StoreTimeout(Unavailable):
@@ -79,6 +89,7 @@ class OutcomeUnknown(Unavailable):
 @dataclass
 class _Waiting:
     message: Message
+    destinations: tuple[str, ...]
     future: asyncio.Future[StoreResult]
     deadline: float  # loop.time() after which the message is not to be stored
 
@@ -90,7 +101,7 @@ class _Route:
 
 
 class Committer:
-    """Group commit: at most one storing transaction in flight per route in this process.
+    """Group commit: at most one storing transaction in flight per channel in this process.
 
     Args:
         pool: the write pool (autocommit connections, ``synchronous_commit`` on).
@@ -125,7 +136,12 @@ class Committer:
         self.confirm_seconds = confirm_seconds
         self.max_messages = max_messages
         self.max_bytes = max_bytes
-        self._routes: dict[tuple[str, tuple[str, ...]], _Route] = {}
+        self._routes: dict[str, _Route] = {}
+        #: Route-set ids, kept across batches (a channel's messages share a handful).
+        self.route_sets = RouteSets()
+        #: The channel log's ingest is in place (migration 0041; see :meth:`log_ready`).
+        self.log = False
+        self._log_asked = -LOG_ASK_SECONDS
 
     async def answer_only(self, channel: str, control_id: str, reply_keys: str) -> int:
         """Answer the open expectations of ``channel`` that ``reply_keys`` (comma-separated key
@@ -154,13 +170,14 @@ class Committer:
             asyncio.CancelledError: the caller gave up; if its batch had not started, the
                 message is not stored at all.
         """
-        key = (channel, tuple(sorted(set(destinations))))
+        key = channel
         route = self._routes.get(key)
         if route is None:
             route = self._routes[key] = _Route()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[StoreResult] = loop.create_future()
-        route.waiting.append(_Waiting(message, future, loop.time() + self.store_timeout))
+        deadline = loop.time() + self.store_timeout
+        route.waiting.append(_Waiting(message, tuple(sorted(set(destinations))), future, deadline))
         if route.task is None:
             route.task = asyncio.create_task(self._drain(key, route), name="inturn-ingest-commit")
         return await future
@@ -197,12 +214,12 @@ class Committer:
     def _late(self) -> str:
         return f"not stored within the store timeout of {self.store_timeout:g}s; nothing was kept"
 
-    async def _drain(self, key: tuple[str, tuple[str, ...]], route: _Route) -> None:
-        channel, destinations = key
+    async def _drain(self, key: str, route: _Route) -> None:
+        channel = key
         try:
             while batch := self._take(route):
                 try:
-                    results = await self._store(channel, destinations, batch)
+                    results = await self._store(channel, batch)
                 except Exception as exc:
                     if len(batch) == 1 or isinstance(exc, StoreTimeout | OutcomeUnknown):
                         for waiting in batch:  # out of time: no second try for any of them
@@ -216,7 +233,7 @@ class Committer:
                     )
                     for waiting in batch:
                         try:
-                            [result] = await self._store(channel, destinations, [waiting])
+                            [result] = await self._store(channel, [waiting])
                         except Exception as single:
                             _settle(waiting.future, single)
                         else:
@@ -232,16 +249,14 @@ class Committer:
             if self._routes.get(key) is route:
                 del self._routes[key]
 
-    async def _store(
-        self, channel: str, destinations: Sequence[str], batch: Sequence[_Waiting]
-    ) -> list[StoreResult]:
+    async def _store(self, channel: str, batch: Sequence[_Waiting]) -> list[StoreResult]:
         """Store one batch; a connection found dead (the server restarted since the pool
         opened it) costs no answer: the pool's idle connections are checked, and the batch is
         stored once more on a fresh one if time is left. Only a second failure reaches the
         caller."""
         deadline = min(w.deadline for w in batch)
         try:
-            return await self._store_once(channel, destinations, batch, deadline)
+            return await self._store_once(channel, batch, deadline)
         except Exception as exc:
             if classify(exc).fault != "dead":
                 raise
@@ -251,12 +266,11 @@ class Committer:
                 type(exc).__name__,
             )
         await self.pool.check()
-        return await self._store_once(channel, destinations, batch, deadline)
+        return await self._store_once(channel, batch, deadline)
 
     async def _store_once(
         self,
         channel: str,
-        destinations: Sequence[str],
         batch: Sequence[_Waiting],
         deadline: float,
     ) -> list[StoreResult]:
@@ -266,21 +280,58 @@ class Committer:
             raise StoreTimeout(self._late())
         try:
             async with self.pool.connection(timeout=remaining) as conn:
-                return await self._bounded(
-                    conn,
-                    deadline,
-                    store_batch(
-                        conn,
-                        channel=channel,
-                        destinations=destinations,
-                        messages=[w.message for w in batch],
-                        window_seconds=self.window_seconds,
-                        payloads=self.payloads,
-                        delivered_seconds=self.delivered_seconds,
-                    ),
-                )
+                return await self._bounded(conn, deadline, self._write(conn, channel, batch))
         except PoolTimeout as exc:  # no connection in time: nothing was sent
             raise StoreTimeout(self._late()) from exc
+
+    async def log_ready(self, conn: AsyncConnection[Any]) -> bool:
+        """Whether the database has the channel log's ingest (migration 0041), asked on
+        ``conn`` at most once a second until it has, then never again: a new ingest started
+        before ``inturn migrate`` stores as the release before did (one row per destination)
+        meanwhile, and switches within a second of the migration's commit."""
+        if self.log:
+            return True
+        now = asyncio.get_running_loop().time()
+        if now - self._log_asked < LOG_ASK_SECONDS:
+            return False
+        self._log_asked = now
+        self.log = await ingest_rows.log_ready(conn)
+        if self.log:
+            log.info("ingest: the channel log is in place; each message is stored once")
+        return self.log
+
+    async def _write(
+        self, conn: AsyncConnection[Any], channel: str, batch: Sequence[_Waiting]
+    ) -> list[StoreResult]:
+        if await self.log_ready(conn):
+            return await store_batch(
+                conn,
+                channel=channel,
+                route_sets=[w.destinations for w in batch],
+                messages=[w.message for w in batch],
+                cache=self.route_sets,
+                window_seconds=self.window_seconds,
+                payloads=self.payloads,
+                delivered_seconds=self.delivered_seconds,
+            )
+        # before migration 0041: one transaction per destination set, as the release before
+        results: list[StoreResult | None] = [None] * len(batch)
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for index, waiting in enumerate(batch):
+            groups.setdefault(waiting.destinations, []).append(index)
+        for destinations, indexes in groups.items():
+            stored = await ingest_rows.store_batch(
+                conn,
+                channel=channel,
+                destinations=destinations,
+                messages=[batch[i].message for i in indexes],
+                window_seconds=self.window_seconds,
+                payloads=self.payloads,
+                delivered_seconds=self.delivered_seconds,
+            )
+            for index, result in zip(indexes, stored, strict=True):
+                results[index] = result
+        return [r for r in results if r is not None]
 
     async def _bounded(
         self, conn: AsyncConnection[Any], deadline: float, statement: Awaitable[R]

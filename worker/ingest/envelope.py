@@ -7,11 +7,11 @@ alike:
 
 * Each message of the batch goes through exactly the checks a message sent alone goes through
   (MSH readable, bounded fields, a destination that takes it and could send it).
-* When every message passes, all of them are stored **in one transaction**, in batch order:
-  the enqueue locks of every destination involved are taken first, in sorted order (two
-  batches never wait on each other in a cycle), then each message is stored by the same
-  statement a single message uses (duplicate window, identifier index, NOTIFY at COMMIT), so
-  per destination ids ascend in batch order. The answer is a batch of ACKs, one per message
+* When every message passes, all of them are stored **in one transaction**, in batch order,
+  each by the same statement a single message uses (one row of the channel's log routed to
+  its destinations, duplicate window, identifier index, NOTIFY at COMMIT); the first takes the
+  channel's lock, held to the COMMIT, so the log ids, and each destination's queue, ascend in
+  batch order. The answer is a batch of ACKs, one per message
   in order (AA, or AA with "duplicate" in MSA-3), after the COMMIT.
 * When a message would be refused, the batch is **refused whole** and nothing of it is
   stored: the refused message's ACK carries its own ERR; every other message is answered
@@ -35,8 +35,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.ingest.batch import DEFAULT_CONFIRM_SECONDS, StoreTimeout, run_bounded
-from inturn.worker.store import queue
-from inturn.worker.store.ingest import DEFAULT_DELIVERED_WINDOW_SECONDS, store_statement
+from inturn.worker.store import ingest_rows, queue
+from inturn.worker.store.ingest import DEFAULT_DELIVERED_WINDOW_SECONDS, RouteSets, store_log
 from inturn.worker.store.model import Message, StoreResult
 
 
@@ -50,6 +50,8 @@ async def store_all(
     store_timeout: float,
     confirm_seconds: float = DEFAULT_CONFIRM_SECONDS,
     payloads: PayloadCodec | None = None,
+    cache: RouteSets | None = None,
+    log: bool = False,
 ) -> list[StoreResult]:
     """Store every message for its destinations in one transaction, in order.
 
@@ -65,6 +67,9 @@ async def store_all(
         delivered_seconds: the lost-ACK window (:func:`inturn.worker.store.ingest.store_batch`).
         store_timeout: seconds for the pool wait and the transaction together.
         confirm_seconds: seconds to wait for a cancelled transaction's end.
+        cache: route-set ids kept across calls (read first, outside the transaction).
+        log: the channel log's migration (0041) is known to be applied; False: asked first
+            (before it, the batch is stored as the release before stored it).
 
     Returns:
         One result per item, in order, once the COMMIT has returned.
@@ -74,18 +79,40 @@ async def store_all(
         OutcomeUnknown: cancelled, but its end was not seen; it may have been kept.
         psycopg.Error: nothing of the batch was stored.
     """
-    everyone = sorted({d for destinations, _ in items for d in destinations})
     loop = asyncio.get_running_loop()
     deadline = loop.time() + store_timeout
 
     async def transaction(conn: AsyncConnection[Any]) -> list[StoreResult]:
+        if not (log or await ingest_rows.log_ready(conn)):
+            return await rows_transaction(conn)
+        routes = await (cache or RouteSets()).ids(conn, channel, [d for d, _ in items])
         # the keys sealed under stay live until the COMMIT (an erasure waits): see sealing()
+        sealing = payloads.sealing() if payloads is not None else contextlib.nullcontext()
+        async with sealing, conn.transaction():
+            results: list[StoreResult] = []
+            for route, (_, message) in zip(routes, items, strict=True):
+                [result] = await store_log(
+                    conn,
+                    channel=channel,
+                    route_ids=[route],
+                    messages=[message],
+                    window_seconds=window_seconds,
+                    payloads=payloads,
+                    delivered_seconds=delivered_seconds,
+                )
+                results.append(result)
+            return results
+
+    async def rows_transaction(conn: AsyncConnection[Any]) -> list[StoreResult]:
+        # before migration 0041 (an upgrade in place): one row per destination, as the release
+        # before stored a batch, every destination's enqueue lock first, in sorted order
+        everyone = sorted({d for destinations, _ in items for d in destinations})
         sealing = payloads.sealing() if payloads is not None else contextlib.nullcontext()
         async with sealing, conn.transaction():
             await queue.lock_for_enqueue(conn, everyone)
             results: list[StoreResult] = []
             for destinations, message in items:
-                [result] = await store_statement(
+                [result] = await ingest_rows.store_statement(
                     conn,
                     channel=channel,
                     destinations=destinations,

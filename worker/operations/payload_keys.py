@@ -150,6 +150,10 @@ async def encrypt_existing(
     while True:
         found = await sealing.sealed_batch(conn, after=after, limit=batch)
         if not found:
+            # the channel log too, in every sweep: ingest may still write both forms meanwhile
+            in_log = await _blind_log_keys(conn, codec, batch=batch)
+            rekeyed += in_log
+            changed_in_sweep = changed_in_sweep or in_log > 0
             if time.monotonic() >= settled and not changed_in_sweep:
                 break
             changed_in_sweep = False
@@ -165,7 +169,6 @@ async def encrypt_existing(
             async with conn.transaction():
                 rekeyed += await sealing.set_keys(conn, changes)
         after = found[-1][0]
-    rekeyed += await _blind_log_keys(conn, codec, batch=batch)
     progress(f"index keys of {rekeyed} sealed row(s) now in the blind form alone")
     return Sealed(sealed, rekeyed, False)
 

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
@@ -136,15 +137,31 @@ async def pull(
     if limit < 1:
         raise Invalid(f"a pull takes at least 1 row, not {limit}")
     guard = _guard(destination, lease)
+    params = {**guard, "channel": channel, "limit": limit}
+    try:
+        row = await _pull_once(conn, guard, params, lease, Q["pull"])
+    except psycopg.errors.UndefinedColumn:
+        # a database before migration 0041 (an upgrade in place): no re-send links in the log
+        # yet, so none to make; tried again at the next pull
+        row = await _pull_once(conn, guard, params, lease, Q["pull_unlinked"])
+    count = int(row["pulled"])
+    return Pulled(count, int(row["position"]), count >= limit)
+
+
+async def _pull_once(
+    conn: AsyncConnection[Any],
+    guard: dict[str, Any],
+    params: dict[str, Any],
+    lease: Lease,
+    query: Any,
+) -> dict[str, Any]:
     async with conn.transaction():
         if await fetch_one(conn, Q["pull_lock"], guard, row=dict_row) is None:
             raise LeaseLost(lease, "pulling from the channel log")
-        params = {**guard, "channel": channel, "limit": limit}
-        row = await fetch_one(conn, Q["pull"], params, row=dict_row)
+        row = await fetch_one(conn, query, params, row=dict_row)
         if row is None or row["held"] is None:
             raise LeaseLost(lease, "pulling from the channel log")
-    count = int(row["pulled"])
-    return Pulled(count, int(row["position"]), count >= limit)
+    return row
 
 
 async def make_due(conn: AsyncConnection[Any], destination: str, *, lease: Lease) -> bool:
@@ -283,28 +300,6 @@ async def retry(
         conn, "retry", params, lease, f"recording a failed attempt of id={item_id}"
     )
     return bool(row["changed"])
-
-
-async def reserve_sequence(conn: AsyncConnection[Any], item_id: int, *, lease: Lease) -> int | None:
-    """The MSH-13 sequence number of pending item ``item_id`` (``spec.profile.sequenceNumbers``,
-    HL7 v2 chapter 2, sequence number protocol): the number it was given at an earlier attempt,
-    else its destination's next one (1 first), recorded with it in the same statement. A retry,
-    a restart, a takeover or another lane sends the same number again; no two messages of a
-    destination are given the same one. Called only once the profile has shaped the message,
-    so a message it refuses spends no number.
-
-    Returns:
-        The number (>= 1), or None when the item is no longer pending (skipped or erased).
-
-    Raises:
-        LeaseLost: another holder took the destination over; nothing changed.
-    """
-    params = {**_guard(lease.destination, lease), "id": item_id}
-    row = await _guarded(
-        conn, "reserve_sequence", params, lease, f"reserving the sequence number of id={item_id}"
-    )
-    number = row["number"]
-    return None if number is None else int(number)
 
 
 async def sender_changed(

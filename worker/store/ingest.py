@@ -23,7 +23,7 @@ from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Invalid
 from inturn.worker.store.identifiers import keys_text
 from inturn.worker.store.model import Earlier, Message, StoreResult
-from inturn.worker.store.notify import notify_channel
+from inturn.worker.store.notify import channel_wake_name
 from inturn.worker.store.queries import fetch_all, load
 
 Q = load("ingest.sql")
@@ -43,7 +43,12 @@ def _compact(query: str) -> LiteralString:
 
 
 #: The statements as sent (``sql/ingest.sql``, compacted).
-STORE, RESERVE, STORE_SEALED = (_compact(Q[n]) for n in ("store", "reserve", "store_sealed"))
+STORE_LOG, RESERVE_LOG, STORE_LOG_SEALED = (
+    _compact(Q[n]) for n in ("store_log", "reserve_log", "store_log_sealed")
+)
+
+#: Route sets a cache holds at most (a channel's messages mostly share a handful).
+MAX_CACHED_ROUTES = 4096
 
 
 async def routes(conn: AsyncConnection[Any]) -> list[dict[str, Any]]:
@@ -51,99 +56,108 @@ async def routes(conn: AsyncConnection[Any]) -> list[dict[str, Any]]:
     return await fetch_all(conn, Q["routes"], row=dict_row)
 
 
-async def store_messages(conn: AsyncConnection[Any], params: dict[str, Any]) -> dict[str, Any]:
-    """Run the store statement (see ``sql/ingest.sql``, ``store``) with ``params`` and return
-    its one row: ``fresh`` (1-based positions stored as new messages), ``ids``, ``repeated``
-    (JSON: ``[position, destination, earlier id, earlier state, queued]`` per message received
-    again and destination), ``reused`` (positions whose control ID was seen with another
-    payload). Arrays are sent in binary (the text form would
-    hex-escape every payload in Python)."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        cur.adapters.register_dumper(list, ListBinaryDumper)
-        await cur.execute(STORE, params)
+class RouteSets:
+    """Route-set ids (``inturn_route``, migration 0033) by channel and destination set, kept
+    once read: a route set is never changed or deleted, so an id once committed stays right.
+    Only ids read or made by a statement committed on its own (autocommit) are kept: a set made
+    inside a transaction that then rolled back would be gone. At most ``MAX_CACHED_ROUTES``
+    (then emptied and read again)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[str, tuple[str, ...]], int] = {}
+
+    async def ids(
+        self, conn: AsyncConnection[Any], channel: str, sets: Sequence[Sequence[str]]
+    ) -> list[int]:
+        """The id of each of ``sets`` (destinations, any order, repeats ignored) of
+        ``channel``, made when new; one statement per set not known yet.
+
+        Raises:
+            Invalid: an empty set.
+            psycopg.Error: the route table could not be read or written.
+            RuntimeError: a new set another transaction was adding was still not seen after
+                three tries.
+        """
+        keep = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        out: list[int] = []
+        for raw in sets:
+            key = (channel, tuple(sorted(set(raw))))
+            if not key[1]:
+                raise Invalid("a route set names at least one destination")
+            known = self._ids.get(key)
+            if known is None:
+                known = await _route_id(conn, channel, key[1])
+                if keep:
+                    if len(self._ids) >= MAX_CACHED_ROUTES:
+                        self._ids.clear()
+                    self._ids[key] = known
+            out.append(known)
+        return out
+
+
+async def _route_id(conn: AsyncConnection[Any], channel: str, destinations: Sequence[str]) -> int:
+    for _ in range(3):  # a set a concurrent transaction adds is seen once it has committed
+        cur = await conn.execute(
+            Q["route"], {"channel": channel, "destinations": list(destinations)}
+        )
         row = await cur.fetchone()
-    assert row is not None
-    return row
+        if row is not None:
+            return int(row[0])
+    raise RuntimeError(f"the route set of channel {channel!r} could not be read")
 
 
 async def store_batch(
     conn: AsyncConnection[Any],
     *,
     channel: str,
-    destinations: Sequence[str],
+    destinations: Sequence[str] | None = None,
     messages: Sequence[Message],
     window_seconds: float,
     delivered_seconds: float = DEFAULT_DELIVERED_WINDOW_SECONDS,
     payloads: PayloadCodec | None = None,
+    route_sets: Sequence[Sequence[str]] | None = None,
+    cache: RouteSets | None = None,
 ) -> list[StoreResult]:
-    """Store ``messages`` for every one of ``destinations`` in one transaction (one statement;
-    two with payload keys, see :func:`store_sealed`).
-
-    The statement (``store`` in ``ingest.sql``) runs in autocommit mode, so its implicit COMMIT
-    (with ``synchronous_commit`` on, which the pool's connections set) has happened when the
-    result arrives: one round trip. Its steps are ordered by data dependencies, not by text:
-
-    1. ``remembered``: one duplicate-window row per message (when the window is on), upserted
-       on ``inturn_received_key``. A new message, or one whose row is older than the window
-       (recycled), is stored as new (``repeats`` 0). An identical copy inside the window (the
-       same channel, MSH-10 and bytes) only counts itself (``repeats`` + 1): it is a message
-       *received again*. A concurrent copy waits on the unique index until the first commits.
-    2. ``latest``: for a message received again, per destination, its latest earlier copy
-       there (the newest row of the channel, MSH-10 and destination enqueued since the window
-       row's ``received_at``: the original, a person's ``queue resend`` or an earlier re-send;
-       a message's rows share the transaction's ``now()`` with its window row). The new copy is
-       acknowledged without being queued while that copy is pending, or was delivered within
-       ``delivered_seconds`` (the lost-ACK window: a sender that lost our ACK sends again within
-       minutes). It is queued as a re-send, linked to that copy (``resent_from`` on the new
-       row, ``resent_as`` on the earlier one, as ``queue resend`` links them), when that copy
-       failed, was skipped, was delivered longer ago, or is gone (erased, purged: nothing to
-       link). A copy whose window row another transaction counted after this statement's
-       snapshot (``prior`` disagrees with ``remembered``) arrived at the same moment as another:
-       it is never queued, so that two replicas given the same re-send queue it once.
-    3. ``locked``: the per-destination enqueue locks in sorted order, with the delivery queue's
-       own function (``enqueue_lock`` in ``queue.sql``, as
-       :func:`inturn.worker.store.queue.enqueue_in_transaction` takes it), so that id order is
-       commit order per destination. The aggregate returns only once every lock is held, and
-       only when at least one row is to be inserted.
-    4. ``inserted``: one ``inturn_delivery`` row per new message and destination and one per
-       re-send, in message order then destination order (so ids ascend in that order), each
-       with its message's identifier index keys (:mod:`inturn.worker.store.identifiers`): the
-       index is written in the same transaction as the message. The earlier copies re-sent
-       are marked (``resent_as``) by the insertion itself (migration 0032's trigger, audited).
-    5. ``notified``: one NOTIFY per destination, delivered at COMMIT.
-
-    The statement also reports, per message, whether its MSH-10 was used on the channel inside
-    the window by a message with different bytes. A destination's lock is held only for the
-    server's own work and the commit, never across a round trip to Python. Identical copies
-    inside one batch are removed here first (the later ones are duplicates of the first).
+    """Store ``messages`` in ``channel``'s log, each once, in one transaction (one statement;
+    two with payload keys, see :func:`store_log`), each routed to ``destinations`` or to its
+    own set in ``route_sets`` (one per message); the route sets' ids are read first
+    (``cache``: kept across calls).
 
     Args:
         conn: an autocommit connection with ``synchronous_commit`` on, outside a transaction.
         channel: the channel all the messages arrived on.
-        destinations: ``namespace/name`` values (at least one; repeats are ignored).
+        destinations: ``namespace/name`` values (at least one; repeats are ignored), for
+            every message; or None with ``route_sets``.
         messages: at least one.
         window_seconds: the duplicate window; 0 or less turns duplicate detection off.
-        delivered_seconds: the lost-ACK window (see step 2), seconds.
+        delivered_seconds: the lost-ACK window (see :func:`store_log`), seconds.
+        route_sets: the destinations of each message (as many as ``messages``).
 
     Returns:
         One :class:`StoreResult` per message, in input order.
 
     Raises:
         psycopg.Error: nothing of the batch was stored.
-        Invalid: no destination or no message.
+        Invalid: no destination or no message, or not as many route sets as messages.
         RuntimeError: ``conn`` is inside a transaction.
     """
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise RuntimeError("store_batch needs an autocommit connection outside a transaction")
+    if not messages:
+        raise Invalid("nothing to store")
+    sets = route_sets if route_sets is not None else [destinations or ()] * len(messages)
+    if len(sets) != len(messages):
+        raise Invalid("one route set per message")
+    ids = await (cache or RouteSets()).ids(conn, channel, sets)
     sealing = payloads is not None and payloads.enabled
     # sealed: two statements, so one transaction of them, inside the codec's sealing scope
     # (the keys stay live in the key store until the COMMIT); in clear: one autocommit statement
     scope = payloads.sealing() if sealing and payloads is not None else contextlib.nullcontext()
     async with scope, conn.transaction() if sealing else contextlib.nullcontext():
-        return await store_statement(
+        return await store_log(
             conn,
             channel=channel,
-            destinations=destinations,
+            route_ids=ids,
             messages=messages,
             window_seconds=window_seconds,
             delivered_seconds=delivered_seconds,
@@ -151,33 +165,71 @@ async def store_batch(
         )
 
 
-async def store_statement(
+async def store_log(
     conn: AsyncConnection[Any],
     *,
     channel: str,
-    destinations: Sequence[str],
+    route_ids: Sequence[int],
     messages: Sequence[Message],
     window_seconds: float,
     delivered_seconds: float = DEFAULT_DELIVERED_WINDOW_SECONDS,
     payloads: PayloadCodec | None = None,
 ) -> list[StoreResult]:
-    """Run the ``store`` statement of :func:`store_batch` in ``conn``'s current state: on an
-    autocommit connection outside a transaction it commits on its own (what
-    :func:`store_batch` checks); inside the caller's transaction it commits with it (an HL7
-    batch stored whole, :mod:`inturn.worker.ingest.envelope`). Same arguments, results and
-    errors (:class:`~inturn.worker.errors.Invalid` for no destination or no message). With
-    ``payloads`` that seal, the caller's transaction is required: see :func:`store_sealed`.
+    """Store ``messages`` in ``channel``'s log (``inturn_message``), each routed to its route
+    set ``route_ids[i]`` (:class:`RouteSets`), in ``conn``'s current state: on an autocommit
+    connection outside a transaction the statement commits on its own; inside the caller's
+    transaction it commits with it (an HL7 batch stored whole). With ``payloads`` that seal,
+    the caller's transaction is required (two statements, see :func:`_store_log_sealed`).
+
+    The statement (``store_log`` in ``ingest.sql``; docs/explanation/storage-layout.md) writes,
+    whatever the number of destinations, **one log row per message** (payload, MSH-10/9, size,
+    patient index keys, traceparent, route set) and one NOTIFY for the channel's workers
+    (:func:`inturn.worker.store.notify.channel_wake_name`), delivered at COMMIT; each
+    destination's worker pulls the rows into its queue. Its steps, by data dependency:
+
+    1. ``remembered``: one duplicate-window row per message (when the window is on), upserted
+       on ``inturn_received_key``. A new message, or one whose row is older than the window
+       (recycled), is stored as new (``repeats`` 0). An identical copy inside the window (the
+       same channel, MSH-10 and bytes) only counts itself (``repeats`` + 1): it is a message
+       *received again*. A concurrent copy waits on the unique index until the first commits.
+    2. ``latest``: for a message received again, per destination of its route set, its latest
+       earlier copy there: a log row routed to it past its cursor (not pulled yet: pending),
+       else its newest row of the channel and MSH-10 enqueued since the window row's
+       ``received_at``. The new copy is acknowledged without being queued while that copy is
+       pending, or was delivered within ``delivered_seconds`` (the lost-ACK window). It is
+       queued as a re-send when that copy failed, was skipped, was delivered longer ago, or is
+       gone: one more log row, routed to those destinations only, naming each one's earlier
+       copy (``resent_from``, linked by the pull). A copy another transaction counted after
+       this statement's snapshot is ``arriving``: never queued.
+    3. ``locked``: the channel's lock (``inturn_enqueue_lock('channel:<name>')``), held until
+       COMMIT and taken only when a row is to be written, before the log ids are drawn: on one
+       channel, log ids are drawn and committed in the same order, so a pull that sees an id
+       committed sees every lower id of the channel committed too (the cursor never skips a
+       row). No destination's lock is taken: 200 destinations cost one lock.
+    4. ``inserted``: the log rows in message order (ids ascend that way).
+    5. ``answered``: the order expectations a reply answers.
+
+    Args:
+        route_ids: one per message.
+        window_seconds, delivered_seconds: as :func:`store_batch`.
+
+    Returns:
+        One :class:`StoreResult` per message, in input order; ``ids`` holds its log id.
+
+    Raises:
+        psycopg.Error: nothing of the batch was stored.
+        Invalid: no message, or not one route set per message.
     """
-    ordered = sorted(set(destinations))
-    if not ordered or not messages:
-        raise Invalid("nothing to store")
+    if not messages or len(route_ids) != len(messages):
+        raise Invalid("nothing to store, or not one route set per message")
     remember = window_seconds > 0
     # Identical copies inside one batch: only the first is sent; the others are its duplicates.
     first: dict[tuple[str, bytes], int] = {}
     unique: list[Message] = []
+    unique_routes: list[int] = []
     slot: list[int] = []
     copy: list[bool] = []
-    for message in messages:
+    for message, route in zip(messages, route_ids, strict=True):
         key = (message.control_id, message.digest)
         if remember and key in first:
             slot.append(first[key])
@@ -187,55 +239,37 @@ async def store_statement(
         slot.append(len(unique))
         copy.append(False)
         unique.append(message)
-    if payloads is not None and payloads.enabled:
-        row = await store_sealed(
-            conn,
-            channel=channel,
-            ordered=ordered,
-            unique=unique,
-            remember=remember,
-            window_seconds=window_seconds,
-            delivered_seconds=delivered_seconds,
-            payloads=payloads,
-        )
-    else:
-        row = await store_messages(
-            conn,
-            _plain_params(channel, ordered, unique, remember, window_seconds, delivered_seconds),
-        )
-    return _results(row, ordered, unique, slot, copy)
-
-
-def _plain_params(
-    channel: str,
-    ordered: Sequence[str],
-    unique: Sequence[Message],
-    remember: bool,
-    window_seconds: float,
-    delivered_seconds: float,
-) -> dict[str, Any]:
-    return {
+        unique_routes.append(int(route))
+    window = {
         "channel": channel,
-        "control_ids": [m.control_id for m in unique],
-        "message_types": [m.message_type for m in unique],
-        "payloads": [m.payload for m in unique],
-        "digests": [m.digest for m in unique],
-        "patient_keys": [
-            keys_text(m.payload) if m.patient_keys is None else m.patient_keys for m in unique
-        ],
-        "traceparents": [m.traceparent for m in unique],
-        "reply_keys": [m.reply_keys for m in unique],
+        "wake": channel_wake_name(channel),
+        "routes": unique_routes,
         "window_seconds": float(max(window_seconds, 0.0)),
         "delivered_seconds": float(max(delivered_seconds, 0.0)),
         "remember": remember,
-        "destinations": list(ordered),
-        "channels": [notify_channel(d) for d in ordered],
     }
+    if payloads is not None and payloads.enabled:
+        row = await _store_log_sealed(conn, channel, window, unique, payloads)
+    else:
+        params = {
+            **window,
+            "control_ids": [m.control_id for m in unique],
+            "types": [m.message_type for m in unique],
+            "payloads": [m.payload for m in unique],
+            "digests": [m.digest for m in unique],
+            "keys": [
+                keys_text(m.payload) if m.patient_keys is None else m.patient_keys for m in unique
+            ],
+            "tps": [m.traceparent for m in unique],
+            "rks": [m.reply_keys for m in unique],
+        }
+        row = await _one(conn, STORE_LOG, params)
+    return _results(row, len(unique), slot, copy)
 
 
 def _repeated(row: dict[str, Any]) -> dict[int, list[Earlier]]:
-    """The ``repeated`` column of ``store`` or ``reserve``: per 0-based position of a message
-    received again, its earlier copies by destination, in destination order."""
+    """The ``repeated`` column of ``store_log`` or ``reserve_log``: per 0-based position of a
+    message received again, its earlier copies by destination, in destination order."""
     repeated = row["repeated"]
     if isinstance(repeated, str):
         repeated = json.loads(repeated)
@@ -247,50 +281,29 @@ def _repeated(row: dict[str, Any]) -> dict[int, list[Earlier]]:
     return earlier
 
 
-def _rows(
-    row: dict[str, Any], ordered: Sequence[str], count: int
-) -> list[list[tuple[str, int | None]]]:
-    """Per unique message, the rows stored for it: ``(destination, resent_from)``, in the
-    order their ids ascend (message order, then destination order). A new message has one per
-    destination; a message received again one per destination it was queued again for."""
-    fresh = {int(n) - 1 for n in row["fresh"] or ()}
-    earlier = _repeated(row)
-    return [
-        [(d, None) for d in ordered]
-        if i in fresh
-        else [(e.destination, e.id) for e in earlier.get(i, ()) if e.queued]
-        for i in range(count)
-    ]
-
-
 def _results(
-    row: dict[str, Any],
-    ordered: Sequence[str],
-    unique: Sequence[Message],
-    slot: Sequence[int],
-    copy: Sequence[bool],
+    row: dict[str, Any], count: int, slot: Sequence[int], copy: Sequence[bool]
 ) -> list[StoreResult]:
+    """Per message of the batch, what was stored: ``placed`` (1-based positions written to
+    the log, ascending) pairs with ``ids`` (their log ids, ascending)."""
     reused = {int(n) - 1 for n in row["reused"] or ()}
     answered = {int(n) - 1 for n in row["answered"] or ()}
-    all_ids = [int(i) for i in row["ids"] or ()]
-    earlier = _repeated(row)
-    wanted = [len(r) for r in _rows(row, ordered, len(unique))]
-    if len(all_ids) != sum(wanted):
+    placed = [int(n) - 1 for n in row["placed"] or ()]
+    ids = sorted(int(i) for i in row["ids"] or ())
+    if len(placed) != len(ids):
         raise RuntimeError("the store statement returned an unexpected number of rows")
-    by_unique: list[StoreResult] = []
-    start = 0
-    for i, count in enumerate(wanted):
-        chunk = tuple(all_ids[start : start + count])
-        start += count
-        by_unique.append(
-            StoreResult(
-                chunk,
-                duplicate=not chunk,
-                control_id_reused=i in reused,
-                answered=i in answered,
-                earlier=tuple(earlier.get(i, ())),
-            )
+    log_id = dict(zip(placed, ids, strict=True))
+    earlier = _repeated(row)
+    by_unique = [
+        StoreResult(
+            (log_id[i],) if i in log_id else (),
+            duplicate=i not in log_id,
+            control_id_reused=i in reused,
+            answered=i in answered,
+            earlier=tuple(earlier.get(i, ())),
         )
+        for i in range(count)
+    ]
     results = []
     for index, is_copy in zip(slot, copy, strict=True):
         result = by_unique[index]
@@ -300,108 +313,90 @@ def _results(
     return results
 
 
-async def store_sealed(
+async def _store_log_sealed(
     conn: AsyncConnection[Any],
-    *,
     channel: str,
-    ordered: Sequence[str],
+    window: dict[str, Any],
     unique: Sequence[Message],
-    remember: bool,
-    window_seconds: float,
-    delivered_seconds: float = DEFAULT_DELIVERED_WINDOW_SECONDS,
     payloads: PayloadCodec,
 ) -> dict[str, Any]:
-    """Store a batch with its payloads sealed (payload keys given), inside the caller's
-    transaction, in two statements: ``reserve`` (window rows, the enqueue locks, then one row
-    ID per fresh message and destination, drawn under the locks so that ID order stays commit
-    order) and, once the codec has sealed each payload for its row ID and destination (the
-    associated data of its envelope), ``store_sealed`` (the rows, NOTIFY, answered orders).
-    The locks are held across the one round trip between them and the sealing (microseconds
-    per message). No payload in clear reaches the database: ``reserve`` gets sizes, not bytes.
+    """Store a batch in the log with its payloads sealed, inside the caller's transaction, in
+    two statements: ``reserve_log`` (window rows, the channel's lock, one log id per row to
+    write, drawn under it) and, once each payload is sealed for its log id and
+    ``channel:<name>`` (the envelope's associated data: the head's read opens it so,
+    ``payload_binding`` in ``queue.sql``), ``store_log_sealed``. Each message is encrypted once,
+    before the lock, whatever the number of its destinations: under it only each data key's
+    wrap (microseconds). A message naming no patient is sealed under its channel's key. No
+    payload in clear reaches the database.
 
     Returns:
-        The row :func:`store_statement` decodes (``fresh``, ``ids``, ``reused``, ``answered``).
+        The row :func:`_results` decodes.
 
     Raises:
         RuntimeError: ``conn`` is not inside a transaction.
         psycopg.Error: nothing was stored (the caller's transaction rolls back).
     """
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
-        raise RuntimeError("store_sealed runs inside the caller's transaction")
-    window = float(max(window_seconds, 0.0))
-    # The bulk of the sealing before the enqueue locks (reserve takes them): every payload
-    # encrypted for each destination, the keys fetched or made; under the locks only each
-    # data key's wrap, bound to the row ID drawn there (microseconds a row).
+        raise RuntimeError("a sealed store runs inside the caller's transaction")
+    scope = f"channel:{channel}"
     keyings = [
-        k
+        m.keying
+        if m.keying is not None
+        else payloads.destination_keying(scope)
+        if m.patient_keys == ""
+        else payloads.keying(m.payload, scope)
         for m in unique
-        for k in (
-            [m.keying] * len(ordered)
-            if m.keying is not None
-            else [payloads.destination_keying(d) for d in ordered]
-            if m.patient_keys == ""
-            else payloads.keyings(m.payload, ordered)
-        )
     ]
-    bodies = await payloads.seal_bodies([(d, m.payload) for m in unique for d in ordered], keyings)
-    body_of = {
-        (index, destination): bodies[index * len(ordered) + k]
-        for index in range(len(unique))
-        for k, destination in enumerate(ordered)
-    }
+    bodies = await payloads.seal_bodies([(scope, m.payload) for m in unique], keyings)
     reserve = {
-        "channel": channel,
+        **window,
         "control_ids": [m.control_id for m in unique],
         "digests": [m.digest for m in unique],
         "sizes": [len(m.payload) for m in unique],
-        "window_seconds": window,
-        "delivered_seconds": float(max(delivered_seconds, 0.0)),
-        "remember": remember,
-        "destinations": list(ordered),
     }
-    got = await _one(conn, RESERVE, reserve)
-    fresh = [int(n) - 1 for n in got["fresh"] or ()]
+    got = await _one(conn, RESERVE_LOG, reserve)
+    queued = got["queued"]
+    if isinstance(queued, str):
+        queued = json.loads(queued)
+    queued = sorted(queued or (), key=lambda q: int(q[0]))
     drawn = sorted(int(i) for i in got["ids"] or ())
+    if len(queued) != len(drawn):
+        raise RuntimeError("the store statement returned an unexpected number of rows")
+    got["placed"] = [int(q[0]) for q in queued]
     got["ids"] = drawn
     got["answered"] = None
-    rows: list[tuple[int, str, Message]] = []
-    resent_from: list[int | None] = []
-    sealed: list[bytes] = []
-    at = 0
-    # message order, then destination order: IDs ascend that way (new messages and re-sends)
-    for index, placed in enumerate(_rows(got, ordered, len(unique))):
-        for destination, earlier_id in placed:
-            if at < len(drawn):
-                sealed.append(envelope.bind(body_of[(index, destination)], drawn[at]))
-            rows.append((drawn[at] if at < len(drawn) else 0, destination, unique[index]))
-            resent_from.append(earlier_id)
-            at += 1
-    if len(rows) != len(drawn):
-        raise RuntimeError("the store statement returned an unexpected number of rows")
-    if not rows:
+    if not queued:
         return got
-    fresh_messages = [unique[i] for i in fresh]
+    rows = [
+        (i, int(n) - 1, int(route), froms)
+        for i, (n, route, froms) in zip(drawn, queued, strict=True)
+    ]
+    fresh = [int(n) - 1 for n in got["fresh"] or ()]
     params = {
         "channel": channel,
-        "ids": [i for i, _, _ in rows],
-        "row_destinations": [d for _, d, _ in rows],
-        "row_control_ids": [m.control_id for _, _, m in rows],
-        "row_types": [m.message_type for _, _, m in rows],
-        "row_payloads": sealed,
-        "row_sizes": [len(m.payload) for _, _, m in rows],
+        "wake": window["wake"],
+        "ids": [i for i, _, _, _ in rows],
+        "row_control_ids": [unique[k].control_id for _, k, _, _ in rows],
+        "row_types": [unique[k].message_type for _, k, _, _ in rows],
+        "row_payloads": [envelope.bind(bodies[k], i) for i, k, _, _ in rows],
+        "row_sizes": [len(unique[k].payload) for _, k, _, _ in rows],
         "row_keys": [
-            ",".join(payloads.index_keys(m.payload)) if m.patient_keys is None else m.patient_keys
-            for _, _, m in rows
+            ",".join(payloads.index_keys(unique[k].payload))
+            if unique[k].patient_keys is None
+            else unique[k].patient_keys
+            for _, k, _, _ in rows
         ],
-        "row_traceparents": [m.traceparent for _, _, m in rows],
-        "row_resent_from": resent_from,
-        "destinations": list(ordered),
-        "channels": [notify_channel(d) for d in ordered],
-        "control_ids": [m.control_id for m in fresh_messages],
-        "reply_keys": [m.reply_keys for m in fresh_messages],
-        "positions": [i + 1 for i in fresh],
+        "row_traceparents": [unique[k].traceparent for _, k, _, _ in rows],
+        "row_routes": [r for _, _, r, _ in rows],
+        "row_froms": [
+            None if f is None else ",".join("" if x is None else str(int(x)) for x in f)
+            for _, _, _, f in rows
+        ],
+        "control_ids": [unique[k].control_id for k in fresh],
+        "reply_keys": [unique[k].reply_keys for k in fresh],
+        "positions": [k + 1 for k in fresh],
     }
-    stored = await _one(conn, STORE_SEALED, params)
+    stored = await _one(conn, STORE_LOG_SEALED, params)
     if int(stored["inserted"]) != len(rows):
         raise RuntimeError("the store statement returned an unexpected number of rows")
     got["answered"] = stored["answered"]

@@ -152,6 +152,7 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
                     "traceparent",
                     "enqueued_at",
                     "message_id",
+                    "resent_from",
                 ),
             ),
             Grant(
@@ -211,7 +212,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     },
     # Route sets: ingest adds the sets it meets; everyone who reads the log may resolve them.
     "inturn_route": {
-        "ingest": (SELECT, INSERT),
+        # (UPDATE of channel: a re-send's set is upserted, its id returned when it exists)
+        "ingest": (SELECT, INSERT, Grant("UPDATE", ("channel",))),
         "worker": (SELECT,),
         "operator": (SELECT,),
         "sweeper": (SELECT,),
@@ -220,6 +222,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     },
     # Each destination's place in its channel's log: the worker's pull moves it; depth reads it.
     "inturn_cursor": {
+        # ingest: a message received again is pending while still in the log past a cursor
+        "ingest": (Grant("SELECT", ("destination", "position")),),
         "worker": (SELECT, INSERT, Grant("UPDATE", ("channel", "position"))),
         "operator": (SELECT,),
         "sweeper": (SELECT,),
@@ -256,33 +260,17 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     # Which destination a worker's login works for (migration 0036): written by the login
     # functions only (the operator's, an admin's); people may see the mapping.
     "inturn_worker_scope": {
-        # the worker role's row policies read the session's own mapping (sql/roles.sql)
-        "worker": (SELECT,),
         "operator": (SELECT,),
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
-    # The worker role's name, recorded by --create-roles for the login functions; the worker
-    # role's row policies read it (a destination's login whose mapping is gone reaches nothing).
-    "inturn_role_setting": {"worker": (SELECT,)},
+    # The worker role's name, recorded by --create-roles for the login functions: nobody's.
+    "inturn_role_setting": {},
     # The database's clock (migration 0039): the operator moves it on and reads it (a restored
     # database holds an older tick than the Destinations' status recorded).
     "inturn_clock": {
         "worker": (SELECT,),
         "operator": (SELECT, INSERT, Grant("UPDATE", ("tick", "at"))),
-        "admin": (SELECT,),
-        "reader": (SELECT,),
-    },
-    # MSH-13 sequence numbers of a receiver profile (migration 0041): the worker reserves a
-    # message's number at its first send (its destination's counter moves on) and reads it
-    # back at a retry; people may see them.
-    "inturn_sequence": {
-        "worker": (SELECT, INSERT, Grant("UPDATE", ("last",))),
-        "admin": (SELECT,),
-        "reader": (SELECT,),
-    },
-    "inturn_sequence_number": {
-        "worker": (SELECT, INSERT),
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
@@ -461,6 +449,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     # (drain, erasure, resend) and the sweeper, which then act on rows as before
     "inturn_unpulled(text)": ("worker", "operator", "sweeper", "admin", "reader"),
     "inturn_pull_for(text,integer)": ("sweeper", "admin"),
+    # a message received again: its latest copy at a destination, in the log or a row (0041)
+    "inturn_latest_copy(text,text,text,timestamp with time zone)": ("ingest",),
     # what a destination's lanes hold, keys made anonymous, for those who may not read them
     "inturn_lane_window(text,integer)": ("reader", "operator"),
 }
@@ -469,9 +459,9 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
 #: ``worker_policy_<table>``, made by ``--create-roles``): a login scoped to one destination
 #: (``inturn_worker_scope``, :func:`~inturn.worker.store.roles_apply.apply_roles`) reaches only
 #: that destination's rows of each.
-#: On ``inturn_delivery`` a second one (``worker_pull_policy``) lets the worker role (scoped or
-#: not) insert only a slim row naming a log message routed to the row's destination (the pull's
-#: insertion): no row without a log message, none handing a destination another's message.
+#: On ``inturn_delivery`` a second one (``worker_pull_policy``) lets such a login insert only a
+#: slim row naming a log message routed to its destination (the pull's insertion): no row
+#: without a log message, none that would hand it another destination's message.
 WORKER_SCOPED = (
     "inturn_attempt",
     "inturn_cursor",
@@ -479,8 +469,6 @@ WORKER_SCOPED = (
     "inturn_lease",
     "inturn_message",
     "inturn_order_expectation",
-    "inturn_sequence",
-    "inturn_sequence_number",
     "inturn_worker_sender",
     "inturn_worklist_item",
 )
@@ -495,9 +483,6 @@ WORKER_UNSCOPED: dict[str, str] = {
     "inturn_route": "route sets: which destinations of a channel a log message goes to"
     " (destination names only; read-only)",
     "inturn_clock": "the database's restore clock: one tick for the whole database (read-only)",
-    "inturn_worker_scope": "which login works for which destination: its row policies read"
-    " the session's own mapping (read-only; the reader role sees it too)",
-    "inturn_role_setting": "the worker role's name, for the same policies (read-only)",
 }
 
 #: What the docs say of a function no component may execute, when it is not a trigger.

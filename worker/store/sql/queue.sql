@@ -96,6 +96,69 @@ cur AS (
 ),
 picked AS (
     SELECT m.id, m.control_id, m.message_type, m.size, m.patient_keys, m.traceparent,
+           m.enqueued_at,
+           -- a re-send row (migration 0041): this destination's earlier copy, by its place
+           -- in the row's route set
+           CASE WHEN m.resent_from IS NOT NULL
+                THEN m.resent_from[(SELECT array_position(r.destinations, %(destination)s::text)
+                                      FROM inturn_route r WHERE r.id = m.route)] END
+               AS resent_from
+      FROM cur
+      JOIN inturn_message m ON m.channel = %(channel)s AND m.id > cur.position
+     WHERE m.route = ANY (ARRAY(SELECT r.id FROM inturn_route r
+                                 WHERE r.channel = %(channel)s
+                                   AND r.destinations @> ARRAY[%(destination)s::text]))
+     ORDER BY m.id
+     LIMIT %(limit)s
+),
+pulled AS (
+    INSERT INTO inturn_delivery
+           (destination, channel, control_id, message_type, size, patient_keys, traceparent,
+            enqueued_at, message_id, resent_from)
+    SELECT %(destination)s, %(channel)s, p.control_id, p.message_type, p.size, p.patient_keys,
+           p.traceparent, p.enqueued_at, p.id, p.resent_from
+      FROM picked p
+     ORDER BY p.id
+    RETURNING id
+),
+moved AS (
+    INSERT INTO inturn_cursor AS c (destination, channel, position)
+    SELECT %(destination)s, %(channel)s,
+           CASE WHEN (SELECT count(*) FROM picked) >= %(limit)s
+                THEN (SELECT max(p.id) FROM picked p)
+                ELSE greatest(cur.position,
+                              coalesce((SELECT max(m.id) FROM inturn_message m
+                                         WHERE m.channel = %(channel)s), 0))
+           END
+      FROM cur
+    ON CONFLICT (destination) DO UPDATE
+       SET position = greatest(c.position, EXCLUDED.position), channel = EXCLUDED.channel
+    RETURNING c.position
+)
+SELECT (SELECT held FROM lease) AS held, (SELECT count(*) FROM pulled) AS pulled,
+       (SELECT position FROM moved) AS position;
+
+-- name: pull_unlinked
+-- The pull as it was before migration 0041 (no re-send links: the log has no resent_from
+-- column yet, and no ingest writes a re-send row before it): a worker started before
+-- `inturn migrate` pulls with it while the column is missing (inturn.worker.store.delivery.pull).
+-- A destination's pull from its channel's log: the log rows past its cursor whose route set
+-- names it become slim rows of its queue (no payload: they read it through message_id), in
+-- log order, up to "limit"; the cursor moves to the last row pulled when the limit was
+-- reached, else to the highest log id of the channel this statement's snapshot sees (every
+-- lower id of the channel has committed or never will: ingest draws a channel's ids under
+-- the channel's enqueue lock). It never moves back. Run under pull_lock, in its transaction.
+-- Guarded by the lease: held NULL and nothing written when it is lost.
+WITH lease AS (
+    -- include: lease_guard
+),
+cur AS (
+    SELECT coalesce((SELECT c.position FROM inturn_cursor c
+                      WHERE c.destination = %(destination)s), 0) AS position
+      FROM lease
+),
+picked AS (
+    SELECT m.id, m.control_id, m.message_type, m.size, m.patient_keys, m.traceparent,
            m.enqueued_at
       FROM cur
       JOIN inturn_message m ON m.channel = %(channel)s AND m.id > cur.position
@@ -290,36 +353,6 @@ history AS (
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM history) AS changed;
 
--- name: reserve_sequence
--- The MSH-13 sequence number of a pending message (migration 0041): the one it was given at an
--- earlier attempt, else the destination's next (its counter moves on in the same statement).
--- Guarded by the lease: held 0 when it is lost (nothing changed); number NULL when the message
--- is no longer pending (skipped or erased meanwhile).
-WITH lease AS (
-    -- include: lease_guard
-),
-item AS (
-    SELECT d.id FROM inturn_delivery d
-     WHERE d.id = %(id)s AND d.destination = %(destination)s AND d.state = 'pending'
-       AND EXISTS (SELECT 1 FROM lease)
-),
-had AS (
-    SELECT s.number FROM inturn_sequence_number s JOIN item ON item.id = s.item_id
-),
-bumped AS (
-    INSERT INTO inturn_sequence AS q (destination, last)
-    SELECT %(destination)s, 1 FROM item WHERE NOT EXISTS (SELECT 1 FROM had)
-    ON CONFLICT (destination) DO UPDATE SET last = q.last + 1
-    RETURNING last
-),
-given AS (
-    INSERT INTO inturn_sequence_number (item_id, destination, number)
-    SELECT %(id)s, %(destination)s, last FROM bumped
-    RETURNING number
-)
-SELECT (SELECT count(*) FROM lease) AS held,
-       coalesce((SELECT number FROM had), (SELECT number FROM given)) AS number;
-
 -- name: make_due_unreachable
 -- Every pending row of a destination held for an unreachable receiver is due now (the lanes: a
 -- probe found the receiver accepting connections again); a row backing off after a receiver's
@@ -430,8 +463,7 @@ RETURNING id, destination, state;
 
 -- name: erase_scope
 -- What an erasure reaches (the channel log, migration 0033: a message is stored once for
--- every destination): the log messages of the items named ("ids": their message_id; a
--- negative id, as the lookups list a message not pulled yet: minus its log id) and, by
+-- every destination): the log messages of the items named ("ids": their message_id) and, by
 -- patient ("keys": every stored form of the patient's key, or NULL), the log messages that
 -- name the patient, pulled or not; and the destinations whose enqueue locks the erasure takes
 -- first, sorted (those of the items, and every destination the messages' route sets name), so
@@ -445,7 +477,6 @@ messages AS (
     SELECT m.id, m.route
       FROM inturn_message m
      WHERE m.id IN (SELECT message_id FROM named WHERE message_id IS NOT NULL)
-        OR m.id IN (SELECT -i FROM unnest(%(ids)s::bigint[]) AS i WHERE i < 0)
         OR (%(keys)s::text[] IS NOT NULL AND m.patient_keys && %(keys)s::text[])
 )
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM messages) AS messages,
@@ -713,9 +744,7 @@ SELECT d.id, d.destination, d.channel, d.state, d.message_type,
  LIMIT %(batch)s;
 
 -- name: get_item
--- The hot table's row, else the history's (a finished item moved there). A negative id names
--- a message of the channel log not pulled yet, as the lookups list it (migration 0038): it is
--- shown pending for the first destination its route set names that has not pulled it.
+-- The hot table's row, else the history's (a finished item moved there).
 (SELECT id, channel, destination, control_id, message_type, size, state, attempts,
         enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
         resent_as, resent_from
@@ -725,17 +754,6 @@ UNION ALL
         enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
         resent_as, resent_from
    FROM inturn_history WHERE id = %(id)s)
-UNION ALL
-(SELECT -m.id, m.channel, w.d, m.control_id, m.message_type, m.size, 'pending', 0,
-        m.enqueued_at, m.enqueued_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-   FROM inturn_message m
-   JOIN inturn_route r ON r.id = m.route
-  CROSS JOIN LATERAL (
-        SELECT u.d FROM unnest(r.destinations) AS u(d)
-         WHERE m.id > coalesce((SELECT c.position FROM inturn_cursor c
-                                 WHERE c.destination = u.d), 0)
-         ORDER BY u.d LIMIT 1) AS w
-  WHERE %(id)s::bigint < 0 AND m.id = -%(id)s::bigint)
 LIMIT 1;
 
 -- name: get_for_resend
@@ -865,16 +883,13 @@ SELECT record_key
 
 -- name: payload
 -- One item's stored bytes: its own, or (a slim row) its log row's; the hot table's, else
--- history's; a negative id: the log message not pulled yet that get_item shows.
+-- history's.
 SELECT coalesce(d.payload, m.payload) AS payload
   FROM ((SELECT payload, message_id FROM inturn_delivery WHERE id = %(id)s)
         UNION ALL
         (SELECT payload, message_id FROM inturn_history WHERE id = %(id)s)
-        UNION ALL
-        (SELECT NULL::bytea, -%(id)s::bigint WHERE %(id)s::bigint < 0)
         LIMIT 1) AS d
-  LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL
- WHERE coalesce(d.payload, m.payload) IS NOT NULL;
+  LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL;
 
 -- name: payload_of
 -- payload, with the item's destination and the binding its envelope was sealed under (its own
@@ -889,12 +904,6 @@ SELECT coalesce(d.payload, m.payload) AS payload, d.destination,
         UNION ALL
         (SELECT id, destination, payload, seal_id, seal_scope, message_id
            FROM inturn_history WHERE id = %(id)s)
-        UNION ALL
-        -- a negative id: a log message not pulled yet, its channel as the destination named
-        (SELECT %(id)s::bigint, 'channel:' || x.channel, NULL::bytea, NULL::bigint, NULL::text,
-                x.id
-           FROM inturn_message x
-          WHERE %(id)s::bigint < 0 AND x.id = -%(id)s::bigint)
         LIMIT 1) AS d
   LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL;
 
@@ -985,8 +994,9 @@ SELECT d.destination, coalesce(h.id, -u.first_id) AS id, coalesce(h.attempts, 0)
         WHERE destination = d.destination AND state = 'pending'
         ORDER BY id
         LIMIT 1) AS h ON TRUE
-  LEFT JOIN (SELECT x.destination, x.first_id FROM inturn_unpulled(NULL) AS x) AS u
-    ON u.destination = d.destination AND h.id IS NULL
+  LEFT JOIN LATERAL (
+       SELECT x.first_id FROM inturn_unpulled(d.destination) AS x WHERE h.id IS NULL) AS u
+    ON TRUE
  WHERE h.id IS NOT NULL OR u.first_id IS NOT NULL;
 
 -- name: find_patient

@@ -1,0 +1,546 @@
+"""Benchmark fan-out: one channel feeding 1, 10, 50 and 200 destinations (issue 43).
+
+For each count, one ``inturn ingest`` process (as in production) takes the sample messages on
+one channel from 8 MLLP connections (each sends, waits for the ACK, sends the next; every
+MSH-10 unique). Every fifth destination has a filter that takes a tenth of the messages (a
+message type the bench gives one message in ten); the others take every message.
+
+1. **Held**: the receivers hold their ACKs, so no worker sends or pulls anything (each waits
+   on its first head): what is measured is ingest's own cost. Printed per count: the ingest
+   rate, ACK p50/p99, WAL and table bytes written per message, and CPU per message of the
+   ingest process and of its Postgres backends; the rate ratios to one destination (targets
+   0.8 at 10 and 0.5 at 200), and WAL at 200 over WAL at 1 (target under 3).
+2. **Live**: a process of N MLLP receivers that answer at once and N workers (one per
+   destination, as ``inturn local`` runs them) delivers while 20 messages a second arrive
+   (spread over the 8 connections) for ``--live-seconds``: ACK p50/p99 (target p99 under
+   50 ms at 200), the aggregate delivery rate (deliveries a second, every destination's, from
+   the first send to the last delivery) and the CPU per delivery of everything (ingest, the
+   workers' process, every Postgres process; target at 200 within 1.25 of one's).
+
+Runs on a Postgres server of its own (initdb in a temporary folder, ``max_connections`` room
+for 200 workers, so that WAL and CPU are this benchmark's alone) unless ``--dsn`` is given;
+``--tiny`` (the test suite's) uses ``$INTURN_DSN`` and 1 and 10 destinations.
+
+    python bench/fanout.py [--seconds 5] [--live-seconds 10] [--destinations 1,10,50,200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import corpus
+import psycopg
+from delivery import cpu_seconds, fresh_database
+from figures import emit, parse_args
+
+from inturn.worker.hl7.errors import HeaderError
+from inturn.worker.hl7.header import parse_header
+from inturn.worker.store.migrate import migrate
+
+HOST = "127.0.0.1"
+SB, TRAILER = b"\x0b", b"\x1c\r"
+CONNECTIONS = 8
+#: The message type one message in ten carries; the filtered destinations take only it.
+TENTH = "ZZZ^Z10"
+#: Every FILTERED-th destination (from the fifth) is filtered.
+FILTERED = 5
+LIVE_RATE = 20.0  # messages a second while the receivers answer
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+
+def templates(source: corpus.Messages) -> list[tuple[bytes, bytes]]:
+    """Each usable sample split around its MSH-10, (before, after); one in ten with MSH-9
+    made :data:`TENTH` (what the filtered destinations take)."""
+    out = []
+    for _, raw in source.items:
+        try:
+            header = parse_header(raw)
+        except HeaderError:
+            continue
+        sep = header.delimiters.field.encode("latin-1")
+        first_end = min(i for i in (raw.find(b"\r"), raw.find(b"\n"), len(raw)) if i >= 0)
+        fields = raw[:first_end].split(sep)
+        if len(fields) < 12:
+            continue
+        if len(out) % 10 == 0:
+            fields[8] = TENTH.encode()
+        out.append((sep.join(fields[:9]) + sep, sep + sep.join(fields[10:]) + raw[first_end:]))
+    return out
+
+
+# --- the server -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def own_server(connections: int) -> Iterator[tuple[str, Path]]:
+    """A Postgres 15 server of this run's own (``max_connections`` ``connections``), its DSN
+    and data directory; stopped and removed after."""
+    data = Path(tempfile.mkdtemp(prefix="inturn-fanout-pg-"))
+    port = free_port()
+    initdb = shutil.which("initdb") or str(PG_BIN / "initdb")
+    pg_ctl = shutil.which("pg_ctl") or str(PG_BIN / "pg_ctl")
+    env = {**os.environ}
+    run_as: list[str] = []
+    if os.geteuid() == 0:  # Postgres refuses to run as root: the nobody user runs it
+        shutil.chown(data, "nobody")
+        run_as = ["runuser", "-u", "nobody", "--"]
+    subprocess.run(
+        [*run_as, initdb, "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"],
+        check=True, capture_output=True, env=env,
+    )  # fmt: skip
+    options = (
+        f"-p {port} -k {data} -c listen_addresses={HOST} -c max_connections={connections}"
+        " -c shared_buffers=256MB -c max_wal_size=4GB"
+    )
+    subprocess.run(
+        [*run_as, pg_ctl, "-D", str(data), "-o", options, "-l", str(data / "log"), "-w", "start"],
+        check=True, capture_output=True, env=env,
+    )  # fmt: skip
+    try:
+        yield f"host={HOST} port={port} user=postgres dbname=postgres", data
+    finally:
+        subprocess.run(
+            [*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"],
+            capture_output=True, env=env,
+        )  # fmt: skip
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def postmaster_pid(data: Path | None) -> int | None:
+    if data is None:
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        return int((data / "postmaster.pid").read_text().splitlines()[0])
+    return None
+
+
+def server_cpu(postmaster: int | None) -> float:
+    """CPU seconds of every process of the server (its children and itself): its own server
+    only; 0 on a shared one."""
+    if postmaster is None:
+        return 0.0
+    total = cpu_seconds(postmaster)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[1]) == postmaster:
+                total += cpu_seconds(int(entry.name))
+    return total
+
+
+def wal_lsn(db: str) -> int:
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    return int(row[0]) if row else 0
+
+
+def table_bytes(db: str) -> int:
+    """Heap, TOAST and index bytes of the tables ingest and the pull write."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c"
+            " WHERE c.relkind = 'r' AND c.relname IN ('inturn_delivery', 'inturn_received',"
+            " 'inturn_route', 'inturn_cursor')"
+            " OR c.oid IN (SELECT inhrelid FROM pg_inherits"
+            "               WHERE inhparent = 'inturn_message'::regclass)"
+        ).fetchone()
+    return int(row[0] or 0) if row else 0
+
+
+def backends(db: str) -> list[int]:
+    with psycopg.connect(db, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name LIKE 'inturn-ingest%'"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def register(db: str, channel: str, count: int) -> list[str]:
+    names = []
+    with psycopg.connect(db, autocommit=True) as conn:
+        for n in range(count):
+            name = f"{channel}-{n}"
+            filtered = n % FILTERED == FILTERED - 1
+            conn.execute(
+                "INSERT INTO inturn_destination (destination, namespace, name, channel,"
+                " message_types) VALUES (%s, 'bench', %s, %s, %s)",
+                (f"bench/{name}", name, channel, [TENTH] if filtered else []),
+            )
+            names.append(f"bench/{name}")
+    return names
+
+
+def reset(db: str) -> None:
+    """Empty the log, the queues and the window between runs (ingest stays up)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '2s'")
+        for attempt in range(10):
+            try:
+                conn.execute(
+                    "TRUNCATE inturn_delivery, inturn_message, inturn_received, inturn_cursor"
+                    " CASCADE"
+                )
+                break
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable):
+                if attempt == 9:
+                    raise
+                time.sleep(0.2)
+        conn.execute("VACUUM ANALYZE inturn_delivery, inturn_message, inturn_received")
+        conn.execute("CHECKPOINT")
+
+
+# --- driving ingest ---------------------------------------------------------------------------
+
+
+async def sender(
+    port: int,
+    index: int,
+    msgs: list[tuple[bytes, bytes]],
+    stop_at: float,
+    measure_from: float,
+    gap: float,
+    latencies: list[float],
+    counts: list[int],
+) -> None:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    n = 0
+    try:
+        while time.perf_counter() < stop_at:
+            before, after = msgs[(index * 13 + n) % len(msgs)]
+            control_id = f"F{index}-{n}-{uuid.uuid4().hex[:8]}".encode()
+            started = time.perf_counter()
+            writer.write(SB + before + control_id + after + TRAILER)
+            reply = await reader.readuntil(TRAILER)
+            done = time.perf_counter()
+            at = reply.find(b"MSA")
+            accepted = reply[at + 4 : at + 6] in (b"AA", b"CA")
+            counts[2] += 1
+            counts[3] += (b"|" + TENTH.encode() + b"|") in before + b"|"
+            if started >= measure_from:
+                if accepted:
+                    counts[0] += 1
+                    latencies.append(done - started)
+                else:
+                    counts[1] += 1
+            n += 1
+            if gap:
+                await asyncio.sleep(max(0.0, gap - (time.perf_counter() - started)))
+    finally:
+        writer.close()
+
+
+async def drive(
+    port: int, seconds: float, msgs: list[tuple[bytes, bytes]], rate: float | None = None
+) -> dict[str, float]:
+    """8 connections for ``seconds`` after a second's warm-up, as fast as answered or paced to
+    ``rate`` messages a second in all: accepted msg/s, p50/p99 ms, answered, refused."""
+    warmup = 1.0
+    start = time.perf_counter()
+    measure_from, stop_at = start + warmup, start + warmup + seconds
+    latencies: list[float] = []
+    counts = [0, 0, 0, 0]  # accepted measured, refused measured, answered, of the tenth type
+    gap = CONNECTIONS / rate if rate else 0.0
+    await asyncio.gather(
+        *(
+            sender(port, i, msgs, stop_at, measure_from, gap, latencies, counts)
+            for i in range(CONNECTIONS)
+        )
+    )
+    latencies.sort()
+    return {
+        "rate": counts[0] / seconds,
+        "p50": statistics.median(latencies) * 1000 if latencies else float("nan"),
+        "p99": latencies[max(int(len(latencies) * 0.99) - 1, 0)] * 1000
+        if latencies
+        else float("nan"),
+        "answered": counts[2],
+        "refused": counts[1],
+        "tenth": counts[3],
+    }
+
+
+async def wait_ready(http_port: int, process: subprocess.Popen[bytes]) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            if process.poll() is not None:
+                raise SystemExit("ingest exited early")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"http://{HOST}:{http_port}/readyz") as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+    raise SystemExit("ingest did not become ready")
+
+
+# --- the workers' process ---------------------------------------------------------------------
+
+
+async def serve(db: str, channel: str, names: Sequence[str]) -> None:
+    """``--serve``: a receiver answering at once and a worker for each of ``names`` until
+    standard input closes (what the live phase runs beside ingest)."""
+    from inturn.worker.drain.runner import DestinationWorker
+    from inturn.worker.senders.mllp import MllpSenderConfig
+    from inturn.worker.senders.registry import make_sender
+    from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+    from inturn.worker.testing import MllpReceiver
+
+    stop = asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        tasks = []
+        for name in names:
+            rx = await stack.enter_async_context(MllpReceiver())
+            cfg = WorkerConfig(
+                destination=name,
+                channel=channel,
+                sender=MllpSenderConfig(HOST, rx.port),
+                retry=RetryPolicy(max_attempts=0),
+                idle_seconds=30,
+            )
+            worker = DestinationWorker(cfg, db, make_sender(cfg.sender))
+            tasks.append(asyncio.create_task(worker.run(stop)))
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        stop.set()
+        await asyncio.wait(tasks, timeout=30)
+
+
+def delivered(db: str) -> int:
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM inturn_delivery WHERE state = 'delivered'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+async def one_count(
+    args: argparse.Namespace,
+    db: str,
+    postmaster: int | None,
+    count: int,
+    msgs: list[tuple[bytes, bytes]],
+) -> dict[str, float]:
+    channel = f"fan{count}"
+    names = register(db, channel, count)
+    port, http_port = free_port(), free_port()
+    command = [
+        sys.executable, "-c",
+        "from inturn.worker.cli.ingest import ingest_command; ingest_command()",
+        "--ops", f"{HOST}:{http_port}", "--log-level", "WARNING",
+        "--listen", f"{channel}={HOST}:{port}",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env={**os.environ, "INTURN_DSN": db})
+    out: dict[str, float] = {}
+    try:
+        await wait_ready(http_port, process)
+        # 1. held: ingest alone
+        reset(db)
+        ours = backends(db)
+        cpu0 = cpu_seconds(process.pid)
+        back0 = sum(cpu_seconds(p) for p in ours)
+        wal0, bytes0 = wal_lsn(db), table_bytes(db)
+        held = await drive(port, args.seconds, msgs)
+        answered = max(held["answered"], 1)
+        out |= {
+            "held_rate": held["rate"],
+            "held_p50": held["p50"],
+            "held_p99": held["p99"],
+            "ingest_cpu_us": (cpu_seconds(process.pid) - cpu0) / answered * 1e6,
+            "backend_cpu_us": (sum(cpu_seconds(p) for p in ours) - back0) / answered * 1e6,
+            "wal_bytes": (wal_lsn(db) - wal0) / answered,
+            "table_bytes": (table_bytes(db) - bytes0) / answered,
+        }
+        # 2. live: N workers delivering while 20 messages a second arrive
+        reset(db)
+        workers = subprocess.Popen(
+            [sys.executable, __file__, "--serve", channel, *names],
+            env={**os.environ, "INTURN_DSN": db},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert workers.stdout is not None
+            line = await asyncio.get_running_loop().run_in_executor(None, workers.stdout.readline)
+            if line.strip() != b"ready":
+                raise SystemExit("the workers' process did not start")
+            before = cpu_seconds(process.pid) + cpu_seconds(workers.pid) + server_cpu(postmaster)
+            started = time.perf_counter()
+            live = await drive(port, args.live_seconds, msgs, rate=LIVE_RATE)
+            filtered = sum(1 for n in range(count) if n % FILTERED == FILTERED - 1)
+            expected = live["answered"] * (count - filtered) + live["tenth"] * filtered
+            deadline = time.perf_counter() + args.drain_timeout
+            done = delivered(db)
+            while done < expected and time.perf_counter() < deadline:
+                await asyncio.sleep(0.2)
+                done = delivered(db)
+            elapsed = time.perf_counter() - started
+            used = (
+                cpu_seconds(process.pid)
+                + cpu_seconds(workers.pid)
+                + server_cpu(postmaster)
+                - before
+            )
+            out |= {
+                "live_p50": live["p50"],
+                "live_p99": live["p99"],
+                "deliveries": done,
+                "expected": expected,
+                "delivery_rate": done / elapsed,
+                "cpu_per_delivery_us": used / max(done, 1) * 1e6 if postmaster else float("nan"),
+            }
+        finally:
+            if workers.stdin is not None:
+                workers.stdin.close()
+            try:
+                workers.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                workers.kill()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    return out
+
+
+def nice(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None or value != value else round(value, digits)
+
+
+async def main_async(args: argparse.Namespace, db: str, postmaster: int | None) -> None:
+    source = corpus.load()
+    print(source.describe(), flush=True)
+    msgs = templates(source)
+    average = sum(len(b) + len(a) + 16 for b, a in msgs) / len(msgs)
+    print(
+        f"{len(msgs)} messages ({average / 1024:.1f} KiB on average), {CONNECTIONS} connections;"
+        f" {os.cpu_count()} CPUs; held {args.seconds:g} s, live {args.live_seconds:g} s at"
+        f" {LIVE_RATE:g} msg/s; every {FILTERED}th destination takes one message in ten"
+    )
+    print(
+        f"{'dests':>5} {'held msg/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'WAL B/msg':>10}"
+        f" {'table B/msg':>11} {'ingest us':>9} {'backend us':>10} | {'live p50':>8}"
+        f" {'p99 ms':>7} {'deliv/s':>8} {'us/deliv':>8}"
+    )
+    results: dict[int, dict[str, float]] = {}
+    for count in args.destinations:
+        r = results[count] = await one_count(args, db, postmaster, count, msgs)
+        short = (
+            ""
+            if r["deliveries"] >= r["expected"]
+            else f" ({r['deliveries']:.0f} of {r['expected']:.0f} delivered)"
+        )
+        print(
+            f"{count:>5} {r['held_rate']:>10.1f} {r['held_p50']:>7.1f} {r['held_p99']:>7.1f}"
+            f" {r['wal_bytes']:>10.0f} {r['table_bytes']:>11.0f} {r['ingest_cpu_us']:>9.0f}"
+            f" {r['backend_cpu_us']:>10.0f} | {r['live_p50']:>8.1f} {r['live_p99']:>7.1f}"
+            f" {r['delivery_rate']:>8.0f} {r['cpu_per_delivery_us']:>8.0f}{short}",
+            flush=True,
+        )
+    first, last = min(results), max(results)
+
+    def ratio(key: str, n: int) -> float | None:
+        if n not in results or not results[first][key]:
+            return None
+        return results[n][key] / results[first][key]
+
+    figures = {
+        "messages": source.source,
+        "destinations": list(results),
+        "held_msg_s": {str(n): nice(r["held_rate"], 1) for n, r in results.items()},
+        "held_rate_ratio_10": nice(ratio("held_rate", 10)),
+        "held_rate_ratio_10_target": 0.8,
+        "held_rate_ratio_200": nice(ratio("held_rate", 200)),
+        "held_rate_ratio_200_target": 0.5,
+        "held_ack_p99_ms": {str(n): nice(r["held_p99"], 1) for n, r in results.items()},
+        "wal_bytes_per_message": {str(n): round(r["wal_bytes"]) for n, r in results.items()},
+        "wal_ratio_most": nice(ratio("wal_bytes", last)),
+        "wal_ratio_200_target": 3.0,
+        "table_bytes_per_message": {str(n): round(r["table_bytes"]) for n, r in results.items()},
+        "ingest_cpu_us_per_message": {
+            str(n): round(r["ingest_cpu_us"]) for n, r in results.items()
+        },
+        "backend_cpu_us_per_message": {
+            str(n): round(r["backend_cpu_us"]) for n, r in results.items()
+        },
+        "live_ack_p99_ms": {str(n): nice(r["live_p99"], 1) for n, r in results.items()},
+        "live_ack_p99_200_target_ms": 50,
+        "delivery_rate": {str(n): nice(r["delivery_rate"], 1) for n, r in results.items()},
+        "cpu_us_per_delivery": {
+            str(n): nice(r["cpu_per_delivery_us"], 0) for n, r in results.items()
+        },
+        "cpu_per_delivery_ratio_most": nice(ratio("cpu_per_delivery_us", last)),
+        "cpu_per_delivery_ratio_200_target": 1.25,
+    }
+    print(
+        f"ingest at {last} destinations: {figures['held_msg_s'][str(last)]} msg/s held, ratio"
+        f" {nice(ratio('held_rate', last))} to one; WAL per message ratio"
+        f" {figures['wal_ratio_most']}; live ACK p99 {figures['live_ack_p99_ms'][str(last)]} ms"
+    )
+    emit("fanout", figures)
+
+
+def main(argv: list[str] | None = None) -> None:
+    if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        asyncio.run(serve(os.environ["INTURN_DSN"], sys.argv[2], sys.argv[3:]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dsn", default=None, help="a Postgres server (default: one of its own)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="held seconds per count")
+    parser.add_argument("--live-seconds", type=float, default=10.0, help="live seconds per count")
+    parser.add_argument("--drain-timeout", type=float, default=120.0, help="live drain bound, s")
+    parser.add_argument(
+        "--destinations",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 10, 50, 200],
+        help="destination counts, comma-separated",
+    )
+    args = parse_args(
+        parser,
+        argv,
+        {"seconds": 1.0, "live_seconds": 1.0, "drain_timeout": 30.0, "destinations": [1, 10]},
+    )
+    if args.tiny and args.dsn is None:
+        args.dsn = os.environ.get("INTURN_DSN")
+    if args.dsn:
+        with fresh_database(args.dsn, "fanout") as db:
+            migrate(db)
+            asyncio.run(main_async(args, db, None))
+        return
+    with (
+        own_server(max(args.destinations) * 3 + 60) as (server, data),
+        fresh_database(server, "fanout") as db,
+    ):
+        migrate(db)
+        asyncio.run(main_async(args, db, postmaster_pid(data)))
+
+
+if __name__ == "__main__":
+    main()
