@@ -39,9 +39,7 @@ def server() -> Iterator[tuple[pgcluster.Cluster, str]]:
 
 
 def _read_only(cluster: pgcluster.Cluster, on: bool) -> None:
-    setting = "on" if on else "off"
-    cluster.sql(cluster.primary, f"ALTER SYSTEM SET default_transaction_read_only = {setting}")
-    cluster.sql(cluster.primary, "SELECT pg_reload_conf()")
+    cluster.set_system("default_transaction_read_only", "on" if on else "off")
 
 
 def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:

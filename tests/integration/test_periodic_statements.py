@@ -57,9 +57,7 @@ def server() -> Iterator[tuple[pgcluster.Cluster, str]]:
 
 
 def _setting(cluster: pgcluster.Cluster, name: str, value: str | None) -> None:
-    change = f"RESET {name}" if value is None else f"SET {name} = '{value}'"
-    cluster.sql(cluster.primary, f"ALTER SYSTEM {change}")
-    cluster.sql(cluster.primary, "SELECT pg_reload_conf()")
+    cluster.set_system(name, value)
 
 
 def _terminate_every_session(dsn: str) -> int:

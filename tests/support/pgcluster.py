@@ -196,6 +196,22 @@ class Cluster:
             server.netns,
         )
 
+    def set_system(self, name: str, value: str | None) -> None:
+        """``ALTER SYSTEM SET name = value`` (``RESET`` for None) on the primary, reloaded, and
+        taken: a new session shows the value, and the sessions already open have had time to
+        take the reload signal too (they do at their next statement, once signalled)."""
+        change = f"RESET {name}" if value is None else f"SET {name} = '{value}'"
+        self.sql(self.primary, f"ALTER SYSTEM {change}")
+        self.sql(self.primary, "SELECT pg_reload_conf()")
+        wanted = self.sql(self.primary, f"SELECT boot_val FROM pg_settings WHERE name = '{name}'")
+        wanted = wanted.strip() if value is None else value
+        deadline = time.monotonic() + 10
+        while self.sql(self.primary, f"SHOW {name}").strip() != wanted:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} never became {wanted!r}")
+            time.sleep(0.05)
+        time.sleep(0.3)
+
     def close(self) -> None:
         for server in self.servers:
             server.stop("immediate")

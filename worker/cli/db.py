@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -15,11 +16,69 @@ from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import InturnError, ReasonRequired
-from inturn.worker.store import lockwatch
+from inturn.worker.store import faults, lockwatch
 from inturn.worker.store.connect import READ_STATEMENT_TIMEOUT_MS, Pools, probe, write_target
 from inturn.worker.store.dsn import resolve_dsn
 
 T = TypeVar("T")
+
+#: How long a maintenance job's run (``inturn queue purge``, ``inturn sweep``) waits out a
+#: database that refuses, seconds: the singletons' ttl (a run waiting longer would find its
+#: singleton taken over), and twice a maintenance window's usual read-only minute.
+REFUSAL_WAIT_SECONDS = 120.0
+#: First wait after a refused run, seconds; doubled per try up to :data:`REFUSAL_MAX_BACKOFF`.
+REFUSAL_FIRST_BACKOFF = 0.5
+REFUSAL_MAX_BACKOFF = 30.0
+
+
+def through_refusals(
+    what: str,
+    run: Callable[[], T],
+    *,
+    wait_seconds: float = REFUSAL_WAIT_SECONDS,
+    sleep: Callable[[float], object] = time.sleep,
+) -> T:
+    """Run a maintenance job's run (``run``: one whole try, on connections of its own), again
+    while the database refuses it in a way waiting can end (read-only for maintenance or a
+    standby, a lock or statement timeout, the connection gone, too many connections:
+    :func:`inturn.worker.store.faults.refusal`), after a backoff from 0.5 s doubling to 30 s,
+    for at most ``wait_seconds``: the rule of every periodic statement
+    (:mod:`inturn.worker.store.periodic`) for a CronJob's process. Two lines on stderr, when
+    the refusal begins and when it ends, never one per try. The runs are resumable (what a
+    refused try committed stays done; the next does the rest).
+
+    Raises:
+        Exception: what ``run`` raised when it is not such a refusal, or when the refusal
+            outlasts ``wait_seconds`` (the one-line error of every command follows).
+    """
+    deadline = time.monotonic() + wait_seconds
+    began: float | None = None
+    tries = 0
+    while True:
+        try:
+            result = run()
+        except Exception as exc:
+            cause = faults.refusal(exc)
+            now = time.monotonic()
+            if cause is None or now >= deadline:
+                raise
+            tries += 1
+            if began is None:
+                began = now
+                click.echo(
+                    f"{what}: the database refuses: {cause}; trying again for up to"
+                    f" {wait_seconds:g} s",
+                    err=True,
+                )
+            backoff = REFUSAL_FIRST_BACKOFF * 2.0 ** min(tries - 1, 30)
+            sleep(max(0.0, min(backoff, REFUSAL_MAX_BACKOFF, deadline - now)))
+            continue
+        if began is not None:
+            lasted = time.monotonic() - began
+            click.echo(
+                f"{what}: works again after {lasted:.1f} s ({tries} refused tries)", err=True
+            )
+        return result
 
 
 def run_db(dsn: str | None, action: Callable[[Pools], Awaitable[T]]) -> T:

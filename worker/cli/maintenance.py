@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import click
 
-from inturn.worker.cli.db import act
+from inturn.worker.cli.db import act, through_refusals
 from inturn.worker.cli.options import (
     DURATION_WITH_UNIT,
     dsn_option,
@@ -18,6 +18,7 @@ from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.store import history, roles, roles_apply
 from inturn.worker.store.dsn import resolve_dsn
+from inturn.worker.store.lease import holder_id
 from inturn.worker.store.migrate import migrate
 
 
@@ -147,17 +148,23 @@ def purge_command(
     except Invalid as exc:
         raise click.BadParameter(str(exc)) from None
 
-    done = act(
-        dsn,
-        lambda conn: actions.purge(
-            conn,
-            Trusted("purge"),
-            cutoffs,
-            worklist_cleared_after=worklist_cleared,
-            batch=batch,
-            leases_expired_after=older_than,
-            dry_run=dry_run,
-            partitions=partitions,
+    holder = holder_id("purge")  # one per process: a run tried again takes its singleton again
+    # a database that refuses for a while (a maintenance window) is waited out, not a failure
+    done = through_refusals(
+        "purge",
+        lambda: act(
+            dsn,
+            lambda conn: actions.purge(
+                conn,
+                Trusted("purge"),
+                cutoffs,
+                worklist_cleared_after=worklist_cleared,
+                batch=batch,
+                leases_expired_after=older_than,
+                dry_run=dry_run,
+                partitions=partitions,
+                holder=holder,
+            ),
         ),
     )
     if not done.ran:

@@ -19,10 +19,11 @@ from typing import Any
 import click
 from psycopg import AsyncConnection
 
-from inturn.worker.cli.db import run_write
+from inturn.worker.cli.db import run_write, through_refusals
 from inturn.worker.cli.options import DURATION, dsn_option, json_option
 from inturn.worker.operations import packs
 from inturn.worker.store.dsn import resolve_dsn
+from inturn.worker.store.lease import holder_id
 from inturn.worker.worklist.publishers import close_all, from_env
 from inturn.worker.worklist.rules import PackOption, RulePack
 from inturn.worker.worklist.sweep import DEFAULT_LIMIT, SweepReport
@@ -149,19 +150,28 @@ def sweep_command(
     packs.select(only, settings)  # a setting the pack does not have fails here, before connecting
     target = resolve_dsn(dsn)
     try:
-        publishers = [] if dry_run else from_env(os.environ, target)
+        from_env(os.environ, target)  # a bad variable is said here, before connecting
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    holder = holder_id("sweep")  # one per process: a run tried again takes its singleton again
 
     async def go(conn: AsyncConnection[Any]) -> SweepReport:
+        publishers = [] if dry_run else from_env(os.environ, target)  # on this run's loop
         try:
             return await packs.sweep(
-                conn, only, settings, limit=limit, dry_run=dry_run, publishers=publishers
+                conn,
+                only,
+                settings,
+                limit=limit,
+                dry_run=dry_run,
+                publishers=publishers,
+                holder=holder,
             )
         finally:
             await close_all(publishers)
 
-    report = run_write(target, go)
+    # a database that refuses for a while (a maintenance window) is waited out, not a failure
+    report = through_refusals("sweep", lambda: run_write(target, go))
     if not report.locked:
         click.echo("another sweep is running; nothing done")
         return

@@ -180,11 +180,13 @@ async def sweep(
     limit: int = DEFAULT_LIMIT,
     dry_run: bool = False,
     publishers: list[Publisher] | None = None,
+    holder: str | None = None,
 ) -> SweepReport:
     """One sweep, the sweeper's action: the rules of the :func:`chosen` packs (with
     ``settings``, see :func:`select`) once each under the sweep lock, announcing what they
     created (:func:`inturn.worker.worklist.sweep.sweep`). ``inturn sweep`` and ``inturn
-    local``'s sweeper call it and only format the report.
+    local``'s sweeper call it and only format the report. ``holder``: the sweep singleton's
+    holder (one per process, so that a sweep tried again takes its own singleton again).
 
     Raises:
         UnknownPack: a name no pack has.
@@ -192,7 +194,9 @@ async def sweep(
         psycopg.OperationalError: the database went away.
     """
     rules = select(only, settings)
-    return await run_rules(conn, rules, limit=limit, dry_run=dry_run, publishers=publishers)
+    return await run_rules(
+        conn, rules, limit=limit, dry_run=dry_run, publishers=publishers, holder=holder
+    )
 
 
 def answerers(destinations: Sequence[Registered]) -> dict[str, tuple[Answerer, ...]]:

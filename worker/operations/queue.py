@@ -440,6 +440,7 @@ async def purge(
     leases_expired_after: int | None = None,
     dry_run: bool = False,
     partitions: history.Settings | None = None,
+    holder: str | None = None,
 ) -> Purged:
     """The maintenance job: finished items of the hot table older than their state's cutoff
     are deleted; with ``partitions``, the partition work follows
@@ -454,6 +455,8 @@ async def purge(
     (counted as ``leases``: :func:`inturn.worker.store.lease.purge_gone`). ``ran`` is False
     when another purge runs. A real purge records its counts in the audit (action ``purge``,
     who ``actor.name``); ``dry_run`` counts what would go and changes and records nothing.
+    ``holder``: the purge singleton's holder (one per process; see
+    :func:`inturn.worker.store.actions.purge_held`).
 
     Raises:
         Invalid: a cutoff for ``pending`` or an unknown state, or a batch out of range.
@@ -474,7 +477,7 @@ async def purge(
             plan = replace(plan, movable=max(plan.movable - past_age, 0))
         return Purged(ran=True, counts=would, would=plan)
     try:
-        async with actions.purge_held(conn) as renew:
+        async with actions.purge_held(conn, holder) as renew:
             if renew is None:
                 return Purged(ran=False)
             # rows past their age first (rows stored before the channel log, kept rows no

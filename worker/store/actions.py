@@ -528,11 +528,16 @@ Renew = Callable[[], Awaitable[bool]]
 
 
 @asynccontextmanager
-async def purge_held(conn: AsyncConnection[Any]) -> AsyncIterator[Renew | None]:
+async def purge_held(
+    conn: AsyncConnection[Any], holder: str | None = None
+) -> AsyncIterator[Renew | None]:
     """Hold the purge singleton (one purge at a time) for the block: yields a function that
     renews it (to call between batches: a purge that died holds it no longer than its ttl),
-    or None when another purge holds it. Released at the end."""
-    holder = holder_id("purge")
+    or None when another purge holds it. Released at the end. ``holder``: this process's
+    identity (:func:`~inturn.worker.store.lease.holder_id` when None); a run tried again with
+    the same one takes its own singleton again, even when the release of the failed run was
+    refused too."""
+    holder = holder or holder_id("purge")
     held = await locks.take_singleton(conn, "purge", holder)
     if held is None:
         yield None

@@ -15,7 +15,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from inturn.worker.store import locks
+from inturn.worker.store import faults, locks
 from inturn.worker.store.lease import holder_id
 from inturn.worker.worklist.publish import Publisher, announce
 from inturn.worker.worklist.rules import Rule, RuleOutcome
@@ -66,6 +66,7 @@ async def sweep(
     limit: int = DEFAULT_LIMIT,
     dry_run: bool = False,
     publishers: list[Publisher] | None = None,
+    holder: str | None = None,
 ) -> SweepReport:
     """Run ``rules`` once each, in order, under the sweep lock.
 
@@ -74,14 +75,19 @@ async def sweep(
         limit: records per rule, most overdue first (1 or more).
         dry_run: change nothing; report what would be placed and cleared.
         publishers: told of every created item after its COMMIT.
+        holder: the sweep singleton's holder (:func:`~inturn.worker.store.lease.holder_id`
+            when None); a sweep tried again with the same one takes its own singleton again.
 
     Raises:
         ValueError: ``limit`` below 1.
         psycopg.OperationalError: the database went away (the lock goes with it).
+        psycopg.Error: a rule met a refusal that waiting can end (the database read-only, a
+            lock or statement timeout: :func:`inturn.worker.store.faults.refusal`): the sweep
+            stops there, to be tried again whole (the next rules would meet it too).
     """
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    holder = holder_id("sweep")
+    holder = holder or holder_id("sweep")
     held = await locks.take_singleton(conn, "sweep", holder)
     if held is None:
         return SweepReport(locked=False)
@@ -97,7 +103,7 @@ async def sweep(
             try:
                 result.outcome = await rule(conn, limit=limit, dry_run=dry_run)
             except Exception as exc:  # one rule's failure must not hide the others' work
-                if conn.closed or conn.broken:
+                if conn.closed or conn.broken or faults.refusal(exc) is not None:
                     raise
                 log.exception("sweep rule %s failed", rule.name)
                 result.error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
