@@ -4,12 +4,14 @@
                                         [--messages 3000]
 
 Three drains of ``--messages`` messages by a real ``inturn worker`` over MLLP (bench/delivery.py's
-drain, each in a fresh database): one with an empty history, one with ``--days`` days of
-history of ``--rows-per-day`` delivered rows each (``--days`` x ``--rows-per-day`` rows, 5
-million by default, **written directly** into ``inturn_history`` day by day, each day's
-partitions made and its epoch turned by the maintenance job's own functions, not sent through
-ingest), and the empty one again (so that a machine whose speed drifts moves both sides of the
-ratio). In the database with history, after its drain:
+drain, each in a fresh database), each with the maintenance's move running beside it (every
+``--move-every`` seconds, hot window 0: a delivered row leaves the hot table at the next batch,
+the soak's steady state; its rows and longest batch are printed): one with an empty history,
+one with ``--days`` days of history of ``--rows-per-day`` delivered rows each (``--days`` x
+``--rows-per-day`` rows, 5 million by default, **written directly** into ``inturn_history``
+day by day, each day's partitions made and its epoch turned by the maintenance job's own
+functions, not sent through ingest), and the empty one again (so that a machine whose speed
+drifts moves both sides of the ratio). In the database with history, after its drain:
 
 * the maintenance moves the delivered messages out of the hot table (hot window 0), then the
   hot set's bytes (the table, its indexes and TOAST) against the empty run's, and the whole
@@ -23,8 +25,10 @@ ratio). In the database with history, after its drain:
 
 Targets (issue 37): a day dropped in under 1 s whatever it holds; the hot set the same size
 with 5 million rows of history as without; delivery with 5 million rows of history at least
-0.95 of the empty database's rate; no dead tuples from retention. The delivered mark is not
-changed by the history (the same statement: ``bench/delivery.py`` measures it).
+0.95 of the empty database's rate; no dead tuples from retention; the delivered mark no dearer
+with history: the worker's CPU, its backend's CPU and the commits per message of the drain with
+history beside the empty ones' (the statements themselves are counted by
+tests/integration/test_history_mark_cost.py: one per message, the same with history).
 
 Asserts nothing. The server is ``--dsn`` / ``INTURN_DSN``, else an embedded Postgres.
 """
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -132,6 +137,44 @@ async def move_hot(dsn: str) -> int:
     return moved
 
 
+class Maintenance:
+    """The maintenance's move beside a drain: every ``every`` seconds, every finished row past a
+    hot window of 0 to history (``history.move``, batches of 5,000), until :meth:`stop`."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.moved = 0
+        self.runs = 0
+        self.longest = 0.0
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, dsn: str) -> None:
+        self._task = asyncio.create_task(self._run(dsn))
+
+    async def _run(self, dsn: str) -> None:
+        settings = history.Settings(retention_seconds=86400 * 365, hot_seconds=0)
+        async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                self.moved += await history.move(conn, settings, never_stop)
+                self.longest = max(self.longest, time.perf_counter() - started)
+                self.runs += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.every)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    def line(self) -> str:
+        return (
+            f"  maintenance beside the drain: {self.moved:,} rows moved in {self.runs} runs,"
+            f" the longest {self.longest * 1e3:.0f} ms"
+        )
+
+
 async def timed(calls: int, run: Any) -> float:
     """Median seconds of ``calls`` awaited calls of ``run(i)``."""
     took = []
@@ -209,30 +252,50 @@ async def main_async(args: argparse.Namespace) -> int:
         figures: dict[str, Any] = {}
         empty_hot: list[int] = []
 
+        beside: list[Maintenance] = []
+
+        async def start_maintenance(dsn: str) -> None:
+            beside.append(Maintenance(args.move_every))
+            beside[-1].start(dsn)
+
         async def fill(dsn: str) -> None:
             took = await fill_history(dsn, args.days, args.rows_per_day)
             print(f"  (history filled in {took:.1f}s)")
+            await start_maintenance(dsn)
 
         async def after_history(dsn: str, result: delivery.Result) -> None:
+            await beside[-1].stop()
             await measure(dsn, args.days, args.rows_per_day, figures)
 
         async def after_empty(dsn: str, result: delivery.Result) -> None:
+            await beside[-1].stop()
             await move_hot(dsn)
             async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
                 empty_hot.append((await table_bytes(conn, "inturn_delivery"))[0])
 
-        rates = {}
+        results: dict[str, delivery.Result] = {}
         for label, kw in (
-            ("empty", {"after": after_empty}),
+            ("empty", {"prepare": start_maintenance, "after": after_empty}),
             ("history", {"prepare": fill, "after": after_history}),
-            ("empty-again", {"after": after_empty}),
+            ("empty-again", {"prepare": start_maintenance, "after": after_empty}),
         ):
             result = await delivery.run_inturn(
                 server_dsn, label, templates, args.messages, args.cap, **kw
             )
             for line in result.lines():
                 print(line)
-            rates[label] = result.rate
+            print(beside[-1].line())
+            results[label] = result
+    rates = {label: r.rate for label, r in results.items()}
+    empties = [results["empty"], results["empty-again"]]
+    mark = {
+        "cpu_us": results["history"].cpu_us,
+        "cpu_us_empty": statistics.mean(r.cpu_us for r in empties),
+        "backend_cpu_us": results["history"].backend_cpu_us,
+        "backend_cpu_us_empty": statistics.mean(r.backend_cpu_us for r in empties),
+        "commits": results["history"].commits,
+        "commits_empty": statistics.mean(r.commits for r in empties),
+    }
     empty_rate = statistics.mean([rates["empty"], rates["empty-again"]])
     ratio = rates["history"] / empty_rate if empty_rate else 0.0
     hot_empty = statistics.mean(empty_hot) if empty_hot else 0
@@ -249,6 +312,12 @@ async def main_async(args: argparse.Namespace) -> int:
         f" head query {figures['head_ms']:.3f} ms; lookup by MSH-10"
         f" {figures['lookup_msh10_ms']:.2f} ms, by patient {figures['lookup_patient_ms']:.2f} ms"
         " (medians of 50, hot table and history)"
+    )
+    print(
+        f"per message delivered, with history / without: worker CPU {mark['cpu_us']:,.0f} /"
+        f" {mark['cpu_us_empty']:,.0f} us, its backends' CPU {mark['backend_cpu_us']:,.0f} /"
+        f" {mark['backend_cpu_us_empty']:,.0f} us, commits {mark['commits']:.2f} /"
+        f" {mark['commits_empty']:.2f} (target: no more with history)"
     )
     for d in figures["drops"]:
         print(
@@ -269,6 +338,9 @@ async def main_async(args: argparse.Namespace) -> int:
             "lookup_patient_ms": figures["lookup_patient_ms"],
             "drops": figures["drops"],
             "dead_tuples": figures["dead_tuples_history"],
+            "mark": mark,
+            "moved_beside": [m.moved for m in beside],
+            "move_longest_seconds": max((m.longest for m in beside), default=0.0),
         },
     )
     return 0
@@ -282,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows-per-day", type=int, default=550_000)
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--cap", type=float, default=300.0)
+    parser.add_argument(
+        "--move-every", type=float, default=1.0, help="seconds between the moves beside a drain"
+    )
     args = parse_args(parser, argv, TINY)
     if args.days < 3:
         parser.error("--days: at least 3 (two are dropped, one stays open)")
