@@ -1,10 +1,12 @@
 """Lookups and a resend across the days of history (issue 37): messages finished on two days
 (two epochs, so two partitions of ``inturn_history``) and one still pending are found together
 by MSH-10 and by patient, newest first, paged by destination across the partitions; the oldest
-day's message is shown, read and resent, and its copy delivered after the pending one."""
+day's message is shown, read and resent, and its copy delivered after the pending one; the
+command line (inturn queue list --control-id, inturn queue show) finds them the same way."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys
 from tests.support.channel_log import reset_epochs
-from tests.support.pipeline import register, worker, worker_config
+from tests.support.pipeline import cli, register, worker, worker_config
 
 pytestmark = pytest.mark.store
 
@@ -140,6 +142,18 @@ async def test_lookups_and_a_resend_reach_every_day_of_history(
         assert oldest is not None and (oldest.state, oldest.control_id) == ("delivered", "SAME")
         shown = await privacy.view_payload(conn, Trusted("dpo"), ids[0], "ticket 37", codec)
         assert shown.data == msgs[0]
+        if codec is None:  # what a person types: the command line reads history too
+            listed = json.loads(
+                cli(fresh_db, "queue", "list", "--control-id", "SAME", "--json").stdout
+            )
+            assert listed["total"] == 3
+            assert [(i["id"], i["state"]) for i in listed["items"]] == [
+                (ids[4], "pending"),
+                (ids[2], "delivered"),
+                (ids[0], "delivered"),
+            ]
+            shown_cli = json.loads(cli(fresh_db, "queue", "show", str(ids[0]), "--json").stdout)
+            assert (shown_cli["id"], shown_cli["state"]) == (ids[0], "delivered")
         done = await actions.resend_many(
             conn, [ids[0]], who="ops", why="lost", payloads=codec, include_delivered=True
         )
