@@ -453,19 +453,19 @@ class Runtime:
             policy = str((snap.get("spec") or {}).get("afterRestore") or "hold")
             undecided = self._restored[key] if key in self._restored else node.get("restore")
             recorded = self._witness.get(key) or Witness.from_status(node.get("witness"))
-            current = Witness.of(tick, seen.get(destination))
+            current = Witness.of(tick, seen.get(destination), recorded)
             try:
                 if undecided:
                     if policy == "hold" and await self.registrar.held(destination) is not False:
                         continue  # a person has not decided yet (or the database cannot say)
+                    if not await self.registrar.forget_finding(destination):
+                        continue
                     log.info("destination %s: the restore is decided; witness anew", destination)
-                    await self._patch_witness(key, current, None)
+                    await self._patch_witness(key, Witness.of(tick, seen.get(destination)), None)
                     continue
                 if went_back(recorded, before):
                     assert recorded is not None
-                    again = await self.registrar.exposure(
-                        destination, recorded.delivered_through or 0
-                    )
+                    again = await self.registrar.record_finding(destination, recorded.finding())
                     finding = Finding(destination, policy, again, recorded, seen.get(destination))
                     line = finding.line()
                     log.warning("%s", line)

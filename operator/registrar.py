@@ -244,17 +244,32 @@ class Registrar:
         self._worked("restore")
         return before, now, seen
 
-    async def exposure(self, destination: str, through: int) -> int:
-        """Messages of ``destination`` delivered before a restore, waiting again (0 when the
+    async def record_finding(self, destination: str, finding: restore.RestoreFinding) -> int:
+        """Keep ``finding`` in the restored database (the bounds of ``mark-delivered``) and
+        count the messages of ``destination`` delivered before, waiting again (0 when the
         database failed: logged)."""
         if self.pool is None:
             return 0
         try:
             async with self.pool.connection(timeout=5) as conn:
-                return await restore.exposure(conn, destination, through)
+                await restore.record_finding(conn, destination, finding)
+                return await restore.exposure(conn, destination)
         except DB_ERRORS as exc:
             self._failed("restore", exc, destination)
             return 0
+
+    async def forget_finding(self, destination: str) -> bool:
+        """Remove ``destination``'s finding once the restore is decided; False when the
+        database failed (logged; the next tick tries again)."""
+        if self.pool is None:
+            return False
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                await restore.forget_finding(conn, destination)
+        except DB_ERRORS as exc:
+            self._failed("restore", exc, destination)
+            return False
+        return True
 
     async def held(self, destination: str) -> bool | None:
         """Whether ``destination``'s delivery is held; None when the database failed."""

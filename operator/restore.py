@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from inturn.operator.status import rfc3339
-from inturn.worker.store.restore import Seen
+from inturn.worker.store.restore import RestoreFinding, Seen
 
 #: Who the operator's hold after a restore names (registry and audit): a person lifts it.
 HOLDER = "inturn-operator"
@@ -34,18 +34,26 @@ class Witness:
     delivered_time: str | None = None
     accepted_through: int | None = None
     accepted_time: str | None = None
+    delivered_message: int | None = None
 
     @classmethod
-    def of(cls, tick: int, seen: Seen | None) -> Witness:
-        """The witness of ``seen`` at ``tick`` (a destination with no rows: the tick alone)."""
+    def of(cls, tick: int, seen: Seen | None, before: Witness | None = None) -> Witness:
+        """The witness of ``seen`` at ``tick`` (a destination with no rows: the tick alone).
+
+        ``before``: the witness recorded at the previous tick. Its channel-log bound is kept
+        when the hot table no longer shows one (its slim rows moved to history, where a row's
+        log id cannot be told from a drawn one): delivery only moves on between restores.
+        """
+        message = before.delivered_message if before is not None else None
         if seen is None:
-            return cls(tick)
+            return cls(tick, delivered_message=message)
         return cls(
             tick,
             seen.delivered_through,
-            rfc3339(seen.delivered_at) if seen.delivered_at else None,
+            precise(seen.delivered_at) if seen.delivered_at else None,
             seen.accepted_through,
             rfc3339(seen.accepted_at) if seen.accepted_at else None,
+            seen.delivered_message if seen.delivered_message is not None else message,
         )
 
     @classmethod
@@ -68,6 +76,7 @@ class Witness:
             text("deliveredTime"),
             number("acceptedThrough"),
             text("acceptedTime"),
+            number("deliveredMessage"),
         )
 
     def to_status(self) -> dict[str, Any]:
@@ -78,10 +87,30 @@ class Witness:
             ("deliveredTime", self.delivered_time),
             ("acceptedThrough", self.accepted_through),
             ("acceptedTime", self.accepted_time),
+            ("deliveredMessage", self.delivered_message),
         ):
             if value is not None:
                 out[key] = value
         return out
+
+    def finding(self) -> RestoreFinding:
+        """What the restored database keeps of this witness until a person decides (the bounds
+        of ``inturn queue mark-delivered``)."""
+        when = None
+        if self.delivered_time is not None:
+            try:
+                when = datetime.fromisoformat(self.delivered_time.replace("Z", "+00:00"))
+            except ValueError:
+                when = None
+        return RestoreFinding(self.tick, self.delivered_through, self.delivered_message, when)
+
+
+def precise(moment: datetime) -> str:
+    """RFC 3339 in UTC to the microsecond (``2026-01-02T03:04:05.123456Z``): the witness's last
+    delivery time bounds what ``mark-delivered`` may mark, to the database's precision."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def went_back(recorded: Witness | None, tick_before: int) -> bool:
@@ -133,8 +162,8 @@ class Finding:
         if self.policy == "hold":
             parts.append(
                 "delivery is held until a person decides: inturn queue mark-delivered"
-                f" {self.destination} --through {self.recorded.delivered_through or 0}"
-                " (what the receiver has), then inturn queue resume"
+                f" {self.destination} (what the receiver has: those delivered before), then"
+                " inturn queue resume"
             )
         else:
             parts.append("delivery goes on (spec.afterRestore: resend): receivers see repeats")
@@ -147,5 +176,10 @@ class Finding:
             "policy": self.policy,
             "mayBeSentAgain": self.again,
             "deliveredThrough": self.recorded.delivered_through or 0,
+            **(
+                {"deliveredMessage": self.recorded.delivered_message}
+                if self.recorded.delivered_message is not None
+                else {}
+            ),
             "message": self.line()[:1024],
         }

@@ -18,14 +18,15 @@ from typing import Any
 import kmock
 import psycopg
 import pytest
+from click.testing import CliRunner
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from inturn.operator.restore import HOLDER, Finding, Witness, went_back
-from inturn.worker.cli import main
+from inturn.worker.cli import cli, main
 from inturn.worker.store import restore as restore_store
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.restore import Seen
-from tests.support import pgcluster
+from tests.support import channel_log, pgcluster
 from tests.support.keys import pg_tool
 from tests.support.kopf_env import (
     DEST,
@@ -118,21 +119,24 @@ async def test_a_restored_dump_is_noticed_said_held_and_decided(
     caplog.set_level(logging.WARNING, logger="inturn.operator")
     async with operator():
         await eventually(lambda: status(env)["witness"]["acceptedThrough"] == waiting[-1])
+        # below its first waiting row
         assert status(env)["witness"]["deliveredThrough"] == before[-1]
         backup = tmp_path / "queue.dump"
         pg_dump(queue_db, backup)
-        # after the backup: the 30 waiting messages are delivered, 5 more accepted
+        # after the backup: the 30 waiting messages are delivered, 5 more accepted and
+        # delivered
         deliver(queue_db, waiting)
-        lost = rows(queue_db, 5, "pending", "LATE")
-        await eventually(lambda: status(env)["witness"]["deliveredThrough"] == waiting[-1])
-        assert status(env)["witness"]["acceptedThrough"] == lost[-1]
+        late = rows(queue_db, 5, "pending", "LATE")
+        deliver(queue_db, late)
+        await eventually(lambda: status(env)["witness"]["deliveredThrough"] == late[-1])
+        assert status(env)["witness"]["acceptedThrough"] == late[-1]
         # the disaster recovery: the database restored from the dump
         pg_restore(queue_db, backup)
         restore = await eventually(lambda: status(env).get("restore"), timeout=30)
         assert (restore["policy"], restore["mayBeSentAgain"], restore["deliveredThrough"]) == (
             "hold",
             30,
-            waiting[-1],
+            late[-1],
         )
         assert "30 message(s) delivered before may be sent again" in restore["message"]
         assert "ask the senders to send them again" in restore["message"]
@@ -144,8 +148,12 @@ async def test_a_restored_dump_is_noticed_said_held_and_decided(
             audited = conn.execute(
                 "SELECT who, action FROM inturn_audit WHERE destination = %s", (KEY,)
             ).fetchall()
+            kept = conn.execute(
+                "SELECT delivered_through FROM inturn_restore WHERE destination = %s", (KEY,)
+            ).fetchall()
         assert held is not None and held[0] == HOLDER and "went back in time" in held[1]
         assert audited == [(HOLDER, "suspend")]
+        assert kept == [(late[-1],)]
         events = [
             o.raw
             for (res, ns, _), o in env.objects.items()
@@ -154,20 +162,14 @@ async def test_a_restored_dump_is_noticed_said_held_and_decided(
         assert len(events) == 1
         lines = [r.getMessage() for r in caplog.records if "went back in time" in r.getMessage()]
         assert len(lines) == 1  # one line for the destination, not one per pass
-        # a person decides: the receiver has the first 30; the rest may go
+        # ingest takes messages again before anyone decides: the restored sequence gives them
+        # the ids the lost messages had, up to the last one delivered before the restore
+        fresh = rows(queue_db, 5, "pending", "NEW")
+        assert fresh == late
+        # a person decides: the receiver has what was delivered before; the rest may go
         dsn = ["--dsn", queue_db, "--who", "ops"]
         await asyncio.to_thread(
-            main,
-            [
-                "queue",
-                "mark-delivered",
-                KEY,
-                "--through",
-                str(waiting[-1]),
-                "--why",
-                "it has them",
-                *dsn,
-            ],
+            main, ["queue", "mark-delivered", KEY, "--why", "it has them", *dsn]
         )
         await asyncio.to_thread(main, ["queue", "resume", KEY, *dsn])
         await eventually(lambda: not status(env).get("restore"), timeout=30)
@@ -176,11 +178,83 @@ async def test_a_restored_dump_is_noticed_said_held_and_decided(
             "SELECT state, count(*) FROM inturn_delivery WHERE destination = %s GROUP BY 1",
             (KEY,),
         ).fetchall()
+        pending = conn.execute(
+            "SELECT control_id FROM inturn_delivery WHERE destination = %s AND state = 'pending'"
+            " ORDER BY id",
+            (KEY,),
+        ).fetchall()
         actions = conn.execute(
             "SELECT who, action FROM inturn_audit WHERE destination = %s ORDER BY id", (KEY,)
         ).fetchall()
-    assert dict(states) == {"delivered": 50}
+        left = conn.execute("SELECT count(*) FROM inturn_restore").fetchone()
+    # the 30 delivered before are marked; the 5 accepted after the restore are not (before, a
+    # bound by id alone marked them delivered: lost)
+    assert dict(states) == {"delivered": 50, "pending": 5}
+    assert [c for (c,) in pending] == [f"NEW{i}" for i in range(1, 6)]
     assert actions == [(HOLDER, "suspend"), ("ops", "mark-delivered"), ("ops", "resume")]
+    assert left == (0,)  # the finding goes with the decision
+
+
+async def test_a_restore_on_the_channel_log_counts_and_marks_by_log_message(
+    env: kmock.KubernetesEmulator, queue_db: str, tmp_path: Path
+) -> None:
+    """Slim rows (issue 43): a backup taken while 10 messages waited in the channel log, not
+    pulled; then all pulled, delivered, 3 more accepted and delivered. Restored, the 10 are
+    unpulled log rows again (no delivery row, no id to name): they are counted, and
+    mark-delivered pulls them and marks them by their log message; the 3 messages accepted
+    after the restore take the lost messages' log ids and are not marked."""
+    env.objects[DEST, NS, "lis"] = destination("lis")
+
+    def append(n: int, tag: str) -> list[int]:
+        with psycopg.connect(queue_db, autocommit=True) as conn:
+            return channel_log.append(conn, [KEY], n, tag)
+
+    def pull_and_deliver() -> None:
+        with psycopg.connect(queue_db, autocommit=True) as conn:
+            conn.execute("SELECT inturn_pull_for(%s, 1000)", (KEY,))
+            conn.execute(
+                "UPDATE inturn_delivery SET state = 'delivered', finished_at = now()"
+                " WHERE destination = %s AND state = 'pending'",
+                (KEY,),
+            )
+
+    async with operator():
+        await eventually(lambda: "witness" in status(env))
+        first = append(10, "A")
+        backup = tmp_path / "queue.dump"
+        pg_dump(queue_db, backup)
+        pull_and_deliver()
+        later = append(3, "B")
+        pull_and_deliver()
+        await eventually(lambda: status(env)["witness"].get("deliveredMessage") == later[-1])
+        pg_restore(queue_db, backup)
+        restore = await eventually(lambda: status(env).get("restore"), timeout=30)
+        assert (restore["mayBeSentAgain"], restore["deliveredMessage"]) == (10, later[-1])
+        again = append(3, "C")
+        assert again == later  # the restored log sequence hands out the lost ids again
+        dsn = ["--dsn", queue_db, "--who", "ops"]
+        await asyncio.to_thread(main, ["queue", "mark-delivered", KEY, "--why", "has them", *dsn])
+        await asyncio.to_thread(main, ["queue", "resume", KEY, *dsn])
+        await eventually(lambda: not status(env).get("restore"), timeout=30)
+    with psycopg.connect(queue_db) as conn:
+        found = conn.execute(
+            "SELECT control_id, state, message_id FROM inturn_delivery WHERE destination = %s"
+            " ORDER BY message_id",
+            (KEY,),
+        ).fetchall()
+    assert found == [(f"A{i}", "delivered", m) for i, m in enumerate(first)] + [
+        (f"C{i}", "pending", m) for i, m in enumerate(again)
+    ]
+
+
+def test_mark_delivered_needs_a_finding_or_a_bound(fresh_db: str) -> None:
+    """Without a restore found for it, mark-delivered wants --through (one line, nothing
+    changed)."""
+    result = CliRunner().invoke(
+        cli, ["queue", "mark-delivered", KEY, "--dsn", fresh_db, "--who", "ops", "--why", "x"]
+    )
+    assert result.exit_code != 0
+    assert f"no restore was found for {KEY}: name the last message" in result.output
 
 
 async def test_with_resend_delivery_goes_on_and_the_restore_is_said(
@@ -222,7 +296,14 @@ def test_the_decision_is_pure() -> None:
     line = Finding(KEY, "hold", 30, recorded, now).line()
     assert "30 message(s) delivered before may be sent again" in line
     assert "up to 2026-12-05T10:01:00Z are not in the database" in line
-    assert f"inturn queue mark-delivered {KEY} --through 50" in line
+    assert f"inturn queue mark-delivered {KEY} (what the receiver has" in line
+    found = Witness(7, 50, "2026-12-05T10:00:00.250000Z", delivered_message=90).finding()
+    assert (found.delivered_through, found.delivered_message) == (50, 90)
+    assert found.delivered_at is not None and found.delivered_at.microsecond == 250000
+    # the log bound is kept while the hot table shows none (its slim rows moved to history)
+    assert Witness.of(8, Seen(60, None, 60, None), Witness(7, delivered_message=90)) == Witness(
+        8, 60, None, 60, None, 90
+    )
     assert "receivers see repeats" in Finding(KEY, "resend", 1, recorded, now).line()
 
 

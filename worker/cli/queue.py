@@ -309,22 +309,24 @@ queue_group.add_command(_hold_command("resume"))
 @click.option(
     "--through",
     type=click.IntRange(min=1),
-    required=True,
-    help="The id of the last message the receiver already has (after a restore: the"
-    " Destination's status.restore.deliveredThrough).",
+    default=None,
+    help="The id of the last item its receiver already has (as inturn queue list shows it)."
+    " Without it: what the operator found it had delivered before the restore.",
 )
 @who_option
 @why_for("mark-delivered")
 def mark_delivered_command(
-    dsn: str | None, destination: str, through: int, who: str, why: str
+    dsn: str | None, destination: str, through: int | None, who: str, why: str
 ) -> None:
-    """Mark DESTINATION's pending messages up to --through delivered, never to be sent: after
-    the queue database was restored from a backup, those its receiver already got. Audited
-    with the reason; then `inturn queue resume DESTINATION` lets the rest go."""
+    """Mark DESTINATION's pending messages delivered, never to be sent: after the queue
+    database was restored from a backup, those its receiver already got (by default, what the
+    operator found it had delivered before; a message accepted after the restore is never
+    marked). Audited with the reason; then `inturn queue resume DESTINATION` lets the rest go."""
     done = act(
         dsn, lambda conn: actions.mark_delivered(conn, Trusted(who), destination, through, why)
     )
-    click.echo(f"marked delivered: {len(done.ids)} item(s) of {destination} up to id {through}")
+    upto = f" up to id {through}" if through is not None else " delivered before the restore"
+    click.echo(f"marked delivered: {len(done.ids)} item(s) of {destination}{upto}")
 
 
 @queue_group.command("remove")

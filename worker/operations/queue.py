@@ -204,20 +204,32 @@ async def skip(conn: AsyncConnection[Any], actor: Actor, item_id: int, why: str 
 
 
 async def mark_delivered(
-    conn: AsyncConnection[Any], actor: Actor, destination: str, through: int, why: str | None
+    conn: AsyncConnection[Any],
+    actor: Actor,
+    destination: str,
+    through: int | None,
+    why: str | None,
 ) -> Changed:
-    """Mark ``destination``'s pending items with an id up to ``through`` delivered: after the
-    queue database was restored from a backup, the ones its receiver already has (the
-    operator's ``status.restore.deliveredThrough`` names the last one it saw delivered).
-    Audited (``mark-delivered``) with the reason; an empty result means none was pending.
+    """Mark ``destination``'s pending items delivered: after the queue database was restored
+    from a backup, the ones its receiver already has. Without ``through``, those the
+    operator's recorded finding names (its ``status.restore``); with it, the items with an id
+    up to it. Either way, with a finding recorded, never a message accepted after the last
+    delivery the operator saw before the restore. Audited (``mark-delivered``) with the
+    reason; an empty result means none was pending.
 
     Raises:
         Forbidden, ReasonRequired: the rule of ``mark-delivered`` refuses the actor or reason.
-        Invalid: ``through`` is not positive.
+        Invalid: ``through`` is not positive, or it is missing and no restore was found for
+            ``destination``.
     """
     reason = permit(actor, "mark-delivered", why)
-    if through < 1:
+    if through is not None and through < 1:
         raise Invalid("--through is the id of the last message the receiver has (positive)")
+    if through is None and await restore.finding(conn, destination) is None:
+        raise Invalid(
+            f"no restore was found for {destination}: name the last message its receiver has"
+            " with --through ID"
+        )
     ids = await restore.mark_delivered(conn, destination, through, who=actor.name, why=reason)
     return Changed("mark-delivered", tuple(ids), destination)
 

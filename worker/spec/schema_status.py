@@ -144,12 +144,18 @@ def status_schema() -> Schema:
                         fmt="int64",
                     ),
                     "deliveredThrough": _int(
-                        "Id of its last delivered message then.",
+                        "Id of its last delivered message then (below its first waiting one).",
                         minimum=0,
                         maximum=2**63 - 1,
                         fmt="int64",
                     ),
                     "deliveredTime": _str("When it was delivered.", max_length=64, fmt="date-time"),
+                    "deliveredMessage": _int(
+                        "The same bound in the channel log's ids (its slim rows).",
+                        minimum=0,
+                        maximum=2**63 - 1,
+                        fmt="int64",
+                    ),
                     "acceptedThrough": _int(
                         "Id of its last message then.", minimum=0, maximum=2**63 - 1, fmt="int64"
                     ),
@@ -173,8 +179,16 @@ def status_schema() -> Schema:
                         fmt="int64",
                     ),
                     "deliveredThrough": _int(
-                        "Id of the last message delivered before: mark-delivered up to it when"
-                        " the receiver has them.",
+                        "Id of the last message delivered before: inturn queue mark-delivered"
+                        " marks those up to it (accepted before that delivery) when the receiver"
+                        " has them.",
+                        minimum=0,
+                        maximum=2**63 - 1,
+                        fmt="int64",
+                    ),
+                    "deliveredMessage": _int(
+                        "The same in the channel log's ids (slim rows get new ids when pulled"
+                        " again after a restore; their log message keeps its id).",
                         minimum=0,
                         maximum=2**63 - 1,
                         fmt="int64",

@@ -19,7 +19,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from inturn.worker.store import audit, notify
+from inturn.worker.store import actions, audit, notify
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("restore.sql")
@@ -30,14 +30,39 @@ class Seen:
     """What a destination's rows say now (None: it has none).
 
     Attributes:
-        delivered_through, delivered_at: its last delivered row's id and finish time.
+        delivered_through, delivered_at: its last delivered row's id (but below its first
+            waiting row: lanes deliver out of order) and that row's finish time.
         accepted_through, accepted_at: its last row's id and enqueue time.
+        delivered_message: the same bound as ``delivered_through`` in the channel log's ids,
+            over its slim rows in the hot table (None: it has none there).
     """
 
     delivered_through: int | None
     delivered_at: datetime | None
     accepted_through: int | None
     accepted_at: datetime | None
+    delivered_message: int | None = None
+
+
+@dataclass(frozen=True)
+class RestoreFinding:
+    """A restore the operator found for one destination, kept in the restored database until a
+    person decides (``inturn_restore``, migration 0042): the bounds ``mark-delivered`` uses.
+
+    Attributes:
+        tick: the tick the witness had recorded.
+        delivered_through: the last delivered row's id the witness saw (rows that carry their
+            own payload keep their ids across a restore).
+        delivered_message: the same in the channel log's ids (slim rows get new ids when
+            pulled again after a restore; their log message keeps its id).
+        delivered_at: when that last delivery was made: a message accepted later was accepted
+            after the restore, whatever id it was given.
+    """
+
+    tick: int
+    delivered_through: int | None
+    delivered_message: int | None
+    delivered_at: datetime | None
 
 
 async def tick(conn: AsyncConnection[Any]) -> tuple[int, int]:
@@ -61,32 +86,76 @@ async def witness(conn: AsyncConnection[Any]) -> dict[str, Seen]:
     """Per live destination, its last delivered row and its last row (hot table or history)."""
     return {
         str(r["destination"]): Seen(
-            r["delivered_through"], r["delivered_at"], r["accepted_through"], r["accepted_at"]
+            r["delivered_through"],
+            r["delivered_at"],
+            r["accepted_through"],
+            r["accepted_at"],
+            r["delivered_message"],
         )
         for r in await fetch_all(conn, Q["witness"], row=dict_row)
     }
 
 
-async def exposure(conn: AsyncConnection[Any], destination: str, through: int) -> int:
-    """Pending rows of ``destination`` with an id up to ``through``: delivered before a
-    restore brought them back, they would be sent twice."""
-    params = {"destination": destination, "through": through}
+async def exposure(conn: AsyncConnection[Any], destination: str) -> int:
+    """Messages of ``destination`` delivered before a restore and waiting again (they would be
+    sent twice), within its recorded finding (:func:`record_finding`): its pending rows and
+    the channel log's rows it has not pulled again yet. 0 without a finding."""
+    params = {"destination": destination, "through": None}
     row = await fetch_one(conn, Q["exposure"], params, row=dict_row)
     return int(row["again"]) if row else 0
+
+
+async def record_finding(
+    conn: AsyncConnection[Any], destination: str, finding: RestoreFinding
+) -> None:
+    """Keep the operator's finding for ``destination`` in the restored database (one row,
+    replaced by a later finding) until :func:`forget_finding`."""
+    params = {
+        "destination": destination,
+        "tick": finding.tick,
+        "delivered_through": finding.delivered_through,
+        "delivered_message": finding.delivered_message,
+        "delivered_at": finding.delivered_at,
+    }
+    await conn.execute(Q["record_finding"], params)
+
+
+async def forget_finding(conn: AsyncConnection[Any], destination: str) -> None:
+    """Remove ``destination``'s finding (the restore was decided)."""
+    await conn.execute(Q["forget_finding"], {"destination": destination})
+
+
+async def finding(conn: AsyncConnection[Any], destination: str) -> RestoreFinding | None:
+    """``destination``'s recorded finding, or None."""
+    row = await fetch_one(conn, Q["finding"], {"destination": destination}, row=dict_row)
+    if row is None:
+        return None
+    return RestoreFinding(
+        int(row["tick"]), row["delivered_through"], row["delivered_message"], row["delivered_at"]
+    )
 
 
 async def mark_delivered(
     conn: AsyncConnection[Any],
     destination: str,
-    through: int,
+    through: int | None,
     *,
     who: str,
     why: str | None = None,
 ) -> Sequence[int]:
-    """Mark ``destination``'s pending rows with an id up to ``through`` delivered (they were
-    delivered before the database was restored); audited (``mark-delivered``) with the ids.
-    The worker is woken. Returns the ids."""
+    """Mark pending rows of ``destination`` delivered (they were delivered before the database
+    was restored); audited (``mark-delivered``) with the ids, the worker woken.
+
+    Which: with ``through``, the rows with an id up to it (as the restored database lists
+    them); without, the recorded finding's bounds (rows carrying their own payload by id, slim
+    rows by their log message). Whenever a finding is recorded, only messages accepted no later
+    than the last delivery it saw: a message accepted after the restore may have been given an
+    id used before it (the restore took the sequences back too), and is never marked. The
+    channel log's rows not pulled yet are pulled first (:func:`actions.pull_all`), in the same
+    transaction. Returns the ids (empty: none, or neither ``through`` nor a finding).
+    """
     async with conn.transaction():
+        await actions.pull_all(conn, destination)
         params = {"destination": destination, "through": through, "who": who}
         ids = sorted(
             int(r["id"]) for r in await fetch_all(conn, Q["mark_delivered"], params, row=dict_row)

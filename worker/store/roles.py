@@ -181,6 +181,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
                     "finished_at",
                     "last_error",
                     "resent_as",
+                    # the restore witness: a slim row's log message (an id, no content)
+                    "message_id",
                 ),
             ),
         ),
@@ -271,6 +273,13 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     "inturn_clock": {
         "worker": (SELECT,),
         "operator": (SELECT, INSERT, Grant("UPDATE", ("tick", "at"))),
+        "admin": (SELECT,),
+        "reader": (SELECT,),
+    },
+    # A restore's finding until a person decides (migration 0042): the operator writes and
+    # removes it; mark-delivered (admin) reads its bounds.
+    "inturn_restore": {
+        "operator": (SELECT, INSERT, UPDATE, DELETE),
         "admin": (SELECT,),
         "reader": (SELECT,),
     },

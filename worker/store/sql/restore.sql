@@ -12,8 +12,17 @@ RETURNING tick - 1 AS before, tick AS now;
 SELECT tick FROM inturn_clock WHERE one;
 
 -- name: witness
--- Per live destination: its last delivered row (hot table or history) and its last row.
-SELECT r.destination, dl.id AS delivered_through, dl.finished_at AS delivered_at,
+-- Per live destination: how far its delivery had gone, and its last row (hot table or
+-- history). delivered_through: its last delivered row's id, but below its first waiting row
+-- (lanes deliver out of order: a row below the last delivered one may still wait); NULL
+-- when it delivered none. delivered_message: the same bound in the channel log's ids, over
+-- its slim rows in the hot table (NULL when it has none there: a history row that holds its
+-- own payload carries a drawn id in message_id; the operator keeps the last one it saw).
+SELECT r.destination,
+       CASE WHEN dl.id IS NOT NULL THEN least(dl.id, pe.first_id - 1) END AS delivered_through,
+       dl.finished_at AS delivered_at,
+       CASE WHEN dm.message_id IS NOT NULL
+            THEN least(dm.message_id, pe.first_message - 1) END AS delivered_message,
        ac.id AS accepted_through, ac.enqueued_at AS accepted_at
   FROM inturn_destination r
   LEFT JOIN LATERAL (
@@ -27,6 +36,13 @@ SELECT r.destination, dl.id AS delivered_through, dl.finished_at AS delivered_at
                 ORDER BY h.id DESC LIMIT 1)) AS x
        ORDER BY x.id DESC LIMIT 1) AS dl ON true
   LEFT JOIN LATERAL (
+      SELECT max(d.message_id) AS message_id FROM inturn_delivery d
+       WHERE d.destination = r.destination AND d.state = 'delivered') AS dm ON true
+  LEFT JOIN LATERAL (
+      SELECT min(d.id) AS first_id, min(d.message_id) AS first_message
+        FROM inturn_delivery d
+       WHERE d.destination = r.destination AND d.state = 'pending') AS pe ON true
+  LEFT JOIN LATERAL (
       SELECT x.id, x.enqueued_at
         FROM ((SELECT d.id, d.enqueued_at FROM inturn_delivery d
                 WHERE d.destination = r.destination ORDER BY d.id DESC LIMIT 1)
@@ -37,17 +53,77 @@ SELECT r.destination, dl.id AS delivered_through, dl.finished_at AS delivered_at
  WHERE r.deleted_at IS NULL;
 
 -- name: exposure
--- Pending rows of a destination up to an id: delivered before the database went back, queued
--- again by the restore (they would be sent twice).
-SELECT count(*) AS again
-  FROM inturn_delivery
- WHERE destination = %(destination)s AND state = 'pending' AND id <= %(through)s;
+-- A destination's messages delivered before the database went back and waiting again (they
+-- would be sent twice): its pending rows up to its last delivered row's id, or, for a slim
+-- row (pulled again after the restore: a new id), up to the log message the witness saw
+-- delivered; and the log rows of that kind it has not pulled again yet. Only messages
+-- accepted no later than the witness's last delivery: a later one, whatever its id, was
+-- accepted after the restore.
+-- include: restore_scope
+SELECT (SELECT count(*) FROM inturn_delivery d, scope
+         WHERE d.destination = %(destination)s AND d.state = 'pending'
+           AND d.enqueued_at <= scope.before
+           AND (d.id <= scope.through OR (d.message_id IS NULL AND d.id <= scope.own)
+                OR d.message_id <= scope.message))
+     + (SELECT count(*)
+          FROM scope
+          JOIN inturn_destination r ON r.destination = %(destination)s
+          JOIN inturn_message m
+            ON m.channel = r.channel
+           AND m.id > coalesce((SELECT c.position FROM inturn_cursor c
+                                 WHERE c.destination = r.destination), 0)
+           AND m.id <= scope.message
+         WHERE m.enqueued_at <= scope.before
+           AND m.route = ANY (ARRAY(SELECT x.id FROM inturn_route x
+                                     WHERE x.channel = r.channel
+                                       AND x.destinations @> ARRAY[r.destination])))
+       AS again;
+
+-- fragment: restore_scope
+-- What a decision after a restore covers. With the person's --through: the rows with an id up
+-- to it (ids as the restored database lists them). Without: the recorded finding's bounds,
+-- the rows that carry their own payload by id and the slim rows by their log message (pulled
+-- again after the restore, they have new ids). Either way, when a finding is recorded, only
+-- messages accepted no later than the last delivery the witness saw.
+WITH scope AS (
+    SELECT %(through)s::bigint AS through,
+           CASE WHEN %(through)s::bigint IS NULL THEN f.delivered_through END AS own,
+           CASE WHEN %(through)s::bigint IS NULL THEN f.delivered_message END AS message,
+           coalesce(f.delivered_at, 'infinity'::timestamptz) AS before
+      FROM (SELECT 1) AS one
+      LEFT JOIN inturn_restore f ON f.destination = %(destination)s
+)
+
+-- name: finding
+SELECT destination, detected_at, tick, delivered_through, delivered_message, delivered_at
+  FROM inturn_restore WHERE destination = %(destination)s;
+
+-- name: record_finding
+-- The operator's finding (once per restore; a later restore found before a decision replaces
+-- it).
+INSERT INTO inturn_restore AS f
+       (destination, tick, delivered_through, delivered_message, delivered_at)
+VALUES (%(destination)s, %(tick)s, %(delivered_through)s, %(delivered_message)s,
+        %(delivered_at)s)
+ON CONFLICT (destination) DO UPDATE
+   SET detected_at = now(), tick = EXCLUDED.tick,
+       delivered_through = EXCLUDED.delivered_through,
+       delivered_message = EXCLUDED.delivered_message, delivered_at = EXCLUDED.delivered_at;
+
+-- name: forget_finding
+DELETE FROM inturn_restore WHERE destination = %(destination)s;
 
 -- name: mark_delivered
--- A person's decision after a restore: the pending rows of a destination up to an id were
--- delivered before (the receiver has them); they are marked so, never sent again.
-UPDATE inturn_delivery
+-- A person's decision after a restore: the pending rows of a destination within the scope
+-- above (run after its channel log's rows were pulled) were delivered before; they are marked
+-- so, never sent again.
+-- include: restore_scope
+UPDATE inturn_delivery d
    SET state = 'delivered', finished_at = clock_timestamp(), decided_by = %(who)s,
        reason = 'marked delivered: delivered before the database was restored'
- WHERE destination = %(destination)s AND state = 'pending' AND id <= %(through)s
-RETURNING id;
+  FROM scope
+ WHERE d.destination = %(destination)s AND d.state = 'pending'
+   AND d.enqueued_at <= scope.before
+   AND (d.id <= scope.through OR (d.message_id IS NULL AND d.id <= scope.own)
+        OR d.message_id <= scope.message)
+RETURNING d.id;
