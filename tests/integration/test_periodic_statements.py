@@ -1,10 +1,12 @@
 """Every periodic statement of every long-running process rides out a database that refuses
 for a while (issue 40, part 3): ingest's (the routing refresh, the duplicate window's purge,
-the feeds' last-message times, the key store's check and the index form, the worklist gauge),
-``inturn local``'s sweep, the operator's registry statements, the console's feed and a worker's
-destination lease. Each meets, on a Postgres server of the test's own, a read-only database
-(``default_transaction_read_only``, server-wide, as a maintenance window sets it), a lock held
-by a second session past ``lock_timeout``, and its connections ended (``pg_terminate_backend``).
+the feeds' last-message times, the key store's check and the index form, the worklist gauge,
+the history gauge), ``inturn local``'s sweep, the operator's registry statements (its periodic
+pass's, the worker logins', the restore clock's), the console's feed, a worker's destination
+lease and its look at the key store for a rotated blind index key. Each meets, on a Postgres
+server of the test's own, a read-only database (``default_transaction_read_only``, server-wide,
+as a maintenance window sets it), a lock held by a second session past ``lock_timeout``, and its
+connections ended (``pg_terminate_backend``).
 Each is said once when the refusal begins (a WARNING) and once when it ends (an INFO), the
 process goes on, its probe says so meanwhile (:func:`inturn.worker.text.conditions.notes`), and
 the statement works again once the database does. (``inturn local``'s own lease:
@@ -133,7 +135,13 @@ async def ride_out(
                     assert await turn() is not refused
                 if refused:
                     assert any(n.startswith(what) for n in conditions.notes()), conditions.notes()
-        assert await turn()
+        # the server's sessions take a reloaded setting asynchronously (pg_reload_conf signals)
+        for _ in range(50):
+            if await turn():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"{what}: still failing once the database works")
     assert not any(n.startswith(what) for n in conditions.notes())
     warnings = _lines(caplog, what, logging.WARNING)
     ended = _lines(caplog, what, logging.INFO)
@@ -154,6 +162,7 @@ INGEST = {
     "feeds": ("inturn_feed", True),
     "index-form": ("inturn_delivery", False),
     "worklist-gauge": ("inturn_worklist_item", False),
+    "history-gauge": ("inturn_history", False),
 }
 
 
@@ -199,6 +208,30 @@ async def test_an_ingest_periodic_statement_rides_out_a_refusal(
         assert ingest.readiness() is None  # still taking messages
 
 
+async def test_ingest_key_store_check_rides_out_a_lock_on_the_key_store(
+    server: tuple[pgcluster.Cluster, str], caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """The key store's check meets a lock on the key store's own table (its database apart
+    from the queue's; a read-only server and ended sessions reach both: the cases above)."""
+    cluster, dsn = server
+    async with ingest_on(dsn, tmp_path, dsn) as ingest:
+        periodic = ingest.periodic["index-form"]
+        key_dsn = ingest.config.key_dsn
+        assert key_dsn is not None
+        what = periodic.condition.what
+        await ride_out(
+            cluster,
+            key_dsn,
+            caplog,
+            "lock-timeout",
+            "inturn_key_setting",
+            what,
+            periodic.turn,
+            writes=False,
+        )
+        assert ingest.readiness() is None  # still taking messages
+
+
 async def test_the_probes_say_so(server: tuple[pgcluster.Cluster, str], tmp_path: Path) -> None:
     """While a statement is refused, ingest's ``/readyz`` (and ``inturn local``'s, the same
     page) names it; once it works again, it does not."""
@@ -237,36 +270,69 @@ async def test_the_local_sweep_rides_out_a_refusal(
 # --- the operator's registry statements ---------------------------------------------------------
 
 
+#: The operator's registry statements: (the table a lock holds them on, writes). Every one
+#: the operator runs: the periodic pass's (rows, depth, deleted, register, carriers), a
+#: Destination's login (logins), the restore clock's tick and witness (restore).
+REGISTRY = {
+    "rows": ("inturn_destination", False),
+    "depth": ("inturn_delivery", False),
+    "deleted": ("inturn_destination", True),
+    "register": ("inturn_destination", True),
+    "carriers": ("inturn_destination_carrier", False),
+    "logins": ("inturn_worker_scope", True),
+    "restore": ("inturn_clock", True),
+}
+
+
 @pytest.mark.parametrize("fault", FAULTS)
-@pytest.mark.parametrize("kind", ["rows", "depth", "deleted"])
+@pytest.mark.parametrize("kind", sorted(REGISTRY))
 async def test_an_operator_registry_statement_rides_out_a_refusal(
     server: tuple[pgcluster.Cluster, str], caplog: pytest.LogCaptureFixture, kind: str, fault: str
 ) -> None:
+    from inturn.operator import manifests
     from inturn.operator.registrar import Registrar
+    from tests.support.kopf_env import destination as destination_body
 
     cluster, dsn = server
+    if kind == "logins":  # the worker roles a destination's login is made from
+        from inturn.worker.store import roles, roles_apply
+
+        roles_apply.apply_roles(dsn, roles.DEFAULT_PREFIX)
     registrar = Registrar(dsn)
     await registrar.open()
     assert registrar.pool is not None
     await registrar.pool.wait(timeout=10)
     condition = registrar.conditions[kind]
-    table = {"rows": "inturn_destination", "depth": "inturn_delivery"}.get(
-        kind, "inturn_destination"
-    )
+    table, writes = REGISTRY[kind]
+    generation = [0]
+
+    def children() -> tuple[dict[str, object], manifests.Children]:
+        generation[0] += 1  # a changed Destination: the registry row is written each turn
+        body = destination_body("refused", generation=generation[0])
+        body["spec"]["carriers"] = ["ZQX"]  # type: ignore[index]
+        settings = manifests.WorkerPodSettings(image="img:1")
+        return body, manifests.render(body, settings)
 
     async def turn() -> bool:
         if kind == "rows":
             await registrar.rows()
         elif kind == "depth":
             await registrar.depth()
-        else:
+        elif kind == "deleted":
             await registrar.mark_deleted("ward/nobody")
+        elif kind == "register":
+            body, made = children()
+            await registrar.register(body, made, None)
+        elif kind == "carriers":
+            assert await registrar.carriers_taken(children()[1]) is None
+        elif kind == "logins":
+            await registrar.ensure_login("ward/refused-login", "pw-refusal")
+        else:
+            await registrar.restore_pass(move=True)
         return not condition.active
 
     try:
-        await ride_out(
-            cluster, dsn, caplog, fault, table, condition.what, turn, writes=kind == "deleted"
-        )
+        await ride_out(cluster, dsn, caplog, fault, table, condition.what, turn, writes=writes)
     finally:
         await registrar.close()
 
@@ -349,3 +415,46 @@ async def test_a_worker_keeps_its_lease_through_a_refusal(
             await until(lambda: running.state.not_ready() is None, timeout=20)
             assert running.state.lock_held
         assert [m.count(b"LEASE1") for m in rx.received] == [1]
+
+
+# --- a worker's look at the key store (a rotated blind index key) --------------------------------
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_worker_look_at_the_key_store_rides_out_a_refusal(
+    server: tuple[pgcluster.Cluster, str],
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    fault: str,
+) -> None:
+    """A worker with payload keys looks at the key store every few seconds for a rotated blind
+    index key (``inturn keys rotate-index``): the key store's table locked past
+    ``lock_timeout``, or its sessions ended, is said once and once again when it works, the
+    worker goes on delivering meanwhile (a read-only key store changes nothing: a read)."""
+    cluster, dsn = server
+    destination = f"ward/keylook-{fault}"
+    with keys.key_store(dsn) as key_dsn:
+        folder = keys.master_keys(tmp_path / "keys")
+        codec = await keys.codec(folder, key_dsn)
+        async with MllpReceiver() as rx:
+            cfg = worker_config(destination, rx.port, channel="adt", idle_seconds=0.2)
+            async with worker(cfg, dsn, payloads=await keys.codec(folder, key_dsn)) as running:
+                await until(lambda: running._index_look is not None, timeout=20)
+                look = running._index_look
+                assert look is not None
+                await ride_out(
+                    cluster,
+                    key_dsn,
+                    caplog,
+                    fault,
+                    "inturn_key_setting",
+                    look.condition.what,
+                    look.turn,
+                    writes=False,
+                )
+                async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+                    payload = b"MSH|^~\\&|A|B|C|D|20261205||ADT^A01|KEYLOOK1|P|2.5\rPID|1||7\r"
+                    item = NewItem(destination, "adt", "KEYLOOK1", "ADT^A01", payload)
+                    await queue.enqueue(conn, [item], codec)
+                await until(lambda: len(rx.received) >= 1, timeout=30)
+        assert rx.received == [payload]

@@ -23,16 +23,14 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-import psycopg
 from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
-from inturn.worker.crypto.errors import MasterKeyError
 from inturn.worker.drain.gate import OPEN, Gate, may_send
 from inturn.worker.drain.holding import LeaseHolding
 from inturn.worker.drain.steps import sleep_or_stop
 from inturn.worker.store import delivery, reads
-from inturn.worker.store.faults import KeyStoreUnavailable
+from inturn.worker.store.periodic import Periodic
 from inturn.worker.store.sealing import INDEX_FORM_EVERY_SECONDS
 
 log = logging.getLogger("inturn.drain")
@@ -61,24 +59,37 @@ class Idling(LeaseHolding):
     _next_depth: float
     #: Monotonic time of the next look at the key store's blind index key (0: at once).
     _next_index_check: float = 0.0
+    #: That look, a periodic statement (made at the first look).
+    _index_look: Periodic | None = None
     payloads: PayloadCodec
 
     async def _refresh_index(self) -> None:
         """Take a rotated blind index key (``inturn keys rotate-index``) within
         :data:`~inturn.worker.store.sealing.INDEX_FORM_EVERY_SECONDS`: the order digests this
-        worker records are then under the key the rotation re-indexes to. A key store that does
-        not answer is looked at again next time (its own condition says so)."""
+        worker records are then under the key the rotation re-indexes to. A periodic statement
+        (:class:`~inturn.worker.store.periodic.Periodic`): a key store that refuses or does not
+        answer (read-only, a lock timeout, its session gone, away) or a folder that cannot
+        unwrap the new key is said once when it begins and once when it ends, shown on
+        ``/readyz``, tried again after a bounded backoff; the worker goes on with the key it
+        has (delivery does not need the blind index key)."""
         now = time.monotonic()
         if not self.payloads.enabled or now < self._next_index_check:
             return
-        self._next_index_check = now + INDEX_FORM_EVERY_SECONDS
-        try:
-            if await self.payloads.refresh_index():
-                log.info("blind index key: generation %d taken", self.payloads.generation)
-        except (KeyStoreUnavailable, psycopg.Error):
-            pass
-        except MasterKeyError as exc:
-            log.warning("blind index key: %s", exc)
+        look = self._index_look
+        if look is None:
+            look = self._index_look = Periodic(
+                log,
+                "the key store's look for a rotated blind index key",
+                INDEX_FORM_EVERY_SECONDS,
+                self._take_index,
+                cure="the key in use is kept",
+            )
+        await look.turn()
+        self._next_index_check = time.monotonic() + look.wait()
+
+    async def _take_index(self) -> None:
+        if await self.payloads.refresh_index():
+            log.info("blind index key: generation %d taken", self.payloads.generation)
 
     async def _wait(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, timeout: float, *, empty: bool
