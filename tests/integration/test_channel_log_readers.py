@@ -362,7 +362,8 @@ async def test_encrypt_existing_seals_each_log_message_once(
         again = await payload_keys.encrypt_existing(conn, codec, batch=1, settle_seconds=0)
         assert again.sealed == 0
         found = await identifiers.find_patient(conn, "H-7", payloads=codec)
-        assert len(found) == 4
+        assert len(found) == 6  # A's and B's rows, and each message C has not pulled
+        assert sorted(i.id for i in found if i.destination == C) == sorted(-i for i in ids)
 
 
 async def test_lookups_by_msh10_and_patient_list_messages_not_pulled_yet(fresh_db: str) -> None:
@@ -554,3 +555,73 @@ async def test_a_slim_row_given_up_is_a_delivery_failed_item_read_and_resent(
     assert rx_a.received == [bytes(payload), bytes(payload)]
     assert rx_b.received == [bytes(payload)]
     assert m
+
+
+async def test_a_message_not_pulled_is_shown_read_and_erased_by_its_listed_id(
+    fresh_db: str,
+) -> None:
+    """The id a lookup lists for a message not pulled yet (minus its log id) is shown
+    (pending, for the first destination that has not pulled it), its payload read (audited)
+    and erased, for every destination."""
+    from inturn.worker.operations import privacy
+    from inturn.worker.operations.actor import Trusted
+
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B, C)
+        m, other = append(sync, [A, B, C], 2)
+        [(stored,)] = sync.execute(
+            "SELECT payload FROM inturn_message WHERE id = %s", (m,)
+        ).fetchall()
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease)
+        item = await reads.get_item(conn, -m)
+        assert item is not None
+        assert (item.id, item.destination, item.state, item.control_id) == (-m, B, "pending", "C0")
+        assert await reads.get_item(conn, -(other + 1000)) is None
+        assert await reads.payload(conn, -m) == bytes(stored)
+        shown = await privacy.view_payload(conn, Trusted("ops"), -m, "ticket 3")
+        assert shown.data == bytes(stored)
+        erased = await actions.erase(conn, [-m], who="dpo", why="request")
+        assert len(erased) == 1  # A's row; B's and C's copies were only in the log
+        cur = await conn.execute("SELECT id FROM inturn_message")
+        assert [r[0] for r in await cur.fetchall()] == [other]
+        assert await reads.get_item(conn, -m) is None
+        assert [r.pending for r in await reads.depth(conn, C)] == [1]
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["index", "scan"])
+async def test_an_erasure_finds_a_patients_message_no_destination_pulled(
+    fresh_db: str, scan: bool
+) -> None:
+    """H-3's first message was pulled by A (not B), its second by nobody: the lookup for
+    erasure (by the index, and by reading every payload) finds A's row and each log message a
+    destination has not pulled (minus its log id), and erasing what it found erases both
+    messages for every destination."""
+    from inturn.worker.operations import privacy
+    from inturn.worker.store import identifiers
+
+    plain = (
+        b"MSH|^~\\&|ADT|HOSP|LAB|HOSP|20261205120000||ADT^A01|CTL|P|2.5\r"
+        b"PID|1||H-3^^^HOSP^MR||LOG^LENA\r"
+    )
+    keys = identifiers.keys_text(plain).split(",")
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B)
+        pulled = await sealed_log_row(sync, None, [A, B], plain, keys)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease)
+        with psycopg.connect(fresh_db, autocommit=True) as sync:
+            waiting = await sealed_log_row(sync, None, [A, B], plain, keys)
+            other = append(sync, [A, B], 1)
+        cur = await conn.execute("SELECT id FROM inturn_delivery WHERE destination = %s", (A,))
+        [(row_a,)] = await cur.fetchall()
+        found = await privacy.find_for_erasure(conn, patient_id="H-3", scan=scan)
+        # B pulled nothing: the first message is its line too
+        expected = {(row_a, A), (-pulled, B), (-waiting, A)}
+        assert {(m.id, m.destination) for m in found} == expected
+        erased = await actions.erase(conn, [m.id for m in found], who="dpo", why="request")
+        assert erased == [row_a]
+        cur = await conn.execute("SELECT id FROM inturn_message")
+        assert [r[0] for r in await cur.fetchall()] == other

@@ -40,7 +40,9 @@ LIST_LIMIT_DEFAULT = 100
 async def scan_payloads(
     conn: AsyncConnection[Any], *, batch: int = 500
 ) -> AsyncIterator[ScannedPayload]:
-    """Yield every held item with its payload, in id order, reading ``batch`` rows at a time.
+    """Yield every held item with its payload, in id order, reading ``batch`` rows at a time,
+    then each message of the channel log some destination has not pulled yet (as
+    :func:`get_item` shows it: minus its log id), in log order.
 
     For finding a data subject's messages, which have no index: the queue is short-lived, so
     reading it whole is acceptable. Uses keyset pagination, so no transaction stays open.
@@ -52,8 +54,27 @@ async def scan_payloads(
         for held in rows:
             yield held
         if len(rows) < batch:
-            return
+            break
         last = rows[-1].id
+    # the channel log's messages some destination has not pulled yet (minus their log id)
+    last = 0
+    while True:
+        params = {"after": last, "batch": batch}
+        found = await fetch_all(conn, Q["scan_log_payloads"], params, row=dict_row)
+        for r in found:
+            yield ScannedPayload(
+                int(r["id"]),
+                str(r["destination"]),
+                str(r["channel"]),
+                "pending",
+                str(r["message_type"]),
+                bytes(r["payload"]),
+                int(r["seal_id"]),
+                str(r["seal_scope"]),
+            )
+        if len(found) < batch:
+            return
+        last = int(found[-1]["log_id"])
 
 
 class PageFilters(TypedDict, total=False):

@@ -743,6 +743,24 @@ SELECT d.id, d.destination, d.channel, d.state, d.message_type,
  ORDER BY d.id
  LIMIT %(batch)s;
 
+-- name: scan_log_payloads
+-- scan_payloads for the channel log (migration 0033): keyset pages of its messages that some
+-- destination has not pulled yet (those pulled are read through their rows), each as get_item
+-- shows it (minus its log id, the first such destination) with its payload and binding.
+SELECT -m.id AS id, w.d AS destination, m.channel, 'pending' AS state, m.message_type,
+       m.payload, coalesce(m.seal_id, m.id) AS seal_id,
+       coalesce(m.seal_scope, 'channel:' || m.channel) AS seal_scope, m.id AS log_id
+  FROM inturn_message m
+  JOIN inturn_route r ON r.id = m.route
+ CROSS JOIN LATERAL (
+       SELECT u.d FROM unnest(r.destinations) AS u(d)
+        WHERE m.id > coalesce((SELECT c.position FROM inturn_cursor c
+                                WHERE c.destination = u.d), 0)
+        ORDER BY u.d LIMIT 1) AS w
+ WHERE m.id > %(after)s
+ ORDER BY m.id
+ LIMIT %(batch)s;
+
 -- name: get_item
 -- The hot table's row, else the history's (a finished item moved there).
 (SELECT id, channel, destination, control_id, message_type, size, state, attempts,
@@ -1001,7 +1019,8 @@ SELECT d.destination, coalesce(h.id, -u.first_id) AS id, coalesce(h.attempts, 0)
 
 -- name: find_patient
 -- Every held item whose identifier index holds the key (GIN), oldest first, in the hot table
--- and in history (each history partition's GIN index). Never a payload.
+-- and in history (each history partition's GIN index), and the log's messages not pulled by
+-- some destination. Never a payload.
 -- key: the key's forms, comma-separated (plain and blind while both exist; any matches).
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
@@ -1012,6 +1031,19 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
        enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at
   FROM inturn_history
  WHERE patient_keys && string_to_array(%(key)s::text, ',')
+UNION ALL
+-- a message of the channel log that a destination has not pulled yet (the log's GIN index),
+-- as get_item shows it: minus its log id, pending for the first such destination
+SELECT -m.id, m.channel, w.d, m.control_id, m.message_type, m.size, 'pending', 0,
+       m.enqueued_at, m.enqueued_at, NULL, NULL, NULL, NULL, NULL
+  FROM inturn_message m
+  JOIN inturn_route r ON r.id = m.route
+ CROSS JOIN LATERAL (
+       SELECT u.d FROM unnest(r.destinations) AS u(d)
+        WHERE m.id > coalesce((SELECT c.position FROM inturn_cursor c
+                                WHERE c.destination = u.d), 0)
+        ORDER BY u.d LIMIT 1) AS w
+ WHERE m.patient_keys && string_to_array(%(key)s::text, ',')
  ORDER BY id;
 
 -- name: capped_batch
