@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/pooler.py
 	$(BIN)/python bench/console.py
+	$(BIN)/python bench/queue_depth.py
 	$(BIN)/python bench/sweep.py
 	$(BIN)/python bench/retention.py
 	$(BIN)/python bench/weather.py

@@ -463,7 +463,8 @@ RETURNING id, destination, state;
 
 -- name: erase_scope
 -- What an erasure reaches (the channel log, migration 0033: a message is stored once for
--- every destination): the log messages of the items named ("ids": their message_id) and, by
+-- every destination): the log messages of the items named ("ids": their message_id; a
+-- negative id, as the lookups list a message not pulled yet: minus its log id) and, by
 -- patient ("keys": every stored form of the patient's key, or NULL), the log messages that
 -- name the patient, pulled or not; and the destinations whose enqueue locks the erasure takes
 -- first, sorted (those of the items, and every destination the messages' route sets name), so
@@ -477,6 +478,7 @@ messages AS (
     SELECT m.id, m.route
       FROM inturn_message m
      WHERE m.id IN (SELECT message_id FROM named WHERE message_id IS NOT NULL)
+        OR m.id IN (SELECT -i FROM unnest(%(ids)s::bigint[]) AS i WHERE i < 0)
         OR (%(keys)s::text[] IS NOT NULL AND m.patient_keys && %(keys)s::text[])
 )
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM messages) AS messages,
@@ -762,7 +764,9 @@ SELECT -m.id AS id, w.d AS destination, m.channel, 'pending' AS state, m.message
  LIMIT %(batch)s;
 
 -- name: get_item
--- The hot table's row, else the history's (a finished item moved there).
+-- The hot table's row, else the history's (a finished item moved there). A negative id names
+-- a message of the channel log not pulled yet, as the lookups list it (migration 0038): it is
+-- shown pending for the first destination its route set names that has not pulled it.
 (SELECT id, channel, destination, control_id, message_type, size, state, attempts,
         enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
         resent_as, resent_from
@@ -772,6 +776,17 @@ UNION ALL
         enqueued_at, next_attempt, last_attempt, last_error, reason, decided_by, finished_at,
         resent_as, resent_from
    FROM inturn_history WHERE id = %(id)s)
+UNION ALL
+(SELECT -m.id, m.channel, w.d, m.control_id, m.message_type, m.size, 'pending', 0,
+        m.enqueued_at, m.enqueued_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+   FROM inturn_message m
+   JOIN inturn_route r ON r.id = m.route
+  CROSS JOIN LATERAL (
+        SELECT u.d FROM unnest(r.destinations) AS u(d)
+         WHERE m.id > coalesce((SELECT c.position FROM inturn_cursor c
+                                 WHERE c.destination = u.d), 0)
+         ORDER BY u.d LIMIT 1) AS w
+  WHERE %(id)s::bigint < 0 AND m.id = -%(id)s::bigint)
 LIMIT 1;
 
 -- name: get_for_resend
@@ -901,13 +916,16 @@ SELECT record_key
 
 -- name: payload
 -- One item's stored bytes: its own, or (a slim row) its log row's; the hot table's, else
--- history's.
+-- history's; a negative id: the log message not pulled yet that get_item shows.
 SELECT coalesce(d.payload, m.payload) AS payload
   FROM ((SELECT payload, message_id FROM inturn_delivery WHERE id = %(id)s)
         UNION ALL
         (SELECT payload, message_id FROM inturn_history WHERE id = %(id)s)
+        UNION ALL
+        (SELECT NULL::bytea, -%(id)s::bigint WHERE %(id)s::bigint < 0)
         LIMIT 1) AS d
-  LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL;
+  LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL
+ WHERE coalesce(d.payload, m.payload) IS NOT NULL;
 
 -- name: payload_of
 -- payload, with the item's destination and the binding its envelope was sealed under (its own
@@ -922,6 +940,12 @@ SELECT coalesce(d.payload, m.payload) AS payload, d.destination,
         UNION ALL
         (SELECT id, destination, payload, seal_id, seal_scope, message_id
            FROM inturn_history WHERE id = %(id)s)
+        UNION ALL
+        -- a negative id: a log message not pulled yet, its channel as the destination named
+        (SELECT %(id)s::bigint, 'channel:' || x.channel, NULL::bytea, NULL::bigint, NULL::text,
+                x.id
+           FROM inturn_message x
+          WHERE %(id)s::bigint < 0 AND x.id = -%(id)s::bigint)
         LIMIT 1) AS d
   LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL;
 
@@ -1012,9 +1036,8 @@ SELECT d.destination, coalesce(h.id, -u.first_id) AS id, coalesce(h.attempts, 0)
         WHERE destination = d.destination AND state = 'pending'
         ORDER BY id
         LIMIT 1) AS h ON TRUE
-  LEFT JOIN LATERAL (
-       SELECT x.first_id FROM inturn_unpulled(d.destination) AS x WHERE h.id IS NULL) AS u
-    ON TRUE
+  LEFT JOIN (SELECT x.destination, x.first_id FROM inturn_unpulled(NULL) AS x) AS u
+    ON u.destination = d.destination AND h.id IS NULL
  WHERE h.id IS NOT NULL OR u.first_id IS NOT NULL;
 
 -- name: find_patient
