@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -357,4 +359,86 @@ async def test_a_stopped_holder_on_a_direct_connection_is_replaced_when_its_leas
     expected = [f"M{n:05d}" for n in range(total)]
     assert sorted(set(got)) == expected  # nothing lost
     assert len(got) - len(set(got)) <= 1  # at most the message the stopped one was sending
+    assert [g for i, g in enumerate(got) if g not in got[:i]] == expected  # in order
+
+
+async def test_a_holder_whose_event_loop_is_blocked_is_replaced_and_sends_nothing_after(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """A worker whose event loop is blocked past its lease's ttl (a long synchronous call; a
+    process swapped out or a VM frozen looks the same from outside: nothing of it runs, its
+    direct session and the destination's session lock live on) is replaced by a second worker
+    within ttl + acquire interval of its last renewal; when its loop runs again it learns its
+    epoch is gone before it sends anything new (at most the one message it was sending).
+    Every message arrives, in order. The blocked worker runs in a thread of its own, so the
+    receiver here does not stop with it."""
+    total, block_seconds = 200, 12.0
+    dest = "default/lab"
+    await _backlog(fresh_db, dest, total)
+    ttl, acquire = 6, 1
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_LEASE_")}
+    env.update(
+        INTURN_DSN=fresh_db,
+        INTURN_LEASE_TTL_SECONDS=str(ttl),
+        INTURN_LEASE_RENEW_SECONDS="2",
+        INTURN_LEASE_ACQUIRE_SECONDS=str(acquire),
+    )
+    settings = LeaseSettings(ttl_seconds=ttl, renew_seconds=2, acquire_seconds=acquire)
+    async with MllpReceiver() as rx:
+        rx.delay_seconds = 0.02
+        cfg = worker_config(dest, rx.port, channel="adt", idle_seconds=1)
+        loops: list[asyncio.AbstractEventLoop] = []
+        stopping: list[asyncio.Event] = []
+        failed: list[BaseException] = []
+
+        def first_worker() -> None:
+            async def run() -> None:
+                loops.append(asyncio.get_running_loop())
+                stopping.append(asyncio.Event())
+                async with worker(cfg, fresh_db, lease=settings, stop_seconds=30):
+                    await stopping[0].wait()
+
+            try:
+                asyncio.run(run())
+            except BaseException as exc:  # said by the test below
+                failed.append(exc)
+
+        thread = threading.Thread(target=first_worker, daemon=True)
+        thread.start()
+        second: asyncio.subprocess.Process | None = None
+        try:
+            await rx.wait_for(30, timeout=60)
+            epoch, holder, _, _, pid = await _lease_row(fresh_db)
+            assert pid is not None  # a direct holder, its session locked
+            async with await AsyncConnection.connect(fresh_db, autocommit=True) as c:
+                cur = await c.execute("SELECT clock_timestamp()")
+                blocked_at = (await cur.fetchone())[0]  # type: ignore[index]
+            loops[0].call_soon_threadsafe(time.sleep, block_seconds)  # its loop stops dead
+            path = manifest(tmp_path / "lab.yaml", "lab", mllp_sender(rx.port))
+            second = await worker_process(path, env)
+            async with asyncio.timeout(60):
+                while (await _lease_row(fresh_db))[0] == epoch:
+                    await asyncio.sleep(0.1)
+            new_epoch, new_holder, _, acquired_at, new_pid = await _lease_row(fresh_db)
+            assert new_epoch == epoch + 1 and new_holder != holder and new_pid is None
+            took = (acquired_at - blocked_at).total_seconds()
+            assert took < ttl + acquire + 5  # within the bound (a shared machine's margin)
+            assert took < block_seconds  # taken over while the first was still blocked
+            async with asyncio.timeout(120):
+                while await count(fresh_db, "delivered") < total:
+                    await asyncio.sleep(0.1)
+            await asyncio.sleep(2)  # the woken one had its chance to send or take anything
+            assert (await _lease_row(fresh_db))[0] == new_epoch  # it took nothing back
+        finally:
+            if loops and stopping:
+                loops[0].call_soon_threadsafe(stopping[0].set)
+            await asyncio.to_thread(thread.join, 60)
+            if second is not None:
+                second.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(second.wait(), 30)
+        got = control_ids(rx.received)
+    assert not thread.is_alive() and failed == []
+    expected = [f"M{n:05d}" for n in range(total)]
+    assert sorted(set(got)) == expected  # nothing lost
+    assert len(got) - len(set(got)) <= 1  # at most the message it was sending when blocked
     assert [g for i, g in enumerate(got) if g not in got[:i]] == expected  # in order
