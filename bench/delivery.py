@@ -35,6 +35,12 @@ in a fresh database of its own, against a ``MllpReceiver`` in this process:
   master key folder made for the run) and the worker started with ``--payload-keys``: it opens
   each envelope right before the send, keys cached after the first message of each patient.
   ``encrypted_rate_ratio`` is its rate over ``delivery``'s (:func:`run_encrypted`; target 0.9).
+* ``scoped``: as ``delivery``, with the worker logged in as its destination's own login
+  (``inturn migrate --create-roles`` with a prefix of the run's own, then
+  ``inturn_worker_login`` as the operator makes it with ``--worker-logins per-destination``), so
+  that every statement it runs meets the worker role's row policies (docs/explanation/security.md
+  "One login per destination"). ``scoped_rate_ratio`` is its rate over ``delivery``'s: what the
+  database's per-destination check costs the delivered mark and the head query.
 * ``catch-up`` and ``catch-up-floor``: a larger backlog drained by inturn and by the yardstick
   against a receiver that waits before each ACK.
 
@@ -80,16 +86,17 @@ import corpus
 import encryption
 import psycopg
 from figures import emit, parse_args
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.store import queue
+from inturn.worker.store import logins, queue
 from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import NewItem
+from inturn.worker.store.roles_apply import apply_roles
 from inturn.worker.testing import MllpReceiver
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -672,6 +679,41 @@ def write_manifest(directory: Path, port: int) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def dropped_roles(server_dsn: str, prefix: str | None) -> Iterator[None]:
+    """Drop every role named ``prefix...`` when the block ends (roles are the server's, not the
+    run's database's: enter this before the database, so that it is dropped first)."""
+    try:
+        yield
+    finally:
+        if prefix is not None:
+            with psycopg.connect(server_dsn, autocommit=True) as conn:
+                names = conn.execute(
+                    "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s)"
+                    " ORDER BY length(rolname) DESC",
+                    (prefix,),
+                ).fetchall()
+                for (name,) in names:
+                    conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+async def worker_login(dsn: str, prefix: str) -> dict[str, str]:
+    """The component roles (prefix ``prefix``) and the destination's own worker login, made as
+    the operator makes them; the worker's environment for it (``INTURN_DB_USER`` and
+    ``INTURN_DB_PASSWORD``). Checks that the login is scoped to the destination."""
+    apply_roles(dsn, prefix)
+    password = uuid.uuid4().hex
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        login = await logins.ensure_login(conn, DESTINATION, password)
+    async with await AsyncConnection.connect(
+        make_conninfo(dsn, user=login, password=password), autocommit=True
+    ) as conn:
+        scope = await (await conn.execute("SELECT inturn_worker_destination()")).fetchone()
+    if scope != (DESTINATION,):
+        raise RuntimeError(f"the login {login} is scoped to {scope}, not {DESTINATION}")
+    return {"INTURN_DB_USER": login, "INTURN_DB_PASSWORD": password}
+
+
 async def inturn_pending(conn: AsyncConnection[Any]) -> bool:
     return await queue.blocked(conn, DESTINATION)
 
@@ -689,19 +731,24 @@ async def run_inturn(
     keys: tuple[str, str] | None = None,
     prepare: Callable[[str], Awaitable[None]] | None = None,
     after: Callable[[str, Result], Awaitable[None]] | None = None,
+    scoped: bool = False,
 ) -> Result:
     """One drain of ``count`` messages by ``inturn worker`` (or, with ``yardstick`` naming one
     of :data:`YARDSTICKS`, by that loop of :func:`floor_worker_main`) in a fresh database.
     ``prepare(dsn)`` runs once it is migrated, before the messages are queued (another
     benchmark's fill, e.g. ``bench/retention.py``'s history); ``after(dsn, result)`` once they
-    are delivered, before the database is dropped."""
+    are delivered, before the database is dropped. ``scoped``: the worker logs in as the
+    destination's own login (:func:`worker_login`)."""
     result = Result(label, count)
     items = build_messages(templates, "L" if prefill else "D", count)
+    prefix = f"bench{uuid.uuid4().hex[:8]}_" if scoped else None
     with (
+        dropped_roles(server_dsn, prefix),
         fresh_database(server_dsn, label.replace("-", "_")) as dsn,
         tempfile.TemporaryDirectory(prefix="inturn-bench-") as tmp,
     ):
         migrate(dsn)
+        login = await worker_login(dsn, prefix) if prefix is not None else {}
         if prefill:
             took = await fill_finished(dsn, prefill)
             print(f"  ({label}: {prefill:,} finished rows inserted and vacuumed in {took:.1f}s)")
@@ -726,6 +773,7 @@ async def run_inturn(
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         env["INTURN_DSN"] = dsn
+        env.update(login)
         expected = [i.control_id for i in items]
         async with contextlib.AsyncExitStack() as stack:
             if traced:
@@ -1118,6 +1166,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 runs["encrypted"] = lambda: run_encrypted(
                     server_dsn, templates, args.messages, args.cap
                 )
+                runs["scoped"] = inturn_run("scoped", scoped=True)
         runs["floor-after"] = inturn_run("floor-after", yardstick="corrected")
         # Round 4's yardstick, once, so that the correction shows in the figures (issue 33).
         runs["floor-round4"] = inturn_run("floor-round4", yardstick="round4")
@@ -1152,7 +1201,7 @@ async def main_async(args: argparse.Namespace) -> int:
     inturn_runs = [
         r
         for k, r in results.items()
-        if k.startswith(("delivery", "encrypted", "large-table", "catch-up"))
+        if k.startswith(("delivery", "encrypted", "scoped", "large-table", "catch-up"))
     ]
     lost = sum(r.check.lost for r in inturn_runs)
     dup = sum(r.check.duplicated for r in inturn_runs)
@@ -1177,6 +1226,10 @@ async def main_async(args: argparse.Namespace) -> int:
     if "delivery" in results and "encrypted" in results and results["delivery"].rate:
         sealed = results["encrypted"].rate / results["delivery"].rate
         print(f"encrypted payloads (--payload-keys) vs delivery in clear: {sealed - 1:+.1%}")
+    scoped = None
+    if "delivery" in results and "scoped" in results and results["delivery"].rate:
+        scoped = results["scoped"].rate / results["delivery"].rate
+        print(f"the destination's own login (row policies) vs the shared one: {scoped - 1:+.1%}")
     if "delivery" in results and "traced" in results and results["delivery"].rate:
         traced = results["traced"].rate / results["delivery"].rate
         print(f"traced rate vs delivery (tracing off): {traced - 1:+.1%}")
@@ -1236,6 +1289,8 @@ async def main_async(args: argparse.Namespace) -> int:
             else None
         ),
         "encrypted_rate_ratio_target": encryption.RATIO_TARGET,
+        "scoped_msg_s": rate("scoped"),
+        "scoped_rate_ratio": rounded(scoped, 3),
         "traced_msg_s": rate("traced"),
         "traced_rate_ratio": rounded(traced, 3),
         "tracing_off_ns_per_message": round(hooks_ns),
@@ -1283,6 +1338,7 @@ def main(argv: list[str] | None = None) -> int:
             "round4",
             "delivery",
             "encrypted",
+            "scoped",
             "traced",
             "procrastinate",
             "large-table",

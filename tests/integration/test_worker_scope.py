@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,9 +24,12 @@ from inturn.worker.errors import Invalid
 from inturn.worker.store import delivery, logins, roles
 from inturn.worker.store import lease as leases
 from inturn.worker.store.lease import LeaseLost
+from inturn.worker.store.migrate import migrate
+from inturn.worker.store.roles_apply import apply_roles
 from inturn.worker.testing import MllpReceiver
 from tests.support import pgbouncer
 from tests.support.channel_log import append
+from tests.support.db import migrate_below
 from tests.support.pipeline import worker, worker_config
 
 pytestmark = pytest.mark.store
@@ -195,6 +199,16 @@ def test_a_login_reaches_its_destinations_rows_only(
         assert shared.execute("SELECT inturn_worker_destination()").fetchone() == ("*",)
         assert shared.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (3,)
         assert len(shared.execute("SELECT id FROM inturn_message").fetchall()) == 4
+        # it too inserts only the pull's rows: a log message routed to the row's destination
+        insert = (
+            "INSERT INTO inturn_delivery (destination, channel, control_id, message_type, size,"
+            " enqueued_at, message_id) VALUES (%s, 'adt', 'X', 'ADT^A01', 1, now(), %s)"
+        )
+        for destination, message_id in ((A, seeded["b"][0]), (B, None), (A, 2**40 - 1)):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), shared.transaction():
+                shared.execute(insert, (destination, message_id))
+        with shared.transaction():
+            shared.execute(insert, (B, seeded["b"][1]))
 
 
 async def test_a_login_leases_and_pulls_its_own_destination_only(
@@ -418,7 +432,7 @@ def test_a_login_reads_and_changes_nothing_of_another_destination_in_any_scoped_
             for table in roles.WORKER_SCOPED
         }
     # every scoped table holds a row of B's (a new one needs a seed above)
-    assert all(n is not None and n[0] > 0 for n in held.values()), held
+    assert all(n is not None and n[0] > 0 for n in held.values()), sorted(held.items())
     seen: dict[str, int] = {}
     changed: dict[str, int] = {}
     with login_for(role_dsns["admin"], A) as a_dsn, psycopg.connect(a_dsn, autocommit=True) as a:
@@ -476,3 +490,66 @@ def test_every_worker_function_of_a_destination_refuses_another(
         signature: "refused" if secure else "rows []" for signature, secure in definer.items()
     }
     assert outcome == expected
+
+
+async def test_an_upgrade_keeps_every_worker_delivering_then_scopes_the_logins(
+    empty_db: str, pg_server_dsn: str
+) -> None:
+    """An install from before migration 0036: its worker role (made by an older
+    --create-roles; here with the grants a worker had then) keeps reaching every destination's
+    rows once the new migrations apply and until the hook runs --create-roles again (only
+    permissive policies meanwhile); after it, a destination's login reaches its own rows, those
+    stored before the upgrade included, and a real worker delivers them with it."""
+    migrate_below(empty_db, 36)
+    with psycopg.connect(empty_db, autocommit=True) as owner:
+        rows = {d: legacy(owner, d, f"UP{d[-1].upper()}") for d in (A, B)}
+    tag = f"t{uuid.uuid4().hex[:8]}_"
+    old = f"{tag}oldworker"
+    try:
+        with psycopg.connect(pg_server_dsn, autocommit=True) as server:
+            server.execute(f'CREATE ROLE "{old}" LOGIN')
+        with psycopg.connect(empty_db, autocommit=True) as owner:
+            owner.execute(
+                f'GRANT SELECT, UPDATE (state, finished_at) ON inturn_delivery TO "{old}"'
+            )
+        migrate(empty_db)
+        with psycopg.connect(make_conninfo(empty_db, user=old), autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (2,)
+            assert (
+                conn.execute(
+                    "UPDATE inturn_delivery SET state = state WHERE id = %s", (rows[B],)
+                ).rowcount
+                == 1
+            )
+        apply_roles(empty_db, tag)
+        admin = make_conninfo(empty_db, user=f"{tag}admin")
+        with login_for(admin, A) as a_dsn:
+            with psycopg.connect(a_dsn, autocommit=True) as a:
+                seen = a.execute("SELECT id FROM inturn_delivery").fetchall()
+                assert seen == [(rows[A],)]
+            async with (
+                MllpReceiver() as rx,
+                worker(worker_config(A, rx.port, channel=CHANNEL), a_dsn),
+            ):
+                await rx.wait_for(1)
+            assert [m.split(b"\r")[0].split(b"|")[9] for m in rx.received] == [b"UPA"]
+        with psycopg.connect(
+            make_conninfo(empty_db, user=f"{tag}worker"), autocommit=True
+        ) as shared:
+            states = shared.execute(
+                "SELECT destination, state FROM inturn_delivery ORDER BY id"
+            ).fetchall()
+            assert states == [(A, "delivered"), (B, "pending")]
+    finally:
+        with psycopg.connect(empty_db, autocommit=True) as owner:
+            for (role,) in owner.execute(
+                "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s)", (tag,)
+            ).fetchall():
+                owner.execute(f'DROP OWNED BY "{role}"')
+        with psycopg.connect(pg_server_dsn, autocommit=True) as server:
+            for (role,) in server.execute(
+                "SELECT rolname FROM pg_roles WHERE starts_with(rolname, %s)"
+                " ORDER BY length(rolname) DESC",
+                (tag,),
+            ).fetchall():
+                server.execute(f'DROP ROLE "{role}"')

@@ -262,12 +262,15 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     # Which destination a worker's login works for (migration 0036): written by the login
     # functions only (the operator's, an admin's); people may see the mapping.
     "inturn_worker_scope": {
+        # the worker role's row policies read the session's own mapping (sql/roles.sql)
+        "worker": (SELECT,),
         "operator": (SELECT,),
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
-    # The worker role's name, recorded by --create-roles for the login functions: nobody's.
-    "inturn_role_setting": {},
+    # The worker role's name, recorded by --create-roles for the login functions; the worker
+    # role's row policies read it (a destination's login whose mapping is gone reaches nothing).
+    "inturn_role_setting": {"worker": (SELECT,)},
     # The database's clock (migration 0039): the operator moves it on and reads it (a restored
     # database holds an older tick than the Destinations' status recorded).
     "inturn_clock": {
@@ -468,9 +471,9 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
 #: ``worker_policy_<table>``, made by ``--create-roles``): a login scoped to one destination
 #: (``inturn_worker_scope``, :func:`~inturn.worker.store.roles_apply.apply_roles`) reaches only
 #: that destination's rows of each.
-#: On ``inturn_delivery`` a second one (``worker_pull_policy``) lets such a login insert only a
-#: slim row naming a log message routed to its destination (the pull's insertion): no row
-#: without a log message, none that would hand it another destination's message.
+#: On ``inturn_delivery`` a second one (``worker_pull_policy``) lets the worker role (scoped or
+#: not) insert only a slim row naming a log message routed to the row's destination (the pull's
+#: insertion): no row without a log message, none handing a destination another's message.
 WORKER_SCOPED = (
     "inturn_attempt",
     "inturn_cursor",
@@ -492,6 +495,9 @@ WORKER_UNSCOPED: dict[str, str] = {
     "inturn_route": "route sets: which destinations of a channel a log message goes to"
     " (destination names only; read-only)",
     "inturn_clock": "the database's restore clock: one tick for the whole database (read-only)",
+    "inturn_worker_scope": "which login works for which destination: its row policies read"
+    " the session's own mapping (read-only; the reader role sees it too)",
+    "inturn_role_setting": "the worker role's name, for the same policies (read-only)",
 }
 
 #: What the docs say of a function no component may execute, when it is not a trigger.

@@ -52,67 +52,112 @@ ON CONFLICT (name) DO UPDATE SET value = excluded.value;
 -- The worker role's restrictive row policies (migration 0036), one per table it reads or
 -- writes: a login scoped to one destination (inturn_worker_scope) reaches that destination's
 -- rows only; a login that is not scoped ('*') reaches what its grants give. `{role}` is the
--- worker role, composed in as an identifier; the scope is read once per statement.
+-- worker role, composed in as an identifier.
+
+-- fragment: worker_scope
+-- The destination the session's login works for; '' for a destination's login whose mapping is
+-- gone (it reaches nothing); '*' for a login that is not scoped. inturn_worker_destination()'s
+-- answer, written out so that the planner makes it two init plans, evaluated once per
+-- statement (a PK probe, a cached regular expression), where a call of the function costs
+-- one of its SECURITY DEFINER calls per policy per statement. The worker role reads both tables.
+coalesce((SELECT s.destination FROM inturn_worker_scope s WHERE s.role = session_user),
+         (SELECT '' FROM inturn_role_setting b
+           WHERE b.name = 'worker_role'
+             AND session_user::text ~ ('^' || b.value || '_[0-9a-f]{{12}}$')),
+         '*')
 
 -- name: worker_policy_inturn_delivery
 CREATE POLICY {policy} ON inturn_delivery AS RESTRICTIVE FOR ALL TO {role}
-    USING ((SELECT inturn_worker_destination()) IN ('*', destination))
-    WITH CHECK ((SELECT inturn_worker_destination()) IN ('*', destination));
+    USING (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination)
+    WITH CHECK (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination);
 
 -- name: worker_pull_policy
--- The only row a worker inserts is its pull's slim row: a scoped login's must name a log
--- message it may read (inturn_message's own policy: routed to its destination), so it can
--- neither make a row of nothing nor point one at another destination's message. Insertions
--- only: the delivered mark (an UPDATE) pays nothing for it.
+-- The only row a worker inserts is its pull's slim row: it must name a log message whose route
+-- set names the row's destination (and that the login may read: inturn_message's own policy),
+-- so no worker, the shared role included, makes a row of nothing or hands a destination a
+-- message not routed to it. Insertions only: the delivered mark (an UPDATE) pays nothing.
 CREATE POLICY {policy} ON inturn_delivery AS RESTRICTIVE FOR INSERT TO {role}
-    WITH CHECK ((SELECT inturn_worker_destination()) = '*'
-                OR EXISTS (SELECT 1 FROM inturn_message m WHERE m.id = message_id));
+    WITH CHECK (EXISTS (SELECT 1 FROM inturn_message m JOIN inturn_route r ON r.id = m.route
+                         WHERE m.id = inturn_delivery.message_id
+                           AND r.destinations @> ARRAY[inturn_delivery.destination]));
 
 -- name: worker_policy_inturn_cursor
 CREATE POLICY {policy} ON inturn_cursor AS RESTRICTIVE FOR ALL TO {role}
-    USING ((SELECT inturn_worker_destination()) IN ('*', destination))
-    WITH CHECK ((SELECT inturn_worker_destination()) IN ('*', destination));
+    USING (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination)
+    WITH CHECK (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination);
 
 -- name: worker_policy_inturn_lease
 CREATE POLICY {policy} ON inturn_lease AS RESTRICTIVE FOR ALL TO {role}
-    USING ((SELECT inturn_worker_destination()) IN ('*', destination))
-    WITH CHECK ((SELECT inturn_worker_destination()) IN ('*', destination));
+    USING (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination)
+    WITH CHECK (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination);
 
 -- name: worker_policy_inturn_worker_sender
 CREATE POLICY {policy} ON inturn_worker_sender AS RESTRICTIVE FOR ALL TO {role}
-    USING ((SELECT inturn_worker_destination()) IN ('*', destination))
-    WITH CHECK ((SELECT inturn_worker_destination()) IN ('*', destination));
+    USING (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination)
+    WITH CHECK (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination);
 
 -- name: worker_policy_inturn_order_expectation
 CREATE POLICY {policy} ON inturn_order_expectation AS RESTRICTIVE FOR ALL TO {role}
-    USING ((SELECT inturn_worker_destination()) IN ('*', destination))
-    WITH CHECK ((SELECT inturn_worker_destination()) IN ('*', destination));
+    USING (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination)
+    WITH CHECK (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination);
 
 -- name: worker_policy_inturn_message
 -- A log row is the worker's when one of its route sets names the destination.
 CREATE POLICY {policy} ON inturn_message AS RESTRICTIVE FOR ALL TO {role}
-    USING ((SELECT inturn_worker_destination()) = '*'
+    USING ((
+        -- include: worker_scope
+        ) = '*'
            OR route = ANY (ARRAY(SELECT r.id FROM inturn_route r
-                                  WHERE r.destinations @> ARRAY[inturn_worker_destination()])));
+                                  WHERE r.destinations @> ARRAY[(
+        -- include: worker_scope
+        )])));
 
 -- name: worker_policy_inturn_attempt
 -- An attempt is the worker's when its delivery row is (that row's own policy decides).
 CREATE POLICY {policy} ON inturn_attempt AS RESTRICTIVE FOR ALL TO {role}
-    USING ((SELECT inturn_worker_destination()) = '*'
+    USING ((
+        -- include: worker_scope
+        ) = '*'
            OR EXISTS (SELECT 1 FROM inturn_delivery d WHERE d.id = item_id))
-    WITH CHECK ((SELECT inturn_worker_destination()) = '*'
+    WITH CHECK ((
+        -- include: worker_scope
+        ) = '*'
                 OR EXISTS (SELECT 1 FROM inturn_delivery d WHERE d.id = item_id));
 
 -- name: worker_policy_inturn_worklist_item
 -- The worker places and reads items about its own delivery rows only.
 CREATE POLICY {policy} ON inturn_worklist_item AS RESTRICTIVE FOR ALL TO {role}
-    USING ((SELECT inturn_worker_destination()) = '*'
+    USING ((
+        -- include: worker_scope
+        ) = '*'
            OR (record_kind = 'delivery'
                AND CASE WHEN record_key ~ '^[0-9]{{1,18}}$'
                         THEN EXISTS (SELECT 1 FROM inturn_delivery d
                                       WHERE d.id = record_key::bigint)
                         ELSE false END))
-    WITH CHECK ((SELECT inturn_worker_destination()) = '*'
+    WITH CHECK ((
+        -- include: worker_scope
+        ) = '*'
                 OR (record_kind = 'delivery'
                     AND CASE WHEN record_key ~ '^[0-9]{{1,18}}$'
                              THEN EXISTS (SELECT 1 FROM inturn_delivery d
