@@ -642,21 +642,29 @@ class PayloadCodec:
         """Start a rotation of the blind index key (``inturn keys rotate-index``): a new random
         key becomes the current one, wrapped under the newest master key, and the current one
         the previous; the ``dual`` phase begins. False when a rotation is already under way or
-        another run started one first.
+        another run started one first (:attr:`rotation` then says its phase). The current key
+        re-wrapped meanwhile (``inturn keys rotate`` at the same moment: the same key under
+        another master key) is read again and the start tried again, at most three times.
 
         Raises:
             MasterKeyError: the folder cannot wrap or unwrap the keys involved.
+            RuntimeError: the current key was re-wrapped under it three times in a row.
         """
         assert self.provider is not None and self.store is not None
+        for _ in range(3):
+            if self.rotation:
+                return False
+            old = await self.store.setting(INDEX_WRAPPED, "")
+            key = os.urandom(32)
+            began = await self.store.begin_index_rotation(
+                old, await self._wrap_index(key), BlindIndex(key).check(), self.generation + 1
+            )
+            await self.refresh_index()
+            if began:
+                return True
         if self.rotation:
             return False
-        old = await self.store.setting(INDEX_WRAPPED, "")
-        key = os.urandom(32)
-        began = await self.store.begin_index_rotation(
-            old, await self._wrap_index(key), BlindIndex(key).check(), self.generation + 1
-        )
-        await self.refresh_index()
-        return began
+        raise RuntimeError("the blind index key kept changing while its rotation began")
 
     async def set_rotation_phase(self, phase: str) -> bool:
         """Move the rotation from its current phase to ``phase`` (compare and set)."""
