@@ -160,7 +160,8 @@ async def test_erasure_by_patient_reaches_messages_no_destination_pulled(fresh_d
         lease = await leases.acquire(conn, A, "w-a", 60)
         await delivery.pull(conn, A, CHANNEL, lease=lease, limit=1)  # A has one of them
         erased = await actions.erase(conn, [], who="alice", why="request", patient_key="k0,k9")
-        assert len(erased) == 1  # A's row; the rest were in the log only
+        # A's row, and the message only in the log as minus its log id
+        assert len(erased) == 2 and erased[0] == -mine[1] and erased[1] > 0
         cur = await conn.execute("SELECT id FROM inturn_message ORDER BY id")
         assert [r[0] for r in await cur.fetchall()] == theirs
         await delivery.pull(conn, A, CHANNEL, lease=lease)
@@ -622,6 +623,6 @@ async def test_an_erasure_finds_a_patients_message_no_destination_pulled(
         expected = {(row_a, A), (-pulled, B), (-waiting, A)}
         assert {(m.id, m.destination) for m in found} == expected
         erased = await actions.erase(conn, [m.id for m in found], who="dpo", why="request")
-        assert erased == [row_a]
+        assert erased == [-waiting, row_a]
         cur = await conn.execute("SELECT id FROM inturn_message")
         assert [r[0] for r in await cur.fetchall()] == other

@@ -20,7 +20,7 @@ from inturn.worker.cli import main
 from inturn.worker.crypto.codec import PayloadErased
 from inturn.worker.ingest.service import Ingest
 from tests.support import keys
-from tests.support.ingest import sealing_ingest, sender
+from tests.support.ingest import pull_all, sealing_ingest, sender
 from tests.support.pipeline import register
 
 pytestmark = pytest.mark.store
@@ -49,10 +49,20 @@ def _erase(dsn: str, keyed: list[str], patient: str) -> dict[str, object]:
     return dict(json.loads(out.getvalue()))
 
 
-def _stored(dsn: str) -> list[tuple[int, bytes]]:
+def _stored(dsn: str) -> list[tuple[int, str, bytes]]:
+    """Each message of the destination's queue, the channel log pulled first (as its worker
+    does): the binding its envelope was sealed under (a log row's id and channel) and the
+    stored bytes."""
+    pull_all(dsn)
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT id, payload FROM inturn_delivery ORDER BY id").fetchall()
-    return [(int(i), bytes(p)) for i, p in rows]
+        rows = conn.execute(
+            "SELECT coalesce(d.seal_id, m.id, d.id), coalesce(d.seal_scope,"
+            " CASE WHEN m.id IS NOT NULL THEN 'channel:' || m.channel END, d.destination),"
+            " coalesce(d.payload, m.payload)"
+            " FROM inturn_delivery d LEFT JOIN inturn_message m ON m.id = d.message_id"
+            " ORDER BY d.id"
+        ).fetchall()
+    return [(int(i), str(scope), bytes(p)) for i, scope, p in rows]
 
 
 async def test_a_message_stored_after_an_erasure_by_the_same_ingest_decrypts(
@@ -68,7 +78,7 @@ async def test_a_message_stored_after_an_erasure_by_the_same_ingest_decrypts(
         assert done["keysDestroyed"] == 1 and len(done["erased"]) == 1  # type: ignore[arg-type]
         await client.send(adt(3, "GONE-1"))  # the patient again, the same running ingest
     reader = await keys.codec(keys_dir, key_dsn)
-    opened = [await reader.open(i, DEST, p) for i, p in _stored(fresh_db)]
+    opened = [await reader.open(i, scope, p) for i, scope, p in _stored(fresh_db)]
     assert opened == [adt(2, "STAYS-1"), adt(3, "GONE-1")]
 
 
@@ -84,15 +94,15 @@ async def test_a_reader_that_cached_the_erased_key_opens_the_message_stored_sinc
     reader = await keys.codec(keys_dir, key_dsn)  # the worker's codec, kept across the erasure
     async with Ingest(config, dsn=fresh_db) as running, sender(running) as client:
         await client.send(adt(1, "AGAIN-1"))
-        [(first, payload)] = _stored(fresh_db)
-        assert await reader.open(first, DEST, payload) == adt(1, "AGAIN-1")
+        [(first, scope, payload)] = _stored(fresh_db)
+        assert await reader.open(first, scope, payload) == adt(1, "AGAIN-1")
         cached = len(reader.cache)
         done = await asyncio.to_thread(_erase, fresh_db, keyed, "AGAIN-1")
-        assert done["keysDestroyed"] == 1 and done["erased"] == [first]
+        assert done["keysDestroyed"] == 1 and len(done["erased"]) == 1  # type: ignore[arg-type]
         await client.send(adt(2, "AGAIN-1"))
-    [(second, payload)] = _stored(fresh_db)
+    [(second, scope, payload)] = _stored(fresh_db)
     assert second > first and len(reader.cache) == cached  # still holding the erased key
-    assert await reader.open(second, DEST, payload) == adt(2, "AGAIN-1")
+    assert await reader.open(second, scope, payload) == adt(2, "AGAIN-1")
 
 
 def _key_store_waiters(key_dsn: str) -> int:
@@ -124,7 +134,8 @@ async def test_a_message_sealed_while_the_erasure_runs_is_erased_with_the_others
     async with Ingest(config, dsn=fresh_db) as running, sender(running) as client:
         await client.send(adt(1, "RACE-1"))  # the key made and cached
         with psycopg.connect(fresh_db) as blocker:
-            blocker.execute("SELECT inturn_enqueue_lock(%s)", [DEST])
+            # ingest's lock on the channel's log (issue 43), held until the blocker is done
+            blocker.execute("SELECT inturn_enqueue_lock(%s)", ["channel:adt"])
             sent = asyncio.create_task(client.send(adt(2, "RACE-1")))
 
             def ingest_waits() -> bool:
@@ -148,9 +159,9 @@ async def test_a_message_sealed_while_the_erasure_runs_is_erased_with_the_others
         done = await asyncio.wait_for(erasing, 30)
     assert done["keysDestroyed"] == 1
     reader = await keys.codec(keys_dir, key_dsn)
-    for i, payload in _stored(fresh_db):
+    for i, scope, payload in _stored(fresh_db):
         try:
-            await reader.open(i, DEST, payload)
+            await reader.open(i, scope, payload)
         except PayloadErased:
             pytest.fail(f"item {i} is stored and sealed under an erased key")
     assert _stored(fresh_db) == []

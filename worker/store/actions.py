@@ -173,8 +173,9 @@ async def erase(
     In the same transaction, the erased items' pending ``delivery-failed`` worklist items are
     cleared by ``system`` with a note (:data:`ERASED_NOTE`): nothing is left for a person to
     resend or open. A pending item erased while its worker is sending it is simply gone when the
-    worker reports back (its update matches no row). Returns the ids deleted; audited when
-    anything (a row or a log message) was.
+    worker reports back (its update matches no row). Returns the ids deleted, and minus the log
+    id of each message erased that no destination had pulled (as the lookups list it); audited
+    when anything was.
     """
     keys = patient_key.split(",") if patient_key else None
     async with conn.transaction():
@@ -186,11 +187,9 @@ async def erase(
         if destinations:
             await conn.execute(Q["erase_locks"], {"destinations": destinations})
         params = {"ids": list(item_ids), "messages": messages}
-        rows = await fetch_all(conn, Q["erase"], params, row=dict_row)
-        deleted = [r for r in rows if r["id"] is not None]
+        deleted = await fetch_all(conn, Q["erase"], params, row=dict_row)
         ids = sorted(int(r["id"]) for r in deleted)
-        logged = max((int(r["messages"]) for r in rows), default=0)
-        if ids or logged:
+        if ids:
             touched = {r["destination"] for r in deleted}
             dest = touched.pop() if len(touched) == 1 else None
             await audit.record(conn, who=who, action="erase", destination=dest, ids=ids, why=why)

@@ -521,23 +521,29 @@ expectations AS (
 hot AS (
     DELETE FROM inturn_delivery
      WHERE id IN (SELECT id FROM rows)
-    RETURNING id, destination, state
+    RETURNING id, destination, state, message_id
 ),
 moved AS (
     DELETE FROM inturn_history
      WHERE id IN (SELECT id FROM rows)
-    RETURNING id, destination, state
+    RETURNING id, destination, state, message_id
 ),
 logged AS (
     DELETE FROM inturn_message
      WHERE id = ANY(%(messages)s::bigint[])
-    RETURNING id
+    RETURNING id, route
 )
-SELECT id, destination, state, (SELECT count(*) FROM logged) AS messages FROM hot
+-- every row deleted, and each log message deleted that no deleted row named (no destination
+-- had pulled it), as minus its log id with the destinations its route set names
+SELECT id, destination, state FROM hot
 UNION ALL
-SELECT id, destination, state, (SELECT count(*) FROM logged) AS messages FROM moved
+SELECT id, destination, state FROM moved
 UNION ALL
-SELECT NULL, NULL, NULL, (SELECT count(*) FROM logged) AS messages;
+SELECT -l.id, r.destinations[1], 'pending'
+  FROM logged l
+  JOIN inturn_route r ON r.id = l.route
+ WHERE NOT EXISTS (SELECT 1 FROM hot WHERE hot.message_id = l.id)
+   AND NOT EXISTS (SELECT 1 FROM moved WHERE moved.message_id = l.id);
 
 -- name: purge_batch
 -- One batch of finished items older than the cutoff, in one short transaction, deleted by the
