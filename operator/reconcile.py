@@ -465,8 +465,20 @@ class Runtime:
                     continue
                 if went_back(recorded, before):
                     assert recorded is not None
-                    again = await self.registrar.record_finding(destination, recorded.finding())
-                    finding = Finding(destination, policy, again, recorded, seen.get(destination))
+                    again, (kept_through, kept_at) = await self.registrar.record_finding(
+                        destination, recorded.finding(), recorded.channel_moment()
+                    )
+                    channel = (snap.get("spec") or {}).get("channel")
+                    finding = Finding(
+                        destination,
+                        policy,
+                        again,
+                        recorded,
+                        seen.get(destination),
+                        str(channel) if channel else None,
+                        kept_through,
+                        kept_at,
+                    )
                     line = finding.line()
                     log.warning("%s", line)
                     if policy == "hold":

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -244,19 +245,25 @@ class Registrar:
         self._worked("restore")
         return before, now, seen
 
-    async def record_finding(self, destination: str, finding: restore.RestoreFinding) -> int:
-        """Keep ``finding`` in the restored database (the bounds of ``mark-delivered``) and
-        count the messages of ``destination`` delivered before, waiting again (0 when the
-        database failed: logged)."""
+    async def record_finding(
+        self, destination: str, finding: restore.RestoreFinding, channel_before: datetime | None
+    ) -> tuple[int, tuple[int | None, datetime | None]]:
+        """Keep ``finding`` in the restored database (the bounds of ``mark-delivered``); count
+        the messages of ``destination`` delivered before, waiting again; and find its channel
+        log's last message accepted by ``channel_before`` (the witness's last one; None: not
+        looked for). ``(0, (None, None))`` when the database failed (logged)."""
         if self.pool is None:
-            return 0
+            return 0, (None, None)
         try:
             async with self.pool.connection(timeout=5) as conn:
                 await restore.record_finding(conn, destination, finding)
-                return await restore.exposure(conn, destination)
+                again = await restore.exposure(conn, destination)
+                if channel_before is None:
+                    return again, (None, None)
+                return again, await restore.kept(conn, destination, channel_before)
         except DB_ERRORS as exc:
             self._failed("restore", exc, destination)
-            return 0
+            return 0, (None, None)
 
     async def forget_finding(self, destination: str) -> bool:
         """Remove ``destination``'s finding once the restore is decided; False when the

@@ -35,6 +35,8 @@ class Witness:
     accepted_through: int | None = None
     accepted_time: str | None = None
     delivered_message: int | None = None
+    channel_through: int | None = None
+    channel_time: str | None = None
 
     @classmethod
     def of(cls, tick: int, seen: Seen | None, before: Witness | None = None) -> Witness:
@@ -54,6 +56,8 @@ class Witness:
             seen.accepted_through,
             rfc3339(seen.accepted_at) if seen.accepted_at else None,
             seen.delivered_message if seen.delivered_message is not None else message,
+            seen.channel_through,
+            precise(seen.channel_at) if seen.channel_at else None,
         )
 
     @classmethod
@@ -77,6 +81,8 @@ class Witness:
             number("acceptedThrough"),
             text("acceptedTime"),
             number("deliveredMessage"),
+            number("channelThrough"),
+            text("channelTime"),
         )
 
     def to_status(self) -> dict[str, Any]:
@@ -88,21 +94,36 @@ class Witness:
             ("acceptedThrough", self.accepted_through),
             ("acceptedTime", self.accepted_time),
             ("deliveredMessage", self.delivered_message),
+            ("channelThrough", self.channel_through),
+            ("channelTime", self.channel_time),
         ):
             if value is not None:
                 out[key] = value
         return out
 
+    def channel_moment(self) -> datetime | None:
+        """``channel_time`` as a timestamp (None: absent or not one)."""
+        return _moment(self.channel_time)
+
     def finding(self) -> RestoreFinding:
         """What the restored database keeps of this witness until a person decides (the bounds
         of ``inturn queue mark-delivered``)."""
-        when = None
-        if self.delivered_time is not None:
-            try:
-                when = datetime.fromisoformat(self.delivered_time.replace("Z", "+00:00"))
-            except ValueError:
-                when = None
-        return RestoreFinding(self.tick, self.delivered_through, self.delivered_message, when)
+        return RestoreFinding(
+            self.tick,
+            self.delivered_through,
+            self.delivered_message,
+            _moment(self.delivered_time),
+        )
+
+
+def _moment(text: str | None) -> datetime | None:
+    """An RFC 3339 time of a status as a timestamp (None: absent or not one)."""
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def precise(moment: datetime) -> str:
@@ -128,6 +149,9 @@ class Finding:
         policy: ``spec.afterRestore`` (``hold`` or ``resend``).
         again: messages delivered before that the restored database holds as waiting.
         recorded: what was recorded before the restore; now: what the database holds now.
+        channel: its channel (``spec.channel``).
+        kept_through, kept_at: the restored channel log's last message accepted no later than
+            the witness's last one (:func:`inturn.worker.store.restore.kept`); None: none.
     """
 
     destination: str
@@ -135,6 +159,33 @@ class Finding:
     again: int
     recorded: Witness
     now: Seen | None
+    channel: str | None = None
+    kept_through: int | None = None
+    kept_at: datetime | None = None
+
+    def lost(self) -> tuple[str | None, str] | None:
+        """The window of accepted messages the restored database lacks, ``(after, through)``
+        as RFC 3339 times (``after`` None: from its first message); None when none is lost.
+        From the channel log when the witness saw it (ids compared up to the witness's time:
+        a message accepted after the restore may reuse a lost one's id), else from the
+        destination's rows that carry their own payload."""
+        rec = self.recorded
+        if (
+            rec.channel_through is not None
+            and rec.channel_time is not None
+            and (self.kept_through is None or self.kept_through < rec.channel_through)
+        ):
+            after = rfc3339(self.kept_at) if self.kept_at is not None else None
+            return after, rfc3339(rec.channel_moment() or datetime.now(UTC))
+        now = self.now
+        if rec.accepted_time is not None and (
+            now is None
+            or now.accepted_through is None
+            or (rec.accepted_through or 0) > now.accepted_through
+        ):
+            after = rfc3339(now.accepted_at) if now is not None and now.accepted_at else None
+            return after, rec.accepted_time
+        return None
 
     def line(self) -> str:
         """One line for the log, the event and the status (no identifiers, no content)."""
@@ -148,15 +199,12 @@ class Finding:
                 else ""
             )
         )
-        lost_from = self.now.accepted_at if self.now is not None else None
-        if self.recorded.accepted_time is not None and (
-            self.now is None
-            or self.now.accepted_through is None
-            or (self.recorded.accepted_through or 0) > self.now.accepted_through
-        ):
-            start = rfc3339(lost_from) if lost_from is not None else "its first message"
+        lost = self.lost()
+        if lost is not None:
+            start = lost[0] or "its first message"
+            which = f"on channel {self.channel}" if self.channel else "for it"
             parts.append(
-                f"messages accepted for it after {start} up to {self.recorded.accepted_time}"
+                f"messages accepted {which} after {start} up to {lost[1]}"
                 " are not in the database: ask the senders to send them again"
             )
         if self.policy == "hold":
@@ -179,6 +227,15 @@ class Finding:
             **(
                 {"deliveredMessage": self.recorded.delivered_message}
                 if self.recorded.delivered_message is not None
+                else {}
+            ),
+            **(
+                {
+                    k: v
+                    for k, v in (("lostAfter", lost[0]), ("lostThrough", lost[1]))
+                    if v is not None
+                }
+                if (lost := self.lost()) is not None
                 else {}
             ),
             "message": self.line()[:1024],

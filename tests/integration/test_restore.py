@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from click.testing import CliRunner
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from inturn.operator.restore import HOLDER, Finding, Witness, went_back
+from inturn.operator.status import rfc3339
 from inturn.worker.cli import cli, main
 from inturn.worker.store import restore as restore_store
 from inturn.worker.store.migrate import migrate
@@ -227,11 +229,26 @@ async def test_a_restore_on_the_channel_log_counts_and_marks_by_log_message(
         later = append(3, "B")
         pull_and_deliver()
         await eventually(lambda: status(env)["witness"].get("deliveredMessage") == later[-1])
+        witness = status(env)["witness"]
+        assert witness["channelThrough"] == later[-1]
         pg_restore(queue_db, backup)
-        restore = await eventually(lambda: status(env).get("restore"), timeout=30)
-        assert (restore["mayBeSentAgain"], restore["deliveredMessage"]) == (10, later[-1])
+        # ingest takes messages again at once (before or after the operator's look: the same)
         again = append(3, "C")
         assert again == later  # the restored log sequence hands out the lost ids again
+        restore = await eventually(lambda: status(env).get("restore"), timeout=30)
+        assert (restore["mayBeSentAgain"], restore["deliveredMessage"]) == (10, later[-1])
+        # what was lost, on the channel: after the last message the backup holds, up to the
+        # last one the witness saw
+        with psycopg.connect(queue_db) as conn:
+            [(kept_at,)] = conn.execute(
+                "SELECT enqueued_at FROM inturn_message WHERE id = %s", (first[-1],)
+            ).fetchall()
+        assert restore["lostAfter"] == rfc3339(kept_at)
+        assert restore["lostThrough"] == witness["channelTime"][:19] + "Z"
+        assert (
+            f"messages accepted on channel adt after {rfc3339(kept_at)} up to"
+            f" {restore['lostThrough']} are not in the database" in restore["message"]
+        )
         dsn = ["--dsn", queue_db, "--who", "ops"]
         await asyncio.to_thread(main, ["queue", "mark-delivered", KEY, "--why", "has them", *dsn])
         await asyncio.to_thread(main, ["queue", "resume", KEY, *dsn])
@@ -305,6 +322,18 @@ def test_the_decision_is_pure() -> None:
         8, 60, None, 60, None, 90
     )
     assert "receivers see repeats" in Finding(KEY, "resend", 1, recorded, now).line()
+    # the channel log: lost when the restored log's last message by the witness's time is older
+    logged = Witness(7, channel_through=90, channel_time="2026-12-05T10:02:00.500000Z")
+    kept = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
+    assert Finding(KEY, "hold", 0, logged, None, "adt", 80, kept).lost() == (
+        "2026-12-05T09:00:00Z",
+        "2026-12-05T10:02:00Z",
+    )
+    assert Finding(KEY, "hold", 0, logged, None, "adt", 90, kept).lost() is None
+    assert Finding(KEY, "hold", 0, logged, None, "adt").lost() == (None, "2026-12-05T10:02:00Z")
+    assert "messages accepted on channel adt after its first message" in (
+        Finding(KEY, "hold", 0, logged, None, "adt").line()
+    )
 
 
 async def test_a_worker_that_outlives_the_restore_waits_for_the_operators_look(

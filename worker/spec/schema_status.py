@@ -160,6 +160,15 @@ def status_schema() -> Schema:
                         "Id of its last message then.", minimum=0, maximum=2**63 - 1, fmt="int64"
                     ),
                     "acceptedTime": _str("When it was accepted.", max_length=64, fmt="date-time"),
+                    "channelThrough": _int(
+                        "Id of its channel log's last message then (any route).",
+                        minimum=0,
+                        maximum=2**63 - 1,
+                        fmt="int64",
+                    ),
+                    "channelTime": _str(
+                        "When that message was accepted.", max_length=64, fmt="date-time"
+                    ),
                 },
                 description=(
                     "What the queue database held for it at the last tick, kept outside the"
@@ -192,6 +201,17 @@ def status_schema() -> Schema:
                         minimum=0,
                         maximum=2**63 - 1,
                         fmt="int64",
+                    ),
+                    "lostAfter": _str(
+                        "Messages accepted after this time (absent: from the first) are not in"
+                        " the restored database: ask the senders to send them again.",
+                        max_length=64,
+                        fmt="date-time",
+                    ),
+                    "lostThrough": _str(
+                        "The last message lost was accepted at this time (absent: none lost).",
+                        max_length=64,
+                        fmt="date-time",
                     ),
                     "message": _str("The same in words.", max_length=1024),
                 },

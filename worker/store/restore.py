@@ -35,6 +35,8 @@ class Seen:
         accepted_through, accepted_at: its last row's id and enqueue time.
         delivered_message: the same bound as ``delivered_through`` in the channel log's ids,
             over its slim rows in the hot table (None: it has none there).
+        channel_through, channel_at: its channel log's last message (any route) and when it
+            was accepted (None: the log has none).
     """
 
     delivered_through: int | None
@@ -42,6 +44,8 @@ class Seen:
     accepted_through: int | None
     accepted_at: datetime | None
     delivered_message: int | None = None
+    channel_through: int | None = None
+    channel_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,8 @@ async def witness(conn: AsyncConnection[Any]) -> dict[str, Seen]:
             r["accepted_through"],
             r["accepted_at"],
             r["delivered_message"],
+            r["channel_through"],
+            r["channel_at"],
         )
         for r in await fetch_all(conn, Q["witness"], row=dict_row)
     }
@@ -103,6 +109,19 @@ async def exposure(conn: AsyncConnection[Any], destination: str) -> int:
     params = {"destination": destination, "through": None}
     row = await fetch_one(conn, Q["exposure"], params, row=dict_row)
     return int(row["again"]) if row else 0
+
+
+async def kept(
+    conn: AsyncConnection[Any], destination: str, before: datetime
+) -> tuple[int | None, datetime | None]:
+    """After a restore: the last message of ``destination``'s channel log accepted no later
+    than ``before`` (the last one the witness saw), ``(log id, accepted at)``; ``(None, None)``
+    when the restored log holds none. A lower id than the witness's: the messages between were
+    lost."""
+    row = await fetch_one(
+        conn, Q["kept"], {"destination": destination, "before": before}, row=dict_row
+    )
+    return (int(row["id"]), row["enqueued_at"]) if row else (None, None)
 
 
 async def record_finding(

@@ -12,8 +12,8 @@ RETURNING tick - 1 AS before, tick AS now;
 SELECT tick FROM inturn_clock WHERE one;
 
 -- name: witness
--- Per live destination: how far its delivery had gone, and its last row (hot table or
--- history). delivered_through: its last delivered row's id, but below its first waiting row
+-- Per live destination: how far its delivery had gone, its last row (hot table or history)
+-- and its channel log's last message (any route). delivered_through: its last delivered row's id, but below its first waiting row
 -- (lanes deliver out of order: a row below the last delivered one may still wait); NULL
 -- when it delivered none. delivered_message: the same bound in the channel log's ids, over
 -- its slim rows in the hot table (NULL when it has none there: a history row that holds its
@@ -23,7 +23,8 @@ SELECT r.destination,
        dl.finished_at AS delivered_at,
        CASE WHEN dm.message_id IS NOT NULL
             THEN least(dm.message_id, pe.first_message - 1) END AS delivered_message,
-       ac.id AS accepted_through, ac.enqueued_at AS accepted_at
+       ac.id AS accepted_through, ac.enqueued_at AS accepted_at,
+       ch.id AS channel_through, ch.enqueued_at AS channel_at
   FROM inturn_destination r
   LEFT JOIN LATERAL (
       SELECT x.id, x.finished_at
@@ -50,6 +51,9 @@ SELECT r.destination,
               (SELECT h.id, h.enqueued_at FROM inturn_history h
                 WHERE h.destination = r.destination ORDER BY h.id DESC LIMIT 1)) AS x
        ORDER BY x.id DESC LIMIT 1) AS ac ON true
+  LEFT JOIN LATERAL (
+      SELECT m.id, m.enqueued_at FROM inturn_message m
+       WHERE m.channel = r.channel ORDER BY m.id DESC LIMIT 1) AS ch ON true
  WHERE r.deleted_at IS NULL;
 
 -- name: exposure
@@ -93,6 +97,17 @@ WITH scope AS (
       FROM (SELECT 1) AS one
       LEFT JOIN inturn_restore f ON f.destination = %(destination)s
 )
+
+-- name: kept
+-- After a restore: the last message of a destination's channel log accepted no later than the
+-- last one the witness saw (messages accepted after the restore, which may reuse the lost
+-- messages' ids, are passed over from the newest).
+SELECT m.id, m.enqueued_at
+  FROM inturn_destination r
+  JOIN inturn_message m ON m.channel = r.channel
+ WHERE r.destination = %(destination)s AND m.enqueued_at <= %(before)s
+ ORDER BY m.id DESC
+ LIMIT 1;
 
 -- name: finding
 SELECT destination, detected_at, tick, delivered_through, delivered_message, delivered_at
