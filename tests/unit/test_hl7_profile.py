@@ -22,6 +22,7 @@ from inturn.worker.hl7.profile import (
     ProfileRefusal,
     compile_profile,
     problems,
+    renumbered,
     shaped,
     transform,
     transliterate_char,
@@ -542,3 +543,27 @@ def test_arbitrary_bytes_give_bytes_or_a_refusal(payload: bytes, spec: dict[str,
             assert exc.field
         else:
             assert isinstance(out, bytes)
+
+
+@settings(max_examples=200)
+@given(messages(), profiles(), st.integers(0, 10**9))
+def test_renumbering_a_shaped_message_is_shaping_it_with_that_number(
+    payload: bytes, spec: dict[str, Any], number: int
+) -> None:
+    """The worker shapes with a placeholder MSH-13, reserves the number only once the profile
+    took the message, then writes it (renumbered): the same bytes as shaping with it."""
+    profile = compile_profile({**spec, "sequenceNumbers": True})
+    assert profile is not None
+    placeholder = transform(payload, profile, 0)
+    again = renumbered(placeholder, number)
+    header = placeholder.split(b"\r", 1)[0]
+    assert (again is None) == (not header.isascii())  # then the worker shapes it again
+    assert again is None or again == transform(payload, profile, number)
+
+
+def test_renumbered_leaves_a_header_it_cannot_read_on_bytes() -> None:
+    assert renumbered(b"MSH|^~\\&|A\xa4|B\r", 3) is None  # not ASCII: shape again
+    assert renumbered(b"\xef\xbb\xbfMSH|^~\\&|A\rPID|1\r", 7) == (
+        b"\xef\xbb\xbfMSH|^~\\&|A||||||||||7\rPID|1\r"
+    )
+    assert renumbered(b"PID|1\r", 1) is None

@@ -72,7 +72,7 @@ def test_the_worker_statements_share_one_lease_guard() -> None:
     assert guarded == sorted(
         ["head", "succeeded_next", "succeeded_next_expecting", "retry", "succeeded", "gave_up",
          "sender_changed", "pending_window", "take", "make_due", "make_due_unreachable",
-         "pull_lock", "pull", "pull_unlinked",
+         "pull_lock", "pull", "pull_unlinked", "reserve_sequence",
          "mark_remembered"]
     )  # fmt: skip
     guard = (

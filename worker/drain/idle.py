@@ -189,7 +189,11 @@ class Idling(LeaseHolding):
         if not force and now < self._next_depth:
             return
         self._next_depth = now + DEPTH_EVERY_SECONDS
-        rows = await self.steps.run(conn, stop, "head", lambda: reads.depth(conn, self.destination))
+        rows = await self.steps.run(
+            conn, stop, "head", lambda: reads.own_depth(conn, self.destination)
+        )
+        if rows is None:
+            return  # a schema before the depth's functions: an upgrade's migrations are running
         if rows:
             r = rows[0]
             self.observer.depth(self.destination, r.pending, r.oldest_seconds, r.max_attempts)

@@ -90,6 +90,13 @@ class Flight:
     trace: tracing.Attempt | None
 
 
+async def _answered(
+    failure: tuple[FailureCause, str],
+) -> tuple[FailureCause, str] | None:
+    """A lane's answer known before any send (a refusal by the destination's profile)."""
+    return failure
+
+
 class LaneDrain:
     """Drains one destination on ``config.lanes`` lanes until stopped.
 
@@ -247,6 +254,9 @@ class LaneDrain:
             entry = self.window.get(item_id)
             if entry is not None:
                 self.window[item_id] = Entry(item_id, entry.keys, now)
+        # and the whole window read again at once, with each row's due time as the table has
+        # it (a row whose hold ran out meanwhile, or one tried while the probe ran)
+        self._want_full, self._last_full = True, 0.0
         return True
 
     async def _start(self) -> float | None:
@@ -326,7 +336,15 @@ class LaneDrain:
         plaintext row passes unchanged), and send it on a free lane."""
         payload = await self.w._open_or_hold(self.conn, self.stop, head, self.lease)
         if isinstance(payload, bytes):
-            self._launch(head, payload)
+            if self.w.config.profile is None:
+                self._launch(head, payload)
+                return
+            # spec.profile: what its receiver gets, or its refusal recorded as the lane's answer
+            shaped = await self.w._for_receiver(self.conn, self.stop, head, payload, self.lease)
+            if isinstance(shaped, bytes):
+                self._launch(head, shaped)
+            else:
+                self._launch(head, payload, refused=shaped)
         elif (entry := self.window.get(head.item.id)) is not None:
             self.window[entry.id] = Entry(entry.id, entry.keys, time.monotonic() + payload)
 
@@ -354,7 +372,11 @@ class LaneDrain:
     def _free(self) -> int:
         return self.count - len(self.flights)
 
-    def _launch(self, head: Head, payload: bytes) -> None:
+    def _launch(
+        self, head: Head, payload: bytes, refused: tuple[FailureCause, str] | None = None
+    ) -> None:
+        """Start ``payload`` (as its receiver gets it) on a free lane; ``refused``: the profile
+        refused it, and the lane's answer is that refusal (nothing is sent)."""
         busy = {f.lane for f in self.flights.values()}
         lane = min(set(range(self.count)) - busy)
         item = head.item
@@ -368,6 +390,8 @@ class LaneDrain:
         )
         task = asyncio.create_task(
             send_once(self.senders[lane], payload, item.id, self.w.config.retry.timeout_seconds)
+            if refused is None
+            else _answered(refused)
         )
         task.add_done_callback(lambda _: self.wake.set())
         self.flights[item.id] = Flight(lane, head, payload, time.monotonic(), task, trace)

@@ -29,6 +29,7 @@ from inturn.worker.crypto.errors import REFUSALS, PayloadErased, PayloadKeysMiss
 from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.holding import LeaseHolding
 from inturn.worker.drain.retry import RetryDecision, decide
+from inturn.worker.drain.shaping import for_receiver
 from inturn.worker.senders.base import FailureCause
 from inturn.worker.store import delivery
 from inturn.worker.store.lease import Lease
@@ -97,6 +98,37 @@ class Outcomes(LeaseHolding):
         if self._unreadable_run[0] and self.config.lanes == 1:  # skipped: the queue moves
             self._unheld()
         return payload
+
+    async def _for_receiver(
+        self,
+        conn: AsyncConnection[Any],
+        stop: asyncio.Event,
+        head: Head,
+        payload: bytes,
+        lease: Lease,
+    ) -> bytes | tuple[FailureCause, str]:
+        """The opened ``payload`` of ``head`` as the destination's profile shapes it for its
+        receiver, or ``("profile", detail)`` when the profile refuses it
+        (:func:`inturn.worker.drain.shaping.for_receiver`; its MSH-13 number reserved under
+        ``lease``). Called only when the destination has a profile.
+
+        Raises:
+            LeaseLost: the lease was taken over while the number was reserved.
+        """
+        profile = self.config.profile
+        assert profile is not None
+        item_id = head.item.id
+
+        async def reserve() -> int | None:
+            return await self._guarded(
+                conn,
+                stop,
+                "head",
+                lambda: delivery.reserve_sequence(conn, item_id, lease=lease),
+                item_id,
+            )
+
+        return await for_receiver(payload, profile, reserve, reveal=not self.payloads.enabled)
 
     def _unheld(self) -> None:
         """The head held for its payload is gone (skipped, erased) or was opened."""

@@ -31,7 +31,7 @@ from inturn.worker.drain.attempt import send_once
 from inturn.worker.drain.idle import Idling
 from inturn.worker.drain.outcome import Outcomes
 from inturn.worker.drain.steps import sleep_or_stop
-from inturn.worker.senders.base import Sender
+from inturn.worker.senders.base import FailureCause, Sender
 from inturn.worker.store import delivery
 from inturn.worker.store import lease as leases
 from inturn.worker.store.lease import Lease
@@ -204,14 +204,21 @@ class SingleStream(Idling, Outcomes):
         payload = await self._open_or_hold(conn, stop, head, lease)
         if not isinstance(payload, bytes):
             return False, None  # held: looked at again after its backoff
+        shaped: bytes | tuple[FailureCause, str] = payload
+        if self.config.profile is not None:  # spec.profile: the receiver's shape, or a refusal
+            shaped = await self._for_receiver(conn, stop, head, payload, lease)
         sent = self.state.sending_since = time.monotonic()
         trace = tracing.attempt_started(
             self.destination, item.id, item.control_id, head.traceparent, attempts, self.peer
         )
         try:
-            failure = await send_once(
-                self.sender, payload, item.id, self.config.retry.timeout_seconds
-            )
+            if isinstance(shaped, bytes):
+                payload = shaped  # what the receiver gets: its ACK and the order's reply name it
+                failure = await send_once(
+                    self.sender, payload, item.id, self.config.retry.timeout_seconds
+                )
+            else:
+                failure = shaped  # refused by the profile: nothing is written to the receiver
             if failure is None:
                 self._attempted(trace, None, sent)
                 held, self._unreachable_run = self._unreachable_run, 0

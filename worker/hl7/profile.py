@@ -68,6 +68,7 @@ __all__ = [
     "ProfileRefusal",
     "compile_profile",
     "problems",
+    "renumbered",
     "shaped",
     "transform",
 ]
@@ -719,6 +720,29 @@ def transform(payload: bytes, profile: Profile, sequence: int | None = None) -> 
             where, bad, f"(U+{ord(bad):04X}) has no place in {target} (unmappable: refuse)"
         ) from None
     return preamble + encoded
+
+
+def renumbered(sent: bytes, sequence: int) -> bytes | None:
+    """``sent`` (what :func:`transform` gave, with ``sequenceNumbers``) with MSH-13 set to
+    ``sequence`` (>= 0), the rest byte for byte; None when its header is not ASCII (a
+    multi-byte charset could hide a delimiter byte there: call :func:`transform` again).
+
+    The worker shapes a message with a placeholder number first and reserves its number only
+    once the profile took it (a refused message spends no number: the receiver sees no gap),
+    then writes the number here, without shaping the message twice.
+    """
+    body = strip_preamble(sent)
+    start = len(sent) - len(body)
+    end = body.find(b"\r")
+    header = body if end < 0 else body[:end]
+    if len(header) < 4 or not header.isascii() or not header.startswith(b"MSH"):
+        return None
+    fs = header[3:4]
+    fields = header.split(fs)
+    while len(fields) <= 12:
+        fields.append(b"")
+    fields[12] = str(sequence).encode("ascii")
+    return sent[:start] + fs.join(fields) + (b"" if end < 0 else body[end:])
 
 
 def _decode(body: bytes, codec: str, said: str, charset: Charset, d: Delimiters) -> str:

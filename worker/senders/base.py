@@ -28,6 +28,7 @@ FailureCause = Literal[
     "connection",  # the connection broke after a reply to this message began
     "http",  # an HTTP receiver answered with a non-2xx status
     "rejected",  # a receiver without ACKs refused it (an SFTP write refused, the file exists)
+    "profile",  # the receiver profile (spec.profile) cannot shape it: field and value named
 ]
 
 #: Failure causes whose handling a destination chooses with ``ackPolicy``.

@@ -302,6 +302,28 @@ async def retry(
     return bool(row["changed"])
 
 
+async def reserve_sequence(conn: AsyncConnection[Any], item_id: int, *, lease: Lease) -> int | None:
+    """The MSH-13 sequence number of pending item ``item_id`` (``spec.profile.sequenceNumbers``,
+    HL7 v2 chapter 2, sequence number protocol): the number it was given at an earlier attempt,
+    else its destination's next one (1 first), recorded with it in the same statement. A retry,
+    a restart, a takeover or another lane sends the same number again; no two messages of a
+    destination are given the same one. Called only once the profile has shaped the message,
+    so a message it refuses spends no number.
+
+    Returns:
+        The number (>= 1), or None when the item is no longer pending (skipped or erased).
+
+    Raises:
+        LeaseLost: another holder took the destination over; nothing changed.
+    """
+    params = {**_guard(lease.destination, lease), "id": item_id}
+    row = await _guarded(
+        conn, "reserve_sequence", params, lease, f"reserving the sequence number of id={item_id}"
+    )
+    number = row["number"]
+    return None if number is None else int(number)
+
+
 async def sender_changed(
     conn: AsyncConnection[Any],
     destination: str,

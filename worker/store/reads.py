@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 
@@ -323,6 +324,17 @@ async def depth(conn: AsyncConnection[Any], destination: str | None = None) -> l
     Only destinations with something pending or failed appear. One grouped query for all.
     """
     return await fetch_all(conn, Q["depth"], {"destination": destination}, row=class_row(DepthRow))
+
+
+async def own_depth(conn: AsyncConnection[Any], destination: str) -> list[DepthRow] | None:
+    """:func:`depth` of one destination for its worker's gauges; None on a schema that lacks
+    what the depth reads (a database before migration 0038 while an online upgrade's
+    ``inturn migrate`` runs beside workers of this release: the gauges wait for it, delivery
+    goes on). ``conn`` must be in autocommit mode."""
+    try:
+        return await depth(conn, destination)
+    except (psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedTable):
+        return None
 
 
 async def pending_destinations(conn: AsyncConnection[Any]) -> list[str]:

@@ -286,6 +286,19 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
+    # MSH-13 sequence numbers of a receiver profile (migration 0045): the worker reserves a
+    # message's number at its first send (its destination's counter moves on) and reads it
+    # back at a retry; people may see them.
+    "inturn_sequence": {
+        "worker": (SELECT, INSERT, Grant("UPDATE", ("last",))),
+        "admin": (SELECT,),
+        "reader": (SELECT,),
+    },
+    "inturn_sequence_number": {
+        "worker": (SELECT, INSERT),
+        "admin": (SELECT,),
+        "reader": (SELECT,),
+    },
     # ingest's own duplicate window (it purges it itself); nobody else uses it
     "inturn_received": {
         "ingest": (SELECT, INSERT, Grant("UPDATE", ("received_at", "size", "repeats")), DELETE),
@@ -481,6 +494,8 @@ WORKER_SCOPED = (
     "inturn_lease",
     "inturn_message",
     "inturn_order_expectation",
+    "inturn_sequence",
+    "inturn_sequence_number",
     "inturn_worker_sender",
     "inturn_worklist_item",
 )

@@ -353,6 +353,36 @@ history AS (
 )
 SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM history) AS changed;
 
+-- name: reserve_sequence
+-- The MSH-13 sequence number of a pending message (migration 0045): the one it was given at an
+-- earlier attempt, else the destination's next (its counter moves on in the same statement).
+-- Guarded by the lease: held 0 when it is lost (nothing changed); number NULL when the message
+-- is no longer pending (skipped or erased meanwhile).
+WITH lease AS (
+    -- include: lease_guard
+),
+item AS (
+    SELECT d.id FROM inturn_delivery d
+     WHERE d.id = %(id)s AND d.destination = %(destination)s AND d.state = 'pending'
+       AND EXISTS (SELECT 1 FROM lease)
+),
+had AS (
+    SELECT s.number FROM inturn_sequence_number s JOIN item ON item.id = s.item_id
+),
+bumped AS (
+    INSERT INTO inturn_sequence AS q (destination, last)
+    SELECT %(destination)s, 1 FROM item WHERE NOT EXISTS (SELECT 1 FROM had)
+    ON CONFLICT (destination) DO UPDATE SET last = q.last + 1
+    RETURNING last
+),
+given AS (
+    INSERT INTO inturn_sequence_number (item_id, destination, number)
+    SELECT %(id)s, %(destination)s, last FROM bumped
+    RETURNING number
+)
+SELECT (SELECT count(*) FROM lease) AS held,
+       coalesce((SELECT number FROM had), (SELECT number FROM given)) AS number;
+
 -- name: make_due_unreachable
 -- Every pending row of a destination held for an unreachable receiver is due now (the lanes: a
 -- probe found the receiver accepting connections again); a row backing off after a receiver's

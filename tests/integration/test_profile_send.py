@@ -1,0 +1,250 @@
+"""Receiver profiles at send time (issue 42): what a real receiver gets, over MLLP and HTTP, on
+one stream and on lanes; MSH-13 numbers kept with the queue; a refusal under the retry policy.
+
+The stored bytes never change (the receiver gets the shaped ones); without a profile the
+receiver gets the stored bytes themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import hl7
+import pytest
+from psycopg import AsyncConnection
+
+from inturn.worker.hl7.profile import compile_profile
+from inturn.worker.senders.http import HttpSenderConfig
+from inturn.worker.senders.mllp import MllpSenderConfig
+from inturn.worker.spec.config import WorkerConfig
+from inturn.worker.store import queue
+from inturn.worker.store.model import NewItem
+from inturn.worker.testing import HttpReceiver, MllpReceiver
+from tests.support.pipeline import FAST_RETRY, rows, until, worker, worker_config
+
+pytestmark = pytest.mark.store
+
+DEST = "ward/shaped"
+
+
+def message(n: int, *, name: str = "MÜLLER^JÖRG", code: str = "GLU", patient: int = 0) -> bytes:
+    """An ORU in UTF-8 (declared), with a Z-segment, an NTE and a code to map."""
+    return (
+        f"MSH|^~\\&|LAB|HOSP|EHR|WARD|20260101120000||ORU^R01|C{n:04d}|P|2.5.1|||||"
+        f"|UNICODE UTF-8\r"
+        f"PID|1||{patient or n}^^^HOSP^MR||{name}||19800101|F|||||555-0100\r"
+        f"OBX|1|NM|{code}^Glucose||5.4|mmol/L|||||F\r"
+        f"NTE|1||a note\r"
+        f"ZXT|1|local\r"
+    ).encode()
+
+
+async def enqueue(dsn: str, payloads: list[bytes], destination: str = DEST) -> list[int]:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        items = []
+        for p in payloads:
+            control_id = p.split(b"|")[9].decode()
+            items.append(NewItem(destination, "c", control_id, "ORU^R01", p))
+        return await queue.enqueue(conn, items)
+
+
+def shaped_config(sender: Any, spec: dict[str, Any], **changes: Any) -> WorkerConfig:
+    return worker_config(DEST, sender, profile=compile_profile(spec), **changes)
+
+
+def _to(cfg: WorkerConfig, port: int) -> WorkerConfig:
+    return dataclasses.replace(cfg, sender=MllpSenderConfig("127.0.0.1", port))
+
+
+PROFILE: dict[str, Any] = {
+    "set": {"MSH-5": "LIS_NORTH", "MSH-11": "T"},
+    "copy": {"MSH-6": "MSH-4"},
+    "removeSegments": ["Z*", "NTE"],
+    "clear": ["PID-13"],
+    "truncate": {"OBX-3.2": 4},
+    "charset": {"to": "ISO-8859-1", "unmappable": "refuse"},
+    "maps": [{"field": "OBX-3.1", "table": {"GLU": "2345-7"}, "otherwise": "keep"}],
+}
+
+
+def field(msg: bytes, segment: str, number: int, codec: str = "latin-1") -> str:
+    parsed = hl7.parse(msg.decode(codec))
+    return str(parsed.segment(segment)[number])
+
+
+@pytest.mark.parametrize("kind", ["mllp", "http"])
+async def test_each_rule_kind_reaches_a_real_receiver_and_the_store_keeps_the_original(
+    fresh_db: str, kind: str
+) -> None:
+    stored = [message(1), message(2, code="NA")]
+    await enqueue(fresh_db, stored)
+    async with MllpReceiver() as mllp_rx, HttpReceiver() as http_rx:
+        sender = (
+            MllpSenderConfig("127.0.0.1", mllp_rx.port)
+            if kind == "mllp"
+            else HttpSenderConfig(http_rx.url)
+        )
+        async with worker(shaped_config(sender, PROFILE), fresh_db):
+            await until(lambda: [r["state"] for r in rows(fresh_db, DEST)] == ["delivered"] * 2)
+    got = mllp_rx.received if kind == "mllp" else http_rx.received
+    assert len(got) == 2
+    first = got[0]
+    # charset: ISO-8859-1 bytes, declared in MSH-18, decoded by a real peer library
+    assert "MÜLLER".encode("latin-1") in first and "MÜLLER".encode() not in first
+    parsed = hl7.parse(first.decode("latin-1"))
+    assert str(parsed.segment("MSH")[18]) == "8859/1"
+    assert str(parsed.segment("PID")[5]) == "MÜLLER^JÖRG"
+    # set, copy, clear, truncate, maps, removeSegments
+    assert str(parsed.segment("MSH")[5]) == "LIS_NORTH"
+    assert str(parsed.segment("MSH")[11]) == "T"
+    assert str(parsed.segment("MSH")[6]) == "HOSP"
+    assert str(parsed.segment("PID")[13]) == ""
+    assert str(parsed.segment("OBX")[3]) == "2345-7^Gluc"
+    assert [str(s[0]) for s in parsed] == ["MSH", "PID", "OBX"]
+    # correlation fields as stored: MSH-10 (the ACK names it) and PID-3
+    assert str(parsed.segment("MSH")[10]) == "C0001"
+    assert str(parsed.segment("PID")[3]) == "1^^^HOSP^MR"
+    # a code not in the map is kept (otherwise: keep)
+    assert field(got[1], "OBX", 3) == "NA^Gluc"
+    # the stored bytes are the bytes as received
+    assert [bytes(r["payload"]) for r in rows(fresh_db, DEST)] == stored
+
+
+@pytest.mark.parametrize("lanes", [1, 3])
+async def test_without_a_profile_the_receiver_gets_the_stored_bytes(
+    fresh_db: str, lanes: int
+) -> None:
+    odd = [
+        message(1),
+        b"MSH|^~\\&|A|B|C|D|2026||ORU^R01|C0002|P|2.5\rOBX|1|TX|X||\xe9\xff\x00 raw||||||F\r",
+        b"MSH|^~\\&|A|B|C|D|2026||ORU^R01|C0003|P|2.5|||||ZZ|8859/1\rNTE|1||caf\xe9",
+    ]
+    await enqueue(fresh_db, odd)
+    async with MllpReceiver() as rx:
+        cfg = worker_config(DEST, rx.port, lanes=lanes)
+        assert cfg.profile is None
+        async with worker(cfg, fresh_db):
+            await rx.wait_for(3)
+    assert sorted(rx.received) == sorted(odd)
+
+
+async def test_a_refusal_names_field_and_value_and_follows_the_retry_policy(
+    fresh_db: str,
+) -> None:
+    holding = {"maps": [{"field": "OBX-3.1", "table": {"GLU": "2345-7"}, "otherwise": "hold"}]}
+    await enqueue(fresh_db, [message(1, code="XYZ"), message(2)])
+    async with MllpReceiver() as rx:
+        # pending while attempts remain: nothing reaches the receiver, nothing overtakes it
+        async with worker(shaped_config(rx.port, holding), fresh_db):
+            await until(lambda: rows(fresh_db, DEST)[0]["attempts"] >= 2)
+        first, second = rows(fresh_db, DEST)
+        assert first["state"] == "pending" and second["state"] == "pending"
+        assert first["last_error"] == (
+            "profile: OBX-3.1 'XYZ': has no entry in the map (otherwise: hold)"
+        )
+        assert rx.received == []
+        # a corrected profile lets it go, in order
+        fixed = {"maps": [{**holding["maps"][0], "otherwise": "keep"}]}
+        async with worker(shaped_config(rx.port, fixed), fresh_db):
+            await rx.wait_for(2)
+        assert [field(m, "MSH", 10) for m in rx.received] == ["C0001", "C0002"]
+        assert field(rx.received[0], "OBX", 3) == "XYZ^Glucose"
+
+
+async def test_a_refusal_with_max_attempts_is_given_up_onto_delivery_failed(
+    fresh_db: str,
+) -> None:
+    refusing = {"charset": {"to": "ASCII", "unmappable": "refuse"}}
+    await enqueue(fresh_db, [message(1), message(2, name="SMITH^JO")])
+    retry = dataclasses.replace(FAST_RETRY, max_attempts=2)
+    cfg = shaped_config(0, refusing, retry=retry)
+    async with MllpReceiver() as rx, worker(_to(cfg, rx.port), fresh_db):
+        await rx.wait_for(1)
+        await until(lambda: rows(fresh_db, DEST)[1]["state"] == "delivered")
+    first, _ = rows(fresh_db, DEST)
+    assert (first["state"], first["attempts"]) == ("failed", 2)
+    assert first["last_error"] == (
+        "profile: PID-5 'Ü': (U+00DC) has no place in ASCII (unmappable: refuse)"
+    )
+    assert [field(m, "MSH", 10) for m in rx.received] == ["C0002"]
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT queue, state FROM inturn_worklist_item WHERE record_key = %s",
+            (str(first["id"]),),
+        )
+        assert await cur.fetchall() == [("delivery-failed", "pending")]
+
+
+async def test_with_payload_keys_a_refusal_withholds_the_value(fresh_db: str) -> None:
+    from inturn.worker.drain.shaping import for_receiver
+
+    profile = compile_profile({"charset": {"to": "ASCII"}})
+    assert profile is not None
+
+    async def never() -> int | None:
+        raise AssertionError("a refused message reserves no number")
+
+    got = await for_receiver(message(1), profile, never, reveal=False)
+    assert got == (
+        "profile",
+        "PID-5 (value withheld): (U+00DC) has no place in ASCII (unmappable: refuse)",
+    )
+
+
+async def numbers(dsn: str) -> dict[int, int]:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT item_id, number FROM inturn_sequence_number")
+        return {int(i): int(n) for i, n in await cur.fetchall()}
+
+
+def msh13(msgs: list[bytes]) -> list[str]:
+    return [field(m, "MSH", 13, "utf-8") for m in msgs]
+
+
+async def test_sequence_numbers_survive_a_retry_a_restart_and_a_takeover(fresh_db: str) -> None:
+    spec = {"sequenceNumbers": True}
+    ids = await enqueue(fresh_db, [message(n) for n in range(1, 4)])
+    async with MllpReceiver(ack_code="AE") as rx:
+        # the first holder: its first message refused by the receiver twice (AE), same number
+        async with worker(shaped_config(rx.port, spec), fresh_db):
+            await rx.wait_for(2)
+        assert msh13(rx.received[:2]) == ["1", "1"]
+        assert await numbers(fresh_db) == {ids[0]: 1}
+        # another holder (a restart, a new lease epoch) sends it with its number, then 2, 3
+        rx.ack_code = "AA"
+        before = len(rx.received)
+        async with worker(shaped_config(rx.port, spec), fresh_db):
+            await until(lambda: [r["state"] for r in rows(fresh_db, DEST)] == ["delivered"] * 3)
+        assert msh13(rx.received[before:]) == ["1", "2", "3"]
+        # one more, after a third holder: the counter went on with the queue
+        (later,) = await enqueue(fresh_db, [message(4)])
+        async with worker(shaped_config(rx.port, spec), fresh_db):
+            await until(lambda: rows(fresh_db, DEST)[3]["state"] == "delivered")
+    assert msh13(rx.received[-1:]) == ["4"]
+    assert await numbers(fresh_db) == dict(zip([*ids, later], [1, 2, 3, 4], strict=True))
+
+
+async def test_a_refused_message_spends_no_number(fresh_db: str) -> None:
+    spec = {"sequenceNumbers": True, "charset": {"to": "ASCII", "unmappable": "refuse"}}
+    retry = dataclasses.replace(FAST_RETRY, max_attempts=1)
+    await enqueue(fresh_db, [message(1, name="A^B"), message(2), message(3, name="C^D")])
+    cfg = shaped_config(0, spec, retry=retry)
+    async with MllpReceiver() as rx, worker(_to(cfg, rx.port), fresh_db):
+        await rx.wait_for(2)
+        await until(lambda: rows(fresh_db, DEST)[2]["state"] == "delivered")
+    assert [r["state"] for r in rows(fresh_db, DEST)] == ["delivered", "failed", "delivered"]
+    assert msh13(rx.received) == ["1", "2"]
+
+
+async def test_lanes_never_repeat_or_skip_a_number(fresh_db: str) -> None:
+    spec = {"sequenceNumbers": True, "set": {"MSH-5": "LANES"}}
+    total = 24
+    await enqueue(fresh_db, [message(n, patient=100 + n % 6) for n in range(1, total + 1)])
+    async with HttpReceiver() as rx:
+        cfg = shaped_config(HttpSenderConfig(rx.url), spec, lanes=3)
+        async with worker(cfg, fresh_db):
+            await until(lambda: len(rx.received) >= total)
+            await until(lambda: [r["state"] for r in rows(fresh_db, DEST)] == ["delivered"] * total)
+    assert sorted(int(n) for n in msh13(rx.received)) == list(range(1, total + 1))
+    assert {field(m, "MSH", 5) for m in rx.received} == {"LANES"}
