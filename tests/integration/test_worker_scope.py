@@ -404,6 +404,12 @@ def _seed_b_only(conn: psycopg.Connection[Any]) -> None:
             " VALUES (%s, %s, 'LBO', 'ORM^O01', 'k', 'd', 'orr', '{ORR}', now())",
             (B, row),
         ),
+        # a receiver profile's MSH-13 counter and a message's number (migration 0045)
+        ("INSERT INTO inturn_sequence (destination, last) VALUES (%s, 1)", (B,)),
+        (
+            "INSERT INTO inturn_sequence_number (item_id, destination, number) VALUES (%s, %s, 1)",
+            (row, B),
+        ),
     ):
         conn.execute(statement, params)
 
