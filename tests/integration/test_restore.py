@@ -416,3 +416,38 @@ async def test_a_base_backup_restored_holds_the_older_tick() -> None:
         assert went_back(recorded, held)
     finally:
         cluster.close()
+
+
+@pytest.mark.skipif(pgcluster.missing() is not None, reason=str(pgcluster.missing()))
+async def test_a_failover_to_a_lagging_replica_holds_the_older_tick() -> None:
+    """A failover to a replica that had not received the last ticks (it was cut off from the
+    primary, then promoted when the primary died) holds the tick it had: older than the witness
+    the operator recorded from the primary."""
+    cluster = pgcluster.Cluster()
+    try:
+        standby = cluster.add_standby(synchronous=False)
+        dsn = cluster.primary.dsn()
+        migrate(dsn)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for _ in range(3):
+                await restore_store.tick(conn)
+        deadline = asyncio.get_running_loop().time() + 30
+        while cluster.sql(standby, "SELECT max(tick) FROM inturn_clock").strip() != "3":
+            assert asyncio.get_running_loop().time() < deadline, "the standby never caught up"
+            await asyncio.sleep(0.1)
+        standby.stop()  # cut off: the ticks that follow never reach it
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for _ in range(2):
+                before, now = await restore_store.tick(conn)
+        recorded = Witness(now)  # what the operator wrote in the Destinations' status
+        cluster.primary.stop("immediate")  # the primary dies
+        standby.start()
+        standby.promote()  # the failover
+        async with await psycopg.AsyncConnection.connect(standby.dsn(), autocommit=True) as conn:
+            held = await restore_store.clock(conn)
+            # the operator's next tick on the promoted server: the tick it held before is older
+            behind, _ = await restore_store.tick(conn)
+        assert (before, now, held, behind) == (4, 5, 3, 3)
+        assert went_back(recorded, behind)
+    finally:
+        cluster.close()
