@@ -233,3 +233,83 @@ async def test_a_partitioned_worker_loses_its_lock_and_a_replacement_delivers(
         if cluster is not None:
             cluster.close()
         part.close()
+
+
+@pytest.mark.skipif(
+    (no_cluster() or no_partition()) is not None, reason=str(no_cluster() or no_partition())
+)
+async def test_a_network_cut_of_the_database_alone_sends_nothing_twice(tmp_path: Path) -> None:
+    """Issue 40, part 2: the worker's node cut off from Postgres alone (the receiver still
+    reached) while it drains to a receiver that holds each ACK a moment: the delivered mark of
+    the message acknowledged as the cut began is lost with the session (the server ends it by
+    itself), the worker remembers the ACK, and once the network heals it writes that mark
+    before it sends anything. The receiver gets every message once, in order."""
+    total = 30
+    part = Partition()
+    cluster: Cluster | None = None
+    node_worker: subprocess.Popen[bytes] | None = None
+    log_path = tmp_path / "node-worker.log"
+    try:
+        cluster = Cluster(listen=f"{PG_FOR_HOST},{PG_FOR_NODE}", netns=part.pg)
+        port = cluster.primary.port
+        host_dsn = cluster.primary.dsn(PG_FOR_HOST)
+        migrate(host_dsn)
+        async with await AsyncConnection.connect(host_dsn, autocommit=True) as conn:
+            await queue.enqueue(
+                conn,
+                [NewItem(DEST, "adt", f"S{n:03d}", "ADT^A01", message(n)) for n in range(total)],
+            )
+        async with MllpReceiver(host=HOST_FOR_NODE) as receiver:
+            receiver.delay_seconds = 0.5  # a message at the receiver nearly all the time
+            cfg = config(receiver.port)
+            (tmp_path / "worker.json").write_text(json.dumps(render_worker_config(cfg)))
+            node_worker = subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    part.node,
+                    str(Path(sys.executable).with_name("inturn")),
+                    "worker",
+                    "--config",
+                    str(tmp_path / "worker.json"),
+                    "--http-host",
+                    NODE_FOR_HOST,
+                    "--http-port",
+                    str(NODE_HTTP_PORT),
+                ],
+                env={**os.environ, "INTURN_DSN": f"host={PG_FOR_NODE} port={port} user=postgres"},
+                stdout=log_path.open("wb"),
+                stderr=subprocess.STDOUT,
+            )
+            await receiver.wait_for(5, timeout=60)
+            part.cut()  # Postgres is gone, as far as the node can tell; the receiver is not
+            try:
+                # the server ends the cut-off session by itself (keepalives, user timeout)
+                await until(lambda: sessions_from_node(host_dsn) == 0, 120)
+            finally:
+                part.heal()
+
+            def delivered() -> int:
+                with psycopg.connect(host_dsn, autocommit=True) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM inturn_delivery WHERE state = 'delivered'"
+                    ).fetchone()
+                return int(row[0]) if row else 0
+
+            await until(lambda: delivered() == total, 180)
+        ids = [p.split(b"|")[9].decode() for p in receiver.received]
+    finally:
+        if node_worker is not None:
+            node_worker.terminate()
+            try:
+                node_worker.wait(10)
+            except subprocess.TimeoutExpired:
+                node_worker.kill()
+                node_worker.wait(10)
+        if cluster is not None:
+            cluster.close()
+        part.close()
+    assert ids == [f"S{n:03d}" for n in range(total)]  # once each, in order: no duplicate
+    said = log_path.read_text(errors="replace")
+    assert "receiver had acknowledged" in said  # the cut did lose a mark, and it was kept
