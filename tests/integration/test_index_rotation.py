@@ -199,3 +199,46 @@ def test_the_command_rotates_and_status_says_the_generation(
     assert "the previous key is destroyed" in out
     main(["keys", "status", *keyed])
     assert "blind index key: generation 2\n" in capsys.readouterr().out
+
+
+async def test_a_rotation_begun_while_keys_rotate_rewraps_the_index_key_still_begins(
+    fresh_db: str, keys_dir: Path, key_dsn: str
+) -> None:
+    """``keys rotate`` re-wraps the current index key (the same key under the newest master
+    key) between the rotation's read of it and its compare and set: the start reads it again
+    and begins, rather than going on with no rotation under way and auditing one. A second
+    session holds the setting's row while the start waits, re-wraps it and commits."""
+    codec = await keys.codec(keys_dir, key_dsn)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await queue.enqueue(conn, [item(adt(n, f"RACE-{n % 2}")) for n in range(6)], codec)
+    keys.master_keys(keys_dir, "k2")
+    codec = await keys.codec(keys_dir, key_dsn)  # a run started with k1 and k2 in the folder
+    rewrapper = await keys.codec(keys_dir, key_dsn)  # k2 is its newest master key
+    rewrapped = await rewrapper._wrap_index(rewrapper._index().key)
+    assert rewrapped.startswith("k2:")
+    with psycopg.connect(key_dsn) as holder:
+        holder.execute(
+            "SELECT value FROM inturn_key_setting WHERE name = 'index_wrapped' FOR UPDATE"
+        )
+        beginning = asyncio.create_task(codec.begin_index_rotation())
+        async with asyncio.timeout(20):  # the start waits on the row, its old value read
+            while True:
+                with psycopg.connect(key_dsn, autocommit=True) as look:
+                    row = look.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()"
+                    ).fetchone()
+                if row and row[0]:
+                    break
+                await asyncio.sleep(0.05)
+        holder.execute(
+            "UPDATE inturn_key_setting SET value = %s WHERE name = 'index_wrapped'", (rewrapped,)
+        )
+        holder.commit()
+        assert await beginning is True
+    assert (codec.rotation, codec.generation) == ("dual", 2)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        done = await payload_keys.rotate_index(conn, codec, actor="test", settle_seconds=0)
+        assert (done.finished, done.generation) == (True, 2)
+        fresh = await keys.codec(keys_dir, key_dsn)
+        assert len(await identifiers.find_patient(conn, "RACE-1", payloads=fresh)) == 3
