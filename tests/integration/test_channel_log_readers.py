@@ -626,3 +626,27 @@ async def test_an_erasure_finds_a_patients_message_no_destination_pulled(
         assert erased == [-waiting, row_a]
         cur = await conn.execute("SELECT id FROM inturn_message")
         assert [r[0] for r in await cur.fetchall()] == other
+
+
+async def test_a_destination_moved_to_another_channel_counts_the_log_it_will_pull(
+    fresh_db: str,
+) -> None:
+    """A pulled adt's log, then was moved to orm: its depth counts orm's messages routed to it
+    (what its pull takes next), not adt's messages past its cursor, and a drain skips them."""
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A)
+        append(sync, [A], 1)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease)
+        await conn.execute("UPDATE inturn_delivery SET state = 'delivered', finished_at = now()")
+        with psycopg.connect(fresh_db, autocommit=True) as sync:
+            sync.execute(
+                "UPDATE inturn_destination SET channel = 'orm' WHERE destination = %s", (A,)
+            )
+            append(sync, [A], 2, channel="orm")
+            append(sync, [B], 3)  # adt's, past A's cursor, not A's
+        [row] = await reads.depth(conn, A)
+        assert (row.channel, row.pending) == ("orm", 2)
+        assert len(await actions.drain(conn, A, who="ops", why="moved")) == 2
+        assert await reads.depth(conn, A) == []
