@@ -340,6 +340,28 @@ async def test_an_operator_registry_statement_rides_out_a_refusal(
 # --- the console's feed ---------------------------------------------------------------------------
 
 
+async def test_the_console_feed_reads_on_through_a_read_only_database(
+    server: tuple[pgcluster.Cluster, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The feed only reads: a read-only database refuses none of its refreshes (no line, no
+    condition), and it goes on refreshing meanwhile."""
+    cluster, dsn = server
+    caplog.set_level(logging.DEBUG, logger="inturn.console")
+    async with AsyncConnectionPool(
+        dsn, min_size=1, open=False, kwargs={"autocommit": True}
+    ) as pool:
+        feed = Feed(dsn, pool, refresh_seconds=0.2, min_interval=0.05)
+        await feed.start()
+        try:
+            with refusing(cluster, dsn, "read-only", "inturn_destination"):
+                version = feed.snapshot.version
+                await until(lambda: feed.snapshot.version > version + 2, timeout=20)
+                assert not any(n.startswith("the console feed") for n in conditions.notes())
+        finally:
+            await feed.stop()
+    assert _lines(caplog, "the console feed", logging.WARNING) == []
+
+
 @pytest.mark.parametrize("fault", ["lock-timeout", "connection-lost"])
 async def test_the_console_feed_rides_out_a_refusal(
     server: tuple[pgcluster.Cluster, str], caplog: pytest.LogCaptureFixture, fault: str
