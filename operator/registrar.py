@@ -144,6 +144,7 @@ class Registrar:
             filter_fields=(spec.get("filter") or {}).get("fields") or None,
             lanes=int((spec.get("lanes") or {}).get("count", 1)),
             pack_spec=pack_spec_of(spec) or None,
+            profile=spec.get("profile") or None,
         )
         if registered is not None and registered.get(children.key) == row:
             return None
@@ -170,6 +171,7 @@ class Registrar:
                     filter_fields=row.filter_fields,
                     lanes=row.lanes,
                     pack_spec=row.pack_spec,
+                    profile=row.profile,
                 )
         except DB_ERRORS as exc:
             self._failed("register", exc, children.key)
@@ -353,4 +355,5 @@ def _row_tuple(row: registry.RegisteredDestination) -> tuple[Any, ...]:
         json.dumps(row.filter_fields, sort_keys=True),
         row.lanes,
         json.dumps(row.pack_spec, sort_keys=True),
+        json.dumps(row.profile, sort_keys=True),
     )

@@ -228,6 +228,40 @@ async def test_payload_only_for_privacy_with_a_reason_and_audited(
     assert "DOE" not in json.dumps(audit)
 
 
+async def test_a_payload_is_shown_as_stored_and_as_its_receiver_gets_it(
+    fresh_db: str, clients: dict[str | None, Client]
+) -> None:
+    """Issue 42: the viewing shows the destination's receiver profile applied to the stored
+    bytes beside them (MSH-13: the number it would get, not sent yet), or its refusal."""
+    await register(fresh_db, DEST)
+    [item] = await enqueue(fresh_db, DEST, [7])
+    path = f"/api/v1/items/{item}/payload"
+    _, body = await clients["privacy"].post(path, {"why": "ticket 1"})
+    assert body["asSent"]["shaped"] is False  # no profile: the receiver gets these bytes
+    assert body["asSent"]["segments"] == body["segments"]
+    profile = {"set": {"MSH-5": "NORTH"}, "removeSegments": ["PV1"], "sequenceNumbers": True}
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE inturn_destination SET profile = %s::jsonb WHERE destination = %s",
+            (json.dumps(profile), DEST),
+        )
+    _, body = await clients["privacy"].post(path, {"why": "ticket 2"})
+    sent = body["asSent"]
+    assert (sent["shaped"], sent["sequence"], sent["reserved"]) == (True, 1, False)
+    assert sent["segments"][0].split("|")[4] == "NORTH"
+    assert sent["segments"][0].split("|")[12] == "1"
+    assert body["segments"][0].split("|")[4] != "NORTH"  # the stored bytes as stored
+    maps = [{"field": "PID-5.1", "table": {}, "otherwise": "hold"}]
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE inturn_destination SET profile = %s::jsonb WHERE destination = %s",
+            (json.dumps({"maps": maps}), DEST),
+        )
+    _, body = await clients["privacy"].post(path, {"why": "ticket 3"})
+    assert body["asSent"]["segments"] is None
+    assert body["asSent"]["refusal"] == ("PID-5.1 'DOE': has no entry in the map (otherwise: hold)")
+
+
 async def test_last_error_control_characters_are_escaped(
     fresh_db: str, clients: dict[str | None, Client]
 ) -> None:

@@ -231,6 +231,33 @@ async def test_field_filters_reach_the_registry_and_follow_the_spec(
         )
 
 
+async def test_a_receiver_profile_reaches_the_registry_and_follows_the_spec(
+    env: kmock.KubernetesEmulator, fresh_db: str
+) -> None:
+    """Issue 42: spec.profile is registered as written (with its defaults), for inturn queue
+    show, payload --as-sent and the console; a change follows, a removal clears it."""
+    env.objects[DEST, NS, "bed-board"] = destination("bed-board", "engine/bed-board-4w.yaml")
+
+    def profile() -> Any:
+        with psycopg.connect(fresh_db) as conn:
+            row = conn.execute(
+                "SELECT profile FROM inturn_destination WHERE destination = %s",
+                (f"{NS}/bed-board",),
+            ).fetchone()
+        return row[0] if row else "absent"
+
+    path = f"/apis/inturn.dev/v1alpha1/namespaces/{NS}/destinations/bed-board"
+    async with operator():
+        await eventually(lambda: profile() != "absent")
+        assert profile() is None
+        shaped = {"set": {"MSH-5": "BEDS"}, "charset": {"to": "ASCII"}}
+        await env.patch(path, json={"spec": {"profile": shaped}})
+        await eventually(lambda: (profile() or {}).get("set") == {"MSH-5": "BEDS"})
+        assert profile()["charset"]["to"] == "ASCII"
+        await env.patch(path, json={"spec": {"profile": None}})
+        await eventually(lambda: profile() is None)
+
+
 async def test_deletion_missed_while_down_is_caught_by_the_periodic_pass(
     env: kmock.KubernetesEmulator, fresh_db: str
 ) -> None:

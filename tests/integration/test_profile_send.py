@@ -7,7 +7,9 @@ receiver gets the stored bytes themselves.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 from typing import Any
 
 import hl7
@@ -18,10 +20,10 @@ from inturn.worker.hl7.profile import compile_profile
 from inturn.worker.senders.http import HttpSenderConfig
 from inturn.worker.senders.mllp import MllpSenderConfig
 from inturn.worker.spec.config import WorkerConfig
-from inturn.worker.store import queue
+from inturn.worker.store import queue, registry
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import HttpReceiver, MllpReceiver
-from tests.support.pipeline import FAST_RETRY, rows, until, worker, worker_config
+from tests.support.pipeline import FAST_RETRY, cli, rows, until, worker, worker_config
 
 pytestmark = pytest.mark.store
 
@@ -248,3 +250,49 @@ async def test_lanes_never_repeat_or_skip_a_number(fresh_db: str) -> None:
             await until(lambda: [r["state"] for r in rows(fresh_db, DEST)] == ["delivered"] * total)
     assert sorted(int(n) for n in msh13(rx.received)) == list(range(1, total + 1))
     assert {field(m, "MSH", 5) for m in rx.received} == {"LANES"}
+
+
+async def test_queue_show_and_payload_as_sent_show_what_the_receiver_got(fresh_db: str) -> None:
+    """inturn queue show names the profile and MSH-13; payload --as-sent prints the bytes the
+    receiver got, payload the stored ones; a refusal exits 1 naming field and value."""
+    spec = {**PROFILE, "sequenceNumbers": True}
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        # as the operator registers a Destination (spec.profile as written)
+        assert await registry.register(
+            conn,
+            destination=DEST,
+            namespace="ward",
+            name="shaped",
+            channel="c",
+            message_types=(),
+            generation=1,
+            suspended=False,
+            profile=spec,
+        )
+        (found,) = [r for r in await registry.list_all(conn) if r.destination == DEST]
+        assert found.profile == spec
+    stored = message(1)
+    (item,) = await enqueue(fresh_db, [stored])
+    async with MllpReceiver() as rx, worker(shaped_config(rx.port, spec), fresh_db):
+        await rx.wait_for(1)
+        await until(lambda: rows(fresh_db, DEST)[0]["state"] == "delivered")
+    shown = (await asyncio.to_thread(cli, fresh_db, "queue", "show", str(item))).stdout.decode()
+    assert "sequence:      1 (MSH-13 as sent)" in shown
+    assert f"inturn queue payload {item} --as-sent" in shown
+    why = ("--why", "ticket 5")
+    printed = await asyncio.to_thread(
+        cli, fresh_db, "queue", "payload", str(item), "--as-sent", *why
+    )
+    assert printed.stdout == rx.received[0]
+    plain = await asyncio.to_thread(cli, fresh_db, "queue", "payload", str(item), *why)
+    assert plain.stdout == stored
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE inturn_destination SET profile = %s::jsonb WHERE destination = %s",
+            (json.dumps({"charset": {"to": "ASCII"}}), DEST),
+        )
+    refused = await asyncio.to_thread(
+        cli, fresh_db, "queue", "payload", str(item), "--as-sent", *why, check=False
+    )
+    assert refused.returncode == 1 and refused.stdout == b""
+    assert "PID-5 'Ü': (U+00DC) has no place in ASCII" in refused.stderr.decode()

@@ -45,32 +45,64 @@ authority_option = click.option(
 @click.argument("item_id", type=int)
 @audit_who_option
 @why_for("view-payload")
+@click.option(
+    "--as-sent",
+    is_flag=True,
+    help="Write the message as its destination's receiver profile (spec.profile) shapes it for"
+    " the receiver, not as stored.",
+)
 @payload_keys_options
 def payload_command(
     dsn: str | None,
     item_id: int,
     who: str,
     why: str | None,
+    as_sent: bool,
     payload_keys: str | None,
     key_dsn: str | None,
 ) -> None:
-    """Write one item's bytes to standard output exactly as its sender sends them (the viewing
-    is audited).
+    """Write one item's bytes to standard output exactly as stored (the viewing is audited).
 
     These are the stored bytes: ingest stores a message with its segment terminators already
     normalised (HL7 terminators: LF and CRLF become CR); the rule is applied here too, and
     changes nothing, so that rows stored before it print what is sent. An encrypted payload is
     decrypted with --payload-keys (and refused in one line without them).
+
+    A destination without a receiver profile sends exactly these bytes. With --as-sent, the
+    message as its destination's profile shapes it for the receiver (the profile registered
+    now; MSH-13: the number the message was sent with, or the next one for a message not sent
+    yet, said on standard error); a message the profile refuses exits 1 naming the field and
+    the value.
     """
     shown = act(
         dsn,
         lambda conn: with_payloads(
             payload_keys,
             key_dsn,
-            lambda codec: privacy.view_payload(conn, Trusted(who), item_id, why, codec),
+            lambda codec: privacy.view_payload(
+                conn, Trusted(who), item_id, why, codec, as_sent=as_sent
+            ),
         ),
     )
-    sys.stdout.buffer.write(normalise_terminators(shown.data))
+    data = shown.data
+    sent = shown.as_sent
+    if sent is not None:
+        if sent.data is None:
+            click.echo(
+                f"inturn: error: item {item_id}: its destination's profile refuses it:"
+                f" {sent.refusal}",
+                err=True,
+            )
+            sys.exit(1)
+        if not sent.shaped:
+            click.echo("no receiver profile: the receiver gets the stored bytes", err=True)
+        elif sent.sequence is not None and not sent.reserved:
+            click.echo(
+                f"MSH-13 {sent.sequence}: the number it would get if it were sent next",
+                err=True,
+            )
+        data = sent.data
+    sys.stdout.buffer.write(normalise_terminators(data))
     sys.stdout.buffer.flush()
 
 

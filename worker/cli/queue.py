@@ -221,16 +221,34 @@ def list_command(
 @json_option
 @click.argument("item_id", type=int)
 def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
-    """One item's fields (not its payload)."""
-    item = run_read(dsn, lambda conn: reads.get_item(conn, item_id))
-    if item is None:
+    """One item's fields (not its payload), and what its receiver is sent: its destination's
+    receiver profile (see `inturn queue payload ID --as-sent`) and its MSH-13 number."""
+
+    async def read(conn: AsyncConnection[Any]) -> tuple[Any, reads.ReceiverView | None]:
+        found = await reads.get_item(conn, item_id)
+        if found is None:
+            return None, None
+        return found, await reads.receiver_view(conn, found.destination, item_id)
+
+    item, view = run_read(dsn, read)
+    if item is None or view is None:
         raise click.ClickException(f"no item {item_id}")
     data = item.to_json()
     if as_json:
-        echo_json(data)
+        echo_json({**data, "profile": view.profile, "sequenceNumber": view.sequence_number})
+        return
+    for key, value in data.items():
+        click.echo(f"{key + ':':14} {'' if value is None else printable(str(value))}")
+    if view.profile is None:
+        click.echo(f"{'profile:':14} none (its receiver gets the stored bytes)")
     else:
-        for key, value in data.items():
-            click.echo(f"{key + ':':14} {'' if value is None else printable(str(value))}")
+        rules = ", ".join(sorted(view.profile))
+        click.echo(
+            f"{'profile:':14} {rules} (`inturn queue payload {item_id} --as-sent` prints what"
+            " its receiver gets)"
+        )
+    if view.sequence_number is not None:
+        click.echo(f"{'sequence:':14} {view.sequence_number} (MSH-13 as sent)")
 
 
 @queue_group.command("retry")

@@ -396,17 +396,27 @@ async def view_payload(
 ) -> dict[str, Any]:
     """One item's payload, segment by segment, for a ``privacy`` user; the viewing is audited.
 
-    Returns ``{"itemId", "segments": [text]}`` (control characters escaped).
+    Returns ``{"itemId", "segments": [text], "asSent"}`` (control characters escaped):
+    ``asSent`` is the message as its destination's receiver gets it
+    (:func:`inturn.worker.operations.as_sent.shape`: ``shaped``, ``refusal``, ``sequence``,
+    ``reserved`` and ``segments``, None when refused).
 
     Raises:
         ConsoleError: 403 without the privacy role, 400 without a reason, 404 no such item.
     """
     try:
         async with console.write.connection() as conn:
-            shown = await privacy.view_payload(conn, identity, item_id, why, console.payloads)
+            shown = await privacy.view_payload(
+                conn, identity, item_id, why, console.payloads, as_sent=True
+            )
     except InturnError as exc:
         raise ConsoleError.of(exc) from None
-    return {"itemId": item_id, "segments": segments(shown.data)}
+    sent = shown.as_sent
+    as_sent = None
+    if sent is not None:
+        text = None if sent.data is None else segments(sent.data, sent.codec)
+        as_sent = {**sent.to_json(), "segments": text}
+    return {"itemId": item_id, "segments": segments(shown.data), "asSent": as_sent}
 
 
 async def audit(

@@ -218,7 +218,7 @@ async def _item_context(request: web.Request, **extra: Any) -> dict[str, Any]:
 @aiohttp_jinja2.template("item.html")
 async def item_page(request: web.Request) -> dict[str, Any]:
     """``GET /items/{item_id}``: metadata, attempts, reason, last error, actions."""
-    return await _item_context(request, segments=None)
+    return await _item_context(request, segments=None, as_sent=None)
 
 
 @aiohttp_jinja2.template("item.html")
@@ -228,7 +228,7 @@ async def payload_page(request: web.Request) -> dict[str, Any]:
     shown = await ops.view_payload(
         console(request), identity(request), item_id(request), _text(form.get("why"))
     )
-    return await _item_context(request, segments=shown["segments"])
+    return await _item_context(request, segments=shown["segments"], as_sent=shown["asSent"])
 
 
 async def item_post(request: web.Request) -> web.StreamResponse:

@@ -187,6 +187,7 @@ class LocalRunner:
                         filter_fields=[c.to_spec() for c in cfg.field_conditions] or None,
                         lanes=cfg.lanes,
                         pack_spec=cfg.pack_spec,
+                        profile=None if cfg.profile is None else cfg.profile.to_spec(),
                     )
                 except registry.CarrierTaken as exc:
                     log.error("destination %s: not applied: %s", dest, exc)

@@ -18,6 +18,7 @@ from inturn.worker.crypto.errors import PayloadKeysMissing
 from inturn.worker.errors import Invalid, NotFound, Unavailable
 from inturn.worker.hl7.pid import has_patient_id, lookup_key
 from inturn.worker.operations.actor import Actor, permit
+from inturn.worker.operations.as_sent import AsSent, receiver_view, shape
 from inturn.worker.operations.queue import Changed
 from inturn.worker.store import actions, history, identifiers, reads, sealing
 from inturn.worker.store.connect import Pools
@@ -26,10 +27,13 @@ from inturn.worker.store.model import Item
 
 @dataclass(frozen=True)
 class Payload:
-    """One item's stored bytes, and that their viewing was audited."""
+    """One item's stored bytes, and that their viewing was audited; with ``as_sent``, the
+    message as its destination's receiver gets it too
+    (:func:`inturn.worker.operations.as_sent.shape`)."""
 
     item_id: int
     data: bytes
+    as_sent: AsSent | None = None
 
 
 async def erase(
@@ -223,9 +227,12 @@ async def view_payload(
     item_id: int,
     why: str | None,
     payloads: PayloadCodec | None = None,
+    *,
+    as_sent: bool = False,
 ) -> Payload:
     """One item's message (decrypted on demand with ``payloads``); the viewing is audited
-    with its reason, before the payload is opened.
+    with its reason, before the payload is opened. ``as_sent``: the message as its
+    destination's receiver gets it too (its registered profile applied to the stored bytes).
 
     Raises:
         ReasonRequired: no reason.
@@ -238,7 +245,11 @@ async def view_payload(
     if found is None:
         raise NotFound(f"no item {item_id}")
     seal_id, scope = found.seal
-    return Payload(item_id, await (payloads or PayloadCodec()).open(seal_id, scope, found.payload))
+    data = await (payloads or PayloadCodec()).open(seal_id, scope, found.payload)
+    if not as_sent:
+        return Payload(item_id, data)
+    view = await receiver_view(conn, found.destination, item_id)
+    return Payload(item_id, data, shape(data, view))
 
 
 def patient_lookup_key(

@@ -202,6 +202,34 @@ async def view_payload(
     )
 
 
+@dataclass(frozen=True)
+class ReceiverView:
+    """What its destination's receiver is (or was) sent for one item, short of the payload.
+
+    Attributes:
+        profile: the destination's receiver profile as registered (``spec.profile``), or None.
+        sequence_number: the MSH-13 number the item was given at its first send, or None.
+        next_number: the number the destination's next message would be given (>= 1).
+    """
+
+    profile: dict[str, Any] | None
+    sequence_number: int | None
+    next_number: int
+
+
+async def receiver_view(conn: AsyncConnection[Any], destination: str, item_id: int) -> ReceiverView:
+    """The registered profile of ``destination`` and the MSH-13 numbers of item ``item_id``
+    (no payload is read)."""
+    row = await fetch_one(
+        conn, Q["receiver_view"], {"destination": destination, "id": item_id}, row=dict_row
+    )
+    assert row is not None  # one row, whatever exists
+    number = row["sequence_number"]
+    return ReceiverView(
+        row["profile"] or None, None if number is None else int(number), int(row["next_number"])
+    )
+
+
 #: Audit action of a search by patient identifier (the identifier itself is never recorded).
 SEARCH_PATIENT_ACTION = "search-patient"
 

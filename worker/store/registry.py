@@ -58,6 +58,8 @@ class RegisteredDestination:
         pack_spec: the rule packs' other fields of its spec, by name, as the spec writes them
             (``replies`` and ``carriers`` are above), or None; ingest hands them to the packs'
             ingest hooks.
+        profile: its receiver profile as the spec writes it (``spec.profile``), or None: what
+            ``inturn queue show`` and the console apply to show a message as sent.
     """
 
     destination: str
@@ -78,6 +80,7 @@ class RegisteredDestination:
     filter_fields: list[dict[str, Any]] | None = None
     lanes: int = 1
     pack_spec: dict[str, Any] | None = None
+    profile: dict[str, Any] | None = None
 
 
 class CarrierTaken(Conflict, ValueError):
@@ -143,6 +146,7 @@ def _row(r: Mapping[str, Any]) -> RegisteredDestination:
         filter_fields=r.get("filter_fields"),
         lanes=int(r.get("lanes") or 1),
         pack_spec=r.get("pack_spec"),
+        profile=r.get("profile"),
     )
 
 
@@ -166,6 +170,7 @@ async def register(
     filter_fields: Sequence[Mapping[str, Any]] | None = None,
     lanes: int = 1,
     pack_spec: Mapping[str, Any] | None = None,
+    profile: Mapping[str, Any] | None = None,
 ) -> bool:
     """Insert or update a destination (and un-delete it) and its carriers, in one transaction.
 
@@ -177,7 +182,8 @@ async def register(
     ``sender`` is the credential-free sender summary shown by the console. ``filter_fields``
     is ``spec.filter.fields`` as the spec writes it (None or empty: none); ingest routes by it.
     ``lanes`` is ``spec.lanes.count`` (1 to 32). ``pack_spec``: the rule packs' other fields
-    of the spec, by name (None or empty: none).
+    of the spec, by name (None or empty: none). ``profile``: ``spec.profile`` as written (None
+    or empty: none).
 
     Returns:
         True when anything was written, False when it was already exactly so.
@@ -209,6 +215,7 @@ async def register(
                 ),
                 "lanes": lanes,
                 "pack_spec": Jsonb(dict(pack_spec)) if pack_spec else None,
+                "profile": Jsonb(dict(profile)) if profile else None,
             },
             row=dict_row,
         )

@@ -97,7 +97,7 @@ cur AS (
 picked AS (
     SELECT m.id, m.control_id, m.message_type, m.size, m.patient_keys, m.traceparent,
            m.enqueued_at,
-           -- a re-send row (migration 0041): this destination's earlier copy, by its place
+           -- a re-send row (migration 0045): this destination's earlier copy, by its place
            -- in the row's route set
            CASE WHEN m.resent_from IS NOT NULL
                 THEN m.resent_from[(SELECT array_position(r.destinations, %(destination)s::text)
@@ -984,6 +984,17 @@ SELECT coalesce(d.payload, m.payload) AS payload, d.destination,
           WHERE %(id)s::bigint < 0 AND x.id = -%(id)s::bigint)
         LIMIT 1) AS d
   LEFT JOIN inturn_message m ON m.id = d.message_id AND d.payload IS NULL;
+
+-- name: receiver_view
+-- What shows a message as sent to its destination's receiver (issue 42): the destination's
+-- profile as registered (spec.profile; NULL: none), the MSH-13 number the message was given
+-- (migration 0045; NULL: none yet) and the number the destination's next message would get.
+SELECT r.profile, s.number AS sequence_number,
+       coalesce((SELECT q.last FROM inturn_sequence q WHERE q.destination = %(destination)s), 0)
+           + 1 AS next_number
+  FROM (SELECT 1) AS one
+  LEFT JOIN inturn_destination r ON r.destination = %(destination)s
+  LEFT JOIN inturn_sequence_number s ON s.item_id = %(id)s;
 
 -- name: depth
 -- Per destination with anything pending or failed: the numbers to alert on, and its delivery

@@ -6,11 +6,11 @@
 INSERT INTO inturn_destination
        (destination, namespace, name, channel, message_types, generation, suspended,
         sender_kind, sender, stuck_after_seconds, expire_after_seconds, schedule, replies,
-        filter_fields, lanes, pack_spec)
+        filter_fields, lanes, pack_spec, profile)
 VALUES (%(destination)s, %(namespace)s, %(name)s, %(channel)s, %(message_types)s,
         %(generation)s, %(suspended)s, %(sender_kind)s, %(sender)s, %(stuck_after_seconds)s,
         %(expire_after_seconds)s, %(schedule)s::jsonb, %(replies)s::jsonb,
-        %(filter_fields)s::jsonb, %(lanes)s, %(pack_spec)s::jsonb)
+        %(filter_fields)s::jsonb, %(lanes)s, %(pack_spec)s::jsonb, %(profile)s::jsonb)
 ON CONFLICT (destination) DO UPDATE
    SET namespace = EXCLUDED.namespace,
        name = EXCLUDED.name,
@@ -27,6 +27,7 @@ ON CONFLICT (destination) DO UPDATE
        filter_fields = EXCLUDED.filter_fields,
        lanes = EXCLUDED.lanes,
        pack_spec = EXCLUDED.pack_spec,
+       profile = EXCLUDED.profile,
        updated_at = now(),
        deleted_at = NULL
  WHERE inturn_destination.deleted_at IS NOT NULL
@@ -35,12 +36,14 @@ ON CONFLICT (destination) DO UPDATE
         inturn_destination.suspended, inturn_destination.sender_kind, inturn_destination.sender,
         inturn_destination.stuck_after_seconds, inturn_destination.expire_after_seconds,
         inturn_destination.schedule, inturn_destination.replies,
-        inturn_destination.filter_fields, inturn_destination.lanes, inturn_destination.pack_spec)
+        inturn_destination.filter_fields, inturn_destination.lanes, inturn_destination.pack_spec,
+        inturn_destination.profile)
        IS DISTINCT FROM
        (EXCLUDED.namespace, EXCLUDED.name, EXCLUDED.channel, EXCLUDED.message_types,
         EXCLUDED.generation, EXCLUDED.suspended, EXCLUDED.sender_kind, EXCLUDED.sender,
         EXCLUDED.stuck_after_seconds, EXCLUDED.expire_after_seconds, EXCLUDED.schedule,
-        EXCLUDED.replies, EXCLUDED.filter_fields, EXCLUDED.lanes, EXCLUDED.pack_spec)
+        EXCLUDED.replies, EXCLUDED.filter_fields, EXCLUDED.lanes, EXCLUDED.pack_spec,
+        EXCLUDED.profile)
 RETURNING destination;
 
 -- name: mark_deleted
@@ -82,7 +85,7 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
            AS carriers,
        sender, stuck_after_seconds, expire_after_seconds, schedule, replies, filter_fields,
-       lanes, pack_spec
+       lanes, pack_spec, profile
   FROM inturn_destination
  WHERE channel = %(channel)s AND deleted_at IS NULL
  ORDER BY destination;
@@ -94,7 +97,7 @@ SELECT destination, namespace, name, channel, message_types, generation, suspend
               WHERE c.destination = inturn_destination.destination ORDER BY carrier)
            AS carriers,
        sender, stuck_after_seconds, expire_after_seconds, schedule, replies, filter_fields,
-       lanes, pack_spec
+       lanes, pack_spec, profile
   FROM inturn_destination
  ORDER BY destination;
 

@@ -123,13 +123,21 @@ CREATE POLICY {policy} ON inturn_order_expectation AS RESTRICTIVE FOR ALL TO {ro
 
 -- name: worker_policy_inturn_sequence
 CREATE POLICY {policy} ON inturn_sequence AS RESTRICTIVE FOR ALL TO {role}
-    USING ((SELECT inturn_worker_destination()) IN ('*', destination))
-    WITH CHECK ((SELECT inturn_worker_destination()) IN ('*', destination));
+    USING (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination)
+    WITH CHECK (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination);
 
 -- name: worker_policy_inturn_sequence_number
 CREATE POLICY {policy} ON inturn_sequence_number AS RESTRICTIVE FOR ALL TO {role}
-    USING ((SELECT inturn_worker_destination()) IN ('*', destination))
-    WITH CHECK ((SELECT inturn_worker_destination()) IN ('*', destination));
+    USING (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination)
+    WITH CHECK (coalesce(nullif((
+        -- include: worker_scope
+        ), '*'), destination) = destination);
 
 -- name: worker_policy_inturn_message
 -- A log row is the worker's when one of its route sets names the destination.
