@@ -77,6 +77,37 @@ async def test_the_worker_records_what_a_delivered_order_expects(fresh_db: str) 
     assert rows[0][5].total_seconds() == pytest.approx(3600, abs=5)
 
 
+async def test_an_order_shaped_for_its_receiver_waits_for_a_reply_naming_what_was_sent(
+    fresh_db: str,
+) -> None:
+    """Issue 42: with a receiver profile the expectation is read from the order as sent: the
+    receiver's own placer number (mapped) under the receiver's name (MSH-5 set), which its
+    result will carry; the stored order keeps its own."""
+    from inturn.worker.hl7.profile import compile_profile
+
+    profile = compile_profile(
+        {
+            "set": {"MSH-5": "LIS_NORTH"},
+            "maps": [{"field": "ORC-2.1", "table": {"PL-1": "NORTH-1"}}],
+        }
+    )
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await queue.enqueue(conn, [NewItem(DEST, "orders", "ORD1", "ORM^O01", order(1, "PL-1"))])
+        async with MllpReceiver() as rx:
+            cfg = worker_config(rx.port, replies=(RULE,), profile=profile)
+            async with running(cfg, fresh_db):
+                await rx.wait_for(1)
+
+                async def recorded() -> bool:
+                    return bool(await expectations(conn))
+
+                await until(recorded)
+        rows = await expectations(conn)
+    owner = owner_scope(DEST, "LIS_NORTH^LAB")
+    assert [r[:4] for r in rows] == [("ORD1", "NORTH-1", key_digest(owner, "NORTH-1"), "results")]
+    assert b"ORC|NW|NORTH-1^EHR" in rx.received[0]
+
+
 async def test_ingest_answers_with_the_reply_and_the_sweeper_raises_the_rest(
     fresh_db: str,
 ) -> None:

@@ -296,3 +296,62 @@ async def test_queue_show_and_payload_as_sent_show_what_the_receiver_got(fresh_d
     )
     assert refused.returncode == 1 and refused.stdout == b""
     assert "PID-5 'Ü': (U+00DC) has no place in ASCII" in refused.stderr.decode()
+
+
+def fields_of(msg: bytes, codec: str = "utf-8") -> dict[tuple[str, int], str]:
+    """Every field of a message by (segment ID and its occurrence, field number), MSH-n as in
+    the standard."""
+    out: dict[tuple[str, int], str] = {}
+    seen: dict[str, int] = {}
+    for segment in msg.decode(codec).split("\r"):
+        if not segment:
+            continue
+        sid = segment[:3]
+        seen[sid] = seen.get(sid, 0) + 1
+        key = f"{sid}{seen[sid]}"
+        for n, value in enumerate(segment.split("|")):
+            out[(key, n + 1 if sid == "MSH" and n else n)] = value
+    return out
+
+
+#: One rule kind at a time: the spec, and the fields it changes (segment occurrence, field).
+KINDS: dict[str, tuple[dict[str, Any], set[tuple[str, int]]]] = {
+    "set": ({"set": {"MSH-5": "NORTH"}}, {("MSH1", 5)}),
+    "copy": ({"copy": {"MSH-6": "MSH-4"}}, {("MSH1", 6)}),
+    "removeSegments": ({"removeSegments": ["Z*"]}, {("ZXT1", n) for n in range(3)}),
+    "clear": ({"clear": ["PID-13"]}, {("PID1", 13)}),
+    "truncate": ({"truncate": {"OBX-3.2": 3}}, {("OBX1", 3)}),
+    "maps": ({"maps": [{"field": "OBX-3.1", "table": {"GLU": "2345-7"}}]}, {("OBX1", 3)}),
+    "sequenceNumbers": ({"sequenceNumbers": True}, {("MSH1", 13)}),
+    "charset": ({"charset": {"to": "ISO-8859-1"}}, {("MSH1", 18)}),
+}
+
+
+@pytest.mark.parametrize("transport", ["mllp", "http"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+async def test_one_rule_kind_changes_its_fields_and_not_one_other(
+    fresh_db: str, kind: str, transport: str
+) -> None:
+    """End to end per rule kind: the receiver's message, field by field, equals the stored one
+    but for the fields the rule names (with charset: the same text in ISO-8859-1)."""
+    spec, changed = KINDS[kind]
+    stored = message(1)
+    await enqueue(fresh_db, [stored])
+    async with MllpReceiver() as mllp_rx, HttpReceiver() as http_rx:
+        sender = (
+            MllpSenderConfig("127.0.0.1", mllp_rx.port)
+            if transport == "mllp"
+            else HttpSenderConfig(http_rx.url)
+        )
+        async with worker(shaped_config(sender, spec), fresh_db):
+            await until(lambda: rows(fresh_db, DEST)[0]["state"] == "delivered")
+    (got,) = mllp_rx.received if transport == "mllp" else http_rx.received
+    codec = "latin-1" if kind == "charset" else "utf-8"
+    before, after = fields_of(stored), fields_of(got, codec)
+    differ = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert differ == changed
+    # a real peer library reads what was sent, in the charset MSH-18 now names
+    parsed = hl7.parse(got.decode(codec))
+    assert str(parsed.segment("PID")[5]) == "MÜLLER^JÖRG"
+    assert str(parsed.segment("MSH")[10]) == "C0001"
+    assert bytes(rows(fresh_db, DEST)[0]["payload"]) == stored

@@ -254,3 +254,36 @@ def test_bad_sftp_settings_are_named_by_field(change: dict[str, Any], error: str
     with pytest.raises(ManifestError) as info:
         load_manifest(doc)
     assert any(e.startswith(error) for e in info.value.errors), info.value.errors
+
+
+async def test_a_receiver_profile_shapes_the_file_and_keeps_its_name(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """Issue 42: the file holds the message as the profile shapes it (MSH-5, MSH-13, ASCII
+    transliterated); its name still comes from MSH-10, which no profile changes."""
+    from inturn.worker.hl7.profile import compile_profile
+
+    profile = compile_profile(
+        {
+            "set": {"MSH-5": "BILL_NORTH"},
+            "sequenceNumbers": True,
+            "charset": {"to": "ASCII", "unmappable": "transliterate", "whenUndeclared": "UTF-8"},
+        }
+    )
+    stored = message(1).replace(b"DOE^JANE", "DOË^JANE".encode())
+    async with SftpServer(tmp_path) as server:
+        retry = dataclasses.replace(FAST_RETRY, timeout_seconds=10)
+        cfg = worker_config(DEST, config(server), channel="adt", retry=retry, profile=profile)
+        async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+            (item,) = await queue.enqueue(
+                conn, [NewItem(DEST, "adt", "MSG00001", "ADT^A03", stored)]
+            )
+            async with worker(cfg, fresh_db), asyncio.timeout(30):
+                while not await _all_delivered(conn, [item]):
+                    await asyncio.sleep(0.1)
+        name = f"MSG00001-{item}.hl7"
+        assert server.files() == [name]
+        assert (server.inbox / name).read_bytes() == (
+            b"MSH|^~\\&|ADT|HOSP|BILL_NORTH|HOSP|20261130120000||ADT^A03|MSG00001|P|2.5|1|||||"
+            b"ASCII\rPID|1||P1^^^HOSP^MR||DOE^JANE\r"
+        )
