@@ -21,6 +21,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from inturn.worker.errors import Invalid
+from inturn.worker.hl7.profile import compile_profile
 from inturn.worker.store import delivery, logins, roles
 from inturn.worker.store import lease as leases
 from inturn.worker.store.lease import LeaseLost
@@ -158,6 +159,15 @@ def test_a_login_reaches_its_destinations_rows_only(
                 " size, enqueued_at) VALUES (%s, 'adt', 'X', 'ADT^A01', 1, now())",
                 (A,),
             ),
+            "B's sequence": (
+                "INSERT INTO inturn_sequence (destination, last) VALUES (%s, 1)",
+                (B,),
+            ),
+            "a sequence number of A's on B's row": (
+                "INSERT INTO inturn_sequence_number (item_id, destination, number)"
+                " VALUES (%s, %s, 1)",
+                (seeded["legacy_b"][0], A),
+            ),
             "B's worker lock": ("SELECT inturn_worker_lock(%s)", (B,)),
             "B's worker lock holder": ("SELECT inturn_worker_lock_holder(%s)", (B,)),
             "B's enqueue lock": ("SELECT inturn_enqueue_lock(%s)", (B,)),
@@ -178,6 +188,11 @@ def test_a_login_reaches_its_destinations_rows_only(
                 (A, seeded["both"][0]),
             )
             assert a.execute("SELECT inturn_worker_lock_holder(%s)", (A,)).fetchone() == (None,)
+            a.execute(
+                "INSERT INTO inturn_sequence_number (item_id, destination, number)"
+                " VALUES (%s, %s, 1)",
+                (seeded["legacy_a"][0], A),
+            )
             a.execute(
                 "INSERT INTO inturn_attempt (item_id, attempt, outcome) VALUES (%s, 1, 'retry')",
                 (seeded["legacy_a"][0],),
@@ -242,18 +257,25 @@ async def test_a_login_leases_and_pulls_its_own_destination_only(
 async def test_a_real_worker_delivers_with_its_login(
     fresh_db: str, role_dsns: dict[str, str], seeded: dict[str, list[int]], lanes: int
 ) -> None:
+    """With spec.profile's sequenceNumbers too: the login keeps its destination's counter."""
+    profile = compile_profile({"sequenceNumbers": True})
     with login_for(role_dsns["admin"], A) as a_dsn:
         async with MllpReceiver() as rx:
-            cfg = worker_config(A, rx.port, channel=CHANNEL, lanes=lanes)
+            cfg = worker_config(A, rx.port, channel=CHANNEL, lanes=lanes, profile=profile)
             async with worker(cfg, a_dsn):
                 await rx.wait_for(3)
-        got = sorted(m.split(b"\r")[0].split(b"|")[9].decode() for m in rx.received)
-    assert got == ["AB0", "AB1", "LA"]
+        headers = [m.split(b"\r")[0].split(b"|") for m in rx.received]
+    assert sorted(h[9].decode() for h in headers) == ["AB0", "AB1", "LA"]
+    assert sorted(h[12].decode() for h in headers) == ["1", "2", "3"]
     with psycopg.connect(fresh_db) as conn:
         states = conn.execute(
             "SELECT destination, state, count(*) FROM inturn_delivery GROUP BY 1, 2 ORDER BY 1, 2"
         ).fetchall()
+        numbered = conn.execute(
+            "SELECT destination, count(*) FROM inturn_sequence_number GROUP BY 1"
+        ).fetchall()
     assert states == [(A, "delivered", 3), (B, "pending", 1)]
+    assert numbered == [(A, 3)]
 
 
 @pytest.mark.skipif(pgbouncer.missing() is not None, reason=str(pgbouncer.missing()))

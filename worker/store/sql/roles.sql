@@ -131,13 +131,19 @@ CREATE POLICY {policy} ON inturn_sequence AS RESTRICTIVE FOR ALL TO {role}
         ), '*'), destination) = destination);
 
 -- name: worker_policy_inturn_sequence_number
+-- A number is the worker's when its destination is, and it numbers a delivery row of that
+-- destination (the foreign key alone is checked as the owner: it would let a number be put
+-- on another destination's row).
 CREATE POLICY {policy} ON inturn_sequence_number AS RESTRICTIVE FOR ALL TO {role}
     USING (coalesce(nullif((
         -- include: worker_scope
         ), '*'), destination) = destination)
     WITH CHECK (coalesce(nullif((
         -- include: worker_scope
-        ), '*'), destination) = destination);
+        ), '*'), destination) = destination
+                AND EXISTS (SELECT 1 FROM inturn_delivery d
+                             WHERE d.id = item_id
+                               AND d.destination = inturn_sequence_number.destination));
 
 -- name: worker_policy_inturn_message
 -- A log row is the worker's when one of its route sets names the destination.
