@@ -650,3 +650,24 @@ async def test_a_destination_moved_to_another_channel_counts_the_log_it_will_pul
         assert (row.channel, row.pending) == ("orm", 2)
         assert len(await actions.drain(conn, A, who="ops", why="moved")) == 2
         assert await reads.depth(conn, A) == []
+
+
+async def test_a_destinations_listing_shows_what_it_has_not_pulled(fresh_db: str) -> None:
+    """`queue list -d A` (the console's destination page): A's rows, then each log message it
+    has not pulled, oldest first, paged by before; its count equals its depth."""
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A, B)
+        ids = append(sync, [A, B], 5)
+        append(sync, [B], 2)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        lease = await leases.acquire(conn, A, "w", 60)
+        await delivery.pull(conn, A, CHANNEL, lease=lease, limit=2)
+        found, total = await reads.list_items(conn, destination=A)
+        assert total == 5 == (await reads.depth(conn, A))[0].pending
+        assert [i.id for i in found][2:] == [-i for i in ids[2:]]
+        assert all(i.destination == A and i.state == "pending" for i in found)
+        page, _ = await reads.list_items(conn, destination=A, limit=3)
+        rest, _ = await reads.list_items(conn, destination=A, limit=3, before=page[-1].id)
+        assert [i.id for i in page + rest] == [i.id for i in found]
+        assert (await reads.list_items(conn, destination=A, state="delivered"))[1] == 0
+        assert (await reads.list_items(conn, destination=B))[1] == 7

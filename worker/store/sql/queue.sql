@@ -596,10 +596,11 @@ VALUES (%(who)s, %(action)s, %(destination)s, %(ids)s, %(why)s);
 -- run unprepared, so that each call is planned with its filters and control_id uses its index.
 -- It reads no patient key, so the reader role may run it (list_items_by_patient does).
 -- Finished items moved to history (migration 0034) are listed with the hot table's: each part
--- gives its own first page, the parts are merged. By MSH-10, a message of the channel log
--- (migration 0033) that a destination its route set names has not pulled yet is listed too,
--- once per such destination, pending, with the negative of its log id as its id (after every
--- row: ids below 0 are not items of the queue yet; the log's hash index on MSH-10 finds it).
+-- gives its own first page, the parts are merged. By MSH-10 or by destination, a message of
+-- the channel log (migration 0033) that a destination its route set names has not pulled yet
+-- is listed too, once per such destination, pending, with the negative of its log id as its
+-- id (after every row: ids below 0 are not items of the queue yet; the log's hash index on
+-- MSH-10 finds it, or the range past the destination's cursor).
 -- The page is cut by rank, never between the lines of one message (which share their id): a
 -- page may hold more than "limit" lines, and "before" then moves past the message whole.
 SELECT id, channel, destination, control_id, message_type, size, state, attempts,
@@ -642,14 +643,21 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
            FROM inturn_message m
            JOIN inturn_route r ON r.id = m.route
           CROSS JOIN LATERAL unnest(r.destinations) AS u(d)
-          WHERE %(control_id)s::text IS NOT NULL
+          WHERE (%(control_id)s::text IS NOT NULL OR %(destination)s::text IS NOT NULL)
             AND m.id > coalesce((SELECT c.position FROM inturn_cursor c
                                   WHERE c.destination = u.d), 0)
+            -- one destination's: the log past its cursor only (an index range)
+            AND m.id > coalesce((SELECT c.position FROM inturn_cursor c
+                                  WHERE c.destination = %(destination)s::text), 0)
             AND (%(destination)s::text IS NULL OR u.d = %(destination)s::text)
             AND (%(channel)s::text IS NULL OR m.channel = %(channel)s::text)
             AND (%(state)s::text IS NULL OR %(state)s::text = 'pending')
             AND (%(control_id)s::text IS NULL OR m.control_id = %(control_id)s::text)
-            AND (%(before)s::bigint IS NULL OR -m.id < %(before)s::bigint))
+            AND (%(before)s::bigint IS NULL OR -m.id < %(before)s::bigint)
+          ORDER BY m.id
+          -- one line a message for one destination: its page bound is safe there
+          LIMIT CASE WHEN %(destination)s::text IS NOT NULL
+                     THEN %(limit)s::bigint + %(offset)s::bigint END)
         ) AS x) AS y
  WHERE rk > %(offset)s AND rk <= %(limit)s::bigint + %(offset)s::bigint
  ORDER BY id DESC, destination;
@@ -673,9 +681,11 @@ SELECT (SELECT count(*)
           FROM inturn_message m
           JOIN inturn_route r ON r.id = m.route
          CROSS JOIN LATERAL unnest(r.destinations) AS u(d)
-         WHERE %(control_id)s::text IS NOT NULL
+         WHERE (%(control_id)s::text IS NOT NULL OR %(destination)s::text IS NOT NULL)
            AND m.id > coalesce((SELECT c.position FROM inturn_cursor c
                                  WHERE c.destination = u.d), 0)
+           AND m.id > coalesce((SELECT c.position FROM inturn_cursor c
+                                 WHERE c.destination = %(destination)s::text), 0)
            AND (%(destination)s::text IS NULL OR u.d = %(destination)s::text)
            AND (%(channel)s::text IS NULL OR m.channel = %(channel)s::text)
            AND (%(state)s::text IS NULL OR %(state)s::text = 'pending')
