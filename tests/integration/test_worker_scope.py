@@ -279,11 +279,13 @@ async def test_a_real_worker_delivers_with_its_login(
 
 
 @pytest.mark.skipif(pgbouncer.missing() is not None, reason=str(pgbouncer.missing()))
-def test_the_scope_holds_behind_a_pooler(
+async def test_the_scope_holds_behind_a_pooler(
     fresh_db: str, role_dsns: dict[str, str], seeded: dict[str, list[int]]
 ) -> None:
     """PgBouncer in transaction mode logs in to the server as the client's user: the scope is
-    the login's on whichever server session a transaction lands."""
+    the login's on whichever server session a transaction lands. Through it, a login of A's
+    reads none of B's rows or payloads, takes no lease of B's, pulls nothing with B's lease and
+    marks none of B's rows, while its own lease, pull and mark work."""
     with login_for(role_dsns["admin"], A) as a_dsn:
         login = conninfo_to_dict(a_dsn)["user"]
         with pgbouncer.Bouncer(fresh_db, "transaction", users=(login,)) as bouncer:
@@ -293,6 +295,38 @@ def test_the_scope_holds_behind_a_pooler(
                     assert a.execute("SELECT inturn_worker_destination()").fetchone() == (A,)
                     assert a.execute("SELECT count(*) FROM inturn_delivery").fetchone() == (1,)
                     assert a.execute("SELECT count(*) FROM inturn_message").fetchone() == (2,)
+                    # B's payloads: its own row's, and the log's messages routed to B alone
+                    assert a.execute(
+                        "SELECT count(*) FROM inturn_delivery d"
+                        " LEFT JOIN inturn_message m ON m.id = d.message_id"
+                        " WHERE d.destination = %s OR m.id = ANY(%s)",
+                        (B, seeded["b"]),
+                    ).fetchone() == (0,)
+            async with await AsyncConnection.connect(fresh_db, autocommit=True) as owner:
+                lease_b = await leases.acquire(owner, B, "w-b", 60)
+                assert lease_b is not None
+            async with await AsyncConnection.connect(
+                pooled, autocommit=True, prepare_threshold=None
+            ) as a:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    await leases.acquire(a, B, "w-x", 60, direct=False)
+                with pytest.raises((psycopg.errors.InsufficientPrivilege, LeaseLost)):
+                    await delivery.pull(a, B, CHANNEL, lease=lease_b)
+                cur = await a.execute(
+                    "UPDATE inturn_delivery SET state = 'delivered', finished_at = now()"
+                    " WHERE destination = %s",
+                    (B,),
+                )
+                assert cur.rowcount == 0
+                lease_a = await leases.acquire(a, A, "w-a", 60, direct=False)
+                assert lease_a is not None
+                pulled = await delivery.pull(a, A, CHANNEL, lease=lease_a)
+                assert pulled.count == len(seeded["both"])
+    with psycopg.connect(fresh_db) as conn:
+        rows = conn.execute(
+            "SELECT destination, state, count(*) FROM inturn_delivery GROUP BY 1, 2 ORDER BY 1, 2"
+        ).fetchall()
+    assert rows == [(A, "pending", 3), (B, "pending", 1)]
 
 
 def test_a_login_is_made_and_dropped_with_its_destination(
