@@ -491,11 +491,17 @@ async def receiver(ack_delay: float = 0.0) -> AsyncIterator[tuple[MllpReceiver, 
         yield rx, timed
 
 
+#: The ``application_name`` of a connection a benchmark runs beside the drain (bench/retention.py's
+#: maintenance): :class:`BackendCpu` leaves its backend out of the drain's CPU.
+BESIDE_APPLICATION = "inturn-bench-beside"
+
+
 class BackendCpu:
     """The CPU the run's Postgres backends spend, read from ``/proc`` (a server on this host).
 
     :meth:`start` (at the first arrival) finds the client backends of the run's database other
-    than the benchmark's own connection and reads their CPU; :meth:`sample` reads it again (a
+    than the benchmark's own connection and those named :data:`BESIDE_APPLICATION`, and reads
+    their CPU; :meth:`sample` reads it again (a
     backend's last reading is kept after it exits); :meth:`ended` takes the final figure a
     child reported for its own backend just before it closed. :meth:`commits` counts the
     transactions committed in the database since :meth:`start`, the benchmark's own polls
@@ -518,6 +524,7 @@ class BackendCpu:
         rows = await self._query(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
             " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            f" AND application_name <> '{BESIDE_APPLICATION}'"
         )
         self.first = {int(pid): cpu_seconds(int(pid)) for (pid,) in rows}
         self.last = dict(self.first)
