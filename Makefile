@@ -16,18 +16,32 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# The tests run in two parts: first in parallel, pytest-xdist's JOBS workers (one per core by
+# default), each with its own embedded Postgres, databases, ports and folders, a test file at a
+# time; then, one at a time, the tests marked `serial` (a fixed port, timing, a memory limit,
+# a partition: they must run alone). The second part runs even when the first failed, and
+# the target fails when either did (pytest's 5, "no test selected", is no failure there).
+JOBS     ?= 2
+PARALLEL ?= -n $(JOBS) --dist loadfile
+define two_parts
+	$(BIN)/pytest -q $(PARALLEL) -m "$(if $(1),($(1)) and )not serial"; first=$$?; \
+	$(BIN)/pytest -q -m "$(if $(1),($(1)) and )serial"; second=$$?; \
+	[ $$second -eq 5 ] && second=0; \
+	[ $$first -eq 0 ] && [ $$second -eq 0 ]
+endef
+
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(call two_parts,)
 
 # The edit-test loop: unit and integration tests, without the acceptance tier (tests that start
 # whole processes: inturn subprocesses, a browser, podman; marked `acceptance`).
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not acceptance"
+	$(call two_parts,not acceptance)
 
 # The store tests alone, e.g. against the system Postgres:
 #   INTURN_TEST_DSN=postgresql://postgres@127.0.0.1:5432/postgres make test-store
 test-store: $(STAMP)
-	$(BIN)/pytest -q -m store
+	$(call two_parts,store)
 
 # mypy cannot see the directory mapping (worker/ -> inturn.worker), so it reads the package
 # through a tree of symlinks under build/.

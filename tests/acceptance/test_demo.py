@@ -1,7 +1,8 @@
 """``make demo`` end to end: ``examples/demo.py`` as a subprocess, its exit status and summary.
 
 It takes about 25 s (it paces its feed so the outage can be watched) and needs the fixed ports
-2575, 2576 and 8090; deselect it with ``-m "not demo"``.
+2575, 2576 and 8090 (marked ``serial``: it runs alone, after the parallel part); deselect it
+with ``-m "not demo"``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pytest
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
 
-pytestmark = pytest.mark.demo
+#: serial: its fixed ports would meet another run of it (make test runs it after the rest).
+pytestmark = [pytest.mark.demo, pytest.mark.serial]
 
 
 def figures(summary: str, label: str) -> list[int]:

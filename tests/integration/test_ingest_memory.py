@@ -26,7 +26,8 @@ from inturn.worker.hl7.mllp import SB, Frame, FrameReader, frame
 from inturn.worker.ingest.budget import budget_for, limit_for
 from tests.support.pipeline import register
 
-pytestmark = pytest.mark.store
+#: serial: a memory limit, and hundreds of MiB in flight: alone, after the parallel part.
+pytestmark = [pytest.mark.store, pytest.mark.serial]
 
 HOST = "127.0.0.1"
 MIB = 1024 * 1024

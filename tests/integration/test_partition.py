@@ -76,6 +76,9 @@ CLIENT_SIDE = {
     "tcp_user_timeout": str(TCP_USER_TIMEOUT_MS),
 }
 #: The cut-off worker's probe port (inside its own namespace, so never taken).
+#: serial: a partition, waited out by the server's keepalives: alone, after the parallel part.
+pytestmark = pytest.mark.serial
+
 needs_cluster = pytest.mark.skipif(no_cluster() is not None, reason=str(no_cluster()))
 
 

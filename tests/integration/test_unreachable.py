@@ -235,6 +235,7 @@ async def test_http_refused_is_unreachable_and_unanswered_is_a_timeout() -> None
 LONG = RetryPolicy(max_attempts=0, backoff_seconds=60, max_backoff_seconds=60, timeout_seconds=5)
 
 
+@pytest.mark.serial  # timing: within a probe interval, not a backoff of 60 s
 async def test_a_receiver_that_comes_back_is_found_within_a_probe_interval(fresh_db: str) -> None:
     """Down long enough for the backoff to reach a minute, the receiver comes back: the worker
     probes it every few seconds while it waits (a connect, no message) and sends at once,
@@ -311,6 +312,7 @@ async def _comes_back(
     return took, list(receiver.received)
 
 
+@pytest.mark.serial  # timing: within a probe interval, not a backoff of 60 s
 async def test_lanes_find_a_receiver_that_comes_back_within_a_probe_interval(
     fresh_db: str,
 ) -> None:
@@ -332,6 +334,7 @@ async def test_lanes_find_a_receiver_that_comes_back_within_a_probe_interval(
     assert rows == [("delivered", 1)] * MESSAGES
 
 
+@pytest.mark.serial  # timing: within a probe interval, not a backoff of 60 s
 async def test_an_http_receiver_that_comes_back_is_found_within_a_probe_interval(
     fresh_db: str,
 ) -> None:

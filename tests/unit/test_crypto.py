@@ -141,6 +141,7 @@ def test_master_keys_from_a_folder_raw_base64_or_hex_newest_by_natural_order(
         ("k1", b"too short", "k1 is not a key"),
         ("bad name", os.urandom(32), "is not a key ID"),
     ],
+    ids=["too short", "bad name"],  # not the random bytes: xdist's workers collect the same IDs
 )
 def test_a_file_that_is_no_key_is_refused_in_one_line(
     tmp_path: Path, name: str, content: bytes, says: str
