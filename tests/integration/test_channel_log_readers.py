@@ -671,3 +671,19 @@ async def test_a_destinations_listing_shows_what_it_has_not_pulled(fresh_db: str
         assert [i.id for i in page + rest] == [i.id for i in found]
         assert (await reads.list_items(conn, destination=A, state="delivered"))[1] == 0
         assert (await reads.list_items(conn, destination=B))[1] == 7
+
+
+async def test_skip_or_resend_of_a_message_not_pulled_says_why_nothing_changed(
+    fresh_db: str,
+) -> None:
+    from inturn.worker.errors import Conflict
+    from inturn.worker.operations import queue as queue_ops
+    from inturn.worker.operations.actor import Trusted
+
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        register(sync, A)
+        [m] = append(sync, [A], 1)
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        with pytest.raises(Conflict, match=f"message {m} of channel adt's log, not pulled yet"):
+            await queue_ops.skip(conn, Trusted("ops"), -m, "stale")
+        assert [r.pending for r in await reads.depth(conn, A)] == [1]

@@ -140,6 +140,13 @@ async def why_not(conn: AsyncConnection[Any], item_id: int, action: str) -> NotF
     item = await reads.get_item(conn, item_id)
     if item is None:
         return NotFound(f"no item {item_id}")
+    if item_id < 0:  # a message of the channel log not pulled yet, as the lookups list it
+        return Conflict(
+            f"{item_id} is message {-item_id} of channel {item.channel}'s log, not pulled yet by"
+            f" {item.destination} (nor, it may be, by others): nothing to {action} until its"
+            " worker pulls it (`inturn queue drain` skips it with the rest; `inturn queue erase`"
+            " takes this id)"
+        )
     if item.state == "failed" and action == "retry":
         return Conflict(
             f"item {item_id} failed (it is not pending): `inturn queue resend {item_id} --who ...`"
