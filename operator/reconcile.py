@@ -455,7 +455,12 @@ class Runtime:
             recorded = self._witness.get(key) or Witness.from_status(node.get("witness"))
             current = Witness.of(tick, seen.get(destination), recorded)
             try:
-                if undecided:
+                again_back = False
+                if undecided and policy == "hold":
+                    # the finding lives in the restored database: gone, it went back once more
+                    # before a person decided (its hold went with it): found again
+                    again_back = await self.registrar.has_finding(destination) is False
+                if undecided and not again_back:
                     if policy == "hold" and await self.registrar.held(destination) is not False:
                         continue  # a person has not decided yet (or the database cannot say)
                     if not await self.registrar.forget_finding(destination):
@@ -463,7 +468,7 @@ class Runtime:
                     log.info("destination %s: the restore is decided; witness anew", destination)
                     await self._patch_witness(key, Witness.of(tick, seen.get(destination)), None)
                     continue
-                if went_back(recorded, before):
+                if again_back or went_back(recorded, before):
                     assert recorded is not None
                     again, (kept_through, kept_at) = await self.registrar.record_finding(
                         destination, recorded.finding(), recorded.channel_moment()

@@ -267,6 +267,18 @@ class Registrar:
             self._failed("restore", exc, destination)
             return 0, (None, None)
 
+    async def has_finding(self, destination: str) -> bool | None:
+        """Whether the database keeps a restore's finding for ``destination``; None when the
+        database failed (logged)."""
+        if self.pool is None:
+            return None
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                return await restore.finding(conn, destination) is not None
+        except DB_ERRORS as exc:
+            self._failed("restore", exc, destination)
+            return None
+
     async def forget_finding(self, destination: str) -> bool:
         """Remove ``destination``'s finding once the restore is decided; False when the
         database failed (logged; the next tick tries again)."""

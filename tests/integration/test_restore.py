@@ -451,3 +451,44 @@ async def test_a_failover_to_a_lagging_replica_holds_the_older_tick() -> None:
         assert went_back(recorded, behind)
     finally:
         cluster.close()
+
+
+async def test_a_second_restore_before_the_decision_is_found_again(
+    env: kmock.KubernetesEmulator, queue_db: str, tmp_path: Path
+) -> None:
+    """Restored, held; then restored once more (a better backup) before a person decided: the
+    hold went with the first restored database, so the operator finds it again (a second event,
+    held again) rather than taking the hold's absence for a decision."""
+    env.objects[DEST, NS, "lis"] = destination("lis")
+    waiting = rows(queue_db, 10, "pending", "WAIT")
+
+    def restored_events() -> int:
+        return sum(
+            1
+            for (res, _, _), o in env.objects.items()
+            if res == EVENTS and o.raw.get("reason") == "DatabaseRestored"
+        )
+
+    def held_by() -> Any:
+        with psycopg.connect(queue_db) as conn:
+            found = conn.execute(
+                "SELECT held_by FROM inturn_destination WHERE destination = %s", (KEY,)
+            ).fetchone()
+        return found[0] if found else None
+
+    async with operator():
+        await eventually(lambda: status(env)["witness"]["acceptedThrough"] == waiting[-1])
+        backup = tmp_path / "queue.dump"
+        pg_dump(queue_db, backup)
+        deliver(queue_db, waiting)
+        await eventually(lambda: status(env)["witness"]["deliveredThrough"] == waiting[-1])
+        pg_restore(queue_db, backup)
+        await eventually(lambda: restored_events() == 1, timeout=30)
+        await eventually(lambda: held_by() == HOLDER, timeout=30)
+        pg_restore(queue_db, backup)  # once more, before anyone decided
+        await eventually(lambda: restored_events() == 2, timeout=30)
+        await eventually(lambda: held_by() == HOLDER, timeout=30)
+        restore = status(env)["restore"]
+        assert (restore["mayBeSentAgain"], restore["deliveredThrough"]) == (10, waiting[-1])
+        await asyncio.sleep(3)  # a few ticks: it stays undecided and held
+        assert status(env).get("restore") and held_by() == HOLDER and restored_events() == 2
