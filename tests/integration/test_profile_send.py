@@ -355,3 +355,29 @@ async def test_one_rule_kind_changes_its_fields_and_not_one_other(
     assert str(parsed.segment("PID")[5]) == "MÜLLER^JÖRG"
     assert str(parsed.segment("MSH")[10]) == "C0001"
     assert bytes(rows(fresh_db, DEST)[0]["payload"]) == stored
+
+
+async def test_on_lanes_a_refusal_holds_its_patient_and_the_others_go(fresh_db: str) -> None:
+    """The lanes record a refusal as that lane's answer: its patient's later messages wait
+    behind it, other patients' messages go; nothing of it reaches the receiver."""
+    holding = {"maps": [{"field": "OBX-3.1", "table": {"GLU": "GLU"}, "otherwise": "hold"}]}
+    await enqueue(
+        fresh_db,
+        [
+            message(1, code="XYZ", patient=7),  # refused
+            message(2, patient=7),  # same patient: waits behind it
+            message(3, patient=8),
+            message(4, patient=9),
+        ],
+    )
+    async with MllpReceiver() as rx:
+        async with worker(shaped_config(rx.port, holding, lanes=3), fresh_db):
+            await rx.wait_for(2)
+            await until(lambda: rows(fresh_db, DEST)[0]["attempts"] >= 2)
+        assert sorted(field(m, "MSH", 10) for m in rx.received) == ["C0003", "C0004"]
+        states = [(r["state"], r["last_error"]) for r in rows(fresh_db, DEST)]
+        assert states[0] == (
+            "pending",
+            "profile: OBX-3.1 'XYZ': has no entry in the map (otherwise: hold)",
+        )
+        assert [s for s, _ in states[1:]] == ["pending", "delivered", "delivered"]
