@@ -14,7 +14,9 @@ of ``--runs`` calls:
   destination's ``depth`` (the worker's gauge);
 * one destination's cursor ``--behind`` messages back (its worker stopped): the same, with
   the count checked exact;
-* ``inturn_unpulled`` for all under ``EXPLAIN (ANALYZE, BUFFERS)``: shared buffers touched.
+* ``inturn_unpulled`` for all under ``EXPLAIN (ANALYZE, BUFFERS)``: shared buffers touched;
+* a lookup by patient and by MSH-10 matching one message in a hundred (each checked against
+  its route set's cursors for lines not pulled yet).
 
 Asserts nothing (the count checked exact is a sanity check of the build). The database is
 ``--dsn`` / ``INTURN_DSN`` (a server; the benchmark creates and drops its own database there),
@@ -81,6 +83,10 @@ def build(dsn: str, destinations: list[str], messages: int) -> list[int]:
             "   FROM generate_series(1, %s) AS g",
             (CHANNEL, routes, routes, messages),
         )
+        conn.execute(
+            "UPDATE inturn_message SET patient_keys = '{k-one-in-100}', control_id = 'ONE-IN-100'"
+            " WHERE id % 100 = 0"
+        )
         ids = [r[0] for r in conn.execute("SELECT id FROM inturn_message ORDER BY id")]
         conn.execute(
             "INSERT INTO inturn_cursor (destination, channel, position)"
@@ -107,6 +113,14 @@ async def measure(dsn: str, destinations: list[str], runs: int) -> dict[str, flo
             "status_ms": await median_ms(runs, lambda: registry.status_depth(conn)),
             "heads_ms": await median_ms(runs, lambda: reads.heads(conn, destinations)),
             "depth_one_ms": await median_ms(runs, lambda: reads.depth(conn, destinations[0])),
+            # a patient named by one message in a hundred, and as many sharing one MSH-10: the
+            # lookups check each message's route set against the cursors (lines not pulled)
+            "patient_lookup_ms": await median_ms(
+                runs, lambda: reads.list_items(conn, patient_key="k-one-in-100")
+            ),
+            "msh10_lookup_ms": await median_ms(
+                runs, lambda: reads.list_items(conn, control_id="ONE-IN-100")
+            ),
         }
 
 
