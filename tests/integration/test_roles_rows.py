@@ -82,6 +82,36 @@ def test_no_role_may_write_a_resend_link(role_dsns: dict[str, str]) -> None:
         assert component  # every role, the admin's included
 
 
+def test_a_route_set_never_changes(fresh_db: str, role_dsns: dict[str, str]) -> None:
+    """Ingest's UPDATE on inturn_route.channel is for its upsert's change of nothing: moving a
+    set to another channel (its messages would never be pulled) is refused to ingest and to the
+    owner; the upsert still returns the set's id."""
+    with psycopg.connect(fresh_db, autocommit=True) as owner:
+        [(route,)] = owner.execute(
+            "INSERT INTO inturn_route (channel, destinations) VALUES ('adt', '{ward/lab}')"
+            " RETURNING id"
+        ).fetchall()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            owner.execute(
+                "UPDATE inturn_route SET destinations = '{ward/x}' WHERE id = %s", (route,)
+            )
+    with psycopg.connect(role_dsns["ingest"], autocommit=True) as ingest:
+        for channel in ("other", "adt "):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                ingest.execute(
+                    "UPDATE inturn_route SET channel = %s WHERE id = %s", (channel, route)
+                )
+        upserted = ingest.execute(
+            "INSERT INTO inturn_route (channel, destinations) VALUES ('adt', '{ward/lab}')"
+            " ON CONFLICT (channel, destinations) DO UPDATE SET channel = excluded.channel"
+            " RETURNING id"
+        ).fetchall()
+        assert upserted == [(route,)]
+        assert ingest.execute("SELECT id, channel, destinations FROM inturn_route").fetchall() == [
+            (route, "adt", ["ward/lab"])
+        ]
+
+
 def _seed(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         ids = {}

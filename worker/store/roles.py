@@ -214,7 +214,8 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
     },
     # Route sets: ingest adds the sets it meets; everyone who reads the log may resolve them.
     "inturn_route": {
-        # (UPDATE of channel: a re-send's set is upserted, its id returned when it exists)
+        # (UPDATE of channel: a re-send's set is upserted, its id returned when it exists; a
+        # trigger of migration 0048 refuses any update that changes a set)
         "ingest": (SELECT, INSERT, Grant("UPDATE", ("channel",))),
         "worker": (SELECT,),
         "operator": (SELECT,),
@@ -424,6 +425,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_worker_lock_holder(text)": ("worker",),
     # the resend links (migration 0032): a trigger function, run by inserting a copy, by nobody
     "inturn_link_resend()": (),
+    # a route set never changes (migration 0048): a trigger function, run by an update, by nobody
+    "inturn_route_fixed()": (),
     # ingest stores, the admin resends (the notice function takes it as its owner)
     # (and the worker pulls its destination's messages from the channel log under it)
     "inturn_enqueue_lock(text)": ("ingest", "worker", "admin"),
