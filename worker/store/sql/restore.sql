@@ -19,10 +19,10 @@ SELECT tick FROM inturn_clock WHERE one;
 -- its slim rows in the hot table (NULL when it has none there: a history row that holds its
 -- own payload carries a drawn id in message_id; the operator keeps the last one it saw).
 SELECT r.destination,
-       CASE WHEN dl.id IS NOT NULL THEN least(dl.id, pe.first_id - 1) END AS delivered_through,
+       CASE WHEN dl.id IS NOT NULL THEN least(dl.id, pf.first_id - 1) END AS delivered_through,
        dl.finished_at AS delivered_at,
        CASE WHEN dm.message_id IS NOT NULL
-            THEN least(dm.message_id, pe.first_message - 1) END AS delivered_message,
+            THEN least(dm.message_id, pm.first_message - 1) END AS delivered_message,
        ac.id AS accepted_through, ac.enqueued_at AS accepted_at,
        ch.id AS channel_through, ch.enqueued_at AS channel_at
   FROM inturn_destination r
@@ -36,13 +36,22 @@ SELECT r.destination,
                 WHERE h.destination = r.destination AND h.state = 'delivered'
                 ORDER BY h.id DESC LIMIT 1)) AS x
        ORDER BY x.id DESC LIMIT 1) AS dl ON true
+  -- a destination's slim rows are made by its pulls, one at a time, in log order: their ids
+  -- and their log ids go up together, so each bound is one row found by the id indexes (no
+  -- scan of a backlog or of the hot window's finished rows)
   LEFT JOIN LATERAL (
-      SELECT max(d.message_id) AS message_id FROM inturn_delivery d
-       WHERE d.destination = r.destination AND d.state = 'delivered') AS dm ON true
+      SELECT d.message_id FROM inturn_delivery d
+       WHERE d.destination = r.destination AND d.state = 'delivered'
+         AND d.message_id IS NOT NULL
+       ORDER BY d.id DESC LIMIT 1) AS dm ON true
   LEFT JOIN LATERAL (
-      SELECT min(d.id) AS first_id, min(d.message_id) AS first_message
-        FROM inturn_delivery d
-       WHERE d.destination = r.destination AND d.state = 'pending') AS pe ON true
+      SELECT min(d.id) AS first_id FROM inturn_delivery d
+       WHERE d.destination = r.destination AND d.state = 'pending') AS pf ON true
+  LEFT JOIN LATERAL (
+      SELECT d.message_id AS first_message FROM inturn_delivery d
+       WHERE d.destination = r.destination AND d.state = 'pending'
+         AND d.message_id IS NOT NULL
+       ORDER BY d.id LIMIT 1) AS pm ON true
   LEFT JOIN LATERAL (
       SELECT x.id, x.enqueued_at
         FROM ((SELECT d.id, d.enqueued_at FROM inturn_delivery d
