@@ -10,9 +10,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
 
-from inturn.worker.store import roles
+from inturn.worker.store import roles, sweep
 from tests.support.db import Denied
 
 pytestmark = pytest.mark.store
@@ -110,6 +111,50 @@ def test_a_route_set_never_changes(fresh_db: str, role_dsns: dict[str, str]) -> 
         assert ingest.execute("SELECT id, channel, destinations FROM inturn_route").fetchall() == [
             (route, "adt", ["ward/lab"])
         ]
+
+
+async def test_the_sweeper_only_skips_a_pending_message(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """The sweeper's UPDATE on a delivery's state is for delivery-expired's skip: marking a
+    message delivered, failed or pending again, skipping without saying who decided, or
+    touching a finished row is refused; its own skip (sweep.skip_expired, audited) works."""
+    with psycopg.connect(fresh_db, autocommit=True) as owner:
+        ids = [
+            owner.execute(
+                "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+                " payload, size, state, finished_at) VALUES ('ward/lab', 'adt', %s, 'ADT^A01',"
+                " 'MSH|', 4, %s, %s) RETURNING id",
+                (f"S-{state}", state, None if state == "pending" else "2026-12-05"),
+            ).fetchall()[0][0]
+            for state in ("pending", "pending", "delivered")
+        ]
+    with psycopg.connect(role_dsns["sweeper"], autocommit=True) as sweeper:
+        for change in (
+            "state = 'delivered', finished_at = now(), decided_by = 'sweeper'",
+            "state = 'failed', finished_at = now(), decided_by = 'sweeper'",
+            "state = 'skipped', finished_at = now()",
+            "state = 'pending'",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                sweeper.execute(f"UPDATE inturn_delivery SET {change} WHERE id = %s", (ids[0],))
+        finished = sweeper.execute(
+            "UPDATE inturn_delivery SET state = 'skipped', decided_by = 'sweeper',"
+            " finished_at = now() WHERE id = %s",
+            (ids[2],),
+        )
+        assert finished.rowcount == 0
+    async with (
+        await AsyncConnection.connect(role_dsns["sweeper"], autocommit=True) as conn,
+        conn.transaction(),
+    ):
+        skipped = await sweep.skip_expired(conn, ids, who="sweeper", why="expired")
+    assert sorted(r["id"] for r in skipped) == ids[:2]
+    with psycopg.connect(fresh_db) as owner:
+        states = owner.execute(
+            "SELECT state FROM inturn_delivery WHERE id = ANY(%s) ORDER BY id", (ids,)
+        ).fetchall()
+    assert states == [("skipped",), ("skipped",), ("delivered",)]
 
 
 def _seed(dsn: str) -> dict[str, int]:

@@ -150,6 +150,17 @@ def _scope_worker(conn: psycopg.Connection[Any], worker: str) -> None:
     conn.execute(sql.SQL(Q["worker_pull_policy"]).format(policy=pull, role=sql.Identifier(worker)))
 
 
+def _narrow_sweeper(conn: psycopg.Connection[Any], sweeper: str) -> None:
+    """(Re)make the sweeper role's restrictive policy on ``inturn_delivery``: its one change of
+    a delivery row is a skip of a pending one, with who decided (``delivery-expired``)."""
+    policy = sql.Identifier(f"{sweeper}_skip")
+    delivery = sql.Identifier("inturn_delivery")
+    conn.execute(sql.SQL(Q["drop_worker_policy"]).format(policy=policy, table=delivery))
+    conn.execute(
+        sql.SQL(Q["sweeper_skip_policy"]).format(policy=policy, role=sql.Identifier(sweeper))
+    )
+
+
 def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> RolesReport:
     """Create the missing component roles and set every role's table privileges to
     :data:`GRANTS` and its function privileges to :data:`FUNCTIONS`, in one transaction, then
@@ -214,6 +225,7 @@ def apply_roles(dsn: str, prefix: str = DEFAULT_PREFIX) -> RolesReport:
                         )
                 _grant_functions(conn, present_functions, names)
                 _scope_worker(conn, names["worker"])
+                _narrow_sweeper(conn, names["sweeper"])
                 warnings = _revoke_advisory_locks(conn, names)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise RolesError(

@@ -188,5 +188,13 @@ CREATE POLICY {policy} ON inturn_worklist_item AS RESTRICTIVE FOR ALL TO {role}
                                            WHERE d.id = record_key::bigint)
                              ELSE false END));
 
+-- name: sweeper_skip_policy
+-- The sweeper's one change of a delivery row is delivery-expired's skip: a pending row becomes
+-- skipped, with who decided and when. With UPDATE on state alone it could mark any message
+-- delivered (gone from depth, the worklists and purge's care, no person deciding, no audit).
+CREATE POLICY {policy} ON inturn_delivery AS RESTRICTIVE FOR UPDATE TO {role}
+    USING (state = 'pending')
+    WITH CHECK (state = 'skipped' AND decided_by IS NOT NULL AND finished_at IS NOT NULL);
+
 -- name: drop_worker_policy
 DROP POLICY IF EXISTS {policy} ON {table};
