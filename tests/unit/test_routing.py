@@ -112,3 +112,22 @@ def test_a_channel_cannot_both_hold_and_drop_unrouted_messages() -> None:
     bad = ["--listen", "adt=127.0.0.1:0", "--accept-unrouted", "a/b"]
     done = CliRunner().invoke(ingest_command, bad, env={"INTURN_DSN": "postgresql://nowhere/x"})
     assert done.exit_code == 2 and "invalid channel name 'a/b'" in done.output
+
+
+def test_a_type_is_decided_once_per_table_and_a_field_filter_every_time() -> None:
+    """A channel of 200 destinations filtered by type only is decided once per message type
+    (the table is a snapshot): the same decision again; a channel whose destinations read
+    fields is decided per message."""
+    from inturn.worker.hl7.filter import conditions_of
+
+    many = [Route(f"ward/d{n:03d}", "adt", ("ADT^A0*",) if n % 5 else ()) for n in range(200)]
+    fields = conditions_of([{"field": "PID-3.1", "operator": "In", "values": ["X"]}])
+    table = RouteTable([*many, Route("lab/x", "lab", field_conditions=fields)])
+    first = table.route("adt", "ADT", "A01")
+    assert table.route("adt", "ADT", "A01") is first and len(first.destinations) == 200
+    other = table.route("adt", "ORU", "R01")
+    assert other is not first and len(other.destinations) == 40
+    x = b"MSH|^~\\&|A|B|C|D|2024||ORU^R01|1|P|2.5\rPID|1||X\r"
+    y = b"MSH|^~\\&|A|B|C|D|2024||ORU^R01|2|P|2.5\rPID|1||Y\r"
+    assert table.route("lab", "ORU", "R01", x).destinations == ("lab/x",)
+    assert table.route("lab", "ORU", "R01", y).destinations == ()

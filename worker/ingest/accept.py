@@ -285,8 +285,12 @@ class Acceptor:
             self.router.table, channel, message_type.code, message_type.trigger, payload
         )
         destinations = decision.destinations
+        checked: set[str | None] = set()  # each sender kind reads the payload once, not 200 times
         for destination in destinations:
             kind = decision.kinds.get(destination)
+            if kind in checked:
+                continue
+            checked.add(kind)
             why = refusal(kind, payload)
             if why is not None:
                 error = error_detail(

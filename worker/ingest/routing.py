@@ -73,6 +73,9 @@ def hold_destination(channel: str) -> str:
     return f"{HOLD_NAMESPACE}/{channel}"
 
 
+#: Routing decisions a table keeps (by channel and message type, where no filter reads fields).
+MAX_DECISIONS = 4096
+
 #: Longest channel name, in characters (it is part of the duplicate window's unique index).
 MAX_CHANNEL_CHARS = 128
 
@@ -156,6 +159,9 @@ class RouteTable:
             for channel, found in by_channel.items()
             if any(r.field_conditions for r in found)
         )
+        # decisions by (channel, code, trigger) where no destination reads fields: the table is
+        # a snapshot, so one stays right; a channel of 200 destinations decides once a type
+        self._decided: dict[tuple[str, str, str], RouteDecision] = {}
 
     def __len__(self) -> int:
         return sum(len(routes) for routes in self._by_channel.values())
@@ -192,6 +198,10 @@ class RouteTable:
         routes = self._by_channel.get(channel)
         if not routes:
             return RouteDecision((), "no_destinations")
+        key = (channel, code, trigger)
+        known = self._decided.get(key)
+        if known is not None:
+            return known
         fields: MessageFields | None = None
         matching = []
         for r in routes:
@@ -205,7 +215,12 @@ class RouteTable:
             matching.append(r)
         chosen = tuple(r.destination for r in matching)
         kinds = {r.destination: r.sender_kind for r in matching if r.sender_kind}
-        return RouteDecision(chosen, "routed" if chosen else "filtered", kinds)
+        decision = RouteDecision(chosen, "routed" if chosen else "filtered", kinds)
+        if channel not in self._reads_fields:
+            if len(self._decided) >= MAX_DECISIONS:
+                self._decided.clear()
+            self._decided[key] = decision
+        return decision
 
 
 async def route_message(
