@@ -45,6 +45,7 @@ from delivery import cpu_seconds, fresh_database, postgres_server
 from figures import emit, parse_args
 
 from inturn.worker.hl7.errors import HeaderError
+from inturn.worker.hl7.expect import answer_codes
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.store.migrate import migrate
 
@@ -55,12 +56,17 @@ FANOUTS = {"one": 1, "fan5": 5}
 
 
 def templates(source: corpus.Messages) -> list[tuple[bytes, bytes]]:
-    """Each usable message of ``source`` split around its MSH-10: (before, after)."""
+    """Each usable message of ``source`` split around its MSH-10: (before, after). A message
+    whose MSH-15/16 ask for two answers (a CA, then an AA) or none is left out: a connection
+    here reads one answer a message (reading one of two left the other for the next message,
+    timed as 0 ms and counted as a message accepted)."""
     out = []
     for _, raw in source.items:
         try:
             header = parse_header(raw)
         except HeaderError:
+            continue
+        if len(answer_codes(header, "accept")) != 1:
             continue
         sep = header.delimiters.field.encode("latin-1")
         first_end = min(i for i in (raw.find(b"\r"), raw.find(b"\n"), len(raw)) if i >= 0)
@@ -119,14 +125,16 @@ def reset(db: str) -> None:
         conn.execute("SET lock_timeout = '2s'")
         for attempt in range(10):
             try:
-                conn.execute("TRUNCATE inturn_delivery, inturn_received CASCADE")
+                conn.execute(
+                    "TRUNCATE inturn_delivery, inturn_message, inturn_received, inturn_cursor"
+                    " CASCADE"
+                )
                 break
             except (psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable):
                 if attempt == 9:
                     raise
                 time.sleep(0.2)
-        conn.execute("VACUUM ANALYZE inturn_delivery")
-        conn.execute("VACUUM ANALYZE inturn_received")
+        conn.execute("VACUUM ANALYZE inturn_delivery, inturn_message, inturn_received")
 
 
 async def connection_loop(
