@@ -470,9 +470,12 @@ class Runtime:
                     continue
                 if again_back or went_back(recorded, before):
                     assert recorded is not None
-                    again, (kept_through, kept_at) = await self.registrar.record_finding(
+                    found_now = await self.registrar.record_finding(
                         destination, recorded.finding(), recorded.channel_moment()
                     )
+                    if found_now is None:
+                        continue  # the database failed (logged): found again at the next tick
+                    again, (kept_through, kept_at) = found_now
                     channel = (snap.get("spec") or {}).get("channel")
                     finding = Finding(
                         destination,

@@ -249,13 +249,14 @@ class Registrar:
 
     async def record_finding(
         self, destination: str, finding: restore.RestoreFinding, channel_before: datetime | None
-    ) -> tuple[int, tuple[int | None, datetime | None]]:
+    ) -> tuple[int, tuple[int | None, datetime | None]] | None:
         """Keep ``finding`` in the restored database (the bounds of ``mark-delivered``); count
         the messages of ``destination`` delivered before, waiting again; and find its channel
         log's last message accepted by ``channel_before`` (the witness's last one; None: not
-        looked for). ``(0, (None, None))`` when the database failed (logged)."""
+        looked for). None when the database failed (logged; the next tick finds the restore
+        again: a count of 0 would be a wrong one)."""
         if self.pool is None:
-            return 0, (None, None)
+            return None
         try:
             async with self.pool.connection(timeout=5) as conn:
                 await restore.record_finding(conn, destination, finding)
@@ -265,7 +266,7 @@ class Registrar:
                 return again, await restore.kept(conn, destination, channel_before)
         except DB_ERRORS as exc:
             self._failed("restore", exc, destination)
-            return 0, (None, None)
+            return None
 
     async def has_finding(self, destination: str) -> bool | None:
         """Whether the database keeps a restore's finding for ``destination``; None when the

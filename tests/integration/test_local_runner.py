@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -223,3 +224,35 @@ def test_behind_a_pooler_the_refusal_names_the_lease_s_bound() -> None:
         " any more, wait that long and start again; else stop the other, or give this one a"
         " database of its own"
     )
+
+
+async def test_inturn_local_keeps_a_restore_witness_and_holds_after_a_restore(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """The run looks at its witness file before its workers start: a file recording a later
+    tick than the database holds (the database was restored) holds the destination at once."""
+    path = write(tmp_path, "nowhere")
+    witness = tmp_path / ".inturn" / "restore-witness.json"
+    witness.parent.mkdir()
+    witness.write_text('{"tick": 1000000, "destinations": {}}')
+    config = IngestConfig(listeners=[ListenerConfig(channel="adt", host="127.0.0.1", port=0)])
+    stop = asyncio.Event()
+    run = asyncio.create_task(
+        run_local(fresh_db, [path], config, None, stop, sweep_every=None, witness=witness)
+    )
+    try:
+        held = None
+        for _ in range(100):
+            with psycopg.connect(fresh_db) as conn:
+                held = conn.execute(
+                    "SELECT held_by FROM inturn_destination WHERE destination = 'default/nowhere'"
+                ).fetchone()
+            if held and held[0]:
+                break
+            await asyncio.sleep(0.1)
+        assert held == ("inturn-local",)
+    finally:
+        stop.set()
+        await run
+    recorded = json.loads(witness.read_text())
+    assert recorded["tick"] < 1000000 and "default/nowhere" in recorded["destinations"]

@@ -85,13 +85,16 @@ def pg_dump(dsn: str, path: Path) -> None:
 
 def pg_restore(dsn: str, path: Path) -> None:
     """The documented procedure (docs/howto/backups.md): the database dropped (its sessions
-    ended) and made anew, then ``pg_restore`` of the dump into it."""
+    ended) and made anew, then ``pg_restore --single-transaction`` of the dump into it."""
     params = conninfo_to_dict(dsn)
     name = str(params["dbname"])
     with psycopg.connect(make_conninfo(dsn, dbname="postgres"), autocommit=True) as server:
         server.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         server.execute(f'CREATE DATABASE "{name}"')
     command = [pg_tool("pg_restore"), "--no-owner", "--no-privileges", "--exit-on-error"]
+    # in one transaction: the operator, left running, never sees it half loaded (the clock
+    # restored before the messages: it would count none)
+    command.append("--single-transaction")
     subprocess.run(
         [*command, "-d", dsn, str(path)],
         check=True,
@@ -431,8 +434,18 @@ async def test_a_failover_to_a_lagging_replica_holds_the_older_tick() -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             for _ in range(3):
                 await restore_store.tick(conn)
-        deadline = asyncio.get_running_loop().time() + 30
-        while cluster.sql(standby, "SELECT max(tick) FROM inturn_clock").strip() != "3":
+
+        def standby_tick() -> int | None:
+            """The standby's tick; None before it replayed the migrations."""
+            try:
+                with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+                    found = conn.execute("SELECT max(tick) FROM inturn_clock").fetchone()
+            except psycopg.errors.UndefinedTable:
+                return None
+            return int(found[0]) if found and found[0] is not None else None
+
+        deadline = asyncio.get_running_loop().time() + 60
+        while standby_tick() != 3:
             assert asyncio.get_running_loop().time() < deadline, "the standby never caught up"
             await asyncio.sleep(0.1)
         standby.stop()  # cut off: the ticks that follow never reach it
@@ -492,3 +505,56 @@ async def test_a_second_restore_before_the_decision_is_found_again(
         assert (restore["mayBeSentAgain"], restore["deliveredThrough"]) == (10, waiting[-1])
         await asyncio.sleep(3)  # a few ticks: it stays undecided and held
         assert status(env).get("restore") and held_by() == HOLDER and restored_events() == 2
+
+
+async def test_inturn_local_keeps_the_witness_in_its_data_folder(
+    empty_db: str, tmp_path: Path
+) -> None:
+    """``inturn local`` has no operator: its witness is a file of its data folder. A real
+    pg_dump taken with 10 messages waiting, those delivered, a real pg_restore: its next look
+    holds the destination (audited as inturn-local), says so in one line with the 10, and
+    keeps the finding for mark-delivered; once a person resumes, the finding goes."""
+    from inturn.worker.local import witness
+    from tests.support.pipeline import register
+
+    migrate(empty_db)
+    register(empty_db, KEY, "adt")
+    path = tmp_path / ".inturn" / witness.FILE_NAME
+
+    async def look() -> witness.Noticed | None:
+        async with await psycopg.AsyncConnection.connect(empty_db, autocommit=True) as conn:
+            return await witness.look(conn, path)
+
+    waiting = rows(empty_db, 10, "pending", "WAIT")
+    assert await look() is None and path.exists()
+    backup = tmp_path / "queue.dump"
+    pg_dump(empty_db, backup)
+    deliver(empty_db, waiting)
+    late = rows(empty_db, 3, "pending", "LATE")
+    deliver(empty_db, late)
+    assert await look() is None  # the file now records the 13 delivered
+    pg_restore(empty_db, backup)
+    noticed = await look()
+    assert noticed is not None and noticed.held == (KEY,)
+    [line] = noticed.lines
+    assert "went back in time" in line and "10 message(s) delivered before" in line
+    assert await look() is None  # said once
+    with psycopg.connect(empty_db) as conn:
+        held = conn.execute(
+            "SELECT held_by FROM inturn_destination WHERE destination = %s", (KEY,)
+        ).fetchone()
+        audited = conn.execute(
+            "SELECT who, action FROM inturn_audit WHERE destination = %s", (KEY,)
+        ).fetchall()
+    assert held == ("inturn-local",) and audited == [("inturn-local", "suspend")]
+    dsn = ["--dsn", empty_db, "--who", "ops"]
+    await asyncio.to_thread(main, ["queue", "mark-delivered", KEY, "--why", "has them", *dsn])
+    await asyncio.to_thread(main, ["queue", "resume", KEY, *dsn])
+    assert await look() is None
+    with psycopg.connect(empty_db) as conn:
+        states = conn.execute(
+            "SELECT state, count(*) FROM inturn_delivery WHERE destination = %s GROUP BY 1",
+            (KEY,),
+        ).fetchall()
+        left = conn.execute("SELECT count(*) FROM inturn_restore").fetchone()
+    assert dict(states) == {"delivered": 10} and left == (0,)

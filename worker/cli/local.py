@@ -36,6 +36,7 @@ from inturn.worker.drain import shutdown
 from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedded
 from inturn.worker.local.manifests import check_sender, load_all
 from inturn.worker.local.run import DatabaseInUse, run_local
+from inturn.worker.local.witness import FILE_NAME
 from inturn.worker.spec.destination import ManifestError
 from inturn.worker.store.dsn import DsnError, normalize_dsn
 from inturn.worker.store.migrate import migrate
@@ -233,6 +234,7 @@ def local_command(
                     abandon,
                     sweep_every=sweep_every or None,
                     skip=[data_dir],
+                    witness=data_dir / FILE_NAME,
                 )
             finally:
                 if served is not None:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -34,6 +35,7 @@ from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.errors import Conflict
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.service import Ingest
+from inturn.worker.local import witness as witness_file
 from inturn.worker.local.manifests import fingerprint, load_all, manifest_files
 from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.senders import registry as senders
@@ -361,11 +363,13 @@ async def run_local(
     abandon: asyncio.Event | None = None,
     sweep_every: float | None = SWEEP_EVERY_SECONDS,
     skip: Sequence[Path] = (),
+    witness: Path | None = None,
 ) -> None:
     """Run ingest, the workers and (every ``sweep_every`` seconds; None: never) the sweeper
     until ``stop`` is set, then shut them down in order (``abandon``, set while stopping,
     cancels the attempts still in flight). ``skip``: folders the manifest search leaves out
-    (the data directory).
+    (the data directory). ``witness``: the restore witness file (:mod:`.witness`; None: none
+    kept): looked at before the workers start and once every ``INTURN_RESTORE_TICK_SECONDS``.
 
     The run holds the database's ``inturn local`` lease from start to end: a second
     ``inturn local`` on the same database would retire this one's destinations (they are not
@@ -400,12 +404,14 @@ async def run_local(
             log.info("the sweeper runs every %gs (--sweep-every)", sweep_every)
         try:
             await ingest.start()  # every listener bound (or AddressInUse) before any worker
+            next_look = await _look_for_restore(owner, witness, 0.0)
             runner.launch()
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), POLL_SECONDS)
                 if not stop.is_set():
                     owner, held = await _keep_local(dsn, owner, holder, held, stop)
+                    next_look = await _look_for_restore(owner, witness, next_look)
                     try:
                         await runner.poll()
                     except (*DATABASE_AWAY, psycopg.Error) as exc:  # _keep_local says why
@@ -426,6 +432,29 @@ async def run_local(
             if held is not None:
                 await locks.release_singleton(owner, held)
             await owner.close()
+
+
+async def _look_for_restore(conn: AsyncConnection[Any], path: Path | None, due: float) -> float:
+    """Look at the restore witness when ``due`` (a monotonic time) has come; the next due
+    time. A failed look is logged and tried again at the next poll."""
+    now = time.monotonic()
+    if path is None or now < due or conn.closed or conn.broken:
+        return due
+    try:
+        await witness_file.look(conn, path)
+    except psycopg.Error as exc:
+        log.warning("restore witness: the database failed (%s); looked at again", exc)
+        return due
+    return now + restore_tick_seconds()
+
+
+def restore_tick_seconds() -> float:
+    """``INTURN_RESTORE_TICK_SECONDS`` (default 60, as the operator's)."""
+    try:
+        value = float(os.environ.get("INTURN_RESTORE_TICK_SECONDS", "60"))
+    except ValueError:
+        return 60.0
+    return value if value > 0 else 60.0
 
 
 #: The renewal of the ``inturn local`` lease, refused for a while: one line when it begins,

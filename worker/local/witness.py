@@ -1,0 +1,141 @@
+"""``inturn local``'s restore witness (issue 39, part 1; docs/howto/backups.md).
+
+Without an operator, ``inturn local`` keeps the witness itself, in a file of its data folder
+(``<data dir>/restore-witness.json``), outside the queue database: it moves the database's
+clock on (``inturn_clock``) at its start and once a tick, and records the tick with how far
+each destination's delivery had gone. A database holding an older tick than the file was
+restored (a dump restored into the embedded server, or into the one ``--dsn`` names): every
+destination is then held (audited as ``inturn-local``) until a person decides
+(``inturn queue mark-delivered``, ``inturn queue resume``), with one WARNING line each, and the
+restore's finding is kept in the database for ``mark-delivered`` as the operator keeps it.
+
+Limits: a data folder restored together with the database (its file too) cannot tell; the file
+is the witness of one database (the one this data folder's runs used).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from inturn.worker.store import registry, restore
+
+log = logging.getLogger("inturn.local")
+
+#: Who the hold after a restore names (registry and audit).
+HOLDER = "inturn-local"
+
+#: The witness file's name in the data folder.
+FILE_NAME = "restore-witness.json"
+
+
+@dataclass(frozen=True)
+class Noticed:
+    """A restore ``inturn local`` noticed: the destinations held, and one line each."""
+
+    held: tuple[str, ...]
+    lines: tuple[str, ...]
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The recorded witness, or None (no file yet, or one that is not ours: said once)."""
+    try:
+        node = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("restore witness %s unreadable (%s): recorded anew", path, exc)
+        return None
+    if not isinstance(node, dict) or not isinstance(node.get("tick"), int):
+        return None
+    return node
+
+
+def _write(path: Path, tick: int, seen: dict[str, restore.Seen]) -> None:
+    """Record ``tick`` and each destination's delivery bounds (written whole, then renamed)."""
+    node = {
+        "tick": tick,
+        "destinations": {
+            name: {
+                "deliveredThrough": s.delivered_through,
+                "deliveredMessage": s.delivered_message,
+                "deliveredTime": s.delivered_at.isoformat() if s.delivered_at else None,
+            }
+            for name, s in seen.items()
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(node, indent=1))
+    os.replace(partial, path)
+
+
+async def look(conn: AsyncConnection[Any], path: Path) -> Noticed | None:
+    """Move the database's clock on and compare it with the witness file at ``path``.
+
+    Returns:
+        What was noticed when the database holds an older tick than the file (every live
+        destination held, its finding recorded, one WARNING line each), else None. The file
+        then records the tick and the bounds as the database holds them now (after a restore,
+        the bounds recorded before are kept in the database's findings, not in the file).
+
+    Raises:
+        psycopg.Error: the database failed (the caller looks again at its next tick).
+    """
+    async with conn.transaction():  # the tick is seen with the holds, never before them
+        noticed = await _look(conn, path)
+    return noticed
+
+
+async def _look(conn: AsyncConnection[Any], path: Path) -> Noticed | None:
+    before, now = await restore.tick(conn)
+    recorded = _read(path)
+    seen = await restore.witness(conn)
+    noticed = None
+    for destination in sorted(seen):
+        # a restore a person decided (the hold lifted): its finding goes
+        if await restore.finding(conn, destination) is not None and not await registry.held(
+            conn, destination
+        ):
+            await restore.forget_finding(conn, destination)
+    if recorded is not None and int(recorded["tick"]) > before:
+        held, lines = [], []
+        bounds = recorded.get("destinations")
+        bounds = bounds if isinstance(bounds, dict) else {}
+        for destination in sorted(seen):
+            node = bounds.get(destination)
+            node = node if isinstance(node, dict) else {}
+            when = node.get("deliveredTime")
+            finding = restore.RestoreFinding(
+                int(recorded["tick"]),
+                _number(node.get("deliveredThrough")),
+                _number(node.get("deliveredMessage")),
+                datetime.fromisoformat(when) if isinstance(when, str) else None,
+            )
+            await restore.record_finding(conn, destination, finding)
+            again = await restore.exposure(conn, destination)
+            line = (
+                f"destination {destination}: the queue database went back in time (its clock"
+                f" {before}, {path} recorded {recorded['tick']}); {again} message(s) delivered"
+                " before may be sent again; delivery is held until a person decides: inturn"
+                f" queue mark-delivered {destination} (what the receiver has: those delivered"
+                " before), then inturn queue resume"
+            )
+            if await registry.suspend(conn, destination, who=HOLDER, why=line[:1000]):
+                held.append(destination)
+            log.warning("%s", line)
+            lines.append(line)
+        noticed = Noticed(tuple(held), tuple(lines))
+    _write(path, now, seen)
+    return noticed
+
+
+def _number(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
