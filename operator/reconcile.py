@@ -41,10 +41,11 @@ from inturn.operator.observed import (
     peering_paused,
 )
 from inturn.operator.registrar import Registrar
-from inturn.operator.restore import Finding, Witness, went_back
+from inturn.operator.restore import Finding, Witness, parse_time, went_back
 from inturn.operator.statuses import StatusWriter
 from inturn.worker.spec.destination import ManifestError
 from inturn.worker.store import registry
+from inturn.worker.store.restore import Seen
 
 log = logging.getLogger("inturn.operator")
 
@@ -461,8 +462,13 @@ class Runtime:
                     # before a person decided (its hold went with it): found again
                     again_back = await self.registrar.has_finding(destination) is False
                 if undecided and not again_back:
-                    if policy == "hold" and await self.registrar.held(destination) is not False:
-                        continue  # a person has not decided yet (or the database cannot say)
+                    holding = await self.registrar.held(destination) if policy == "hold" else False
+                    if holding is not False:
+                        # a person has not decided yet (or the database cannot say): the count
+                        # follows what they did meanwhile (mark-delivered brings it to 0)
+                        if holding and recorded is not None and isinstance(undecided, dict):
+                            await self._recount(key, snap, policy, recorded, seen, undecided)
+                        continue
                     if not await self.registrar.forget_finding(destination):
                         continue
                     log.info("destination %s: the restore is decided; witness anew", destination)
@@ -503,6 +509,36 @@ class Runtime:
                     await self._patch_witness(key, current, None)
             except ApiError as exc:
                 log.warning("restore witness of %s not written: %s", destination, exc)
+
+    async def _recount(
+        self,
+        key: Key,
+        snap: Mapping[str, Any],
+        policy: str,
+        recorded: Witness,
+        seen: Mapping[str, Seen],
+        undecided: dict[str, Any],
+    ) -> None:
+        """While a restore is undecided: count again what may be sent twice and what was lost
+        (``status.restore``; said once already, so no line, no event)."""
+        destination = f"{key[0]}/{key[1]}"
+        counted = await self.registrar.recount(destination, recorded.channel_moment())
+        if counted is None:
+            return
+        again, (kept_through, kept_at) = counted
+        channel = (snap.get("spec") or {}).get("channel")
+        finding = Finding(
+            destination,
+            policy,
+            again,
+            recorded,
+            seen.get(destination),
+            str(channel) if channel else None,
+            kept_through,
+            kept_at,
+        )
+        detected = parse_time(undecided.get("detectedTime")) or datetime.now(UTC)
+        await self._patch_witness(key, recorded, finding.to_status(detected))
 
     async def _patch_witness(
         self, key: Key, witness: Witness, restore: dict[str, Any] | None

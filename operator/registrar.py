@@ -268,6 +268,24 @@ class Registrar:
             self._failed("restore", exc, destination)
             return None
 
+    async def recount(
+        self, destination: str, channel_before: datetime | None
+    ) -> tuple[int, tuple[int | None, datetime | None]] | None:
+        """While a restore is undecided: the messages of ``destination`` that may be sent twice
+        now (within its recorded finding), and its channel log's last message accepted by
+        ``channel_before``; None when the database failed (logged)."""
+        if self.pool is None:
+            return None
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                again = await restore.exposure(conn, destination)
+                if channel_before is None:
+                    return again, (None, None)
+                return again, await restore.kept(conn, destination, channel_before)
+        except DB_ERRORS as exc:
+            self._failed("restore", exc, destination)
+            return None
+
     async def has_finding(self, destination: str) -> bool | None:
         """Whether the database keeps a restore's finding for ``destination``; None when the
         database failed (logged)."""

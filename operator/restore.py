@@ -103,7 +103,7 @@ class Witness:
 
     def channel_moment(self) -> datetime | None:
         """``channel_time`` as a timestamp (None: absent or not one)."""
-        return _moment(self.channel_time)
+        return parse_time(self.channel_time)
 
     def finding(self) -> RestoreFinding:
         """What the restored database keeps of this witness until a person decides (the bounds
@@ -112,11 +112,11 @@ class Witness:
             self.tick,
             self.delivered_through,
             self.delivered_message,
-            _moment(self.delivered_time),
+            parse_time(self.delivered_time),
         )
 
 
-def _moment(text: str | None) -> datetime | None:
+def parse_time(text: str | None) -> datetime | None:
     """An RFC 3339 time of a status as a timestamp (None: absent or not one)."""
     if text is None:
         return None

@@ -176,6 +176,13 @@ async def test_a_restored_dump_is_noticed_said_held_and_decided(
         await asyncio.to_thread(
             main, ["queue", "mark-delivered", KEY, "--why", "it has them", *dsn]
         )
+        # still undecided (held): the status counts again, no second line or event
+        await eventually(lambda: status(env)["restore"]["mayBeSentAgain"] == 0, timeout=30)
+        assert (
+            "0 message(s) delivered before may be sent again" in status(env)["restore"]["message"]
+        )
+        lines = [r.getMessage() for r in caplog.records if "went back in time" in r.getMessage()]
+        assert len(lines) == 1
         await asyncio.to_thread(main, ["queue", "resume", KEY, *dsn])
         await eventually(lambda: not status(env).get("restore"), timeout=30)
     with psycopg.connect(queue_db) as conn:
