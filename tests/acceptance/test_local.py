@@ -74,7 +74,14 @@ async def count(dsn: str, sql: str, *params: Any) -> int:
 
 
 async def pending(dsn: str) -> int:
-    return await count(dsn, "SELECT count(*) FROM inturn_delivery WHERE state = 'pending'")
+    """Messages waiting, every destination together, as `inturn queue depth` counts them: the
+    queues' pending rows and the channel log's messages a destination has not pulled yet."""
+    from psycopg import AsyncConnection
+
+    from inturn.worker.store import reads
+
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return sum(row.pending for row in await reads.depth(conn))
 
 
 async def test_outage_every_message_once_and_in_order(
@@ -561,11 +568,15 @@ async def test_ingests_settings_are_inturn_ingests_duplicate_delivered_window(
     await local.start(port)
     assert await send(port, [message(1, "W")]) == ["AA"]
     async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        # the suspended destination's worker pulls nothing: pull its row out of the channel
+        # log as a person's action does, then play its delivery 30 s ago
+        await conn.execute("SELECT * FROM inturn_pull_for('default/held', 100)")
         await conn.execute(
             "UPDATE inturn_delivery SET state = 'delivered', finished_at = now() - interval '30s'"
         )
     assert await send(port, [message(1, "W")]) == ["AA"]
-    async with await psycopg.AsyncConnection.connect(fresh_db) as conn:
+    async with await psycopg.AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute("SELECT * FROM inturn_pull_for('default/held', 100)")
         cur = await conn.execute("SELECT id, state, resent_from FROM inturn_delivery ORDER BY id")
         rows = await cur.fetchall()
     first = rows[0][0]

@@ -64,8 +64,8 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
-DROP TRIGGER IF EXISTS test_refuse ON inturn_delivery;
-CREATE TRIGGER test_refuse BEFORE INSERT ON inturn_delivery
+DROP TRIGGER IF EXISTS test_refuse ON inturn_message;
+CREATE TRIGGER test_refuse BEFORE INSERT ON inturn_message
     FOR EACH ROW EXECUTE FUNCTION test_refuse();
 """
 
@@ -98,7 +98,7 @@ async def test_each_storage_error_class_gets_its_answer(
         assert ack.code == "AA"
     finally:
         with psycopg.connect(fresh_db, autocommit=True) as conn:
-            conn.execute("DROP TRIGGER test_refuse ON inturn_delivery")
+            conn.execute("DROP TRIGGER test_refuse ON inturn_message")
 
 
 @pytest.mark.parametrize(
