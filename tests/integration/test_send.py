@@ -101,7 +101,8 @@ def setup(fresh_db: str, pki: Path, tmp_path: Path) -> Iterator[tuple[int, int, 
 
 def stored(dsn: str) -> list[str]:
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT control_id FROM inturn_delivery ORDER BY id").fetchall()
+        # ingest stores a message once, in its channel's log
+        rows = conn.execute("SELECT control_id FROM inturn_message ORDER BY id").fetchall()
     return [r[0] for r in rows]
 
 
