@@ -12,10 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from inturn.worker.store.dsn import LOCAL_DISCOVERY_ENV
 
@@ -110,7 +113,20 @@ def depth(cwd: Path) -> dict[str, dict[str, int]]:
     return {r["destination"]: r for r in json.loads(out.stdout)}
 
 
-def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
+@pytest.fixture
+def reader_home() -> Iterator[Path]:
+    """The reader's folder, outside pytest's tmp tree: pytest sets /tmp/pytest-of-<user> back
+    to mode 0700 whenever a pytest session starts (another developer's, on a shared machine),
+    and the embedded Postgres's own user (pgserver runs it as one when we are root) must reach
+    ``./.inturn/pg`` all along (an initdb failed with "Permission denied" midway that way)."""
+    home = Path(tempfile.mkdtemp(prefix="inturn-tutorial-"))
+    home.chmod(0o755)
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_the_tutorial_runs_as_written(reader_home: Path) -> None:
+    tmp_path = reader_home
     ports = {p: free_port() for p in PORTS}
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     for manifest in (tmp_path / "examples").glob("local-*.yaml"):
