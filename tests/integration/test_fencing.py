@@ -396,7 +396,7 @@ async def test_a_holder_whose_event_loop_is_blocked_is_replaced_and_sends_nothin
                 loops.append(asyncio.get_running_loop())
                 stopping.append(asyncio.Event())
                 async with worker(cfg, fresh_db, lease=settings, stop_seconds=30):
-                    await stopping[0].wait()
+                    await asyncio.wait_for(stopping[0].wait(), 300)  # every wait bounded
 
             try:
                 asyncio.run(run())
