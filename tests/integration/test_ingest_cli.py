@@ -116,7 +116,7 @@ async def test_ingest_command_with_mutual_tls(fresh_db: str, pki: Path, tmp_path
     assert process.returncode == 0, output.decode(errors="replace")
     assert b"over TLS" in output
     with psycopg.connect(fresh_db) as conn:
-        stored = conn.execute("SELECT control_id, payload FROM inturn_delivery").fetchall()
+        stored = conn.execute("SELECT control_id, payload FROM inturn_message").fetchall()
     assert [(cid, bytes(p)) for cid, p in stored] == [
         ("TLS-1", MESSAGE),
         ("HTTPS-1", MESSAGE.replace(b"TLS-1", b"HTTPS-1")),

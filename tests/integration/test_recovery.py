@@ -106,7 +106,7 @@ async def test_ingest_answers_aa_again_after_postgres_returns(scratch: ScratchPo
     print(f"first AA {took:.1f} s after the server was back ({len(codes)} tries)")
     assert codes[-1] == "AA"
     with psycopg.connect(scratch.dsn, autocommit=True) as conn:
-        stored = [r[0] for r in conn.execute("SELECT control_id FROM inturn_delivery ORDER BY id")]
+        stored = [r[0] for r in conn.execute("SELECT control_id FROM inturn_message ORDER BY id")]
     assert stored == ["BEFORE", "AFTER"]  # nothing of the AE'd attempts was kept
 
 

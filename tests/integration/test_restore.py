@@ -404,14 +404,7 @@ async def test_a_base_backup_restored_holds_the_older_tick() -> None:
             for _ in range(3):
                 await restore_store.tick(conn)
         copy = cluster.root / "backup"
-        pgcluster._run(
-            [
-                str(pgcluster.BIN / "pg_basebackup"),
-                *("-D", str(copy), "-h", str(cluster.primary.socket_dir)),
-                *("-p", str(cluster.primary.port), "-U", pgcluster.USER, "-X", "stream"),
-                "--no-sync",
-            ]
-        )
+        pgcluster.base_backup(cluster.primary, copy)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             for _ in range(3):
                 before, now = await restore_store.tick(conn)

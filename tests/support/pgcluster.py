@@ -108,6 +108,19 @@ class Server:
         _run([str(BIN / "pg_ctl"), "promote", "-w", "-D", str(self.data)], self.netns)
 
 
+def base_backup(server: Server, folder: Path) -> None:
+    """A base backup of ``server`` into ``folder`` (``pg_basebackup``, WAL streamed with it): a
+    server started on that folder is the database as it was at the backup."""
+    _run(
+        [
+            str(BIN / "pg_basebackup"),
+            *("-D", str(folder), "-h", str(server.socket_dir), "-p", str(server.port)),
+            *("-U", USER, "-X", "stream", "--no-sync"),
+        ],
+        server.netns,
+    )
+
+
 class Cluster:
     """A primary and, after :meth:`add_standby`, a streaming standby of it (synchronous when
     asked), under one temporary folder; :meth:`close` stops both and removes everything."""

@@ -23,4 +23,4 @@ def test_the_store_statements_fit_psycopgs_conversion_cache() -> None:
 
 def test_compacting_drops_comments_and_blank_runs_only() -> None:
     query = "-- a comment\nSELECT a,   b\n      FROM t  -- trailing stays\n\n WHERE x = ','\n"
-    assert ingest._compact(query) == "SELECT a, b\nFROM t -- trailing stays\nWHERE x = ','"
+    assert ingest.compact_query(query) == "SELECT a, b\nFROM t -- trailing stays\nWHERE x = ','"

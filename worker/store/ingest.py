@@ -33,7 +33,7 @@ Q = load("ingest.sql")
 DEFAULT_DELIVERED_WINDOW_SECONDS = 600.0
 
 
-def _compact(query: str) -> LiteralString:
+def compact_query(query: str) -> LiteralString:
     """``query`` without its comment lines and runs of blanks: psycopg caches its conversion
     of a query only under 4 KiB (``MAX_CACHED_STATEMENT_LENGTH``), and the store statements run
     for every batch. Only for statements whose string literals hold no blank runs and no
@@ -44,7 +44,7 @@ def _compact(query: str) -> LiteralString:
 
 #: The statements as sent (``sql/ingest.sql``, compacted).
 STORE_LOG, RESERVE_LOG, STORE_LOG_SEALED = (
-    _compact(Q[n]) for n in ("store_log", "reserve_log", "store_log_sealed")
+    compact_query(Q[n]) for n in ("store_log", "reserve_log", "store_log_sealed")
 )
 
 #: Route sets a cache holds at most (a channel's messages mostly share a handful).
@@ -263,7 +263,7 @@ async def store_log(
             "tps": [m.traceparent for m in unique],
             "rks": [m.reply_keys for m in unique],
         }
-        row = await _one(conn, STORE_LOG, params)
+        row = await one_row(conn, STORE_LOG, params)
     return _results(row, len(unique), slot, copy)
 
 
@@ -354,7 +354,7 @@ async def _store_log_sealed(
         "digests": [m.digest for m in unique],
         "sizes": [len(m.payload) for m in unique],
     }
-    got = await _one(conn, RESERVE_LOG, reserve)
+    got = await one_row(conn, RESERVE_LOG, reserve)
     queued = got["queued"]
     if isinstance(queued, str):
         queued = json.loads(queued)
@@ -396,14 +396,16 @@ async def _store_log_sealed(
         "reply_keys": [unique[k].reply_keys for k in fresh],
         "positions": [k + 1 for k in fresh],
     }
-    stored = await _one(conn, STORE_LOG_SEALED, params)
+    stored = await one_row(conn, STORE_LOG_SEALED, params)
     if int(stored["inserted"]) != len(rows):
         raise RuntimeError("the store statement returned an unexpected number of rows")
     got["answered"] = stored["answered"]
     return got
 
 
-async def _one(conn: AsyncConnection[Any], query: Any, params: dict[str, Any]) -> dict[str, Any]:
+async def one_row(conn: AsyncConnection[Any], query: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """Run one of ingest's store statements (lists bound as binary arrays) and return its one
+    row; shared by the channel log's path and the per-row path of an upgrade window."""
     async with conn.cursor(row_factory=dict_row) as cur:
         cur.adapters.register_dumper(list, ListBinaryDumper)
         await cur.execute(query, params)

@@ -25,13 +25,13 @@ from inturn.worker.crypto import envelope
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.errors import Invalid
 from inturn.worker.store.identifiers import keys_text
-from inturn.worker.store.ingest import DEFAULT_DELIVERED_WINDOW_SECONDS, Q, _compact, _one
+from inturn.worker.store.ingest import DEFAULT_DELIVERED_WINDOW_SECONDS, Q, compact_query, one_row
 from inturn.worker.store.model import Earlier, Message, StoreResult
 from inturn.worker.store.notify import notify_channel
 
 #: The statements as sent (``sql/ingest.sql``, compacted).
 STORE, RESERVE, STORE_SEALED = (
-    _compact(Q[n]) for n in ("rows_store", "rows_reserve", "rows_store_sealed")
+    compact_query(Q[n]) for n in ("rows_store", "rows_reserve", "rows_store_sealed")
 )
 
 
@@ -351,7 +351,7 @@ async def store_sealed(
         "remember": remember,
         "destinations": list(ordered),
     }
-    got = await _one(conn, RESERVE, reserve)
+    got = await one_row(conn, RESERVE, reserve)
     fresh = [int(n) - 1 for n in got["fresh"] or ()]
     drawn = sorted(int(i) for i in got["ids"] or ())
     got["ids"] = drawn
@@ -393,7 +393,7 @@ async def store_sealed(
         "reply_keys": [m.reply_keys for m in fresh_messages],
         "positions": [i + 1 for i in fresh],
     }
-    stored = await _one(conn, STORE_SEALED, params)
+    stored = await one_row(conn, STORE_SEALED, params)
     if int(stored["inserted"]) != len(rows):
         raise RuntimeError("the store statement returned an unexpected number of rows")
     got["answered"] = stored["answered"]
