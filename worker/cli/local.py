@@ -234,7 +234,9 @@ def local_command(
                     abandon,
                     sweep_every=sweep_every or None,
                     skip=[data_dir],
-                    witness=data_dir / FILE_NAME,
+                    # the witness of its own embedded database only: a database --dsn names
+                    # is another's to watch (the operator's, or that database's own backups)
+                    witness=data_dir / FILE_NAME if embedded is not None else None,
                 )
             finally:
                 if served is not None:

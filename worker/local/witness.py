@@ -4,7 +4,7 @@ Without an operator, ``inturn local`` keeps the witness itself, in a file of its
 (``<data dir>/restore-witness.json``), outside the queue database: it moves the database's
 clock on (``inturn_clock``) at its start and once a tick, and records the tick with how far
 each destination's delivery had gone. A database holding an older tick than the file was
-restored (a dump restored into the embedded server, or into the one ``--dsn`` names): every
+restored (a dump restored into its embedded server; with ``--dsn`` no witness is kept): every
 destination is then held (audited as ``inturn-local``) until a person decides
 (``inturn queue mark-delivered``, ``inturn queue resume``), with one WARNING line each, and the
 restore's finding is kept in the database for ``mark-delivered`` as the operator keeps it.
