@@ -133,10 +133,12 @@ async def test_a_dsn_keeps_its_own_values(tcp_server: Cluster) -> None:
 
 
 def lock_holders(host_dsn: str) -> list[str]:
+    """The addresses of the sessions holding an advisory lock, each once: a worker holds its
+    lease lock for the session and, inside a pull, the transaction's pull lock beside it."""
     with psycopg.connect(host_dsn, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-            " WHERE l.locktype = 'advisory' AND l.granted"
+            "SELECT DISTINCT host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a"
+            " USING (pid) WHERE l.locktype = 'advisory' AND l.granted"
         ).fetchall()
     return [str(r[0]) for r in rows]
 
