@@ -154,6 +154,29 @@ def test_maps_compare_unescaped_text_and_escape_what_they_write() -> None:
     assert segment(out, b"OBX")[3] == b"A\\F\\B^Glucose^L"
 
 
+def test_a_map_finds_a_key_its_message_spells_only_with_escapes() -> None:
+    """A message none of whose text holds a map's key skips the map, but for a segment with an
+    escape sequence: there the key may be spelled otherwise (a hex escape, \\T\\ for &)."""
+    table = {"GLU": "2345-7", "A&B": "X"}
+    spec = {"maps": [{"field": "OBX-3.1", "table": table}], "truncate": {"OBX-5": 4}}
+    payload = (
+        MSG.replace(b"CE|GLU^Glucose", b"CE|\\X47\\LU^Glucose", 1)
+        .replace(b"HBA^HbA1c^L~GLU^x^L", b"A\\T\\B^HbA1c^L~QQQ^x^L", 1)
+        .replace(b"||GLU^Glucose", b"||QQQ^Glucose", 1)  # OBR-4
+    )
+    assert b"GLU" not in payload and b"A&B" not in payload
+    out = run(spec, payload)
+    assert segment(out, b"OBX", 0)[3] == b"2345-7^Glucose^L"
+    assert segment(out, b"OBX", 1)[3] == b"X^HbA1c^L~QQQ^x^L"
+    assert segment(out, b"OBX", 0)[5] == b"Some"  # the truncation beside it still applies
+    # no key anywhere, no escape: every OBX as it was but for the truncation
+    plain = MSG.replace(b"GLU", b"QQQ")
+    out = run(spec, plain)
+    assert segment(out, b"OBX", 0)[3] == b"QQQ^Glucose^L"
+    assert segment(out, b"OBX", 0)[5] == b"Some"
+    assert segment(out, b"OBX", 1) == segment(plain, b"OBX", 1)
+
+
 def test_sequence_numbers_write_msh_13() -> None:
     out = run({"sequenceNumbers": True}, sequence=42)
     msh = segment(out, b"MSH")

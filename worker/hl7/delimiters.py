@@ -58,19 +58,7 @@ class Delimiters:
         and CR / LF become ``\\X0D\\`` / ``\\X0A\\``, so the result can never break the
         message structure.
         """
-        e = self.escape
-        table = {
-            self.escape: f"{e}E{e}",
-            self.field: f"{e}F{e}",
-            self.component: f"{e}S{e}",
-            self.repetition: f"{e}R{e}",
-            self.subcomponent: f"{e}T{e}",
-            "\r": f"{e}X0D{e}",
-            "\n": f"{e}X0A{e}",
-        }
-        if self.truncation is not None:
-            table[self.truncation] = f"{e}P{e}"
-        return "".join(table.get(ch, ch) for ch in text)
+        return text.translate(_escape_table(self))
 
     def unescape_text(self, text: str) -> str:
         """Undo the delimiter escapes ``\\F\\ \\S\\ \\R\\ \\E\\ \\T\\ \\P\\`` and ``\\Xhh..\\``.
@@ -227,3 +215,22 @@ def delimiters_of(payload: bytes) -> Delimiters:
         return read_delimiters(first_segment_of(payload))
     except HeaderError:
         return DEFAULT_DELIMITERS
+
+
+@functools.lru_cache(maxsize=64)
+def _escape_table(d: Delimiters) -> dict[int, str]:
+    """:meth:`Delimiters.escape_text`'s table for ``str.translate``: each delimiter, CR and LF
+    to its escape sequence (a later key wins where two are the same character)."""
+    e = d.escape
+    table = {
+        d.escape: f"{e}E{e}",
+        d.field: f"{e}F{e}",
+        d.component: f"{e}S{e}",
+        d.repetition: f"{e}R{e}",
+        d.subcomponent: f"{e}T{e}",
+        "\r": f"{e}X0D{e}",
+        "\n": f"{e}X0A{e}",
+    }
+    if d.truncation is not None:
+        table[d.truncation] = f"{e}P{e}"
+    return {ord(ch): seq for ch, seq in table.items()}

@@ -360,6 +360,12 @@ class Profile:
     _plans: Mapping[str, _Plan] = field(default_factory=dict, hash=False, compare=False, repr=False)
     _remove: re.Pattern[str] | None = field(default=None, hash=False, compare=False, repr=False)
     _lookup: dict[str, _Plan] = field(default_factory=dict, hash=False, compare=False, repr=False)
+    #: the maps a message is searched for (:func:`_guardable`), and per set of maps a message
+    #: cannot hit, the plans without them and their own look-up (at most 64 sets kept)
+    _guarded: tuple[ValueMap, ...] = field(default=(), hash=False, compare=False, repr=False)
+    _variants: dict[frozenset[ValueMap], tuple[Mapping[str, _Plan], dict[str, _Plan]]] = field(
+        default_factory=dict, hash=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         ops = [
@@ -379,6 +385,10 @@ class Profile:
             for sid, seg_ops in by_segment.items()
         }
         object.__setattr__(self, "_plans", plans)
+        guarded = {m for plan in plans.values() for m in plan.maps if m is not None}
+        object.__setattr__(
+            self, "_guarded", tuple(m for m in self.maps if m in guarded and _guardable(m))
+        )
         if self.remove_segments:
             alternatives = "|".join(_glob_regex(g) for g in self.remove_segments)
             object.__setattr__(self, "_remove", re.compile(f"(?:{alternatives})"))
@@ -435,18 +445,38 @@ class Profile:
             and self._remove.fullmatch(segment_id) is not None
         )
 
-    def _classify(self, segment_id: str) -> _Plan:
-        """What a segment (not the first) of this ID gets: left out, its plan, or nothing;
-        remembered (at most 1,024 IDs: a peer's message cannot grow it past that)."""
+    def _classify(
+        self, segment_id: str, plans: Mapping[str, _Plan], lookup: dict[str, _Plan]
+    ) -> _Plan:
+        """What a segment (not the first) of this ID gets under ``plans``: left out, its plan,
+        or nothing; remembered in ``lookup`` (at most 1,024 IDs: a peer's message cannot grow
+        it past that)."""
         if len(segment_id) < 3 or segment_id == "MSH":
             plan = _SKIP
         elif self.removes(segment_id):
             plan = _REMOVE
         else:
-            plan = self._plans.get(segment_id, _SKIP)
-        if len(self._lookup) < 1024:
-            self._lookup[segment_id] = plan
+            plan = plans.get(segment_id, _SKIP)
+        if len(lookup) < 1024:
+            lookup[segment_id] = plan
         return plan
+
+    def _for_text(self, text: str, d: Delimiters) -> tuple[Mapping[str, _Plan], dict[str, _Plan]]:
+        """The plans (and their look-up) for one message: without the maps none of whose keys
+        stands in ``text`` (:func:`_guardable`). A segment with an escape sequence (where a
+        value could be spelled otherwise than its key) takes the whole plans all the same
+        (:func:`_apply`)."""
+        if not self._guarded:
+            return self._plans, self._lookup
+        absent = frozenset(m for m in self._guarded if not any(k in text for k in m.table))
+        if not absent:
+            return self._plans, self._lookup
+        variant = self._variants.get(absent)
+        if variant is None:
+            variant = (_without_maps(self._plans, absent), {})
+            if len(self._variants) < 64:
+                self._variants[absent] = variant
+        return variant
 
 
 OpKind = Literal["copy", "set", "map", "clear", "truncate"]
@@ -795,19 +825,43 @@ _OpFn = Callable[[list[str], _Context], bool]
 @dataclass(frozen=True)
 class _Plan:
     """The rules of one segment ID: the segment is split into fields up to ``depth`` (-1: all)
-    and each op (fields, context) -> changed runs in turn."""
+    and each op (fields, context) -> changed runs in turn.
+
+    ``maps`` stands beside ``ops``: the map an op looks up (None for the other kinds), so that a
+    message none of whose map keys it can hold drops those ops (:func:`_without_maps`).
+    ``short``: when every op is a truncation, the smallest limit (bytes): a segment whose every
+    character, at the message's widest encoding, fits in it is not split at all; else -1.
+    ``maps`` and ``limits`` are empty for the header's plan (it is always applied whole).
+    """
 
     depth: int
     ops: tuple[_OpFn, ...]
+    maps: tuple[ValueMap | None, ...] = ()
+    #: beside ``ops``: a truncation's limit, None for the other kinds
+    limits: tuple[int | None, ...] = ()
+    short: int = field(init=False, default=-1)
+    #: with one op, a truncation: its field's index and limit (the loop's own quick look)
+    field_limit: tuple[int, int] = field(init=False, default=(-1, -1))
+
+    def __post_init__(self) -> None:
+        limits = self.limits
+        if limits and all(n is not None for n in limits):
+            object.__setattr__(self, "short", min(n for n in limits if n is not None))
+            if len(limits) == 1 and limits[0] is not None:
+                object.__setattr__(self, "field_limit", (self.depth - 1, limits[0]))
 
 
 def _plan(sid: str, ops: tuple[_Op, ...], sequence_numbers: bool, charset: Charset | None) -> _Plan:
     """Compile the rules of segment ID ``sid`` (``MSH``: the header also gets MSH-13 and
     MSH-18)."""
     fns: list[_OpFn] = []
+    maps: list[ValueMap | None] = []
+    limits: list[int | None] = []
     copies = tuple((op.target, op.source) for op in ops if op.source is not None)
     if copies:
         fns.append(_copy_op(copies))
+        maps.append(None)
+        limits.append(None)
     for op in ops:
         if op.kind == "set":
             fns.append(_set_op(op.target, op.literal))
@@ -818,6 +872,10 @@ def _plan(sid: str, ops: tuple[_Op, ...], sequence_numbers: bool, charset: Chars
             fns.append(_clear_op(op.target))
         elif op.kind == "truncate":
             fns.append(_truncate_op(op.target, op.limit))
+        else:
+            continue
+        maps.append(op.vmap if op.kind == "map" else None)
+        limits.append(op.limit if op.kind == "truncate" else None)
     if sid == "MSH":
         if sequence_numbers:
             fns.append(_sequence_op)
@@ -832,7 +890,49 @@ def _plan(sid: str, ops: tuple[_Op, ...], sequence_numbers: bool, charset: Chars
         return _Plan(-1, tuple(fns))
     indexes = [op.target.index for op in ops]
     indexes += [s.index for _, s in copies if s is not None and s.segment == sid]
-    return _Plan(max(indexes) + 1, tuple(fns))
+    return _Plan(max(indexes) + 1, tuple(fns), tuple(maps), tuple(limits))
+
+
+#: Most keys of one map whose presence a message is searched for (:func:`_without_maps`): a
+#: larger table is looked up segment by segment, as a search per key would cost more.
+GUARDED_KEYS = 32
+
+
+def _guardable(vmap: ValueMap) -> bool:
+    """Whether a map changes nothing in a message none of whose keys stands in its text: it
+    keeps what it does not find, and each key is ASCII (a value is then the same characters
+    whatever the message's charset); the message must also have no escape sequence (checked
+    per message), so that every value looked up is a piece of the text as it stands."""
+    return (
+        vmap.otherwise == "keep"
+        and 0 < len(vmap.table) <= GUARDED_KEYS
+        and all(key.isascii() for key in vmap.table)
+    )
+
+
+def _without_maps(plans: Mapping[str, _Plan], absent: frozenset[ValueMap]) -> dict[str, _Plan]:
+    """``plans`` without the ops of the maps in ``absent`` (a plan left with no op: skipped,
+    :data:`_SKIP`; the header's plan keeps its depth)."""
+    out: dict[str, _Plan] = {}
+    for sid, plan in plans.items():
+        if not any(m in absent for m in plan.maps):
+            out[sid] = plan
+            continue
+        kept = [
+            (fn, m, n)
+            for fn, m, n in zip(plan.ops, plan.maps, plan.limits, strict=True)
+            if m not in absent
+        ]
+        if not kept:
+            out[sid] = _SKIP
+            continue
+        out[sid] = _Plan(
+            plan.depth,
+            tuple(fn for fn, _, _ in kept),
+            tuple(m for _, m, _ in kept),
+            tuple(n for _, _, n in kept),
+        )
+    return out
 
 
 def _sequence_op(parts: list[str], ctx: _Context) -> bool:
@@ -967,7 +1067,7 @@ def _apply(text: str, profile: Profile, msg: _Message, sequence: int | None) -> 
     """
     d = msg.d
     fs = d.field
-    plans = profile._plans
+    plans, lookup = profile._for_text(text, d)
     head = plans.get("MSH")
     if len(plans) == (head is not None) and profile._remove is None and not profile.copy:
         # the header alone is named: the rest is not even split
@@ -980,20 +1080,38 @@ def _apply(text: str, profile: Profile, msg: _Message, sequence: int | None) -> 
     firsts = _copy_sources(segments, profile, d) if profile.copy else {}
     ctx = _Context(msg, sequence, firsts, widest=_widest(msg))
     segments[0] = _shape_head(segments[0], head, ctx, fs)
-    lookup = profile._lookup
     removed = False
+    widest = ctx.widest
+    reduced = plans is not profile._plans
+    escape = d.escape
     for i in range(1, len(segments)):
         segment = segments[i]
-        plan = lookup.get(segment[:3])
-        if plan is None:
-            plan = profile._classify(segment[:3])
+        if reduced and escape in segment:  # a value may be escaped: every map applies
+            plan = profile._lookup.get(segment[:3])
+            if plan is None:
+                plan = profile._classify(segment[:3], profile._plans, profile._lookup)
+        else:
+            plan = lookup.get(segment[:3])
+            if plan is None:
+                plan = profile._classify(segment[:3], plans, lookup)
         if plan is _SKIP or segment[3:4] not in (fs, ""):
             continue
         if plan is _REMOVE:
             segments[i] = "\x00"
             removed = True
             continue
+        if plan.short >= 0:  # truncations only: is there a field long enough to cut?
+            chars = plan.short // widest  # a field of more characters may need cutting
+            n = len(segment)
+            # a run of chars + 1 without a separator covers [n - chars - 1, chars + 1)
+            if n <= chars or (
+                n < 2 * chars + 2 and segment.find(fs, n - chars - 1, chars + 1) >= 0
+            ):
+                continue
         parts = segment.split(fs, plan.depth)
+        index, limit = plan.field_limit
+        if index > 0 and (index >= len(parts) or len(parts[index]) * widest <= limit):
+            continue  # one truncation, and its field fits
         changed = False
         for op in plan.ops:
             if op(parts, ctx):
