@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from email.message import Message
 from typing import Any
 
 import hl7
@@ -129,6 +130,56 @@ async def test_without_a_profile_the_receiver_gets_the_stored_bytes(
         async with worker(cfg, fresh_db):
             await rx.wait_for(3)
     assert sorted(rx.received) == sorted(odd)
+
+
+def body_charset(headers: dict[str, str]) -> str | None:
+    """The charset a request's Content-Type names, as a MIME parser reads it (lower case)."""
+    parsed = Message()
+    parsed["Content-Type"] = headers["Content-Type"]
+    return parsed.get_content_charset()
+
+
+@pytest.mark.parametrize(
+    ("to", "named", "configured"),
+    [
+        ("ISO-8859-1", "iso-8859-1", None),
+        ("UTF-8", "utf-8", None),
+        ("ASCII", "us-ascii", None),
+        # a Content-Type configured with a charset of its own: the body's replaces it
+        ("ISO-8859-1", "iso-8859-1", "application/hl7-v2; charset=utf-8; x=1"),
+    ],
+)
+@pytest.mark.parametrize("lanes", [1, 2])
+async def test_an_http_receiver_is_told_the_charset_a_profile_converted_to(
+    fresh_db: str, to: str, named: str, configured: str | None, lanes: int
+) -> None:
+    """The Content-Type names the charset the body is in once the profile converted it; the
+    receiver decodes the body by that name and a real peer library reads the patient."""
+    await enqueue(fresh_db, [message(1), message(2)])
+    spec = {"charset": {"to": to, "unmappable": "transliterate"}}
+    headers = {"Content-Type": configured} if configured else {}
+    async with HttpReceiver() as rx:
+        cfg = shaped_config(HttpSenderConfig(rx.url, headers=headers), spec, lanes=lanes)
+        async with worker(cfg, fresh_db):
+            await until(lambda: [r["state"] for r in rows(fresh_db, DEST)] == ["delivered"] * 2)
+    assert len(rx.received) == 2
+    for body, got in zip(rx.received, rx.headers, strict=True):
+        assert body_charset(got) == named
+        assert got["Content-Type"].startswith("application/hl7-v2")
+        if configured:
+            assert "x=1" in got["Content-Type"]
+        patient = str(hl7.parse(body.decode(named)).segment("PID")[5])
+        assert patient == ("MULLER^JORG" if to == "ASCII" else "MÜLLER^JÖRG")
+
+
+async def test_without_a_charset_rule_the_content_type_is_as_configured(fresh_db: str) -> None:
+    await enqueue(fresh_db, [message(1)])
+    async with HttpReceiver() as rx:
+        cfg = shaped_config(HttpSenderConfig(rx.url), {"set": {"MSH-5": "LIS"}})
+        async with worker(cfg, fresh_db):
+            await until(lambda: [r["state"] for r in rows(fresh_db, DEST)] == ["delivered"])
+    assert rx.headers[0]["Content-Type"] == "application/hl7-v2"
+    assert body_charset(rx.headers[0]) is None
 
 
 async def test_a_refusal_names_field_and_value_and_follows_the_retry_policy(

@@ -124,7 +124,11 @@ async def worker(
     ``lock_wait_seconds``, ``poll_seconds``, ...)."""
     stop = asyncio.Event()
     running = DestinationWorker(
-        cfg, dsn, make_sender(cfg.sender), observer or PrometheusObserver(), **options
+        cfg,
+        dsn,
+        make_sender(cfg.sender, body_charset=cfg.body_charset),
+        observer or PrometheusObserver(),
+        **options,
     )
     task = asyncio.create_task(running.run(stop))
     try:

@@ -154,7 +154,11 @@ class LaneDrain:
         """
         watcher = asyncio.create_task(self._watch_stop())
         try:
-            self.senders += [make_sender(self.w.config.sender) for _ in range(self.count - 1)]
+            config = self.w.config
+            self.senders += [
+                make_sender(config.sender, body_charset=config.body_charset)
+                for _ in range(self.count - 1)
+            ]
             await self._loop()
         except SessionLost:
             await self._settle_in_flight()

@@ -114,7 +114,7 @@ async def run_worker(
     worker = DestinationWorker(
         config,
         dsn,
-        make_sender(config.sender),
+        make_sender(config.sender, body_charset=config.body_charset),
         PrometheusObserver(),
         publishers,
         payloads=payloads,

@@ -339,6 +339,13 @@ class Charset:
         """The MSH-18 value written (HL7 table 0211)."""
         return CHARSET_TARGETS[self.to][1]
 
+    @property
+    def mime(self) -> str:
+        """The target's IANA (MIME) charset name, e.g. for an HTTP ``Content-Type``:
+        ``UTF-8``, ``ISO-8859-1``, ``US-ASCII`` (source: the IANA "Character Sets" registry,
+        preferred MIME names)."""
+        return "US-ASCII" if self.to == "ASCII" else self.to
+
 
 @dataclass(frozen=True)
 class Profile:

@@ -206,7 +206,7 @@ class LocalRunner:
             self._deferred.append(cfg)
             return
         try:
-            sender = senders.make_sender(cfg.sender)
+            sender = senders.make_sender(cfg.sender, body_charset=cfg.body_charset)
         except (OSError, ValueError) as exc:  # e.g. a TLS file named by a secretRef is missing
             log.error(
                 "destination %s: not started, its sender cannot be built: %s", cfg.destination, exc

@@ -50,6 +50,18 @@ DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
 _CHUNK_BYTES = 64 * 1024
 
 
+def with_charset(content_type: str, charset: str) -> str:
+    """``content_type`` with its ``charset`` parameter naming ``charset`` (one it had is
+    replaced; other parameters kept), e.g. ``application/hl7-v2; charset=ISO-8859-1``.
+    Source: RFC 9110 section 8.3 (media type parameters, names case-insensitive)."""
+    kept = [
+        part.strip()
+        for part in content_type.split(";")[1:]
+        if part.strip() and part.split("=", 1)[0].strip().lower() != "charset"
+    ]
+    return "; ".join([content_type.split(";", 1)[0].strip(), *kept, f"charset={charset}"])
+
+
 def read_headers_file(path: str) -> dict[str, str]:
     """Read ``Name: value`` lines (blank lines and ``#`` comments skipped).
 
@@ -108,6 +120,9 @@ class HttpSender:
         self.fresh_retries = 0
         #: The last send wrote its request headers (see ``Sender.written``).
         self.written = False
+        #: The charset of every body when a receiver profile converts it (an IANA name, set by
+        #: :func:`inturn.worker.senders.registry.make_sender`): named in the Content-Type.
+        self.body_charset: str | None = None
         self._responded = False
 
     def describe(self) -> str:
@@ -123,6 +138,10 @@ class HttpSender:
                 raise DeliveryError("unreachable", f"headers file: {exc}") from None
         if not any(name.lower() == "content-type" for name in headers):
             headers["Content-Type"] = DEFAULT_CONTENT_TYPE
+        if self.body_charset is not None:
+            for name, value in headers.items():
+                if name.lower() == "content-type":
+                    headers[name] = with_charset(value, self.body_charset)
         tracing.inject(headers)  # the attempt's W3C traceparent, when tracing is on
         return headers
 

@@ -68,14 +68,22 @@ def from_dict(sender: Mapping[str, Any]) -> SenderConfig:
     return config
 
 
-def make_sender(config: SenderConfig) -> Sender:
+def make_sender(config: SenderConfig, *, body_charset: str | None = None) -> Sender:
     """The sender for ``config`` (its kind's constructor).
+
+    ``body_charset``: the charset every message it sends is in, when a receiver profile
+    converts it (``spec.profile.charset``, :attr:`inturn.worker.spec.config.WorkerConfig.
+    body_charset`, an IANA name); an HTTP sender names it in its ``Content-Type``. None: not
+    known (the message is sent in whatever charset it was stored in).
 
     Raises:
         TypeError: not the configuration of a registered kind.
         OSError, ssl.SSLError, ValueError: a file it needs cannot be loaded.
     """
-    return of_config(config).build(config)
+    sender = of_config(config).build(config)
+    if body_charset is not None and isinstance(sender, http.HttpSender):
+        sender.body_charset = body_charset
+    return sender
 
 
 def refusal(kind: str | None, payload: bytes) -> str | None:

@@ -137,6 +137,15 @@ class WorkerConfig:
     profile: Profile | None = None
     pack_spec: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
+    @property
+    def body_charset(self) -> str | None:
+        """The charset (IANA name, e.g. ``ISO-8859-1``) every message is sent in when the
+        profile converts it (``spec.profile.charset``); None when it does not (the message
+        goes in the charset it was stored in)."""
+        if self.profile is None or self.profile.charset is None:
+            return None
+        return self.profile.charset.mime
+
 
 # --- the rendered form (JSON) -----------------------------------------------------------------
 #
