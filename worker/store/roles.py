@@ -481,6 +481,9 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_latest_copy(text,text,text,timestamp with time zone)": ("ingest",),
     # what a destination's lanes hold, keys made anonymous, for those who may not read them
     "inturn_lane_window(text,integer)": ("reader", "operator"),
+    # a head's log payload read from its own partition, with its seal binding (migration
+    # 0049): the worker's head, next head and take call it as the caller (row policies apply)
+    "inturn_log_payload(bigint)": ("worker",),
 }
 
 #: The tables the worker role's restrictive row policy covers (``sql/roles.sql``

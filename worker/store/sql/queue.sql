@@ -16,17 +16,25 @@ UPDATE inturn_lease
    AND set_config('synchronous_commit', 'on', true) = 'on'
 RETURNING 1 AS held
 
--- fragment: payload_binding
--- A row's payload and the binding it was sealed with (migration 0033), for a row "d" of
--- inturn_delivery LEFT JOINed to its log row "m" (ON m.id = d.message_id): a row holding a
+-- fragment: own_binding
+-- A row's payload and the binding it was sealed with (migration 0033), its own half, for a row
+-- "d" of inturn_delivery read without its log row (issue 37, migration 0049): a row holding a
 -- payload of its own (stored before the channel log, or kept when its day was dropped) was
 -- sealed for its own id and destination unless seal_id/seal_scope say otherwise; a slim row's
--- payload is its log row's, sealed once for the log id and "channel:<name>".
-coalesce(d.payload, m.payload) AS payload,
-CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_id, d.id)
-     ELSE coalesce(m.seal_id, m.id) END AS seal_id,
-CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_scope, d.destination)
-     ELSE coalesce(m.seal_scope, 'channel:' || m.channel) END AS seal_scope,
+-- payload is its log row's (log_id), sealed once for the log id and "channel:<name>". The
+-- statement then calls inturn_log_payload(log_id) once for the row it chose ("m") and takes
+-- log_binding: a join to inturn_message on message_id, a value known only at run time, planned
+-- and opened a scan of every partition of the log.
+d.payload AS own_payload, coalesce(d.seal_id, d.id) AS own_seal_id,
+coalesce(d.seal_scope, d.destination) AS own_seal_scope,
+CASE WHEN d.payload IS NULL THEN d.message_id END AS log_id,
+
+-- fragment: log_binding
+-- A chosen row "h" (own_binding's columns) and its log message "m" (inturn_log_payload): the
+-- payload and the binding it was sealed with.
+coalesce(h.own_payload, m.payload) AS payload,
+CASE WHEN h.own_payload IS NOT NULL THEN h.own_seal_id ELSE m.seal_id END AS seal_id,
+CASE WHEN h.own_payload IS NOT NULL THEN h.own_seal_scope ELSE m.seal_scope END AS seal_scope,
 
 -- name: synchronous_commit
 -- For the transaction in progress: it is durable when COMMIT returns.
@@ -209,24 +217,28 @@ SELECT EXISTS (
 -- Guarded by the lease (and renewing it): no row at all when the lease is lost; "held" and
 -- NULL columns when nothing is pending. The columns are what a send and its marks need
 -- (inturn.worker.store.model.Sendable), no more: the head is read once per message.
+-- The payload of a slim row is its log message's, read from that message's partition only
+-- (inturn_log_payload, once, for the row chosen): the head's cost does not follow the days kept.
 WITH lease AS (
     -- include: lease_guard
 )
-SELECT lease.held, h.*
+SELECT lease.held, h.id, h.channel, h.control_id, h.message_type, h.attempts,
+       -- include: log_binding
+       h.traceparent, h.wait_seconds
   FROM lease
   LEFT JOIN LATERAL (
        SELECT d.id, d.channel, d.control_id, d.message_type, d.attempts,
-              -- include: payload_binding
+              -- include: own_binding
               d.traceparent,
               greatest(0, extract(epoch FROM d.next_attempt - clock_timestamp()))::float8
                   AS wait_seconds
          FROM inturn_delivery d
-         LEFT JOIN inturn_message m ON m.id = d.message_id
         WHERE d.destination = %(destination)s AND d.state = 'pending' AND d.id > %(after)s
           AND NOT EXISTS (SELECT 1 FROM inturn_destination held
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
         ORDER BY d.id
-        LIMIT 1) AS h ON TRUE;
+        LIMIT 1) AS h ON TRUE
+  LEFT JOIN LATERAL inturn_log_payload(h.log_id) AS m ON TRUE;
 
 -- name: poll_head
 -- A pooled worker's wake-up probe (no LISTEN behind a transaction pooler): the head's id and
@@ -257,28 +269,33 @@ SELECT p.id, p.due
 -- fragment: next_head_after_mark
 -- The next head above the one just marked (the snapshot is from before the mark, in which it
 -- is still pending), only while the lease holds; NULL columns when nothing is pending.
+-- The payload as in head: from the log message's own partition (inturn_log_payload).
 SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS waited_seconds,
-       h.*
+       h.id, h.channel, h.control_id, h.message_type, h.attempts,
+       -- log_binding's text (a fragment includes no other)
+       coalesce(h.own_payload, m.payload) AS payload,
+       CASE WHEN h.own_payload IS NOT NULL THEN h.own_seal_id ELSE m.seal_id END AS seal_id,
+       CASE WHEN h.own_payload IS NOT NULL THEN h.own_seal_scope ELSE m.seal_scope END
+           AS seal_scope,
+       h.traceparent, h.wait_seconds
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (
        SELECT d.id, d.channel, d.control_id, d.message_type, d.attempts,
-              -- payload_binding's text (a fragment includes no other)
-              coalesce(d.payload, m.payload) AS payload,
-              CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_id, d.id)
-                   ELSE coalesce(m.seal_id, m.id) END AS seal_id,
-              CASE WHEN d.payload IS NOT NULL THEN coalesce(d.seal_scope, d.destination)
-                   ELSE coalesce(m.seal_scope, 'channel:' || m.channel) END AS seal_scope,
+              -- own_binding's text
+              d.payload AS own_payload, coalesce(d.seal_id, d.id) AS own_seal_id,
+              coalesce(d.seal_scope, d.destination) AS own_seal_scope,
+              CASE WHEN d.payload IS NULL THEN d.message_id END AS log_id,
               d.traceparent,
               greatest(0, extract(epoch FROM d.next_attempt - clock_timestamp()))::float8
                   AS wait_seconds
          FROM inturn_delivery d
-         LEFT JOIN inturn_message m ON m.id = d.message_id
         WHERE d.destination = %(destination)s AND d.state = 'pending' AND d.id > %(id)s
           AND EXISTS (SELECT 1 FROM lease)
           AND NOT EXISTS (SELECT 1 FROM inturn_destination held
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
         ORDER BY d.id
-        LIMIT 1) AS h ON TRUE;
+        LIMIT 1) AS h ON TRUE
+  LEFT JOIN LATERAL inturn_log_payload(h.log_id) AS m ON TRUE;
 
 -- name: succeeded_next
 -- Mark the head delivered and read the next head, in one round trip and one commit. The SELECT
@@ -1277,21 +1294,26 @@ expected AS (
 SELECT lease.held,
        (SELECT coalesce(json_agg(json_build_array(done.id, done.waited_seconds)), '[]'::json)
           FROM done) AS done,
-       t.*
+       h.id, h.channel, h.destination, h.control_id, h.message_type, h.size, h.state,
+       h.attempts, h.enqueued_at, h.next_attempt, h.last_attempt, h.last_error, h.reason,
+       h.decided_by, h.finished_at,
+       -- include: log_binding
+       h.traceparent, h.patient_keys
   FROM lease
   LEFT JOIN LATERAL (
        SELECT d.id, d.channel, d.destination, d.control_id, d.message_type, d.size, d.state,
               d.attempts, d.enqueued_at, d.next_attempt, d.last_attempt, d.last_error,
               d.reason, d.decided_by, d.finished_at,
-              -- include: payload_binding
+              -- include: own_binding
               d.traceparent, d.patient_keys
          FROM inturn_delivery d
-         LEFT JOIN inturn_message m ON m.id = d.message_id
         WHERE d.id = ANY(%(ids)s::bigint[]) AND d.destination = %(destination)s
           AND d.state = 'pending'
           AND NOT EXISTS (SELECT 1 FROM inturn_destination held
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
-        ORDER BY d.id) AS t ON TRUE;
+        ) AS h ON TRUE
+  LEFT JOIN LATERAL inturn_log_payload(h.log_id) AS m ON TRUE
+ ORDER BY h.id;
 
 -- name: mark_remembered
 -- The delivered marks a worker process remembered across a lost session (issue 40): messages
