@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, LiteralString, cast
 
 import psycopg
 from psycopg import AsyncConnection
@@ -41,6 +41,25 @@ from inturn.worker.store.model import ExpectedReply, Head, Item, Pending, Sendab
 from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("queue.sql")
+
+#: The line of head, succeeded_next(_expecting) and take that reads a slim row's log payload
+#: from its own partition (migration 0049).
+_LOOKUP = "LEFT JOIN LATERAL inturn_log_payload(h.log_id) AS m ON TRUE"
+#: The same statements for a database before migration 0049 (an upgrade in place): the join
+#: of queue.sql's log_payload_joined in place of the lookup.
+_JOINED = Q["log_payload_joined"][Q["log_payload_joined"].rindex("LEFT JOIN LATERAL") :].rstrip(";")
+BEFORE_0049: dict[str, LiteralString] = {
+    name: cast(LiteralString, Q[name].replace(_LOOKUP, _JOINED))
+    for name in ("head", "succeeded_next", "succeeded_next_expecting", "take")
+}
+
+
+def _before_0049(exc: psycopg.errors.UndefinedFunction, conn: AsyncConnection[Any]) -> bool:
+    """Whether ``exc`` says the database has no inturn_log_payload yet (migration 0049) and the
+    statement may be sent again in its joined form (the connection is in no transaction, which
+    the failed statement would have aborted)."""
+    idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    return "inturn_log_payload" in str(exc) and idle
 
 
 HeadResult = tuple[Head | None, float | None]
@@ -93,7 +112,14 @@ async def next_head(
         Invalid: ``lease`` is another destination's.
     """
     params = {**_guard(destination, lease), "after": after}
-    row = await fetch_one(conn, Q["head"], params, row=dict_row, binary=True)  # the payload
+    try:
+        row = await fetch_one(conn, Q["head"], params, row=dict_row, binary=True)
+    except psycopg.errors.UndefinedFunction as exc:
+        if not _before_0049(exc, conn):
+            raise
+        row = await fetch_one(
+            conn, BEFORE_0049["head"], params, row=dict_row, binary=True
+        )  # the payload
     if row is None:
         raise LeaseLost(lease, "reading the head")
     return _head_result(row, destination)
@@ -232,11 +258,17 @@ async def succeeded_next(
     params = _guard(destination, lease)
     params["id"] = head.id
     params["attempts"] = attempts
-    query = Q["succeeded_next"]
+    name = "succeeded_next"
     if expecting:
         params |= _expected_params(expecting)
-        query = Q["succeeded_next_expecting"]
-    row = await fetch_one(conn, query, params, row=dict_row, binary=True)
+        name = "succeeded_next_expecting"
+    try:
+        row = await fetch_one(conn, Q[name], params, row=dict_row, binary=True)
+    except psycopg.errors.UndefinedFunction as exc:
+        # before migration 0049 the statement failed whole: nothing was marked
+        if not _before_0049(exc, conn):
+            raise
+        row = await fetch_one(conn, BEFORE_0049[name], params, row=dict_row, binary=True)
     assert row is not None  # the statement always returns one row
     if row["held"] is None:
         raise LeaseLost(lease, f"marking id={head.id} delivered")
@@ -516,7 +548,12 @@ async def take(
         "types": [",".join(e.reply_types) for _, e in opened],
         "within": [e.within_seconds for _, e in opened],
     }
-    rows = await fetch_all(conn, Q["take"], params, row=dict_row)
+    try:
+        rows = await fetch_all(conn, Q["take"], params, row=dict_row)
+    except psycopg.errors.UndefinedFunction as exc:
+        if not _before_0049(exc, conn):
+            raise
+        rows = await fetch_all(conn, BEFORE_0049["take"], params, row=dict_row)
     if not rows:
         what = "marking delivered and taking" if delivered else "taking"
         raise LeaseLost(lease, f"{what} the lanes' messages")

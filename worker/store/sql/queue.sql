@@ -1361,3 +1361,16 @@ SELECT lease.held,
 -- worker's own window is pending_window, guarded by its lease.
 SELECT id, lane_keys AS patient_keys, attempts, size, wait_seconds
   FROM inturn_lane_window(%(destination)s, %(limit)s);
+
+-- name: log_payload_joined
+-- The log lookup of a database migration 0049 has not reached yet (an upgrade in place: a new
+-- worker started before `inturn migrate`): the join on the log id that head, succeeded_next,
+-- succeeded_next_expecting and take made before, every partition planned. The worker
+-- (inturn.worker.store.delivery) puts its LEFT JOIN LATERAL in place of their
+-- inturn_log_payload call when the function does not exist yet; the statement itself is run
+-- only by the tests (it plans).
+SELECT m.payload, m.seal_id, m.seal_scope
+  FROM (SELECT %(log_id)s::bigint AS log_id) AS h
+  LEFT JOIN LATERAL (SELECT x.payload, coalesce(x.seal_id, x.id) AS seal_id,
+                            coalesce(x.seal_scope, 'channel:' || x.channel) AS seal_scope
+                       FROM inturn_message x WHERE x.id = h.log_id) AS m ON TRUE;
