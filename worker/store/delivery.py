@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, LiteralString, cast
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import AsyncConnection
@@ -49,7 +49,7 @@ _LOOKUP = "LEFT JOIN LATERAL inturn_log_payload(h.log_id) AS m ON TRUE"
 #: of queue.sql's log_payload_joined in place of the lookup.
 _JOINED = Q["log_payload_joined"][Q["log_payload_joined"].rindex("LEFT JOIN LATERAL") :].rstrip(";")
 BEFORE_0049: dict[str, LiteralString] = {
-    name: cast(LiteralString, Q[name].replace(_LOOKUP, _JOINED))
+    name: Q[name].replace(_LOOKUP, _JOINED)
     for name in ("head", "succeeded_next", "succeeded_next_expecting", "take")
 }
 
