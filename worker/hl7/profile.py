@@ -53,6 +53,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import re2  # type: ignore[import-untyped]
+
 from inturn.worker.errors import Invalid
 from inturn.worker.hl7.delimiters import Delimiters, read_delimiters, strip_preamble
 from inturn.worker.hl7.errors import HeaderError
@@ -373,6 +375,12 @@ class Profile:
     _variants: dict[frozenset[ValueMap], tuple[Mapping[str, _Plan], dict[str, _Plan]]] = field(
         default_factory=dict, hash=False, compare=False, repr=False
     )
+    #: whether :func:`_screen` applies: every copy reads the segment it writes
+    _screenable: bool = field(default=True, hash=False, compare=False, repr=False)
+    #: per (delimiters, widest character): the screen of :func:`_screen` (at most 64 kept)
+    _screens: dict[tuple[Delimiters, int], Any] = field(
+        default_factory=dict, hash=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         ops = [
@@ -392,6 +400,7 @@ class Profile:
             for sid, seg_ops in by_segment.items()
         }
         object.__setattr__(self, "_plans", plans)
+        object.__setattr__(self, "_screenable", all(s.segment == t.segment for t, s in self.copy))
         guarded = {m for plan in plans.values() for m in plan.maps if m is not None}
         object.__setattr__(
             self, "_guarded", tuple(m for m in self.maps if m in guarded and _guardable(m))
@@ -1074,6 +1083,18 @@ def _apply(text: str, profile: Profile, msg: _Message, sequence: int | None) -> 
     """
     d = msg.d
     fs = d.field
+    if profile._screenable and (len(profile._plans) > ("MSH" in profile._plans) or profile._remove):
+        widest = _widest(msg)
+        # with characters of several bytes a truncation's bound in characters is loose: the
+        # screen would find most segments, a scan spent for nothing
+        screen = _screen(profile, d, widest) if widest == 1 or not profile.truncate else None
+        if screen is not None and screen.search(text) is None:
+            # no segment but the header can change: it alone is shaped, the rest not split
+            end = text.find("\r")
+            if end < 0:
+                end = len(text)
+            ctx = _Context(msg, sequence, {}, widest=widest)
+            return _shape_head(text[:end], profile._plans.get("MSH"), ctx, fs) + text[end:]
     plans, lookup = profile._for_text(text, d)
     head = plans.get("MSH")
     if len(plans) == (head is not None) and profile._remove is None and not profile.copy:
@@ -1128,6 +1149,90 @@ def _apply(text: str, profile: Profile, msg: _Message, sequence: int | None) -> 
     if removed:
         return "\r".join([s for s in segments if s != "\x00"])
     return "\r".join(segments)
+
+
+def _screen(profile: Profile, d: Delimiters, widest: int) -> Any:
+    """One RE2 expression that finds, in a message with delimiters ``d`` whose characters take
+    at most ``widest`` bytes once encoded, every segment but the header that ``profile`` could
+    change or leave out, and some that it cannot (it is a screen: no match means the header
+    alone changes); None when it cannot be written (RE2 refused it). Remembered per (``d``,
+    ``widest``), at most 64 pairs.
+
+    Per segment ID (a segment starts after a CR): ``removeSegments`` and ``set`` name every
+    segment of the ID; ``clear`` one whose field is not empty; ``truncate`` one whose field has
+    more characters than the limit over ``widest``; a map one whose field holds one of its keys
+    or a hex escape sequence (the only escape that can spell an ASCII key that has no
+    delimiter in it), if it keeps what it does not know, else one whose field is not empty.
+    ``copy`` (only where each reads the segment it writes: ``Profile._screenable``) names every
+    segment of its target's ID. RE2 scans the text once, in linear time.
+    """
+    key = (d, widest)
+    if key in profile._screens:
+        return profile._screens[key]
+    fs = _re2_char(d.field)
+    cr = _re2_char("\r")
+    other = f"[^{fs}{cr}]"
+    end = f"(?:{fs}|{cr}|$)"
+    reserved = {d.field, d.component, d.repetition, d.escape, d.subcomponent, "\r", "\n"}
+    if d.truncation is not None:
+        reserved.add(d.truncation)
+
+    def at(path: FieldPath, then: str) -> str:
+        skip = f"(?:{other}*{fs}){{{path.index - 1}}}" if path.index > 1 else ""
+        return f"{path.segment}{fs}{skip}{then}"
+
+    branches: list[str] = []
+    if profile.remove_segments:
+        globs = "|".join(
+            "".join(
+                "[A-Z0-9]*" if c == "*" else "[A-Z0-9]" if c == "?" else _re2_char(c) for c in g
+            )
+            for g in profile.remove_segments
+        )
+        branches.append(f"(?:{globs}){end}")
+    for path, _ in (*profile.set, *profile.copy):
+        if path.segment != "MSH":
+            branches.append(f"{path.segment}{end}")
+    for path in profile.clear:
+        if path.segment != "MSH":
+            branches.append(at(path, other))
+    for path, limit in profile.truncate:
+        if path.segment != "MSH":
+            branches.append(at(path, f"{other}{{{min(limit // widest + 1, 1000)}}}"))
+    for vmap in profile.maps:
+        path = vmap.path
+        if path.segment == "MSH":
+            continue
+        keys = list(vmap.table)
+        if vmap.otherwise == "keep" and "" in vmap.table:
+            branches.append(f"{path.segment}{end}")  # an empty value is looked up too
+        elif (
+            vmap.otherwise == "keep"
+            and len(keys) <= GUARDED_KEYS
+            and all(k.isascii() and not reserved.intersection(k) for k in keys)
+        ):
+            spelled = "|".join(
+                ["".join(map(_re2_char, k)) for k in keys] + [_re2_char(d.escape) + "X"]
+            )
+            branches.append(at(path, f"{other}*(?:{spelled})"))
+        else:
+            branches.append(at(path, other))
+    screen = None
+    if branches:
+        options = re2.Options()
+        options.max_mem = 8 << 20  # RE2's default: it bounds the DFA whatever the text
+        try:
+            screen = re2.compile(f"{cr}(?:{'|'.join(branches)})", options)
+        except re2.error:
+            screen = None
+    if len(profile._screens) < 64:
+        profile._screens[key] = screen
+    return screen
+
+
+def _re2_char(ch: str) -> str:
+    """``ch`` as an RE2 literal (letters and digits as they are, the rest ``\\x{..}``)."""
+    return ch if ch.isascii() and ch.isalnum() else f"\\x{{{ord(ch):x}}}"
 
 
 def _shape_head(segment: str, plan: _Plan | None, ctx: _Context, fs: str) -> str:
