@@ -81,7 +81,7 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
             for r in rows
             if r.lanes > 1 and r.pending
         }
-        return rows, lanes, await history.status(conn)
+        return rows, lanes, await history.status(conn, count_up_to=history.COUNT_UP_TO)
 
     rows, lanes, kept = run_read(dsn, read)
     if as_json:

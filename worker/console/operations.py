@@ -151,7 +151,7 @@ async def history_line(console: Console, identity: Identity) -> str:
     run, as one line (:meth:`inturn.worker.store.history.Status.describe`)."""
     require(identity, "viewer")
     async with console.read.connection() as conn:
-        status = await history.status(conn)
+        status = await history.status(conn, count_up_to=history.COUNT_UP_TO)
     return status.describe(datetime.now(UTC))
 
 

@@ -475,6 +475,10 @@ class Status:
     ran_at: datetime | None
     turned_at: datetime | None
     dropped_at: datetime | None
+    #: which row figures were counted (:func:`status` with ``count_up_to``), not estimated
+    hot_exact: bool = False
+    history_exact: bool = False
+    log_exact: bool = False
 
     def epoch_overdue_seconds(self, now: datetime) -> float:
         """How long past its length the open epoch is (0 when on time, or when the job never
@@ -496,10 +500,10 @@ class Status:
         when the maintenance job last ran, with what is overdue."""
         oldest = f", oldest day opened {self.oldest_at:%Y-%m-%d %H:%M}Z" if self.oldest_at else ""
         parts = [
-            f"history: about {self.history_rows:,} finished item(s), "
+            f"history: {_about(self.history_exact)}{self.history_rows:,} finished item(s), "
             f"{_size(self.history_bytes + self.log_bytes)} with the log, in {self.epochs}"
             f" day(s){oldest}",
-            f"hot table: about {self.hot_rows:,} row(s), {_size(self.hot_bytes)}",
+            f"hot table: {_about(self.hot_exact)}{self.hot_rows:,} row(s), {_size(self.hot_bytes)}",
         ]
         if self.ran_at is None:
             parts.append("inturn purge has never run")
@@ -512,6 +516,10 @@ class Status:
         if overdue > 0:
             parts.append(f"a drop is {_ago(overdue)} overdue")
         return "; ".join(parts)
+
+
+def _about(exact: bool) -> str:
+    return "" if exact else "about "
 
 
 def _size(n: int) -> str:
@@ -531,11 +539,39 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 86400:.0f}d"
 
 
-async def status(conn: AsyncConnection[Any]) -> Status:
-    """The history's size, its oldest day and the job's last run (catalog reads only)."""
+#: Rows counted at most per table by people's reads of :func:`status` (``count_up_to``): a
+#: bounded read (tens of milliseconds), past which the planner's estimate is right enough.
+COUNT_UP_TO = 100_000
+
+
+async def status(conn: AsyncConnection[Any], count_up_to: int | None = None) -> Status:
+    """The history's size, its oldest day and the job's last run, from the catalog (row counts
+    are the planner's estimates: 0 before the first ANALYZE).
+
+    Args:
+        conn: a connection that may read the catalog; with ``count_up_to``, one that may also
+            read the hot table, the history and the log (the console, the CLI).
+        count_up_to: count each table's rows exactly, reading no more than this many; a table
+            with fewer rows gets its exact count (``*_exact``), a larger one keeps the estimate.
+            None (/metrics): the catalog only.
+    """
     row = await fetch_one(conn, Q["status"], row=dict_row)
     assert row is not None
-    return Status(**row)
+    if count_up_to is None:
+        return Status(**row)
+    try:
+        async with conn.transaction():
+            counted = await fetch_one(conn, Q["counted"], {"cap": count_up_to}, row=dict_row)
+    except psycopg.errors.InsufficientPrivilege:
+        return Status(**row)  # a login that may read the catalog only: the estimates
+    assert counted is not None
+    exact = {}
+    for part in ("hot", "history", "log"):
+        n = int(counted[f"{part}_rows"])
+        if n < count_up_to:
+            exact[f"{part}_rows"] = n
+            exact[f"{part}_exact"] = True
+    return Status(**{**row, **exact})
 
 
 async def erase_detached(conn: AsyncConnection[Any], key: str) -> int:

@@ -105,6 +105,16 @@ SELECT (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c
   FROM (SELECT 1) AS one
   LEFT JOIN inturn_maintenance m ON true;
 
+-- name: counted
+-- Exact row counts of the hot table, the history and the log (attached partitions), each read
+-- no further than "cap" rows: where a count reaches the cap, the planner's estimate of status
+-- stands. For people's reads (inturn queue depth, the console), never for /metrics: the
+-- estimate is 0 until ANALYZE first runs, and a small table may never reach autovacuum's
+-- threshold.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM inturn_delivery LIMIT %(cap)s) AS s) AS hot_rows,
+       (SELECT count(*) FROM (SELECT 1 FROM inturn_history LIMIT %(cap)s) AS s) AS history_rows,
+       (SELECT count(*) FROM (SELECT 1 FROM inturn_message LIMIT %(cap)s) AS s) AS log_rows;
+
 -- name: erase_detached
 -- An erasure by patient in the days detached and not dropped yet (migration 0035).
 -- key: the key's forms, comma-separated (as find_patient).
