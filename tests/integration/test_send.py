@@ -114,6 +114,9 @@ def test_mllp_over_tls_sends_folders_files_and_stdin_in_order(
     folder.mkdir()
     (folder / "1.hl7").write_bytes(message("M1", "\n") + message("M2", "\n"))  # LF, two
     (folder / "2.hl7").write_bytes(message("M3", "\r\n"))  # CRLF
+    # an HL7 batch: its messages go one by one (ingest stores them one by one too)
+    envelope = (b"FHS|^~\\&|HIS|H\rBHS|^~\\&|HIS|H\r", b"BTS|2\rFTS|1\r")
+    (folder / "3.hl7").write_bytes(envelope[0] + message("M5") + message("M6") + envelope[1])
     (folder / ".hidden").write_bytes(b"not a message")
     tls = ["--tls", "--ca-file", str(pki / "ca.pem")]
     client = ["--cert-file", str(pki / "client.pem"), "--key-file", str(pki / "client.key")]
@@ -123,10 +126,12 @@ def test_mllp_over_tls_sends_folders_files_and_stdin_in_order(
         f"AA  M1  {folder}/1.hl7#1",
         f"AA  M2  {folder}/1.hl7#2",
         f"AA  M3  {folder}/2.hl7",
+        f"AA  M5  {folder}/3.hl7#1",
+        f"AA  M6  {folder}/3.hl7#2",
         "AA  M4  -",
     ]
-    assert done.stderr.strip() == "sent 4 of 4: AA 4"
-    assert stored(fresh_db) == ["M1", "M2", "M3", "M4"]
+    assert done.stderr.strip() == "sent 6 of 6: AA 6"
+    assert stored(fresh_db) == ["M1", "M2", "M3", "M5", "M6", "M4"]
 
     # without the client certificate the handshake fails: a transport failure, exit 1
     refused = send("--mllp", f"{HOST}:{mllp}", *tls, str(folder))
@@ -140,7 +145,7 @@ def test_mllp_over_tls_sends_folders_files_and_stdin_in_order(
         " (sent: it may have been stored; sending it again is a duplicate the duplicate window"
         " catches)"
     )
-    assert refused.stderr.strip() == "sent 1 of 3: -- 1; 2 not sent after the failure"
+    assert refused.stderr.strip() == "sent 1 of 5: -- 1; 4 not sent after the failure"
 
 
 def test_http_with_a_token_reports_each_answer(

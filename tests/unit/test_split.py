@@ -49,6 +49,19 @@ def test_msh_inside_a_field_does_not_start_a_message() -> None:
     assert split_messages(inner, max_message_bytes=LIMIT).messages == [inner]
 
 
+def test_a_batch_file_is_its_messages_in_order() -> None:
+    head, tail = b"FHS|^~\\&|S|F\rBHS|^~\\&|S|F\r", b"BTS|2\rFTS|1\r"
+    assert split_messages(head + A + B + tail, max_message_bytes=LIMIT).messages == [A, B]
+    bhs_only = b"\r\nBHS|^~\\&|S|F\r" + A + b"BTS|1\r"  # a batch without a file header
+    assert split_messages(bhs_only, max_message_bytes=LIMIT).messages == [A]
+    with pytest.raises(SplitError, match="BTS-1 says 3 messages, the batch holds 2"):
+        split_messages(head + A + B + b"BTS|3\rFTS|1\r", max_message_bytes=LIMIT)
+    with pytest.raises(SplitError, match="over the"):
+        split_messages(head + A + B + tail, max_message_bytes=len(A) - 1)
+    with pytest.raises(SplitError, match="a batch file that cannot be read"):
+        split_messages(head + A + B + tail, max_message_bytes=LIMIT, max_batch_messages=1)
+
+
 @pytest.mark.parametrize(
     "data,words",
     [

@@ -7,7 +7,8 @@ Targets: an MLLP peer (``--mllp HOST:PORT``, TLS with ``--tls`` and the ``--ca-f
 ``INTURN_SEND_TOKEN``; the same TLS options for ``https://``).
 
 Every source is read and cut into messages (:mod:`inturn.worker.hl7.split`: MLLP-framed files,
-or plain files of one or more messages with CR, LF or CRLF terminators) before anything is sent,
+plain files of one or more messages with CR, LF or CRLF terminators, or HL7 batch files, whose
+messages go one by one) before anything is sent,
 so a file that is not HL7 is a one-line error (exit 2) and nothing is sent. The messages then go
 one at a time, in order (sources in the order given, a folder's files sorted by name), over one
 connection, through the senders the workers use (:class:`inturn.worker.senders.mllp.MllpSender`
@@ -327,8 +328,10 @@ def send_command(
 ) -> None:
     """Send HL7 v2 messages from files, folders or standard input (-), one line per answer.
 
-    Files may hold one message or several, with CR, LF or CRLF segment terminators, or be
-    MLLP-framed. Exit code 0 when every message was accepted (AA), 1 otherwise.
+    Files may hold one message or several, with CR, LF or CRLF segment terminators, be
+    MLLP-framed, or be an HL7 batch (FHS/BHS: its messages are sent one by one). Every source
+    is read before anything is sent: one that is not HL7 is a one-line error and nothing goes.
+    Exit code 0 when every message was accepted (AA), 1 otherwise, 2 for an unreadable source.
 
     \b
       inturn send --mllp 127.0.0.1:2575 examples/messages/

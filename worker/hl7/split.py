@@ -5,6 +5,10 @@ What files of HL7 messages look like in practice, and how each is read:
 * **MLLP-framed** (the bytes contain the start-block byte 0x0B): every block is one message,
   read by :class:`inturn.worker.hl7.mllp.FrameReader`, whose tolerance ingest shares (filler
   between blocks, a missing CR after the end block).
+* **A batch** (the text begins with ``FHS`` or ``BHS``: HL7 v2.x chapter 2, "Batch protocol"):
+  its messages, in order, as :func:`inturn.worker.hl7.batch.split_batch` finds them (the
+  envelope, FHS/BHS/BTS/FTS, is checked and left out: ingest stores a batch's messages one by
+  one anyway).
 * **Plain**: one message or several in a row. A message starts at every segment whose name is
   ``MSH``, at the start of the text or right after a segment terminator (CR, LF or CRLF: files
   written on other systems end their segments with LF or CRLF, HL7 v2.x chapter 2 asks for CR).
@@ -22,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 from inturn.worker.errors import Invalid
+from inturn.worker.hl7.batch import BatchError, split_batch
 from inturn.worker.hl7.mllp import SB, Frame, FrameReader, FrameTooLarge, Garbage
 
 #: A segment named MSH at the start of the text or after a terminator.
@@ -44,27 +49,38 @@ class Split:
     framed: bool
 
 
-def split_messages(data: bytes, *, max_message_bytes: int) -> Split:
+#: Most messages one batch file may hold (ingest's ``--max-batch-messages`` default).
+MAX_BATCH_MESSAGES = 1000
+
+
+def split_messages(
+    data: bytes, *, max_message_bytes: int, max_batch_messages: int = MAX_BATCH_MESSAGES
+) -> Split:
     """Cut ``data`` into messages (see the module docstring).
 
     Args:
         data: a file's bytes.
         max_message_bytes: the largest message accepted, in bytes (ingest's
             ``--max-frame-bytes`` by default).
+        max_batch_messages: the most messages a batch file may hold.
 
     Returns:
         A :class:`Split`; its list is empty when ``data`` holds only blank bytes.
 
     Raises:
         SplitError: bytes that are not a message where one should start (a plain file whose
-            text does not begin with ``MSH``), bytes outside any block of a framed file, an
-            unfinished block, or a message larger than ``max_message_bytes``.
+            text does not begin with ``MSH``, ``FHS`` or ``BHS``), bytes outside any block of
+            a framed file, an unfinished block, a message larger than ``max_message_bytes``,
+            or a batch whose envelope is broken or that holds more than
+            ``max_batch_messages`` (:class:`~inturn.worker.hl7.batch.BatchError`'s words).
     """
     if bytes([SB]) in data:
         return Split(_framed(data, max_message_bytes), framed=True)
     body = data.lstrip(_BLANK)
     if not body.strip(_BLANK):
         return Split([], framed=False)
+    if body.removeprefix(_BOM).startswith((b"FHS", b"BHS")):
+        return Split(_batch(body, max_message_bytes, max_batch_messages), framed=False)
     starts = [m.start() for m in _MSH_START.finditer(body)]
     if body.startswith(_BOM + b"MSH"):
         starts.insert(0, 0)
@@ -85,6 +101,20 @@ def split_messages(data: bytes, *, max_message_bytes: int) -> Split:
             )
         messages.append(message)
     return Split(messages, framed=False)
+
+
+def _batch(body: bytes, max_message_bytes: int, max_batch_messages: int) -> list[bytes]:
+    try:
+        messages = list(split_batch(body, max_messages=max_batch_messages).messages)
+    except BatchError as exc:
+        raise SplitError(f"a batch file that cannot be read: {exc.text}") from None
+    for n, message in enumerate(messages, 1):
+        if len(message) > max_message_bytes:
+            raise SplitError(
+                f"message {n} of the batch is {len(message)} bytes, over the"
+                f" {max_message_bytes}-byte limit"
+            )
+    return messages
 
 
 def _framed(data: bytes, max_message_bytes: int) -> list[bytes]:
