@@ -8,7 +8,9 @@ not swallow repeats. Beside it, ``pgbench`` measures the commit rate of a plain 
 (synchronous commit, like ingest) on the same database at the same concurrency: the ceiling
 ingest is compared with.
 
-    python bench/ingest.py [--dsn DSN] [--seconds 5]
+    python bench/ingest.py [--dsn DSN] [--seconds 5] [--connections 1,8,32]
+
+``--tiny`` (the test suite's) runs 1 s per case and 8 connections only (the figures' case).
 
 The same 8-connection, one-destination case then runs against a second ingest started with
 ``--payload-keys`` (a master key folder and a key store database made for the run): every
@@ -255,7 +257,7 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
             f" {'us/msg':>11} {'/commit':>9}"
         )
         for channel, fanout in FANOUTS.items():
-            for connections in CONNECTIONS:
+            for connections in args.connections:
                 reset(db)
                 cpu0, commits0 = cpu_seconds(process.pid), commits(db)
                 rate, p50, p99, bad = await drive(ports[channel], connections, args.seconds, msgs)
@@ -293,7 +295,7 @@ async def main_async(args: argparse.Namespace, db: str) -> None:
         sized.write_text(f"INSERT INTO bench_insert (payload) VALUES ('\\x{literal}');\n")
         print(f"{'pgbench':>12} {'clients':>11} {'tps':>9}")
         tps: dict[int, float] = {}
-        for clients in CONNECTIONS:
+        for clients in args.connections:
             tps[clients] = pgbench(db, clients, args.seconds, script)
             print(f"{'INSERT':>12} {clients:>11} {tps[clients]:>9.0f}")
         context = pgbench(db, 8, args.seconds, sized)
@@ -367,7 +369,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dsn", default=os.environ.get("INTURN_DSN"), help="Postgres server")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
     parser.add_argument("--pool-size", type=int, default=16, help="ingest's write pool size")
-    args = parse_args(parser, argv, {"seconds": 1.0})
+    parser.add_argument(
+        "--connections",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=CONNECTIONS,
+        help="concurrent connections (and pgbench clients), comma-separated; 8 is always run",
+    )
+    args = parse_args(parser, argv, {"seconds": 1.0, "connections": "8"})
+    args.connections = tuple(sorted({*args.connections, 8}))
     with database(args.dsn) as db:
         asyncio.run(main_async(args, db))
 
