@@ -60,6 +60,18 @@ async def delivered(dsn: str, n: int) -> bool:
     return await count(dsn, "delivered", DEST) == n
 
 
+async def listening(dsn: str) -> bool:
+    """Whether a session other than this one has LISTENed on ``dsn``'s database (the worker's
+    direct LISTEN connection, before it waits)."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND query LIKE 'LISTEN %'"
+        )
+        row = await cur.fetchone()
+    return row is not None and row[0] > 0
+
+
 async def test_detection_tells_transaction_pooling_apart(
     bouncer: pgbouncer.Bouncer, pooled: str, fresh_db: str
 ) -> None:
@@ -134,7 +146,7 @@ async def test_listen_on_a_direct_connection_wakes_a_pooled_worker(
         lease=LeaseSettings(ttl_seconds=3600, renew_seconds=1800, acquire_seconds=0.2),
     ) as w:  # fmt: skip
         await until(lambda: w.state.lock_held)
-        await asyncio.sleep(0.5)  # the worker is waiting now
+        await until(lambda: listening(fresh_db))  # a NOTIFY from now on reaches the worker
         async with await AsyncConnection.connect(pooled, autocommit=True) as conn:
             await queue.enqueue(conn, items([1]))
         await until(lambda: delivered(pooled, 1), timeout=20)
