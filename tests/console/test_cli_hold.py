@@ -23,8 +23,19 @@ async def test_suspend_resume_and_payload_viewing_are_audited(fresh_db: str) -> 
     [item] = await enqueue(fresh_db, "ward/lab", [3])
     out = run(fresh_db, "queue", "suspend", "ward/lab", "--who", "jo", "--why", "upgrade")
     assert (out.returncode, out.stdout) == (0, b"suspended ward/lab\n")
+    # the depth says who holds it and that nothing goes until it is resumed
+    depth = run(fresh_db, "queue", "depth").stdout.decode().splitlines()
+    cells = depth[1].split()
+    assert cells[:4] == ["ward/lab", "adt", "1", "0"]
+    assert cells[5:] == ["0", "resumed", "(suspended", "by", "jo)"]
+    [row] = json.loads(run(fresh_db, "queue", "depth", "--json").stdout)
+    assert row["suspendedBy"] == "jo" and row["suspendedAt"] is not None
     out = run(fresh_db, "queue", "resume", "ward/lab", "--who", "jo")
     assert (out.returncode, out.stdout) == (0, b"resumed ward/lab\n")
+    depth = run(fresh_db, "queue", "depth").stdout.decode().splitlines()
+    assert depth[1].split()[-1] == "-"
+    [row] = json.loads(run(fresh_db, "queue", "depth", "--json").stdout)
+    assert (row["suspendedAt"], row["suspendedBy"]) == (None, None)
     out = run(fresh_db, "queue", "suspend", "no/where", "--who", "jo")
     assert out.returncode == 2 and b"no registered destination no/where" in out.stderr
     out = run(fresh_db, "queue", "payload", str(item), "--who", "jo", "--why", "ticket 9")

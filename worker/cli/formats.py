@@ -27,12 +27,15 @@ def echo_json(data: Any) -> None:
 
 def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
     """The depth table: one line per destination with anything pending or failed; HELD-UNTIL
-    says when a destination outside its delivery window (``spec.schedule``) sends again."""
+    says when a destination outside its delivery window (``spec.schedule``) sends again, or
+    ``resumed (suspended by WHO)`` for a suspended one (nothing goes until ``queue resume``)."""
     if not rows:
         return "nothing pending or failed"
     now = at or datetime.now(UTC)
 
     def held(r: DepthRow) -> str:
+        if r.held_at is not None:
+            return f"resumed (suspended by {r.held_by or 'someone'})"
         until = r.held_until(now)
         return "-" if until is None else until.strftime("%Y-%m-%d %H:%M UTC")
 

@@ -193,6 +193,9 @@ class DepthRow:
             (never the limit, ``retry.maxAttempts``).
         schedule: the destination's delivery window as registered (``spec.schedule``), or None.
         lanes: messages it may have in flight at once, as registered (``spec.lanes.count``).
+        held_at, held_by: when and by whom its delivery was suspended (``inturn queue
+            suspend``, the console, or a restore found: nothing is sent until ``resume``), or
+            None.
     """
 
     destination: str
@@ -204,6 +207,8 @@ class DepthRow:
     max_attempts: int
     schedule: dict[str, Any] | None = None
     lanes: int = 1
+    held_at: datetime | None = None
+    held_by: str | None = None
 
     def held_until(self, at: datetime) -> datetime | None:
         """When its delivery window next opens, if ``at`` is outside it; else None."""
@@ -221,6 +226,8 @@ class DepthRow:
             "oldestSeconds": round(self.oldest_seconds, 3),
             "mostAttempts": self.max_attempts,
             "lanes": self.lanes,
+            "suspendedAt": self.held_at.isoformat() if self.held_at else None,
+            "suspendedBy": self.held_by,
         }
         if at is not None:
             until = self.held_until(at)

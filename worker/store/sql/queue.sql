@@ -1024,8 +1024,9 @@ SELECT r.profile, s.number AS sequence_number,
   LEFT JOIN inturn_sequence_number s ON s.item_id = %(id)s;
 
 -- name: depth
--- Per destination with anything pending or failed: the numbers to alert on, and its delivery
--- window (spec.schedule) so that a reader can say until when it is held. Pending counts the
+-- Per destination with anything pending or failed: the numbers to alert on, its delivery
+-- window (spec.schedule) so that a reader can say until when it is held, and its suspension
+-- (held_at: queue suspend, the console, a restore found) when it has one. Pending counts the
 -- channel log's messages routed to it and not pulled yet (inturn_unpulled, migration 0038)
 -- beside its rows: the queue a person means, whether or not its worker has pulled.
 WITH q AS (
@@ -1058,8 +1059,11 @@ SELECT t.destination, t.channel, t.pending, t.failed, t.oldest,
        (SELECT r.schedule FROM inturn_destination r
          WHERE r.destination = t.destination AND r.deleted_at IS NULL) AS schedule,
        coalesce((SELECT r.lanes FROM inturn_destination r
-                  WHERE r.destination = t.destination AND r.deleted_at IS NULL), 1) AS lanes
+                  WHERE r.destination = t.destination AND r.deleted_at IS NULL), 1) AS lanes,
+       h.held_at, h.held_by
   FROM t
+  LEFT JOIN inturn_destination h ON h.destination = t.destination AND h.deleted_at IS NULL
+                                AND h.held_at IS NOT NULL
  ORDER BY t.destination;
 
 -- name: pending_destinations
