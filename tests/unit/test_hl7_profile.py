@@ -127,6 +127,15 @@ def test_truncate_never_splits_an_escape_sequence() -> None:
     assert segment(out, b"OBX")[5] == b"ab"
 
 
+def test_a_header_truncation_counts_the_target_charsets_bytes() -> None:
+    """With only the header named, a truncation still counts bytes as they are sent: four
+    characters of two bytes each in UTF-8 are over a 5-byte limit."""
+    payload = "MSH|^~\\&|A|ÉÉÉÉ|R|F|20260101||ADT^A01|C1|P|2.5||||||8859/1\rPID|1||1\r"
+    charset = {"to": "UTF-8", "unmappable": "refuse", "whenUndeclared": "UTF-8"}
+    out = run({"truncate": {"MSH-4": 5}, "charset": charset}, payload.encode("latin-1"))
+    assert segment(out, b"MSH")[3] == "ÉÉ".encode()
+
+
 def test_truncate_in_the_target_charset() -> None:
     spec = {"truncate": {"PID-5.2": 2}, "charset": {"to": "ISO-8859-1", "whenUndeclared": "UTF-8"}}
     assert segment(run(spec), b"PID")[5] == b"Doe^J\xe9"  # two bytes in ISO-8859-1

@@ -1102,7 +1102,7 @@ def _apply(text: str, profile: Profile, msg: _Message, sequence: int | None) -> 
         end = text.find("\r")
         if end < 0:
             end = len(text)
-        ctx = _Context(msg, sequence, {}, widest=1)
+        ctx = _Context(msg, sequence, {}, widest=_widest(msg))
         return _shape_head(text[:end], head, ctx, fs) + text[end:]
     segments = text.split("\r")
     firsts = _copy_sources(segments, profile, d) if profile.copy else {}
