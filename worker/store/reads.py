@@ -9,7 +9,7 @@ statements are named queries of ``sql/queue.sql``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
@@ -346,12 +346,26 @@ async def heads(conn: AsyncConnection[Any], destinations: Sequence[str]) -> dict
     }
 
 
-async def depth(conn: AsyncConnection[Any], destination: str | None = None) -> list[DepthRow]:
+async def depth(
+    conn: AsyncConnection[Any], destination: str | None = None, *, holds: bool = True
+) -> list[DepthRow]:
     """Per-destination summary (pending, failed, oldest, oldest seconds, max attempts).
 
-    Only destinations with something pending or failed appear. One grouped query for all.
+    Only destinations with something pending or failed appear. One grouped query for all;
+    with ``holds`` (people's reads) a second one says which are suspended, when and by whom
+    (``held_at``, ``held_by``); a worker's own gauges pass False (its login may not read
+    who suspended it).
     """
-    return await fetch_all(conn, Q["depth"], {"destination": destination}, row=class_row(DepthRow))
+    rows = await fetch_all(conn, Q["depth"], {"destination": destination}, row=class_row(DepthRow))
+    if not holds:
+        return rows
+    held = {r["destination"]: r for r in await fetch_all(conn, Q["holds"], row=dict_row)}
+    return [
+        replace(r, held_at=held[r.destination]["held_at"], held_by=held[r.destination]["held_by"])
+        if r.destination in held
+        else r
+        for r in rows
+    ]
 
 
 async def own_depth(conn: AsyncConnection[Any], destination: str) -> list[DepthRow] | None:
@@ -360,7 +374,7 @@ async def own_depth(conn: AsyncConnection[Any], destination: str) -> list[DepthR
     ``inturn migrate`` runs beside workers of this release: the gauges wait for it, delivery
     goes on). ``conn`` must be in autocommit mode."""
     try:
-        return await depth(conn, destination)
+        return await depth(conn, destination, holds=False)
     except (psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedTable):
         return None
 

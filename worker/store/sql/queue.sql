@@ -1024,9 +1024,8 @@ SELECT r.profile, s.number AS sequence_number,
   LEFT JOIN inturn_sequence_number s ON s.item_id = %(id)s;
 
 -- name: depth
--- Per destination with anything pending or failed: the numbers to alert on, its delivery
--- window (spec.schedule) so that a reader can say until when it is held, and its suspension
--- (held_at: queue suspend, the console, a restore found) when it has one. Pending counts the
+-- Per destination with anything pending or failed: the numbers to alert on, and its delivery
+-- window (spec.schedule) so that a reader can say until when it is held. Pending counts the
 -- channel log's messages routed to it and not pulled yet (inturn_unpulled, migration 0038)
 -- beside its rows: the queue a person means, whether or not its worker has pulled.
 WITH q AS (
@@ -1059,12 +1058,16 @@ SELECT t.destination, t.channel, t.pending, t.failed, t.oldest,
        (SELECT r.schedule FROM inturn_destination r
          WHERE r.destination = t.destination AND r.deleted_at IS NULL) AS schedule,
        coalesce((SELECT r.lanes FROM inturn_destination r
-                  WHERE r.destination = t.destination AND r.deleted_at IS NULL), 1) AS lanes,
-       h.held_at, h.held_by
+                  WHERE r.destination = t.destination AND r.deleted_at IS NULL), 1) AS lanes
   FROM t
-  LEFT JOIN inturn_destination h ON h.destination = t.destination AND h.deleted_at IS NULL
-                                AND h.held_at IS NOT NULL
  ORDER BY t.destination;
+
+-- name: holds
+-- The destinations suspended (queue suspend, the console, a restore found): when and by whom,
+-- for people's reads of the depth (a worker's login may not read held_by).
+SELECT destination, held_at, held_by
+  FROM inturn_destination
+ WHERE held_at IS NOT NULL AND deleted_at IS NULL;
 
 -- name: pending_destinations
 -- Every destination with a pending row or a message of its channel's log not pulled yet.
