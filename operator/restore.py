@@ -113,6 +113,8 @@ class Witness:
             self.delivered_through,
             self.delivered_message,
             parse_time(self.delivered_time),
+            self.accepted_through,
+            self.channel_through,
         )
 
 

@@ -167,10 +167,10 @@ async def test_a_restored_dump_is_noticed_said_held_and_decided(
         assert len(events) == 1
         lines = [r.getMessage() for r in caplog.records if "went back in time" in r.getMessage()]
         assert len(lines) == 1  # one line for the destination, not one per pass
-        # ingest takes messages again before anyone decides: the restored sequence gives them
-        # the ids the lost messages had, up to the last one delivered before the restore
+        # ingest takes messages again before anyone decides: the finding moved the sequence
+        # past the largest id the witness saw, so no id a lost message had is given again
         fresh = rows(queue_db, 5, "pending", "NEW")
-        assert fresh == late
+        assert fresh == list(range(late[-1] + 1, late[-1] + 6))
         # a person decides: the receiver has what was delivered before; the rest may go
         dsn = ["--dsn", queue_db, "--who", "ops"]
         await asyncio.to_thread(
@@ -241,11 +241,16 @@ async def test_a_restore_on_the_channel_log_counts_and_marks_by_log_message(
         await eventually(lambda: status(env)["witness"].get("deliveredMessage") == later[-1])
         witness = status(env)["witness"]
         assert witness["channelThrough"] == later[-1]
-        pg_restore(queue_db, backup)
-        # ingest takes messages again at once (before or after the operator's look: the same)
-        again = append(3, "C")
-        assert again == later  # the restored log sequence hands out the lost ids again
+    # the operator is away while the database is restored and ingest takes messages again
+    pg_restore(queue_db, backup)
+    again = append(3, "C")
+    assert again == later  # the restored log sequence hands out the lost ids again
+    async with operator():
         restore = await eventually(lambda: status(env).get("restore"), timeout=30)
+        # the finding moved the log's sequence past the last id the witness saw: a message
+        # accepted from now on has an id no message had before the restore
+        after = append(1, "D")
+        assert after[0] > later[-1]
         assert (restore["mayBeSentAgain"], restore["deliveredMessage"]) == (10, later[-1])
         # what was lost, on the channel: after the last message the backup holds, up to the
         # last one the witness saw
@@ -271,7 +276,7 @@ async def test_a_restore_on_the_channel_log_counts_and_marks_by_log_message(
         ).fetchall()
     assert found == [(f"A{i}", "delivered", m) for i, m in enumerate(first)] + [
         (f"C{i}", "pending", m) for i, m in enumerate(again)
-    ]
+    ] + [("D0", "pending", after[0])]
 
 
 def test_mark_delivered_needs_a_finding_or_a_bound(fresh_db: str) -> None:
@@ -538,6 +543,8 @@ async def test_inturn_local_keeps_the_witness_in_its_data_folder(
     assert noticed is not None and noticed.held == (KEY,)
     [line] = noticed.lines
     assert "went back in time" in line and "10 message(s) delivered before" in line
+    # the sequence moved past the last id the witness file saw: no lost message's id again
+    assert rows(empty_db, 1, "pending", "NEW") == [late[-1] + 1]
     assert await look() is None  # said once
     with psycopg.connect(empty_db) as conn:
         held = conn.execute(
@@ -557,4 +564,4 @@ async def test_inturn_local_keeps_the_witness_in_its_data_folder(
             (KEY,),
         ).fetchall()
         left = conn.execute("SELECT count(*) FROM inturn_restore").fetchone()
-    assert dict(states) == {"delivered": 10} and left == (0,)
+    assert dict(states) == {"delivered": 10, "pending": 1} and left == (0,)

@@ -67,6 +67,8 @@ def _write(path: Path, tick: int, seen: dict[str, restore.Seen]) -> None:
                 "deliveredThrough": s.delivered_through,
                 "deliveredMessage": s.delivered_message,
                 "deliveredTime": s.delivered_at.isoformat() if s.delivered_at else None,
+                "acceptedThrough": s.accepted_through,
+                "channelThrough": s.channel_through,
             }
             for name, s in seen.items()
         },
@@ -118,6 +120,8 @@ async def _look(conn: AsyncConnection[Any], path: Path) -> Noticed | None:
                 _number(node.get("deliveredThrough")),
                 _number(node.get("deliveredMessage")),
                 datetime.fromisoformat(when) if isinstance(when, str) else None,
+                _number(node.get("acceptedThrough")),
+                _number(node.get("channelThrough")),
             )
             await restore.record_finding(conn, destination, finding)
             again = await restore.exposure(conn, destination)

@@ -61,12 +61,17 @@ class RestoreFinding:
             pulled again after a restore; their log message keeps its id).
         delivered_at: when that last delivery was made: a message accepted later was accepted
             after the restore, whatever id it was given.
+        accepted_through, channel_through: the last row's id and the channel log's last id the
+            witness saw (None: not recorded): :func:`record_finding` moves the id sequences past
+            them, so no message accepted from then on takes a lost message's id.
     """
 
     tick: int
     delivered_through: int | None
     delivered_message: int | None
     delivered_at: datetime | None
+    accepted_through: int | None = None
+    channel_through: int | None = None
 
 
 async def tick(conn: AsyncConnection[Any]) -> tuple[int, int]:
@@ -128,7 +133,15 @@ async def record_finding(
     conn: AsyncConnection[Any], destination: str, finding: RestoreFinding
 ) -> None:
     """Keep the operator's finding for ``destination`` in the restored database (one row,
-    replaced by a later finding) until :func:`forget_finding`."""
+    replaced by a later finding) until :func:`forget_finding`, and move the id sequences past
+    the largest ids the finding's witness saw (``inturn_ids_past``, migration 0050; only
+    forward): the restore took them back, and the messages accepted after it would take the
+    lost messages' ids again. Those accepted between the restore and this finding keep the ids
+    they were given (``delivered_at`` tells them apart).
+
+    Raises:
+        psycopg.Error: the database failed (the finding is not kept; the caller looks again).
+    """
     params = {
         "destination": destination,
         "tick": finding.tick,
@@ -137,6 +150,20 @@ async def record_finding(
         "delivered_at": finding.delivered_at,
     }
     await conn.execute(Q["record_finding"], params)
+    delivery_id = _largest(finding.delivered_through, finding.accepted_through)
+    message_id = _largest(finding.delivered_message, finding.channel_through)
+    if delivery_id is None and message_id is None:
+        return
+    try:
+        async with conn.transaction():  # a savepoint: a database before 0050 goes on without
+            await conn.execute(Q["ids_past"], {"delivery": delivery_id, "message": message_id})
+    except psycopg.errors.UndefinedFunction:
+        pass  # an upgrade in place whose migrations have not reached 0050 yet
+
+
+def _largest(*ids: int | None) -> int | None:
+    known = [i for i in ids if i is not None]
+    return max(known) if known else None
 
 
 async def forget_finding(conn: AsyncConnection[Any], destination: str) -> None:

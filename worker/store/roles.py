@@ -484,6 +484,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     # a head's log payload read from its own partition, with its seal binding (migration
     # 0049): the worker's head, next head and take call it as the caller (row policies apply)
     "inturn_log_payload(bigint)": ("worker",),
+    # a restore found: the id sequences moved past the witness's largest ids (migration 0050)
+    "inturn_ids_past(bigint,bigint)": ("operator", "admin"),
 }
 
 #: The tables the worker role's restrictive row policy covers (``sql/roles.sql``

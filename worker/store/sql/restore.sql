@@ -134,6 +134,11 @@ ON CONFLICT (destination) DO UPDATE
        delivered_through = EXCLUDED.delivered_through,
        delivered_message = EXCLUDED.delivered_message, delivered_at = EXCLUDED.delivered_at;
 
+-- name: ids_past
+-- After a restore is found: the delivery rows' and the channel log's sequences past the largest
+-- ids the witness saw (only forward; migration 0050).
+SELECT inturn_ids_past(%(delivery)s, %(message)s);
+
 -- name: forget_finding
 DELETE FROM inturn_restore WHERE destination = %(destination)s;
 
