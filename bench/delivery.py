@@ -570,10 +570,15 @@ async def drain(
     expected: Sequence[str],
     cap: float,
     ack_delay: float = 0.0,
+    first_arrival: Callable[[int, Callable[[], int]], Awaitable[None]] | None = None,
+    drained: Callable[[int], Awaitable[None]] | None = None,
 ) -> None:
     """Start the worker process ``command(receiver_port)`` against a fresh receiver (answering
     after ``ack_delay`` seconds) and time it until the queue is empty (``pending`` turns False)
-    or ``cap`` seconds have passed."""
+    or ``cap`` seconds have passed. ``first_arrival(pid, arrived)`` is awaited when the first
+    message arrives (the worker's process id; ``arrived()``: how many have arrived so far),
+    ``drained(pid)`` once the queue is empty, before the worker is stopped
+    (bench/instructions.py counts the worker's instructions between the two)."""
     async with (
         receiver(ack_delay) as (rx, timed),
         await AsyncConnection.connect(dsn, autocommit=True) as conn,
@@ -597,6 +602,8 @@ async def drain(
             # the worker's CPU seconds when the first message arrives: its start-up left out
             while not timed:
                 await asyncio.sleep(0.002)
+            if first_arrival is not None:
+                await first_arrival(proc.pid, lambda: len(timed))
             cpu_at_first.append(cpu_seconds(proc.pid))
             cpu_at_first.append(time.process_time())
             await backends.start()
@@ -611,6 +618,8 @@ async def drain(
             while time.perf_counter() < deadline:
                 if len(timed) >= len(expected) and not await polled(pending):
                     complete = True
+                    if drained is not None:
+                        await drained(proc.pid)
                     break
                 if proc.returncode is not None and not await polled(pending):
                     complete = True
