@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -39,11 +40,24 @@ import delivery
 from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 
+from inturn.worker.cli.worker import load_one
+from inturn.worker.drain.main import RUNTIME_ENV, runtime_settings
 from inturn.worker.store.migrate import migrate
 
 #: what each counted drain runs under; --collect-atstart: a backend is counted whole (its
 #: start-up and exit cancel out in the difference of two drains)
-CALLGRIND = ("valgrind", "--tool=callgrind", "--error-limit=no")
+CALLGRIND = ("valgrind", "-q", "--tool=callgrind", "--error-limit=no")
+#: The worker's runtime (what ``inturn worker`` execs once its configuration is validated),
+#: its depth gauge made quiet. The gauge is one query every 5 s while anything is pending,
+#: whatever the rate: two in a 3,000-message drain at full speed, but callgrind makes a drain
+#: fifty times longer and so the gauge fifty times more frequent per message; and its query
+#: reads each log partition, so a count that kept it would charge a time-driven query's
+#: partitions to each message. Its first query, at start, still runs (both drains, cancelled).
+RUNTIME = (
+    "import os; import inturn.worker.drain.idle as idle; idle.DEPTH_EVERY_SECONDS = 1e9;"
+    " os.environ[{env!r}] = {settings!r};"
+    " from inturn.worker.drain.main import main; main()"
+)
 READY_SECONDS = 600.0  # a cluster under callgrind starts in tens of seconds
 EXIT_SECONDS = 120.0  # a backend under callgrind writes its count when it exits
 
@@ -104,6 +118,8 @@ class Cluster:
         self.port = free_port()
         self.user = self._os_user()
         self.process: subprocess.Popen[bytes] | None = None
+        #: pg_stat_statements is there to load: each counted drain's statements are counted
+        self.statements = (pg_bin.parent / "lib" / "pg_stat_statements.so").exists()
 
     @staticmethod
     def _os_user() -> str | None:
@@ -133,6 +149,7 @@ class Cluster:
                 f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.directory}'\n"
                 "shared_buffers = 160MB\nmax_wal_size = 1GB\nautovacuum = off\n"
+                f"shared_preload_libraries = '{'pg_stat_statements' if self.statements else ''}'\n"
             )
 
     def dsn(self, dbname: str = "postgres") -> str:
@@ -228,6 +245,10 @@ class Counted:
     messages: int
     delivered: int = 0
     before: int = 0  # messages that had arrived when the worker's count started
+    duplicated: int = 0
+    #: calls of each statement run in the database during the drain (pg_stat_statements; the
+    #: benchmark's own polls included), by the statement's first line
+    statements: dict[str, int] = field(default_factory=dict)
     worker: int = 0
     backends: int = 0
     backend_pids: list[int] = field(default_factory=list)
@@ -243,6 +264,29 @@ async def _callgrind_control(*args: str) -> str:
     )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
     return out.decode(errors="replace")
+
+
+#: statements of the benchmark's own in a drain's database: its poll (queue.blocked) and its
+#: readings of the statistics
+BENCH_STATEMENTS = ("SELECT EXISTS ( SELECT $1 FROM inturn_delivery WHERE", "pg_stat_")
+
+
+def _worker_calls(statements: dict[str, int]) -> int:
+    return sum(n for q, n in statements.items() if not any(mark in q for mark in BENCH_STATEMENTS))
+
+
+async def _statements(dsn: str) -> dict[str, int]:
+    """Calls of each statement since the reset, by its first line (a name comment)."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT calls, query FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        calls: dict[str, int] = {}
+        for n, query in await cur.fetchall():
+            first = " ".join(str(query).split())[:90]
+            calls[first] = calls.get(first, 0) + int(n)
+        return calls
 
 
 async def _client_backends(dsn: str) -> list[int]:
@@ -269,6 +313,9 @@ async def counted_drain(
     counted = Counted(count)
     items = delivery.build_messages(templates, run, count)
     await delivery.enqueue_all(dsn, items)
+    if server.statements:
+        async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("SELECT pg_stat_statements_reset()")
     result = delivery.Result(f"counted-{run}", count)
 
     async def first_arrival(pid: int, arrived: Callable[[], int]) -> None:
@@ -290,15 +337,15 @@ async def counted_drain(
 
         def command(port: int) -> list[str]:
             manifest = delivery.write_manifest(Path(tmp), port)
+            # the runtime inturn worker would exec, with its settings, the depth gauge quiet
+            settings = runtime_settings(
+                load_one(manifest, None), dsn, "127.0.0.1", 0, "WARNING", False
+            )
             return [
                 *CALLGRIND,
-                # inturn worker replaces its process image by the runtime (execve, same pid)
-                "--trace-children=yes",
                 "--instr-atstart=no",
                 "--callgrind-out-file=/dev/null",  # read with callgrind_control -e
-                str(delivery.INTURN),
-                *("worker", "-f", str(manifest), "--http-host", "127.0.0.1"),
-                *("--http-port", "0", "--log-level", "WARNING"),
+                *(sys.executable, "-P", "-c", RUNTIME.format(env=RUNTIME_ENV, settings=settings)),
             ]
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -315,6 +362,9 @@ async def counted_drain(
             drained=drained,
         )
     counted.delivered = result.check.delivered
+    counted.duplicated = result.check.duplicated
+    if server.statements:
+        counted.statements = await _statements(dsn)
     counted.backends = await server.backend_total(counted.backend_pids)
     return counted
 
@@ -337,6 +387,14 @@ class PerMessage:
     def backends(self) -> float:
         n = self.large.delivered - self.small.delivered
         return (self.large.backends - self.small.backends) / n if n > 0 else 0.0
+
+    @property
+    def statements(self) -> float:
+        """The worker's statements per message (the benchmark's own polls and readings of
+        pg_stat_* left out; 0 without pg_stat_statements)."""
+        n = self.large.delivered - self.small.delivered
+        small, large = _worker_calls(self.small.statements), _worker_calls(self.large.statements)
+        return (large - small) / n if n > 0 and small and large else 0.0
 
     @property
     def complete(self) -> bool:
@@ -380,6 +438,9 @@ async def compare(
                 dsns[name] = server.dsn(f"counted_{name}")
         for dsn in dsns.values():
             migrate(dsn)
+            if server.statements:
+                async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+                    await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         await fill(dsns["history"])
         server.stop()
         server.start(counted=True)

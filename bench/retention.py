@@ -1,7 +1,7 @@
 """Retention benchmark: a month of history beside the hot table, and days dropped whole.
 
     .venv/bin/python bench/retention.py [--dsn DSN] [--days 10] [--rows-per-day 550000]
-                                        [--messages 3000] [--instructions [--counted 100,400]]
+                                        [--messages 3000] [--instructions [--counted 200,1000]]
 
 Three drains of ``--messages`` messages by a real ``inturn worker`` over MLLP (bench/delivery.py's
 drain, each in a fresh database), each with the maintenance's move running beside it (every
@@ -36,9 +36,10 @@ MET (with the tolerance it allows), and says so when the history is smaller than
 
 CPU seconds per message move by a quarter from one minute to the next on a shared machine.
 ``--instructions`` counts instead (bench/instructions.py): on a cluster of its own, a database
-filled with the same history and an empty one, each drained twice (``--counted`` messages)
-by a worker under callgrind, its backend too; the worker's and the backend's instructions per
-message with history against without decide the delivered mark's target (within 2%).
+filled with the same history and an empty one, each drained twice (``--counted`` messages,
+200 and 1,000) by a worker under callgrind, its backend too; the worker's and the backend's
+instructions per message with history against without decide the delivered mark's target
+(within 2%), and the worker's statements per message are counted (pg_stat_statements).
 
 Asserts nothing. The server is ``--dsn`` / ``INTURN_DSN``, else an embedded Postgres.
 """
@@ -265,8 +266,15 @@ async def count_instructions(
             f" {per.small.messages} and {per.large.messages} messages; worker (counted after"
             f" {per.small.before} and {per.large.before} arrived)"
             f" {per.small.worker:,} and {per.large.worker:,} instructions, its backend"
-            f" {per.small.backends:,} and {per.large.backends:,}"
+            f" {per.small.backends:,} and {per.large.backends:,}; duplicates"
+            f" {per.small.duplicated} and {per.large.duplicated}"
         )
+        for counted_drain in (per.small, per.large):
+            busiest = sorted(counted_drain.statements.items(), key=lambda kv: -kv[1])[:6]
+            print(
+                f"    statements of the {counted_drain.messages}-message drain (pg_stat_statements,"
+                " the most called): " + "; ".join(f"{n} x {q[:60]}" for q, n in busiest)
+            )
     print(f"  (instructions counted in {time.perf_counter() - started:.0f}s)")
     if not (empty.complete and full.complete):
         print("instructions: NOT COUNTED (a counted drain did not complete)")
@@ -280,6 +288,8 @@ async def count_instructions(
         "backend": full.backends,
         "backend_empty": empty.backends,
         "backend_ratio": full.backends / empty.backends if empty.backends else 0.0,
+        "statements": full.statements,
+        "statements_empty": empty.statements,
     }
 
 
@@ -482,7 +492,8 @@ async def main_async(args: argparse.Namespace) -> int:
             f" history / without: the worker {counted['worker']:,.0f} /"
             f" {counted['worker_empty']:,.0f} ({counted['worker_ratio']:.3f}), its backend"
             f" {counted['backend']:,.0f} / {counted['backend_empty']:,.0f}"
-            f" ({counted['backend_ratio']:.3f}); commits {mark['commits']:.2f} /"
+            f" ({counted['backend_ratio']:.3f}); statements {counted['statements']:.2f} /"
+            f" {counted['statements_empty']:.2f}; commits {mark['commits']:.2f} /"
             f" {mark['commits_empty']:.2f} (target: no more with history, within 2%:"
             f" {verdict(targets['mark'])})"
         )
@@ -556,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--counted",
         type=lambda text: [int(n) for n in text.split(",")],
-        default=[100, 400],
+        default=[200, 1000],
         help="the sizes of the two counted drains whose difference is counted (SMALL,LARGE)",
     )
     args = parse_args(parser, argv, TINY)
