@@ -18,7 +18,13 @@ each message is answered once (the AA, or the CA of one asking for the accept le
    (spread over the 8 connections) for ``--live-seconds``: ACK p50/p99 (target p99 under
    50 ms at 200), the aggregate delivery rate (deliveries a second, every destination's, from
    the first send to the last delivery) and the CPU per delivery of everything (ingest, the
-   workers' process, every Postgres process; target at 200 within 1.25 of one's).
+   workers' process, every Postgres process; target at 200 within 1.25 of one's). Also per
+   delivery: the server's commits, WAL records and bytes, WAL writes and flushes
+   (``pg_stat_database``, ``pg_stat_wal``; server-wide, so only meaningful on its own server);
+   ``--statements`` loads pg_stat_statements and prints the live phase's most frequent
+   statements (calls per delivery, mean ms); ``--lower-delivery`` (experiment, root) puts the
+   workers' process, and with ``--lower-scope all`` their backends, below ingest in CPU
+   priority (nice 19, SCHED_IDLE, or a cgroup v1 ``cpu`` group idle or of weight 2).
 
 Runs on a Postgres server of its own (initdb in a temporary folder, ``max_connections`` room
 for 200 workers, so that WAL and CPU are this benchmark's alone) unless ``--dsn`` is given;
@@ -102,9 +108,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def own_server(connections: int) -> Iterator[tuple[str, Path]]:
+def own_server(connections: int, statements: bool = False) -> Iterator[tuple[str, Path]]:
     """A Postgres 15 server of this run's own (``max_connections`` ``connections``), its DSN
-    and data directory; stopped and removed after."""
+    and data directory; stopped and removed after. ``statements``: with pg_stat_statements
+    loaded and WAL I/O timed (``--statements``)."""
     data = Path(tempfile.mkdtemp(prefix="inturn-fanout-pg-"))
     port = free_port()
     initdb = shutil.which("initdb") or str(PG_BIN / "initdb")
@@ -122,6 +129,8 @@ def own_server(connections: int) -> Iterator[tuple[str, Path]]:
         f"-p {port} -k {data} -c listen_addresses={HOST} -c max_connections={connections}"
         " -c shared_buffers=256MB -c max_wal_size=4GB"
     )
+    if statements:
+        options += " -c shared_preload_libraries=pg_stat_statements -c track_wal_io_timing=on"
     subprocess.run(
         [*run_as, pg_ctl, "-D", str(data), "-o", options, "-l", str(data / "log"), "-w", "start"],
         check=True, capture_output=True, env=env,
@@ -184,6 +193,15 @@ def every_backend(db: str) -> list[int]:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
             " AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def worker_backends(db: str) -> list[int]:
+    with psycopg.connect(db, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name LIKE 'inturn-worker%%'"
         ).fetchall()
     return [int(r[0]) for r in rows]
 
@@ -348,6 +366,42 @@ async def serve(db: str, channel: str, names: Sequence[str]) -> None:
         await asyncio.wait(tasks, timeout=30)
 
 
+#: What ``--lower-delivery`` does to the delivery side's processes: ``nice`` (19),
+#: ``idle`` (SCHED_IDLE), ``cgroup-idle`` and ``cgroup-weight`` (a cgroup v1 ``cpu`` group with
+#: ``cpu.idle`` 1, or ``cpu.shares`` 2 against the others' 1024).
+LOWER_MODES = ("none", "nice", "idle", "cgroup-idle", "cgroup-weight")
+CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
+
+
+def lower(pids: Sequence[int], mode: str) -> None:
+    """Put ``pids`` (every thread of each) below the rest of the machine in CPU priority, by
+    ``mode`` (:data:`LOWER_MODES`): an experiment of ``--lower-delivery``, root needed for
+    the cgroups and for another user's processes (Postgres backends).
+
+    Raises:
+        OSError: the cgroup could not be made or written (no cgroup v1 ``cpu`` controller).
+    """
+    if mode.startswith("cgroup-"):
+        group = CPU_CGROUPS / f"inturn-fanout-{mode}"
+        group.mkdir(exist_ok=True)
+        if mode == "cgroup-idle":
+            (group / "cpu.idle").write_text("1")
+        else:
+            (group / "cpu.shares").write_text("2")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                (group / "cgroup.procs").write_text(str(pid))
+        return
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    if mode == "idle":
+                        os.sched_setscheduler(int(task), os.SCHED_IDLE, os.sched_param(0))
+                    else:
+                        os.setpriority(os.PRIO_PROCESS, int(task), 19)
+
+
 def run_delay(pids: Sequence[int]) -> float:
     """Seconds ``pids`` (and their threads) have waited runnable for a CPU
     (``/proc/PID/task/*/schedstat``, second field, ns); 0 where unreadable."""
@@ -401,6 +455,57 @@ async def sample_live(db: str, ingest_pids: Sequence[int], stop: asyncio.Event) 
         "runq_max": max(queue, default=0),
     }
     out |= {k: v / total for k, v in seen.items()}
+    return out
+
+
+#: The server's counters read before and after the live phase (``pg_stat_database`` of the
+#: bench's database, ``pg_stat_wal``): commits, WAL records, bytes, writes and flushes.
+COUNTERS = ("commits", "wal_records", "wal_bytes", "wal_writes", "wal_flushes", "wal_sync_ms")
+
+
+def counters(db: str) -> dict[str, float]:
+    """The server's figures of :data:`COUNTERS` now (cumulative since the server started)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT (SELECT xact_commit FROM pg_stat_database"
+            "         WHERE datname = current_database()),"
+            " wal_records, wal_bytes, wal_write, wal_sync, wal_sync_time FROM pg_stat_wal"
+        ).fetchone()
+    assert row is not None
+    return dict(zip(COUNTERS, (float(v or 0) for v in row), strict=True))
+
+
+def reset_statements(db: str) -> bool:
+    """Start pg_stat_statements' counts afresh; False where the server has not loaded it."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT pg_stat_statements_reset()")
+        except psycopg.Error:
+            return False
+    return True
+
+
+def top_statements(db: str, per: int, limit: int = 10) -> list[str]:
+    """The ``limit`` statements the server ran most often since :func:`reset_statements`, each
+    as calls per delivery (of ``per`` deliveries), mean milliseconds and rows per call, and the
+    statement's start (its leading comments and blanks folded)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT calls, total_exec_time, rows, query FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " ORDER BY calls DESC LIMIT %s",
+            (limit,),
+        ).fetchall()
+    out = []
+    for calls, total, nrows, query in rows:
+        text = " ".join(
+            line.strip() for line in str(query).splitlines() if not line.strip().startswith("--")
+        )
+        out.append(
+            f"{calls / max(per, 1):6.2f}/deliv {total / max(calls, 1):6.3f} ms"
+            f" {nrows / max(calls, 1):5.1f} rows  {text[:90]}"
+        )
     return out
 
 
@@ -465,12 +570,19 @@ async def one_count(
             line = await asyncio.get_running_loop().run_in_executor(None, workers.stdout.readline)
             if line.strip() != b"ready":
                 raise SystemExit("the workers' process did not start")
-            if args.nice_workers:
-                # experiment: the delivery side (the workers' process and its backends) below
-                # ingest in the scheduler's eyes, as separate pods or cgroups would place it
-                for pid in [workers.pid, *set(every_backend(db)) - set(ours)]:
-                    with contextlib.suppress(OSError):
-                        os.setpriority(os.PRIO_PROCESS, pid, args.nice_workers)
+            if args.lower_delivery != "none":
+                # experiment: the delivery side below ingest in the scheduler's eyes, as
+                # separate pods' CPU requests would place it (every worker connected first)
+                for _ in range(100):
+                    if len(worker_backends(db)) >= count:
+                        break
+                    await asyncio.sleep(0.1)
+                ranked = [workers.pid]
+                if args.lower_scope == "all":
+                    ranked += worker_backends(db)
+                lower(ranked, args.lower_delivery)
+            statements = args.statements and reset_statements(db)
+            server0 = counters(db)
             workers0 = cpu_seconds(workers.pid)
             before = cpu_seconds(process.pid) + cpu_seconds(workers.pid) + server_cpu(postmaster)
             started = time.perf_counter()
@@ -492,24 +604,40 @@ async def one_count(
                 await asyncio.sleep(0.2)
                 done = delivered(db)
             elapsed = time.perf_counter() - started
+            server1 = counters(db)
+            per_delivery = {
+                f"{k}_per_delivery": (server1[k] - server0[k]) / max(done, 1) for k in COUNTERS
+            }
+            if statements:
+                print(f"      statements of the live phase at {count}, {done} deliveries:")
+                for line in top_statements(db, done):
+                    print(f"        {line}")
             used = (
                 cpu_seconds(process.pid)
                 + cpu_seconds(workers.pid)
                 + server_cpu(postmaster)
                 - before
             )
-            out |= {
-                "runq_wait_ingest_ms": waited[0],
-                "runq_wait_backends_ms": waited[1],
-                "runq_wait_senders_ms": waited[2],
-                "workers_process_us": (cpu_seconds(workers.pid) - workers0) / max(done, 1) * 1e6,
-                "live_p50": live["p50"],
-                "live_p99": live["p99"],
-                "deliveries": done,
-                "expected": expected,
-                "delivery_rate": done / elapsed,
-                "cpu_per_delivery_us": used / max(done, 1) * 1e6 if postmaster else float("nan"),
-            } | sampled
+            out |= (
+                {
+                    "runq_wait_ingest_ms": waited[0],
+                    "runq_wait_backends_ms": waited[1],
+                    "runq_wait_senders_ms": waited[2],
+                    "workers_process_us": (cpu_seconds(workers.pid) - workers0)
+                    / max(done, 1)
+                    * 1e6,
+                    "live_p50": live["p50"],
+                    "live_p99": live["p99"],
+                    "deliveries": done,
+                    "expected": expected,
+                    "delivery_rate": done / elapsed,
+                    "cpu_per_delivery_us": used / max(done, 1) * 1e6
+                    if postmaster
+                    else float("nan"),
+                }
+                | sampled
+                | per_delivery
+            )
         finally:
             if workers.stdin is not None:
                 workers.stdin.close()
@@ -569,6 +697,14 @@ async def main_async(args: argparse.Namespace, db: str, postmaster: int | None) 
             f" the senders {r['runq_wait_senders_ms']:.1f} ms;"
             " ingest's backends (share of 20 ms samples): "
             + (", ".join(f"{k} {v:.2f}" for k, v in states) or "idle"),
+            flush=True,
+        )
+        print(
+            f"      live, per delivery: {r['commits_per_delivery']:.2f} commits,"
+            f" {r['wal_records_per_delivery']:.1f} WAL records"
+            f" ({r['wal_bytes_per_delivery']:.0f} B), {r['wal_writes_per_delivery']:.2f} WAL"
+            f" writes and {r['wal_flushes_per_delivery']:.2f} flushes"
+            f" ({r['wal_sync_ms_per_delivery']:.3f} ms flushing where timed)",
             flush=True,
         )
     first, last = min(results), max(results)
@@ -660,10 +796,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--live-seconds", type=float, default=10.0, help="live seconds per count")
     parser.add_argument("--drain-timeout", type=float, default=120.0, help="live drain bound, s")
     parser.add_argument(
-        "--nice-workers",
-        type=int,
-        default=0,
-        help="experiment: renice the live phase's workers and their backends (0: as run)",
+        "--lower-delivery",
+        choices=LOWER_MODES,
+        default="none",
+        help="experiment: the live phase's delivery side below ingest in CPU priority"
+        " (nice 19, SCHED_IDLE, or a cgroup v1 cpu group idle or of weight 2; root)",
+    )
+    parser.add_argument(
+        "--lower-scope",
+        choices=("process", "all"),
+        default="all",
+        help="what --lower-delivery lowers: the workers' process, or it and their backends",
+    )
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="load pg_stat_statements in its own server and print the live phase's statements",
     )
     parser.add_argument(
         "--destinations",
@@ -684,7 +832,7 @@ def main(argv: list[str] | None = None) -> None:
             asyncio.run(main_async(args, db, None))
         return
     with (
-        own_server(max(args.destinations) * 3 + 60) as (server, data),
+        own_server(max(args.destinations) * 3 + 60, args.statements) as (server, data),
         fresh_database(server, "fanout") as db,
     ):
         migrate(db)
