@@ -243,6 +243,9 @@ async def test_database_unreachable_answers_ae(fresh_db: str, limited_role: str)
         (b"MSH|^~\\&|A|B|C|D|||||P|2.5\r", "101"),  # no MSH-9
         (b"FHS|^~\\&|A\rBHS|^~\\&\rPID|1||42\r", "100"),  # a batch out of sequence
         (b"MSH|^~\\&|A|B|C|D|||ADT^A01|X\x00Y|P|2.5\r", "102"),  # NUL: no database takes it
+        # two messages in one frame (CR or LF between them): never stored as one
+        (b"MSH|^~\\&|A|B|C|D|||ADT^A01|X1|P|2.5\rMSH|^~\\&|A|B|C|D|||ADT^A01|X2|P|2.5\r", "100"),
+        (b"MSH|^~\\&|A|B|C|D|||ADT^A01|X1|P|2.5\nPID|1\nMSH|^~\\&|A|B|||||ADT^A03|X2|P|2.5", "100"),
     ],
 )
 async def test_unparseable_message_gets_ar_and_is_not_stored(

@@ -18,7 +18,7 @@ from inturn.worker.hl7.ack import (
     parse_ack,
 )
 from inturn.worker.hl7.errors import AckParseError
-from inturn.worker.hl7.header import parse_header
+from inturn.worker.hl7.header import parse_header, second_header
 
 NOW = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
 ADT = b"MSH|^~\\&|SAPP|SFAC|RAPP|RFAC|20240101||ADT^A01^ADT_A01|MSG00001|T|2.5.1\rPID|1||42\r"
@@ -186,6 +186,34 @@ def test_build_reject_uses_what_could_be_read() -> None:
 def test_build_reject_with_explicit_text_and_enhanced_code() -> None:
     ack = build_reject(ADT, "CR", AckErrorDetail(200), text="no ADT here", now=NOW)
     assert parse_ack(ack) == Ack("CR", "MSG00001", "no ADT here", "200", "Unsupported message type")
+
+
+def test_a_reject_echoes_at_most_the_bounded_lengths() -> None:
+    """A peer's 5,000-character MSH-10 (refused) or MSH-3 is echoed cut to MSH-10's (199) and
+    HD's (227) lengths, never inside an escape sequence: an ACK stays small."""
+    long_id = "I" * 197 + "\\F\\" + "J" * 5000
+    payload = f"MSH|^~\\&|{'S' * 5000}|SF|R|RF|2024||ADT^A01|{long_id}|P|2.5\r".encode()
+    ack = build_reject(payload, "AR", AckErrorDetail(104), now=NOW)
+    msh, msa, _ = segments(ack)
+    assert msa[2] == "I" * 197  # the open escape at 198-199 is not cut into
+    assert msh[4] == "S" * 227 and len(ack) < 1000
+    header = parse_header(payload.replace(long_id.encode(), b"ID1"))
+    assert segments(build_ack(header, "AA", now=NOW))[0][4] == "S" * 227
+
+
+@pytest.mark.parametrize(
+    ("payload", "found"),
+    [
+        (b"MSH|^~\\&|A||||||ADT^A01|1|P|2.5\rPID|1\r", None),
+        (b"\r\nMSH|^~\\&|A||||||ADT^A01|1|P|2.5\rPID|1\r", None),  # leading CR LF skipped
+        (b"MSH|^~\\&|A||||||ADT^A01|1|P|2.5\rMSH|^~\\&|B\r", 32),
+        (b"MSH|^~\\&|A||||||ADT^A01|1|P|2.5\r\nMSH|^~\\&|B\r", 33),
+        (b"MSH#^~\\&#A######ADT^A01#1\rMSH|x\rMSH#y\r", 32),  # its own field separator
+        (b"MSH|^~\\&|A||||||ADT^A01|1|P|2.5\rOBX|1|TX|||MSH|x\r", None),  # not a segment
+    ],
+)
+def test_second_header_finds_a_second_message_in_a_frame(payload: bytes, found: int | None) -> None:
+    assert second_header(payload, parse_header(payload).delimiters) == found
 
 
 @pytest.mark.parametrize("separator", [b"\r", b"\n", b"\r\n"])

@@ -31,6 +31,7 @@ and for messages declaring v2.1 to v2.4 ERR-1 repeats the code as an ELD
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -174,6 +175,38 @@ class _Echo:
     version: str = ""
 
 
+#: Longest MSA-2 an acknowledgement echoes, in characters: MSH-10's length (ST, 199) since
+#: HL7 v2.7; a longer control ID (refused at the door) is echoed cut to it.
+MAX_ECHO_CONTROL_ID = 199
+#: Longest MSH-3 to MSH-6 an acknowledgement echoes, in characters: HD's length since v2.7
+#: (IS 20 + ST 199 + ID 6 and two separators). Whatever a peer sends, an ACK stays small.
+MAX_ECHO_HD = 227
+
+
+#: The echoed MSH fields bounded by :data:`MAX_ECHO_HD` (MSH-3 to MSH-6, MSH-9.2, MSH-11,
+#: MSH-12: short coded values, far under it when well formed).
+_ECHOED_HD = (
+    "sending_application",
+    "sending_facility",
+    "receiving_application",
+    "receiving_facility",
+    "trigger",
+    "processing_id",
+    "version",
+)
+
+
+def _bounded(value: str, limit: int, escape: str) -> str:
+    """``value`` cut to ``limit`` characters, never inside an escape sequence (cut before an
+    escape character left open)."""
+    if len(value) <= limit:
+        return value
+    cut = value[:limit]
+    if escape and cut.count(escape) % 2:
+        cut = cut[: cut.rindex(escape)]
+    return cut
+
+
 def _render(
     echo: _Echo,
     code: str,
@@ -186,6 +219,11 @@ def _render(
     fs, cs = d.field, d.component
     if code not in ACK_CODES:
         raise ValueError(f"unknown acknowledgment code {code!r}")
+    echo = dataclasses.replace(
+        echo,
+        **{name: _bounded(getattr(echo, name), MAX_ECHO_HD, d.escape) for name in _ECHOED_HD},
+        control_id=_bounded(echo.control_id, MAX_ECHO_CONTROL_ID, d.escape),
+    )
     message_type = f"ACK{cs}{echo.trigger}{cs}ACK" if echo.trigger else "ACK"
     msh = [
         "MSH",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from inturn.worker.hl7.delimiters import Delimiters, first_segment_of, read_delimiters
 from inturn.worker.hl7.errors import HeaderError
 
-__all__ = ["Header", "HeaderError", "MessageType", "parse_header"]
+__all__ = ["Header", "HeaderError", "MessageType", "parse_header", "second_header"]
 
 
 @dataclass(frozen=True)
@@ -145,3 +145,32 @@ def parse_header(payload: bytes) -> Header:
         accept_ack_type=_field(fields, 15).strip().upper(),
         application_ack_type=_field(fields, 16).strip().upper(),
     )
+
+
+def second_header(payload: bytes, delimiters: Delimiters) -> int | None:
+    """The byte offset in ``payload`` of an MSH segment after its first one, or None.
+
+    A message has exactly one MSH segment, and an MLLP block carries exactly one message (HL7
+    v2.x chapter 2, "Message construction rules"; Appendix C, MLLP): a second MSH at the start
+    of a segment (after CR or LF) is a second message in the same frame, which a receiver
+    would otherwise take for part of the first. Several messages travel in a batch
+    (FHS/BHS), never back to back in one frame. Linear in ``len(payload)``.
+
+    Args:
+        payload: the message bytes, unframed, whose MSH ``delimiters`` were read.
+        delimiters: the message's own delimiters (the second MSH is found by the same field
+            separator).
+    """
+    marker = b"MSH" + delimiters.field.encode("latin-1")
+    first = payload.find(marker)
+    if first < 0:
+        return None
+    found = [
+        at
+        for at in (
+            payload.find(b"\r" + marker, first + 1),
+            payload.find(b"\n" + marker, first + 1),
+        )
+        if at >= 0
+    ]
+    return min(found) + 1 if found else None

@@ -91,7 +91,7 @@ from inturn.worker.hl7.ack import (
 )
 from inturn.worker.hl7.batch import Batch, BatchError, is_batch, split_batch
 from inturn.worker.hl7.errors import ErrorCode, HeaderError
-from inturn.worker.hl7.header import Header, parse_header
+from inturn.worker.hl7.header import Header, parse_header, second_header
 from inturn.worker.hl7.pid import MAX_INDEXED_IDENTIFIERS
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.ingest import envelope, metrics
@@ -280,6 +280,13 @@ class Acceptor:
             error = error_detail(ErrorCode.DATA_TYPE_ERROR, "MSH-9 or MSH-10 contains a NUL byte")
             ack = build_reject(payload, "AR", error)
             outcome = Reply(code="AR", ack=ack, send=True, reason="NUL byte in MSH-9 or MSH-10")
+            return self._done(channel, None, outcome, len(payload))
+        extra = second_header(payload, header.delimiters)
+        if extra is not None:
+            # two messages in one frame: stored as one, the second would reach no one as itself
+            text = f"a second MSH segment at byte {extra}: one frame carries one message"
+            ack = build_reject(payload, "AR", error_detail(ErrorCode.SEGMENT_SEQUENCE_ERROR, text))
+            outcome = Reply(code="AR", ack=ack, send=True, reason="two messages in one frame")
             return self._done(channel, None, outcome, len(payload))
         decision = await route_message(
             self.router.table, channel, message_type.code, message_type.trigger, payload
