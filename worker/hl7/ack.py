@@ -183,19 +183,6 @@ MAX_ECHO_CONTROL_ID = 199
 MAX_ECHO_HD = 227
 
 
-#: The echoed MSH fields bounded by :data:`MAX_ECHO_HD` (MSH-3 to MSH-6, MSH-9.2, MSH-11,
-#: MSH-12: short coded values, far under it when well formed).
-_ECHOED_HD = (
-    "sending_application",
-    "sending_facility",
-    "receiving_application",
-    "receiving_facility",
-    "trigger",
-    "processing_id",
-    "version",
-)
-
-
 def _bounded(value: str, limit: int, escape: str) -> str:
     """``value`` cut to ``limit`` characters, never inside an escape sequence (cut before an
     escape character left open)."""
@@ -219,10 +206,17 @@ def _render(
     fs, cs = d.field, d.component
     if code not in ACK_CODES:
         raise ValueError(f"unknown acknowledgment code {code!r}")
+    escape = d.escape
     echo = dataclasses.replace(
         echo,
-        **{name: _bounded(getattr(echo, name), MAX_ECHO_HD, d.escape) for name in _ECHOED_HD},
-        control_id=_bounded(echo.control_id, MAX_ECHO_CONTROL_ID, d.escape),
+        sending_application=_bounded(echo.sending_application, MAX_ECHO_HD, escape),
+        sending_facility=_bounded(echo.sending_facility, MAX_ECHO_HD, escape),
+        receiving_application=_bounded(echo.receiving_application, MAX_ECHO_HD, escape),
+        receiving_facility=_bounded(echo.receiving_facility, MAX_ECHO_HD, escape),
+        trigger=_bounded(echo.trigger, MAX_ECHO_HD, escape),
+        processing_id=_bounded(echo.processing_id, MAX_ECHO_HD, escape),
+        version=_bounded(echo.version, MAX_ECHO_HD, escape),
+        control_id=_bounded(echo.control_id, MAX_ECHO_CONTROL_ID, escape),
     )
     message_type = f"ACK{cs}{echo.trigger}{cs}ACK" if echo.trigger else "ACK"
     msh = [
