@@ -194,6 +194,26 @@ async def test_purge_keeps_what_a_person_still_has_to_act_on(
     ), again.stdout
 
 
+def test_windows_that_defeat_a_promise_are_said_before_the_run(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """A hot window under ingest's lost-ACK window (10 minutes by default) and a retention not
+    longer than the hot window are each said in one warning line; the run still goes."""
+    done = purge(role_dsns["purge"], "--hot-window", "0s", "--older-than", "1m", "--dry-run")
+    assert done.returncode == 0
+    assert [line for line in done.stderr.splitlines() if line.startswith("warning:")] == [
+        "warning: --hot-window 0s is shorter than ingest's --duplicate-delivered-window (600s by"
+        " default): a message sent again after a lost ACK is delivered again once its copy has"
+        " moved to history"
+    ]
+    done = purge(role_dsns["purge"], "--hot-window", "1m", "--older-than", "1m", "--dry-run")
+    assert done.returncode == 0
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and "deleted from the hot table row by row" in warnings[1]
+    quiet = purge(role_dsns["purge"], "--dry-run")  # the defaults: 15m hot, 7d retention
+    assert "warning:" not in quiet.stderr
+
+
 @pytest.mark.parametrize("bare", ["7", "0", "90"])
 def test_an_age_without_a_unit_is_refused_and_nothing_is_deleted(
     fresh_db: str, role_dsns: dict[str, str], bare: str

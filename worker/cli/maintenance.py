@@ -17,6 +17,7 @@ from inturn.worker.errors import Invalid
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted
 from inturn.worker.store import history, roles, roles_apply
+from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store.dsn import resolve_dsn
 from inturn.worker.store.lease import holder_id
 from inturn.worker.store.migrate import migrate
@@ -60,6 +61,30 @@ def migrate_command(dsn: str | None, create_roles: bool, role_prefix: str) -> No
             click.echo(f"warning: {warning}", err=True)
         names = ", ".join(roles.role_name(c, role_prefix) for c in roles.COMPONENTS)
         click.echo(f"grants set for {names}")
+
+
+def purge_warnings(hot_seconds: int, retention_seconds: int) -> list[str]:
+    """What ``inturn purge`` says before it runs when its windows defeat a promise (it still
+    runs: a person may mean it). A hot window shorter than ingest's default lost-ACK window
+    (ingest looks a delivered copy up in the hot table only): a message sent again after a
+    lost ACK is delivered again once its copy moved to history. A retention not longer than
+    the hot window: finished items are deleted from the hot table row by row, never moved to
+    history and dropped by the day."""
+    said = []
+    window = ingest_store.DEFAULT_DELIVERED_WINDOW_SECONDS
+    if hot_seconds < window:
+        said.append(
+            f"--hot-window {hot_seconds}s is shorter than ingest's --duplicate-delivered-window"
+            f" ({window:.0f}s by default): a message sent again after a lost ACK is delivered"
+            " again once its copy has moved to history"
+        )
+    if retention_seconds <= hot_seconds:
+        said.append(
+            f"the retention ({retention_seconds}s) is not longer than --hot-window"
+            f" ({hot_seconds}s): finished items are deleted from the hot table row by row,"
+            " never moved to history"
+        )
+    return said
 
 
 @click.command("purge")
@@ -148,6 +173,8 @@ def purge_command(
     except Invalid as exc:
         raise click.BadParameter(str(exc)) from None
 
+    for warning in purge_warnings(hot_window, retention):
+        click.echo(f"warning: {warning}", err=True)
     holder = holder_id("purge")  # one per process: a run tried again takes its singleton again
     # a database that refuses for a while (a maintenance window) is waited out, not a failure
     done = through_refusals(
