@@ -402,8 +402,9 @@ def resend_command(
     every failed item of a destination that still needs a person. One transaction, audited
     once; the originals keep their history and are shown as resent.
 
-    Only failed items are resent unless --include-delivered is given. An id given alone
-    that is not resent is listed with the reason (exit 1). A range covers the items of the
+    Only failed items are resent unless --include-delivered is given. One id that cannot be
+    resent is the command's error (its reason, exit 2); among several ids, one that is not
+    resent is listed with its reason (exit 1). A range covers the items of the
     destination of its ends only (ids interleave across destinations): its other items
     (other destinations, delivered, pending, already resent) are left out, one line per
     kind with its count, and nothing changes for them.
