@@ -214,6 +214,37 @@ def test_windows_that_defeat_a_promise_are_said_before_the_run(
     assert "warning:" not in quiet.stderr
 
 
+def test_a_person_removing_an_item_in_history_is_told_where_it_is(
+    fresh_db: str, role_dsns: dict[str, str]
+) -> None:
+    """``inturn queue remove`` of an item moved to history deletes nothing and says why (it
+    said "pending or missing" of a delivered item), one line an id, exit 2 (a one-line error)."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        [(moved,), (pending,)] = conn.execute(
+            "INSERT INTO inturn_delivery (destination, channel, control_id, message_type,"
+            " payload, size, state, finished_at) VALUES"
+            " (%s, 'adt', 'H1', 'ADT^A01', 'MSH|x', 5, 'delivered', now() - interval '1 hour'),"
+            " (%s, 'adt', 'H2', 'ADT^A01', 'MSH|x', 5, 'pending', NULL) RETURNING id",
+            (DEST, DEST),
+        ).fetchall()
+    assert purge(role_dsns["purge"], "--hot-window", "15m").returncode == 0
+    done = subprocess.run(
+        [INTURN, "queue", "remove", str(moved), str(pending), "--dsn", fresh_db, "--who", "ops"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stdout.splitlines() == ["removed 0 item(s)"]
+    assert done.stderr.splitlines() == [
+        f"not removed: item {moved} is delivered and in history, which leaves by the day"
+        " (`inturn purge` drops its day after the retention; `inturn queue erase` takes a"
+        " patient's messages now)",
+        f"not removed: item {pending} is pending, not finished: nothing to remove",
+        f"inturn: error: not removed: {moved}, {pending}",
+    ]
+
+
 @pytest.mark.parametrize("bare", ["7", "0", "90"])
 def test_an_age_without_a_unit_is_refused_and_nothing_is_deleted(
     fresh_db: str, role_dsns: dict[str, str], bare: str

@@ -356,9 +356,11 @@ def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: st
     """Delete finished items (delivered, failed, skipped); pending ones are refused."""
     done = act(dsn, lambda conn: actions.remove(conn, Trusted(who), item_ids, why))
     click.echo(f"removed {len(done.removed)} item(s)")
+    for reason in done.reasons:
+        click.echo(f"not removed: {reason}", err=True)
     if done.kept:
         kept = ", ".join(map(str, done.kept))
-        raise click.ClickException(f"not removed (pending or missing): {kept}")
+        raise click.ClickException(f"not removed: {kept}")
 
 
 @queue_group.command("resend")

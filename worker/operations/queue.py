@@ -107,10 +107,12 @@ RESEND_MAX = 10_000
 
 @dataclass(frozen=True)
 class Removed:
-    """A removal: the ids deleted, and those kept (pending, or no such item)."""
+    """A removal: the ids deleted, and those kept (pending, in history, or no such item),
+    each kept one with the sentence saying why (:func:`why_not`), in ``reasons``."""
 
     removed: tuple[int, ...]
     kept: tuple[int, ...]
+    reasons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,13 @@ async def why_not(conn: AsyncConnection[Any], item_id: int, action: str) -> NotF
         return Conflict(
             f"item {item_id} failed (it is not pending): `inturn queue resend {item_id} --who ...`"
             " queues a copy of it"
+        )
+    if action == "remove" and item.state != "pending":
+        # finished, yet not removed: it has moved to history, which leaves by the day
+        return Conflict(
+            f"item {item_id} is {item.state} and in history, which leaves by the day (`inturn"
+            " purge` drops its day after the retention; `inturn queue erase` takes a patient's"
+            " messages now)"
         )
     if action in ("remove", "resend"):
         return Conflict(f"item {item_id} is {item.state}, not finished: nothing to {action}")
@@ -399,7 +408,10 @@ async def remove(
     """Delete finished items; pending and missing ones are kept (listed in the result)."""
     reason = permit(actor, "remove", why)
     ids = await actions.remove(conn, list(item_ids), who=actor.name, why=reason)
-    return Removed(tuple(ids), tuple(sorted(set(item_ids) - set(ids))))
+    kept = tuple(sorted(set(item_ids) - set(ids)))
+    # at most 20 reasons looked up: a person's list, not a bulk job
+    reasons = tuple([str(await why_not(conn, i, "remove")) for i in kept[:20]])
+    return Removed(tuple(ids), kept, reasons)
 
 
 async def remove_item(
