@@ -105,7 +105,11 @@ async def test_each_action_says_what_happened_or_why_not(conn: AsyncConnection[A
         await actions.resend(conn, CLI, a)
     resent = await actions.resend(conn, CLI, a, include_delivered=True)
     assert resent.original == a and resent.copy > c
-    assert await actions.remove(conn, CLI, [a, b, 999999]) == actions.Removed((a,), (b, 999999))
+    assert await actions.remove(conn, CLI, [a, b, 999999]) == actions.Removed(
+        (a,),
+        (b, 999999),
+        (f"item {b} is pending, not finished: nothing to remove", "no item 999999"),
+    )
     retried = await actions.retry_destination(conn, CLI, DEST)
     assert retried == actions.Changed("retry", (b, c, resent.copy), DEST)
     assert (await actions.drain(conn, CLI, DEST, "stale")).ids == (b, c, resent.copy)
