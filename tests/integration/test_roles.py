@@ -576,7 +576,7 @@ async def test_worker_records_attempts_and_honours_a_hold_the_admin_role_sets(
     async with await AsyncConnection.connect(worker_dsn, autocommit=True) as conn:
         assert await delivery.next_head(
             conn, DEST, lease=await leases.acquire(conn, DEST, "test", 600)
-        ) == (None, None)  # held: no head
+        ) == (None, delivery.ON_HOLD)  # held: no head, and the worker told why
     async with await AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
         assert await registry.resume(conn, DEST, who="jo")
     async with await AsyncConnection.connect(worker_dsn, autocommit=True) as conn:

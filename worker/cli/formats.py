@@ -26,14 +26,18 @@ def echo_json(data: Any) -> None:
 
 
 def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
-    """The depth table: one line per destination with anything pending or failed; HELD-UNTIL
-    says when a destination outside its delivery window (``spec.schedule``) sends again, or
-    ``resumed (suspended by WHO)`` for a suspended one (nothing goes until ``queue resume``)."""
+    """The depth table: one line per destination with anything pending or failed, and one per
+    destination on hold even when nothing is pending; HELD-UNTIL says when a destination
+    outside its delivery window (``spec.schedule``) sends again, ``resumed (suspended by WHO)``
+    for a suspended one (nothing goes until ``queue resume``), or ``never: orphaned (not
+    registered)`` for rows of a destination no longer registered."""
     if not rows:
-        return "nothing pending or failed"
+        return "nothing pending or failed, nothing held"
     now = at or datetime.now(UTC)
 
     def held(r: DepthRow) -> str:
+        if not r.registered:
+            return "never: orphaned (not registered)"
         if r.held_at is not None:
             return f"resumed (suspended by {r.held_by or 'someone'})"
         until = r.held_until(now)

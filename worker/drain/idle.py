@@ -178,12 +178,21 @@ class Idling(LeaseHolding):
         for 4,416 sends at 200 msg/s over five destinations), a round trip on each message's way.
         """
         self.observer.depth(self.destination, 0, 0.0, 0)
+        self.observer.held(self.destination, self.config.suspend)
         self.state.unreadable = None  # a head held for its payload was skipped or erased
 
     async def _report_depth(
-        self, conn: AsyncConnection[Any], stop: asyncio.Event, force: bool = False
+        self,
+        conn: AsyncConnection[Any],
+        stop: asyncio.Event,
+        force: bool = False,
+        *,
+        held: bool = False,
     ) -> None:
-        """Query the destination's depth, at most every :data:`DEPTH_EVERY_SECONDS`."""
+        """Query the destination's depth, at most every :data:`DEPTH_EVERY_SECONDS`: what
+        waits, held or not (a destination on hold counts its rows and its channel log's
+        messages not pulled, as ``queue depth`` does). ``held``: the head query said the
+        destination is on hold (the depth's own ``held_at`` says so too when it lists it)."""
         await self._refresh_index()
         now = time.monotonic()
         if not force and now < self._next_depth:
@@ -197,5 +206,7 @@ class Idling(LeaseHolding):
         if rows:
             r = rows[0]
             self.observer.depth(self.destination, r.pending, r.oldest_seconds, r.max_attempts)
+            held = held or r.held_at is not None
         else:
             self.observer.depth(self.destination, 0, 0.0, 0)
+        self.observer.held(self.destination, held or self.config.suspend)

@@ -45,6 +45,12 @@ _OLDEST_SINCE: dict[str, float | None] = {}
 MAX_ATTEMPTS = Gauge(
     "inturn_queue_max_attempts", "Highest attempt count among waiting messages.", ["destination"]
 )
+HELD = Gauge(
+    "inturn_destination_held",
+    "1 while the destination's delivery is suspended (queue suspend, the console, a restore"
+    " found, or spec.suspend): nothing is sent, and the queue gauges still count what waits.",
+    ["destination"],
+)
 LOCK_HELD = Gauge(
     "inturn_lock_held", "1 while this process holds the destination's lock.", ["destination"]
 )
@@ -130,6 +136,10 @@ class PrometheusObserver:
             OLDEST.labels(destination).set_function(lambda: _oldest_age(destination))
         _OLDEST_SINCE[destination] = time.time() - oldest_seconds if pending else None
         MAX_ATTEMPTS.labels(destination).set(max_attempts)
+
+    def held(self, destination: str, held: bool) -> None:
+        """Set the hold gauge."""
+        HELD.labels(destination).set(1 if held else 0)
 
     def lock(self, destination: str, held: bool) -> None:
         """Set the lock gauge."""

@@ -32,6 +32,10 @@ class Observer(Protocol):
     ) -> None:
         """The destination's queue as last measured (counts, seconds, attempts)."""
 
+    def held(self, destination: str, held: bool) -> None:
+        """Whether the destination's delivery is suspended (a hold set by ``queue suspend``,
+        the console or a restore found, or ``spec.suspend``), as last seen."""
+
     def lock(self, destination: str, held: bool) -> None:
         """The worker took (True) or lost/released (False) the destination's lock."""
 
@@ -67,6 +71,9 @@ class NullObserver:
     def depth(
         self, destination: str, pending: int, oldest_seconds: float, max_attempts: int
     ) -> None:
+        """Ignore."""
+
+    def held(self, destination: str, held: bool) -> None:
         """Ignore."""
 
     def lock(self, destination: str, held: bool) -> None:

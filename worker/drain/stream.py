@@ -28,7 +28,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker import tracing
 from inturn.worker.drain.attempt import send_once
-from inturn.worker.drain.idle import Idling
+from inturn.worker.drain.idle import DEPTH_EVERY_SECONDS, Idling
 from inturn.worker.drain.outcome import Outcomes
 from inturn.worker.drain.steps import sleep_or_stop
 from inturn.worker.senders.base import FailureCause, Sender
@@ -121,6 +121,15 @@ class SingleStream(Idling, Outcomes):
                     continue
                 self._report_empty()
                 await self._wait(conn, stop, self._idle_for(idle), empty=True)
+                continue
+            if wait == delivery.ON_HOLD:
+                # held by a person or a restore found: what waits is still counted (log
+                # messages not pulled included), at most every DEPTH_EVERY_SECONDS; a resume
+                # wakes the worker
+                await self._report_depth(conn, stop, held=True)
+                await self._wait(
+                    conn, stop, self._idle_for(min(idle, DEPTH_EVERY_SECONDS)), empty=False
+                )
                 continue
             if head is None:
                 await self._report_depth(conn, stop)

@@ -27,6 +27,7 @@ raises the epoch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString
@@ -64,6 +65,10 @@ def _before_0049(exc: psycopg.errors.UndefinedFunction, conn: AsyncConnection[An
 
 HeadResult = tuple[Head | None, float | None]
 
+#: The wait :func:`next_head` gives for a destination on hold (``queue suspend``, the console, a
+#: restore found): no head until a person resumes it, however long (a resume wakes the worker).
+ON_HOLD = math.inf
+
 
 def _head_result(row: Mapping[str, Any] | None, destination: str) -> HeadResult:
     """The head of ``destination`` in a row of ``head`` or a delivered mark (the columns of a
@@ -79,6 +84,14 @@ def _head_result(row: Mapping[str, Any] | None, destination: str) -> HeadResult:
     )  # fmt: skip
     seal = (int(row["seal_id"]), str(row["seal_scope"]))
     return Head(item, row["payload"], row["traceparent"], seal=seal), None
+
+
+def _next_result(row: Mapping[str, Any], destination: str) -> HeadResult:
+    """:func:`_head_result` of a row of ``head`` or a delivered mark's next head, with
+    ``(None, ON_HOLD)`` when nothing was read because the destination is on hold."""
+    if row["id"] is None and row.get("on_hold"):
+        return None, ON_HOLD
+    return _head_result(row, destination)
 
 
 def _guard(destination: str, lease: Lease) -> dict[str, Any]:
@@ -105,7 +118,9 @@ async def next_head(
 
     Returns:
         ``(head, None)`` when the oldest pending item is due now; ``(None, seconds)`` when it is
-        backing off (nothing behind it may go first); ``(None, None)`` when nothing is pending.
+        backing off (nothing behind it may go first); ``(None, ON_HOLD)`` (infinite seconds)
+        when the destination is on hold, whatever waits; ``(None, None)`` when nothing is
+        pending (the channel log may still hold messages not pulled).
 
     Raises:
         LeaseLost: another holder took the destination over; nothing was read.
@@ -122,7 +137,7 @@ async def next_head(
         )  # the payload
     if row is None:
         raise LeaseLost(lease, "reading the head")
-    return _head_result(row, destination)
+    return _next_result(row, destination)
 
 
 #: Log rows a pull copies at most (one statement; a longer backlog takes several pulls).
@@ -273,7 +288,7 @@ async def succeeded_next(
     if row["held"] is None:
         raise LeaseLost(lease, f"marking id={head.id} delivered")
     waited = row["waited_seconds"]
-    return (None if waited is None else float(waited)), _head_result(row, destination)
+    return (None if waited is None else float(waited)), _next_result(row, destination)
 
 
 def _expected_params(expecting: Sequence[ExpectedReply]) -> dict[str, Any]:

@@ -195,7 +195,9 @@ class DepthRow:
         lanes: messages it may have in flight at once, as registered (``spec.lanes.count``).
         held_at, held_by: when and by whom its delivery was suspended (``inturn queue
             suspend``, the console, or a restore found: nothing is sent until ``resume``), or
-            None.
+            None. A destination on hold is listed even when its queue is empty.
+        registered: False for an orphaned queue: rows remain for a destination no longer
+            registered (its Destination or manifest is gone); nothing delivers them.
     """
 
     destination: str
@@ -209,6 +211,7 @@ class DepthRow:
     lanes: int = 1
     held_at: datetime | None = None
     held_by: str | None = None
+    registered: bool = True
 
     def held_until(self, at: datetime) -> datetime | None:
         """When its delivery window next opens, if ``at`` is outside it; else None."""
@@ -228,6 +231,7 @@ class DepthRow:
             "lanes": self.lanes,
             "suspendedAt": self.held_at.isoformat() if self.held_at else None,
             "suspendedBy": self.held_by,
+            "orphaned": not self.registered,
         }
         if at is not None:
             until = self.held_until(at)

@@ -351,10 +351,11 @@ async def depth(
 ) -> list[DepthRow]:
     """Per-destination summary (pending, failed, oldest, oldest seconds, max attempts).
 
-    Only destinations with something pending or failed appear. One grouped query for all;
-    with ``holds`` (people's reads) a second one says which are suspended, when and by whom
-    (``held_at``, ``held_by``); a worker's own gauges pass False (its login may not read
-    who suspended it).
+    Destinations with something pending or failed appear, and every destination on hold,
+    even with nothing pending (``held_at`` set; pending 0). One grouped query for all, which
+    also says when each was suspended and whether it is registered (``registered`` False: an
+    orphaned queue); with ``holds`` (people's reads) a second one says by whom
+    (``held_by``); a worker's own gauges pass False (its login may not read who suspended it).
     """
     rows = await fetch_all(conn, Q["depth"], {"destination": destination}, row=class_row(DepthRow))
     if not holds:

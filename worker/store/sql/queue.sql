@@ -213,7 +213,8 @@ SELECT EXISTS (
 -- "after" is a keyset bound (0 for none): the worker passes the id it finished last, so the
 -- scan starts there instead of stepping over every row delivered since the statistics were
 -- taken (the planner may walk the primary key when it believes every row is pending).
--- A destination on hold (held_at set by `queue suspend` or the console) has no head.
+-- A destination on hold (held_at set by `queue suspend`, the console or a restore found) has
+-- no head; on_hold says so, so that its worker measures its depth instead of calling it empty.
 -- Guarded by the lease (and renewing it): no row at all when the lease is lost; "held" and
 -- NULL columns when nothing is pending. The columns are what a send and its marks need
 -- (inturn.worker.store.model.Sendable), no more: the head is read once per message.
@@ -224,7 +225,10 @@ WITH lease AS (
 )
 SELECT lease.held, h.id, h.channel, h.control_id, h.message_type, h.attempts,
        -- include: log_binding
-       h.traceparent, h.wait_seconds
+       h.traceparent, h.wait_seconds,
+       EXISTS (SELECT 1 FROM inturn_destination held
+                WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
+           AS on_hold
   FROM lease
   LEFT JOIN LATERAL (
        SELECT d.id, d.channel, d.control_id, d.message_type, d.attempts,
@@ -268,7 +272,8 @@ SELECT p.id, p.due
 
 -- fragment: next_head_after_mark
 -- The next head above the one just marked (the snapshot is from before the mark, in which it
--- is still pending), only while the lease holds; NULL columns when nothing is pending.
+-- is still pending), only while the lease holds; NULL columns when nothing is pending, and
+-- on_hold true when the destination is on hold (as in head).
 -- The payload as in head: from the log message's own partition (inturn_log_payload).
 SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS waited_seconds,
        h.id, h.channel, h.control_id, h.message_type, h.attempts,
@@ -277,7 +282,10 @@ SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS wa
        CASE WHEN h.own_payload IS NOT NULL THEN h.own_seal_id ELSE m.seal_id END AS seal_id,
        CASE WHEN h.own_payload IS NOT NULL THEN h.own_seal_scope ELSE m.seal_scope END
            AS seal_scope,
-       h.traceparent, h.wait_seconds
+       h.traceparent, h.wait_seconds,
+       EXISTS (SELECT 1 FROM inturn_destination held
+                WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
+           AS on_hold
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (
        SELECT d.id, d.channel, d.control_id, d.message_type, d.attempts,
@@ -1024,8 +1032,10 @@ SELECT r.profile, s.number AS sequence_number,
   LEFT JOIN inturn_sequence_number s ON s.item_id = %(id)s;
 
 -- name: depth
--- Per destination with anything pending or failed: the numbers to alert on, and its delivery
--- window (spec.schedule) so that a reader can say until when it is held. Pending counts the
+-- Per destination with anything pending or failed, or on hold (held_at: a person or a restore
+-- found suspended it; listed even when its queue is empty): the numbers to alert on, its
+-- delivery window (spec.schedule) so that a reader can say until when it is held, when it was
+-- suspended, and whether it is registered (not: an orphaned queue). Pending counts the
 -- channel log's messages routed to it and not pulled yet (inturn_unpulled, migration 0038)
 -- beside its rows: the queue a person means, whether or not its worker has pulled.
 WITH q AS (
@@ -1051,16 +1061,27 @@ t AS (
            least(q.oldest, u.oldest) AS oldest,
            coalesce(q.max_attempts, 0) AS max_attempts
       FROM q FULL JOIN u ON u.destination = q.destination
+),
+h AS (
+    SELECT r.destination, r.channel
+      FROM inturn_destination r
+     WHERE r.held_at IS NOT NULL AND r.deleted_at IS NULL
+       AND (%(destination)s::text IS NULL OR r.destination = %(destination)s::text)
+),
+a AS (
+    SELECT coalesce(t.destination, h.destination) AS destination,
+           coalesce(t.channel, h.channel) AS channel,
+           coalesce(t.pending, 0) AS pending, coalesce(t.failed, 0) AS failed, t.oldest,
+           coalesce(t.max_attempts, 0) AS max_attempts
+      FROM t FULL JOIN h ON h.destination = t.destination
 )
-SELECT t.destination, t.channel, t.pending, t.failed, t.oldest,
-       coalesce(extract(epoch FROM clock_timestamp() - t.oldest), 0)::float8 AS oldest_seconds,
-       t.max_attempts,
-       (SELECT r.schedule FROM inturn_destination r
-         WHERE r.destination = t.destination AND r.deleted_at IS NULL) AS schedule,
-       coalesce((SELECT r.lanes FROM inturn_destination r
-                  WHERE r.destination = t.destination AND r.deleted_at IS NULL), 1) AS lanes
-  FROM t
- ORDER BY t.destination;
+SELECT a.destination, a.channel, a.pending, a.failed, a.oldest,
+       coalesce(extract(epoch FROM clock_timestamp() - a.oldest), 0)::float8 AS oldest_seconds,
+       a.max_attempts, r.schedule, coalesce(r.lanes, 1) AS lanes, r.held_at,
+       r.destination IS NOT NULL AS registered
+  FROM a
+  LEFT JOIN inturn_destination r ON r.destination = a.destination AND r.deleted_at IS NULL
+ ORDER BY a.destination;
 
 -- name: holds
 -- The destinations suspended (queue suspend, the console, a restore found): when and by whom,
