@@ -71,11 +71,15 @@ ACCEPTANCE = Path(__file__).resolve().parent / "acceptance"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test under ``tests/acceptance`` ``acceptance`` (the tier ``make test-fast``
-    leaves out); tests elsewhere that start whole processes mark themselves."""
+    """Mark every test under ``tests/acceptance`` ``acceptance``; tests elsewhere that start
+    whole processes mark themselves. Every ``acceptance`` or ``serial`` test is ``slow`` too:
+    ``make test-fast`` (the edit-test loop, ``-m "not slow"``) leaves out the slow ones, so it
+    runs in one parallel part with nothing left to run alone."""
     for item in items:
         if ACCEPTANCE in item.path.parents:
             item.add_marker(pytest.mark.acceptance)
+        if item.get_closest_marker("acceptance") or item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

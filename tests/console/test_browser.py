@@ -30,12 +30,14 @@ SHOTS = Path(
 )
 DEST = "ward/lab"
 
+#: slow (left out by make test-fast): a long run of whole parts
 pytestmark = [
     pytest.mark.skipif(
         shutil.which(CHROMIUM) is None,
         reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)",
     ),
     pytest.mark.acceptance,  # a browser
+    pytest.mark.slow,
 ]
 
 playwright_api = pytest.importorskip("playwright.async_api")

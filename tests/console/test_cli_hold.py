@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.console import enqueue, message, register
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
@@ -18,6 +20,7 @@ def run(dsn: str, *args: str) -> subprocess.CompletedProcess[bytes]:
     )
 
 
+@pytest.mark.slow  # inturn subprocesses: left out by make test-fast
 async def test_suspend_resume_and_payload_viewing_are_audited(fresh_db: str) -> None:
     await register(fresh_db, "ward/lab")
     [item] = await enqueue(fresh_db, "ward/lab", [3])

@@ -56,6 +56,7 @@ async def test_a_malformed_entry_imports_nothing(fresh_db: str) -> None:
         assert await cur.fetchone() == (0,)
 
 
+@pytest.mark.slow  # inturn subprocesses: left out by make test-fast
 def test_cli_import_show_and_errors(fresh_db: str, tmp_path: Path) -> None:
     good = tmp_path / "bookings.json"
     good.write_text(json.dumps([booking(), booking("DEF456")]))
@@ -91,6 +92,7 @@ def test_cli_import_show_and_errors(fresh_db: str, tmp_path: Path) -> None:
     assert len(refused.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # inturn subprocesses: left out by make test-fast
 def test_cli_apply_status(fresh_db: str, tmp_path: Path) -> None:
     good = tmp_path / "bookings.json"
     good.write_text(json.dumps([booking()]))

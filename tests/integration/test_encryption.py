@@ -398,6 +398,7 @@ def test_the_queue_commands_open_list_and_erase_with_the_keys_and_refuse_without
     assert (again["erased"], again["keysDestroyed"]) == ([], 0)
 
 
+@pytest.mark.slow  # under traffic: left out by make test-fast
 async def test_encrypt_existing_under_load_loses_nothing_and_keeps_order(
     fresh_db: str, keys_dir: Path, key_dsn: str
 ) -> None:

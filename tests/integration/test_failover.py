@@ -21,7 +21,8 @@ from inturn.worker.testing import MllpReceiver
 from tests.support.pgcluster import Cluster, Server, missing
 from tests.support.pipeline import control_ids, worker, worker_config
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
+pytestmark = [pytest.mark.skipif(missing() is not None, reason=str(missing())), pytest.mark.slow]
 
 #: Every value libpq documents for target_session_attrs (libpq "Parameter Key Words").
 ATTRS = ("any", "read-write", "primary", "read-only", "standby", "prefer-standby")

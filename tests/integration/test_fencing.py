@@ -35,6 +35,9 @@ from tests.support.pipeline import (
     worker_config,
 )
 
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
+pytestmark = pytest.mark.slow
+
 DEST = "ward/fenced"
 
 

@@ -23,9 +23,11 @@ from tests.support import pgcluster
 from tests.support.db import database
 from tests.support.pipeline import register, until, worker, worker_config
 
+#: slow (left out by make test-fast): a long run of whole parts
 pytestmark = [
     pytest.mark.store,
     pytest.mark.skipif(pgcluster.missing() is not None, reason=str(pgcluster.missing())),
+    pytest.mark.slow,
 ]
 
 DEST = "ward/cost"

@@ -72,6 +72,7 @@ async def lock_waits(dsn: str, done: asyncio.Event, longest: list[float]) -> Non
             await asyncio.sleep(0.01)
 
 
+@pytest.mark.slow  # under traffic: left out by make test-fast
 async def test_an_online_upgrade_moves_the_old_rows_under_traffic(empty_db: str) -> None:
     migrate_below(empty_db, BEFORE)
     seed_old_rows(empty_db)

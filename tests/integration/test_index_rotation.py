@@ -31,7 +31,8 @@ from tests.support.ingest import sealing_ingest, sender
 from tests.support.pipeline import register
 from tests.support.pipeline import worker as run_worker
 
-pytestmark = pytest.mark.store
+#: slow (left out by make test-fast): a long run of whole parts
+pytestmark = [pytest.mark.store, pytest.mark.slow]
 
 DEST = "ward/lab"
 PATIENTS = 7

@@ -29,7 +29,8 @@ from tests.support import keys, pipeline
 from tests.support.ingest import sealing_ingest, sender
 from tests.support.pipeline import worker as run_worker
 
-pytestmark = pytest.mark.store
+#: slow (left out by make test-fast): a long run of whole parts
+pytestmark = [pytest.mark.store, pytest.mark.slow]
 
 BEFORE = 41  # migration 0041: ingest writes the channel log
 ALL = ("ward/a", "ward/b")

@@ -21,9 +21,11 @@ from inturn.worker.cli import main
 from inturn.worker.store.migrate import migrate
 from tests.support import pgcluster
 
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
 pytestmark = [
     pytest.mark.store,
     pytest.mark.skipif(pgcluster.missing() is not None, reason=str(pgcluster.missing())),
+    pytest.mark.slow,
 ]
 
 #: How long each fault lasts while the job runs, seconds.

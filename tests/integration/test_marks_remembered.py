@@ -19,7 +19,8 @@ from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support.pipeline import control_ids, count, until, worker, worker_config
 
-pytestmark = pytest.mark.store
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
+pytestmark = [pytest.mark.store, pytest.mark.slow]
 
 DEST = "ward/remember"
 

@@ -383,6 +383,7 @@ async def test_invalid_spec_is_reported_without_a_retry_storm(
     assert not any(k[0] == DEPLOY for k in env.objects if not env.objects[k].deleted)
 
 
+@pytest.mark.slow  # a restart of the operator: left out by make test-fast
 async def test_operator_restart_changes_nothing(
     env: kmock.KubernetesEmulator, fresh_db: str
 ) -> None:

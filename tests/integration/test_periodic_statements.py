@@ -38,9 +38,11 @@ from tests.support import keys, pgcluster
 from tests.support.ingest import config as ingest_config
 from tests.support.pipeline import register, until, worker, worker_config
 
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
 pytestmark = [
     pytest.mark.store,
     pytest.mark.skipif(pgcluster.missing() is not None, reason=str(pgcluster.missing())),
+    pytest.mark.slow,
 ]
 
 FAULTS = ["read-only", "lock-timeout", "connection-lost"]

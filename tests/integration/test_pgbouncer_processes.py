@@ -34,7 +34,11 @@ from tests.support.local import (
 from tests.support.pipeline import control_ids
 from tests.support.pipeline import until as pipeline_until
 
-pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
+pytestmark = [
+    pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing())),
+    pytest.mark.slow,
+]
 
 #: Short leases, so that a takeover takes seconds here (the default bound is 50 s).
 QUICK_LEASE = {

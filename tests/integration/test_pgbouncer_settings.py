@@ -35,7 +35,11 @@ from tests.support.local import (
     worker_process,
 )
 
-pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
+pytestmark = [
+    pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing())),
+    pytest.mark.slow,
+]
 
 #: PgBouncer's default_pool_size: a client on each of this many server connections at once
 #: reads every server connection the pool has.

@@ -34,10 +34,14 @@ from tests.support.lab import all_delivered, enqueue, running
 from tests.support.lab import config as worker_config
 from tests.support.pipeline import control_ids, register
 
-pytestmark = pytest.mark.skipif(
-    not (POSTGRES_BIN / "initdb").exists(),
-    reason=f"no PostgreSQL server programs in {POSTGRES_BIN}",
-)
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
+pytestmark = [
+    pytest.mark.skipif(
+        not (POSTGRES_BIN / "initdb").exists(),
+        reason=f"no PostgreSQL server programs in {POSTGRES_BIN}",
+    ),
+    pytest.mark.slow,
+]
 
 #: Seconds the server stays down: long enough for the library's doubling delay to reach 8 s.
 OUTAGE_SECONDS = 10.0

@@ -25,9 +25,11 @@ from inturn.worker.testing import MllpReceiver
 from tests.support import pgcluster
 from tests.support.pipeline import control_ids, until, worker, worker_config
 
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
 pytestmark = [
     pytest.mark.store,
     pytest.mark.skipif(pgcluster.missing() is not None, reason=str(pgcluster.missing())),
+    pytest.mark.slow,
 ]
 
 #: Destinations (workers in this process) and messages each: every third one has lanes.

@@ -42,7 +42,8 @@ from tests.support.kopf_env import (
     operator,
 )
 
-pytestmark = [pytest.mark.kmock(cls=ApiServerLikeEmulator), pytest.mark.store]
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
+pytestmark = [pytest.mark.kmock(cls=ApiServerLikeEmulator), pytest.mark.store, pytest.mark.slow]
 __all__ = ["env"]  # the emulator fixture of test_operator, used here by name
 
 KEY = f"{NS}/lis"

@@ -22,7 +22,8 @@ from inturn.worker.store.faults import classify, connection_gone
 from tests.support.ingest import http_post, minimal, mllp_ack, running
 from tests.support.pipeline import register, rows
 
-pytestmark = pytest.mark.store
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
+pytestmark = [pytest.mark.store, pytest.mark.slow]
 
 #: Milliseconds of idleness after which the server ends a session, in these tests.
 IDLE_MS = 300

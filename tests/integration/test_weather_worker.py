@@ -45,7 +45,8 @@ from tests.support.pipeline import worker as run_worker
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
 
-pytestmark = pytest.mark.store
+#: slow (left out by make test-fast): a fault, an outage or clusters of its own
+pytestmark = [pytest.mark.store, pytest.mark.slow]
 
 DEST = "ward/weather"
 

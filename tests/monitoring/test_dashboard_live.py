@@ -38,10 +38,14 @@ BOUND_SECONDS = 180
 #: Grafana's variables as an "All" selection and a 1 s scrape interval make them.
 VARIABLES = {"$destination": ".*", "$channel": ".*", "$__rate_interval": "15s"}
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(PROMETHEUS) is None and not os.environ.get("INTURN_REQUIRE_PROMETHEUS"),
-    reason="no prometheus (apt-get install prometheus)",
-)
+#: slow (left out by make test-fast): a long run of whole parts
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which(PROMETHEUS) is None and not os.environ.get("INTURN_REQUIRE_PROMETHEUS"),
+        reason="no prometheus (apt-get install prometheus)",
+    ),
+    pytest.mark.slow,
+]
 
 
 def dashboard_queries() -> list[tuple[str, str]]:

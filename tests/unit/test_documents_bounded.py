@@ -138,6 +138,7 @@ def test_more_aliases_than_the_bound_are_refused() -> None:
     load_documents("a: &a 1\nb: [" + ", ".join(["*a"] * (MAX_ALIASES - 1)) + "]\n")
 
 
+@pytest.mark.slow  # files of 100,001 values, seconds each: left out by make test-fast
 @pytest.mark.parametrize(
     "text",
     [
@@ -322,6 +323,7 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # whole inturn processes on hostile files: left out by make test-fast
 @pytest.mark.parametrize(
     "name",
     [

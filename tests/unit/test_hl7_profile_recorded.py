@@ -17,6 +17,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from inturn.worker.hl7.header import HeaderError, parse_header
 from inturn.worker.hl7.profile import ProfileRefusal, compile_profile, transform
 
@@ -99,6 +101,7 @@ def recorded() -> dict[str, dict[str, str]]:
     return data
 
 
+@pytest.mark.slow  # every made-up message shaped: left out by make test-fast
 def test_made_up_messages_give_what_they_gave() -> None:
     want = recorded()["made-up"]
     got = {

@@ -134,6 +134,7 @@ def test_the_timeout_check_sees_what_it_must() -> None:
     assert unbounded_commands(source) == ["2: subprocess.run(['x'])", "4: proc.wait()"]
 
 
+@pytest.mark.slow  # a pytest run that hangs on purpose: left out by make test-fast
 def test_a_test_that_hangs_is_interrupted_not_waited_for(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -178,6 +178,7 @@ def _inturn(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # whole inturn processes on hostile files: left out by make test-fast
 def test_the_commands_refuse_an_open_file_of_tokens_or_key_in_one_line(tmp_path: Path) -> None:
     auth = tmp_path / "auth.yaml"
     auth.write_text("tokens:\n  - {name: a, roles: [viewer], token: " + "t" * 30 + "}\n")

@@ -25,6 +25,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from inturn.worker.drain.lanes import Entry, Hold, Plan, conflict, hold, is_barrier, plan
 from inturn.worker.hl7.pid import CAPPED_KEY
 
+#: slow (left out by make test-fast): a long model-based run
+pytestmark = pytest.mark.slow
+
 PATIENTS = ("p0", "p1", "p2", "p3", "p4")
 
 keys_strategy = st.one_of(
