@@ -60,6 +60,21 @@ def queue_group() -> None:
     """Inspect and act on delivery queues."""
 
 
+#: What ``queue depth`` says of a destination whose lane window could not be read in time.
+LANE_VIEW_UNAVAILABLE = (
+    f"lanes view unavailable (its pending messages took longer than"
+    f" {reads.LANE_VIEW_TIMEOUT_MS / 1000:g} s to read)"
+)
+
+
+def lane_json(summary: LaneSummary | None, count: int) -> dict[str, Any]:
+    """A destination's ``laneView`` in ``queue depth --json``: the summary's JSON, or
+    ``{"count": n, "unavailable": text}`` when its window could not be read in time."""
+    if summary is None:
+        return {"count": count, "unavailable": LANE_VIEW_UNAVAILABLE}
+    return summary.to_json()
+
+
 @queue_group.command("depth")
 @dsn_option()
 @json_option
@@ -72,15 +87,15 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
 
     async def read(
         conn: AsyncConnection[Any],
-    ) -> tuple[list[DepthRow], dict[str, LaneSummary], history.Status]:
+    ) -> tuple[list[DepthRow], dict[str, LaneSummary | None], history.Status]:
         rows = await reads.depth(conn)
-        lanes = {
-            r.destination: summarize(
-                await reads.lane_window(conn, r.destination), r.lanes, reads.LANE_VIEW_LIMIT
-            )
-            for r in rows
-            if r.lanes > 1 and r.pending
-        }
+        lanes: dict[str, LaneSummary | None] = {}
+        for r in rows:
+            if r.lanes > 1 and r.pending:  # each bounded: a slow one fails only its own view
+                window = await reads.lane_window_within(conn, r.destination)
+                lanes[r.destination] = (
+                    None if window is None else summarize(window, r.lanes, reads.LANE_VIEW_LIMIT)
+                )
         return rows, lanes, await history.status(conn, count_up_to=history.COUNT_UP_TO)
 
     rows, lanes, kept = run_read(dsn, read)
@@ -88,7 +103,7 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
         now = datetime.now(UTC)
         echo_json(
             [
-                {**r.to_json(now), **({"laneView": lanes[r.destination].to_json()}
+                {**r.to_json(now), **({"laneView": lane_json(lanes[r.destination], r.lanes)}
                                       if r.destination in lanes else {})}
                 for r in rows
             ]
@@ -96,7 +111,8 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
     else:
         click.echo(format_depth(rows))
         for destination, summary in lanes.items():
-            click.echo(f"{destination}: {summary.describe()}")
+            text = LANE_VIEW_UNAVAILABLE if summary is None else summary.describe()
+            click.echo(f"{destination}: {text}")
         click.echo(kept.describe(datetime.now(UTC)))
 
 

@@ -166,18 +166,29 @@ async def head_item(
     return head.to_json() if head is not None else None
 
 
+#: What a destination's lane view says when its window could not be read in time.
+LANE_VIEW_UNAVAILABLE = (
+    f"lanes view unavailable: its pending messages took longer than"
+    f" {reads.LANE_VIEW_TIMEOUT_MS / 1000:g} s to read"
+)
+
+
 async def lane_view(
     console: Console, identity: Identity, destination: str
 ) -> dict[str, Any] | None:
     """What the destination's lanes hold (``spec.lanes.count`` above 1, something pending):
     :meth:`inturn.worker.drain.lanes.LaneSummary.to_json` of its oldest pending rows (at most
-    :data:`inturn.worker.store.reads.LANE_VIEW_LIMIT`); None for one lane or nothing pending."""
+    :data:`inturn.worker.store.reads.LANE_VIEW_LIMIT`); None for one lane or nothing pending;
+    ``{"count": n, "unavailable": text}`` when its window took longer than
+    :data:`inturn.worker.store.reads.LANE_VIEW_TIMEOUT_MS` to read (the page shows the rest)."""
     require(identity, "viewer")
     async with console.read.connection() as conn:
         rows = await reads.depth(conn, destination)
         if not rows or rows[0].lanes <= 1 or not rows[0].pending:
             return None
-        window = await reads.lane_window(conn, destination)
+        window = await reads.lane_window_within(conn, destination)
+    if window is None:
+        return {"count": rows[0].lanes, "unavailable": LANE_VIEW_UNAVAILABLE}
     return summarize(window, rows[0].lanes, reads.LANE_VIEW_LIMIT).to_json()
 
 

@@ -443,3 +443,33 @@ async def lane_window(
         )
         for r in rows
     ]
+
+
+#: Longest one destination's lane window may take for a reader (ms): past it that destination's
+#: view says it is unavailable, and the rest of the read (every other destination) goes on.
+LANE_VIEW_TIMEOUT_MS = 2000
+
+
+async def lane_window_within(
+    conn: AsyncConnection[Any],
+    destination: str,
+    limit: int = LANE_VIEW_LIMIT,
+    timeout_ms: int = LANE_VIEW_TIMEOUT_MS,
+) -> list[Pending] | None:
+    """:func:`lane_window`, bounded: None when it takes longer than ``timeout_ms``
+    milliseconds (its statement cancelled within a savepoint, so the caller's transaction and
+    its statement timeout are as they were and its next read runs).
+
+    Raises:
+        psycopg.Error: the read failed otherwise.
+    """
+    window: list[Pending] | None = None
+    async with conn.transaction() as outer:
+        await conn.execute(Q["local_statement_timeout"], {"ms": str(timeout_ms)})
+        try:
+            async with conn.transaction():
+                window = await lane_window(conn, destination, limit)
+        except psycopg.errors.QueryCanceled:
+            window = None
+        raise psycopg.Rollback(outer)  # the statement timeout goes back to the caller's
+    return window

@@ -1390,6 +1390,11 @@ SELECT lease.held,
 SELECT id, lane_keys AS patient_keys, attempts, size, wait_seconds
   FROM inturn_lane_window(%(destination)s, %(limit)s);
 
+-- name: local_statement_timeout
+-- The statement timeout of the rest of the transaction, or of the savepoint it is set in (a
+-- bounded read of one destination's lanes, reads.lane_window_within).
+SELECT set_config('statement_timeout', %(ms)s, true);
+
 -- name: log_payload_joined
 -- The log lookup of a database migration 0049 has not reached yet (an upgrade in place: a new
 -- worker started before `inturn migrate`): the join on the log id that head, succeeded_next,
