@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import subprocess
@@ -480,3 +481,53 @@ async def test_a_worker_process_killed_mid_flight_resends_at_most_one_per_lane(
     assert reorders(sent, rx.applied) == []
     assert sorted(set(map(control_id, rx.applied))) == sorted(s.control_id for s in sent)
     assert 0 <= len(rx.applied) - len(sent) <= 8
+
+
+async def test_a_receiver_that_is_down_gets_one_attempt_per_backoff_step_from_all_lanes(
+    fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Four lanes and a closed port: the first failure holds every lane for the backoff (1 s),
+    then one lane tries, so the connection attempts are at most the lanes' first burst and one
+    per second after it, one log line each (not one per patient's head on every lane); when the
+    receiver comes up everything is delivered, each patient in order, no attempt counted."""
+    caplog.set_level(logging.INFO, logger="inturn.drain")
+    sent = feed(300, patients=100)
+    rx = Receiver()
+    await rx.start()
+    await rx.stop()  # its port, with nothing on it
+    labels = {"destination": DEST, "cause": "unreachable"}
+
+    def failures() -> float:
+        return REGISTRY.get_sample_value("inturn_retries_total", labels) or 0.0
+
+    before = failures()
+    await enqueue(fresh_db, sent)
+    loop = asyncio.get_running_loop()
+    async with running(config(rx.port, 4), fresh_db) as worker:
+        started = loop.time()
+        await asyncio.sleep(5.0)
+        seen = []  # what /lanes says meanwhile: every lane waits for the receiver
+        while len(seen) < 20 and loop.time() - started < 10:
+            view = worker.state.lanes
+            seen.append("" if view is None else view.describe())
+            await asyncio.sleep(0.05)
+        assert any("the receiver is unreachable: every lane waits, next try in" in s for s in seen)
+        elapsed = loop.time() - started
+        attempts = failures() - before
+        lines = [r.getMessage() for r in caplog.records if "unreachable (" in r.getMessage()]
+        await rx.start()
+        try:
+            await until_delivered(fresh_db, len(sent))
+        finally:
+            await rx.stop()
+    print(f"4 lanes, closed port, {elapsed:.1f} s: {attempts:g} attempts, {len(lines)} lines")
+    # backoff 1 s (FAST_RETRY): the first burst of at most 4, then one per step
+    assert 2 <= attempts <= 4 + elapsed + 1
+    assert 2 <= len(lines) <= elapsed + 2
+    assert sorted(map(control_id, rx.applied)) == sorted(s.control_id for s in sent)
+    assert reorders(sent, rx.applied) == []
+    states = await count_states(fresh_db)
+    assert states == {"delivered": len(sent)}
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        cur = await conn.execute("SELECT max(attempts) FROM inturn_delivery")
+        assert await cur.fetchone() == (1,)  # no attempt of a held queue counted

@@ -20,6 +20,14 @@ statement stays in order on one session:
    statement (:func:`inturn.worker.store.delivery.take`), which commits them before anything it
    takes is sent: one round trip per turn, however many lanes answered.
 
+A receiver that is unreachable (no connection: refused, DNS, TLS, none within the attempt's
+timeout) holds the destination, not one patient: after such a failure no lane starts anything
+until its backoff is over (:attr:`LaneDrain.held_until`), the receiver is probed meanwhile as
+one stream's is, and until a message is delivered again one lane at a time tries: one
+connection attempt and one log line per backoff step, as with one stream. A failure that is the
+message's (AE, AR, no answer, a connection lost after the message was written) holds only its
+patient.
+
 What stays as with one lane: the throttle paces the destination as a whole; outside its
 delivery window, or suspended, or on hold, nothing new starts (what is in flight finishes); a
 stop lets the attempts in flight finish and be marked, a second signal abandons them (they stay
@@ -141,6 +149,11 @@ class LaneDrain:
         #: Heads taken ahead (at most ``count``): the messages that may go next, read with the
         #: previous take, so that a lane that answers is given its next message at once.
         self.ahead: dict[int, tuple[float, Head]] = {}
+        #: ``time.monotonic()`` until which no lane starts anything: the backoff of the last
+        #: failure that said the receiver is unreachable (0: none); ``held_at``: when it began
+        #: (the attempts started before it met the same outage).
+        self.held_until = 0.0
+        self.held_at = 0.0
 
     async def run(self) -> None:
         """Drain until stopped (and the attempts in flight are marked), or the session is lost.
@@ -247,6 +260,7 @@ class LaneDrain:
         and True is returned. Rows backing off after a refusal keep their backoff."""
         if not await self.w._probe_until(self.stop, seconds):
             return False
+        self.held_until = 0.0  # one lane tries first (:meth:`_room`), the rest once it is through
         made = await self.w._guarded(
             self.conn,
             self.stop,
@@ -266,7 +280,11 @@ class LaneDrain:
     async def _start(self) -> float | None:
         """Plan, take and start what may go now; the seconds after which to look again."""
         now = time.monotonic()
-        if self._free() <= 0:  # every lane is sending: an answer wakes the loop
+        if self.w._unreachable_run and now < self.held_until:  # the receiver's backoff
+            await self._flush()
+            self._publish(None)
+            return self.held_until - now
+        if self._room() <= 0:  # every lane is sending (or the one trying): an answer wakes
             await self._flush()
             self._publish(None)
             return None
@@ -274,7 +292,7 @@ class LaneDrain:
         held = {i: f.head.keys for i, f in self.flights.items()}
         held.update((f.head.item.id, f.head.keys) for f, *_ in self._answered)
         entries = list(self.window.values())
-        chosen = plan(entries, held, self._free(), now, self.limit)
+        chosen = plan(entries, held, self._room(), now, self.limit)
         timeout = chosen.wake_in
         ids = list(chosen.start)
         if ids and self.w.config.messages_per_second is not None:
@@ -295,7 +313,8 @@ class LaneDrain:
             going = {**held, **{i: self.window[i].keys for i in rest}}
             going.update((i, f.head.keys) for i, f in self.flights.items())
             later = plan(entries, going, self.count, now, self.limit).start
-            ahead = self._ahead_of(later)
+            # nothing taken ahead while the receiver is unreachable: one message tries
+            ahead = [] if self.w._unreachable_run else self._ahead_of(later)
             marked = bool(self._answered)
             heads = await self._take(rest + ahead)
             taken = {h.item.id for h in heads}
@@ -375,6 +394,13 @@ class LaneDrain:
 
     def _free(self) -> int:
         return self.count - len(self.flights)
+
+    def _room(self) -> int:
+        """How many may start now: the free lanes; while the receiver is unreachable (its last
+        connection failed, nothing delivered since), one, and only when nothing is in flight."""
+        if self.w._unreachable_run:
+            return 0 if self.flights else 1
+        return self._free()
 
     def _launch(
         self, head: Head, payload: bytes, refused: tuple[FailureCause, str] | None = None
@@ -537,9 +563,16 @@ class LaneDrain:
             self._forget(item.id)
             return
         cause, detail = failure
+        # an attempt that began before the destination was held met the same outage
+        same = cause == "unreachable" and flight.started < self.held_at
         decision = await self.w._failed(
-            self.conn, self.stop, head, attempts, cause, detail, self.lease
+            self.conn, self.stop, head, attempts, cause, detail, self.lease, same_outage=same
         )
+        if cause == "unreachable" and not decision.give_up:  # the receiver's: every lane waits
+            now = time.monotonic()
+            if not same:
+                self.held_at = now
+            self.held_until = max(self.held_until, now + decision.delay_seconds)
         if decision.give_up:
             self._forget(item.id)
             tracing.finished(flight.trace, "failed", attempts)
@@ -566,6 +599,9 @@ class LaneDrain:
             hold=why,
             waiting=len(entries) - sum(1 for i in in_flight if i in self.window),
             window_full=False if chosen is None else chosen.window_full,
+            unreachable_for=(
+                self.held_until - now if self.w._unreachable_run and now < self.held_until else None
+            ),
         )
         self.w.observer.lanes(self.w.destination, len(view.busy), view.waiting, view.window_full)
 

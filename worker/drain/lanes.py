@@ -235,6 +235,8 @@ class LaneView:
         hold: why the oldest waiting message waits (None when none waits).
         waiting: messages of the window neither in flight nor starting.
         window_full: the window is full of waiting messages (messages past it cannot be seen).
+        unreachable_for: while the receiver is unreachable and every lane waits out its
+            backoff, the seconds until the next try; None otherwise.
     """
 
     count: int
@@ -242,11 +244,17 @@ class LaneView:
     hold: Hold | None
     waiting: int
     window_full: bool
+    unreachable_for: float | None = None
 
     def describe(self) -> str:
         """One line: the lanes' heads and what holds the oldest waiting message."""
         heads = ", ".join(f"lane {lane}: id={i}" for lane, (i, _) in sorted(self.busy.items()))
         text = f"{len(self.busy)} of {self.count} lanes sending" + (f" ({heads})" if heads else "")
+        if self.unreachable_for is not None:
+            text += (
+                "; the receiver is unreachable: every lane waits,"
+                f" next try in {self.unreachable_for:.0f}s"
+            )
         if self.hold is not None:
             text += f"; oldest waiting id={self.hold.item_id} ({describe_hold(self.hold, self)})"
         if self.window_full:

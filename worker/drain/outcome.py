@@ -195,14 +195,22 @@ class Outcomes(LeaseHolding):
         outcome: FailureCause,
         detail: str,
         lease: Lease,
+        *,
+        same_outage: bool = False,
     ) -> RetryDecision:
         """Apply the retry decision (:func:`inturn.worker.drain.retry.decide`) to a failed attempt:
-        give up or schedule a retry; returns the decision (``give_up``, ``delay_seconds``...)."""
+        give up or schedule a retry; returns the decision (``give_up``, ``delay_seconds``...).
+
+        ``same_outage``: an ``unreachable`` failure of an attempt that began before the
+        destination was held for the same outage (another lane's attempt met it first): it
+        neither lengthens the unreachable run nor logs a line of its own (the step has one)."""
         item = head.item
         if self.payloads.enabled and outcome in RECEIVER_TEXT:
             detail = WITHHELD  # a receiver's AE text can quote the message: not kept in clear
         cause = f"{outcome}: {detail}"[:CAUSE_MAX_CHARS]
-        self._unreachable_run = self._unreachable_run + 1 if outcome == "unreachable" else 0
+        outage = same_outage and outcome == "unreachable" and self._unreachable_run > 0
+        if not outage:
+            self._unreachable_run = self._unreachable_run + 1 if outcome == "unreachable" else 0
         decision = decide(
             outcome,
             attempts,
@@ -251,7 +259,11 @@ class Outcomes(LeaseHolding):
         self.observer.retried(self.destination, decision.attempts, outcome)
         if decision.why == "unreachable":
             log.log(
-                logging.WARNING if self._unreachable_run == 1 else logging.INFO,
+                logging.DEBUG
+                if outage
+                else logging.WARNING
+                if self._unreachable_run == 1
+                else logging.INFO,
                 "destination %s: unreachable (%s); the queue holds at id=%d, no attempt"
                 " counted (%d failure(s) in a row); next try in %.0fs",
                 self.destination,
