@@ -673,6 +673,7 @@ def test_monitoring_objects() -> None:
     assert sorted(by_name) == [
         "InturnCronJobNoRecentSuccess",
         "InturnDeliveryFailures",
+        "InturnDestinationHeld",
         "InturnHistoryDayNotTurned",
         "InturnHistoryDropOverdue",
         "InturnOldestPendingTooOld",
@@ -689,6 +690,9 @@ def test_monitoring_objects() -> None:
     (oldest,) = by_name["InturnOldestPendingTooOld"]
     assert oldest["expr"].startswith("max by (namespace, destination) (inturn_queue_oldest_age")
     assert oldest["expr"].endswith("> 900")
+    (held,) = by_name["InturnDestinationHeld"]
+    assert held["expr"] == "max by (namespace, destination) (inturn_destination_held) == 1"
+    assert held["for"] == "1h"
     (failures,) = by_name["InturnDeliveryFailures"]
     assert "increase(inturn_gave_up_total[15m])" in failures["expr"]
     (errors,) = by_name["InturnOperatorReconcileErrors"]
