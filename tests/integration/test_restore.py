@@ -10,6 +10,7 @@ goes on and the restore is only said."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import subprocess
 from datetime import UTC, datetime
@@ -566,3 +567,59 @@ async def test_inturn_local_keeps_the_witness_in_its_data_folder(
         ).fetchall()
         left = conn.execute("SELECT count(*) FROM inturn_restore").fetchone()
     assert dict(states) == {"delivered": 10, "pending": 1} and left == (0,)
+
+
+async def test_inturn_local_names_the_channel_log_messages_a_restore_lost(
+    empty_db: str, tmp_path: Path
+) -> None:
+    """Messages AA'd after the backup are gone from the restored log: the witness file records
+    the channel's last message and its time, and the WARNING line names the window to send
+    again (after the restored log's last one, up to the witness's), as the operator does;
+    queue depth lists the held destination though nothing is pending."""
+    from inturn.worker.local import witness
+    from tests.support.pipeline import INTURN, register
+
+    migrate(empty_db)
+    register(empty_db, KEY, "adt")
+    path = tmp_path / ".inturn" / witness.FILE_NAME
+
+    async def look() -> witness.Noticed | None:
+        async with await psycopg.AsyncConnection.connect(empty_db, autocommit=True) as conn:
+            return await witness.look(conn, path)
+
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        channel_log.append(conn, [KEY], 4, "KEPT", channel="adt")
+    backup = tmp_path / "queue.dump"
+    pg_dump(empty_db, backup)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        lost_ids = channel_log.append(conn, [KEY], 3, "LOST", channel="adt")
+        times = dict(conn.execute("SELECT id, enqueued_at FROM inturn_message").fetchall())
+    assert await look() is None
+    recorded = json.loads(path.read_text())["destinations"][KEY]
+    assert recorded["channelThrough"] == lost_ids[-1]
+    assert datetime.fromisoformat(recorded["channelTime"]) == times[lost_ids[-1]]
+    pg_restore(empty_db, backup)
+    noticed = await look()
+    assert noticed is not None and noticed.held == (KEY,)
+    [line] = noticed.lines
+
+    def ms(moment: datetime) -> str:
+        return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    kept_last = max(i for i in times if i not in lost_ids)
+    assert (
+        f"; messages accepted on channel adt after {ms(times[kept_last])} up to"
+        f" {ms(times[lost_ids[-1]])} are not in the database: ask the senders to send them"
+        " again; delivery is held" in line
+    )
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [INTURN, "queue", "depth", "--json", "--dsn", empty_db],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    [listed] = json.loads(done.stdout)
+    assert (listed["destination"], listed["suspendedBy"]) == (KEY, "inturn-local")
+    assert listed["pending"] == 4  # the kept ones, waiting again behind the hold

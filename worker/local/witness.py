@@ -6,8 +6,10 @@ clock on (``inturn_clock``) at its start and once a tick, and records the tick w
 each destination's delivery had gone. A database holding an older tick than the file was
 restored (a dump restored into its embedded server; with ``--dsn`` no witness is kept): every
 destination is then held (audited as ``inturn-local``) until a person decides
-(``inturn queue mark-delivered``, ``inturn queue resume``), with one WARNING line each, and the
-restore's finding is kept in the database for ``mark-delivered`` as the operator keeps it.
+(``inturn queue mark-delivered``, ``inturn queue resume``), with one WARNING line each (which
+also names the channel log's messages the restore lost, from the file's ``channelThrough`` and
+``channelTime``), and the restore's finding is kept in the database for ``mark-delivered`` as
+the operator keeps it.
 
 Limits: a data folder restored together with the database (its file too) cannot tell; the file
 is the witness of one database (the one this data folder's runs used).
@@ -19,7 +21,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,7 @@ def _write(path: Path, tick: int, seen: dict[str, restore.Seen]) -> None:
                 "deliveredTime": s.delivered_at.isoformat() if s.delivered_at else None,
                 "acceptedThrough": s.accepted_through,
                 "channelThrough": s.channel_through,
+                "channelTime": s.channel_at.isoformat() if s.channel_at else None,
             }
             for name, s in seen.items()
         },
@@ -111,26 +114,36 @@ async def _look(conn: AsyncConnection[Any], path: Path) -> Noticed | None:
         held, lines = [], []
         bounds = recorded.get("destinations")
         bounds = bounds if isinstance(bounds, dict) else {}
+        channels = {d.destination: d.channel for d in await registry.listed(conn)}
         for destination in sorted(seen):
             node = bounds.get(destination)
             node = node if isinstance(node, dict) else {}
-            when = node.get("deliveredTime")
             finding = restore.RestoreFinding(
                 int(recorded["tick"]),
                 _number(node.get("deliveredThrough")),
                 _number(node.get("deliveredMessage")),
-                datetime.fromisoformat(when) if isinstance(when, str) else None,
+                _time(node.get("deliveredTime")),
                 _number(node.get("acceptedThrough")),
                 _number(node.get("channelThrough")),
             )
+            # what the log lost, read before the finding moves the id sequences on
+            lost = await _lost(conn, destination, finding, _time(node.get("channelTime")))
             await restore.record_finding(conn, destination, finding)
             again = await restore.exposure(conn, destination)
+            lost_part = ""
+            if lost is not None:
+                start = "its first message" if lost[0] is None else _moment(lost[0])
+                lost_part = (
+                    f"; messages accepted on channel {channels.get(destination, '?')} after"
+                    f" {start} up to {_moment(lost[1])} are not in the database: ask the"
+                    " senders to send them again"
+                )
             line = (
                 f"destination {destination}: the queue database went back in time (its clock"
                 f" {before}, {path} recorded {recorded['tick']}); {again} message(s) delivered"
-                " before may be sent again; delivery is held until a person decides: inturn"
-                f" queue mark-delivered {destination} (what the receiver has: those delivered"
-                " before), then inturn queue resume"
+                f" before may be sent again{lost_part}; delivery is held until a person"
+                f" decides: inturn queue mark-delivered {destination} (what the receiver has:"
+                " those delivered before), then inturn queue resume"
             )
             if await registry.suspend(conn, destination, who=HOLDER, why=line[:1000]):
                 held.append(destination)
@@ -139,6 +152,43 @@ async def _look(conn: AsyncConnection[Any], path: Path) -> Noticed | None:
         noticed = Noticed(tuple(held), tuple(lines))
     _write(path, now, seen)
     return noticed
+
+
+async def _lost(
+    conn: AsyncConnection[Any],
+    destination: str,
+    finding: restore.RestoreFinding,
+    channel_time: datetime | None,
+) -> tuple[datetime | None, datetime] | None:
+    """The messages of ``destination``'s channel log the restore lost, ``(after, through)``:
+    accepted after ``after`` (None: from the log's first) up to ``through``, the last one the
+    witness saw (its ``channelThrough`` at ``channelTime``); None when the restored log still
+    holds that one, or the file recorded no bound (one written before ``channelTime``).
+    Compared by time up to the witness's last (:func:`inturn.worker.store.restore.kept`),
+    so a message accepted after the restore, which may have taken a lost one's id, is no
+    proof that nothing was lost."""
+    through = finding.channel_through
+    if through is None or channel_time is None:
+        return None
+    kept_through, kept_at = await restore.kept(conn, destination, channel_time)
+    if kept_through is not None and kept_through >= through:
+        return None
+    return kept_at, channel_time
+
+
+def _time(value: Any) -> datetime | None:
+    """A recorded ISO 8601 time, or None (absent or not one)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _moment(value: datetime) -> str:
+    """A time for the WARNING line: UTC, to the millisecond (``2026-12-05T18:30:01.250Z``)."""
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _number(value: Any) -> int | None:
