@@ -188,31 +188,30 @@ def table_bytes(db: str) -> int:
     return int(row[0] or 0) if row else 0
 
 
-def every_backend(db: str) -> list[int]:
+def backend_pids(db: str, application: str | None = None) -> list[int]:
+    """The pids of this database's backends but ours; with ``application``, only those whose
+    application_name starts with it."""
+    where = "" if application is None else " AND starts_with(application_name, %s)"
+    params = () if application is None else (application,)
     with psycopg.connect(db, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid()"
+            " AND pid <> pg_backend_pid()" + where,
+            params,
         ).fetchall()
     return [int(r[0]) for r in rows]
+
+
+def every_backend(db: str) -> list[int]:
+    return backend_pids(db)
 
 
 def worker_backends(db: str) -> list[int]:
-    with psycopg.connect(db, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name LIKE 'inturn-worker%%'"
-        ).fetchall()
-    return [int(r[0]) for r in rows]
+    return backend_pids(db, "inturn-worker")
 
 
 def backends(db: str) -> list[int]:
-    with psycopg.connect(db, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name LIKE 'inturn-ingest%'"
-        ).fetchall()
-    return [int(r[0]) for r in rows]
+    return backend_pids(db, "inturn-ingest")
 
 
 def register(db: str, channel: str, count: int) -> list[str]:

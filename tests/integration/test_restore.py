@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import subprocess
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,14 @@ def pg_restore(dsn: str, path: Path) -> None:
         capture_output=True,
         timeout=120,
     )
+
+
+async def local_look(dsn: str, path: Path) -> Any:
+    """One look of ``inturn local``'s restore witness (its file at ``path``) at ``dsn``."""
+    from inturn.worker.local import witness
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return await witness.look(conn, path)
 
 
 @pytest.fixture
@@ -528,9 +537,8 @@ async def test_inturn_local_keeps_the_witness_in_its_data_folder(
     register(empty_db, KEY, "adt")
     path = tmp_path / ".inturn" / witness.FILE_NAME
 
-    async def look() -> witness.Noticed | None:
-        async with await psycopg.AsyncConnection.connect(empty_db, autocommit=True) as conn:
-            return await witness.look(conn, path)
+    def look() -> Awaitable[witness.Noticed | None]:
+        return local_look(empty_db, path)
 
     waiting = rows(empty_db, 10, "pending", "WAIT")
     assert await look() is None and path.exists()
@@ -583,9 +591,8 @@ async def test_inturn_local_names_the_channel_log_messages_a_restore_lost(
     register(empty_db, KEY, "adt")
     path = tmp_path / ".inturn" / witness.FILE_NAME
 
-    async def look() -> witness.Noticed | None:
-        async with await psycopg.AsyncConnection.connect(empty_db, autocommit=True) as conn:
-            return await witness.look(conn, path)
+    def look() -> Awaitable[witness.Noticed | None]:
+        return local_look(empty_db, path)
 
     with psycopg.connect(empty_db, autocommit=True) as conn:
         channel_log.append(conn, [KEY], 4, "KEPT", channel="adt")
