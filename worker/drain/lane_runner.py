@@ -306,7 +306,14 @@ class LaneDrain:
         for item_id, (taken_at, _) in list(self.ahead.items()):
             if now - taken_at > AHEAD_SECONDS:  # too old to trust: taken again if chosen
                 del self.ahead[item_id]
-        for item_id in [i for i in ids if i in self.ahead]:  # taken ahead: go now
+        now_ahead = [i for i in ids if i in self.ahead]
+        flushed = bool(now_ahead and self._answered)
+        if flushed:
+            # an answered message's mark commits before a message taken ahead starts on its
+            # lane: the answers not marked yet and the lanes in flight would otherwise be more
+            # than one message a lane to send again after a lost session
+            await self._flush()
+        for item_id in now_ahead:  # taken ahead: go now
             await self._open_and_launch(self.ahead.pop(item_id)[1])
         rest = [i for i in ids if i not in self.flights]
         if rest or self._answered:
@@ -328,6 +335,8 @@ class LaneDrain:
                     self.ahead[head.item.id] = (now, head)
             if marked and self._free() > 0:
                 self.wake.set()  # their keys are free now: look again at once
+        if flushed and self._free() > 0:
+            self.wake.set()  # the keys of the answers marked above are free too
         self._publish(chosen)
         if chosen.window_full:
             self._say_window_full()
