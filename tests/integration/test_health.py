@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import http.client
 
 from prometheus_client import REGISTRY
@@ -12,6 +13,7 @@ from inturn.worker.drain.metrics import PrometheusObserver
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.spec.config import RetryPolicy, WorkerConfig
+from inturn.worker.text import conditions
 
 
 def request(port: int, method: str, path: str) -> tuple[int, str, bytes]:
@@ -33,10 +35,16 @@ async def test_probes_scrape_head_and_unknown_paths() -> None:
         port = bound_port(runner)
         got = await asyncio.to_thread(request, port, "GET", "/healthz")
         assert got == (200, "text/plain; charset=utf-8", b"ok\n")
+        # /readyz also lists the conditions of the whole process (conditions.notes): an
+        # earlier test in this xdist worker may have left one (its owner not yet collected).
+        gc.collect()
+        held = conditions.notes()
         status, _, body = await asyncio.to_thread(request, port, "GET", "/readyz")
-        assert (status, body) == (503, b"ns/health: not holding the lock or no database\n")
+        lines = ["ns/health: not holding the lock or no database", *held]
+        assert (status, body) == (503, ("\n".join(lines) + "\n").encode())
         worker.state.lock_held = worker.state.db_ok = True
-        assert (await asyncio.to_thread(request, port, "GET", "/readyz"))[0] == 200
+        status, _, body = await asyncio.to_thread(request, port, "GET", "/readyz")
+        assert (status, body) == (200, ("\n".join(["ok", *held]) + "\n").encode())
         status, ctype, text = await asyncio.to_thread(request, port, "GET", "/metrics?x=1")
         assert status == 200 and ctype.startswith("text/plain; version=")
         assert b'inturn_queue_pending{destination="ns/health"} 3.0' in text
