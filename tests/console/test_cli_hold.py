@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from inturn.worker.cli import cli
 from tests.support.console import enqueue, message, register
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
@@ -39,6 +42,9 @@ async def test_suspend_resume_and_payload_viewing_are_audited(fresh_db: str) -> 
     assert depth[1].split()[-1] == "-"
     [row] = json.loads(run(fresh_db, "queue", "depth", "--json").stdout)
     assert (row["suspendedAt"], row["suspendedBy"]) == (None, None)
+    # a second resume, or a suspend of what is held already, changes and audits nothing
+    out = run(fresh_db, "queue", "resume", "ward/lab", "--who", "jo")
+    assert (out.returncode, out.stdout) == (0, b"ward/lab was not held: nothing to resume\n")
     out = run(fresh_db, "queue", "suspend", "no/where", "--who", "jo")
     assert out.returncode == 2 and b"no registered destination no/where" in out.stderr
     out = run(fresh_db, "queue", "payload", str(item), "--who", "jo", "--why", "ticket 9")
@@ -50,3 +56,16 @@ async def test_suspend_resume_and_payload_viewing_are_audited(fresh_db: str) -> 
         ("jo", "resume", None),
         ("jo", "suspend", "upgrade"),
     ]
+
+
+def test_listing_a_destination_nobody_knows_is_an_error(fresh_db: str) -> None:
+    """An empty listing of an unknown name says so (a typo), an empty known one does not."""
+    asyncio.run(register(fresh_db, "ward/lab"))
+    runner = CliRunner()
+    known = runner.invoke(cli, ["queue", "list", "-d", "ward/lab", "--dsn", fresh_db])
+    assert (known.exit_code, known.output.splitlines()[-1]) == (0, "0 of 0")
+    typo = runner.invoke(cli, ["queue", "list", "-d", "ward/lba", "--dsn", fresh_db])
+    assert typo.exit_code == 1
+    assert typo.output == (
+        "Error: no destination ward/lba (names are namespace/name; see `inturn queue depth`)\n"
+    )

@@ -23,6 +23,7 @@ from inturn.worker.operations import worklist as worklist_actions
 from inturn.worker.operations.actor import ACTIONS, Trusted, permit
 from inturn.worker.store import queue, worklist
 from inturn.worker.store.model import NewItem
+from tests.support import db
 
 DEST = "ward/lab"
 CLI = Trusted("alice")
@@ -127,6 +128,31 @@ async def test_each_action_says_what_happened_or_why_not(conn: AsyncConnection[A
         await privacy.erase_item(conn, PRIVACY, b, "request 9")
     with pytest.raises(Invalid):
         await privacy.find_for_erasure(conn)
+
+
+async def test_suspend_and_resume_say_when_nothing_changed_and_what_still_holds(
+    conn: AsyncConnection[Any],
+) -> None:
+    """A second suspend keeps the first hold, a resume of what is not held changes nothing,
+    and neither is audited; a resume says the manifest's spec.suspend still holds."""
+    await db.register(conn, DEST)
+    await db.register(conn, "ward/frozen", suspended=True)
+    assert await actions.suspend(conn, CLI, DEST, "upgrade") == actions.Held(DEST, True)
+    again = await actions.suspend(conn, Trusted("kim"), DEST, "again")
+    assert again == actions.Held(DEST, True, changed=False, held_by=CLI.name)
+    assert again.describe() == f"{DEST} was already held (by {CLI.name}): nothing changed"
+    assert await actions.resume(conn, CLI, DEST) == actions.Held(DEST, False)
+    idle = await actions.resume(conn, CLI, DEST)
+    assert idle == actions.Held(DEST, False, changed=False)
+    assert idle.describe() == f"{DEST} was not held: nothing to resume"
+    frozen = await actions.resume(conn, CLI, "ward/frozen")
+    assert (frozen.changed, frozen.by_manifest) == (False, True)
+    assert frozen.describe() == (
+        "ward/frozen was not held: nothing to resume; its manifest suspends it too"
+        " (spec.suspend: true), so it sends nothing until that is lifted"
+    )
+    cur = await conn.execute("SELECT who, action FROM inturn_audit ORDER BY id")
+    assert await cur.fetchall() == [(CLI.name, "suspend"), (CLI.name, "resume")]
 
 
 async def test_clearing_a_worklist_item_needs_a_note_and_says_who_was_first(

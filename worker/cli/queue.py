@@ -177,6 +177,14 @@ def list_command(
             raise click.UsageError("--why goes with --patient-id (a listing is not audited)")
         items, total = run_read(dsn, lambda conn: reads.list_items(conn, limit=limit, **filters))
         unindexed = 0
+        if destination is not None and total == 0 and offset == 0 and before is None:
+            # an empty listing of a name nobody knows is most often a typo: say so (exit 1)
+            known = run_read(dsn, lambda conn: actions.known_destination(conn, destination))
+            if not known:
+                raise click.ClickException(
+                    f"no destination {destination} (names are namespace/name; see"
+                    " `inturn queue depth`)"
+                )
     else:
         actor = Trusted(who)
         try:
@@ -321,8 +329,7 @@ def _hold_command(verb: str) -> click.Command:
     @who_option
     @why_option
     def command(dsn: str | None, destination: str, who: str, why: str | None) -> None:
-        act(dsn, lambda conn: hold(conn, Trusted(who), destination, why))
-        click.echo(f"{'suspended' if verb == 'suspend' else 'resumed'} {destination}")
+        click.echo(act(dsn, lambda conn: hold(conn, Trusted(who), destination, why)).describe())
 
     command.help = (
         "Hold DESTINATION's delivery (namespace/name): its worker sends nothing after the attempt"

@@ -394,8 +394,7 @@ async def destination_action(
                 changed = len(resent.copies)
             else:
                 hold = actions.suspend if action == "suspend" else actions.resume
-                await hold(conn, identity, destination, why)
-                changed = 1
+                changed = int((await hold(conn, identity, destination, why)).changed)
     except InturnError as exc:
         raise ConsoleError.of(exc) from None
     console.feed.poke()

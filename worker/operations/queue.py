@@ -117,10 +117,40 @@ class Removed:
 
 @dataclass(frozen=True)
 class Held:
-    """A destination suspended (``suspended`` True) or resumed."""
+    """A destination suspended (``suspended`` True) or resumed.
+
+    ``changed`` is False when it already was so (held already, or not held: nothing written,
+    nothing audited); ``held_by`` names who holds it after a suspend that found a hold;
+    ``by_manifest`` says its manifest's ``spec.suspend`` holds it still (a resume lifts only
+    the person's hold: the manifest's is lifted by editing the Destination)."""
 
     destination: str
     suspended: bool
+    changed: bool = True
+    held_by: str | None = None
+    by_manifest: bool = False
+
+    def describe(self) -> str:
+        """One line for the CLI: what changed, or why nothing did."""
+        verb = "suspended" if self.suspended else "resumed"
+        if self.suspended:
+            line = (
+                f"{verb} {self.destination}"
+                if self.changed
+                else f"{self.destination} was already held (by {self.held_by}): nothing changed"
+            )
+        else:
+            line = (
+                f"{verb} {self.destination}"
+                if self.changed
+                else f"{self.destination} was not held: nothing to resume"
+            )
+        if self.by_manifest:
+            line += (
+                "; its manifest suspends it too (spec.suspend: true), so it sends nothing until"
+                " that is lifted"
+            )
+        return line
 
 
 @dataclass(frozen=True)
@@ -432,17 +462,29 @@ async def _hold(
     conn: AsyncConnection[Any], actor: Actor, destination: str, why: str | None, verb: str
 ) -> Held:
     reason = permit(actor, verb, why)
-    hold = registry.suspend if verb == "suspend" else registry.resume
-    if not await hold(conn, destination, who=actor.name, why=reason):
-        raise NotFound(f"no registered destination {destination}")
-    return Held(destination, verb == "suspend")
+    suspending = verb == "suspend"
+    async with conn.transaction():
+        state = await registry.hold_state(conn, destination)
+        if state is None:
+            raise NotFound(f"no registered destination {destination}")
+        already = (state.held_at is not None) == suspending
+        if not already:
+            hold = registry.suspend if suspending else registry.resume
+            await hold(conn, destination, who=actor.name, why=reason)
+    return Held(
+        destination,
+        suspending,
+        changed=not already,
+        held_by=state.held_by if already else None,
+        by_manifest=state.suspended,
+    )
 
 
 async def suspend(
     conn: AsyncConnection[Any], actor: Actor, destination: str, why: str | None = None
 ) -> Held:
     """Hold ``destination``'s delivery (its worker sends nothing after the attempt in flight);
-    audited.
+    audited. A destination held already keeps its first hold (``changed`` False, not audited).
 
     Raises:
         NotFound: the destination is not registered.
@@ -453,7 +495,9 @@ async def suspend(
 async def resume(
     conn: AsyncConnection[Any], actor: Actor, destination: str, why: str | None = None
 ) -> Held:
-    """Lift the hold on ``destination`` and wake its worker; audited.
+    """Lift the hold on ``destination`` and wake its worker; audited. A destination not held
+    is left as it is (``changed`` False, not audited); ``by_manifest`` says whether its
+    manifest's ``spec.suspend`` still holds it.
 
     Raises:
         NotFound: the destination is not registered.

@@ -368,6 +368,25 @@ async def resume(
     return True
 
 
+@dataclass(frozen=True)
+class HoldState:
+    """A registered destination's holds: ``held_at``/``held_by`` the person's (or a restore's)
+    hold, None when not held; ``suspended`` its manifest's ``spec.suspend``."""
+
+    held_at: datetime | None
+    held_by: str | None
+    suspended: bool
+
+
+async def hold_state(conn: AsyncConnection[Any], destination: str) -> HoldState | None:
+    """``destination``'s holds, its row locked until the transaction ends (None when it is not
+    registered). Call inside a transaction, before :func:`suspend` or :func:`resume`."""
+    row = await fetch_one(conn, Q["hold_state"], {"destination": destination}, row=dict_row)
+    if row is None:
+        return None
+    return HoldState(row["held_at"], row["held_by"], bool(row["suspended"]))
+
+
 async def held(conn: AsyncConnection[Any], destination: str) -> bool:
     """Whether ``destination``'s delivery is held (False when it is not registered)."""
     row = await fetch_one(conn, Q["held"], {"destination": destination}, row=dict_row)

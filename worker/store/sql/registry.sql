@@ -155,6 +155,13 @@ SELECT destination, channel, sender, suspended, held_at, held_by, held_why,
   FROM inturn_destination
  ORDER BY destination;
 
+-- name: hold_state
+-- A destination's holds before a suspend or resume changes them (locked until the caller's
+-- transaction ends): the person's hold (held_at/held_by) and the manifest's spec.suspend.
+SELECT held_at, held_by, suspended FROM inturn_destination
+ WHERE destination = %(destination)s
+   FOR UPDATE;
+
 -- name: held
 -- Whether a destination's delivery is held (suspend from the console or the CLI, or the
 -- operator's hold after a restore).
