@@ -157,6 +157,21 @@ def test_maps_keep_clear_hold() -> None:
     assert "HBA" not in refused.value.describe(reveal=False)
 
 
+def test_a_map_with_the_empty_key_fills_empty_and_absent_values() -> None:
+    # OBX-4 is empty in both OBX; OBR has no 5th field; OBX-3.1 is never empty here
+    table = {"": "U", "GLU": "G"}
+    out = run({"maps": [{"field": "OBX-4", "table": table}, {"field": "OBR-5", "table": table}]})
+    assert [segment(out, b"OBX", n)[4] for n in (0, 1)] == [b"U", b"U"]
+    assert segment(out, b"OBR", 0) == [b"OBR", b"1", b"ORD1", b"", b"GLU^Glucose^L", b"U"]
+    out = run({"maps": [{"field": "OBR-4.4", "table": {"": "LN"}}]})
+    assert segment(out, b"OBR", 0)[4] == b"GLU^Glucose^L^LN"
+    # without the key "", empty and absent values are left as they are, whatever "otherwise"
+    out = run({"maps": [{"field": "OBX-4", "table": {"GLU": "G"}, "otherwise": "hold"}]})
+    assert out == MSG
+    out = run({"maps": [{"field": "OBR-5", "table": {"x": "y"}}]})
+    assert segment(out, b"OBR", 0) == [b"OBR", b"1", b"ORD1", b"", b"GLU^Glucose^L"]
+
+
 def test_maps_compare_unescaped_text_and_escape_what_they_write() -> None:
     payload = MSG.replace(b"CE|GLU^Glucose", b"CE|G\\S\\1^Glucose", 1)
     out = run({"maps": [{"field": "OBX-3.1", "table": {"G^1": "A|B"}}]}, payload)
@@ -520,7 +535,7 @@ def profiles(draw: st.DrawFn) -> dict[str, Any]:
             spec.setdefault("truncate", {})[ref] = draw(st.integers(1, 5))
         else:
             spec.setdefault("maps", []).append(
-                {"field": ref, "table": {"a": "b"}, "otherwise": "keep"}
+                {"field": ref, "table": draw(st.sampled_from([{"a": "b"}, {"": "e", "a": "b"}]))}
             )
     if draw(st.booleans()):
         spec["removeSegments"] = ["Z*"]

@@ -24,7 +24,8 @@ segment):
 4. per segment: ``copy`` (the value read from the message as stored, before any rule: the same
    segment when source and target name one segment ID, else the first segment of the source's
    ID, first repetition), ``set`` (a literal), ``maps`` (a lookup table; a value not in it is
-   kept, cleared or held, as ``otherwise`` says; empty values are not looked up), ``clear``
+   kept, cleared or held, as ``otherwise`` says; an empty or absent value is looked up only
+   when the table has the key ``""``), ``clear``
    (emptied, the separators around it kept), ``truncate`` (cut to at most N bytes in the
    character set sent, never inside a character or an escape sequence);
 5. ``sequenceNumbers``: MSH-13 holds the sequence number the worker reserved for this send;
@@ -1035,8 +1036,11 @@ def _map_op(vmap: ValueMap) -> _OpFn:
     index = target.index
     first_component = target.component == 1 and target.subcomponent is None
     table = vmap.table
+    blank = "" in table  # a key "" maps an empty or absent value too
 
     def map_(parts: list[str], ctx: _Context) -> bool:
+        if blank:
+            return _map_blank(parts, ctx)
         if index >= len(parts):
             return False
         old = parts[index]
@@ -1065,6 +1069,16 @@ def _map_op(vmap: ValueMap) -> _OpFn:
             return False
         parts[index] = new
         return True
+
+    def _map_blank(parts: list[str], ctx: _Context) -> bool:
+        length = len(parts)
+        before = parts[index] if index < length else None
+        msg = ctx.msg
+        _update(parts, target, msg.d, lambda v: _mapped(v, vmap, msg, ctx), True)
+        if before is None and not parts[index]:
+            del parts[length:]  # nothing written: the segment keeps its length
+            return False
+        return parts[index] != before
 
     return map_
 
@@ -1445,9 +1459,15 @@ def _prefix_text(cut: bytes, codec: str) -> str:
 
 
 def _mapped(old: str, vmap: ValueMap, msg: _Message, ctx: _Context) -> str | None:
-    """A value looked up in a map's table (None: unchanged)."""
+    """A value looked up in a map's table (None: unchanged). An empty value is looked up only
+    when the table has the key ``""``."""
     if not old:
-        return None
+        if "" not in vmap.table:
+            return None
+        written = ctx.literals.get(vmap.table[""])
+        if written is None:
+            written = ctx.literals[vmap.table[""]] = _literal(vmap.table[""], vmap.path, msg)
+        return written
     d = msg.d
     value = d.unescape_text(old) if d.escape in old else old
     if msg.codec == "latin-1" and not value.isascii():

@@ -156,7 +156,10 @@ def profile_schema() -> Schema:
                         "field": _reference("The field, e.g. OBX-3.1."),
                         "table": {
                             "type": "object",
-                            "description": "Value as received -> value sent.",
+                            "description": (
+                                'Value as received -> value sent; the key "" maps an empty'
+                                " or absent value (otherwise empty values are left alone)."
+                            ),
                             "maxProperties": MAX_TABLE_ENTRIES,
                             "additionalProperties": _value("The value sent."),
                         },
