@@ -63,3 +63,9 @@ def reset_epochs(dsn: str) -> None:
             " dropped_at = NULL WHERE n = 1"
         )
         conn.execute("SELECT setval('inturn_message_id_seq', 1, false)")
+        # migration 0052: epoch 1 empty again, counted from its first row
+        conn.execute(
+            "DO $$ BEGIN IF to_regclass('inturn_epoch_rows') IS NOT NULL THEN"
+            " UPDATE inturn_epoch SET counted = true WHERE n = 1;"
+            " DELETE FROM inturn_epoch_rows; END IF; END $$"
+        )

@@ -240,6 +240,13 @@ GRANTS: dict[str, dict[str, tuple[Grant, ...]]] = {
         "admin": (SELECT,),
         "reader": (SELECT,),
     },
+    # Each epoch's rows of the log and of history, counted as they are written (migration
+    # 0052: triggers and the maintenance's functions write it; a day's drop audits its sums).
+    "inturn_epoch_rows": {
+        "purge": (SELECT,),
+        "admin": (SELECT,),
+        "reader": (SELECT,),
+    },
     # Finished rows moved out of the hot table (migration 0034), written and dropped by the
     # maintenance job's functions only. People read them as they read the hot table's; an
     # erasure deletes them.
@@ -425,6 +432,9 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "inturn_worker_lock_holder(text)": ("worker",),
     # the resend links (migration 0032): a trigger function, run by inserting a copy, by nobody
     "inturn_link_resend()": (),
+    # a day's rows counted as the log and history are written: triggers (migration 0052)
+    "inturn_count_log()": (),
+    "inturn_count_history()": (),
     # a route set never changes (migration 0048): a trigger function, run by an update, by nobody
     "inturn_route_fixed()": (),
     # ingest stores, the admin resends (the notice function takes it as its owner)
