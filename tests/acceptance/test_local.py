@@ -146,6 +146,7 @@ async def test_manifest_changes_apply_without_restart(
         local = LocalProcess(
             tmp_path / "local.log",
             ["-f", str(watched), "--listen", f"adt={port}", "--dsn", fresh_db],
+            env={"INTURN_REMOVAL_GRACE_SECONDS": "1"},
         )
         local_runs.append(local)
         await local.start(port)
@@ -163,6 +164,7 @@ async def test_manifest_changes_apply_without_restart(
 
         # file removed -> worker stopped, its messages kept
         path.unlink()
+        await local.wait_log("default/moving: its manifest is gone; removed in 1 s unless")
         await local.wait_log("default/moving removed: worker stopped, 5 pending kept")
         await wait_until(lambda: count_is(fresh_db, 0, worker_connections, app))
         assert await pending(fresh_db) == 5

@@ -196,7 +196,7 @@ async def test_one_invalid_manifest_holds_back_every_change_until_all_are_valid(
     does not validate, a removal and an addition elsewhere wait, and both apply once it does."""
     write(tmp_path, "a")
     write(tmp_path, "b")
-    runner = LocalRunner(fresh_db, [tmp_path])
+    runner = LocalRunner(fresh_db, [tmp_path], removal_grace=0)
     await runner.start()
     try:
         (tmp_path / "b.yaml").unlink()
@@ -256,3 +256,33 @@ async def test_inturn_local_keeps_a_restore_witness_and_holds_after_a_restore(
         await run
     recorded = json.loads(witness.read_text())
     assert recorded["tick"] < 1000000 and "default/nowhere" in recorded["destinations"]
+
+
+async def test_a_manifest_gone_for_a_moment_keeps_its_destination_routed(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """A file replaced by an editor or a sync is missing for a moment: its destination stays
+    registered and running through the grace, and is removed once the grace has passed."""
+    write(tmp_path, "a")
+    write(tmp_path, "b")
+    runner = LocalRunner(fresh_db, [tmp_path], removal_grace=3600)
+    await runner.start()
+    try:
+        kept = (tmp_path / "b.yaml").read_text()
+        (tmp_path / "b.yaml").unlink()
+        await runner.poll()
+        assert sorted(runner.running) == ["default/a", "default/b"]
+        assert await active(fresh_db) == ["default/a", "default/b"]
+        (tmp_path / "b.yaml").write_text(kept)  # back: nothing was removed, nothing restarted
+        worker = runner.running["default/b"].worker
+        await runner.poll()
+        assert runner.running["default/b"].worker is worker
+        (tmp_path / "b.yaml").unlink()
+        await runner.poll()
+        assert await active(fresh_db) == ["default/a", "default/b"]
+        runner.removal_grace = 0  # the grace has passed: the next look removes it
+        await runner.poll()
+        assert sorted(runner.running) == ["default/a"]
+        assert await active(fresh_db) == ["default/a"]
+    finally:
+        await runner.stop()

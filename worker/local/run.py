@@ -4,9 +4,9 @@ The way to try inturn without a cluster. Manifests are the same YAML files ``kub
 takes, validated the same way. Without ``--dsn``/``INTURN_DSN`` an embedded Postgres is started
 under ``--data-dir`` and kept between runs, so a restarted ``inturn local`` resumes its
 backlog. Manifest files are polled: a changed one restarts its worker with the new
-configuration, a removed one stops its worker and keeps its messages (they resume when it comes
-back). Ctrl-C stops the listeners first, then each worker (finishing or abandoning its attempt),
-then the embedded Postgres.
+configuration, a removed one (gone for :data:`REMOVAL_GRACE_SECONDS`) stops its worker and keeps
+its messages (they resume when it comes back). Ctrl-C stops the listeners first, then each
+worker (finishing or abandoning its attempt), then the embedded Postgres.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ log = logging.getLogger("inturn.local")
 
 #: Seconds between two looks at the manifest files.
 POLL_SECONDS = 2.0
+#: How long a destination's manifest must stay gone before ``inturn local`` removes it (seconds):
+#: a file replaced by an editor, ``git checkout`` or a sync tool is missing for a moment, and a
+#: removed destination is no longer routed, so the messages of that moment would not reach it.
+#: Until then its worker runs and ingest keeps queueing for it.
+REMOVAL_GRACE_SECONDS = 10.0
 #: Lifetime of the database's ``inturn local`` lease, renewed every :data:`POLL_SECONDS`; a run
 #: that died on a direct connection is replaced at once (its session is gone), behind a pooler
 #: after this.
@@ -106,6 +111,8 @@ class LocalRunner:
         secrets_dir: where ``<secret>/<key>`` files of secretRefs are (relative: to each file).
         publishers: told of messages placed on ``delivery-failed`` (after COMMIT).
         skip: folders the search of ``paths`` leaves out (the data directory).
+        removal_grace: seconds a destination's manifest must stay gone before the destination
+            is removed (:data:`REMOVAL_GRACE_SECONDS`; 0: at the first look without it).
     """
 
     def __init__(
@@ -117,8 +124,12 @@ class LocalRunner:
         publishers: Sequence[Publisher] = (),
         payloads: PayloadCodec | None = None,
         skip: Sequence[Path] = (),
+        removal_grace: float = REMOVAL_GRACE_SECONDS,
     ) -> None:
         self.dsn = dsn
+        self.removal_grace = removal_grace
+        #: destination -> monotonic time its manifest was first found gone (kept till the grace)
+        self._missing: dict[str, float] = {}
         self.skip = tuple(skip)
         self.payloads = payloads
         self.publishers = publishers
@@ -140,7 +151,7 @@ class LocalRunner:
         A destination whose carrier another registered destination still serves is not
         applied (logged); the next change of the files tries again.
         """
-        desired = dict(desired)
+        desired = self._with_missing(desired)
         if not desired:
             log.warning(
                 "no Destination manifest found in %s: nothing will be delivered",
@@ -201,6 +212,37 @@ class LocalRunner:
                 self._start(cfg)
         self.applied = dict(desired)
 
+    def _with_missing(self, desired: dict[str, WorkerConfig]) -> dict[str, WorkerConfig]:
+        """``desired`` plus the applied destinations whose manifest is gone for less than the
+        grace (each logged once, when first found gone)."""
+        out = dict(desired)
+        now = time.monotonic()
+        for dest in list(self._missing):
+            if dest in desired or dest not in self.applied:
+                del self._missing[dest]
+        for dest in sorted(set(self.applied) - set(desired)):
+            since = self._missing.get(dest)
+            if since is None:
+                since = self._missing[dest] = now
+                if self.removal_grace > 0:
+                    log.info(
+                        "destination %s: its manifest is gone; removed in %.0f s unless it"
+                        " comes back (its worker runs and it is routed meanwhile)",
+                        dest,
+                        self.removal_grace,
+                    )
+            if now - since < self.removal_grace:
+                out[dest] = self.applied[dest]
+            else:
+                del self._missing[dest]
+        return out
+
+    def _removal_due(self) -> bool:
+        if self._invalid:  # all or nothing: the removal waits for valid manifests
+            return False
+        now = time.monotonic()
+        return any(now - since >= self.removal_grace for since in self._missing.values())
+
     def _start(self, cfg: WorkerConfig) -> None:
         if self._deferred is not None:
             self._deferred.append(cfg)
@@ -237,7 +279,7 @@ class LocalRunner:
     async def poll(self) -> None:
         """Reload the manifests if any file changed; an invalid file keeps the last good state."""
         seen = fingerprint(manifest_files(self.paths, self.skip))
-        if seen == self._seen:
+        if seen == self._seen and not self._removal_due():
             return
         self._seen = seen
         try:
@@ -393,7 +435,16 @@ async def run_local(
             ingest_config.key_dsn,
             application_name="inturn-local-keys",
         )
-        runner = LocalRunner(dsn, paths, secrets_dir, channels, publishers, payloads, skip)
+        runner = LocalRunner(
+            dsn,
+            paths,
+            secrets_dir,
+            channels,
+            publishers,
+            payloads,
+            skip,
+            removal_grace=removal_grace_seconds(),
+        )
         await runner.start(launch=False)  # registered: ingest routes to them from its start
         ingest = Ingest(ingest_config, dsn=dsn, lanes=runner.lanes)
         sweeper = None
@@ -446,6 +497,15 @@ async def _look_for_restore(conn: AsyncConnection[Any], path: Path | None, due: 
         log.warning("restore witness: the database failed (%s); looked at again", exc)
         return due
     return now + restore_tick_seconds()
+
+
+def removal_grace_seconds() -> float:
+    """``INTURN_REMOVAL_GRACE_SECONDS`` (default :data:`REMOVAL_GRACE_SECONDS`; 0 or more)."""
+    try:
+        value = float(os.environ.get("INTURN_REMOVAL_GRACE_SECONDS", REMOVAL_GRACE_SECONDS))
+    except ValueError:
+        return REMOVAL_GRACE_SECONDS
+    return value if value >= 0 else REMOVAL_GRACE_SECONDS
 
 
 def restore_tick_seconds() -> float:
