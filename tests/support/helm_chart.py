@@ -11,11 +11,17 @@ file in order, then ``values``; maps merge key by key, anything else (lists too)
 A values file is a path or the short name of one in ``charts/inturn/ci/`` (``"namespaced"`` is
 ``ci/namespaced-values.yaml``). Rendering runs offline: no cluster is contacted, and
 ``.Capabilities`` are Helm's defaults.
+
+The rendered text is parsed with libyaml (``yaml.CSafeLoader``: the same safe constructors, about
+ten times quicker than the pure-Python loader, which took 0.25 s of each render's 0.28), and each
+distinct set of values is rendered once per test session (:func:`render_templates` keeps the
+text; every caller gets its own copy of the objects).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,6 +82,11 @@ def values(
     return merge(out, overrides or {})
 
 
+#: The text of every render this session, by its values and namespace (a render that raises is
+#: not kept, so it raises again): the chart does not change during a run.
+_RENDERED: dict[tuple[str, str], dict[str, str]] = {}
+
+
 def render_templates(
     overrides: dict[str, Any] | None = None,
     *,
@@ -88,13 +99,12 @@ def render_templates(
     Raises ``helm_python.HelmValuesError`` when the values break ``values.schema.json`` and
     ``helm_python.HelmRenderError`` when a template fails (e.g. a ``required`` value is unset).
     """
-    with helm.Chart.load(CHART) as chart:
-        return chart.render(
-            values(overrides, files=files, image=image),
-            name=RELEASE,
-            namespace=namespace,
-            is_install=True,
-        )
+    given = values(overrides, files=files, image=image)
+    key = (json.dumps(given, sort_keys=True, default=str), namespace)
+    if key not in _RENDERED:
+        with helm.Chart.load(CHART) as chart:
+            _RENDERED[key] = chart.render(given, name=RELEASE, namespace=namespace, is_install=True)
+    return dict(_RENDERED[key])
 
 
 def render(
@@ -110,7 +120,7 @@ def render(
     for name, text in sorted(rendered.items()):
         if not name.endswith((".yaml", ".yml")):
             continue  # NOTES.txt
-        objs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+        objs.extend(doc for doc in yaml.load_all(text, Loader=yaml.CSafeLoader) if doc)
     return objs
 
 
