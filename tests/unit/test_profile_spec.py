@@ -5,9 +5,7 @@ profile compiled into the worker's configuration and back, every problem by fiel
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from inturn.worker.spec.destination import (
     load_worker_config,
     render_worker_config,
 )
+from tests.support.cli import inturn
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,20 +143,10 @@ def schema_targets() -> list[str]:
     return list(node["properties"]["to"]["enum"])
 
 
-MAIN = "import sys; from inturn.worker.cli import main; sys.argv[0] = 'inturn'; main()"
-
-
 def validate(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_")}
-    return subprocess.run(
-        [sys.executable, "-c", MAIN, "validate", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    """``inturn validate <args>`` from ``cwd`` without any ``INTURN_*`` setting, run in this
+    process (tests/support/cli.py)."""
+    return inturn("validate", *args, cwd=cwd)
 
 
 MESSAGE = (

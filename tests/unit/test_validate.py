@@ -4,15 +4,14 @@ declarations, by file, document and field path, offline; its exit statuses."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from inturn.worker.spec.channels import CHANNEL_SCHEMA, parse_channels
+from tests.support.cli import inturn
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,20 +56,10 @@ spec:
 """
 
 
-MAIN = "import sys; from inturn.worker.cli import main; sys.argv[0] = 'inturn'; main()"
-
-
 def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INTURN_")}
-    return subprocess.run(
-        [sys.executable, "-c", MAIN, "validate", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    """``inturn validate <args>`` from ``cwd`` without any ``INTURN_*`` setting, run in this
+    process (tests/support/cli.py: these tests are about what it says, not a process start)."""
+    return inturn("validate", *args, cwd=cwd)
 
 
 def test_valid_files_exit_zero(tmp_path: Path) -> None:
