@@ -29,7 +29,8 @@ from inturn.worker.senders.base import DeliveryError
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store import identifiers, migrate, queue, sealing
-from inturn.worker.store.model import NewItem
+from inturn.worker.store.ingest import store_batch
+from inturn.worker.store.model import Message, NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys, pipeline
 from tests.support.db import database
@@ -336,6 +337,62 @@ async def test_ingest_seals_every_payload_once_for_its_log_row_and_the_window_ke
     ):
         await rx.wait_for(len(sent))
     assert rx.received == sent
+
+
+async def test_a_sealed_store_on_its_own_transaction_stores_all_or_nothing(
+    fresh_db: str, keys_dir: Path, key_dsn: str
+) -> None:
+    """Ingest's sealed store outside a transaction runs its two statements in a transaction of
+    its own, pipelined (BEGIN with the reservation, COMMIT with the rows): refused while the
+    channel's lock is held past lock_timeout, nothing of it is kept and the connection is
+    ready for the next store, which keeps every message sealed for its log row."""
+    codec = await keys.codec(keys_dir, key_dsn)
+    payloads = [adt(n, f"PIPE-{n}") for n in range(3)]
+    messages = [
+        Message(
+            control_id=parse_header(p).control_id,
+            message_type="ADT^A01",
+            payload=p,
+            digest=hashlib.sha256(p).digest(),
+        )
+        for p in payloads
+    ]
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        await conn.execute("SET lock_timeout = '200ms'")
+        with psycopg.connect(fresh_db) as holder:  # the channel's lock, held by another batch
+            holder.execute("SELECT inturn_enqueue_lock('channel:adt')")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await store_batch(
+                    conn,
+                    channel="adt",
+                    destinations=[DEST],
+                    messages=messages,
+                    window_seconds=60,
+                    payloads=codec,
+                )
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            holder.rollback()
+        with psycopg.connect(fresh_db) as check:
+            kept = check.execute(
+                "SELECT (SELECT count(*) FROM inturn_message),"
+                " (SELECT count(*) FROM inturn_received)"
+            ).fetchone()
+        assert kept == (0, 0)
+        results = await store_batch(
+            conn,
+            channel="adt",
+            destinations=[DEST],
+            messages=messages,
+            window_seconds=60,
+            payloads=codec,
+        )
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    ids = [i for r in results for i in r.ids]
+    with psycopg.connect(fresh_db) as conn:
+        logged = conn.execute(
+            "SELECT id, payload FROM inturn_message WHERE id = ANY(%s) ORDER BY id", (ids,)
+        ).fetchall()
+    assert [await codec.open(i, "channel:adt", bytes(p)) for i, p in logged] == payloads
 
 
 async def test_ingest_with_keys_queues_a_resend_after_a_failure_sealed_for_its_own_log_row(

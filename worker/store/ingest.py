@@ -150,10 +150,11 @@ async def store_batch(
         raise Invalid("one route set per message")
     ids = await (cache or RouteSets()).ids(conn, channel, sets)
     sealing = payloads is not None and payloads.enabled
-    # sealed: two statements, so one transaction of them, inside the codec's sealing scope
-    # (the keys stay live in the key store until the COMMIT); in clear: one autocommit statement
+    # sealed: two statements in one transaction of their own, pipelined (_store_log_sealed),
+    # inside the codec's sealing scope (the keys stay live in the key store until the COMMIT);
+    # in clear: one autocommit statement
     scope = payloads.sealing() if sealing and payloads is not None else contextlib.nullcontext()
-    async with scope, conn.transaction() if sealing else contextlib.nullcontext():
+    async with scope:
         return await store_log(
             conn,
             channel=channel,
@@ -179,7 +180,8 @@ async def store_log(
     set ``route_ids[i]`` (:class:`RouteSets`), in ``conn``'s current state: on an autocommit
     connection outside a transaction the statement commits on its own; inside the caller's
     transaction it commits with it (an HL7 batch stored whole). With ``payloads`` that seal,
-    the caller's transaction is required (two statements, see :func:`_store_log_sealed`).
+    two statements: in the caller's transaction, or outside one in a transaction of their own
+    (see :func:`_store_log_sealed`).
 
     The statement (``store_log`` in ``ingest.sql``; docs/explanation/storage-layout.md) writes,
     whatever the number of destinations, **one log row per message** (payload, MSH-10/9, size,
@@ -320,24 +322,83 @@ async def _store_log_sealed(
     unique: Sequence[Message],
     payloads: PayloadCodec,
 ) -> dict[str, Any]:
-    """Store a batch in the log with its payloads sealed, inside the caller's transaction, in
-    two statements: ``reserve_log`` (window rows, the channel's lock, one log id per row to
-    write, drawn under it) and, once each payload is sealed for its log id and
-    ``channel:<name>`` (the envelope's associated data: the head's read opens it so,
-    ``payload_binding`` in ``queue.sql``), ``store_log_sealed``. Each message is encrypted once,
-    before the lock, whatever the number of its destinations: under it only each data key's
-    wrap (microseconds). A message naming no patient is sealed under its channel's key. No
-    payload in clear reaches the database.
+    """Store a batch in the log with its payloads sealed, in two statements: ``reserve_log``
+    (window rows, the channel's lock, one log id per row to write, drawn under it) and, once
+    each payload is sealed for its log id and ``channel:<name>`` (the envelope's associated
+    data: the head's read opens it so, ``payload_binding`` in ``queue.sql``),
+    ``store_log_sealed``. Each message is encrypted once, before the lock, whatever the number
+    of its destinations: under it only each data key's wrap (microseconds). A message naming no
+    patient is sealed under its channel's key. No payload in clear reaches the database.
+
+    Inside the caller's transaction (an HL7 batch) the statements run in it. On an autocommit
+    connection outside a transaction they run in a transaction of their own, pipelined: BEGIN
+    goes with ``reserve_log`` and COMMIT with ``store_log_sealed``, two round trips in all
+    where four were, and the channel's lock is held across one round trip, not two. An error
+    of either statement skips the COMMIT (a pipeline skips what follows an error up to its
+    sync) and the transaction is rolled back: nothing was stored.
 
     Returns:
         The row :func:`_results` decodes.
 
     Raises:
-        RuntimeError: ``conn`` is not inside a transaction.
-        psycopg.Error: nothing was stored (the caller's transaction rolls back).
+        RuntimeError: ``conn`` is in a failed transaction.
+        psycopg.Error: nothing was stored (the caller's transaction, or its own, rolls back).
     """
-    if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
-        raise RuntimeError("a sealed store runs inside the caller's transaction")
+    status = conn.info.transaction_status
+    if status == psycopg.pq.TransactionStatus.IDLE:
+        return await _store_log_sealed_pipelined(conn, channel, window, unique, payloads)
+    if status != psycopg.pq.TransactionStatus.INTRANS:
+        raise RuntimeError("a sealed store runs in a transaction that has not failed")
+    bodies, reserve = await _sealed_bodies(channel, window, unique, payloads)
+    got = await one_row(conn, RESERVE_LOG, reserve)
+    params = _sealed_rows(got, channel, window, unique, payloads, bodies)
+    if params is None:
+        return got
+    stored = await one_row(conn, STORE_LOG_SEALED, params)
+    return _sealed_stored(got, stored, params)
+
+
+async def _store_log_sealed_pipelined(
+    conn: AsyncConnection[Any],
+    channel: str,
+    window: dict[str, Any],
+    unique: Sequence[Message],
+    payloads: PayloadCodec,
+) -> dict[str, Any]:
+    """:func:`_store_log_sealed` on an idle autocommit connection: BEGIN and ``reserve_log``
+    in one round trip, ``store_log_sealed`` and COMMIT in the next (a pipeline)."""
+    bodies, reserve = await _sealed_bodies(channel, window, unique, payloads)
+    try:
+        async with conn.pipeline() as pipe:
+            await conn.execute("BEGIN")
+            got = await one_row(conn, RESERVE_LOG, reserve)  # the fetch sends both
+            params = _sealed_rows(got, channel, window, unique, payloads, bodies)
+            async with conn.cursor(row_factory=dict_row) as cur:
+                if params is not None:
+                    cur.adapters.register_dumper(list, ListBinaryDumper)
+                    await cur.execute(STORE_LOG_SEALED, params)
+                await conn.execute("COMMIT")
+                await pipe.sync()
+                stored = None if params is None else await cur.fetchone()
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status in (
+            psycopg.pq.TransactionStatus.INTRANS,
+            psycopg.pq.TransactionStatus.INERROR,
+        ):
+            with contextlib.suppress(psycopg.Error):
+                await conn.rollback()
+        raise
+    if params is None:
+        return got
+    assert stored is not None
+    return _sealed_stored(got, stored, params)
+
+
+async def _sealed_bodies(
+    channel: str, window: dict[str, Any], unique: Sequence[Message], payloads: PayloadCodec
+) -> tuple[list[Any], dict[str, Any]]:
+    """Each message's body sealed (before the channel's lock) and ``reserve_log``'s
+    parameters."""
     scope = f"channel:{channel}"
     keyings = [
         m.keying
@@ -354,7 +415,20 @@ async def _store_log_sealed(
         "digests": [m.digest for m in unique],
         "sizes": [len(m.payload) for m in unique],
     }
-    got = await one_row(conn, RESERVE_LOG, reserve)
+    return list(bodies), reserve
+
+
+def _sealed_rows(
+    got: dict[str, Any],
+    channel: str,
+    window: dict[str, Any],
+    unique: Sequence[Message],
+    payloads: PayloadCodec,
+    bodies: Sequence[Any],
+) -> dict[str, Any] | None:
+    """From ``reserve_log``'s row (``got``, completed here with ``placed`` and ``ids``): the
+    parameters of ``store_log_sealed``, each payload bound to its log id; None when nothing is
+    to be written."""
     queued = got["queued"]
     if isinstance(queued, str):
         queued = json.loads(queued)
@@ -366,7 +440,7 @@ async def _store_log_sealed(
     got["ids"] = drawn
     got["answered"] = None
     if not queued:
-        return got
+        return None
     rows = [
         (i, int(n) - 1, int(route), froms)
         for i, (n, route, froms) in zip(drawn, queued, strict=True)
@@ -396,8 +470,14 @@ async def _store_log_sealed(
         "reply_keys": [unique[k].reply_keys for k in fresh],
         "positions": [k + 1 for k in fresh],
     }
-    stored = await one_row(conn, STORE_LOG_SEALED, params)
-    if int(stored["inserted"]) != len(rows):
+    return params
+
+
+def _sealed_stored(
+    got: dict[str, Any], stored: dict[str, Any], params: dict[str, Any]
+) -> dict[str, Any]:
+    """``reserve_log``'s row with what ``store_log_sealed`` answered."""
+    if int(stored["inserted"]) != len(params["ids"]):
         raise RuntimeError("the store statement returned an unexpected number of rows")
     got["answered"] = stored["answered"]
     return got
