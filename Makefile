@@ -18,7 +18,8 @@ demo: $(STAMP)
 
 # The tests run in two parts: first in parallel, pytest-xdist's JOBS workers (one per core by
 # default), each with its own embedded Postgres, databases, ports and folders, a test file at a
-# time; then, one at a time, the tests marked `serial` (a fixed port, timing, a memory limit,
+# time (the longest files first and the benchmarks' tiny runs one by one: tests/support/
+# schedule.py); then, one at a time, the tests marked `serial` (a fixed port, timing, a memory limit,
 # a partition: they must run alone). The second part runs even when the first failed, and
 # the target fails when either did (pytest's 5, "no test selected", is no failure there).
 JOBS     ?= 2

@@ -34,8 +34,8 @@ from tests.support import keys
 from tests.support.db import database, empty_tables
 
 #: pytester: tests/unit/test_isolation.py runs pytest on a hanging test; the watchdog: a bound
-#: on every test.
-pytest_plugins = ["pytester", "tests.support.watchdog"]
+#: on every test; the schedule: the order in which xdist's workers get the test files.
+pytest_plugins = ["pytester", "tests.support.watchdog", "tests.support.schedule"]
 
 #: The ``INTURN_*`` variables that steer the test suite itself (every other ``INTURN_*`` variable
 #: is a setting of the user's installation, and is removed before any test runs).
