@@ -261,6 +261,42 @@ async def test_unparseable_message_gets_ar_and_is_not_stored(
     assert [r[3] for r in rows(fresh_db)] == ["AFTER"]
 
 
+STRAY = (
+    b"MSH|^~\\&|LAB|H|HIE|H|20261205||ORU^R01|FS001|P|2.5.1\rPID|1||X9^^^H^MR\r"
+    b"OBX|1|ST|GLU||abc\x1cdef\rOBX|2|ST|K||4.1\r"
+)
+
+
+async def test_a_stray_end_block_byte_inside_a_message_is_refused_never_cut(
+    fresh_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 0x1C followed by more of the message is content: AR 102 (an MLLP destination could
+    never send it), nothing stored; split by the network right after that byte, the first part
+    is a message of its own, and the rest is dropped with a WARNING saying it may be cut."""
+    register(fresh_db, "hospital/adt-out", "adt", sender_kind="mllp")
+    async with Ingest(config(), dsn=fresh_db) as ingest:
+        c = await client(ingest)
+        await c.write(b"\x0b" + STRAY + b"\x1c\r")
+        ack = parse_ack(await c.reply())
+        assert (ack.code, ack.control_id, ack.error_code) == ("AR", "FS001", "102")
+        assert ack.error_text is not None and "0x1C" in ack.error_text
+        assert rows(fresh_db) == []
+        cut = STRAY.index(b"\x1c") + 1
+        with caplog.at_level(logging.INFO, logger="inturn"):
+            await c.write(b"\x0b" + STRAY[:cut])
+            assert parse_ack(await c.reply()).code == "AA"  # the block ended with the read
+            await c.write(STRAY[cut:] + b"\x1c\r")
+            assert (await c.send(msg("AFTER"))).code == "AA"
+        await c.close()
+    assert [r[3] for r in rows(fresh_db)] == ["FS001", "AFTER"]
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("channel")]
+    assert warned == [
+        "channel adt: dropped 19 bytes that followed a message's end-block byte 0x1C sent"
+        " without its CR: that message (answered already) may have been cut at a 0x1C inside"
+        " it; ask the sender to check it"
+    ]
+
+
 async def test_channel_without_destinations_gets_ar(ingest: Ingest, fresh_db: str) -> None:
     c = await client(ingest, "lab")
     ack = await c.send(msg("L1", "ORU^R01"))

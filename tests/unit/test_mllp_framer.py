@@ -120,3 +120,44 @@ def test_limit_must_be_positive() -> None:
 
 def test_empty_feed() -> None:
     assert FrameReader(10).feed(b"") == []
+
+
+# --- a stray 0x1C inside a message ---------------------------------------------------------------
+
+
+def test_an_end_block_byte_followed_by_more_message_is_content() -> None:
+    """EB followed by a byte other than CR, SB or filler is inside the message: the block goes
+    on to the next EB that ends it (the caller refuses a message with a 0x1C in it)."""
+    stray = b"MSH|^~\\&|A|B|C|D|||ORU^R01|1|P|2.5\rOBX|1|ST|X||ab\x1ccd\r"
+    assert frames(FrameReader(1 << 20).feed(b"\x0b" + stray + b"\x1c\r")) == [stray]
+    # the same byte by byte: each EB is at the end of a read, so the block ends there
+    reader = FrameReader(1 << 20)
+    events = [e for byte in b"\x0b" + stray + b"\x1c\r" for e in reader.feed(bytes([byte]))]
+    assert frames(events) == [stray[: stray.index(b"\x1c")]]
+    garbage = [e for e in events if isinstance(e, Garbage)]
+    assert garbage[0] == Garbage(1, after_bare_end=True)  # "c", then "d" and the last EB
+    assert sum(g.count for g in garbage) == 3 and len(events) == 4
+
+
+def test_a_block_without_its_cr_still_ends_before_filler_and_the_next_block() -> None:
+    for between in (b"", b"\n", b"\x00 \n", b"\r\n"):
+        reader = FrameReader(1 << 20)
+        events = reader.feed(b"\x0b" + MSG + b"\x1c" + between + b"\x0b" + MSG + b"\x1c")
+        assert frames(events) == [MSG, MSG] and len(events) == 2, between
+        # a CR only late: stray bytes after it are ordinary garbage
+        assert reader.feed(b"\rjunk") == [Garbage(4)]
+
+
+def test_an_end_block_byte_at_the_end_of_a_read_ends_the_block() -> None:
+    """A peer that leaves out the CR and waits for its answer is answered."""
+    reader = FrameReader(1 << 20)
+    assert frames(reader.feed(b"\x0b" + MSG + b"\x1c")) == [MSG]
+    assert frames(reader.feed(b"\x0b" + MSG + b"\x1c\r")) == [MSG]
+
+
+def test_a_dropped_block_goes_on_past_a_stray_end_block_byte() -> None:
+    reader = FrameReader(1 << 20)
+    reader.feed(b"\x0bMSH|^~\\&|A")
+    reader.drop(4)
+    events = reader.feed(b"|x\x1cy|z\x1c\r")
+    assert [(type(e).__name__, getattr(e, "size", None)) for e in events] == [("Dropped", 16)]

@@ -8,7 +8,11 @@ Source: HL7 v2 Appendix C / "HL7 MLLP release 2" (the Minimal Lower Layer Protoc
 bytes arrived and gets events back. It is deliberately tolerant of what real peers send:
 
 * several blocks in one read (pipelining) and one block split over many reads;
-* a missing CR after EB: the block ends at EB, and a CR that follows is swallowed;
+* a missing CR after EB: the block ends at EB when what follows it is filler up to the next
+  SB or the end of what has arrived; an EB followed by any other byte is content (a message
+  with a stray 0x1C inside it, which MLLP cannot carry: the caller refuses it), never a cut;
+  when a read ends right after such an EB the block ends there, and bytes that then arrive
+  before any SB are reported as :class:`Garbage` with ``after_bare_end`` set;
 * NUL, whitespace, CR, LF and form feeds between blocks are ignored silently;
 * any other byte between blocks is dropped and reported as :class:`Garbage`;
 * an SB inside a block is payload data (only EB ends a block).
@@ -62,9 +66,14 @@ class FrameTooLarge:
 
 @dataclass(frozen=True)
 class Garbage:
-    """``count`` bytes outside any block that were neither SB nor filler; they were dropped."""
+    """``count`` bytes outside any block that were neither SB nor filler; they were dropped.
+
+    ``after_bare_end``: they came right after a block that ended in EB without its CR at the
+    end of a read, so that block may have been a message cut at a stray 0x1C inside it (the
+    caller should say so louder than for other stray bytes)."""
 
     count: int
+    after_bare_end: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,28 @@ class Dropped:
 
 
 Event = Frame | FrameTooLarge | Garbage | Dropped
+
+#: What follows an EB in the bytes at hand (:func:`_after_eb`).
+_ENDS = 0  #: CR, or filler up to an SB: the block ends at the EB
+_UNSEEN = 1  #: nothing, or only filler, up to the end of what has arrived: it ends there too
+_CONTENT = 2  #: another byte: the EB is inside the message
+
+
+def _after_eb(data: bytes, pos: int) -> int:
+    """Classify what follows an EB at ``pos - 1`` in ``data`` (one of ``_ENDS``, ``_UNSEEN``,
+    ``_CONTENT``); past :data:`_LOOK` bytes of filler the block is taken as ended."""
+    if pos >= len(data):
+        return _UNSEEN
+    if data[pos] == CR:
+        return _ENDS
+    rest = bytes(data[pos : pos + _LOOK]).lstrip(_FILLER_BYTES)
+    if not rest:
+        return _UNSEEN if pos + _LOOK >= len(data) else _ENDS
+    return _ENDS if rest[0] == SB else _CONTENT
+
+
+#: How far past an EB the reader looks for what follows it.
+_LOOK = 4096
 
 
 class FrameReader:
@@ -99,6 +130,8 @@ class FrameReader:
         self._failed = False
         self._dropping = False
         self._dropped = 0
+        #: the last block ended at EB without CR at the end of a read, no SB seen since
+        self._bare_end = False
 
     @property
     def mid_frame(self) -> bool:
@@ -146,6 +179,8 @@ class FrameReader:
         events: list[Event] = []
         if self._failed:
             return events
+        if self._bare_end and data[:1] == b"\r":
+            self._bare_end = False  # the CR was only late: the block had ended
         view = memoryview(data)
         pos = 0
         end = len(data)
@@ -160,6 +195,10 @@ class FrameReader:
                         return events
                     if stop < 0:
                         return events
+                    if _after_eb(data, stop + 1) == _CONTENT:  # a stray 0x1C: still the block
+                        self._dropped += 1
+                        pos = stop + 1
+                        continue
                     events.append(Dropped(bytes(self._buffer), self._dropped))
                     self._dropping = False
                     self._dropped = 0
@@ -174,9 +213,18 @@ class FrameReader:
                 self._buffer += view[pos:chunk_end]
                 if stop < 0:
                     return events
+                after = _after_eb(data, stop + 1)
+                if after == _CONTENT:  # a stray 0x1C inside the message: part of it
+                    if len(self._buffer) >= self.max_frame_bytes:
+                        self._fail(events)
+                        return events
+                    self._buffer += _EB
+                    pos = stop + 1
+                    continue
                 events.append(Frame(bytes(self._buffer)))
                 self._buffer.clear()
                 self._in_frame = False
+                self._bare_end = after == _UNSEEN
                 pos = stop + 1
             else:
                 start = data.find(_SB, pos)
@@ -185,7 +233,9 @@ class FrameReader:
                 stray = len(bytes(data[pos:stop]).translate(None, _FILLER_BYTES))
                 pos = stop
                 if stray:
-                    events.append(Garbage(stray))
+                    events.append(Garbage(stray, self._bare_end))
+                if stray or pos < end:
+                    self._bare_end = False
                 if pos < end:
                     self._in_frame = True
                     pos += 1

@@ -372,9 +372,18 @@ class MllpListener:
             event = events.popleft()
             if isinstance(event, Garbage):
                 metrics.GARBAGE_BYTES.labels(channel).inc(event.count)
-                log.info(
-                    "channel %s: dropped %d bytes outside any MLLP block", channel, event.count
-                )
+                if event.after_bare_end:
+                    log.warning(
+                        "channel %s: dropped %d bytes that followed a message's end-block byte"
+                        " 0x1C sent without its CR: that message (answered already) may have"
+                        " been cut at a 0x1C inside it; ask the sender to check it",
+                        channel,
+                        event.count,
+                    )
+                else:
+                    log.info(
+                        "channel %s: dropped %d bytes outside any MLLP block", channel, event.count
+                    )
                 continue
             if isinstance(event, FrameTooLarge):
                 outcome = self.acceptor.reject_too_large(channel, event.limit)
