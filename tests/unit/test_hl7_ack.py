@@ -274,3 +274,20 @@ def test_parse_ack_without_err_or_text() -> None:
 def test_parse_ack_errors(reply: bytes) -> None:
     with pytest.raises(AckParseError):
         parse_ack(reply)
+
+
+@pytest.mark.parametrize("control", [b"\x0b", b"\x1c", b"\n", b"\x00", b"\x7f"])
+def test_an_ack_echoes_no_control_byte_of_the_message(control: bytes) -> None:
+    """MLLP has no escaping: a 0x0B or 0x1C copied from the peer's MSH would frame our ACK
+    wrongly, an LF would split its segment; every echoed field leaves them out."""
+    payload = (
+        b"MSH|^~\\&|A" + control + b"|F|R|RF|20240101||ADT^A01" + control + b"|C" + control
+        + b"1|P|2.5.1" + control + b"\rPID|1\r"
+    )  # fmt: skip
+    ack = build_reject(payload, "AR", AckErrorDetail(102), control_id="R1", now=NOW)
+    assert [b for b in ack if b < 0x20 or b == 0x7F] == [0x0D, 0x0D, 0x0D]
+    if control == b"\n":
+        return  # an LF ends the MSH segment for a lenient reader: nothing past it is echoed
+    msh, msa = ack.split(b"\r")[:2]
+    assert msh.split(b"|")[2:4] == [b"R", b"RF"] and msh.split(b"|")[11] == b"2.5.1"
+    assert msa == b"MSA|AR|C1|Data type error"

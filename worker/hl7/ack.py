@@ -183,9 +183,15 @@ MAX_ECHO_CONTROL_ID = 199
 MAX_ECHO_HD = 227
 
 
+#: C0 controls and DEL, left out of every value an acknowledgement echoes: a peer's 0x0B or
+#: 0x1C would frame our ACK wrongly (MLLP has no escaping), a CR or LF would split its segment.
+_NO_CONTROLS = {c: None for c in [*range(0x20), 0x7F]}
+
+
 def _bounded(value: str, limit: int, escape: str) -> str:
-    """``value`` cut to ``limit`` characters, never inside an escape sequence (cut before an
-    escape character left open)."""
+    """``value`` without control characters, cut to ``limit`` characters, never inside an
+    escape sequence (cut before an escape character left open)."""
+    value = value.translate(_NO_CONTROLS)
     if len(value) <= limit:
         return value
     cut = value[:limit]
