@@ -14,8 +14,9 @@ each message is answered once (the AA, or the CA of one asking for the accept le
    ingest process and of its Postgres backends; the rate ratios to one destination (targets
    0.8 at 10 and 0.5 at 200), and WAL at 200 over WAL at 1 (target under 3).
 2. **Live**: a process of N MLLP receivers that answer at once and N workers (one per
-   destination, as ``inturn local`` runs them) delivers while 20 messages a second arrive
-   (spread over the 8 connections) for ``--live-seconds``: ACK p50/p99 (target p99 under
+   destination, as ``inturn local`` runs them, their statements bounded by
+   ``INTURN_WORKER_STATEMENTS``: ``--worker-statements``) delivers while 20 messages a second
+   arrive (spread over the 8 connections) for ``--live-seconds``: ACK p50/p99 (target p99 under
    50 ms at 200), the aggregate delivery rate (deliveries a second, every destination's, from
    the first send to the last delivery) and the CPU per delivery of everything (ingest, the
    workers' process, every Postgres process; target at 200 within 1.25 of one's). Also per
@@ -55,6 +56,7 @@ import psycopg
 from delivery import cpu_seconds, fresh_database
 from figures import emit, parse_args
 
+from inturn.worker.drain.permits import PERMITS_ENV, permits_from_env
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.expect import answer_codes
 from inturn.worker.hl7.header import parse_header
@@ -346,6 +348,7 @@ async def serve(db: str, channel: str, names: Sequence[str]) -> None:
     from inturn.worker.testing import MllpReceiver
 
     stop = asyncio.Event()
+    permits = permits_from_env()  # as inturn local bounds its workers' statements
     async with contextlib.AsyncExitStack() as stack:
         tasks = []
         for name in names:
@@ -357,12 +360,14 @@ async def serve(db: str, channel: str, names: Sequence[str]) -> None:
                 retry=RetryPolicy(max_attempts=0),
                 idle_seconds=30,
             )
-            worker = DestinationWorker(cfg, db, make_sender(cfg.sender))
+            worker = DestinationWorker(cfg, db, make_sender(cfg.sender), permits=permits)
             tasks.append(asyncio.create_task(worker.run(stop)))
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         stop.set()
         await asyncio.wait(tasks, timeout=30)
+    if permits is not None:
+        print(f"permits {permits.limit} peak {permits.peak}", file=sys.stderr, flush=True)
 
 
 #: What ``--lower-delivery`` does to the delivery side's processes: ``nice`` (19),
@@ -558,9 +563,10 @@ async def one_count(
         }
         # 2. live: N workers delivering while 20 messages a second arrive
         reset(db)
+        bound = {} if args.worker_statements is None else {PERMITS_ENV: str(args.worker_statements)}
         workers = subprocess.Popen(
             [sys.executable, __file__, "--serve", channel, *names],
-            env={**os.environ, "INTURN_DSN": db},
+            env={**os.environ, "INTURN_DSN": db, **bound},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -663,6 +669,13 @@ async def main_async(args: argparse.Namespace, db: str, postmaster: int | None) 
         f"{len(msgs)} messages ({average / 1024:.1f} KiB on average), {CONNECTIONS} connections;"
         f" {os.cpu_count()} CPUs; held {args.seconds:g} s, live {args.live_seconds:g} s at"
         f" {LIVE_RATE:g} msg/s; every {FILTERED}th destination takes one message in ten"
+    )
+    bound = permits_from_env(
+        {} if args.worker_statements is None else {PERMITS_ENV: str(args.worker_statements)}
+    )
+    print(
+        "live phase's workers' process: statements at once"
+        f" {bound.limit if bound else 'unbounded'} ({PERMITS_ENV})"
     )
     print(
         f"{'dests':>5} {'held msg/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'WAL B/msg':>10}"
@@ -806,6 +819,13 @@ def main(argv: list[str] | None = None) -> None:
         choices=("process", "all"),
         default="all",
         help="what --lower-delivery lowers: the workers' process, or it and their backends",
+    )
+    parser.add_argument(
+        "--worker-statements",
+        type=int,
+        default=None,
+        help="the live phase's bound on worker statements at once (INTURN_WORKER_STATEMENTS;"
+        " 0: none; default: inturn local's, half the CPUs)",
     )
     parser.add_argument(
         "--statements",

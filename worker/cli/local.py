@@ -33,6 +33,7 @@ from inturn.worker.cli.options import (
     start_process,
 )
 from inturn.worker.drain import shutdown
+from inturn.worker.drain.permits import permits_from_env
 from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedded
 from inturn.worker.local.manifests import check_sender, load_all
 from inturn.worker.local.run import DatabaseInUse, run_local
@@ -165,7 +166,8 @@ def local_command(
             raise click.UsageError(str(exc)) from None
     try:
         from_env(os.environ, "")
-    except ValueError as exc:
+        permits_from_env()
+    except ValueError as exc:  # Invalid is one
         raise click.ClickException(str(exc)) from None
     start_process("inturn-local", log_level, log_json)
     console_auth_config = local_console_auth(console_auth) if console_at else None

@@ -41,6 +41,7 @@ from inturn.worker.crypto.errors import PayloadKeysMissing
 from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.lane_runner import LaneDrain
 from inturn.worker.drain.observer import NullObserver, Observer
+from inturn.worker.drain.permits import StatementPermits
 from inturn.worker.drain.state import WorkerHealth
 from inturn.worker.drain.steps import SessionLost, StepRunner, Stopped, sleep_or_stop
 from inturn.worker.drain.stream import SingleStream
@@ -160,6 +161,8 @@ class DestinationWorker(SingleStream):
             ``$INTURN_LISTEN_DSN``. Without one a pooled worker polls.
         poll_seconds: how often a pooled worker without ``listen_dsn`` looks for work; default
             :func:`inturn.worker.spec.config.poll_seconds` of the environment.
+        permits: the bound on statements at once shared by the workers of this process
+            (:mod:`inturn.worker.drain.permits`; ``inturn local``); None: no bound.
     """
 
     def __init__(
@@ -175,6 +178,7 @@ class DestinationWorker(SingleStream):
         payloads: PayloadCodec | None = None,
         listen_dsn: str | None = None,
         poll_seconds: float | None = None,
+        permits: StatementPermits | None = None,
     ) -> None:
         self.config = config
         self.payloads = payloads or PayloadCodec()
@@ -205,7 +209,7 @@ class DestinationWorker(SingleStream):
             lockwatch.threshold_from_env() if lock_wait_seconds is None else lock_wait_seconds
         )
         self.steps = StepRunner(
-            config.destination, dsn, self.state, self.observer, self.lock_wait_seconds
+            config.destination, dsn, self.state, self.observer, self.lock_wait_seconds, permits
         )
         self._last_send = None
         self._held_until = None

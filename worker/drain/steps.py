@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -29,6 +30,7 @@ from psycopg import AsyncConnection
 
 from inturn.worker.drain.backoff import backoff_seconds
 from inturn.worker.drain.observer import Observer
+from inturn.worker.drain.permits import StatementPermits
 from inturn.worker.drain.state import WorkerHealth
 from inturn.worker.errors import Unavailable
 from inturn.worker.store import lockwatch
@@ -73,6 +75,9 @@ class StepRunner:
         state: the worker's health, which a repeated step and a lock wait update.
         observer: told of failed steps and lock waits (metrics).
         lock_wait_seconds: the lock-wait threshold, seconds > 0.
+        permits: the process's bound on statements at once
+            (:mod:`inturn.worker.drain.permits`), shared by the workers of one process; None:
+            no bound.
     """
 
     def __init__(
@@ -82,8 +87,10 @@ class StepRunner:
         state: WorkerHealth,
         observer: Observer,
         lock_wait_seconds: float,
+        permits: StatementPermits | None = None,
     ) -> None:
         self.destination = destination
+        self.permits = permits
         self.dsn = dsn
         self.state = state
         self.observer = observer
@@ -125,8 +132,10 @@ class StepRunner:
         while True:
             self._tick()
             try:
-                async with self.watch(conn):
-                    result = await call()
+                if self.permits is None:
+                    result = await self._watched(conn, call)
+                else:  # held around the round trip only: a repeat's backoff gives it back
+                    result = await self.permits.run(partial(self._watched, conn, call))
             except (psycopg.Error, lockwatch.LockWaitError) as exc:
                 error = exc.__cause__ if isinstance(exc, lockwatch.LockWaitError) else exc
                 assert isinstance(error, BaseException)
@@ -182,6 +191,10 @@ class StepRunner:
                 )
                 self.state.trouble = None
             return result
+
+    async def _watched(self, conn: AsyncConnection[Any], call: Callable[[], Awaitable[T]]) -> T:
+        async with self.watch(conn):
+            return await call()
 
     def watch(self, conn: AsyncConnection[Any]) -> lockwatch.Watch:
         """The lock watch of one step (:func:`inturn.worker.store.lockwatch.watch`)."""

@@ -31,6 +31,7 @@ from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.health import lanes_text
 from inturn.worker.drain.metrics import PrometheusObserver
+from inturn.worker.drain.permits import PERMITS_ENV, StatementPermits, permits_from_env
 from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.errors import Conflict
 from inturn.worker.ingest.config import IngestConfig
@@ -113,6 +114,8 @@ class LocalRunner:
         skip: folders the search of ``paths`` leaves out (the data directory).
         removal_grace: seconds a destination's manifest must stay gone before the destination
             is removed (:data:`REMOVAL_GRACE_SECONDS`; 0: at the first look without it).
+        permits: the bound on statements at once that every worker of the process shares
+            (:mod:`inturn.worker.drain.permits`); None: no bound.
     """
 
     def __init__(
@@ -125,8 +128,10 @@ class LocalRunner:
         payloads: PayloadCodec | None = None,
         skip: Sequence[Path] = (),
         removal_grace: float = REMOVAL_GRACE_SECONDS,
+        permits: StatementPermits | None = None,
     ) -> None:
         self.dsn = dsn
+        self.permits = permits
         self.removal_grace = removal_grace
         #: destination -> monotonic time its manifest was first found gone (kept till the grace)
         self._missing: dict[str, float] = {}
@@ -256,7 +261,13 @@ class LocalRunner:
             return
         stop = asyncio.Event()
         worker = DestinationWorker(
-            cfg, self.dsn, sender, self.observer, self.publishers, payloads=self.payloads
+            cfg,
+            self.dsn,
+            sender,
+            self.observer,
+            self.publishers,
+            payloads=self.payloads,
+            permits=self.permits,
         )
         task = asyncio.create_task(worker.run(stop), name=f"worker {cfg.destination}")
         task.add_done_callback(partial(_ended, cfg.destination))
@@ -435,6 +446,13 @@ async def run_local(
             ingest_config.key_dsn,
             application_name="inturn-local-keys",
         )
+        permits = permits_from_env()
+        if permits is not None:
+            log.info(
+                "worker statements at once: at most %d (%s; 0: no bound)",
+                permits.limit,
+                PERMITS_ENV,
+            )
         runner = LocalRunner(
             dsn,
             paths,
@@ -444,6 +462,7 @@ async def run_local(
             payloads,
             skip,
             removal_grace=removal_grace_seconds(),
+            permits=permits,
         )
         await runner.start(launch=False)  # registered: ingest routes to them from its start
         ingest = Ingest(ingest_config, dsn=dsn, lanes=runner.lanes)
