@@ -286,3 +286,25 @@ async def test_a_manifest_gone_for_a_moment_keeps_its_destination_routed(
         assert await active(fresh_db) == ["default/a"]
     finally:
         await runner.stop()
+
+
+async def test_a_worker_whose_step_keeps_failing_makes_inturn_local_not_ready(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """A new user's trial: /readyz said ready while the delivered mark failed on a full disk.
+    The runner's readiness names each worker whose step is being repeated on a live session."""
+    write(tmp_path, "a")
+    write(tmp_path, "b")
+    runner = LocalRunner(fresh_db, [tmp_path])
+    await runner.start()
+    try:
+        assert runner.not_ready() is None
+        state = runner.running["default/b"].worker.state
+        state.trouble = "the delivered mark of id=812 failed: disk full (SQLSTATE 53100)"
+        assert runner.not_ready() == (
+            "default/b: the delivered mark of id=812 failed: disk full (SQLSTATE 53100)"
+        )
+        state.trouble = None
+        assert runner.not_ready() is None
+    finally:
+        await runner.stop()

@@ -10,10 +10,13 @@ goes on and the restore is only said."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import shutil
 import subprocess
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -106,12 +109,12 @@ def pg_restore(dsn: str, path: Path) -> None:
     )
 
 
-async def local_look(dsn: str, path: Path) -> Any:
+async def local_look(dsn: str, path: Path, *, keyed: bool = False) -> Any:
     """One look of ``inturn local``'s restore witness (its file at ``path``) at ``dsn``."""
     from inturn.worker.local import witness
 
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        return await witness.look(conn, path)
+        return await witness.look(conn, path, keyed=keyed)
 
 
 @pytest.fixture
@@ -630,3 +633,77 @@ async def test_inturn_local_names_the_channel_log_messages_a_restore_lost(
     [listed] = json.loads(done.stdout)
     assert (listed["destination"], listed["suspendedBy"]) == (KEY, "inturn-local")
     assert listed["pending"] == 4  # the kept ones, waiting again behind the hold
+
+
+async def test_inturn_local_with_dsn_keeps_a_witness_per_database(
+    empty_db: str, pg_server_dsn: str, tmp_path: Path
+) -> None:
+    """A new user's trial: a dump of the database --dsn named, restored into a database of
+    its own after its messages were delivered, was sent again unnoticed. The witness of such
+    databases is kept per identity (migration 0055): the restored copy is noticed and held, a
+    database made anew is not taken for a restore, and a full disk does not move the clock."""
+    from inturn.worker.local import witness
+    from tests.support.db import database
+    from tests.support.pipeline import register
+
+    migrate(empty_db)
+    register(empty_db, KEY, "adt")
+    path = tmp_path / ".inturn" / witness.KEYED_FILE_NAME
+    waiting = rows(empty_db, 5, "pending", "WAIT")
+    assert await local_look(empty_db, path, keyed=True) is None
+    backup = tmp_path / "queue.dump"
+    pg_dump(empty_db, backup)
+    deliver(empty_db, waiting)
+    assert await local_look(empty_db, path, keyed=True) is None
+    with (
+        database(pg_server_dsn, "inturn_anew") as anew,
+        database(pg_server_dsn, "inturn_copy") as copy,
+    ):
+        migrate(anew)
+        register(anew, KEY, "adt")
+        assert await local_look(anew, path, keyed=True) is None  # its own identity
+        subprocess.run(
+            [pg_tool("pg_restore"), "--no-owner", "--no-privileges", "--exit-on-error",
+             "--single-transaction", "-d", copy, str(backup)],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        noticed = await local_look(copy, path, keyed=True)
+        assert noticed is not None and noticed.held == (KEY,)
+        [line] = noticed.lines
+        assert "went back in time" in line and "5 message(s) delivered before" in line
+        assert len(json.loads(path.read_text())["databases"]) == 2  # one per identity
+        # a full disk under the file: the look fails whole, the clock stays where it was
+        with psycopg.connect(anew) as conn:
+            before = conn.execute("SELECT tick FROM inturn_clock").fetchone()
+        with small_folder(tmp_path / "full") as full:
+            shutil.copy(path, full / witness.KEYED_FILE_NAME)
+            fill(full / "filler")
+            with pytest.raises(OSError, match="No space left"):
+                await local_look(anew, full / witness.KEYED_FILE_NAME, keyed=True)
+            assert sorted(p.name for p in full.iterdir()) == ["filler", witness.KEYED_FILE_NAME]
+        with psycopg.connect(anew) as conn:
+            assert conn.execute("SELECT tick FROM inturn_clock").fetchone() == before
+
+
+@contextlib.contextmanager
+def small_folder(where: Path) -> Iterator[Path]:
+    """A folder on a 64 KiB tmpfs of its own (root only)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a tmpfs needs root")
+    where.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "inturn-witness", str(where)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False, capture_output=True, timeout=60)
+
+
+def fill(path: Path) -> None:
+    """Write ``path`` until its file system is full."""
+    with contextlib.suppress(OSError), path.open("wb") as out:
+        while True:
+            out.write(b"x" * 1024)
+            out.flush()

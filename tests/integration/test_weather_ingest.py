@@ -81,6 +81,9 @@ async def test_ae_after_a_store_timeout_means_nothing_was_kept(
         assert await http_post(ingest, minimal("LOCKED-2")) == 503
         # the answers came after the rollbacks: no storing statement is left to commit
         assert ingest_statements_running(fresh_db) == 0
+        # named (not fatal) while it holds: /readyz lists the process's conditions
+        assert ingest.acceptor is not None and ingest.acceptor.storing.active
+        assert ingest.acceptor.storing.tries == 2
     finally:
         await holder.rollback()
         await holder.close()
@@ -88,6 +91,7 @@ async def test_ae_after_a_store_timeout_means_nothing_was_kept(
     # the sender sends again after AE: stored once, delivered once
     ack = await mllp_exchange(ingest, minimal("LOCKED-1"))
     assert ack is not None and ack.code == "AA"
+    assert not ingest.acceptor.storing.active
     assert len(rows(fresh_db)) == 1
     async with MllpReceiver() as rx, worker(worker_config(DEST, rx.port), fresh_db):
         await rx.wait_for(1)

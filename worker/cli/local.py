@@ -37,7 +37,7 @@ from inturn.worker.drain.permits import permits_from_env
 from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedded
 from inturn.worker.local.manifests import check_sender, load_all
 from inturn.worker.local.run import DatabaseInUse, run_local
-from inturn.worker.local.witness import FILE_NAME
+from inturn.worker.local.witness import FILE_NAME, KEYED_FILE_NAME
 from inturn.worker.spec.destination import ManifestError
 from inturn.worker.store.dsn import DsnError, normalize_dsn
 from inturn.worker.store.migrate import migrate
@@ -236,9 +236,10 @@ def local_command(
                     abandon,
                     sweep_every=sweep_every or None,
                     skip=[data_dir],
-                    # the witness of its own embedded database only: a database --dsn names
-                    # is another's to watch (the operator's, or that database's own backups)
-                    witness=data_dir / FILE_NAME if embedded is not None else None,
+                    # the embedded database's own file; a database --dsn names has its
+                    # witness kept by its identity (migration 0055) in a file of all of them
+                    witness=data_dir / (FILE_NAME if embedded is not None else KEYED_FILE_NAME),
+                    witness_keyed=embedded is None,
                 )
             finally:
                 if served is not None:

@@ -123,6 +123,7 @@ from inturn.worker.operations import packs
 from inturn.worker.senders.registry import refusal
 from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store.model import StoreResult
+from inturn.worker.text.conditions import Condition
 from inturn.worker.worklist.hooks import Recorder
 
 log = logging.getLogger("inturn.ingest")
@@ -184,6 +185,9 @@ class Acceptor:
         if max_batch_messages < 1:
             raise ValueError("max_batch_messages must be at least 1")
         self.max_batch_messages = max_batch_messages
+        #: storing failing now (a full disk, the database away): named by ``/readyz``, logged
+        #: when it begins and when it ends (each message's AE says it too)
+        self.storing = Condition(log, "storing messages")
         self.max_indexed_identifiers = max_indexed_identifiers
         self.pool = pool
         self.router = router
@@ -237,10 +241,19 @@ class Acceptor:
             return self._done(channel, header, unknown(str(exc)))
         except Exception as exc:  # any other failure to store: AE, nothing kept
             tracing.stored(destinations, began, False)
-            return self._done(channel, header, storage_failed(header, exc))
+            return self._done(channel, header, self._store_failed(header, exc))
+        self.storing.succeeded()
         tracing.stored(destinations, began, True)
         metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
         return self._stored(channel, prepared, result)
+
+    def _store_failed(self, header: Header, exc: BaseException) -> Reply:
+        """The answer to a store that failed; one the sender can retry (AE) starts or keeps
+        :attr:`storing` failing."""
+        reply = storage_failed(header, exc)
+        if reply.code in ("AE", "CE"):
+            self.storing.failed(reply.reason or type(exc).__name__)
+        return reply
 
     async def _prepare(self, channel: str, payload: bytes) -> Reply | Prepared:
         """Everything before storing: parse, bound, route, refuse; a refusal is the
@@ -451,9 +464,11 @@ class Acceptor:
             return self._done_batch(channel, batch, unknown(str(exc)))
         except Exception as exc:  # nothing of the batch was kept
             failed = [
-                storage_failed(p.header, exc) if isinstance(p, Prepared) else p for p in prepared
+                self._store_failed(p.header, exc) if isinstance(p, Prepared) else p
+                for p in prepared
             ]
             return self._done_batch(channel, batch, answer_batch(batch, failed))
+        self.storing.succeeded()
         metrics.STORE_SECONDS.labels(channel).observe(time.perf_counter() - started)
         stored = iter(results)
         replies = [

@@ -95,11 +95,14 @@ class Ingest:
         dsn: str | None = None,
         pools: Pools | None = None,
         lanes: Callable[[], str] | None = None,
+        also_ready: Callable[[], str | None] | None = None,
     ) -> None:
         if (dsn is None) == (pools is None):
             raise ValueError("pass exactly one of dsn and pools")
         self.config = config
         self._lanes = lanes  #: the body of ``/lanes`` on --ops (inturn local's workers)
+        #: what else must be ready for ``/readyz`` (inturn local: its workers' failing steps)
+        self._also_ready = also_ready
         self._dsn = dsn
         self._pools = pools
         self._own_pools = pools is None
@@ -185,8 +188,10 @@ class Ingest:
             return f"destination registry unreadable for {age:.0f} s"
         store = self.payloads.store if self.payloads is not None else None
         if isinstance(store, PgKeyStore):
-            return store.health()  # new patients' messages are refused (AE) meanwhile
-        return None
+            down = store.health()  # new patients' messages are refused (AE) meanwhile
+            if down is not None:
+                return down
+        return self._also_ready() if self._also_ready is not None else None
 
     async def start(self) -> None:
         """Open the pools, load the routing table, then bind every listener and the HTTP server.

@@ -242,6 +242,18 @@ class LocalRunner:
                 del self._missing[dest]
         return out
 
+    def not_ready(self) -> str | None:
+        """Why ``inturn local`` is not ready beyond ingest: each worker whose step keeps
+        failing on a live session (the delivered mark on a full disk) or that has stopped, as
+        ``destination: why`` joined by ``; ``; None when there is none (a receiver that is down
+        is the worker's own business, not readiness)."""
+        lines = [
+            f"{dest}: {why}"
+            for dest, running in sorted(self.running.items())
+            if (why := running.worker.state.trouble or running.worker.state.failure)
+        ]
+        return "; ".join(lines) or None
+
     def _removal_due(self) -> bool:
         if self._invalid:  # all or nothing: the removal waits for valid manifests
             return False
@@ -417,12 +429,14 @@ async def run_local(
     sweep_every: float | None = SWEEP_EVERY_SECONDS,
     skip: Sequence[Path] = (),
     witness: Path | None = None,
+    witness_keyed: bool = False,
 ) -> None:
     """Run ingest, the workers and (every ``sweep_every`` seconds; None: never) the sweeper
     until ``stop`` is set, then shut them down in order (``abandon``, set while stopping,
     cancels the attempts still in flight). ``skip``: folders the manifest search leaves out
     (the data directory). ``witness``: the restore witness file (:mod:`.witness`; None: none
-    kept): looked at before the workers start and once every ``INTURN_RESTORE_TICK_SECONDS``.
+    kept): looked at before the workers start and once every ``INTURN_RESTORE_TICK_SECONDS``;
+    ``witness_keyed``: it keeps one witness per database (a database ``--dsn`` names).
 
     The run holds the database's ``inturn local`` lease from start to end: a second
     ``inturn local`` on the same database would retire this one's destinations (they are not
@@ -465,7 +479,7 @@ async def run_local(
             permits=permits,
         )
         await runner.start(launch=False)  # registered: ingest routes to them from its start
-        ingest = Ingest(ingest_config, dsn=dsn, lanes=runner.lanes)
+        ingest = Ingest(ingest_config, dsn=dsn, lanes=runner.lanes, also_ready=runner.not_ready)
         sweeper = None
         if sweep_every is not None:
             sweeper = asyncio.create_task(
@@ -474,14 +488,14 @@ async def run_local(
             log.info("the sweeper runs every %gs (--sweep-every)", sweep_every)
         try:
             await ingest.start()  # every listener bound (or AddressInUse) before any worker
-            next_look = await _look_for_restore(owner, witness, 0.0)
+            next_look = await _look_for_restore(owner, witness, 0.0, witness_keyed)
             runner.launch()
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), POLL_SECONDS)
                 if not stop.is_set():
                     owner, held = await _keep_local(dsn, owner, holder, held, stop)
-                    next_look = await _look_for_restore(owner, witness, next_look)
+                    next_look = await _look_for_restore(owner, witness, next_look, witness_keyed)
                     try:
                         await runner.poll()
                     except (*DATABASE_AWAY, psycopg.Error) as exc:  # _keep_local says why
@@ -504,17 +518,27 @@ async def run_local(
             await owner.close()
 
 
-async def _look_for_restore(conn: AsyncConnection[Any], path: Path | None, due: float) -> float:
+async def _look_for_restore(
+    conn: AsyncConnection[Any], path: Path | None, due: float, keyed: bool = False
+) -> float:
     """Look at the restore witness when ``due`` (a monotonic time) has come; the next due
-    time. A failed look is logged and tried again at the next poll."""
+    time. A failed look (the database, or the file's folder: a full disk) is logged and
+    tried again at the next poll; ``keyed``: the file keeps one witness per database
+    (:func:`inturn.worker.local.witness.look`)."""
     now = time.monotonic()
     if path is None or now < due or conn.closed or conn.broken:
         return due
     try:
-        await witness_file.look(conn, path)
+        await witness_file.look(conn, path, keyed=keyed)
     except psycopg.Error as exc:
         log.warning("restore witness: the database failed (%s); looked at again", exc)
         return due
+    except OSError as exc:  # its own folder: a full disk must not end inturn local
+        WITNESS_CONDITION.failed(
+            f"{path}: {exc.strerror or exc}", "free space there; the clock waits for it"
+        )
+        return due
+    WITNESS_CONDITION.succeeded()
     return now + restore_tick_seconds()
 
 
@@ -539,6 +563,8 @@ def restore_tick_seconds() -> float:
 #: The renewal of the ``inturn local`` lease, refused for a while: one line when it begins,
 #: one when it ends (:class:`inturn.worker.text.conditions.Condition`).
 LEASE_CONDITION = Condition(log, "renewing the inturn local lease")
+#: Recording the restore witness in the data folder, refused by the file system (a full disk).
+WITNESS_CONDITION = Condition(log, "recording the restore witness")
 
 #: What a lost or unreachable database raises here (the embedded Postgres restarting, a
 #: failover): the run waits for it rather than ending.

@@ -4,15 +4,18 @@ Without an operator, ``inturn local`` keeps the witness itself, in a file of its
 (``<data dir>/restore-witness.json``), outside the queue database: it moves the database's
 clock on (``inturn_clock``) at its start and once a tick, and records the tick with how far
 each destination's delivery had gone. A database holding an older tick than the file was
-restored (a dump restored into its embedded server; with ``--dsn`` no witness is kept): every
+restored (a dump restored into its embedded server, or into a database ``--dsn`` names: that
+file keeps one witness per database identity, migration 0055): every
 destination is then held (audited as ``inturn-local``) until a person decides
 (``inturn queue mark-delivered``, ``inturn queue resume``), with one WARNING line each (which
 also names the channel log's messages the restore lost, from the file's ``channelThrough`` and
 ``channelTime``), and the restore's finding is kept in the database for ``mark-delivered`` as
 the operator keeps it.
 
-Limits: a data folder restored together with the database (its file too) cannot tell; the file
-is the witness of one database (the one this data folder's runs used).
+Limits: a data folder restored together with the database (its file too) cannot tell; the
+embedded database's file is the witness of that one database; a database ``--dsn`` names
+restored from a dump made before migration 0055 has no identity to match and is not noticed
+that once.
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ log = logging.getLogger("inturn.local")
 #: Who the hold after a restore names (registry and audit).
 HOLDER = "inturn-local"
 
-#: The witness file's name in the data folder.
+#: The witness file's name in the data folder (the embedded database's).
 FILE_NAME = "restore-witness.json"
+#: The file of the databases ``--dsn`` named, one witness per database identity (migration
+#: 0055: a restore keeps it, a database made anew has its own).
+KEYED_FILE_NAME = "restore-witnesses.json"
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,23 @@ class Noticed:
 
 def _read(path: Path) -> dict[str, Any] | None:
     """The recorded witness, or None (no file yet, or one that is not ours: said once)."""
+    node = _read_any(path)
+    if node is None or not isinstance(node.get("tick"), int):
+        return None
+    return node
+
+
+def _read_keyed(path: Path, key: str) -> dict[str, Any] | None:
+    """The witness recorded for database ``key`` in a keyed file, or None."""
+    node = _read_any(path)
+    databases = node.get("databases") if node is not None else None
+    found = databases.get(key) if isinstance(databases, dict) else None
+    if not isinstance(found, dict) or not isinstance(found.get("tick"), int):
+        return None
+    return found
+
+
+def _read_any(path: Path) -> dict[str, Any] | None:
     try:
         node = json.loads(path.read_text())
     except FileNotFoundError:
@@ -55,14 +78,13 @@ def _read(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:
         log.warning("restore witness %s unreadable (%s): recorded anew", path, exc)
         return None
-    if not isinstance(node, dict) or not isinstance(node.get("tick"), int):
-        return None
-    return node
+    return node if isinstance(node, dict) else None
 
 
-def _write(path: Path, tick: int, seen: dict[str, restore.Seen]) -> None:
-    """Record ``tick`` and each destination's delivery bounds (written whole, then renamed)."""
-    node = {
+def _write(path: Path, tick: int, seen: dict[str, restore.Seen], key: str | None = None) -> None:
+    """Record ``tick`` and each destination's delivery bounds (written whole, then renamed);
+    with ``key``, as database ``key``'s entry of a keyed file, the others kept."""
+    node: dict[str, Any] = {
         "tick": tick,
         "destinations": {
             name: {
@@ -76,14 +98,28 @@ def _write(path: Path, tick: int, seen: dict[str, restore.Seen]) -> None:
             for name, s in seen.items()
         },
     }
+    if key is not None:
+        whole = _read_any(path) or {}
+        databases = whole.get("databases")
+        databases = dict(databases) if isinstance(databases, dict) else {}
+        databases[key] = node
+        node = {"databases": databases}
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(node, indent=1))
-    os.replace(partial, path)
+    try:
+        partial.write_text(json.dumps(node, indent=1))
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)  # no empty leftover beside the last good file
+        raise
 
 
-async def look(conn: AsyncConnection[Any], path: Path) -> Noticed | None:
+async def look(conn: AsyncConnection[Any], path: Path, *, keyed: bool = False) -> Noticed | None:
     """Move the database's clock on and compare it with the witness file at ``path``.
+
+    ``keyed``: the file keeps one witness per database identity
+    (:func:`inturn.worker.store.restore.database_id`): for a database ``--dsn`` names, which
+    may be any of several, while the embedded one's file is its alone.
 
     Returns:
         What was noticed when the database holds an older tick than the file (every live
@@ -93,15 +129,17 @@ async def look(conn: AsyncConnection[Any], path: Path) -> Noticed | None:
 
     Raises:
         psycopg.Error: the database failed (the caller looks again at its next tick).
+        OSError: the file could not be written (a full disk); the clock was not moved.
     """
     async with conn.transaction():  # the tick is seen with the holds, never before them
-        noticed = await _look(conn, path)
+        noticed = await _look(conn, path, keyed)
     return noticed
 
 
-async def _look(conn: AsyncConnection[Any], path: Path) -> Noticed | None:
+async def _look(conn: AsyncConnection[Any], path: Path, keyed: bool) -> Noticed | None:
     before, now = await restore.tick(conn)
-    recorded = _read(path)
+    key = await restore.database_id(conn) if keyed else None
+    recorded = _read(path) if key is None else _read_keyed(path, key)
     seen = await restore.witness(conn)
     noticed = None
     for destination in sorted(seen):
@@ -150,7 +188,7 @@ async def _look(conn: AsyncConnection[Any], path: Path) -> Noticed | None:
             log.warning("%s", line)
             lines.append(line)
         noticed = Noticed(tuple(held), tuple(lines))
-    _write(path, now, seen)
+    _write(path, now, seen, key)
     return noticed
 
 

@@ -91,6 +91,13 @@ async def clock(conn: AsyncConnection[Any]) -> int:
     return int(row["tick"]) if row else 0
 
 
+async def database_id(conn: AsyncConnection[Any]) -> str | None:
+    """The database's identity (migration 0055), a UUID as text: the same in a database
+    restored from its backups, new in one made anew; None before its clock exists."""
+    row = await fetch_one(conn, Q["database_id"], row=dict_row)
+    return str(row["database_id"]) if row else None
+
+
 async def witness(conn: AsyncConnection[Any]) -> dict[str, Seen]:
     """Per live destination, its last delivered row and its last row (hot table or history)."""
     return {

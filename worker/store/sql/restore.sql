@@ -11,6 +11,10 @@ RETURNING tick - 1 AS before, tick AS now;
 -- name: clock
 SELECT tick FROM inturn_clock WHERE one;
 
+-- name: database_id
+-- The database's identity (migration 0055): carried by its backups, new in a database made anew.
+SELECT database_id::text AS database_id FROM inturn_clock WHERE one;
+
 -- name: witness
 -- Per live destination: how far its delivery had gone, its last row (hot table or history)
 -- and its channel log's last message (any route). delivered_through: its last delivered row's id, but below its first waiting row
