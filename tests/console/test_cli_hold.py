@@ -69,3 +69,23 @@ def test_listing_a_destination_nobody_knows_is_an_error(fresh_db: str) -> None:
     assert typo.output == (
         "Error: no destination ward/lba (names are namespace/name; see `inturn queue depth`)\n"
     )
+
+
+def test_a_listing_of_every_destination_says_what_is_not_taken_yet(fresh_db: str) -> None:
+    """A new user's trial: during an outage `queue list -s pending` said "1 of 1" while the
+    depth said 400 (the rest waited in the channel log, listed only per destination)."""
+    import psycopg
+
+    from tests.support import channel_log
+
+    asyncio.run(register(fresh_db, "ward/lab"))
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        channel_log.append(conn, ["ward/lab"], 3, "W", channel="adt")
+    result = CliRunner().invoke(cli, ["queue", "list", "-s", "pending", "--dsn", fresh_db])
+    assert result.exit_code == 0
+    assert result.stderr == (
+        "note: 3 pending message(s) not yet taken by their destination's worker are listed"
+        " only with --destination (or --control-id); `inturn queue depth` counts them\n"
+    )
+    one = CliRunner().invoke(cli, ["queue", "list", "-d", "ward/lab", "--dsn", fresh_db])
+    assert one.stdout.splitlines()[-1] == "3 of 3" and one.stderr == ""

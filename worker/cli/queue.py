@@ -213,6 +213,16 @@ def list_command(
 
         found = act(dsn, search)
         items, total, unindexed = found.items, found.total, found.unindexed
+    listing_all = patient_id is None and destination is None and control_id is None
+    if listing_all and state in (None, "pending"):
+        unlisted = run_read(dsn, lambda conn: _untaken(conn, channel))
+        if unlisted:
+            click.echo(
+                f"note: {unlisted} pending message(s) not yet taken by their destination's"
+                " worker are listed only with --destination (or --control-id); `inturn queue"
+                " depth` counts them",
+                err=True,
+            )
     if unindexed:
         click.echo(
             f"warning: {unindexed} item(s) are not indexed yet and were not searched; run"
@@ -238,6 +248,16 @@ def list_command(
         )
     )
     click.echo(f"{len(items)} of {total}")
+
+
+async def _untaken(conn: AsyncConnection[Any], channel: str | None) -> int:
+    """Pending messages of the channel log no destination's worker has taken yet (counted by
+    the depth, listed by a listing only per destination or MSH-10)."""
+    waiting = sum(
+        r.pending for r in await reads.depth(conn, holds=False) if channel in (None, r.channel)
+    )
+    _, taken = await reads.list_items(conn, channel=channel, state="pending", limit=0)
+    return max(waiting - taken, 0)
 
 
 @queue_group.command("show")
