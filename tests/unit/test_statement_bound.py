@@ -55,6 +55,30 @@ async def test_a_statement_that_runs_too_long_gives_its_permit_back() -> None:
     assert permits.running == 0
 
 
+async def test_a_statement_that_waited_too_long_for_a_permit_runs_without_one() -> None:
+    """The bound never delays a statement by more than wait_at_most, however long the one
+    holding the only permit runs (release_after set past it here)."""
+    permits = StatementPermits(1, release_after=60, wait_at_most=0.05)
+    stuck = asyncio.Event()
+
+    async def waits() -> None:
+        await stuck.wait()
+
+    async def quick() -> str:
+        return "ran"
+
+    async with asyncio.timeout(10):
+        first = asyncio.create_task(permits.run(waits))
+        await asyncio.sleep(0)
+        assert await permits.run(quick) == "ran"
+        assert permits.unbounded == 1 and permits.running == 1
+        stuck.set()
+        await first
+    assert permits.running == 0
+    assert await permits.run(quick) == "ran"  # the permit came back
+    assert permits.unbounded == 1
+
+
 async def test_an_error_gives_the_permit_back() -> None:
     permits = StatementPermits(1)
 

@@ -12,7 +12,10 @@ A permit is held only around a statement's round trip, never while a receiver an
 backoff or a throttle waits, or a worker waits for a notification: a slow or silent receiver
 never makes another destination wait. A statement still running after
 :data:`RELEASE_AFTER_SECONDS` (one waiting on a lock a person holds) gives its permit back and
-runs on unbounded, so no statement can keep the others waiting for long.
+runs on unbounded, so no statement can keep the others waiting for long; and a statement that
+waited :data:`WAIT_AT_MOST_SECONDS` for a permit runs without one, so the bound never delays a
+statement by more than that (a worker's lease, renewed by its statements, cannot run out in
+the queue for permits).
 
 The setting is ``INTURN_WORKER_STATEMENTS`` (:func:`permits_from_env`): unset, ``inturn
 local`` takes :func:`default_limit` (half the CPUs it may run on, at least one); ``0`` removes
@@ -37,6 +40,8 @@ from inturn.worker.errors import Invalid
 PERMITS_ENV = "INTURN_WORKER_STATEMENTS"
 #: A statement running longer than this gives its permit back (seconds).
 RELEASE_AFTER_SECONDS = 1.0
+#: A statement that waited this long for a permit runs without one (seconds).
+WAIT_AT_MOST_SECONDS = 5.0
 
 T = TypeVar("T")
 
@@ -80,13 +85,22 @@ class StatementPermits:
     Args:
         limit: permits, at least 1.
         release_after: seconds after which a statement still running gives its permit back.
+        wait_at_most: seconds a statement waits for a permit before it runs without one.
     """
 
-    def __init__(self, limit: int, release_after: float = RELEASE_AFTER_SECONDS) -> None:
+    def __init__(
+        self,
+        limit: int,
+        release_after: float = RELEASE_AFTER_SECONDS,
+        wait_at_most: float = WAIT_AT_MOST_SECONDS,
+    ) -> None:
         if limit < 1:
             raise Invalid("statement permits: at least 1")
         self.limit = limit
         self.release_after = release_after
+        self.wait_at_most = wait_at_most
+        #: Statements that ran without a permit after waiting :attr:`wait_at_most`.
+        self.unbounded = 0
         self._free = asyncio.Semaphore(limit)
         #: Statements running under a permit now (for tests and the log).
         self.running = 0
@@ -94,9 +108,15 @@ class StatementPermits:
         self.peak = 0
 
     async def run(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Await ``call()`` holding a permit (waiting for one first), given back when it ends
-        or after :attr:`release_after`, whichever comes first."""
-        await self._free.acquire()
+        """Await ``call()`` holding a permit (waiting for one first, at most
+        :attr:`wait_at_most`: then without one), given back when it ends or after
+        :attr:`release_after`, whichever comes first."""
+        try:
+            async with asyncio.timeout(self.wait_at_most):
+                await self._free.acquire()  # a cancelled acquire gives back what it got
+        except TimeoutError:
+            self.unbounded += 1
+            return await call()
         held = True
         self.running += 1
         self.peak = max(self.peak, self.running)
