@@ -308,3 +308,22 @@ async def test_a_worker_whose_step_keeps_failing_makes_inturn_local_not_ready(
         assert runner.not_ready() is None
     finally:
         await runner.stop()
+
+
+def test_every_problem_of_the_manifests_is_named_at_once(tmp_path: Path) -> None:
+    """A new user's trial: with a copy of r04 and a bad r05, only the copy's line was logged,
+    naming the original file. Every file is read and every problem named, both files of a
+    destination declared twice among them."""
+    write(tmp_path, "r04")
+    shutil.copy(tmp_path / "r04.yaml", tmp_path / "r04-copy.yaml")
+    bad = write(tmp_path, "r05")
+    bad.write_text(bad.read_text().replace("port: 9", "port: nine"))
+    with pytest.raises(click.ClickException) as raised:
+        load_all([tmp_path], None)
+    lines = raised.value.format_message().splitlines()
+    assert len(lines) == 2
+    assert lines[0] == (
+        f"{tmp_path / 'r04.yaml'}: destination default/r04 is declared twice (also in"
+        f" {tmp_path / 'r04-copy.yaml'})"
+    )
+    assert lines[1] == f"{bad}#1: spec.sender.mllp.port: must be an integer"

@@ -14,7 +14,7 @@ import click
 
 from inturn.worker.senders import registry as senders
 from inturn.worker.spec.config import WorkerConfig
-from inturn.worker.spec.destination import load_file
+from inturn.worker.spec.destination import ManifestError, load_file
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -76,23 +76,51 @@ def load_all(
     """Load every Destination found under ``paths`` (:func:`manifest_files`, leaving out the
     folders in ``skip``), keyed by ``namespace/name``.
 
+    Every file is read, so that one error names every problem (a line each).
+
     Raises:
         ManifestError: a file is invalid (the message names the file and the field).
-        click.ClickException: two files declare the same destination, or none is found.
+        click.ClickException: two files declare the same destination, or none is found; or
+            several problems (one line each).
     """
     configs: dict[str, WorkerConfig] = {}
+    declared: dict[str, Path] = {}
     served: dict[str, str] = {}
+    problems: list[click.ClickException | ManifestError] = []
     files = manifest_files(paths, skip)
     for f in files:
-        for cfg in load_file(f, secrets_dir=secrets_dir):
+        try:
+            loaded = load_file(f, secrets_dir=secrets_dir)
+        except (ManifestError, click.ClickException) as exc:
+            problems.append(exc)
+            continue
+        for cfg in loaded:
             if cfg.destination in configs:
-                raise click.ClickException(f"{f}: destination {cfg.destination} is declared twice")
-            for carrier in cfg.carriers:
-                if carrier in served:
-                    raise click.ClickException(
-                        f"{f}: {cfg.destination}: spec.carriers: {carrier} is already served"
-                        f" by {served[carrier]}"
+                problems.append(
+                    click.ClickException(
+                        f"{f}: destination {cfg.destination} is declared twice (also in"
+                        f" {declared[cfg.destination]})"
                     )
-                served[carrier] = cfg.destination
+                )
+                continue
+            taken = [c for c in cfg.carriers if c in served]
+            if taken:
+                problems.append(
+                    click.ClickException(
+                        f"{f}: {cfg.destination}: spec.carriers: {taken[0]} is already served"
+                        f" by {served[taken[0]]}"
+                    )
+                )
+                continue
+            served.update(dict.fromkeys(cfg.carriers, cfg.destination))
+            declared[cfg.destination] = f
             configs[cfg.destination] = cfg
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise click.ClickException("\n".join(_text(p) for p in problems))
     return configs
+
+
+def _text(problem: click.ClickException | ManifestError) -> str:
+    return problem.format_message() if isinstance(problem, click.ClickException) else str(problem)
