@@ -33,7 +33,7 @@ async def test_suspend_resume_and_payload_viewing_are_audited(fresh_db: str) -> 
     depth = run(fresh_db, "queue", "depth").stdout.decode().splitlines()
     cells = depth[1].split()
     assert cells[:4] == ["ward/lab", "adt", "1", "0"]
-    assert cells[5:] == ["0", "resumed", "(suspended", "by", "jo)"]
+    assert cells[5:] == ["0", "queue", "resume", "(suspended", "by", "jo)"]
     [row] = json.loads(run(fresh_db, "queue", "depth", "--json").stdout)
     assert row["suspendedBy"] == "jo" and row["suspendedAt"] is not None
     out = run(fresh_db, "queue", "resume", "ward/lab", "--who", "jo")

@@ -112,7 +112,7 @@ async def test_depth_lists_a_held_empty_destination_and_an_orphaned_queue(
     ]
     assert own is not None and [(r.pending, r.held_at is not None) for r in own] == [(0, True)]
     text = format_depth(rows)
-    assert "resumed (suspended by inturn-local)" in text.splitlines()[1]
+    assert "queue resume (suspended by inturn-local)" in text.splitlines()[1]
     assert "never: orphaned (not registered)" in text.splitlines()[2]
     listed = json.loads(pipeline.cli(fresh_db, "queue", "depth", "--json").stdout)
     assert [(d["destination"], d["pending"], d["suspendedBy"], d["orphaned"]) for d in listed] == [

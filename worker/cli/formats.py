@@ -28,9 +28,9 @@ def echo_json(data: Any) -> None:
 def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
     """The depth table: one line per destination with anything pending or failed, and one per
     destination on hold even when nothing is pending; HELD-UNTIL says when a destination
-    outside its delivery window (``spec.schedule``) sends again, ``resumed (suspended by WHO)``
-    for a suspended one (nothing goes until ``queue resume``), or ``never: orphaned (not
-    registered)`` for rows of a destination no longer registered."""
+    outside its delivery window (``spec.schedule``) sends again, ``queue resume (suspended by
+    WHO)`` for a suspended one (nothing goes until ``inturn queue resume``), or ``never:
+    orphaned (not registered)`` for rows of a destination no longer registered."""
     if not rows:
         return "nothing pending or failed, nothing held"
     now = at or datetime.now(UTC)
@@ -39,7 +39,7 @@ def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
         if not r.registered:
             return "never: orphaned (not registered)"
         if r.held_at is not None:
-            return f"resumed (suspended by {r.held_by or 'someone'})"
+            return f"queue resume (suspended by {r.held_by or 'someone'})"
         until = r.held_until(now)
         return "-" if until is None else until.strftime("%Y-%m-%d %H:%M UTC")
 
