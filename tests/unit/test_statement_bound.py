@@ -39,7 +39,8 @@ async def test_a_statement_that_runs_too_long_gives_its_permit_back() -> None:
     order: list[str] = []
 
     async def waits() -> None:
-        await stuck.wait()
+        async with asyncio.timeout(10):  # every wait bounded (tests/unit/test_isolation.py)
+            await stuck.wait()
         order.append("stuck")
 
     async def quick() -> None:
@@ -62,7 +63,8 @@ async def test_a_statement_that_waited_too_long_for_a_permit_runs_without_one() 
     stuck = asyncio.Event()
 
     async def waits() -> None:
-        await stuck.wait()
+        async with asyncio.timeout(10):  # every wait bounded (tests/unit/test_isolation.py)
+            await stuck.wait()
 
     async def quick() -> str:
         return "ran"
