@@ -552,8 +552,9 @@ async def status(conn: AsyncConnection[Any], count_up_to: int | None = None) -> 
         conn: a connection that may read the catalog; with ``count_up_to``, one that may also
             read the hot table, the history and the log (the console, the CLI).
         count_up_to: count each table's rows exactly, reading no more than this many; a table
-            with fewer rows gets its exact count (``*_exact``), a larger one keeps the estimate.
-            None (/metrics): the catalog only.
+            with fewer rows gets its exact count (``*_exact``), a larger one keeps the estimate;
+            the history and the log are exact whatever their size where every day held was
+            counted as it was written (migration 0052). None (/metrics): the catalog only.
     """
     row = await fetch_one(conn, Q["status"], row=dict_row)
     assert row is not None
@@ -568,7 +569,7 @@ async def status(conn: AsyncConnection[Any], count_up_to: int | None = None) -> 
     exact = {}
     for part in ("hot", "history", "log"):
         n = int(counted[f"{part}_rows"])
-        if n < count_up_to:
+        if n < count_up_to or (part != "hot" and counted["counters"]):
             exact[f"{part}_rows"] = n
             exact[f"{part}_exact"] = True
     return Status(**{**row, **exact})

@@ -111,9 +111,30 @@ SELECT (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c
 -- stands. For people's reads (inturn queue depth, the console), never for /metrics: the
 -- estimate is 0 until ANALYZE first runs, and a small table may never reach autovacuum's
 -- threshold.
+-- Where every day held is counted as it is written (migration 0052: inturn_epoch_rows), the
+-- history's and the log's counts are those sums, exact whatever their size ("counters").
+WITH held AS (
+    SELECT e.n, e.counted FROM inturn_epoch e
+     WHERE e.dropped_at IS NULL AND e.opened_at IS NOT NULL
+),
+counters AS (
+    SELECT coalesce(bool_and(held.counted), true) AS exact FROM held
+),
+sums AS (
+    SELECT r.part, sum(r.rows)::bigint AS n
+      FROM inturn_epoch_rows r JOIN held ON held.n = r.epoch
+     GROUP BY r.part
+)
 SELECT (SELECT count(*) FROM (SELECT 1 FROM inturn_delivery LIMIT %(cap)s) AS s) AS hot_rows,
-       (SELECT count(*) FROM (SELECT 1 FROM inturn_history LIMIT %(cap)s) AS s) AS history_rows,
-       (SELECT count(*) FROM (SELECT 1 FROM inturn_message LIMIT %(cap)s) AS s) AS log_rows;
+       CASE WHEN (SELECT exact FROM counters)
+            THEN coalesce((SELECT n FROM sums WHERE part = 'history'), 0)
+            ELSE (SELECT count(*) FROM (SELECT 1 FROM inturn_history LIMIT %(cap)s) AS s)
+       END AS history_rows,
+       CASE WHEN (SELECT exact FROM counters)
+            THEN coalesce((SELECT n FROM sums WHERE part = 'log'), 0)
+            ELSE (SELECT count(*) FROM (SELECT 1 FROM inturn_message LIMIT %(cap)s) AS s)
+       END AS log_rows,
+       (SELECT exact FROM counters) AS counters;
 
 -- name: erase_detached
 -- An erasure by patient in the days detached and not dropped yet (migration 0035).
