@@ -21,13 +21,18 @@ text; every caller gets its own copy of the objects).
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import jsonschema
 import yaml
+from kubernetes_validate import utils as kv_utils
+from referencing import Registry, Resource
 
 from inturn.worker.spec.documents import read_document
 
@@ -161,3 +166,30 @@ def pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
     if obj["kind"] == "CronJob":
         return [spec["jobTemplate"]["spec"]["template"]["spec"]]
     return []
+
+
+def validate(obj: dict[str, Any], desired_version: str) -> None:
+    """``kubernetes_validate.validate(obj, desired_version, strict=True)``, with each validator
+    built once per Kubernetes version and kind: the library reads and parses the version's
+    ``_definitions.json`` again for every object (14 ms an object, 14 of the chart tests' 18 s).
+    The same schema files, draft and registry; jsonschema's ValidationError if not valid."""
+    _validator(_schema_version(desired_version), obj["kind"], obj["apiVersion"]).validate(obj)
+
+
+@functools.cache
+def _schema_version(desired_version: str) -> str:
+    """The newest schema version not newer than the one asked for (as the library picks it)."""
+    if kv_utils.major_minor(desired_version) > kv_utils.latest_version():
+        raise ValueError(f"kubernetes-validate does not know Kubernetes {desired_version}")
+    desired = kv_utils.major_minor(desired_version)
+    return [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) <= desired][-1]
+
+
+@functools.cache
+def _validator(version: str, kind: str, api_version: str) -> jsonschema.Draft202012Validator:
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
+    api = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    schema = kv_utils.schema_contents(f"{folder}/{kind.lower()}-{api}.json", version)
+    definitions = kv_utils.schema_contents(f"{folder}/_definitions.json", version)
+    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.Draft202012Validator(schema, registry=registry)

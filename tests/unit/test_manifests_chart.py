@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import helm_python as helm
-import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate import utils as kv_utils
@@ -26,6 +25,7 @@ from tests.support.helm_chart import (
     pod_specs,
     render,
     render_templates,
+    validate,
     values_files,
 )
 
@@ -65,7 +65,7 @@ def test_rendered_objects_are_valid(name: str) -> None:
     assert objs
     for version in _cluster_versions():
         for obj in objs:
-            kubernetes_validate.validate(obj, version, strict=True)
+            validate(obj, version)
 
 
 def test_the_placeholder_image_is_refused() -> None:
