@@ -22,9 +22,10 @@ local`` takes :func:`default_limit` (half the CPUs it may run on, at least one);
 the bound. A worker pod (``inturn worker``) hosts one destination and takes no bound.
 
 Why half the CPUs: measured on two cores with 200 destinations behind a 20 msg/s feed
-(``bench/fanout.py``, docs/explanation/performance.md), one statement at a time left the
-front door a core (ACK p99 35 ms, 494 deliveries a second), four at a time did not (58 and
-75 ms, 590 to 730 a second), nor no bound (65 to 267 ms).
+(``bench/fanout.py``, docs/explanation/performance.md), one and two statements at a time left
+the front door its share of the cores (the senders waited 1.4 and 3.1 ms a message for a CPU,
+against 5.4 to 9.5 ms at eight, four or none; ACK p99 35 and 31 ms), at the cost of delivery
+(494 and 640 a second against about 1,000); half the CPUs is the bound the full run measured.
 """
 
 from __future__ import annotations
