@@ -18,6 +18,7 @@ from psycopg.conninfo import make_conninfo
 from inturn.worker.cli import cli
 from inturn.worker.store import roles
 from tests.support import pgbouncer
+from tests.support.channel_log import reset_epochs
 
 
 def openssl(*args: str) -> None:
@@ -86,3 +87,12 @@ def role_dsns(dsn: str, pg_server_dsn: str) -> Iterator[dict[str, str]]:
         with psycopg.connect(pg_server_dsn, autocommit=True) as conn:
             for role in names.values():
                 conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+@pytest.fixture
+def epochs_as_migrated(fresh_db: str) -> Iterator[None]:
+    """The history's epochs as a fresh migration leaves them, before and after the test
+    (``pytest.mark.usefixtures("epochs_as_migrated")`` in the history's test files)."""
+    reset_epochs(fresh_db)
+    yield
+    reset_epochs(fresh_db)

@@ -18,21 +18,14 @@ from psycopg import AsyncConnection
 from inturn.worker.store import delivery, history
 from inturn.worker.store import lease as leases
 from inturn.worker.store.queries import load
-from tests.support.channel_log import append, reset_epochs
+from tests.support.channel_log import append
 
-pytestmark = pytest.mark.store
+pytestmark = [pytest.mark.store, pytest.mark.usefixtures("epochs_as_migrated")]
 
 A = "ward/heads"
 CHANNEL = "adt"
 DAYS = 12
 Q = load("queue.sql")
-
-
-@pytest.fixture(autouse=True)
-def epochs_as_migrated(fresh_db: str) -> Iterator[None]:
-    reset_epochs(fresh_db)
-    yield
-    reset_epochs(fresh_db)
 
 
 def plan_nodes(plan: Any) -> Iterator[dict[str, Any]]:

@@ -8,7 +8,7 @@ The maintenance runs as the purge role, through its functions."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,10 +21,10 @@ from inturn.worker.hl7.pid import index_keys
 from inturn.worker.ingest import history_metrics
 from inturn.worker.store import delivery, history, worklist
 from inturn.worker.store import lease as leases
-from tests.support.channel_log import append, reset_epochs
+from tests.support.channel_log import append
 from tests.support.pipeline import INTURN
 
-pytestmark = pytest.mark.store
+pytestmark = [pytest.mark.store, pytest.mark.usefixtures("epochs_as_migrated")]
 
 A = "ward/a"
 B = "ward/b"
@@ -32,13 +32,6 @@ CHANNEL = "adt"
 WIDTH = 1 << 40
 PID_42 = b"MSH|^~\\&|A|B|C|D|2026||ADT^A01|X|P|2.5\rPID|1||MRN-42^^^HOSP^MR||DOE\r"
 PID_7 = b"MSH|^~\\&|A|B|C|D|2026||ADT^A01|Y|P|2.5\rPID|1||MRN-7^^^HOSP^MR||ROE\r"
-
-
-@pytest.fixture(autouse=True)
-def epochs_as_migrated(fresh_db: str) -> Iterator[None]:
-    reset_epochs(fresh_db)
-    yield
-    reset_epochs(fresh_db)
 
 
 async def pulled(conn: AsyncConnection[Any], destination: str) -> None:

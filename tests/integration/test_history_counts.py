@@ -7,7 +7,6 @@ in the hot table. A day that held rows before the counters existed is counted at
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -18,27 +17,16 @@ from inturn.worker.hl7.pid import index_keys
 from inturn.worker.store import delivery, history, worklist
 from inturn.worker.store import lease as leases
 from inturn.worker.store.migrate import migrate
-from tests.support.channel_log import append, reset_epochs
+from tests.support.channel_log import append, never_stop
 from tests.support.db import migrate_below
 from tests.support.pipeline import INTURN
 
-pytestmark = pytest.mark.store
+pytestmark = [pytest.mark.store, pytest.mark.usefixtures("epochs_as_migrated")]
 
 A = "ward/a"
 L = "lab/l"
 PID_42 = b"MSH|^~\\&|A|B|C|D|2026||ADT^A01|X|P|2.5\rPID|1||MRN-42^^^HOSP^MR||DOE\r"
 SETTINGS = history.Settings(retention_seconds=3600, epoch_seconds=60, hot_seconds=60)
-
-
-@pytest.fixture(autouse=True)
-def epochs_as_migrated(fresh_db: str) -> Iterator[None]:
-    reset_epochs(fresh_db)
-    yield
-    reset_epochs(fresh_db)
-
-
-async def never_stop() -> bool:
-    return True
 
 
 def rows(dsn: str, query: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -7,7 +7,6 @@ command line (inturn queue list --control-id, inturn queue show) finds them the 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,10 @@ from inturn.worker.store import actions, history, identifiers, queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys
-from tests.support.channel_log import reset_epochs
+from tests.support.channel_log import never_stop
 from tests.support.pipeline import cli, register, worker, worker_config
 
-pytestmark = pytest.mark.store
+pytestmark = [pytest.mark.store, pytest.mark.usefixtures("epochs_as_migrated")]
 
 DEST = "ward/days"
 CHANNEL = "adt"
@@ -37,17 +36,6 @@ def adt(control_id: str, mrn: str, n: int) -> bytes:
         f"MSH|^~\\&|ADT|HOSP|LAB|HOSP|20261205120000||ADT^A08|{control_id}|P|2.5\r"
         f"PID|1||{mrn}^^^HOSP^MR||DAYS^DORA\rNTE|1||note {n}\r"
     ).encode()
-
-
-@pytest.fixture(autouse=True)
-def epochs_as_migrated(fresh_db: str) -> Iterator[None]:
-    reset_epochs(fresh_db)
-    yield
-    reset_epochs(fresh_db)
-
-
-async def never_stop() -> bool:
-    return True
 
 
 async def queued(dsn: str, payloads: list[bytes], codec: PayloadCodec | None) -> list[int]:

@@ -20,6 +20,7 @@ from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import pgcluster
+from tests.support.channel_log import never_stop
 from tests.support.db import database
 from tests.support.pipeline import register, until, worker, worker_config
 
@@ -74,10 +75,6 @@ def adt(n: int) -> bytes:
         f"MSH|^~\\&|ADT|HOSP|EHR|HOSP|20261205080000||ADT^A08|COST{n:05d}|P|2.5\r"
         f"PID|1||C{n % 7}^^^HOSP^MR||COST^CARL\r"
     ).encode()
-
-
-async def never_stop() -> bool:
-    return True
 
 
 async def fill_history(dsn: str) -> int:

@@ -6,7 +6,7 @@ sealed, found by patient and opened for a person."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -20,10 +20,10 @@ from inturn.worker.store import history, identifiers, queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys
-from tests.support.channel_log import reset_epochs
+from tests.support.channel_log import never_stop
 from tests.support.pipeline import register, worker, worker_config
 
-pytestmark = pytest.mark.store
+pytestmark = [pytest.mark.store, pytest.mark.usefixtures("epochs_as_migrated")]
 
 DEST = "ward/moved"
 CHANNEL = "adt"
@@ -65,17 +65,6 @@ def reorders(sent: Sequence[bytes], received: Sequence[bytes]) -> list[tuple[str
         for b in arrived[i + 1 :]
         if conflict(keys_of[a], keys_of[b]) and last[a] > first[b]
     ]
-
-
-@pytest.fixture(autouse=True)
-def epochs_as_migrated(fresh_db: str) -> Iterator[None]:
-    reset_epochs(fresh_db)
-    yield
-    reset_epochs(fresh_db)
-
-
-async def never_stop() -> bool:
-    return True
 
 
 async def states(dsn: str) -> tuple[int, int]:

@@ -5,7 +5,7 @@ delivered; the same for a slim row whose payload is its log row's."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psycopg
@@ -20,10 +20,10 @@ from inturn.worker.store import lease as leases
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys
-from tests.support.channel_log import append, reset_epochs
+from tests.support.channel_log import append
 from tests.support.pipeline import register, worker, worker_config
 
-pytestmark = pytest.mark.store
+pytestmark = [pytest.mark.store, pytest.mark.usefixtures("epochs_as_migrated")]
 
 DEST = "ward/a"
 CHANNEL = "adt"
@@ -39,13 +39,6 @@ def adt(n: int, mrn: str) -> bytes:
 def item(payload: bytes) -> NewItem:
     header = parse_header(payload)
     return NewItem(DEST, CHANNEL, header.control_id, header.message_type.raw, payload)
-
-
-@pytest.fixture(autouse=True)
-def epochs_as_migrated(fresh_db: str) -> Iterator[None]:
-    reset_epochs(fresh_db)
-    yield
-    reset_epochs(fresh_db)
 
 
 def never_stop() -> Callable[[], Awaitable[bool]]:

@@ -69,3 +69,8 @@ def reset_epochs(dsn: str) -> None:
             " UPDATE inturn_epoch SET counted = true WHERE n = 1;"
             " DELETE FROM inturn_epoch_rows; END IF; END $$"
         )
+
+
+async def never_stop() -> bool:
+    """A maintenance step's ``go_on`` that never asks it to stop."""
+    return True
