@@ -4,10 +4,12 @@ The rest of the build is declared in pyproject.toml."""
 
 from setuptools import find_namespace_packages, setup
 
+FOLDERS = ["worker", "worker.*", "operator", "operator.*"]
+
 setup(
     packages=[
         f"inturn.{name}"
-        for name in find_namespace_packages(include=["worker", "worker.*", "operator", "operator.*"])
+        for name in find_namespace_packages(include=FOLDERS)
         if "__pycache__" not in name
     ]
 )
