@@ -472,6 +472,7 @@ async def test_a_busy_port_names_its_flag_and_no_worker_starts(
                 str(INTURN), "local", "-f", str(path), "--dsn", fresh_db, *args,
                 env={k: v for k, v in os.environ.items() if k != "INTURN_DSN"},
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                cwd=path.parent,
             )  # fmt: skip
             out, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 2 and out == b"", err.decode()

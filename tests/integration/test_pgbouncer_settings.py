@@ -156,7 +156,10 @@ async def test_every_process_leaves_the_pooled_server_connections_stock(
         # stock: what a direct session of the same database sees
         async with await AsyncConnection.connect(empty_db, autocommit=True) as direct:
             stock = await _settings(direct)
-            cur = await direct.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+            cur = await direct.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+                " WHERE l.locktype = 'advisory' AND d.datname = current_database()"
+            )  # this database's: other tests' databases may share the server
             assert await cur.fetchone() == (0,)  # no session lock left on any server connection
         assert stock["default_transaction_read_only"][0] == "off"
         assert stock["statement_timeout"][0] == "0"

@@ -158,8 +158,10 @@ def assert_clean(log: str) -> None:
 
 
 class LocalProcess:
-    """``inturn local ARGS`` (run in ``cwd``) with its log in a file; started by :meth:`start`,
-    stopped with Ctrl-C by :meth:`interrupt` (or killed by :meth:`kill`)."""
+    """``inturn local ARGS`` (run in ``cwd``, by default the log's folder: the test's own,
+    where its data folder ``.inturn`` goes, restore witness included) with its log in a file;
+    started by :meth:`start`, stopped with Ctrl-C by :meth:`interrupt` (or killed by
+    :meth:`kill`)."""
 
     def __init__(
         self,
@@ -169,7 +171,7 @@ class LocalProcess:
         cwd: Path | None = None,
     ) -> None:
         self.args = args
-        self.cwd = cwd
+        self.cwd = cwd if cwd is not None else log_path.parent
         self.env = {
             k: v for k, v in os.environ.items() if k != "INTURN_DSN" and not k.startswith("OTEL_")
         }
