@@ -8,7 +8,9 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -30,7 +32,7 @@ from inturn.worker.senders.registry import make_sender
 from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.store import identifiers, migrate, queue, sealing
 from inturn.worker.store.ingest import store_batch
-from inturn.worker.store.model import Message, NewItem
+from inturn.worker.store.model import Message, NewItem, StoreResult
 from inturn.worker.testing import MllpReceiver
 from tests.support import keys, pipeline
 from tests.support.db import database
@@ -359,17 +361,21 @@ async def test_a_sealed_store_on_its_own_transaction_stores_all_or_nothing(
     ]
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         await conn.execute("SET lock_timeout = '200ms'")
+
+        def store() -> Coroutine[Any, Any, list[StoreResult]]:
+            return store_batch(
+                conn,
+                channel="adt",
+                destinations=[DEST],
+                messages=messages,
+                window_seconds=60,
+                payloads=codec,
+            )
+
         with psycopg.connect(fresh_db) as holder:  # the channel's lock, held by another batch
             holder.execute("SELECT inturn_enqueue_lock('channel:adt')")
             with pytest.raises(psycopg.errors.LockNotAvailable):
-                await store_batch(
-                    conn,
-                    channel="adt",
-                    destinations=[DEST],
-                    messages=messages,
-                    window_seconds=60,
-                    payloads=codec,
-                )
+                await store()
             assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
             holder.rollback()
         with psycopg.connect(fresh_db) as check:
@@ -378,14 +384,7 @@ async def test_a_sealed_store_on_its_own_transaction_stores_all_or_nothing(
                 " (SELECT count(*) FROM inturn_received)"
             ).fetchone()
         assert kept == (0, 0)
-        results = await store_batch(
-            conn,
-            channel="adt",
-            destinations=[DEST],
-            messages=messages,
-            window_seconds=60,
-            payloads=codec,
-        )
+        results = await store()
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     ids = [i for r in results for i in r.ids]
     with psycopg.connect(fresh_db) as conn:
