@@ -86,6 +86,7 @@ def test_a_maintenance_job_waits_out_a_refusal(
         if fault == "lock-timeout":
             _setting(cluster, "lock_timeout", "300ms")
         blocker = psycopg.connect(dsn)
+        blocker.execute("SET lock_timeout = '20s'")  # the fault's lock is not held to 300 ms
         blocker.execute("LOCK TABLE inturn_lease IN ACCESS EXCLUSIVE MODE")
     try:
         began = time.monotonic()
