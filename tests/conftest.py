@@ -91,6 +91,9 @@ def pg_server_dsn() -> Iterator[str]:
         return
     import pgserver
 
+    from inturn.worker.local.embedded import ensure_server_user
+
+    ensure_server_user()  # xdist workers on a machine that never ran pgserver as root
     data = tempfile.mkdtemp(prefix="inturn-pg-")
     server = pgserver.get_server(data, cleanup_mode="delete")
     try:

@@ -12,6 +12,9 @@ import fcntl
 import json
 import logging
 import os
+import pwd
+import subprocess
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,6 +263,48 @@ def _runs(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+#: The system user pgserver runs the server as when started by root (pgserver's own choice).
+SERVER_USER = "pgserver"
+
+
+def ensure_server_user(lock_dir: Path | None = None, user: str = SERVER_USER) -> None:
+    """Make sure the system user the embedded server runs as exists, one process at a time.
+
+    Run as root, pgserver starts Postgres as the system user ``pgserver`` and creates it with
+    ``useradd`` when it is missing; two processes starting a server at once on a machine that
+    never had it (the test suite's xdist workers, two ``inturn local`` runs) both ran
+    ``useradd``, and one data folder was handed to a uid that no longer existed by the time
+    ``initdb`` ran (``could not access directory``). Here the check and the creation happen
+    under an exclusive ``flock`` on ``<lock_dir>/inturn-pgserver-user.lock`` (the system's
+    temporary folder by default), so the user is made once and every later process finds it.
+    Nothing happens when not root. ``user`` names another user (the tests race on one of their
+    own).
+
+    Raises:
+        RuntimeError: ``useradd`` failed (its first line of error).
+    """
+    if os.geteuid() != 0:
+        return
+    folder = lock_dir if lock_dir is not None else Path(tempfile.gettempdir())
+    with open(folder / "inturn-pgserver-user.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            pwd.getpwnam(user)
+            return
+        except KeyError:
+            pass
+        made = subprocess.run(
+            ["useradd", "-s", "/bin/bash", user],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if made.returncode != 0:
+            reason = (made.stderr.strip().splitlines() or ["no message"])[0]
+            raise RuntimeError(f"could not create the system user {user}: {reason}")
+
+
 def start_embedded(data_dir: Path) -> EmbeddedPostgres:
     """Start (or re-attach to) the embedded Postgres whose data lives in ``data_dir``/pg.
 
@@ -279,6 +324,7 @@ def start_embedded(data_dir: Path) -> EmbeddedPostgres:
 
     pgdata = (data_dir / "pg").resolve()
     pgdata.mkdir(parents=True, exist_ok=True)
+    ensure_server_user()
     dead = forget_dead_handles(pgdata)
     if dead:
         log.warning(
