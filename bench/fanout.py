@@ -9,7 +9,9 @@ Samples whose MSH-15/16 ask for two answers (a CA, then an AA) or none are left 
 each message is answered once (the AA, or the CA of one asking for the accept level only).
 
 1. **Held**: the receivers hold their ACKs, so no worker sends or pulls anything (each waits
-   on its first head): what is measured is ingest's own cost. Printed per count: the ingest
+   on its first head): what is measured is ingest's own cost, in ``--held-rounds`` rounds (3),
+   the counts taking turns within each round; each figure is its median over the rounds, and
+   a rate ratio the median of the rounds' own ratios. Printed per count: the ingest
    rate, ACK p50/p99, WAL and table bytes written per message, and CPU per message of the
    ingest process and of its Postgres backends; the rate ratios to one destination (targets
    0.8 at 10 and 0.5 at 200), and WAL at 200 over WAL at 1 (target under 3).
@@ -31,7 +33,8 @@ Runs on a Postgres server of its own (initdb in a temporary folder, ``max_connec
 for 200 workers, so that WAL and CPU are this benchmark's alone) unless ``--dsn`` is given;
 ``--tiny`` (the test suite's) uses ``$INTURN_DSN`` and 1 and 10 destinations.
 
-    python bench/fanout.py [--seconds 5] [--live-seconds 10] [--destinations 1,10,50,200]
+    python bench/fanout.py [--seconds 5] [--held-rounds 3] [--live-seconds 10]
+                           [--destinations 1,10,50,200]
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import corpus
@@ -524,13 +528,19 @@ def delivered(db: str) -> int:
 # --- the run ----------------------------------------------------------------------------------
 
 
-async def one_count(
-    args: argparse.Namespace,
-    db: str,
-    postmaster: int | None,
-    count: int,
-    msgs: list[tuple[bytes, bytes]],
-) -> dict[str, float]:
+@dataclass
+class Front:
+    """One count's ``inturn ingest`` process, listening on its own channel and port."""
+
+    count: int
+    channel: str
+    names: list[str]
+    port: int
+    process: subprocess.Popen[bytes]
+
+
+@contextlib.asynccontextmanager
+async def front_door(db: str, count: int) -> AsyncIterator[Front]:
     channel = f"fan{count}"
     names = register(db, channel, count)
     port, http_port = free_port(), free_port()
@@ -541,119 +551,133 @@ async def one_count(
         "--listen", f"{channel}={HOST}:{port}",
     ]  # fmt: skip
     process = subprocess.Popen(command, env={**os.environ, "INTURN_DSN": db})
-    out: dict[str, float] = {}
     try:
         await wait_ready(http_port, process)
-        # 1. held: ingest alone
-        reset(db)
-        ours = backends(db)
-        cpu0 = cpu_seconds(process.pid)
-        back0 = sum(cpu_seconds(p) for p in ours)
-        wal0, bytes0 = wal_lsn(db), table_bytes(db)
-        held = await drive(port, args.seconds, msgs)
-        answered = max(held["answered"], 1)
-        out |= {
-            "held_rate": held["rate"],
-            "held_p50": held["p50"],
-            "held_p99": held["p99"],
-            "ingest_cpu_us": (cpu_seconds(process.pid) - cpu0) / answered * 1e6,
-            "backend_cpu_us": (sum(cpu_seconds(p) for p in ours) - back0) / answered * 1e6,
-            "wal_bytes": (wal_lsn(db) - wal0) / answered,
-            "table_bytes": (table_bytes(db) - bytes0) / answered,
-        }
-        # 2. live: N workers delivering while 20 messages a second arrive
-        reset(db)
-        bound = {} if args.worker_statements is None else {PERMITS_ENV: str(args.worker_statements)}
-        workers = subprocess.Popen(
-            [sys.executable, __file__, "--serve", channel, *names],
-            env={**os.environ, "INTURN_DSN": db, **bound},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        try:
-            assert workers.stdout is not None
-            line = await asyncio.get_running_loop().run_in_executor(None, workers.stdout.readline)
-            if line.strip() != b"ready":
-                raise SystemExit("the workers' process did not start")
-            if args.lower_delivery != "none":
-                # experiment: the delivery side below ingest in the scheduler's eyes, as
-                # separate pods' CPU requests would place it (every worker connected first)
-                for _ in range(100):
-                    if len(worker_backends(db)) >= count:
-                        break
-                    await asyncio.sleep(0.1)
-                ranked = [workers.pid]
-                if args.lower_scope == "all":
-                    ranked += worker_backends(db)
-                lower(ranked, args.lower_delivery)
-            statements = args.statements and reset_statements(db)
-            server0 = counters(db)
-            workers0 = cpu_seconds(workers.pid)
-            before = cpu_seconds(process.pid) + cpu_seconds(workers.pid) + server_cpu(postmaster)
-            started = time.perf_counter()
-            stop = asyncio.Event()
-            sampler = asyncio.create_task(sample_live(db, ours, stop))
-            waited0 = [run_delay([process.pid]), run_delay(ours), run_delay([os.getpid()])]
-            live = await drive(port, args.live_seconds, msgs, rate=LIVE_RATE)
-            waited = [
-                (run_delay(p) - w0) / max(live["answered"], 1) * 1000
-                for p, w0 in zip([[process.pid], ours, [os.getpid()]], waited0, strict=True)
-            ]
-            stop.set()
-            sampled = await sampler
-            filtered = sum(1 for n in range(count) if n % FILTERED == FILTERED - 1)
-            expected = live["answered"] * (count - filtered) + live["tenth"] * filtered
-            deadline = time.perf_counter() + args.drain_timeout
-            done = delivered(db)
-            while done < expected and time.perf_counter() < deadline:
-                await asyncio.sleep(0.2)
-                done = delivered(db)
-            elapsed = time.perf_counter() - started
-            server1 = counters(db)
-            per_delivery = {
-                f"{k}_per_delivery": (server1[k] - server0[k]) / max(done, 1) for k in COUNTERS
-            }
-            if statements:
-                print(f"      statements of the live phase at {count}, {done} deliveries:")
-                for line in top_statements(db, done):
-                    print(f"        {line}")
-            used = (
-                cpu_seconds(process.pid)
-                + cpu_seconds(workers.pid)
-                + server_cpu(postmaster)
-                - before
-            )
-            out |= (
-                {
-                    "runq_wait_ingest_ms": waited[0],
-                    "runq_wait_backends_ms": waited[1],
-                    "runq_wait_senders_ms": waited[2],
-                    "workers_process_us": (cpu_seconds(workers.pid) - workers0)
-                    / max(done, 1)
-                    * 1e6,
-                    "live_p50": live["p50"],
-                    "live_p99": live["p99"],
-                    "deliveries": done,
-                    "expected": expected,
-                    "delivery_rate": done / elapsed,
-                    "cpu_per_delivery_us": used / max(done, 1) * 1e6
-                    if postmaster
-                    else float("nan"),
-                }
-                | sampled
-                | per_delivery
-            )
-        finally:
-            if workers.stdin is not None:
-                workers.stdin.close()
-            try:
-                workers.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                workers.kill()
+        yield Front(count, channel, names, port, process)
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+async def held_phase(
+    args: argparse.Namespace, db: str, front: Front, msgs: list[tuple[bytes, bytes]]
+) -> dict[str, float]:
+    """The receivers hold their ACKs (no worker exists): ingest's own rate, ACK latency, bytes
+    and CPU per message."""
+    reset(db)
+    ours = backends(db)  # every count's ingest backends; the idle ones spend nothing
+    cpu0 = cpu_seconds(front.process.pid)
+    back0 = sum(cpu_seconds(p) for p in ours)
+    wal0, bytes0 = wal_lsn(db), table_bytes(db)
+    held = await drive(front.port, args.seconds, msgs)
+    answered = max(held["answered"], 1)
+    return {
+        "held_rate": held["rate"],
+        "held_p50": held["p50"],
+        "held_p99": held["p99"],
+        "ingest_cpu_us": (cpu_seconds(front.process.pid) - cpu0) / answered * 1e6,
+        "backend_cpu_us": (sum(cpu_seconds(p) for p in ours) - back0) / answered * 1e6,
+        "wal_bytes": (wal_lsn(db) - wal0) / answered,
+        "table_bytes": (table_bytes(db) - bytes0) / answered,
+    }
+
+
+async def live_phase(
+    args: argparse.Namespace,
+    db: str,
+    postmaster: int | None,
+    front: Front,
+    msgs: list[tuple[bytes, bytes]],
+) -> dict[str, float]:
+    """N workers delivering while 20 messages a second arrive."""
+    count, process, names, channel = front.count, front.process, front.names, front.channel
+    reset(db)
+    ours = backends(db)
+    out: dict[str, float] = {}
+    bound = {} if args.worker_statements is None else {PERMITS_ENV: str(args.worker_statements)}
+    workers = subprocess.Popen(
+        [sys.executable, __file__, "--serve", channel, *names],
+        env={**os.environ, "INTURN_DSN": db, **bound},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert workers.stdout is not None
+        line = await asyncio.get_running_loop().run_in_executor(None, workers.stdout.readline)
+        if line.strip() != b"ready":
+            raise SystemExit("the workers' process did not start")
+        if args.lower_delivery != "none":
+            # experiment: the delivery side below ingest in the scheduler's eyes, as
+            # separate pods' CPU requests would place it (every worker connected first)
+            for _ in range(100):
+                if len(worker_backends(db)) >= count:
+                    break
+                await asyncio.sleep(0.1)
+            ranked = [workers.pid]
+            if args.lower_scope == "all":
+                ranked += worker_backends(db)
+            lower(ranked, args.lower_delivery)
+        statements = args.statements and reset_statements(db)
+        server0 = counters(db)
+        workers0 = cpu_seconds(workers.pid)
+        before = cpu_seconds(process.pid) + cpu_seconds(workers.pid) + server_cpu(postmaster)
+        started = time.perf_counter()
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(sample_live(db, ours, stop))
+        waited0 = [run_delay([process.pid]), run_delay(ours), run_delay([os.getpid()])]
+        live = await drive(front.port, args.live_seconds, msgs, rate=LIVE_RATE)
+        waited = [
+            (run_delay(p) - w0) / max(live["answered"], 1) * 1000
+            for p, w0 in zip([[process.pid], ours, [os.getpid()]], waited0, strict=True)
+        ]
+        stop.set()
+        sampled = await sampler
+        filtered = sum(1 for n in range(count) if n % FILTERED == FILTERED - 1)
+        expected = live["answered"] * (count - filtered) + live["tenth"] * filtered
+        deadline = time.perf_counter() + args.drain_timeout
+        done = delivered(db)
+        while done < expected and time.perf_counter() < deadline:
+            await asyncio.sleep(0.2)
+            done = delivered(db)
+        elapsed = time.perf_counter() - started
+        server1 = counters(db)
+        per_delivery = {
+            f"{k}_per_delivery": (server1[k] - server0[k]) / max(done, 1) for k in COUNTERS
+        }
+        if statements:
+            print(f"      statements of the live phase at {count}, {done} deliveries:")
+            for line in top_statements(db, done):
+                print(f"        {line}")
+        used = cpu_seconds(process.pid) + cpu_seconds(workers.pid) + server_cpu(postmaster) - before
+        out |= (
+            {
+                "runq_wait_ingest_ms": waited[0],
+                "runq_wait_backends_ms": waited[1],
+                "runq_wait_senders_ms": waited[2],
+                "workers_process_us": (cpu_seconds(workers.pid) - workers0) / max(done, 1) * 1e6,
+                "live_p50": live["p50"],
+                "live_p99": live["p99"],
+                "deliveries": done,
+                "expected": expected,
+                "delivery_rate": done / elapsed,
+                "cpu_per_delivery_us": used / max(done, 1) * 1e6 if postmaster else float("nan"),
+            }
+            | sampled
+            | per_delivery
+        )
+    finally:
+        if workers.stdin is not None:
+            workers.stdin.close()
+        try:
+            workers.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            workers.kill()
     return out
+
+
+def held_median(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each held figure's median over the rounds."""
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
 def nice(value: float | None, digits: int = 2) -> float | None:
@@ -683,8 +707,31 @@ async def main_async(args: argparse.Namespace, db: str, postmaster: int | None) 
         f" {'p99 ms':>7} {'deliv/s':>8} {'us/deliv':>8}"
     )
     results: dict[int, dict[str, float]] = {}
+    rounds: dict[int, list[dict[str, float]]] = {count: [] for count in args.destinations}
+    async with contextlib.AsyncExitStack() as stack:
+        fronts = {
+            count: await stack.enter_async_context(front_door(db, count))
+            for count in args.destinations
+        }
+        # The held phase in rounds, the counts in turn within each (1, 10, 50, 200, 1, 10,
+        # ...): on a shared machine a rate measured for five seconds moves with the load, so
+        # a ratio is taken within each round, where the counts ran a few seconds apart, and
+        # the median of the rounds' ratios is the figure.
+        for n in range(args.held_rounds):
+            for count in args.destinations:
+                rounds[count].append(await held_phase(args, db, fronts[count], msgs))
+            print(
+                f"  held round {n + 1}: "
+                + ", ".join(f"{c} {rounds[c][-1]['held_rate']:.0f}" for c in args.destinations)
+                + " msg/s",
+                flush=True,
+            )
+        for count in args.destinations:
+            results[count] = held_median(rounds[count]) | await live_phase(
+                args, db, postmaster, fronts[count], msgs
+            )
     for count in args.destinations:
-        r = results[count] = await one_count(args, db, postmaster, count, msgs)
+        r = results[count]
         short = (
             ""
             if r["deliveries"] >= r["expected"]
@@ -724,6 +771,11 @@ async def main_async(args: argparse.Namespace, db: str, postmaster: int | None) 
     def ratio(key: str, n: int) -> float | None:
         if n not in results or not results[first][key]:
             return None
+        if key == "held_rate":  # the median of the rounds' own ratios
+            return statistics.median(
+                mine[key] / base[key] if base[key] else float("nan")
+                for mine, base in zip(rounds[n], rounds[first], strict=True)
+            )
         return results[n][key] / results[first][key]
 
     figures = {
@@ -805,6 +857,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dsn", default=None, help="a Postgres server (default: one of its own)")
     parser.add_argument("--seconds", type=float, default=5.0, help="held seconds per count")
+    parser.add_argument(
+        "--held-rounds",
+        type=int,
+        default=3,
+        help="held phases per count, the counts taking turns (the ratio: the rounds' median)",
+    )
     parser.add_argument("--live-seconds", type=float, default=10.0, help="live seconds per count")
     parser.add_argument("--drain-timeout", type=float, default=120.0, help="live drain bound, s")
     parser.add_argument(
@@ -841,7 +899,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(
         parser,
         argv,
-        {"seconds": 1.0, "live_seconds": 1.0, "drain_timeout": 30.0, "destinations": [1, 10]},
+        {
+            "seconds": 1.0,
+            "held_rounds": 1,
+            "live_seconds": 1.0,
+            "drain_timeout": 30.0,
+            "destinations": [1, 10],
+        },
     )
     if args.tiny and args.dsn is None:
         args.dsn = os.environ.get("INTURN_DSN")
