@@ -32,11 +32,13 @@ def test_a_stock_pgbouncer_refuses_startup_options(
 ) -> None:
     """What issue 29 met: a session that sets its settings as startup ``options`` is refused."""
     with pytest.raises(psycopg.OperationalError, match="unsupported startup parameter: options"):
-        psycopg.connect(bouncer.dsn(fresh_db), options="-c synchronous_commit=on").close()
+        psycopg.connect(
+            bouncer.dsn(fresh_db), options="-c synchronous_commit=on", prepare_threshold=None
+        ).close()
 
 
 def test_statements_reach_the_database(pooled: str, fresh_db: str) -> None:
-    with psycopg.connect(pooled, autocommit=True) as c:
+    with psycopg.connect(pooled, autocommit=True, prepare_threshold=None) as c:
         row = c.execute("SELECT current_database()").fetchone()
     assert row is not None and row[0] == psycopg.conninfo.conninfo_to_dict(fresh_db)["dbname"]
 
@@ -46,7 +48,10 @@ def test_transaction_mode_moves_a_session_between_backends(
 ) -> None:
     """Two statements of one client run on two backends when another client holds the first
     one in a transaction: what makes a session advisory lock meaningless there."""
-    with psycopg.connect(pooled, autocommit=True) as a, psycopg.connect(pooled) as b:
+    with (
+        psycopg.connect(pooled, autocommit=True, prepare_threshold=None) as a,
+        psycopg.connect(pooled, prepare_threshold=None) as b,
+    ):
         first = a.execute("SELECT pg_backend_pid()").fetchone()
         b.execute("SELECT 1")  # b's transaction now holds a backend (the idle one: first's)
         second = a.execute("SELECT pg_backend_pid()").fetchone()

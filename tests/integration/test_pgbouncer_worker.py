@@ -125,7 +125,9 @@ async def test_two_workers_for_one_destination_never_both_send(pooled: str) -> N
     async with MllpReceiver() as rx_a, MllpReceiver() as rx_b:
         async with running(config(rx_a.port), pooled) as a, running(config(rx_b.port), pooled) as b:
             await until(lambda: a.state.lock_held or b.state.lock_held)
-            async with await AsyncConnection.connect(pooled, autocommit=True) as conn:
+            async with await AsyncConnection.connect(
+                pooled, autocommit=True, prepare_threshold=None
+            ) as conn:
                 for start in range(0, 60, 20):
                     await queue.enqueue(conn, items(range(start, start + 20)))
             await until(lambda: delivered(pooled, 60))
@@ -147,7 +149,9 @@ async def test_listen_on_a_direct_connection_wakes_a_pooled_worker(
     ) as w:  # fmt: skip
         await until(lambda: w.state.lock_held)
         await until(lambda: listening(fresh_db))  # a NOTIFY from now on reaches the worker
-        async with await AsyncConnection.connect(pooled, autocommit=True) as conn:
+        async with await AsyncConnection.connect(
+            pooled, autocommit=True, prepare_threshold=None
+        ) as conn:
             await queue.enqueue(conn, items([1]))
         await until(lambda: delivered(pooled, 1), timeout=20)
         assert w.state.pooling is not None and "pooled connection" in w.state.pooling
