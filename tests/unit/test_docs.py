@@ -304,3 +304,20 @@ def test_the_yaml_checks_catch_a_wrong_example() -> None:
         )
     with pytest.raises(jsonschema.ValidationError):
         validate_yaml({"image": {"repositry": "typo"}})
+
+
+def test_the_metrics_page_names_every_failure_cause() -> None:
+    """The ``cause`` label of the retry and give-up counters takes every failure cause a sender
+    can report; the metrics page lists them all (a new user saw ``profile`` and ``unreachable``
+    series the page did not name)."""
+    from typing import get_args
+
+    from inturn.worker.senders.base import FailureCause
+
+    page = (Path(__file__).resolve().parents[2] / "docs/reference/metrics.md").read_text()
+    line = page[page.index("`inturn_retries_total` and `inturn_gave_up_total`") :]
+    listed = line[: line.index("(")].replace("\n", " ")
+    missing = [
+        c for c in get_args(FailureCause) if f" {c}," not in listed and f" {c} " not in listed
+    ]
+    assert missing == []
