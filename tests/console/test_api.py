@@ -307,6 +307,11 @@ async def test_suspend_holds_the_worker_and_resume_wakes_it(
     assert [e["action"] for e in audit["entries"]] == ["resume", "suspend"]
     status, body = await op.post("/api/v1/destinations/nowhere/none/suspend", {})
     assert (status, body["error"]["code"]) == (404, "not_found")
+    # nor a page of buttons for it (a new user's trial got one, with 200)
+    status, page = await op.get("/destinations/nowhere/none")
+    assert status == 404
+    assert "no destination nowhere/none: not registered, no message" in page
+    assert "Suspend" not in page
 
 
 async def test_worklists_counts_filter_and_clear_with_a_note(

@@ -145,7 +145,7 @@ def test_mllp_over_tls_sends_folders_files_and_stdin_in_order(
         " (sent: it may have been stored; sending it again is a duplicate the duplicate window"
         " catches)"
     )
-    assert refused.stderr.strip() == "sent 1 of 5: -- 1; 4 not sent after the failure"
+    assert refused.stderr.strip() == "sent 1 of 5: -- 1; 4 not sent"
 
 
 def test_http_with_a_token_reports_each_answer(
@@ -186,3 +186,20 @@ def test_bad_input_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
     )
     usage = send(str(good))
     assert usage.returncode == 2 and "exactly one of --mllp and --url" in usage.stderr
+
+
+def test_nothing_listening_counts_nothing_as_sent(tmp_path: Path) -> None:
+    """A peer that cannot be reached: the first message's line says it was not sent, and so
+    does the count (a new user's trial read 'sent 1 of 1' for a message that never left)."""
+    for n in (1, 2):
+        (tmp_path / f"{n}.hl7").write_bytes(message(f"N{n}"))
+    port = free_port()  # nothing listens
+    mllp = send("--mllp", f"{HOST}:{port}", "--timeout", "5", str(tmp_path))
+    assert mllp.returncode == 1
+    assert mllp.stdout.startswith(f"--  N1  {tmp_path}/1.hl7: unreachable: ")
+    assert mllp.stdout.rstrip().endswith("(not sent)")
+    assert mllp.stderr.strip() == "sent 0 of 2: -- 1; 2 not sent"
+    http = send("--url", f"http://{HOST}:{port}/channels/adt/messages", str(tmp_path))
+    assert http.returncode == 1
+    assert http.stdout.rstrip().endswith("(not sent)")
+    assert http.stderr.strip() == "sent 0 of 2: -- 1; 2 not sent"

@@ -75,12 +75,14 @@ class Answer:
         accepted: AA, or CA where that is all the message asks for.
         detail: the refusal's text or the failure's cause (never the payload), or None.
         transport: the connection failed or timed out (what follows is not sent).
+        written: the message went out (False: it never left, e.g. no connection was made).
     """
 
     code: str
     accepted: bool
     detail: str | None = None
     transport: bool = False
+    written: bool = True
 
 
 def control_id(payload: bytes) -> str:
@@ -196,10 +198,10 @@ def _refused(exc: DeliveryError, written: bool = False) -> Answer:
             " duplicate the duplicate window catches)"
         )
     elif transport:
-        detail = f"{exc.outcome}: {exc.detail} (not sent)"
+        return Answer("--", False, f"{exc.outcome}: {exc.detail} (not sent)", True, written=False)
     else:
         detail = f"{exc.outcome}: {exc.detail}"
-    return Answer("--", False, detail, transport)
+    return Answer("--", False, detail, transport, written=written)
 
 
 async def send_http(
@@ -244,6 +246,8 @@ async def send_http(
                     status, reason = response.status, response.reason or ""
             except TimeoutError:
                 answer = Answer("--", False, f"timeout: no answer within {timeout:g}s", True)
+            except aiohttp.ClientConnectorError as exc:  # no connection: nothing went out
+                answer = Answer("--", False, f"connection: {exc} (not sent)", True, written=False)
             except (aiohttp.ClientError, OSError) as exc:
                 answer = Answer("--", False, f"connection: {exc}", True)
             else:
@@ -369,10 +373,11 @@ def send_command(
     else:
         assert url is not None
         answers = asyncio.run(send_http(messages, url, token, tls_config, timeout, report))
-    unsent = len(messages) - len(answers)
     summary = ", ".join(f"{code} {n}" for code, n in sorted(report.counts.items()))
-    tail = f"; {unsent} not sent after the failure" if unsent else ""
     accepted = sum(a.accepted for a in answers)
-    click.echo(f"sent {len(answers)} of {len(messages)}: {summary}{tail}", err=True)
+    written = sum(a.written for a in answers)
+    unsent = len(messages) - written  # never went out: after a failure, or refused unsent
+    tail = f"; {unsent} not sent" if unsent else ""
+    click.echo(f"sent {written} of {len(messages)}: {summary}{tail}", err=True)
     if accepted != len(messages):
         sys.exit(1)

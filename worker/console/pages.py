@@ -26,6 +26,7 @@ from inturn.worker.console import trends
 from inturn.worker.console.api import destination, int_param, item_id
 from inturn.worker.console.context import console, csrf_token, identity
 from inturn.worker.console.feed import Snapshot
+from inturn.worker.console.operations import ConsoleError
 from inturn.worker.console.overview import FeedOverviewRow, OverviewRow
 from inturn.worker.store.model import STATES
 from inturn.worker.text.display import printable
@@ -160,6 +161,9 @@ async def destination_page(request: web.Request) -> dict[str, Any]:
     )
     feed = console(request).feed
     row = next((r for r in feed.snapshot.rows if r.destination == name), None)
+    if row is None and not page["items"]:
+        # neither registered nor holding a message: a mistyped name gets no page of buttons
+        raise ConsoleError(404, "not_found", f"no destination {name}: not registered, no message")
     marks = await ops.attempt_marks(console(request), identity(request), name)
     now = time.time()
     day = trends.day_chart(
