@@ -79,6 +79,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +90,14 @@ from figures import emit, parse_args
 from psycopg import AsyncConnection, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.terminators import normalise_terminators
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
-from inturn.worker.store import logins, queue
+from inturn.worker.store import ingest, logins, queue
 from inturn.worker.store.migrate import migrate
-from inturn.worker.store.model import NewItem
+from inturn.worker.store.model import Message, NewItem
 from inturn.worker.store.roles_apply import apply_roles
 from inturn.worker.testing import MllpReceiver
 
@@ -106,6 +108,10 @@ DESTINATION = f"{NAMESPACE}/{NAME}"
 CHANNEL = "bench"
 #: Rows per enqueue transaction (and per Procrastinate batch defer).
 ENQUEUE_BATCH = 500
+#: Messages per store into the channel log (``--store log``): about what ingest's group commit
+#: stores at once from a few connections. Sealed, a store of 150 sample messages (about 2 MB
+#: in one pipelined statement) was seen to hang in the pipeline (left for its own issue).
+LOG_BATCH = 50
 #: Finished rows put in the table before the large-table run.
 LARGE_TABLE_ROWS = 1_000_000
 #: Longest drain of one run, seconds: the whole benchmark stays within about 5 minutes.
@@ -447,10 +453,20 @@ async def fill_finished(dsn: str, rows: int) -> float:
 
 
 async def enqueue_all(
-    dsn: str, items: Sequence[NewItem], keys: tuple[str, str] | None = None
+    dsn: str,
+    items: Sequence[NewItem],
+    keys: tuple[str, str] | None = None,
+    *,
+    log: bool = False,
 ) -> float:
     """Enqueue ``items`` in batches; return the seconds it took. Then analyse and checkpoint.
-    With ``keys`` (``(payload_keys_dir, key_dsn)``), each payload is sealed for its row."""
+    With ``keys`` (``(payload_keys_dir, key_dsn)``), each payload is sealed for its row.
+
+    ``log``: store each message once in its channel's log, as ingest does since issue 43
+    (:func:`inturn.worker.store.ingest.store_batch`, duplicate window off), for the worker to
+    pull into slim rows and read through ``inturn_log_payload``; else each as a row of
+    ``inturn_delivery`` holding its own payload (the layout before the channel log, which the
+    yardstick drains: the fixed reference)."""
     codec = None
     if keys is not None:
         from inturn.worker.operations.payload_keys import open_codec
@@ -458,12 +474,47 @@ async def enqueue_all(
         codec = await open_codec(*keys)
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
         t0 = time.perf_counter()
-        for i in range(0, len(items), ENQUEUE_BATCH):
-            await queue.enqueue(conn, items[i : i + ENQUEUE_BATCH], codec)
+        if log:
+            await store_in_log(conn, items, codec)
+        else:
+            for i in range(0, len(items), ENQUEUE_BATCH):
+                await queue.enqueue(conn, items[i : i + ENQUEUE_BATCH], codec)
         took = time.perf_counter() - t0
         await conn.execute("VACUUM ANALYZE inturn_delivery")
+        await conn.execute("VACUUM ANALYZE inturn_message")
         await checkpoint(conn)
     return took
+
+
+async def store_in_log(
+    conn: AsyncConnection[Any], items: Sequence[NewItem], codec: PayloadCodec | None = None
+) -> None:
+    """Store ``items`` once each in their channel's log, as ingest stores what it receives
+    (:func:`inturn.worker.store.ingest.store_batch`, the duplicate window off), each routed to
+    its own destination, :data:`LOG_BATCH` a transaction; sealed when ``codec`` seals.
+    ``conn``: autocommit, outside a transaction.
+
+    Raises:
+        ValueError: the items of one batch name more than one channel.
+    """
+    routes = ingest.RouteSets()
+    for i in range(0, len(items), LOG_BATCH):
+        batch = items[i : i + LOG_BATCH]
+        channels = {it.channel for it in batch}
+        if len(channels) != 1:
+            raise ValueError(f"one channel a batch, not {sorted(channels)}")
+        await ingest.store_batch(
+            conn,
+            channel=batch[0].channel,
+            route_sets=[[it.destination] for it in batch],
+            messages=[
+                Message(it.control_id, it.message_type, it.payload, sha256(it.payload).digest())
+                for it in batch
+            ],
+            window_seconds=0.0,
+            payloads=codec,
+            cache=routes,
+        )
 
 
 async def head_plan(conn: AsyncConnection[Any]) -> str:
@@ -748,13 +799,15 @@ async def run_inturn(
     prepare: Callable[[str], Awaitable[None]] | None = None,
     after: Callable[[str, Result], Awaitable[None]] | None = None,
     scoped: bool = False,
+    log: bool = False,
 ) -> Result:
     """One drain of ``count`` messages by ``inturn worker`` (or, with ``yardstick`` naming one
     of :data:`YARDSTICKS`, by that loop of :func:`floor_worker_main`) in a fresh database.
     ``prepare(dsn)`` runs once it is migrated, before the messages are queued (another
     benchmark's fill, e.g. ``bench/retention.py``'s history); ``after(dsn, result)`` once they
     are delivered, before the database is dropped. ``scoped``: the worker logs in as the
-    destination's own login (:func:`worker_login`)."""
+    destination's own login (:func:`worker_login`). ``log``: the messages are stored in the
+    channel log as ingest stores them (:func:`enqueue_all`), for inturn's worker to pull."""
     result = Result(label, count)
     items = build_messages(templates, "L" if prefill else "D", count)
     prefix = f"bench{uuid.uuid4().hex[:8]}_" if scoped else None
@@ -770,7 +823,7 @@ async def run_inturn(
             print(f"  ({label}: {prefill:,} finished rows inserted and vacuumed in {took:.1f}s)")
         if prepare is not None:
             await prepare(dsn)
-        result.enqueue_seconds = await enqueue_all(dsn, items, keys)
+        result.enqueue_seconds = await enqueue_all(dsn, items, keys, log=log)
         async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
             result.plan = await head_plan(conn)
 
@@ -1126,12 +1179,13 @@ def yardstick_pairs(results: dict[str, Result], rounds: int) -> list[Pair]:
 
 
 async def run_encrypted(
-    server_dsn: str, templates: Sequence[Template], count: int, cap: float
+    server_dsn: str, templates: Sequence[Template], count: int, cap: float, *, log: bool = False
 ) -> Result:
     """The ``delivery`` case with payloads encrypted at rest (issue 31): sealed at enqueue,
-    opened by the worker (``--payload-keys``) right before each send."""
+    opened by the worker (``--payload-keys``) right before each send. ``log``: as
+    :func:`run_inturn`'s."""
     with encryption.key_store(server_dsn) as keys:
-        return await run_inturn(server_dsn, "encrypted", templates, count, cap, keys=keys)
+        return await run_inturn(server_dsn, "encrypted", templates, count, cap, keys=keys, log=log)
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -1167,6 +1221,8 @@ async def main_async(args: argparse.Namespace) -> int:
         def inturn_run(label: str, **kw: Any) -> Callable[[], Awaitable[Result]]:
             messages = args.catchup_messages if label.startswith("catch-up") else args.messages
             cap = args.catchup_cap if label.startswith("catch-up") else args.cap
+            if "yardstick" not in kw:  # the yardstick drains rows of the layout before the log
+                kw["log"] = args.store == "log"
             return lambda: run_inturn(server_dsn, label, templates, messages, cap, **kw)
 
         # The yardstick runs before and after each of inturn's drains (--rounds of them), so
@@ -1180,7 +1236,7 @@ async def main_async(args: argparse.Namespace) -> int:
             runs[round_label("delivery", n)] = inturn_run(round_label("delivery", n))
             if n == 1:  # beside the first delivery, so that both meet the same machine
                 runs["encrypted"] = lambda: run_encrypted(
-                    server_dsn, templates, args.messages, args.cap
+                    server_dsn, templates, args.messages, args.cap, log=args.store == "log"
                 )
                 runs["scoped"] = inturn_run("scoped", scoped=True)
         runs["floor-after"] = inturn_run("floor-after", yardstick="corrected")
@@ -1377,6 +1433,14 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=5.0,
         help="the catch-up receiver's wait before each ACK, milliseconds",
+    )
+    parser.add_argument(
+        "--store",
+        choices=["log", "rows"],
+        default="log",
+        help="how inturn's drains find their messages: stored once in the channel log, as"
+        " ingest stores them (default; the worker pulls them), or as rows holding their own"
+        " payload (the layout before issue 43). The yardstick always drains such rows",
     )
     parser.add_argument("--floor-worker", metavar="CONNINFO", help=argparse.SUPPRESS)
     parser.add_argument(

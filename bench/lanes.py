@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delivery import fresh_database, postgres_server
+from delivery import fresh_database, postgres_server, store_in_log
 from figures import emit, parse_args
 from psycopg import AsyncConnection
 
@@ -174,8 +174,11 @@ async def drain(server_dsn: str, run: Run, items: Sequence[NewItem], args: Any) 
     with fresh_database(server_dsn, "lanes") as dsn, tempfile.TemporaryDirectory() as tmp:
         migrate(dsn)
         async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-            for i in range(0, len(items), ENQUEUE_BATCH):
-                await queue.enqueue(conn, items[i : i + ENQUEUE_BATCH])
+            if args.store == "log":  # as ingest stores them: the worker pulls them
+                await store_in_log(conn, items)
+            else:
+                for i in range(0, len(items), ENQUEUE_BATCH):
+                    await queue.enqueue(conn, items[i : i + ENQUEUE_BATCH])
         async with (
             Receiver(args.delay) as rx,
             await AsyncConnection.connect(dsn, autocommit=True) as conn,
@@ -286,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
         help="messages of the count 1 run (its rate is per message; default 2,000)",
     )
     parser.add_argument("--delay", type=float, default=0.02, help="receiver's answer, seconds")
+    parser.add_argument(
+        "--store",
+        choices=["log", "rows"],
+        default="log",
+        help="messages stored once in the channel log as ingest stores them (default; the"
+        " worker pulls them), or as rows holding their own payload (before issue 43)",
+    )
     parser.add_argument("--cap", type=float, default=300.0, help="longest drain, seconds")
     args = parse_args(
         parser,
