@@ -6,16 +6,20 @@ Prints figures and asserts nothing about time. Every run is on the same Postgres
 in a fresh database of its own, against a ``MllpReceiver`` in this process:
 
 * ``delivery``: N messages (the sizes of the samples in ``../shared/samples/hl7``, each with a
-  unique MSH-10, terminators normalised as ingest stores them) are enqueued first with
-  ``queue.enqueue`` (not timed as delivery); then one ``inturn worker -f <manifest>`` process
-  drains them through the real ``MllpSender``. The rate is N over the time from the first
-  message's arrival at the receiver to the queue being empty (so the worker's process start-up
-  is left out).
+  unique MSH-10, terminators normalised as ingest stores them) are stored first (not timed as
+  delivery): once each in the channel's log as ingest stores them (``--store log``, the
+  default: the worker pulls them into slim rows and reads each payload from the log), or with
+  ``--store rows`` as rows of ``inturn_delivery`` holding their own payload (``queue.enqueue``,
+  the layout before issue 43); then one ``inturn worker -f <manifest>`` process drains them
+  through the real ``MllpSender``. The rate is N over the time from the first message's
+  arrival at the receiver to the queue being empty (so the worker's process start-up is left
+  out; the pulls are in it).
 * ``floor`` and ``floor-after``: the yardstick, the simplest correct loop
   (:func:`floor_worker_main`), drains the same messages before and after each ``delivery``:
   the head query with its keyset bound, the message written on a plain asyncio stream and its
-  AA read back, the delivered mark committed synchronously, on inturn's own table. The ratio
-  is taken pair by pair (``--rounds`` pairs; the median is reported).
+  AA read back, the delivered mark committed synchronously, on inturn's own table, always on
+  rows holding their own payload (the fixed reference: the layout the target was set on).
+  The ratio is taken pair by pair (``--rounds`` pairs; the median is reported).
 * ``floor-round4``: the yardstick of round 4, once, for comparison: its head query had no
   lower bound (each scan stepped over the dead entries every delivered row leaves in the
   partial head index until a vacuum) and it sent with inturn's ``MllpSender``.
