@@ -827,36 +827,59 @@ async def run_inturn(
             print(f"  ({label}: {prefill:,} finished rows inserted and vacuumed in {took:.1f}s)")
         if prepare is not None:
             await prepare(dsn)
-        result.enqueue_seconds = await enqueue_all(dsn, items, keys, log=log)
-        async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-            result.plan = await head_plan(conn)
-
-        def command(port: int) -> list[str]:
-            if yardstick is not None:
-                return [
-                    *(sys.executable, str(Path(__file__).resolve())),
-                    *("--floor-worker", dsn, "--yardstick", yardstick),
-                ]
-            manifest = write_manifest(Path(tmp), port)
-            return [
-                *(str(INTURN), "worker", "-f", str(manifest)),
-                *("--http-host", "127.0.0.1", "--http-port", "0", "--log-level", "WARNING"),
-                *(("--payload-keys", keys[0], "--key-dsn", keys[1]) if keys else ()),
-            ]
-
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        env["INTURN_DSN"] = dsn
-        env.update(login)
-        expected = [i.control_id for i in items]
-        async with contextlib.AsyncExitStack() as stack:
-            if traced:
-                port = await stack.enter_async_context(otlp_sink())
-                env["OTEL_TRACES_EXPORTER"] = "otlp"
-                env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
-            await drain(result, command, env, dsn, inturn_pending, expected, cap, ack_delay)
+        await drain_in(
+            result, dsn, items, cap, tmp, ack_delay, yardstick, traced, keys, login, log=log
+        )
         if after is not None:
             await after(dsn, result)
     return result
+
+
+async def drain_in(
+    result: Result,
+    dsn: str,
+    items: Sequence[NewItem],
+    cap: float,
+    tmp: str,
+    ack_delay: float = 0.0,
+    yardstick: str | None = None,
+    traced: bool = False,
+    keys: tuple[str, str] | None = None,
+    login: dict[str, str] | None = None,
+    *,
+    log: bool = False,
+) -> None:
+    """Queue ``items`` in the migrated database ``dsn`` and time their drain by ``inturn
+    worker`` (or a :data:`YARDSTICKS` loop) into ``result``; ``tmp``: a folder for its manifest.
+    :func:`run_inturn`'s drain, also run again in the same database (bench/retention.py drains
+    the database with history more than once); ``log`` as there."""
+    result.enqueue_seconds = await enqueue_all(dsn, items, keys, log=log)
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        result.plan = await head_plan(conn)
+
+    def command(port: int) -> list[str]:
+        if yardstick is not None:
+            return [
+                *(sys.executable, str(Path(__file__).resolve())),
+                *("--floor-worker", dsn, "--yardstick", yardstick),
+            ]
+        manifest = write_manifest(Path(tmp), port)
+        return [
+            *(str(INTURN), "worker", "-f", str(manifest)),
+            *("--http-host", "127.0.0.1", "--http-port", "0", "--log-level", "WARNING"),
+            *(("--payload-keys", keys[0], "--key-dsn", keys[1]) if keys else ()),
+        ]
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["INTURN_DSN"] = dsn
+    env.update(login or {})
+    expected = [i.control_id for i in items]
+    async with contextlib.AsyncExitStack() as stack:
+        if traced:
+            port = await stack.enter_async_context(otlp_sink())
+            env["OTEL_TRACES_EXPORTER"] = "otlp"
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
+        await drain(result, command, env, dsn, inturn_pending, expected, cap, ack_delay)
 
 
 def hooks_off_ns(rounds: int = 200_000) -> float:

@@ -1,21 +1,26 @@
 """Retention benchmark: a month of history beside the hot table, and days dropped whole.
 
     .venv/bin/python bench/retention.py [--dsn DSN] [--days 10] [--rows-per-day 550000]
-                                        [--messages 3000] [--instructions [--counted 200,1000]]
+                                        [--messages 3000] [--rounds 3]
+                                        [--instructions [--counted 200,1000]]
 
-Three drains of ``--messages`` messages by a real ``inturn worker`` over MLLP (bench/delivery.py's
-drain, each in a fresh database), each with the maintenance's move running beside it (every
-``--move-every`` seconds, hot window 0: a delivered row leaves the hot table at the next batch,
-the soak's steady state; its rows and longest batch are printed): one with an empty history,
-one with ``--days`` days of history of ``--rows-per-day`` delivered rows each (``--days`` x
-``--rows-per-day`` rows, 5 million by default, **written directly** into ``inturn_history``
-day by day, each day's partitions made and its epoch turned by the maintenance job's own
-functions, not sent through ingest), and the empty one again (so that a machine whose speed
-drifts moves both sides of the ratio). In the database with history, after its drain:
+Drains of ``--messages`` messages by a real ``inturn worker`` over MLLP (bench/delivery.py's
+drain), each with the maintenance's move running beside it (every ``--move-every`` seconds, hot
+window 0: a delivered row leaves the hot table at the next batch, the soak's steady state; its
+rows and longest batch are printed): ``--rounds`` (3) drains in one database holding ``--days``
+days of history of ``--rows-per-day`` delivered rows each (``--days`` x ``--rows-per-day``
+rows, 5 million by default, **written directly** into ``inturn_history`` day by day, each
+day's partitions made and its epoch turned by the maintenance job's own functions, not sent
+through ingest, once before its first drain), each after a drain in a fresh empty database,
+and one more empty drain at the end: empty, history, empty, history, ..., empty. The rate
+compared is the median of each side (every drain's rate is printed), so that a machine whose
+speed drifts, or someone else's burst of work during one drain, moves one drain and not the
+ratio. In the database with history, after its last drain:
 
-* the maintenance moves the delivered messages out of the hot table (hot window 0), then the
-  hot set's bytes (the table, its indexes and TOAST) against the empty run's, and the whole
-  history's bytes and rows;
+* after its first drain, the maintenance moves the delivered messages out of the hot table
+  (hot window 0), then the hot set's bytes (the table, its indexes and TOAST) against the
+  empty runs' (each after its one drain; after the last round's, printed beside), and the
+  whole history's bytes and rows;
 * the head query's planning and execution time (``EXPLAIN ANALYZE``, median of 20) against
   the empty databases' (one or two log partitions), and lookups by MSH-10 and by patient over
   hot table and history (``inturn queue list``'s statements), median of 50;
@@ -398,7 +403,7 @@ async def measure(dsn: str, days: int, rows_per_day: int, report: dict[str, Any]
     """The figures of the database with history, after its drain (see the module text)."""
     report["moved"] = await move_hot(dsn)
     async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-        report["hot_bytes"], _ = await table_bytes(conn, "inturn_delivery")
+        report["hot_bytes_last"], _ = await table_bytes(conn, "inturn_delivery")
         report["history_bytes"], report["history_rows"] = await table_bytes(conn, "inturn_history")
         (
             report["head_planning_ms"],
@@ -519,8 +524,45 @@ async def main_async(args: argparse.Namespace) -> int:
             print(f"  (history filled in {took:.1f}s)")
             await start_maintenance(dsn)
 
+        results: dict[str, delivery.Result] = {}
+
+        async def empty_drain(label: str) -> None:
+            result = await delivery.run_inturn(
+                server_dsn,
+                label,
+                templates,
+                args.messages,
+                args.cap,
+                prepare=start_maintenance,
+                after=after_empty,
+            )
+            report(label, result)
+
+        def report(label: str, result: delivery.Result) -> None:
+            for line in result.lines():
+                print(line)
+            print(beside[-1].line())
+            results[label] = result
+
         async def after_history(dsn: str, result: delivery.Result) -> None:
+            # the first drain beside the history is over; the next ones interleave with the
+            # empty drains, in the same database (filled once), then the measurements
             await beside[-1].stop()
+            report("history-1", result)
+            # the hot set after one drain, as each empty database's: the rounds after it put
+            # more rows through this hot table than any empty one saw
+            figures["moved_first"] = await move_hot(dsn)
+            async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+                figures["hot_bytes"], _ = await table_bytes(conn, "inturn_delivery")
+            with tempfile.TemporaryDirectory(prefix="inturn-bench-") as tmp:
+                for k in range(2, args.rounds + 1):
+                    await empty_drain(f"empty-{k}")
+                    again = delivery.Result(f"history-{k}", args.messages)
+                    items = delivery.build_messages(templates, f"R{k}", args.messages)
+                    await start_maintenance(dsn)
+                    await delivery.drain_in(again, dsn, items, args.cap, tmp)
+                    await beside[-1].stop()
+                    report(f"history-{k}", again)
             await measure(dsn, args.days, args.rows_per_day, figures)
 
         async def after_empty(dsn: str, result: delivery.Result) -> None:
@@ -530,32 +572,35 @@ async def main_async(args: argparse.Namespace) -> int:
                 empty_hot.append((await table_bytes(conn, "inturn_delivery"))[0])
                 empty_heads.append(await head_timing(conn))
 
-        results: dict[str, delivery.Result] = {}
-        for label, kw in (
-            ("empty", {"prepare": start_maintenance, "after": after_empty}),
-            ("history", {"prepare": fill, "after": after_history}),
-            ("empty-again", {"prepare": start_maintenance, "after": after_empty}),
-        ):
-            result = await delivery.run_inturn(
-                server_dsn, label, templates, args.messages, args.cap, **kw
-            )
-            for line in result.lines():
-                print(line)
-            print(beside[-1].line())
-            results[label] = result
+        # empty and history drains alternate (the history's database filled once and drained
+        # --rounds times), an empty one first and last: the rates compared are medians, so a
+        # machine whose speed drifts or a burst of someone else's work moves one drain, not
+        # the ratio
+        await empty_drain("empty-1")
+        await delivery.run_inturn(
+            server_dsn,
+            "history-1",
+            templates,
+            args.messages,
+            args.cap,
+            prepare=fill,
+            after=after_history,
+        )
+        await empty_drain(f"empty-{args.rounds + 1}")
     counted = await count_instructions(args, templates)
-    rates = {label: r.rate for label, r in results.items()}
-    empties = [results["empty"], results["empty-again"]]
+    histories = [r for label, r in results.items() if label.startswith("history")]
+    empties = [r for label, r in results.items() if label.startswith("empty")]
     mark = {
-        "cpu_us": results["history"].cpu_us,
-        "cpu_us_empty": statistics.mean(r.cpu_us for r in empties),
-        "backend_cpu_us": results["history"].backend_cpu_us,
-        "backend_cpu_us_empty": statistics.mean(r.backend_cpu_us for r in empties),
-        "commits": results["history"].commits,
+        "cpu_us": statistics.median(r.cpu_us for r in histories),
+        "cpu_us_empty": statistics.median(r.cpu_us for r in empties),
+        "backend_cpu_us": statistics.median(r.backend_cpu_us for r in histories),
+        "backend_cpu_us_empty": statistics.median(r.backend_cpu_us for r in empties),
+        "commits": statistics.mean(r.commits for r in histories),
         "commits_empty": statistics.mean(r.commits for r in empties),
     }
-    empty_rate = statistics.mean([rates["empty"], rates["empty-again"]])
-    ratio = rates["history"] / empty_rate if empty_rate else 0.0
+    history_rate = statistics.median(r.rate for r in histories)
+    empty_rate = statistics.median(r.rate for r in empties)
+    ratio = history_rate / empty_rate if empty_rate else 0.0
     hot_empty = statistics.mean(empty_hot) if empty_hot else 0
     head_empty = (
         statistics.mean(h[0] for h in empty_heads),
@@ -604,13 +649,19 @@ async def main_async(args: argparse.Namespace) -> int:
         "dead_tuples": figures["dead_tuples_history"] == 0,
     }
     print(
-        f"delivery: {rates['history']:,.0f} msg/s with {figures['history_rows']:,} rows of"
-        f" history, {empty_rate:,.0f} without: ratio {ratio:.2f} (target >= 0.95:"
+        "drains in the order they ran (msg/s): "
+        + ", ".join(f"{label} {r.rate:,.0f}" for label, r in results.items())
+    )
+    print(
+        f"delivery: {history_rate:,.0f} msg/s with {figures['history_rows']:,} rows of"
+        f" history, {empty_rate:,.0f} without (medians of {len(histories)} and {len(empties)}"
+        f" drains, interleaved): ratio {ratio:.2f} (target >= 0.95:"
         f" {verdict(targets['rate'])}{scale})"
     )
     print(
         f"hot set (table, indexes, TOAST) after the move: {figures['hot_bytes']:,} B with the"
-        f" history, {hot_empty:,.0f} B without (target: the same, within a tenth:"
+        f" history after its first drain ({figures['hot_bytes_last']:,} B after its last),"
+        f" {hot_empty:,.0f} B without (target: the same, within a tenth:"
         f" {verdict(targets['hot_set'])}{scale})"
     )
     print(
@@ -675,6 +726,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "messages": source.source,
             "history_rows": figures["history_rows"],
             "rate_ratio": round(ratio, 3),
+            "rates": {label: round(r.rate, 1) for label, r in results.items()},
             "hot_bytes_history": figures["hot_bytes"],
             "hot_bytes_empty": hot_empty,
             "head_ms": figures["head_ms"],
@@ -707,6 +759,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--cap", type=float, default=300.0)
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="drains beside the history, each after an empty one (one more empty drain ends)",
+    )
+    parser.add_argument(
         "--move-every", type=float, default=1.0, help="seconds between the moves beside a drain"
     )
     parser.add_argument(
@@ -721,6 +779,8 @@ def main(argv: list[str] | None = None) -> int:
         help="the sizes of the two counted drains whose difference is counted (SMALL,LARGE)",
     )
     args = parse_args(parser, argv, TINY)
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
     if args.days < 3:
         parser.error("--days: at least 3 (two are dropped, one stays open)")
     return asyncio.run(main_async(args))

@@ -555,7 +555,8 @@ SELECT count(inturn_enqueue_lock(d)) AS locked
 -- hot table and in history (migration 0034: by the id index of each history partition); and,
 -- for the channel log (migration 0033), each message once: its log row and every
 -- destination's row that names it ("messages", from erase_scope).
--- A message's rows are found by its MSH-10 (the hash indexes) and its id.
+-- A message's rows are found by its MSH-10 (the hash indexes; in a day of history made since
+-- migration 0056, its GIN over ARRAY[control_id]) and its id.
 WITH msg AS (
     SELECT id, control_id FROM inturn_message WHERE id = ANY(%(messages)s::bigint[])
 ),
@@ -569,6 +570,8 @@ rows AS (
     UNION
     SELECT h.id FROM msg
       JOIN inturn_history h ON h.control_id = msg.control_id AND h.message_id = msg.id
+                           -- a day made since migration 0056 indexes MSH-10 so (GIN)
+                           AND ARRAY[h.control_id] @> ARRAY[msg.control_id]
 ),
 expectations AS (
     DELETE FROM inturn_order_expectation WHERE delivery_id IN (SELECT id FROM rows)
@@ -655,7 +658,9 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
           WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
             AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
             AND (%(state)s::text IS NULL OR state = %(state)s::text)
-            AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text)
+            AND (%(control_id)s::text IS NULL
+                 OR (control_id = %(control_id)s::text
+                     AND ARRAY[control_id] @> ARRAY[%(control_id)s::text]))
             AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
           ORDER BY CASE WHEN %(control_id)s::text IS NULL THEN id ELSE id + 0 END DESC
           LIMIT %(limit)s::bigint + %(offset)s::bigint)
@@ -701,7 +706,9 @@ SELECT (SELECT count(*)
          WHERE (%(destination)s::text IS NULL OR destination = %(destination)s::text)
            AND (%(channel)s::text IS NULL OR channel = %(channel)s::text)
            AND (%(state)s::text IS NULL OR state = %(state)s::text)
-           AND (%(control_id)s::text IS NULL OR control_id = %(control_id)s::text))
+           AND (%(control_id)s::text IS NULL
+                OR (control_id = %(control_id)s::text
+                    AND ARRAY[control_id] @> ARRAY[%(control_id)s::text])))
      + (SELECT count(*)
           FROM inturn_message m
           JOIN inturn_route r ON r.id = m.route
