@@ -273,6 +273,10 @@ class Result:
     backend_cpu_us: float = 0.0  # its Postgres backends' CPU per message (a local server only)
     receiver_cpu_us: float = 0.0  # this process's CPU per message: the receiver and the polls
     commits: float = 0.0  # transactions committed in the run's database per message
+    # the machine's CPUs busy during the drain (first arrival to the queue empty, all processes,
+    # read from /proc/stat), in cores; the drain's own (worker, its backends, the receiver) apart
+    machine_cores: float = 0.0
+    own_cores: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -318,6 +322,13 @@ class Result:
                 f" its Postgres backend {self.backend_cpu_us:.0f} us, the receiver's process"
                 f" {self.receiver_cpu_us:.0f} us; commits per message {self.commits:.2f}"
             )
+        if self.machine_cores:
+            yield (
+                f"  the machine's CPUs during the drain: {self.machine_cores:.2f} of"
+                f" {os.cpu_count()} cores busy, the drain's own processes {self.own_cores:.2f},"
+                f" everything else (the move beside it, Postgres' background, other users)"
+                f" {max(0.0, self.machine_cores - self.own_cores):.2f}"
+            )
         yield (
             f"  worker peak RSS (VmHWM) {self.peak_rss_kib / 1024:.1f} MiB;"
             f" start-up to first arrival {self.startup_seconds:.2f}s;"
@@ -342,6 +353,16 @@ def cpu_seconds(pid: int) -> float:
     with contextlib.suppress(OSError, IndexError, ValueError):
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return 0.0
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every CPU of this machine has spent busy since boot (``/proc/stat``; 0 when
+    unreadable): user, nice, system, irq, softirq and steal."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
+        return (user + nice + system + irq + softirq + steal) / CLK_TCK
     return 0.0
 
 
@@ -661,6 +682,7 @@ async def drain(
                 await first_arrival(proc.pid, lambda: len(timed))
             cpu_at_first.append(cpu_seconds(proc.pid))
             cpu_at_first.append(time.process_time())
+            cpu_at_first.append(machine_busy_seconds())
             await backends.start()
 
         async def polled(check: Callable[[AsyncConnection[Any]], Awaitable[bool]]) -> bool:
@@ -690,6 +712,7 @@ async def drain(
             result.peak_rss_kib = vm_hwm_kib(proc.pid)
             cpu_at_end = cpu_seconds(proc.pid)
             receiver_cpu = time.process_time() - (cpu_at_first[1] if cpu_at_first else 0.0)
+            machine_cpu = machine_busy_seconds() - (cpu_at_first[2] if cpu_at_first else 0.0)
             await backends.sample()
         finally:
             sampler.cancel()
@@ -730,6 +753,11 @@ async def drain(
             result.backend_cpu_us = backends.used() * per
             result.receiver_cpu_us = receiver_cpu * per
             result.commits = commits / (result.check.delivered - 1)
+            if result.seconds > 0:
+                result.machine_cores = machine_cpu / result.seconds
+                result.own_cores = (
+                    cpu_at_end - cpu_at_first[0] + backends.used() + receiver_cpu
+                ) / result.seconds
 
 
 # --- the inturn runs -----------------------------------------------------------------------

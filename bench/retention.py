@@ -1,13 +1,13 @@
 """Retention benchmark: a month of history beside the hot table, and days dropped whole.
 
     .venv/bin/python bench/retention.py [--dsn DSN] [--days 10] [--rows-per-day 550000]
-                                        [--messages 3000] [--rounds 3]
+                                        [--messages 3000] [--rounds 5]
                                         [--instructions [--counted 200,1000]]
 
 Drains of ``--messages`` messages by a real ``inturn worker`` over MLLP (bench/delivery.py's
 drain), each with the maintenance's move running beside it (every ``--move-every`` seconds, hot
 window 0: a delivered row leaves the hot table at the next batch, the soak's steady state; its
-rows and longest batch are printed): ``--rounds`` (3) drains in one database holding ``--days``
+rows and longest batch are printed): ``--rounds`` (5) drains in one database holding ``--days``
 days of history of ``--rows-per-day`` delivered rows each (``--days`` x ``--rows-per-day``
 rows, 5 million by default, **written directly** into ``inturn_history`` day by day, each
 day's partitions made and its epoch turned by the maintenance job's own functions, not sent
@@ -15,7 +15,9 @@ through ingest, once before its first drain), each after a drain in a fresh empt
 and one more empty drain at the end: empty, history, empty, history, ..., empty. The rate
 compared is the median of each side (every drain's rate is printed), so that a machine whose
 speed drifts, or someone else's burst of work during one drain, moves one drain and not the
-ratio. In the database with history, after its last drain:
+ratio; beside each rate, the cores busy with anything else during it (the move beside it,
+Postgres' background work, other users of the machine: ``/proc/stat``). In the database with
+history, after its last drain:
 
 * after its first drain, the maintenance moves the delivered messages out of the hot table
   (hot window 0), then the hot set's bytes (the table, its indexes and TOAST) against the
@@ -650,7 +652,12 @@ async def main_async(args: argparse.Namespace) -> int:
     }
     print(
         "drains in the order they ran (msg/s): "
-        + ", ".join(f"{label} {r.rate:,.0f}" for label, r in results.items())
+        + ", ".join(
+            f"{label} {r.rate:,.0f}"
+            + (f" ({max(0.0, r.machine_cores - r.own_cores):.2f})" if r.machine_cores else "")
+            for label, r in results.items()
+        )
+        + " (in brackets: the cores busy with anything but the drain's own processes)"
     )
     print(
         f"delivery: {history_rate:,.0f} msg/s with {figures['history_rows']:,} rows of"
@@ -761,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=3,
+        default=5,
         help="drains beside the history, each after an empty one (one more empty drain ends)",
     )
     parser.add_argument(

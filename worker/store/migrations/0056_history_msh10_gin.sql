@@ -3,14 +3,17 @@
 -- open day's history partition, and its hash index on control_id took each row at a random
 -- bucket page: after a checkpoint nearly every row moved wrote a whole page to the WAL (3.6 MB
 -- of full-page images to move 1,000 rows into a partition of 550,000, 3.9 KB of WAL a row).
--- History partitions made from now on index MSH-10 with a GIN over ARRAY[control_id] with
--- fastupdate: a row moved is appended to the index's pending list (about 250 bytes of WAL, no
+-- History partitions made from now on index MSH-10 with a GIN over ARRAY[left(control_id, 200)]
+-- with fastupdate (its first 200 characters: a GIN key has a size limit, and a long control ID
+-- must never make the move fail, as migration 0004 chose the hash index for; ingest bounds
+-- MSH-10 at 199 characters, so the key is the whole MSH-10 of every message it accepts): a row moved is appended to the index's pending list (about 250 bytes of WAL, no
 -- full-page image), and the list is merged into the tree in one pass when it reaches
 -- gin_pending_list_limit or when (auto)vacuum visits the partition (about 230 bytes a row
 -- more, right after a checkpoint, for 61,000 rows of random MSH-10s). A lookup also reads the
 -- pending list: a few ms more on the open day at its longest, 0.06 ms on a merged day.
--- Readers of history by MSH-10 ask both `control_id = $1` and `ARRAY[control_id] @> ARRAY[$1]`,
--- so each partition is read through the index it has.
+-- Readers of history by MSH-10 ask both `control_id = $1` and
+-- `ARRAY[left(control_id, 200)] @> ARRAY[left($1, 200)]`, so each partition is read through the
+-- index it has.
 --
 -- Partitions that hold rows keep their hash index as it is (as an index of their own, no
 -- longer one of the parent's): nothing is rebuilt or rewritten. An empty partition (the next
@@ -79,7 +82,7 @@ BEGIN
     END LOOP;
 
     CREATE INDEX inturn_history_msh10 ON ONLY inturn_history
-        USING gin ((ARRAY[control_id])) WITH (fastupdate = on);
+        USING gin ((ARRAY[left(control_id, 200)])) WITH (fastupdate = on);
 
     FOREACH spec IN ARRAY empty_parts LOOP
         EXECUTE 'ALTER TABLE inturn_history ATTACH PARTITION ' || spec;

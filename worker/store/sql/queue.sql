@@ -556,7 +556,7 @@ SELECT count(inturn_enqueue_lock(d)) AS locked
 -- for the channel log (migration 0033), each message once: its log row and every
 -- destination's row that names it ("messages", from erase_scope).
 -- A message's rows are found by its MSH-10 (the hash indexes; in a day of history made since
--- migration 0056, its GIN over ARRAY[control_id]) and its id.
+-- migration 0056, its GIN over ARRAY[left(control_id, 200)]) and its id.
 WITH msg AS (
     SELECT id, control_id FROM inturn_message WHERE id = ANY(%(messages)s::bigint[])
 ),
@@ -571,7 +571,7 @@ rows AS (
     SELECT h.id FROM msg
       JOIN inturn_history h ON h.control_id = msg.control_id AND h.message_id = msg.id
                            -- a day made since migration 0056 indexes MSH-10 so (GIN)
-                           AND ARRAY[h.control_id] @> ARRAY[msg.control_id]
+                           AND ARRAY[left(h.control_id, 200)] @> ARRAY[left(msg.control_id, 200)]
 ),
 expectations AS (
     DELETE FROM inturn_order_expectation WHERE delivery_id IN (SELECT id FROM rows)
@@ -660,7 +660,7 @@ SELECT id, channel, destination, control_id, message_type, size, state, attempts
             AND (%(state)s::text IS NULL OR state = %(state)s::text)
             AND (%(control_id)s::text IS NULL
                  OR (control_id = %(control_id)s::text
-                     AND ARRAY[control_id] @> ARRAY[%(control_id)s::text]))
+                     AND ARRAY[left(control_id, 200)] @> ARRAY[left(%(control_id)s::text, 200)]))
             AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
           ORDER BY CASE WHEN %(control_id)s::text IS NULL THEN id ELSE id + 0 END DESC
           LIMIT %(limit)s::bigint + %(offset)s::bigint)
@@ -708,7 +708,7 @@ SELECT (SELECT count(*)
            AND (%(state)s::text IS NULL OR state = %(state)s::text)
            AND (%(control_id)s::text IS NULL
                 OR (control_id = %(control_id)s::text
-                    AND ARRAY[control_id] @> ARRAY[%(control_id)s::text])))
+                    AND ARRAY[left(control_id, 200)] @> ARRAY[left(%(control_id)s::text, 200)])))
      + (SELECT count(*)
           FROM inturn_message m
           JOIN inturn_route r ON r.id = m.route
