@@ -41,6 +41,14 @@ DECLARE
     spec text;
 BEGIN
     LOCK TABLE inturn_history IN ACCESS EXCLUSIVE MODE;
+    -- every partition is an epoch's (inturn_history_e<n>): one that is not would lose its
+    -- MSH-10 index with the parent's
+    IF EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                WHERE i.inhparent = 'inturn_history'::regclass
+                  AND NOT EXISTS (SELECT 1 FROM inturn_epoch e
+                                   WHERE c.relname = 'inturn_history_e' || e.n)) THEN
+        RAISE EXCEPTION 'inturn_history has a partition that is no epoch''s';
+    END IF;
     FOR p IN
         SELECT c.relname AS part, e.lo, e.hi
           FROM pg_inherits i
