@@ -47,7 +47,7 @@ from inturn.worker.operations.payload_keys import close_codec, open_codec
 from inturn.worker.store import ingest as ingest_store
 from inturn.worker.store import sealing
 from inturn.worker.store.connect import Pools, announce_pooling
-from inturn.worker.store.keystore import PgKeyStore
+from inturn.worker.store.keystore import HOLD_RELEASE_SECONDS, PgKeyStore
 from inturn.worker.store.periodic import Periodic
 from inturn.worker.worklist.hooks import IngestOptions, Recorder
 from inturn.worker.worklist.metrics import GAUGE_INTERVAL_SECONDS, refresh_pending
@@ -222,6 +222,7 @@ class Ingest:
                 config.key_dsn,
                 max_identifiers=config.max_indexed_identifiers,
                 application_name="inturn-ingest-keys",
+                release_after=HOLD_RELEASE_SECONDS,  # a hold's COMMIT not in a batch's way
             )
             if self.payloads.enabled:
                 # before anything is sealed: a lookup by patient without keys then refuses

@@ -38,9 +38,11 @@ async def open_codec(
     max_identifiers: int = MAX_INDEXED_IDENTIFIERS,
     dual_index: bool = False,
     application_name: str = "inturn-keys",
+    release_after: float | None = None,
 ) -> PayloadCodec:
     """The codec of ``--payload-keys`` and ``--key-dsn``: plaintext without keys, started
-    (blind index key derived and checked) with them.
+    (blind index key derived and checked) with them. ``release_after``: as
+    :class:`PgKeyStore`'s (a long-running process that closes the codec at its end).
 
     Raises:
         MasterKeyError: keys without a key store, a key store without keys, a folder that is
@@ -59,7 +61,7 @@ async def open_codec(
 
     codec = PayloadCodec(
         FileKeyProvider(payload_keys),
-        PgKeyStore(key_dsn, application_name=application_name),
+        PgKeyStore(key_dsn, application_name=application_name, release_after=release_after),
         cache_keys=cache_keys,
         max_identifiers=max_identifiers,
         dual_index=dual_index,

@@ -9,8 +9,8 @@ shorter than the erasure deadline, and is reached with its own role. It holds wr
 :class:`PgKeyStore` keeps one connection (a worker has no pool), opened on first use, replaced
 once when a call finds it broken; calls are serialised on it, which is fine because the codec
 calls it only on a cache miss. A seal's hold (:meth:`PgKeyStore.hold`, one per batch ingest
-stores) runs on a connection of its own, in a transaction that lasts until the batch's queue
-COMMIT; those connections are kept for reuse, at most :data:`IDLE_HOLDS` idle (as many run at
+stores) runs on a connection of its own, in a transaction that lasts until after the batch's
+queue COMMIT; those connections are kept for reuse, at most :data:`IDLE_HOLDS` idle (as many run at
 once as the caller stores batches at once: ingest's pool bounds it). Statements are in
 ``sql/keystore.sql``.
 """
@@ -18,13 +18,14 @@ once as the caller stores batches at once: ingest's pool bounds it). Statements 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncClientCursor, AsyncConnection, sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
@@ -35,6 +36,15 @@ from inturn.worker.store.queries import fetch_all, fetch_one, load
 
 Q = load("keystore.sql")
 IDLE = psycopg.pq.TransactionStatus.IDLE
+INTRANS = psycopg.pq.TransactionStatus.INTRANS
+#: A hold's lock: the first of a hold begins its transaction in the same simple query.
+LOCK: LiteralString = Q["lock"]
+LOCK_FIRST: LiteralString = "BEGIN;\n" + LOCK
+#: ... and releases the hold before on its connection first (:meth:`PgKeyStore.hold`).
+LOCK_AFTER: LiteralString = "COMMIT;\nBEGIN;\n" + LOCK
+#: Most seconds a finished hold's locks stay on an idle connection before they are released
+#: by a COMMIT of their own; the next hold on it releases them sooner, in its first lock.
+HOLD_RELEASE_SECONDS = 0.05
 
 #: The key store's environment variable (``--key-dsn``).
 KEY_DSN_ENV = "INTURN_KEY_DSN"
@@ -85,18 +95,28 @@ class _PgHold:
     def __init__(self, owner: PgKeyStore, conn: AsyncConnection[Any]) -> None:
         self.owner = owner
         self.conn = conn
+        self.begun = False
 
     async def lock(self, refs: Sequence[bytes]) -> Mapping[bytes, StoredKey]:
+        params = {"refs": list(refs), "ms": HOLD_LOCK_TIMEOUT_MS}
+        if self.begun:
+            query, skip = LOCK, 0
+        elif self.conn.info.transaction_status == IDLE:
+            query, skip = LOCK_FIRST, 1
+        else:  # the hold before on this connection, still to release (PgKeyStore.hold)
+            query, skip = LOCK_AFTER, 2
         try:
             self.owner.round_trips += 1
-            # pipelined: the BEGIN psycopg sends first travels with the statement (one trip)
-            async with self.conn.pipeline():
-                rows = await fetch_all(
-                    self.conn,
-                    Q["lock"],
-                    {"refs": list(refs), "ms": HOLD_LOCK_TIMEOUT_MS},
-                    row=dict_row,
-                )
+            # One simple query, its values bound here, with what the transaction needs in
+            # front of the hold's first lock (BEGIN; COMMIT of the hold before): one round
+            # trip, and about half the client's CPU of the extended protocol's pipeline
+            # (issue 43). Its values are bytes and an int: nothing quoted from outside.
+            async with AsyncClientCursor(self.conn, row_factory=dict_row) as cur:
+                await cur.execute(query, params)
+                self.begun = True
+                for _ in range(skip):
+                    cur.nextset()  # past COMMIT's and BEGIN's empty results
+                rows = await cur.fetchall()
         except psycopg.errors.LockNotAvailable as exc:  # reachable: not a failing key store
             raise KeyStoreUnavailable(
                 f"key store: a key stayed locked past {HOLD_LOCK_TIMEOUT_MS} ms (an erasure"
@@ -114,14 +134,26 @@ class PgKeyStore:
     Args:
         dsn: the key store's DSN (not the queue's).
         application_name: as Postgres shows the session.
+        release_after: None (the default): a hold's block commits its transaction as it
+            ends. Seconds (ingest: :data:`HOLD_RELEASE_SECONDS`): the block leaves it to the
+            next hold on its connection, or to :meth:`release` after that long idle; for a
+            process that calls :meth:`close` at its end (see :meth:`hold`).
     """
 
-    def __init__(self, dsn: str, *, application_name: str = "inturn-keys") -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        application_name: str = "inturn-keys",
+        release_after: float | None = None,
+    ) -> None:
         self.dsn = dsn
+        self.release_after = release_after
         self.application_name = application_name
         self._conn: AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
         self._idle: list[AsyncConnection[Any]] = []
+        self._release: asyncio.Task[None] | None = None
         self.round_trips = 0
         #: Since when (``time.monotonic()``) every call failed, and the last failure's line;
         #: None once a call succeeds (:meth:`health`).
@@ -189,17 +221,25 @@ class PgKeyStore:
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
+        if self._release is not None and not self._release.done():
+            self._release.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._release
         idle, self._idle = self._idle, []
         for conn in idle:
-            await conn.close()
+            await conn.close()  # releases a finished hold's locks too
 
     @asynccontextmanager
     async def hold(self) -> AsyncIterator[_PgHold]:
         """A transaction on a connection of its own whose ``lock`` takes FOR SHARE row locks on
-        keys: the :meth:`erase` statement's DELETE of one of them waits until the block ends.
-        The block's end commits it (nothing was written; a failure to commit only releases the
-        locks sooner); a block that raises rolls it back. One round trip besides the locks'
-        own: COMMIT (the BEGIN is pipelined with the first lock).
+        keys: the :meth:`erase` statement's DELETE of one of them waits until the block has
+        ended (its caller's queue COMMIT is done). A block that raises rolls it back; one
+        that ends normally commits it (one round trip besides the locks'), or, with
+        ``release_after``, leaves it to release (it wrote nothing): the next hold on the
+        connection commits it in front of its first lock, in the same round trip, or
+        :meth:`release` does after ``release_after`` seconds idle. A hold then costs one round
+        trip, its lock, and no COMMIT in its caller's way (issue 43); an erasure waits that
+        much longer at most.
 
         Raises:
             KeyStoreUnavailable: the key store could not be reached.
@@ -207,8 +247,9 @@ class PgKeyStore:
         conn = self._idle.pop() if self._idle else None
         try:
             if conn is None or conn.closed:
-                conn = await AsyncConnection.connect(
+                conn = await AsyncConnection.connect(  # autocommit: the lock sends its BEGIN
                     self.dsn,
+                    autocommit=True,
                     application_name=self.application_name,
                     **session_kwargs(self.dsn, writes=True),
                 )
@@ -216,23 +257,52 @@ class PgKeyStore:
             raise self._failed(exc) from exc
         kept = False
         try:
-            yield _PgHold(self, conn)  # the first lock begins the transaction (psycopg)
-            try:
-                await conn.commit()
-            except psycopg.OperationalError as exc:
-                raise self._failed(exc) from exc
+            yield _PgHold(self, conn)
+            if self.release_after is None:
+                try:
+                    await conn.commit()
+                except psycopg.OperationalError as exc:
+                    raise self._failed(exc) from exc
             kept = True
         finally:
             if not kept and not conn.closed:
                 try:
-                    await conn.rollback()
+                    await conn.rollback()  # ends the hold before too: it wrote nothing either
                 except psycopg.Error:
                     await conn.close()
             if (
                 not conn.closed
-                and conn.info.transaction_status == IDLE
+                and conn.info.transaction_status in (IDLE, INTRANS)
                 and len(self._idle) < IDLE_HOLDS
             ):
+                self._idle.append(conn)
+                if conn.info.transaction_status == INTRANS:
+                    self._release_soon()
+            else:
+                await conn.close()
+
+    def _release_soon(self) -> None:
+        if self._release is None or self._release.done():
+            self._release = asyncio.get_running_loop().create_task(
+                self.release(self.release_after or 0.0), name="inturn-key-hold-release"
+            )
+
+    async def release(self, after: float = 0.0) -> None:
+        """Release the locks of finished holds (:meth:`hold`) on idle connections, after
+        ``after`` seconds; a connection that fails to is closed (which releases them too)."""
+        if after:
+            await asyncio.sleep(after)
+        waiting = [c for c in self._idle if c.info.transaction_status != IDLE]
+        for conn in waiting:
+            if conn not in self._idle:  # taken by a hold meanwhile: its first lock releases
+                continue
+            self._idle.remove(conn)
+            try:
+                await conn.commit()
+            except psycopg.Error:
+                await conn.close()
+                continue
+            if len(self._idle) < IDLE_HOLDS:
                 self._idle.append(conn)
             else:
                 await conn.close()
