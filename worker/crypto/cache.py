@@ -39,6 +39,12 @@ class KeyCache:
         self.hits += 1
         return entry[0]
 
+    def holds(self, ref: bytes, tag: bytes | None = None) -> bool:
+        """Whether ``ref``'s key is cached (unwrapped from ``tag``, when given); counts
+        neither a hit nor a miss and moves nothing."""
+        entry = self._keys.get(ref)
+        return entry is not None and (tag is None or entry[1] == tag)
+
     def put(self, ref: bytes, key: bytes, tag: bytes = b"") -> None:
         """Remember ``key`` (unwrapped from ``tag``), dropping the least recently used one
         past the capacity."""

@@ -16,10 +16,11 @@ destroys exactly the keys of the identifiers that request matches
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -436,7 +437,39 @@ class PayloadCodec:
             finally:
                 _HOLD.reset(token)
 
-    async def ensure(self, keyings: Sequence[Keying]) -> dict[bytes, bytes]:
+    def lock_ahead(
+        self, keyings: Sequence[Keying]
+    ) -> asyncio.Task[Mapping[bytes, StoredKey]] | None:
+        """Inside :meth:`sealing`, when every key of ``keyings`` is in the cache: start the
+        hold's lock of them (its round trip to the key store) and return its task, so that the
+        caller can do other work meanwhile (ingest draws its log ids in the queue's database)
+        and then pass what it found to :meth:`ensure` (``confirmed``) once :meth:`confirms`
+        it. None outside :meth:`sealing`, without keys, or when a key is not cached (it may
+        have to be made: the caller then calls :meth:`ensure` first, as usual)."""
+        hold = _HOLD.get()
+        if hold is None or not self.enabled:
+            return None
+        refs = sorted({r for k in keyings for r in k.refs})
+        if not all(self.cache.holds(r) for r in refs):
+            return None
+        return asyncio.ensure_future(hold.lock(refs))
+
+    def confirms(self, keyings: Sequence[Keying], stored: Mapping[bytes, StoredKey]) -> bool:
+        """Whether ``stored`` (a :meth:`lock_ahead` task's result) holds every key of
+        ``keyings`` as cached here (the same wrapped bytes): :meth:`ensure` given it then
+        neither makes a key nor reaches the key store or the master keys."""
+        for keying in keyings:
+            for ref in keying.refs:
+                found = stored.get(ref)
+                if found is None or not self.cache.holds(ref, found.wrapped):
+                    return False
+        return True
+
+    async def ensure(
+        self,
+        keyings: Sequence[Keying],
+        confirmed: Mapping[bytes, StoredKey] | None = None,
+    ) -> dict[bytes, bytes]:
         """The keys of every reference of ``keyings``, creating those that do not exist yet.
 
         A cached key is used only once the key store confirmed it in this call (the same
@@ -445,6 +478,8 @@ class PayloadCodec:
         erasure may then still destroy a key between this read and the caller's commit). New
         keys are written (durably) before they are used, then held. A key erased again between
         its creation and its hold is made again, at most :data:`_ATTEMPTS` times.
+        ``confirmed``: what this hold's lock already returned for these references
+        (:meth:`lock_ahead`); the read is then not made again.
 
         Raises:
             KeyStoreUnavailable: the key store could not be reached.
@@ -457,7 +492,7 @@ class PayloadCodec:
             lookups.update(zip(k.refs, k.lookups, strict=True))
         hold = _HOLD.get()
         confirm = self.store.fetch if hold is None else hold.lock
-        stored = dict(await confirm(list(lookups)))
+        stored = dict(await confirm(list(lookups)) if confirmed is None else confirmed)
         fresh: dict[bytes, tuple[bytes, bytes]] = {}
         for _ in range(_ATTEMPTS):
             absent = [ref for ref in lookups if ref not in stored]
@@ -506,15 +541,17 @@ class PayloadCodec:
         self,
         rows: Sequence[tuple[str, bytes]],
         keyings: Sequence[Keying | None] | None = None,
+        confirmed: Mapping[bytes, StoredKey] | None = None,
     ) -> list[envelope.Body]:
         """Encrypt each ``(destination, plaintext)`` before its row ID is known (the keys
         made or fetched as needed); :func:`inturn.worker.crypto.envelope.bind` then finishes
-        each for its row. ``keyings``: each row's :meth:`keying` when already known."""
+        each for its row. ``keyings``: each row's :meth:`keying` when already known;
+        ``confirmed``: as :meth:`ensure`'s."""
         chosen = [
             k if k is not None else self.keying(p, d)
             for (d, p), k in zip(rows, keyings or [None] * len(rows), strict=True)
         ]
-        keys = await self.ensure(chosen)
+        keys = await self.ensure(chosen, confirmed)
         return [
             envelope.seal_body(p, destination=d, kind=k.kind, keys={r: keys[r] for r in k.refs})
             for (d, p), k in zip(rows, chosen, strict=True)
