@@ -34,9 +34,10 @@ from inturn.worker.cli.options import (
 )
 from inturn.worker.drain import shutdown
 from inturn.worker.drain.permits import permits_from_env
+from inturn.worker.local.budget import budget, embedded_size
 from inturn.worker.local.embedded import DataDirInUse, DataDirLock, start_embedded
 from inturn.worker.local.manifests import check_sender, load_all
-from inturn.worker.local.run import DatabaseInUse, run_local
+from inturn.worker.local.run import DatabaseInUse, LocalRunner, OverBudget, run_local
 from inturn.worker.local.witness import FILE_NAME, KEYED_FILE_NAME
 from inturn.worker.spec.destination import ManifestError
 from inturn.worker.store.dsn import DsnError, normalize_dsn
@@ -155,7 +156,8 @@ def local_command(
         serving, ingest_settings, http_insecure=True, pool_size=4, feeds=load_feeds_file(feeds_file)
     )
     try:  # fail before starting anything
-        for cfg in load_all(list(paths), secrets_dir, [data_dir]).values():
+        configs = load_all(list(paths), secrets_dir, [data_dir])
+        for cfg in configs.values():
             check_sender(cfg)
     except ManifestError as exc:
         raise click.ClickException(str(exc)) from None
@@ -167,6 +169,12 @@ def local_command(
     try:
         from_env(os.environ, "")
         permits_from_env()
+        plan = budget(
+            len(configs),
+            ingest_pool=config.pool_size,
+            console=console_at is not None,
+            encrypted=bool(encrypt or payload_keys),
+        )
     except ValueError as exc:  # Invalid is one
         raise click.ClickException(str(exc)) from None
     start_process("inturn-local", log_level, log_json)
@@ -190,6 +198,19 @@ def local_command(
             lock.release()
             raise click.ClickException(str(exc)) from None
         dsn = embedded.dsn
+        try:  # the connections the run opens, counted, fit (docs/reference/local.md)
+            before, now = embedded.fit_connections(embedded_size(plan.total))
+        except RuntimeError as exc:
+            embedded.stop()
+            lock.release()
+            raise click.ClickException(str(exc)) from None
+        if now != before:
+            log.info(
+                "embedded Postgres: max_connections raised from %d to %d (it needs %s)",
+                before,
+                now,
+                plan.describe(),
+            )
         if data_dir.resolve() == Path(".inturn").resolve():
             log.info("embedded Postgres ready; `inturn queue ...` run in this folder uses it")
         else:  # the other commands look for ./.inturn only: tell them where this one is
@@ -212,6 +233,7 @@ def local_command(
             shutdown.install(stop, abandon)
             served = None
             watch = None
+            runners: list[LocalRunner] = []  # the run's, for the console's no-worker rows
             if embedded is not None:  # restarted if killed; else stop, and exit non-zero
                 watch = asyncio.create_task(embedded.keep_running(stop), name="embedded")
             if console_at is not None and console_auth_config is not None:
@@ -225,6 +247,7 @@ def local_command(
                     auth=console_auth_config,
                     payloads=await open_codec(payload_keys, key_dsn),
                     option="--console",
+                    no_worker=lambda: runners[0].unrun() if runners else {},
                 )
             try:
                 await run_local(
@@ -240,6 +263,9 @@ def local_command(
                     # witness kept by its identity (migration 0055) in a file of all of them
                     witness=data_dir / (FILE_NAME if embedded is not None else KEYED_FILE_NAME),
                     witness_keyed=embedded is None,
+                    console=console_at is not None,
+                    embedded=embedded is not None,
+                    runners=runners,
                 )
             finally:
                 if served is not None:
@@ -253,7 +279,7 @@ def local_command(
         asyncio.run(main())
         if gave_up:
             log.error("stopping: %s", gave_up[0])
-    except DatabaseInUse as exc:
+    except (DatabaseInUse, OverBudget) as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         log.info("stopped before the workers started")

@@ -83,9 +83,10 @@ async def take(
     *,
     stuck_after: Mapping[str, float] | None = None,
     default_stuck_after: float = DEFAULT_STUCK_AFTER,
+    no_worker: Mapping[str, str] | None = None,
 ) -> tuple[list[OverviewRow], list[FeedOverviewRow]]:
     """Read the registry, the depth, the heads and the feeds on one read connection; build the
-    destination rows and the feed rows."""
+    destination rows and the feed rows (``no_worker``: as :func:`.overview.build`)."""
     async with read.connection() as conn:
         listed = await registry.listed(conn)
         depth = await reads.depth(conn)
@@ -93,7 +94,12 @@ async def take(
         heads = await reads.heads(conn, names)
         declared = await feeds_store.overview(conn)
     rows = build(
-        listed, depth, heads, stuck_after=stuck_after, default_stuck_after=default_stuck_after
+        listed,
+        depth,
+        heads,
+        stuck_after=stuck_after,
+        default_stuck_after=default_stuck_after,
+        no_worker=no_worker,
     )
     return rows, build_feeds(declared)
 
@@ -109,8 +115,12 @@ class Feed:
         default_stuck_after: float = DEFAULT_STUCK_AFTER,
         refresh_seconds: float = 2.0,
         min_interval: float = 0.5,
+        no_worker: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.dsn = dsn
+        #: the destinations the process beside the console runs no worker for (``inturn
+        #: local``: :meth:`inturn.worker.local.run.LocalRunner.unrun`), asked at each refresh
+        self.no_worker = no_worker
         self.read = read
         self.default_stuck_after = default_stuck_after
         self.refresh_seconds = refresh_seconds
@@ -160,7 +170,11 @@ class Feed:
 
     async def _refresh(self) -> None:
         self._refreshed = time.monotonic()
-        rows, feeds = await take(self.read, default_stuck_after=self.default_stuck_after)
+        rows, feeds = await take(
+            self.read,
+            default_stuck_after=self.default_stuck_after,
+            no_worker=self.no_worker() if self.no_worker is not None else None,
+        )
         self.history.record(
             time.time(),
             ((r.destination, r.pending, r.oldest_seconds) for r in rows),

@@ -28,6 +28,7 @@ DEFAULT_STUCK_AFTER = 900.0
 #: trying its head: it is ``orphaned``, never ``failing``, whatever the head's attempts say.
 STATES = (
     "orphaned",
+    "no-worker",
     "held",
     "suspended",
     "outside-window",
@@ -49,8 +50,10 @@ class OverviewRow:
             ``held`` (a console/CLI hold),
             ``suspended`` (``spec.suspend``), ``orphaned`` (pending but not registered, or
             deleted), ``outside-window`` (pending, and outside its delivery window,
-            ``spec.schedule``: held on purpose until ``window_until``), ``delivering`` (pending
-            and nothing wrong), ``idle`` (nothing pending).
+            ``spec.schedule``: held on purpose until ``window_until``), ``no-worker`` (the
+            process that runs its worker says it has none: ``inturn local`` over its
+            connection budget, or refused a session by a full database), ``delivering``
+            (pending and nothing wrong), ``idle`` (nothing pending).
         ready: pending messages that may go now: all of them when the head is due and nothing
             holds the destination, else 0 (nothing overtakes the head).
         pending, failed, oldest_seconds, max_attempts: as ``inturn queue depth``
@@ -87,7 +90,7 @@ class OverviewRow:
         something pending or failed; 0: fine."""
         if self.over_threshold:
             return 2
-        troubled = self.state in ("failing", "held", "suspended", "orphaned")
+        troubled = self.state in ("failing", "held", "suspended", "orphaned", "no-worker")
         return 1 if self.failed or (troubled and self.pending) else 0
 
     def to_json(self) -> dict[str, Any]:
@@ -129,10 +132,13 @@ def build(
     stuck_after: Mapping[str, float] | None = None,
     default_stuck_after: float = DEFAULT_STUCK_AFTER,
     now: datetime | None = None,
+    no_worker: Mapping[str, str] | None = None,
 ) -> list[OverviewRow]:
     """Merge registry rows, depth rows and heads into overview rows, worst first.
 
-    ``now`` (default: the current time) judges the delivery windows.
+    ``now`` (default: the current time) judges the delivery windows. ``no_worker``: the
+    destinations the process running their workers has none for (name -> why), shown as
+    ``no-worker`` (never ``delivering``).
 
     Every registered, not deleted destination has a row; a destination with messages but no
     live registry row appears as ``orphaned``. Order: severity, then the oldest pending age,
@@ -161,6 +167,8 @@ def build(
         wait = head.wait_seconds if head else 0.0
         if orphaned:
             state = "orphaned"
+        elif name in (no_worker or {}):
+            state = "no-worker"
         elif held:
             state = "held"
         elif suspended:
@@ -175,7 +183,8 @@ def build(
             state = "failing"  # an unreachable receiver holds the head without counting attempts
         else:
             state = "delivering" if pending else "idle"
-        blocked = held or suspended or orphaned or wait > 0 or window_until is not None
+        unrun = name in (no_worker or {})
+        blocked = held or suspended or orphaned or unrun or wait > 0 or window_until is not None
         rows.append(
             OverviewRow(
                 destination=name,

@@ -6,6 +6,7 @@ Used by ``inturn console`` and by ``inturn local --console PORT``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -53,10 +54,13 @@ async def start_console(
     server_names: ServerNames | None = None,
     payloads: PayloadCodec | None = None,
     option: str = "--listen",
+    no_worker: Callable[[], Mapping[str, str]] | None = None,
 ) -> ConsoleServer:
     """Open the pools (writes: 2 connections; reads: 2, read-only, short statement timeout),
-    take the first overview, and serve on ``host:port`` the requests whose ``Host`` is one of
-    ``server_names`` (default: the loopback names; see :mod:`inturn.worker.console.names`).
+    take the first overview (``no_worker``: the destinations the process beside it runs no
+    worker for, shown ``no-worker``: ``inturn local``'s), and serve on ``host:port`` the
+    requests whose ``Host`` is one of ``server_names`` (default: the loopback names; see
+    :mod:`inturn.worker.console.names`).
 
     Raises:
         psycopg_pool.PoolTimeout: the database could not be reached.
@@ -68,7 +72,13 @@ async def start_console(
     announce_pooling()
     pools = await Pools.open(dsn, write_size=2, read_size=2, application_name="inturn-console")
     write, read = pools.write, pools.read
-    feed = Feed(dsn, read, default_stuck_after=stuck_after, refresh_seconds=refresh_seconds)
+    feed = Feed(
+        dsn,
+        read,
+        default_stuck_after=stuck_after,
+        refresh_seconds=refresh_seconds,
+        no_worker=no_worker,
+    )
     console = Console(write=write, read=read, feed=feed, payloads=payloads or PayloadCodec())
     try:
         await feed.start()

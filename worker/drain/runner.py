@@ -55,7 +55,7 @@ from inturn.worker.spec.config import (
     lease_settings,
 )
 from inturn.worker.spec.config import poll_seconds as poll_env
-from inturn.worker.store import delivery, lockwatch, notify, restore
+from inturn.worker.store import capacity, delivery, lockwatch, notify, restore
 from inturn.worker.store import lease as leases
 from inturn.worker.store.connect import connect_worker, detect_pooling
 from inturn.worker.store.faults import KeyStoreUnavailable, connection_gone
@@ -83,6 +83,8 @@ class DatabaseAway:
         self.since: float | None = None
         self.tries = 0
         self.cause = ""
+        #: the database was found full (53300) in this outage, and said so
+        self.full = False
 
     def failed(self, destination: str, what: str, cause: str, delay: float) -> None:
         """A worker's session failed: the first line of the condition, or a count."""
@@ -90,7 +92,19 @@ class DatabaseAway:
         self.cause = cause
         first = self.since is None
         self.waiting.add(destination)
-        if first:
+        if what == "full" and not self.full:  # said once, also when the outage began otherwise
+            self.full = True
+            self.since = self.since or time.monotonic()
+            log.warning(
+                "%s: destination %s has no session, and no worker of this process without"
+                " one delivers until a connection is free (each retries every %.1fs to %.0fs):"
+                " raise max_connections, or run fewer destinations on this server",
+                cause,
+                destination,
+                delay,
+                RECONNECT_MAX_SECONDS,
+            )
+        elif first:
             self.since = time.monotonic()
             log.warning(
                 "database %s (%s): the workers of this process wait for it, each retrying"
@@ -117,13 +131,13 @@ class DatabaseAway:
             self.tries,
             self.cause,
         )
-        self.since, self.tries, self.cause = None, 0, ""
+        self.since, self.tries, self.cause, self.full = None, 0, "", False
 
     def gone(self, destination: str) -> None:
         """A worker stopped while waiting: no longer counted (no closing line for it)."""
         self.waiting.discard(destination)
         if not self.waiting:
-            self.since, self.tries, self.cause = None, 0, ""
+            self.since, self.tries, self.cause, self.full = None, 0, "", False
 
 
 #: The :class:`DatabaseAway` of each database this process's workers use, by DSN.
@@ -243,6 +257,10 @@ class DestinationWorker(SingleStream):
                     self.state.db_ok = False
                     delay = backoff_seconds(failures, RECONNECT_BASE_SECONDS, RECONNECT_MAX_SECONDS)
                     what = "connection lost" if self.state.connected_once else "unreachable"
+                    cause = _first_line(exc)
+                    if capacity.too_many(exc):  # up and full: a setting to change, not a wait
+                        what, cause = "full", capacity.refused_text(self.dsn)
+                        self.state.refused = cause
                     if isinstance(exc, KeyStoreUnavailable):  # not the queue's database
                         log.warning(
                             "destination %s: %s; the head waits for it: next try in %.1fs",
@@ -252,7 +270,7 @@ class DestinationWorker(SingleStream):
                         )
                     else:
                         away = AWAY.setdefault(self.dsn, DatabaseAway())
-                        away.failed(self.destination, what, _first_line(exc), delay)
+                        away.failed(self.destination, what, cause, delay)
                     await sleep_or_stop(stop, delay)
                 except PayloadKeysMissing:  # this process can never send: it stops, once
                     raise
@@ -292,6 +310,7 @@ class DestinationWorker(SingleStream):
         shared = "inturn-worker" if self.pooled else name
         conn = await connect_worker(self.dsn, application_name=shared, pooled=self.pooled)
         self.state.db_ok = True
+        self.state.refused = None
         self.state.connected_once = True
         away = AWAY.get(self.dsn)
         if away is not None:

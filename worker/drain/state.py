@@ -31,6 +31,8 @@ class WorkerHealth:
             the cure), or None.
         failure: the unexpected error that ended the worker's last session (it opens a new
             one after a pause), or None once it holds its lease again.
+        refused: why the database refuses the worker a session while it is up (too many
+            connections, SQLSTATE 53300), or None once it has one: the worker cannot run.
     """
 
     lock_held: bool = False
@@ -45,6 +47,7 @@ class WorkerHealth:
     key_store: Callable[[], str | None] | None = None
     unreadable: str | None = None
     failure: str | None = None
+    refused: str | None = None
 
     def alive(self, stale_after: float) -> bool:
         """Whether the loop turned within ``stale_after`` seconds (the attempt in flight counts)."""
@@ -64,6 +67,8 @@ class WorkerHealth:
             return down
         if self.failure is not None:
             return self.failure
+        if self.refused is not None:
+            return self.refused
         if not self.lock_held or not self.db_ok:
             return "not holding the lock or no database"
         if self.lock_wait is not None:

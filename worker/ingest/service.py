@@ -215,6 +215,7 @@ class Ingest:
                     write_size=config.pool_size,
                     read_size=1,
                     application_name="inturn-ingest",
+                    check=False,  # a connection found gone is replaced and the store retried
                 )
             pools = self._pools
             self.payloads = await open_codec(

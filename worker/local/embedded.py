@@ -88,6 +88,68 @@ class EmbeddedPostgres:
         finally:
             chatty.setLevel(level)
 
+    def fit_connections(self, wanted: int) -> tuple[int, int]:
+        """Make the server's ``max_connections`` at least ``wanted``: when it is lower, set it
+        with ``ALTER SYSTEM`` (``postgresql.auto.conf`` in the data folder, so later runs keep
+        it) and restart the server (the setting takes effect only at a server start). Blocking;
+        call before anything else connects. Returns ``(before, now)``.
+
+        Raises:
+            RuntimeError: the restart failed (the server's ``FATAL`` line: not enough shared
+                memory or semaphores for that many); the setting is taken back and the server
+                started as it was.
+        """
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT current_setting('max_connections')::int").fetchone()
+            before = int(row[0]) if row else 0
+            if before >= wanted:
+                return before, before
+            conn.execute(f"ALTER SYSTEM SET max_connections = {int(wanted)}")
+        try:
+            self._pg_ctl_restart()
+        except RuntimeError as exc:
+            why = str(exc)
+            auto = self.data_dir / "postgresql.auto.conf"
+            with contextlib.suppress(OSError):
+                kept = [
+                    line
+                    for line in auto.read_text().splitlines()
+                    if not line.strip().startswith("max_connections")
+                ]
+                auto.write_text("\n".join(kept) + "\n")
+            self.restart()
+            raise RuntimeError(
+                f"the embedded Postgres did not start with max_connections {wanted}: {why};"
+                f" it runs again with {before}"
+            ) from None
+        return before, wanted
+
+    def _pg_ctl_restart(self) -> None:
+        """``pg_ctl restart`` (fast: nothing but this process is connected yet), with the
+        options the server was started with (``postmaster.opts``)."""
+        import pgserver
+
+        pg_ctl: Any = vars(pgserver)["pg_ctl"]  # made at import (create_command_function)
+
+        server = self._server
+        try:
+            with server._lock:
+                pg_ctl(
+                    ["-w", "-t", "60", "-m", "fast", "-l", str(self.data_dir / "log"), "restart"],
+                    pgdata=self.data_dir,
+                    user=server.system_user,
+                    timeout=90,
+                )
+                server.ensure_postgres_running()  # its idea of the postmaster, renewed
+        except Exception as exc:  # pgserver raises CalledProcessError, TimeoutExpired, ...
+            why = (
+                server_said(self.data_dir)
+                or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            )
+            raise RuntimeError(why) from None
+
     async def keep_running(
         self,
         stop: asyncio.Event,

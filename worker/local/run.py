@@ -36,6 +36,7 @@ from inturn.worker.drain.runner import DestinationWorker
 from inturn.worker.errors import Conflict
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.service import Ingest
+from inturn.worker.local import budget
 from inturn.worker.local import witness as witness_file
 from inturn.worker.local.manifests import fingerprint, load_all, manifest_files
 from inturn.worker.operations.payload_keys import close_codec, open_codec
@@ -44,7 +45,7 @@ from inturn.worker.spec.config import WorkerConfig
 from inturn.worker.spec.destination import ManifestError
 from inturn.worker.spec.replies import to_spec as reply_spec
 from inturn.worker.spec.schedule import to_spec
-from inturn.worker.store import faults, locks, reads, registry
+from inturn.worker.store import capacity, faults, locks, reads, registry
 from inturn.worker.store.connect import announce_pooling, connect_worker, detect_pooling
 from inturn.worker.store.lease import holder_id
 from inturn.worker.store.periodic import Periodic
@@ -116,6 +117,11 @@ class LocalRunner:
             is removed (:data:`REMOVAL_GRACE_SECONDS`; 0: at the first look without it).
         permits: the bound on statements at once that every worker of the process shares
             (:mod:`inturn.worker.drain.permits`); None: no bound.
+        room: how many workers the connection budget lets run (:mod:`.budget`); a destination
+            beyond it is registered (its messages are queued and kept) but gets no worker, is
+            named by :meth:`not_ready` and :meth:`unrun`, and starts when room is made; None:
+            no bound.
+        over: the one-line cure said for a destination beyond ``room``.
     """
 
     def __init__(
@@ -129,8 +135,17 @@ class LocalRunner:
         skip: Sequence[Path] = (),
         removal_grace: float = REMOVAL_GRACE_SECONDS,
         permits: StatementPermits | None = None,
+        room: int | None = None,
+        over: str = "",
     ) -> None:
         self.dsn = dsn
+        self.room = room
+        self.over = over
+        #: destinations registered whose worker does not run for want of connections -> why
+        self._unrun: dict[str, WorkerConfig] = {}
+        #: destinations removed (their workers stopped) whose registry row is still to be
+        #: marked deleted: the database was away or full when they were removed
+        self._unrouted: set[str] = set()
         self.permits = permits
         self.removal_grace = removal_grace
         #: destination -> monotonic time its manifest was first found gone (kept till the grace)
@@ -172,13 +187,23 @@ class LocalRunner:
                     dest,
                     cfg.channel,
                 )
+        # A removal needs no database: the worker stops (its connection freed) at once, and
+        # the registry follows when the database answers (it may be away, or full).
+        for dest in sorted(set(self.applied) - set(desired)):
+            await self._stop(dest)
+            self._unrun.pop(dest, None)
+            del self.applied[dest]
+            self._unrouted.add(dest)
+            log.info("destination %s removed: its worker stopped", dest)
+        self._unrouted -= set(desired)
+        self._fill()
         async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            for dest in sorted(set(self.applied) - set(desired)):
-                await self._stop(dest)
+            for dest in sorted(self._unrouted):
                 await registry.mark_deleted(conn, dest)
+                self._unrouted.discard(dest)
                 rows = await reads.depth(conn, dest)
                 kept = rows[0].pending if rows else 0
-                log.info("destination %s removed: worker stopped, %d pending kept", dest, kept)
+                log.info("destination %s: no longer routed, %d pending kept", dest, kept)
             changed = {d: c for d, c in sorted(desired.items()) if self.applied.get(d) != c}
             for dest, cfg in changed.items():  # first let go, so that carriers can move
                 await registry.release_carriers(conn, dest, keep=cfg.carriers)
@@ -247,12 +272,40 @@ class LocalRunner:
         failing on a live session (the delivered mark on a full disk) or that has stopped, as
         ``destination: why`` joined by ``; ``; None when there is none (a receiver that is down
         is the worker's own business, not readiness)."""
-        lines = [
-            f"{dest}: {why}"
-            for dest, running in sorted(self.running.items())
-            if (why := running.worker.state.trouble or running.worker.state.failure)
-        ]
-        return "; ".join(lines) or None
+        state = {
+            dest: why
+            for dest, running in self.running.items()
+            if (
+                why := running.worker.state.refused
+                or running.worker.state.trouble
+                or running.worker.state.failure
+            )
+        }
+        state.update(self.unrun())
+        return "; ".join(f"{dest}: {why}" for dest, why in sorted(state.items())) or None
+
+    def unrun(self) -> dict[str, str]:
+        """Destinations of the manifests that have no worker running for want of connections,
+        each with why: registered beyond the connection budget (:attr:`room`), or a worker whose
+        session the database refuses (too many connections)."""
+        out = {dest: f"no worker: {self.over}" for dest in self._unrun}
+        for dest, running in self.running.items():
+            if running.worker.state.refused is not None:
+                out[dest] = f"no worker session: {running.worker.state.refused}"
+        return out
+
+    def _fill(self) -> None:
+        """Start the destinations waiting for room, in name order, as far as room allows."""
+        for dest in sorted(self._unrun):
+            if not self._has_room():
+                return
+            cfg = self._unrun.pop(dest)
+            log.info("destination %s: room in the connection budget: its worker starts", dest)
+            self._start(cfg)
+
+    def _has_room(self) -> bool:
+        taken = len(self.running) + len(self._deferred or ())
+        return self.room is None or taken < self.room
 
     def _removal_due(self) -> bool:
         if self._invalid:  # all or nothing: the removal waits for valid manifests
@@ -261,6 +314,16 @@ class LocalRunner:
         return any(now - since >= self.removal_grace for since in self._missing.values())
 
     def _start(self, cfg: WorkerConfig) -> None:
+        self._unrun.pop(cfg.destination, None)
+        if not self._has_room():
+            self._unrun[cfg.destination] = cfg
+            log.error(
+                "destination %s: no worker: %s (its messages are queued and kept; /readyz"
+                " names it)",
+                cfg.destination,
+                self.over,
+            )
+            return
         if self._deferred is not None:
             self._deferred.append(cfg)
             return
@@ -293,6 +356,7 @@ class LocalRunner:
         )
 
     async def _stop(self, dest: str) -> None:
+        self._unrun.pop(dest, None)
         running = self.running.pop(dest, None)
         if running is None:
             return
@@ -403,6 +467,51 @@ class DatabaseInUse(Conflict):
     """Another ``inturn local`` already runs on this database (it owns its registry)."""
 
 
+class OverBudget(Conflict):
+    """The server does not let ``inturn local`` open the connections its destinations need
+    (:mod:`.budget`); the message names the numbers and the setting to change."""
+
+
+async def connection_room(
+    conn: AsyncConnection[Any],
+    dsn: str,
+    plan: budget.Budget,
+    destinations: int,
+    *,
+    embedded: bool,
+) -> tuple[int, str]:
+    """Hold the run's connection budget against the server's limit: how many workers fit
+    beside everything else (``plan.fixed``), and the one-line cure for a destination beyond
+    them. Logged at start.
+
+    Raises:
+        OverBudget: the ``destinations`` of the manifests do not fit.
+        psycopg.Error: the limits could not be read.
+    """
+    limits = await capacity.limits(conn, dsn)
+    need = plan.with_workers(destinations)
+    over = budget.over_text(need, limits.max_connections, limits.usable, embedded=embedded)
+    if need.total > limits.usable:
+        raise OverBudget(over)
+    log.info(
+        "connection budget: %s of the %d the server lets it open (max_connections %d)",
+        need.describe(),
+        limits.usable,
+        limits.max_connections,
+    )
+    room = limits.usable - plan.fixed
+    where = f"{room} workers fit beside the rest (max_connections {limits.max_connections})"
+    if embedded:
+        return room, (
+            f"over the connection budget: {where}; restart inturn local, which raises the"
+            " embedded server's max_connections to fit"
+        )
+    return room, (
+        f"over the connection budget: {where}; raise max_connections on the server, lower"
+        f" {budget.SPARE_ENV}, or run fewer destinations"
+    )
+
+
 def in_use(pooled: bool) -> str:
     """Why a second ``inturn local`` is refused. On a direct connection the holder's session is
     alive (a dead one's ends with its process), so it runs. Behind a transaction-mode pooler no
@@ -430,6 +539,9 @@ async def run_local(
     skip: Sequence[Path] = (),
     witness: Path | None = None,
     witness_keyed: bool = False,
+    console: bool = False,
+    embedded: bool = False,
+    runners: list[LocalRunner] | None = None,
 ) -> None:
     """Run ingest, the workers and (every ``sweep_every`` seconds; None: never) the sweeper
     until ``stop`` is set, then shut them down in order (``abandon``, set while stopping,
@@ -442,8 +554,17 @@ async def run_local(
     ``inturn local`` on the same database would retire this one's destinations (they are not
     in its manifests), and messages for them would no longer be routed.
 
+    The connections it opens are counted (:mod:`.budget`, ``console``: a console runs beside
+    it) and held against the server's ``max_connections`` before anything starts; a
+    destination the manifests add later beyond them gets no worker (``/readyz`` names it);
+    ``embedded``: the server is ``inturn local``'s own (the cure said is a restart).
+    ``runners``: the run's :class:`LocalRunner` is appended to it once made (the console
+    beside it asks it which destinations have no worker).
+
     Raises:
         DatabaseInUse: another ``inturn local`` holds the lock; nothing was started.
+        OverBudget: the manifests' destinations need more connections than the server lets it
+            open; nothing was started.
     """
     announce_pooling()
     owner = await connect_worker(dsn, application_name="inturn-local")
@@ -459,6 +580,15 @@ async def run_local(
             ingest_config.payload_keys,
             ingest_config.key_dsn,
             application_name="inturn-local-keys",
+        )
+        plan = budget.budget(
+            0,
+            ingest_pool=ingest_config.pool_size,
+            console=console,
+            encrypted=bool(ingest_config.payload_keys),
+        )
+        room, over = await connection_room(
+            owner, dsn, plan, len(load_all(paths, secrets_dir, skip)), embedded=embedded
         )
         permits = permits_from_env()
         if permits is not None:
@@ -477,7 +607,11 @@ async def run_local(
             skip,
             removal_grace=removal_grace_seconds(),
             permits=permits,
+            room=room,
+            over=over,
         )
+        if runners is not None:
+            runners.append(runner)
         await runner.start(launch=False)  # registered: ingest routes to them from its start
         ingest = Ingest(ingest_config, dsn=dsn, lanes=runner.lanes, also_ready=runner.not_ready)
         sweeper = None

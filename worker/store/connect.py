@@ -347,15 +347,22 @@ class Pools:
         write_size: int = 4,
         read_size: int = 2,
         application_name: str = "inturn",
+        check: bool = True,
     ) -> Pools:
         """Open both pools against ``dsn`` and wait until each has a connection.
+
+        With ``check`` (the console's and people's commands' pools) every connection is checked
+        before it is handed out (psycopg_pool's ``check_connection``: an empty statement, one
+        round trip): one that died with the server (a restart, ``pg_terminate_backend``) is
+        replaced, never handed to a person's action. Ingest, which stores again on a fresh
+        connection when one is found gone, passes False and saves the round trip per message.
 
         Raises:
             psycopg_pool.PoolTimeout: the database could not be reached within 10 seconds.
         """
         pooled = (await detect_pooling(dsn)).pooled
-        write = _pool(dsn, "inturn-write", write_size, application_name, True, pooled)
-        read = _pool(dsn, "inturn-read", read_size, application_name, False, pooled)
+        write = _pool(dsn, "inturn-write", write_size, application_name, True, pooled, check)
+        read = _pool(dsn, "inturn-read", read_size, application_name, False, pooled, check)
         await write.open(wait=True, timeout=10)
         try:
             await read.open(wait=True, timeout=10)
@@ -391,7 +398,13 @@ def begin_read() -> sql.Composed:
 
 
 def _pool(
-    dsn: str, name: str, size: int, application_name: str, writes: bool, pooled: bool
+    dsn: str,
+    name: str,
+    size: int,
+    application_name: str,
+    writes: bool,
+    pooled: bool,
+    check: bool = True,
 ) -> AsyncConnectionPool:
     from inturn.worker.store.pool import Pool
 
@@ -409,4 +422,5 @@ def _pool(
         open=False,
         name=name,
         read_only=not writes,
+        check=Pool.check_connection if check else None,
     )

@@ -42,6 +42,7 @@ from typing import Literal
 import psycopg
 
 from inturn.worker.hl7.errors import ErrorCode
+from inturn.worker.store import capacity
 
 Fault = Literal["dead", "permanent", "transient"]
 
@@ -150,6 +151,10 @@ def classify(exc: BaseException) -> Classified:
     """Classify an exception raised while storing a message (see the module table)."""
     sqlstate = exc.sqlstate if isinstance(exc, psycopg.Error) else None
     name = type(exc).__name__
+    if capacity.too_many(exc):  # up and full: never "connection lost" or "unreachable"
+        return Classified(
+            "transient", "53300", ErrorCode.APPLICATION_INTERNAL_ERROR, capacity.refused_text()
+        )
     if isinstance(exc, KeyStoreUnavailable):
         cause = type(exc.__cause__).__name__ if exc.__cause__ else name
         text = f"key store unreachable ({cause})"
@@ -179,6 +184,8 @@ def refusal(exc: BaseException) -> str | None:
     pool that timed out; a key store away): the process keeps running and tries again at its
     next turn. None for anything else (a bug, or a schema that is not there), which the caller
     lets end the process as before."""
+    if capacity.too_many(exc):
+        return capacity.refused_text()
     if isinstance(exc, KeyStoreUnavailable) or _pool_error(exc) or connection_gone(exc):
         return classify(exc).text
     if not isinstance(exc, psycopg.Error):
@@ -301,7 +308,9 @@ def classify_step(step: Step, exc: BaseException, *, connection_closed: bool) ->
     """
     sqlstate = exc.sqlstate if isinstance(exc, psycopg.Error) else None
     ended = connection_gone(exc, closed=connection_closed)
-    if ended:
+    if capacity.too_many(exc):
+        text = capacity.refused_text()
+    elif ended:
         text = f"connection lost ({type(exc).__name__}"
         text += f", SQLSTATE {sqlstate})" if sqlstate else ")"
     elif sqlstate is not None:
