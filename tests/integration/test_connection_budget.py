@@ -209,15 +209,10 @@ async def test_a_full_server_is_named_full_and_a_removal_still_stops_its_worker(
                 " WHERE application_name = 'inturn-worker default/f1'"
             )
             deadline = time.monotonic() + 10
-            while (
-                fillers[0]
-                .execute(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE application_name = 'inturn-worker default/f1'"
-                )
-                .fetchone()
-                != (0,)
-            ):
+            while fillers[0].execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name = 'inturn-worker default/f1'"
+            ).fetchone() != (0,):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             with contextlib.suppress(psycopg.OperationalError):  # its slot, taken again
