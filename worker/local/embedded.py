@@ -99,14 +99,11 @@ class EmbeddedPostgres:
                 memory or semaphores for that many); the setting is taken back and the server
                 started as it was.
         """
-        import psycopg
+        from inturn.worker.store.capacity import raise_max_connections
 
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            row = conn.execute("SELECT current_setting('max_connections')::int").fetchone()
-            before = int(row[0]) if row else 0
-            if before >= wanted:
-                return before, before
-            conn.execute(f"ALTER SYSTEM SET max_connections = {int(wanted)}")
+        before = raise_max_connections(self.dsn, wanted)
+        if before >= wanted:
+            return before, before
         try:
             self._pg_ctl_restart()
         except RuntimeError as exc:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import psycopg.sql
 
 #: SQLSTATE of "too many connections" (PostgreSQL manual, Appendix A, class 53).
 TOO_MANY_CONNECTIONS = "53300"
@@ -67,6 +68,26 @@ async def limits(conn: psycopg.AsyncConnection[Any], dsn: str | None = None) -> 
     if dsn is not None:
         KNOWN[dsn] = found.max_connections
     return found
+
+
+def raise_max_connections(dsn: str, wanted: int) -> int:
+    """On a server this process may reconfigure (the embedded one, as its superuser): its
+    ``max_connections``, and when that is below ``wanted``, ``ALTER SYSTEM SET max_connections``
+    to it (taken at the next server start: the caller restarts it). Blocking.
+
+    Raises:
+        psycopg.Error: the server could not be reached, or refused the change.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT current_setting('max_connections')::int").fetchone()
+        before = int(row[0]) if row else 0
+        if before < wanted:
+            conn.execute(
+                psycopg.sql.SQL("ALTER SYSTEM SET max_connections = {}").format(
+                    psycopg.sql.Literal(int(wanted))
+                )
+            )
+    return before
 
 
 def too_many(exc: BaseException) -> bool:
