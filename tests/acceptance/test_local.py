@@ -165,7 +165,8 @@ async def test_manifest_changes_apply_without_restart(
         # file removed -> worker stopped, its messages kept
         path.unlink()
         await local.wait_log("default/moving: its manifest is gone; removed in 1 s unless")
-        await local.wait_log("default/moving removed: worker stopped, 5 pending kept")
+        await local.wait_log("default/moving removed: its worker stopped")
+        await local.wait_log("default/moving: no longer routed, 5 pending kept")
         await wait_until(lambda: count_is(fresh_db, 0, worker_connections, app))
         assert await pending(fresh_db) == 5
 
