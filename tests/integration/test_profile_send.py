@@ -1,5 +1,7 @@
 """Receiver profiles at send time (issue 42): what a real receiver gets, over MLLP and HTTP, on
-one stream and on lanes; MSH-13 numbers kept with the queue; a refusal under the retry policy.
+one stream and on lanes; MSH-13 numbers kept with the queue; a refusal given up at once by
+default (``ackPolicy.profile: fail``), or kept at the head under the retry policy with
+``ackPolicy.profile: retry``.
 
 The stored bytes never change (the receiver gets the shaped ones); without a profile the
 receiver gets the stored bytes themselves.
@@ -20,7 +22,7 @@ from psycopg import AsyncConnection
 from inturn.worker.hl7.profile import compile_profile
 from inturn.worker.senders.http import HttpSenderConfig
 from inturn.worker.senders.mllp import MllpSenderConfig
-from inturn.worker.spec.config import WorkerConfig
+from inturn.worker.spec.config import AckPolicy, WorkerConfig
 from inturn.worker.store import queue, registry
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import HttpReceiver, MllpReceiver
@@ -54,6 +56,10 @@ async def enqueue(dsn: str, payloads: list[bytes], destination: str = DEST) -> l
 
 def shaped_config(sender: Any, spec: dict[str, Any], **changes: Any) -> WorkerConfig:
     return worker_config(DEST, sender, profile=compile_profile(spec), **changes)
+
+
+#: ``ackPolicy.profile: retry``: a refusal keeps its message at the head (the opt-in).
+RETRY_REFUSALS = AckPolicy(profile="retry")
 
 
 def _to(cfg: WorkerConfig, port: int) -> WorkerConfig:
@@ -182,14 +188,15 @@ async def test_without_a_charset_rule_the_content_type_is_as_configured(fresh_db
     assert body_charset(rx.headers[0]) is None
 
 
-async def test_a_refusal_names_field_and_value_and_follows_the_retry_policy(
+async def test_with_ack_policy_retry_a_refusal_follows_the_retry_policy(
     fresh_db: str,
 ) -> None:
     holding = {"maps": [{"field": "OBX-3.1", "table": {"GLU": "2345-7"}, "otherwise": "hold"}]}
     await enqueue(fresh_db, [message(1, code="XYZ"), message(2)])
     async with MllpReceiver() as rx:
         # pending while attempts remain: nothing reaches the receiver, nothing overtakes it
-        async with worker(shaped_config(rx.port, holding), fresh_db):
+        cfg = shaped_config(rx.port, holding, ack_policy=RETRY_REFUSALS)
+        async with worker(cfg, fresh_db):
             await until(lambda: rows(fresh_db, DEST)[0]["attempts"] >= 2)
         first, second = rows(fresh_db, DEST)
         assert first["state"] == "pending" and second["state"] == "pending"
@@ -205,13 +212,13 @@ async def test_a_refusal_names_field_and_value_and_follows_the_retry_policy(
         assert field(rx.received[0], "OBX", 3) == "XYZ^Glucose"
 
 
-async def test_a_refusal_with_max_attempts_is_given_up_onto_delivery_failed(
+async def test_with_ack_policy_retry_a_refusal_is_given_up_after_max_attempts(
     fresh_db: str,
 ) -> None:
     refusing = {"charset": {"to": "ASCII", "unmappable": "refuse"}}
     await enqueue(fresh_db, [message(1), message(2, name="SMITH^JO")])
     retry = dataclasses.replace(FAST_RETRY, max_attempts=2)
-    cfg = shaped_config(0, refusing, retry=retry)
+    cfg = shaped_config(0, refusing, retry=retry, ack_policy=RETRY_REFUSALS)
     async with MllpReceiver() as rx, worker(_to(cfg, rx.port), fresh_db):
         await rx.wait_for(1)
         await until(lambda: rows(fresh_db, DEST)[1]["state"] == "delivered")
@@ -408,9 +415,12 @@ async def test_one_rule_kind_changes_its_fields_and_not_one_other(
     assert bytes(rows(fresh_db, DEST)[0]["payload"]) == stored
 
 
-async def test_on_lanes_a_refusal_holds_its_patient_and_the_others_go(fresh_db: str) -> None:
-    """The lanes record a refusal as that lane's answer: its patient's later messages wait
-    behind it, other patients' messages go; nothing of it reaches the receiver."""
+async def test_on_lanes_a_retried_refusal_holds_its_patient_and_the_others_go(
+    fresh_db: str,
+) -> None:
+    """With ``ackPolicy.profile: retry`` the lanes record a refusal as that lane's answer: its
+    patient's later messages wait behind it, other patients' messages go; nothing of it reaches
+    the receiver."""
     holding = {"maps": [{"field": "OBX-3.1", "table": {"GLU": "GLU"}, "otherwise": "hold"}]}
     await enqueue(
         fresh_db,
@@ -422,7 +432,8 @@ async def test_on_lanes_a_refusal_holds_its_patient_and_the_others_go(fresh_db: 
         ],
     )
     async with MllpReceiver() as rx:
-        async with worker(shaped_config(rx.port, holding, lanes=3), fresh_db):
+        cfg = shaped_config(rx.port, holding, lanes=3, ack_policy=RETRY_REFUSALS)
+        async with worker(cfg, fresh_db):
             await rx.wait_for(2)
             await until(lambda: rows(fresh_db, DEST)[0]["attempts"] >= 2)
         assert sorted(field(m, "MSH", 10) for m in rx.received) == ["C0003", "C0004"]
@@ -432,3 +443,100 @@ async def test_on_lanes_a_refusal_holds_its_patient_and_the_others_go(fresh_db: 
             "profile: OBX-3.1 'XYZ': has no entry in the map (otherwise: hold)",
         )
         assert [s for s, _ in states[1:]] == ["pending", "delivered", "delivered"]
+
+
+async def failed_items(dsn: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """The ``delivery-failed`` work items: (record key, reason, details), oldest first."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT record_key, reason, details FROM inturn_worklist_item"
+            " WHERE queue = 'delivery-failed' ORDER BY id"
+        )
+        return [(str(k), str(r), dict(d)) for k, r, d in await cur.fetchall()]
+
+
+LATIN1_REFUSING = {"charset": {"to": "ISO-8859-1", "unmappable": "refuse"}}
+POLISH_REFUSAL = "profile: PID-5 'Ł': (U+0141) has no place in ISO-8859-1 (unmappable: refuse)"
+
+
+async def test_a_refusal_is_given_up_at_once_by_default_even_retrying_for_ever(
+    fresh_db: str,
+) -> None:
+    """The first user's case: ``unmappable: refuse`` and ``maxAttempts: 0``; a name with Ł is
+    refused at every attempt, so it goes onto ``delivery-failed`` at its first, naming the
+    refusal, and the messages behind it go in order."""
+    assert FAST_RETRY.max_attempts == 0
+    stored = [message(1, name="ŁUKASZ^JAN"), message(2), message(3), message(4)]
+    await enqueue(fresh_db, stored)
+    async with MllpReceiver() as rx, worker(shaped_config(rx.port, LATIN1_REFUSING), fresh_db):
+        await rx.wait_for(3)
+        await until(lambda: rows(fresh_db, DEST)[3]["state"] == "delivered")
+    first = rows(fresh_db, DEST)[0]
+    assert (first["state"], first["attempts"], first["last_error"]) == (
+        "failed",
+        1,
+        POLISH_REFUSAL,
+    )
+    assert [field(m, "MSH", 10) for m in rx.received] == ["C0002", "C0003", "C0004"]
+    ((key, reason, details),) = await failed_items(fresh_db)
+    assert (key, reason) == (str(first["id"]), "profile")
+    assert (details["outcome"], details["attempts"], details["cause"]) == (
+        "profile",
+        1,
+        POLISH_REFUSAL,
+    )
+
+
+async def test_on_lanes_a_refusal_given_up_lets_its_patient_go_on_in_order(
+    fresh_db: str,
+) -> None:
+    """With lanes a refused message is given up at once too; its patient's later messages go
+    after it (a message given up holds nothing), in their order; other patients never wait."""
+    await enqueue(
+        fresh_db,
+        [
+            message(1, name="ŁUKASZ^JAN", patient=7),  # refused
+            message(2, patient=7),
+            message(3, patient=7),
+            message(4, patient=8),
+        ],
+    )
+    cfg = shaped_config(0, LATIN1_REFUSING, lanes=3)
+    async with MllpReceiver() as rx, worker(_to(cfg, rx.port), fresh_db):
+        await rx.wait_for(3)
+        await until(lambda: all(r["state"] != "pending" for r in rows(fresh_db, DEST)))
+    got = rows(fresh_db, DEST)
+    assert [(r["state"], r["attempts"]) for r in got] == [
+        ("failed", 1),
+        ("delivered", 1),
+        ("delivered", 1),
+        ("delivered", 1),
+    ]
+    sent = [field(m, "MSH", 10) for m in rx.received]
+    assert sorted(sent) == ["C0002", "C0003", "C0004"]
+    assert sent.index("C0002") < sent.index("C0003")  # patient 7's order kept
+    # the give-up was recorded before its patient's next message was sent
+    assert got[0]["finished_at"] <= got[1]["last_attempt"]
+    assert [(k, r) for k, r, _ in await failed_items(fresh_db)] == [(str(got[0]["id"]), "profile")]
+
+
+@pytest.mark.parametrize("unmappable", ["refuse", "replace", "transliterate"])
+async def test_text_that_is_not_in_its_declared_charset_is_refused_in_every_mode(
+    fresh_db: str, unmappable: str
+) -> None:
+    """Latin-1 MÜLLER in a message declaring UNICODE UTF-8: no mode sends ``M?LLER``; the
+    message is refused naming the field and the byte, and given up at once."""
+    latin = message(1, name="MÜLLER^JÖRG").replace("MÜLLER^JÖRG".encode(), b"M\xdcLLER^J\xd6RG")
+    await enqueue(fresh_db, [latin, message(2)])
+    spec = {"charset": {"to": "ISO-8859-1", "unmappable": unmappable}}
+    async with MllpReceiver() as rx, worker(shaped_config(rx.port, spec), fresh_db):
+        await rx.wait_for(1)
+        await until(lambda: rows(fresh_db, DEST)[1]["state"] == "delivered")
+    first = rows(fresh_db, DEST)[0]
+    assert (first["state"], first["attempts"]) == ("failed", 1)
+    assert first["last_error"] == (
+        "profile: PID-5 '0xDC': does not decode as UNICODE UTF-8: the message is not in the"
+        " character set it declares (refused whatever unmappable says)"
+    )
+    assert [field(m, "MSH", 10) for m in rx.received] == ["C0002"]
+    assert not any(b"M?LLER" in m for m in rx.received)

@@ -326,16 +326,39 @@ def test_field_paths() -> None:
 # --- hostile input ----------------------------------------------------------------------------
 
 
-def test_wrong_msh_18_refused_at_the_field_or_replaced() -> None:
+@pytest.mark.parametrize("unmappable", ["refuse", "replace", "transliterate"])
+@pytest.mark.parametrize("to", ["UTF-8", "ISO-8859-1", "ASCII"])
+def test_bytes_that_do_not_decode_as_declared_are_refused_in_every_mode(
+    unmappable: str, to: str
+) -> None:
+    """Latin-1 text declared UTF-8 is no character of any target: never a silent ``?``."""
     latin = MSG.replace(b"2.5.1\r", b"2.5.1||||||UNICODE UTF-8\r", 1).replace(
         b"J\xc3\xa9r\xc3\xb4me", b"J\xe9r\xf4me"
     )
     with pytest.raises(ProfileRefusal) as refused:
-        run({"charset": {"to": "UTF-8"}}, latin)
+        run({"charset": {"to": to, "unmappable": unmappable}}, latin)
     assert (refused.value.field, refused.value.value) == ("PID-5", "0xE9")
-    assert "UNICODE UTF-8" in refused.value.reason
-    out = run({"charset": {"to": "UTF-8", "unmappable": "replace"}}, latin)
-    assert segment(out, b"PID")[5] == b"Doe^J?r?me"
+    assert refused.value.reason == (
+        "does not decode as UNICODE UTF-8: the message is not in the character set it declares"
+        " (refused whatever unmappable says)"
+    )
+
+
+@pytest.mark.parametrize("unmappable", ["refuse", "replace", "transliterate"])
+def test_undeclared_bytes_that_do_not_decode_name_when_undeclared(unmappable: str) -> None:
+    with pytest.raises(ProfileRefusal) as refused:  # MSG declares nothing and holds UTF-8
+        run({"charset": {"to": "ISO-8859-1", "unmappable": unmappable}})
+    assert (refused.value.field, refused.value.value) == ("PID-5", "0xC3")
+    assert "ASCII (MSH-18 is empty)" in refused.value.reason
+    assert "whenUndeclared" in refused.value.reason
+    # named, it decodes, and unmappable decides the characters the target lacks
+    spec = {"charset": {"to": "ASCII", "unmappable": unmappable, "whenUndeclared": "UTF-8"}}
+    expected = {"replace": b"Doe^J?r?me", "transliterate": b"Doe^Jerome"}.get(unmappable)
+    if expected is not None:
+        assert segment(run(spec), b"PID")[5] == expected
+
+
+def test_wrong_msh_18_that_decodes_is_taken_as_declared() -> None:
     # declared ISO-8859-1 but holding UTF-8: read as it says (each byte a character)
     utf = MSG.replace(b"2.5.1\r", b"2.5.1||||||8859/1\r", 1)
     out = run({"charset": {"to": "UTF-8"}}, utf)

@@ -3,7 +3,9 @@ the cost target) and must give, byte for byte, what the first implementation gav
 
 ``tests/support/profile_recorded.json`` holds, per (message, profile), the SHA-256 (16 hex
 digits) of what the first implementation sent, or its refusal (field, value, reason), recorded
-once from it. The
+once from it; the one change since on purpose: bytes that do not decode as the message's
+charset are refused under every ``unmappable`` (they were ``?`` under replace and
+transliterate), and their refusal's reason says so (re-recorded for those cases only). The
 messages: made-up ones drawn from a seeded generator (escape sequences, repetitions, non-ASCII
 bytes, long fields, odd segment IDs, every terminator), always; and the shared samples, when
 ``INTURN_SAMPLES`` points at them (CI).

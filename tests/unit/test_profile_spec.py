@@ -188,6 +188,7 @@ def test_validate_preview_says_why_a_profile_refuses(tmp_path: Path) -> None:
     run = validate("--preview", "m.hl7", "lis.yaml", cwd=tmp_path)
     assert run.returncode == 1
     assert run.stdout.splitlines()[-1] == (
-        "lab/lis-north: refused: PID-5 '0xC3': does not decode as ASCII (MSH-18 is empty)"
-        " (unmappable: refuse)"
+        "lab/lis-north: refused: PID-5 '0xC3': does not decode as ASCII (MSH-18 is empty):"
+        " charset.whenUndeclared names the character set of a message without MSH-18"
+        " (refused whatever unmappable says)"
     )

@@ -5,6 +5,7 @@ id lists and ranges (``3 5-9``), and the patient key a ``--patient-id`` looks up
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from inturn.worker.crypto.codec import PayloadCodec
 
 from inturn.worker.operations import queue as actions
-from inturn.worker.store.model import DepthRow, Item
+from inturn.worker.store.model import DepthRow, HeadInfo, Item
 from inturn.worker.text.display import printable, printable_values, table
 from inturn.worker.text.durations import format_age
 
@@ -25,15 +26,43 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(printable_values(data), indent=2))
 
 
-def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
+def head_json(head: HeadInfo | None) -> dict[str, Any]:
+    """The keys ``queue depth --json`` adds per destination about its head (its oldest pending
+    item, which everything behind it waits for): ``headId`` (the item id ``queue show`` and
+    ``queue skip`` take; null when nothing is pending or its first message is still in the
+    channel's log, not yet taken by its worker), ``headAttempts`` (failed attempts so far) and
+    ``headLastError`` (``"<class>: <detail>"`` of its last failure, or null)."""
+    if head is None or head.item_id <= 0:
+        return {"headId": None, "headAttempts": 0, "headLastError": None}
+    return {"headId": head.item_id, "headAttempts": head.attempts, "headLastError": head.last_error}
+
+
+def format_depth(
+    rows: list[DepthRow],
+    at: datetime | None = None,
+    heads: Mapping[str, HeadInfo] | None = None,
+) -> str:
     """The depth table: one line per destination with anything pending or failed, and one per
     destination on hold even when nothing is pending; HELD-UNTIL says when a destination
     outside its delivery window (``spec.schedule``) sends again, ``queue resume (suspended by
     WHO)`` for a suspended one (nothing goes until ``inturn queue resume``), or ``never:
-    orphaned (not registered)`` for rows of a destination no longer registered."""
+    orphaned (not registered)`` for rows of a destination no longer registered. With
+    ``heads`` (:func:`inturn.worker.store.reads.heads`), HEAD is the id of each destination's
+    oldest pending item (``-`` when none is taken yet) and HEAD-LAST-ERROR its last failure."""
     if not rows:
         return "nothing pending or failed, nothing held"
     now = at or datetime.now(UTC)
+    found = heads or {}
+
+    def head_cells(r: DepthRow) -> list[str]:
+        if heads is None:
+            return []
+        head = head_json(found.get(r.destination))
+        item_id, error = head["headId"], head["headLastError"]
+        return [
+            "-" if item_id is None else str(item_id),
+            clip(printable(error), 60) if error else "-",
+        ]
 
     def held(r: DepthRow) -> str:
         if not r.registered:
@@ -43,8 +72,9 @@ def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
         until = r.held_until(now)
         return "-" if until is None else until.strftime("%Y-%m-%d %H:%M UTC")
 
+    columns = ["DESTINATION", "CHANNEL", "PENDING", "FAILED", "OLDEST", "MOST-ATTEMPTS"]
     return table(
-        ["DESTINATION", "CHANNEL", "PENDING", "FAILED", "OLDEST", "MOST-ATTEMPTS", "HELD-UNTIL"],
+        [*columns, "HELD-UNTIL", *(["HEAD", "HEAD-LAST-ERROR"] if heads is not None else [])],
         [
             [
                 r.destination,
@@ -54,6 +84,7 @@ def format_depth(rows: list[DepthRow], at: datetime | None = None) -> str:
                 format_age(r.oldest_seconds) if r.pending else "-",
                 str(r.max_attempts),
                 held(r),
+                *head_cells(r),
             ]
             for r in rows
         ],
@@ -73,6 +104,21 @@ def state_text(item: Item) -> str:
     return item.state
 
 
+#: How a delivered item's last error is introduced: it is an earlier attempt's, not its state.
+EARLIER_ATTEMPT = "earlier attempt: "
+
+
+def error_text(item: Item) -> str:
+    """An item's last error as a person reads it beside its state: for a delivered item, it is
+    the error of an attempt before the one that delivered it (``earlier attempt: AE: no
+    text``); for the others, the error as stored (empty when none)."""
+    if not item.last_error:
+        return ""
+    if item.state == "delivered":
+        return EARLIER_ATTEMPT + item.last_error
+    return item.last_error
+
+
 def item_rows(items: list[Item]) -> list[list[str]]:
     now = datetime.now(UTC)
     return [
@@ -84,7 +130,7 @@ def item_rows(items: list[Item]) -> list[list[str]]:
             clip(printable(i.control_id), 30),
             str(i.attempts),
             format_age(i.age_seconds(now)),
-            clip(printable(i.last_error or ""), 60),
+            clip(printable(error_text(i)), 60),
         ]
         for i in items
     ]

@@ -16,12 +16,15 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
+import psycopg
 from psycopg import AsyncConnection
 
 from inturn.worker.cli.db import act, run_read, with_payloads
 from inturn.worker.cli.formats import (
     echo_json,
+    error_text,
     format_depth,
+    head_json,
     ids_text,
     item_rows,
     parse_id_ranges,
@@ -49,7 +52,7 @@ from inturn.worker.operations import privacy
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted, permit
 from inturn.worker.store import history, reads
-from inturn.worker.store.model import STATES, DepthRow
+from inturn.worker.store.model import STATES, DepthRow, HeadInfo
 from inturn.worker.text.display import printable, table
 
 T = TypeVar("T")
@@ -79,16 +82,19 @@ def lane_json(summary: LaneSummary | None, count: int) -> dict[str, Any]:
 @dsn_option()
 @json_option
 def depth_command(dsn: str | None, as_json: bool) -> None:
-    """Per destination: pending, failed, age of the oldest, highest attempt count, and until
-    when it is held outside its delivery window; for a destination with lanes
-    (``spec.lanes.count`` above 1), what its lanes send and what holds its oldest waiting
-    message. Then, in the table form, the history's size and oldest day, the hot table's size
-    and when ``inturn purge`` last ran (and whether a day is late to turn or to drop)."""
+    """Per destination: pending, failed, age of the oldest, highest attempt count, until
+    when it is held outside its delivery window, and its head: the id of its oldest pending
+    item (what everything behind it waits for; ``queue show`` and ``queue skip`` take it) and
+    that item's last error; for a destination with lanes (``spec.lanes.count`` above 1), what
+    its lanes send and what holds its oldest waiting message. Then, in the table form, the
+    history's size and oldest day, the hot table's size and when ``inturn purge`` last ran
+    (and whether a day is late to turn or to drop)."""
 
     async def read(
         conn: AsyncConnection[Any],
-    ) -> tuple[list[DepthRow], dict[str, LaneSummary | None], history.Status]:
+    ) -> tuple[list[DepthRow], dict[str, HeadInfo], dict[str, LaneSummary | None], history.Status]:
         rows = await reads.depth(conn)
+        heads = await reads.heads(conn, [r.destination for r in rows if r.pending])
         lanes: dict[str, LaneSummary | None] = {}
         for r in rows:
             if r.lanes > 1 and r.pending:  # each bounded: a slow one fails only its own view
@@ -96,20 +102,21 @@ def depth_command(dsn: str | None, as_json: bool) -> None:
                 lanes[r.destination] = (
                     None if window is None else summarize(window, r.lanes, reads.LANE_VIEW_LIMIT)
                 )
-        return rows, lanes, await history.status(conn, count_up_to=history.COUNT_UP_TO)
+        return rows, heads, lanes, await history.status(conn, count_up_to=history.COUNT_UP_TO)
 
-    rows, lanes, kept = run_read(dsn, read)
+    rows, heads, lanes, kept = run_read(dsn, read)
     if as_json:
         now = datetime.now(UTC)
         echo_json(
             [
-                {**r.to_json(now), **({"laneView": lane_json(lanes[r.destination], r.lanes)}
-                                      if r.destination in lanes else {})}
+                {**r.to_json(now), **head_json(heads.get(r.destination)),
+                 **({"laneView": lane_json(lanes[r.destination], r.lanes)}
+                    if r.destination in lanes else {})}
                 for r in rows
             ]
         )  # fmt: skip
     else:
-        click.echo(format_depth(rows))
+        click.echo(format_depth(rows, heads=heads))
         for destination, summary in lanes.items():
             text = LANE_VIEW_UNAVAILABLE if summary is None else summary.describe()
             click.echo(f"{destination}: {text}")
@@ -282,6 +289,8 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
         echo_json({**data, "profile": view.profile, "sequenceNumber": view.sequence_number})
         return
     for key, value in data.items():
+        if key == "lastError" and value is not None:
+            value = error_text(item)  # a delivered item's: an earlier attempt's, not its state
         click.echo(f"{key + ':':14} {'' if value is None else printable(str(value))}")
     if view.profile is None:
         click.echo(f"{'profile:':14} none (its receiver gets the stored bytes)")
@@ -324,9 +333,40 @@ def retry_command(
 @who_option
 @why_for("skip")
 def skip_command(dsn: str | None, item_id: int, who: str, why: str) -> None:
-    """Abandon one pending item on purpose (state skipped; audited with the reason)."""
-    act(dsn, lambda conn: actions.skip(conn, Trusted(who), item_id, why))
+    """Abandon one pending item on purpose (state skipped; audited with the reason).
+
+    Any pending item may be skipped; when it was not its destination's head (its oldest
+    pending item, what holds the queue), a warning names the head, its attempts and its last
+    error: the item most often meant is the head."""
+
+    async def skip(conn: AsyncConnection[Any]) -> HeadInfo | None:
+        head = None
+        try:
+            async with conn.transaction():  # a savepoint: a login that may not read it still skips
+                item = await reads.get_item(conn, item_id)
+                if item is not None and item.state == "pending":
+                    head = (await reads.heads(conn, [item.destination])).get(item.destination)
+        except psycopg.errors.InsufficientPrivilege:
+            head = None
+        await actions.skip(conn, Trusted(who), item_id, why)
+        return head if head is not None and head.item_id != item_id else None
+
+    head = act(dsn, skip)
     click.echo(f"skipped {item_id}")
+    if head is not None:
+        click.echo(not_the_head(item_id, head), err=True)
+
+
+def not_the_head(item_id: int, head: HeadInfo) -> str:
+    """The warning of ``queue skip`` for an item that was not its destination's head."""
+    if head.item_id <= 0:  # the oldest is still in the channel's log: none taken before it
+        return f"warning: {item_id} was not the head of its destination; it was skipped anyway"
+    error = printable(head.last_error) if head.last_error else "none"
+    return (
+        f"warning: {item_id} was not the head of its destination; it was skipped anyway. The"
+        f" head (its oldest pending item, which holds the queue) is {head.item_id}:"
+        f" {head.attempts} failed attempt(s), last error: {error}"
+    )
 
 
 @queue_group.command("drain")

@@ -7,10 +7,13 @@ senders get the opened payload itself: the callers test ``config.profile is None
 nothing here, so a profile-free send costs what it cost before.
 
 A message the profile cannot shape (a character with no place in the target under
-``unmappable: refuse``, a map's ``otherwise: hold``, an MSH-18 it cannot read) is a failed
-attempt with the outcome ``profile`` and the field and value named: the retry policy applies
-(a corrected profile lets it go at its next attempt; with ``maxAttempts`` it is given up onto
-``delivery-failed``). Nothing is written to the receiver.
+``unmappable: refuse``, bytes that do not decode as its MSH-18 says, a map's ``otherwise:
+hold``, an MSH-18 it cannot read, no usable MSH) is a failed attempt with the outcome
+``profile`` and the field and value named. Nothing is written to the receiver. The refusal is
+deterministic (the same message and profile refuse it every time), so ``ackPolicy.profile``
+decides it like ``unsendable``: ``fail`` (the default) gives it up at once onto
+``delivery-failed`` (:func:`inturn.worker.drain.retry.decide`), ``retry`` keeps it at the head
+under ``spec.retry`` until the profile is corrected.
 
 MSH-13 (``sequenceNumbers``): the message is shaped with a placeholder number first; only once
 the profile took it is its number reserved (:func:`inturn.worker.store.delivery.reserve_sequence`,

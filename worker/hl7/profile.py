@@ -18,7 +18,8 @@ segment):
    as every sender does anyway);
 2. the message is decoded by its own MSH-18 (its first repetition, HL7 table 0211 names, e.g.
    ``UNICODE UTF-8``, ``8859/1``; empty: ASCII, or what ``charset.whenUndeclared`` says). Without
-   a ``charset`` rule bytes that do not decode are kept as they are, byte for byte;
+   a ``charset`` rule bytes that do not decode are kept as they are, byte for byte; with one
+   they are refused (:class:`ProfileRefusal`, whatever ``unmappable`` says);
 3. ``removeSegments``: segments whose ID matches a name or glob (``Z*``, ``NTE``) are left out
    (never MSH or PID: see :func:`problems`);
 4. per segment: ``copy`` (the value read from the message as stored, before any rule: the same
@@ -29,8 +30,10 @@ segment):
    (emptied, the separators around it kept), ``truncate`` (cut to at most N bytes in the
    character set sent, never inside a character or an escape sequence);
 5. ``sequenceNumbers``: MSH-13 holds the sequence number the worker reserved for this send;
-6. ``charset``: MSH-18 names the target and the text is encoded in it; a character the target
-   does not have is refused, replaced by ``?`` or transliterated (``é`` -> ``e``, ``ß`` ->
+6. ``charset``: MSH-18 names the target and the text is encoded in it; a byte that does not
+   decode as the message's charset (step 2) is refused in every mode (it is no character: the
+   message is not what it declares); a character the target does not have is refused, replaced
+   by ``?`` or transliterated (``é`` -> ``e``, ``ß`` ->
    ``ss``: a small table, then Unicode NFKD without its combining marks, else ``?``).
 
 A reference ``SEG-F`` names a whole field, every repetition; ``SEG-F.C`` and ``SEG-F.C.S`` name
@@ -238,7 +241,9 @@ class ProfileError(Invalid):
 
 class ProfileRefusal(Invalid):
     """This message cannot be shaped as the profile says: a permanent refusal of this message
-    (the retry policy applies; a corrected profile lets it go).
+    (the same message and profile refuse every time). The worker gives it up at once onto
+    ``delivery-failed`` unless the destination's ``ackPolicy.profile`` says ``retry`` (then a
+    corrected profile lets it go at its next attempt).
 
     Attributes:
         field: where, e.g. ``OBX-3.1``, ``PID-5``, ``MSH-18``.
@@ -716,7 +721,8 @@ def transform(payload: bytes, profile: Profile, sequence: int | None = None) -> 
 
     Raises:
         ProfileRefusal: the message has no usable MSH; its MSH-18 names a charset this module
-            cannot read while ``charset`` is set; a byte does not decode, or a character has no
+            cannot read while ``charset`` is set; a byte does not decode as the message's
+            charset says (with ``charset``, whatever ``unmappable`` says), or a character has no
             place in the target (``unmappable: refuse``); a literal or mapped value has no place
             in the message's own charset (no ``charset`` rule); a map's ``otherwise: hold``; a
             sequence number is needed and none was given.
@@ -751,7 +757,7 @@ def transform(payload: bytes, profile: Profile, sequence: int | None = None) -> 
         else:
             source = CHARSET_TARGETS[charset.when_undeclared][0]
         said = declared or f"{charset.when_undeclared} (MSH-18 is empty)"
-        text = _decode(body, source, said, charset, d)
+        text = _decode(body, source, said, d, declared=bool(declared))
         handler = {"refuse": "strict", "replace": _QUESTION, "transliterate": _TRANSLIT}
         msg = _Message(d, source, source, charset.codec, handler[charset.unmappable])
         if b"\xef\xbb\xbf" in preamble:  # a UTF-8 mark means nothing in the target
@@ -792,21 +798,29 @@ def renumbered(sent: bytes, sequence: int) -> bytes | None:
     return sent[:start] + fs.join(fields) + (b"" if end < 0 else body[end:])
 
 
-def _decode(body: bytes, codec: str, said: str, charset: Charset, d: Delimiters) -> str:
-    """``body`` decoded as ``codec`` (``said``: the charset's name as the message has it); a
-    byte that does not decode is refused (naming its field) under ``unmappable: refuse``, else
-    becomes ``?``."""
+def _decode(body: bytes, codec: str, said: str, d: Delimiters, *, declared: bool) -> str:
+    """``body`` decoded as ``codec`` (``said``: the charset's name as the message has it;
+    ``declared``: whether its MSH-18 names it, else it is ``whenUndeclared``'s).
+
+    A byte that does not decode is refused, naming its field, whatever ``unmappable`` says:
+    ``unmappable`` is about characters the target lacks, and such a byte is no character at all
+    (the message is not in the charset it declares, e.g. Latin-1 ``MÜLLER`` declared ``UNICODE
+    UTF-8``): replacing it would send a ``?`` for a letter nobody can tell, silently.
+    """
     try:
         return body.decode(codec)
     except UnicodeDecodeError as exc:
-        if charset.unmappable != "refuse":
-            return body.decode(codec, _QUESTION)
+        why = (
+            "the message is not in the character set it declares"
+            if declared
+            else "charset.whenUndeclared names the character set of a message without MSH-18"
+        )
         before = body[: exc.start].decode(codec, _QUESTION)
         where = _locate(before + "?", len(before), d)
         raise ProfileRefusal(
             where,
             f"0x{body[exc.start]:02X}",
-            f"does not decode as {said} (unmappable: refuse)",
+            f"does not decode as {said}: {why} (refused whatever unmappable says)",
         ) from None
 
 

@@ -11,10 +11,11 @@ from typing import Literal, Protocol
 from inturn.worker.errors import Unavailable
 
 #: Why an attempt failed: a bounded class, usable as a metrics label (``outcome``). The first seven
-#: are the keys of a destination's ``ackPolicy`` (each mapped to ``retry`` or ``fail``); the rest
-#: are transport failures and are always retried. ``unreachable`` says nothing about the message:
-#: the destination could not be reached, so it holds the queue without spending an attempt (see
-#: :func:`inturn.worker.drain.retry.decide`); every other cause is an answer about the message.
+#: and ``profile`` are the keys of a destination's ``ackPolicy`` (each mapped to ``retry`` or
+#: ``fail``); the rest are transport failures and are always retried. ``unreachable`` says
+#: nothing about the message: the destination could not be reached, so it holds the queue
+#: without spending an attempt (see :func:`inturn.worker.drain.retry.decide`); every other
+#: cause is an answer about the message.
 FailureCause = Literal[
     "AE",  # application error (HL7 v2.x chapter 2, table 0008)
     "AR",  # application reject
@@ -28,7 +29,7 @@ FailureCause = Literal[
     "connection",  # the connection broke after a reply to this message began
     "http",  # an HTTP receiver answered with a non-2xx status
     "rejected",  # a receiver without ACKs refused it (an SFTP write refused, the file exists)
-    "profile",  # the receiver profile (spec.profile) cannot shape it: field and value named
+    "profile",  # the receiver profile (spec.profile) refuses it: field and value named
 ]
 
 #: Failure causes whose handling a destination chooses with ``ackPolicy``.
@@ -40,6 +41,7 @@ POLICY_OUTCOMES: tuple[FailureCause, ...] = (
     "invalidAck",
     "controlIdMismatch",
     "unsendable",
+    "profile",
 )
 
 

@@ -61,8 +61,12 @@ class AckPolicy:
     """Per negative outcome, whether the head is retried or given up at once (``fail``).
 
     The default retries everything that a later attempt could fix, so that order is never broken
-    silently; ``unsendable`` (a stored message its sender can never send) fails by default, so
-    that the queue does not wait for ever on it: it goes on the failed list for a person.
+    silently; ``unsendable`` (a stored message its sender can never send) and ``profile`` (a
+    message the destination's receiver profile refuses: a character with no place in the target
+    charset under ``unmappable: refuse``, bytes that do not decode as its MSH-18 says, a map's
+    ``otherwise: hold``, no usable MSH) fail by default, so that the queue does not wait for
+    ever on a message no later attempt can change: it goes on the failed list for a person.
+    ``profile: retry`` keeps such a message at the head until the profile is corrected.
     """
 
     AE: AckAction = "retry"
@@ -72,6 +76,7 @@ class AckPolicy:
     invalidAck: AckAction = "retry"
     controlIdMismatch: AckAction = "retry"
     unsendable: AckAction = "fail"
+    profile: AckAction = "fail"
 
     def action(self, outcome: str) -> AckAction:
         """Return ``retry`` or ``fail`` for a sender outcome; transport outcomes always retry."""
@@ -186,6 +191,7 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
             "invalidAck": ack.invalidAck,
             "controlIdMismatch": ack.controlIdMismatch,
             "unsendable": ack.unsendable,
+            "profile": ack.profile,
         },
         "idleSeconds": cfg.idle_seconds,
         "suspend": cfg.suspend,
@@ -261,7 +267,7 @@ def from_dict(doc: Mapping[str, Any]) -> WorkerConfig:
     )
 
 
-_ACK_KEYS = ("AE", "AR", "CE", "CR", "invalidAck", "controlIdMismatch", "unsendable")
+_ACK_KEYS = ("AE", "AR", "CE", "CR", "invalidAck", "controlIdMismatch", "unsendable", "profile")
 
 
 # --- the destination lease (a process setting, not part of a Destination) ---------------------

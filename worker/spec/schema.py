@@ -123,9 +123,16 @@ _ACK_OUTCOMES = (
         "A stored message the sender can never send (e.g. 0x0B or 0x1C in it for MLLP, no"
         " MSH-10); default fail.",
     ),
+    (
+        "profile",
+        "A message the receiver profile (spec.profile) refuses: a character with no place in"
+        " the target charset under unmappable refuse, bytes that do not decode as its MSH-18"
+        " says, a map's otherwise hold, no usable MSH. The same message and profile refuse"
+        " every time: default fail; retry holds the queue until the profile is corrected.",
+    ),
 )
 #: Outcomes that give up by default: no later attempt can fix them.
-_ACK_FAIL_BY_DEFAULT = frozenset({"unsendable"})
+_ACK_FAIL_BY_DEFAULT = frozenset({"unsendable", "profile"})
 
 
 def spec_schema() -> Schema:

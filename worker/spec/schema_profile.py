@@ -121,9 +121,10 @@ def profile_schema() -> Schema:
                         enum=targets,
                     ),
                     "unmappable": _str(
-                        "A character the target lacks (or a byte that does not decode):"
-                        " refuse (the message is refused, naming the field), replace (?), or"
-                        " transliterate (é to e, ß to ss; else ?).",
+                        "A character the target lacks: refuse (the message is refused,"
+                        " naming the field), replace (?), or transliterate (é to e, ß to ss;"
+                        " else ?). A byte that does not decode as the message's charset is"
+                        " refused in every mode.",
                         max_length=13,
                         enum=("refuse", "replace", "transliterate"),
                         default="refuse",
@@ -165,8 +166,8 @@ def profile_schema() -> Schema:
                         },
                         "otherwise": _str(
                             "A value not in the table: keep it, clear it, or hold the message"
-                            " (a refusal naming the field and the value; the retry policy"
-                            " applies).",
+                            " (a refusal naming the field and the value; ackPolicy.profile"
+                            " decides, default fail).",
                             max_length=5,
                             enum=("keep", "clear", "hold"),
                             default="keep",

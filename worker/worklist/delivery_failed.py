@@ -21,6 +21,10 @@ from inturn.worker.store.worklist_model import Placement
 QUEUE = "delivery-failed"
 #: The record kind of a delivery item (the key is its id).
 RECORD_KIND = "delivery"
+#: Outcomes of inturn's own refusal of a message (no receiver's text in them, the value a
+#: profile met withheld under payload keys): their work item names the refusal (``cause``),
+#: since the message can go only once the profile, the sender or the message is changed.
+NAMED_REFUSALS = frozenset({"profile", "unsendable"})
 
 
 def failure_reason(outcome: str, exhausted: bool) -> str:
@@ -49,8 +53,10 @@ async def give_up(
 
     Args:
         attempts: attempts made, this one included.
-        cause: the failure's description, stored as ``last_error`` (never a payload).
-        outcome: the sender's outcome class (``AR``, ``timeout``...).
+        cause: the failure's description, stored as ``last_error`` (never a payload); for
+            the outcomes of :data:`NAMED_REFUSALS` it is in the work item's details too
+            (``cause``: e.g. ``profile: PID-5 'Ł': (U+0141) has no place in ISO-8859-1``).
+        outcome: the sender's outcome class (``AR``, ``timeout``, ``profile``...).
         exhausted: whether the attempt budget ran out (else the policy failed it at once).
         lease: the worker's lease of the item's destination: the failed mark is guarded by it.
 
@@ -78,6 +84,7 @@ async def give_up(
                 "messageType": item.message_type,
                 "attempts": attempts,
                 "outcome": outcome,
+                **({"cause": cause} if outcome in NAMED_REFUSALS else {}),
             },
             placed_by=placed_by,
         )

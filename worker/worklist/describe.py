@@ -49,9 +49,11 @@ def plain(details: Details) -> str:
 def _failed(d: Details) -> str:
     attempts = d["attempts"]
     tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+    cause = d.get("cause")
+    said = f": {cause}" if cause else f" (last outcome {d['outcome']})"
     return (
         f"{d['messageType']} {d['controlId']} to {d['destination']} was given up after {tries}"
-        f" (last outcome {d['outcome']}). Resend it once the cause is fixed, or clear this."
+        f"{said}. Resend it once the cause is fixed, or clear this."
     )
 
 
