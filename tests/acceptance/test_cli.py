@@ -106,6 +106,8 @@ def test_depth_list_show_and_payload(fresh_db: str) -> None:
         "OLDEST",
         "MOST-ATTEMPTS",
         "HELD-UNTIL",
+        "HEAD",
+        "HEAD-LAST-ERROR",
     ]
 
 
