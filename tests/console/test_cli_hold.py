@@ -33,13 +33,13 @@ async def test_suspend_resume_and_payload_viewing_are_audited(fresh_db: str) -> 
     depth = run(fresh_db, "queue", "depth").stdout.decode().splitlines()
     cells = depth[1].split()
     assert cells[:4] == ["ward/lab", "adt", "1", "0"]
-    assert cells[5:] == ["0", "queue", "resume", "(suspended", "by", "jo)"]
+    assert cells[5:] == ["0", "queue", "resume", "(suspended", "by", "jo)", str(item), "-"]
     [row] = json.loads(run(fresh_db, "queue", "depth", "--json").stdout)
     assert row["suspendedBy"] == "jo" and row["suspendedAt"] is not None
     out = run(fresh_db, "queue", "resume", "ward/lab", "--who", "jo")
     assert (out.returncode, out.stdout) == (0, b"resumed ward/lab\n")
     depth = run(fresh_db, "queue", "depth").stdout.decode().splitlines()
-    assert depth[1].split()[-1] == "-"
+    assert depth[1].split()[5:] == ["0", "-", str(item), "-"]  # not held; the head waits
     [row] = json.loads(run(fresh_db, "queue", "depth", "--json").stdout)
     assert (row["suspendedAt"], row["suspendedBy"]) == (None, None)
     # a second resume, or a suspend of what is held already, changes and audits nothing

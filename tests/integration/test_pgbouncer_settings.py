@@ -194,7 +194,8 @@ async def test_every_process_leaves_the_pooled_server_connections_stock(
 
 def test_the_code_sets_nothing_per_session(dsn: str) -> None:
     """No ``SET <setting>`` without LOCAL in worker/ and operator/ (SQL files, migrations and
-    Python), but a function's own ``SET search_path`` clause; the only session-level
+    Python), but a function's own ``SET search_path`` clause and ``ALTER SYSTEM`` (the embedded
+    server's max_connections, :mod:`inturn.worker.store.capacity`); the only session-level
     ``set_config(..., false)`` is connect's ``session_settings``, which runs on direct sessions
     only (``connect.set_session``, never on a pooled one)."""
     with psycopg.connect(dsn) as conn:
@@ -206,6 +207,7 @@ def test_the_code_sets_nothing_per_session(dsn: str) -> None:
     clause = {
         "DEFINER", "INVOKER", "VOLATILE", "STABLE", "IMMUTABLE", "STRICT", "SQL", "PLPGSQL",
         "PG_TEMP",
+        "SYSTEM",  # ALTER SYSTEM SET: the embedded server's configuration file, no session's
     }  # fmt: skip
     offenders = []
     for folder in ("worker", "operator"):
