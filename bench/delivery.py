@@ -110,12 +110,9 @@ INTURN = Path(sys.executable).with_name("inturn")
 NAMESPACE, NAME = "bench", "delivery"
 DESTINATION = f"{NAMESPACE}/{NAME}"
 CHANNEL = "bench"
-#: Rows per enqueue transaction (and per Procrastinate batch defer).
+#: Rows per enqueue transaction (and per Procrastinate batch defer), and messages per store
+#: into the channel log (``--store log``; sealed too: inturn.worker.store.pipeline).
 ENQUEUE_BATCH = 500
-#: Messages per store into the channel log (``--store log``): about what ingest's group commit
-#: stores at once from a few connections. Sealed, a store of 150 sample messages (about 2 MB
-#: in one pipelined statement) was seen to hang in the pipeline (left for its own issue).
-LOG_BATCH = 50
 #: Finished rows put in the table before the large-table run.
 LARGE_TABLE_ROWS = 1_000_000
 #: Longest drain of one run, seconds: the whole benchmark stays within about 5 minutes.
@@ -516,15 +513,15 @@ async def store_in_log(
 ) -> None:
     """Store ``items`` once each in their channel's log, as ingest stores what it receives
     (:func:`inturn.worker.store.ingest.store_batch`, the duplicate window off), each routed to
-    its own destination, :data:`LOG_BATCH` a transaction; sealed when ``codec`` seals.
+    its own destination, :data:`ENQUEUE_BATCH` a transaction; sealed when ``codec`` seals.
     ``conn``: autocommit, outside a transaction.
 
     Raises:
         ValueError: the items of one batch name more than one channel.
     """
     routes = ingest.RouteSets()
-    for i in range(0, len(items), LOG_BATCH):
-        batch = items[i : i + LOG_BATCH]
+    for i in range(0, len(items), ENQUEUE_BATCH):
+        batch = items[i : i + ENQUEUE_BATCH]
         channels = {it.channel for it in batch}
         if len(channels) != 1:
             raise ValueError(f"one channel a batch, not {sorted(channels)}")

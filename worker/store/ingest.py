@@ -23,6 +23,7 @@ from inturn.worker.crypto import envelope
 from inturn.worker.crypto.codec import Keying, PayloadCodec
 from inturn.worker.crypto.keystore import StoredKey
 from inturn.worker.errors import Invalid
+from inturn.worker.store import pipeline
 from inturn.worker.store.identifiers import keys_text
 from inturn.worker.store.model import Earlier, Message, StoreResult
 from inturn.worker.store.notify import channel_wake_name
@@ -467,7 +468,7 @@ async def _store_sealed_rows(
             cur.adapters.register_dumper(list, ListBinaryDumper)
             await cur.execute(STORE_LOG_SEALED, params)
         await conn.execute("COMMIT")
-        await pipe.sync()
+        await pipeline.sync(conn, pipe)  # everything sent first: a batch of any size
         stored = None if params is None else await cur.fetchone()
     if params is None:
         return got
