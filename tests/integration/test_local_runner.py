@@ -327,3 +327,48 @@ def test_every_problem_of_the_manifests_is_named_at_once(tmp_path: Path) -> None
         f" {tmp_path / 'r04-copy.yaml'})"
     )
     assert lines[1] == f"{bad}#1: spec.sender.mllp.port: must be an integer"
+
+
+def series(destination: str) -> list[str]:
+    """The ``/metrics`` lines of the worker's metrics that name ``destination``."""
+    from prometheus_client import generate_latest
+
+    text = generate_latest().decode()
+    return [
+        line
+        for line in text.splitlines()
+        if f'destination="{destination}"' in line and line.startswith("inturn_")
+    ]
+
+
+async def test_a_removed_destination_leaves_no_series_in_metrics(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """A new user's trial: after a manifest was removed from ``inturn local``, /metrics kept its
+    last queue depth, lock and hold values for ever (alerts on them kept firing). A removal
+    takes its series away; the destination that stays keeps its own; one added back starts
+    afresh."""
+    write(tmp_path, "keep")
+    write(tmp_path, "gone")
+    runner = LocalRunner(fresh_db, [tmp_path], removal_grace=0)
+    await runner.start()
+    try:
+        async with asyncio.timeout(30):  # each worker's first depth and lock
+            while not all(
+                any(s.startswith(name) for s in series(dest))
+                for dest in ("default/gone", "default/keep")
+                for name in ("inturn_queue_pending{", "inturn_lock_held{")
+            ):
+                await asyncio.sleep(0.05)
+        (tmp_path / "gone.yaml").unlink()
+        await runner.poll()
+        assert sorted(runner.running) == ["default/keep"]
+        assert series("default/gone") == []
+        assert any(s.startswith("inturn_queue_pending{") for s in series("default/keep"))
+        write(tmp_path, "gone")
+        await runner.poll()
+        async with asyncio.timeout(30):
+            while not any(s.startswith("inturn_lock_held{") for s in series("default/gone")):
+                await asyncio.sleep(0.05)
+    finally:
+        await runner.stop()

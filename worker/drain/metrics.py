@@ -86,6 +86,39 @@ LANES_WINDOW_FULL = Gauge(
 )
 
 
+#: Every metric above: each is labelled by ``destination`` first, and by at most one more label.
+BY_DESTINATION: tuple[Any, ...] = (
+    DELIVERED,
+    RETRIES,
+    GAVE_UP,
+    DELIVERY_WAIT,
+    ATTEMPT_SECONDS,
+    PENDING,
+    OLDEST,
+    MAX_ATTEMPTS,
+    HELD,
+    LOCK_HELD,
+    STEP_FAILURES,
+    LOCK_WAIT,
+    LANES_SENDING,
+    LANES_WAITING,
+    LANES_WINDOW_FULL,
+)
+
+
+def _label_sets(metric: Any, destination: str) -> set[tuple[str, ...]]:
+    """The label values of ``metric``'s series for ``destination``, read from what it exports:
+    ``destination`` and the one other label of :data:`BY_DESTINATION`'s metrics, if any (a
+    histogram's buckets carry ``le`` beside them, left out)."""
+    found: set[tuple[str, ...]] = set()
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.labels.get("destination") == destination:
+                rest = [v for k, v in sample.labels.items() if k not in ("destination", "le")]
+                found.add((destination, *rest))
+    return found
+
+
 def _oldest_age(destination: str) -> float:
     since = _OLDEST_SINCE.get(destination)
     return 0.0 if since is None else max(0.0, time.time() - since)
@@ -152,6 +185,19 @@ class PrometheusObserver:
     def lock_wait(self, destination: str, seconds: float) -> None:
         """Count seconds of lock waiting."""
         LOCK_WAIT.labels(destination).inc(max(seconds, 0.0))
+
+    def forget(self, destination: str) -> None:
+        """Remove every series of ``destination`` from ``/metrics``: its worker is gone for good
+        (its manifest removed from ``inturn local``), so its last queue depth, hold and lock
+        values are no longer true and must not keep alerts firing. A destination added again
+        starts its series afresh (counters from 0, as a new pod's would)."""
+        for metric in BY_DESTINATION:
+            for labels in _label_sets(metric, destination):
+                metric.remove(*labels)
+        _OLDEST_SINCE.pop(destination, None)
+        if self._children:
+            for key in [k for k in self._children if k[1][:1] == (destination,)]:
+                del self._children[key]
 
     def lanes(self, destination: str, sending: int, waiting: int, window_full: bool) -> None:
         """Set the lanes' gauges."""

@@ -191,6 +191,7 @@ class LocalRunner:
         # the registry follows when the database answers (it may be away, or full).
         for dest in sorted(set(self.applied) - set(desired)):
             await self._stop(dest)
+            self.observer.forget(dest)
             self._unrun.pop(dest, None)
             del self.applied[dest]
             self._unrouted.add(dest)
