@@ -28,7 +28,17 @@ def _interrupt(item: pytest.Item) -> None:
         with capture.global_and_fixture_disabled():
             reporter.write_line("")
             reporter.write_line(said, red=True)
-    os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes a blocked select() too
+    # a real signal, at the main thread (where the test runs): it wakes a blocked sleep or
+    # select() there, which a signal taken by this timer's thread would not
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Make SIGINT interrupt this process even when it was started with SIGINT ignored: a shell
+    starts a background job (``make test &``, a CI step, ``nohup``) so, Python then keeps it
+    ignored, and the bound's signal would be lost (the hanging test ran its 600 s out)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -135,22 +136,32 @@ def test_the_timeout_check_sees_what_it_must() -> None:
 
 
 @pytest.mark.slow  # a pytest run that hangs on purpose: left out by make test-fast
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
 def test_a_test_that_hangs_is_interrupted_not_waited_for(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, sigint: str
 ) -> None:
     """The per-test bound of tests/conftest.py, in a pytest run of its own: a test that sleeps
-    past it is interrupted and the run fails, saying which test it was."""
+    past it is interrupted and the run fails, saying which test it was. Also when the run was
+    started with SIGINT ignored, as a shell starts a background job (``make test &``): the
+    loop's second pass slept its 600 s out so."""
     monkeypatch.setenv("INTURN_TEST_TIMEOUT_SECONDS", "2")
     pytester.makeconftest(
         f"import sys\nsys.path.append({str(ROOT)!r})\npytest_plugins = ['tests.support.watchdog']\n"
     )
     pytester.makepyfile(
-        test_hang="import time\n\ndef test_forever():\n    time.sleep(600)\n",
+        test_hang="import time\n\ndef test_forever():\n    time.sleep(300)\n",
     )
     # the bound is for a hang, not a measure: a niced run on a loaded machine starved this
     # subprocess past 120 s (a new user's make test at load 20), whose own work is a second
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=900)
+    before = signal.getsignal(signal.SIGINT)
+    if sigint == "ignored":  # inherited by the subprocess, as a background job's is
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=900)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert result.duration < 300  # interrupted, not slept out (the bound is 2 s)
     result.stdout.fnmatch_lines(["*test_forever: still running after 2 s: interrupting the run*"])
 
 
