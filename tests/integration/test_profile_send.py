@@ -1,7 +1,7 @@
 """Receiver profiles at send time (issue 42): what a real receiver gets, over MLLP and HTTP, on
-one stream and on lanes; MSH-13 numbers kept with the queue; a refusal given up at once by
-default (``ackPolicy.profile: fail``), or kept at the head under the retry policy with
-``ackPolicy.profile: retry``.
+one stream and on lanes; MSH-13 numbers kept with the queue; a refusal, with
+``ackPolicy.profile`` unset, kept at the head under ``maxAttempts: 0`` and given up at once
+above 0; ``fail`` and ``retry`` set it whatever maxAttempts says.
 
 The stored bytes never change (the receiver gets the shaped ones); without a profile the
 receiver gets the stored bytes themselves.
@@ -459,16 +459,34 @@ LATIN1_REFUSING = {"charset": {"to": "ISO-8859-1", "unmappable": "refuse"}}
 POLISH_REFUSAL = "profile: PID-5 'Ł': (U+0141) has no place in ISO-8859-1 (unmappable: refuse)"
 
 
-async def test_a_refusal_is_given_up_at_once_by_default_even_retrying_for_ever(
-    fresh_db: str,
-) -> None:
-    """The first user's case: ``unmappable: refuse`` and ``maxAttempts: 0``; a name with Ł is
-    refused at every attempt, so it goes onto ``delivery-failed`` at its first, naming the
-    refusal, and the messages behind it go in order."""
+async def test_a_refusal_retrying_for_ever_holds_the_head(fresh_db: str) -> None:
+    """A new user's trial: ``unmappable: refuse`` (or a map's ``otherwise: hold``) and
+    ``maxAttempts: 0``; the refused A01 was given up and its A03 delivered. With maxAttempts 0
+    and ``ackPolicy.profile`` unset, the refused message stays at the head, naming the
+    refusal, and nothing overtakes it (a person corrects the profile or skips it)."""
     assert FAST_RETRY.max_attempts == 0
-    stored = [message(1, name="ŁUKASZ^JAN"), message(2), message(3), message(4)]
+    stored = [message(1, name="ŁUKASZ^JAN"), message(2), message(3)]
     await enqueue(fresh_db, stored)
     async with MllpReceiver() as rx, worker(shaped_config(rx.port, LATIN1_REFUSING), fresh_db):
+        await until(lambda: rows(fresh_db, DEST)[0]["attempts"] >= 2)
+        assert rx.received == []
+    got = rows(fresh_db, DEST)
+    assert [r["state"] for r in got] == ["pending", "pending", "pending"]
+    assert got[0]["last_error"] == POLISH_REFUSAL
+    assert await failed_items(fresh_db) == []
+
+
+async def test_a_refusal_is_given_up_at_once_when_messages_may_leave_the_stream(
+    fresh_db: str,
+) -> None:
+    """The same refusal with ``maxAttempts`` above 0: it refuses at every attempt, so it goes
+    onto ``delivery-failed`` at its first (not its fifth), naming the refusal, and the messages
+    behind it go in order."""
+    stored = [message(1, name="ŁUKASZ^JAN"), message(2), message(3), message(4)]
+    await enqueue(fresh_db, stored)
+    retry = dataclasses.replace(FAST_RETRY, max_attempts=5)
+    cfg = shaped_config(0, LATIN1_REFUSING, retry=retry)
+    async with MllpReceiver() as rx, worker(_to(cfg, rx.port), fresh_db):
         await rx.wait_for(3)
         await until(lambda: rows(fresh_db, DEST)[3]["state"] == "delivered")
     first = rows(fresh_db, DEST)[0]
@@ -490,8 +508,9 @@ async def test_a_refusal_is_given_up_at_once_by_default_even_retrying_for_ever(
 async def test_on_lanes_a_refusal_given_up_lets_its_patient_go_on_in_order(
     fresh_db: str,
 ) -> None:
-    """With lanes a refused message is given up at once too; its patient's later messages go
-    after it (a message given up holds nothing), in their order; other patients never wait."""
+    """With lanes (and maxAttempts above 0) a refused message is given up at once too; its
+    patient's later messages go after it (a message given up holds nothing), in their order;
+    other patients never wait."""
     await enqueue(
         fresh_db,
         [
@@ -501,7 +520,8 @@ async def test_on_lanes_a_refusal_given_up_lets_its_patient_go_on_in_order(
             message(4, patient=8),
         ],
     )
-    cfg = shaped_config(0, LATIN1_REFUSING, lanes=3)
+    retry = dataclasses.replace(FAST_RETRY, max_attempts=3)
+    cfg = shaped_config(0, LATIN1_REFUSING, lanes=3, retry=retry)
     async with MllpReceiver() as rx, worker(_to(cfg, rx.port), fresh_db):
         await rx.wait_for(3)
         await until(lambda: all(r["state"] != "pending" for r in rows(fresh_db, DEST)))
@@ -525,11 +545,14 @@ async def test_text_that_is_not_in_its_declared_charset_is_refused_in_every_mode
     fresh_db: str, unmappable: str
 ) -> None:
     """Latin-1 MÜLLER in a message declaring UNICODE UTF-8: no mode sends ``M?LLER``; the
-    message is refused naming the field and the byte, and given up at once."""
+    message is refused naming the field and the byte, and given up at once (maxAttempts above
+    0)."""
     latin = message(1, name="MÜLLER^JÖRG").replace("MÜLLER^JÖRG".encode(), b"M\xdcLLER^J\xd6RG")
     await enqueue(fresh_db, [latin, message(2)])
     spec = {"charset": {"to": "ISO-8859-1", "unmappable": unmappable}}
-    async with MllpReceiver() as rx, worker(shaped_config(rx.port, spec), fresh_db):
+    retry = dataclasses.replace(FAST_RETRY, max_attempts=3)
+    cfg = shaped_config(0, spec, retry=retry)
+    async with MllpReceiver() as rx, worker(_to(cfg, rx.port), fresh_db):
         await rx.wait_for(1)
         await until(lambda: rows(fresh_db, DEST)[1]["state"] == "delivered")
     first = rows(fresh_db, DEST)[0]

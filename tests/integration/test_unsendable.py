@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
@@ -18,7 +19,7 @@ from inturn.worker.store import queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support.ingest import http_post, running
-from tests.support.pipeline import register, rows, until, worker, worker_config
+from tests.support.pipeline import FAST_RETRY, register, rows, until, worker, worker_config
 
 pytestmark = pytest.mark.store
 
@@ -86,12 +87,16 @@ async def enqueue(dsn: str, payloads: list[bytes]) -> None:
 async def test_a_stored_unsendable_item_fails_at_once_and_the_queue_goes_on(
     fresh_db: str,
 ) -> None:
-    """Stored before the door refused such messages (or by another path): no retry, the
-    failed list, and the next head is delivered."""
+    """Stored before the door refused such messages (or by another path): with maxAttempts
+    above 0, no retry, the failed list, and the next head is delivered."""
     good = msg("Q1")
     await enqueue(fresh_db, [msg("Q0", b"x\x1cy"), good])
     async with MllpReceiver() as receiver:
-        cfg = worker_config("ward/q", MllpSenderConfig("127.0.0.1", receiver.port))
+        cfg = worker_config(
+            "ward/q",
+            MllpSenderConfig("127.0.0.1", receiver.port),
+            retry=dataclasses.replace(FAST_RETRY, max_attempts=3),
+        )
         async with worker(cfg, fresh_db):
             await receiver.wait_for(1)
             await until(lambda: rows(fresh_db, "ward/q")[1]["state"] == "delivered")
@@ -99,6 +104,20 @@ async def test_a_stored_unsendable_item_fails_at_once_and_the_queue_goes_on(
     assert (first["state"], first["attempts"]) == ("failed", 1)
     assert first["last_error"].startswith("unsendable: ") and "0x1C" in first["last_error"]
     assert receiver.received == [good]
+
+
+async def test_retrying_for_ever_an_unsendable_item_holds_the_head(fresh_db: str) -> None:
+    """maxAttempts 0 never lets a message go: unset, ``ackPolicy.unsendable`` follows it and
+    the unsendable head waits (raised as stuck) with nothing overtaking it."""
+    await enqueue(fresh_db, [msg("Q0", b"x\x0by"), msg("Q1")])
+    async with MllpReceiver() as receiver:
+        cfg = worker_config("ward/q", MllpSenderConfig("127.0.0.1", receiver.port))
+        assert cfg.retry.max_attempts == 0
+        async with worker(cfg, fresh_db):
+            await until(lambda: rows(fresh_db, "ward/q")[0]["attempts"] >= 2)
+    first, second = rows(fresh_db, "ward/q")
+    assert first["state"] == "pending" and first["last_error"].startswith("unsendable: ")
+    assert second["state"] == "pending" and receiver.received == []
 
 
 async def test_ack_policy_can_keep_an_unsendable_item_waiting(fresh_db: str) -> None:

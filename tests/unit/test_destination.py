@@ -52,15 +52,19 @@ def test_minimal_manifest_gets_the_schema_defaults() -> None:
     assert (cfg.retry.max_attempts, cfg.retry.backoff_seconds) == (3, 5)
     assert (cfg.retry.max_backoff_seconds, cfg.retry.timeout_seconds) == (60, 30)
     assert cfg.ack_policy.AE == "retry" and cfg.ack_policy.controlIdMismatch == "retry"
-    # the refusals no later attempt can change give up by default
-    assert (cfg.ack_policy.unsendable, cfg.ack_policy.profile) == ("fail", "fail")
+    # the refusals no later attempt can change have no default: they follow maxAttempts (3
+    # here: they give up at once)
+    assert (cfg.ack_policy.unsendable, cfg.ack_policy.profile) == (None, None)
+    assert cfg.ack_policy.action("profile", cfg.retry.max_attempts) == "fail"
+    assert cfg.ack_policy.action("profile", 0) == "retry"
     assert (cfg.idle_seconds, cfg.suspend, cfg.message_types) == (60, False, ())
 
 
 def test_ack_policy_profile_retry_is_taken_and_survives_the_rendered_form() -> None:
     cfg = load_manifest(manifest(ackPolicy={"profile": "retry"}))
-    assert (cfg.ack_policy.profile, cfg.ack_policy.unsendable) == ("retry", "fail")
+    assert (cfg.ack_policy.profile, cfg.ack_policy.unsendable) == ("retry", None)
     assert to_dict(cfg)["ackPolicy"]["profile"] == "retry"
+    assert "unsendable" not in to_dict(cfg)["ackPolicy"]  # unset stays unset
     assert from_dict(to_dict(cfg)) == cfg
     assert errors_of(manifest(ackPolicy={"profile": "drop"})) == (
         "spec.ackPolicy.profile: must be one of retry, fail",

@@ -37,8 +37,10 @@ def test_no_readable_msh_is_unsendable() -> None:
     assert unsendable(b"PID|1\r") is not None
 
 
-def test_unsendable_fails_at_once_by_default_and_can_be_retried_when_asked() -> None:
-    forever = RetryPolicy(max_attempts=0)
-    assert decide("unsendable", 1, forever, AckPolicy()).give_up
-    assert not decide("unsendable", 1, forever, AckPolicy(unsendable="retry")).give_up
+def test_unsendable_follows_max_attempts_unless_the_ack_policy_says() -> None:
+    forever, three = RetryPolicy(max_attempts=0), RetryPolicy(max_attempts=3)
+    assert decide("unsendable", 1, three, AckPolicy()).give_up  # at once, not at the third
+    assert not decide("unsendable", 1, forever, AckPolicy()).give_up  # 0 never lets one go
+    assert decide("unsendable", 1, forever, AckPolicy(unsendable="fail")).give_up
+    assert not decide("unsendable", 1, three, AckPolicy(unsendable="retry")).give_up
     assert not decide("invalidAck", 1, forever, AckPolicy()).give_up

@@ -38,11 +38,23 @@ FAIL_ALL = AckPolicy(
         ("AE", 1, FOREVER, FAIL_AR, RetryDecision.retry_in(5, 1)),
         ("controlIdMismatch", 2, FOREVER, FAIL_ALL, RetryDecision.stop("ackPolicy", 2)),
         ("invalidAck", 1, FOREVER, FAIL_ALL, RetryDecision.stop("ackPolicy", 1)),
-        # a profile's refusal is deterministic: given up at once by default, even with
-        # maxAttempts 0 (the examples' setting); ackPolicy.profile retry opts into the retries
-        ("profile", 1, FOREVER, RETRY_ALL, RetryDecision.stop("ackPolicy", 1)),
+        # a profile's refusal (or an unsendable message) is deterministic: unset, it follows
+        # maxAttempts: at once above 0; held at the head at 0, which never lets one go (a new
+        # user's trial: an A01 given up under maxAttempts 0 let its A03 through)
+        ("profile", 1, FOREVER, RETRY_ALL, RetryDecision.retry_in(5, 1)),
+        ("profile", 7, FOREVER, RETRY_ALL, RetryDecision.retry_in(60, 7)),
         ("profile", 1, FIVE, RETRY_ALL, RetryDecision.stop("ackPolicy", 1)),
-        ("unsendable", 1, FOREVER, RETRY_ALL, RetryDecision.stop("ackPolicy", 1)),
+        ("unsendable", 1, FOREVER, RETRY_ALL, RetryDecision.retry_in(5, 1)),
+        ("unsendable", 1, THREE, RETRY_ALL, RetryDecision.stop("ackPolicy", 1)),
+        # set, it applies whatever maxAttempts says
+        ("profile", 1, FOREVER, AckPolicy(profile="fail"), RetryDecision.stop("ackPolicy", 1)),
+        (
+            "unsendable",
+            1,
+            FOREVER,
+            AckPolicy(unsendable="fail"),
+            RetryDecision.stop("ackPolicy", 1),
+        ),
         ("profile", 1, FOREVER, AckPolicy(profile="retry"), RetryDecision.retry_in(5, 1)),
         ("profile", 5, FIVE, AckPolicy(profile="retry"), RetryDecision.stop("maxAttempts", 5)),
         # outcomes the ACK policy does not name (transport failures) are always retried

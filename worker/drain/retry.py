@@ -106,7 +106,7 @@ def decide(
     if outcome == UNREACHABLE and retry.unreachable == "hold":
         delay = backoff_seconds(unreachable_run, retry.backoff_seconds, retry.max_backoff_seconds)
         return RetryDecision.hold(delay, attempts - 1)
-    if ack.action(outcome) == "fail":
+    if ack.action(outcome, retry.max_attempts) == "fail":
         return RetryDecision.stop("ackPolicy", attempts)
     if retry.max_attempts > 0 and attempts >= retry.max_attempts:
         return RetryDecision.stop("maxAttempts", attempts)

@@ -11,9 +11,10 @@ A message the profile cannot shape (a character with no place in the target unde
 hold``, an MSH-18 it cannot read, no usable MSH) is a failed attempt with the outcome
 ``profile`` and the field and value named. Nothing is written to the receiver. The refusal is
 deterministic (the same message and profile refuse it every time), so ``ackPolicy.profile``
-decides it like ``unsendable``: ``fail`` (the default) gives it up at once onto
-``delivery-failed`` (:func:`inturn.worker.drain.retry.decide`), ``retry`` keeps it at the head
-under ``spec.retry`` until the profile is corrected.
+decides it like ``unsendable`` (:func:`inturn.worker.drain.retry.decide`): unset, it follows
+``retry.maxAttempts`` (0: kept at the head, raised as stuck, until the profile is corrected or
+a person skips it; above 0: given up at once onto ``delivery-failed``); ``fail`` gives it up
+at once and ``retry`` keeps it at the head under ``spec.retry``, whatever maxAttempts says.
 
 MSH-13 (``sequenceNumbers``): the message is shaped with a placeholder number first; only once
 the profile took it is its number reserved (:func:`inturn.worker.store.delivery.reserve_sequence`,

@@ -241,9 +241,10 @@ class ProfileError(Invalid):
 
 class ProfileRefusal(Invalid):
     """This message cannot be shaped as the profile says: a permanent refusal of this message
-    (the same message and profile refuse every time). The worker gives it up at once onto
-    ``delivery-failed`` unless the destination's ``ackPolicy.profile`` says ``retry`` (then a
-    corrected profile lets it go at its next attempt).
+    (the same message and profile refuse every time). The destination's ``ackPolicy.profile``
+    decides (:meth:`inturn.worker.spec.config.AckPolicy.action`): unset, the worker keeps it
+    at the head under ``retry.maxAttempts`` 0 (a corrected profile lets it go at its next
+    attempt) and gives it up at once onto ``delivery-failed`` above 0.
 
     Attributes:
         field: where, e.g. ``OBX-3.1``, ``PID-5``, ``MSH-18``.

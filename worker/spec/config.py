@@ -61,12 +61,16 @@ class AckPolicy:
     """Per negative outcome, whether the head is retried or given up at once (``fail``).
 
     The default retries everything that a later attempt could fix, so that order is never broken
-    silently; ``unsendable`` (a stored message its sender can never send) and ``profile`` (a
+    silently. ``unsendable`` (a stored message its sender can never send) and ``profile`` (a
     message the destination's receiver profile refuses: a character with no place in the target
     charset under ``unmappable: refuse``, bytes that do not decode as its MSH-18 says, a map's
-    ``otherwise: hold``, no usable MSH) fail by default, so that the queue does not wait for
-    ever on a message no later attempt can change: it goes on the failed list for a person.
-    ``profile: retry`` keeps such a message at the head until the profile is corrected.
+    ``otherwise: hold``, no usable MSH) are refused the same way at every attempt; left unset
+    (None) they follow ``retry.maxAttempts`` (:meth:`action`): above 0, the destination lets
+    messages leave the stream, and such a message fails at once (no later attempt can change
+    it) onto the failed list for a person; 0 ("never let one go", guarantees page) keeps it at
+    the head, raised as stuck, until a person corrects the profile or skips it, so that a
+    discharge never overtakes an admission its profile refused. Set, they apply whatever
+    ``maxAttempts`` says.
     """
 
     AE: AckAction = "retry"
@@ -75,12 +79,16 @@ class AckPolicy:
     CR: AckAction = "retry"
     invalidAck: AckAction = "retry"
     controlIdMismatch: AckAction = "retry"
-    unsendable: AckAction = "fail"
-    profile: AckAction = "fail"
+    unsendable: AckAction | None = None
+    profile: AckAction | None = None
 
-    def action(self, outcome: str) -> AckAction:
-        """Return ``retry`` or ``fail`` for a sender outcome; transport outcomes always retry."""
+    def action(self, outcome: str, max_attempts: int = 0) -> AckAction:
+        """Return ``retry`` or ``fail`` for a sender outcome; transport outcomes always retry.
+        ``max_attempts`` (the destination's ``retry.maxAttempts``) decides an unset
+        ``unsendable`` or ``profile``: ``fail`` above 0, ``retry`` at 0 (for ever)."""
         value = getattr(self, outcome, "retry")
+        if value is None:
+            return "fail" if max_attempts > 0 else "retry"
         return "fail" if value == "fail" else "retry"
 
 
@@ -190,8 +198,8 @@ def to_dict(cfg: WorkerConfig) -> dict[str, Any]:
             "CR": ack.CR,
             "invalidAck": ack.invalidAck,
             "controlIdMismatch": ack.controlIdMismatch,
-            "unsendable": ack.unsendable,
-            "profile": ack.profile,
+            **({"unsendable": ack.unsendable} if ack.unsendable is not None else {}),
+            **({"profile": ack.profile} if ack.profile is not None else {}),
         },
         "idleSeconds": cfg.idle_seconds,
         "suspend": cfg.suspend,

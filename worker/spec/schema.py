@@ -121,18 +121,22 @@ _ACK_OUTCOMES = (
     (
         "unsendable",
         "A stored message the sender can never send (e.g. 0x0B or 0x1C in it for MLLP, no"
-        " MSH-10); default fail.",
+        " MSH-10). Unset: fail when retry.maxAttempts is above 0, retry (held at the head,"
+        " raised as stuck) when it is 0.",
     ),
     (
         "profile",
         "A message the receiver profile (spec.profile) refuses: a character with no place in"
         " the target charset under unmappable refuse, bytes that do not decode as its MSH-18"
         " says, a map's otherwise hold, no usable MSH. The same message and profile refuse"
-        " every time: default fail; retry holds the queue until the profile is corrected.",
+        " every time. Unset: fail (at once) when retry.maxAttempts is above 0, retry (held at"
+        " the head, raised as stuck, until the profile is corrected or a person skips it) when"
+        " it is 0, which never lets a message leave the stream.",
     ),
 )
-#: Outcomes that give up by default: no later attempt can fix them.
-_ACK_FAIL_BY_DEFAULT = frozenset({"unsendable", "profile"})
+#: Outcomes no later attempt can fix: no default, they follow retry.maxAttempts
+#: (:meth:`inturn.worker.spec.config.AckPolicy.action`).
+_ACK_BY_MAX_ATTEMPTS = frozenset({"unsendable", "profile"})
 
 
 def spec_schema() -> Schema:
@@ -220,7 +224,7 @@ def spec_schema() -> Schema:
                         f"{text} retry keeps the order; fail gives up on the message.",
                         max_length=5,
                         enum=("retry", "fail"),
-                        default="fail" if key in _ACK_FAIL_BY_DEFAULT else "retry",
+                        default=None if key in _ACK_BY_MAX_ATTEMPTS else "retry",
                     )
                     for key, text in _ACK_OUTCOMES
                 },

@@ -167,7 +167,8 @@ def profile_schema() -> Schema:
                         "otherwise": _str(
                             "A value not in the table: keep it, clear it, or hold the message"
                             " (a refusal naming the field and the value; ackPolicy.profile"
-                            " decides, default fail).",
+                            " decides, unset: held at the head under maxAttempts 0, given up"
+                            " at once above 0).",
                             max_length=5,
                             enum=("keep", "clear", "hold"),
                             default="keep",
