@@ -365,6 +365,17 @@ async def test_a_stopped_holder_on_a_direct_connection_is_replaced_when_its_leas
     assert [g for i, g in enumerate(got) if g not in got[:i]] == expected  # in order
 
 
+async def _sessions(dsn: str, application_name: str) -> int:
+    """How many sessions of the server carry ``application_name``."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            (application_name,),
+        )
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
 async def test_a_holder_whose_event_loop_is_blocked_is_replaced_and_sends_nothing_after(
     fresh_db: str, tmp_path: Path
 ) -> None:
@@ -413,12 +424,19 @@ async def test_a_holder_whose_event_loop_is_blocked_is_replaced_and_sends_nothin
             await rx.wait_for(30, timeout=60)
             epoch, holder, _, _, pid = await _lease_row(fresh_db)
             assert pid is not None  # a direct holder, its session locked
+            # the second worker is up and waiting for the lease before the first one stops:
+            # started after, its start-up on a loaded machine outlasted the block (loop pass 3)
+            sessions = f"inturn-worker {dest}"
+            before = await _sessions(fresh_db, sessions)
+            path = manifest(tmp_path / "lab.yaml", "lab", mllp_sender(rx.port))
+            second = await worker_process(path, env)
+            async with asyncio.timeout(120):
+                while await _sessions(fresh_db, sessions) <= before:
+                    await asyncio.sleep(0.1)
             async with await AsyncConnection.connect(fresh_db, autocommit=True) as c:
                 cur = await c.execute("SELECT clock_timestamp()")
                 blocked_at = (await cur.fetchone())[0]  # type: ignore[index]
             loops[0].call_soon_threadsafe(time.sleep, block_seconds)  # its loop stops dead
-            path = manifest(tmp_path / "lab.yaml", "lab", mllp_sender(rx.port))
-            second = await worker_process(path, env)
             async with asyncio.timeout(60):
                 while (await _lease_row(fresh_db))[0] == epoch:
                     await asyncio.sleep(0.1)
