@@ -21,7 +21,7 @@ from inturn.worker.operations.actor import Trusted
 from inturn.worker.store import notify, queue, reads
 from inturn.worker.store.model import NewItem
 from inturn.worker.worklist.delivery_rules import resent_delivered
-from tests.support.pipeline import refused
+from tests.support.pipeline import refused, register
 
 pytestmark = pytest.mark.store
 
@@ -338,3 +338,22 @@ async def test_a_range_whose_ends_name_two_destinations_is_refused(
         await actions.resend_many(conn, Trusted("ops"), [], ranges=[(a, b)])
     cur = await conn.execute("SELECT count(*) FROM inturn_delivery")
     assert await cur.fetchone() == (2,)
+
+
+async def test_a_resend_into_a_destination_no_longer_registered_warns(fresh_db: str) -> None:
+    """A new user's trial: copies resent after the destination's manifest was removed sat
+    pending with no worker, and the command said only "queued copy". It now says so; a
+    registered destination's resend says nothing more."""
+    register(fresh_db, DEST, "adt")
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        first, second = await failed(conn, "G1", "G2")
+    kept = cli_text(fresh_db, "queue", "resend", str(first), "--who", "ops")
+    assert (kept.returncode, kept.stderr) == (0, "")
+    register(fresh_db, DEST, "adt", deleted=True)
+    gone = cli_text(fresh_db, "queue", "resend", str(second), "--who", "ops")
+    assert gone.returncode == 0 and gone.stdout.startswith(f"queued copy of {second} as ")
+    assert gone.stderr == (
+        f"warning: {DEST} is not registered (its manifest or Destination is gone): no worker"
+        " sends its copies until it is registered again (`inturn queue depth` shows it"
+        " orphaned)\n"
+    )

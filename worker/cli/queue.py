@@ -51,7 +51,7 @@ from inturn.worker.errors import InturnError, ReasonRequired
 from inturn.worker.operations import privacy
 from inturn.worker.operations import queue as actions
 from inturn.worker.operations.actor import Trusted, permit
-from inturn.worker.store import history, reads
+from inturn.worker.store import history, reads, registry
 from inturn.worker.store.model import STATES, DepthRow, HeadInfo
 from inturn.worker.text.display import printable, table
 
@@ -495,7 +495,9 @@ def resend_command(
     kind with its count, and nothing changes for them.
 
     A copy goes out after everything queued since its original: it can reach the receiver
-    after later messages about the same patient.
+    after later messages about the same patient. A copy for a destination that is no longer
+    registered (its manifest or Destination removed) is queued all the same, with a warning:
+    no worker sends it until the destination is registered again.
     """
     if bool(items) == bool(destination):
         raise click.UsageError("give item ids or ranges, or --destination (not both)")
@@ -548,6 +550,13 @@ def resend_command(
     else:
         for original, copy in done.copies:
             click.echo(f"queued copy of {original} as {copy}")
+        for dest in run_read(dsn, lambda conn: unregistered_of(conn, done.copies, destination)):
+            click.echo(
+                f"warning: {dest} is not registered (its manifest or Destination is gone): no"
+                " worker sends its copies until it is registered again (`inturn queue depth`"
+                " shows it orphaned)",
+                err=True,
+            )
         for line in done.left_out_lines():
             click.echo(line, err=True)
         for item_id, reason in done.refused:
@@ -556,6 +565,24 @@ def resend_command(
             click.echo("nothing resent", err=True)
     if done.refused or not done.copies:
         sys.exit(1)
+
+
+async def unregistered_of(
+    conn: AsyncConnection[Any], copies: tuple[tuple[int, int], ...], destination: str | None
+) -> list[str]:
+    """The destinations of ``copies`` (``(original, copy)`` ids; all of ``destination`` when
+    given, else each copy read) that are not registered (no worker serves them: a removed
+    manifest, a deleted Destination), sorted; a new user's trial resent into a removed
+    destination and was told nothing."""
+    if not copies:
+        return []
+    known = {r.destination: r.deleted for r in await registry.list_all(conn)}
+    found: set[str] = {destination} if destination else set()
+    for _, copy in () if destination else copies:
+        item = await reads.get_item(conn, copy)
+        if item is not None:
+            found.add(item.destination)
+    return sorted(d for d in found if known.get(d, True))
 
 
 @queue_group.command("audit")
