@@ -167,6 +167,8 @@ def parse_ids(values: tuple[str, ...]) -> list[int]:
             low, high = (int(first), int(last)) if sep else (int(value), int(value))
         except ValueError:
             raise click.BadParameter(f"{value!r}: an item id or a range FIRST-LAST") from None
+        if low < 1 or high > 2**63 - 1:
+            raise click.BadParameter(f"{value!r}: item ids run from 1 to {2**63 - 1}")
         if high < low:
             raise click.BadParameter(f"{value!r}: the range ends before it starts")
         if high - low >= actions.RESEND_MAX:

@@ -494,3 +494,8 @@ INGEST_SETTINGS = (
     "feed_flush_seconds",
     "max_feed_senders",
 )
+
+
+#: An item id as the database keeps it (``bigint``, from 1): a number past it is a clear usage
+#: error naming the argument, not a database error ("bigint out of range").
+ITEM_ID = click.IntRange(1, 2**63 - 1)

@@ -17,6 +17,7 @@ from inturn.worker.cli.formats import (
     patient_key_for,
 )
 from inturn.worker.cli.options import (
+    ITEM_ID,
     audit_who_option,
     dsn_option,
     json_option,
@@ -42,7 +43,7 @@ authority_option = click.option(
 
 @click.command("payload")
 @dsn_option()
-@click.argument("item_id", type=int)
+@click.argument("item_id", type=ITEM_ID)
 @audit_who_option
 @why_for("view-payload")
 @click.option(
@@ -108,7 +109,7 @@ def payload_command(
 
 @click.command("erase")
 @dsn_option()
-@click.argument("item_ids", type=int, nargs=-1)
+@click.argument("item_ids", type=ITEM_ID, nargs=-1)
 @click.option(
     "--patient-id",
     help="Erase every held message naming this ID in PID-2, PID-3, PID-4 or MRG-1.",

@@ -31,6 +31,7 @@ from inturn.worker.cli.formats import (
     patient_key_for,
 )
 from inturn.worker.cli.options import (
+    ITEM_ID,
     audit_who_option,
     dsn_option,
     json_option,
@@ -270,7 +271,7 @@ async def _untaken(conn: AsyncConnection[Any], channel: str | None) -> int:
 @queue_group.command("show")
 @dsn_option()
 @json_option
-@click.argument("item_id", type=int)
+@click.argument("item_id", type=ITEM_ID)
 def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
     """One item's fields (not its payload), and what its receiver is sent: its destination's
     receiver profile (see `inturn queue payload ID --as-sent`) and its MSH-13 number."""
@@ -306,7 +307,7 @@ def show_command(dsn: str | None, as_json: bool, item_id: int) -> None:
 
 @queue_group.command("retry")
 @dsn_option()
-@click.argument("item_id", type=int, required=False)
+@click.argument("item_id", type=ITEM_ID, required=False)
 @click.option("--destination", "-d", help="Retry every pending item of this destination.")
 @audit_who_option
 @why_option
@@ -329,7 +330,7 @@ def retry_command(
 
 @queue_group.command("skip")
 @dsn_option()
-@click.argument("item_id", type=int)
+@click.argument("item_id", type=ITEM_ID)
 @who_option
 @why_for("skip")
 def skip_command(dsn: str | None, item_id: int, who: str, why: str) -> None:
@@ -432,7 +433,7 @@ def mark_delivered_command(
 
 @queue_group.command("remove")
 @dsn_option()
-@click.argument("item_ids", type=int, nargs=-1, required=True)
+@click.argument("item_ids", type=ITEM_ID, nargs=-1, required=True)
 @audit_who_option
 @why_option
 def remove_command(dsn: str | None, item_ids: tuple[int, ...], who: str, why: str | None) -> None:
