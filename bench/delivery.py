@@ -111,7 +111,7 @@ NAMESPACE, NAME = "bench", "delivery"
 DESTINATION = f"{NAMESPACE}/{NAME}"
 CHANNEL = "bench"
 #: Rows per enqueue transaction (and per Procrastinate batch defer), and messages per store
-#: into the channel log (``--store log``; sealed too: inturn.worker.store.pipeline).
+#: into the channel log (``--store log``; sealed too: test_large_batch.py stores 8 MB at once).
 ENQUEUE_BATCH = 500
 #: Finished rows put in the table before the large-table run.
 LARGE_TABLE_ROWS = 1_000_000

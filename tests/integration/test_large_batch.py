@@ -3,8 +3,9 @@
 
 A sealed batch of about 2.4 MB once hung for ever over the embedded server's Unix socket:
 psycopg's ``AsyncPipeline.sync()`` waits for answers after one flush of what it queued, and
-what the socket had not taken yet stayed in the client while the server waited for it
-(``inturn.worker.store.pipeline``). Here over the embedded server's Unix socket, as it hung,
+what the socket had not taken yet stayed in the client while the server waited for it (the
+store no longer syncs a pipeline by hand: the end of its block sends everything first;
+tests/unit/test_layers.py). Here over the embedded server's Unix socket, as it hung,
 and over the test server's connection with its send buffer cut to 64 KiB (as a slow network
 would leave it; over loopback TCP, as CI's server is reached, the old code hung so at 8 MB
 where the default buffers hid it below about 20 MB). Every wait is bounded."""

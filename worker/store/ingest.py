@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, LiteralString
 
 import psycopg
-from psycopg import AsyncConnection, AsyncPipeline
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import dict_row
 from psycopg.types.array import ListBinaryDumper
 
@@ -23,7 +23,6 @@ from inturn.worker.crypto import envelope
 from inturn.worker.crypto.codec import Keying, PayloadCodec
 from inturn.worker.crypto.keystore import StoredKey
 from inturn.worker.errors import Invalid
-from inturn.worker.store import pipeline
 from inturn.worker.store.identifiers import keys_text
 from inturn.worker.store.model import Earlier, Message, StoreResult
 from inturn.worker.store.notify import channel_wake_name
@@ -369,7 +368,9 @@ async def _store_log_sealed_pipelined(
     payloads: PayloadCodec,
 ) -> dict[str, Any]:
     """:func:`_store_log_sealed` on an idle autocommit connection: BEGIN and ``reserve_log``
-    in one round trip, ``store_log_sealed`` and COMMIT in the next (a pipeline).
+    in one round trip (a Flush reads its row), ``store_log_sealed``, COMMIT and the
+    pipeline's only Sync in the next (the end of the pipeline block, which sends everything
+    queued before it reads: a batch of any size; :func:`_send_sealed_rows`).
 
     When every key the batch is sealed under is cached (the usual case: a process sees the
     same patients again), the key store's lock of them (:meth:`PayloadCodec.lock_ahead`) runs
@@ -395,11 +396,13 @@ async def _store_log_sealed_pipelined(
     bodies = await payloads.seal_bodies([(scope, m.payload) for m in unique], keyings, confirmed)
     reserve = _reserve_params(window, unique)
     try:
-        async with conn.pipeline() as pipe:
-            await conn.execute("BEGIN")
-            got = await one_row(conn, RESERVE_LOG, reserve)  # the fetch sends both
-            params = _sealed_rows(got, channel, window, unique, payloads, bodies)
-            return await _store_sealed_rows(conn, pipe, got, params)
+        async with conn.cursor(row_factory=dict_row) as cur:
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                got = await one_row(conn, RESERVE_LOG, reserve)  # the fetch sends both
+                params = _sealed_rows(got, channel, window, unique, payloads, bodies)
+                await _send_sealed_rows(conn, cur, params)
+            return await _sealed_result(cur, got, params)
     except BaseException:
         await _roll_back(conn)
         raise
@@ -432,17 +435,19 @@ async def _store_log_sealed_ahead(
     """
     reserve = _reserve_params(window, unique)
     try:
-        async with conn.pipeline() as pipe:
-            await conn.execute("BEGIN")
-            got = await one_row(conn, RESERVE_LOG, reserve)  # the fetch sends both
-            done, _ = await asyncio.wait({ahead}, timeout=LOCK_AHEAD_GRACE_SECONDS)
-            if not done or not payloads.confirms(keyings, ahead.result()):
-                raise _GiveBack
-            scope = f"channel:{channel}"
-            rows = [(scope, m.payload) for m in unique]
-            bodies = await payloads.seal_bodies(rows, keyings, ahead.result())
-            params = _sealed_rows(got, channel, window, unique, payloads, bodies)
-            return await _store_sealed_rows(conn, pipe, got, params)
+        async with conn.cursor(row_factory=dict_row) as cur:
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                got = await one_row(conn, RESERVE_LOG, reserve)  # the fetch sends both
+                done, _ = await asyncio.wait({ahead}, timeout=LOCK_AHEAD_GRACE_SECONDS)
+                if not done or not payloads.confirms(keyings, ahead.result()):
+                    raise _GiveBack
+                scope = f"channel:{channel}"
+                rows = [(scope, m.payload) for m in unique]
+                bodies = await payloads.seal_bodies(rows, keyings, ahead.result())
+                params = _sealed_rows(got, channel, window, unique, payloads, bodies)
+                await _send_sealed_rows(conn, cur, params)
+            return await _sealed_result(cur, got, params)
     except _GiveBack:
         await _roll_back(conn)
         raise
@@ -455,23 +460,28 @@ async def _store_log_sealed_ahead(
         raise
 
 
-async def _store_sealed_rows(
-    conn: AsyncConnection[Any],
-    pipe: AsyncPipeline,
-    got: dict[str, Any],
-    params: dict[str, Any] | None,
+async def _send_sealed_rows(
+    conn: AsyncConnection[Any], cur: AsyncCursor[dict[str, Any]], params: dict[str, Any] | None
+) -> None:
+    """Queue ``store_log_sealed`` on ``cur`` (unless nothing is to be written) and COMMIT in
+    ``conn``'s pipeline. Nothing is awaited here: the end of the pipeline block sends them with
+    its Sync, everything queued sent first whatever its size, and reads every result (one round
+    trip; a ``sync()`` of the pipeline before its end would cost one more, the block's own
+    Sync); :func:`_sealed_result` then reads the row."""
+    if params is not None:
+        cur.adapters.register_dumper(list, ListBinaryDumper)
+        await cur.execute(STORE_LOG_SEALED, params)
+    await conn.execute("COMMIT")
+
+
+async def _sealed_result(
+    cur: AsyncCursor[dict[str, Any]], got: dict[str, Any], params: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """Send ``store_log_sealed`` (unless nothing is to be written) and COMMIT in ``pipe``;
-    the row :func:`_results` decodes."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        if params is not None:
-            cur.adapters.register_dumper(list, ListBinaryDumper)
-            await cur.execute(STORE_LOG_SEALED, params)
-        await conn.execute("COMMIT")
-        await pipeline.sync(conn, pipe)  # everything sent first: a batch of any size
-        stored = None if params is None else await cur.fetchone()
+    """Once the pipeline of :func:`_send_sealed_rows` has ended (committed): the row
+    :func:`_results` decodes."""
     if params is None:
         return got
+    stored = await cur.fetchone()
     assert stored is not None
     return _sealed_stored(got, stored, params)
 
