@@ -541,7 +541,7 @@ async def store_in_log(
 
 async def head_plan(conn: AsyncConnection[Any]) -> str:
     """The access path the planner picks for the head query now (its scan node)."""
-    params = {"destination": DESTINATION, "after": 0, "holder": "bench", "epoch": 0}
+    params = {"destination": DESTINATION, "after": 0, "holder": "bench", "epoch": 0, "renew": True}
     cur = await conn.execute("EXPLAIN " + queue.Q["head"], params)
     lines = [str(r[0]).strip() for r in await cur.fetchall()]
     scans = [

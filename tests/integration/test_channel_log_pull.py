@@ -103,7 +103,8 @@ def test_the_pull_plans_on_the_logs_channel_index(fresh_db: str) -> None:
     reset_epochs(fresh_db)
     query = load("queue.sql")["pull"]
     params = {
-        "destination": A, "holder": "w", "epoch": 1, "channel": CHANNEL, "limit": 500,
+        "destination": A, "holder": "w", "epoch": 1, "renew": True, "channel": CHANNEL,
+        "limit": 500,
     }  # fmt: skip
     with psycopg.connect(fresh_db, autocommit=True) as conn, conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")

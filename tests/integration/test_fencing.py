@@ -186,6 +186,50 @@ async def test_a_mark_repeated_on_a_live_session_keeps_the_lease(fresh_db: str) 
             await admin.execute("ALTER TABLE inturn_delivery DROP CONSTRAINT IF EXISTS no_delivery")
 
 
+@pytest.mark.parametrize("lanes", [1, 3])
+async def test_a_draining_worker_writes_its_lease_only_when_the_renewal_is_due(
+    fresh_db: str, lanes: int
+) -> None:
+    """Issue 43: the per-message statements check holder and epoch and renew the lease only
+    once its renewal is due (renew_seconds, 15 s by default), so a drain of a few seconds
+    writes the lease row when it takes it and when it records its sender, not once a
+    message; every message still goes once, in order."""
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as admin:
+        await admin.execute("CREATE TABLE lease_writes (n bigint NOT NULL)")
+        try:
+            await admin.execute(
+                "CREATE FUNCTION count_lease_write() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$BEGIN INSERT INTO lease_writes VALUES (1); RETURN NULL; END$$"
+            )
+            await admin.execute(
+                "CREATE TRIGGER lease_written AFTER INSERT OR UPDATE ON inturn_lease"
+                " FOR EACH ROW EXECUTE FUNCTION count_lease_write()"
+            )
+            total = 120
+            await enqueue(fresh_db, list(range(total)))
+            settings = LeaseSettings()  # 45 s, renewed every 15 s
+            async with MllpReceiver() as rx:
+                cfg = config(rx.port, lanes=lanes)
+                async with running(cfg, fresh_db, settings):
+                    await until(lambda: _all_delivered(fresh_db, total), timeout=60)
+                    cur = await admin.execute("SELECT count(*) FROM lease_writes")
+                    writes = await cur.fetchone()
+        finally:
+            await admin.execute("DROP TRIGGER IF EXISTS lease_written ON inturn_lease")
+            await admin.execute("DROP FUNCTION IF EXISTS count_lease_write()")
+            await admin.execute("DROP TABLE lease_writes")
+    expected = [f"MSG{n:05d}" for n in range(total)]
+    if lanes == 1:
+        assert control_ids(rx.received) == expected
+    else:  # no patient keys: any lane, each message once
+        assert sorted(control_ids(rx.received)) == expected
+    assert writes is not None and 1 <= writes[0] <= 3, writes  # acquired, sender recorded
+
+
+async def _all_delivered(dsn: str, total: int) -> bool:
+    return await count(dsn, "delivered") == total
+
+
 # --- a killed worker process on a direct connection: replaced at once (migration 0025) --------
 
 

@@ -93,7 +93,9 @@ async def test_the_head_plans_on_no_log_partition_and_reads_each_days_payload(
             ((log_id, "channel:adt"), f"D{day}-0", f"D{day}-0".encode())
             for day, log_id in enumerate(ids)
         ]
-        lease_params = {"destination": A, "holder": held.holder, "epoch": held.epoch}
+        lease_params = {
+            "destination": A, "holder": held.holder, "epoch": held.epoch, "renew": True,
+        }  # fmt: skip
     with psycopg.connect(fresh_db, autocommit=True) as sync:
         sync.execute(
             "UPDATE inturn_delivery SET state = 'pending', finished_at = NULL"

@@ -175,6 +175,18 @@ async def test_a_stale_epoch_changes_nothing_in_any_guarded_statement(
                       lease=stale)  # fmt: skip
     with pytest.raises(LeaseLost):
         await delivery.sender_changed(conn, DEST, "fingerprint", lease=stale)
+    # the per-message statements that only check the lease (no renewal due) fence alike
+    with pytest.raises(LeaseLost, match="reading the head"):
+        await delivery.next_head(conn, DEST, lease=stale, renew=False)
+    with pytest.raises(LeaseLost, match=f"marking id={a} delivered"):
+        await delivery.succeeded_next(conn, head.item, 1, lease=stale, renew=False)
+    with pytest.raises(LeaseLost, match="pulling"):
+        await delivery.pull(conn, DEST, "adt", lease=stale, renew=False)
+    with pytest.raises(LeaseLost, match="window"):
+        await delivery.pending_window(conn, DEST, limit=8, lease=stale, renew=False)
+    done = [delivery.Delivered(head.item, 1)]
+    with pytest.raises(LeaseLost, match="taking"):
+        await delivery.take(conn, DEST, [b], delivered=done, lease=stale, renew=False)
     assert [await _row(conn, a), await _row(conn, b)] == [("pending", 0), ("pending", 0)]
     cur = await conn.execute("SELECT count(*) FROM inturn_attempt")
     assert await cur.fetchone() == (0,)
@@ -199,6 +211,70 @@ async def test_the_guarded_statements_renew_the_lease(conn: AsyncConnection[Any]
     info = await lease.holder(conn, DEST)
     assert info is not None and info.seconds_left > 29
     assert await _row(conn, a) == ("delivered", 1)
+
+
+async def _expires_at(conn: AsyncConnection[Any]) -> Any:
+    cur = await conn.execute("SELECT expires_at FROM inturn_lease WHERE destination = %s", (DEST,))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def test_a_statement_that_only_checks_the_lease_writes_nothing_to_it(
+    conn: AsyncConnection[Any],
+) -> None:
+    """Issue 43: a per-message statement whose renewal is not due reads its head and marks it
+    under the same holder and epoch, leaving the lease row as it was."""
+    [a, b] = await queue.enqueue(conn, [_item(1), _item(2)])
+    mine = await lease.acquire(conn, DEST, "a", 30)
+    assert mine is not None
+    before = await _expires_at(conn)
+    head, _ = await delivery.next_head(conn, DEST, lease=mine, renew=False)
+    assert head is not None and head.item.id == a
+    waited, (following, _) = await delivery.succeeded_next(
+        conn, head.item, 1, lease=mine, renew=False
+    )
+    assert waited is not None and following is not None and following.item.id == b
+    assert (await delivery.pull(conn, DEST, "adt", lease=mine, renew=False)).count == 0
+    window = await delivery.pending_window(conn, DEST, limit=8, lease=mine, renew=False)
+    assert [p.id for p in window] == [b]
+    done = [delivery.Delivered(following.item, 1)]
+    waited_by_id, heads = await delivery.take(
+        conn, DEST, [], delivered=done, lease=mine, renew=False
+    )
+    assert list(waited_by_id) == [b] and heads == []
+    assert await _expires_at(conn) == before  # checked, not renewed
+    assert [await _row(conn, a), await _row(conn, b)] == [("delivered", 1), ("delivered", 1)]
+    head, _ = await delivery.next_head(conn, DEST, lease=mine)  # renewing: moved on
+    assert head is None and await _expires_at(conn) > before
+
+
+async def test_a_check_of_the_lease_waits_for_a_takeover_in_progress(fresh_db: str) -> None:
+    """The check holds a share lock of the lease row, as the renewal held its row lock: a
+    statement that meets a takeover not yet committed waits for it, then finds the epoch
+    raised and changes nothing (no send on the word of a lease already taken over)."""
+    async with (
+        await AsyncConnection.connect(fresh_db, autocommit=True) as worker,
+        await AsyncConnection.connect(fresh_db, autocommit=True) as taker,
+    ):
+        [a] = await queue.enqueue(worker, [_item(1)])
+        mine = await lease.acquire(worker, DEST, "a", 30)
+        assert mine is not None
+        head, _ = await delivery.next_head(worker, DEST, lease=mine, renew=False)
+        assert head is not None and head.item.id == a
+        async with taker.transaction():
+            await taker.execute(
+                "UPDATE inturn_lease SET epoch = epoch + 1, holder = 'b' WHERE destination = %s",
+                (DEST,),
+            )
+            marking = asyncio.create_task(
+                delivery.succeeded_next(worker, head.item, 1, lease=mine, renew=False)
+            )
+            await asyncio.sleep(0.3)
+            assert not marking.done()  # waiting for the takeover's row lock
+        with pytest.raises(LeaseLost, match=f"marking id={a} delivered"):
+            await asyncio.wait_for(marking, 10)
+        assert await _row(worker, a) == ("pending", 0)
 
 
 async def test_an_expired_lease_nobody_took_is_renewed_by_its_holder(
@@ -226,14 +302,19 @@ async def test_a_lease_covers_its_own_destination_only(conn: AsyncConnection[Any
 
 
 def test_the_guarded_head_query_still_walks_the_pending_index(dsn: str) -> None:
-    """The statements as composed (the guard fragment in place): the lease by its primary key,
-    the head and the lanes' window by the pending index."""
-    params = {"destination": DEST, "holder": "a", "epoch": 1, "after": 0, "limit": 8}
+    """The statements as composed (the guard fragment in place): the lease by its primary key
+    (renewed, or checked only), the head and the lanes' window by the pending index."""
     with psycopg.connect(dsn, autocommit=True) as c:
-        for name in ("head", "pending_window"):
-            rows = c.execute(f"EXPLAIN {delivery.Q[name]}", params).fetchall()  # type: ignore[call-overload]
-            plan = "\n".join(r[0] for r in rows)
-            assert "inturn_lease_pkey" in plan and "Seq Scan on inturn_delivery" not in plan, plan
+        for renew in (True, False):
+            params = {
+                "destination": DEST, "holder": "a", "epoch": 1, "renew": renew, "after": 0,
+                "limit": 8,
+            }  # fmt: skip
+            for name in ("head", "pending_window"):
+                rows = c.execute(f"EXPLAIN {delivery.Q[name]}", params).fetchall()  # type: ignore[call-overload]
+                plan = "\n".join(r[0] for r in rows)
+                assert "inturn_lease_pkey" in plan, plan
+                assert "Seq Scan on inturn_delivery" not in plan, plan
 
 
 async def test_every_guarded_statement_commits_synchronously(conn: AsyncConnection[Any]) -> None:

@@ -76,16 +76,29 @@ def test_the_worker_statements_share_one_lease_guard() -> None:
          "mark_remembered"]
     )  # fmt: skip
     guard = (
+        "renewed AS (\n"
         "    UPDATE inturn_lease\n"
         "       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)\n"
         "     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s\n"
-        "       AND set_config('synchronous_commit', 'on', true) = 'on'\n"
+        "       AND %(renew)s AND set_config('synchronous_commit', 'on', true) = 'on'\n"
         "    RETURNING 1 AS held\n"
+        "),\n"
+        "lease AS (\n"
+        "    SELECT renewed.held FROM renewed\n"
+        "    UNION ALL\n"
+        "    SELECT 1 AS held\n"
+        "      FROM (SELECT FROM inturn_lease\n"
+        "             WHERE destination = %(destination)s AND holder = %(holder)s"
+        " AND epoch = %(epoch)s\n"
+        "               AND NOT %(renew)s AND set_config('synchronous_commit', 'on', true) = 'on'\n"
+        "               FOR SHARE) AS checked\n"
         ")"
     )
     for name in guarded:
-        assert queue[name].count("inturn_lease") == 1, name
-        assert "WITH lease AS (\n" in queue[name] and guard in queue[name], name
+        # renewed (an UPDATE) when "renew", else checked under a share lock (issue 43)
+        assert queue[name].count("inturn_lease") == 2, name
+        assert queue[name].startswith("WITH\n") or "\nWITH\n" in queue[name], name
+        assert guard in queue[name], name
     assert not any("-- include:" in query for query in queue.values())
 
 

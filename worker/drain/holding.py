@@ -2,12 +2,16 @@
 
 The lease (:mod:`inturn.worker.store.lease`: only its holder sends). The worker takes it (a
 standby tries every ``acquire_seconds``), and every statement it runs per message (the head
-query, the marks) carries the lease's epoch and renews it; an idle worker renews it at least
-every ``renew_seconds``. An attempt starts only while the lease is valid for longer than the
-attempt's timeout (counted from the moment the statement that renewed it was sent, so the
-worker's estimate is never later than the database's expiry). A statement whose guard fails
-raises :class:`~inturn.worker.store.lease.LeaseLost`: the worker sends nothing more and goes
-back to acquiring.
+query, the marks, the pull, the lanes' window and take) carries the lease's epoch; the one that
+runs once the renewal is due (:meth:`LeaseHolding._renew_due`: ``renew_seconds`` since the last
+renewal, or the lease no longer surely outliving an attempt started after it) renews it in the
+same statement, the others check holder and epoch without writing the lease row (issue 43: a
+write of the row per message was about a sixth of the backend's work on the delivered mark).
+An idle worker renews at least every ``renew_seconds``. An attempt starts only while the lease
+is valid for longer than the attempt's timeout (counted from the moment the statement that
+renewed it was sent, so the worker's estimate is never later than the database's expiry). A
+statement whose guard fails raises :class:`~inturn.worker.store.lease.LeaseLost`: the worker
+sends nothing more and goes back to acquiring.
 
 On a direct connection the worker also takes the destination's session advisory lock, before
 the lease, and the lease records its backend (never behind a pooler, where a session lock would
@@ -45,6 +49,11 @@ from inturn.worker.store.lease import Lease, LeaseLost
 log = logging.getLogger("inturn.drain")
 
 T = TypeVar("T")
+
+#: A per-message statement renews the lease when less than the attempt timeout and this many
+#: seconds are left of it (:meth:`LeaseHolding._renew_due`): the head it reads can then be sent
+#: without a renewal of its own, unless the statement itself took longer than this.
+RENEW_AHEAD_SECONDS = 1.0
 
 _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 
@@ -216,6 +225,15 @@ class LeaseHolding:
             )
         )
 
+    def _renew_due(self) -> bool:
+        """Whether the next guarded statement should renew the lease rather than only check it:
+        ``renew_seconds`` have passed since the last renewal, or less than the attempt timeout
+        and :data:`RENEW_AHEAD_SECONDS` are left of the lease (so that the head it reads may be
+        sent at once)."""
+        now = lease_clock()
+        ahead = float(self.config.retry.timeout_seconds) + RENEW_AHEAD_SECONDS
+        return now >= self._renew_at or self._lease_until - now <= ahead
+
     def _renewed(self, sent: float) -> None:
         """A statement sent at ``sent`` (:func:`lease_clock`) renewed the lease: it is valid for its
         lifetime from then at least (the database renewed it later than that)."""
@@ -229,8 +247,12 @@ class LeaseHolding:
         step: Step,
         call: Callable[[], Awaitable[T]],
         item_id: int | None = None,
+        *,
+        renews: bool = True,
     ) -> T:
-        """Run a statement guarded by (and renewing) the lease under the step policy.
+        """Run a statement guarded by the lease under the step policy; ``renews``: the
+        statement renews the lease (the estimate then runs from when it was sent), else it only
+        checks it or does not touch it.
 
         Raises:
             LeaseLost: the lease was taken over.
@@ -239,8 +261,29 @@ class LeaseHolding:
         result = await self.steps.run(
             conn, stop, step, call, item_id, between=partial(self._renew_between, conn)
         )
-        self._renewed(sent)
+        if renews:
+            self._renewed(sent)
         return result
+
+    async def _guarded_due(
+        self,
+        conn: AsyncConnection[Any],
+        stop: asyncio.Event,
+        step: Step,
+        call: Callable[..., Awaitable[T]],
+        item_id: int | None = None,
+    ) -> T:
+        """Run a per-message statement, ``call(renew=...)``, guarded by the lease under the step
+        policy: renewing it when the renewal is due (:meth:`_renew_due`), else checking holder
+        and epoch only.
+
+        Raises:
+            LeaseLost: the lease was taken over.
+        """
+        renew = self._renew_due()
+        return await self._guarded(
+            conn, stop, step, partial(call, renew=renew), item_id, renews=renew
+        )
 
     async def _pull(self, conn: AsyncConnection[Any], stop: asyncio.Event, lease: Lease) -> int:
         """Pull this destination's messages from its channel's log into its queue (one batch,
@@ -251,11 +294,12 @@ class LeaseHolding:
         Raises:
             LeaseLost: the lease was taken over.
         """
-        pulled = await self._guarded(
+        destination, channel = self.destination, self.config.channel
+        pulled = await self._guarded_due(
             conn,
             stop,
             "head",
-            partial(delivery.pull, conn, self.destination, self.config.channel, lease=lease),
+            lambda renew: delivery.pull(conn, destination, channel, lease=lease, renew=renew),
         )
         return pulled.count
 

@@ -113,8 +113,9 @@ class LaneDrain:
             retry decision and health).
         conn: the worker's session (holding the destination's lock).
         stop: set to stop: nothing new starts; the attempts in flight finish and are marked.
-        lease: the worker's lease of the destination: every statement is guarded by it and
-            renews it; an attempt starts only while it outlives the attempt timeout.
+        lease: the worker's lease of the destination: every statement is guarded by it (and
+            renews it when the renewal is due); an attempt starts only while it outlives the
+            attempt timeout.
     """
 
     def __init__(
@@ -238,7 +239,7 @@ class LaneDrain:
             self.w._say_held(None)
             await self.w._keep_lease(self.conn, self.stop, self.lease)  # when it is due
             if self._want_full or not self.window:
-                pulled = await self.w._guarded(self.conn, self.stop, "head", self._pull_once)
+                pulled = await self.w._guarded_due(self.conn, self.stop, "head", self._pull_once)
                 if pulled:
                     self.complete = False  # the channel log had messages for it: read the tail
             later = await self._read_window()
@@ -453,10 +454,11 @@ class LaneDrain:
 
     # --- the window -------------------------------------------------------------------------
 
-    async def _pull_once(self) -> int:
-        """One pull from the channel log (:func:`inturn.worker.store.delivery.pull`)."""
+    async def _pull_once(self, *, renew: bool) -> int:
+        """One pull from the channel log (:func:`inturn.worker.store.delivery.pull`), renewing
+        the lease with ``renew``."""
         pulled = await delivery.pull(
-            self.conn, self.w.destination, self.w.config.channel, lease=self.lease
+            self.conn, self.w.destination, self.w.config.channel, lease=self.lease, renew=renew
         )
         return pulled.count
 
@@ -492,12 +494,17 @@ class LaneDrain:
         return None
 
     async def _read(self, after: int, limit: int) -> list[Pending]:
-        return await self.w._guarded(
+        return await self.w._guarded_due(
             self.conn,
             self.stop,
             "head",
-            lambda: delivery.pending_window(
-                self.conn, self.w.destination, limit=limit, after=after, lease=self.lease
+            lambda renew: delivery.pending_window(
+                self.conn,
+                self.w.destination,
+                limit=limit,
+                after=after,
+                lease=self.lease,
+                renew=renew,
             ),
         )
 
@@ -520,12 +527,17 @@ class LaneDrain:
         sent, so a message's successor never goes before its delivered mark is durable."""
         answered = self._answered
         delivered = [delivery.Delivered(f.head.item, a, e) for f, a, e, _ in answered]
-        waited, heads = await self.w._guarded(
+        waited, heads = await self.w._guarded_due(
             self.conn,
             self.stop,
             "mark" if delivered else "head",
-            lambda: delivery.take(
-                self.conn, self.w.destination, ids, delivered=delivered, lease=self.lease
+            lambda renew: delivery.take(
+                self.conn,
+                self.w.destination,
+                ids,
+                delivered=delivered,
+                lease=self.lease,
+                renew=renew,
             ),
             delivered[0].item.id if len(delivered) == 1 else None,
         )

@@ -424,7 +424,8 @@ class DestinationWorker(SingleStream):
         Raises:
             LeaseLost: the lease was taken over meanwhile.
         """
-        tick = await self._guarded(conn, stop, "session", lambda: restore.clock(conn))
+        # the clock's read renews nothing: the lease estimate stays the acquisition's
+        tick = await self._guarded(conn, stop, "session", lambda: restore.clock(conn), renews=False)
         if tick >= self._seen_tick:
             self._seen_tick = tick
             return
@@ -438,7 +439,9 @@ class DestinationWorker(SingleStream):
         while not stop.is_set():
             await self._keep_lease(conn, stop, lease)
             await self._hold_still(conn, stop, AFTER_RESTORE_POLL_SECONDS)
-            now = await self._guarded(conn, stop, "session", lambda: restore.clock(conn))
+            now = await self._guarded(
+                conn, stop, "session", lambda: restore.clock(conn), renews=False
+            )
             if now > tick:
                 log.info(
                     "destination %s: the operator has looked at the restored database; its"

@@ -1,9 +1,9 @@
 """The drain loop of a destination with one lane: its head, one message at a time, in order.
 
-Each turn reads the head (guarded by the lease, which it renews), waits when there is nothing
-to send or the head is not due, keeps the window and the throttle (:mod:`.gate`), and sends the
-head once (:func:`inturn.worker.drain.attempt.send_once`, as every lane does). A delivery is
-marked in the same round trip that reads the next head
+Each turn reads the head (guarded by the lease, which it renews when due), waits when there is
+nothing to send or the head is not due, keeps the window and the throttle (:mod:`.gate`), and
+sends the head once (:func:`inturn.worker.drain.attempt.send_once`, as every lane does). A
+delivery is marked in the same round trip that reads the next head
 (:func:`inturn.worker.store.delivery.succeeded_next`); a failure is recorded by
 :meth:`inturn.worker.drain.outcome.Outcomes._failed`.
 
@@ -101,7 +101,7 @@ class SingleStream(Idling, Outcomes):
             if prefetched is not None:
                 (head, wait), prefetched = prefetched, None
             else:
-                head, wait = await self._guarded(
+                head, wait = await self._guarded_due(
                     conn,
                     stop,
                     "head",
@@ -109,7 +109,7 @@ class SingleStream(Idling, Outcomes):
                 )
                 if head is None and wait is None and after:
                     after = 0
-                    head, wait = await self._guarded(
+                    head, wait = await self._guarded_due(
                         conn,
                         stop,
                         "head",
@@ -236,11 +236,13 @@ class SingleStream(Idling, Outcomes):
                 expecting = () if mark is None else mark(item.message_type, payload)
                 # remembered until the mark commits: a lost session writes it first next time
                 self.unmarked[item.id] = delivery.Delivered(item, attempts, expecting)
-                waited, following = await self._guarded(
+                waited, following = await self._guarded_due(
                     conn,
                     stop,
                     "mark",
-                    lambda: delivery.succeeded_next(conn, item, attempts, expecting, lease=lease),
+                    lambda renew: delivery.succeeded_next(
+                        conn, item, attempts, expecting, lease=lease, renew=renew
+                    ),
                     item.id,
                 )
                 del self.unmarked[item.id]

@@ -19,10 +19,14 @@ Fencing. Every statement a worker runs that reads the head or writes a row takes
 (:class:`inturn.worker.store.lease.Lease`, keyword) and is guarded in SQL by the lease row: the
 same destination, holder and epoch, renewed to its ``ttl_seconds`` by the same statement (no
 extra round trip; the guard is one fragment of ``sql/queue.sql``, ``lease_guard``, composed into
-each statement when the file is loaded). A guard that fails changes nothing and raises
-:class:`~inturn.worker.store.lease.LeaseLost`. A lease that expired but that nobody took over is
-renewed by its holder's next statement: nobody else can have sent meanwhile, since a takeover
-raises the epoch.
+each statement when the file is loaded). The per-message statements (:func:`next_head`,
+:func:`succeeded_next`, :func:`pull`, :func:`pending_window`, :func:`take`) take ``renew``:
+False checks holder and epoch under a share lock of the lease row and writes nothing to it
+(the worker renews only once its renewal is due: :mod:`inturn.worker.drain.holding`); a
+takeover and a guarded statement are serialised on that row either way. A guard that fails
+changes nothing and raises :class:`~inturn.worker.store.lease.LeaseLost`. A lease that expired
+but that nobody took over is renewed by its holder's next renewing statement (and still passes
+a check): nobody else can have sent meanwhile, since a takeover raises the epoch.
 """
 
 from __future__ import annotations
@@ -94,21 +98,33 @@ def _next_result(row: Mapping[str, Any], destination: str) -> HeadResult:
     return _head_result(row, destination)
 
 
-def _guard(destination: str, lease: Lease) -> dict[str, Any]:
-    """The lease guard's parameters (``destination``, ``holder``, ``epoch``).
+def _guard(destination: str, lease: Lease, renew: bool = True) -> dict[str, Any]:
+    """The lease guard's parameters (``destination``, ``holder``, ``epoch``, and ``renew``:
+    whether the statement renews the lease, or only checks it).
 
     Raises:
         Invalid: ``lease`` is another destination's.
     """
     if lease.destination != destination:
         raise Invalid(f"the lease of {lease.destination} does not cover {destination}")
-    return {"destination": destination, "holder": lease.holder, "epoch": lease.epoch}
+    return {
+        "destination": destination,
+        "holder": lease.holder,
+        "epoch": lease.epoch,
+        "renew": renew,
+    }
 
 
 async def next_head(
-    conn: AsyncConnection[Any], destination: str, *, after: int = 0, lease: Lease
+    conn: AsyncConnection[Any],
+    destination: str,
+    *,
+    after: int = 0,
+    lease: Lease,
+    renew: bool = True,
 ) -> HeadResult:
-    """Return the head of ``destination`` if it is due, else how long to wait; renews ``lease``.
+    """Return the head of ``destination`` if it is due, else how long to wait; renews ``lease``
+    (with ``renew``; else only checks it).
 
     Args:
         after: a keyset bound: only items with a larger id are considered. A worker passes the
@@ -126,7 +142,7 @@ async def next_head(
         LeaseLost: another holder took the destination over; nothing was read.
         Invalid: ``lease`` is another destination's.
     """
-    params = {**_guard(destination, lease), "after": after}
+    params = {**_guard(destination, lease, renew), "after": after}
     try:
         row = await fetch_one(conn, Q["head"], params, row=dict_row, binary=True)
     except psycopg.errors.UndefinedFunction as exc:
@@ -162,10 +178,12 @@ async def pull(
     *,
     lease: Lease,
     limit: int = PULL_LIMIT,
+    renew: bool = True,
 ) -> Pulled:
     """Copy the channel log's messages routed to ``destination`` past its cursor into its
     queue, as slim rows in log order, and move the cursor (docs/explanation/storage-layout.md),
-    in one transaction under the destination's enqueue lock; renews ``lease``.
+    in one transaction under the destination's enqueue lock; renews ``lease`` (with ``renew``;
+    else only checks it).
 
     Args:
         channel: the destination's ingest channel (the log it reads).
@@ -177,7 +195,7 @@ async def pull(
     """
     if limit < 1:
         raise Invalid(f"a pull takes at least 1 row, not {limit}")
-    guard = _guard(destination, lease)
+    guard = _guard(destination, lease, renew)
     params = {**guard, "channel": channel, "limit": limit}
     try:
         row = await _pull_once(conn, guard, params, lease, Q["pull"])
@@ -255,8 +273,10 @@ async def succeeded_next(
     expecting: Sequence[ExpectedReply] = (),
     *,
     lease: Lease,
+    renew: bool = True,
 ) -> tuple[float | None, HeadResult]:
-    """Mark ``head`` delivered and return the next head, in one statement (one round trip).
+    """Mark ``head`` delivered and return the next head, in one statement (one round trip);
+    renews ``lease`` (with ``renew``; else only checks it).
 
     ``expecting``: the replies the delivered order now waits for (``spec.replies``), recorded
     in ``inturn_order_expectation`` by the same statement, so only if the mark is written
@@ -270,7 +290,7 @@ async def succeeded_next(
         LeaseLost: another holder took the destination over; nothing was marked or recorded.
     """
     destination = head.destination
-    params = _guard(destination, lease)
+    params = _guard(destination, lease, renew)
     params["id"] = head.id
     params["attempts"] = attempts
     name = "succeeded_next"
@@ -450,10 +470,12 @@ async def pending_window(
     limit: int,
     after: int = 0,
     lease: Lease,
+    renew: bool = True,
 ) -> list[Pending]:
     """The oldest pending items of ``destination`` (at most ``limit``), due or not, in id order,
     with their lane keys and no payload: the window the lanes' scheduler looks over
-    (:mod:`inturn.worker.drain.lanes`). Empty while the destination is on hold. Renews ``lease``.
+    (:mod:`inturn.worker.drain.lanes`). Empty while the destination is on hold. Renews ``lease``
+    (with ``renew``; else only checks it).
 
     Args:
         limit: the window bound (``spec.lanes.window``), at least 1.
@@ -466,7 +488,7 @@ async def pending_window(
     """
     if limit < 1:
         raise Invalid("limit must be at least 1")
-    params = {**_guard(destination, lease), "after": after, "limit": limit}
+    params = {**_guard(destination, lease, renew), "after": after, "limit": limit}
     rows = await fetch_all(conn, Q["pending_window"], params, row=dict_row)
     if not rows:
         raise LeaseLost(lease, "reading the lanes' window")
@@ -534,13 +556,14 @@ async def take(
     *,
     delivered: Sequence[Delivered] = (),
     lease: Lease,
+    renew: bool = True,
 ) -> tuple[dict[int, float | None], list[Head]]:
     """Mark ``delivered`` delivered, then return the heads (with payloads and lane keys) of
     those of ``ids`` still pending, in id order, in one statement: one round trip per turn of
     the lanes. The marks commit (synchronously, like :func:`succeeded`) before this returns, so
     before any of the heads is sent. An item skipped or erased since the window was read is
     left out of the heads; nothing is returned while the destination is on hold. Renews
-    ``lease``.
+    ``lease`` (with ``renew``; else only checks it).
 
     Returns:
         ``(waited, heads)``: seconds from enqueue to delivery per marked id (an item gone, i.e.
@@ -552,7 +575,7 @@ async def take(
     """
     opened = [(d.item.id, e) for d in delivered for e in d.expecting]
     params = {
-        **_guard(destination, lease),
+        **_guard(destination, lease, renew),
         "ids": list(ids),
         "done_ids": [d.item.id for d in delivered],
         "done_attempts": [d.attempts for d in delivered],

@@ -4,17 +4,34 @@
 -- puts its text in place of every "-- include: <name>" line when the file is loaded (the
 -- statements sent, and those the tests EXPLAIN, are the composed ones).
 
--- lease_guard is the body of every worker statement's "WITH lease AS (...)".
+-- lease_guard is the first two CTEs of every worker statement ("WITH renewed AS (...),
+-- lease AS (...)"); the statement reads "lease".
 
 -- fragment: lease_guard
--- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination,
--- renewed by the same statement; no row when another holder took it over. set_config:
--- the transaction commits synchronously, whatever the session (pooler-safe).
-UPDATE inturn_lease
-   SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
- WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-   AND set_config('synchronous_commit', 'on', true) = 'on'
-RETURNING 1 AS held
+-- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination; no
+-- row in "lease" when another holder took it over. With "renew" the statement renews the
+-- lease (an UPDATE of its row); without, it checks holder and epoch under a share lock of the
+-- row and writes nothing to it (issue 43: the worker renews once the renewal is due, not at
+-- every message). Either way the statement and a takeover (an UPDATE of the row) are
+-- serialised: whichever comes second waits for the first, and a statement that waited for a
+-- takeover finds the epoch raised and holds nothing. set_config: the transaction commits
+-- synchronously, whatever the session (pooler-safe).
+renewed AS (
+    UPDATE inturn_lease
+       SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
+     WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+       AND %(renew)s AND set_config('synchronous_commit', 'on', true) = 'on'
+    RETURNING 1 AS held
+),
+lease AS (
+    SELECT renewed.held FROM renewed
+    UNION ALL
+    SELECT 1 AS held
+      FROM (SELECT FROM inturn_lease
+             WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+               AND NOT %(renew)s AND set_config('synchronous_commit', 'on', true) = 'on'
+               FOR SHARE) AS checked
+)
 
 -- fragment: own_binding
 -- A row's payload and the binding it was sealed with (migration 0033), its own half, for a row
@@ -80,9 +97,8 @@ SELECT pg_notify(%(channel)s, %(destination)s);
 -- messages were accepted in. Taken before the pull statement, whose snapshot is then taken
 -- after the lock is held (READ COMMITTED: a snapshot per statement) and sees the cursor as the
 -- previous pull left it. Guarded by the lease: no row (and no lock) when it is lost.
-WITH lease AS (
-    -- include: lease_guard
-)
+WITH
+-- include: lease_guard
 SELECT lease.held, inturn_enqueue_lock(%(destination)s) AS locked
   FROM lease;
 
@@ -94,10 +110,9 @@ SELECT lease.held, inturn_enqueue_lock(%(destination)s) AS locked
 -- lower id of the channel has committed or never will: ingest draws a channel's ids under
 -- the channel's enqueue lock). It never moves back. Run under pull_lock, in its transaction.
 -- Guarded by the lease: held NULL and nothing written when it is lost.
-WITH lease AS (
-    -- include: lease_guard
-),
-cur AS (
+WITH
+-- include: lease_guard
+, cur AS (
     SELECT coalesce((SELECT c.position FROM inturn_cursor c
                       WHERE c.destination = %(destination)s), 0) AS position
       FROM lease
@@ -157,10 +172,9 @@ SELECT (SELECT held FROM lease) AS held, (SELECT count(*) FROM pulled) AS pulled
 -- lower id of the channel has committed or never will: ingest draws a channel's ids under
 -- the channel's enqueue lock). It never moves back. Run under pull_lock, in its transaction.
 -- Guarded by the lease: held NULL and nothing written when it is lost.
-WITH lease AS (
-    -- include: lease_guard
-),
-cur AS (
+WITH
+-- include: lease_guard
+, cur AS (
     SELECT coalesce((SELECT c.position FROM inturn_cursor c
                       WHERE c.destination = %(destination)s), 0) AS position
       FROM lease
@@ -220,9 +234,8 @@ SELECT EXISTS (
 -- (inturn.worker.store.model.Sendable), no more: the head is read once per message.
 -- The payload of a slim row is its log message's, read from that message's partition only
 -- (inturn_log_payload, once, for the row chosen): the head's cost does not follow the days kept.
-WITH lease AS (
-    -- include: lease_guard
-)
+WITH
+-- include: lease_guard
 SELECT lease.held, h.id, h.channel, h.control_id, h.message_type, h.attempts,
        -- include: log_binding
        h.traceparent, h.wait_seconds,
@@ -313,10 +326,9 @@ SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS wa
 -- NULL when the head is gone (erased); held is NULL when the lease is lost (nothing changed).
 -- A message the packs record nothing for (every message but spec.replies' orders) takes this
 -- one; succeeded_next_expecting is the same with the replies the order now waits for.
-WITH lease AS (
-    -- include: lease_guard
-),
-done AS (
+WITH
+-- include: lease_guard
+, done AS (
     UPDATE inturn_delivery
        SET state = 'delivered', attempts = %(attempts)s,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp()
@@ -329,10 +341,9 @@ done AS (
 -- name: succeeded_next_expecting
 -- succeeded_next, recording in the same statement the replies the delivered order now waits
 -- for (spec.replies), so only if the mark is written. reply_types: comma-separated patterns.
-WITH lease AS (
-    -- include: lease_guard
-),
-done AS (
+WITH
+-- include: lease_guard
+, done AS (
     UPDATE inturn_delivery
        SET state = 'delivered', attempts = %(attempts)s,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp()
@@ -357,10 +368,9 @@ expected AS (
 -- Touches no indexed column, so the update can stay heap-only. The attempt is kept in the item's
 -- history (inturn_attempt) by the same statement. Guarded by the lease: held 0 when it is lost
 -- (nothing changed); changed 0 when the item is no longer pending.
-WITH lease AS (
-    -- include: lease_guard
-),
-failed AS (
+WITH
+-- include: lease_guard
+, failed AS (
     UPDATE inturn_delivery
        SET attempts = %(attempts)s,
            next_attempt = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
@@ -383,10 +393,9 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM history) AS c
 -- earlier attempt, else the destination's next (its counter moves on in the same statement).
 -- Guarded by the lease: held 0 when it is lost (nothing changed); number NULL when the message
 -- is no longer pending (skipped or erased meanwhile).
-WITH lease AS (
-    -- include: lease_guard
-),
-item AS (
+WITH
+-- include: lease_guard
+, item AS (
     SELECT d.id FROM inturn_delivery d
      WHERE d.id = %(id)s AND d.destination = %(destination)s AND d.state = 'pending'
        AND EXISTS (SELECT 1 FROM lease)
@@ -412,10 +421,9 @@ SELECT (SELECT count(*) FROM lease) AS held,
 -- Every pending row of a destination held for an unreachable receiver is due now (the lanes: a
 -- probe found the receiver accepting connections again); a row backing off after a receiver's
 -- refusal keeps its backoff. No attempt is recorded; guarded by the lease.
-WITH lease AS (
-    -- include: lease_guard
-),
-due AS (
+WITH
+-- include: lease_guard
+, due AS (
     UPDATE inturn_delivery
        SET next_attempt = clock_timestamp()
      WHERE destination = %(destination)s AND state = 'pending'
@@ -429,10 +437,9 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT array_agg(id) FROM due) AS 
 -- The head held for an unreachable receiver is due now: a probe found the receiver accepting
 -- connections again (inturn.worker.drain.stream). Touches only the head's next_attempt (no
 -- attempt is recorded); guarded by the lease: held 0 when it is lost (nothing changed).
-WITH lease AS (
-    -- include: lease_guard
-),
-due AS (
+WITH
+-- include: lease_guard
+, due AS (
     UPDATE inturn_delivery
        SET next_attempt = clock_timestamp()
      WHERE id = (SELECT id FROM inturn_delivery
@@ -447,10 +454,9 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT count(*) FROM due) AS chang
 -- name: succeeded
 -- As succeeded_next: a skip that raced with the send loses, the item was delivered. Guarded by
 -- the lease: held 0 when it is lost; waited_seconds NULL when the item is gone.
-WITH lease AS (
-    -- include: lease_guard
-),
-done AS (
+WITH
+-- include: lease_guard
+, done AS (
     UPDATE inturn_delivery
        SET state = 'delivered', attempts = %(attempts)s,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp()
@@ -462,10 +468,9 @@ SELECT (SELECT count(*) FROM lease) AS held, (SELECT waited_seconds FROM done) A
 
 -- name: gave_up
 -- Guarded by the lease like retry: held 0 when it is lost; changed 0 when no longer pending.
-WITH lease AS (
-    -- include: lease_guard
-),
-failed AS (
+WITH
+-- include: lease_guard
+, failed AS (
     UPDATE inturn_delivery
        SET state = 'failed', attempts = %(attempts)s,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp(),
@@ -1245,10 +1250,9 @@ SELECT greatest(c.reltuples, 0)::bigint AS rows, pg_total_relation_size(c.oid) A
 -- last_error and reason are kept).
 -- Returns whether the fingerprint changed and how many items were made due; guarded by the
 -- lease (held 0 when it is lost: nothing recorded, nothing made due).
-WITH lease AS (
-    -- include: lease_guard
-),
-previous AS (
+WITH
+-- include: lease_guard
+, previous AS (
     SELECT fingerprint FROM inturn_worker_sender WHERE destination = %(destination)s
 ),
 recorded AS (
@@ -1278,9 +1282,8 @@ SELECT (SELECT count(*) FROM lease) AS held,
 -- their lane keys and no payload, for the scheduler (inturn.worker.drain.lanes). "after" is a
 -- keyset bound as in head (0 for none). A destination on hold has no window. Guarded by the
 -- lease as head is: no row at all when it is lost; one row of NULLs when nothing is pending.
-WITH lease AS (
-    -- include: lease_guard
-)
+WITH
+-- include: lease_guard
 SELECT lease.held, w.*
   FROM lease
   LEFT JOIN LATERAL (
@@ -1302,10 +1305,9 @@ SELECT lease.held, w.*
 -- sent. A skip that raced with a send loses, as in succeeded. Guarded by the lease: no row at
 -- all when it is lost (nothing marked); else one row per chosen item, or one row of NULLs, each
 -- with "done" (id, waited seconds) of the items marked.
-WITH lease AS (
-    -- include: lease_guard
-),
-done AS (
+WITH
+-- include: lease_guard
+, done AS (
     UPDATE inturn_delivery d
        SET state = 'delivered', attempts = m.attempts,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp()
@@ -1360,10 +1362,9 @@ SELECT lease.held,
 -- waits for (spec.replies), as the other marks do. Guarded by the lease: no row when it is
 -- lost (nothing marked); else one row whose "done" lists (id, waited seconds) of the rows
 -- marked.
-WITH lease AS (
-    -- include: lease_guard
-),
-done AS (
+WITH
+-- include: lease_guard
+, done AS (
     UPDATE inturn_delivery d
        SET state = 'delivered', attempts = m.attempts,
            last_attempt = clock_timestamp(), finished_at = clock_timestamp()
