@@ -286,6 +286,9 @@ async def test_an_expired_lease_nobody_took_is_renewed_by_its_holder(
     mine = await lease.acquire(conn, DEST, "a", 0.1)
     assert mine is not None
     await asyncio.sleep(0.2)
+    # a statement that only checks (no renewal) does not act on an expired lease
+    with pytest.raises(LeaseLost, match="reading the head"):
+        await delivery.next_head(conn, DEST, lease=mine, renew=False)
     assert await delivery.succeeded(conn, a, 1, lease=mine) is not None
     info = await lease.holder(conn, DEST)
     assert info is not None and info.epoch == 1 and info.seconds_left > 0

@@ -90,6 +90,7 @@ def test_the_worker_statements_share_one_lease_guard() -> None:
         "      FROM (SELECT FROM inturn_lease\n"
         "             WHERE destination = %(destination)s AND holder = %(holder)s"
         " AND epoch = %(epoch)s\n"
+        "               AND expires_at > clock_timestamp()\n"
         "               AND NOT %(renew)s AND set_config('synchronous_commit', 'on', true) = 'on'\n"
         "               FOR SHARE) AS checked\n"
         ")"

@@ -10,12 +10,12 @@
 -- fragment: lease_guard
 -- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination; no
 -- row in "lease" when another holder took it over. With "renew" the statement renews the
--- lease (an UPDATE of its row); without, it checks holder and epoch under a share lock of the
--- row and writes nothing to it (issue 43: the worker renews once the renewal is due, not at
--- every message). Either way the statement and a takeover (an UPDATE of the row) are
--- serialised: whichever comes second waits for the first, and a statement that waited for a
--- takeover finds the epoch raised and holds nothing. set_config: the transaction commits
--- synchronously, whatever the session (pooler-safe).
+-- lease (an UPDATE of its row; an expired lease nobody took is renewed); without, it checks
+-- holder, epoch and expiry under a share lock of the row and writes nothing to it (issue 43:
+-- the worker renews once the renewal is due, not at every message). Either way the statement
+-- and a takeover (an UPDATE of the row) are serialised: whichever comes second waits for the
+-- first, and a statement that waited for a takeover finds the epoch raised and holds nothing.
+-- set_config: the transaction commits synchronously, whatever the session (pooler-safe).
 renewed AS (
     UPDATE inturn_lease
        SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
@@ -29,6 +29,7 @@ lease AS (
     SELECT 1 AS held
       FROM (SELECT FROM inturn_lease
              WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
+               AND expires_at > clock_timestamp()
                AND NOT %(renew)s AND set_config('synchronous_commit', 'on', true) = 'on'
                FOR SHARE) AS checked
 )
