@@ -307,9 +307,9 @@ class LeaseSettings:
     """How a worker holds its destination's lease (:mod:`inturn.worker.store.lease`).
 
     Attributes:
-        ttl_seconds: the lease's lifetime; every statement the worker runs per message renews
-            it, and so does an idle worker every ``renew_seconds``.
-        renew_seconds: the longest an idle holder goes without renewing (< ``ttl_seconds``).
+        ttl_seconds: the lease's lifetime; the worker renews it every ``renew_seconds`` (its
+            per-message statements renew it once that is due, and check it in between).
+        renew_seconds: the longest a holder goes without renewing (< ``ttl_seconds``).
         acquire_seconds: how often a standby tries to take the lease.
     """
 

@@ -18,8 +18,11 @@ database's clock (``clock_timestamp()``), with the ``ttl_seconds`` that renewals
   socket is closed by the kernel, its backend ends, and the replacement takes over at once).
 * :func:`renew` extends a lease still held; the idle worker calls it on an interval shorter than
   the lease. The statements a worker runs per message (the head query, the marks:
-  :mod:`inturn.worker.store.queue`) carry the same guard inline and renew the lease in the same
-  statement, so the hot path costs no extra round trip.
+  :mod:`inturn.worker.store.delivery`) carry the same guard inline and renew the lease in the
+  same statement once the renewal is due, so the hot path costs no extra round trip; in
+  between they check holder, epoch and expiry under a share lock of the lease row, writing
+  nothing to it (issue 43). A takeover (an UPDATE of the row) and a guarded statement are
+  serialised on the row either way.
 * :func:`release` expires it now (a clean stop), so that a successor need not wait.
 * :func:`purge_gone` removes the rows of destinations that are gone, once their lease expired
   longer ago than purge's retention (``inturn purge``; migration 0030): a row outlives its
