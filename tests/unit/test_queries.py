@@ -84,15 +84,14 @@ def test_the_worker_statements_share_one_lease_guard() -> None:
         "    RETURNING 1 AS held\n"
         "),\n"
         "lease AS (\n"
-        "    SELECT renewed.held FROM renewed\n"
+        "    SELECT held FROM renewed\n"
         "    UNION ALL\n"
-        "    SELECT 1 AS held\n"
-        "      FROM (SELECT FROM inturn_lease\n"
-        "             WHERE destination = %(destination)s AND holder = %(holder)s"
-        " AND epoch = %(epoch)s\n"
-        "               AND expires_at > clock_timestamp()\n"
-        "               AND NOT %(renew)s AND set_config('synchronous_commit', 'on', true) = 'on'\n"
-        "               FOR SHARE) AS checked\n"
+        "    SELECT 1 FROM (SELECT FROM inturn_lease\n"
+        "                    WHERE destination = %(destination)s AND holder = %(holder)s\n"
+        "                      AND epoch = %(epoch)s AND expires_at > clock_timestamp()"
+        " AND NOT %(renew)s\n"
+        "                      AND set_config('synchronous_commit', 'on', true) = 'on'\n"
+        "                      FOR SHARE) AS checked\n"
         ")"
     )
     for name in guarded:
@@ -101,6 +100,23 @@ def test_the_worker_statements_share_one_lease_guard() -> None:
         assert queue[name].startswith("WITH\n") or "\nWITH\n" in queue[name], name
         assert guard in queue[name], name
     assert not any("-- include:" in query for query in queue.values())
+
+
+#: psycopg converts a query's placeholders once and caches the result only for a query of at
+#: most this many bytes (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH, 4096 in psycopg 3.3); a
+#: longer one is parsed again in Python at every execution (about 100 us a message, issue 43).
+PSYCOPG_CACHED_QUERY_BYTES = 4096
+
+
+def test_the_per_message_statements_stay_within_psycopgs_query_cache() -> None:
+    """The statements the single stream runs per message or per pull (their comments and the
+    lease guard included: the text sent) stay short enough for psycopg to cache their
+    conversion."""
+    queue = load("queue.sql")
+    names = ["head", "succeeded_next", "succeeded_next_expecting", "pull", "pull_lock"]
+    names += ["pending_window"]
+    for name in names:
+        assert len(queue[name].encode()) <= PSYCOPG_CACHED_QUERY_BYTES, name
 
 
 def test_every_shipped_file_composes() -> None:

@@ -5,17 +5,19 @@
 -- statements sent, and those the tests EXPLAIN, are the composed ones).
 
 -- lease_guard is the first two CTEs of every worker statement ("WITH renewed AS (...),
--- lease AS (...)"); the statement reads "lease".
+-- lease AS (...)"); the statement reads "lease". The lease guard (inturn.worker.store.lease):
+-- this holder's epoch of this destination; no row in "lease" when another holder took it over.
+-- With "renew" the statement renews the lease (an UPDATE of its row; an expired lease nobody
+-- took is renewed); without, it checks holder, epoch and expiry under a share lock of the row
+-- and writes nothing to it (issue 43: the worker renews once the renewal is due, not at every
+-- message). Either way the statement and a takeover (an UPDATE of the row) are serialised:
+-- whichever comes second waits for the first, and a statement that waited for a takeover
+-- finds the epoch raised and holds nothing. set_config: the transaction commits synchronously,
+-- whatever the session (pooler-safe). The fragment is kept short, comments included: it is
+-- sent with every statement, and psycopg caches the conversion of a query of 4,096 bytes at
+-- most (a longer one is parsed again in Python at every execution: about 100 us a message).
 
 -- fragment: lease_guard
--- The lease guard (inturn.worker.store.lease): this holder's epoch of this destination; no
--- row in "lease" when another holder took it over. With "renew" the statement renews the
--- lease (an UPDATE of its row; an expired lease nobody took is renewed); without, it checks
--- holder, epoch and expiry under a share lock of the row and writes nothing to it (issue 43:
--- the worker renews once the renewal is due, not at every message). Either way the statement
--- and a takeover (an UPDATE of the row) are serialised: whichever comes second waits for the
--- first, and a statement that waited for a takeover finds the epoch raised and holds nothing.
--- set_config: the transaction commits synchronously, whatever the session (pooler-safe).
 renewed AS (
     UPDATE inturn_lease
        SET expires_at = clock_timestamp() + make_interval(secs => ttl_seconds)
@@ -24,14 +26,13 @@ renewed AS (
     RETURNING 1 AS held
 ),
 lease AS (
-    SELECT renewed.held FROM renewed
+    SELECT held FROM renewed
     UNION ALL
-    SELECT 1 AS held
-      FROM (SELECT FROM inturn_lease
-             WHERE destination = %(destination)s AND holder = %(holder)s AND epoch = %(epoch)s
-               AND expires_at > clock_timestamp()
-               AND NOT %(renew)s AND set_config('synchronous_commit', 'on', true) = 'on'
-               FOR SHARE) AS checked
+    SELECT 1 FROM (SELECT FROM inturn_lease
+                    WHERE destination = %(destination)s AND holder = %(holder)s
+                      AND epoch = %(epoch)s AND expires_at > clock_timestamp() AND NOT %(renew)s
+                      AND set_config('synchronous_commit', 'on', true) = 'on'
+                      FOR SHARE) AS checked
 )
 
 -- fragment: own_binding
@@ -230,11 +231,10 @@ SELECT EXISTS (
 -- taken (the planner may walk the primary key when it believes every row is pending).
 -- A destination on hold (held_at set by `queue suspend`, the console or a restore found) has
 -- no head; on_hold says so, so that its worker measures its depth instead of calling it empty.
--- Guarded by the lease (and renewing it): no row at all when the lease is lost; "held" and
--- NULL columns when nothing is pending. The columns are what a send and its marks need
--- (inturn.worker.store.model.Sendable), no more: the head is read once per message.
--- The payload of a slim row is its log message's, read from that message's partition only
--- (inturn_log_payload, once, for the row chosen): the head's cost does not follow the days kept.
+-- Guarded by the lease: no row at all when it is lost; "held" and NULL columns when nothing
+-- is pending. The columns are what a send and its marks need (model.Sendable), no more.
+-- A slim row's payload is its log message's, read from that message's partition only
+-- (inturn_log_payload, once, for the row chosen): the cost does not follow the days kept.
 WITH
 -- include: lease_guard
 SELECT lease.held, h.id, h.channel, h.control_id, h.message_type, h.attempts,
