@@ -2,7 +2,8 @@
 the helpers that run them and read rows by column name.
 
 A file holds blocks that each start with a line ``-- name: <query_name>``; the text up to the
-next such line is the query (comments included, which Postgres ignores). Every statement the
+next such line is the query; the lines that hold only a comment explain it in the file and are
+left out of the text sent (:func:`parse`). Every statement the
 package sends lives in one of these files, so the test that EXPLAINs every named query covers
 them all.
 
@@ -35,6 +36,7 @@ _INCLUDE = re.compile(r"^([ \t]*)-- include: ([a-z_][a-z0-9_]*)[ \t]*$", re.MULT
 def parse(text: str) -> dict[str, str]:
     """Split a ``.sql`` file's text into ``{name: query}``, its fragments composed in.
 
+    Lines that hold only a comment are left out of each query (see :func:`_uncommented`).
     Each ``-- include: <fragment>`` line of a query is replaced by the fragment's text, every
     line of it indented as the include line is. Fragments are not returned.
 
@@ -59,10 +61,19 @@ def parse(text: str) -> dict[str, str]:
             if match.group(2) not in fragments:
                 raise Invalid(f"query {name!r} includes {match.group(2)!r}, no fragment here")
             used.add(match.group(2))
-        queries[name] = _INCLUDE.sub(lambda m: _indented(fragments[m.group(2)], m.group(1)), body)
+        composed = _INCLUDE.sub(lambda m: _indented(fragments[m.group(2)], m.group(1)), body)
+        queries[name] = _uncommented(composed)
     if unused := sorted(fragments.keys() - used):
         raise Invalid(f"fragment {unused[0]!r} is included nowhere")
     return queries
+
+
+def _uncommented(text: str) -> str:
+    """``text`` without its lines that hold only a comment (``--`` after blanks): they explain
+    the statement in its file, and sent they would only lengthen it (psycopg caches the
+    conversion of a query of at most 4,096 bytes, and parses a longer one again at every
+    execution). Comments after code on a line stay (a ``--`` may be inside a literal there)."""
+    return "\n".join(line for line in text.split("\n") if not line.lstrip().startswith("--"))
 
 
 def _indented(text: str, indent: str) -> str:
