@@ -167,3 +167,15 @@ def key_dsn(pg_server_dsn: str) -> Iterator[str]:
 def keys_dir(tmp_path: Path) -> Path:
     """A folder of master keys (one, made for the test)."""
     return keys.master_keys(tmp_path / "keys")
+
+
+@pytest.fixture
+def pg_home() -> Iterator[Path]:
+    """A folder for an embedded Postgres outside pytest's tmp tree: pytest keeps
+    /tmp/pytest-of-<user> at mode 0700, which the server's own user (pgserver runs it as an
+    unprivileged user when we are root) cannot always traverse. Its path is short: the
+    server's Unix socket lives under it."""
+    home = Path(tempfile.mkdtemp(prefix="inturn-pg-home-"))
+    home.chmod(0o755)
+    yield home
+    shutil.rmtree(home, ignore_errors=True)

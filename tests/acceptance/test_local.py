@@ -12,15 +12,12 @@ import asyncio
 import functools
 import json
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from asyncio.subprocess import PIPE
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -254,17 +251,6 @@ async def test_bad_manifest_one_line_naming_the_field_exit_2(
     assert out == b""
     assert len(lines) == 1 and "bad.yaml" in lines[0] and field in lines[0], lines
     assert not (tmp_path / "never-created").exists()  # nothing was started
-
-
-@pytest.fixture
-def pg_home() -> Iterator[Path]:
-    """A folder for an embedded Postgres outside pytest's tmp tree: pytest keeps
-    /tmp/pytest-of-<user> at mode 0700, which the server's own user (pgserver runs it as an
-    unprivileged user when we are root) cannot always traverse."""
-    home = Path(tempfile.mkdtemp(prefix="inturn-local-"))
-    home.chmod(0o755)
-    yield home
-    shutil.rmtree(home, ignore_errors=True)
 
 
 async def test_embedded_postgres_keeps_the_backlog_across_restarts(

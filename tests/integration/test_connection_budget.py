@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -302,15 +300,6 @@ def test_the_budget_counts_every_part() -> None:
     assert budget(100, ingest_pool=4, console=True, encrypted=True, spare=10).total == 126
     assert embedded_size(123) == 150  # 123 + 24 for destinations added later + 3 reserved
     assert embedded_size(10) == 100  # never below Postgres's default
-
-
-@pytest.fixture
-def pg_home() -> Iterator[Path]:
-    """A folder the embedded server's own user can traverse (pytest's tmp tree is 0700)."""
-    home = Path(tempfile.mkdtemp(prefix="inturn-budget-"))
-    home.chmod(0o755)
-    yield home
-    shutil.rmtree(home, ignore_errors=True)
 
 
 def test_the_embedded_server_is_given_the_connections_the_run_needs(pg_home: Path) -> None:

@@ -13,11 +13,9 @@ where the default buffers hid it below about 20 MB). Every wait is bounded."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,6 @@ from psycopg import AsyncConnection
 
 from inturn.worker.crypto.codec import PayloadCodec
 from inturn.worker.crypto.masterkeys import FileKeyProvider
-from inturn.worker.hl7.header import parse_header
 from inturn.worker.local.embedded import start_embedded
 from inturn.worker.store import ingest
 from inturn.worker.store.keystore import PgKeyStore
@@ -35,6 +32,7 @@ from inturn.worker.store.migrate import migrate
 from inturn.worker.store.model import Message
 from tests.support import keys
 from tests.support.db import database
+from tests.support.ingest import to_store
 
 pytestmark = pytest.mark.store
 
@@ -58,12 +56,7 @@ def report(n: int) -> bytes:
 
 
 def message(payload: bytes) -> Message:
-    return Message(
-        control_id=parse_header(payload).control_id,
-        message_type="ORU^R01",
-        payload=payload,
-        digest=hashlib.sha256(payload).digest(),
-    )
+    return to_store(payload, "ORU^R01")
 
 
 def small_send_buffer(conn: AsyncConnection[Any]) -> None:
@@ -126,15 +119,6 @@ async def test_an_8_mb_batch_is_stored_whole_through_a_small_send_buffer(
     pg_server_dsn: str, fresh_db: str
 ) -> None:
     await store_both(pg_server_dsn, fresh_db, small_buffer=True)
-
-
-@pytest.fixture
-def pg_home() -> Iterator[Path]:
-    """A folder the embedded server's own user can traverse (pytest's tmp tree is 0700)."""
-    home = Path(tempfile.mkdtemp(prefix="inturn-big-"))
-    home.chmod(0o755)
-    yield home
-    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.slow  # a server of its own

@@ -7,7 +7,6 @@ roll back and store again the usual way, keys first. Real Postgres, ``store_batc
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -21,10 +20,10 @@ from psycopg import AsyncConnection
 from inturn.worker.crypto.codec import PayloadCodec, PayloadUnreadable
 from inturn.worker.crypto.keystore import StoredKey
 from inturn.worker.crypto.masterkeys import FileKeyProvider
-from inturn.worker.hl7.header import parse_header
 from inturn.worker.store import ingest
 from inturn.worker.store.keystore import PgKeyStore
 from inturn.worker.store.model import Message, StoreResult
+from tests.support.ingest import to_store
 
 pytestmark = pytest.mark.store
 
@@ -39,12 +38,7 @@ def adt(n: int) -> bytes:
 
 
 def message(payload: bytes) -> Message:
-    return Message(
-        control_id=parse_header(payload).control_id,
-        message_type="ADT^A01",
-        payload=payload,
-        digest=hashlib.sha256(payload).digest(),
-    )
+    return to_store(payload, "ADT^A01")
 
 
 class _Hold:

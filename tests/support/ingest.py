@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,13 @@ import psycopg
 
 from inturn.worker.hl7.ack import Ack, parse_ack
 from inturn.worker.hl7.batch import split_batch
+from inturn.worker.hl7.header import parse_header
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
 from inturn.worker.ingest.config import IngestConfig
 from inturn.worker.ingest.listener import ListenerConfig
 from inturn.worker.ingest.service import Ingest
 from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
+from inturn.worker.store.model import Message
 from tests.support.local import exchange
 
 HOST = "127.0.0.1"
@@ -214,3 +217,14 @@ async def sender(running: Ingest) -> AsyncIterator[MllpSender]:
         yield client
     finally:
         await client.close()
+
+
+def to_store(payload: bytes, message_type: str) -> Message:
+    """``payload`` as ingest hands it to the store (``store_batch``): its MSH-10 read from it,
+    ``message_type`` as given, its SHA-256 digest."""
+    return Message(
+        control_id=parse_header(payload).control_id,
+        message_type=message_type,
+        payload=payload,
+        digest=hashlib.sha256(payload).digest(),
+    )
