@@ -6,10 +6,11 @@ The message port (``--http``) serves only:
   The response body is the acknowledgement (``Content-Type: application/hl7-v2``) and the
   status tells the outcome: 200 for AA/CA, 400 for AR/CR, 503 for AE/CE (nothing was kept).
   HTTP always answers, whatever MSH-15 says, since a request needs a response. A body over the
-  maximum message size is answered 400 with an AR. When whether the message was stored cannot
-  be known (its storing was cancelled after the store timeout and the cancellation's end was
-  not seen), the answer is 504 with a plain-text reason: not 503, which would say nothing was
-  kept.
+  maximum message size is answered 413 (Content Too Large, RFC 9110 section 15.5.14) with an
+  AR (ERR 104): refused, and sending it again will not help. When whether the message was
+  stored cannot be known (its storing was cancelled after the store timeout and the
+  cancellation's end was not seen), the answer is 504 with a plain-text reason: not 503, which
+  would say nothing was kept.
 
   Every request is authenticated first (see :mod:`inturn.worker.ingest.credentials`), before
   its body is read or its channel looked at: no valid credential answers 401 with
@@ -113,8 +114,9 @@ def make_message_app(
             check_channel(channel)
         except ValueError:
             return web.Response(status=400, text="invalid channel name\n")
+        status: int | None = None  # the outcome's own unless the body was too large
         if request.content_length is not None and request.content_length > max_body_bytes:
-            outcome = acceptor.reject_too_large(channel, max_body_bytes)
+            outcome, status = acceptor.reject_too_large(channel, max_body_bytes), 413
         else:
             hold = room.hold()
             try:
@@ -127,7 +129,7 @@ def make_message_app(
                     )
                     return web.Response(status=408, text="request body not received in time\n")
                 if body is None:
-                    outcome = acceptor.reject_too_large(channel, max_body_bytes)
+                    outcome, status = acceptor.reject_too_large(channel, max_body_bytes), 413
                 else:
                     outcome = await acceptor.handle(channel, body, received)
             except Busy as exc:
@@ -137,7 +139,7 @@ def make_message_app(
             finally:
                 hold.release()
         return web.Response(
-            status=outcome.http_status,
+            status=status or outcome.http_status,
             body=outcome.ack,
             headers={"Content-Type": HL7_CONTENT_TYPE, "X-HL7-Ack-Code": outcome.code},
         )
