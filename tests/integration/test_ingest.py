@@ -349,7 +349,7 @@ async def test_oversized_frame_gets_ar_and_the_connection_is_closed(
         ]
         * 3
     )
-    assert "readable MSH" not in caplog.text
+    assert "MSH could not be used" not in caplog.text
 
 
 async def test_a_sender_still_writing_a_huge_frame_reads_the_ar(fresh_db: str) -> None:
@@ -916,7 +916,7 @@ async def test_store_seconds_histogram_and_payload_free_logs(
     assert counter("inturn_ingest_store_seconds_count", channel="adt") == count + 1
     assert "SECRET" not in caplog.text
     # what is not known is left out, never printed as None or "?"
-    assert "channel adt: AR for a message without a readable MSH (23 bytes): " in caplog.text
+    assert "channel adt: AR for a message whose MSH could not be used (23 bytes): " in caplog.text
     assert "None" not in caplog.text and "? bytes" not in caplog.text
     assert metrics.MESSAGES is not None
 

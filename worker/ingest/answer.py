@@ -280,7 +280,7 @@ def answered(
         return outcome
     control_id = header.control_id if header is not None else None
     # what the log names: never a placeholder for what is not known
-    about = f"MSH-10 {control_id!r}" if control_id else "a message without a readable MSH"
+    about = f"MSH-10 {control_id!r}" if control_id else "a message whose MSH could not be used"
     if outcome.code in ("AE", "CE", UNKNOWN):
         log.warning("channel %s: %s for %s: %s", channel, outcome.code, about, outcome.reason)
     elif outcome.code in ("AR", "CR"):
