@@ -75,11 +75,19 @@ def _terminate_every_session(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
-@contextlib.contextmanager
-def refusing(cluster: pgcluster.Cluster, dsn: str, fault: str, table: str) -> Iterator[None]:
+@contextlib.asynccontextmanager
+async def refusing(
+    cluster: pgcluster.Cluster, dsn: str, fault: str, table: str
+) -> AsyncIterator[None]:
     """The database refuses while the block runs: read-only (server-wide, every session at its
     next statement), ``table`` locked by a second session while every session waits at most
-    300 ms for a lock, or every session ended once as the block begins."""
+    300 ms for a lock, or every session ended once as the block begins.
+
+    The second session's lock is awaited, never taken by a blocking call: the process under
+    test runs on this event loop, and a transaction of its own in flight (a worker's pull holds
+    its lease row's lock between two statements) could not reach its COMMIT while the loop
+    waited for the lock that transaction holds (each would wait for the other until the
+    blocker's lock_timeout)."""
     if fault == "read-only":
         _setting(cluster, "default_transaction_read_only", "on")
         try:
@@ -88,15 +96,15 @@ def refusing(cluster: pgcluster.Cluster, dsn: str, fault: str, table: str) -> It
             _setting(cluster, "default_transaction_read_only", None)
     elif fault == "lock-timeout":
         _setting(cluster, "lock_timeout", "300ms")
-        blocker = psycopg.connect(dsn)
+        blocker = await AsyncConnection.connect(dsn)
         try:
             # the fault's own lock may wait for a statement in flight (the worker's renewal,
             # slow on a loaded machine): not held to the 300 ms it imposes on the others
-            blocker.execute("SET lock_timeout = '20s'")
-            blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            await blocker.execute("SET lock_timeout = '20s'")
+            await blocker.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
             yield
         finally:
-            blocker.close()
+            await blocker.close()
             _setting(cluster, "lock_timeout", None)
     else:
         _terminate_every_session(dsn)  # none for a statement that connects per turn (the sweep)
@@ -130,7 +138,7 @@ async def ride_out(
     caplog.clear()
     refused = fault == "lock-timeout" or (fault == "read-only" and writes)
     with caplog.at_level(logging.DEBUG):
-        with refusing(cluster, dsn, fault, table):
+        async with refusing(cluster, dsn, fault, table):
             if fault == "connection-lost":
                 results = [await turn() for _ in range(3)]
                 assert results[-1], results  # a new connection by the next try at the latest
@@ -247,7 +255,7 @@ async def test_the_probes_say_so(server: tuple[pgcluster.Cluster, str], tmp_path
         purge = ingest.periodic["window-purge"]
         url = f"http://127.0.0.1:{ingest._ops_port}/readyz"
         async with aiohttp.ClientSession() as session:
-            with refusing(cluster, dsn, "read-only", "inturn_received"):
+            async with refusing(cluster, dsn, "read-only", "inturn_received"):
                 assert not await purge.turn()
                 async with session.get(url) as r:
                     body = await r.text()
@@ -358,7 +366,7 @@ async def test_the_console_feed_reads_on_through_a_read_only_database(
         feed = Feed(dsn, pool, refresh_seconds=0.2, min_interval=0.05)
         await feed.start()
         try:
-            with refusing(cluster, dsn, "read-only", "inturn_destination"):
+            async with refusing(cluster, dsn, "read-only", "inturn_destination"):
                 version = feed.snapshot.version
                 await until(lambda: feed.snapshot.version > version + 2, timeout=20)
                 assert not any(n.startswith("the console feed") for n in conditions.notes())
@@ -386,7 +394,7 @@ async def test_the_console_feed_rides_out_a_refusal(
             def failing() -> bool:
                 return any(n.startswith("the console feed") for n in conditions.notes())
 
-            with refusing(cluster, dsn, fault, "inturn_destination"):
+            async with refusing(cluster, dsn, fault, "inturn_destination"):
                 await until(failing, timeout=20)
                 if fault == "lock-timeout":
                     await asyncio.sleep(1)  # several refreshes refused meanwhile
@@ -418,7 +426,7 @@ async def test_a_worker_keeps_its_lease_through_a_refusal(
         cfg = worker_config(destination, rx.port, channel="adt", idle_seconds=0.2)
         async with worker(cfg, dsn) as running:
             await until(lambda: running.state.lock_held, timeout=20)
-            with refusing(cluster, dsn, fault, "inturn_lease"):
+            async with refusing(cluster, dsn, fault, "inturn_lease"):
                 if fault != "connection-lost":
                     await until(lambda: running.state.not_ready() is not None, timeout=20)
                     why = running.state.not_ready() or ""
