@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from inturn.worker.store import delivery
 from inturn.worker.store.migrate import available, migrate
 from inturn.worker.store.queries import parse
 
@@ -149,4 +150,11 @@ def test_every_named_query_plans_against_the_schema(dsn: str) -> None:
                 except psycopg.Error as exc:
                     pytest.fail(f"{entry.name}:{name}: {exc}")
                 checked += 1
+        # the per-message statements as sent between lease renewals (the guard's check alone)
+        for name, query in delivery.CHECKING.items():
+            params = {p: None for p in re.findall(r"%\((\w+)\)s", query)}
+            try:
+                conn.execute(f"EXPLAIN {query}", params)  # type: ignore[arg-type]
+            except psycopg.Error as exc:
+                pytest.fail(f"queue.sql:{name} (checking the lease): {exc}")
     assert checked >= 20

@@ -142,3 +142,37 @@ def test_every_shipped_file_composes() -> None:
     assert "queue.sql" in names and "ingest.sql" in names
     for name in names:
         assert not any("-- include:" in query for query in load(name).values()), name
+
+
+def test_between_renewals_the_worker_sends_the_guard_without_its_update() -> None:
+    """The per-message statements' checking forms (delivery.CHECKING, sent with ``renew``
+    false): the lease guard's share-locked check alone, no UPDATE of the lease carried along
+    (its executor start cost about 35,000 instructions a message, issue 43); the rest of each
+    statement as composed, within psycopg's cache."""
+    from inturn.worker.store import delivery
+
+    queue = load("queue.sql")
+    assert set(delivery.CHECKING) == set(delivery.RENEWABLE)
+    assert set(delivery.CHECKING_BEFORE_0049) == set(delivery.BEFORE_0049)
+    check = (
+        "lease AS (\n"
+        "    SELECT 1 AS held FROM (SELECT FROM inturn_lease\n"
+        "                    WHERE destination = %(destination)s AND holder = %(holder)s\n"
+        "                      AND epoch = %(epoch)s AND expires_at > clock_timestamp()"
+        " AND NOT %(renew)s\n"
+        "                      AND set_config('synchronous_commit', 'on', true) = 'on'\n"
+        "                      FOR SHARE) AS checked\n"
+        ")"
+    )
+    forms = {**delivery.CHECKING, **{f"{n} before 0049": q for n, q in
+                                     delivery.CHECKING_BEFORE_0049.items()}}  # fmt: skip
+    for name, query in forms.items():
+        assert query.count("inturn_lease") == 1, name
+        assert "renewed" not in query and "UPDATE inturn_lease" not in query, name
+        assert check in query, name
+        assert len(query.encode()) <= PSYCOPG_CACHED_QUERY_BYTES, name
+    for name in delivery.RENEWABLE:  # the same statement after the guard
+        after = queue[name][queue[name].index("FOR SHARE) AS checked\n)") :]
+        assert delivery.CHECKING[name].endswith(after), name
+    with pytest.raises(ValueError):
+        delivery.checking(queue["poll_head"])  # no guard to take the UPDATE out of

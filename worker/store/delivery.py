@@ -21,8 +21,9 @@ same destination, holder and epoch, renewed to its ``ttl_seconds`` by the same s
 extra round trip; the guard is one fragment of ``sql/queue.sql``, ``lease_guard``, composed into
 each statement when the file is loaded). The per-message statements (:func:`next_head`,
 :func:`succeeded_next`, :func:`pull`, :func:`pending_window`, :func:`take`) take ``renew``:
-False checks holder and epoch under a share lock of the lease row and writes nothing to it
-(the worker renews only once its renewal is due: :mod:`inturn.worker.drain.holding`); a
+False checks holder and epoch under a share lock of the lease row and writes nothing to it,
+and is sent without the guard's renewing UPDATE (:data:`CHECKING`; the worker renews only once
+its renewal is due: :mod:`inturn.worker.drain.holding`); a
 takeover and a guarded statement are serialised on that row either way. A guard that fails
 changes nothing and raises :class:`~inturn.worker.store.lease.LeaseLost`. A lease that expired
 but that nobody took over is renewed by its holder's next renewing statement (and still passes
@@ -57,6 +58,48 @@ BEFORE_0049: dict[str, LiteralString] = {
     name: Q[name].replace(_LOOKUP, _JOINED)
     for name in ("head", "succeeded_next", "succeeded_next_expecting", "take")
 }
+
+
+#: The per-message statements that take ``renew``.
+RENEWABLE = (
+    "head", "succeeded_next", "succeeded_next_expecting", "pull_lock", "pull", "pull_unlinked",
+    "pending_window", "take",
+)  # fmt: skip
+
+
+def checking(query: str) -> LiteralString:
+    """``query`` (composed with ``lease_guard``) without the guard's renewing half: its
+    ``lease`` CTE is the share-locked check alone, as the guard reads with ``renew`` false.
+
+    The same rows, locks and writes as the guard with ``renew`` false (whose ``renewed`` UPDATE
+    then matches nothing), and the same parameters; but a statement carrying an UPDATE of the
+    lease that runs nothing still pays for it at each execution (the executor opens the table
+    and builds the modify node and the UNION: about 35,000 of the backend's instructions a
+    message, issue 43). The worker sends this form between its renewals.
+
+    Raises:
+        ValueError: ``query`` holds no lease guard of that shape.
+    """
+    start = query.index("renewed AS (\n")
+    union = "    SELECT held FROM renewed\n    UNION ALL\n    SELECT 1 FROM"
+    end = query.index(union, start) + len(union)
+    return query[:start] + "lease AS (\n    SELECT 1 AS held FROM" + query[end:]
+
+
+#: The per-message statements (and their forms before migration 0049) that only check the
+#: lease: sent with ``renew`` false.
+CHECKING: dict[str, LiteralString] = {name: checking(Q[name]) for name in RENEWABLE}
+CHECKING_BEFORE_0049: dict[str, LiteralString] = {
+    name: checking(query) for name, query in BEFORE_0049.items()
+}
+
+
+def _statement(name: str, renew: bool, before_0049: bool = False) -> LiteralString:
+    """The text of statement ``name``: renewing the lease, or (``renew`` false) checking it
+    only; ``before_0049``: its form for a database before migration 0049."""
+    if before_0049:
+        return BEFORE_0049[name] if renew else CHECKING_BEFORE_0049[name]
+    return Q[name] if renew else CHECKING[name]
 
 
 def _before_0049(exc: psycopg.errors.UndefinedFunction, conn: AsyncConnection[Any]) -> bool:
@@ -144,12 +187,12 @@ async def next_head(
     """
     params = {**_guard(destination, lease, renew), "after": after}
     try:
-        row = await fetch_one(conn, Q["head"], params, row=dict_row, binary=True)
+        row = await fetch_one(conn, _statement("head", renew), params, row=dict_row, binary=True)
     except psycopg.errors.UndefinedFunction as exc:
         if not _before_0049(exc, conn):
             raise
         row = await fetch_one(
-            conn, BEFORE_0049["head"], params, row=dict_row, binary=True
+            conn, _statement("head", renew, True), params, row=dict_row, binary=True
         )  # the payload
     if row is None:
         raise LeaseLost(lease, "reading the head")
@@ -198,11 +241,11 @@ async def pull(
     guard = _guard(destination, lease, renew)
     params = {**guard, "channel": channel, "limit": limit}
     try:
-        row = await _pull_once(conn, guard, params, lease, Q["pull"])
+        row = await _pull_once(conn, guard, params, lease, "pull")
     except psycopg.errors.UndefinedColumn:
         # a database before migration 0041 (an upgrade in place): no re-send links in the log
         # yet, so none to make; tried again at the next pull
-        row = await _pull_once(conn, guard, params, lease, Q["pull_unlinked"])
+        row = await _pull_once(conn, guard, params, lease, "pull_unlinked")
     count = int(row["pulled"])
     return Pulled(count, int(row["position"]), count >= limit)
 
@@ -212,12 +255,13 @@ async def _pull_once(
     guard: dict[str, Any],
     params: dict[str, Any],
     lease: Lease,
-    query: Any,
+    name: str,
 ) -> dict[str, Any]:
+    renew = bool(guard["renew"])
     async with conn.transaction():
-        if await fetch_one(conn, Q["pull_lock"], guard, row=dict_row) is None:
+        if await fetch_one(conn, _statement("pull_lock", renew), guard, row=dict_row) is None:
             raise LeaseLost(lease, "pulling from the channel log")
-        row = await fetch_one(conn, query, params, row=dict_row)
+        row = await fetch_one(conn, _statement(name, renew), params, row=dict_row)
         if row is None or row["held"] is None:
             raise LeaseLost(lease, "pulling from the channel log")
     return row
@@ -298,12 +342,13 @@ async def succeeded_next(
         params |= _expected_params(expecting)
         name = "succeeded_next_expecting"
     try:
-        row = await fetch_one(conn, Q[name], params, row=dict_row, binary=True)
+        row = await fetch_one(conn, _statement(name, renew), params, row=dict_row, binary=True)
     except psycopg.errors.UndefinedFunction as exc:
         # before migration 0049 the statement failed whole: nothing was marked
         if not _before_0049(exc, conn):
             raise
-        row = await fetch_one(conn, BEFORE_0049[name], params, row=dict_row, binary=True)
+        query = _statement(name, renew, True)
+        row = await fetch_one(conn, query, params, row=dict_row, binary=True)
     assert row is not None  # the statement always returns one row
     if row["held"] is None:
         raise LeaseLost(lease, f"marking id={head.id} delivered")
@@ -489,7 +534,7 @@ async def pending_window(
     if limit < 1:
         raise Invalid("limit must be at least 1")
     params = {**_guard(destination, lease, renew), "after": after, "limit": limit}
-    rows = await fetch_all(conn, Q["pending_window"], params, row=dict_row)
+    rows = await fetch_all(conn, _statement("pending_window", renew), params, row=dict_row)
     if not rows:
         raise LeaseLost(lease, "reading the lanes' window")
     return [
@@ -587,11 +632,11 @@ async def take(
         "within": [e.within_seconds for _, e in opened],
     }
     try:
-        rows = await fetch_all(conn, Q["take"], params, row=dict_row)
+        rows = await fetch_all(conn, _statement("take", renew), params, row=dict_row)
     except psycopg.errors.UndefinedFunction as exc:
         if not _before_0049(exc, conn):
             raise
-        rows = await fetch_all(conn, BEFORE_0049["take"], params, row=dict_row)
+        rows = await fetch_all(conn, _statement("take", renew, True), params, row=dict_row)
     if not rows:
         what = "marking delivered and taking" if delivered else "taking"
         raise LeaseLost(lease, f"{what} the lanes' messages")

@@ -1,0 +1,78 @@
+"""The channel log's payloads are compressed with lz4 where the server has it (migration 0057,
+issue 43): each delivery decompresses its message's payload in the worker's backend, and lz4
+does so for about a third of pglz's instructions. Every log partition takes it, and so does the
+next epoch's, made ahead by the maintenance job; a payload stored with pglz before reads as it
+did."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import AsyncConnection
+
+from inturn.worker.store import delivery
+from inturn.worker.store import lease as leases
+from tests.support.channel_log import append
+
+pytestmark = [pytest.mark.store, pytest.mark.usefixtures("epochs_as_migrated")]
+
+A = "ward/lz4"
+
+
+def has_lz4(conn: psycopg.Connection[Any]) -> bool:
+    [(found,)] = conn.execute(
+        "SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+    ).fetchall()
+    return bool(found)
+
+
+def compression(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    """The payload column's compression setting of the log and each of its partitions."""
+    rows = conn.execute(
+        "SELECT c.relname, a.attcompression FROM pg_attribute a JOIN pg_class c"
+        " ON c.oid = a.attrelid WHERE a.attname = 'payload'"
+        " AND c.relnamespace = to_regnamespace(current_schema())"
+        " AND c.relname ~ '^inturn_message(_e[0-9]+)?$'"
+    ).fetchall()
+    return {str(name): str(method) for name, method in rows}
+
+
+async def test_log_payloads_are_lz4_in_every_partition_and_read_back_whole(
+    fresh_db: str,
+) -> None:
+    big = b"PID|1||" + b"^".join(b"%06d" % i for i in range(600)) + b"\r"  # compressible, 4 KB
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        if not has_lz4(sync):
+            pytest.skip("this Postgres was built without lz4: the log keeps pglz")
+        sync.execute("SELECT inturn_epoch_prepare(1000)")  # the next epoch's, made ahead
+        assert compression(sync) == {
+            "inturn_message": "l", "inturn_message_e1": "l", "inturn_message_e2": "l",
+        }  # fmt: skip
+        [old, new] = append(sync, [A], 2)
+        # a payload stored with pglz before the migration: read as it was
+        sync.execute("SET default_toast_compression = pglz")
+        sync.execute("ALTER TABLE inturn_message_e1 ALTER COLUMN payload SET COMPRESSION pglz")
+        sync.execute("UPDATE inturn_message SET payload = payload || %s WHERE id = %s", (big, old))
+        sync.execute("ALTER TABLE inturn_message_e1 ALTER COLUMN payload SET COMPRESSION lz4")
+        sync.execute("UPDATE inturn_message SET payload = payload || %s WHERE id = %s", (big, new))
+        methods = dict(
+            sync.execute(
+                "SELECT id, pg_column_compression(payload) FROM inturn_message WHERE id = ANY(%s)",
+                ([old, new],),
+            ).fetchall()
+        )
+        assert methods == {old: "pglz", new: "lz4"}
+        stored = dict(
+            sync.execute(
+                "SELECT id, payload FROM inturn_message WHERE id = ANY(%s)", ([old, new],)
+            ).fetchall()
+        )
+    async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
+        held = await leases.acquire(conn, A, "w-lz4", 60)
+        assert (await delivery.pull(conn, A, "adt", lease=held)).count == 2
+        head, _ = await delivery.next_head(conn, A, lease=held, renew=False)
+        assert head is not None and head.payload == bytes(stored[old]) and head.binding[0] == old
+        _, (head, _) = await delivery.succeeded_next(conn, head.item, 1, lease=held, renew=False)
+        assert head is not None and head.payload == bytes(stored[new]) and head.binding[0] == new
