@@ -1,8 +1,8 @@
-"""The channel log's payloads are compressed with lz4 where the server has it (migration 0057,
-issue 43): each delivery decompresses its message's payload in the worker's backend, and lz4
-does so for about a third of pglz's instructions. Every log partition takes it, and so does the
-next epoch's, made ahead by the maintenance job; a payload stored with pglz before reads as it
-did."""
+"""The channel log's payloads read for less (migration 0057, issue 43): inturn_log_payload
+returns its row as a set, the payload as stored (decompressed once, when sent), and new
+payloads are compressed with lz4 where the server has it (a third of pglz's instructions to
+decompress). Every log partition takes lz4, and so does the next epoch's, made ahead by the
+maintenance job; a payload stored with pglz before reads as it did."""
 
 from __future__ import annotations
 
@@ -37,6 +37,24 @@ def compression(conn: psycopg.Connection[Any]) -> dict[str, str]:
         " AND c.relname ~ '^inturn_message(_e[0-9]+)?$'"
     ).fetchall()
     return {str(name): str(method) for name, method in rows}
+
+
+def test_the_lookup_returns_a_set_and_no_row_for_an_id_the_log_does_not_hold(
+    fresh_db: str,
+) -> None:
+    with psycopg.connect(fresh_db, autocommit=True) as sync:
+        [(is_set, rows)] = sync.execute(
+            "SELECT proretset, prorows FROM pg_proc"
+            " WHERE oid = 'inturn_log_payload(bigint)'::regprocedure"
+        ).fetchall()
+        assert (is_set, rows) == (True, 1)
+        [log_id] = append(sync, [A], 1)
+        assert sync.execute("SELECT * FROM inturn_log_payload(NULL)").fetchall() == []
+        assert sync.execute("SELECT * FROM inturn_log_payload(%s)", (log_id + 1,)).fetchall() == []
+        [(payload, seal_id, scope)] = sync.execute(
+            "SELECT * FROM inturn_log_payload(%s)", (log_id,)
+        ).fetchall()
+        assert payload.startswith(b"MSH|") and (seal_id, scope) == (log_id, "channel:adt")
 
 
 async def test_log_payloads_are_lz4_in_every_partition_and_read_back_whole(
