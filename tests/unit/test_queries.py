@@ -63,6 +63,19 @@ def test_a_file_whose_fragments_do_not_add_up_is_refused(text: str, message: str
         parse(text)
 
 
+#: The lease guard's check of holder, epoch and expiry under a share lock of the lease row, as
+#: composed into every guarded statement (its renewing and checking forms alike).
+CHECKED = (
+    "(SELECT FROM inturn_lease\n"
+    "                    WHERE destination = %(destination)s AND holder = %(holder)s\n"
+    "                      AND epoch = %(epoch)s AND expires_at > clock_timestamp()"
+    " AND NOT %(renew)s\n"
+    "                      AND set_config('synchronous_commit', 'on', true) = 'on'\n"
+    "                      FOR SHARE) AS checked\n"
+    ")"
+)
+
+
 def test_the_worker_statements_share_one_lease_guard() -> None:
     """Every statement of queue.sql that touches the lease is composed with the one guard text:
     renewed by holder and epoch, the transaction made synchronous (pooler-safe)."""
@@ -85,13 +98,7 @@ def test_the_worker_statements_share_one_lease_guard() -> None:
         "lease AS (\n"
         "    SELECT held FROM renewed\n"
         "    UNION ALL\n"
-        "    SELECT 1 FROM (SELECT FROM inturn_lease\n"
-        "                    WHERE destination = %(destination)s AND holder = %(holder)s\n"
-        "                      AND epoch = %(epoch)s AND expires_at > clock_timestamp()"
-        " AND NOT %(renew)s\n"
-        "                      AND set_config('synchronous_commit', 'on', true) = 'on'\n"
-        "                      FOR SHARE) AS checked\n"
-        ")"
+        "    SELECT 1 FROM " + CHECKED
     )
     for name in guarded:
         # renewed (an UPDATE) when "renew", else checked under a share lock (issue 43)
@@ -154,16 +161,7 @@ def test_between_renewals_the_worker_sends_the_guard_without_its_update() -> Non
     queue = load("queue.sql")
     assert set(delivery.CHECKING) == set(delivery.RENEWABLE)
     assert set(delivery.CHECKING_BEFORE_0049) == set(delivery.BEFORE_0049)
-    check = (
-        "lease AS (\n"
-        "    SELECT 1 AS held FROM (SELECT FROM inturn_lease\n"
-        "                    WHERE destination = %(destination)s AND holder = %(holder)s\n"
-        "                      AND epoch = %(epoch)s AND expires_at > clock_timestamp()"
-        " AND NOT %(renew)s\n"
-        "                      AND set_config('synchronous_commit', 'on', true) = 'on'\n"
-        "                      FOR SHARE) AS checked\n"
-        ")"
-    )
+    check = "lease AS (\n    SELECT 1 AS held FROM " + CHECKED
     forms = {**delivery.CHECKING, **{f"{n} before 0049": q for n, q in
                                      delivery.CHECKING_BEFORE_0049.items()}}  # fmt: skip
     for name, query in forms.items():
