@@ -1,8 +1,9 @@
 """A head reads its payload from its log message's own partition (issue 37, migration 0049):
 with a dozen days of the channel log kept, the head, the next head after a delivered mark and
-the lanes' take plan no scan of the log (they call ``inturn_log_payload`` once for the row they
-chose), the function's statement plans on the one partition holding the id it is given, and the
-payloads and bindings read are those of each message, whatever its day."""
+the lanes' take plan no scan of the log (they call ``inturn_log_payload_rows``, migration 0057,
+once for the row they chose), the function's statement plans on the one partition holding the
+id it is given, and the payloads and bindings read are those of each message, whatever its
+day."""
 
 from __future__ import annotations
 
@@ -126,12 +127,12 @@ async def test_the_head_plans_on_no_log_partition_and_reads_each_days_payload(
             relations = {n["Relation Name"] for n in nodes if "Relation Name" in n}
             functions = {n["Function Name"] for n in nodes if "Function Name" in n}
             assert not {r for r in relations if r.startswith("inturn_message")}, (name, relations)
-            assert "inturn_log_payload" in functions, (name, functions)
+            assert "inturn_log_payload_rows" in functions, (name, functions)
 
         # the function's own statement, as it stands in the catalog, plans on one partition:
         # the one holding the id, the first day's or the last's
         [(source,)] = sync.execute(
-            "SELECT prosrc FROM pg_proc WHERE oid = 'inturn_log_payload(bigint)'::regprocedure"
+            "SELECT prosrc FROM pg_proc WHERE oid = 'inturn_log_payload_rows(bigint)'::regprocedure"
         ).fetchall()
         found = re.search(r"SELECT.*?;", source, re.DOTALL)
         assert found is not None

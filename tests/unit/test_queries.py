@@ -160,10 +160,10 @@ def test_between_renewals_the_worker_sends_the_guard_without_its_update() -> Non
 
     queue = load("queue.sql")
     assert set(delivery.CHECKING) == set(delivery.RENEWABLE)
-    assert set(delivery.CHECKING_BEFORE_0049) == set(delivery.BEFORE_0049)
+    assert set(delivery.CHECKING_BEFORE_0057) == set(delivery.BEFORE_0057)
     check = "lease AS (\n    SELECT 1 AS held FROM " + CHECKED
-    forms = {**delivery.CHECKING, **{f"{n} before 0049": q for n, q in
-                                     delivery.CHECKING_BEFORE_0049.items()}}  # fmt: skip
+    forms = {**delivery.CHECKING, **{f"{n} before 0057": q for n, q in
+                                     delivery.CHECKING_BEFORE_0057.items()}}  # fmt: skip
     for name, query in forms.items():
         assert query.count("inturn_lease") == 1, name
         assert "renewed" not in query and "UPDATE inturn_lease" not in query, name

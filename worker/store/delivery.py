@@ -49,12 +49,13 @@ from inturn.worker.store.queries import fetch_all, fetch_one, load
 Q = load("queue.sql")
 
 #: The line of head, succeeded_next(_expecting) and take that reads a slim row's log payload
-#: from its own partition (migration 0049).
-_LOOKUP = "LEFT JOIN LATERAL inturn_log_payload(h.log_id) AS m ON TRUE"
-#: The same statements for a database before migration 0049 (an upgrade in place): the join
-#: of queue.sql's log_payload_joined in place of the lookup.
+#: from its own partition (inturn_log_payload_rows, migration 0057).
+_LOOKUP = "LEFT JOIN LATERAL inturn_log_payload_rows(h.log_id) AS m ON TRUE"
+#: The same statements for a database before migration 0057 (an upgrade in place: a worker
+#: started before ``inturn migrate``): the join of queue.sql's log_payload_joined in place of
+#: the lookup, which every database has.
 _JOINED = Q["log_payload_joined"][Q["log_payload_joined"].rindex("LEFT JOIN LATERAL") :].rstrip(";")
-BEFORE_0049: dict[str, LiteralString] = {
+BEFORE_0057: dict[str, LiteralString] = {
     name: Q[name].replace(_LOOKUP, _JOINED)
     for name in ("head", "succeeded_next", "succeeded_next_expecting", "take")
 }
@@ -86,26 +87,26 @@ def checking(query: str) -> LiteralString:
     return query[:start] + "lease AS (\n    SELECT 1 AS held FROM" + query[end:]
 
 
-#: The per-message statements (and their forms before migration 0049) that only check the
+#: The per-message statements (and their forms before migration 0057) that only check the
 #: lease: sent with ``renew`` false.
 CHECKING: dict[str, LiteralString] = {name: checking(Q[name]) for name in RENEWABLE}
-CHECKING_BEFORE_0049: dict[str, LiteralString] = {
-    name: checking(query) for name, query in BEFORE_0049.items()
+CHECKING_BEFORE_0057: dict[str, LiteralString] = {
+    name: checking(query) for name, query in BEFORE_0057.items()
 }
 
 
-def _statement(name: str, renew: bool, before_0049: bool = False) -> LiteralString:
+def _statement(name: str, renew: bool, before_0057: bool = False) -> LiteralString:
     """The text of statement ``name``: renewing the lease, or (``renew`` false) checking it
-    only; ``before_0049``: its form for a database before migration 0049."""
-    if before_0049:
-        return BEFORE_0049[name] if renew else CHECKING_BEFORE_0049[name]
+    only; ``before_0057``: its form for a database before migration 0057."""
+    if before_0057:
+        return BEFORE_0057[name] if renew else CHECKING_BEFORE_0057[name]
     return Q[name] if renew else CHECKING[name]
 
 
-def _before_0049(exc: psycopg.errors.UndefinedFunction, conn: AsyncConnection[Any]) -> bool:
-    """Whether ``exc`` says the database has no inturn_log_payload yet (migration 0049) and the
-    statement may be sent again in its joined form (the connection is in no transaction, which
-    the failed statement would have aborted)."""
+def _before_0057(exc: psycopg.errors.UndefinedFunction, conn: AsyncConnection[Any]) -> bool:
+    """Whether ``exc`` says the database has no inturn_log_payload_rows yet (migration 0057)
+    and the statement may be sent again in its joined form (the connection is in no
+    transaction, which the failed statement would have aborted)."""
     idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     return "inturn_log_payload" in str(exc) and idle
 
@@ -189,7 +190,7 @@ async def next_head(
     try:
         row = await fetch_one(conn, _statement("head", renew), params, row=dict_row, binary=True)
     except psycopg.errors.UndefinedFunction as exc:
-        if not _before_0049(exc, conn):
+        if not _before_0057(exc, conn):
             raise
         row = await fetch_one(
             conn, _statement("head", renew, True), params, row=dict_row, binary=True
@@ -344,8 +345,8 @@ async def succeeded_next(
     try:
         row = await fetch_one(conn, _statement(name, renew), params, row=dict_row, binary=True)
     except psycopg.errors.UndefinedFunction as exc:
-        # before migration 0049 the statement failed whole: nothing was marked
-        if not _before_0049(exc, conn):
+        # before migration 0057 the statement failed whole: nothing was marked
+        if not _before_0057(exc, conn):
             raise
         query = _statement(name, renew, True)
         row = await fetch_one(conn, query, params, row=dict_row, binary=True)
@@ -634,7 +635,7 @@ async def take(
     try:
         rows = await fetch_all(conn, _statement("take", renew), params, row=dict_row)
     except psycopg.errors.UndefinedFunction as exc:
-        if not _before_0049(exc, conn):
+        if not _before_0057(exc, conn):
             raise
         rows = await fetch_all(conn, _statement("take", renew, True), params, row=dict_row)
     if not rows:

@@ -494,6 +494,9 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     # a head's log payload read from its own partition, with its seal binding (migration
     # 0049): the worker's head, next head and take call it as the caller (row policies apply)
     "inturn_log_payload(bigint)": ("worker",),
+    # the same read returning a set, the payload decompressed once (migration 0057); the old
+    # one stays for the workers of the release before, mid-upgrade
+    "inturn_log_payload_rows(bigint)": ("worker",),
     # a restore found: the id sequences moved past the witness's largest ids (migration 0050)
     "inturn_ids_past(bigint,bigint)": ("operator", "admin"),
 }

@@ -1,16 +1,20 @@
 -- The channel log's payloads read for less (issue 43): each delivery reads its message's
 -- payload from the log in the worker's backend, and two costs of that read are cut here.
 --
--- 1. inturn_log_payload (migration 0049) returns its row as a set (RETURN QUERY) instead of
--- OUT parameters. A composite value returned by a function may hold no TOAST pointer, so the
--- OUT form decompressed the payload into a new tuple inside the function, and that tuple was
--- copied again into the function scan's store: about 100,000 of the backend's instructions a
--- message for a sample message (callgrind, Postgres 15). A set's rows keep the payload as
--- stored, decompressed once, when the row is sent. The same statement (one partition, by the
--- id given), the same columns; no row for an id no partition holds, or a NULL id (STRICT),
--- which the statements' LEFT JOIN reads as the OUT form's NULLs. The return type changes, so
--- the function is dropped and made again in this transaction (its grants copied over): a
--- worker's statement names it, not its OID, and is planned again at its next run.
+-- 1. inturn_log_payload_rows(id) returns the row as a set (RETURN QUERY), where
+-- inturn_log_payload (migration 0049) returns OUT parameters. A composite value returned by a
+-- function may hold no TOAST pointer, so the OUT form decompresses the payload into a new
+-- tuple inside the function, and that tuple is copied again into the function scan's store:
+-- about 100,000 of the backend's instructions a message for a sample message (callgrind,
+-- Postgres 15). A set's rows keep the payload as stored, decompressed once, when the row is
+-- sent. The same statement (one partition, by the id given), the same columns; no row for an
+-- id no partition holds, or a NULL id (STRICT), which the statements' LEFT JOIN reads as the
+-- OUT form's NULLs. It is a function of its own, made beside the old one, never in its place:
+-- a statement a running worker has prepared names the old function by its OID, and a
+-- function dropped and made again under it fails that statement with "cache lookup failed
+-- for function" at every try until the session ends (an upgrade under traffic, clean-clone
+-- CI of 846f1e0). Workers of the release before keep calling inturn_log_payload, which stays
+-- as migration 0049 made it; it takes the same grants.
 --
 -- 2. New log payloads are compressed with lz4 where the server has it: decompressing a sample
 -- message takes about 26,000 instructions against pglz's 88,000 (and compressing it at ingest
@@ -33,9 +37,8 @@ DECLARE
 BEGIN
     SELECT p.proacl INTO acl FROM pg_proc p
      WHERE p.oid = 'inturn_log_payload(bigint)'::regprocedure;
-    DROP FUNCTION inturn_log_payload(bigint);
     EXECUTE format($f$
-        CREATE FUNCTION inturn_log_payload(log_id bigint)
+        CREATE FUNCTION inturn_log_payload_rows(log_id bigint)
             RETURNS TABLE (payload bytea, seal_id bigint, seal_scope text)
             LANGUAGE plpgsql STABLE STRICT ROWS 1 SET search_path = %1$I, pg_temp
             AS $body$
@@ -49,13 +52,13 @@ BEGIN
             $body$
     $f$, current_schema());
     IF acl IS NOT NULL THEN  -- NULL: the default privileges, which the new function has too
-        REVOKE EXECUTE ON FUNCTION inturn_log_payload(bigint) FROM PUBLIC;
+        REVOKE EXECUTE ON FUNCTION inturn_log_payload_rows(bigint) FROM PUBLIC;
         FOR grantee IN SELECT DISTINCT a.grantee FROM aclexplode(acl) AS a
                         WHERE a.privilege_type = 'EXECUTE' LOOP
             IF grantee = 0 THEN
-                GRANT EXECUTE ON FUNCTION inturn_log_payload(bigint) TO PUBLIC;
+                GRANT EXECUTE ON FUNCTION inturn_log_payload_rows(bigint) TO PUBLIC;
             ELSE
-                EXECUTE format('GRANT EXECUTE ON FUNCTION inturn_log_payload(bigint) TO %I',
+                EXECUTE format('GRANT EXECUTE ON FUNCTION inturn_log_payload_rows(bigint) TO %I',
                                (SELECT r.rolname FROM pg_roles r WHERE r.oid = grantee));
             END IF;
         END LOOP;

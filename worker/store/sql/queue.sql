@@ -41,7 +41,7 @@ lease AS (
 -- payload of its own (stored before the channel log, or kept when its day was dropped) was
 -- sealed for its own id and destination unless seal_id/seal_scope say otherwise; a slim row's
 -- payload is its log row's (log_id), sealed once for the log id and "channel:<name>". The
--- statement then calls inturn_log_payload(log_id) once for the row it chose ("m") and takes
+-- statement then calls inturn_log_payload_rows(log_id) once for the row it chose ("m") and takes
 -- log_binding: a join to inturn_message on message_id, a value known only at run time, planned
 -- and opened a scan of every partition of the log.
 d.payload AS own_payload, coalesce(d.seal_id, d.id) AS own_seal_id,
@@ -49,7 +49,7 @@ coalesce(d.seal_scope, d.destination) AS own_seal_scope,
 CASE WHEN d.payload IS NULL THEN d.message_id END AS log_id,
 
 -- fragment: log_binding
--- A chosen row "h" (own_binding's columns) and its log message "m" (inturn_log_payload): the
+-- A chosen row "h" (own_binding's columns) and its log message "m" (inturn_log_payload_rows): the
 -- payload and the binding it was sealed with.
 coalesce(h.own_payload, m.payload) AS payload,
 CASE WHEN h.own_payload IS NOT NULL THEN h.own_seal_id ELSE m.seal_id END AS seal_id,
@@ -234,7 +234,7 @@ SELECT EXISTS (
 -- Guarded by the lease: no row at all when it is lost; "held" and NULL columns when nothing
 -- is pending. The columns are what a send and its marks need (model.Sendable), no more.
 -- A slim row's payload is its log message's, read from that message's partition only
--- (inturn_log_payload, once, for the row chosen): the cost does not follow the days kept.
+-- (inturn_log_payload_rows, once, for the row chosen): the cost does not follow the days kept.
 WITH
 -- include: lease_guard
 SELECT lease.held, h.id, h.channel, h.control_id, h.message_type, h.attempts,
@@ -256,7 +256,7 @@ SELECT lease.held, h.id, h.channel, h.control_id, h.message_type, h.attempts,
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
         ORDER BY d.id
         LIMIT 1) AS h ON TRUE
-  LEFT JOIN LATERAL inturn_log_payload(h.log_id) AS m ON TRUE;
+  LEFT JOIN LATERAL inturn_log_payload_rows(h.log_id) AS m ON TRUE;
 
 -- name: poll_head
 -- A pooled worker's wake-up probe (no LISTEN behind a transaction pooler): the head's id and
@@ -288,7 +288,7 @@ SELECT p.id, p.due
 -- The next head above the one just marked (the snapshot is from before the mark, in which it
 -- is still pending), only while the lease holds; NULL columns when nothing is pending, and
 -- on_hold true when the destination is on hold (as in head).
--- The payload as in head: from the log message's own partition (inturn_log_payload).
+-- The payload as in head: from the log message's own partition (inturn_log_payload_rows).
 SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS waited_seconds,
        h.id, h.channel, h.control_id, h.message_type, h.attempts,
        -- log_binding's text (a fragment includes no other)
@@ -317,7 +317,7 @@ SELECT (SELECT held FROM lease) AS held, (SELECT waited_seconds FROM done) AS wa
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
         ORDER BY d.id
         LIMIT 1) AS h ON TRUE
-  LEFT JOIN LATERAL inturn_log_payload(h.log_id) AS m ON TRUE;
+  LEFT JOIN LATERAL inturn_log_payload_rows(h.log_id) AS m ON TRUE;
 
 -- name: succeeded_next
 -- Mark the head delivered and read the next head, in one round trip and one commit. The SELECT
@@ -1350,7 +1350,7 @@ SELECT lease.held,
           AND NOT EXISTS (SELECT 1 FROM inturn_destination held
                            WHERE held.destination = %(destination)s AND held.held_at IS NOT NULL)
         ) AS h ON TRUE
-  LEFT JOIN LATERAL inturn_log_payload(h.log_id) AS m ON TRUE
+  LEFT JOIN LATERAL inturn_log_payload_rows(h.log_id) AS m ON TRUE
  ORDER BY h.id;
 
 -- name: mark_remembered
@@ -1405,11 +1405,11 @@ SELECT id, lane_keys AS patient_keys, attempts, size, wait_seconds
 SELECT set_config('statement_timeout', %(ms)s, true);
 
 -- name: log_payload_joined
--- The log lookup of a database migration 0049 has not reached yet (an upgrade in place: a new
+-- The log lookup of a database migration 0057 has not reached yet (an upgrade in place: a new
 -- worker started before `inturn migrate`): the join on the log id that head, succeeded_next,
--- succeeded_next_expecting and take made before, every partition planned. The worker
--- (inturn.worker.store.delivery) puts its LEFT JOIN LATERAL in place of their
--- inturn_log_payload call when the function does not exist yet; the statement itself is run
+-- succeeded_next_expecting and take made before migration 0049, every partition planned. The
+-- worker (inturn.worker.store.delivery) puts its LEFT JOIN LATERAL in place of their
+-- inturn_log_payload_rows call when the function does not exist yet; the statement itself is run
 -- only by the tests (it plans).
 SELECT m.payload, m.seal_id, m.seal_scope
   FROM (SELECT %(log_id)s::bigint AS log_id) AS h
