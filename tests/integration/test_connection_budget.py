@@ -91,6 +91,25 @@ async def until(check: Any, timeout: float = 30) -> None:
             await asyncio.sleep(0.2)
 
 
+@pytest.fixture(autouse=True)
+def sessions_of_earlier_tests_gone(server: tuple[pgcluster.Cluster, str]) -> None:
+    """Each test starts on a server none of the module's earlier tests still holds a session
+    of (at most 30 s): the server allows only 30, and a session still closing when the next
+    test's workers connect is one its budget did not count (they are refused, then wait)."""
+    _, dsn = server
+    deadline = time.monotonic() + 30
+    while True:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT application_name, state FROM pg_stat_activity"
+                " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            ).fetchall()
+        if not rows:
+            return
+        assert time.monotonic() < deadline, f"sessions of an earlier test still open: {rows}"
+        time.sleep(0.1)
+
+
 async def test_a_run_whose_destinations_do_not_fit_is_refused_with_the_numbers(
     server: tuple[pgcluster.Cluster, str], tmp_path: Path
 ) -> None:
@@ -133,11 +152,16 @@ async def test_destinations_added_beyond_the_budget_get_no_worker_and_readyz_say
         run_local(dsn, [tmp_path], config, None, stop, sweep_every=None, runners=runners)
     )
     try:
+        seen: list[tuple[int, str]] = []
 
         async def ready() -> bool:
-            return await asyncio.to_thread(readyz, ops) == (200, "ready\n")
+            seen.append(await asyncio.to_thread(readyz, ops))
+            return seen[-1] == (200, "ready\n")
 
-        await until(ready)
+        try:
+            await until(ready)
+        except TimeoutError:
+            raise AssertionError(f"/readyz never ready; last said {seen[-1:]}") from None
         for n in (8, 9, 10):
             write(tmp_path, f"a{n:02d}")
 
