@@ -27,12 +27,13 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 
 import aiohttp
 import psycopg
@@ -43,6 +44,7 @@ from inturn.worker.console.feed import take
 from inturn.worker.store.connect import Pools
 from inturn.worker.store.migrate import migrate
 from inturn.worker.testing import MllpReceiver
+from tests.support.ports import free_port
 
 INTURN = Path(sys.executable).with_name("inturn")
 TOKEN = "bench-console-token-0123456789"
@@ -97,12 +99,6 @@ async def time_snapshots(dsn: str, times: int) -> list[float]:
             took.append(time.perf_counter() - started)
         assert len(rows) >= 1
         return took
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager

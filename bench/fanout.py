@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,8 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 
 import corpus
 import psycopg
@@ -65,6 +66,7 @@ from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.expect import answer_codes
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.store.migrate import migrate
+from tests.support.ports import free_port
 
 HOST = "127.0.0.1"
 SB, TRAILER = b"\x0b", b"\x1c\r"
@@ -105,12 +107,6 @@ def templates(source: corpus.Messages) -> list[tuple[bytes, bytes]]:
 
 
 # --- the server -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

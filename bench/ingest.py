@@ -30,7 +30,6 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 
 import corpus
 import encryption
@@ -50,6 +51,7 @@ from inturn.worker.hl7.errors import HeaderError
 from inturn.worker.hl7.expect import answer_codes
 from inturn.worker.hl7.header import parse_header
 from inturn.worker.store.migrate import migrate
+from tests.support.ports import free_port
 
 HOST = "127.0.0.1"
 SB, TRAILER = b"\x0b", b"\x1c\r"
@@ -77,12 +79,6 @@ def templates(source: corpus.Messages) -> list[tuple[bytes, bytes]]:
         after = sep + sep.join(fields[10:]) + raw[first_end:]
         out.append((before, after))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def pgbench_path() -> str:

@@ -26,7 +26,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
+
 import delivery
 from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
@@ -43,6 +44,7 @@ from psycopg.conninfo import make_conninfo
 from inturn.worker.cli.worker import load_one
 from inturn.worker.drain.main import RUNTIME_ENV, runtime_settings
 from inturn.worker.store.migrate import migrate
+from tests.support.ports import free_port
 
 #: what each counted drain runs under; --collect-atstart: a backend is counted whole (its
 #: start-up and exit cancel out in the difference of two drains)
@@ -88,12 +90,6 @@ def bindir() -> Path | None:
         if (path / "postgres").exists():
             return path
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def callgrind_total(path: Path) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from importlib import metadata
@@ -17,6 +16,7 @@ import pytest
 
 from inturn.worker.cli.options import os_user
 from inturn.worker.store.notify import notify_channel
+from tests.support.ports import free_port
 
 INTURN = str(Path(sys.executable).with_name("inturn"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -434,14 +434,8 @@ def test_no_op_actions_answer_alike(fresh_db: str) -> None:
     assert no_who.returncode == 2 and "--who" in no_who.stderr
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again when we return: nobody listens there
-
-
 def test_unreachable_database_ingest_says_so_in_one_line_and_workers_wait() -> None:
-    dsn = f"postgresql://postgres@127.0.0.1:{_closed_port()}/x"
+    dsn = f"postgresql://postgres@127.0.0.1:{free_port()}/x"
     ingest = run("ingest", "--listen", "adt=0", dsn=dsn)
     assert ingest.returncode == 2 and ingest.stdout == ""
     assert ingest.stderr.startswith("inturn: error: cannot reach the database: ")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from inturn.worker.store.dsn import LOCAL_DISCOVERY_ENV
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "tutorial" / "first-hour.md"
@@ -31,12 +32,6 @@ ENV = {**os.environ, LOCAL_DISCOVERY_ENV: "on"}
 FENCE = re.compile(r"^```sh\n(.*?)^```", re.M | re.S)
 #: The ports the tutorial names: ingest's MLLP and HTTP listeners, the console, the receivers.
 PORTS = (2575, 2576, 8080, 8081, 8090)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def blocks() -> list[str]:

@@ -17,6 +17,7 @@ from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support.local import worker_process
 from tests.support.pipeline import count
+from tests.support.ports import free_port
 from tests.support.sockets import listening_on
 
 INTURN = Path(sys.executable).with_name("inturn")
@@ -171,9 +172,7 @@ async def test_the_ops_endpoints_listen_on_loopback_unless_told(
     path = manifest(tmp_path, 9)  # nothing is enqueued: the sender is never used
     seen = {}
     for extra in ((), ("--http-host", "0.0.0.0")):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port("0.0.0.0")  # free on every interface, as the second start needs
         proc = await asyncio.create_subprocess_exec(
             str(INTURN),
             "worker",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import ssl
 import sys
 from pathlib import Path
@@ -16,17 +15,12 @@ import pytest
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.ingest.credentials import new_token
 from tests.support.local import exchange
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.store
 
 HOST = "127.0.0.1"
 MESSAGE = b"MSH|^~\\&|S|SF|R|RF|20240101||ADT^A01|TLS-1|P|2.5.1\rPID|1||1\r"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 async def send_tls(port: int, context: ssl.SSLContext, payload: bytes) -> bytes:

@@ -25,6 +25,7 @@ from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import SB, Frame, FrameReader, frame
 from inturn.worker.ingest.budget import budget_for, limit_for
 from tests.support.pipeline import register
+from tests.support.ports import free_port
 
 #: serial: a memory limit, and hundreds of MiB in flight: alone, after the parallel part.
 pytestmark = [pytest.mark.store, pytest.mark.serial]
@@ -96,12 +97,6 @@ def cgroups_usable() -> bool:
         if (V2 / "cgroup.controllers").exists()
         else []
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

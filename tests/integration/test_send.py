@@ -4,7 +4,6 @@ input, refusals and a peer that is not there."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import psycopg
 import pytest
 
 from inturn.worker.ingest.credentials import new_token
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.store
 
@@ -30,12 +30,6 @@ def message(control_id: str, sep: str = "\r", kind: str = "ADT^A01") -> bytes:
         "PID|1||100001^^^H^MR",
     ]
     return (sep.join(segments) + sep).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

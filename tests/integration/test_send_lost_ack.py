@@ -5,17 +5,11 @@ Real sockets: a port nobody listens on, and a peer that reads the whole frame an
 from __future__ import annotations
 
 import asyncio
-import socket
 
 from inturn.worker.cli.send import Answer, Outgoing, send_mllp
+from tests.support.ports import free_port
 
 MESSAGE = b"MSH|^~\\&|A|B|C|D|20260101000000||ADT^A01|Q1|P|2.5\rPID|1||X1\r"
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def answers(port: int) -> list[Answer]:
@@ -26,7 +20,7 @@ async def answers(port: int) -> list[Answer]:
 
 
 async def test_no_connection_is_not_sent() -> None:
-    [answer] = await answers(closed_port())
+    [answer] = await answers(free_port())
     assert answer.code == "--" and answer.transport
     assert answer.detail is not None
     assert answer.detail.startswith("unreachable: connect 127.0.0.1:")

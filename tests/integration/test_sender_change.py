@@ -9,8 +9,6 @@ the queue without counting an attempt).
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from psycopg import AsyncConnection
 
@@ -20,6 +18,7 @@ from inturn.worker.store import delivery, queue
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support.pipeline import rows, until, worker, worker_config
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.store
 
@@ -29,16 +28,10 @@ HOUR = RetryPolicy(
 MSG = b"MSH|^~\\&|A|B|C|D|2026||ADT^A01|FIX1|P|2.5.1\rPID|1||42\r"
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_a_corrected_address_is_tried_at_once(fresh_db: str) -> None:
     async with await AsyncConnection.connect(fresh_db, autocommit=True) as conn:
         await queue.enqueue(conn, [NewItem("ward/moved", "c", "FIX1", "ADT^A01", MSG)])
-    wrong = MllpSenderConfig("127.0.0.1", closed_port())
+    wrong = MllpSenderConfig("127.0.0.1", free_port())
     async with worker(worker_config("ward/moved", wrong, retry=HOUR), fresh_db):
         await until(lambda: rows(fresh_db, "ward/moved")[0]["last_error"] is not None)
     [row] = rows(fresh_db, "ward/moved")

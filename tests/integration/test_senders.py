@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import socket
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,6 +27,7 @@ from inturn.worker.senders.mllp import MllpSender, MllpSenderConfig
 from inturn.worker.senders.registry import make_sender
 from inturn.worker.senders.tls import TlsConfig
 from inturn.worker.testing import HttpReceiver, MllpReceiver
+from tests.support.ports import free_port
 
 MSG1 = b"MSH|^~\\&|SAPP|SFAC|RAPP|RFAC|20240101||ADT^A01^ADT_A01|MSG-1|P|2.5.1\rPID|1||111\r"
 MSG2 = MSG1.replace(b"MSG-1", b"MSG-2")
@@ -95,13 +95,6 @@ async def raw_server(handler: Handler) -> AsyncIterator[RawServer]:
         server.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), 2)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # --------------------------------------------------------------------------- MLLP happy path

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,18 +15,12 @@ from ssl import SSLContext
 
 from inturn.worker.hl7.ack import parse_ack
 from inturn.worker.hl7.mllp import Frame, FrameReader, frame
+from tests.support.ports import free_port as free_port
 
 INTURN = Path(sys.executable).parent / "inturn"
 #: python-hl7's MLLP client, installed beside ``inturn``.
 MLLP_SEND = Path(sys.executable).parent / "mllp_send"
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback address now."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def mllp_sender(port: int) -> str:

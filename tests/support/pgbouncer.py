@@ -26,6 +26,8 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.support.ports import free_port
+
 BINARY = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 #: The password clients give PgBouncer (md5 auth, PgBouncer's default); the backend ignores it.
 PASSWORD = "inturn-pgbouncer-test"
@@ -45,12 +47,6 @@ def missing() -> str | None:
         except KeyError:
             return f"running as root and there is no {RUN_AS} user for pgbouncer"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Bouncer:

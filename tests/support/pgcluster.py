@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.ports import free_port as free_port
 
 BIN = Path(os.environ.get("INTURN_PG_BIN", "/usr/lib/postgresql/15/bin"))
 USER = "postgres"
@@ -36,12 +37,6 @@ def missing() -> str | None:
     except KeyError:
         return f"no {USER} user"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _run(args: list[str], netns: str | None = None, check: bool = True) -> str:
