@@ -29,6 +29,7 @@ from inturn.worker.testing import HttpReceiver, MllpReceiver
 from inturn.worker.worklist.delivery_rules import destination_stuck
 from tests.support.pipeline import register, until
 from tests.support.pipeline import worker as running
+from tests.support.ports import free_port
 
 DEST = "ward/down"
 MESSAGES = 5
@@ -204,11 +205,8 @@ async def test_http_refused_is_unreachable_and_unanswered_is_a_timeout() -> None
     async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         held.append(writer)  # reads nothing, answers nothing
 
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    server.close()
-    await server.wait_closed()
-    refused = HttpSender(HttpSenderConfig(f"http://127.0.0.1:{port}/hl7"), timeout_seconds=2)
+    nobody = free_port()  # nothing listens there
+    refused = HttpSender(HttpSenderConfig(f"http://127.0.0.1:{nobody}/hl7"), timeout_seconds=2)
     try:
         with pytest.raises(DeliveryError) as info:
             await refused.send(message(1))
