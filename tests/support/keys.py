@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import secrets
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -77,11 +78,29 @@ def restore(sql_text: bytes, dsn: str) -> None:
     )
 
 
+def files_not_here(dsn: str) -> str | None:
+    """Why the server's files cannot be read from this process, or None where they can.
+
+    A server elsewhere (``INTURN_TEST_DSN`` naming another machine, or a data folder this user
+    cannot read) is the one reason to skip a test of what lies on disk; a file that goes while it
+    is read is a failure of that test, never a skip.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        data = Path(conn.execute("SHOW data_directory").fetchone()[0])  # type: ignore[index]
+    try:
+        (data / "PG_VERSION").read_bytes()
+        next((data / "pg_wal").iterdir(), None)
+    except OSError as exc:
+        return f"the server's files are not readable here: {exc}"
+    return None
+
+
 def relation_bytes(dsn: str, table: str) -> bytes:
     """The heap and TOAST files of ``table`` as they lie on disk (after a checkpoint).
 
     Raises:
-        OSError: the server's files are not on this machine or not readable.
+        OSError: the server's files are not on this machine or not readable
+            (:func:`files_not_here` tells beforehand).
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CHECKPOINT")
@@ -95,10 +114,19 @@ def relation_bytes(dsn: str, table: str) -> bytes:
     return b"".join((data / f).read_bytes() for f in files if f)
 
 
-def wal_position(dsn: str) -> str:
-    """The server's current WAL insert position (an LSN, for :func:`wal_bytes`)."""
+@contextlib.contextmanager
+def wal_kept(dsn: str) -> Iterator[str]:
+    """The WAL the server writes from now on, kept until the block ends.
+
+    Yields the insert position (an LSN, for :func:`wal_bytes`). A temporary physical replication
+    slot, reserved at once, keeps the server from removing or recycling a segment of it at a
+    checkpoint (one such, renamed while :func:`wal_bytes` read the folder, would be a file gone);
+    the slot goes with its session when the block ends. Needs ``wal_level`` replica or above.
+    """
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return str(conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0])  # type: ignore[index]
+        slot = f"inturn_wal_kept_{secrets.token_hex(6)}"  # a slot's name is the server's
+        conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
+        yield str(conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0])  # type: ignore[index]
 
 
 def wal_bytes(dsn: str, since: str) -> bytes:
