@@ -23,12 +23,13 @@ demo: $(STAMP)
 # first, the benchmarks' tiny runs one by one: tests/support/schedule.py); then, one at a time,
 # the tests marked `serial` (a fixed port, timing, a memory limit, a partition: they must run
 # alone). The second part runs even when the first failed, and the target fails when either did
-# (pytest's 5, "no test selected", is no failure there).
+# (pytest's 5, "no test selected", is no failure there). Each part names what it skipped and why
+# (-rs): a test that skips itself on a condition that comes and goes shows in the count only.
 JOBS     ?= 6
 PARALLEL ?= -n $(JOBS) --dist loadfile
 define two_parts
-	$(BIN)/pytest -q $(PARALLEL) -m "$(if $(1),($(1)) and )not serial"; first=$$?; \
-	$(BIN)/pytest -q -m "$(if $(1),($(1)) and )serial"; second=$$?; \
+	$(BIN)/pytest -q -rs $(PARALLEL) -m "$(if $(1),($(1)) and )not serial"; first=$$?; \
+	$(BIN)/pytest -q -rs -m "$(if $(1),($(1)) and )serial"; second=$$?; \
 	[ $$second -eq 5 ] && second=0; \
 	[ $$first -eq 0 ] && [ $$second -eq 0 ]
 endef
