@@ -82,6 +82,17 @@ async def test_detection_tells_transaction_pooling_apart(
         assert "pooled connection" in found.note and "tcp_keepalives" in found.note
 
 
+async def test_a_pooler_with_one_server_connection_is_known_without_waiting(
+    dsn: str, fresh_db: str
+) -> None:
+    """Two sessions on one backend: transaction pooling, decided at once (the probe's bound is
+    for a pooler whose connections are all held, and long: a direct server under load once took
+    longer than 2 s to answer and was read as pooled)."""
+    with pgbouncer.Bouncer(dsn, "transaction", settings={"default_pool_size": "1"}) as one:
+        found = await detect_pooling(one.dsn(fresh_db))
+    assert found.pooled and "pooled connection" in found.note
+
+
 async def test_the_pools_leak_no_setting_between_reads_and_writes(pooled: str) -> None:
     """The read pool's read-only transactions and statement timeout never reach a write: each
     is set per transaction (issue 29 saw AE for every message after a listing)."""

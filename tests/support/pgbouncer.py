@@ -58,8 +58,9 @@ class Bouncer:
         pool_mode: ``session`` or ``transaction``.
         users: the user names clients log in as (each gets :data:`PASSWORD`); the backend's
             user by default.
-        settings: further ``[pgbouncer]`` settings, for benchmarks only (``bench/pooler.py``
-            raises ``max_client_conn`` for its 200 workers); the tests keep every default.
+        settings: further ``[pgbouncer]`` settings: ``bench/pooler.py`` raises
+            ``max_client_conn`` for its 200 workers; one test makes a pool of one server
+            connection (``default_pool_size``); the other tests keep every default.
     """
 
     def __init__(

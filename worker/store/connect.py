@@ -95,8 +95,12 @@ SESSION_SETTINGS = {
     "tcp_user_timeout": str(TCP_USER_TIMEOUT_MS),
 }
 #: Seconds the pooling probe waits for its second statement while another session holds a
-#: transaction (a pooler with one server connection makes it wait: that is pooling too).
-POOLING_PROBE_SECONDS = 2.0
+#: transaction (a pooler whose server connections are all held makes it wait: that is pooling
+#: too). A pooler with one server connection is known without waiting (the two sessions share
+#: it); the bound is long because a direct server under load may take seconds to answer, and a
+#: direct connection once read as pooled, at 2 s on a loaded machine, lost LISTEN and prepared
+#: statements for the process's life.
+POOLING_PROBE_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -198,11 +202,14 @@ async def _detect(dsn: str) -> Pooling:
         try:
             server = await fetch_one(first, Q["server_settings"], row=dict_row)
             before = await _backend(first)
-            await _backend(second)  # its transaction now holds a server connection
-            try:
-                after = await asyncio.wait_for(_backend(first), POOLING_PROBE_SECONDS)
-            except TimeoutError:
-                after = -1  # it waited for the held server connection: pooled
+            held = await _backend(second)  # its transaction now holds a server connection
+            if held == before:  # two sessions on one backend: only a pooler does that
+                after = -1
+            else:
+                try:
+                    after = await asyncio.wait_for(_backend(first), POOLING_PROBE_SECONDS)
+                except TimeoutError:
+                    after = -1  # it waited for a held server connection: pooled
         finally:
             await second.close()
     finally:
