@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.request
 from typing import Any
 
 import psycopg
@@ -14,10 +15,13 @@ import pytest
 from psycopg import AsyncConnection
 
 from inturn.worker.drain.runner import DestinationWorker
+from inturn.worker.ingest.config import IngestConfig
+from inturn.worker.ingest.listener import ListenerConfig
+from inturn.worker.ingest.service import Ingest
 from inturn.worker.spec.config import LeaseSettings, WorkerConfig
 from inturn.worker.store import lease as leases
 from inturn.worker.store import queue, reads
-from inturn.worker.store.connect import Pools, detect_pooling
+from inturn.worker.store.connect import Pools, detect_pooling, pooling_notes
 from inturn.worker.store.model import NewItem
 from inturn.worker.testing import MllpReceiver
 from tests.support import pgbouncer
@@ -30,6 +34,7 @@ from tests.support.pipeline import (
     worker,
     worker_config,
 )
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.skipif(bool(pgbouncer.missing()), reason=str(pgbouncer.missing()))
 
@@ -82,12 +87,39 @@ async def test_detection_tells_transaction_pooling_apart(
         assert "pooled connection" in found.note and "tcp_keepalives" in found.note
 
 
+def readyz(port: int) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as answer:
+        return answer.status, answer.read().decode()
+
+
+async def test_readyz_says_the_pooling_of_its_own_database_only(pooled: str, fresh_db: str) -> None:
+    """One process, two DSNs probed (a test process does this; so would a tool that serves
+    several databases): an ingest on the direct one says nothing of the other's pooler on
+    ``/readyz``; one through the pooler says it is pooled when the pooler moves sessions. (A
+    pooled DSN probed by an earlier test once made a direct ingest's ``/readyz`` say "pooled
+    connection", and the test that read it failed in about one run in ten.)"""
+    found = await detect_pooling(pooled)
+    assert not (await detect_pooling(fresh_db)).pooled
+    own = [found.note] if found.pooled else []
+    assert pooling_notes([fresh_db]) == []
+    assert pooling_notes([pooled, fresh_db]) == pooling_notes([pooled]) == own
+    for dsn, said in ((fresh_db, []), (pooled, own)):
+        ops = free_port()
+        config = IngestConfig(
+            listeners=[ListenerConfig(channel="adt", host="127.0.0.1", port=0)],
+            ops=("127.0.0.1", ops),
+        )
+        async with Ingest(config, dsn=dsn):
+            got = await asyncio.to_thread(readyz, ops)
+        assert got == (200, "".join(f"{line}\n" for line in ["ready", *said])), dsn
+
+
 async def test_a_pooler_with_one_server_connection_is_known_without_waiting(
     dsn: str, fresh_db: str
 ) -> None:
     """Two sessions on one backend: transaction pooling, decided at once (the probe's bound is
-    for a pooler whose connections are all held, and long: a direct server under load once took
-    longer than 2 s to answer and was read as pooled)."""
+    for a pooler whose connections are all held, and long, so that a direct server under load
+    is never read as pooled)."""
     with pgbouncer.Bouncer(dsn, "transaction", settings={"default_pool_size": "1"}) as one:
         found = await detect_pooling(one.dsn(fresh_db))
     assert found.pooled and "pooled connection" in found.note

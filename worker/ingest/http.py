@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -173,7 +173,9 @@ async def _read_body(request: web.Request, hold: Hold, max_body_bytes: int) -> b
 
 
 def make_ops_app(
-    readiness: Callable[[], str | None], lanes: Callable[[], str] | None = None
+    readiness: Callable[[], str | None],
+    lanes: Callable[[], str] | None = None,
+    dsns: Sequence[str] = (),
 ) -> web.Application:
     """Build the operations application (health, readiness, metrics).
 
@@ -181,6 +183,8 @@ def make_ops_app(
         readiness: returns None when ready, else a short reason (shown by ``/readyz``).
         lanes: the body of ``GET /lanes`` (``inturn local``: its workers' lanes); None: no
             such route.
+        dsns: the databases this process uses: ``/readyz`` says which of them it reaches
+            through a transaction pooler (:func:`~inturn.worker.store.connect.pooling_notes`).
     """
     app = web.Application()
 
@@ -190,7 +194,7 @@ def make_ops_app(
     async def readyz(request: web.Request) -> web.Response:
         reason = readiness()
         # behind a pooler: says so; a periodic statement the database refuses now: says so
-        notes = "".join(f"{note}\n" for note in [*pooling_notes(), *conditions.notes()])
+        notes = "".join(f"{note}\n" for note in [*pooling_notes(dsns), *conditions.notes()])
         if reason is None:
             return web.Response(text=f"ready\n{notes}")
         return web.Response(status=503, text=f"not ready: {reason}\n{notes}")

@@ -173,6 +173,14 @@ class Ingest:
             raise address_in_use(exc, option, host, port) from None
         return _bound_port(runner, port)
 
+    @property
+    def dsn(self) -> str:
+        """The database this ingest stores in (its own pools' or the given pools' DSN)."""
+        if self._dsn is not None:
+            return self._dsn
+        assert self._pools is not None
+        return str(self._pools.write.conninfo)
+
     def readiness(self) -> str | None:
         """None when ready to take messages, else a short reason."""
         if not self._started:
@@ -300,7 +308,7 @@ class Ingest:
                 )
             if config.ops is not None:
                 self._ops_port = await self._serve_http(
-                    make_ops_app(self.readiness, self._lanes), config.ops, None, "--ops"
+                    make_ops_app(self.readiness, self._lanes, [self.dsn]), config.ops, None, "--ops"
                 )
                 log.info(
                     "/healthz, /readyz and /metrics on %s:%d", config.ops[0] or "*", self._ops_port

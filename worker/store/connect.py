@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -98,8 +99,8 @@ SESSION_SETTINGS = {
 #: transaction (a pooler whose server connections are all held makes it wait: that is pooling
 #: too). A pooler with one server connection is known without waiting (the two sessions share
 #: it); the bound is long because a direct server under load may take seconds to answer, and a
-#: direct connection once read as pooled, at 2 s on a loaded machine, lost LISTEN and prepared
-#: statements for the process's life.
+#: direct connection read as pooled would lose LISTEN and prepared statements for the process's
+#: life.
 POOLING_PROBE_SECONDS = 15.0
 
 
@@ -236,9 +237,12 @@ def announce_pooling() -> None:
     _POOLING_LEVEL = logging.WARNING
 
 
-def pooling_notes() -> list[str]:
-    """The lines :func:`detect_pooling` said in this process for pooled DSNs (for ``/readyz``)."""
-    return sorted({found.note for found in _detected.values() if found.note})
+def pooling_notes(dsns: Iterable[str]) -> list[str]:
+    """The lines :func:`detect_pooling` said in this process for those of ``dsns`` it found
+    pooled, sorted (for ``/readyz``). Only the caller's own DSNs: a process that has probed
+    others (a test process, a tool serving several databases) must not say another database's
+    pooling is its own."""
+    return sorted({found.note for dsn in dsns if (found := _detected.get(dsn)) and found.note})
 
 
 async def _backend(conn: AsyncConnection[Any]) -> int:
