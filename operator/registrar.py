@@ -86,9 +86,11 @@ class Registrar:
         await self.pool.open(wait=False)
 
     async def close(self) -> None:
-        """Close the pool."""
+        """Close the pool (and forget the conditions that held)."""
         if self.pool is not None:
             await self.pool.close()
+        for condition in self.conditions.values():
+            condition.forget()
 
     async def carriers_taken(self, children: manifests.Children) -> registry.CarrierTaken | None:
         """Whether another live Destination already serves one of this one's carriers.

@@ -19,6 +19,7 @@ from inturn.worker.store import faults, locks
 from inturn.worker.store.connect import connect_worker
 from inturn.worker.store.lease import holder_id
 from inturn.worker.store.migrate import migrate
+from inturn.worker.text.conditions import Condition
 from tests.support import pgcluster
 
 #: slow (left out by make test-fast): a fault, an outage or clusters of its own
@@ -57,7 +58,14 @@ def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
 async def _renew_times(dsn: str, owner: psycopg.AsyncConnection, held: locks.Singleton, n: int):  # type: ignore[type-arg]
     stop = asyncio.Event()
     for _ in range(n):
-        owner, renewed = await local_run._keep_local(dsn, owner, held.holder, held, stop)
+        owner, renewed = await local_run._keep_local(
+            dsn,
+            owner,
+            held.holder,
+            held,
+            stop,
+            Condition(logging.getLogger("inturn.local"), local_run.LEASE_WHAT),
+        )
         assert renewed is not None
         held = renewed
         assert not stop.is_set()
@@ -69,7 +77,9 @@ async def test_the_local_lease_rides_out_a_refusal(
     server: tuple[pgcluster.Cluster, str], caplog: pytest.LogCaptureFixture, fault: str
 ) -> None:
     cluster, dsn = server
-    local_run.LEASE_CONDITION.succeeded()  # a clean slate for this case
+    lease = Condition(
+        logging.getLogger("inturn.local"), local_run.LEASE_WHAT
+    )  # as a run of inturn local makes its own
     caplog.clear()
     owner = await connect_worker(dsn, application_name="inturn-local")
     holder = holder_id("local")
@@ -96,18 +106,18 @@ async def test_the_local_lease_rides_out_a_refusal(
             stop = asyncio.Event()
             refusals = 1 if fault == "connection-lost" else 3
             for _ in range(refusals):
-                owner, kept = await local_run._keep_local(dsn, owner, holder, held, stop)
+                owner, kept = await local_run._keep_local(dsn, owner, holder, held, stop, lease)
                 assert kept == held and not stop.is_set()
-            assert local_run.LEASE_CONDITION.active
+            assert lease.active
             assert len(_lines(caplog, logging.WARNING)) == 1
             # the refusal ends: the next renewal works and says how long it lasted
             if fault == "read-only":
                 _read_only(cluster, False)
             elif blocker is not None:
                 blocker.rollback()
-            owner, renewed = await local_run._keep_local(dsn, owner, holder, held, stop)
+            owner, renewed = await local_run._keep_local(dsn, owner, holder, held, stop, lease)
             assert renewed is not None and renewed.epoch >= held.epoch and not stop.is_set()
-            assert not local_run.LEASE_CONDITION.active
+            assert not lease.active
         ended = _lines(caplog, logging.INFO)
         assert len(ended) == 1 and "works again after" in ended[0]
         assert f"{refusals} failed tries" in ended[0]

@@ -266,6 +266,28 @@ async def test_the_probes_say_so(server: tuple[pgcluster.Cluster, str], tmp_path
                 assert "the duplicate window's purge" not in await r.text()
 
 
+async def test_a_stopped_ingest_leaves_no_condition_behind(
+    server: tuple[pgcluster.Cluster, str], tmp_path: Path
+) -> None:
+    """Stopped while two of its statements are refused, an ingest forgets both: another owner
+    in the same process (a later run of ``inturn local``, the next test) does not show them on
+    its ``/readyz`` as its own. (The next run's page once carried the last one's pooling.)"""
+    cluster, dsn = server
+    async with ingest_on(dsn, tmp_path, dsn) as ingest:
+        assert ingest.router is not None
+        refused = [
+            (ingest.periodic["window-purge"], "read-only", "inturn_received"),
+            (ingest.router.periodic, "lock-timeout", "inturn_destination"),
+        ]
+        for periodic, fault, table in refused:
+            async with refusing(cluster, dsn, fault, table):
+                assert not await periodic.turn()
+        whats = [periodic.condition.what for periodic, _, _ in refused]
+        assert all(any(n.startswith(w) for n in conditions.notes()) for w in whats)
+    assert not [n for n in conditions.notes() if any(n.startswith(w) for w in whats)]
+    assert not any(periodic.condition.active for periodic, _, _ in refused)
+
+
 # --- inturn local's sweep -------------------------------------------------------------------------
 
 

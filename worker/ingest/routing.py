@@ -342,11 +342,12 @@ class Router:
             self._task = asyncio.create_task(self._loop(), name="inturn-ingest-routes")
 
     async def stop(self) -> None:
-        """Stop the background refresh."""
+        """Stop the background refresh (and forget its refusal, if one held)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        self.periodic.condition.forget()
 
     async def _loop(self) -> None:
         await self.periodic.forever()

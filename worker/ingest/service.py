@@ -357,6 +357,8 @@ class Ingest:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for periodic in self.periodic.values():
+                periodic.condition.forget()
             await asyncio.gather(
                 *(listener.stop(self.config.shutdown_grace) for listener in self.listeners),
                 return_exceptions=True,
@@ -366,6 +368,7 @@ class Ingest:
             self._runners.clear()
             if self.acceptor is not None:
                 await self.acceptor.committer.close(self.config.shutdown_grace)
+                self.acceptor.storing.forget()
             if self.recorder is not None and self._pools is not None:
                 await self.recorder.close(self._pools.write)
             if self._own_pools and self._pools is not None:

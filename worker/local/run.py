@@ -570,6 +570,9 @@ async def run_local(
     announce_pooling()
     owner = await connect_worker(dsn, application_name="inturn-local")
     holder = holder_id("local")
+    # this run's own (a process may run inturn local more than once: a test process)
+    lease_condition = Condition(log, LEASE_WHAT)
+    witness_condition = Condition(log, WITNESS_WHAT)
     held: locks.Singleton | None = None
     try:
         held = await locks.take_singleton(owner, "local", holder, LOCAL_LEASE_SECONDS)
@@ -623,14 +626,18 @@ async def run_local(
             log.info("the sweeper runs every %gs (--sweep-every)", sweep_every)
         try:
             await ingest.start()  # every listener bound (or AddressInUse) before any worker
-            next_look = await _look_for_restore(owner, witness, 0.0, witness_keyed)
+            next_look = await _look_for_restore(
+                owner, witness, 0.0, witness_condition, witness_keyed
+            )
             runner.launch()
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), POLL_SECONDS)
                 if not stop.is_set():
-                    owner, held = await _keep_local(dsn, owner, holder, held, stop)
-                    next_look = await _look_for_restore(owner, witness, next_look, witness_keyed)
+                    owner, held = await _keep_local(dsn, owner, holder, held, stop, lease_condition)
+                    next_look = await _look_for_restore(
+                        owner, witness, next_look, witness_condition, witness_keyed
+                    )
                     try:
                         await runner.poll()
                     except (*DATABASE_AWAY, psycopg.Error) as exc:  # _keep_local says why
@@ -654,12 +661,16 @@ async def run_local(
 
 
 async def _look_for_restore(
-    conn: AsyncConnection[Any], path: Path | None, due: float, keyed: bool = False
+    conn: AsyncConnection[Any],
+    path: Path | None,
+    due: float,
+    condition: Condition,
+    keyed: bool = False,
 ) -> float:
     """Look at the restore witness when ``due`` (a monotonic time) has come; the next due
     time. A failed look (the database, or the file's folder: a full disk) is logged and
-    tried again at the next poll; ``keyed``: the file keeps one witness per database
-    (:func:`inturn.worker.local.witness.look`)."""
+    tried again at the next poll, the folder's failure as ``condition``; ``keyed``: the file
+    keeps one witness per database (:func:`inturn.worker.local.witness.look`)."""
     now = time.monotonic()
     if path is None or now < due or conn.closed or conn.broken:
         return due
@@ -669,11 +680,11 @@ async def _look_for_restore(
         log.warning("restore witness: the database failed (%s); looked at again", exc)
         return due
     except OSError as exc:  # its own folder: a full disk must not end inturn local
-        WITNESS_CONDITION.failed(
+        condition.failed(
             f"{path}: {exc.strerror or exc}", "free space there; the clock waits for it"
         )
         return due
-    WITNESS_CONDITION.succeeded()
+    condition.succeeded()
     return now + restore_tick_seconds()
 
 
@@ -696,10 +707,10 @@ def restore_tick_seconds() -> float:
 
 
 #: The renewal of the ``inturn local`` lease, refused for a while: one line when it begins,
-#: one when it ends (:class:`inturn.worker.text.conditions.Condition`).
-LEASE_CONDITION = Condition(log, "renewing the inturn local lease")
+#: one when it ends (each run's :class:`inturn.worker.text.conditions.Condition`).
+LEASE_WHAT = "renewing the inturn local lease"
 #: Recording the restore witness in the data folder, refused by the file system (a full disk).
-WITNESS_CONDITION = Condition(log, "recording the restore witness")
+WITNESS_WHAT = "recording the restore witness"
 
 #: What a lost or unreachable database raises here (the embedded Postgres restarting, a
 #: failover): the run waits for it rather than ending.
@@ -712,11 +723,12 @@ async def _keep_local(
     holder: str,
     held: locks.Singleton | None,
     stop: asyncio.Event,
+    condition: Condition,
 ) -> tuple[AsyncConnection[Any], locks.Singleton | None]:
     """Renew the database's ``inturn local`` lease (on a new connection when the last one was
     lost: the database restarted); stop the run if another took it over (this one stalled past
-    its lifetime). A database that cannot be reached is logged and looked at again next time:
-    ingest and the workers wait for it on their own."""
+    its lifetime). A database that cannot be reached is logged and looked at again next time,
+    as ``condition`` (the run's): ingest and the workers wait for it on their own."""
     try:
         if owner.closed or owner.broken:
             owner = await connect_worker(dsn, application_name="inturn-local")
@@ -730,11 +742,11 @@ async def _keep_local(
                 await owner.close()
         # A refusal (read-only for maintenance, a timeout, the database restarting): the lease
         # is kept until it expires, the listeners and workers go on, and this is tried again.
-        LEASE_CONDITION.failed(
+        condition.failed(
             cause, f"every {POLL_SECONDS:g}s; the lease lasts {LOCAL_LEASE_SECONDS:g}s"
         )
         return owner, held
-    LEASE_CONDITION.succeeded()
+    condition.succeeded()
     if renewed is None:
         log.error("another inturn local took this database over; stopping")
         stop.set()

@@ -5,7 +5,9 @@ statement timeout, the connection gone) tries again at its next turn; logging ev
 20-second outage into a storm of identical lines. :class:`Condition` logs one WARNING when the
 condition begins (naming it and what cures it) and one INFO when it ends (how long it lasted
 and how many tries failed), and keeps the counts for probes: :func:`notes` gives one line per
-condition that holds now in this process, which the processes' ``/readyz`` show.
+condition that holds now in this process, which the processes' ``/readyz`` show; an owner
+that stops forgets its conditions (:meth:`Condition.forget`), so that another one in the same
+process (a later run of ``inturn local``, a test after another) does not show them.
 
 Pure: logging only, on the monotonic clock.
 """
@@ -90,6 +92,13 @@ class Condition:
         )
         self.since, self.tries, self.cause = None, 0, ""
         return lasted
+
+    def forget(self) -> None:
+        """Its owner stopped (an ingest, a registrar, a run of ``inturn local``): the condition
+        holds no more and leaves :func:`notes`, with no closing line (what failed was not seen
+        to work again). Another owner of this process must not show it as its own on
+        ``/readyz``."""
+        self.since, self.tries, self.cause = None, 0, ""
 
     def _now(self) -> float:
         clock = self._clock
