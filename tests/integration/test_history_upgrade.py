@@ -21,7 +21,7 @@ from inturn.worker.store import history, reads
 from inturn.worker.store.migrate import migrate
 from inturn.worker.testing import MllpReceiver
 from tests.support import pipeline
-from tests.support.db import migrate_below
+from tests.support.db import lock_waits, migrate_below
 from tests.support.ingest import sender
 from tests.support.pipeline import worker as run_worker
 
@@ -55,21 +55,6 @@ def seed_old_rows(dsn: str) -> None:
 
 async def never_stop() -> bool:
     return True
-
-
-async def lock_waits(dsn: str, done: asyncio.Event, longest: list[float]) -> None:
-    """Until ``done``: every 10 ms, the longest wait of any session of the database for a lock
-    (pg_locks.waitstart), the longest seen kept in ``longest[0]``."""
-    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
-        while not done.is_set():
-            cur = await conn.execute(
-                "SELECT coalesce(extract(epoch FROM max(clock_timestamp() - waitstart)), 0)"
-                " FROM pg_locks WHERE NOT granted AND database = (SELECT oid FROM pg_database"
-                " WHERE datname = current_database())"
-            )
-            row = await cur.fetchone()
-            longest[0] = max(longest[0], float(row[0]) if row else 0.0)
-            await asyncio.sleep(0.01)
 
 
 @pytest.mark.slow  # under traffic: left out by make test-fast

@@ -7,6 +7,7 @@ too); destinations registered as the operator registers them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import Iterator
@@ -149,3 +150,18 @@ def migrate_below(dsn: str, version: int) -> None:
             if m.version < version:
                 conn.execute(m.sql.encode())
                 conn.execute(MQ["record"], {"version": m.version, "name": m.name})
+
+
+async def lock_waits(dsn: str, done: asyncio.Event, longest: list[float]) -> None:
+    """Until ``done``: every 10 ms, the longest wait of any session of the database for a lock
+    (pg_locks.waitstart), the longest seen kept in ``longest[0]``."""
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:
+        while not done.is_set():
+            cur = await conn.execute(
+                "SELECT coalesce(extract(epoch FROM max(clock_timestamp() - waitstart)), 0)"
+                " FROM pg_locks WHERE NOT granted AND database = (SELECT oid FROM pg_database"
+                " WHERE datname = current_database())"
+            )
+            row = await cur.fetchone()
+            longest[0] = max(longest[0], float(row[0]) if row else 0.0)
+            await asyncio.sleep(0.01)
